@@ -1,0 +1,264 @@
+"""The runtime's HTTP surface: the OpenFaaS gateway/provider API on one FastAPI app."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from fedfaas.runtime.auth import REALM_HEADER, BasicAuth, Unauthorized
+from fedfaas.runtime.errors import FaasRuntimeError, FunctionNotFound, InvalidRequest
+from fedfaas.runtime.logs import parse_time, stream_logs
+from fedfaas.runtime.models import (
+    DeleteFunctionRequest,
+    FunctionDeployment,
+    ScaleServiceRequest,
+    parse_body,
+)
+from fedfaas.runtime.provider import Provider
+from fedfaas.runtime.proxy import make_client, proxy_function
+from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.runtime.validation import split_namespace
+
+log = logging.getLogger(__name__)
+
+try:
+    from importlib.metadata import version as _pkg_version
+
+    VERSION = _pkg_version("fedfaas")
+except Exception:  # not installed (running from a source tree)
+    VERSION = "0.0.0"
+
+
+def _provider(request: Request) -> Provider:
+    return request.app.state.provider  # type: ignore[no-any-return]
+
+
+def _check_auth(request: Request) -> None:
+    auth: BasicAuth | None = request.app.state.auth
+    if auth is not None:
+        auth.check(request.headers.get("authorization"))
+
+
+ProviderDep = Annotated[Provider, Depends(_provider)]
+system = APIRouter(prefix="/system", dependencies=[Depends(_check_auth)])
+
+
+def _name(provider: Provider, raw: str, namespace: str | None) -> str:
+    """``fn`` or ``fn.openfaas-fn`` plus ``?namespace=`` -> the function name (400 if foreign)."""
+    name, ns = split_namespace(raw)
+    provider.check_namespace(ns)
+    provider.check_namespace(namespace)
+    return name
+
+
+@system.get("/functions")
+async def list_functions(provider: ProviderDep, namespace: str | None = None) -> JSONResponse:
+    """List deployed functions (FunctionStatus array)."""
+    provider.check_namespace(namespace)
+    return JSONResponse(provider.list_status())
+
+
+@system.post("/functions", status_code=202)
+async def deploy_function(request: Request, provider: ProviderDep) -> Response:
+    """Deploy a new function: 202, or 400 with what was wrong."""
+    await provider.deploy(parse_body(FunctionDeployment, await request.body()))
+    return Response(status_code=202)
+
+
+@system.put("/functions", status_code=202)
+async def update_function(request: Request, provider: ProviderDep) -> Response:
+    """Update a function: 202, 404 if unknown (faas-cli then POSTs)."""
+    await provider.update(parse_body(FunctionDeployment, await request.body()))
+    return Response(status_code=202)
+
+
+@system.delete("/functions", status_code=202)
+async def delete_function(
+    request: Request, provider: ProviderDep, namespace: str | None = None
+) -> Response:
+    """Delete a function: 202, 404 if unknown, 400 for an empty body."""
+    body = parse_body(DeleteFunctionRequest, await request.body())
+    if not body.functionName:
+        raise InvalidRequest("functionName is required")
+    name = _name(provider, body.functionName, namespace or body.namespace)
+    await provider.delete(name)
+    return Response(status_code=202)
+
+
+@system.get("/function/{name}")
+async def function_status(
+    name: str, provider: ProviderDep, namespace: str | None = None, usage: str | None = None
+) -> Response:
+    """One FunctionStatus; 404 with an empty body when unknown."""
+    fn = _name(provider, name, namespace)
+    if not provider.exists(fn):
+        return Response(status_code=404)
+    return JSONResponse(provider.status(fn))
+
+
+@system.post("/scale-function/{name}", status_code=202)
+async def scale_function(name: str, request: Request, provider: ProviderDep) -> Response:
+    """Set the replica count: 202; 400 for 0; clamped to ``com.openfaas.scale.max``."""
+    body = parse_body(ScaleServiceRequest, await request.body())
+    fn = _name(provider, name, body.namespace or request.query_params.get("namespace"))
+    await provider.scale(fn, body.replicas)
+    return Response(status_code=202)
+
+
+@system.get("/replicas/{name}")
+async def function_replicas(name: str, provider: ProviderDep) -> JSONResponse:
+    """FedFaaS extension: each replica's pid, port, state and log file."""
+    return JSONResponse(provider.replicas(_name(provider, name, None)))
+
+
+@system.get("/info")
+async def info() -> JSONResponse:
+    """GatewayInfo."""
+    version = {"sha": "embedded", "release": VERSION}
+    machine = platform.machine()
+    return JSONResponse(
+        {
+            "provider": {
+                "provider": "fedfaas-runtime",
+                "orchestration": "process",
+                "version": version,
+            },
+            "version": {**version, "commit_message": "FedFaaS embedded runtime"},
+            "arch": machine,
+        }
+    )
+
+
+@system.get("/namespaces")
+async def namespaces(provider: ProviderDep) -> JSONResponse:
+    """The one function namespace."""
+    return JSONResponse([provider.namespace])
+
+
+@system.api_route("/secrets", methods=["GET", "POST", "PUT", "DELETE"])
+@system.api_route("/namespace/{ns}", methods=["GET", "POST", "PUT", "DELETE"])
+async def not_implemented() -> JSONResponse:
+    """Secrets and namespace management are not provided by the embedded runtime."""
+    return JSONResponse(
+        {
+            "error": "not_implemented",
+            "detail": "Feature not implemented in this version of OpenFaaS",
+        },
+        status_code=501,
+    )
+
+
+@system.get("/logs")
+async def logs(
+    provider: ProviderDep,
+    name: str = "",
+    namespace: str | None = None,
+    instance: str | None = None,
+    tail: int | None = None,
+    follow: bool = False,
+    since: str | None = None,
+) -> StreamingResponse:
+    """Replica logs as ndjson ``{name, namespace, instance, timestamp, text}``."""
+    if not name:
+        raise InvalidRequest("name is required: GET /system/logs?name=<function>")
+    fn = _name(provider, name, namespace)
+    if not provider.exists(fn):
+        raise FunctionNotFound(fn)
+    try:
+        since_dt = parse_time(since) if since else None
+    except ValueError:
+        raise InvalidRequest(f"since must be an RFC3339 time, got {since!r}") from None
+    lines = stream_logs(
+        provider.log_dir(fn),
+        fn,
+        provider.namespace,
+        instance=instance,
+        since=since_dt,
+        tail=tail,
+        follow=follow,
+    )
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+class _Invoke:
+    """ASGI endpoint for ``/function/*`` that takes every method (405 comes from the proxy)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        state = request.app.state
+        response = await proxy_function(
+            request, state.provider, state.client, state.settings.ready_wait
+        )
+        await response(scope, receive, send)
+
+
+async def _healthz(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
+    """Build the runtime app; the Provider and its replicas live for the app's lifespan.
+
+    Parameters
+    ----------
+    settings:
+        Runtime settings; read from ``FEDFAAS_RUNTIME_*`` when omitted.
+    """
+    settings = settings or RuntimeSettings()
+    auth = BasicAuth.from_dir(settings.auth_dir) if settings.auth_dir else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        provider = Provider(settings)
+        client = make_client(settings.upstream_timeout)
+        await provider.start()
+        app.state.provider, app.state.client = provider, client
+        log.info("runtime ready (auth %s, stack %s)", "on" if auth else "off", settings.stack)
+        try:
+            yield
+        finally:
+            await provider.stop()
+            await client.aclose()
+
+    app = FastAPI(
+        title="FedFaaS runtime",
+        version=VERSION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.settings, app.state.auth = settings, auth
+    app.include_router(system)
+    app.router.routes.append(Route("/healthz", _healthz, methods=["GET", "HEAD"]))
+    app.router.routes.append(Route("/function/{name}", _Invoke()))
+    app.router.routes.append(Route("/function/{name}/{path:path}", _Invoke()))
+
+    @app.exception_handler(FaasRuntimeError)
+    async def runtime_error(request: Request, exc: FaasRuntimeError) -> JSONResponse:
+        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_params(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+
+    @app.exception_handler(Unauthorized)
+    async def unauthorized(request: Request, exc: Unauthorized) -> PlainTextResponse:
+        return PlainTextResponse("invalid credentials", status_code=401, headers=REALM_HEADER)
+
+    return app
+
+
+__all__ = ["create_app"]

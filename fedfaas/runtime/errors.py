@@ -1,0 +1,91 @@
+"""Errors of the embedded runtime; the HTTP layer maps each to a status code."""
+
+from __future__ import annotations
+
+
+class FaasRuntimeError(Exception):
+    """Base class of every runtime error. ``status`` is the HTTP code, ``code`` a stable slug."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidRequest(FaasRuntimeError):
+    """The request body or a parameter is malformed (bad JSON, wrong types)."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidDeployment(FaasRuntimeError):
+    """A FunctionDeployment failed validation (name, image, labels, limits)."""
+
+    status = 400
+    code = "invalid_deployment"
+
+    def __init__(self, service: str, detail: str) -> None:
+        super().__init__(detail)
+        self.service = service
+
+
+class UnsupportedImage(InvalidDeployment):
+    """The image does not map to a function folder this runtime can run."""
+
+    code = "unsupported_image"
+
+
+class WrongNamespace(FaasRuntimeError):
+    """Only the function namespace (``openfaas-fn``) exists on this runtime."""
+
+    status = 400
+    code = "wrong_namespace"
+
+    def __init__(self, namespace: str, expected: str) -> None:
+        super().__init__(f"namespace must be: {expected} (got {namespace!r})")
+        self.namespace = namespace
+        self.expected = expected
+
+
+class FunctionNotFound(FaasRuntimeError):
+    """No function of that name is deployed."""
+
+    status = 404
+    code = "not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"function {name!r} not found; deploy it first (POST /system/functions)")
+        self.name = name
+
+
+class FunctionExists(FaasRuntimeError):
+    """POST for a function that is already deployed (faas-cli PUTs first, so it never hits this)."""
+
+    status = 409
+    code = "exists"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"function {name!r} already exists; update it with PUT /system/functions")
+        self.name = name
+
+
+class InvalidScale(FaasRuntimeError):
+    """A scale request the runtime refuses (for example 0 replicas)."""
+
+    status = 400
+    code = "invalid_scale"
+
+    def __init__(self, name: str, replicas: int, detail: str) -> None:
+        super().__init__(detail)
+        self.name = name
+        self.replicas = replicas
+
+
+class TooManyFunctions(FaasRuntimeError):
+    """The CE limit on the number of functions (only with ``ce_limits`` on)."""
+
+    status = 400
+    code = "too_many_functions"

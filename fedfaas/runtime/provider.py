@@ -1,0 +1,333 @@
+"""The Provider: deployed functions, their replica processes, and the health loop that keeps them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fedfaas.runtime import validation
+from fedfaas.runtime.errors import (
+    FunctionExists,
+    FunctionNotFound,
+    TooManyFunctions,
+    WrongNamespace,
+)
+from fedfaas.runtime.images import ImageResolver
+from fedfaas.runtime.models import FunctionDeployment, omit_empty
+from fedfaas.runtime.replicas import Replica, kill_now, probe, spawn_replica, stop_replica
+from fedfaas.runtime.settings import RuntimeSettings
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF = 10.0
+
+
+@dataclass
+class Function:
+    """A deployed function: its spec, desired replica count and current replicas."""
+
+    spec: FunctionDeployment
+    function_dir: Path
+    desired: int
+    generation: int = 1
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    replicas: list[Replica] = field(default_factory=list)
+    invocations: int = 0
+    # slot -> (consecutive crashes, monotonic time before which it is not restarted)
+    backoff: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.service
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state == "ready"]
+
+
+class Provider:
+    """Keeps every deployed function at its desired number of healthy replica processes.
+
+    Parameters
+    ----------
+    settings:
+        Runtime settings (state folder, limits, probe timing).
+    """
+
+    def __init__(self, settings: RuntimeSettings) -> None:
+        self.settings = settings
+        self.namespace = settings.namespace
+        self.images = ImageResolver(settings.stack)
+        self._functions: dict[str, Function] = {}
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Start the health loop."""
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._client = httpx.AsyncClient(timeout=self.settings.health_timeout, trust_env=False)
+        self._loop_task = asyncio.create_task(self._health_loop(), name="runtime-health")
+
+    async def stop(self) -> None:
+        """Stop the health loop and every replica; no process is left behind."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        async with self._lock:
+            replicas = [r for f in self._functions.values() for r in f.replicas]
+            self._functions.clear()
+        await asyncio.gather(
+            *(stop_replica(r, self.settings.stop_grace) for r in replicas), return_exceptions=True
+        )
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for r in replicas:
+            if r.alive():
+                kill_now(r)
+        if self._client is not None:
+            await self._client.aclose()
+
+    # ----------------------------------------------------------------- API
+    def check_namespace(self, namespace: str | None) -> None:
+        """Raise :class:`WrongNamespace` unless ``namespace`` is empty or the function namespace."""
+        if namespace and namespace != self.namespace:
+            raise WrongNamespace(namespace, self.namespace)
+
+    def _validate(self, spec: FunctionDeployment) -> Path:
+        validation.validate_name(spec.service)
+        self.check_namespace(spec.namespace)
+        validation.validate_labels(
+            spec.labels or {}, spec.service, ce_limits=self.settings.ce_limits
+        )
+        return self.images.resolve(spec)
+
+    async def deploy(self, spec: FunctionDeployment) -> None:
+        """Create a function and start ``com.openfaas.scale.min`` replicas (default 1)."""
+        function_dir = self._validate(spec)
+        async with self._lock:
+            if spec.service in self._functions:
+                raise FunctionExists(spec.service)
+            if self.settings.ce_limits and len(self._functions) >= self.settings.max_functions:
+                raise TooManyFunctions(
+                    f"OpenFaaS CE allows {self.settings.max_functions} functions; remove one first"
+                )
+            fn = Function(spec, function_dir, validation.min_replicas(spec.labels or {}))
+            self._functions[spec.service] = fn
+            self._reconcile_slots(fn)
+        log.info("deployed %s (%s, %d replicas)", spec.service, spec.image, fn.desired)
+
+    async def update(self, spec: FunctionDeployment) -> None:
+        """Replace a function's spec; new replicas start and the old ones stop once they are ready."""
+        validation.validate_name(spec.service)
+        if spec.service not in self._functions:
+            raise FunctionNotFound(spec.service)
+        function_dir = self._validate(spec)
+        async with self._lock:
+            fn = self._functions.get(spec.service)
+            if fn is None:
+                raise FunctionNotFound(spec.service)
+            labels = spec.labels or {}
+            hi = validation.max_replicas(
+                labels, ce_limits=self.settings.ce_limits, default_max=self.settings.max_replicas
+            )
+            fn.spec, fn.function_dir = spec, function_dir
+            fn.desired = min(max(fn.desired, validation.min_replicas(labels)), hi)
+            fn.generation += 1
+            fn.backoff.clear()
+            self._reconcile_slots(fn)
+        log.info("updated %s to generation %d", spec.service, fn.generation)
+
+    async def delete(self, name: str) -> None:
+        """Remove a function at once (it is gone from the API) and stop its replicas."""
+        async with self._lock:
+            fn = self._functions.pop(name, None)
+        if fn is None:
+            raise FunctionNotFound(name)
+        for r in fn.replicas:
+            self._stop_later(r)
+        log.info("deleted %s", name)
+
+    async def scale(self, name: str, replicas: int) -> int:
+        """Set the desired count (clamped to ``[1, scale.max]``); returns the count applied."""
+        async with self._lock:
+            fn = self._get(name)
+            target = validation.clamp_replicas(
+                name,
+                replicas,
+                fn.spec.labels or {},
+                ce_limits=self.settings.ce_limits,
+                default_max=self.settings.max_replicas,
+            )
+            fn.desired = target
+            self._reconcile_slots(fn)
+        log.info("scaled %s to %d (asked %d)", name, target, replicas)
+        return target
+
+    def _get(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            raise FunctionNotFound(name)
+        return fn
+
+    def exists(self, name: str) -> bool:
+        return name in self._functions
+
+    def status(self, name: str) -> dict[str, Any]:
+        """FunctionStatus JSON of one function (zero numbers omitted, as Go's omitempty does)."""
+        return self._status(self._get(name))
+
+    def list_status(self) -> list[dict[str, Any]]:
+        return [self._status(f) for f in self._functions.values()]
+
+    def replicas(self, name: str) -> list[dict[str, object]]:
+        """Per-replica facts (pid, port, state), a FedFaaS extension of the API."""
+        return [r.describe() for r in self._get(name).replicas]
+
+    def log_dir(self, name: str) -> Path:
+        return self.settings.state_dir / "functions" / name
+
+    def count_invocation(self, name: str) -> None:
+        fn = self._functions.get(name)
+        if fn is not None:
+            fn.invocations += 1
+
+    async def pick_replica(self, name: str, wait: float) -> Replica | None:
+        """A random ready replica, waiting up to ``wait`` seconds for one; None if none is ready."""
+        deadline = time.monotonic() + wait
+        while True:
+            fn = self._functions.get(name)
+            if fn is None:
+                return None
+            ready = fn.ready()
+            if ready:
+                return random.choice(ready)
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _status(self, fn: Function) -> dict[str, Any]:
+        spec = fn.spec
+        labels = {**(spec.labels or {}), "faas_function": fn.name}
+        annotations = {"prometheus.io.scrape": "false", **(spec.annotations or {})}
+        body: dict[str, Any] = omit_empty(
+            {
+                "name": fn.name,
+                "image": spec.image,
+                "namespace": self.namespace,
+                "envProcess": spec.envProcess,
+                "envVars": spec.envVars,
+                "constraints": spec.constraints,
+                "secrets": spec.secrets,
+                "labels": labels,
+                "annotations": annotations,
+                "limits": spec.limits.dump() if spec.limits else None,
+                "requests": spec.requests.dump() if spec.requests else None,
+                "readOnlyRootFilesystem": spec.readOnlyRootFilesystem,
+                "invocationCount": fn.invocations,
+                "replicas": fn.desired,
+                "availableReplicas": len(fn.ready()),
+            }
+        )
+        body["createdAt"] = fn.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return body
+
+    # ----------------------------------------------------------------- reconciliation
+    def _stop_later(self, replica: Replica) -> None:
+        replica.state = "stopping"
+        task = asyncio.create_task(stop_replica(replica, self.settings.stop_grace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _spawn(self, fn: Function, slot: int) -> None:
+        spec = fn.spec
+        fn.replicas.append(
+            spawn_replica(
+                python=self.settings.python,
+                function=fn.name,
+                function_dir=fn.function_dir,
+                slot=slot,
+                generation=fn.generation,
+                env_vars=spec.envVars or {},
+                env_process=spec.envProcess,
+                log_dir=self.log_dir(fn.name),
+            )
+        )
+
+    def _reconcile_slots(self, fn: Function) -> None:
+        """Start missing replicas of the current generation, stop surplus and retired ones."""
+        now = time.monotonic()
+        for r in [r for r in fn.replicas if r.state != "stopping" and not r.alive()]:
+            code = r.proc.returncode if r.proc is not None else None
+            log.warning("%s (pid %s) exited with code %s", r.instance, r.pid, code)
+            fn.replicas.remove(r)
+            if r.generation == fn.generation:
+                crashes = fn.backoff.get(r.slot, (0, 0.0))[0] + 1
+                delay = 0.0 if crashes == 1 else min(MAX_BACKOFF, 0.5 * 2 ** (crashes - 2))
+                fn.backoff[r.slot] = (crashes, now + delay)
+        fn.replicas = [r for r in fn.replicas if r.state != "stopping"]
+        current = {r.slot: r for r in fn.replicas if r.generation == fn.generation}
+        for slot in range(fn.desired):
+            if slot not in current and fn.backoff.get(slot, (0, 0.0))[1] <= now:
+                self._spawn(fn, slot)
+        for r in list(fn.replicas):
+            surplus = r.generation == fn.generation and r.slot >= fn.desired
+            if surplus:
+                fn.replicas.remove(r)
+                self._stop_later(r)
+        # Rolling update: keep the old generation until the new one is fully ready.
+        new_ready = sum(1 for r in fn.ready() if r.generation == fn.generation)
+        if new_ready >= fn.desired:
+            for r in [r for r in fn.replicas if r.generation != fn.generation]:
+                fn.replicas.remove(r)
+                self._stop_later(r)
+
+    async def _probe_function(self, fn: Function) -> None:
+        assert self._client is not None
+        live = [r for r in fn.replicas if r.alive() and r.state != "stopping"]
+        results = await asyncio.gather(*(probe(self._client, r) for r in live))
+        now = time.monotonic()
+        for r, ok in zip(live, results, strict=True):
+            if r.state == "stopping":
+                continue
+            if ok:
+                if r.state != "ready":
+                    log.info("%s ready (pid %s)", r.instance, r.pid)
+                r.state, r.failures, r.ever_ready = "ready", 0, True
+                fn.backoff.pop(r.slot, None)
+                continue
+            r.failures += 1
+            if r.ever_ready:
+                if r.state == "ready":
+                    log.warning("%s failed its health probe; unready", r.instance)
+                r.state = "unready"
+                restart = r.failures >= self.settings.failure_threshold
+            else:
+                restart = now - r.started_at > self.settings.startup_timeout
+            if restart:
+                log.warning("%s unhealthy (%d failed probes); replacing it", r.instance, r.failures)
+                if r in fn.replicas:
+                    fn.replicas.remove(r)
+                self._stop_later(r)
+
+    async def _health_loop(self) -> None:
+        while True:
+            try:
+                for fn in list(self._functions.values()):
+                    await self._probe_function(fn)
+                async with self._lock:
+                    for fn in self._functions.values():
+                        self._reconcile_slots(fn)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must survive anything one replica does
+                log.exception("health loop iteration failed")
+            await asyncio.sleep(self.settings.health_interval)

@@ -1,0 +1,177 @@
+"""Replica processes: start one watchdog per replica, probe it, stop its process group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fedfaas.services import free_port
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Replica:
+    """One running replica of a function.
+
+    ``state`` is ``starting`` until its first good probe, then ``ready`` or ``unready``;
+    ``stopping`` once the runtime has decided to stop it (it takes no new requests then).
+    """
+
+    function: str
+    slot: int
+    generation: int
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    started_at: float = field(default_factory=time.monotonic)
+    state: str = "starting"
+    failures: int = 0
+    ever_ready: bool = False
+
+    @property
+    def instance(self) -> str:
+        """Instance name, as in ``/system/logs`` (``<function>-<slot>``)."""
+        return f"{self.function}-{self.slot}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def describe(self) -> dict[str, object]:
+        """Plain facts for ``/system/replicas/{name}`` and ``fedfaas status``."""
+        return {
+            "instance": self.instance,
+            "slot": self.slot,
+            "generation": self.generation,
+            "pid": self.pid,
+            "port": self.port,
+            "state": self.state,
+            "uptimeSeconds": round(time.monotonic() - self.started_at, 3),
+            "log": str(self.log_path),
+        }
+
+
+def spawn_replica(
+    *,
+    python: str,
+    function: str,
+    function_dir: Path,
+    slot: int,
+    generation: int,
+    env_vars: Mapping[str, str],
+    env_process: str,
+    log_dir: Path,
+) -> Replica:
+    """Start ``python -m fedfaas.runtime.watchdog`` for one replica, in its own process group."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    instance = f"{function}-{slot}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_RUNTIME_")}
+    env.update(env_vars)
+    pythonpath = env.get("PYTHONPATH", "")
+    env.update(
+        {
+            "FEDFAAS_FUNCTION_NAME": function,
+            "FEDFAAS_REPLICA": str(slot),
+            "HOSTNAME": instance,
+            "port": str(port),
+            "fprocess": env_process or "python index.py",
+            "mode": "http",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": f"{_REPO_ROOT}{os.pathsep}{pythonpath}"
+            if pythonpath
+            else str(_REPO_ROOT),
+        }
+    )
+    argv = [
+        python,
+        "-m",
+        "fedfaas.runtime.watchdog",
+        "--function-dir",
+        str(function_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    log_path = log_dir / f"{instance}.log"
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            argv,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(function_dir),
+            start_new_session=True,
+        )
+    log.info("started %s gen %d (pid %d, port %d)", instance, generation, proc.pid, port)
+    return Replica(function, slot, generation, port, log_path, proc)
+
+
+async def probe(client: httpx.AsyncClient, replica: Replica) -> bool:
+    """GET ``/_/health``; True on 200."""
+    try:
+        r = await client.get(f"{replica.url}/_/health")
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+async def stop_replica(replica: Replica, grace: float) -> None:
+    """SIGTERM the replica's process group, wait ``grace`` seconds, then SIGKILL; reap it."""
+    replica.state = "stopping"
+    proc = replica.proc
+    if proc is None:
+        return
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        _signal_group(proc, signal.SIGCONT)  # a stopped (hung) replica must see the SIGTERM
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.poll() is None:
+            log.warning("%s did not stop in %.1fs; SIGKILL", replica.instance, grace)
+            _signal_group(proc, signal.SIGKILL)
+            while proc.poll() is None:
+                await asyncio.sleep(0.02)
+    else:
+        _signal_group(proc, signal.SIGKILL)  # children it may have left behind
+    log.info("stopped %s (pid %d, exit %s)", replica.instance, proc.pid, proc.returncode)
+
+
+def kill_now(replica: Replica) -> None:
+    """SIGKILL and reap synchronously (last-resort cleanup on shutdown)."""
+    if replica.proc is not None:
+        _signal_group(replica.proc, signal.SIGKILL)
+        try:
+            replica.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) survived SIGKILL", replica.instance, replica.proc.pid)

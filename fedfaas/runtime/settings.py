@@ -1,0 +1,56 @@
+"""Settings of the embedded runtime (env prefix ``FEDFAAS_RUNTIME_``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RuntimeSettings(BaseSettings):
+    """Everything the runtime reads at start; every default works on one machine.
+
+    Attributes
+    ----------
+    stack:
+        Stack file whose ``image -> handler`` entries say which folder runs for a deployed image.
+        Re-read when it changes on disk, so new entries deploy without a restart.
+    state_dir:
+        Replica logs live under ``<state_dir>/functions/<name>/``.
+    auth_dir:
+        Folder with ``basic-auth-user`` and ``basic-auth-password``; basic auth on ``/system/*``
+        is off when it is ``None``.
+    ce_limits:
+        Apply OpenFaaS CE's limits (scale labels <= 5, scale clamped to [1, 5], 15 functions).
+        Off by default: FedFaaS runs more than five aggregator replicas on one node.
+    max_replicas:
+        Upper bound for a scale request when the function has no ``com.openfaas.scale.max`` label
+        (the Pro autoscaler's default max is 20).
+    upstream_timeout:
+        Seconds the proxy waits on a replica (read/write of one chunk); generous because model
+        updates are hundreds of MB (reference section 6).
+    ready_wait:
+        Seconds an invocation waits for a ready replica before answering 503 (the CE gateway
+        waits for a replica the same way with ``scale_from_zero``). 0 answers 503 at once.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    stack: Path | None = None
+    state_dir: Path = Path(".state/runtime")
+    auth_dir: Path | None = None
+    namespace: str = "openfaas-fn"
+    ce_limits: bool = False
+    max_functions: int = 15
+    max_replicas: int = 20
+    upstream_timeout: float = 300.0
+    ready_wait: float = 30.0
+    health_interval: float = 0.5
+    health_timeout: float = 1.0
+    failure_threshold: int = 6
+    startup_timeout: float = 60.0
+    stop_grace: float = 10.0
+    python: str = sys.executable

@@ -1,0 +1,254 @@
+"""Contributions and incentives: leave-one-out, Shapley values (exact, GTG, TMC), payouts.
+
+The utility of a coalition ``S`` of a round's clients is ``v(S) = evaluator(g_{r-1} + sum_{i in S}
+p_i^S Delta_i)`` with ``p^S`` renormalised over ``S`` (workloads.md); ``v(empty)`` is the utility of
+the round's starting model. No retraining: one aggregate per coalition, memoised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import Field
+
+from ._linalg import Row, combine
+from .base import RoundParams, invalid, round_requirements
+from .data import Evaluator, Requirements, WorkloadData
+
+MAX_EXACT = 14
+
+
+class CoalitionUtility:
+    """Memoised ``v(S)`` over coalitions given as sorted index tuples."""
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        base: Row,
+        deltas: Sequence[Row],
+        weights: NDArray[np.float64],
+    ) -> None:
+        self._evaluator = evaluator
+        self._base = list(base)
+        self._deltas = list(deltas)
+        self._weights = np.asarray(weights, dtype=np.float64)
+        self._memo: dict[tuple[int, ...], float] = {}
+
+    @property
+    def evaluations(self) -> int:
+        """Number of distinct coalitions evaluated so far."""
+        return len(self._memo)
+
+    def __call__(self, coalition: Sequence[int]) -> float:
+        key = tuple(sorted(int(i) for i in coalition))
+        if key not in self._memo:
+            row: list[tuple[float, Any]] = list(self._base)
+            if key:
+                w = self._weights[list(key)]
+                w = w / w.sum()
+                for coef, i in zip(w, key, strict=True):
+                    row.extend((float(coef) * c, x) for c, x in self._deltas[i])
+            self._memo[key] = float(self._evaluator(combine(row)))
+        return self._memo[key]
+
+
+# -- pure algorithms over a utility function v(tuple_of_indices) -----------------------------------
+
+
+def leave_one_out(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.float64]:
+    """``phi_i = v(N) - v(N \\ {i})``."""
+    full = v(tuple(range(n)))
+    return np.array([full - v(tuple(j for j in range(n) if j != i)) for i in range(n)])
+
+
+def exact_shapley(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.float64]:
+    """Exact Shapley values by enumerating all ``2^n`` coalitions (bitmask-vectorised sum)."""
+    masks = np.arange(1 << n)
+    values = np.array([v(tuple(i for i in range(n) if m >> i & 1)) for m in masks])
+    sizes = np.array([bin(m).count("1") for m in masks])
+    fact = np.array([math.factorial(k) for k in range(n + 1)], dtype=np.float64)
+    weight = fact[sizes] * fact[np.maximum(n - sizes - 1, 0)] / fact[n]  # full set never used
+    phi = np.empty(n)
+    for i in range(n):
+        without = masks[(masks >> i & 1) == 0]
+        phi[i] = float(np.sum(weight[without] * (values[without | (1 << i)] - values[without])))
+    return phi
+
+
+def _not_converged(records: list[NDArray[np.float64]], converge_min: int, last_k: int, tol: float) -> bool:
+    """GTG's stopping rule: mean relative change of the running means over the last ``last_k``."""
+    if len(records) <= converge_min:
+        return True
+    arr = np.asarray(records)
+    running = (np.cumsum(arr, axis=0) / np.arange(1, len(arr) + 1)[:, None])[-last_k:]
+    errors = np.mean(np.abs(running - running[-1:]) / (np.abs(running[-1:]) + 1e-12), axis=1)
+    return bool(np.max(errors) > tol)
+
+
+def permutation_shapley(
+    v: Callable[[Sequence[int]], float],
+    n: int,
+    *,
+    guided: bool = True,
+    seed: int = 0,
+    eps: float = 0.001,
+    round_trunc_threshold: float = 0.01,
+    converge_min: int | None = None,
+    last_k: int = 10,
+    converge_criteria: float = 0.05,
+    max_permutations: int = 500,
+) -> tuple[NDArray[np.float64], dict[str, Any]]:
+    """GTG-Shapley (``guided=True``) or TMC-Shapley (``guided=False``) estimates.
+
+    Within-round truncation: when ``|v(N) - v(empty)| <= round_trunc_threshold`` all values are 0.
+    Within a permutation, once ``|v(N) - v(prefix)| < eps`` the remaining marginals are 0.
+    GTG guides sampling by cycling the first position through the clients, the rest random.
+    Stops after more than ``converge_min`` permutations (default ``max(30, n)``) when the running
+    means moved by less than ``converge_criteria`` (mean relative change) over the last ``last_k``,
+    or after ``max_permutations``. Deterministic for a given ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    v_empty = v(())
+    v_full = v(tuple(range(n)))
+    info: dict[str, Any] = {"v_empty": v_empty, "v_full": v_full, "permutations": 0}
+    if abs(v_full - v_empty) <= round_trunc_threshold:
+        info["round_truncated"] = True
+        return np.zeros(n), info
+    cmin = max(30, n) if converge_min is None else converge_min
+    records: list[NDArray[np.float64]] = []
+    truncations = 0
+    while len(records) < max_permutations and _not_converged(records, cmin, last_k, converge_criteria):
+        for first in range(n):
+            if len(records) >= max_permutations:
+                break
+            if guided:
+                rest = rng.permutation([i for i in range(n) if i != first])
+                perm = np.concatenate(([first], rest)).astype(int)
+            else:
+                perm = rng.permutation(n)
+            marginal = np.zeros(n)
+            prev = v_empty
+            for j in range(n):
+                if abs(v_full - prev) >= eps:
+                    cur = v(tuple(perm[: j + 1]))
+                else:
+                    cur = prev
+                    truncations += 1
+                marginal[perm[j]] = cur - prev
+                prev = cur
+            records.append(marginal)
+            if not guided and not _not_converged(records, cmin, last_k, converge_criteria):
+                break
+    info.update(permutations=len(records), truncated_marginals=truncations, round_truncated=False)
+    info["converged"] = not _not_converged(records, cmin, last_k, converge_criteria)
+    return np.asarray(np.mean(records, axis=0), dtype=np.float64), info
+
+
+# -- workloads ------------------------------------------------------------------------------------
+
+
+class LooParams(RoundParams):
+    pass
+
+
+class ShapleyParams(RoundParams):
+    method: Literal["gtg", "tmc", "exact"] = Field(default="gtg", description="estimator")
+    seed: int = Field(default=0, description="permutation sampling seed")
+    eps: float = Field(default=0.001, ge=0.0, description="within-permutation truncation tolerance")
+    round_trunc_threshold: float = Field(default=0.01, ge=0.0, description="skip the round below this gain")
+    converge_min: int | None = Field(default=None, ge=1, description="min permutations; max(30, n) if omitted")
+    last_k: int = Field(default=10, ge=2, description="window of the convergence test")
+    converge_criteria: float = Field(default=0.05, gt=0.0, description="mean relative change to stop")
+    max_permutations: int = Field(default=500, ge=1, le=100_000, description="hard cap on permutations")
+
+
+class IncentiveParams(RoundParams):
+    budget: float = Field(gt=0.0, description="tokens to distribute this round")
+    contribution: Literal["loo", "gtg", "exact"] = Field(default="gtg", description="contribution measure")
+    seed: int = Field(default=0, description="seed for GTG sampling")
+
+
+def _utility(data: WorkloadData, p: RoundParams) -> tuple[list[str], CoalitionUtility]:
+    clients = data.select(p.round, p.clients)
+    weights = data.weights_of(p.round, clients, p.weighting)
+    v = CoalitionUtility(
+        data.require_evaluator(),
+        [(1.0, data.base(p.round))],
+        [data.delta(p.round, c) for c in clients],
+        weights,
+    )
+    return clients, v
+
+
+def contribution_requirements(p: RoundParams) -> Requirements:
+    return round_requirements(p, evaluator=True)
+
+
+def run_loo(data: WorkloadData, p: LooParams) -> dict[str, Any]:
+    clients, v = _utility(data, p)
+    phi = leave_one_out(v, len(clients))
+    return {
+        "round": p.round,
+        "values": dict(zip(clients, map(float, phi), strict=True)),
+        "v_full": v(tuple(range(len(clients)))),
+        "evaluations": v.evaluations,
+    }
+
+
+def shapley_values(data: WorkloadData, p: ShapleyParams) -> tuple[list[str], NDArray[np.float64], dict[str, Any]]:
+    """Shapley values of the round's clients by ``p.method``, with run information."""
+    clients, v = _utility(data, p)
+    n = len(clients)
+    if p.method == "exact":
+        if n > MAX_EXACT:
+            raise invalid("shapley", "method", f"exact enumerates 2^n coalitions; n={n} > {MAX_EXACT}: use gtg", p.method)
+        phi = exact_shapley(v, n)
+        info: dict[str, Any] = {"v_empty": v(()), "v_full": v(tuple(range(n)))}
+    else:
+        phi, info = permutation_shapley(
+            v, n, guided=p.method == "gtg", seed=p.seed, eps=p.eps,
+            round_trunc_threshold=p.round_trunc_threshold, converge_min=p.converge_min,
+            last_k=p.last_k, converge_criteria=p.converge_criteria, max_permutations=p.max_permutations,
+        )
+    info["evaluations"] = v.evaluations
+    return clients, phi, info
+
+
+def run_shapley(data: WorkloadData, p: ShapleyParams) -> dict[str, Any]:
+    clients, phi, info = shapley_values(data, p)
+    return {
+        "round": p.round,
+        "method": p.method,
+        "values": dict(zip(clients, map(float, phi), strict=True)),
+        "sum": float(phi.sum()),
+        **{k: (float(x) if isinstance(x, float | np.floating) else x) for k, x in info.items()},
+    }
+
+
+def distribute(contributions: NDArray[np.float64], budget: float) -> NDArray[np.float64]:
+    """Pay ``budget`` in proportion to the positive part of each contribution (nothing if none)."""
+    pos = np.maximum(contributions, 0.0)
+    total = pos.sum()
+    return budget * pos / total if total > 0 else np.zeros_like(pos)
+
+
+def run_incentives(data: WorkloadData, p: IncentiveParams) -> dict[str, Any]:
+    if p.contribution == "loo":
+        clients, v = _utility(data, p)
+        phi = leave_one_out(v, len(clients))
+    else:
+        sp = ShapleyParams(round=p.round, clients=p.clients, weighting=p.weighting, method=p.contribution, seed=p.seed)
+        clients, phi, _ = shapley_values(data, sp)
+    pay = distribute(phi, p.budget)
+    return {
+        "round": p.round,
+        "contribution": p.contribution,
+        "contributions": dict(zip(clients, map(float, phi), strict=True)),
+        "payouts": dict(zip(clients, map(float, pay), strict=True)),
+        "paid": float(pay.sum()),
+        "budget": p.budget,
+    }

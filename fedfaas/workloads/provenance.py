@@ -1,0 +1,112 @@
+"""Provenance: each client's exact share of the global model's change over a range of rounds.
+
+FedAvg is linear: ``g_t - g_{t-1} = sum_i p_i^t Delta_i^t``, so ``g_R - g_{F-1} = sum_i C_i`` with
+``C_i = sum_t p_i^t Delta_i^t``, and ``share_i = <C_i, g_R - g_{F-1}> / ||g_R - g_{F-1}||^2`` sums to 1
+over all clients (workloads.md (f)). The residual ``||g_R - g_{F-1} - sum_i C_i|| / ||g_R - g_{F-1}||``
+says how exactly the stored globals are the FedAvg of the stored updates (0 up to round-off).
+``p_i^t`` comes from the metadata of every participant of round ``t`` (``client_meta[t]``), so a
+single client's share needs only that client's updates (P3) plus the rounds' small metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import Field, model_validator
+
+from ._linalg import Row, gram
+from .base import Params, invalid
+from .data import Requirements, WorkloadData
+from .errors import DataMismatch
+
+
+class ProvenanceParams(Params):
+    first_round: int = Field(ge=1, description="first round of the range")
+    last_round: int = Field(ge=1, description="last round of the range (inclusive)")
+    clients: list[str] | None = Field(default=None, min_length=1, description="clients to trace; all if omitted")
+    weighting: Literal["samples", "uniform"] = Field(default="samples", description="FedAvg weights used")
+    lineage: bool = Field(default=False, description="add a (round, client, parent, update hash, n, p) table")
+
+    @model_validator(mode="after")
+    def _range(self) -> ProvenanceParams:
+        if self.last_round < self.first_round:
+            raise ValueError(f"last_round ({self.last_round}) must be >= first_round ({self.first_round})")
+        return self
+
+
+def provenance_requirements(p: ProvenanceParams) -> Requirements:
+    rounds = tuple(range(p.first_round, p.last_round + 1))
+    return Requirements(
+        policy="P3",
+        update_rounds=rounds,
+        clients=None if p.clients is None else tuple(p.clients),
+        global_versions=tuple(r - 1 for r in rounds) + (p.last_round,),
+        client_meta_rounds=rounds,
+    )
+
+
+def _participants(data: WorkloadData, r: int) -> list[str]:
+    meta = data.client_meta.get(r)
+    return sorted(meta) if meta else data.round_clients(r)
+
+
+def _digest(x: NDArray[np.floating]) -> str:
+    buf = np.ascontiguousarray(x).view(np.uint8)
+    return hashlib.blake2b(buf.data, digest_size=16).hexdigest()
+
+
+def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
+    rounds = range(p.first_round, p.last_round + 1)
+    weights: dict[int, dict[str, float]] = {}
+    for r in rounds:
+        parts = _participants(data, r)
+        w = data.weights_of(r, parts, p.weighting)
+        weights[r] = dict(zip(parts, map(float, w), strict=True))
+    everyone = sorted({c for r in rounds for c in weights[r]})
+    clients = everyone if p.clients is None else list(p.clients)
+    unknown = [c for c in clients if c not in everyone]
+    if unknown:
+        raise invalid("provenance", "clients", f"did not take part in rounds {p.first_round}-{p.last_round}", unknown)
+    rows: list[Row] = []
+    for c in clients:
+        rows.append([(weights[r][c] * a, x) for r in rounds if c in weights[r] for a, x in data.delta(r, c)])
+    start, end = data.global_model(p.first_round - 1), data.global_model(p.last_round)
+    rows.append([(1.0, end), (-1.0, start)])
+    g = gram(rows)
+    change2 = float(g[-1, -1])
+    if change2 <= 0.0:
+        raise DataMismatch(
+            f"the global model did not change between versions {p.first_round - 1} and {p.last_round}: shares undefined"
+        )
+    shares = g[:-1, -1] / change2
+    result: dict[str, Any] = {
+        "first_round": p.first_round,
+        "last_round": p.last_round,
+        "shares": dict(zip(clients, map(float, shares), strict=True)),
+        "change_norm": float(np.sqrt(change2)),
+        "contribution_norm": {c: float(np.sqrt(max(g[i, i], 0.0))) for i, c in enumerate(clients)},
+        "complete": p.clients is None,
+        "share_sum": float(shares.sum()),
+    }
+    if p.clients is None:
+        m = len(clients)
+        resid2 = change2 - 2.0 * float(g[:m, -1].sum()) + float(g[:m, :m].sum())
+        result["residual"] = float(np.sqrt(max(resid2, 0.0)) / np.sqrt(change2))
+    if p.lineage:
+        result["lineage"] = [
+            {
+                "round": r,
+                "client": c,
+                "parent_global": _digest(data.global_model(r - 1)),
+                "update": _digest(data.update(r, c)),
+                "n_samples": data.n_samples(r, c) if p.weighting == "samples" else None,
+                "p": weights[r][c],
+            }
+            for r in rounds
+            for c in clients
+            if c in weights[r]
+        ]
+    return result

@@ -1,0 +1,108 @@
+"""Contributions on a validation set: leave-one-out, Shapley (exact, GTG, TMC), incentives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedfaas.workloads import WorkloadData, get
+from fedfaas.workloads.contribution import distribute, exact_shapley, permutation_shapley
+
+from .test_workloads_common import attacked_round, evaluator, small_round
+
+
+def test_exact_shapley_gives_identical_clients_equal_values_and_is_efficient() -> None:
+    res = get("shapley").run(small_round().workload_data(with_evaluator=True), {"round": 1, "method": "exact"})
+    v = res["values"]
+    assert v["c03"] == pytest.approx(v["c04"], abs=1e-12)  # c04 is a copy of c03
+    assert sum(v.values()) == pytest.approx(res["v_full"] - res["v_empty"], abs=1e-12)
+    assert res["evaluations"] == 2**5
+
+
+def test_gtg_shapley_is_efficient_close_to_exact_and_deterministic() -> None:
+    data = small_round().workload_data(with_evaluator=True)
+    exact = get("shapley").run(data, {"round": 1, "method": "exact"})["values"]
+    gtg = get("shapley").run(data, {"round": 1, "method": "gtg", "seed": 7})
+    assert gtg["sum"] == pytest.approx(gtg["v_full"] - gtg["v_empty"], abs=1e-3)  # within eps
+    assert gtg["values"]["c03"] == pytest.approx(gtg["values"]["c04"], abs=0.01)
+    for c, x in exact.items():
+        assert gtg["values"][c] == pytest.approx(x, abs=0.01)
+    again = get("shapley").run(small_round().workload_data(with_evaluator=True), {"round": 1, "seed": 7})
+    assert again["values"] == gtg["values"]
+
+
+def test_gtg_gives_the_attackers_the_two_lowest_and_negative_values() -> None:
+    res = get("shapley").run(attacked_round().workload_data(with_evaluator=True), {"round": 1})
+    ranking = sorted(res["values"], key=res["values"].get)
+    assert set(ranking[:2]) == {"c08", "c09"}
+    assert res["values"]["c08"] < 0 and res["values"]["c09"] < 0
+    assert res["sum"] == pytest.approx(res["v_full"] - res["v_empty"], abs=1e-3)
+
+
+def test_permutation_shapley_telescopes_exactly_without_truncation_on_a_smooth_utility() -> None:
+    rng = np.random.default_rng(0)
+    target = rng.normal(size=20)
+    deltas = rng.normal(size=(6, 20))
+
+    def v(s: tuple[int, ...] | list[int]) -> float:
+        model = deltas[list(s)].mean(axis=0) if len(s) else np.zeros(20)
+        return -float(np.linalg.norm(model - target))
+
+    for guided in (True, False):
+        phi, info = permutation_shapley(v, 6, guided=guided, eps=0.0, seed=1)
+        assert phi.sum() == pytest.approx(v(range(6)) - v(()), abs=1e-12)
+        assert info["permutations"] >= 30
+        phi, info = permutation_shapley(v, 6, guided=guided, eps=0.05, seed=1)
+        assert abs(phi.sum() - (v(range(6)) - v(()))) <= 0.05
+
+
+def test_round_truncation_sets_every_value_to_zero_when_the_round_barely_helps() -> None:
+    res = get("shapley").run(
+        small_round().workload_data(with_evaluator=True), {"round": 1, "round_trunc_threshold": 1.0}
+    )
+    assert res["round_truncated"] is True and set(res["values"].values()) == {0.0}
+
+
+def test_exact_shapley_of_an_additive_game_is_each_players_own_value() -> None:
+    a = np.array([0.3, -0.1, 0.5, 0.0])
+    np.testing.assert_allclose(exact_shapley(lambda s: float(a[list(s)].sum()), 4), a, atol=1e-12)
+
+
+def test_leave_one_out_matches_brute_force_evaluation() -> None:
+    fed = small_round()
+    res = get("leave-one-out").run(fed.workload_data(with_evaluator=True), {"round": 1})
+    ev = evaluator()
+    clients = sorted(fed.updates[1])
+    n = {c: float(fed.client_meta[1][c]["n_samples"]) for c in clients}
+
+    def fedavg(members: list[str]) -> np.ndarray:
+        w = np.array([n[c] for c in members])
+        return (w @ np.stack([fed.updates[1][c].astype(np.float64) for c in members]) / w.sum()).astype(np.float32)
+
+    full = ev(fedavg(clients))
+    assert res["v_full"] == pytest.approx(full)
+    for c in clients:
+        assert res["values"][c] == pytest.approx(full - ev(fedavg([o for o in clients if o != c])), abs=1e-12)
+    assert res["values"]["c03"] == res["values"]["c04"]
+
+
+def test_incentives_pay_the_budget_in_proportion_to_positive_contributions() -> None:
+    res = get("incentives").run(
+        attacked_round().workload_data(with_evaluator=True), {"round": 1, "budget": 1000.0, "contribution": "loo"}
+    )
+    contrib, pay = res["contributions"], res["payouts"]
+    positive = {c: x for c, x in contrib.items() if x > 0}
+    assert res["paid"] == pytest.approx(1000.0 if positive else 0.0)
+    for c, x in contrib.items():
+        assert pay[c] == pytest.approx(1000.0 * x / sum(positive.values()) if x > 0 else 0.0)
+    assert pay["c08"] == 0.0 and pay["c09"] == 0.0
+    np.testing.assert_array_equal(distribute(np.array([-1.0, -2.0]), 10.0), [0.0, 0.0])
+
+
+def test_contribution_workloads_need_an_evaluator() -> None:
+    from fedfaas.workloads import MissingData
+
+    data: WorkloadData = small_round().workload_data(with_evaluator=False)
+    with pytest.raises(MissingData) as err:
+        get("shapley").run(data, {"round": 1})
+    assert err.value.kind == "evaluator" and err.value.workload == "shapley"

@@ -1,0 +1,144 @@
+"""`fedfaas deploy`: the faas-cli request sequence, against a recording gateway and the runtime."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fedfaas.deploy import DeployError, GatewayClient, deploy
+from fedfaas.runtime import RuntimeProcess
+from fedfaas.stackfile import load_stack
+from tests.runtime.conftest import PASSWORD, STACK, USER, wait_until
+
+
+class _Recorder(ThreadingHTTPServer):
+    def __init__(self, replies: dict[str, int]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.replies = replies
+        self.seen: list[dict[str, Any]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def _any(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(
+            {
+                "method": self.command,
+                "path": self.path,
+                "headers": dict(self.headers),
+                "body": json.loads(body) if body else None,
+            }
+        )
+        self.send_response(self.server.replies.get(self.command, 500))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_PUT = do_POST = do_DELETE = do_GET = _any
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def recorder(request: pytest.FixtureRequest) -> Iterator[_Recorder]:
+    server = _Recorder(getattr(request, "param", {"PUT": 404, "POST": 202, "DELETE": 202}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_deploy_sends_put_then_post_on_404_with_faas_cli_headers(recorder: _Recorder) -> None:
+    results = deploy(STACK, recorder.url)
+    assert [(r.function, r.method, r.status, r.ok) for r in results] == [
+        ("echo", "POST", 202, True)
+    ]
+    put, post = recorder.seen
+    expected = load_stack(STACK).functions["echo"].deployment()
+    assert (put["method"], put["path"], put["body"]) == ("PUT", "/system/functions", expected)
+    assert (post["method"], post["path"], post["body"]) == ("POST", "/system/functions", expected)
+    for req in (put, post):
+        assert req["headers"]["Content-Type"] == "application/json"
+        assert req["headers"]["User-Agent"].startswith("fedfaas-cli/")
+        assert req["headers"]["Authorization"] == "Bearer"
+
+
+def test_replace_deletes_first_and_basic_auth_is_sent(recorder: _Recorder) -> None:
+    deploy(STACK, recorder.url, auth=("u", "p"), replace=True)
+    assert [r["method"] for r in recorder.seen] == ["DELETE", "PUT", "POST"]
+    assert recorder.seen[0]["body"] == {"functionName": "echo", "namespace": ""}
+    token = base64.b64encode(b"u:p").decode()
+    assert all(r["headers"]["Authorization"] == f"Basic {token}" for r in recorder.seen)
+
+
+@pytest.mark.parametrize("recorder", [{"PUT": 201}], indirect=True)
+def test_only_200_and_202_count_as_success(recorder: _Recorder) -> None:
+    with pytest.raises(DeployError) as err:
+        deploy(STACK, recorder.url)
+    assert err.value.results[0].status == 201
+    assert [r["method"] for r in recorder.seen] == ["PUT"]
+
+
+def test_filter_that_matches_nothing_sends_nothing(recorder: _Recorder) -> None:
+    assert deploy(STACK, recorder.url, filter="nothing-*") == []
+    assert recorder.seen == []
+
+
+@pytest.mark.integration
+def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: RuntimeProcess) -> None:
+    [first] = deploy(STACK, runtime.url)
+    assert (first.method, first.status) == ("POST", 202)
+    [again] = deploy(STACK, runtime.url)
+    assert (again.method, again.status) == ("PUT", 202)
+    with GatewayClient(runtime.url) as gw:
+        wait_until(lambda: (gw.describe("echo") or {}).get("availableReplicas", 0) >= 1)
+        assert [f["name"] for f in gw.list_functions()].count("echo") == 1
+        assert gw.invoke("echo", b"\x01\x02").content == b"\x01\x02"
+        assert gw.scale("echo", 2).status_code == 202
+        assert gw.describe("echo")["replicas"] == 2  # type: ignore[index]
+        assert gw.scale("echo", 0).status_code == 400
+        assert any(line["instance"].startswith("echo-") for line in gw.logs("echo"))
+        assert gw.remove("echo").status_code == 202
+        assert gw.describe("echo") is None
+        assert gw.remove("echo").status_code == 404
+
+
+@pytest.mark.integration
+def test_deploy_needs_credentials_when_auth_is_on_and_rejects_unknown_images(
+    auth_runtime: RuntimeProcess, tmp_path: Path
+) -> None:
+    with pytest.raises(DeployError) as err:
+        deploy(STACK, auth_runtime.url)
+    assert err.value.results[0].status == 401
+    [ok] = deploy(STACK, auth_runtime.url, auth=(USER, PASSWORD))
+    assert ok.ok
+    other = tmp_path / "stack.yml"
+    other.write_text(
+        "provider: {name: openfaas}\nfunctions:\n  stranger:\n    lang: python3-http\n"
+        "    handler: ./x\n    image: docker.io/x/stranger:1\n    fprocess: python index.py\n"
+    )
+    with pytest.raises(DeployError) as err:
+        deploy(other, auth_runtime.url, auth=(USER, PASSWORD))
+    assert err.value.results[0].status == 400
+    assert "unknown to this runtime" in err.value.results[0].message
+    with httpx.Client(base_url=auth_runtime.url, auth=(USER, PASSWORD), trust_env=False) as http:
+        assert (
+            http.request("DELETE", "/system/functions", json={"functionName": "echo"}).status_code
+            == 202
+        )
