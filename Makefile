@@ -1,13 +1,25 @@
 # FedFaaS front door. `make demo` and `make test` do their own set-up (scripts/setup.sh).
+#   make setup            apt packages, .venv, MinIO and helm (idempotent, seconds when done)
+#   make test | test-all  pytest without / with the slow tests
+#   make demo             the demo on a fresh platform in $(STATE)
+#   make up|status|down   the one-machine platform in $(STATE) (down leaves only logs/);
+#                         `make up WITH=all` adds the gateway, cache engine, tracker, control plane
+#   make chart            helm lint + helm template of charts/fedfaas
+#   make bench | bench-X  benchmarks (bench/results/)
+#   make lint             ruff, ruff format --check, mypy
 SHELL := /bin/bash
 VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-export PATH := $(VENV)/bin:$(HOME)/.cache/fedfaas/bin:$(PATH)
+CACHE ?= $(HOME)/.cache/fedfaas
+export PATH := $(VENV)/bin:$(CACHE)/bin:$(PATH)
 STATE ?= $(CURDIR)/.state
+WITH ?=
 PYTEST_ARGS ?=
 BENCHES := dataplane ebpf control flstore
+HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all demo bench lint up down status $(addprefix bench-,$(BENCHES))
+.PHONY: setup test test-all demo bench lint up down status helm chart \
+	$(addprefix bench-,$(BENCHES))
 
 setup:
 	@bash scripts/setup.sh
@@ -33,10 +45,23 @@ lint: setup
 	$(VENV)/bin/mypy fedfaas
 
 up: setup
-	$(VENV)/bin/fedfaas up --state-dir $(STATE)
+	$(VENV)/bin/fedfaas up --state-dir $(STATE) $(if $(WITH),--with $(WITH))
 
 down:
 	$(VENV)/bin/fedfaas down --state-dir $(STATE)
 
 status:
 	$(VENV)/bin/fedfaas status --state-dir $(STATE)
+
+# helm from the Go module proxy (about 3 minutes on 2 cores); setup does it too unless
+# FEDFAAS_SKIP_HELM=1.
+helm:
+	@command -v helm >/dev/null || [ -x $(CACHE)/bin/helm ] || \
+	  GOBIN=$(CACHE)/bin GOFLAGS=-mod=mod go install helm.sh/helm/v3/cmd/helm@latest
+	@$(HELM) version --short
+
+chart: helm
+	$(HELM) lint --strict charts/fedfaas
+	$(HELM) lint --strict charts/fedfaas --set nodeGateway.ebpf.enabled=true
+	$(HELM) template fedfaas charts/fedfaas --namespace openfaas >/dev/null
+	@echo "charts/fedfaas: lint and template ok"

@@ -33,12 +33,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_for_port(
+    host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Block until ``host:port`` accepts TCP connections, or raise ``ServiceError``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise ServiceError(f"process exited with code {proc.returncode} before listening on {port}")
+            raise ServiceError(
+                f"process exited with code {proc.returncode} before listening on {port}"
+            )
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
@@ -99,8 +103,12 @@ class _Process:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         logf = open(self.data_dir / "server.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            argv,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
         )
         logf.close()
 
@@ -139,11 +147,27 @@ class RedisServer(_Process):
         """The ``redis-server`` command line for this host, port and data folder."""
         binary = find_binary("redis-server")
         if binary is None:
-            raise ServiceError("redis-server not found: run `make setup` (apt-get install redis-server)")
+            raise ServiceError(
+                "redis-server not found: run `make setup` (apt-get install redis-server)"
+            )
         return [
-            binary, "--bind", self.host, "--port", str(self.port), "--dir", str(self.data_dir),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-            "--protected-mode", "yes", "--daemonize", "no",
+            binary,
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
         ]
 
     def ping(self, timeout: float = 1.0) -> bool:
@@ -188,14 +212,24 @@ class MinioServer(_Process):
                 "(go install github.com/minio/minio@latest)"
             )
         return [
-            binary, "server", str(self.data_dir / "data"), "--address", f"{self.host}:{self.port}",
-            "--console-address", f"{self.host}:{self.console_port}", "--quiet",
+            binary,
+            "server",
+            str(self.data_dir / "data"),
+            "--address",
+            f"{self.host}:{self.port}",
+            "--console-address",
+            f"{self.host}:{self.console_port}",
+            "--quiet",
         ]
 
     def environment(self) -> dict[str, str]:
         """Environment for the server: root credentials, console on, no update checks."""
-        return {"MINIO_ROOT_USER": self.access_key, "MINIO_ROOT_PASSWORD": self.secret_key,
-                "MINIO_BROWSER": "on", "MINIO_UPDATE": "off"}
+        return {
+            "MINIO_ROOT_USER": self.access_key,
+            "MINIO_ROOT_PASSWORD": self.secret_key,
+            "MINIO_BROWSER": "on",
+            "MINIO_UPDATE": "off",
+        }
 
     def ready(self, timeout: float = 1.0) -> bool:
         """True when ``/minio/health/ready`` answers 200 right now."""
@@ -216,7 +250,9 @@ class MinioServer(_Process):
             if self.ready():
                 return
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServiceError(f"minio exited with code {self.proc.returncode}; see "
-                                   f"{self.data_dir / 'server.log'}")
+                raise ServiceError(
+                    f"minio exited with code {self.proc.returncode}; see "
+                    f"{self.data_dir / 'server.log'}"
+                )
             time.sleep(0.1)
         raise ServiceError(f"minio at {self.url} not ready after {timeout:.0f}s")

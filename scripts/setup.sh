@@ -1,57 +1,78 @@
 #!/usr/bin/env bash
 # Installs everything FedFaaS needs on Debian 12 (root, package registries only).
-# Idempotent: each step checks first, so a second run takes seconds.
-#   apt: redis-server, python3-bpfcc, kernel headers (+ the link bcc looks for)
+# Idempotent: each step checks first, so a second run takes a few seconds.
+#   apt:   redis-server, python3-venv, python3-bpfcc + kernel headers (+ the link bcc looks for)
 #   .venv: the Python dependencies (torch and torchvision from PyPI), the project in editable mode
 #   MinIO: built with `go install github.com/minio/minio@latest` into a cache folder, unless on PATH
+#   helm:  built the same way (about 3 minutes on 2 cores; FEDFAAS_SKIP_HELM=1 skips it; only the
+#          chart's lint/template tests need it)
+# Environment: FEDFAAS_CACHE (default ~/.cache/fedfaas), FEDFAAS_VENV (default ./.venv),
+#              FEDFAAS_PYTHON (interpreter for the venv), FEDFAAS_SKIP_HELM=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 CACHE=${FEDFAAS_CACHE:-$HOME/.cache/fedfaas}
 VENV=${FEDFAAS_VENV:-$ROOT/.venv}
 log() { printf '[setup] %s\n' "$*"; }
+warn() { printf '[setup] warning: %s\n' "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || die "not root and no sudo: run as root, or install sudo"
+  SUDO="sudo"
+fi
+ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 
 # --- 1. Debian packages ------------------------------------------------------------------
-APT_PKGS="redis-server python3-bpfcc bpfcc-tools linux-headers-amd64 python3-venv python3-pip curl ca-certificates iproute2"
-missing=""
-for p in $APT_PKGS; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  log "apt-get install$missing"
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+APT_UPDATED=""
+apt_install() {  # apt_install PKG... ; installs the missing ones, returns apt's status
+  local missing=""
+  for p in "$@"; do installed "$p" || missing="$missing $p"; done
+  [ -n "$missing" ] || return 0
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq $missing >/dev/null
-fi
+  if [ -z "$APT_UPDATED" ]; then
+    log "apt-get update"
+    $SUDO apt-get update -qq
+    APT_UPDATED=1
+  fi
+  log "apt-get install$missing"
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+command -v dpkg-query >/dev/null || die "this script expects Debian 12 (dpkg/apt not found)"
+apt_install redis-server python3 python3-venv python3-pip ca-certificates curl iproute2 procps \
+  || die "apt-get install failed (see above)"
+# eBPF is optional: without bcc or headers the userspace router takes over.
+apt_install python3-bpfcc bpfcc-tools "linux-headers-$ARCH" \
+  || warn "could not install bcc or kernel headers; eBPF falls back to the userspace router"
 
 # --- 2. Kernel headers where bcc looks for them --------------------------------------------
 # bcc compiles against /lib/modules/$(uname -r)/build. A cloud kernel seldom ships its own
 # headers; SK_MSG programs use only stable UAPI types, so Debian's installed headers serve.
 KBUILD=/lib/modules/$(uname -r)/build
 if [ ! -e "$KBUILD" ]; then
-  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+  hdr=$(ls -d /usr/src/linux-headers-*-"$ARCH" 2>/dev/null | sort -V | tail -n 1 || true)
   if [ -n "$hdr" ]; then
     log "linking $KBUILD -> $hdr"
     $SUDO mkdir -p "$(dirname "$KBUILD")"
     $SUDO ln -sfn "$hdr" "$KBUILD"
   else
-    log "no kernel headers found; eBPF will fall back to the userspace router"
+    warn "no kernel headers found; eBPF will fall back to the userspace router"
   fi
 fi
 
 # --- 3. Python virtualenv ----------------------------------------------------------------
+py_ok() { "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; }
 PY=${FEDFAAS_PYTHON:-}
 if [ -z "$PY" ]; then
-  for cand in python3.11 python3; do
-    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then
-      PY=$(command -v "$cand"); break
-    fi
+  for cand in python3.11 python3 /usr/bin/python3.11 /usr/bin/python3; do
+    path=$(command -v "$cand" 2>/dev/null || true)
+    if [ -n "$path" ] && py_ok "$path"; then PY=$path; break; fi
   done
 fi
-[ -n "$PY" ] || { echo "setup: need Python >= 3.11" >&2; exit 1; }
-if [ ! -x "$VENV/bin/python" ]; then
+[ -n "$PY" ] || die "need Python >= 3.11 with venv (Debian 12: apt-get install python3 python3-venv)"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
   log "creating $VENV with $PY"
   "$PY" -m venv "$VENV"
 fi
@@ -69,12 +90,42 @@ if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$SITE/bcc" ]; then
   ln -s /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
 fi
 
-# --- 4. MinIO ------------------------------------------------------------------------------
-if ! command -v minio >/dev/null && [ ! -x "$CACHE/bin/minio" ]; then
-  command -v go >/dev/null || { [ -x /usr/local/go/bin/go ] && export PATH=$PATH:/usr/local/go/bin; }
-  command -v go >/dev/null || { echo "setup: Go is needed to build MinIO (go install github.com/minio/minio@latest)" >&2; exit 1; }
-  log "building MinIO with go install (about 5 minutes on 2 cores, cached in $CACHE/bin)"
+# --- 4. Go-built binaries: MinIO (required), helm (for the chart tests) ------------------------
+have_bin() { command -v "$1" >/dev/null || [ -x "$CACHE/bin/$1" ] || [ -x "$CACHE/gobin/$1" ]; }
+find_go() {
+  command -v go >/dev/null && return 0
+  [ -x /usr/local/go/bin/go ] && export PATH=$PATH:/usr/local/go/bin && return 0
+  return 1
+}
+go_ok() {  # Go >= 1.21 can fetch the toolchain a module needs from the module proxy
+  find_go || return 1
+  local v
+  v=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+  [ -n "$v" ] && set -- $v && { [ "$1" -gt 1 ] || [ "$2" -ge 21 ]; }
+}
+go_build() {  # go_build NAME MODULE MESSAGE
+  log "$3"
   mkdir -p "$CACHE/bin"
-  GOBIN="$CACHE/bin" GOFLAGS=-mod=mod go install github.com/minio/minio@latest
+  GOBIN="$CACHE/bin" GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto} go install "$2"
+}
+if ! have_bin minio; then
+  go_ok || die "MinIO is not on PATH and building it needs Go >= 1.21 (Debian 12's golang-go is
+  1.19): install Go from https://go.dev/dl into /usr/local/go, or put a \`minio\` binary on PATH
+  or in $CACHE/bin, then run \`make setup\` again"
+  go_build minio github.com/minio/minio@latest \
+    "building MinIO with go install (about 5 minutes on 2 cores, cached in $CACHE/bin)"
 fi
-log "ready: $VENV, minio at $(command -v minio || echo "$CACHE/bin/minio")"
+if [ -z "${FEDFAAS_SKIP_HELM:-}" ] && ! have_bin helm; then
+  if go_ok; then
+    go_build helm helm.sh/helm/v3/cmd/helm@latest \
+      "building helm with go install (about 3 minutes on 2 cores; FEDFAAS_SKIP_HELM=1 skips)" \
+      || warn "helm build failed; the chart's helm tests will be skipped (make helm retries)"
+  else
+    warn "no Go >= 1.21: helm not built; the chart's helm tests will be skipped"
+  fi
+fi
+minio_at=$(command -v minio || true)
+for cand in "$CACHE/bin/minio" "$CACHE/gobin/minio"; do
+  [ -n "$minio_at" ] || { [ -x "$cand" ] && minio_at=$cand; } || true
+done
+log "ready: $VENV, minio at $minio_at"

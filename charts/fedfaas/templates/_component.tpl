@@ -1,0 +1,94 @@
+{{/* A stateless FedFaaS service: Deployment + ClusterIP Service, non-root, read-only root
+     filesystem, secrets mounted read-only, /healthz probes.
+     Call with (dict "ctx" $ "name" "request-tracker" "c" .Values.requestTracker
+                     "prefix" "FEDFAAS_TRACKER_" "env" (list (dict "name" "X" "value" "y"))
+                     "serviceAccount" ""). The component's settings class reads <prefix>HOST and <prefix>PORT. */}}
+{{- define "fedfaas.component" -}}
+{{- $ctx := .ctx -}}
+{{- $fullname := include "fedfaas.fullname" $ctx -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $fullname }}-{{ .name }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- include "fedfaas.labels" (dict "ctx" $ctx "component" .name) | nindent 4 }}
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "fedfaas.selectorLabels" (dict "ctx" $ctx "component" .name) | nindent 4 }}
+  ports:
+    - name: http
+      port: {{ .c.port }}
+      targetPort: http
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $fullname }}-{{ .name }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- include "fedfaas.labels" (dict "ctx" $ctx "component" .name) | nindent 4 }}
+spec:
+  replicas: {{ .c.replicas }}
+  selector:
+    matchLabels:
+      {{- include "fedfaas.selectorLabels" (dict "ctx" $ctx "component" .name) | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "fedfaas.labels" (dict "ctx" $ctx "component" .name) | nindent 8 }}
+    spec:
+      {{- with .serviceAccount }}
+      serviceAccountName: {{ . }}
+      {{- end }}
+      {{- with $ctx.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: {{ .name }}
+          image: {{ include "fedfaas.image" (dict "ctx" $ctx "image" $ctx.Values.image) }}
+          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
+          command:
+            {{- toYaml .c.command | nindent 12 }}
+          env:
+            {{- include "fedfaas.env" $ctx | nindent 12 }}
+            - name: {{ .prefix }}HOST
+              value: "0.0.0.0"
+            - name: {{ .prefix }}PORT
+              value: {{ .c.port | quote }}
+            {{- with .env }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+            {{- with .c.env }}
+            {{- include "fedfaas.extraEnv" . | trim | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: http
+              containerPort: {{ .c.port }}
+          readinessProbe:
+            httpGet:
+              path: /healthz
+              port: http
+            periodSeconds: 5
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: http
+            periodSeconds: 10
+            failureThreshold: 6
+          securityContext:
+            {{- include "fedfaas.restrictedContainer" $ctx | nindent 12 }}
+          resources:
+            {{- toYaml .c.resources | nindent 12 }}
+          volumeMounts:
+            {{- include "fedfaas.secretMounts" $ctx | trim | nindent 12 }}
+            - name: tmp
+              mountPath: /tmp
+      volumes:
+        {{- include "fedfaas.secretVolumes" $ctx | trim | nindent 8 }}
+        - name: tmp
+          emptyDir: {}
+      {{- include "fedfaas.placement" (dict "ctx" $ctx "c" .c) | nindent 6 }}
+{{- end -}}

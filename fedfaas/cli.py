@@ -1,0 +1,339 @@
+"""``fedfaas``: run a FedFaaS node on one machine and deploy functions to it.
+
+    fedfaas up [--state-dir DIR]        start MinIO, Redis, the runtime; deploy stack.yml
+    fedfaas status [--state-dir DIR]    each part, its address, PID, readiness; eBPF mode
+    fedfaas down [--state-dir DIR]      stop everything, leave DIR clean (logs kept)
+    fedfaas deploy -f stack.yml         what `faas-cli deploy -f stack.yml` does
+    fedfaas demo [--state-dir DIR]      the demo (a platform smoke run until the data plane lands)
+
+Each subcommand is a ``register(subparsers)`` function that adds its parser and sets
+``handler``; add one to :data:`COMMANDS` (or, from another package, to :data:`PLUGINS` as
+``"module:function"``). Handlers return the exit code. Exit codes: 0 ok, 1 failure,
+2 bad command line, 3 ``status`` of a platform that is not running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fedfaas")
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_RUNNING = 1, 2, 3
+
+
+def _existing_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    return path.resolve()
+
+
+def _state_dir(value: str) -> Path:
+    path = Path(value).resolve()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} exists and is not a folder")
+    return path
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {port}")
+    return port
+
+
+def _part_names(value: str) -> list[str]:
+    from fedfaas.platform.optional import OPTIONAL
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n != "all" and n not in OPTIONAL]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown part(s) {', '.join(unknown) or value!r}; choose from "
+            f"{', '.join(OPTIONAL)} or all"
+        )
+    return names
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        type=_state_dir,
+        default=None,
+        metavar="DIR",
+        help="folder for state, secrets, data and logs (default: $FEDFAAS_STATE_DIR or ./.state)",
+    )
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Any:
+    from fedfaas.settings import load_settings
+
+    return load_settings(state_dir=getattr(args, "state_dir", None), **extra)
+
+
+# --- up ------------------------------------------------------------------------------------------
+
+
+def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start MinIO, Redis and the runtime; deploy the stack",
+        description="Start the node's parts in order, each ready before the next, "
+        "deploy the stack, and leave them running. Ports: the usual "
+        "one if free, else any free one; 0 = any; N = exactly N.",
+    )
+    _add_state_dir(p)
+    p.add_argument(
+        "--stack",
+        type=_existing_file,
+        default=None,
+        metavar="FILE",
+        help="stack file to deploy (default: ./stack.yml)",
+    )
+    for name in ("runtime", "minio", "minio-console", "redis"):
+        p.add_argument(f"--{name}-port", type=_port, default=None, metavar="PORT")
+    p.add_argument(
+        "--with",
+        dest="with_parts",
+        type=_part_names,
+        default=None,
+        metavar="PART[,PART]",
+        help="also run optional parts: gateway, cache-engine, request-tracker, control-plane, "
+        "or all (default: $FEDFAAS_WITH_PARTS or none)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds each part may take to become ready",
+    )
+    p.set_defaults(handler=run_up)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from fedfaas.platform import Platform, render_status
+
+    settings = _settings(
+        args,
+        stack_file=args.stack,
+        runtime_port=args.runtime_port,
+        minio_port=args.minio_port,
+        minio_console_port=args.minio_console_port,
+        redis_port=args.redis_port,
+        start_timeout=args.timeout,
+        with_parts=args.with_parts,
+    )
+    platform = Platform(settings)
+    result = platform.up()
+    print("already running" if result.already_running else "fedfaas is up")
+    print(render_status(platform.status()))
+    print(f"basic auth for /system/*: {settings.state_dir}/secrets/basic-auth-{{user,password}}")
+    print(
+        f"logs: {settings.state_dir}/logs/; stop with `fedfaas down --state-dir {settings.state_dir}`"
+    )
+    return 0
+
+
+# --- down ----------------------------------------------------------------------------------------
+
+
+def register_down(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("down", help="stop everything and clean the state folder")
+    _add_state_dir(p)
+    p.add_argument("--purge", action="store_true", help="remove the logs too")
+    p.set_defaults(handler=run_down)
+
+
+def run_down(args: argparse.Namespace) -> int:
+    from fedfaas.platform import Platform
+
+    settings = _settings(args)
+    stopped = Platform(settings).down(purge=args.purge)
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    kept = "" if args.purge else " (logs kept in logs/)"
+    print(f"{settings.state_dir} is clean{kept}")
+    return 0
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+def register_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="show each part, its address and PID, and the eBPF mode")
+    _add_state_dir(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=run_status)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from fedfaas.platform import Platform, render_status
+
+    report = Platform(_settings(args)).status()
+    print(json.dumps(report.to_json(), indent=2) if args.json else render_status(report))
+    if not report.running:
+        return EXIT_NOT_RUNNING
+    return 0 if report.healthy else EXIT_FAILURE
+
+
+# --- deploy --------------------------------------------------------------------------------------
+
+
+def register_deploy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "deploy",
+        help="deploy a stack file (as `faas-cli deploy -f`)",
+        description="PUT each function to /system/functions, POST on 404. "
+        "Without --gateway, deploys to the platform running in "
+        "--state-dir (with its credentials) if there is one.",
+    )
+    p.add_argument(
+        "-f",
+        "--yaml",
+        dest="stack",
+        type=_existing_file,
+        required=True,
+        metavar="STACK",
+        help="stack file, e.g. stack.yml",
+    )
+    p.add_argument(
+        "-g",
+        "--gateway",
+        default=None,
+        metavar="URL",
+        help="gateway URL (default: the local platform, else as faas-cli resolves it)",
+    )
+    p.add_argument("--filter", default=None, metavar="GLOB", help="only functions matching GLOB")
+    p.add_argument("--replace", action="store_true", help="DELETE each function first")
+    p.add_argument(
+        "--auth-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder with basic-auth-user and basic-auth-password for --gateway",
+    )
+    _add_state_dir(p)
+    p.set_defaults(handler=run_deploy)
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    from fedfaas.platform import PlatformError, credentials, state
+    from fedfaas.platform.functions import deploy_to
+
+    auth = credentials.basic_auth(args.auth_dir) if args.auth_dir is not None else None
+    st = state.load(_settings(args).state_dir) if args.gateway is None else None
+    runtime = st.record("runtime") if st is not None else None
+    if st is not None and runtime is not None:
+        # the local platform: exactly its runtime, with its credentials
+        if auth is None:
+            auth = credentials.basic_auth(Path(st.state_dir) / "secrets")
+        results = deploy_to(runtime.address, auth, args.stack, args.filter, args.replace)
+    else:
+        from fedfaas.deploy import DeployError, deploy
+        from fedfaas.stackfile import StackError
+
+        try:
+            results = deploy(
+                args.stack, args.gateway, auth=auth, filter=args.filter, replace=args.replace
+            )
+        except (DeployError, StackError) as exc:
+            raise PlatformError(str(exc)) from exc
+    for r in results:
+        print(f"Deployed. {r.status} {r.function} ({r.method})")
+    if not results:
+        print("no function matched" + (f" --filter {args.filter}" if args.filter else ""))
+    return 0
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+
+def register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo", help="run the demo (a platform smoke run until the data plane demo exists)"
+    )
+    _add_state_dir(p)
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if importlib.util.find_spec("fedfaas.demo") is not None:
+        demo = importlib.import_module("fedfaas.demo")
+        code = demo.run(settings.state_dir)
+        return int(code or 0)
+    from fedfaas.platform import smoke
+
+    smoke.run(settings, print)
+    return 0
+
+
+# --- wiring --------------------------------------------------------------------------------------
+
+#: Subcommands, in the order ``--help`` lists them.
+COMMANDS: list[Register] = [
+    register_up,
+    register_status,
+    register_down,
+    register_deploy,
+    register_demo,
+]
+#: Subcommands of other packages, as ``"module:function"``, imported when the parser is built.
+PLUGINS: list[str] = []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedfaas",
+        description="FedFaaS: serverless federated learning on one machine or on OpenFaaS.",
+    )
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in COMMANDS:
+        register(sub)
+    for spec in PLUGINS:
+        module, _, func = spec.partition(":")
+        getattr(importlib.import_module(module), func)(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedfaas`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="[%(name)s] %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # a line per request
+    from fedfaas.platform import PlatformError
+
+    try:
+        return int(args.handler(args))
+    except (PlatformError, OSError) as exc:  # OSError: a file named on the command line
+        log.debug("failed", exc_info=True)
+        print(f"fedfaas {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"fedfaas {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `fedfaas status | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

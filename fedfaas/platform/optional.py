@@ -1,0 +1,203 @@
+"""Parts that ``fedfaas up --with NAME,...`` adds: the node gateway and the FLStore and LIFL
+services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point.
+
+Secrets reach them as environment variables read from the state folder's secret files (never
+on the command line, where ``ps`` would show them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from fedfaas.platform import credentials
+from fedfaas.platform.context import Context
+from fedfaas.platform.parts import PortSpec, ServiceSpec
+from fedfaas.services import http_ok
+
+#: Ports of the optional parts (the components' own defaults).
+OPTIONAL_PORTS = {
+    "gateway": 8081,
+    "cache_engine": 8091,
+    "request_tracker": 8092,
+    "control_plane": 8070,
+}
+NODE = "node0"
+
+
+def _healthz(port_name: str) -> Callable[[Context], bool]:
+    return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
+
+
+def _minio_env(prefix: str) -> Callable[[Context], dict[str, str]]:
+    def env(ctx: Context) -> dict[str, str]:
+        return {
+            f"{prefix}MINIO_ACCESS_KEY": credentials.read(ctx.secrets_dir, credentials.MINIO_USER),
+            f"{prefix}MINIO_SECRET_KEY": credentials.read(
+                ctx.secrets_dir, credentials.MINIO_PASSWORD
+            ),
+        }
+
+    return env
+
+
+def shm_root(ctx: Context) -> Path:
+    """This platform's object-store root in /dev/shm (removed by ``down``)."""
+    return Path("/dev/shm") / f"fedfaas-{ctx.platform_id[:12]}"
+
+
+def _remove_shm(ctx: Context) -> None:
+    shutil.rmtree(shm_root(ctx), ignore_errors=True)
+
+
+def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None:
+    """The router mode the running node gateway reports, or ``None`` if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{ctx.url('gateway')}/healthz", timeout=timeout) as r:
+            body = json.loads(r.read())
+        return str(body["router"]), f"node gateway: {body.get('router_reason', '')}"
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return None
+
+
+GATEWAY = ServiceSpec(
+    name="gateway",
+    ports=(PortSpec("gateway", OPTIONAL_PORTS["gateway"]),),
+    argv=lambda ctx: [
+        sys.executable,
+        "-m",
+        "gateway",
+        "--node",
+        NODE,
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.ports["gateway"]),
+        "--state-dir",
+        str(ctx.run_dir("gateway")),
+        "--shm-root",
+        str(shm_root(ctx)),
+        "--redis",
+        f"{ctx.url('redis', 'redis')}/0",
+        "--minio",
+        f"{ctx.host}:{ctx.ports['minio']}",
+    ],
+    env=_minio_env("FEDFAAS_GATEWAY_"),
+    ready=_healthz("gateway"),
+    address=lambda ctx: ctx.url("gateway"),
+    extra=lambda ctx: {"shm": str(shm_root(ctx))},
+    depends=("minio", "redis", "runtime"),
+    prepare=lambda ctx: ctx.run_dir("gateway").mkdir(parents=True, exist_ok=True),
+    cleanup=_remove_shm,
+)
+
+CACHE_ENGINE = ServiceSpec(
+    name="cache-engine",
+    ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
+    argv=lambda ctx: [
+        sys.executable,
+        "-m",
+        "cache_engine",
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.ports["cache_engine"]),
+        "--redis",
+        f"{ctx.url('redis', 'redis')}/0",
+        "--minio",
+        f"{ctx.host}:{ctx.ports['minio']}",
+        "--runtime",
+        ctx.url("runtime"),
+        "--runtime-auth-dir",
+        str(ctx.secrets_dir),
+    ],
+    env=_minio_env("FEDFAAS_ENGINE_"),
+    ready=_healthz("cache_engine"),
+    address=lambda ctx: ctx.url("cache_engine"),
+    depends=("minio", "redis", "runtime"),
+)
+
+REQUEST_TRACKER = ServiceSpec(
+    name="request-tracker",
+    ports=(PortSpec("request_tracker", OPTIONAL_PORTS["request_tracker"]),),
+    argv=lambda ctx: [
+        sys.executable,
+        "-m",
+        "request_tracker",
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.ports["request_tracker"]),
+        "--redis",
+        f"{ctx.url('redis', 'redis')}/0",
+        "--engine",
+        ctx.url("cache_engine"),
+        "--runtime",
+        ctx.url("runtime"),
+    ],
+    ready=_healthz("request_tracker"),
+    address=lambda ctx: ctx.url("request_tracker"),
+    depends=("redis", "runtime", "cache-engine"),
+)
+
+CONTROL_PLANE = ServiceSpec(
+    name="control-plane",
+    ports=(PortSpec("control_plane", OPTIONAL_PORTS["control_plane"]),),
+    argv=lambda ctx: [
+        sys.executable,
+        "-m",
+        "control_plane",
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.ports["control_plane"]),
+        "--gateways",
+        f"{NODE}={ctx.url('gateway')}",
+        "--redis",
+        f"{ctx.url('redis', 'redis')}/0",
+        "--provider",
+        ctx.url("runtime"),
+        "--provider-auth-dir",
+        str(ctx.secrets_dir),
+    ],
+    ready=_healthz("control_plane"),
+    address=lambda ctx: ctx.url("control_plane"),
+    depends=("redis", "runtime", "gateway"),
+)
+
+#: Optional parts by name; ``--with all`` takes them all, in this order.
+OPTIONAL: dict[str, ServiceSpec] = {
+    p.name: p for p in (GATEWAY, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE)
+}
+
+
+def resolve(names: Iterable[str]) -> list[ServiceSpec]:
+    """The optional parts called ``names`` (``"all"`` for every one) and those they depend on.
+
+    Raises
+    ------
+    KeyError
+        Naming the unknown part.
+    """
+    wanted = list(OPTIONAL) if "all" in names else list(names)
+    out: list[ServiceSpec] = []
+
+    def add(name: str) -> None:
+        if name not in OPTIONAL:
+            raise KeyError(name)
+        spec = OPTIONAL[name]
+        if spec in out:
+            return
+        for dep in spec.depends:
+            if dep in OPTIONAL:
+                add(dep)
+        out.append(spec)
+
+    for name in wanted:
+        add(name)
+    return out

@@ -1,0 +1,353 @@
+"""``up``, ``down`` and ``status`` of one node's platform, driven by the list of parts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedfaas.platform import credentials, ebpf, optional, procs, state
+from fedfaas.platform.context import PLATFORM_ID_VAR, Context
+from fedfaas.platform.errors import (
+    AlreadyRunning,
+    PlatformError,
+    PortInUse,
+    ServiceFailed,
+    StateDirError,
+    StopFailed,
+)
+from fedfaas.platform.functions import FunctionInfo, list_functions
+from fedfaas.platform.parts import PARTS, ServiceSpec, ordered
+from fedfaas.platform.state import PlatformState, ServiceRecord
+from fedfaas.services import ServiceError, free_port
+from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartStatus:
+    """One part as ``status`` sees it."""
+
+    name: str
+    address: str
+    pid: int
+    alive: bool
+    ready: bool
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StatusReport:
+    """What ``fedfaas status`` prints (and, with ``--json``, emits)."""
+
+    state_dir: str
+    running: bool
+    parts: list[PartStatus] = field(default_factory=list)
+    functions: list[FunctionInfo] = field(default_factory=list)
+    functions_error: str = ""
+    ebpf_mode: str = "userspace"
+    ebpf_reason: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        """True when the platform runs, every part is alive and ready, every function too."""
+        return (
+            self.running
+            and all(p.alive and p.ready for p in self.parts)
+            and not self.functions_error
+            and all(f.ready for f in self.functions)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["healthy"] = self.healthy
+        return out
+
+
+@dataclass
+class UpResult:
+    state: PlatformState
+    already_running: bool
+
+
+def _setting_name(port_name: str) -> str:
+    if port_name in DEFAULT_PORTS:
+        return f"FEDFAAS_{port_name.upper()}_PORT"
+    return f"FEDFAAS_PORTS (key {port_name!r})"
+
+
+class Platform:
+    """The processes of one node, recorded in one state folder.
+
+    Parameters
+    ----------
+    settings
+        Where the state lives and which ports to take.
+    parts
+        The parts to run, in any order that respects ``depends`` (default :data:`PARTS`).
+    """
+
+    def __init__(self, settings: PlatformSettings, parts: list[ServiceSpec] | None = None) -> None:
+        self.settings = settings
+        if parts is None:
+            try:
+                parts = [*PARTS, *optional.resolve(settings.with_parts)]
+            except KeyError as exc:
+                raise PlatformError(
+                    f"unknown part {exc.args[0]!r}; choose from {', '.join(optional.OPTIONAL)} "
+                    f"or all"
+                ) from None
+        self.parts = ordered(list(parts))
+        self.state_dir = Path(settings.state_dir)
+
+    def _spec(self, name: str) -> ServiceSpec | None:
+        """The spec of a recorded part: one of ours, else a known core or optional part."""
+        for p in (*self.parts, *PARTS, *optional.OPTIONAL.values()):
+            if p.name == name:
+                return p
+        return None
+
+    # --- up ---------------------------------------------------------------------------------
+
+    def up(self) -> UpResult:
+        """Start every part in order, each ready before the next; deploy the stack.
+
+        Idempotent: when every recorded part is still alive, nothing is started. A partly
+        running platform is an error (:class:`AlreadyRunning`). On any failure everything
+        started so far is stopped again and the logs are kept.
+        """
+        state.prepare_dir(self.state_dir)
+        with state.locked(self.state_dir):
+            existing = state.load(self.state_dir)
+            if existing is not None:
+                alive = [r.name for r in existing.services if procs.is_alive(r.pid, r.create_time)]
+                dead = [r.name for r in existing.services if r.name not in alive]
+                missing = [p.name for p in self.parts if existing.record(p.name) is None]
+                if alive and not dead and not missing:
+                    log.info("platform already running in %s", self.state_dir)
+                    return UpResult(existing, already_running=True)
+                if alive:
+                    raise AlreadyRunning(self.state_dir, alive, dead + missing)
+                log.warning("removing stale state of a platform that is no longer running")
+                self._teardown(existing)
+            state.clean(self.state_dir, keep_logs=True)
+            if not self.settings.stack_file.is_file():
+                raise PlatformError(
+                    f"stack file {self.settings.stack_file} not found; pass "
+                    f"--stack FILE or set FEDFAAS_STACK_FILE"
+                )
+            ctx = Context(
+                state_dir=self.state_dir,
+                host=self.settings.host,
+                stack_file=self.settings.stack_file,
+                platform_id=uuid.uuid4().hex,
+                ports=self._choose_ports(),
+                stop_timeout=self.settings.stop_timeout,
+                functions_timeout=self.settings.functions_timeout,
+            )
+            credentials.ensure(ctx.secrets_dir)
+            st = PlatformState(
+                state_dir=str(self.state_dir),
+                platform_id=ctx.platform_id,
+                host=ctx.host,
+                stack_file=str(ctx.stack_file),
+                started_at=time.time(),
+                ports=dict(ctx.ports),
+            )
+            state.save(st)
+            try:
+                for part in self.parts:
+                    self._start(part, ctx, st)
+            except BaseException:
+                log.error("start failed; stopping what was started")
+                try:
+                    self._teardown(st)
+                finally:
+                    state.clean(self.state_dir, keep_logs=True)
+                raise
+            return UpResult(st, already_running=False)
+
+    def _choose_ports(self) -> dict[str, int]:
+        host = self.settings.host
+        chosen: dict[str, int] = {}
+        for part in self.parts:
+            for ps in part.ports:
+                configured = self.settings.port_setting(ps.name)
+                taken = set(chosen.values())
+                if configured:
+                    if configured in taken or not procs.port_free(host, configured):
+                        raise PortInUse(part.name, host, configured, _setting_name(ps.name))
+                    port = configured
+                elif (
+                    configured is None
+                    and ps.default
+                    and ps.default not in taken
+                    and procs.port_free(host, ps.default)
+                ):
+                    port = ps.default
+                else:
+                    port = free_port(host)
+                    while port in taken:
+                        port = free_port(host)
+                    if configured is None and ps.default:
+                        log.info("port %d for %s is taken; using %d", ps.default, ps.name, port)
+                chosen[ps.name] = port
+        return chosen
+
+    def _start(self, part: ServiceSpec, ctx: Context, st: PlatformState) -> None:
+        log_path = ctx.log_path(part.name)
+        try:
+            part.prepare(ctx)
+            argv = part.argv(ctx)
+            env = {**os.environ, **ctx.env(), **part.env(ctx)}
+            with open(log_path, "a") as f:
+                f.write(f"=== fedfaas up {time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n")
+            cwd = part.cwd(ctx) if part.cwd else ctx.state_dir
+            pid, created = procs.spawn_daemon(argv, env=env, log_path=log_path, cwd=cwd)
+        except (ServiceError, OSError) as exc:  # a binary or a folder that is not there
+            raise ServiceFailed(part.name, f"cannot start: {exc}") from exc
+        rec = ServiceRecord(
+            name=part.name,
+            pid=pid,
+            create_time=created,
+            ports={p.name: ctx.ports[p.name] for p in part.ports},
+            address=part.address(ctx),
+            log=str(log_path),
+            extra=part.extra(ctx),
+        )
+        st.services.append(rec)
+        state.save(st)
+        timeout = part.start_timeout or self.settings.start_timeout
+        deadline = time.monotonic() + timeout
+        while not part.ready(ctx):
+            if not procs.is_alive(pid, created):
+                code = procs.exit_code(pid)
+                raise ServiceFailed(
+                    part.name,
+                    f"exited with code {code} before it was ready",
+                    log_path,
+                    procs.log_tail(log_path),
+                )
+            if time.monotonic() > deadline:
+                raise ServiceFailed(
+                    part.name, f"not ready after {timeout:.0f}s", log_path, procs.log_tail(log_path)
+                )
+            time.sleep(0.1)
+        log.info("%s ready at %s (pid %d)", part.name, rec.address, pid)
+        try:
+            part.after_start(ctx)
+        except PlatformError as exc:
+            raise ServiceFailed(part.name, str(exc), log_path, procs.log_tail(log_path)) from exc
+
+    # --- down -------------------------------------------------------------------------------
+
+    def down(self, purge: bool = False) -> list[str]:
+        """Stop every part (reverse order) and every process they started; clean the folder.
+
+        Parameters
+        ----------
+        purge
+            Remove the state folder entirely, logs included (default: keep ``logs/``).
+
+        Returns
+        -------
+        list of str
+            Names of the parts that were running.
+
+        Raises
+        ------
+        StopFailed
+            If a process survives SIGKILL; the state is kept so ``down`` can be run again.
+        """
+        if not self.state_dir.exists():
+            return []
+        if not self.state_dir.is_dir():
+            raise StateDirError(f"state folder {self.state_dir} is not a folder")
+        with state.locked(self.state_dir):
+            st = state.load(self.state_dir)
+            stopped: list[str] = []
+            if st is not None:
+                stopped = [r.name for r in st.services if procs.is_alive(r.pid, r.create_time)]
+                self._teardown(st)
+            state.clean(self.state_dir, keep_logs=not purge)
+            left = state.leftovers(self.state_dir)
+            if left:
+                raise PlatformError(f"could not clean {self.state_dir}: {left} remain")
+            return stopped
+
+    def _teardown(self, st: PlatformState) -> None:
+        """Stop every process of ``st``, then run the parts' cleanups (e.g. /dev/shm)."""
+        self._stop(st)
+        ctx = self._context(st)
+        for rec in reversed(st.services):
+            spec = self._spec(rec.name)
+            if spec is not None:
+                spec.cleanup(ctx)
+
+    def _stop(self, st: PlatformState) -> None:
+        leftover: list[int] = []
+        for rec in reversed(st.services):
+            if procs.is_alive(rec.pid, rec.create_time):
+                log.info("stopping %s (pid %d)", rec.name, rec.pid)
+            leftover += procs.stop_tree(rec.pid, rec.create_time, self.settings.stop_timeout)
+        stray = procs.marked(PLATFORM_ID_VAR, st.platform_id)
+        if stray:
+            log.warning(
+                "stopping %d stray process(es) of this platform: %s",
+                len(stray),
+                [p.pid for p in stray],
+            )
+            leftover += procs.kill_all(stray, self.settings.stop_timeout)
+        if leftover:
+            raise StopFailed(sorted(set(leftover)))
+
+    def _context(self, st: PlatformState) -> Context:
+        return Context(
+            state_dir=Path(st.state_dir),
+            host=st.host,
+            stack_file=Path(st.stack_file),
+            platform_id=st.platform_id,
+            ports=dict(st.ports),
+            stop_timeout=self.settings.stop_timeout,
+            functions_timeout=self.settings.functions_timeout,
+        )
+
+    # --- status -----------------------------------------------------------------------------
+
+    def status(self, probe_ebpf: bool = True) -> StatusReport:
+        """Each part's address, PID, liveness and readiness, the functions, and the eBPF mode."""
+        report = StatusReport(state_dir=str(self.state_dir), running=False)
+        st = state.load(self.state_dir) if self.state_dir.is_dir() else None
+        if st is None:
+            if probe_ebpf:
+                report.ebpf_mode, report.ebpf_reason = ebpf.probe()
+            return report
+        report.running = True
+        ctx = self._context(st)
+        for rec in st.services:
+            alive = procs.is_alive(rec.pid, rec.create_time)
+            spec = self._spec(rec.name)
+            ready = alive and (spec.ready(ctx) if spec is not None else True)
+            report.parts.append(
+                PartStatus(rec.name, rec.address, rec.pid, alive, ready, dict(rec.extra))
+            )
+        for name in (p.name for p in self.parts):
+            if st.record(name) is None:
+                report.parts.append(PartStatus(name, "-", 0, False, False, {"note": "not started"}))
+        if probe_ebpf:
+            # the running gateway knows which router it uses; without one, probe the machine
+            gw = next((p for p in report.parts if p.name == "gateway" and p.ready), None)
+            mode = optional.gateway_router(ctx) if gw is not None else None
+            report.ebpf_mode, report.ebpf_reason = mode or ebpf.probe()
+        runtime = next((p for p in report.parts if p.name == "runtime"), None)
+        if runtime is not None and runtime.ready:
+            try:
+                report.functions = list_functions(ctx)
+            except PlatformError as exc:
+                report.functions_error = str(exc)
+        return report

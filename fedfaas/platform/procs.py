@@ -1,0 +1,213 @@
+"""Daemon processes: start them in their own session, recognise them later, stop them for good.
+
+A process is known by its PID *and* its start time, so that a PID reused by the kernel after a
+reboot or a crash is never mistaken for (or killed as) one of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+# Popen objects of the daemons this process started, so that it can reap them (no zombies when
+# `up` and `down` run in one process, as in the smoke run) and Python does not warn about them.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_EXIT_CODES: dict[int, int] = {}
+
+
+def spawn_daemon(
+    argv: list[str], *, env: Mapping[str, str], log_path: Path, cwd: Path | None = None
+) -> tuple[int, float]:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
+
+    Returns
+    -------
+    (pid, create_time)
+        The PID and the kernel's start time of the process, which together identify it.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            argv,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    _EXIT_CODES.pop(proc.pid, None)
+    try:
+        created = psutil.Process(proc.pid).create_time()
+    except psutil.Error:  # exited already: the readiness check reports it with the log
+        created = 0.0
+    log.debug("started pid %d: %s", proc.pid, " ".join(argv))
+    return proc.pid, created
+
+
+def _reap(pid: int) -> None:
+    proc = _CHILDREN.get(pid)
+    if proc is not None and proc.poll() is not None:
+        _EXIT_CODES[pid] = proc.returncode
+        del _CHILDREN[pid]
+
+
+def is_alive(pid: int, create_time: float | None = None) -> bool:
+    """True when ``pid`` runs, is not a zombie, and (if given) started at ``create_time``."""
+    if pid <= 0:
+        return False
+    _reap(pid)
+    try:
+        p = psutil.Process(pid)
+        if create_time and abs(p.create_time() - create_time) > 0.05:
+            return False
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def exit_code(pid: int) -> int | None:
+    """The exit code of a daemon started by this process, if it has exited."""
+    _reap(pid)
+    return _EXIT_CODES.get(pid)
+
+
+def descendants(pid: int, create_time: float | None = None) -> list[psutil.Process]:
+    """Every live descendant of ``pid`` (replicas of the runtime, workers of a server)."""
+    if not is_alive(pid, create_time):
+        return []
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _live(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        _reap(p.pid)
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def stop_tree(pid: int, create_time: float | None, timeout: float) -> list[int]:
+    """Stop a daemon, its process group and every descendant: SIGTERM, wait, then SIGKILL.
+
+    Like systemd's control-group kill: SIGTERM goes to the group and to every descendant at
+    once (replicas may live in sessions of their own); they get ``timeout`` seconds to exit
+    cleanly. Whatever is left, in the group or below the daemon, is killed.
+
+    Returns
+    -------
+    list of int
+        PIDs still alive after SIGKILL (empty when everything is gone).
+    """
+    if not is_alive(pid, create_time):
+        return []
+    try:
+        family = [psutil.Process(pid), *descendants(pid, create_time)]
+    except psutil.NoSuchProcess:  # exited since the check
+        return []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)  # the daemon leads its own session and group
+    _signal_all(family, signal.SIGTERM)
+    _wait_gone(family, timeout)
+    # children started after the snapshot, or in sessions of their own
+    family = _live([*family, *descendants(pid, create_time)])
+    if family:
+        log.warning(
+            "pids %s ignored SIGTERM for %.0fs; sending SIGKILL", [p.pid for p in family], timeout
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        _signal_all(family, signal.SIGKILL)
+        _wait_gone(family, 5.0)
+    return [p.pid for p in _live(family)]
+
+
+def marked(var: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has ``var=value``.
+
+    Every daemon of a platform gets the platform's id in its environment, and children inherit
+    it; this finds them even when their parent died and they were re-parented to init.
+    """
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(var) == value and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_all(procs: list[psutil.Process], timeout: float) -> list[int]:
+    """SIGTERM ``procs``, wait up to ``timeout``, SIGKILL the rest; PIDs still alive after it."""
+    _signal_all(procs, signal.SIGTERM)
+    _wait_gone(procs, timeout)
+    rest = _live(procs)
+    if rest:
+        _signal_all(rest, signal.SIGKILL)
+        _wait_gone(rest, 5.0)
+    return [p.pid for p in _live(rest)]
+
+
+def _signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            child = _CHILDREN.get(p.pid)
+            if child is not None:
+                child.poll()
+        if not _live(procs):
+            return
+        time.sleep(0.05)
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when ``host:port`` can be bound right now (nothing listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file ('' when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

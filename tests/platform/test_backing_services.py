@@ -1,0 +1,65 @@
+"""Real MinIO and Redis, started on free loopback ports by the shared fixtures."""
+
+from __future__ import annotations
+
+import io
+import secrets
+from pathlib import Path
+
+import pytest
+
+from fedfaas.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
+
+pytestmark = pytest.mark.integration
+
+
+def test_object_written_to_minio_reads_back_identical(minio_server: MinioServer) -> None:
+    from minio import Minio
+
+    client = Minio(
+        minio_server.endpoint,
+        access_key=minio_server.access_key,
+        secret_key=minio_server.secret_key,
+        secure=False,
+    )
+    bucket = "platform-" + secrets.token_hex(4)
+    client.make_bucket(bucket)
+    payload = secrets.token_bytes(256 * 1024)
+    client.put_object(bucket, "round-1/global.safetensors", io.BytesIO(payload), len(payload))
+    got = client.get_object(bucket, "round-1/global.safetensors")
+    try:
+        assert got.read() == payload
+    finally:
+        got.close()
+        got.release_conn()
+    assert [o.object_name for o in client.list_objects(bucket, recursive=True)] == [
+        "round-1/global.safetensors"
+    ]
+    client.remove_object(bucket, "round-1/global.safetensors")
+    client.remove_bucket(bucket)
+
+
+def test_minio_console_listens_on_loopback(minio_server: MinioServer) -> None:
+    assert minio_server.console_url.startswith("http://127.0.0.1:")
+    assert http_ok(minio_server.console_url)
+
+
+def test_redis_round_trip(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set("fedfaas:test", b"\x00\x01binary")
+        assert client.get("fedfaas:test") == b"\x00\x01binary"
+        assert client.incr("fedfaas:counter") == 1
+    finally:
+        client.close()
+
+
+def test_redis_server_stops_and_frees_its_port(tmp_path: Path) -> None:
+    server = RedisServer(data_dir=tmp_path / "r", port=free_port()).start()
+    port, pid = server.port, server.pid
+    assert redis_ping("127.0.0.1", port)
+    server.stop()
+    assert not server.alive() and pid is not None
+    assert not redis_ping("127.0.0.1", port)

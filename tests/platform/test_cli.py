@@ -1,0 +1,264 @@
+"""The ``fedfaas`` command: real ``up``/``status``/``deploy``/``down`` as separate processes, and
+clear errors (exit code 2) on bad command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fedfaas.cli import main
+from fedfaas.platform import state
+from fedfaas.platform.context import PLATFORM_ID_VAR
+from fedfaas.platform.procs import marked
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "stack.yml"
+
+
+def fedfaas(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "FEDFAAS_RUNTIME_PORT": "0",
+        "FEDFAAS_MINIO_PORT": "0",
+        "FEDFAAS_MINIO_CONSOLE_PORT": "0",
+        "FEDFAAS_REDIS_PORT": "0",
+    }
+    env.pop("OPENFAAS_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture()
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "state"
+    yield d
+    fedfaas("down", "--state-dir", str(d))  # whatever the test left running
+
+
+@pytest.mark.integration
+def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> None:
+    up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "fedfaas is up" in up.stdout and "echo 1/1" in up.stdout
+
+    st = state.load(state_dir)
+    assert st is not None
+    assert [r.name for r in st.services] == ["minio", "redis", "runtime"]
+    runtime = st.record("runtime")
+    assert runtime is not None
+    # `up` has exited; the parts keep running as daemons
+    assert all(not _gone(r.pid) for r in st.services)
+    family = marked(PLATFORM_ID_VAR, st.platform_id)  # (redis-server rewrites its environ)
+    replicas = [p for p in family if p.pid not in {r.pid for r in st.services}]
+    assert replicas, "the echo replica carries the platform id too"
+
+    status = fedfaas("status", "--json", "--state-dir", str(state_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert report["healthy"] and report["running"]
+    assert {p["name"] for p in report["parts"] if p["alive"] and p["ready"]} == {
+        "minio",
+        "redis",
+        "runtime",
+    }
+    assert report["ebpf_mode"] in ("ebpf", "userspace") and report["ebpf_reason"]
+    assert [f["name"] for f in report["functions"]] == ["echo"]
+    text = fedfaas("status", "--state-dir", str(state_dir))
+    assert f"eBPF: {report['ebpf_mode']}" in text.stdout
+
+    again = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))
+    assert again.returncode == 0 and "already running" in again.stdout
+    assert state.load(state_dir) == st
+
+    deploy = fedfaas("deploy", "-f", str(STACK), "--state-dir", str(state_dir))
+    assert deploy.returncode == 0, deploy.stderr
+    assert "202 echo (PUT)" in deploy.stdout
+
+    req = urllib.request.Request(
+        f"{runtime.address}/function/echo", data=b"ping \x00\xff", method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.read() == b"ping \x00\xff"
+
+    down = fedfaas("down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert "stopped: minio, redis, runtime" in down.stdout
+    assert all(_gone(p.pid) for p in family)
+    assert marked(PLATFORM_ID_VAR, st.platform_id) == []
+    assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]
+
+    after = fedfaas("status", "--state-dir", str(state_dir))
+    assert after.returncode == 3 and "not running" in after.stdout
+    assert fedfaas("down", "--state-dir", str(state_dir), "--purge").returncode == 0
+    assert not state_dir.exists()
+
+
+@pytest.mark.integration
+def test_up_on_a_taken_port_fails_clearly_and_starts_nothing(state_dir: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = fedfaas(
+            "up", "--state-dir", str(state_dir), "--stack", str(STACK), "--redis-port", str(port)
+        )
+    assert res.returncode == 1
+    assert f"port {port}" in res.stderr and "already in use" in res.stderr
+    assert state.leftovers(state_dir) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["launch"],
+        ["up", "--runtime-port", "http"],
+        ["up", "--redis-port", "70000"],
+        ["up", "--stack", "/nonexistent/stack.yml"],
+        ["up", "--with", "bogus"],
+        ["deploy"],
+        ["deploy", "-f", "/nonexistent/stack.yml"],
+        ["status", "--bogus"],
+    ],
+)
+def test_bad_command_line_is_a_clear_error_with_exit_code_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: fedfaas" in err and "error:" in err
+
+
+def test_state_dir_that_is_a_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["status", "--state-dir", str(f)])
+    assert exc.value.code == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_smoke_run_invokes_echo_and_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedfaas.platform import smoke
+    from fedfaas.settings import PlatformSettings
+
+    monkeypatch.delenv("OPENFAAS_URL", raising=False)
+    settings = PlatformSettings(
+        state_dir=tmp_path / "s",
+        stack_file=STACK,
+        runtime_port=0,
+        minio_port=0,
+        minio_console_port=0,
+        redis_port=0,
+    )
+    lines: list[str] = []
+    smoke.run(settings, lines.append)
+    text = "\n".join(lines)
+    assert "echo answered 200 with the payload" in text and "smoke run passed" in text
+    assert "platform: healthy" in text
+    assert sorted(p.name for p in settings.state_dir.iterdir()) == ["logs"]
+
+
+@pytest.mark.integration
+def test_up_without_minio_names_the_missing_binary_and_leaves_nothing(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "cache"
+    empty.mkdir()
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "FEDFAAS_CACHE": str(empty)}
+    env.update({f"FEDFAAS_{p}_PORT": "0" for p in ("RUNTIME", "MINIO", "MINIO_CONSOLE", "REDIS")})
+    res = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "up", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+    )
+    assert res.returncode == 1
+    assert "minio: cannot start: minio not found" in res.stderr and "make setup" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert state.leftovers(state_dir) == []
+
+
+def test_down_and_status_with_nothing_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "never"
+    assert main(["-q", "down", "--state-dir", str(d)]) == 0
+    assert "nothing was running" in capsys.readouterr().out
+    assert main(["-q", "status", "--state-dir", str(d)]) == 3
+    assert "not running" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # runs the other components' servers too; in `make test-all`
+def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: Path) -> None:
+    ports = '{"gateway": 0, "cache_engine": 0, "request_tracker": 0, "control_plane": 0}'
+    up = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "FEDFAAS_PORTS": ports,
+            **{f"FEDFAAS_{p}_PORT": "0" for p in ("RUNTIME", "MINIO", "MINIO_CONSOLE", "REDIS")},
+        },
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    st = state.load(state_dir)
+    assert st is not None
+    names = [r.name for r in st.services]
+    assert names == [
+        "minio",
+        "redis",
+        "runtime",
+        "gateway",
+        "cache-engine",
+        "request-tracker",
+        "control-plane",
+    ]
+    report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
+    assert report["healthy"]
+    assert report["ebpf_reason"].startswith("node gateway:")
+    shm = Path(next(p["extra"]["shm"] for p in report["parts"] if p["name"] == "gateway"))
+    assert shm.parent == Path("/dev/shm")
+    family = marked(PLATFORM_ID_VAR, st.platform_id)
+
+    assert fedfaas("down", "--state-dir", str(state_dir)).returncode == 0
+    assert all(_gone(p.pid) for p in family)
+    assert marked(PLATFORM_ID_VAR, st.platform_id) == []
+    assert not shm.exists()
+    assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]
