@@ -1,0 +1,42 @@
+"""FedFaaS sidecar: 64-byte frames routed between endpoints by eBPF (SK_MSG) or in userspace.
+
+Gateway side::
+
+    router = bpf.RouterServer("/run/fedfaas/router.sock").start()
+    gw = router.local_endpoint(job=1)
+
+Function side::
+
+    ep = bpf.connect("/run/fedfaas/router.sock", job=1)
+    ep.send(bpf.Frame(dst=gw_id, src=0, kind=bpf.Kind.PARTIAL, job=1, key=key))
+"""
+
+from bpf.endpoint import Endpoint, connect
+from bpf.errors import EbpfUnavailable, EndpointClosed, FrameError, RegistrationRefused, RouterError
+from bpf.frame import FLAG_LAZY, FRAME_SIZE, KEY_SIZE, Frame, Kind, Role
+from bpf.metrics import DropReason, EndpointInfo, EndpointMetrics
+from bpf.probe import probe
+from bpf.prometheus import prometheus_collector
+from bpf.router import RouterServer
+
+__all__ = [
+    "FLAG_LAZY",
+    "FRAME_SIZE",
+    "KEY_SIZE",
+    "DropReason",
+    "EbpfUnavailable",
+    "Endpoint",
+    "EndpointClosed",
+    "EndpointInfo",
+    "EndpointMetrics",
+    "Frame",
+    "FrameError",
+    "Kind",
+    "RegistrationRefused",
+    "Role",
+    "RouterError",
+    "RouterServer",
+    "connect",
+    "probe",
+    "prometheus_collector",
+]

@@ -1,0 +1,241 @@
+"""The function side of the router: :func:`connect` registers and returns an :class:`Endpoint`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from bpf.errors import EndpointClosed, FrameError, RegistrationRefused
+from bpf.frame import FRAME_SIZE, Frame
+from bpf.protocol import (
+    MAX_RECORD,
+    MODE_EBPF,
+    MODES,
+    decode_ready,
+    decode_welcome,
+    encode_attach,
+    encode_hello,
+    loopback_tcp_pair,
+    send_with_fd,
+)
+
+log = logging.getLogger(__name__)
+
+_READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+class Endpoint:
+    """One registered endpoint: sends frames to other endpoints of its job, receives its own.
+
+    Get one from :func:`connect` (a function replica) or :meth:`RouterServer.local_endpoint`
+    (the gateway). In eBPF mode the data socket is a loopback TCP socket in the kernel's
+    SOCKHASH and frames never pass through the router process; in userspace mode it is the
+    registration socket itself and the router thread forwards each frame.
+    """
+
+    def __init__(
+        self,
+        endpoint_id: int,
+        job: int,
+        mode: str,
+        data: socket.socket,
+        *,
+        control: socket.socket | None = None,
+        keep: tuple[socket.socket, ...] = (),
+        on_close: Callable[[int], None] | None = None,
+    ) -> None:
+        self.id = endpoint_id
+        self.job = job
+        self.mode = mode
+        #: frames the kernel refused at send (eBPF mode reports drops to the sender as EACCES)
+        self.refused = 0
+        self._data = data
+        self._control = control
+        self._keep = keep
+        self._on_close = on_close
+        self._closed = False
+        self._stream = data.type == socket.SOCK_STREAM
+        self._rx = bytearray(FRAME_SIZE)
+        self._rx_view = memoryview(self._rx)
+        self._rx_have = 0
+        self._send_lock = threading.Lock()
+        data.setblocking(True)
+        self._poll = select.poll()
+        self._poll.register(data.fileno(), _READ_EVENTS)
+        if control is not None and control is not data:
+            self._poll.register(control.fileno(), _READ_EVENTS)
+
+    def __repr__(self) -> str:
+        return f"Endpoint(id={self.id}, job={self.job}, mode={self.mode!r})"
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        """The data socket's fd: readable when a frame (or EOF) is waiting."""
+        return self._data.fileno()
+
+    def send(self, frame: Frame) -> None:
+        """Send one frame. ``src`` 0 is replaced by this endpoint's id, ``t_ns`` 0 by now.
+
+        Frames the router refuses (unknown destination, other job, spoofed source) are dropped
+        and counted in the router's metrics (``RouterServer.drops()``); send does not raise
+        for them.
+
+        Raises
+        ------
+        EndpointClosed
+            If this endpoint or the router is closed.
+        """
+        if self._closed:
+            raise EndpointClosed(f"endpoint {self.id} is closed")
+        raw = frame.encode_as(frame.src or self.id, frame.t_ns or time.monotonic_ns())
+        try:
+            with self._send_lock:
+                self._data.sendall(raw)
+        except (PermissionError, BrokenPipeError, ConnectionResetError) as exc:
+            # eBPF mode: a redirect to a socket that died in flight fails the sender's sendmsg.
+            if self._control is not self._data and self._router_alive():
+                self.refused += 1
+                log.debug("endpoint %d: frame to %d undeliverable: %s", self.id, frame.dst, exc)
+                return
+            raise EndpointClosed(f"endpoint {self.id}: router gone ({exc})") from exc
+
+    def _router_alive(self) -> bool:
+        if self._control is None:
+            return True  # the gateway's own endpoint: the router is this process
+        events = select.poll()
+        events.register(self._control.fileno(), _READ_EVENTS)
+        return not events.poll(0)
+
+    def recv(self, timeout: float | None = None) -> Frame | None:
+        """Wait up to ``timeout`` seconds (None: forever) for the next frame.
+
+        Returns
+        -------
+        Frame or None
+            None when the timeout expires first.
+
+        Raises
+        ------
+        EndpointClosed
+            If the endpoint is closed or the router went away.
+        """
+        if self._closed:
+            raise EndpointClosed(f"endpoint {self.id} is closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        data_fd = self._data.fileno()
+        while True:
+            if self._rx_have == 0 or self._stream:
+                if deadline is None:
+                    ready = self._poll.poll(-1)
+                else:
+                    ready = self._poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+                    if not ready:
+                        return None
+                if ready[0][0] != data_fd and len(ready) == 1:
+                    # only the registration socket woke us: the router closed it
+                    raise EndpointClosed(f"endpoint {self.id}: router closed the registration")
+            try:
+                n = self._data.recv_into(
+                    self._rx_view[self._rx_have :], FRAME_SIZE - self._rx_have, socket.MSG_DONTWAIT
+                )
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if self._closed or exc.errno in (errno.EBADF, errno.ECONNRESET):
+                    raise EndpointClosed(f"endpoint {self.id} closed ({exc})") from exc
+                raise
+            if n == 0:
+                raise EndpointClosed(f"endpoint {self.id}: peer closed")
+            self._rx_have += n
+            if self._rx_have == FRAME_SIZE:
+                self._rx_have = 0
+                try:
+                    return Frame.decode(self._rx)
+                except FrameError:
+                    log.warning("endpoint %d: undecodable frame discarded", self.id)
+                    continue
+            if not self._stream:
+                self._rx_have = 0  # a short record on a seqpacket socket: discard it
+                log.warning("endpoint %d: short record (%d bytes) discarded", self.id, n)
+
+    def _router_stopped(self) -> None:
+        """Wake a blocked ``recv`` with EOF (the router owning this local endpoint stops)."""
+        with contextlib.suppress(OSError):
+            self._data.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Close the sockets; the router removes this endpoint and its metrics."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in (self._data, self._control, *self._keep):
+            if s is not None:
+                with contextlib.suppress(OSError):
+                    s.close()
+        if self._on_close is not None:
+            self._on_close(self.id)
+
+
+def connect(
+    socket_path: str, job: int, role: str = "aggregator", *, timeout: float = 5.0
+) -> Endpoint:
+    """Register with the node's router and return this process's endpoint.
+
+    Parameters
+    ----------
+    socket_path : str
+        The router's Unix socket (``RouterServer(socket_path)``).
+    job : int
+        Numeric job id; frames reach only endpoints of the same job.
+    role : str
+        Free-form label shown in ``RouterServer.endpoints()`` (at most 32 bytes).
+    timeout : float
+        Seconds to wait for each registration step.
+
+    Raises
+    ------
+    RegistrationRefused
+        With the router's reason (peer not allowed, bad hello, ...).
+    OSError
+        If the router socket cannot be reached.
+    """
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        ctl.settimeout(timeout)
+        ctl.connect(socket_path)
+        # If the router already answered (a refusal), its answer below says why.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            ctl.sendall(encode_hello(job, role))
+        mode, endpoint_id = decode_welcome(ctl.recv(MAX_RECORD))
+        if mode == MODE_EBPF:
+            data, peer = loopback_tcp_pair()
+            try:
+                send_with_fd(ctl, encode_attach(endpoint_id), data.fileno())
+                decode_ready(ctl.recv(MAX_RECORD))
+            except BaseException:
+                data.close()
+                peer.close()
+                raise
+            ctl.settimeout(None)
+            log.debug("registered endpoint %d (job %d, ebpf)", endpoint_id, job)
+            return Endpoint(endpoint_id, job, MODES[mode], data, control=ctl, keep=(peer,))
+        ctl.settimeout(None)
+        log.debug("registered endpoint %d (job %d, userspace)", endpoint_id, job)
+        return Endpoint(endpoint_id, job, MODES[mode], ctl, control=ctl)
+    except TimeoutError as exc:
+        ctl.close()
+        raise RegistrationRefused(f"router at {socket_path} did not answer in {timeout}s") from exc
+    except BaseException:
+        ctl.close()
+        raise
