@@ -230,27 +230,25 @@ def register_deploy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_deploy(args: argparse.Namespace) -> int:
+    from fedfaas.deploy import DeployError, deploy
     from fedfaas.platform import PlatformError, credentials, state
-    from fedfaas.platform.functions import deploy_to
+    from fedfaas.stackfile import StackError
 
     auth = credentials.basic_auth(args.auth_dir) if args.auth_dir is not None else None
     st = state.load(_settings(args).state_dir) if args.gateway is None else None
     runtime = st.record("runtime") if st is not None else None
+    url, resolve = args.gateway, True
     if st is not None and runtime is not None:
         # the local platform: exactly its runtime, with its credentials
+        url, resolve = runtime.address, False
         if auth is None:
             auth = credentials.basic_auth(Path(st.state_dir) / "secrets")
-        results = deploy_to(runtime.address, auth, args.stack, args.filter, args.replace)
-    else:
-        from fedfaas.deploy import DeployError, deploy
-        from fedfaas.stackfile import StackError
-
-        try:
-            results = deploy(
-                args.stack, args.gateway, auth=auth, filter=args.filter, replace=args.replace
-            )
-        except (DeployError, StackError) as exc:
-            raise PlatformError(str(exc)) from exc
+    try:
+        results = deploy(
+            args.stack, url, auth=auth, filter=args.filter, replace=args.replace, resolve=resolve
+        )
+    except (DeployError, StackError) as exc:
+        raise PlatformError(str(exc)) from exc
     for r in results:
         print(f"Deployed. {r.status} {r.function} ({r.method})")
     if not results:

@@ -13,6 +13,7 @@ remove, logs), for the CLI and the tests.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -151,8 +152,6 @@ class GatewayClient:
         )
 
     def logs(self, name: str, tail: int | None = None) -> list[dict[str, Any]]:
-        import json
-
         params: dict[str, str] = {"name": name, "follow": "false"}
         if tail is not None:
             params["tail"] = str(tail)
@@ -188,6 +187,8 @@ def deploy(
     auth: tuple[str, str] | None = None,
     filter: str | None = None,  # noqa: A002 - the faas-cli flag name
     replace: bool = False,
+    *,
+    resolve: bool = True,
 ) -> list[DeployResult]:
     """Deploy the functions of a stack file as ``faas-cli deploy -f`` does.
 
@@ -196,13 +197,18 @@ def deploy(
     stack_path:
         The stack file (``${VAR}`` substituted, ``template/<lang>/template.yml`` read for fprocess).
     gateway_url:
-        Gateway; None picks it as faas-cli does (yaml ``provider.gateway``, ``OPENFAAS_URL``).
+        Gateway. With ``resolve`` (the default) it is faas-cli's ``--gateway``: None or the
+        default ``http://127.0.0.1:8080`` lets the stack's ``provider.gateway`` or
+        ``OPENFAAS_URL`` win, as in faas-cli.
     auth:
         ``(user, password)`` or None (empty Bearer token).
     filter:
         Glob on function names (``--filter``).
     replace:
         DELETE each function before deploying it (``--replace``).
+    resolve:
+        False: deploy to exactly ``gateway_url`` (required then), whatever the stack file and
+        ``OPENFAAS_URL`` say; for a caller that knows where its gateway is (``fedfaas up``).
 
     Returns
     -------
@@ -215,9 +221,13 @@ def deploy(
         A function was not accepted (status other than 200/202); carries every result.
     fedfaas.stackfile.StackError
         The stack file is invalid.
+    ValueError
+        ``resolve=False`` without a ``gateway_url``.
     """
+    if not resolve and not gateway_url:
+        raise ValueError("deploy(resolve=False) needs the gateway_url to deploy to")
     stack = load_stack(stack_path)
-    url = resolve_gateway(gateway_url, stack.gateway)
+    url = resolve_gateway(gateway_url, stack.gateway) if resolve else str(gateway_url)
     results: list[DeployResult] = []
     with GatewayClient(url, auth) as client:
         for fn in stack.select(filter):

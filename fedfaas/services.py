@@ -7,6 +7,7 @@ keeps its data under a folder of its own, and is stopped by PID (process group) 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,27 +92,86 @@ def find_binary(name: str) -> str | None:
     return None
 
 
-@dataclass
-class _Process:
-    """A child process in its own process group, with its log in a file."""
+def spawn(
+    argv: list[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session (and process group) of its own, output appended to a log file.
 
-    data_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    The one way FedFaaS starts a child process: the backing servers, the runtime, each function
+    replica and the platform's daemons. Their own session means a signal to the parent's group
+    (Ctrl-C in a terminal) does not reach them, and :func:`stop_group` stops the child together
+    with whatever it started. The log file is closed in this process once the child holds it.
 
-    def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        logf = open(self.data_dir / "server.log", "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
+    Parameters
+    ----------
+    argv:
+        Command line.
+    log_path:
+        stdout and stderr are appended here (its folder is created).
+    env:
+        The child's whole environment (default: this process's).
+    cwd:
+        Working folder (default: this process's).
+    pass_fds:
+        File descriptors the child inherits (all others are closed).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logf:
+        return subprocess.Popen(
             argv,
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env=dict(os.environ if env is None else env),
+            cwd=cwd,
             start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
         )
-        logf.close()
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """SIGTERM the process group led by ``proc``, SIGKILL it after ``timeout`` s; reap ``proc``.
+
+    Returns the exit code, or ``None`` if the process survived SIGKILL for 5 seconds.
+    """
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d did not stop in %.0fs; SIGKILL", proc.pid, timeout)
+    # the leader may be gone while members of its group (its children) are not
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        log.error("pid %d survived SIGKILL", proc.pid)
+        return None
+
+
+@dataclass
+class ChildProcess:
+    """A child process in its own process group, with its log in a file; see :func:`spawn`."""
+
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, kw_only=True)
+
+    def _spawn(
+        self,
+        argv: list[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        self.proc = spawn(argv, log_path=log_path, env={**os.environ, **(env or {})}, cwd=cwd)
+        return self.proc
 
     @property
     def pid(self) -> int | None:
@@ -120,23 +181,27 @@ class _Process:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the process group: SIGTERM, then SIGKILL after ``timeout``."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-            except ProcessLookupError:
-                pass
+        """Stop the process group: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        if self.proc is not None:
+            stop_group(self.proc, timeout)
         self.proc = None
 
 
 @dataclass
-class RedisServer(_Process):
+class _Server(ChildProcess):
+    """A backing server on ``host:port`` keeping its data (and ``server.log``) in ``data_dir``."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def _start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn(argv, self.data_dir / "server.log", env)
+
+
+@dataclass
+class RedisServer(_Server):
     """Debian's ``redis-server`` on a loopback port, persistence in ``data_dir``."""
 
     @property
@@ -176,14 +241,14 @@ class RedisServer(_Process):
 
     def start(self, timeout: float = 20.0) -> RedisServer:
         self.port = self.port or free_port(self.host)
-        self._spawn(self.command())
+        self._start(self.command())
         wait_for_port(self.host, self.port, timeout, self.proc)
         log.info("redis on %s:%d (pid %s)", self.host, self.port, self.pid)
         return self
 
 
 @dataclass
-class MinioServer(_Process):
+class MinioServer(_Server):
     """The real MinIO server on a loopback port, with its console on another."""
 
     console_port: int = 0
@@ -238,7 +303,7 @@ class MinioServer(_Process):
     def start(self, timeout: float = 60.0) -> MinioServer:
         self.port = self.port or free_port(self.host)
         self.console_port = self.console_port or free_port(self.host)
-        self._spawn(self.command(), env=self.environment())
+        self._start(self.command(), env=self.environment())
         wait_for_port(self.host, self.port, timeout, self.proc)
         self._wait_ready(timeout)
         log.info("minio on %s (console %s, pid %s)", self.url, self.console_url, self.pid)

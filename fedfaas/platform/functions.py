@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from fedfaas.deploy import DeployError, GatewayClient, deploy
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
-
-if TYPE_CHECKING:
-    from fedfaas.deploy import DeployResult
+from fedfaas.stackfile import StackError
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +29,19 @@ class FunctionInfo:
         return self.available > 0
 
 
-def _auth_header(ctx: Context) -> dict[str, str]:
+def _auth(ctx: Context) -> tuple[str, str]:
     try:
-        user, password = ctx.basic_auth()
+        return ctx.basic_auth()
     except OSError as exc:
         raise PlatformError(f"cannot read the runtime's credentials: {exc}") from exc
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
 
 
 def list_functions(ctx: Context, timeout: float = 2.0) -> list[FunctionInfo]:
     """``GET /system/functions`` on the runtime, with the platform's basic auth."""
-    req = urllib.request.Request(
-        f"{ctx.url('runtime')}/system/functions", headers=_auth_header(ctx)
-    )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body: list[dict[str, Any]] = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        with GatewayClient(ctx.url("runtime"), _auth(ctx), timeout=timeout) as gw:
+            body = gw.list_functions()
+    except (httpx.HTTPError, ValueError) as exc:
         raise PlatformError(f"cannot list functions at {ctx.url('runtime')}: {exc}") from exc
     return sorted(
         (
@@ -66,47 +54,14 @@ def list_functions(ctx: Context, timeout: float = 2.0) -> list[FunctionInfo]:
     )
 
 
-def deploy_to(
-    url: str,
-    auth: tuple[str, str] | None,
-    stack_file: Path,
-    filter: str | None = None,
-    replace: bool = False,
-) -> list[DeployResult]:
-    """Deploy ``stack_file`` to exactly ``url`` as ``faas-cli deploy -f`` does (PUT, POST on 404).
-
-    Unlike :func:`fedfaas.deploy.deploy`, the URL is not resolved the faas-cli way, so that
-    ``OPENFAAS_URL`` or the stack's ``provider.gateway`` never send a local deploy elsewhere.
-
-    Raises
-    ------
-    PlatformError
-        When the stack is invalid or a function is not accepted (the message lists each).
-    """
-    from fedfaas.deploy import DeployError, DeployResult, GatewayClient
-    from fedfaas.stackfile import StackError, load_stack
-
-    try:
-        stack = load_stack(stack_file)
-    except (StackError, OSError) as exc:
-        raise PlatformError(f"cannot deploy: {exc}") from exc
-    results: list[DeployResult] = []
-    with GatewayClient(url, auth) as client:
-        for fn in stack.select(filter):
-            try:
-                results.append(client.deploy_one(fn.deployment(), replace=replace))
-            except httpx.HTTPError as exc:
-                results.append(DeployResult(fn.name, 0, "PUT", f"cannot reach {url}: {exc}"))
-    if any(not r.ok for r in results):
-        raise PlatformError(str(DeployError(results)))
-    return results
-
-
 def deploy_stack(ctx: Context) -> None:
-    """Deploy ``ctx.stack_file`` to the runtime and wait until every function has a ready
-    replica (the runtime's ``after_start``)."""
+    """Deploy ``ctx.stack_file`` to exactly this platform's runtime and wait until every function
+    has a ready replica (the runtime's ``after_start``)."""
     log.info("deploying %s to %s", ctx.stack_file, ctx.url("runtime"))
-    deploy_to(ctx.url("runtime"), ctx.basic_auth(), ctx.stack_file)
+    try:
+        deploy(ctx.stack_file, ctx.url("runtime"), _auth(ctx), resolve=False)
+    except (DeployError, StackError) as exc:
+        raise PlatformError(f"cannot deploy: {exc}") from exc
     wait_ready(ctx, ctx.functions_timeout)
 
 
@@ -130,4 +85,4 @@ def wait_ready(ctx: Context, timeout: float) -> list[FunctionInfo]:
                 f"functions not ready after {timeout:.0f}s: {', '.join(waiting)}; see "
                 f"{ctx.run_dir('runtime')} and {ctx.log_path('runtime')}"
             )
-        time.sleep(0.2)
+        time.sleep(0.1)

@@ -30,6 +30,28 @@ OPTIONAL_PORTS = {
 NODE = "node0"
 
 
+def _serve(module: str, port_name: str, ctx: Context, *args: str) -> list[str]:
+    """``python -m module --host H --port P`` (the port of ``port_name``), then ``args``."""
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.ports[port_name]),
+        *args,
+    ]
+
+
+def _redis_url(ctx: Context) -> str:
+    return f"{ctx.url('redis', 'redis')}/0"
+
+
+def _minio_endpoint(ctx: Context) -> str:
+    return f"{ctx.host}:{ctx.ports['minio']}"
+
+
 def _healthz(port_name: str) -> Callable[[Context], bool]:
     return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
 
@@ -68,25 +90,21 @@ def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None
 GATEWAY = ServiceSpec(
     name="gateway",
     ports=(PortSpec("gateway", OPTIONAL_PORTS["gateway"]),),
-    argv=lambda ctx: [
-        sys.executable,
-        "-m",
+    argv=lambda ctx: _serve(
         "gateway",
+        "gateway",
+        ctx,
         "--node",
         NODE,
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports["gateway"]),
         "--state-dir",
         str(ctx.run_dir("gateway")),
         "--shm-root",
         str(shm_root(ctx)),
         "--redis",
-        f"{ctx.url('redis', 'redis')}/0",
+        _redis_url(ctx),
         "--minio",
-        f"{ctx.host}:{ctx.ports['minio']}",
-    ],
+        _minio_endpoint(ctx),
+    ),
     env=_minio_env("FEDFAAS_GATEWAY_"),
     ready=_healthz("gateway"),
     address=lambda ctx: ctx.url("gateway"),
@@ -99,23 +117,19 @@ GATEWAY = ServiceSpec(
 CACHE_ENGINE = ServiceSpec(
     name="cache-engine",
     ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
-    argv=lambda ctx: [
-        sys.executable,
-        "-m",
+    argv=lambda ctx: _serve(
         "cache_engine",
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports["cache_engine"]),
+        "cache_engine",
+        ctx,
         "--redis",
-        f"{ctx.url('redis', 'redis')}/0",
+        _redis_url(ctx),
         "--minio",
-        f"{ctx.host}:{ctx.ports['minio']}",
+        _minio_endpoint(ctx),
         "--runtime",
         ctx.url("runtime"),
         "--runtime-auth-dir",
         str(ctx.secrets_dir),
-    ],
+    ),
     env=_minio_env("FEDFAAS_ENGINE_"),
     ready=_healthz("cache_engine"),
     address=lambda ctx: ctx.url("cache_engine"),
@@ -125,21 +139,17 @@ CACHE_ENGINE = ServiceSpec(
 REQUEST_TRACKER = ServiceSpec(
     name="request-tracker",
     ports=(PortSpec("request_tracker", OPTIONAL_PORTS["request_tracker"]),),
-    argv=lambda ctx: [
-        sys.executable,
-        "-m",
+    argv=lambda ctx: _serve(
         "request_tracker",
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports["request_tracker"]),
+        "request_tracker",
+        ctx,
         "--redis",
-        f"{ctx.url('redis', 'redis')}/0",
+        _redis_url(ctx),
         "--engine",
         ctx.url("cache_engine"),
         "--runtime",
         ctx.url("runtime"),
-    ],
+    ),
     ready=_healthz("request_tracker"),
     address=lambda ctx: ctx.url("request_tracker"),
     depends=("redis", "runtime", "cache-engine"),
@@ -148,23 +158,19 @@ REQUEST_TRACKER = ServiceSpec(
 CONTROL_PLANE = ServiceSpec(
     name="control-plane",
     ports=(PortSpec("control_plane", OPTIONAL_PORTS["control_plane"]),),
-    argv=lambda ctx: [
-        sys.executable,
-        "-m",
+    argv=lambda ctx: _serve(
         "control_plane",
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports["control_plane"]),
+        "control_plane",
+        ctx,
         "--gateways",
         f"{NODE}={ctx.url('gateway')}",
         "--redis",
-        f"{ctx.url('redis', 'redis')}/0",
+        _redis_url(ctx),
         "--provider",
         ctx.url("runtime"),
         "--provider-auth-dir",
         str(ctx.secrets_dir),
-    ],
+    ),
     ready=_healthz("control_plane"),
     address=lambda ctx: ctx.url("control_plane"),
     depends=("redis", "runtime", "gateway"),

@@ -163,6 +163,8 @@ class Platform:
             try:
                 for part in self.parts:
                     self._start(part, ctx, st)
+                st.ebpf = list(ebpf.probe())
+                state.save(st)
             except BaseException:
                 log.error("start failed; stopping what was started")
                 try:
@@ -343,7 +345,8 @@ class Platform:
             # the running gateway knows which router it uses; without one, probe the machine
             gw = next((p for p in report.parts if p.name == "gateway" and p.ready), None)
             mode = optional.gateway_router(ctx) if gw is not None else None
-            report.ebpf_mode, report.ebpf_reason = mode or ebpf.probe()
+            recorded = (st.ebpf[0], st.ebpf[1]) if len(st.ebpf) == 2 else None
+            report.ebpf_mode, report.ebpf_reason = mode or recorded or ebpf.probe()
         runtime = next((p for p in report.parts if p.name == "runtime"), None)
         if runtime is not None and runtime.ready:
             try:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from fedfaas.services import spawn
+
 log = logging.getLogger(__name__)
 
 # Popen objects of the daemons this process started, so that it can reap them (no zombies when
@@ -29,25 +31,14 @@ _EXIT_CODES: dict[int, int] = {}
 def spawn_daemon(
     argv: list[str], *, env: Mapping[str, str], log_path: Path, cwd: Path | None = None
 ) -> tuple[int, float]:
-    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
+    """Start ``argv`` with :func:`fedfaas.services.spawn` and remember it to reap it later.
 
     Returns
     -------
     (pid, create_time)
         The PID and the kernel's start time of the process, which together identify it.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            argv,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            close_fds=True,
-        )
+    proc = spawn(argv, log_path=log_path, env=env, cwd=cwd)
     _CHILDREN[proc.pid] = proc
     _EXIT_CODES.pop(proc.pid, None)
     try:

@@ -2,7 +2,7 @@
 
 Layout of the state folder::
 
-    state.json      what runs: PIDs, start times, ports, addresses (this module)
+    state.json      what runs: PIDs, start times, ports, addresses, eBPF probe (this module)
     secrets/        basic-auth-user, basic-auth-password, minio-root-* (mode 0600)
     data/<part>/    the parts' own data (MinIO objects, Redis append-only file)
     run/<part>/     the parts' runtime state (the embedded runtime's state folder)
@@ -56,6 +56,9 @@ class PlatformState:
     ports: dict[str, int] = field(default_factory=dict)
     services: list[ServiceRecord] = field(default_factory=list)
     format: int = FORMAT
+    #: ``bpf.probe()`` once the parts are up: the machine does not change while they run, and a
+    #: probe compiles and loads a BPF program (seconds), too slow to repeat on every ``status``.
+    ebpf: list[str] = field(default_factory=list)
 
     def record(self, name: str) -> ServiceRecord | None:
         return next((s for s in self.services if s.name == name), None)

@@ -14,8 +14,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from fedfaas.runtime.auth import REALM_HEADER, BasicAuth, Unauthorized
-from fedfaas.runtime.errors import FaasRuntimeError, FunctionNotFound, InvalidRequest
+from fedfaas.runtime.auth import REALM_HEADER, BasicAuth
+from fedfaas.runtime.errors import (
+    FaasRuntimeError,
+    FunctionNotFound,
+    InvalidRequest,
+    Unauthorized,
+)
 from fedfaas.runtime.logs import parse_time, stream_logs
 from fedfaas.runtime.models import (
     DeleteFunctionRequest,
@@ -25,17 +30,10 @@ from fedfaas.runtime.models import (
 )
 from fedfaas.runtime.provider import Provider
 from fedfaas.runtime.proxy import make_client, proxy_function
-from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.runtime.settings import VERSION, RuntimeSettings
 from fedfaas.runtime.validation import split_namespace
 
 log = logging.getLogger(__name__)
-
-try:
-    from importlib.metadata import version as _pkg_version
-
-    VERSION = _pkg_version("fedfaas")
-except Exception:  # not installed (running from a source tree)
-    VERSION = "0.0.0"
 
 
 def _provider(request: Request) -> Provider:
@@ -256,7 +254,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @app.exception_handler(Unauthorized)
     async def unauthorized(request: Request, exc: Unauthorized) -> PlainTextResponse:
-        return PlainTextResponse("invalid credentials", status_code=401, headers=REALM_HEADER)
+        return PlainTextResponse(exc.detail, status_code=exc.status, headers=REALM_HEADER)
 
     return app
 

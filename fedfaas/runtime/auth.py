@@ -8,15 +8,15 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedfaas.runtime.errors import Unauthorized
+
 REALM_HEADER = {"WWW-Authenticate": 'Basic realm="Restricted"'}
-
-
-class Unauthorized(Exception):
-    """Missing or wrong credentials on a ``/system/*`` route (401 ``invalid credentials``)."""
 
 
 @dataclass(frozen=True)
 class BasicAuth:
+    """The one user allowed on ``/system/*``; the password is compared in constant time."""
+
     user: str
     password: str
 

@@ -134,8 +134,13 @@ def _encode_body(body: Any, headers: HeaderList) -> Body:
 
 
 def _chunks(it: Iterator[Any]) -> Iterator[bytes]:
-    for chunk in it:
-        yield chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+    try:
+        for chunk in it:
+            yield chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+    finally:
+        close = getattr(it, "close", None)  # a generator's own ``finally`` runs now, not at GC
+        if close is not None:
+            close()
 
 
 def to_response(result: Any) -> tuple[int, HeaderList, Body]:

@@ -89,3 +89,17 @@ class TooManyFunctions(FaasRuntimeError):
 
     status = 400
     code = "too_many_functions"
+
+
+class Unauthorized(FaasRuntimeError):
+    """Missing or wrong credentials on a ``/system/*`` route.
+
+    Answered as OpenFaaS does (401, ``WWW-Authenticate: Basic realm="Restricted"``, the plain body
+    ``invalid credentials``) rather than with the JSON error body, because clients match on it.
+    """
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self) -> None:
+        super().__init__("invalid credentials")

@@ -302,7 +302,8 @@ class Provider:
                 if r.state != "ready":
                     log.info("%s ready (pid %s)", r.instance, r.pid)
                 r.state, r.failures, r.ever_ready = "ready", 0, True
-                fn.backoff.pop(r.slot, None)
+                if r.generation == fn.generation:  # an old replica says nothing of a new crash loop
+                    fn.backoff.pop(r.slot, None)
                 continue
             r.failures += 1
             if r.ever_ready:
@@ -321,8 +322,14 @@ class Provider:
     async def _health_loop(self) -> None:
         while True:
             try:
-                for fn in list(self._functions.values()):
-                    await self._probe_function(fn)
+                # all at once: a hung replica of one function must not delay the others' probes
+                fns = list(self._functions.values())
+                outcomes = await asyncio.gather(
+                    *(self._probe_function(f) for f in fns), return_exceptions=True
+                )
+                for fn, outcome in zip(fns, outcomes, strict=True):
+                    if isinstance(outcome, Exception):
+                        log.error("probing %s failed: %r", fn.name, outcome)
                 async with self._lock:
                     for fn in self._functions.values():
                         self._reconcile_slots(fn)

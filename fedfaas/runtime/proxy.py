@@ -1,7 +1,8 @@
 """``/function/{name}[/...]``: stream a request to a ready replica and its response back.
 
 Bodies are streamed both ways (never held whole in the runtime), binary intact. Headers as the
-OpenFaaS gateway and provider set them: ``X-Call-Id`` and ``X-Start-Time`` on request and response,
+OpenFaaS gateway and provider set them: ``X-Call-Id`` and ``X-Start-Time`` on request and
+response, ``X-Served-By`` on the response (``fedfaas-runtime/<version>``),
 ``X-Forwarded-For``/``X-Forwarded-Host`` unless present, hop-by-hop headers dropped, the path with
 ``/function/<name>`` stripped and the query kept.
 """
@@ -15,10 +16,12 @@ from collections.abc import AsyncIterator
 
 import httpx
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import Send
 
 from fedfaas.runtime.provider import Provider
+from fedfaas.runtime.settings import VERSION
 from fedfaas.runtime.validation import split_namespace
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 CONNECT_ATTEMPTS = 3
+# the CE gateway sends ``openfaas-ce/<version>``; this names what actually served the call
+SERVED_BY = f"fedfaas-runtime/{VERSION}".encode()
 
 
 def make_client(upstream_timeout: float) -> httpx.AsyncClient:
@@ -70,6 +75,22 @@ def _error(status: int, text: str) -> Response:
     return PlainTextResponse(text, status_code=status, headers={"X-OpenFaaS-Internal": "proxy"})
 
 
+def end_to_end(raw: list[tuple[bytes, bytes]], *drop: bytes) -> list[tuple[bytes, bytes]]:
+    """``raw`` headers without the hop-by-hop ones (those of RFC 9110 and any the ``Connection``
+    header names, as Go's ReverseProxy drops them) and without ``drop`` (lower-case names).
+
+    Works on raw bytes so that values that are not ASCII pass through unchanged.
+    """
+    named = {
+        token.strip().lower().decode("latin-1")
+        for k, v in raw
+        if k.lower() == b"connection"
+        for token in v.split(b",")
+    }
+    skip = HOP_BY_HOP | named | {d.decode("latin-1") for d in drop}
+    return [(k, v) for k, v in raw if k.lower().decode("latin-1") not in skip]
+
+
 async def proxy_function(
     request: Request, provider: Provider, client: httpx.AsyncClient, ready_wait: float
 ) -> Response:
@@ -84,16 +105,16 @@ async def proxy_function(
         return _error(404, f"error finding function {fn}.{ns or provider.namespace}: not found")
 
     call_id = request.headers.get("x-call-id") or str(uuid.uuid4())
-    start_ns = str(time.time_ns())
-    headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP and k != "host"]
-    present = {k for k, _ in headers}
-    if "x-call-id" not in present:
-        headers.append(("X-Call-Id", call_id))
-    headers.append(("X-Start-Time", start_ns))
-    if "x-forwarded-host" not in present and request.headers.get("host"):
-        headers.append(("X-Forwarded-Host", request.headers["host"]))
-    if "x-forwarded-for" not in present and request.client is not None:
-        headers.append(("X-Forwarded-For", request.client.host))
+    start_ns = str(time.time_ns()).encode()
+    headers = end_to_end(request.headers.raw, b"host")
+    present = {k.lower() for k, _ in headers}
+    if b"x-call-id" not in present:
+        headers.append((b"X-Call-Id", call_id.encode("latin-1")))
+    headers.append((b"X-Start-Time", start_ns))
+    if b"x-forwarded-host" not in present and "host" in request.headers:
+        headers.append((b"X-Forwarded-Host", request.headers["host"].encode("latin-1")))
+    if b"x-forwarded-for" not in present and request.client is not None:
+        headers.append((b"X-Forwarded-For", request.client.host.encode("latin-1")))
     path = "/" + request.path_params.get("path", "")
     query = request.url.query
     body = _Body(request)
@@ -109,6 +130,10 @@ async def proxy_function(
         try:
             upstream = await client.send(req, stream=True)
             break
+        except ClientDisconnect:
+            # the caller went away while sending its body; nobody is left to answer
+            log.info("client left while sending its body to %s", replica.instance)
+            return Response(status_code=499)
         except httpx.ConnectError:
             if body.started:
                 return Response(status_code=502)
@@ -122,29 +147,45 @@ async def proxy_function(
         return Response(status_code=502)
     provider.count_invocation(fn)
 
-    out = [
-        (k, v)
-        for k, v in upstream.headers.multi_items()
-        if k.lower() not in HOP_BY_HOP and k.lower() not in ("date", "server")
-    ]
+    out = end_to_end(upstream.headers.raw, b"date", b"server")
     names = {k.lower() for k, _ in out}
-    if "content-type" not in names:
-        out.append(("content-type", request.headers.get("content-type", "text/plain")))
-    if "x-call-id" not in names:
-        out.append(("x-call-id", call_id))
-    out.append(("x-start-time", start_ns))
-    response = StreamingResponse(
-        _relay(upstream, fn),
-        status_code=upstream.status_code,
-        background=BackgroundTask(upstream.aclose),
-    )
-    response.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in out]
-    return response
+    if b"content-type" not in names:
+        ctype = request.headers.get("content-type", "text/plain")
+        out.append((b"content-type", ctype.encode("latin-1")))
+    if b"x-call-id" not in names:
+        out.append((b"x-call-id", call_id.encode("latin-1")))
+    out.append((b"x-start-time", start_ns))
+    out.append((b"x-served-by", SERVED_BY))
+    return _Relay(upstream, fn, [(k.lower(), v) for k, v in out])
 
 
-async def _relay(upstream: httpx.Response, fn: str) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in upstream.aiter_raw():
-            yield chunk
-    except httpx.HTTPError as exc:
-        log.warning("response from %s broke off: %r", fn, exc)
+class _Relay(StreamingResponse):
+    """A replica's response, streamed; the upstream response is closed when it ends, also when
+    the caller disconnects (Starlette then cancels the stream and runs the background task).
+
+    If the replica breaks off after the headers, the response is left incomplete, so that the
+    server closes the connection and the caller sees an error instead of a body cut short that
+    looks whole (what Go's ReverseProxy does with ``http.ErrAbortHandler``).
+    """
+
+    def __init__(
+        self, upstream: httpx.Response, fn: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        super().__init__(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            background=BackgroundTask(upstream.aclose),
+        )
+        self.raw_headers = raw_headers
+        self.fn = fn
+
+    async def stream_response(self, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            log.warning("response of %s broke off: %r; closing the connection", self.fn, exc)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from fedfaas.services import free_port
+from fedfaas.services import spawn
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,31 @@ class Replica:
         }
 
 
+def replica_env(
+    function: str, slot: int, port: int, env_vars: Mapping[str, str], env_process: str
+) -> dict[str, str]:
+    """A replica's environment: the runtime's (less its own settings), the deployment's
+    ``envVars``, then what the watchdog and the function read about themselves."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_RUNTIME_")}
+    env.update(env_vars)
+    pythonpath = env.get("PYTHONPATH", "")
+    env.update(
+        {
+            "FEDFAAS_FUNCTION_NAME": function,
+            "FEDFAAS_REPLICA": str(slot),
+            "HOSTNAME": f"{function}-{slot}",
+            "port": str(port),
+            "fprocess": env_process or "python index.py",
+            "mode": "http",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": f"{_REPO_ROOT}{os.pathsep}{pythonpath}"
+            if pythonpath
+            else str(_REPO_ROOT),
+        }
+    )
+    return env
+
+
 def spawn_replica(
     *,
     python: str,
@@ -82,51 +108,34 @@ def spawn_replica(
     env_process: str,
     log_dir: Path,
 ) -> Replica:
-    """Start ``python -m fedfaas.runtime.watchdog`` for one replica, in its own process group."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    """Start ``python -m fedfaas.runtime.watchdog`` for one replica, in its own process group.
+
+    The replica's socket is bound here and handed over (``--fd``), so that no other process can
+    take its port between the choice of a free one and the replica's bind.
+    """
     instance = f"{function}-{slot}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_RUNTIME_")}
-    env.update(env_vars)
-    pythonpath = env.get("PYTHONPATH", "")
-    env.update(
-        {
-            "FEDFAAS_FUNCTION_NAME": function,
-            "FEDFAAS_REPLICA": str(slot),
-            "HOSTNAME": instance,
-            "port": str(port),
-            "fprocess": env_process or "python index.py",
-            "mode": "http",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": f"{_REPO_ROOT}{os.pathsep}{pythonpath}"
-            if pythonpath
-            else str(_REPO_ROOT),
-        }
-    )
-    argv = [
-        python,
-        "-m",
-        "fedfaas.runtime.watchdog",
-        "--function-dir",
-        str(function_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--parent-pid",
-        str(os.getpid()),
-    ]
     log_path = log_dir / f"{instance}.log"
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            argv,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=str(function_dir),
-            start_new_session=True,
-        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # closed here once handed
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        fd = sock.fileno()
+        argv = [
+            python,
+            "-m",
+            "fedfaas.runtime.watchdog",
+            "--function-dir",
+            str(function_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--fd",
+            str(fd),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        env = replica_env(function, slot, port, env_vars, env_process)
+        proc = spawn(argv, log_path=log_path, env=env, cwd=function_dir, pass_fds=(fd,))
     log.info("started %s gen %d (pid %d, port %d)", instance, generation, proc.pid, port)
     return Replica(function, slot, generation, port, log_path, proc)
 

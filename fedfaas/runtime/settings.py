@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+try:
+    VERSION = version("fedfaas")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    VERSION = "0.0.0"
 
 
 class RuntimeSettings(BaseSettings):

@@ -1,6 +1,6 @@
 """One replica: an of-watchdog (HTTP mode) and the python3-http template server in one process.
 
-Usage: ``python -m fedfaas.runtime.watchdog --function-dir DIR --port N [--parent-pid PID]``.
+Usage: ``python -m fedfaas.runtime.watchdog --function-dir DIR --port N [--fd FD] [--parent-pid PID]``.
 
 It imports ``DIR/handler.py`` as ``function.handler`` (so ``from .x import y`` works as in the
 template), then serves:
@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -191,15 +192,28 @@ class WatchdogApp:
             await send({"type": "http.response.body", "body": out_body})
             return
         await send({"type": "http.response.start", "status": status, "headers": raw})
-        await _stream(send, out_body)
+        await _stream(receive, send, out_body)
 
 
-async def _stream(send: Send, it: Iterator[bytes]) -> None:
+async def _stream(receive: Receive, send: Send, it: Iterator[bytes]) -> None:
+    """Send the chunks of a streaming result; stop (and close the iterator, so that its
+    ``finally`` runs) when the caller disconnects. A handler error mid-stream leaves the response
+    incomplete, so the connection is closed and the caller sees an error, not a short body."""
+    gone = asyncio.ensure_future(receive())  # the body is read: the next message is a disconnect
     try:
         while (chunk := await asyncio.to_thread(next, it, _END)) is not _END:
+            if gone.done():
+                log.info("caller disconnected; streaming response stopped")
+                return
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except Exception:
-        log.exception("streaming response failed")
+        log.exception("streaming response failed; closing the connection")
+        return
+    finally:
+        gone.cancel()
+        close = getattr(it, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -221,7 +235,7 @@ async def _plain(
 def _watch_parent(parent_pid: int) -> None:
     """Exit when the runtime that started us is gone (no orphans if it is SIGKILLed)."""
     while True:
-        time.sleep(1.0)
+        time.sleep(0.5)
         if os.getppid() != parent_pid:
             log.warning("parent %d is gone; exiting", parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -239,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--function-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=int(env.get("port", "8080")))
+    ap.add_argument("--fd", type=int, default=None, help="serve on this bound socket (inherited)")
     ap.add_argument("--parent-pid", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -285,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
         args.host,
         args.port,
     )
-    Server(config).run()
+    # a socket bound by the runtime (no race for the port), else bind --host/--port here
+    Server(config).run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
 
 
 if __name__ == "__main__":

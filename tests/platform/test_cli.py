@@ -18,19 +18,14 @@ from fedfaas.cli import main
 from fedfaas.platform import state
 from fedfaas.platform.context import PLATFORM_ID_VAR
 from fedfaas.platform.procs import marked
+from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "stack.yml"
 
 
 def fedfaas(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "FEDFAAS_RUNTIME_PORT": "0",
-        "FEDFAAS_MINIO_PORT": "0",
-        "FEDFAAS_MINIO_CONSOLE_PORT": "0",
-        "FEDFAAS_REDIS_PORT": "0",
-    }
+    env = {**os.environ, **ANY_PORTS_ENV}
     env.pop("OPENFAAS_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "fedfaas.cli", *args],
@@ -173,14 +168,7 @@ def test_smoke_run_invokes_echo_and_cleans_up(
     from fedfaas.settings import PlatformSettings
 
     monkeypatch.delenv("OPENFAAS_URL", raising=False)
-    settings = PlatformSettings(
-        state_dir=tmp_path / "s",
-        stack_file=STACK,
-        runtime_port=0,
-        minio_port=0,
-        minio_console_port=0,
-        redis_port=0,
-    )
+    settings = PlatformSettings(state_dir=tmp_path / "s", stack_file=STACK, **ANY_PORTS)
     lines: list[str] = []
     smoke.run(settings, lines.append)
     text = "\n".join(lines)
@@ -195,8 +183,7 @@ def test_up_without_minio_names_the_missing_binary_and_leaves_nothing(
 ) -> None:
     empty = tmp_path / "cache"
     empty.mkdir()
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "FEDFAAS_CACHE": str(empty)}
-    env.update({f"FEDFAAS_{p}_PORT": "0" for p in ("RUNTIME", "MINIO", "MINIO_CONSOLE", "REDIS")})
+    env = {**os.environ, **ANY_PORTS_ENV, "PATH": "/usr/bin:/bin", "FEDFAAS_CACHE": str(empty)}
     res = subprocess.run(
         [sys.executable, "-m", "fedfaas.cli", "up", "--state-dir", str(state_dir)],
         capture_output=True,
@@ -234,7 +221,7 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
         env={
             **os.environ,
             "FEDFAAS_PORTS": ports,
-            **{f"FEDFAAS_{p}_PORT": "0" for p in ("RUNTIME", "MINIO", "MINIO_CONSOLE", "REDIS")},
+            **ANY_PORTS_ENV,
         },
     )
     assert up.returncode == 0, up.stdout + up.stderr

@@ -29,6 +29,7 @@ from fedfaas.platform.parts import MINIO, REDIS
 from fedfaas.platform.procs import marked
 from fedfaas.services import http_ok
 from fedfaas.settings import PlatformSettings
+from tests.platform.conftest import ANY_PORTS
 
 pytestmark = pytest.mark.integration
 
@@ -71,12 +72,9 @@ def settings(tmp_path: Path) -> PlatformSettings:
     return PlatformSettings(
         state_dir=tmp_path / "state",
         stack_file=stack,
-        runtime_port=0,
-        minio_port=0,
-        minio_console_port=0,
-        redis_port=0,
         stop_timeout=1.0,
         start_timeout=60.0,
+        **ANY_PORTS,
     )
 
 

@@ -24,6 +24,7 @@ from fedfaas.platform import (
 from fedfaas.platform.functions import FunctionInfo
 from fedfaas.platform.parts import PARTS, ordered
 from fedfaas.settings import PlatformSettings, load_settings
+from tests.platform.conftest import ANY_PORTS
 
 
 def _spec(
@@ -88,9 +89,7 @@ def test_taken_default_port_falls_back_to_a_free_one(tmp_path: Path, listener: i
 
 
 def test_port_zero_means_any_free_port_and_ports_are_distinct(tmp_path: Path) -> None:
-    settings = PlatformSettings(
-        state_dir=tmp_path, runtime_port=0, minio_port=0, minio_console_port=0, redis_port=0
-    )
+    settings = PlatformSettings(state_dir=tmp_path, **ANY_PORTS)
     ports = Platform(settings)._choose_ports()
     assert set(ports) == {"runtime", "minio", "minio_console", "redis"}
     assert len(set(ports.values())) == 4 and 0 not in ports.values()

@@ -100,6 +100,37 @@ def test_filter_that_matches_nothing_sends_nothing(recorder: _Recorder) -> None:
     assert recorder.seen == []
 
 
+def test_default_gateway_yields_to_openfaas_url_unless_resolve_is_off(
+    recorder: _Recorder, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stack = tmp_path / "stack.yml"  # no provider.gateway
+    stack.write_text(
+        "provider: {name: openfaas}\nfunctions:\n  echo: {lang: python3-http, handler: ./echo, "
+        "image: echo:1, fprocess: python index.py}\n"
+    )
+    other = _Recorder({"PUT": 202})
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        # the recorder stands at faas-cli's default address, which counts as "not set"
+        monkeypatch.setattr("fedfaas.stackfile.DEFAULT_GATEWAY", recorder.url)
+        monkeypatch.setenv("OPENFAAS_URL", other.url)
+        [moved] = deploy(stack, recorder.url)
+        assert moved.ok and [r["method"] for r in other.seen] == ["PUT"]
+        assert recorder.seen == []
+
+        [exact] = deploy(stack, recorder.url, resolve=False)
+        assert exact.ok and [r["method"] for r in recorder.seen] == ["PUT", "POST"]
+        assert len(other.seen) == 1
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_resolve_off_needs_a_gateway_url() -> None:
+    with pytest.raises(ValueError, match="needs the gateway_url"):
+        deploy(STACK, None, resolve=False)
+
+
 @pytest.mark.integration
 def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: RuntimeProcess) -> None:
     [first] = deploy(STACK, runtime.url)

@@ -79,6 +79,7 @@ def test_faas_cli_deploy_list_describe_scale_invoke_remove_sequence(http: httpx.
     assert r.headers["content-type"] == "application/x-raw"
     assert r.headers["x-call-id"] and int(r.headers["x-start-time"]) > 0
     assert float(r.headers["x-duration-seconds"]) >= 0
+    assert r.headers["x-served-by"].startswith("fedfaas-runtime/")
     r = http.get(
         "/function/cli-seq.openfaas-fn/sub/path", params={"x": "1"}, headers={"X-Call-Id": "abc"}
     )
