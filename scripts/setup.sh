@@ -61,6 +61,16 @@ if [ ! -e "$KBUILD" ]; then
     warn "no kernel headers found; eBPF will fall back to the userspace router"
   fi
 fi
+# Debian splits its headers: the arch half (build) includes the common half, which bcc finds
+# through /lib/modules/$(uname -r)/source (without it: "kconfig.h not found").
+KSRC=/lib/modules/$(uname -r)/source
+if [ -e "$KBUILD" ] && [ ! -e "$KSRC" ]; then
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -n "$common" ]; then
+    log "linking $KSRC -> $common"
+    $SUDO ln -sfn "$common" "$KSRC"
+  fi
+fi
 
 # --- 3. Python virtualenv ----------------------------------------------------------------
 py_ok() { "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null; }
