@@ -1,0 +1,336 @@
+"""FL client SDK: talk to a FedFaaS node gateway over HTTP.
+
+    client = FLClient("http://127.0.0.1:8081", "digits", "client-000", token)
+    model = client.fetch_model()                  # ETag-aware: 304 reuses the cached bytes
+    client.upload(model.version + 1, state_dict, num_samples=120)
+
+Every 4xx answer from the gateway becomes an :class:`UpdateRejected` (or a subclass) carrying
+the server's JSON ``{"error", "detail"}``; transport failures and 5xx become
+:class:`GatewayUnavailable`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+NOT_YET_OPEN = frozenset({"round_not_open"})
+
+
+class ClientError(Exception):
+    """Base class of every error the SDK raises."""
+
+
+class GatewayUnavailable(ClientError):
+    """The gateway could not be reached, or answered with a 5xx."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"gateway {url} unavailable: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class UpdateRejected(ClientError):
+    """The gateway answered a 4xx; ``error`` and ``detail`` are the server's JSON fields."""
+
+    def __init__(self, status: int, error: str, detail: str, *, method: str, url: str) -> None:
+        super().__init__(f"{method} {url} -> {status} {error}: {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.method = method
+        self.url = url
+
+
+class StaleRound(UpdateRejected):
+    """409: the round is not the job's current round (stale or future)."""
+
+
+class Unauthorized(UpdateRejected):
+    """401/403: missing or wrong token."""
+
+
+class JobNotFound(UpdateRejected):
+    """404: the gateway does not know the job."""
+
+
+@dataclass(frozen=True)
+class GlobalModel:
+    """A global model as served by the gateway."""
+
+    version: int
+    etag: str
+    data: bytes = field(repr=False)
+    changed: bool  # False when the gateway answered 304 and the cached copy was returned
+
+
+@dataclass(frozen=True)
+class UploadReceipt:
+    key: str
+    round: int
+    client: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class JobCreated:
+    job: str
+    round: int
+    version: int
+    spec: dict[str, Any]
+    tokens: dict[str, str]
+    plan: dict[str, Any] = field(default_factory=dict)  # slots and client_nodes, when given
+
+    def client_nodes(self) -> dict[str, str]:
+        """Client id -> node name from the job's plan (empty when the gateway gave none)."""
+        return {str(k): str(v) for k, v in dict(self.plan.get("client_nodes") or {}).items()}
+
+
+def client_token(admin_secret: str, job: str, client_id: str) -> str:
+    """The per-client bearer token the gateway expects: HMAC-SHA256(secret, job/client) hex."""
+    msg = f"{job}/{client_id}".encode()
+    return hmac.new(admin_secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def _raise_for(resp: httpx.Response, method: str) -> None:
+    """Turn a non-2xx/304 answer into the matching typed error."""
+    if resp.status_code < 400:
+        return
+    url = str(resp.request.url) if resp.request is not None else "?"
+    if resp.status_code >= 500:
+        raise GatewayUnavailable(url, f"HTTP {resp.status_code}: {resp.text[:200]}")
+    error, detail = f"http_{resp.status_code}", resp.text[:500]
+    try:
+        body = resp.json()
+        if isinstance(body, dict):
+            error = str(body.get("error", error))
+            detail = str(body.get("detail", detail))
+    except ValueError:
+        pass
+    cls: type[UpdateRejected] = UpdateRejected
+    if resp.status_code == 409:
+        cls = StaleRound
+    elif resp.status_code in (401, 403):
+        cls = Unauthorized
+    elif resp.status_code == 404:
+        cls = JobNotFound
+    raise cls(resp.status_code, error, detail, method=method, url=url)
+
+
+def _chunks(data: bytes | memoryview, size: int = CHUNK) -> Iterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(view), size):
+        yield bytes(view[start : start + size])
+
+
+def _version_of(resp: httpx.Response) -> int:
+    raw = resp.headers.get("X-Model-Version")
+    if raw is None:
+        etag = resp.headers.get("ETag", "").strip('"')
+        raw = etag[1:] if etag.startswith("v") else etag
+    return int(raw)
+
+
+class FLClient:
+    """One FL client's connection to its node gateway.
+
+    Parameters
+    ----------
+    gateway_url : base URL of the node gateway, e.g. ``http://127.0.0.1:8081``.
+    job : job name.
+    client_id : this client's id (sent as ``X-Client-Id``).
+    token : this client's bearer token (see :func:`client_token`).
+    timeout : seconds for connect/read of each request.
+    transport : optional httpx transport (tests).
+    """
+
+    def __init__(
+        self,
+        gateway_url: str,
+        job: str,
+        client_id: str,
+        token: str,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.gateway_url = gateway_url.rstrip("/")
+        self.job = job
+        self.client_id = client_id
+        self._token = token
+        self._http = httpx.Client(base_url=self.gateway_url, timeout=timeout, transport=transport)
+        self._cached: GlobalModel | None = None
+
+    def __enter__(self) -> FLClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise GatewayUnavailable(self.gateway_url, repr(exc)) from exc
+        _raise_for(resp, method)
+        return resp
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/jobs/{job}``: round, version, rounds, goal, received, status."""
+        body: dict[str, Any] = self._request("GET", f"/v1/jobs/{self.job}").json()
+        return body
+
+    def fetch_model(self) -> GlobalModel:
+        """The current global model; sends ``If-None-Match`` and reuses the cache on 304."""
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if self._cached is not None:
+            headers["If-None-Match"] = self._cached.etag
+        resp = self._request("GET", f"/v1/jobs/{self.job}/model", headers=headers)
+        if resp.status_code == 304 and self._cached is not None:
+            self._cached = GlobalModel(
+                self._cached.version, self._cached.etag, self._cached.data, changed=False
+            )
+            return self._cached
+        version = _version_of(resp)
+        etag = resp.headers.get("ETag", f'"v{version}"')
+        self._cached = GlobalModel(version, etag, resp.content, changed=True)
+        return self._cached
+
+    def wait_for_version(
+        self, min_version: int, timeout: float = 120.0, poll: float = 0.05
+    ) -> GlobalModel:
+        """Wait until the gateway serves model version ``min_version`` or newer, then fetch it.
+
+        Polls the small ``GET /v1/jobs/{job}`` status (not the model) until the version is
+        there, so a node that follows a root node is asked for the model only once it has
+        caught up.
+        """
+        deadline = time.monotonic() + timeout
+        delay = poll
+        while True:
+            version = int(self.status()["version"])
+            if version >= min_version:
+                model = self.fetch_model()
+                if model.version >= min_version:
+                    return model
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.job}: model version {version} < {min_version} after {timeout}s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def upload(
+        self,
+        round: int,
+        update: Mapping[str, Any] | bytes,
+        num_samples: int,
+        *,
+        not_open_wait: float = 30.0,
+    ) -> UploadReceipt:
+        """Upload this client's full local weights for ``round``.
+
+        ``update`` is a state dict (serialised to safetensors here) or safetensors bytes.
+        The body is streamed in 1 MiB chunks with an exact ``Content-Length``. A 409 saying
+        the round is not open on this node *yet* is retried for up to ``not_open_wait`` s.
+        Raises :class:`StaleRound` on other 409s and :class:`UpdateRejected` on other 4xx.
+        """
+        if isinstance(update, bytes | bytearray | memoryview):
+            data = bytes(update) if not isinstance(update, bytes) else update
+        else:
+            from client.model import state_dict_to_bytes
+
+            data = state_dict_to_bytes(update)
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "X-Client-Id": self.client_id,
+            "X-Sample-Count": str(int(num_samples)),
+            "Content-Length": str(len(data)),
+            "Content-Type": "application/octet-stream",
+        }
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + not_open_wait
+        delay = 0.05
+        while True:
+            try:
+                resp = self._request(
+                    "POST",
+                    f"/v1/jobs/{self.job}/rounds/{int(round)}/updates",
+                    headers=headers,
+                    content=_chunks(data),
+                )
+                break
+            except StaleRound as exc:
+                # The node has not opened the round yet (it follows the root node's
+                # publication); anything else (stale, future, full, duplicate) is final.
+                if exc.error not in NOT_YET_OPEN or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        body = resp.json()
+        log.debug("%s uploaded round %d (%d bytes)", self.client_id, round, len(data))
+        return UploadReceipt(
+            key=str(body.get("key", "")),
+            round=int(body.get("round", round)),
+            client=str(body.get("client", self.client_id)),
+            seconds=time.perf_counter() - t0,
+        )
+
+
+def create_job(
+    gateway_url: str,
+    admin_token: str,
+    job: str,
+    initial_weights: bytes,
+    *,
+    rounds: int,
+    goal: int,
+    clients: list[str],
+    nodes: list[str] | None = None,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> JobCreated:
+    """``POST /v1/jobs``: create ``job`` with ``initial_weights`` (safetensors bytes).
+
+    ``nodes`` (optional) names the node gateways the job spans, the root (this gateway) first.
+    """
+    params = {"job": job, "rounds": str(rounds), "goal": str(goal), "clients": ",".join(clients)}
+    if nodes:
+        params["nodes"] = ",".join(nodes)
+    url = gateway_url.rstrip("/") + "/v1/jobs"
+    with httpx.Client(timeout=timeout, transport=transport) as http:
+        try:
+            resp = http.post(
+                url,
+                params=params,
+                content=initial_weights,
+                headers={
+                    "Authorization": f"Bearer {admin_token}",
+                    "Content-Type": "application/octet-stream",
+                },
+            )
+        except httpx.TransportError as exc:
+            raise GatewayUnavailable(gateway_url, repr(exc)) from exc
+    _raise_for(resp, "POST")
+    body = resp.json()
+    return JobCreated(
+        job=str(body["job"]),
+        round=int(body["round"]),
+        version=int(body["version"]),
+        spec=dict(body.get("spec", {})),
+        tokens={str(k): str(v) for k, v in body["tokens"].items()},
+        plan=dict(body.get("plan") or {}),
+    )

@@ -1,0 +1,268 @@
+"""Client simulator: K real PyTorch clients, R rounds, against one or more node gateways.
+
+Each round every client fetches the global model from its assigned gateway, trains on its own
+non-IID shard, and uploads its full local weights; the simulator then waits until every gateway
+in use serves the next model version and evaluates that global model on the held-out test set.
+Clients run on a thread pool (PyTorch releases the GIL in its kernels; one intra-op thread each).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from client.data import ClientData, FederatedDigits
+from client.model import DigitsCNN, load_bytes_into, state_dict_to_bytes
+from client.sdk import FLClient, StaleRound
+from client.train import TrainConfig, evaluate, train_local
+
+log = logging.getLogger(__name__)
+
+Assignment = Mapping[str, str] | Callable[[str], str]
+EventHook = Callable[[str, dict[str, Any]], None]
+
+
+def round_robin(clients: Sequence[str], gateways: Sequence[str]) -> dict[str, str]:
+    """Static client -> gateway URL map: client i goes to gateway i mod len(gateways)."""
+    if not gateways:
+        raise ValueError("need at least one gateway")
+    return {c: gateways[i % len(gateways)] for i, c in enumerate(clients)}
+
+
+def assignment_from_plan(
+    client_nodes: Mapping[str, str], node_urls: Mapping[str, str]
+) -> dict[str, str]:
+    """Client -> gateway URL from a job plan's ``client_nodes`` and each node's URL."""
+    missing = sorted({n for n in client_nodes.values() if n not in node_urls})
+    if missing:
+        raise ValueError(f"no gateway URL for nodes {missing}")
+    return {c: node_urls[n] for c, n in client_nodes.items()}
+
+
+def control_plane_assignment(
+    control_plane_url: str, job: str, timeout: float = 10.0
+) -> Callable[[str], str]:
+    """Client -> gateway URL from the control plane's ``GET /v1/jobs/{job}/assignment``.
+
+    The answer is ``{job, round, client, node, gateway_url}``; the simulator asks again at the
+    start of every round, so placement changes between rounds are followed.
+    """
+    import httpx
+
+    base = control_plane_url.rstrip("/")
+
+    def resolve(client_id: str) -> str:
+        r = httpx.get(
+            f"{base}/v1/jobs/{job}/assignment", params={"client": client_id}, timeout=timeout
+        )
+        r.raise_for_status()
+        return str(r.json()["gateway_url"])
+
+    return resolve
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    rounds: int = 5
+    train: TrainConfig = field(default_factory=TrainConfig)
+    workers: int = 4
+    seed: int = 0
+    round_timeout: float = 300.0
+    torch_threads: int | None = 1
+
+
+@dataclass(frozen=True)
+class ClientRound:
+    client: str
+    gateway: str
+    round: int
+    num_samples: int
+    train_loss: float
+    train_seconds: float
+    upload_seconds: float
+    accepted: bool  # False when the round had closed (409) before this upload arrived
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int
+    version: int
+    accuracy: float
+    loss: float
+    seconds: float
+    accepted: int
+    late: int
+    mean_train_seconds: float
+    mean_upload_seconds: float
+
+
+class Simulator:
+    """Runs the clients of ``data`` for ``config.rounds`` rounds of job ``job``.
+
+    Parameters
+    ----------
+    job : job name (already created on the gateways).
+    data : the federated split; client ids must have tokens.
+    tokens : client id -> bearer token (from job creation).
+    assignment : client id -> gateway URL, as a mapping (fixed) or a callable (asked again
+        before every round, e.g. :func:`control_plane_assignment`).
+    config : rounds, training and concurrency settings.
+    on_event : optional hook called as ``on_event("upload", {...})`` after each upload (with
+        the uploaded bytes as ``data``) and ``on_event("round", {...})`` after each round (the
+        report's fields plus the global model bytes as ``global_model``), from worker threads.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        data: FederatedDigits,
+        tokens: Mapping[str, str],
+        assignment: Assignment,
+        config: SimulatorConfig | None = None,
+        on_event: EventHook | None = None,
+    ) -> None:
+        self.job = job
+        self.data = data
+        self.config = config or SimulatorConfig()
+        self.on_event = on_event
+        missing = [c.client_id for c in data.clients if c.client_id not in tokens]
+        if missing:
+            raise ValueError(f"no token for clients {missing[:5]}")
+        self._tokens = dict(tokens)
+        self._dynamic = callable(assignment)
+        self._resolve: Callable[[str], str] = (
+            assignment if callable(assignment) else assignment.__getitem__
+        )
+        self.gateway_of: dict[str, str] = {}
+        self.clients: dict[str, FLClient] = {}
+        self._monitors: dict[str, FLClient] = {}
+        self._assign()
+
+    def _assign(self) -> None:
+        """(Re)resolve every client's gateway; clients that moved get a new connection."""
+        for shard in self.data.clients:
+            cid = shard.client_id
+            url = self._resolve(cid)
+            if self.gateway_of.get(cid) != url:
+                if cid in self.clients:
+                    self.clients[cid].close()
+                self.clients[cid] = FLClient(url, self.job, cid, self._tokens[cid])
+                self.gateway_of[cid] = url
+        self._monitors = {
+            url: self.clients[cid] for cid, url in reversed(list(self.gateway_of.items()))
+        }
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+    def __enter__(self) -> Simulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _emit(self, kind: str, info: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, info)
+
+    def _client_round(
+        self, shard: ClientData, round_no: int, index: int, base_version: int
+    ) -> ClientRound:
+        sdk = self.clients[shard.client_id]
+        glob = sdk.wait_for_version(base_version, timeout=self.config.round_timeout)
+        model = load_bytes_into(DigitsCNN(), glob.data)
+        t0 = time.perf_counter()
+        seed = self.config.seed * 1_000_003 + round_no * 10_007 + index
+        res = train_local(model, shard.x, shard.y, self.config.train, seed=seed)
+        t1 = time.perf_counter()
+        accepted = True
+        payload = state_dict_to_bytes(model.state_dict())
+        try:
+            sdk.upload(round_no, payload, res.num_samples)
+        except StaleRound as exc:
+            log.info(
+                "%s: round %d closed before its upload (%s)", shard.client_id, round_no, exc.error
+            )
+            accepted = False
+        t2 = time.perf_counter()
+        out = ClientRound(
+            shard.client_id,
+            self.gateway_of[shard.client_id],
+            round_no,
+            res.num_samples,
+            res.mean_loss,
+            t1 - t0,
+            t2 - t1,
+            accepted,
+        )
+        self._emit(
+            "upload",
+            {
+                "round": round_no,
+                "client": shard.client_id,
+                "accepted": accepted,
+                "gateway": out.gateway,
+                "num_samples": res.num_samples,
+                "data": payload,
+            },
+        )
+        return out
+
+    def _wait_all(self, version: int) -> bytes:
+        data = b""
+        for sdk in self._monitors.values():
+            data = sdk.wait_for_version(version, timeout=self.config.round_timeout).data
+        return data
+
+    def evaluate_bytes(self, weights: bytes) -> tuple[float, float]:
+        """Accuracy and loss of a global model (safetensors bytes) on the test set."""
+        res = evaluate(load_bytes_into(DigitsCNN(), weights), self.data.test_x, self.data.test_y)
+        return res.accuracy, res.loss
+
+    def run(self) -> list[RoundReport]:
+        """Run the rounds; returns one report per round, global-model accuracy included."""
+        if self.config.torch_threads is not None:
+            torch.set_num_threads(self.config.torch_threads)
+        first = next(iter(self._monitors.values())).status()
+        round_no, version = int(first["round"]), int(first["version"])
+        total_rounds = int(first.get("rounds", round_no + self.config.rounds - 1))
+        last = min(total_rounds, round_no + self.config.rounds - 1)
+        reports: list[RoundReport] = []
+        reports_start = round_no
+        with ThreadPoolExecutor(self.config.workers, thread_name_prefix="fl-client") as pool:
+            while round_no <= last:
+                t0 = time.perf_counter()
+                if self._dynamic and round_no > reports_start:
+                    self._assign()  # a placement service may move clients between rounds
+                futs = [
+                    pool.submit(self._client_round, shard, round_no, i, version)
+                    for i, shard in enumerate(self.data.clients)
+                ]
+                results = [f.result() for f in futs]
+                weights = self._wait_all(version + 1)
+                seconds = time.perf_counter() - t0
+                acc, loss = self.evaluate_bytes(weights)
+                ok = [r for r in results if r.accepted]
+                report = RoundReport(
+                    round=round_no,
+                    version=version + 1,
+                    accuracy=acc,
+                    loss=loss,
+                    seconds=seconds,
+                    accepted=len(ok),
+                    late=len(results) - len(ok),
+                    mean_train_seconds=sum(r.train_seconds for r in results) / len(results),
+                    mean_upload_seconds=sum(r.upload_seconds for r in results) / len(results),
+                )
+                log.info("round %d: accuracy %.3f, %.2fs", round_no, acc, seconds)
+                reports.append(report)
+                self._emit("round", {**report.__dict__, "global_model": weights})
+                round_no, version = round_no + 1, version + 1
+        return reports

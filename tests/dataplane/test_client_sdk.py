@@ -1,0 +1,252 @@
+"""FL client SDK (client.sdk): error mapping, ETags, streaming uploads.
+
+Unit tests use an httpx mock transport for the pure request/answer logic; the integration
+tests run the SDK against a real node gateway (``python -m gateway``) with real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client.model import make_model, model_to_bytes
+from client.sdk import (
+    FLClient,
+    GatewayUnavailable,
+    JobNotFound,
+    StaleRound,
+    Unauthorized,
+    UpdateRejected,
+    client_token,
+    create_job,
+)
+from fedfaas.services import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------ unit (mocked)
+def _mock(handler) -> httpx.MockTransport:  # type: ignore[no-untyped-def]
+    return httpx.MockTransport(handler)
+
+
+def test_a_409_becomes_stale_round_carrying_the_servers_json_error() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(409, json={"error": "stale_round", "detail": "open round is 3"})
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    with pytest.raises(StaleRound) as ei:
+        c.upload(2, b"x" * 10, num_samples=5)
+    assert ei.value.status == 409 and ei.value.error == "stale_round"
+    assert ei.value.detail == "open round is 3"
+    assert isinstance(ei.value, UpdateRejected)
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (401, Unauthorized),
+        (403, Unauthorized),
+        (404, JobNotFound),
+        (400, UpdateRejected),
+        (413, UpdateRejected),
+    ],
+)
+def test_each_4xx_maps_to_its_typed_error(status: int, cls: type[UpdateRejected]) -> None:
+    c = FLClient(
+        "http://gw",
+        "job",
+        "c1",
+        "tok",
+        transport=_mock(lambda r: httpx.Response(status, json={"error": "e", "detail": "d"})),
+    )
+    with pytest.raises(cls) as ei:
+        c.status()
+    assert ei.value.status == status and ei.value.error == "e"
+
+
+def test_a_4xx_without_json_still_gives_a_readable_error() -> None:
+    c = FLClient(
+        "http://gw",
+        "job",
+        "c1",
+        "tok",
+        transport=_mock(lambda r: httpx.Response(400, text="plain words")),
+    )
+    with pytest.raises(UpdateRejected) as ei:
+        c.status()
+    assert ei.value.error == "http_400" and "plain words" in ei.value.detail
+
+
+def test_5xx_and_refused_connections_are_gateway_unavailable() -> None:
+    c = FLClient(
+        "http://gw", "job", "c1", "tok", transport=_mock(lambda r: httpx.Response(503, text="busy"))
+    )
+    with pytest.raises(GatewayUnavailable):
+        c.status()
+    dead = FLClient(f"http://127.0.0.1:{free_port()}", "job", "c1", "tok", timeout=2)
+    with pytest.raises(GatewayUnavailable):
+        dead.fetch_model()
+
+
+def test_upload_streams_the_exact_bytes_with_content_length_and_headers() -> None:
+    seen: dict[str, object] = {}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.update(path=req.url.path, headers=dict(req.headers), body=req.read())
+        return httpx.Response(202, json={"key": "ab" * 16, "round": 4, "client": "c1"})
+
+    data = os.urandom(3 * (1 << 20) + 17)
+    c = FLClient("http://gw/", "job", "c1", "tok", transport=_mock(handler))
+    receipt = c.upload(4, data, num_samples=123)
+    headers = seen["headers"]
+    assert isinstance(headers, dict)
+    assert seen["path"] == "/v1/jobs/job/rounds/4/updates"
+    assert seen["body"] == data
+    assert headers["content-length"] == str(len(data))
+    assert "transfer-encoding" not in headers
+    assert headers["authorization"] == "Bearer tok"
+    assert headers["x-client-id"] == "c1" and headers["x-sample-count"] == "123"
+    assert receipt.key == "ab" * 16 and receipt.round == 4
+
+
+def test_round_not_open_yet_is_retried_but_other_409s_are_final() -> None:
+    calls = {"n": 0}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            return httpx.Response(409, json={"error": "round_not_open", "detail": "soon"})
+        return httpx.Response(202, json={"key": "k", "round": 1, "client": "c1"})
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    assert c.upload(1, b"abc", 1).key == "k" and calls["n"] == 3
+    calls["n"] = -100
+    with pytest.raises(StaleRound):
+        c.upload(1, b"abc", 1, not_open_wait=0.2)
+
+
+def test_fetch_model_sends_if_none_match_and_reuses_the_cache_on_304() -> None:
+    sent: list[str | None] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        sent.append(req.headers.get("if-none-match"))
+        if req.headers.get("if-none-match") == '"v3"':
+            return httpx.Response(304, headers={"ETag": '"v3"', "X-Model-Version": "3"})
+        return httpx.Response(
+            200, content=b"weights", headers={"ETag": '"v3"', "X-Model-Version": "3"}
+        )
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    first, second = c.fetch_model(), c.fetch_model()
+    assert sent == [None, '"v3"']
+    assert first.changed and not second.changed
+    assert second.data == b"weights" and second.version == 3
+
+
+def test_client_token_is_hmac_sha256_of_job_slash_client() -> None:
+    import hashlib
+    import hmac
+
+    want = hmac.new(b"s3cret", b"digits/client-001", hashlib.sha256).hexdigest()
+    assert client_token("s3cret", "digits", "client-001") == want
+
+
+# ------------------------------------------------------------------------------ real gateway
+@pytest.fixture()
+def gateway(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, str]]:
+    """One real node gateway subprocess with one local aggregator process; yields (url, admin)."""
+    state = tmp_path / "gw"
+    state.mkdir()
+    admin = os.urandom(16).hex()
+    (state / "admin-secret").write_text(admin + "\n")
+    os.chmod(state / "admin-secret", 0o600)
+    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    port = free_port()
+    log = open(tmp_path / "gateway.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--node",
+            "n1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state),
+            "--redis",
+            redis_url,
+            "--shm-root",
+            str(shm),
+            "--no-ebpf",
+            "--spawn-aggregators",
+            "2",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        from fedfaas.demo import wait_http
+
+        wait_http(f"{url}/healthz", 60)
+        yield url, admin
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_sdk_against_the_real_gateway_reports_each_rejection_precisely(
+    gateway: tuple[str, str],
+) -> None:
+    url, admin = gateway
+    weights = model_to_bytes(make_model(0))
+    with pytest.raises(Unauthorized):
+        create_job(url, "wrong", "sdk", weights, rounds=2, goal=2, clients=["c0", "c1"])
+    job = create_job(url, admin, "sdk", weights, rounds=2, goal=2, clients=["c0", "c1"])
+    assert job.round == 1 and job.version == 0
+    assert job.tokens["c0"] == client_token(admin, "sdk", "c0")
+
+    c0 = FLClient(url, "sdk", "c0", job.tokens["c0"])
+    model = c0.fetch_model()
+    assert model.version == 0 and model.data == weights and model.changed
+    assert not c0.fetch_model().changed  # 304 on the same ETag
+
+    with pytest.raises(Unauthorized):
+        FLClient(url, "sdk", "c0", job.tokens["c1"]).upload(1, weights, 10)
+    with pytest.raises(StaleRound) as future:
+        c0.upload(2, weights, 10, not_open_wait=0)
+    assert future.value.error == "future_round"
+    with pytest.raises(UpdateRejected) as bad:
+        c0.upload(1, b"not safetensors at all", 10)
+    assert 400 <= bad.value.status < 500 and bad.value.detail
+    with pytest.raises(JobNotFound):
+        FLClient(url, "nope", "c0", job.tokens["c0"]).status()
+
+    assert c0.upload(1, weights, 10).round == 1
+    with pytest.raises(StaleRound) as dup:
+        c0.upload(1, weights, 10)
+    assert dup.value.error == "duplicate_client"
+    assert c0.status()["received"] == 1
+
+    c1 = FLClient(url, "sdk", "c1", job.tokens["c1"])
+    c1.upload(1, weights, 30)
+    new = c1.wait_for_version(1, timeout=60)
+    assert new.version == 1 and new.changed
+    assert json.loads(new.data[8 : 8 + int.from_bytes(new.data[:8], "little")])
