@@ -1,0 +1,53 @@
+"""LIFL control plane: placement, hierarchy planning, aggregator reuse, coordinator, scaling.
+
+Pure algorithms (no I/O): :func:`place`, :func:`residual_capacity`, :func:`plan_hierarchy`,
+:func:`replan`, :func:`diff_plans`, :class:`QueueEstimator`, :func:`assign_replicas`,
+:func:`simulate_round`, :func:`find_knee`. Services: :class:`Coordinator`, :class:`Provider`,
+:func:`calibrate` / :func:`measure_gateway`, and ``python -m control_plane`` (the HTTP API).
+"""
+
+from control_plane.calibrate import Calibration, calibrate, find_knee, measure_gateway
+from control_plane.coordinator import Coordinator
+from control_plane.errors import ControlPlaneError
+from control_plane.jobs import JobSpec
+from control_plane.placement import POLICIES, Placement, place, residual_capacity
+from control_plane.planning import (
+    Plan,
+    PlanDiff,
+    QueueEstimator,
+    diff_plans,
+    plan_hierarchy,
+    replan,
+)
+from control_plane.provider import FunctionStatus, Provider
+from control_plane.reuse import AggregatorState, ReplicaAssignment, ReplicaState, assign_replicas
+from control_plane.simulate import CostModel, Variant, simulate_round
+
+__all__ = [
+    "POLICIES",
+    "AggregatorState",
+    "Calibration",
+    "ControlPlaneError",
+    "Coordinator",
+    "CostModel",
+    "FunctionStatus",
+    "JobSpec",
+    "Placement",
+    "Plan",
+    "PlanDiff",
+    "Provider",
+    "QueueEstimator",
+    "ReplicaAssignment",
+    "ReplicaState",
+    "Variant",
+    "assign_replicas",
+    "calibrate",
+    "diff_plans",
+    "find_knee",
+    "measure_gateway",
+    "place",
+    "plan_hierarchy",
+    "replan",
+    "residual_capacity",
+    "simulate_round",
+]

@@ -1,0 +1,233 @@
+"""HTTP API of the coordinator (FastAPI). Errors answer ``{"error", "detail"}`` with a 4xx/5xx.
+
+Routes:
+
+* ``GET  /healthz``
+* ``GET  /v1/nodes``: node health and capacity
+* ``POST /v1/jobs``: create a job (JSON :class:`JobIn`), opens round 1
+* ``GET  /v1/jobs/{job}``, ``DELETE /v1/jobs/{job}``
+* ``POST /v1/jobs/{job}/rounds``: open the next round (when ``auto_rounds`` is off)
+* ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
+* ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url}``
+* ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from control_plane.coordinator import Coordinator
+from control_plane.errors import ControlPlaneError, InvalidInput, RoundStateError
+from control_plane.gateways import plan_to_slots
+from control_plane.jobs import JobSpec, round_view
+from control_plane.provider import Provider, read_basic_auth
+from control_plane.settings import ControlPlaneSettings
+from control_plane.store import MemoryStore, RedisStore, StateStore
+
+log = logging.getLogger(__name__)
+
+NAME = r"^[a-z0-9][a-z0-9-]{0,39}$"
+
+
+class JobIn(BaseModel):
+    """Body of ``POST /v1/jobs``. ``clients`` is a list of ids or a count (ids c0..c{n-1})."""
+
+    job: str = Field(pattern=NAME)
+    rounds: int = Field(ge=1, le=1_000_000)
+    goal: int = Field(ge=1, le=1_000_000)
+    clients: list[str] | int
+    overprovision: float = Field(1.3, ge=1.0, le=10.0)
+    deadline_s: float = Field(600.0, gt=0, le=86400)
+    policy: str = "bestfit"
+    per_leaf: int = Field(2, ge=1, le=1000)
+    size: float = Field(1.0, gt=0)
+    weights_b64: str | None = Field(
+        None,
+        description="initial weights (safetensors, base64) for gateways that need them; "
+        "omit to attach to a job already created on the root gateway",
+    )
+
+
+def _coordinator(request: Request) -> Coordinator:
+    coord: Coordinator = request.app.state.coordinator
+    return coord
+
+
+CoordDep = Annotated[Coordinator, Depends(_coordinator)]
+
+
+def create_app(
+    settings: ControlPlaneSettings | None = None, coordinator: Coordinator | None = None
+) -> FastAPI:
+    """Build the app; the coordinator (and its control loop) is attached in ``lifespan``."""
+    settings = settings or ControlPlaneSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        coord = coordinator or _build(settings)
+        await coord.start()
+        app.state.coordinator = coord
+        loop = asyncio.create_task(coord.run(settings.tick_s)) if settings.tick_s > 0 else None
+        try:
+            yield
+        finally:
+            if loop is not None:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+            await coord.stop()
+
+    app = FastAPI(title="FedFaaS control plane", lifespan=lifespan)
+
+    @app.exception_handler(ControlPlaneError)
+    async def cp_error(request: Request, exc: ControlPlaneError) -> JSONResponse:
+        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+            parts.append(f"{loc}: {e.get('msg')}")
+        return JSONResponse(
+            {"error": "invalid_request", "detail": "; ".join(parts)}, status_code=422
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness."""
+        return {"status": "ok"}
+
+    @app.get("/v1/nodes")
+    async def nodes(coord: CoordDep) -> dict[str, Any]:
+        """Node health, capacity and queue estimate."""
+        est = coord.queues.estimates
+        return {
+            "nodes": [
+                {
+                    "name": h.name,
+                    "url": h.url,
+                    "healthy": h.healthy,
+                    "mc": h.mc,
+                    "queue_estimate": est.get(h.name, 0.0),
+                    "failures": h.failures,
+                }
+                for h in coord.nodes.values()
+            ],
+            "autoscale": {
+                "function": coord.function,
+                "replicas": coord.last_scale,
+                "error": coord.scale_error,
+            },
+        }
+
+    @app.post("/v1/jobs", status_code=201)
+    async def create_job(body: JobIn, coord: CoordDep) -> dict[str, Any]:
+        """Create a job on every healthy gateway and open its first round."""
+        if isinstance(body.clients, int):
+            if not 1 <= body.clients <= 1_000_000:
+                raise InvalidInput("clients, as a count, must be in [1, 1000000]")
+            clients = [f"c{i}" for i in range(body.clients)]
+        else:
+            clients = body.clients
+        weights = b""
+        if body.weights_b64:
+            try:
+                weights = base64.b64decode(body.weights_b64, validate=True)
+            except binascii.Error as exc:
+                raise InvalidInput(f"weights_b64 is not valid base64: {exc}") from None
+        spec = JobSpec(
+            body.job,
+            body.rounds,
+            body.goal,
+            clients,
+            body.overprovision,
+            body.deadline_s,
+            body.policy,
+            body.per_leaf,
+            body.size,
+        )
+        await coord.create_job(spec, initial_weights=weights)
+        return coord.job_view(body.job)
+
+    @app.get("/v1/jobs/{job}")
+    async def get_job(job: str, coord: CoordDep) -> dict[str, Any]:
+        """Job and current round."""
+        return coord.job_view(job)
+
+    @app.delete("/v1/jobs/{job}", status_code=204)
+    async def delete_job(job: str, coord: CoordDep) -> None:
+        """Forget the job."""
+        await coord.delete_job(job)
+
+    @app.post("/v1/jobs/{job}/rounds", status_code=201)
+    async def open_round(job: str, coord: CoordDep) -> dict[str, Any]:
+        """Open the next round."""
+        return round_view(await coord.open_round(job))
+
+    @app.post("/v1/jobs/{job}/rounds/{number}/close")
+    async def close_round(job: str, number: int, coord: CoordDep) -> dict[str, Any]:
+        """Close the open round now (it must be round ``number``)."""
+        cur = coord.job(job).current
+        if cur is None or cur.number != number or cur.state not in ("open", "aggregating"):
+            raise RoundStateError(f"round {number} of {job!r} is not the open round")
+        return round_view(await coord.close_round(job))
+
+    @app.get("/v1/jobs/{job}/assignment")
+    async def assignment(
+        job: str,
+        coord: CoordDep,
+        client: Annotated[str, Query(min_length=1, max_length=256)],
+    ) -> dict[str, Any]:
+        """Which node gateway a client uploads its update to."""
+        number, node, url = coord.assignment(job, client)
+        return {"job": job, "round": number, "client": client, "node": node, "gateway_url": url}
+
+    @app.get("/v1/jobs/{job}/plan")
+    async def plan(job: str, coord: CoordDep) -> dict[str, Any]:
+        """The open round's hierarchy as the gateway slot table."""
+        state = coord.job(job)
+        p = coord.plans.get(job)
+        if p is None or state.current is None:
+            raise RoundStateError(f"job {job!r} has no open round, so no plan")
+        return plan_to_slots(p)
+
+    return app
+
+
+def _build(settings: ControlPlaneSettings) -> Coordinator:
+    store: StateStore = RedisStore(settings.redis_url) if settings.redis_url else MemoryStore()
+    provider = None
+    if settings.provider_url:
+        auth = read_basic_auth(settings.provider_auth_dir) if settings.provider_auth_dir else None
+        provider = Provider(settings.provider_url, auth)
+    token = None
+    if settings.admin_token_file is not None:
+        try:
+            token = settings.admin_token_file.read_text().strip()
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot read admin token file {settings.admin_token_file}: {exc}"
+            ) from exc
+    return Coordinator(
+        settings.gateway_map(),
+        mc=settings.mc,
+        store=store,
+        provider=provider,
+        function=settings.function,
+        alpha=settings.alpha,
+        health_failures=settings.health_failures,
+        admin_token=token,
+    )

@@ -1,0 +1,505 @@
+"""The LIFL coordinator: jobs, rounds, client -> node assignment, node health, autoscaling.
+
+One :class:`Coordinator` drives any number of node gateways over HTTP. Its pure decisions
+come from :mod:`~control_plane.placement`, :mod:`~control_plane.planning` and
+:mod:`~control_plane.reuse`; this module only keeps state and talks to the outside.
+
+Round lifecycle: ``open`` (clients selected: ``ceil(goal * overprovision)`` of the job's
+pool, seeded by job and round; placed on healthy nodes; hierarchy planned; plan sent to the
+gateways; aggregator function scaled) -> ``aggregating`` once the healthy gateways report
+``goal`` accepted updates (only with gateways that report a model version; assignments now
+answer 409) -> ``closed`` when a gateway reports the round's model published (or at goal,
+for gateways without versions), or ``expired`` at the deadline. The gateways reject the
+round's late updates (their stale-round / round-full checks). With ``auto_rounds`` the next
+round opens until ``rounds`` are done.
+
+Node health: a gateway failing ``health_failures`` consecutive ``/healthz`` probes is taken
+out of placement; the clients of open rounds placed on it are placed again on the others,
+the updates it had accepted are written off, the plan is re-planned (:func:`replan`) and
+the round completes from the updates that reach the other nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from control_plane.errors import (
+    ClientNotSelected,
+    ControlPlaneError,
+    GatewayError,
+    InvalidInput,
+    JobExists,
+    NoHealthyNodes,
+    RoundStateError,
+    UnknownJob,
+)
+from control_plane.gateways import GatewayClient, plan_to_slots
+from control_plane.jobs import (
+    JobSpec,
+    JobState,
+    NodeHealth,
+    RoundInfo,
+    delivered_per_leaf,
+    job_from_json,
+    job_to_json,
+    round_view,
+    seed_of,
+)
+from control_plane.placement import place
+from control_plane.planning import Plan, QueueEstimator, plan_hierarchy, replan
+from control_plane.provider import Provider
+from control_plane.store import MemoryStore, StateStore
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """Keeps jobs and rounds, answers assignments, tracks nodes, scales aggregators.
+
+    Parameters
+    ----------
+    gateways
+        Node name -> gateway base URL.
+    mc
+        Maximum service capacity per node (one number for all, or per node name).
+    store
+        Where job state lives (default: memory).
+    provider
+        Provider API client used to scale ``function`` (None: no autoscaling).
+    clock
+        Wall clock in seconds (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        gateways: Mapping[str, str],
+        *,
+        mc: float | Mapping[str, float] = 20.0,
+        store: StateStore | None = None,
+        provider: Provider | None = None,
+        function: str = "aggregator",
+        alpha: float = 0.7,
+        health_failures: int = 2,
+        auto_rounds: bool = True,
+        admin_token: str | None = None,
+        job_ready_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not gateways:
+            raise InvalidInput("at least one node gateway is needed (--gateways node1=http://...)")
+        self.nodes = {
+            n: NodeHealth(n, u, float(mc if isinstance(mc, int | float) else mc.get(n, 20.0)))
+            for n, u in sorted(gateways.items())
+        }
+        self.clients = {n: GatewayClient(n, h.url) for n, h in self.nodes.items()}
+        self.store = store or MemoryStore()
+        self.provider = provider
+        self.function = function
+        self.queues = QueueEstimator(alpha)
+        self.health_failures = health_failures
+        self.auto_rounds = auto_rounds
+        self.admin_token = admin_token
+        self.job_ready_timeout = job_ready_timeout
+        self.clock = clock
+        self.jobs: dict[str, JobState] = {}
+        self.plans: dict[str, Plan] = {}
+        self.last_scale: int | None = None
+        self.scale_error: str | None = None
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load persisted jobs (their plans are re-planned from the stored assignment)."""
+        for name, raw in (await self.store.load_all()).items():
+            try:
+                job = job_from_json(raw)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("skipping unreadable stored job %s: %s", name, exc)
+                continue
+            self.jobs[name] = job
+            if job.current is not None:
+                self.plans[name] = self._plan_for(job, job.current)
+        log.info("coordinator up: %d nodes, %d jobs loaded", len(self.nodes), len(self.jobs))
+
+    async def stop(self) -> None:
+        """Close connections."""
+        for c in self.clients.values():
+            await c.aclose()
+        if self.provider is not None:
+            await self.provider.aclose()
+        await self.store.aclose()
+
+    def healthy_nodes(self) -> list[str]:
+        """Names of nodes in placement, sorted."""
+        return [n for n, h in self.nodes.items() if h.healthy]
+
+    def job(self, name: str) -> JobState:
+        """The job or :class:`UnknownJob`."""
+        try:
+            return self.jobs[name]
+        except KeyError:
+            raise UnknownJob(name) from None
+
+    # ------------------------------------------------------------------ jobs and rounds
+    async def create_job(
+        self, spec: JobSpec, *, initial_weights: bytes = b"", open_first_round: bool = True
+    ) -> JobState:
+        """Validate, create the job on the gateways, and (by default) open round 1.
+
+        The job is created on the nodes its first round is placed on, busiest first (the
+        root, :meth:`_job_span`), with ``initial_weights`` and the admin token, then on the
+        others (a gateway that learns jobs from its journal answers "create it on the root",
+        which is fine). A job that already exists on a gateway is attached to.
+        """
+        spec.validate()
+        async with self._lock:
+            if spec.name in self.jobs:
+                raise JobExists(spec.name)
+            nodes = self.healthy_nodes()
+            if not nodes:
+                raise NoHealthyNodes()
+            job = JobState(spec)
+            span = self._job_span(spec, nodes)
+            # root first (it must hold the job before the others hear of it), then the rest
+            for n in [*span, *(x for x in nodes if x not in span)]:
+                outcome, answer = await self.clients[n].create_job(
+                    spec.name,
+                    spec.rounds,
+                    spec.goal,
+                    spec.clients,
+                    nodes=span,
+                    body=initial_weights,
+                    admin_token=self.admin_token,
+                )
+                plan = answer.get("plan")
+                if outcome == "created" and isinstance(plan, dict):
+                    job.gateway_slots = len(plan.get("slots") or ())
+                    cn = plan.get("client_nodes")
+                    if isinstance(cn, dict) and cn:
+                        job.gateway_client_nodes = {str(k): str(v) for k, v in cn.items()}
+                log.info("job %s on %s: %s", spec.name, n, outcome)
+            await self._wait_known(spec.name, span)
+            self.jobs[spec.name] = job
+            if open_first_round:
+                await self._open_round(job)
+            await self._save(job)
+            return job
+
+    async def delete_job(self, name: str) -> None:
+        """Forget a job (the gateways keep their own copy until they expire it)."""
+        async with self._lock:
+            self.job(name)
+            self.jobs.pop(name)
+            self.plans.pop(name, None)
+            await self.store.delete(name)
+
+    async def open_round(self, name: str) -> RoundInfo:
+        """Open the job's next round; 409 while one is open or when all rounds are done."""
+        async with self._lock:
+            job = self.job(name)
+            rnd = await self._open_round(job)
+            await self._save(job)
+            return rnd
+
+    async def _open_round(self, job: JobState) -> RoundInfo:
+        if job.current is not None and job.current.state in ("open", "aggregating"):
+            raise RoundStateError(f"round {job.current.number} of {job.spec.name!r} is still open")
+        if job.done:
+            raise RoundStateError(f"job {job.spec.name!r} finished all {job.spec.rounds} rounds")
+        nodes = self.healthy_nodes()
+        if not nodes:
+            raise NoHealthyNodes()
+        spec, number = job.spec, job.completed + 1
+        want = min(len(spec.clients), math.ceil(spec.goal * spec.overprovision - 1e-9))
+        rng = random.Random(seed_of(spec.name, number))
+        selected = sorted(rng.sample(spec.clients, want))
+        assignment = self._place(spec, selected, nodes, {})
+        now = self.clock()
+        rnd = RoundInfo(number, "open", spec.goal, selected, assignment, now, now + spec.deadline_s)
+        job.current = rnd
+        plan = self._plan_for(job, rnd)
+        self.plans[spec.name] = plan
+        rnd.plan_version = plan.version
+        await self._publish(job, rnd, plan)
+        log.info(
+            "job %s round %d open: %d clients on %d nodes",
+            spec.name,
+            number,
+            want,
+            len(set(assignment.values())),
+        )
+        return rnd
+
+    async def _wait_known(self, name: str, nodes: list[str]) -> None:
+        """Wait until every gateway of the job's span knows it (others learn it from the root's
+        journal a moment later), so no client is sent to a gateway that answers 404."""
+        deadline = self.clock() + self.job_ready_timeout
+        for n in nodes:
+            while not await self.clients[n].has_job(name):
+                if self.clock() > deadline:
+                    raise GatewayError(
+                        n, f"job {name!r} not known there {self.job_ready_timeout}s after creation"
+                    )
+                await asyncio.sleep(0.02)
+
+    def _job_span(self, spec: JobSpec, nodes: list[str]) -> list[str]:
+        """Nodes a round's expected clients are placed on, the busiest first (the job's root).
+
+        Gateways that keep a static plan spread a job evenly over the nodes it is created
+        with, so handing them only these nodes keeps the placement's locality.
+        """
+        want = min(len(spec.clients), math.ceil(spec.goal * spec.overprovision - 1e-9))
+        counts = self._place_counts(spec, want, nodes)
+        used = [n for n in nodes if counts.get(n, 0) > 0]
+        return sorted(used, key=lambda n: (-counts[n], nodes.index(n))) or nodes[:1]
+
+    def _place_counts(self, spec: JobSpec, n_clients: int, nodes: list[str]) -> dict[str, int]:
+        fake = [f"#{i}" for i in range(n_clients)]
+        out: dict[str, int] = {}
+        for node in self._place(spec, fake, nodes, {}).values():
+            out[node] = out.get(node, 0) + 1
+        return out
+
+    def _place(
+        self, spec: JobSpec, clients: list[str], nodes: list[str], already: Mapping[str, str]
+    ) -> dict[str, str]:
+        est = self.queues.estimates
+        used = {n: 0.0 for n in nodes}
+        for node in already.values():
+            if node in used:
+                used[node] += spec.size
+        residual = [self.nodes[n].mc - est.get(n, 0.0) - used[n] for n in nodes]
+        queue = [est.get(n, 0.0) + used[n] for n in nodes]
+        pl = place(np.full(len(clients), spec.size), residual, spec.policy, queue=queue)
+        if pl.overflowed.size:
+            log.warning(
+                "job %s: %d clients placed beyond node capacity", spec.name, pl.overflowed.size
+            )
+        out = dict(already)
+        out.update({c: nodes[int(i)] for c, i in zip(clients, pl.assignment, strict=True)})
+        return out
+
+    def _plan_for(self, job: JobState, rnd: RoundInfo) -> Plan:
+        counts: dict[str, int] = {}
+        for node in rnd.assignment.values():
+            counts[node] = counts.get(node, 0) + 1
+        return plan_hierarchy(
+            dict(sorted(counts.items())), job.spec.per_leaf, version=rnd.plan_version
+        )
+
+    async def _publish(self, job: JobState, rnd: RoundInfo, plan: Plan) -> None:
+        """Send the slot table to the gateways and scale the aggregator function.
+
+        Gateways that do not take plans keep their own static plan; then the assignment must
+        follow their client -> node table or they reject uploads as "wrong node".
+        """
+        slots = plan_to_slots(plan, rnd.assignment)
+        taken = 0
+        for n in self.healthy_nodes():
+            try:
+                taken += await self.clients[n].put_plan(job.spec.name, rnd.number, slots)
+            except ControlPlaneError as exc:
+                log.warning("plan for %s not delivered to %s: %s", job.spec.name, n, exc.detail)
+        if not taken and job.gateway_client_nodes:
+            healthy = set(self.healthy_nodes())
+            rnd.assignment = {
+                c: (
+                    job.gateway_client_nodes.get(c, n)
+                    if job.gateway_client_nodes.get(c) in healthy
+                    else n
+                )
+                for c, n in rnd.assignment.items()
+            }
+            rnd.placement = "gateway-static"
+            self.plans[job.spec.name] = self._plan_for(job, rnd)
+        await self._autoscale()
+
+    async def _autoscale(self) -> None:
+        """With reuse, middles and tops are promoted leaves: the replicas needed are the leaves."""
+        if self.provider is None:
+            return
+        leaves = sum(len(n.leaf_goals) for p in self.plans.values() for n in p.nodes)
+        want = max(1, leaves)
+        if want == self.last_scale:
+            return
+        try:
+            await self.provider.scale(self.function, want)
+            self.last_scale, self.scale_error = want, None
+        except ControlPlaneError as exc:
+            self.scale_error = exc.detail
+            log.warning("autoscale of %s to %d failed: %s", self.function, want, exc.detail)
+
+    def assignment(self, name: str, client: str) -> tuple[int, str, str]:
+        """``(round, node, gateway_url)`` for a client of the open round."""
+        job = self.job(name)
+        rnd = job.current
+        if rnd is None or rnd.state != "open":
+            raise ClientNotSelected(name, client, None)
+        node = rnd.assignment.get(client)
+        if node is None:
+            raise ClientNotSelected(name, client, rnd.number)
+        return rnd.number, node, self.nodes[node].url
+
+    async def close_round(self, name: str, state: str = "closed") -> RoundInfo:
+        """Close the open round (``closed`` at goal, ``expired`` at the deadline)."""
+        async with self._lock:
+            job = self.job(name)
+            rnd = await self._close(job, state)
+            await self._save(job)
+            return rnd
+
+    async def _close(self, job: JobState, state: str) -> RoundInfo:
+        rnd = job.current
+        if rnd is None or rnd.state not in ("open", "aggregating"):
+            raise RoundStateError(f"job {job.spec.name!r} has no open round to close")
+        rnd.state, rnd.closed_at = state, self.clock()
+        job.completed += 1
+        job.history.append(
+            {
+                "round": rnd.number,
+                "state": state,
+                "received": sum(rnd.received.values()),
+                "lost": rnd.lost,
+                "seconds": rnd.closed_at - rnd.opened_at,
+                "published": rnd.published,
+            }
+        )
+        self.plans.pop(job.spec.name, None)
+        log.info(
+            "job %s round %d %s with %d updates",
+            job.spec.name,
+            rnd.number,
+            state,
+            sum(rnd.received.values()),
+        )
+        if self.auto_rounds and not job.done and self.healthy_nodes():
+            await self._open_round(job)
+        return rnd
+
+    # ------------------------------------------------------------------ periodic work
+    async def tick(self) -> None:
+        """One control period: health probes, progress polls, round closing, re-planning."""
+        await self.check_health()
+        await self.poll()
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every gateway's /healthz; take failing ones out, bring recovered ones back."""
+        results = await asyncio.gather(*(c.healthz() for c in self.clients.values()))
+        async with self._lock:
+            for (name, h), ok in zip(self.nodes.items(), results, strict=True):
+                if ok:
+                    if not h.healthy:
+                        log.info("node %s is back in placement", name)
+                    h.healthy, h.failures = True, 0
+                    continue
+                h.failures += 1
+                if h.healthy and h.failures >= self.health_failures:
+                    h.healthy = False
+                    log.warning("node %s stopped answering /healthz: out of placement", name)
+                    self.queues.forget(name)
+                    await self._evacuate(name)
+        return {n: h.healthy for n, h in self.nodes.items()}
+
+    async def _evacuate(self, dead: str) -> None:
+        nodes = self.healthy_nodes()
+        for job in self.jobs.values():
+            rnd = job.current
+            if rnd is None or rnd.state not in ("open", "aggregating"):
+                continue
+            rnd.lost += rnd.received.pop(dead, 0)
+            if rnd.state == "aggregating" and sum(rnd.received.values()) < rnd.goal:
+                rnd.state = "open"  # updates were lost with the node: take more
+            moved = sorted(c for c, n in rnd.assignment.items() if n == dead)
+            if not nodes:
+                continue
+            keep = {c: n for c, n in rnd.assignment.items() if n != dead}
+            rnd.assignment = self._place(job.spec, moved, nodes, keep)
+            old = self.plans.get(job.spec.name) or self._plan_for(job, rnd)
+            counts: dict[str, int] = {}
+            for n in rnd.assignment.values():
+                counts[n] = counts.get(n, 0) + 1
+            delivered = delivered_per_leaf(old, rnd.received)
+            plan = replan(old, counts, delivered)
+            self.plans[job.spec.name] = plan
+            rnd.plan_version = plan.version
+            await self._publish(job, rnd, plan)
+            await self._save(job)
+            log.info(
+                "job %s round %d: %d clients moved off %s",
+                job.spec.name,
+                rnd.number,
+                len(moved),
+                dead,
+            )
+
+    async def poll(self) -> None:
+        """Read each healthy gateway's job status; close rounds at goal or deadline."""
+        for job in list(self.jobs.values()):
+            rnd = job.current
+            if rnd is None or rnd.state not in ("open", "aggregating"):
+                continue
+            queues: dict[str, float] = {}
+            published = False
+            versioned = False
+            for n in self.healthy_nodes():
+                try:
+                    st = await self.clients[n].job_status(job.spec.name)
+                except ControlPlaneError as exc:
+                    log.debug("poll %s: %s", n, exc.detail)
+                    continue
+                queues[n] = st.queue
+                versioned = versioned or st.reports_version
+                if st.round == rnd.number:
+                    rnd.received[n] = st.received
+                # a gateway past this round (or holding its model) published it: goal met
+                published = published or st.round > rnd.number or st.version >= rnd.number
+            self.queues.observe(queues)
+            async with self._lock:
+                if rnd.state not in ("open", "aggregating"):
+                    continue
+                at_goal = sum(rnd.received.values()) >= rnd.goal
+                if published or (at_goal and not versioned):
+                    rnd.published = published
+                    await self._close(job, "closed")
+                elif at_goal and rnd.state == "open":
+                    rnd.state = "aggregating"
+                    log.info("job %s round %d at goal: aggregating", job.spec.name, rnd.number)
+                elif self.clock() >= rnd.deadline_at:
+                    await self._close(job, "expired")
+                await self._save(job)
+
+    async def run(self, interval: float) -> None:
+        """Call :meth:`tick` every ``interval`` seconds until cancelled."""
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # keep the control loop alive; the error is logged
+                log.exception("control tick failed")
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------------ views
+    def job_view(self, name: str) -> dict[str, Any]:
+        """JSON view of a job."""
+        job = self.job(name)
+        rnd = job.current
+        return {
+            "job": name,
+            "rounds": job.spec.rounds,
+            "goal": job.spec.goal,
+            "completed": job.completed,
+            "done": job.done,
+            "policy": job.spec.policy,
+            "round": None if rnd is None else round_view(rnd),
+            "history": job.history,
+        }
+
+    async def _save(self, job: JobState) -> None:
+        await self.store.save(job.spec.name, job_to_json(job))

@@ -1,0 +1,110 @@
+"""Errors of the control plane: one base class, subclasses carry the facts.
+
+Only the HTTP layer (``control_plane.api``) turns them into status codes.
+"""
+
+from __future__ import annotations
+
+
+class ControlPlaneError(Exception):
+    """Base class of every control-plane error.
+
+    Attributes
+    ----------
+    code
+        Short machine-readable code, used as ``error`` in HTTP answers.
+    status
+        The HTTP status the API answers with.
+    """
+
+    code = "control_plane_error"
+    status = 400
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidInput(ControlPlaneError):
+    """An argument is out of range or malformed (sizes, capacities, goals, names)."""
+
+    code = "invalid_input"
+    status = 422
+
+
+class UnknownJob(ControlPlaneError):
+    """The job does not exist on this coordinator."""
+
+    code = "unknown_job"
+    status = 404
+
+    def __init__(self, job: str) -> None:
+        super().__init__(f"job {job!r} does not exist; create it with POST /v1/jobs first")
+        self.job = job
+
+
+class JobExists(ControlPlaneError):
+    """A job of that name already exists."""
+
+    code = "job_exists"
+    status = 409
+
+    def __init__(self, job: str) -> None:
+        super().__init__(f"job {job!r} already exists; pick another name or DELETE it first")
+        self.job = job
+
+
+class ClientNotSelected(ControlPlaneError):
+    """The client is not selected for the job's open round (or there is no open round)."""
+
+    code = "client_not_selected"
+    status = 409
+
+    def __init__(self, job: str, client: str, round_: int | None) -> None:
+        where = f"round {round_}" if round_ is not None else "any open round"
+        super().__init__(
+            f"client {client!r} is not selected for {where} of job {job!r}; "
+            "ask again when the next round opens"
+        )
+        self.job, self.client, self.round = job, client, round_
+
+
+class RoundStateError(ControlPlaneError):
+    """The requested round transition is not allowed in the round's current state."""
+
+    code = "round_state"
+    status = 409
+
+
+class NoHealthyNodes(ControlPlaneError):
+    """Every node gateway is marked down; nothing can be placed."""
+
+    code = "no_healthy_nodes"
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no node gateway answers /healthz; start a gateway or pass --gateways with live URLs"
+        )
+
+
+class GatewayError(ControlPlaneError):
+    """A node gateway answered with an error or could not be reached."""
+
+    code = "gateway_error"
+    status = 502
+
+    def __init__(self, node: str, detail: str) -> None:
+        super().__init__(f"node {node!r}: {detail}")
+        self.node = node
+
+
+class ProviderError(ControlPlaneError):
+    """The OpenFaaS provider API (embedded runtime or gateway) refused or failed a call."""
+
+    code = "provider_error"
+    status = 502
+
+    def __init__(self, detail: str, status_code: int | None = None) -> None:
+        super().__init__(detail)
+        self.status_code = status_code

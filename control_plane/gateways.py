@@ -1,0 +1,221 @@
+"""HTTP client of the node gateways, plus the plan -> gateway slot table conversion.
+
+Only the gateway's public HTTP API is used (``gateway/`` internals are not a contract):
+
+* ``GET  /healthz``
+* ``POST /v1/jobs?job=&rounds=&goal=&clients=`` (clients comma-separated)
+* ``GET  /v1/jobs/{job}`` (job status; read tolerantly, see :class:`GatewayJobStatus`)
+* ``PUT  /v1/jobs/{job}/rounds/{r}/plan`` (proposed: the slot table of :func:`plan_to_slots`;
+  a gateway without it answers 404/405 and keeps its own static plan)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from control_plane.errors import GatewayError
+from control_plane.planning import Plan, leaf_id, middle_id
+
+log = logging.getLogger(__name__)
+
+#: Slot roles as in the sidecar frame's TASK flags (1 leaf, 2 middle, 3 top).
+ROLE_CODE = {"leaf": 1, "middle": 2, "top": 3}
+
+
+@dataclass(frozen=True)
+class GatewayJobStatus:
+    """What the coordinator needs from ``GET /v1/jobs/{job}``.
+
+    Read tolerantly because the gateway's answer may grow: ``round`` (current round),
+    ``received``/``accepted``/``updates`` (updates accepted in that round), ``version``
+    (global model version), ``queue`` (pending updates: ``k * E``).
+    """
+
+    round: int
+    received: int
+    version: int
+    queue: float
+    reports_version: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GatewayJobStatus:
+        def num(*keys: str) -> float:
+            for k in keys:
+                v = data.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    return float(v)
+                if isinstance(v, list):
+                    return float(len(v))
+            return 0.0
+
+        return cls(
+            round=int(num("round", "current_round")),
+            received=int(num("received", "accepted", "updates", "count")),
+            version=int(num("version", "model_version")),
+            queue=num("queue", "queue_length", "pending"),
+            reports_version="version" in data or "model_version" in data,
+        )
+
+
+class GatewayClient:
+    """Async client of one node gateway."""
+
+    def __init__(
+        self,
+        node: str,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        health_timeout: float = 1.0,
+        create_timeout: float = 180.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.node = node
+        self.url = url.rstrip("/")
+        self.health_timeout = health_timeout
+        self.create_timeout = create_timeout
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    async def healthz(self) -> bool:
+        """True when ``GET /healthz`` answers 200 within the health timeout."""
+        try:
+            r = await self._client.get("/healthz", timeout=self.health_timeout)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def create_job(
+        self,
+        job: str,
+        rounds: int,
+        goal: int,
+        clients: Sequence[str],
+        *,
+        nodes: Sequence[str] | None = None,
+        body: bytes = b"",
+        admin_token: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """Create the job on this gateway.
+
+        The real gateway creates a job on its root node (``nodes[0]``) from the initial weights
+        (safetensors ``body``) with the admin bearer token; the other nodes learn it from the
+        journal. Returns ``("created", answer)``, ``("exists", {})`` (409: attach to it) or
+        ``("not_root", {})`` (the gateway says to create it on the root).
+        """
+        params = {
+            "job": job,
+            "rounds": str(rounds),
+            "goal": str(goal),
+            "clients": ",".join(clients),
+        }
+        if nodes:
+            params["nodes"] = ",".join(nodes)
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        # creating a job pre-faults the node's buffer pool: give it time on a busy machine
+        r = await self._request(
+            "POST",
+            "/v1/jobs",
+            params=params,
+            content=body,
+            headers=headers,
+            timeout=self.create_timeout,
+        )
+        if r.status_code == 409:
+            return "exists", {}
+        data: dict[str, Any] = {}
+        try:
+            parsed = r.json()
+            if isinstance(parsed, dict):
+                data = parsed
+        except ValueError:
+            pass
+        if r.status_code >= 300:
+            if data.get("error") == "wrong_node":
+                return "not_root", data
+            raise GatewayError(self.node, f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
+        return "created", data
+
+    async def has_job(self, job: str) -> bool:
+        """True when ``GET /v1/jobs/{job}`` answers 200."""
+        r = await self._request("GET", f"/v1/jobs/{job}")
+        return r.status_code == 200
+
+    async def job_status(self, job: str) -> GatewayJobStatus:
+        """``GET /v1/jobs/{job}``."""
+        r = await self._request("GET", f"/v1/jobs/{job}")
+        if r.status_code != 200:
+            raise GatewayError(self.node, f"GET /v1/jobs/{job} answered {r.status_code}")
+        try:
+            return GatewayJobStatus.from_json(r.json())
+        except ValueError as exc:
+            raise GatewayError(self.node, f"GET /v1/jobs/{job}: not JSON ({exc})") from exc
+
+    async def put_plan(self, job: str, round_: int, slots: Mapping[str, Any]) -> bool:
+        """Send the round's slot table; False when the gateway does not take plans (yet)."""
+        r = await self._request("PUT", f"/v1/jobs/{job}/rounds/{round_}/plan", json=slots)
+        if r.status_code in (404, 405):
+            log.debug("gateway %s does not take plans (HTTP %d)", self.node, r.status_code)
+            return False
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"PUT plan answered {r.status_code}: {r.text[:200]}")
+        return True
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise GatewayError(self.node, f"{method} {self.url}{path}: {exc!r}") from exc
+
+
+def plan_to_slots(plan: Plan, client_nodes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The plan as the gateway's slot table: ``{"slots": [...], "client_nodes": {...}}``.
+
+    Slot ids are positive ints (top = 1, then middles, then leaves, in plan order); ``goal``
+    counts the client updates under a slot (so a middle's goal is its node's updates and the
+    top's the round's), ``role`` is 1 leaf / 2 middle / 3 top, ``parent`` the parent slot id.
+    """
+    if plan.top_node is None:
+        return {"slots": [], "client_nodes": dict(client_nodes or {}), "version": plan.version}
+    ids: dict[str, int] = {"top": 1}
+    slots: list[dict[str, Any]] = [
+        {
+            "id": 1,
+            "node": plan.top_node,
+            "role": ROLE_CODE["top"],
+            "goal": plan.goal,
+            "parent": None,
+        }
+    ]
+    for n in plan.nodes:
+        ids[middle_id(n.node)] = len(ids) + 1
+        slots.append(
+            {
+                "id": ids[middle_id(n.node)],
+                "node": n.node,
+                "role": ROLE_CODE["middle"],
+                "goal": n.expected,
+                "parent": 1,
+            }
+        )
+    for n in plan.nodes:
+        for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True):
+            ids[leaf_id(n.node, k)] = len(ids) + 1
+            slots.append(
+                {
+                    "id": ids[leaf_id(n.node, k)],
+                    "node": n.node,
+                    "role": ROLE_CODE["leaf"],
+                    "goal": g,
+                    "parent": ids[middle_id(n.node)],
+                }
+            )
+    return {"slots": slots, "client_nodes": dict(client_nodes or {}), "version": plan.version}

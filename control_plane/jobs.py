@@ -1,0 +1,177 @@
+"""Job and round state of the coordinator: plain data, JSON views and (de)serialisation."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from control_plane.errors import InvalidInput
+from control_plane.placement import POLICIES
+from control_plane.planning import Plan
+
+#: The node gateways' rules for job names and client ids (kept identical on purpose).
+JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass
+class JobSpec:
+    """What a job asks for (validated by :meth:`validate`)."""
+
+    name: str
+    rounds: int
+    goal: int
+    clients: list[str]
+    overprovision: float = 1.3
+    deadline_s: float = 600.0
+    policy: str = "bestfit"
+    per_leaf: int = 2
+    size: float = 1.0
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidInput` naming the first bad field."""
+        if not JOB_NAME.match(self.name):
+            raise InvalidInput(
+                "job name must be 1-40 characters of a-z, 0-9 and '-', starting with a letter "
+                "or digit (the node gateways' rule)"
+            )
+        if self.rounds < 1:
+            raise InvalidInput("rounds must be >= 1")
+        if self.goal < 1:
+            raise InvalidInput("goal must be >= 1")
+        if len(set(self.clients)) != len(self.clients) or not all(
+            CLIENT_ID.match(c) for c in self.clients
+        ):
+            raise InvalidInput(
+                "clients must be distinct ids of 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'"
+            )
+        if len(self.clients) < self.goal:
+            raise InvalidInput(
+                f"goal {self.goal} needs at least that many clients, got {len(self.clients)}"
+            )
+        if not 1.0 <= self.overprovision <= 10.0:
+            raise InvalidInput(
+                "overprovision must be in [1, 10] (e.g. 1.3 selects 30% more clients)"
+            )
+        if not 0 < self.deadline_s <= 86400:
+            raise InvalidInput("deadline_s must be in (0, 86400]")
+        if self.policy not in POLICIES:
+            raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}")
+        if self.per_leaf < 1:
+            raise InvalidInput("per_leaf must be >= 1")
+        if not (0 < self.size < math.inf):
+            raise InvalidInput("size must be a finite number > 0")
+
+
+@dataclass
+class RoundInfo:
+    """State of one round."""
+
+    number: int
+    state: str  # open | aggregating | closed | expired
+    goal: int
+    selected: list[str]
+    assignment: dict[str, str]
+    opened_at: float
+    deadline_at: float
+    closed_at: float | None = None
+    received: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    plan_version: int = 0
+    placement: str = "coordinator"  # or "gateway-static": the gateways kept their own plan
+    published: bool = False  # a gateway reported the round's model published
+
+
+@dataclass
+class JobState:
+    """A job and its current round."""
+
+    spec: JobSpec
+    completed: int = 0
+    current: RoundInfo | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    #: client -> node of the gateways' own plan, used when they do not take ours
+    gateway_client_nodes: dict[str, str] = field(default_factory=dict)
+    #: aggregator slots (tasks) of the gateways' own plan, when they told us
+    gateway_slots: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.completed >= self.spec.rounds
+
+
+@dataclass
+class NodeHealth:
+    """Health of one node gateway, as the coordinator sees it."""
+
+    name: str
+    url: str
+    mc: float
+    healthy: bool = True
+    failures: int = 0
+
+
+def round_view(rnd: RoundInfo) -> dict[str, Any]:
+    """JSON view of a round (assignment summarised per node)."""
+    per_node: dict[str, int] = {}
+    for n in rnd.assignment.values():
+        per_node[n] = per_node.get(n, 0) + 1
+    return {
+        "number": rnd.number,
+        "state": rnd.state,
+        "goal": rnd.goal,
+        "selected": len(rnd.selected),
+        "clients_per_node": per_node,
+        "received": dict(rnd.received),
+        "lost": rnd.lost,
+        "deadline_at": rnd.deadline_at,
+        "opened_at": rnd.opened_at,
+        "closed_at": rnd.closed_at,
+        "plan_version": rnd.plan_version,
+        "placement": rnd.placement,
+        "published": rnd.published,
+    }
+
+
+def delivered_per_leaf(plan: Plan, received: Mapping[str, int]) -> dict[str, int]:
+    """Updates a node accepted fill its leaves in order (the gateway's intake order)."""
+    out: dict[str, int] = {}
+    for n in plan.nodes:
+        left = min(received.get(n.node, 0), n.expected)
+        for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True):
+            if left <= 0:
+                break
+            out[f"{n.node}:leaf:{k}"] = min(g, left)
+            left -= g
+    return out
+
+
+def seed_of(job: str, number: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{job}/{number}".encode()).digest()[:8], "little")
+
+
+def job_to_json(job: JobState) -> dict[str, Any]:
+    return {
+        "spec": asdict(job.spec),
+        "completed": job.completed,
+        "history": job.history,
+        "current": None if job.current is None else asdict(job.current),
+        "gateway_client_nodes": job.gateway_client_nodes,
+        "gateway_slots": job.gateway_slots,
+    }
+
+
+def job_from_json(raw: Mapping[str, Any]) -> JobState:
+    cur = raw.get("current")
+    return JobState(
+        JobSpec(**raw["spec"]),
+        int(raw["completed"]),
+        None if cur is None else RoundInfo(**cur),
+        list(raw.get("history", [])),
+        dict(raw.get("gateway_client_nodes", {})),
+        int(raw.get("gateway_slots", 0)),
+    )

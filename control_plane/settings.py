@@ -1,0 +1,79 @@
+"""Settings of the coordinator service (env prefix ``FEDFAAS_CONTROL_``; the CLI wins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from control_plane.errors import InvalidInput
+
+
+class ControlPlaneSettings(BaseSettings):
+    """Everything ``python -m control_plane`` reads; every default works on one machine.
+
+    Attributes
+    ----------
+    host, port
+        Where the coordinator API listens (loopback by default).
+    gateways
+        ``node1=http://127.0.0.1:8101,node2=...``: node gateways by node name.
+    redis_url
+        Redis for job state (empty: in memory, lost on restart).
+    provider_url
+        OpenFaaS provider API (embedded runtime or gateway) used to scale ``function``;
+        empty: no autoscaling.
+    provider_auth_dir
+        Folder with ``basic-auth-user`` / ``basic-auth-password`` for ``/system/*``.
+    function
+        Name of the aggregator function to scale.
+    mc
+        Maximum service capacity of each node (updates aggregated concurrently); measure
+        it with :func:`control_plane.calibrate.calibrate`.
+    tick_s
+        Control period: health probes, progress polls, deadline checks.
+    health_failures
+        Consecutive failed ``/healthz`` probes before a node leaves placement.
+    alpha
+        EWMA coefficient of the queue estimate (0.7 in the paper).
+    admin_token_file
+        The gateways' admin secret (their ``<state_dir>/admin-secret``), sent as the bearer
+        token when the coordinator creates jobs on them.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONTROL_")
+
+    host: str = "127.0.0.1"
+    port: int = 8070
+    gateways: str = ""
+    redis_url: str = ""
+    provider_url: str = ""
+    provider_auth_dir: Path | None = None
+    function: str = "aggregator"
+    mc: float = 20.0
+    tick_s: float = 0.5
+    health_failures: int = 2
+    alpha: float = 0.7
+    admin_token_file: Path | None = None
+
+    def gateway_map(self) -> dict[str, str]:
+        """Parse :attr:`gateways` into ``{node: url}``."""
+        return parse_gateways(self.gateways)
+
+
+def parse_gateways(text: str) -> dict[str, str]:
+    """``"n1=http://a,n2=http://b"`` -> ``{"n1": "http://a", "n2": "http://b"}``."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, url = part.partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or not name or ":" in name or not url.startswith(("http://", "https://")):
+            raise InvalidInput(
+                f"bad gateway entry {part!r}: use NAME=http://HOST:PORT (NAME without ':')"
+            )
+        if name in out:
+            raise InvalidInput(f"node {name!r} is listed twice in --gateways")
+        out[name] = url.rstrip("/")
+    if not out:
+        raise InvalidInput("no gateways given: pass --gateways node1=http://127.0.0.1:PORT,...")
+    return out

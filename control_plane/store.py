@@ -1,0 +1,69 @@
+"""Where the coordinator keeps job and round state: in memory, or in Redis (survives restarts).
+
+State is plain JSON (never pickle). One Redis key per job: ``<prefix>job:<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class StateStore(ABC):
+    """Job state persistence: save, load all, delete."""
+
+    @abstractmethod
+    async def save(self, name: str, state: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    async def load_all(self) -> dict[str, dict[str, Any]]: ...
+
+    @abstractmethod
+    async def delete(self, name: str) -> None: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, default: nothing to release
+        """Release connections."""
+
+
+class MemoryStore(StateStore):
+    """Process-local store (state is lost on restart)."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, str] = {}
+
+    async def save(self, name: str, state: dict[str, Any]) -> None:
+        self._data[name] = json.dumps(state)
+
+    async def load_all(self) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(v) for k, v in self._data.items()}
+
+    async def delete(self, name: str) -> None:
+        self._data.pop(name, None)
+
+
+class RedisStore(StateStore):
+    """Redis-backed store (``redis.asyncio``)."""
+
+    def __init__(self, url: str, prefix: str = "fedfaas:control:") -> None:
+        import redis.asyncio as aioredis
+
+        self._r = aioredis.Redis.from_url(url, decode_responses=True)
+        self._prefix = prefix
+
+    async def save(self, name: str, state: dict[str, Any]) -> None:
+        await self._r.set(f"{self._prefix}job:{name}", json.dumps(state))
+
+    async def load_all(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        async for key in self._r.scan_iter(match=f"{self._prefix}job:*"):
+            raw = await self._r.get(key)
+            if raw is not None:
+                out[key[len(self._prefix) + 4 :]] = json.loads(raw)
+        return out
+
+    async def delete(self, name: str) -> None:
+        await self._r.delete(f"{self._prefix}job:{name}")
+
+    async def aclose(self) -> None:
+        await self._r.aclose()

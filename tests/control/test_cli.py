@@ -1,0 +1,63 @@
+"""``python -m control_plane`` as a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedfaas.services import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bad_gateways_argument_exits_2_with_a_clear_message():
+    r = subprocess.run(
+        [sys.executable, "-m", "control_plane", "--gateways", "node1=ftp://x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "NAME=http://HOST:PORT" in r.stderr
+
+
+@pytest.mark.integration
+def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
+    port = free_port()
+    spec = ",".join(f"{g.name}={g.url}" for g in gateways)
+    log = open(tmp_path / "cp.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "control_plane",
+            "--port",
+            str(port),
+            "--gateways",
+            spec,
+            "--mc",
+            "5",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    try:
+        wait_for_port("127.0.0.1", port, 60, proc)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+        r = httpx.post(f"{base}/v1/jobs", json={"job": "cli", "rounds": 1, "goal": 3, "clients": 5})
+        assert r.status_code == 201, r.text
+        nodes = httpx.get(f"{base}/v1/nodes").json()["nodes"]
+        assert [n["name"] for n in nodes] == [g.name for g in gateways]
+        a = httpx.get(f"{base}/v1/jobs/cli/assignment", params={"client": "c0"})
+        assert a.status_code in (200, 409)
+    finally:
+        proc.terminate()
+        proc.wait(20)

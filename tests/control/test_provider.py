@@ -1,0 +1,178 @@
+"""Provider API client: request shapes (unit), then against the real embedded runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from control_plane.coordinator import Coordinator
+from control_plane.errors import InvalidInput, ProviderError
+from control_plane.jobs import JobSpec
+from control_plane.provider import Provider, read_basic_auth
+from fedfaas.services import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_request_shapes_of_scale_and_describe_with_a_mock_transport():
+    """Unit test of the HTTP requests the client builds (no server involved)."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.startswith("/system/scale-function/"):
+            return httpx.Response(202)
+        return httpx.Response(200, json={"name": "agg", "replicas": 3, "availableReplicas": 2})
+
+    async def go():
+        async with Provider(
+            "http://gw:8080/",
+            ("admin", "pw"),
+            namespace="openfaas-fn",
+            transport=httpx.MockTransport(handler),
+        ) as p:
+            await p.scale("agg", 3)
+            return await p.function("agg")
+
+    st = asyncio.run(go())
+    assert (st.replicas, st.available_replicas) == (3, 2)
+    scale, desc = seen
+    assert scale.method == "POST" and scale.url.path == "/system/scale-function/agg"
+    assert json.loads(scale.content) == {
+        "serviceName": "agg",
+        "replicas": 3,
+        "namespace": "openfaas-fn",
+    }
+    assert scale.headers["authorization"].startswith("Basic ")
+    assert desc.method == "GET" and desc.url.path == "/system/function/agg"
+    assert desc.url.params["namespace"] == "openfaas-fn"
+
+
+def test_scale_to_zero_is_refused_before_any_request():
+    with pytest.raises(InvalidInput, match=">= 1"):
+        asyncio.run(Provider("http://127.0.0.1:9").scale("agg", 0))
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """The real embedded runtime (fedfaas.runtime) with basic auth and the echo function."""
+    d = tmp_path_factory.mktemp("runtime")
+    (d / "auth").mkdir()
+    (d / "auth" / "basic-auth-user").write_text("admin\n")
+    (d / "auth" / "basic-auth-password").write_text("s3cret\n")
+    port = free_port()
+    log = open(d / "runtime.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedfaas.runtime",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--stack",
+            str(ROOT / "stack.yml"),
+            "--state-dir",
+            str(d / "state"),
+            "--auth-dir",
+            str(d / "auth"),
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    try:
+        wait_for_port("127.0.0.1", port, 60, proc)
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.post(
+            f"{url}/system/functions",
+            auth=("admin", "s3cret"),
+            json={"service": "echo", "image": "ghcr.io/fedfaas/echo:0.1.0"},
+        )
+        assert r.status_code == 202, r.text
+        yield url, d / "auth"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def wait_available(url, auth, name, n, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = asyncio.run(_status(url, auth, name))
+        if st.replicas == n and st.available_replicas == n:
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached {n} available replicas")
+
+
+async def _status(url, auth, name):
+    async with Provider(url, auth) as p:
+        return await p.function(name)
+
+
+@pytest.mark.integration
+def test_scale_and_describe_against_the_real_embedded_runtime(runtime):
+    url, auth_dir = runtime
+    auth = read_basic_auth(auth_dir)
+
+    async def scale(n):
+        async with Provider(url, auth) as p:
+            assert await p.healthz()
+            await p.scale("echo", n)
+
+    asyncio.run(scale(2))
+    assert wait_available(url, auth, "echo", 2).name == "echo"
+    asyncio.run(scale(1))
+    wait_available(url, auth, "echo", 1)
+
+
+@pytest.mark.integration
+def test_runtime_errors_become_provider_errors_with_the_status(runtime):
+    url, auth_dir = runtime
+
+    async def go(auth, name):
+        async with Provider(url, auth) as p:
+            await p.scale(name, 1)
+
+    with pytest.raises(ProviderError) as bad_auth:
+        asyncio.run(go(("admin", "wrong"), "echo"))
+    assert bad_auth.value.status_code == 401
+    with pytest.raises(ProviderError) as missing:
+        asyncio.run(go(read_basic_auth(auth_dir), "no-such-function"))
+    assert missing.value.status_code == 404
+
+
+@pytest.mark.integration
+def test_coordinator_scales_the_function_to_the_planned_leaves(runtime, gateways):
+    url, auth_dir = runtime
+    auth = read_basic_auth(auth_dir)
+
+    async def go():
+        coord = Coordinator(
+            {g.name: g.url for g in gateways}, mc=4.0, provider=Provider(url, auth), function="echo"
+        )
+        await coord.start()
+        try:
+            # 4 * 1.3 -> 6 clients; BestFit, MC 4: nodes get 4 and 2 -> 2 + 1 leaves of I=2
+            await coord.create_job(JobSpec("scaled", 1, 4, [f"c{i}" for i in range(8)]))
+            return coord.last_scale, coord.scale_error
+        finally:
+            await coord.stop()
+
+    assert asyncio.run(go()) == (3, None)
+    wait_available(url, auth, "echo", 3)
