@@ -1,0 +1,712 @@
+"""Data-plane benchmark: HTTP ingest into shared memory, FedAvg fold speed, one full round.
+
+Figures, all from one run on this machine (baselines in the same process tree):
+
+- ingest: one 44.8 MB ResNet-18 update over loopback into the store, client in its own process,
+  timed from the first byte sent to the response: the FedFaaS gateway (``python -m gateway``)
+  against raw loopback TCP into an mmap'd /dev/shm buffer and a plain uvicorn+Starlette
+  streaming upload into a buffer;
+- aggregation, one core: update bytes folded per second by ``fedfaas.fedavg`` (numpy blocked
+  axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
+  plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
+- round: 20 ResNet-18-sized updates from 20 concurrent client processes to one gateway with a
+  local aggregator process: first byte to sealed global model (ACT), pure ingest time (first
+  byte to last update sealed and journaled), and the server's peak memory (gateway plus
+  aggregators: PSS sum, and RSS sum which counts shared pages twice), against a real Flower
+  server and 20 clients on loopback (``bench.flower_baseline``).
+
+Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower]``; writes
+``bench/results/dataplane.{json,md,png}`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+UPDATE_SHAPES_SEED = 0
+
+
+# ----------------------------------------------------------------------------- payloads
+def resnet18_update(seed: int) -> dict[str, np.ndarray]:
+    """A ResNet-18 (10 classes) state dict with random float32 values (BN counters int64)."""
+    from torchvision.models import resnet18
+
+    rng = np.random.default_rng(seed)
+    sd = resnet18(weights=None, num_classes=10).state_dict()
+    return {
+        k: (
+            v.numpy()
+            if v.dtype.is_floating_point is False
+            else rng.standard_normal(tuple(v.shape), dtype=np.float32) * 0.05
+        )
+        for k, v in sd.items()
+    }
+
+
+def _write_bodies(work: Path, n: int) -> list[Path]:
+    from fedfaas import wire
+
+    paths = []
+    for i in range(n):
+        p = work / f"update-{i}.safetensors"
+        p.write_bytes(wire.encode_tensors(resnet18_update(1000 + i)))
+        paths.append(p)
+    return paths
+
+
+# ----------------------------------------------------------------------------- client role
+def _http_post(port: int, path: str, headers: dict[str, str], body: bytes) -> tuple[int, int, int]:
+    """POST over a raw socket; returns (status, t_first_byte_ns, t_response_ns)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    t0 = time.monotonic_ns()
+    s.sendall(head.encode())
+    s.sendall(body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    t1 = time.monotonic_ns()
+    s.close()
+    return int(data.split(b" ")[1]), t0, t1
+
+
+def _tcp_send(port: int, body: bytes) -> tuple[int, int, int]:
+    s = socket.create_connection(("127.0.0.1", port))
+    t0 = time.monotonic_ns()
+    s.sendall(body)
+    ok = s.recv(1)
+    t1 = time.monotonic_ns()
+    s.close()
+    return (200 if ok == b"K" else 0), t0, t1
+
+
+def _client_role(a: argparse.Namespace) -> None:
+    spec = json.loads(Path(a.spec).read_text())
+    out = []
+    bodies = {p: Path(p).read_bytes() for p in {u["body"] for u in spec["uploads"]}}
+    if spec.get("start_at_ns"):
+        while time.monotonic_ns() < spec["start_at_ns"]:
+            time.sleep(0.0005)
+    for u in spec["uploads"]:
+        body = bodies[u["body"]]
+        mode, port = u.get("mode", spec.get("mode")), u.get("port", spec.get("port"))
+        if mode == "tcp":
+            out.append(_tcp_send(port, body))
+        else:
+            out.append(_http_post(port, u["path"], u.get("headers", {}), body))
+    Path(a.out).write_text(json.dumps(out))
+
+
+def _run_clients(work: Path, specs: list[dict[str, Any]]) -> list[list[tuple[int, int, int]]]:
+    procs = []
+    for i, spec in enumerate(specs):
+        sp, op = work / f"client-{i}.json", work / f"client-{i}.out"
+        sp.write_text(json.dumps(spec))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.dataplane",
+                        "--role",
+                        "client",
+                        "--spec",
+                        str(sp),
+                        "--out",
+                        str(op),
+                    ],
+                    cwd=ROOT,
+                ),
+                op,
+            )
+        )
+    results = []
+    for p, op in procs:
+        if p.wait(600) != 0:
+            raise RuntimeError("bench client failed")
+        results.append([tuple(x) for x in json.loads(op.read_text())])
+    return results  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- servers
+def _tcp_server_role(a: argparse.Namespace) -> None:
+    """Raw loopback TCP: recv_into one pre-faulted, mmap'd /dev/shm buffer, answer one byte."""
+    import mmap
+
+    size = int(a.size)
+    path = f"/dev/shm/fedfaas-bench-tcp-{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.posix_fallocate(fd, 0, size)
+    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    os.close(fd)
+    os.unlink(path)
+    view = memoryview(mm)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", int(a.port)))
+    srv.listen(16)
+    print("ready", flush=True)
+    while True:
+        c, _ = srv.accept()
+        got = 0
+        while got < size:
+            n = c.recv_into(view[got:])
+            if not n:
+                break
+            got += n
+        c.sendall(b"K")
+        c.close()
+
+
+STARLETTE_APP = """
+import mmap, os
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+SIZE = int(os.environ["BENCH_SIZE"])
+buf = bytearray(SIZE)
+async def upload(request):
+    pos = 0
+    async for chunk in request.stream():
+        n = len(chunk)
+        buf[pos:pos + n] = chunk
+        pos += n
+    return JSONResponse({"received": pos}, status_code=202)
+app = Starlette(routes=[Route("/upload", upload, methods=["POST"])])
+"""
+
+
+def _start(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    base = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+class _MemSampler(threading.Thread):
+    """Peak PSS and RSS summed over a process and its children."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak_pss, self.peak_rss, self._halt = pid, 0, 0, threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self._halt.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                pss = rss = 0
+                for p in procs:
+                    info = p.memory_full_info()
+                    pss, rss = pss + info.pss, rss + info.rss
+                self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+            except Exception:  # process gone between listing and reading
+                pass
+            self._halt.wait(0.05)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(2)
+
+
+def _gateway(
+    work: Path, redis_url: str, node: str, **extra: Any
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    from fedfaas.services import free_port, wait_for_port
+
+    port = free_port()
+    shm = f"/dev/shm/fedfaas-bench-{os.getpid()}-{node}"
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "--node",
+        node,
+        "--port",
+        str(port),
+        "--state-dir",
+        str(work / f"gw-{node}"),
+        "--redis",
+        redis_url,
+        "--shm-root",
+        shm,
+        "--no-ebpf",
+        "--log-level",
+        "WARNING",
+    ]
+    for k, v in extra.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    p = _start(argv)
+    wait_for_port("127.0.0.1", port, 60, p)
+    secret = (work / f"gw-{node}" / "admin-secret").read_text().strip()
+    return p, port, secret
+
+
+def _create_job(
+    port: int, secret: str, job: str, clients: list[str], goal: int, body: bytes
+) -> dict[str, Any]:
+    import httpx
+
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/jobs",
+        content=body,
+        timeout=120,
+        params={"job": job, "rounds": 1, "goal": goal, "clients": ",".join(clients)},
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+    r.raise_for_status()
+    return dict(r.json())
+
+
+# ----------------------------------------------------------------------------- parts
+def bench_ingest(work: Path, redis_url: str, body_path: Path, reps: int) -> dict[str, Any]:
+    """The three servers run side by side; one client alternates between them, so each
+    rep of each path sees the same machine load."""
+    from fedfaas.services import free_port, wait_for_port
+
+    size = body_path.stat().st_size
+    out: dict[str, Any] = {"update_bytes": size, "reps": reps}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        # FedFaaS gateway: a job whose clients each upload once; the pool holds every object
+        gw, port, secret = _gateway(work, redis_url, "ingest", pool=reps + 2, max_inflight=0)
+        procs.append(gw)
+        clients = [f"i{k}" for k in range(reps)]
+        info = _create_job(port, secret, "ingest", clients, reps, body_path.read_bytes())
+        tport = free_port()
+        procs.append(
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.dataplane",
+                    "--role",
+                    "tcp-server",
+                    "--port",
+                    str(tport),
+                    "--size",
+                    str(size),
+                ]
+            )
+        )
+        (work / "star_app.py").write_text(STARLETTE_APP)
+        uport = free_port()
+        procs.append(
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "star_app:app",
+                    "--port",
+                    str(uport),
+                    "--log-level",
+                    "warning",
+                    "--loop",
+                    "uvloop",
+                    "--http",
+                    "httptools",
+                ],
+                env={"BENCH_SIZE": str(size)},
+                cwd=work,
+            )
+        )
+        wait_for_port("127.0.0.1", tport, 30, procs[1])
+        wait_for_port("127.0.0.1", uport, 30, procs[2])
+        ups: list[dict[str, Any]] = []
+        for c in clients:
+            ups.append(
+                {
+                    "mode": "http",
+                    "port": port,
+                    "body": str(body_path),
+                    "path": "/v1/jobs/ingest/rounds/1/updates",
+                    "headers": {
+                        "Authorization": f"Bearer {info['tokens'][c]}",
+                        "X-Client-Id": c,
+                        "X-Sample-Count": "10",
+                    },
+                }
+            )
+            ups.append({"mode": "tcp", "port": tport, "body": str(body_path)})
+            ups.append({"mode": "http", "port": uport, "body": str(body_path), "path": "/upload"})
+        res = _run_clients(work, [{"uploads": ups}])[0]
+        for i, name in enumerate(("fedfaas", "tcp", "starlette")):
+            mine = res[i::3]
+            assert all(r[0] in (200, 202) for r in mine), (name, mine)
+            out[f"{name}_s"] = [(t1 - t0) / 1e9 for _, t0, t1 in mine]
+    finally:
+        for p in procs:
+            _stop(p)
+    for k in ("fedfaas", "tcp", "starlette"):
+        out[f"{k}_gbps"] = size / float(np.median(out[f"{k}_s"])) / 1e9
+        out[f"{k}_best_gbps"] = size / float(np.min(out[f"{k}_s"])) / 1e9
+    return out
+
+
+def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
+    import torch
+
+    from fedfaas import fedavg, wire
+    from fedfaas.objstore import Namespace
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ups = [resnet18_update(2000 + i) for i in range(n_updates)]
+    spec = wire.ModelSpec.from_safetensors(wire.encode_tensors(ups[0]))
+    weights = [float(10 + i) for i in range(n_updates)]
+    ns = Namespace(
+        Path(f"/dev/shm/fedfaas-bench-agg-{os.getpid()}"),
+        "n",
+        "agg",
+        spec.object_nbytes,
+        pool=n_updates + 1,
+    )
+    out: dict[str, Any] = {"updates": n_updates, "update_bytes": spec.data_nbytes}
+    try:
+        keys = []
+        for u in ups:
+            obj = ns.allocate()
+            wire.decode_into(wire.encode_tensors(u), spec, obj.buf)
+            obj.close()
+            ns.seal(obj.key)
+            keys.append(obj.key)
+        views = [ns.open(k) for k in keys]
+        flats = [wire.flat_view(v.buf, spec) for v in views]
+        best: dict[str, float] = {}
+        for kernel in ("numpy", "torch"):
+            acc_np = np.empty(spec.data_nbytes // 4, np.float32)
+            for _ in range(3):
+                acc = fedavg.Accumulator(acc_np if kernel == "numpy" else torch.from_numpy(acc_np))
+                t = time.perf_counter()
+                for f, w in zip(flats, weights, strict=True):
+                    acc.add(f, w)
+                acc.finalize()
+                best[kernel] = min(best.get(kernel, 9e9), time.perf_counter() - t)
+        plain = [torch.from_numpy(np.array(f)) for f in flats]
+        pa = torch.empty_like(plain[0])
+        for _ in range(3):
+            t = time.perf_counter()
+            torch.mul(plain[0], weights[0], out=pa)
+            for p, w in zip(plain[1:], weights[1:], strict=True):
+                pa.add_(p, alpha=w)
+            pa.div_(sum(weights))
+            best["plain_add"] = min(best.get("plain_add", 9e9), time.perf_counter() - t)
+        try:
+            from flwr.server.strategy.aggregate import aggregate
+
+            nds = [[np.asarray(u[t.name], np.float32) for t in spec.tensors] for u in ups]
+            for _ in range(2):
+                t = time.perf_counter()
+                aggregate(list(zip(nds, [int(w) for w in weights], strict=True)))
+                best["flower"] = min(best.get("flower", 9e9), time.perf_counter() - t)
+        except ImportError:
+            best["flower"] = float("nan")
+        del flats, plain
+        for v in views:
+            v.close()
+    finally:
+        ns.close()
+    total = n_updates * spec.data_nbytes
+    for k, v in best.items():
+        out[f"{k}_s"] = v
+        out[f"{k}_gbps"] = total / v / 1e9
+    return out
+
+
+def bench_round(
+    work: Path, redis_url: str, bodies: list[Path], fanout: int, max_inflight: int
+) -> dict[str, Any]:
+    import httpx
+
+    n = len(bodies)
+    gw, port, secret = _gateway(
+        work,
+        redis_url,
+        f"round{fanout}",
+        fanout=fanout,
+        spawn_aggregators=2,
+        max_inflight=max_inflight,
+    )
+    sampler = _MemSampler(gw.pid)
+    sampler.start()
+    try:
+        clients = [f"c{k}" for k in range(n)]
+        job = f"round-i{fanout}-m{max_inflight}"
+        info = _create_job(port, secret, job, clients, n, bodies[0].read_bytes())
+        time.sleep(3)  # the aggregator process imports and registers
+        mem_idle = sampler.peak_pss
+        start = time.monotonic_ns() + 1_500_000_000
+        specs = [
+            {
+                "mode": "http",
+                "port": port,
+                "start_at_ns": start,
+                "uploads": [
+                    {
+                        "body": str(b),
+                        "path": f"/v1/jobs/{job}/rounds/1/updates",
+                        "headers": {
+                            "Authorization": f"Bearer {info['tokens'][c]}",
+                            "X-Client-Id": c,
+                            "X-Sample-Count": str(100 + k),
+                        },
+                    }
+                ],
+            }
+            for k, (c, b) in enumerate(zip(clients, bodies, strict=True))
+        ]
+        res = [r[0] for r in _run_clients(work, specs)]
+        assert all(r[0] == 202 for r in res), res
+        for _ in range(600):
+            st = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/{job}").json()
+            if st["last_round"] and st["last_round"]["result_ns"]:
+                break
+            time.sleep(0.05)
+        lr = st["last_round"]
+        first = min(r[1] for r in res)
+        last_202 = max(r[2] for r in res)
+        out = {
+            "clients": n,
+            "fanout": fanout,
+            "max_inflight": max_inflight,
+            "act_s": (lr["result_ns"] - first) / 1e9,
+            "ingest_s": (lr["last_update_ns"] - first) / 1e9,
+            "ingest_client_s": (last_202 - first) / 1e9,
+            "published_s": (lr["published_ns"] - first) / 1e9,
+            "server_peak_pss_bytes": sampler.peak_pss,
+            "server_peak_rss_bytes": sampler.peak_rss,
+            "server_idle_pss_bytes": mem_idle,
+            "store": st["store_stats"],
+        }
+        out["act_over_ingest"] = out["act_s"] / out["ingest_s"]
+        return out
+    finally:
+        sampler.stop()
+        _stop(gw)
+
+
+# ----------------------------------------------------------------------------- report
+def _table(r: dict[str, Any]) -> str:
+    ing, agg, fl = r["ingest"], r["aggregation"], r.get("flower")
+    mb = ing["update_bytes"] / 1e6
+    rows = [
+        "| figure | FedFaaS | baseline(s) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| ingest {mb:.1f} MB over loopback HTTP into shm (GB/s, median of {ing['reps']}; best) | "
+        f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
+        f"uvicorn+Starlette {ing['starlette_gbps']:.2f} | {ing['fedfaas_gbps'] / ing['starlette_gbps']:.1f}x Starlette, "
+        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s |",
+        f"| FedAvg fold, 1 core (GB/s of update, {agg['updates']} updates in shm) | numpy/BLAS {agg['numpy_gbps']:.2f}; "
+        f"torch add_ {agg['torch_gbps']:.2f} | plain-tensor add_ {agg['plain_add_gbps']:.2f}; Flower aggregate "
+        f"{agg['flower_gbps']:.2f} | {agg['numpy_gbps'] / agg['flower_gbps']:.1f}x / "
+        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s |",
+    ]
+    for key, label in (("round", "default"), ("round_lean", "lean")):
+        rnd = r.get(key)
+        if not rnd:
+            continue
+        cfg = f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once"
+        rows.append(
+            f"| round ({cfg}), {rnd['clients']} ResNet-18 updates: first byte -> sealed global (s) | "
+            f"{rnd['act_s']:.2f} | "
+            + (
+                f"Flower {fl['first_byte_to_model_s']:.2f} | "
+                f"{fl['first_byte_to_model_s'] / rnd['act_s']:.1f}x faster | >= 3x |"
+                if fl
+                else "(Flower skipped) | | >= 3x |"
+            )
+        )
+        rows.append(
+            f"| round ({cfg}): ACT / pure ingest time | {rnd['act_over_ingest']:.2f} "
+            f"({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 |"
+        )
+        peak = rnd["server_peak_pss_bytes"]
+        rows.append(
+            f"| round ({cfg}): server peak memory, GB (PSS gateway+aggregators; RSS sum "
+            f"{rnd['server_peak_rss_bytes'] / 1e9:.2f}; peak store objects {rnd['store']['peak_objects']}) | "
+            f"{peak / 1e9:.2f} | "
+            + (
+                f"Flower server RSS {fl['server_peak_rss_bytes'] / 1e9:.2f} | "
+                f"{fl['server_peak_rss_bytes'] / peak:.1f}x less | >= 5x |"
+                if fl
+                else "| | >= 5x |"
+            )
+        )
+    m = r["machine"]
+    return (
+        f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} (shared with "
+        f"other work: figures are ratios within one run); update = ResNet-18 (10 classes, 11.18 M values) as "
+        f"safetensors, {mb:.1f} MB; aggregator kernel numpy/BLAS saxpy; userspace router.\n\n"
+        + "\n".join(rows)
+    )
+
+
+def _plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 4, figsize=(18, 4))
+    ing = r["ingest"]
+    ax[0].bar(
+        ["FedFaaS", "raw TCP", "uvicorn+Starlette"],
+        [ing["fedfaas_gbps"], ing["tcp_gbps"], ing["starlette_gbps"]],
+        color=["tab:green", "tab:gray", "tab:red"],
+    )
+    ax[0].axhline(1.5, ls="--", c="k", lw=1)
+    ax[0].set_title("ingest 44.8 MB update (GB/s)")
+    agg = r["aggregation"]
+    ax[1].bar(
+        ["numpy/BLAS", "torch", "plain add_", "Flower"],
+        [agg["numpy_gbps"], agg["torch_gbps"], agg["plain_add_gbps"], agg["flower_gbps"]],
+        color=["tab:green", "tab:green", "tab:gray", "tab:red"],
+    )
+    ax[1].axhline(4, ls="--", c="k", lw=1)
+    ax[1].set_title("FedAvg fold, 1 core (GB/s)")
+    rnd, fl = r["round"], r.get("flower") or {}
+    labels = ["ACT", "ingest"] + (["Flower"] if fl else [])
+    vals = [rnd["act_s"], rnd["ingest_s"]] + ([fl["first_byte_to_model_s"]] if fl else [])
+    ax[2].bar(labels, vals, color=["tab:green", "tab:olive", "tab:red"][: len(vals)])
+    lean = r.get("round_lean")
+    if lean:
+        labels.insert(2, "lean ACT")
+        vals.insert(2, lean["act_s"])
+        ax[2].cla()
+        ax[2].bar(
+            labels, vals, color=(["tab:green", "tab:olive", "tab:cyan", "tab:red"])[: len(vals)]
+        )
+    ax[2].set_title(f"round of {rnd['clients']} ResNet-18 updates (s)")
+    mem_l = (
+        ["FedFaaS default"] + (["FedFaaS lean"] if lean else []) + (["Flower server"] if fl else [])
+    )
+    mem_v = (
+        [rnd["server_peak_pss_bytes"] / 1e9]
+        + ([lean["server_peak_pss_bytes"] / 1e9] if lean else [])
+        + ([fl["server_peak_rss_bytes"] / 1e9] if fl else [])
+    )
+    ax[3].bar(
+        mem_l,
+        mem_v,
+        color=(["tab:green", "tab:cyan", "tab:red"] if lean else ["tab:green", "tab:red"])[
+            : len(mem_v)
+        ],
+    )
+    ax[3].set_title("server peak memory in the round (GB)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.dataplane")
+    p.add_argument("--role", default="bench", choices=["bench", "client", "tcp-server"])
+    p.add_argument("--spec")
+    p.add_argument("--out")
+    p.add_argument("--port")
+    p.add_argument("--size")
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--reps", type=int, default=8)
+    p.add_argument("--fanout", type=int, default=2)
+    p.add_argument("--max-inflight", type=int, default=4)
+    p.add_argument("--skip-flower", action="store_true")
+    p.add_argument(
+        "--from-json", action="store_true", help="re-render the table and plot from dataplane.json"
+    )
+    a = p.parse_args(argv)
+    if a.role == "client":
+        _client_role(a)
+        return 0
+    if a.role == "tcp-server":
+        _tcp_server_role(a)
+        return 0
+    if a.from_json:
+        res = json.loads((RESULTS / "dataplane.json").read_text())
+        _write(res)
+        return 0
+    import psutil
+
+    from fedfaas.services import RedisServer
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp:
+        work = Path(tmp)
+        redis = RedisServer(data_dir=work / "redis").start()
+        try:
+            bodies = _write_bodies(work, a.clients)
+            res: dict[str, Any] = {
+                "machine": {
+                    "cores": os.cpu_count(),
+                    "memory_bytes": psutil.virtual_memory().total,
+                    "python": platform.python_version(),
+                }
+            }
+            res["ingest"] = bench_ingest(work, redis.url, bodies[0], a.reps)
+            res["aggregation"] = bench_aggregation()
+            res["round"] = bench_round(work, redis.url, bodies, a.fanout, a.max_inflight)
+            res["round_lean"] = bench_round(work, redis.url, bodies, 4, 1)
+        finally:
+            redis.stop()
+    if not a.skip_flower:
+        from bench.flower_baseline import run_flower_round
+
+        res["flower"] = run_flower_round(a.clients)
+    (RESULTS / "dataplane.json").write_text(json.dumps(res, indent=2))
+    _write(res)
+    return 0
+
+
+def _write(res: dict[str, Any]) -> None:
+    table = _table(res)
+    (RESULTS / "dataplane.md").write_text("# bench: dataplane\n\n" + table + "\n")
+    _plot(res, RESULTS / "dataplane.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

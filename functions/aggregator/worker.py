@@ -1,0 +1,294 @@
+"""Aggregator endpoints: receive TASK/UPDATE/PARTIAL frames, fold in place, report up.
+
+Each :class:`EndpointWorker` is one registered endpoint (a thread) holding at most one task
+at a time; a process runs several to serve several slots (``FEDFAAS_AGGREGATOR_ENDPOINTS``).
+Updates are read in place from the node's shared-memory store (read-only maps) and folded into
+the task's accumulator object with one fused ``add_`` each (``fedfaas.fedavg``); the top divides
+once. Frame protocol: ``gateway/rounds.py``.
+
+Runs inside the function (started by ``handler.py`` on import) or standalone::
+
+    python functions/aggregator/worker.py --socket S --job-id N --store DIR [--endpoints K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import bpf
+from bpf import Frame, Kind, Role
+from fedfaas import wire
+from fedfaas.fedavg import Accumulator, LazyAccumulator
+from fedfaas.objstore import MappedObject, StoreClient
+
+log = logging.getLogger("fedfaas.aggregator")
+
+#: "numpy" (default: blocked axpy, ~30 MB per process) or "torch" (fused add_, ~300 MB of
+#: private memory for the CUDA-enabled torch import); see fedfaas/fedavg.py.
+KERNEL = os.environ.get("FEDFAAS_AGGREGATOR_KERNEL", "numpy")
+
+
+def _flat(obj: MappedObject) -> Any:
+    """The object's data region as a float32 vector view, for the configured kernel."""
+    n = (obj.nbytes - wire.HEADER_SIZE) // 4
+    if KERNEL == "torch":
+        return obj.tensor(offset=wire.HEADER_SIZE, count=n)
+    return obj.ndarray(np.float32, wire.HEADER_SIZE, n)
+
+
+@dataclass
+class _Task:
+    round: int
+    slot: int
+    role: int
+    goal: int
+    lazy: bool
+    parent_ep: int
+    parent_slot: int
+    gateway_ep: int
+    acc_obj: MappedObject
+    acc: Any
+    spec_hash: bytes | None = None
+    seen_updates: set[bytes] = field(default_factory=set)
+    seen_children: set[int] = field(default_factory=set)
+    held: list[MappedObject] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class EndpointWorker(threading.Thread):
+    """One aggregator endpoint serving tasks of one job, until :meth:`stop`."""
+
+    def __init__(
+        self, socket_path: str, job_id: int, store_dir: str, *, name: str = "aggregator"
+    ) -> None:
+        super().__init__(name=f"agg-{job_id}-{name}", daemon=True)
+        self.socket_path = socket_path
+        self.job_id = job_id
+        self.store = StoreClient(store_dir)
+        self.role_name = name
+        self.endpoint: bpf.Endpoint | None = None
+        self.tasks_done = 0
+        self.folded = 0
+        self.last_error = ""
+        self._task: _Task | None = None
+        self._halt = threading.Event()
+        self.ready = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def status(self) -> dict[str, Any]:
+        t = self._task
+        return {
+            "endpoint": self.endpoint.id if self.endpoint else None,
+            "job": self.job_id,
+            "tasks_done": self.tasks_done,
+            "folded": self.folded,
+            "last_error": self.last_error,
+            "task": None
+            if t is None
+            else {"round": t.round, "slot": t.slot, "goal": t.goal, "count": t.acc.count},
+        }
+
+    def run(self) -> None:
+        """Register, serve, and register again whenever the router goes away (gateway restart)."""
+        delay = 0.2
+        while not self._halt.is_set():
+            try:
+                self.endpoint = bpf.connect(self.socket_path, self.job_id, self.role_name)
+            except (OSError, bpf.RouterError) as exc:
+                self.last_error = f"cannot register: {exc}"
+                self.ready.set()
+                log.debug("aggregator: %s; retrying in %.1fs", self.last_error, delay)
+                self._halt.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.2
+            self.last_error = ""
+            self.ready.set()
+            self._serve(self.endpoint)
+
+    def _serve(self, ep: bpf.Endpoint) -> None:
+        log.info("aggregator endpoint %d registered for job %d", ep.id, self.job_id)
+        try:
+            while not self._halt.is_set():
+                f = ep.recv(timeout=0.5)
+                if f is None:
+                    continue
+                try:
+                    self._handle(ep, f)
+                except bpf.EndpointClosed:
+                    raise
+                except Exception as exc:  # keep serving: one bad frame must not kill the endpoint
+                    self.last_error = repr(exc)
+                    log.exception("aggregator endpoint %d: %s frame failed", ep.id, f.kind.name)
+        except bpf.EndpointClosed:
+            log.info("aggregator endpoint %d: router closed; registering again", ep.id)
+        finally:
+            self._drop_task()
+            ep.close()
+
+    # -- frames --------------------------------------------------------------------------------
+    def _handle(self, ep: bpf.Endpoint, f: Frame) -> None:
+        if f.kind == Kind.TASK:
+            self._drop_task()
+            obj = self.store.open_writable(f.key)
+            flat = _flat(obj)
+            acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat)
+            self._task = _Task(
+                f.round,
+                f.seq,
+                f.flags & 0xFF,
+                f.count,
+                f.lazy,
+                f.parent,
+                int(f.weight),
+                f.src,
+                obj,
+                acc,
+            )
+            return
+        if f.kind == Kind.SHUTDOWN:
+            self._halt.set()
+            return
+        t = self._task
+        if t is None or f.round != t.round:
+            log.debug("endpoint %d: %s for round %d without a task", ep.id, f.kind.name, f.round)
+            return
+        if f.kind == Kind.UPDATE and f.seq == t.slot and f.key not in t.seen_updates:
+            t.seen_updates.add(f.key)
+            self._fold(t, f, partial=False)
+        elif f.kind == Kind.PARTIAL and f.parent == t.slot and f.seq not in t.seen_children:
+            t.seen_children.add(f.seq)
+            self._fold(t, f, partial=True)
+        else:
+            return
+        if t.acc.count >= t.goal:
+            self._finish(ep, t)
+
+    def _fold(self, t: _Task, f: Frame, *, partial: bool) -> None:
+        obj = self.store.open(f.key)
+        h = wire.read_header(obj.buf)
+        if t.spec_hash is None:
+            t.spec_hash = h.spec_hash
+        if h.spec_hash != t.spec_hash or obj.nbytes != t.acc_obj.nbytes:
+            obj.close()
+            raise ValueError(f"object {obj.key} has another model spec than this task")
+        view = _flat(obj)
+        if partial:
+            t.acc.merge(view, f.weight, f.count)
+        else:
+            t.acc.add(view, f.weight)
+        self.folded += 1
+        if t.lazy:
+            t.held.append(obj)  # views stay valid until the lazy fold
+        else:
+            del view
+            obj.close()
+
+    def _finish(self, ep: bpf.Endpoint, t: _Task) -> None:
+        acc = t.acc.fold() if t.lazy else t.acc
+        top = t.role == Role.TOP
+        if top:
+            acc.finalize()
+        weight, count = acc.weight, acc.count
+        wire.write_object_header(
+            t.acc_obj.buf,
+            kind=wire.KIND_GLOBAL if top else wire.KIND_PARTIAL,
+            spec_hash=t.spec_hash or bytes(16),
+            data_nbytes=t.acc_obj.nbytes - wire.HEADER_SIZE,
+            weight=weight,
+            count=count,
+            round=t.round,
+        )
+        key = t.acc_obj.key_bytes
+        del acc
+        self._drop_task()
+        self.store.seal(key)
+        common = dict(
+            job=self.job_id, key=key, weight=weight, round=t.round, count=count, seq=t.slot
+        )
+        if top:
+            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.RESULT, **common))  # type: ignore[arg-type]
+        else:
+            ep.send(
+                Frame(dst=t.parent_ep, src=0, kind=Kind.PARTIAL, parent=t.parent_slot, **common)
+            )  # type: ignore[arg-type]
+            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.ACK, **common))  # type: ignore[arg-type]
+        self.tasks_done += 1
+        log.debug(
+            "endpoint %d: slot %d of round %d done (%d updates, %.1f ms)",
+            ep.id,
+            t.slot,
+            t.round,
+            count,
+            (time.perf_counter() - t.t0) * 1e3,
+        )
+
+    def _drop_task(self) -> None:
+        t, self._task = self._task, None
+        if t is None:
+            return
+        t.acc = None
+        for o in t.held:
+            o.close()
+        t.held.clear()
+        t.acc_obj.close()
+
+
+def start_workers(socket_path: str, job_id: int, store_dir: str, n: int) -> list[EndpointWorker]:
+    """Start ``n`` endpoints and wait until each has registered (or failed to)."""
+    workers = [
+        EndpointWorker(socket_path, job_id, store_dir, name=f"aggregator-{i}") for i in range(n)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.ready.wait(10)
+    return workers
+
+
+def _set_threads() -> None:
+    if KERNEL != "torch":
+        return
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("FEDFAAS_AGGREGATOR_THREADS", "1")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Run aggregator endpoints for one job (standalone).")
+    p.add_argument("--socket", required=True, help="the node gateway's registration socket")
+    p.add_argument("--job-id", type=int, required=True)
+    p.add_argument("--store", required=True, help="the job's object-store namespace folder")
+    p.add_argument("--endpoints", type=int, default=2)
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _set_threads()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    workers = start_workers(a.socket, a.job_id, a.store, a.endpoints)
+    while not stop.is_set() and any(w.is_alive() for w in workers):
+        stop.wait(0.5)
+    for w in workers:
+        w.stop()
+    for w in workers:
+        with contextlib.suppress(RuntimeError):
+            w.join(2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Control routes (FastAPI): jobs, model, progress, health, metrics.
+
+The upload and internal-partial routes are native exchanges (``gateway.ingest``); everything
+here is called through the server's ASGI bridge with the whole (bounded) body in hand.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from gateway import auth
+from gateway.errors import GatewayError, Unauthorized
+
+if TYPE_CHECKING:
+    from gateway.core import Gateway
+    from gateway.jobs import Job
+
+
+def _job_of(request: Request, job: str) -> Any:
+    return request.app.state.gateway.job(job)
+
+
+JobDep = Annotated[Any, Depends(_job_of)]
+
+
+def build_app(gw: Gateway) -> FastAPI:
+    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url="/openapi.json")
+    app.state.gateway = gw
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        gw.metrics.rejected.labels(exc.code).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"error": "bad_request", "detail": where}, status_code=400)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        """Liveness plus the router mode and why."""
+        return {
+            "status": "ok",
+            "node": gw.settings.node,
+            "router": gw.router.mode,
+            "router_reason": gw.router.reason,
+            "jobs": len(gw.jobs),
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format."""
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/jobs", status_code=201)
+    async def create_job(
+        request: Request,
+        job: Annotated[str, Query()],
+        rounds: Annotated[int, Query()],
+        goal: Annotated[int, Query()],
+        clients: Annotated[str, Query()],
+        nodes: Annotated[str | None, Query()] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> dict[str, object]:
+        """Create a job from its initial weights (safetensors body)."""
+        if not auth.check_admin(gw.secret, authorization):
+            raise Unauthorized("creating a job needs the admin bearer token")
+        ids = [c for c in clients.split(",") if c]
+        body = await request.body()
+        j = await gw.create_job(job, rounds, goal, ids, nodes.split(",") if nodes else None, body)
+        return {
+            "job": j.name,
+            "round": 1,
+            "version": j.version,
+            "spec": j.spec.to_json(),
+            "tokens": {c: auth.client_token(gw.secret, j.name, c) for c in j.clients},
+            "id": j.id,
+            "plan": j.plan.to_json(),
+        }
+
+    @app.delete("/v1/jobs/{job}", status_code=204)
+    async def delete_job(
+        j: JobDep, authorization: Annotated[str | None, Header()] = None
+    ) -> Response:
+        """Delete a job: its store objects on this node and, on its root node, its journal."""
+        if not auth.check_admin(gw.secret, authorization):
+            raise Unauthorized("deleting a job needs the admin bearer token")
+        await gw.delete_job(j.name)
+        return Response(status_code=204)
+
+    @app.get("/v1/jobs")
+    async def list_jobs() -> dict[str, object]:
+        """Jobs on this node."""
+        return {"jobs": [j.status() for j in gw.jobs.values()]}
+
+    @app.get("/v1/jobs/{job}")
+    async def job_status(j: JobDep) -> dict[str, object]:
+        """Round, version, progress of the open round."""
+        status: dict[str, object] = j.status()
+        return status
+
+    @app.get("/v1/jobs/{job}/model")
+    async def model(
+        j: JobDep,
+        authorization: Annotated[str | None, Header()] = None,
+        if_none_match: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        """The current global model as safetensors (ETag "v<version>")."""
+        tok = auth.bearer(authorization)
+        if tok is None or not (auth.check_admin(gw.secret, authorization) or tok in _tokens(gw, j)):
+            raise Unauthorized(f"a client or admin bearer token of job {j.name!r} is required")
+        if j.node != j.root and (
+            not j.model_bytes
+            or gw.journal is not None
+            and await gw.journal.version(j.name) > j.version
+        ):
+            await gw.fetch_root_model(j)
+        etag = f'"v{j.version}"'
+        headers = {"ETag": etag, "X-Model-Version": str(j.version)}
+        if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
+            return Response(status_code=304, headers=headers)
+        return Response(j.model_bytes, media_type="application/octet-stream", headers=headers)
+
+    return app
+
+
+def _tokens(gw: Gateway, j: Job) -> set[str]:
+    cached: set[str] | None = getattr(j, "_tokens", None)
+    if cached is None:
+        cached = {auth.client_token(gw.secret, j.name, c) for c in j.clients}
+        object.__setattr__(j, "_tokens", cached)
+    return cached

@@ -1,0 +1,588 @@
+"""The node gateway: jobs, the embedded router, rounds, publishing, and the HTTP front door."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+import bpf
+from fedfaas import wire
+from fedfaas.objstore import Namespace
+from gateway import auth
+from gateway.asgi import AsgiExchange
+from gateway.errors import GatewayError, JobExists, JobNotFound
+from gateway.http import Exchange, HttpServer, Request
+from gateway.jobs import Job, RoundTimes
+from gateway.journal import Journal
+from gateway.metrics import Metrics
+from gateway.plan import Planner, Slot, static_plan
+from gateway.rounds import Input, RoundEngine
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _load_planner(settings: GatewaySettings) -> Planner:
+    if settings.planner:
+        import importlib
+
+        mod, _, fn = settings.planner.partition(":")
+        loaded: Planner = getattr(importlib.import_module(mod), fn)
+        return loaded
+    return lambda g, c, n: static_plan(g, c, n, settings.fanout)
+
+
+class Gateway:
+    """One node gateway (see DESIGN.md, "Data path of one round")."""
+
+    def __init__(self, settings: GatewaySettings, *, planner: Planner | None = None) -> None:
+        self.settings = settings
+        self.planner: Planner = planner or _load_planner(settings)
+        self.jobs: dict[str, Job] = {}
+        self._skip: set[str] = set()  # jobs deleted here or impossible to resume: not reloaded
+        self.metrics = Metrics(settings.node, self)
+        self.secret = ""
+        self.checkpoints: Any = None
+        self.journal: Journal
+        self.router: bpf.RouterServer
+        self.http = HttpServer(self.route, settings.read_timeout)
+        self.port = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._app: Any = None
+        self._peers = httpx.AsyncClient(timeout=120)
+        from gateway.aggregators import Launcher
+
+        self.launcher = Launcher(settings)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> Gateway:
+        from gateway.api import build_app
+
+        s = self.settings
+        self.loop = asyncio.get_running_loop()
+        s.state_dir.mkdir(parents=True, exist_ok=True)
+        self.secret = auth.load_or_create_secret(s.secret_path())
+        self.journal = Journal(s.redis_url)
+        await self.journal.ping()
+        self.router = bpf.RouterServer(
+            str(s.socket_path()),
+            prefer_ebpf=s.prefer_ebpf,
+            on_disconnect=self._disconnect_threadsafe,
+        ).start()
+        self._app = build_app(self)
+        self.checkpoints = self._checkpoint_writer()
+        self.port = await self.http.start(s.host, s.port)
+        self._tasks.append(asyncio.create_task(self._housekeeping()))
+        await self._load_jobs()
+        log.info(
+            "gateway %s on %s:%d, router %s (%s)",
+            s.node,
+            s.host,
+            self.port,
+            self.router.mode,
+            self.router.reason,
+        )
+        return self
+
+    def _checkpoint_writer(self) -> Any:
+        s = self.settings
+        if not s.minio_endpoint:
+            return None
+        from fedfaas.checkpoints import CheckpointWriter
+
+        return CheckpointWriter(
+            s.minio_endpoint,
+            s.minio_access_key,
+            s.minio_secret_key,
+            s.minio_bucket,
+            spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
+        )
+
+    def checkpoint_client(self, job: Job, rnd: int, client: str, key: bytes) -> None:
+        """Queue an accepted update for MinIO (encoded off the event loop; one extra lease)."""
+        if self.checkpoints is None or not self.settings.checkpoint_clients:
+            return
+        job.ns.retain(key)
+
+        async def run() -> None:
+            try:
+
+                def encode() -> None:
+                    with job.ns.open(key) as obj:
+                        data = wire.encode(obj.buf, job.spec)
+                    self.checkpoints.put_client(job.name, rnd, client, data)
+
+                await asyncio.to_thread(encode)
+            except Exception:
+                log.exception("job %s: checkpoint of %s's update failed", job.name, client)
+            finally:
+                job.ns.release(key)
+
+        asyncio.get_running_loop().create_task(run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        await self.http.stop()
+        self.launcher.stop_all()
+        for job in self.jobs.values():
+            if job.endpoint is not None:
+                job.endpoint.close()
+        for th in self._threads:
+            th.join(2)
+        self.router.stop()
+        if self.checkpoints is not None:
+            await asyncio.to_thread(self.checkpoints.close, 30.0)
+        for job in self.jobs.values():
+            if self.settings.keep_store_on_stop:
+                job.ns.detach()
+            else:
+                job.ns.close()
+        self.jobs.clear()
+        await self._peers.aclose()
+        await self.journal.close()
+        log.info("gateway %s stopped", self.settings.node)
+
+    def route(self, req: Request) -> Exchange:
+        from gateway.ingest import PARTIAL, UPLOAD, PartialExchange, UploadExchange
+
+        if req.method == "POST":
+            m = UPLOAD.match(req.path)
+            if m:
+                return UploadExchange(self, req, m.group(1), int(m.group(2)))
+            m = PARTIAL.match(req.path)
+            if m:
+                return PartialExchange(self, req, m.group(1), int(m.group(2)))
+        return AsgiExchange(
+            self._app, req, (self.settings.host, self.port), self.settings.max_job_body
+        )
+
+    # -- jobs ----------------------------------------------------------------------------------
+    async def create_job(
+        self,
+        name: str,
+        rounds: int,
+        goal: int,
+        clients: Sequence[str],
+        nodes: Sequence[str] | None,
+        body: bytes,
+    ) -> Job:
+        if not JOB_NAME.match(name):
+            raise GatewayError(
+                f"job name {name!r} must match {JOB_NAME.pattern}", code="bad_job_name"
+            )
+        bad = [c for c in clients if not CLIENT_ID.match(c)]
+        if not clients or bad or len(set(clients)) != len(clients):
+            raise GatewayError(
+                f"clients must be distinct ids matching {CLIENT_ID.pattern} (bad: {bad[:3]})",
+                code="bad_clients",
+            )
+        if not 1 <= rounds <= 100000 or not 1 <= goal <= len(clients):
+            raise GatewayError(
+                f"need 1 <= rounds and 1 <= goal <= {len(clients)} clients", code="bad_job"
+            )
+        nodes = list(nodes or [self.settings.node])
+        if self.settings.node != nodes[0]:
+            raise GatewayError(f"create jobs on their root node {nodes[0]}", code="wrong_node")
+        try:
+            spec = wire.ModelSpec.from_safetensors(body, self.settings.max_header)
+        except wire.WireError as exc:
+            raise GatewayError(exc.detail, code=exc.code) from None
+        if name in self.jobs or await self.journal.job(name) is not None:
+            raise JobExists(f"job {name!r} exists; pick another name")
+        meta = {
+            "name": name,
+            "id": await self.journal.new_job_id(),
+            "rounds": rounds,
+            "goal": goal,
+            "clients": list(clients),
+            "nodes": nodes,
+            "spec": spec.to_json(),
+        }
+        job = self._make_job(meta, spec)
+        try:
+            g = job.ns.allocate()
+            wire.decode_into(body, spec, g.buf, self.settings.max_header, check_finite=True)
+            wire.write_header(g.buf, spec, kind=wire.KIND_GLOBAL, weight=0, count=0, round=0)
+            g.close()
+            job.ns.seal(g.key)
+        except wire.WireError as exc:
+            job.ns.close()
+            raise GatewayError(exc.detail, code=exc.code) from None
+        if not await self.journal.create_job(name, meta):
+            job.ns.close()
+            raise JobExists(f"job {name!r} exists; pick another name")
+        self._skip.discard(name)
+        job.global_key, job.model_bytes = g.key_bytes, bytes(body)
+        await self.journal.publish(name, 0, {"key": g.key, "weight": 0, "count": 0})
+        self._install(job)
+        return job
+
+    def _make_job(self, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
+        s = self.settings
+        plan = self.planner(int(meta["goal"]), meta["clients"], meta["nodes"])
+        slots = sum(1 for x in plan.slots if x.node == s.node)
+        held = (
+            min(plan.node_goal(s.node), s.max_inflight + 2 * s.fanout)
+            if s.max_inflight
+            else plan.node_goal(s.node)
+        )
+        cap = max(1, s.pool_max_bytes // spec.object_nbytes)
+        pool_max = min(held + slots + 2, cap)
+        # pre-fault only what the first uploads need; the pool then grows to the real peak
+        pool = s.pool if s.pool is not None else min(pool_max, (s.max_inflight or 4) + 2)
+        ns = Namespace(
+            s.shm_root, s.node, meta["name"], spec.object_nbytes, pool=pool, pool_max=pool_max
+        )
+        return Job(
+            meta["name"],
+            int(meta["id"]),
+            spec,
+            int(meta["rounds"]),
+            int(meta["goal"]),
+            list(meta["clients"]),
+            list(meta["nodes"]),
+            plan,
+            ns,
+            s.node,
+        )
+
+    def _install(self, job: Job) -> None:
+        self.jobs[job.name] = job
+        job.endpoint = self.router.local_endpoint(job.id)
+        th = threading.Thread(target=self._rx, args=(job,), name=f"gw-rx-{job.name}", daemon=True)
+        th.start()
+        self._threads.append(th)
+        self.launcher.ensure(job.id, str(job.ns.path), str(self.settings.socket_path()))
+        self._open_round(job)
+        log.info(
+            "job %s (id %d): %d rounds, goal %d, %d clients, nodes %s, %d-byte objects",
+            job.name,
+            job.id,
+            job.rounds,
+            job.goal,
+            len(job.clients),
+            job.nodes,
+            job.spec.object_nbytes,
+        )
+
+    async def _load_jobs(self) -> None:
+        """Pick up jobs created on other nodes that include this node, and their versions."""
+        for name, meta in (await self.journal.jobs()).items():
+            if name in self.jobs:
+                job = self.jobs[name]
+                if job.root != self.settings.node:
+                    v = await self.journal.version(name)
+                    if v > job.version:
+                        self._advance_remote(job, v)
+                continue
+            if self.settings.node not in meta["nodes"] or name in self._skip:
+                continue
+            job = self._make_job(meta, wire.ModelSpec.from_json(meta["spec"]))
+            job.version = await self.journal.version(name)
+            if meta["nodes"][0] == self.settings.node and not await self._recover(job):
+                job.ns.close()
+                self._skip.add(name)
+                continue
+            self._install(job)
+            await self._recover_round(job)
+
+    async def _recover(self, job: Job) -> bool:
+        """A job of ours from before a restart: adopt its global model from the store."""
+        rec = await self.journal.global_record(job.name)
+        key = rec.get("key") if rec else None
+        if not key or not job.ns.adopt(key):
+            log.error(
+                "job %s: global model v%d is not in the store any more; cannot resume it here",
+                job.name,
+                job.version,
+            )
+            return False
+        job.global_key = bytes.fromhex(key)
+        with job.ns.open(key) as obj:
+            job.model_bytes = await asyncio.to_thread(
+                wire.encode, obj.buf, job.spec, {"round": str(job.version)}
+            )
+        log.info("job %s: resumed at version %d", job.name, job.version)
+        return True
+
+    async def _recover_round(self, job: Job) -> None:
+        """Re-queue the open round's journaled updates (202 was sent: they must count once)."""
+        eng = job.engine
+        if eng is None:
+            return
+        for sid, rec in (await self.journal.done_slots(job.name, eng.round)).items():
+            if sid in eng.slots and job.ns.adopt(rec["key"]):
+                eng.restore_done(
+                    sid,
+                    bytes.fromhex(rec["key"]),
+                    float(rec["weight"]),
+                    int(rec["count"]),
+                    list(rec["clients"]),
+                )
+        recs = await self.journal.round_updates(job.name, eng.round)
+        for client, rec in sorted(recs.items(), key=lambda kv: kv[1].get("t", 0)):
+            if rec.get("node") != self.settings.node or client in eng.clients:
+                continue
+            if not job.ns.adopt(rec["key"]):
+                log.error(
+                    "job %s: journaled update of %s (round %d) is lost; it may upload again",
+                    job.name,
+                    client,
+                    eng.round,
+                )
+                await self.journal.unaccept(job.name, eng.round, client)
+                continue
+            eng.add_update(client, bytes.fromhex(rec["key"]), float(rec["weight"]))
+        swept = job.ns.sweep()
+        self.pump(job)
+        if recs:
+            log.info(
+                "job %s: round %d resumed with %d journaled updates (%d stale objects removed)",
+                job.name,
+                eng.round,
+                eng.accepted,
+                swept,
+            )
+
+    def _advance_remote(self, job: Job, version: int) -> None:
+        if job.engine is not None:
+            job.engine.close()
+        job.version = version
+        job.model_bytes = b""
+        self._open_round(job)
+
+    async def delete_job(self, name: str) -> None:
+        """Forget a job on this node: its objects, endpoint and (on its root) its journal."""
+        job = self.job(name)
+        del self.jobs[name]
+        self._skip.add(name)
+        if job.engine is not None:
+            job.engine.close()
+        if job.endpoint is not None:
+            job.endpoint.close()
+        job.ns.close()
+        if job.root == self.settings.node:
+            await self.journal.delete_job(name)
+        log.info("job %s deleted on node %s", name, self.settings.node)
+
+    def job(self, name: str) -> Job:
+        job = self.jobs.get(name)
+        if job is None:
+            raise JobNotFound(f"no job {name!r} on node {self.settings.node}")
+        return job
+
+    # -- rounds --------------------------------------------------------------------------------
+    def _open_round(self, job: Job) -> None:
+        r = job.open_round
+        if r is None:
+            job.engine = None
+            job.ns.trim_pool(0)  # finished: keep only the global model
+            return
+        assert job.endpoint is not None
+
+        def publish(res: Input) -> None:
+            self._on_result(job, res)
+
+        def forward(slot: Slot, inp: Input) -> None:
+            self._forward(job, slot, inp)
+
+        def persist(sid: int, inp: Input, release: Callable[[], None]) -> None:
+            self._persist(job, r, sid, inp, release)
+
+        job.engine = RoundEngine(
+            job_id=job.id,
+            node=self.settings.node,
+            round=r,
+            plan=job.plan,
+            store=job.ns,
+            gateway_ep=job.endpoint.id,
+            send=job.endpoint.send,
+            publish=publish,
+            forward=forward,
+            persist=persist,
+            lazy=self.settings.lazy,
+        )
+        job.times.append(RoundTimes(r))
+
+    def _persist(
+        self, job: Job, rnd: int, slot: int, inp: Input, release: Callable[[], None]
+    ) -> None:
+        async def run() -> None:
+            rec = {
+                "key": inp.key.hex(),
+                "weight": inp.weight,
+                "count": inp.count,
+                "clients": list(inp.clients),
+            }
+            try:
+                await self.journal.slot_done(job.name, rnd, slot, rec)
+            except Exception:
+                log.exception(
+                    "job %s: journaling slot %d failed; its inputs stay held", job.name, slot
+                )
+                return
+            release()
+
+        asyncio.get_running_loop().create_task(run())
+
+    def pump(self, job: Job) -> None:
+        eng = job.engine
+        if eng is None or not eng.needs_endpoint():
+            return
+        busy = eng.busy_endpoints()
+        idle = sorted(
+            eid
+            for eid, info in self.router.endpoints().items()
+            if info.job == job.id and not info.local and eid not in busy
+        )
+        eng.pump(idle)
+
+    def _rx(self, job: Job) -> None:
+        ep = job.endpoint
+        assert ep is not None and self.loop is not None
+        while not self._stop.is_set():
+            try:
+                f = ep.recv(timeout=0.5)
+            except bpf.EndpointClosed:
+                return
+            if f is not None:
+                self.loop.call_soon_threadsafe(self._on_frame, job, f)
+
+    def _on_frame(self, job: Job, f: bpf.Frame) -> None:
+        eng = job.engine
+        if eng is not None:
+            eng.on_frame(f)
+            self.pump(job)
+
+    def _disconnect_threadsafe(self, endpoint_id: int) -> None:
+        if self.loop is not None and not self._stop.is_set():
+            self.loop.call_soon_threadsafe(self._on_disconnect, endpoint_id)
+
+    def _on_disconnect(self, endpoint_id: int) -> None:
+        for job in self.jobs.values():
+            if job.engine is not None and job.engine.on_disconnect(endpoint_id):
+                self.metrics.redeliveries.inc()
+                self.launcher.replace(job.id)
+                self.pump(job)
+
+    def _on_result(self, job: Job, res: Input) -> None:
+        if job.times:
+            job.times[-1].result_ns = time.monotonic_ns()
+        asyncio.get_running_loop().create_task(self._publish(job, res))
+
+    async def _publish(self, job: Job, res: Input) -> None:
+        eng = job.engine
+        assert eng is not None
+        with job.ns.open(res.key) as obj:
+            data = await asyncio.to_thread(
+                wire.encode, obj.buf, job.spec, {"round": str(eng.round)}
+            )
+        old = job.global_key
+        eng.close(keep=res.key)
+        job.global_key, job.model_bytes, job.version = res.key, data, eng.round
+        if old is not None and job.ns.leases(old):
+            job.ns.free(old)
+        if job.times:
+            job.times[-1].published_ns = time.monotonic_ns()
+        await self.journal.publish(
+            job.name, job.version, {"key": res.key.hex(), "weight": res.weight, "count": res.count}
+        )
+        self.metrics.rounds.inc()
+        if self.checkpoints is not None:
+            rec = await self.journal.round_updates(job.name, eng.round)
+            meta = {
+                "job": job.name,
+                "round": eng.round,
+                "version": job.version,
+                "count": res.count,
+                "weight_sum": res.weight,
+                "clients": {c: r["weight"] for c, r in rec.items()},
+            }
+            self.checkpoints.put_global(
+                job.name, eng.round, data, {"version": job.version, "count": res.count}
+            )
+            self.checkpoints.put_meta(job.name, eng.round, meta)
+        log.info(
+            "job %s: round %d published (version %d, %d updates, weight %.0f)",
+            job.name,
+            eng.round,
+            job.version,
+            res.count,
+            res.weight,
+        )
+        self._open_round(job)
+
+    def _forward(self, job: Job, slot: Slot, inp: Input) -> None:
+        asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))
+
+    async def _send_partial(self, job: Job, slot: Slot, inp: Input) -> None:
+        url = self.settings.peers.get(job.root)
+        eng = job.engine
+        if url is None or eng is None:
+            log.error(
+                "job %s: no peer URL for root node %s; partial of slot %d stays here",
+                job.name,
+                job.root,
+                slot.id,
+            )
+            return
+        with job.ns.open(inp.key) as obj:
+            body = bytes(obj.buf)
+        for attempt in range(30):
+            try:
+                r = await self._peers.post(
+                    f"{url}/v1/internal/jobs/{job.name}/rounds/{eng.round}/partials",
+                    params={"slot": slot.id},
+                    content=body,
+                    headers={"Authorization": f"Bearer {self.secret}"},
+                )
+                if r.status_code < 500:
+                    if r.status_code >= 300:
+                        log.error(
+                            "job %s: root refused partial of slot %d: %s", job.name, slot.id, r.text
+                        )
+                    return
+            except httpx.HTTPError as exc:
+                log.warning("job %s: forwarding partial failed (%s), retrying", job.name, exc)
+            await asyncio.sleep(min(0.1 * 2**attempt, 5))
+
+    async def fetch_root_model(self, job: Job) -> None:
+        """Non-root nodes serve the model they fetch from the root node's gateway."""
+        url = self.settings.peers.get(job.root)
+        if url is None:
+            raise GatewayError(
+                f"model lives on node {job.root}; no peer URL configured",
+                status=503,
+                code="no_peer",
+            )
+        r = await self._peers.get(
+            f"{url}/v1/jobs/{job.name}/model", headers={"Authorization": f"Bearer {self.secret}"}
+        )
+        r.raise_for_status()
+        job.model_bytes = r.content
+        job.version = max(job.version, int(r.headers["x-model-version"]))
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            for job in list(self.jobs.values()):
+                self.pump(job)
+            if int(time.monotonic() * 50) % 10 == 0:
+                with contextlib.suppress(Exception):
+                    await self._load_jobs()

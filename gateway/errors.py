@@ -1,0 +1,58 @@
+"""Gateway errors. Each carries an HTTP status and a stable code; only the HTTP layer maps them."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of gateway errors: ``status``, ``code`` and a ``detail`` saying how to fix it."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.code, "detail": self.detail}
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    code = "unauthorized"
+
+
+class JobNotFound(GatewayError):
+    status = 404
+    code = "unknown_job"
+
+
+class JobExists(GatewayError):
+    status = 409
+    code = "job_exists"
+
+
+class UpdateRejected(GatewayError):
+    """An upload refused; ``client_id`` and ``round`` say whose and which."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int = 400,
+        code: str = "bad_update",
+        client_id: str | None = None,
+        round: int | None = None,
+    ) -> None:
+        super().__init__(detail, status=status, code=code)
+        self.client_id = client_id
+        self.round = round
+
+
+class NotFound(GatewayError):
+    status = 404
+    code = "not_found"

@@ -1,0 +1,187 @@
+"""A job as one node gateway sees it: spec, plan, store namespace, open round, versions."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import bpf
+from fedfaas import wire
+from fedfaas.objstore import Namespace
+from gateway.errors import UpdateRejected
+from gateway.plan import Plan
+from gateway.rounds import RoundEngine
+
+if TYPE_CHECKING:
+    from gateway.core import Gateway
+
+
+@dataclass
+class RoundTimes:
+    round: int
+    first_byte_ns: int = 0
+    last_update_ns: int = 0
+    result_ns: int = 0
+    published_ns: int = 0
+
+
+@dataclass
+class Job:
+    """One job on this node."""
+
+    name: str
+    id: int
+    spec: wire.ModelSpec
+    rounds: int
+    goal: int
+    clients: list[str]
+    nodes: list[str]
+    plan: Plan
+    ns: Namespace
+    node: str
+    version: int = 0
+    global_key: bytes | None = None
+    model_bytes: bytes = b""
+    engine: RoundEngine | None = None
+    endpoint: bpf.Endpoint | None = None
+    inflight: set[str] = field(default_factory=set)
+    admission: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
+    times: list[RoundTimes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.client_set = set(self.clients)
+
+    @property
+    def root(self) -> str:
+        return self.nodes[0]
+
+    @property
+    def open_round(self) -> int | None:
+        return self.version + 1 if self.version < self.rounds else None
+
+    def note_first_byte(self, t_ns: int) -> None:
+        if (
+            self.times
+            and self.times[-1].round == self.version + 1
+            and not self.times[-1].first_byte_ns
+        ):
+            self.times[-1].first_byte_ns = t_ns
+
+    def check_round(self, rnd: int, client: str, node: str) -> None:
+        """Refuse an upload that cannot count in the open round (before reading its body)."""
+        open_r = self.open_round
+        if open_r is None:
+            raise UpdateRejected(
+                f"job {self.name} finished all {self.rounds} rounds",
+                status=409,
+                code="job_finished",
+                client_id=client,
+                round=rnd,
+            )
+        if rnd != open_r:
+            code = "stale_round" if rnd < open_r else "future_round"
+            raise UpdateRejected(
+                f"round {rnd} is not open; the open round is {open_r} (model version "
+                f"{self.version}): fetch the model and train on it",
+                status=409,
+                code=code,
+                client_id=client,
+                round=rnd,
+            )
+        want = self.plan.client_nodes.get(client, node)
+        if want != node:
+            raise UpdateRejected(
+                f"client {client} uploads to node {want}, not {node}",
+                status=409,
+                code="wrong_node",
+                client_id=client,
+                round=rnd,
+            )
+        eng = self.engine
+        if eng is None or eng.round != rnd:
+            raise UpdateRejected(
+                f"round {rnd} is not open on this node yet",
+                status=409,
+                code="round_not_open",
+                client_id=client,
+                round=rnd,
+            )
+        if client in eng.clients or client in self.inflight:
+            raise UpdateRejected(
+                f"client {client} already sent an update for round {rnd}",
+                status=409,
+                code="duplicate_client",
+                client_id=client,
+                round=rnd,
+            )
+        if eng.accepted + len(self.inflight) >= eng.capacity:
+            raise UpdateRejected(
+                f"round {rnd} already has its {eng.capacity} updates on this node",
+                status=409,
+                code="round_full",
+                client_id=client,
+                round=rnd,
+            )
+
+    async def accept(self, gw: Gateway, rnd: int, client: str, key: bytes, weight: int) -> None:
+        """Journal a sealed update and hand it to the round (the caller answers 202 after)."""
+        record = {"key": key.hex(), "weight": weight, "node": gw.settings.node, "t": time.time()}
+        ok = await gw.journal.accept(self.name, rnd, client, record)
+        if not ok:
+            raise UpdateRejected(
+                f"client {client} already sent an update for round {rnd}",
+                status=409,
+                code="duplicate_client",
+                client_id=client,
+                round=rnd,
+            )
+        eng = self.engine
+        if eng is None or eng.round != rnd or eng.full():
+            await gw.journal.unaccept(self.name, rnd, client)
+            raise UpdateRejected(
+                f"round {rnd} closed while the update was uploading",
+                status=409,
+                code="stale_round",
+                client_id=client,
+                round=rnd,
+            )
+        eng.add_update(client, key, weight)
+        if self.times and self.times[-1].round == rnd:
+            self.times[-1].last_update_ns = time.monotonic_ns()
+        gw.pump(self)
+
+    def status(self) -> dict[str, Any]:
+        eng = self.engine
+        t = self.times[-1] if self.times else None
+        last = next((x for x in reversed(self.times) if x.result_ns), None)
+        return {
+            "job": self.name,
+            "id": self.id,
+            "round": self.open_round or self.rounds,
+            "version": self.version,
+            "rounds": self.rounds,
+            "goal": self.goal,
+            "received": eng.accepted if eng else 0,
+            "status": "done" if self.open_round is None else "running",
+            "nodes": self.nodes,
+            "node": self.node,
+            "store": str(self.ns.path),
+            "store_stats": self.ns.stats(),
+            "progress": eng.progress() if eng else None,
+            "current_round_first_byte_ns": t.first_byte_ns if t else 0,
+            "last_round": None
+            if last is None
+            else {
+                "round": last.round,
+                "first_byte_ns": last.first_byte_ns,
+                "last_update_ns": last.last_update_ns,
+                "result_ns": last.result_ns,
+                "published_ns": last.published_ns,
+                "first_byte_to_result_s": (last.result_ns - last.first_byte_ns) / 1e9
+                if last.first_byte_ns
+                else None,
+            },
+        }

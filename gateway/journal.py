@@ -1,0 +1,87 @@
+"""The Redis journal: jobs, numeric job ids, accepted updates per round, published versions.
+
+An update answered 202 has its record here (``HSETNX`` per client and round, which is also
+what refuses the same client twice across node gateways), so it counts exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+
+PREFIX = "fedfaas:"
+
+
+class Journal:
+    """Async access to the journal keys (one Redis shared by all node gateways)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.r: aioredis.Redis = aioredis.Redis.from_url(url)
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self.r.ping())
+
+    async def new_job_id(self) -> int:
+        return int(await self.r.incr(PREFIX + "job-id"))
+
+    async def create_job(self, name: str, meta: dict[str, Any]) -> bool:
+        """Store a job's metadata; False if the name is taken."""
+        return bool(await self.r.hsetnx(PREFIX + "jobs", name, json.dumps(meta)))
+
+    async def job(self, name: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(PREFIX + "jobs", name)
+        return None if raw is None else dict(json.loads(raw))
+
+    async def jobs(self) -> dict[str, dict[str, Any]]:
+        raw = await self.r.hgetall(PREFIX + "jobs")
+        return {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
+
+    async def accept(self, job: str, round: int, client: str, record: dict[str, Any]) -> bool:
+        """Journal one accepted update; False if this client already has one in this round."""
+        return bool(
+            await self.r.hsetnx(f"{PREFIX}job:{job}:round:{round}", client, json.dumps(record))
+        )
+
+    async def unaccept(self, job: str, round: int, client: str) -> None:
+        await self.r.hdel(f"{PREFIX}job:{job}:round:{round}", client)
+
+    async def round_updates(self, job: str, round: int) -> dict[str, dict[str, Any]]:
+        raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}")
+        return {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
+
+    async def slot_done(self, job: str, round: int, slot: int, record: dict[str, Any]) -> None:
+        """Journal a finished slot's sealed partial (and the clients it covers)."""
+        await self.r.hset(f"{PREFIX}job:{job}:round:{round}:slots", str(slot), json.dumps(record))
+
+    async def done_slots(self, job: str, round: int) -> dict[int, dict[str, Any]]:
+        raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:slots")
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
+    async def publish(self, job: str, version: int, record: dict[str, Any]) -> None:
+        """Record a new global model version (monotonic)."""
+        key = f"{PREFIX}job:{job}:state"
+        async with self.r.pipeline(transaction=True) as p:
+            p.hset(key, mapping={"version": version, "global": json.dumps(record)})
+            await p.execute()
+
+    async def global_record(self, job: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(f"{PREFIX}job:{job}:state", "global")
+        return None if raw is None else dict(json.loads(raw))
+
+    async def delete_job(self, job: str) -> None:
+        keys = [k async for k in self.r.scan_iter(match=f"{PREFIX}job:{job}:*")]
+        async with self.r.pipeline(transaction=True) as p:
+            p.hdel(PREFIX + "jobs", job)
+            for k in keys:
+                p.delete(k)
+            await p.execute()
+
+    async def version(self, job: str) -> int:
+        raw = await self.r.hget(f"{PREFIX}job:{job}:state", "version")
+        return int(raw) if raw is not None else 0

@@ -1,0 +1,72 @@
+"""Prometheus metrics of one gateway (own registry, so several gateways fit in one process)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from gateway.core import Gateway
+
+
+class _StoreCollector:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def collect(self) -> Any:
+        objs = GaugeMetricFamily(
+            "fedfaas_gateway_store_objects", "live store objects", labels=["job"]
+        )
+        byts = GaugeMetricFamily(
+            "fedfaas_gateway_store_bytes", "store bytes incl. pool", labels=["job"]
+        )
+        ver = GaugeMetricFamily(
+            "fedfaas_gateway_model_version", "global model version", labels=["job"]
+        )
+        eps = GaugeMetricFamily(
+            "fedfaas_gateway_endpoints", "registered router endpoints", labels=["mode"]
+        )
+        for job in list(self.gw.jobs.values()):
+            st = job.ns.stats()
+            objs.add_metric([job.name], st["objects"])
+            byts.add_metric([job.name], st["bytes"])
+            ver.add_metric([job.name], job.version)
+        router = getattr(self.gw, "router", None)
+        if router is not None:
+            with contextlib.suppress(Exception):  # router not started yet
+                eps.add_metric([router.mode], len(router.endpoints()))
+        yield from (objs, byts, ver, eps)
+
+
+class Metrics:
+    def __init__(self, node: str, gw: Gateway) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.updates = Counter(
+            "fedfaas_gateway_updates_accepted", "updates sealed and journaled", registry=r
+        )
+        self.rejected = Counter(
+            "fedfaas_gateway_updates_rejected", "updates refused", ["code"], registry=r
+        )
+        self.ingest_bytes = Counter(
+            "fedfaas_gateway_ingest_bytes", "update body bytes received", registry=r
+        )
+        self.ingest_seconds = Histogram(
+            "fedfaas_gateway_ingest_seconds",
+            "upload time per update",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+            registry=r,
+        )
+        self.rounds = Counter(
+            "fedfaas_gateway_rounds_published", "global models published", registry=r
+        )
+        self.redeliveries = Counter(
+            "fedfaas_gateway_redeliveries", "slots re-run after an endpoint died", registry=r
+        )
+        r.register(_StoreCollector(gw))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,375 @@
+"""One round of one job on one node: slots, endpoints, deliveries, acks and re-delivery.
+
+All methods run on the gateway's event-loop thread; I/O happens through the callables given
+at construction (``send`` a frame, ``forward`` a partial to another node, ``publish`` the
+result), so the logic is testable with fakes.
+
+Protocol (frames carry the slot id in ``seq``):
+
+- ``TASK`` (gateway -> endpoint): role and lazy flag in ``flags``, accumulator object in
+  ``key``, goal in ``count``, parent endpoint in ``parent`` (the gateway's own endpoint when
+  the parent has none yet or lives on another node), parent *slot* id in ``weight`` (0 for
+  the top) so the child can stamp it into its PARTIAL's ``parent``.
+- ``UPDATE`` (gateway -> intake slot): a sealed update and its sample count.
+- ``PARTIAL`` (child -> parent endpoint, or gateway -> parent on re-delivery): a sealed
+  partial sum, its weight sum and update count; ``seq`` = child slot id, so a parent folds
+  each child at most once.
+- ``ACK`` (child -> gateway, after sealing its partial and sending it to its parent): the
+  gateway frees the child's inputs and forwards the partial if the parent changed meanwhile.
+- ``RESULT`` (top -> gateway): the sealed global model.
+
+An endpoint that disconnects before acking loses its slot: the slot gets a fresh
+accumulator and the next idle endpoint, and every input is delivered again. Accumulators of
+abandoned attempts are kept until the round ends (a parent may be reading one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bpf import FLAG_LAZY, Frame, Kind
+from fedfaas.objstore import Namespace, key_hex
+from gateway.plan import Plan, Slot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Input:
+    """Something a slot folds: a client update or a child's partial."""
+
+    key: bytes
+    weight: float
+    count: int
+    child: int = 0  # child slot id for partials
+    client: str | None = None
+    clients: tuple[str, ...] = ()  # clients a partial covers (local ones)
+
+
+@dataclass
+class SlotState:
+    slot: Slot
+    local: bool
+    endpoint: int | None = None
+    parent_ep_at_task: int | None = None
+    acc: bytes | None = None
+    updates: list[Input] = field(default_factory=list)
+    partials: dict[int, Input] = field(default_factory=dict)
+    done: Input | None = None
+    abandoned: list[bytes] = field(default_factory=list)
+    attempts: int = 0
+    assigned: int = 0  # client updates routed here (never decreases)
+
+
+class RoundEngine:
+    """State machine of one round on one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        node: str,
+        round: int,
+        plan: Plan,
+        store: Namespace,
+        gateway_ep: int,
+        send: Callable[[Frame], None],
+        publish: Callable[[Input], None],
+        forward: Callable[[Slot, Input], None] | None = None,
+        persist: Callable[[int, Input, Callable[[], None]], None] | None = None,
+        lazy: bool = False,
+    ) -> None:
+        self.job_id = job_id
+        self.node = node
+        self.round = round
+        self.plan = plan
+        self.store = store
+        self.gateway_ep = gateway_ep
+        self._send = send
+        self._publish = publish
+        self._forward = forward
+        self._persist = persist or (lambda _sid, _inp, release: release())
+        self.closed = False
+        self.lazy = lazy
+        self.slots = {s.id: SlotState(s, s.node == node) for s in plan.slots}
+        self.intake = [self.slots[s.id] for s in plan.intake(node)]
+        self.capacity = sum(s.slot.goal for s in self.intake)
+        self.result: Input | None = None
+        self.clients: dict[str, bytes] = {}
+
+    # -- intake --------------------------------------------------------------------------------
+    @property
+    def accepted(self) -> int:
+        return len(self.clients)
+
+    def full(self) -> bool:
+        return self.accepted >= self.capacity
+
+    def add_update(self, client: str, key: bytes, weight: float) -> int:
+        """Record a sealed, journaled update (the gateway holds one lease); returns its slot id."""
+        want = self.plan.assignment.get(client)
+        cands = [s for s in self.intake if s.assigned < s.slot.goal and s.done is None]
+        if not cands:
+            raise RuntimeError("round is full on this node")
+        st = next((s for s in cands if s.slot.id == want), cands[0])
+        inp = Input(key, float(weight), 1, client=client)
+        st.updates.append(inp)
+        st.assigned += 1
+        self.clients[client] = key
+        if st.endpoint is not None:
+            self._deliver_update(st, inp)
+        return st.slot.id
+
+    def add_remote_partial(self, child_id: int, key: bytes, weight: float, count: int) -> None:
+        """A child slot on another node finished; its partial now lives in this node's store."""
+        child = self.slots.get(child_id)
+        if child is None or child.local:
+            raise ValueError(f"slot {child_id} is not a remote child in this plan")
+        if child.done is not None:
+            self.store.release(key)  # duplicate forward: keep the first
+            return
+        child.done = Input(key, weight, count, child=child_id)
+        self._persist(child_id, child.done, lambda: None)
+        self._to_parent(child, sent_directly=False)
+
+    def restore_done(
+        self, slot_id: int, key: bytes, weight: float, count: int, clients: list[str]
+    ) -> None:
+        """Recovery: a slot finished before a gateway restart (its partial was journaled)."""
+        st = self.slots[slot_id]
+        st.done = Input(key, weight, count, child=slot_id, clients=tuple(clients))
+        if not self.plan.children(slot_id):
+            st.assigned = st.slot.goal
+        for c in clients:
+            self.clients[c] = key
+        if st.slot.parent is not None:
+            self._to_parent(st, sent_directly=False)
+
+    # -- endpoints -----------------------------------------------------------------------------
+    def busy_endpoints(self) -> set[int]:
+        return {
+            s.endpoint for s in self.slots.values() if s.endpoint is not None and s.done is None
+        }
+
+    def needs_endpoint(self) -> list[SlotState]:
+        """Local unfinished slots without an endpoint that have work waiting, oldest input first."""
+        out = []
+        for s in self.slots.values():
+            if (
+                not s.local
+                or s.done is not None
+                or s.endpoint is not None
+                or self.result is not None
+            ):
+                continue
+            if s.updates or s.partials:
+                out.append(s)
+        return sorted(out, key=lambda s: (s.slot.role, s.slot.id))
+
+    def pump(self, idle: list[int]) -> None:
+        """Give idle endpoints to slots with waiting work; sends TASK and (re)delivers inputs."""
+        for st in self.needs_endpoint():
+            if not idle:
+                return
+            self._start(st, idle.pop(0))
+
+    def _start(self, st: SlotState, ep: int) -> None:
+        if st.acc is not None:
+            st.abandoned.append(st.acc)
+        obj = self.store.allocate()
+        obj.close()
+        st.acc = obj.key_bytes
+        st.endpoint = ep
+        st.attempts += 1
+        parent = self.slots.get(st.slot.parent) if st.slot.parent is not None else None
+        if (
+            parent is not None
+            and parent.local
+            and parent.endpoint is not None
+            and parent.done is None
+        ):
+            st.parent_ep_at_task = parent.endpoint
+        else:
+            st.parent_ep_at_task = self.gateway_ep
+        flags = st.slot.role | (FLAG_LAZY if self.lazy else 0)
+        log.debug(
+            "round %d: slot %d -> endpoint %d (attempt %d)", self.round, st.slot.id, ep, st.attempts
+        )
+        self._send(
+            Frame(
+                dst=ep,
+                src=self.gateway_ep,
+                kind=Kind.TASK,
+                flags=flags,
+                job=self.job_id,
+                key=st.acc,
+                weight=float(st.slot.parent or 0),
+                round=self.round,
+                count=st.slot.goal,
+                parent=st.parent_ep_at_task,
+                seq=st.slot.id,
+            )
+        )
+        for inp in st.updates:
+            self._deliver_update(st, inp)
+        for inp in st.partials.values():
+            self._deliver_partial(st, inp)
+
+    def _deliver_update(self, st: SlotState, inp: Input) -> None:
+        assert st.endpoint is not None
+        self._send(
+            Frame(
+                dst=st.endpoint,
+                src=self.gateway_ep,
+                kind=Kind.UPDATE,
+                job=self.job_id,
+                key=inp.key,
+                weight=inp.weight,
+                round=self.round,
+                count=1,
+                seq=st.slot.id,
+            )
+        )
+
+    def _deliver_partial(self, st: SlotState, inp: Input) -> None:
+        assert st.endpoint is not None
+        self._send(
+            Frame(
+                dst=st.endpoint,
+                src=self.gateway_ep,
+                kind=Kind.PARTIAL,
+                job=self.job_id,
+                key=inp.key,
+                weight=inp.weight,
+                round=self.round,
+                count=inp.count,
+                parent=st.slot.id,
+                seq=inp.child,
+            )
+        )
+
+    def on_disconnect(self, ep: int) -> list[int]:
+        """An endpoint is gone: its unfinished slots lose it. Returns the affected slot ids."""
+        lost = []
+        for st in self.slots.values():
+            if st.endpoint == ep and st.done is None and self.result is None:
+                st.endpoint = None
+                lost.append(st.slot.id)
+        if lost:
+            log.warning("round %d: endpoint %d gone, slots %s will be re-run", self.round, ep, lost)
+        return lost
+
+    # -- frames from endpoints -----------------------------------------------------------------
+    def on_frame(self, f: Frame) -> None:
+        if f.round != self.round:
+            log.debug("round %d: ignoring %s for round %d", self.round, f.kind.name, f.round)
+            return
+        st = self.slots.get(f.seq)
+        if f.kind == Kind.PARTIAL:
+            return  # a child's direct send to us (parent had no endpoint); its ACK carries the same
+        if st is None or not st.local or st.endpoint != f.src or st.acc != f.key:
+            log.warning(
+                "round %d: stale %s from endpoint %d for slot %d",
+                self.round,
+                f.kind.name,
+                f.src,
+                f.seq,
+            )
+            return
+        if f.kind == Kind.ACK:
+            self._on_ack(st, f)
+        elif f.kind == Kind.RESULT:
+            self._on_result(st, f)
+
+    def _on_ack(self, st: SlotState, f: Frame) -> None:
+        if st.done is not None or st.slot.parent is None:
+            return
+        if f.count != st.slot.goal:
+            log.error("slot %d acked %d updates, goal %d", st.slot.id, f.count, st.slot.goal)
+        covered = [i.client for i in st.updates if i.client is not None]
+        for p in st.partials.values():
+            covered.extend(p.clients)
+        st.done = Input(f.key, f.weight, f.count, child=st.slot.id, clients=tuple(covered))
+        # inputs are freed only once the partial that covers them is journaled
+        self._persist(st.slot.id, st.done, lambda: self._release_inputs(st))
+        self._to_parent(st, sent_directly=True)
+
+    def _to_parent(self, st: SlotState, *, sent_directly: bool) -> None:
+        assert st.done is not None and st.slot.parent is not None
+        parent = self.slots[st.slot.parent]
+        if not parent.local:
+            if self._forward is None:
+                raise RuntimeError(
+                    f"slot {st.slot.id}: parent on node {parent.slot.node} but no forwarder"
+                )
+            self._forward(st.slot, st.done)
+            return
+        parent.partials[st.slot.id] = st.done
+        if parent.endpoint is not None and (
+            not sent_directly or parent.endpoint != st.parent_ep_at_task
+        ):
+            self._deliver_partial(parent, st.done)
+
+    def _on_result(self, st: SlotState, f: Frame) -> None:
+        if self.result is not None or st.slot.parent is not None:
+            return
+        if f.count != st.slot.goal:
+            log.error("top reported %d updates, goal %d", f.count, st.slot.goal)
+            return
+        self.result = Input(f.key, f.weight, f.count)
+        st.done = self.result
+        self._release_inputs(st)
+        self._publish(self.result)
+
+    def _release_inputs(self, st: SlotState) -> None:
+        if self.closed:
+            return  # close() released everything already
+        for inp in st.updates:
+            self.store.release(inp.key)
+        st.updates = []
+
+    # -- end -----------------------------------------------------------------------------------
+    def close(self, keep: bytes | None = None) -> None:
+        """Free every object of the round this node still holds, except ``keep``."""
+        self.closed = True
+        keys: set[bytes] = set()
+        for st in self.slots.values():
+            keys.update(i.key for i in st.updates)
+            keys.update(i.key for i in st.partials.values())
+            keys.update(st.abandoned)
+            if st.acc is not None:
+                keys.add(st.acc)
+            if st.done is not None and not st.local:
+                keys.add(st.done.key)  # remote partials received into our store
+            st.updates, st.abandoned = [], []
+        keys.discard(keep or b"")
+        for k in keys:
+            if self.store.leases(k):
+                self.store.release(k)  # the round's lease; a checkpoint may still hold another
+
+    def progress(self) -> dict[str, object]:
+        return {
+            "round": self.round,
+            "accepted": self.accepted,
+            "capacity": self.capacity,
+            "slots": {
+                sid: {
+                    "role": s.slot.role,
+                    "goal": s.slot.goal,
+                    "node": s.slot.node,
+                    "endpoint": s.endpoint,
+                    "updates": s.assigned,
+                    "partials": len(s.partials),
+                    "done": s.done is not None,
+                    "attempts": s.attempts,
+                }
+                for sid, s in self.slots.items()
+            },
+            "done": self.result is not None,
+        }
+
+
+def hexkey(k: bytes) -> str:
+    return key_hex(k)

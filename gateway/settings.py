@@ -1,0 +1,83 @@
+"""Settings of one node gateway (env prefix ``FEDFAAS_GATEWAY_``; the command line wins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fedfaas.objstore import DEFAULT_ROOT
+from fedfaas.wire import DEFAULT_MAX_HEADER
+
+
+class GatewaySettings(BaseSettings):
+    """One node gateway.
+
+    Attributes
+    ----------
+    node : name of this node (store namespace ``<shm_root>/<node>/<job>``).
+    host, port : where the HTTP API listens (loopback by default).
+    state_dir : secrets and the registration socket live here.
+    redis_url : the journal.
+    shm_root : object-store root.
+    router_socket : registration socket of the embedded router (default ``<state_dir>/router-<node>.sock``).
+    prefer_ebpf : load the eBPF sidecar when possible (else the userspace router).
+    admin_secret_file : admin secret (generated on first start when missing).
+    fanout : updates per leaf aggregator in the static plan (I).
+    lazy : aggregate lazily (when the goal is reached) instead of eagerly.
+    max_header : bound on the safetensors JSON header of an upload.
+    max_job_body : bound on the initial-weights body of ``POST /v1/jobs``.
+    pool : store buffers pre-faulted when a job is created (``None``: max_inflight + 2); freed
+        buffers are kept for reuse up to an estimate of the round's peak, within ``pool_max_bytes``.
+    check_finite : reject updates holding NaN or Inf.
+    read_timeout : seconds without a byte before a half-received request is dropped (its
+        buffer freed); idle keep-alive connections get four times as long.
+    max_inflight : uploads of one job received at once (others wait, reading paused: TCP
+        back-pressure keeps their bodies out of memory); 0 = no limit.
+    peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``).
+    spawn_aggregators : endpoints of a local aggregator process started per job (0: the control
+        plane or the runtime provides aggregators).
+    planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
+        ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
+    minio_endpoint, minio_access_key, minio_secret_key, minio_bucket : async checkpoints (optional).
+    checkpoint_clients : also checkpoint every accepted client update (FLStore reads them).
+    keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
+        round from the journal (a crash always leaves it; the default clean stop empties it).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
+
+    node: str = "node0"
+    host: str = "127.0.0.1"
+    port: int = 8081
+    state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".state" / "gateway")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    shm_root: Path = DEFAULT_ROOT
+    router_socket: Path | None = None
+    prefer_ebpf: bool = True
+    admin_secret_file: Path | None = None
+    fanout: int = 2
+    lazy: bool = False
+    max_header: int = DEFAULT_MAX_HEADER
+    max_job_body: int = 1 << 30
+    pool: int | None = None
+    pool_max_bytes: int = 2 << 30
+    check_finite: bool = True
+    max_inflight: int = 4
+    read_timeout: float = 60.0
+    peers: dict[str, str] = Field(default_factory=dict)
+    spawn_aggregators: int = 0
+    planner: str | None = None
+    minio_endpoint: str | None = None
+    minio_access_key: str = "fedfaas"
+    minio_secret_key: str = "fedfaas-secret-key"
+    minio_bucket: str = "fedfaas"
+    checkpoint_clients: bool = True
+    keep_store_on_stop: bool = False
+
+    def socket_path(self) -> Path:
+        return self.router_socket or self.state_dir / f"router-{self.node}.sock"
+
+    def secret_path(self) -> Path:
+        return self.admin_secret_file or self.state_dir / "admin-secret"

@@ -1,0 +1,126 @@
+"""A gateway process killed mid-round (SIGKILL) and restarted on the same state, store and
+Redis resumes the round from its journal: every update answered 202 counts exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedfaas import wire
+from fedfaas.services import free_port, wait_for_port
+from gateway.aggregators import WORKER
+from tests.dataplane.gwutil import tiny_model
+from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version
+
+pytestmark = pytest.mark.integration
+
+
+def _gateway(tmp: Path, redis_url: str, port: int, shm: Path) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--node",
+            "n1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp / "state"),
+            "--redis",
+            redis_url,
+            "--shm-root",
+            str(shm),
+            "--no-ebpf",
+            "--fanout",
+            "2",
+            "--pool",
+            "3",
+            "--log-level",
+            "WARNING",
+        ],
+        start_new_session=True,
+    )
+    wait_for_port("127.0.0.1", port, 60, p)
+    return p
+
+
+def _kill(p: subprocess.Popen[bytes], sig: int) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, sig)
+        p.wait(15)
+
+
+def test_killed_gateway_resumes_the_round_from_its_journal(tmp_path: Path, redis_url: str) -> None:
+    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    port = free_port()
+    gw = _gateway(tmp_path, redis_url, port, shm)
+    url = f"http://127.0.0.1:{port}"
+    secret = (tmp_path / "state" / "admin-secret").read_text().strip()
+    clients = ["c0", "c1", "c2", "c3"]
+    r = httpx.post(
+        url + "/v1/jobs",
+        params={"job": "j1", "rounds": 1, "goal": 4, "clients": ",".join(clients)},
+        content=wire.encode_tensors(tiny_model(0)),
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+    assert r.status_code == 201, r.text
+    info = r.json()
+    store = str(shm / "n1" / "j1")
+    aggs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "--socket",
+                str(tmp_path / "state" / "router-n1.sock"),
+                "--job-id",
+                str(info["id"]),
+                "--store",
+                store,
+                "--endpoints",
+                "1",
+                "--log-level",
+                "WARNING",
+            ],
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
+    seeds, weights = [31, 32, 33, 34], [2, 3, 5, 7]
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(url + "/healthz").json()["router"] and time.monotonic() < deadline:
+            st = httpx.get(url + "/v1/jobs/j1").json()
+            if st["progress"] is not None:
+                break
+        for i in range(3):  # leaf 1 completes (its partial is journaled), leaf 2 holds one update
+            upload(url, info["tokens"], clients[i], 1, seeds[i], weights[i])
+        time.sleep(1.5)
+        _kill(gw, signal.SIGKILL)
+        gw = _gateway(tmp_path, redis_url, port, shm)  # same state, store and Redis
+        r = httpx.post(
+            f"{url}/v1/jobs/j1/rounds/1/updates",
+            content=wire.encode_tensors(tiny_model(99)),
+            headers={
+                "Authorization": f"Bearer {info['tokens']['c1']}",
+                "X-Client-Id": "c1",
+                "X-Sample-Count": "1",
+            },
+        )
+        assert r.status_code == 409 and r.json()["error"] == "duplicate_client"  # c1 still counted
+        upload(url, info["tokens"], clients[3], 1, seeds[3], weights[3])
+        got = wait_version(url, info["tokens"]["c0"], 1)
+        assert_fedavg(got, expected(seeds, weights))
+    finally:
+        for a in aggs:
+            _kill(a, signal.SIGTERM)
+        _kill(gw, signal.SIGTERM)
+    assert not shm.exists()

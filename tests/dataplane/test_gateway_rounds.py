@@ -1,0 +1,389 @@
+"""Whole rounds through a real gateway, router, Redis and aggregator processes.
+
+The global model equals flat FedAvg over the accepted updates, whatever the hierarchy, also
+when an aggregator process is killed mid-round (its slot is re-run on another endpoint and
+every input re-delivered: each update still counts exactly once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from fedfaas import fedavg, wire
+from gateway.aggregators import WORKER
+from tests.dataplane.gwutil import GatewayThread, settings, tiny_model
+
+pytestmark = pytest.mark.integration
+
+
+class Aggregators:
+    """Aggregator worker processes (1 endpoint each) for one job."""
+
+    def __init__(self, gw: GatewayThread, job_id: int) -> None:
+        self.gw, self.job_id = gw, job_id
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, n: int = 1, endpoints: int = 1) -> None:
+        store = str(next(iter(self.gw.gw.jobs.values())).ns.path)
+        for _ in range(n):
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        "--socket",
+                        str(self.gw.settings.socket_path()),
+                        "--job-id",
+                        str(self.job_id),
+                        "--store",
+                        store,
+                        "--endpoints",
+                        str(endpoints),
+                        "--log-level",
+                        "WARNING",
+                    ],
+                    start_new_session=True,
+                )
+            )
+
+    def wait_registered(self, n: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            eps = [
+                i
+                for i in self.gw.gw.router.endpoints().values()
+                if i.job == self.job_id and not i.local
+            ]
+            if len(eps) >= n:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{n} aggregator endpoints did not register")
+
+    def kill_pid(self, pid: int) -> None:
+        os.killpg(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+@pytest.fixture()
+def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
+    made: list[GatewayThread] = []
+
+    def make(**kw: object) -> GatewayThread:
+        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        g.stop()
+        assert not g.settings.shm_root.exists()
+
+
+def create(
+    gw: GatewayThread,
+    clients: list[str],
+    goal: int,
+    rounds: int = 1,
+    name: str = "j1",
+    nodes: str | None = None,
+) -> dict:
+    params = {"job": name, "rounds": rounds, "goal": goal, "clients": ",".join(clients)}
+    if nodes:
+        params["nodes"] = nodes
+    r = httpx.post(
+        gw.url + "/v1/jobs",
+        params=params,
+        content=wire.encode_tensors(tiny_model(0)),
+        headers={"Authorization": f"Bearer {gw.gw.secret}"},
+    )
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def upload(
+    url: str, tokens: dict[str, str], client: str, rnd: int, seed: int, samples: int
+) -> None:
+    r = httpx.post(
+        f"{url}/v1/jobs/j1/rounds/{rnd}/updates",
+        content=wire.encode_tensors(tiny_model(seed, 3.0)),
+        headers={
+            "Authorization": f"Bearer {tokens[client]}",
+            "X-Client-Id": client,
+            "X-Sample-Count": str(samples),
+        },
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+
+
+def wait_version(url: str, token: str, version: int, timeout: float = 60) -> dict[str, np.ndarray]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/v1/jobs/j1/model", headers={"Authorization": f"Bearer {token}"})
+        if int(r.headers["x-model-version"]) >= version:
+            return wire.decode_tensors(r.content)
+        time.sleep(0.05)
+    raise TimeoutError(f"model version {version} not reached")
+
+
+def expected(seeds: list[int], weights: list[int]) -> dict[str, np.ndarray]:
+    models = [tiny_model(s, 3.0) for s in seeds]
+    return {
+        k: fedavg.fedavg_reference([m[k].astype(np.float32) for m in models], weights)
+        for k in models[0]
+    }
+
+
+def assert_fedavg(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for k in ("layer.weight", "layer.bias"):
+        assert fedavg.rel_error(got[k], want[k]) <= 1e-6, k
+
+
+@pytest.mark.parametrize(("goal", "fanout", "lazy"), [(5, 2, False), (4, 4, False), (6, 2, True)])
+def test_rounds_produce_flat_fedavg_for_any_plan(
+    make_gw, goal: int, fanout: int, lazy: bool
+) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw(fanout=fanout, lazy=lazy, pool=3)
+    clients = [f"c{i}" for i in range(goal)]
+    info = create(gw, clients, goal, rounds=2)
+    aggs = Aggregators(gw, info["id"])
+    try:
+        aggs.spawn(2)
+        aggs.wait_registered(2)
+        for rnd in (1, 2):
+            seeds = [rnd * 100 + i for i in range(goal)]
+            weights = [7 * (i + 1) for i in range(goal)]
+            for c, s, w in zip(clients, seeds, weights, strict=True):
+                upload(gw.url, info["tokens"], c, rnd, s, w)
+            got = wait_version(gw.url, info["tokens"]["c0"], rnd)
+            assert_fedavg(got, expected(seeds, weights))
+        job = gw.gw.jobs["j1"]
+        assert job.version == 2 and job.engine is None  # all rounds done
+        st = httpx.get(gw.url + "/v1/jobs/j1").json()
+        assert st["status"] == "done" and st["last_round"]["first_byte_to_result_s"] > 0
+        assert job.ns.keys() == [job.global_key.hex()]  # only the global model is left
+    finally:
+        aggs.stop()
+
+
+def _endpoint_pid(gw: GatewayThread, slot: int) -> int:
+    eng = gw.gw.jobs["j1"].engine
+    ep = eng.slots[slot].endpoint
+    assert ep is not None
+    return gw.gw.router.endpoints()[ep].pid
+
+
+def _wait(cond, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("victim", ["leaf", "top"])
+def test_killed_aggregator_mid_round_still_gives_the_exact_result(make_gw, victim: str) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw(fanout=2, pool=3)
+    clients = [f"c{i}" for i in range(6)]
+    info = create(gw, clients, 6)
+    aggs = Aggregators(gw, info["id"])
+    seeds, weights = [11, 12, 13, 14, 15, 16], [5, 10, 20, 40, 80, 160]
+    try:
+        aggs.spawn(3)
+        aggs.wait_registered(3)
+        eng = gw.gw.jobs["j1"].engine
+        # top = slot 1, leaves 2..4 with 2 updates each
+        upload(gw.url, info["tokens"], "c0", 1, seeds[0], weights[0])
+        if victim == "leaf":
+            _wait(lambda: eng.slots[2].endpoint is not None and gw.gw.router.metrics() is not None)
+            time.sleep(0.3)  # let the leaf fold the first update
+            pid = _endpoint_pid(gw, 2)
+        else:
+            upload(gw.url, info["tokens"], "c1", 1, seeds[1], weights[1])
+            _wait(lambda: eng.slots[2].done is not None and eng.slots[1].endpoint is not None)
+            time.sleep(0.3)  # let the top fold the first partial
+            pid = _endpoint_pid(gw, 1)
+        aggs.kill_pid(pid)
+        aggs.spawn(1)  # the control plane would scale up; the re-run may also reuse a survivor
+        start = 1 if victim == "leaf" else 2
+        for i in range(start, 6):
+            upload(gw.url, info["tokens"], clients[i], 1, seeds[i], weights[i])
+        got = wait_version(gw.url, info["tokens"]["c0"], 1)
+        assert_fedavg(got, expected(seeds, weights))
+        slot = 2 if victim == "leaf" else 1
+        assert gw.gw.jobs["j1"].times[-1].result_ns > 0
+        with gw.gw.jobs["j1"].ns.open(gw.gw.jobs["j1"].global_key) as obj:
+            h = wire.read_header(obj.buf)
+            assert h.count == 6 and h.weight == sum(weights)  # each update exactly once
+        assert slot in eng.slots and eng.slots[slot].attempts == 2
+    finally:
+        aggs.stop()
+
+
+def test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg(
+    make_gw, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    shared = tmp_path / "admin-secret"  # node gateways share the admin secret
+    a = make_gw(node="a", fanout=2, pool=3, admin_secret_file=shared)
+    b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
+    clients = [f"c{i}" for i in range(6)]
+    info = create(a, clients, 6, nodes="a,b")
+    _wait(lambda: "j1" in b.gw.jobs, 30)
+    aggs_a, aggs_b = Aggregators(a, info["id"]), Aggregators(b, info["id"])
+    try:
+        aggs_a.spawn(2)
+        aggs_b.spawn(2)
+        aggs_a.wait_registered(2)
+        aggs_b.wait_registered(2)
+        node_of = info["plan"]["client_nodes"]
+        seeds, weights = [21, 22, 23, 24, 25, 26], [3, 1, 4, 1, 5, 9]
+        for c, s, w in zip(clients, seeds, weights, strict=True):
+            upload(a.url if node_of[c] == "a" else b.url, info["tokens"], c, 1, s, w)
+        got = wait_version(a.url, info["tokens"]["c0"], 1)
+        assert_fedavg(got, expected(seeds, weights))
+        got_b = wait_version(b.url, info["tokens"]["c5"], 1)  # node b serves the same model
+        assert_fedavg(got_b, expected(seeds, weights))
+        wrong = next(c for c in clients if node_of[c] == "a")
+        r = httpx.post(
+            f"{b.url}/v1/jobs/j1/rounds/2/updates",
+            content=b"x",
+            headers={
+                "Authorization": f"Bearer {info['tokens'][wrong]}",
+                "X-Client-Id": wrong,
+                "X-Sample-Count": "1",
+            },
+        )
+        assert r.status_code == 409 and r.json()["error"] in ("wrong_node", "job_finished")
+    finally:
+        aggs_a.stop()
+        aggs_b.stop()
+
+
+def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_server) -> None:  # type: ignore[no-untyped-def]
+    from fedfaas.checkpoints import make_minio
+
+    gw = make_gw(
+        fanout=2,
+        pool=3,
+        minio_endpoint=minio_server.endpoint,
+        minio_access_key=minio_server.access_key,
+        minio_secret_key=minio_server.secret_key,
+        minio_bucket="dp-test",
+    )
+    clients = ["c0", "c1", "c2"]
+    info = create(gw, clients, 3)
+    aggs = Aggregators(gw, info["id"])
+    try:
+        aggs.spawn(2)
+        aggs.wait_registered(2)
+        for i, c in enumerate(clients):
+            upload(gw.url, info["tokens"], c, 1, 40 + i, 2 + i)
+        got = wait_version(gw.url, info["tokens"]["c0"], 1)
+        assert gw.gw.checkpoints.flush(60)
+        mc = make_minio(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
+        names = {o.object_name for o in mc.list_objects("dp-test", prefix="j1/", recursive=True)}
+        base = "j1/rounds/000001/"
+        assert {base + "global.safetensors", base + "meta.json"} | {
+            f"{base}clients/{c}.safetensors" for c in clients
+        } <= names
+        glob = wire.decode_tensors(mc.get_object("dp-test", base + "global.safetensors").read())
+        np.testing.assert_array_equal(glob["layer.weight"], got["layer.weight"])
+        c1 = wire.decode_tensors(mc.get_object("dp-test", base + "clients/c1.safetensors").read())
+        np.testing.assert_array_equal(c1["layer.weight"], tiny_model(41, 3.0)["layer.weight"])
+        meta = json.loads(mc.get_object("dp-test", base + "meta.json").read())
+        assert meta["count"] == 3 and meta["clients"] == {"c0": 2, "c1": 3, "c2": 4}
+    finally:
+        aggs.stop()
+
+
+def test_aggregator_function_serves_rounds_inside_the_embedded_runtime(
+    make_gw, repo_root: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from fedfaas.services import free_port, wait_for_port
+
+    gw = make_gw(fanout=2, pool=3)
+    clients = ["c0", "c1", "c2", "c3"]
+    info = create(gw, clients, 4)
+    port = free_port()
+    env = {
+        **os.environ,
+        "FEDFAAS_GATEWAY_SOCKET": str(gw.settings.socket_path()),
+        "FEDFAAS_AGGREGATOR_JOB_ID": str(info["id"]),
+        "FEDFAAS_AGGREGATOR_ENDPOINTS": "2",
+        "FEDFAAS_AGGREGATOR_STORE": str(gw.gw.jobs["j1"].ns.path),
+    }
+    replica = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedfaas.runtime.watchdog",
+            "--function-dir",
+            str(repo_root / "functions" / "aggregator"),
+            "--port",
+            str(port),
+        ],
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60, replica)
+        Aggregators(gw, info["id"]).wait_registered(2)
+        seeds, weights = [51, 52, 53, 54], [1, 2, 3, 4]
+        for c, s, w in zip(clients, seeds, weights, strict=True):
+            upload(gw.url, info["tokens"], c, 1, s, w)
+        assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], 1), expected(seeds, weights))
+        status = httpx.get(f"http://127.0.0.1:{port}/").json()
+        assert sum(e["tasks_done"] for e in status["endpoints"]) == 3  # two leaves and the top
+    finally:
+        os.killpg(replica.pid, signal.SIGTERM)
+        replica.wait(15)
+
+
+@pytest.mark.bpf
+def test_rounds_and_failover_over_the_ebpf_sidecar(make_gw) -> None:  # type: ignore[no-untyped-def]
+    import bpf
+
+    mode, reason = bpf.probe()
+    if mode != "ebpf":
+        pytest.skip(f"eBPF sidecar unavailable here: {reason}")
+    gw = make_gw(fanout=2, pool=3, prefer_ebpf=True)
+    assert gw.gw.router.mode == "ebpf"
+    clients = [f"c{i}" for i in range(4)]
+    info = create(gw, clients, 4)
+    aggs = Aggregators(gw, info["id"])
+    seeds, weights = [61, 62, 63, 64], [4, 3, 2, 1]
+    try:
+        aggs.spawn(3)
+        aggs.wait_registered(3)
+        eng = gw.gw.jobs["j1"].engine
+        upload(gw.url, info["tokens"], "c0", 1, seeds[0], weights[0])
+        _wait(lambda: eng.slots[2].endpoint is not None)
+        time.sleep(0.3)
+        aggs.kill_pid(_endpoint_pid(gw, 2))
+        for i in range(1, 4):
+            upload(gw.url, info["tokens"], clients[i], 1, seeds[i], weights[i])
+        assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], 1), expected(seeds, weights))
+        assert eng.slots[2].attempts == 2
+    finally:
+        aggs.stop()

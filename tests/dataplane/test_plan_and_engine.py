@@ -1,0 +1,194 @@
+"""Pure logic: the static plan, and the round engine's routing, acks and re-delivery (fakes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bpf import Frame, Kind
+from gateway.plan import LEAF, MIDDLE, TOP, Plan, Slot, static_plan
+from gateway.rounds import Input, RoundEngine
+
+
+def test_static_plan_has_ceil_goal_over_fanout_leaves_under_one_top() -> None:
+    p = static_plan(20, [f"c{i}" for i in range(20)], ["n"], fanout=2)
+    leaves = [s for s in p.slots if s.role == LEAF]
+    assert p.top.role == TOP and p.top.goal == 20 and len(leaves) == 10
+    assert all(s.goal == 2 and s.parent == p.top.id for s in leaves)
+    assert static_plan(5, ["a", "b", "c", "d", "e"], ["n"], fanout=2).intake("n")[-1].goal == 1
+
+
+def test_small_goal_on_one_node_is_a_lone_top() -> None:
+    p = static_plan(2, ["a", "b"], ["n"], fanout=2)
+    assert len(p.slots) == 1 and p.intake("n") == [p.top]
+
+
+def test_other_nodes_get_a_middle_so_one_partial_crosses_nodes() -> None:
+    p = static_plan(7, [f"c{i}" for i in range(7)], ["a", "b"], fanout=2)
+    mids = [s for s in p.slots if s.role == MIDDLE]
+    assert len(mids) == 1 and mids[0].node == "b" and mids[0].parent == p.top.id
+    assert p.node_goal("a") + p.node_goal("b") == 7
+    assert all(s.node == "b" for s in p.slots if s.parent == mids[0].id)
+    assert set(p.client_nodes.values()) == {"a", "b"}
+
+
+def test_plans_are_validated() -> None:
+    with pytest.raises(ValueError):
+        Plan((Slot(1, "n", LEAF, 2, None),))  # no top
+    with pytest.raises(ValueError):
+        Plan((Slot(1, "n", TOP, 3, None), Slot(2, "n", LEAF, 2, 1)))  # goals do not add up
+
+
+class FakeStore:
+    """The slice of Namespace the engine uses; ``held`` maps keys to lease counts."""
+
+    def __init__(self) -> None:
+        self.held: dict[bytes, int] = {}
+        self.n = 0
+
+    def allocate(self):  # type: ignore[no-untyped-def]
+        self.n += 1
+        key = self.n.to_bytes(16, "big")
+        self.held[key] = 1
+
+        class Obj:
+            key_bytes = key
+
+            def close(self) -> None:
+                pass
+
+        return Obj()
+
+    def release(self, key: bytes) -> bool:
+        self.held[key] -= 1
+        if self.held[key] == 0:
+            del self.held[key]
+            return True
+        return False
+
+    def free(self, key: bytes) -> None:
+        self.held.pop(key, None)
+
+    def leases(self, key: bytes) -> int:
+        return self.held.get(key, 0)
+
+
+def engine(
+    goal: int = 4, fanout: int = 2
+) -> tuple[RoundEngine, list[Frame], list[Input], FakeStore]:
+    sent: list[Frame] = []
+    published: list[Input] = []
+    store = FakeStore()
+    plan = static_plan(goal, [f"c{i}" for i in range(goal)], ["n"], fanout)
+    eng = RoundEngine(
+        job_id=7,
+        node="n",
+        round=1,
+        plan=plan,
+        store=store,
+        gateway_ep=100,  # type: ignore[arg-type]
+        send=sent.append,
+        publish=published.append,
+    )
+    return eng, sent, published, store
+
+
+def update_key(i: int) -> bytes:
+    return bytes([0xAA, i]) + bytes(14)
+
+
+def test_updates_wait_for_an_endpoint_then_task_and_updates_are_sent_in_order() -> None:
+    eng, sent, _, store = engine()
+    for i in range(2):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 10 + i)
+    assert sent == []  # no endpoint yet: updates queue in the gateway
+    eng.pump([5])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE, Kind.UPDATE]
+    task = sent[0]
+    assert (
+        task.dst == 5
+        and task.seq == 2
+        and task.count == 2
+        and task.parent == 100
+        and int(task.weight) == 1
+    )
+
+
+def test_ack_frees_inputs_and_forwards_partial_to_a_parent_that_arrived_later() -> None:
+    eng, sent, published, store = engine()
+    for i in range(2):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.pump([5])
+    acc = sent[0].key
+    eng.on_frame(
+        Frame(dst=100, src=5, kind=Kind.ACK, job=7, key=acc, weight=2, round=1, count=2, seq=2)
+    )
+    assert update_key(0) not in store.held and update_key(1) not in store.held  # freed once covered
+    sent.clear()
+    eng.pump([6])  # the top gets an endpoint now: TASK, then the leaf's partial re-delivered
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL]
+    assert sent[1].key == acc and sent[1].seq == 2 and sent[1].parent == 1 and sent[1].dst == 6
+
+
+def test_disconnected_leaf_is_rerun_on_another_endpoint_with_every_input() -> None:
+    eng, sent, _, store = engine()
+    store.held[update_key(0)] = 1
+    eng.add_update("c0", update_key(0), 3)
+    eng.pump([5])
+    first_acc = sent[0].key
+    assert eng.on_disconnect(5) == [2]
+    sent.clear()
+    eng.pump([9])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE]
+    assert sent[0].dst == 9 and sent[0].key != first_acc and sent[1].key == update_key(0)
+    assert eng.slots[2].attempts == 2 and first_acc in eng.slots[2].abandoned
+    # a late ACK from the dead endpoint's attempt is ignored
+    eng.on_frame(
+        Frame(
+            dst=100, src=5, kind=Kind.ACK, job=7, key=first_acc, weight=3, round=1, count=1, seq=2
+        )
+    )
+    assert eng.slots[2].done is None
+
+
+def test_result_with_the_goal_publishes_once_and_close_frees_all_but_the_model() -> None:
+    eng, sent, published, store = engine(goal=2)  # lone top
+    for i in range(2):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.pump([5])
+    acc = sent[0].key
+    eng.on_frame(
+        Frame(dst=100, src=5, kind=Kind.RESULT, job=7, key=acc, weight=2, round=1, count=2, seq=1)
+    )
+    eng.on_frame(
+        Frame(dst=100, src=5, kind=Kind.RESULT, job=7, key=acc, weight=2, round=1, count=2, seq=1)
+    )
+    assert len(published) == 1 and published[0].key == acc
+    eng.close(keep=acc)
+    assert set(store.held) == {acc}
+
+
+def test_round_full_and_stale_frames() -> None:
+    eng, sent, _, store = engine(goal=2)
+    for i in range(2):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    assert eng.full()
+    with pytest.raises(RuntimeError):
+        eng.add_update("c9", update_key(9), 1)
+    eng.on_frame(
+        Frame(
+            dst=100,
+            src=5,
+            kind=Kind.RESULT,
+            job=7,
+            key=bytes(16),
+            weight=2,
+            round=2,
+            count=2,
+            seq=1,
+        )
+    )
+    assert eng.result is None
