@@ -575,8 +575,13 @@ class Gateway:
             f"{url}/v1/jobs/{job.name}/model", headers={"Authorization": f"Bearer {self.secret}"}
         )
         r.raise_for_status()
-        job.model_bytes = r.content
-        job.version = max(job.version, int(r.headers["x-model-version"]))
+        version = int(r.headers["x-model-version"])
+        if version > job.version:
+            # Open the next round too: setting only the version would leave this node on the
+            # old round for good (the housekeeping loop advances only when the version grows).
+            self._advance_remote(job, version)
+        if version >= job.version:
+            job.model_bytes = r.content
 
     async def _housekeeping(self) -> None:
         while True:

@@ -280,6 +280,37 @@ def test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg(
         aggs_b.stop()
 
 
+def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
+    make_gw, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A model GET on node b right after the root publishes must also open round 2 on b."""
+    shared = tmp_path / "admin-secret"
+    a = make_gw(node="a", fanout=2, pool=3, admin_secret_file=shared)
+    b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
+    info = create(a, ["c0", "c1"], 2, rounds=3, nodes="a,b")
+    _wait(lambda: "j1" in b.gw.jobs, 30)
+    aggs_a, aggs_b = Aggregators(a, info["id"]), Aggregators(b, info["id"])
+    try:
+        aggs_a.spawn(1)
+        aggs_b.spawn(1)
+        aggs_a.wait_registered(1)
+        aggs_b.wait_registered(1)
+        node_of = info["plan"]["client_nodes"]
+        on_b = next(c for c in ("c0", "c1") if node_of[c] == "b")
+        for c in ("c0", "c1"):
+            upload(a.url if node_of[c] == "a" else b.url, info["tokens"], c, 1, 1, 1)
+        wait_version(a.url, info["tokens"]["c0"], 1)
+        wait_version(b.url, info["tokens"][on_b], 1)  # b fetches v1 from the root
+        status = httpx.get(
+            f"{b.url}/v1/jobs/j1", headers={"Authorization": f"Bearer {info['tokens'][on_b]}"}
+        ).json()
+        assert status["version"] == 1 and status["round"] == 2, status
+        upload(b.url, info["tokens"], on_b, 2, 2, 1)
+    finally:
+        aggs_a.stop()
+        aggs_b.stop()
+
+
 def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_server) -> None:  # type: ignore[no-untyped-def]
     from fedfaas.checkpoints import make_minio
 
