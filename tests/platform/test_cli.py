@@ -55,7 +55,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> None:
     up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))
     assert up.returncode == 0, up.stdout + up.stderr
-    assert "fedfaas is up" in up.stdout and "echo 1/1" in up.stdout
+    assert "fedfaas is up" in up.stdout and "echo 1/1" in up.stdout and "aggregator 1/1" in up.stdout
 
     st = state.load(state_dir)
     assert st is not None
@@ -78,7 +78,7 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
         "runtime",
     }
     assert report["ebpf_mode"] in ("ebpf", "userspace") and report["ebpf_reason"]
-    assert [f["name"] for f in report["functions"]] == ["echo"]
+    assert [f["name"] for f in report["functions"]] == ["aggregator", "echo"]
     text = fedfaas("status", "--state-dir", str(state_dir))
     assert f"eBPF: {report['ebpf_mode']}" in text.stdout
 
