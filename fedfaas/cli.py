@@ -4,7 +4,8 @@
     fedfaas status [--state-dir DIR]    each part, its address, PID, readiness; eBPF mode
     fedfaas down [--state-dir DIR]      stop everything, leave DIR clean (logs kept)
     fedfaas deploy -f stack.yml         what `faas-cli deploy -f stack.yml` does
-    fedfaas demo [--state-dir DIR]      the demo (a platform smoke run until the data plane lands)
+    fedfaas demo [--state-dir DIR]      the main job: real FL training over two node gateways
+    fedfaas calibrate --gateway URL ... measure a node's capacity MC (LIFL appendix E)
 
 Each subcommand is a ``register(subparsers)`` function that adds its parser and sets
 ``handler``; add one to :data:`COMMANDS` (or, from another package, to :data:`PLUGINS` as
@@ -261,7 +262,7 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 def register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "demo", help="run the demo (a platform smoke run until the data plane demo exists)"
+        "demo", help="run the main job: a real FL job over two node gateways, with a report"
     )
     _add_state_dir(p)
     p.set_defaults(handler=run_demo)
@@ -279,6 +280,101 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- calibrate -----------------------------------------------------------------------------------
+
+
+def _levels(value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {value!r}") from None
+    if not levels or any(n < 1 for n in levels) or list(levels) != sorted(set(levels)):
+        raise argparse.ArgumentTypeError(f"levels must be increasing positive integers: {value!r}")
+    return levels
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
+
+
+def register_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="measure a node's maximum service capacity MC (LIFL appendix E)",
+        description="Raise the number of concurrent updates sent to one node gateway step by "
+        "step until the time to aggregate them degrades; MC = k' * E' at that knee. The node "
+        "needs aggregators (e.g. `python -m gateway --spawn-aggregators N`). Prints JSON.",
+    )
+    p.add_argument("--gateway", required=True, metavar="URL", help="the node gateway")
+    p.add_argument(
+        "--admin-secret-file",
+        required=True,
+        type=_existing_file,
+        metavar="FILE",
+        help="the gateway's admin secret (<gateway state dir>/admin-secret)",
+    )
+    p.add_argument(
+        "--params",
+        type=_positive_int,
+        default=1_000_000,
+        help="float32 parameters in the test model (ResNet-18: 11181642; default 1000000)",
+    )
+    p.add_argument("--levels", type=_levels, default=(1, 2, 4, 8, 16), metavar="N,N,...")
+    p.add_argument("--repeats", type=_positive_int, default=2)
+    p.set_defaults(handler=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+    import numpy as np
+
+    from control_plane.calibrate import measure_gateway
+    from control_plane.errors import ControlPlaneError
+    from fedfaas.wire import encode_tensors
+
+    rng = np.random.default_rng(0)
+    initial = encode_tensors({"w": np.zeros(args.params, dtype=np.float32)})
+    update = encode_tensors({"w": rng.standard_normal(args.params, dtype=np.float32)})
+    try:
+        result = asyncio.run(
+            measure_gateway(
+                args.gateway.rstrip("/"),
+                initial,
+                update,
+                args.admin_secret_file.read_text().strip(),
+                args.levels,
+                1.5,
+                args.repeats,
+                "calibrate",
+                120.0,
+            )
+        )
+    except (ControlPlaneError, httpx.HTTPError) as exc:
+        print(f"fedfaas calibrate: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(
+        json.dumps(
+            {
+                "mc": result.mc,
+                "knee_level": result.knee_level,
+                "levels": list(result.levels),
+                "updates_per_s": list(result.rates),
+                "exec_s": list(result.exec_times),
+                "params": args.params,
+            }
+        )
+    )
+    return 0
+
+
 # --- wiring --------------------------------------------------------------------------------------
 
 #: Subcommands, in the order ``--help`` lists them.
@@ -288,6 +384,7 @@ COMMANDS: list[Register] = [
     register_down,
     register_deploy,
     register_demo,
+    register_calibrate,
 ]
 #: Subcommands of other packages, as ``"module:function"``, imported when the parser is built.
 PLUGINS: list[str] = []

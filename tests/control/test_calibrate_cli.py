@@ -1,0 +1,110 @@
+"""``fedfaas calibrate`` against a real node gateway with real aggregators."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedfaas.services import free_port, spawn, stop_group, wait_for_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _fedfaas(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.integration
+def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(
+    tmp_path: Path, redis_url: str
+) -> None:
+    port = free_port()
+    gw = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--node",
+            "n1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp_path / "gw"),
+            "--redis",
+            redis_url,
+            "--shm-root",
+            str(Path("/dev/shm") / f"fedfaas-cal-{port}"),
+            "--spawn-aggregators",
+            "2",
+            "--no-ebpf",
+            "--log-level",
+            "WARNING",
+        ],
+        log_path=tmp_path / "gw.log",
+        cwd=REPO,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60, gw)
+        done = _fedfaas(
+            "calibrate",
+            "--gateway",
+            f"http://127.0.0.1:{port}",
+            "--admin-secret-file",
+            str(tmp_path / "gw" / "admin-secret"),
+            "--params",
+            "20000",
+            "--levels",
+            "1,2",
+            "--repeats",
+            "1",
+        )
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["mc"] > 0 and report["levels"] == [1, 2]
+        assert all(e > 0 for e in report["exec_s"]) and report["params"] == 20000
+    finally:
+        stop_group(gw, 10)
+
+
+def test_calibrate_rejects_bad_levels_with_exit_code_2(tmp_path: Path) -> None:
+    secret = tmp_path / "s"
+    secret.write_text("x")
+    for levels in ("0,1", "4,2", "a"):
+        done = _fedfaas(
+            "calibrate",
+            "--gateway",
+            "http://127.0.0.1:1",
+            "--admin-secret-file",
+            str(secret),
+            "--levels",
+            levels,
+        )
+        assert done.returncode == 2, levels
+        assert "levels must be" in done.stderr or "not a list of integers" in done.stderr
+
+
+def test_calibrate_against_an_unreachable_gateway_fails_cleanly(tmp_path: Path) -> None:
+    secret = tmp_path / "s"
+    secret.write_text("x")
+    done = _fedfaas(
+        "calibrate",
+        "--gateway",
+        f"http://127.0.0.1:{free_port()}",
+        "--admin-secret-file",
+        str(secret),
+        "--levels",
+        "1",
+        "--repeats",
+        "1",
+    )
+    assert done.returncode == 1 and "calibrate: error" in done.stderr
