@@ -34,7 +34,7 @@ demo: setup
 	$(VENV)/bin/fedfaas demo --state-dir $(STATE)
 
 bench: setup
-	@for b in $(BENCHES); do [ -f bench/$$b.py ] && $(PY) -m bench.$$b || true; done
+	@set -e; for b in $(BENCHES); do echo "== bench-$$b"; $(PY) -m bench.$$b; done
 
 bench-%: setup
 	$(PY) -m bench.$*
