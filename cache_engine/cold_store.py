@@ -1,0 +1,278 @@
+"""The cold store: every round of every job in MinIO, the copy of record behind the cache.
+
+Layout (bucket ``fedfaas``, that of :mod:`fedfaas.checkpoints`; rounds zero-padded to 6 digits)::
+
+    <job>/rounds/<round:06d>/global.safetensors        global model after the round (0: initial)
+    <job>/rounds/<round:06d>/clients/<client>.safetensors   client updates (full model weights)
+    <job>/rounds/<round:06d>/meta.json                 written last: a round is complete once its
+                                                       meta.json exists
+
+meta.json comes from several writers; :func:`normalize_meta` reads all of them: FLStore's own
+``{"round", "clients": [ids], "client_meta": {id: {...}}, "round_meta": {...}}``, the gateway's
+``{"clients": {id: weight}, "count", "weight_sum", ...}`` and the demo's ``{"clients": [{"client",
+"num_samples", ...}], "accuracy", "loss", "seconds", ...}``.
+
+Updates and globals are safetensors of full model weights; :func:`flatten` turns them into one
+float32 vector in canonical order (tensor names sorted), the layout workloads compute on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from cache_engine.keys import ObjectKey
+
+log = logging.getLogger(__name__)
+
+BUCKET = "fedfaas"
+
+
+class ColdStoreError(RuntimeError):
+    """The cold store failed or lacks an object."""
+
+
+class ObjectMissing(ColdStoreError):
+    """An object is not in the cold store."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no object {path} in the cold store")
+        self.path = path
+
+
+def object_path(key: ObjectKey) -> str:
+    """Path of ``key``'s object inside the bucket (the checkpoint layout)."""
+    from fedfaas.checkpoints import client_key, global_key, meta_key
+
+    if key.kind == "update":
+        return client_key(key.job, key.round, key.client)
+    if key.kind == "global":
+        return global_key(key.job, key.round)
+    return meta_key(key.job, key.round)
+
+
+_ROUND_FIELDS = {"seconds": "duration_s"}
+
+
+def normalize_meta(doc: dict[str, Any]) -> dict[str, Any]:
+    """Any writer's meta.json -> ``{"round", "clients", "client_meta", "round_meta"}``."""
+    raw = doc.get("clients")
+    client_meta: dict[str, dict[str, Any]] = {
+        str(c): dict(m) for c, m in (doc.get("client_meta") or {}).items()}
+    if isinstance(raw, dict):  # gateway: {client: weight (sample count)}
+        for c, w in raw.items():
+            client_meta.setdefault(str(c), {}).setdefault("n_samples", w)
+    elif isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict) and "client" in item:  # demo: [{client, num_samples}]
+                m = client_meta.setdefault(str(item["client"]), {})
+                for k, v in item.items():
+                    if k != "client":
+                        m.setdefault("n_samples" if k == "num_samples" else k, v)
+    clients = (sorted(str(c) for c in raw if isinstance(c, str)) if isinstance(raw, list)
+               else [])
+    clients = sorted(set(clients) | set(client_meta))
+    round_meta = dict(doc.get("round_meta") or {})
+    for k, v in doc.items():
+        if k not in ("clients", "client_meta", "round_meta") and not isinstance(v, (dict, list)):
+            round_meta.setdefault(_ROUND_FIELDS.get(k, k), v)
+    return {"round": doc.get("round"), "clients": clients, "client_meta": client_meta,
+            "round_meta": round_meta}
+
+
+def flatten(tensors: Mapping[str, NDArray[Any]]) -> NDArray[np.float32]:
+    """Concatenate ``tensors`` as float32 in sorted-name order (one flat vector)."""
+    names = sorted(tensors)
+    total = sum(int(np.asarray(tensors[n]).size) for n in names)
+    out = np.empty(total, dtype=np.float32)
+    off = 0
+    for n in names:
+        a = np.asarray(tensors[n]).reshape(-1)
+        out[off:off + a.size] = a
+        off += a.size
+    return out
+
+
+def decode_object(key: ObjectKey, data: bytes) -> NDArray[np.float32] | dict[str, Any]:
+    """Bytes of ``key``'s object -> flat float32 vector (models) or a dict (metadata)."""
+    if key.kind == "meta":
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ColdStoreError(f"{object_path(key)} is not a JSON object")
+        return normalize_meta(obj)
+    return flatten(st_load(data))
+
+
+def encode_model(tensors: Mapping[str, NDArray[Any]]) -> bytes:
+    """Safetensors bytes of ``tensors`` (never pickle)."""
+    return st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+
+
+class ColdStore(ABC):
+    """Read (and, for writers and tests, write) objects of the cold store."""
+
+    @abstractmethod
+    def get_bytes(self, key: ObjectKey) -> bytes:
+        """Raw bytes of ``key``'s object; raises :class:`ObjectMissing`."""
+
+    @abstractmethod
+    def put_bytes(self, key: ObjectKey, data: bytes) -> None:
+        """Store ``data`` as ``key``'s object."""
+
+    @abstractmethod
+    def rounds(self, job: str) -> list[int]:
+        """Complete rounds of ``job`` (those with a meta.json), ascending."""
+
+    @abstractmethod
+    def jobs(self) -> list[str]:
+        """Jobs with at least one object."""
+
+    def client_ids(self, job: str, rnd: int) -> list[str]:
+        """Clients with an update object stored for round ``rnd`` (listing, not metadata)."""
+        return list(self.round_meta(job, rnd)["clients"])
+
+    def size(self, key: ObjectKey) -> int:
+        """Stored size of ``key``'s object in bytes (about its size in memory for models)."""
+        return len(self.get_bytes(key))
+
+    def get(self, key: ObjectKey) -> NDArray[np.float32] | dict[str, Any]:
+        """Decoded object (see :func:`decode_object`)."""
+        return decode_object(key, self.get_bytes(key))
+
+    def round_meta(self, job: str, rnd: int) -> dict[str, Any]:
+        obj = self.get(ObjectKey(job, rnd, "meta"))
+        assert isinstance(obj, dict)
+        return obj
+
+    def write_round(self, job: str, rnd: int, updates: Mapping[str, Mapping[str, NDArray[Any]]],
+                    global_weights: Mapping[str, NDArray[Any]] | None,
+                    client_meta: Mapping[str, Mapping[str, Any]] | None = None,
+                    round_meta: Mapping[str, Any] | None = None) -> None:
+        """Write a complete round: updates, global model, then meta.json last."""
+        for c, t in updates.items():
+            self.put_bytes(ObjectKey(job, rnd, "update", c), encode_model(t))
+        if global_weights is not None:
+            self.put_bytes(ObjectKey(job, rnd, "global"), encode_model(global_weights))
+        doc = {"round": rnd, "clients": sorted(updates),
+               "client_meta": {c: dict(m) for c, m in (client_meta or {}).items()},
+               "round_meta": dict(round_meta or {})}
+        self.put_bytes(ObjectKey(job, rnd, "meta"), json.dumps(doc).encode())
+
+
+class MinioColdStore(ColdStore):
+    """:class:`ColdStore` on a real MinIO (or any S3) through the ``minio`` client.
+
+    Parameters
+    ----------
+    endpoint
+        ``host:port``.
+    access_key, secret_key
+        Credentials.
+    bucket
+        Bucket name (created if missing when ``create`` is true).
+    """
+
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str = BUCKET,
+                 *, secure: bool = False, create: bool = True) -> None:
+        from minio import Minio
+
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key,
+                            secure=secure)
+        if create and not self.client.bucket_exists(bucket):
+            try:
+                self.client.make_bucket(bucket)
+            except Exception as exc:  # a concurrent creator won the race
+                if not self.client.bucket_exists(bucket):
+                    raise ColdStoreError(f"cannot create bucket {bucket}: {exc}") from exc
+
+    def get_bytes(self, key: ObjectKey) -> bytes:
+        from minio.error import S3Error
+
+        path = object_path(key)
+        try:
+            resp = self.client.get_object(self.bucket, path)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                raise ObjectMissing(path) from None
+            raise ColdStoreError(f"minio get {path}: {exc.code}") from exc
+        try:
+            return bytes(resp.read())
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def client_ids(self, job: str, rnd: int) -> list[str]:
+        prefix = object_path(ObjectKey(job, rnd, "meta")).rsplit("/", 1)[0] + "/clients/"
+        return sorted(o.object_name[len(prefix):].removesuffix(".safetensors")
+                      for o in self.client.list_objects(self.bucket, prefix=prefix)
+                      if o.object_name.endswith(".safetensors"))
+
+    def size(self, key: ObjectKey) -> int:
+        from minio.error import S3Error
+
+        try:
+            return int(self.client.stat_object(self.bucket, object_path(key)).size or 0)
+        except S3Error as exc:
+            raise ObjectMissing(object_path(key)) from exc
+
+    def put_bytes(self, key: ObjectKey, data: bytes) -> None:
+        path = object_path(key)
+        self.client.put_object(self.bucket, path, io.BytesIO(data), len(data),
+                               content_type="application/json" if key.kind == "meta"
+                               else "application/octet-stream")
+
+    def rounds(self, job: str) -> list[int]:
+        out = []
+        for obj in self.client.list_objects(self.bucket, prefix=f"{job}/rounds/"):
+            name = obj.object_name.rstrip("/").rsplit("/", 1)[-1]
+            if name.isdigit():
+                try:
+                    self.client.stat_object(self.bucket, object_path(ObjectKey(job, int(name),
+                                                                               "meta")))
+                except Exception:
+                    continue
+                out.append(int(name))
+        return sorted(out)
+
+    def jobs(self) -> list[str]:
+        return sorted(o.object_name.rstrip("/") for o in self.client.list_objects(self.bucket))
+
+
+class MemoryColdStore(ColdStore):
+    """A cold store in a dict (unit tests of pure logic only)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def get_bytes(self, key: ObjectKey) -> bytes:
+        path = object_path(key)
+        try:
+            return self.objects[path]
+        except KeyError:
+            raise ObjectMissing(path) from None
+
+    def put_bytes(self, key: ObjectKey, data: bytes) -> None:
+        self.objects[object_path(key)] = bytes(data)
+
+    def client_ids(self, job: str, rnd: int) -> list[str]:
+        prefix = object_path(ObjectKey(job, rnd, "meta")).rsplit("/", 1)[0] + "/clients/"
+        return sorted(p[len(prefix):].removesuffix(".safetensors") for p in self.objects
+                      if p.startswith(prefix))
+
+    def rounds(self, job: str) -> list[int]:
+        return sorted(int(p.split("/")[2]) for p in self.objects
+                      if p.startswith(f"{job}/rounds/") and p.endswith("/meta.json"))
+
+    def jobs(self) -> list[str]:
+        return sorted({p.split("/", 1)[0] for p in self.objects})

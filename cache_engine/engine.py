@@ -1,0 +1,594 @@
+"""The cache engine: applies the policy, places objects on cache functions, keeps replicas.
+
+State in Redis (shared with the request tracker and a restarted engine): the location table
+(:mod:`cache_engine.table`), the catalog of written rounds (``flstore:catalog:<job>``: round ->
+clients) and the cache functions (``flstore:functions``: name -> incarnation).
+
+Placement keeps the objects of one query on the same functions (a primary and ``k``
+secondaries), so a workload always runs where all of its data is; a function that fills up gets a
+neighbour, created through the provider API. A liveness loop pings every function; one that stops
+answering, or comes back with a new incarnation (its memory is gone), is dropped from the table
+and every object it held is copied again until each has ``1 + k`` holders. Nothing is lost: the
+cold store holds everything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from cache_engine.catalog import MemoryCatalog
+from cache_engine.cold_store import ColdStore, ObjectMissing, object_path
+from cache_engine.keys import ObjectKey
+from cache_engine.policies import Decision, make_policy
+from cache_engine.provider import Provider
+from cache_engine.queries import Plan, parse_query, plan
+from cache_engine.settings import EngineSettings
+from cache_engine.table import RedisLocationTable
+
+log = logging.getLogger(__name__)
+
+CATALOG = "flstore:catalog:"
+JOBS = "flstore:jobs"
+FUNCTIONS = "flstore:functions"
+EVALUATORS = "flstore:evaluators"
+
+
+class EngineError(Exception):
+    """Base error of the cache engine; ``status``/``code`` go to the HTTP layer."""
+
+    status, code = 500, "engine_error"
+
+    def __init__(self, detail: str, **facts: Any) -> None:
+        super().__init__(detail)
+        self.detail, self.facts = detail, facts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self.facts}
+
+
+class NoCapacity(EngineError):
+    status, code = 507, "no_capacity"
+
+
+class LoadFailed(EngineError):
+    status, code = 502, "load_failed"
+
+
+class RoundMissing(EngineError):
+    status, code = 404, "round_not_written"
+
+
+class NoEvaluator(EngineError):
+    status, code = 422, "no_evaluator"
+
+
+@dataclass
+class FunctionInfo:
+    """A cache function as the engine sees it."""
+
+    name: str
+    incarnation: str = ""
+    used: int = 0
+    alive: bool = True
+    failures: int = 0
+    created: float = field(default_factory=time.time)
+
+
+class CacheEngine:
+    """FLStore's cache engine (see module docstring)."""
+
+    def __init__(self, settings: EngineSettings, redis: Any, cold: ColdStore,
+                 provider: Provider) -> None:
+        self.s = settings
+        self.redis = redis
+        self.cold = cold
+        self.provider = provider
+        self.table = RedisLocationTable(redis)
+        self.catalog = MemoryCatalog()
+        self.policy = make_policy(settings.policy, settings.capacity_objects, self.catalog)
+        self.functions: dict[str, FunctionInfo] = {}
+        self.sizes: dict[tuple[str, str], int] = {}
+        self.evaluators: dict[str, dict[str, Any]] = {}
+        self.stats: Counter[str] = Counter()
+        self._lock = threading.RLock()
+        self._inflight: dict[ObjectKey, threading.Event] = {}
+        self._pending_evictions = 0
+        self._bg: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-load")
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Read state from Redis, adopt live functions, start the pinger and the worker."""
+        self.table.load()
+        for job in self.redis.smembers(JOBS):
+            for rnd, clients in self.redis.hgetall(CATALOG + job).items():
+                self.catalog.add_round(job, int(rnd), json.loads(clients))
+        for job, spec in self.redis.hgetall(EVALUATORS).items():
+            self.evaluators[job] = json.loads(spec)
+        for name, inc in self.redis.hgetall(FUNCTIONS).items():
+            self.functions[name] = FunctionInfo(name, inc)
+        for name in list(self.functions):
+            self._check(name)
+        for key in self.table.objects():  # the policy learns what is resident
+            self.policy.on_request([key])
+        for target in (self._ping_loop, self._worker):
+            t = threading.Thread(target=target, daemon=True, name=target.__name__)
+            t.start()
+            self._threads.append(t)
+        log.info("cache engine started: %d objects, %d functions, policy %s",
+                 len(self.table), len(self.functions), self.policy.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._bg.put(("stop", None))
+        for t in self._threads:
+            t.join(5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- ingestion ------------------------------------------------------------------------
+    def ingest(self, job: str, rnd: int) -> dict[str, Any]:
+        """Round ``rnd`` of ``job`` is in the cold store: record it and cache its hot data."""
+        try:
+            m = self.cold.round_meta(job, rnd)
+        except ObjectMissing:
+            raise RoundMissing(f"round {rnd} of job {job!r} has no meta.json in the cold store "
+                               f"({object_path(ObjectKey(job, rnd, 'meta'))})",
+                               job=job, round=rnd) from None
+        # the update objects actually stored are the truth (a writer may list clients in
+        # meta.json without storing their updates)
+        clients = self.cold.client_ids(job, rnd)
+        spec = (m.get("round_meta") or {}).get("evaluator")
+        if isinstance(spec, dict):
+            self.evaluators[job] = spec
+            self.redis.hset(EVALUATORS, job, json.dumps(spec))
+        with self._lock:
+            self.catalog.add_round(job, rnd, clients)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(JOBS, job)
+            pipe.hset(CATALOG + job, str(rnd), json.dumps(clients))
+            pipe.execute()
+            d = self.policy.on_round_complete(job, rnd)
+        self._carry_out(d)
+        self.stats["rounds_ingested"] += 1
+        return {"job": job, "round": rnd, "clients": clients,
+                "hot": [k.id for k in d.prefetch], "evicted": [k.id for k in d.evict]}
+
+    # -- queries ----------------------------------------------------------------------------
+    def plan(self, body: dict[str, Any]) -> Plan:
+        """Validate a query and list the objects it needs (raises 4xx errors)."""
+        return plan(parse_query(body), self.catalog)
+
+    def acquire(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Make sure a query's objects are cached; return the functions that hold all of them."""
+        t0 = time.perf_counter()
+        p = self.plan(body)
+        spec = self.evaluators.get(p.query.job) if p.evaluator else None
+        if p.evaluator and spec is None:
+            raise NoEvaluator(f"workload {p.query.workload!r} needs a validation-set evaluator, "
+                              f"and job {p.query.job!r} declares none (round 0's "
+                              "round_meta.evaluator)", job=p.query.job)
+        with self._lock:
+            d = self.policy.on_request(p.keys, p.policy)
+        self.stats["requests"] += 1
+        self.stats["hits" if d.hit else "misses"] += 1
+        self.stats["key_hits"] += len(d.hits)
+        self.stats["key_misses"] += len(d.misses)
+        loaded0 = self.stats["objects_loaded"]
+        # one complete copy on the query path; the secondaries follow in the background
+        holders = self.ensure(p.keys, copies=1)
+        loaded = self.stats["objects_loaded"] - loaded0  # approximate under concurrency
+        if len(holders) < 1 + self.s.secondaries:
+            self._bg.put(("replicate", list(p.keys)))
+        self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+        return {"query": p.query.to_json(), "workload": p.query.workload, "params": p.params,
+                "policy": p.policy, "objects": [k.id for k in p.keys], "holders": holders,
+                "evaluator": spec,
+                "hit": d.hit, "misses": [k.id for k in d.misses], "loaded": loaded,
+                "prefetch": [k.id for k in d.prefetch], "evict": [k.id for k in d.evict],
+                "engine_s": time.perf_counter() - t0}
+
+    def locations(self, ids: Iterable[str]) -> dict[str, list[str]]:
+        keys = [ObjectKey.parse(i) for i in ids]
+        with self._lock:
+            return {k.id: self.table.get(k) for k in keys}
+
+    # -- placement ----------------------------------------------------------------------------
+    def ensure(self, keys: Sequence[ObjectKey], copies: int | None = None,
+               _room_tries: int = 3) -> list[str]:
+        """Place ``keys`` together on ``copies`` (default ``1 + k``) live functions.
+
+        When every function is full and no more may be created, the policy picks victims
+        (never ``keys``) until the objects fit.
+        """
+        n = copies if copies is not None else 1 + self.s.secondaries
+        while True:  # wait for loads of these keys already under way (e.g. a prefetch)
+            with self._lock:
+                waits = [self._inflight[k] for k in keys if k in self._inflight]
+            if not waits:
+                break
+            for ev in waits:
+                ev.wait(self.s.call_timeout)
+        with self._lock:
+            alive = [f for f, i in self.functions.items() if i.alive]
+            held = {f: {k for k in keys if f in self.table.get(k)} for f in alive}
+            full = [f for f in alive if len(held[f]) == len(keys)]
+            primary = self.table.get(keys[0]) if keys else []
+            full.sort(key=lambda f: primary.index(f) if f in primary else len(primary))
+            chosen: list[str] = []
+            if len(full) < n:
+                cands = sorted((f for f in alive if f not in full),
+                               key=lambda f: (-len(held[f]), self.functions[f].used))
+                for f in cands:
+                    extra = sum(self._size(k) for k in keys if k not in held[f])
+                    if self.functions[f].used + extra <= self.s.function_capacity_bytes:
+                        chosen.append(f)
+                        self.functions[f].used += extra  # reserved; corrected on load
+                        if len(full) + len(chosen) == n:
+                            break
+            missing_fns = n - len(full) - len(chosen)
+            todo = {f: [k for k in keys if k not in held.get(f, set())] for f in chosen}
+            for ks in todo.values():
+                for k in ks:
+                    self._inflight.setdefault(k, threading.Event())
+        try:
+            for _ in range(max(0, missing_fns)):
+                try:
+                    f = self._new_function()
+                except NoCapacity:
+                    if _room_tries <= 0 or not self._make_room(keys):
+                        raise
+                    for ks in todo.values():  # give back reservations, then place again
+                        for k in ks:
+                            done = self._inflight.pop(k, None)
+                            if done is not None:
+                                done.set()
+                    with self._lock:
+                        for f2, ks in todo.items():
+                            if f2 in self.functions:
+                                self.functions[f2].used -= sum(self._size(k) for k in ks)
+                    todo = {}
+                    return self.ensure(keys, copies, _room_tries=_room_tries - 1)
+                chosen.append(f)
+                todo[f] = list(keys)
+            futs = {f: self._pool.submit(self._load, f, ks) for f, ks in todo.items() if ks}
+            errors: list[tuple[str, BaseException]] = []
+            for f, fut in futs.items():
+                try:
+                    fut.result()
+                except Exception as exc:  # the function died or the cold store failed
+                    errors.append((f, exc))
+                    chosen.remove(f)
+        finally:
+            with self._lock:
+                for ks in todo.values():
+                    for k in ks:
+                        done = self._inflight.pop(k, None)
+                        if done is not None:
+                            done.set()
+        if errors and not full and not chosen:
+            f0, err0 = errors[0]
+            if isinstance(err0, EngineError):
+                raise err0
+            raise LoadFailed(f"could not load the query's objects on any function: {err0}",
+                             function=f0)
+        for f1, err1 in errors:
+            log.warning("load on %s failed: %s", f1, err1)
+            self.report_failure(f1)
+        return full + chosen
+
+    def _make_room(self, keys: Sequence[ObjectKey]) -> bool:
+        """Free one function for ``keys``: evict what it holds, in policy order, sparing
+        ``keys``, until they fit; False when nothing can go."""
+        want = set(keys)
+        with self._lock:
+            alive = [f for f, i in self.functions.items() if i.alive]
+            if not alive:
+                return False
+            cap = self.s.function_capacity_bytes
+
+            def missing(f: str) -> int:
+                return sum(self._size(k) for k in keys if f not in self.table.get(k))
+
+            f = max(alive, key=lambda f: cap - self.functions[f].used - missing(f))
+            need = self.functions[f].used + missing(f) - cap
+            victims: list[ObjectKey] = []
+            for k in self.policy.eviction_order(self.table.keys_on(f) - want):
+                if need <= 0:
+                    break
+                victims.append(k)
+                need -= self._size(k)
+            if not victims or need > 0:
+                return False
+            self.policy.forget(victims)
+            targets: dict[str, list[ObjectKey]] = {}
+            for k in victims:
+                for g in self.table.remove(k):
+                    targets.setdefault(g, []).append(k)
+        self.stats["evicted_for_room"] += len(victims)
+        self._evict(targets)  # synchronously: the space is needed now
+        return True
+
+    def _load(self, fn: str, keys: list[ObjectKey]) -> None:
+        t0 = time.perf_counter()
+        r = self.provider.call(fn, "/load", {"objects": [k.id for k in keys]},
+                               timeout=self.s.call_timeout)
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        if r.status_code == 404 and body.get("error") == "object_missing":
+            raise LoadFailed(body.get("detail", "object missing in cold store"))
+        if r.status_code != 200:
+            raise LoadFailed(f"{fn} /load: HTTP {r.status_code} {r.text[:200]}", function=fn)
+        with self._lock:
+            info = self.functions.get(fn)
+            if info is not None:
+                info.used = int(body.get("bytes", info.used))
+            for k in keys:
+                self.table.add(k, fn)
+        self.stats["objects_loaded"] += len(keys)
+        self.stats["load_seconds_x1000"] += int(1000 * (time.perf_counter() - t0))
+
+    def _size(self, key: ObjectKey) -> int:
+        """Bytes ``key`` takes in a function (models of a job all have one size)."""
+        kind = "meta" if key.kind == "meta" else "model"
+        s = self.sizes.get((key.job, kind))
+        if s is None:
+            try:
+                s = self.cold.size(key)
+            except Exception:
+                return 4096 if kind == "meta" else 1 << 20  # unknown yet; learned on load
+            self.sizes[(key.job, kind)] = s
+        return s
+
+    def _new_function(self) -> str:
+        with self._lock:
+            if len(self.functions) >= self.s.max_functions:
+                raise NoCapacity(f"all {self.s.max_functions} cache functions are full; raise "
+                                 "FEDFAAS_ENGINE_MAX_FUNCTIONS or function_capacity_bytes",
+                                 functions=len(self.functions))
+            i = 0
+            while f"{self.s.function_prefix}{i}" in self.functions:
+                i += 1
+            name = f"{self.s.function_prefix}{i}"
+            self.functions[name] = FunctionInfo(name, alive=False)
+        env = {"FEDFAAS_FLSTORE_MINIO_ENDPOINT": self.s.minio_endpoint,
+               "FEDFAAS_FLSTORE_MINIO_ACCESS_KEY": self.s.minio_access_key,
+               "FEDFAAS_FLSTORE_MINIO_SECRET_KEY": self.s.minio_secret_key,
+               "FEDFAAS_FLSTORE_BUCKET": self.s.bucket,
+               "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
+               # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
+               # than the 30 s default on a busy 2-core machine
+               "exec_timeout": f"{int(self.s.call_timeout)}s",
+               **self.s.function_env}
+        try:
+            self.provider.deploy(name, self.s.function_image, env, self.s.handler_dir)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if self._ping(name) is not None:
+                    break
+                time.sleep(0.2)
+            else:
+                raise NoCapacity(f"cache function {name} did not become ready in 60 s")
+        except Exception:
+            with self._lock:
+                self.functions.pop(name, None)
+            raise
+        self.stats["functions_created"] += 1
+        return name
+
+    # -- liveness and replicas ----------------------------------------------------------------
+    def _ping(self, name: str) -> dict[str, Any] | None:
+        body, _ = self._probe(name)
+        return body
+
+    def _probe(self, name: str) -> tuple[dict[str, Any] | None, bool]:
+        """Ping ``name``: (status body, or None and whether the failure is definitive)."""
+        try:
+            r = self.provider.call(name, "/ping", timeout=self.s.ping_timeout)
+        except httpx.TimeoutException:
+            return None, False  # busy (a long workload holding the CPU), not necessarily dead
+        except Exception:
+            return None, True  # connection refused: no process there
+        if r.status_code != 200:
+            return None, r.status_code in (404, 500, 502, 503)
+        body: dict[str, Any] = r.json()
+        inc = f"{body.get('pid')}:{body.get('started')}"
+        with self._lock:
+            info = self.functions.setdefault(name, FunctionInfo(name))
+            fresh = not info.alive and not info.incarnation
+            changed = bool(info.incarnation) and info.incarnation != inc
+            back = not info.alive and info.incarnation == inc and info.failures > 0
+            info.incarnation, info.alive, info.failures = inc, True, 0
+            info.used = int(body.get("bytes", 0))
+            self.redis.hset(FUNCTIONS, name, inc)
+        if changed:  # same name, new process: its memory is gone
+            log.warning("cache function %s restarted (%s); its objects are lost", name, inc)
+            self._lost(name)
+        elif back:  # declared dead, yet the same process answers: drop what it still holds
+            log.warning("cache function %s answers again; clearing its stale objects", name)
+            self._bg.put(("flush", name))
+        elif fresh:
+            log.info("cache function %s is ready", name)
+        return body, False
+
+    def _check(self, name: str) -> bool:
+        body, definitive = self._probe(name)
+        if body is not None:
+            return True
+        with self._lock:
+            info = self.functions.get(name)
+            if info is None:
+                return False
+            info.failures += 1
+            dead = definitive or info.failures >= self.s.dead_after
+            was_alive = info.alive
+            if dead:
+                info.alive = False
+        if dead and was_alive:
+            log.warning("cache function %s does not answer (%s)", name,
+                        "refused" if definitive else f"{info.failures} timeouts")
+            self._lost(name)
+        return False
+
+    def report_missing(self, name: str, ids: Sequence[str]) -> int:
+        """Function ``name`` says it lacks objects the table gives it: believe the function."""
+        n = 0
+        with self._lock:
+            for i in ids:
+                k = ObjectKey.parse(i)
+                if name in self.table.get(k):
+                    self.table.discard(k, name)
+                    n += 1
+        self.stats["table_corrections"] += n
+        return n
+
+    def report_failure(self, name: str) -> bool:
+        """Someone (the tracker) could not reach ``name``: check it now; True if it is alive."""
+        self.stats["failures_reported"] += 1
+        return self._check(name)
+
+    def _lost(self, name: str) -> None:
+        with self._lock:
+            left = self.table.drop_function(name)
+            info = self.functions.get(name)
+            if info is not None:
+                info.used = 0
+        self.stats["functions_lost"] += 1
+        groups: dict[tuple[str, ...], list[ObjectKey]] = {}
+        for k, holders in left.items():
+            if k in self.policy:
+                groups.setdefault(tuple(holders), []).append(k)
+        for ks in groups.values():
+            self._bg.put(("restore", ks))
+
+    def replica_counts(self) -> dict[str, int]:
+        """Number of holders of every cached object (resident by policy or in the table)."""
+        with self._lock:
+            keys = set(self.table.objects()) | set(self.policy.contents())
+            return {k.id: len(self.table.get(k)) for k in keys}
+
+    def _ping_loop(self) -> None:
+        while not self._stop.wait(self.s.ping_interval):
+            for name in list(self.functions):
+                if self._stop.is_set():
+                    return
+                try:
+                    self._check(name)
+                except Exception:
+                    log.exception("ping of %s failed", name)
+
+    def _worker(self) -> None:
+        while not self._stop.is_set():
+            what, arg = self._bg.get()
+            if what == "stop":
+                self._bg.task_done()
+                return
+            try:
+                if what in ("restore", "prefetch", "replicate"):
+                    with self._lock:
+                        ks = [k for k in arg if k in self.policy]
+                    if ks:
+                        self.ensure(ks)
+                        self.stats[{"restore": "restored", "prefetch": "prefetched",
+                                    "replicate": "replicated"}[what]] += len(ks)
+                elif what == "evict":
+                    self._evict(arg)
+                elif what == "flush":
+                    r = self.provider.call(arg, "/objects", timeout=self.s.call_timeout)
+                    ids = [o["id"] for o in r.json().get("objects", [])]
+                    with self._lock:  # keep what the table says it holds (re-added since)
+                        held = {k.id for k in self.table.keys_on(arg)}
+                    stale = [ObjectKey.parse(i) for i in ids if i not in held]
+                    if stale:
+                        self._evict({arg: stale})
+            except NoCapacity as exc:
+                log.warning("background %s skipped: %s", what, exc.detail)
+            except Exception:
+                log.exception("background %s failed", what)
+            finally:
+                self._bg.task_done()
+
+    # -- carrying out policy decisions ----------------------------------------------------
+    def _carry_out(self, d: Decision) -> None:
+        if d.evict:
+            with self._lock:
+                targets: dict[str, list[ObjectKey]] = {}
+                for k in d.evict:
+                    for f in self.table.remove(k):
+                        targets.setdefault(f, []).append(k)
+            self._evict_later(targets)
+        groups: dict[tuple[str, int], list[ObjectKey]] = {}
+        for k in d.prefetch:  # a global model is the base of the next round's updates
+            groups.setdefault((k.job, k.round + (k.kind == "global")), []).append(k)
+        for ks in groups.values():
+            self._bg.put(("prefetch", ks))
+
+    def _evict_later(self, targets: dict[str, list[ObjectKey]]) -> None:
+        """Evict after ``evict_grace`` seconds, so queries already routed to the old copies
+        finish (the table forgets the objects at once, so no new query is routed there)."""
+        if self.s.evict_grace <= 0:
+            self._bg.put(("evict", targets))
+            return
+        with self._lock:
+            self._pending_evictions += 1
+
+        def fire() -> None:
+            self._bg.put(("evict", targets))
+            with self._lock:
+                self._pending_evictions -= 1
+
+        t = threading.Timer(self.s.evict_grace, fire)
+        t.daemon = True
+        t.start()
+
+    def _evict(self, targets: dict[str, list[ObjectKey]]) -> None:
+        with self._lock:  # an object placed again on the same function since stays
+            targets = {f: [k for k in ks if f not in self.table.get(k)]
+                       for f, ks in targets.items()}
+            busy = {f: [k for k in ks if k in self._inflight] for f, ks in targets.items()}
+            busy = {f: ks for f, ks in busy.items() if ks}
+            targets = {f: [k for k in ks if k not in self._inflight]
+                       for f, ks in targets.items()}
+        if busy:  # a load of the same object may be landing there: decide again later
+            self._evict_later(busy)
+        for f, ks in targets.items():
+            if not ks:
+                continue
+            try:
+                r = self.provider.call(f, "/evict", {"objects": [k.id for k in ks]}, timeout=10)
+                if r.status_code == 200:
+                    with self._lock:
+                        if f in self.functions:
+                            self.functions[f].used = int(r.json().get("bytes", 0))
+            except Exception as exc:
+                log.warning("evict on %s failed: %s", f, exc)
+        self.stats["objects_evicted"] += sum(len(v) for v in targets.values())
+
+    def idle(self) -> bool:
+        """True when no background work is pending (tests and benchmarks wait for it)."""
+        with self._lock:
+            return (self._bg.unfinished_tasks == 0 and not self._inflight
+                    and self._pending_evictions == 0)
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "policy": self.policy.name, "objects": len(self.table),
+                "resident": len(self.policy), "secondaries": self.s.secondaries,
+                "functions": {f: {"alive": i.alive, "used_bytes": i.used,
+                                  "objects": len(self.table.keys_on(f))}
+                              for f, i in self.functions.items()},
+                "jobs": {j: list(self.catalog.rounds(j)) for j in self.catalog.jobs()},
+                "stats": dict(self.stats),
+            }

@@ -1,0 +1,165 @@
+"""HTTP surface of the cache engine (FastAPI).
+
+Routes: ``GET /healthz``, ``GET /metrics``, ``GET /v1/state``, ``POST /v1/jobs/{job}/rounds/{round}/complete``
+(ingest a written round), ``POST /v1/acquire`` (a query's objects cached; returns holders),
+``POST /v1/plan`` (validate only), ``GET /v1/locations?ids=...``, ``POST /v1/functions/{name}/failed``,
+``GET /v1/replicas``, ``GET /v1/idle``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from cache_engine.cold_store import MinioColdStore
+from cache_engine.engine import CacheEngine, EngineError
+from cache_engine.provider import Provider
+from cache_engine.queries import QueryError
+from cache_engine.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, body: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+def create_app(settings: EngineSettings | None = None) -> FastAPI:
+    """The engine app; resources are attached in ``lifespan``."""
+    s = settings or EngineSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import redis
+
+        r = redis.Redis.from_url(s.redis_url, decode_responses=True)
+        cold = MinioColdStore(s.minio_endpoint, s.minio_access_key, s.minio_secret_key, s.bucket)
+        provider = Provider(s.runtime_url, auth_dir=s.runtime_auth_dir)
+        engine = CacheEngine(s, r, cold, provider)
+        engine.start()
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            engine.stop()
+            provider.close()
+            r.close()
+
+    app = FastAPI(title="FLStore cache engine", lifespan=lifespan)
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return _error(exc.status, exc.to_dict())
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, {"error": "bad_request", "detail": "the body must be a JSON object "
+                            "{workload, job, rounds, clients, params}"})
+
+    @app.exception_handler(QueryError)
+    async def _query_error(_: Request, exc: QueryError) -> JSONResponse:
+        return _error(exc.status, exc.to_dict())
+
+    try:
+        from fedfaas.workloads import WorkloadError
+
+        @app.exception_handler(WorkloadError)
+        async def _workload_error(_: Request, exc: WorkloadError) -> JSONResponse:
+            return _error(int(getattr(exc, "status", 400)), exc.to_dict())
+    except ImportError:  # pragma: no cover - workloads package not installed
+        pass
+
+    def eng(request: Request) -> CacheEngine:
+        e: CacheEngine = request.app.state.engine
+        return e
+
+    @app.get("/healthz")
+    def healthz(request: Request) -> dict[str, Any]:
+        """Liveness."""
+        e = eng(request)
+        return {"ok": True, "objects": len(e.table), "functions": len(e.functions)}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics(request: Request) -> str:
+        """Counters in Prometheus text format."""
+        e = eng(request)
+        lines = [f"flstore_engine_{k} {v}" for k, v in sorted(e.stats.items())]
+        lines.append(f"flstore_engine_objects {len(e.table)}")
+        lines.append(f"flstore_engine_functions {len(e.functions)}")
+        return "\n".join(lines) + "\n"
+
+    @app.get("/v1/state")
+    def state(request: Request) -> dict[str, Any]:
+        """Functions, jobs, counters."""
+        return eng(request).describe()
+
+    @app.post("/v1/jobs/{job}/rounds/{rnd}/complete")
+    def complete(job: str, rnd: int, request: Request) -> dict[str, Any]:
+        """A round is written to the cold store: ingest it."""
+        return eng(request).ingest(job, rnd)
+
+    @app.post("/v1/plan")
+    async def plan_(request: Request) -> Any:
+        """Validate a query; list the objects it needs."""
+        body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        e = eng(request)
+        p = e.plan(body)
+        if p.evaluator and p.query.job not in e.evaluators:
+            from cache_engine.engine import NoEvaluator
+
+            raise NoEvaluator(f"workload {p.query.workload!r} needs a validation-set evaluator "
+                              f"and job {p.query.job!r} declares none", job=p.query.job)
+        return {"objects": [k.id for k in p.keys], "policy": p.policy, "params": p.params}
+
+    @app.post("/v1/acquire")
+    def acquire(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """Cache a query's objects; return the functions holding all of them."""
+        return eng(request).acquire(body)
+
+    @app.get("/v1/locations")
+    def locations(request: Request, ids: list[str] = Query(default=[])) -> dict[str, Any]:  # noqa: B008
+        """Holders of objects, primary first."""
+        return eng(request).locations(ids)
+
+    @app.post("/v1/functions/{name}/failed")
+    def failed(name: str, request: Request) -> dict[str, Any]:
+        """A caller could not reach function ``name``."""
+        return {"function": name, "alive": eng(request).report_failure(name)}
+
+    @app.post("/v1/functions/{name}/missing")
+    def missing(name: str, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """Function ``name`` answered 409 not_held for these objects: fix the table."""
+        ids = body.get("objects") or []
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return {"corrected": 0}
+        return {"corrected": eng(request).report_missing(name, ids)}
+
+    @app.get("/v1/replicas")
+    def replicas(request: Request) -> dict[str, Any]:
+        """Holders per cached object."""
+        return eng(request).replica_counts()
+
+    @app.get("/v1/idle")
+    def idle(request: Request) -> dict[str, bool]:
+        """Whether background prefetch/eviction/restoration is done."""
+        return {"idle": eng(request).idle()}
+
+    return app
+
+
+async def _json(request: Request) -> Any:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, {"error": "bad_json", "detail": "the body must be a JSON object"})
+    if not isinstance(body, dict):
+        return _error(400, {"error": "bad_json", "detail": "the body must be a JSON object"})
+    return body

@@ -1,0 +1,65 @@
+"""Settings of the cache engine service (env prefix ``FEDFAAS_ENGINE_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class EngineSettings(BaseSettings):
+    """Where the engine's state lives and how it sizes the cache.
+
+    Attributes
+    ----------
+    redis_url, minio_endpoint, minio_access_key, minio_secret_key, bucket
+        Backing services (Redis holds the location table and catalog; MinIO the cold copy).
+    runtime_url, runtime_auth_dir
+        The OpenFaaS gateway (embedded runtime) that creates the cache functions.
+    policy
+        ``flstore`` (P1-P4) or a baseline: ``lru``, ``fifo``, ``lfu``, ``random``, ``static``.
+    capacity_objects
+        Objects the policy keeps resident in total.
+    function_capacity_bytes
+        Memory one cache function may hold; more functions are created beyond it.
+    secondaries
+        ``k``: copies of every object beyond the primary.
+    max_functions
+        Upper bound on cache functions.
+    ping_interval
+        Seconds between liveness pings of each function.
+    evict_grace
+        Seconds between a policy eviction and freeing the memory (in-flight queries finish).
+    ping_timeout, dead_after
+        A ping that times out counts as one failure; ``dead_after`` in a row mark the function
+        dead (a refused connection or a gateway 5xx marks it dead at once).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8091
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    minio_endpoint: str = "127.0.0.1:9000"
+    minio_access_key: str = "fedfaas"
+    minio_secret_key: str = "fedfaas-secret-key"
+    bucket: str = "fedfaas"
+    runtime_url: str = "http://127.0.0.1:8080"
+    runtime_auth_dir: str | None = None
+    policy: str = "flstore"
+    capacity_objects: int = 256
+    function_capacity_bytes: int = 1 << 30
+    secondaries: int = Field(default=1, ge=0)
+    max_functions: int = 8
+    ping_interval: float = 1.0
+    ping_timeout: float = 2.0
+    dead_after: int = 3
+    evict_grace: float = 2.0
+    call_timeout: float = 120.0
+    function_prefix: str = "flstore-cache-"
+    function_image: str = "fedfaas/flstore-cache:latest"
+    handler_dir: str = str(_REPO / "functions" / "flstore")
+    function_env: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,194 @@
+"""FLStore cache function (``flstore-cache-N``): holds FL objects in memory and runs workloads.
+
+One function per cache shard, created and removed by the cache engine through the provider API.
+Objects are client updates and global models (flat float32 numpy vectors, tensors in sorted-name
+order) and round metadata (dicts), loaded from the cold store (MinIO) when the engine says so.
+
+Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error", "detail"}``):
+
+- ``GET /ping``: liveness and memory use.
+- ``GET /objects``: holdings with sizes.
+- ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...]}``: load from MinIO.
+- ``POST /evict`` ``{"objects": [...]}``: drop objects.
+- ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
+  held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators).
+
+Environment: ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._ACCESS_KEY``, ``..._SECRET_KEY``,
+``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
+``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from cache_engine.cold_store import BUCKET, ColdStore, ColdStoreError, MinioColdStore, ObjectMissing
+from cache_engine.evaluators import EvaluatorUnavailable, build_evaluator
+from cache_engine.keys import ObjectKey
+from cache_engine.queries import run_workload
+from fedfaas.workloads import WorkloadError  # imported at start, not on the first query
+
+log = logging.getLogger(__name__)
+
+_ENV = "FEDFAAS_FLSTORE_"
+_lock = threading.RLock()
+_objects: dict[ObjectKey, Any] = {}
+_store: ColdStore | None = None
+_stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
+
+
+def _cold() -> ColdStore:
+    global _store
+    if _store is None:
+        endpoint = os.environ.get(_ENV + "MINIO_ENDPOINT", "")
+        if not endpoint:
+            raise ColdStoreError("no cold store configured (FEDFAAS_FLSTORE_MINIO_ENDPOINT unset)")
+        _store = MinioColdStore(endpoint, os.environ.get(_ENV + "MINIO_ACCESS_KEY", ""),
+                                os.environ.get(_ENV + "MINIO_SECRET_KEY", ""),
+                                os.environ.get(_ENV + "BUCKET", BUCKET), create=False)
+    return _store
+
+
+def set_cold_store(store: ColdStore | None) -> None:
+    """Use ``store`` instead of the MinIO named by the environment (handler tests)."""
+    global _store
+    _store = store
+
+
+def _size(v: Any) -> int:
+    return int(v.nbytes) if isinstance(v, np.ndarray) else len(json.dumps(v))
+
+
+def _used() -> int:
+    return sum(_size(v) for v in _objects.values())
+
+
+def _err(status: int, code: str, detail: str, **facts: Any) -> dict[str, Any]:
+    return {"statusCode": status, "body": {"error": code, "detail": detail, **facts},
+            "headers": {"Content-Type": "application/json"}}
+
+
+def _ok(body: dict[str, Any]) -> dict[str, Any]:
+    return {"statusCode": 200, "body": body, "headers": {"Content-Type": "application/json"}}
+
+
+def _status() -> dict[str, Any]:
+    return {"function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
+            "pid": os.getpid(), "count": len(_objects), "bytes": _used(),
+            "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0), **_stats}
+
+
+def _keys(body: dict[str, Any]) -> list[ObjectKey]:
+    raw = body.get("objects")
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise ValueError("'objects' must be a list of object ids '<job>/<round>/<client|kind>'")
+    try:
+        return [ObjectKey.parse(x) for x in raw]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"bad object id in 'objects': {exc}") from None
+
+
+def _load(keys: list[ObjectKey]) -> dict[str, Any]:
+    cap = int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0)
+    loaded, already = [], []
+    for k in keys:
+        with _lock:
+            if k in _objects:
+                already.append(k.id)
+                continue
+        value = _cold().get(k)  # outside the lock: other requests keep running
+        with _lock:
+            if cap and _used() + _size(value) > cap:
+                return _err(507, "capacity_exceeded",
+                            f"loading {k.id} would exceed this function's capacity of {cap} "
+                            "bytes; evict objects first or use another function",
+                            loaded=loaded)
+            _objects[k] = value
+            _stats["loads"] += 1
+        loaded.append(k.id)
+        if k.kind == "meta" and isinstance(value, dict):
+            spec = (value.get("round_meta") or {}).get("evaluator")
+            if isinstance(spec, dict):  # build the job's evaluator now, off the query path
+                threading.Thread(target=_warm_evaluator, args=(spec,), daemon=True).start()
+    return _ok({"loaded": loaded, "already": already, **_status()})
+
+
+def _warm_evaluator(spec: dict[str, Any]) -> None:
+    try:
+        build_evaluator(spec)
+    except Exception as exc:  # reported again, as a 422, by the query that needs it
+        log.warning("cannot build evaluator %s: %s", spec, exc)
+
+
+def _run(body: dict[str, Any]) -> dict[str, Any]:
+    name = body.get("workload")
+    params = body.get("params") or {}
+    if not isinstance(name, str) or not isinstance(params, dict):
+        return _err(400, "bad_request", "'workload' must be a string and 'params' an object")
+    keys = _keys(body)
+    with _lock:
+        missing = [k.id for k in keys if k not in _objects]
+        held = {k: _objects[k] for k in keys if k in _objects}
+    if missing:
+        return _err(409, "not_held", "this function does not hold every object of the query; "
+                    "ask the cache engine to load them", missing=missing)
+    delay = float(os.environ.get(_ENV + "RUN_DELAY_S", "0") or 0)
+    if delay > 0:  # fault injection for tests: keeps a query in flight
+        time.sleep(delay)
+    t0 = time.perf_counter()
+    try:
+        evaluator = build_evaluator(body.get("evaluator"))
+    except EvaluatorUnavailable as exc:
+        return _err(422, "no_evaluator", str(exc))
+    try:
+        result = run_workload(name, params, held, evaluator)
+    except WorkloadError as exc:
+        return {"statusCode": int(getattr(exc, "status", 400)), "body": exc.to_dict(),
+                "headers": {"Content-Type": "application/json"}}
+    _stats["runs"] += 1
+    return _ok({"result": result, "compute_s": time.perf_counter() - t0,
+                "function": _status()["function"]})
+
+
+def handle(event: Any, context: Any) -> dict[str, Any]:
+    """Route one request (python3-http contract)."""
+    path = (event.path or "/").rstrip("/") or "/"
+    method = event.method.upper()
+    try:
+        if method == "GET" and path in ("/", "/ping", "/healthz"):
+            return _ok({"ok": True, **_status()})
+        if method == "GET" and path == "/objects":
+            with _lock:
+                objs = [{"id": k.id, "bytes": _size(v)} for k, v in _objects.items()]
+            return _ok({"objects": objs, **_status()})
+        if method != "POST" or path not in ("/load", "/evict", "/run"):
+            return _err(404, "no_route", f"no route {method} {path}; routes: GET /ping, "
+                        "GET /objects, POST /load, POST /evict, POST /run")
+        try:
+            body = json.loads(event.body or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return _err(400, "bad_json", "the request body must be a JSON object")
+        if not isinstance(body, dict):
+            return _err(400, "bad_json", "the request body must be a JSON object")
+        if path == "/load":
+            return _load(_keys(body))
+        if path == "/evict":
+            keys = _keys(body)
+            with _lock:
+                gone = [k.id for k in keys if _objects.pop(k, None) is not None]
+                _stats["evictions"] += len(gone)
+            return _ok({"evicted": gone, **_status()})
+        return _run(body)
+    except ValueError as exc:
+        return _err(400, "bad_request", str(exc))
+    except ObjectMissing as exc:
+        return _err(404, "object_missing", str(exc), path=exc.path)
+    except ColdStoreError as exc:
+        return _err(503, "cold_store", str(exc))

@@ -1,0 +1,239 @@
+"""The request tracker: routes queries to the cache functions that hold their data.
+
+Each query gets an id and a record in Redis (``flstore:query:<id>``: status, functions tried,
+progress, result or error). The tracker asks the cache engine to make the query's objects
+resident (``/v1/acquire``: the policy sees every request, misses load, prefetch starts) and gets
+the functions holding all of them, primary first. It invokes the primary's ``/run``; if that does
+not answer within ``query_timeout``, fails, or no longer holds the data, the tracker reports the
+function to the engine and re-routes to the next holder (a secondary), then re-acquires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter, deque
+from typing import Any
+
+import httpx
+
+from request_tracker.settings import TrackerSettings
+
+log = logging.getLogger(__name__)
+
+QUERY = "flstore:query:"
+FUNCTIONS = "flstore:functions"
+
+
+class TrackerError(Exception):
+    """A query the tracker could not serve; ``status``/``body`` go to the HTTP layer."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("detail", ""))
+        self.status, self.body = status, body
+
+
+class Tracker:
+    """Query routing, progress and failover (see module docstring)."""
+
+    def __init__(self, settings: TrackerSettings, redis: Any) -> None:
+        self.s = settings
+        self.redis = redis  # redis.asyncio.Redis, decode_responses=True
+        self.http = httpx.AsyncClient(timeout=settings.engine_timeout,
+                                      limits=httpx.Limits(max_connections=128))
+        self.stats: Counter[str] = Counter()
+        self.latencies: deque[float] = deque(maxlen=10000)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pinger: asyncio.Task[Any] | None = None
+
+    async def start(self) -> None:
+        if self.s.ping_interval > 0:
+            self._pinger = asyncio.create_task(self._ping_loop())
+
+    async def close(self) -> None:
+        if self._pinger:
+            self._pinger.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        await self.http.aclose()
+
+    # -- records --------------------------------------------------------------------------
+    async def _record(self, qid: str, **fields: Any) -> None:
+        data = {k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}
+        key = QUERY + qid
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping=data)
+            pipe.expire(key, self.s.result_ttl)
+            await pipe.execute()
+
+    async def get(self, qid: str) -> dict[str, Any] | None:
+        raw = await self.redis.hgetall(QUERY + qid)
+        if not raw:
+            return None
+        out: dict[str, Any] = {"id": qid}
+        for k, v in raw.items():
+            try:
+                out[k] = json.loads(v) if k not in ("status", "workload", "job") else v
+            except ValueError:
+                out[k] = v
+        return out
+
+    # -- validation and submission --------------------------------------------------------
+    async def validate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Ask the engine whether the query can be served (4xx raised as TrackerError)."""
+        r = await self.http.post(f"{self.s.engine_url}/v1/plan", json=body)
+        if r.status_code != 200:
+            raise TrackerError(r.status_code, _body(r))
+        out: dict[str, Any] = r.json()
+        return out
+
+    async def submit(self, body: dict[str, Any], wait: bool) -> dict[str, Any]:
+        """Accept a query; run it now (``wait``) or in the background."""
+        qid = uuid.uuid4().hex
+        self.stats["queries"] += 1
+        if not wait:
+            await self.validate(body)  # bad queries: clear 4xx, nothing recorded
+            await self._record(qid, status="pending", workload=str(body.get("workload")),
+                               job=str(body.get("job")), query=body, created=time.time(),
+                               tried=[])
+            t = asyncio.create_task(self._run_safely(qid, body))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+            return {"id": qid, "status": "pending"}
+        return await self.execute(qid, body)
+
+    async def _run_safely(self, qid: str, body: dict[str, Any]) -> None:
+        try:
+            await self.execute(qid, body)
+        except TrackerError:
+            pass
+        except Exception:
+            log.exception("query %s crashed", qid)
+            await self._record(qid, status="failed", error={"error": "internal"})
+
+    # -- execution ------------------------------------------------------------------------
+    async def execute(self, qid: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Acquire, route, fail over; record progress in Redis; return the finished record."""
+        t0 = time.perf_counter()
+        tried: list[dict[str, Any]] = []
+        recorded = False
+        last: dict[str, Any] = {"error": "unavailable", "detail": "no cache function answered"}
+        for attempt in range(self.s.attempts):
+            r = await self.http.post(f"{self.s.engine_url}/v1/acquire", json=body)
+            if r.status_code != 200:
+                err = _body(r)
+                if recorded:
+                    await self._record(qid, status="failed", error=err, tried=tried)
+                self.stats["rejected" if r.status_code < 500 else "failed"] += 1
+                raise TrackerError(r.status_code, err)
+            plan = r.json()
+            if not recorded:
+                await self._record(qid, status="running", workload=plan["workload"],
+                                   job=str(body.get("job")), query=body, created=time.time(),
+                                   tried=tried, hit=plan["hit"])
+                recorded = True
+            for fn in plan["holders"]:
+                t1 = time.perf_counter()
+                step: dict[str, Any] = {"function": fn, "attempt": attempt}
+                tried.append(step)
+                await self._record(qid, status="running", tried=tried)
+                try:
+                    resp = await self.http.post(
+                        f"{self.s.runtime_url}/function/{fn}/run",
+                        json={"workload": plan["workload"], "params": plan["params"],
+                              "objects": plan["objects"], "evaluator": plan.get("evaluator")},
+                        timeout=self.s.query_timeout)
+                except httpx.HTTPError as exc:
+                    step.update(outcome="unreachable" if not isinstance(
+                        exc, httpx.TimeoutException) else "timeout", detail=str(exc)[:200])
+                    self.stats["reroutes"] += 1
+                    await self._report(fn)
+                    continue
+                step["seconds"] = time.perf_counter() - t1
+                if resp.status_code == 200:
+                    out = resp.json()
+                    step["outcome"] = "ok"
+                    latency = time.perf_counter() - t0
+                    self.latencies.append(latency)
+                    self.stats["completed"] += 1
+                    self.stats["hits" if plan["hit"] else "misses"] += 1
+                    done = {"status": "done", "result": out["result"], "tried": tried,
+                            "function": fn, "latency_s": latency,
+                            "compute_s": out.get("compute_s"),
+                            "engine_s": plan.get("engine_s"), "loaded": plan.get("loaded")}
+                    await self._record(qid, **done)
+                    return {"id": qid, "workload": plan["workload"], "job": str(body.get("job")),
+                            "query": body, "hit": plan["hit"], **done}
+                err = _body(resp)
+                step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
+                if resp.status_code == 409:  # evicted meanwhile: fix the table, re-acquire
+                    last = err
+                    try:
+                        await self.http.post(
+                            f"{self.s.engine_url}/v1/functions/{fn}/missing",
+                            json={"objects": err.get("missing", [])}, timeout=10)
+                    except httpx.HTTPError as exc:
+                        log.warning("could not report missing objects on %s: %s", fn, exc)
+                    continue
+                if 400 <= resp.status_code < 500 and resp.status_code not in (404, 429):
+                    # the workload rejected its input: a property of the query, not of the function
+                    await self._record(qid, status="failed", error=err, tried=tried)
+                    self.stats["rejected"] += 1
+                    raise TrackerError(resp.status_code, err)
+                last = err
+                self.stats["reroutes"] += 1
+                await self._report(fn)
+        await self._record(qid, status="failed", error=last, tried=tried)
+        self.stats["failed"] += 1
+        raise TrackerError(503, {"error": "unavailable", "detail":
+                                 f"no holder answered after {self.s.attempts} attempts",
+                                 "tried": tried})
+
+    async def _report(self, fn: str) -> None:
+        try:
+            await self.http.post(f"{self.s.engine_url}/v1/functions/{fn}/failed", timeout=10)
+        except httpx.HTTPError as exc:
+            log.warning("could not report %s to the engine: %s", fn, exc)
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.ping_interval)
+            try:
+                names = await self.redis.hkeys(FUNCTIONS)
+                for fn in names:
+                    try:
+                        r = await self.http.get(f"{self.s.runtime_url}/function/{fn}/ping",
+                                                timeout=2.0)
+                        ok = r.status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    self.stats["pings"] += 1
+                    if not ok:
+                        self.stats["ping_failures"] += 1
+                        await self._report(fn)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("ping loop")
+
+    def metrics(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
+
+        return {**self.stats, "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99),
+                "in_flight": len(self._tasks)}
+
+
+def _body(r: httpx.Response) -> dict[str, Any]:
+    try:
+        b = r.json()
+        if isinstance(b, dict):
+            return b
+    except ValueError:
+        pass
+    return {"error": f"http_{r.status_code}", "detail": r.text[:300]}

@@ -1,0 +1,42 @@
+"""Fixtures of the FLStore tests: the serving stack on the real runtime, Redis and MinIO."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache_engine.cold_store import MinioColdStore
+from cache_engine.launch import FLStoreStack
+from fedfaas.services import MinioServer, RedisServer
+
+
+@pytest.fixture(scope="module")
+def cold(minio_server: MinioServer) -> MinioColdStore:
+    return MinioColdStore(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
+
+
+def start_stack(tmp: Path, redis_server: RedisServer, minio_server: MinioServer,
+                engine_args: list[str] | None = None, engine_env: dict[str, str] | None = None,
+                tracker_args: list[str] | None = None) -> FLStoreStack:
+    import redis
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    r.close()
+    return FLStoreStack(tmp, redis_server.url, minio_server.endpoint, minio_server.access_key,
+                        minio_server.secret_key, engine_args=engine_args or [],
+                        engine_env=engine_env or {}, tracker_args=tracker_args or []).start()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
+          minio_server: MinioServer) -> Iterator[FLStoreStack]:
+    """Runtime + engine + tracker (k = 1 secondary, fast pings)."""
+    s = start_stack(tmp_path_factory.mktemp("flstore"), redis_server, minio_server,
+                    ["--ping-interval", "0.5", "--secondaries", "1"])
+    try:
+        yield s
+    finally:
+        s.stop()

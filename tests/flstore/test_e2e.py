@@ -1,0 +1,188 @@
+"""End to end: rounds in the real MinIO, engine + tracker + cache functions on the real runtime."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from cache_engine.catalog import MemoryCatalog
+from cache_engine.cold_store import MinioColdStore
+from cache_engine.launch import FLStoreStack
+from cache_engine.queries import Query, plan, run_workload
+from cache_engine.synthetic import History, write_history
+
+pytestmark = pytest.mark.integration
+JOB = "e2e-job"
+
+
+@pytest.fixture(scope="module")
+def history(cold: MinioColdStore, stack: FLStoreStack) -> History:
+    h = write_history(cold, JOB, 4, per_round=6, pool=20, malicious=["c003"], seed=1)
+    stack.ingest(JOB, range(0, 5))
+    stack.wait_idle()
+    return h
+
+
+def _ask(stack: FLStoreStack, body: dict, wait: bool = True) -> httpx.Response:
+    return httpx.post(f"{stack.tracker_url}/v1/queries", params={"wait": str(wait).lower()},
+                      json=body, timeout=120)
+
+
+def _direct(cold: MinioColdStore, body: dict) -> dict:
+    cat = MemoryCatalog()
+    for r in cold.rounds(body["job"]):
+        cat.add_round(body["job"], r, cold.round_meta(body["job"], r)["clients"])
+    p = plan(Query(body["workload"], body["job"], body.get("rounds", []),
+                   body.get("clients", []), body.get("params", {})), cat)
+    return run_workload(p.query.workload, p.params, {k: cold.get(k) for k in p.keys})
+
+
+def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
+        stack: FLStoreStack, history: History, cold: MinioColdStore) -> None:
+    body = {"workload": "cosine-to-aggregate", "job": JOB, "rounds": [2],
+            "params": {"bottom_k": 1}}
+    r = _ask(stack, body)
+    assert r.status_code == 200, r.text
+    rec = r.json()
+    assert rec["status"] == "done" and rec["hit"] is True  # round 2 was hot after ingestion
+    assert rec["result"]["flagged"] == ["c003"]
+    expected = _direct(cold, body)
+    for c, v in expected["cosine"].items():
+        assert rec["result"]["cosine"][c] == pytest.approx(v, rel=1e-6)
+
+
+def test_provenance_shares_sum_to_one_across_rounds(stack: FLStoreStack, history: History) -> None:
+    r = _ask(stack, {"workload": "provenance", "job": JOB,
+                     "params": {"first_round": 1, "last_round": 4}})
+    assert r.status_code == 200, r.text
+    shares = r.json()["result"]["shares"]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-4)
+    assert set(shares) == {c for cl in history.clients.values() for c in cl}
+
+
+def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history: History) -> None:
+    r = _ask(stack, {"workload": "multi-krum", "job": JOB, "rounds": [3], "params": {"f": 1}},
+             wait=False)
+    assert r.status_code == 202
+    qid = r.json()["id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rec = httpx.get(f"{stack.tracker_url}/v1/queries/{qid}").json()
+        if rec["status"] in ("done", "failed"):
+            break
+        time.sleep(0.05)
+    assert rec["status"] == "done"
+    assert "c003" not in rec["result"]["selected"]
+    assert rec["tried"][-1]["outcome"] == "ok"
+
+
+def test_every_cached_object_has_a_primary_and_a_secondary(stack: FLStoreStack,
+                                                           history: History) -> None:
+    stack.wait_idle()
+    counts = httpx.get(f"{stack.engine_url}/v1/replicas").json()
+    assert counts and all(n == 2 for n in counts.values())
+    state = httpx.get(f"{stack.engine_url}/v1/state").json()
+    assert len(state["functions"]) >= 2
+
+
+def test_p2_query_prefetches_the_next_round(stack: FLStoreStack, history: History) -> None:
+    r = _ask(stack, {"workload": "kmeans", "job": JOB, "rounds": [1], "params": {"k": 2}})
+    assert r.status_code == 200, r.text
+    stack.wait_idle()
+    locs = httpx.get(f"{stack.engine_url}/v1/locations",
+                     params={"ids": [f"{JOB}/2/{c}" for c in history.clients[2]]}).json()
+    assert all(len(v) == 2 for v in locs.values())
+
+
+BAD = [
+    ({"workload": "no-such", "job": JOB, "rounds": [1]}, 404, "unknown_workload"),
+    ({"workload": "multi-krum", "job": "no-such-job", "rounds": [1]}, 404, "unknown_job"),
+    ({"workload": "multi-krum", "job": JOB, "rounds": [9]}, 404, "round_not_written"),
+    ({"workload": "personalize", "job": JOB, "rounds": [1], "clients": ["zz9"]}, 404,
+     "unknown_client"),
+    ({"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"f": -1}}, 422,
+     "invalid_params"),
+    ({"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"bogus": 1}}, 422,
+     "invalid_params"),
+    ({"workload": "multi-krum", "job": JOB, "rounds": "one"}, 422, "invalid_params"),
+    ({"workload": "multi-krum", "job": JOB, "rounds": [1], "extra": 1}, 422, "invalid_params"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), BAD)
+@pytest.mark.parametrize("wait", [True, False])
+def test_bad_queries_get_a_clear_4xx_and_change_nothing(
+        stack: FLStoreStack, history: History, body: dict, status: int, code: str,
+        wait: bool) -> None:
+    import redis
+
+    stack.wait_idle()
+    before = httpx.get(f"{stack.engine_url}/v1/state").json()
+    r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    queries_before = set(r.scan_iter("flstore:query:*"))
+    resp = _ask(stack, body, wait=wait)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"] == code
+    assert resp.json()["detail"]
+    after = httpx.get(f"{stack.engine_url}/v1/state").json()
+    assert after["objects"] == before["objects"]
+    assert after["stats"].get("requests") == before["stats"].get("requests")
+    assert set(r.scan_iter("flstore:query:*")) == queries_before
+
+
+def test_malformed_body_is_400(stack: FLStoreStack) -> None:
+    r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", content=b"{nope",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == "bad_json"
+    r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", json=[1, 2])
+    assert r.status_code == 400
+    assert httpx.get(f"{stack.tracker_url}/v1/queries/nope").status_code == 404
+
+
+def test_health_and_metrics(stack: FLStoreStack) -> None:
+    assert httpx.get(f"{stack.tracker_url}/healthz").json()["ok"]
+    assert httpx.get(f"{stack.engine_url}/healthz").json()["ok"]
+    assert "flstore_tracker_" in httpx.get(f"{stack.tracker_url}/metrics").text
+    assert "flstore_engine_objects" in httpx.get(f"{stack.engine_url}/metrics").text
+
+
+def test_results_match_direct_computation_bitwise_close(stack: FLStoreStack, history: History,
+                                                        cold: MinioColdStore) -> None:
+    body = {"workload": "track", "job": JOB, "rounds": [4], "params": {"window": 3}}
+    r = _ask(stack, body)
+    assert r.status_code == 200, r.text
+    got, exp = r.json()["result"], _direct(cold, body)
+    assert np.allclose(got["series"]["loss"], exp["series"]["loss"])
+
+
+DIGITS = "e2e-digits"
+
+
+@pytest.fixture(scope="module")
+def digits(cold: MinioColdStore, stack: FLStoreStack) -> History:
+    from cache_engine.synthetic import write_digits_history
+
+    h = write_digits_history(cold, DIGITS, 2, per_round=5, pool=20, flip=["c001"], seed=2)
+    stack.ingest(DIGITS, range(0, 3))
+    stack.wait_idle()
+    return h
+
+
+def test_label_flipping_client_gets_the_lowest_shapley_value_via_the_job_evaluator(
+        stack: FLStoreStack, digits: History, cold: MinioColdStore) -> None:
+    body = {"workload": "shapley", "job": DIGITS, "rounds": [2]}
+    r = _ask(stack, body)
+    assert r.status_code == 200, r.text
+    res = r.json()["result"]
+    values = res["values"]
+    assert min(values, key=values.get) == "c001"
+    assert sum(values.values()) == pytest.approx(res["v_full"] - res["v_empty"], abs=1e-6)
+
+
+def test_evaluator_workload_on_a_job_without_evaluator_is_a_clear_422(
+        stack: FLStoreStack, history: History) -> None:
+    r = _ask(stack, {"workload": "leave-one-out", "job": JOB, "rounds": [2]})
+    assert r.status_code == 422 and r.json()["error"] == "no_evaluator"

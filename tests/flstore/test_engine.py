@@ -1,0 +1,161 @@
+"""The cache engine's placement, capacity, eviction and replica restoration.
+
+Real Redis; the cache functions are real handler modules called in process through a provider
+double (one module instance per function, so each has its own memory), and the cold store is in
+memory. The same paths run against the real runtime in test_e2e.py and test_fault.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from cache_engine.cold_store import MemoryColdStore
+from cache_engine.engine import CacheEngine
+from cache_engine.keys import ObjectKey
+from cache_engine.settings import EngineSettings
+from cache_engine.synthetic import write_history
+
+pytestmark = pytest.mark.integration
+HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
+
+
+class InProcessProvider:
+    """Provider double: each function is a fresh instance of the real handler module."""
+
+    def __init__(self, cold: MemoryColdStore) -> None:
+        self.cold = cold
+        self.fns: dict[str, ModuleType] = {}
+        self.dead: set[str] = set()
+
+    def deploy(self, name: str, image: str, env: dict[str, str], handler_dir: str | None = None,
+               labels: dict[str, str] | None = None) -> None:
+        spec = importlib.util.spec_from_file_location(f"flstore_handler_{name}", HANDLER)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.set_cold_store(self.cold)
+        self.fns[name] = mod
+
+    def call(self, name: str, path: str, body: Any = None, timeout: float | None = None
+             ) -> httpx.Response:
+        if name in self.dead or name not in self.fns:
+            raise httpx.ConnectError(f"{name} is gone")
+        ev = SimpleNamespace(method="GET" if body is None else "POST", path=path,
+                             body=json.dumps(body).encode() if body is not None else b"",
+                             headers={}, query={})
+        out = self.fns[name].handle(ev, SimpleNamespace(hostname=name))
+        return httpx.Response(out["statusCode"], json=out["body"])
+
+    def held(self, name: str) -> set[str]:
+        return {k.id for k in self.fns[name]._objects}
+
+
+def _engine(redis_url: str, cold: MemoryColdStore, **kw: Any) -> tuple[CacheEngine,
+                                                                        InProcessProvider]:
+    import redis
+
+    prov = InProcessProvider(cold)
+    s = EngineSettings(redis_url=redis_url, ping_interval=0.1, **kw)
+    eng = CacheEngine(s, redis.Redis.from_url(redis_url, decode_responses=True), cold,
+                      prov)  # type: ignore[arg-type]
+    eng.start()
+    return eng, prov
+
+
+def _wait_idle(eng: CacheEngine, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not eng.idle():
+        assert time.monotonic() < deadline, "engine still busy"
+        time.sleep(0.01)
+
+
+@pytest.fixture()
+def cold() -> MemoryColdStore:
+    c = MemoryColdStore()
+    write_history(c, "j", 4, per_round=4, pool=10, seed=5)
+    return c
+
+
+def _model_bytes(cold: MemoryColdStore) -> int:
+    g = cold.get(ObjectKey("j", 1, "global"))
+    return int(g.nbytes)  # type: ignore[union-attr]
+
+
+def test_functions_are_created_when_capacity_runs_out_and_never_overfilled(
+        redis_url: str, cold: MemoryColdStore) -> None:
+    cap = 16 * _model_bytes(cold)
+    eng, prov = _engine(redis_url, cold, function_capacity_bytes=cap, secondaries=1,
+                        max_functions=8)
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        for q in ({"workload": "multi-krum", "job": "j", "rounds": [2]},
+                  {"workload": "foolsgold", "job": "j",
+                   "params": {"first_round": 1, "last_round": 3}}):
+            plan = eng.acquire(q)
+            assert all(set(plan["objects"]) <= prov.held(f) for f in plan["holders"])
+            _wait_idle(eng)
+        assert len(prov.fns) > 2
+        for name, mod in prov.fns.items():
+            used = sum(int(getattr(v, "nbytes", 0)) for v in mod._objects.values())
+            assert used <= cap, name
+        counts = eng.replica_counts()  # co-locating a query may add copies beyond 1 + k
+        assert all(n >= 2 for n in counts.values()), counts
+    finally:
+        eng.stop()
+
+
+def test_policy_evictions_free_the_functions_memory(redis_url: str,
+                                                    cold: MemoryColdStore) -> None:
+    eng, prov = _engine(redis_url, cold, secondaries=1)
+    try:
+        eng.ingest("j", 0)
+        eng.ingest("j", 1)
+        eng.ingest("j", 2)
+        eng.ingest("j", 3)
+        eng.ingest("j", 4)
+        _wait_idle(eng)
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [1]})
+        _wait_idle(eng)
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [3]})
+        _wait_idle(eng)
+        r1 = {f"j/1/{c}" for c in eng.catalog.clients("j", 1)}
+        for f in prov.fns:
+            assert not (r1 & prov.held(f)), f"{f} still holds round 1"
+        r4 = {f"j/4/{c}" for c in eng.catalog.clients("j", 4)}  # latest round is kept
+        assert sum(r4 <= prov.held(f) for f in prov.fns) == 2
+    finally:
+        eng.stop()
+
+
+def test_a_dead_function_is_dropped_and_its_objects_get_two_holders_again(
+        redis_url: str, cold: MemoryColdStore) -> None:
+    eng, prov = _engine(redis_url, cold, secondaries=1)
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [4]})
+        victim = plan["holders"][0]
+        _wait_idle(eng)
+        lost = prov.held(victim)
+        assert lost
+        prov.dead.add(victim)
+        assert eng.report_failure(victim) is False
+        _wait_idle(eng)
+        counts = eng.replica_counts()
+        assert lost <= set(counts)
+        assert all(n == 2 for n in counts.values()), counts
+        assert all(victim not in eng.table.get(ObjectKey.parse(i)) for i in counts)
+        assert len(prov.fns) == 3  # a new function took the dead one's share
+    finally:
+        eng.stop()

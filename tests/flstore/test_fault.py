@@ -1,0 +1,89 @@
+"""Fault tolerance: the primary cache function of a query dies mid-flight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from cache_engine.cold_store import MinioColdStore
+from cache_engine.launch import FLStoreStack
+from cache_engine.synthetic import write_history
+from fedfaas.services import MinioServer, RedisServer
+from tests.flstore.conftest import start_stack
+
+pytestmark = pytest.mark.integration
+JOB = "fault-job"
+
+
+@pytest.fixture(scope="module")
+def slow_stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
+               minio_server: MinioServer, cold: MinioColdStore) -> Iterator[FLStoreStack]:
+    """A stack whose cache functions hold every /run for 2 s, so a query stays in flight."""
+    s = start_stack(tmp_path_factory.mktemp("fault"), redis_server, minio_server,
+                    ["--ping-interval", "0.5", "--secondaries", "1"],
+                    engine_env={"FEDFAAS_ENGINE_FUNCTION_ENV":
+                                '{"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"}'},
+                    tracker_args=["--query-timeout", "20", "--ping-interval", "0"])
+    try:
+        write_history(cold, JOB, 3, per_round=5, pool=12, malicious=["c001"], seed=3)
+        s.ingest(JOB, range(0, 4))
+        s.wait_idle()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
+        slow_stack: FLStoreStack) -> None:
+    st = slow_stack
+    body = {"workload": "multi-krum", "job": JOB, "rounds": [2], "params": {"f": 1}}
+    objects = httpx.post(f"{st.engine_url}/v1/plan", json=body).json()["objects"]
+    locs = httpx.get(f"{st.engine_url}/v1/locations", params={"ids": objects}).json()
+    primary, secondary = locs[objects[0]][:2]
+    assert all(set(locs[o]) == {primary, secondary} for o in objects)
+    pid = httpx.get(f"{st.runtime_url}/function/{primary}/ping").json()["pid"]
+
+    qid = httpx.post(f"{st.tracker_url}/v1/queries", json=body).json()["id"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until the primary has the query
+        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}").json()
+        if rec.get("tried"):
+            break
+        time.sleep(0.02)
+    assert rec["tried"][0]["function"] == primary
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}").json()
+        if rec["status"] in ("done", "failed"):
+            break
+        time.sleep(0.05)
+    assert rec["status"] == "done", rec
+    assert rec["tried"][0]["function"] == primary and rec["tried"][0]["outcome"] != "ok"
+    assert rec["function"] != primary
+    assert "c001" not in rec["result"]["selected"]
+
+    # the engine notices, drops the dead copy and copies every object again: 2 holders each
+    # (every object the policy keeps resident is counted, with 0 if no function holds it)
+    t_kill = time.monotonic()
+    deadline = t_kill + 60
+    while time.monotonic() < deadline:
+        counts = httpx.get(f"{st.engine_url}/v1/replicas").json()
+        if all(n == 2 for n in counts.values()):
+            break
+        time.sleep(0.2)
+    assert set(objects) <= set(counts)
+    assert all(n == 2 for n in counts.values()), counts
+    state = httpx.get(f"{st.engine_url}/v1/state").json()
+    assert state["stats"]["functions_lost"] >= 1
+    assert state["stats"].get("restored", 0) >= len(objects)
+    # the data really is in the restored holders: the same query answers again
+    again = httpx.post(f"{st.tracker_url}/v1/queries?wait=true", json=body, timeout=60).json()
+    assert again["status"] == "done" and again["result"]["selected"] == rec["result"]["selected"]
