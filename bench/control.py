@@ -8,9 +8,12 @@ prints the Markdown table.
 (b) Re-plan (EWMA update of every node + :func:`replan` + :func:`diff_plans`) against the
     paper's 0.2 ms and the 1 ms target.
 (c) Fig. 8: five nodes (MC = 20), 20 / 60 / 100 updates, baseline SL-H (least connection,
-    lazy) then +placement, +planning, +reuse, +eager. Until the node gateways and aggregator
-    function run end to end, this part is a MODEL (control_plane.simulate) driven by costs
-    measured here: a real torch ``add_`` over the model, a real Python process start that
+    lazy) then +placement, +planning, +reuse, +eager. Two parts: a MODEL
+    (control_plane.simulate, labelled so in the table) of the whole ladder, and (c') a run on
+    five real ``python -m gateway`` processes: baseline and +placement on the gateways'
+    static plan, +planning and +eager with the coordinator's plan pushed to the gateways
+    (``PUT .../plan``); reuse has no switch there (warm pre-spawned aggregators). The model
+    is driven by costs measured here: a real torch ``add_`` over the model, a real Python process start that
     imports torch (an aggregator cold start), a real loopback TCP transfer of the model (an
     inter-node hop) and a real 64-byte socket handoff (an intra-node key).
 """
@@ -287,10 +290,11 @@ def real_stack_ready() -> tuple[bool, str]:
     return True, "python -m gateway x5 with spawned aggregator workers, userspace router"
 
 
-REAL_LADDER = (
-    ("SL-H (leastconn, lazy)", "leastconn", True),
-    ("+placement (BestFit)", "bestfit", True),
-    ("+eager (BestFit, eager)", "bestfit", False),
+REAL_LADDER = (  # name, placement policy, lazy, coordinator pushes its plan to the gateways
+    ("SL-H (leastconn, lazy)", "leastconn", True, False),
+    ("+placement (BestFit)", "bestfit", True, False),
+    ("+planning (pushed plan)", "bestfit", True, True),
+    ("+eager (BestFit, eager)", "bestfit", False, True),
 )
 
 
@@ -315,7 +319,7 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
     try:
         for n in sizes:
             rows: dict[str, Any] = {}
-            for name, policy, lazy in REAL_LADDER:
+            for name, policy, lazy, push in REAL_LADDER:
                 flush_redis(redis.url)  # restarted gateways must not reload earlier runs' jobs
                 ports = {f"node{i}": free_port() for i in range(5)}
                 shm = Path("/dev/shm") / f"fedfaas-bench-control-{os.getpid()}"
@@ -326,7 +330,9 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
                     urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
                     job = f"fig8-{n}-{policy}-{'lazy' if lazy else 'eager'}"
                     spec = JobSpec(job, 5, n, [f"c{i}" for i in range(n)], 1.0, 600.0, policy)
-                    rows[name] = asyncio.run(_real_round(urls, secret, spec, w0, payloads, procs))
+                    rows[name] = asyncio.run(
+                        _real_round(urls, secret, spec, w0, payloads, procs, push)
+                    )
                 except Exception as exc:  # record and go on: one bad run must not lose the rest
                     rows[name] = {"error": repr(exc)[:300]}
                 finally:
@@ -433,6 +439,7 @@ async def _real_round(
     w0: bytes,
     payloads: list[bytes],
     procs: list[subprocess.Popen[bytes]],
+    push: bool = True,
 ) -> dict[str, Any]:
     import asyncio
     import hashlib
@@ -441,14 +448,16 @@ async def _real_round(
     import httpx
 
     from control_plane.coordinator import Coordinator
+    from control_plane.gateways import plan_to_slots
 
-    coord = Coordinator(urls, mc=20.0, admin_token=secret, auto_rounds=False)
+    coord = Coordinator(urls, mc=20.0, admin_token=secret, auto_rounds=False, push_plans=push)
     await coord.start()
     try:
         job = await coord.create_job(spec, initial_weights=w0)
         rnd = job.current
         assert rnd is not None
         span = sorted(set(rnd.assignment.values()))
+        slots = plan_to_slots(coord.plans[spec.name], rnd.assignment, dict(rnd.slot_ids))
         root = urls[coord._job_span(spec, coord.healthy_nodes())[0]]
         sem = asyncio.Semaphore(16)
         acts, ingests, tails, cpus, gw_acts = [], [], [], [], []
@@ -478,6 +487,11 @@ async def _real_round(
                         "round"
                     ) != rn:
                         await asyncio.sleep(0.005)
+                if (
+                    rn > 1 and push
+                ):  # the coordinator's plan for this repeat too (the gateways run it)
+                    for node in coord.healthy_nodes():
+                        await coord.clients[node].put_plan(spec.name, rn, slots, secret)
                 cpu0 = _tree_cpu(procs)
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(rn, i, c) for i, c in enumerate(rnd.selected)))
@@ -502,7 +516,9 @@ async def _real_round(
             "cpu_s": float(np.median(cpus)),
             "gateway_first_byte_to_result_s": gw_acts,
             "repeats": len(acts),
-            "aggregator_tasks": job.gateway_slots or None,
+            "aggregator_tasks": len(slots["slots"])
+            if rnd.placement == "coordinator"
+            else job.gateway_slots or None,
             "nodes_used": len(span),
             "placement": rnd.placement,
         }
@@ -589,10 +605,13 @@ def to_markdown(r: dict[str, Any]) -> str:
     else:
         lines += [
             f"Five `python -m gateway` processes on this machine ({real['setup']}), one shared Redis; "
-            f"the coordinator places the round and creates the job on the nodes it uses; "
+            f"the coordinator places the round and creates the job on the nodes it uses (on all "
+            "five when it pushes its plan); "
             f"{real['model']}; all updates uploaded at once (16 in flight). ACT = first upload "
-            "to model published. CPU = gateways + aggregator workers. Planning and reuse are not "
-            "switchable on the real gateways yet (aggregators are pre-spawned, plans static).",
+            "to model published. CPU = gateways + aggregator workers. The first two rows run the "
+            "gateways' static plan; from +planning on the coordinator pushes its plan (PUT "
+            ".../plan). Reuse is not a switch on real gateways: aggregators are pre-spawned warm "
+            "endpoints that take any slot (the +reuse row exists only in the model above).",
             "",
             "| updates | variant | ACT s | ACT vs SL-H | after last upload s | CPU s | CPU vs SL-H | aggregator tasks | nodes used |",
             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -202,7 +202,7 @@ def create_app(
         p = coord.plans.get(job)
         if p is None or state.current is None:
             raise RoundStateError(f"job {job!r} has no open round, so no plan")
-        return plan_to_slots(p)
+        return plan_to_slots(p, None, dict(state.current.slot_ids))
 
     return app
 

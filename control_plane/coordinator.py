@@ -13,15 +13,27 @@ for gateways without versions), or ``expired`` at the deadline. The gateways rej
 round's late updates (their stale-round / round-full checks). With ``auto_rounds`` the next
 round opens until ``rounds`` are done.
 
+Plans: every plan (and re-plan) goes to the gateways as a slot table (``PUT .../plan``, slot
+ids stable within a round, the top on the job's root node). Gateways that answer 404/405
+keep their static plan and the assignment follows theirs (``placement: "gateway-static"``).
+With over-provisioning the plan covers every selected client, so at goal (and at the
+deadline) the round is closed early on the gateways (``POST .../close``: intake stops, then
+the goals drop to the counts each node holds) and the top publishes from those updates.
+
 Node health: a gateway failing ``health_failures`` consecutive ``/healthz`` probes is taken
-out of placement; the clients of open rounds placed on it are placed again on the others,
-the updates it had accepted are written off, the plan is re-planned (:func:`replan`) and
-the round completes from the updates that reach the other nodes.
+out of placement. If the surviving nodes of an open round hold updates, the round is closed
+on them: its goal drops to what reached them, the updates the dead node had accepted are
+lost with its shared memory (counted in ``lost``, logged), and the round completes with
+the exact FedAvg of the survivors' updates. If they hold none yet (or the gateways cannot
+close rounds), the dead node's clients are placed again on the others, the plan is
+re-planned (:func:`replan`) and pushed, and the round goes on. The job's root node holds
+the global model: its loss is not survivable this way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
@@ -91,6 +103,7 @@ class Coordinator:
         auto_rounds: bool = True,
         admin_token: str | None = None,
         job_ready_timeout: float = 30.0,
+        push_plans: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not gateways:
@@ -108,6 +121,7 @@ class Coordinator:
         self.auto_rounds = auto_rounds
         self.admin_token = admin_token
         self.job_ready_timeout = job_ready_timeout
+        self.push_plans = push_plans
         self.clock = clock
         self.jobs: dict[str, JobState] = {}
         self.plans: dict[str, Plan] = {}
@@ -168,8 +182,12 @@ class Coordinator:
                 raise NoHealthyNodes()
             job = JobState(spec)
             span = self._job_span(spec, nodes)
-            # root first (it must hold the job before the others hear of it), then the rest
-            for n in [*span, *(x for x in nodes if x not in span)]:
+            # every healthy node learns the job (a re-plan may move clients anywhere); the
+            # busiest is its root: it must hold the job before the others hear of it
+            if self.push_plans:  # gateways with static plans spread clients over all of them
+                span = [*span, *(x for x in nodes if x not in span)]
+            job.root = span[0]
+            for n in span:
                 outcome, answer = await self.clients[n].create_job(
                     spec.name,
                     spec.rounds,
@@ -291,9 +309,16 @@ class Coordinator:
         counts: dict[str, int] = {}
         for node in rnd.assignment.values():
             counts[node] = counts.get(node, 0) + 1
-        return plan_hierarchy(
+        plan = plan_hierarchy(
             dict(sorted(counts.items())), job.spec.per_leaf, version=rnd.plan_version
         )
+        return self._top_on_root(job, plan)
+
+    def _top_on_root(self, job: JobState, plan: Plan) -> Plan:
+        """The top runs where the model is published: the job's root node (while it lives)."""
+        if job.root and plan.nodes and self.nodes[job.root].healthy:
+            return dataclasses.replace(plan, top_node=job.root)
+        return plan
 
     async def _publish(self, job: JobState, rnd: RoundInfo, plan: Plan) -> None:
         """Send the slot table to the gateways and scale the aggregator function.
@@ -301,14 +326,18 @@ class Coordinator:
         Gateways that do not take plans keep their own static plan; then the assignment must
         follow their client -> node table or they reject uploads as "wrong node".
         """
-        slots = plan_to_slots(plan, rnd.assignment)
+        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
         taken = 0
-        for n in self.healthy_nodes():
+        for n in self.healthy_nodes() if self.push_plans else ():
             try:
-                taken += await self.clients[n].put_plan(job.spec.name, rnd.number, slots)
+                taken += await self.clients[n].put_plan(
+                    job.spec.name, rnd.number, slots, self.admin_token
+                )
             except ControlPlaneError as exc:
                 log.warning("plan for %s not delivered to %s: %s", job.spec.name, n, exc.detail)
-        if not taken and job.gateway_client_nodes:
+        if taken:
+            rnd.placement = "coordinator"
+        elif job.gateway_client_nodes:
             healthy = set(self.healthy_nodes())
             rnd.assignment = {
                 c: (
@@ -370,6 +399,7 @@ class Coordinator:
                 "lost": rnd.lost,
                 "seconds": rnd.closed_at - rnd.opened_at,
                 "published": rnd.published,
+                "closing": rnd.closing,
             }
         )
         self.plans.pop(job.spec.name, None)
@@ -414,7 +444,27 @@ class Coordinator:
             rnd = job.current
             if rnd is None or rnd.state not in ("open", "aggregating"):
                 continue
-            rnd.lost += rnd.received.pop(dead, 0)
+            lost = rnd.received.pop(dead, 0)
+            if rnd.placement == "coordinator" and nodes and rnd.closing is None:
+                await self._refresh_received(job, rnd, nodes)
+                if sum(rnd.received.values()) > 0 and await self._shrink_round(
+                    job, rnd, f"node_lost:{dead}", nodes
+                ):
+                    rnd.lost += lost
+                    log.warning(
+                        "job %s round %d: node %s died holding %d accepted update(s) (as of the "
+                        "last poll); they are lost with its shared memory. The round's goal is "
+                        "lowered to the %d update(s) that reached %s",
+                        job.spec.name,
+                        rnd.number,
+                        dead,
+                        lost,
+                        sum(rnd.closed_with.values()),
+                        ", ".join(sorted(rnd.closed_with)),
+                    )
+                    await self._save(job)
+                    continue
+            rnd.lost += lost
             if rnd.state == "aggregating" and sum(rnd.received.values()) < rnd.goal:
                 rnd.state = "open"  # updates were lost with the node: take more
             moved = sorted(c for c, n in rnd.assignment.items() if n == dead)
@@ -427,18 +477,81 @@ class Coordinator:
             for n in rnd.assignment.values():
                 counts[n] = counts.get(n, 0) + 1
             delivered = delivered_per_leaf(old, rnd.received)
-            plan = replan(old, counts, delivered)
+            plan = self._top_on_root(job, replan(old, counts, delivered))
             self.plans[job.spec.name] = plan
             rnd.plan_version = plan.version
             await self._publish(job, rnd, plan)
             await self._save(job)
-            log.info(
-                "job %s round %d: %d clients moved off %s",
+            log.warning(
+                "job %s round %d: node %s lost with %d accepted update(s); %d clients moved off it",
                 job.spec.name,
                 rnd.number,
-                len(moved),
                 dead,
+                lost,
+                len(moved),
             )
+
+    async def _refresh_received(self, job: JobState, rnd: RoundInfo, nodes: list[str]) -> None:
+        for n in nodes:
+            try:
+                st = await self.clients[n].job_status(job.spec.name)
+            except ControlPlaneError as exc:
+                log.debug("refresh %s: %s", n, exc.detail)
+                continue
+            if st.round == rnd.number:
+                rnd.received[n] = st.received
+
+    async def _shrink_round(
+        self, job: JobState, rnd: RoundInfo, why: str, nodes: list[str] | None = None
+    ) -> bool:
+        """Close the round's intake on ``nodes`` and have them aggregate what reached them.
+
+        Two steps: every gateway stops taking updates and says how many it holds; then every
+        gateway gets those counts and lowers its plan's goals to them (nodes left out, e.g.
+        a dead one, count 0). False (nothing changed) when a gateway has no close route or
+        nothing arrived anywhere.
+        """
+        nodes = nodes or self.healthy_nodes()
+        name, counts = job.spec.name, {}
+        for n in nodes:
+            try:
+                ans = await self.clients[n].close_round(name, rnd.number, None, self.admin_token)
+            except ControlPlaneError as exc:
+                log.warning(
+                    "job %s round %d: close on %s failed: %s", name, rnd.number, n, exc.detail
+                )
+                return False
+            if ans is None:
+                return False
+            counts[n] = int(ans.get("received", 0))
+        if sum(counts.values()) == 0:
+            log.warning(
+                "job %s round %d: nothing arrived; cannot close it (%s)", name, rnd.number, why
+            )
+            return False
+        for n in nodes:
+            try:
+                await self.clients[n].close_round(name, rnd.number, counts, self.admin_token)
+            except ControlPlaneError as exc:
+                log.error(
+                    "job %s round %d: close on %s failed: %s", name, rnd.number, n, exc.detail
+                )
+                return False
+        old = self.plans.get(name) or self._plan_for(job, rnd)
+        plan = self._top_on_root(job, replan(old, counts, delivered_per_leaf(old, counts)))
+        self.plans[name] = plan
+        rnd.plan_version = plan.version
+        rnd.received, rnd.closed_with, rnd.closing = dict(counts), dict(counts), why
+        rnd.state = "aggregating"
+        log.info(
+            "job %s round %d closed early (%s): aggregating %d updates %s",
+            name,
+            rnd.number,
+            why,
+            sum(counts.values()),
+            counts,
+        )
+        return True
 
     async def poll(self) -> None:
         """Read each healthy gateway's job status; close rounds at goal or deadline."""
@@ -457,8 +570,8 @@ class Coordinator:
                     continue
                 queues[n] = st.queue
                 versioned = versioned or st.reports_version
-                if st.round == rnd.number:
-                    rnd.received[n] = st.received
+                if st.round == rnd.number and st.version < rnd.number and rnd.closing is None:
+                    rnd.received[n] = st.received  # after closing, the counts are fixed
                 # a gateway past this round (or holding its model) published it: goal met
                 published = published or st.round > rnd.number or st.version >= rnd.number
             self.queues.observe(queues)
@@ -466,13 +579,30 @@ class Coordinator:
                 if rnd.state not in ("open", "aggregating"):
                     continue
                 at_goal = sum(rnd.received.values()) >= rnd.goal
+                now = self.clock()
                 if published or (at_goal and not versioned):
                     rnd.published = published
-                    await self._close(job, "closed")
+                    await self._close(job, "expired" if rnd.closing == "deadline" else "closed")
                 elif at_goal and rnd.state == "open":
                     rnd.state = "aggregating"
                     log.info("job %s round %d at goal: aggregating", job.spec.name, rnd.number)
-                elif self.clock() >= rnd.deadline_at:
+                    if rnd.placement == "coordinator" and versioned:
+                        # the plan covers every selected client: aggregate the first `goal`
+                        await self._shrink_round(job, rnd, "goal")
+                elif now >= rnd.deadline_at and rnd.closing is None:
+                    if not (
+                        rnd.placement == "coordinator"
+                        and sum(rnd.received.values()) > 0
+                        and await self._shrink_round(job, rnd, "deadline")
+                    ):
+                        await self._close(job, "expired")
+                elif now >= rnd.deadline_at + job.spec.deadline_s:
+                    log.error(
+                        "job %s round %d: no model a deadline after closing (%s); giving up",
+                        job.spec.name,
+                        rnd.number,
+                        rnd.closing,
+                    )
                     await self._close(job, "expired")
                 await self._save(job)
 

@@ -5,8 +5,10 @@ Only the gateway's public HTTP API is used (``gateway/`` internals are not a con
 * ``GET  /healthz``
 * ``POST /v1/jobs?job=&rounds=&goal=&clients=`` (clients comma-separated)
 * ``GET  /v1/jobs/{job}`` (job status; read tolerantly, see :class:`GatewayJobStatus`)
-* ``PUT  /v1/jobs/{job}/rounds/{r}/plan`` (proposed: the slot table of :func:`plan_to_slots`;
-  a gateway without it answers 404/405 and keeps its own static plan)
+* ``PUT  /v1/jobs/{job}/rounds/{r}/plan`` (admin bearer; the slot table of
+  :func:`plan_to_slots`; a gateway without it answers 404/405 and keeps its own static plan)
+* ``POST /v1/jobs/{job}/rounds/{r}/close`` (admin bearer; optional ``{"received": {node: n}}``):
+  stop the round's intake and aggregate what reached the listed nodes
 """
 
 from __future__ import annotations
@@ -159,15 +161,46 @@ class GatewayClient:
         except ValueError as exc:
             raise GatewayError(self.node, f"GET /v1/jobs/{job}: not JSON ({exc})") from exc
 
-    async def put_plan(self, job: str, round_: int, slots: Mapping[str, Any]) -> bool:
+    async def put_plan(
+        self, job: str, round_: int, slots: Mapping[str, Any], admin_token: str | None = None
+    ) -> bool:
         """Send the round's slot table; False when the gateway does not take plans (yet)."""
-        r = await self._request("PUT", f"/v1/jobs/{job}/rounds/{round_}/plan", json=slots)
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        r = await self._request(
+            "PUT", f"/v1/jobs/{job}/rounds/{round_}/plan", json=slots, headers=headers
+        )
+        if r.status_code == 404 and _error(r) == "unknown_job":
+            raise GatewayError(self.node, f"PUT plan: job {job!r} unknown there")
         if r.status_code in (404, 405):
             log.debug("gateway %s does not take plans (HTTP %d)", self.node, r.status_code)
             return False
         if r.status_code >= 300:
             raise GatewayError(self.node, f"PUT plan answered {r.status_code}: {r.text[:200]}")
         return True
+
+    async def close_round(
+        self,
+        job: str,
+        round_: int,
+        received: Mapping[str, int] | None = None,
+        admin_token: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Close the round's intake (and with ``received``, aggregate those updates).
+
+        Returns the gateway's answer (``received`` = its accepted updates), or None when the
+        gateway has no close route.
+        """
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        kw: dict[str, Any] = {"headers": headers}
+        if received is not None:
+            kw["json"] = {"received": dict(received)}
+        r = await self._request("POST", f"/v1/jobs/{job}/rounds/{round_}/close", **kw)
+        if r.status_code in (404, 405) and _error(r) != "unknown_job":
+            return None
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"close answered {r.status_code}: {r.text[:300]}")
+        data = r.json()
+        return data if isinstance(data, dict) else None
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -176,16 +209,38 @@ class GatewayClient:
             raise GatewayError(self.node, f"{method} {self.url}{path}: {exc!r}") from exc
 
 
-def plan_to_slots(plan: Plan, client_nodes: Mapping[str, str] | None = None) -> dict[str, Any]:
+def _error(r: httpx.Response) -> str:
+    try:
+        data = r.json()
+    except ValueError:
+        return ""
+    return str(data.get("error", "")) if isinstance(data, dict) else ""
+
+
+def plan_to_slots(
+    plan: Plan,
+    client_nodes: Mapping[str, str] | None = None,
+    ids: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """The plan as the gateway's slot table: ``{"slots": [...], "client_nodes": {...}}``.
 
     Slot ids are positive ints (top = 1, then middles, then leaves, in plan order); ``goal``
     counts the client updates under a slot (so a middle's goal is its node's updates and the
     top's the round's), ``role`` is 1 leaf / 2 middle / 3 top, ``parent`` the parent slot id.
+    Pass the same ``ids`` dict (aggregator id -> slot id, updated in place) for every plan of
+    a round, so a re-planned aggregator keeps its slot id and new ones get fresh ids.
     """
     if plan.top_node is None:
         return {"slots": [], "client_nodes": dict(client_nodes or {}), "version": plan.version}
-    ids: dict[str, int] = {"top": 1}
+    if ids is None:
+        ids = {}
+    ids.setdefault("top", 1)
+
+    def sid(name: str) -> int:
+        if name not in ids:
+            ids[name] = max(ids.values()) + 1
+        return ids[name]
+
     slots: list[dict[str, Any]] = [
         {
             "id": 1,
@@ -196,10 +251,9 @@ def plan_to_slots(plan: Plan, client_nodes: Mapping[str, str] | None = None) -> 
         }
     ]
     for n in plan.nodes:
-        ids[middle_id(n.node)] = len(ids) + 1
         slots.append(
             {
-                "id": ids[middle_id(n.node)],
+                "id": sid(middle_id(n.node)),
                 "node": n.node,
                 "role": ROLE_CODE["middle"],
                 "goal": n.expected,
@@ -208,10 +262,9 @@ def plan_to_slots(plan: Plan, client_nodes: Mapping[str, str] | None = None) -> 
         )
     for n in plan.nodes:
         for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True):
-            ids[leaf_id(n.node, k)] = len(ids) + 1
             slots.append(
                 {
-                    "id": ids[leaf_id(n.node, k)],
+                    "id": sid(leaf_id(n.node, k)),
                     "node": n.node,
                     "role": ROLE_CODE["leaf"],
                     "goal": g,

@@ -84,6 +84,12 @@ class RoundInfo:
     plan_version: int = 0
     placement: str = "coordinator"  # or "gateway-static": the gateways kept their own plan
     published: bool = False  # a gateway reported the round's model published
+    #: gateway slot ids of the round's aggregators (stable across re-plans of the round)
+    slot_ids: dict[str, int] = field(default_factory=dict)
+    #: why the gateways were told to close the round early ("goal", "deadline", "node_lost:<n>")
+    closing: str | None = None
+    #: updates the gateways were told to aggregate after closing, per node
+    closed_with: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +104,8 @@ class JobState:
     gateway_client_nodes: dict[str, str] = field(default_factory=dict)
     #: aggregator slots (tasks) of the gateways' own plan, when they told us
     gateway_slots: int = 0
+    #: the job's root node (it holds the global model and runs the top aggregator)
+    root: str = ""
 
     @property
     def done(self) -> bool:
@@ -134,6 +142,8 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "plan_version": rnd.plan_version,
         "placement": rnd.placement,
         "published": rnd.published,
+        "closing": rnd.closing,
+        "closed_with": dict(rnd.closed_with),
     }
 
 
@@ -162,6 +172,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "current": None if job.current is None else asdict(job.current),
         "gateway_client_nodes": job.gateway_client_nodes,
         "gateway_slots": job.gateway_slots,
+        "root": job.root,
     }
 
 
@@ -174,4 +185,5 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         list(raw.get("history", [])),
         dict(raw.get("gateway_client_nodes", {})),
         int(raw.get("gateway_slots", 0)),
+        str(raw.get("root", "")),
     )

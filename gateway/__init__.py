@@ -20,6 +20,20 @@ HTTP API (errors are ``{"error": code, "detail": how to fix}``):
   ``GET /healthz``; ``GET /metrics`` (Prometheus).
 - ``POST /v1/internal/jobs/{job}/rounds/{r}/partials?slot=S`` (admin bearer; body: the raw
   store object): a partial from another node's gateway.
+- ``PUT /v1/jobs/{job}/rounds/{r}/plan`` (admin bearer; body: the slot table of
+  :meth:`Plan.to_json` plus ``version``): the control plane's plan for the open round (applied
+  in place: updates already routed to a slot stay there) or the next one (kept until it opens).
+  422 ``bad_plan`` (unknown node or client, goals not adding up, cycle, top not on the job's
+  root node), 409 ``plan_conflict`` (it would drop or move updates the round holds) /
+  ``stale_round`` / ``future_round``, 401.
+- ``POST /v1/jobs/{job}/rounds/{r}/close`` (admin bearer; optional body
+  ``{"received": {node: n}}``): stop the round's intake here (later uploads: 409
+  ``round_closed``); with the counts (nodes left out count 0, e.g. a dead one), or when the
+  round takes updates on this node only, lower the goals to what arrived so the round
+  aggregates exactly those. 409 ``plan_conflict`` when this node's count differs.
+- ``GET /v1/jobs/{job}`` also reports the load: ``queue`` (= k * E, or the pending updates
+  before any aggregator finished a task), ``k`` (updates/s), ``E_s`` (mean aggregator task
+  time from the router metrics), ``pending``, ``plan_version``, ``pushed_plan``.
 """
 
 from gateway.core import Gateway

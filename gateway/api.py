@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from gateway import auth
+from gateway import auth, control
 from gateway.errors import GatewayError, Unauthorized
 
 if TYPE_CHECKING:
@@ -100,9 +100,54 @@ def build_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/jobs/{job}")
     async def job_status(j: JobDep) -> dict[str, object]:
-        """Round, version, progress of the open round."""
+        """Round, version, progress of the open round, and the load: queue = k * E."""
         status: dict[str, object] = j.status()
+        status.update(gw.load(j))
+        status["plan_version"] = j.engine.plan_version if j.engine is not None else None
+        status["pushed_plan"] = j.plan is not j.base_plan
         return status
+
+    @app.put("/v1/jobs/{job}/rounds/{number}/plan")
+    async def put_plan(
+        request: Request,
+        j: JobDep,
+        number: int,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> dict[str, object]:
+        """Take the control plane's slot table for round ``number`` (open or next)."""
+        if not auth.check_admin(gw.secret, authorization):
+            raise Unauthorized("pushing a plan needs the admin bearer token")
+        answer = gw.push_plan(j, number, await _json(request))
+        await control.persist_plan(gw, j, number)
+        return answer
+
+    @app.post("/v1/jobs/{job}/rounds/{number}/close")
+    async def close_round(
+        request: Request,
+        j: JobDep,
+        number: int,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> dict[str, object]:
+        """Close the round's intake here; with ``{"received": {node: n}}`` aggregate those."""
+        if not auth.check_admin(gw.secret, authorization):
+            raise Unauthorized("closing a round needs the admin bearer token")
+        body = await _json(request) if await request.body() else {}
+        received = body.get("received") if isinstance(body, dict) else None
+        if received is not None and (
+            not isinstance(received, dict)
+            or not all(
+                isinstance(n, str) and isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                for n, c in received.items()
+            )
+        ):
+            raise GatewayError(
+                'body must be {"received": {"<node>": <updates >= 0>, ...}} or empty',
+                status=422,
+                code="bad_close",
+            )
+        answer = gw.close_round(j, number, received)
+        await control.persist_plan(gw, j, number)
+        return answer
 
     @app.get("/v1/jobs/{job}/model")
     async def model(
@@ -127,6 +172,15 @@ def build_app(gw: Gateway) -> FastAPI:
         return Response(j.model_bytes, media_type="application/octet-stream", headers=headers)
 
     return app
+
+
+async def _json(request: Request) -> Any:
+    import json
+
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise GatewayError("body must be JSON", status=400, code="bad_json") from None
 
 
 def _tokens(gw: Gateway, j: Job) -> set[str]:

@@ -326,6 +326,9 @@ class Gateway:
         eng = job.engine
         if eng is None:
             return
+        from gateway.control import resume_plan
+
+        await resume_plan(self, job)
         for sid, rec in (await self.journal.done_slots(job.name, eng.round)).items():
             if sid in eng.slots and job.ns.adopt(rec["key"]):
                 eng.restore_done(
@@ -405,6 +408,10 @@ class Gateway:
         def persist(sid: int, inp: Input, release: Callable[[], None]) -> None:
             self._persist(job, r, sid, inp, release)
 
+        pushed = job.pending_plans.pop(r, None)
+        for old in [k for k in job.pending_plans if k < r]:
+            del job.pending_plans[old]
+        job.plan = pushed[0] if pushed is not None else job.base_plan
         job.engine = RoundEngine(
             job_id=job.id,
             node=self.settings.node,
@@ -418,7 +425,29 @@ class Gateway:
             persist=persist,
             lazy=self.settings.lazy,
         )
+        if pushed is not None:
+            job.engine.plan_version = pushed[1]
+            log.info("job %s round %d opens with the pushed plan v%s", job.name, r, pushed[1])
         job.times.append(RoundTimes(r))
+
+    # -- the control plane's routes (bodies in gateway.control) -----------------------------
+    def push_plan(self, job: Job, rnd: int, data: Any) -> dict[str, Any]:
+        """``PUT /v1/jobs/{job}/rounds/{r}/plan``: see :func:`gateway.control.push_plan`."""
+        from gateway import control
+
+        return control.push_plan(self, job, rnd, data)
+
+    def close_round(self, job: Job, rnd: int, received: dict[str, int] | None) -> dict[str, Any]:
+        """``POST /v1/jobs/{job}/rounds/{r}/close``: see :func:`gateway.control.close_round`."""
+        from gateway import control
+
+        return control.close_round(self, job, rnd, received)
+
+    def load(self, job: Job) -> dict[str, Any]:
+        """Queue length and its factors: see :func:`gateway.control.load`."""
+        from gateway import control
+
+        return control.load(self, job)
 
     def _persist(
         self, job: Job, rnd: int, slot: int, inp: Input, release: Callable[[], None]

@@ -50,9 +50,24 @@ class Job:
     inflight: set[str] = field(default_factory=set)
     admission: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
     times: list[RoundTimes] = field(default_factory=list)
+    #: plans pushed by the control plane for rounds not open here yet (round -> plan, version)
+    pending_plans: dict[int, tuple[Plan, int | None]] = field(default_factory=dict)
+    #: monotonic times of recent accepted updates (arrival rate k)
+    arrivals: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=512)
+    )
 
     def __post_init__(self) -> None:
         self.client_set = set(self.clients)
+        self.base_plan = self.plan  # the gateway's own plan, used when none was pushed
+
+    def arrival_rate(self, window: float = 10.0) -> float:
+        """Updates accepted per second over the last ``window`` seconds (k)."""
+        now = time.monotonic()
+        recent = [t for t in self.arrivals if now - t <= window]
+        if len(recent) < 2:
+            return 0.0
+        return len(recent) / max(now - recent[0], 1e-3)
 
     @property
     def root(self) -> str:
@@ -101,6 +116,14 @@ class Job:
                 round=rnd,
             )
         eng = self.engine
+        if eng is not None and eng.round == rnd and eng.frozen:
+            raise UpdateRejected(
+                f"round {rnd} was closed by the control plane; it aggregates what arrived",
+                status=409,
+                code="round_closed",
+                client_id=client,
+                round=rnd,
+            )
         if eng is None or eng.round != rnd:
             raise UpdateRejected(
                 f"round {rnd} is not open on this node yet",
@@ -149,6 +172,7 @@ class Job:
                 round=rnd,
             )
         eng.add_update(client, key, weight)
+        self.arrivals.append(time.monotonic())
         if self.times and self.times[-1].round == rnd:
             self.times[-1].last_update_ns = time.monotonic_ns()
         gw.pump(self)

@@ -59,6 +59,20 @@ class Journal:
         """Journal a finished slot's sealed partial (and the clients it covers)."""
         await self.r.hset(f"{PREFIX}job:{job}:round:{round}:slots", str(slot), json.dumps(record))
 
+    async def save_plan(
+        self, job: str, round: int, node: str, record: dict[str, Any] | None
+    ) -> None:
+        """The plan a node runs for a round (pushed or shrunk), so a restart resumes it."""
+        key = f"{PREFIX}job:{job}:round:{round}:plans"
+        if record is None:
+            await self.r.hdel(key, node)
+        else:
+            await self.r.hset(key, node, json.dumps(record))
+
+    async def plan(self, job: str, round: int, node: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(f"{PREFIX}job:{job}:round:{round}:plans", node)
+        return None if raw is None else dict(json.loads(raw))
+
     async def done_slots(self, job: str, round: int) -> dict[int, dict[str, Any]]:
         raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:slots")
         return {int(k): json.loads(v) for k, v in raw.items()}

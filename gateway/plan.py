@@ -50,6 +50,18 @@ class Plan:
                 raise ValueError(f"slot {s.id}: unknown parent {s.parent}")
             if kids and sum(by_id[k].goal for k in kids) != s.goal:
                 raise ValueError(f"slot {s.id}: goal {s.goal} differs from its children's sum")
+            if kids and s.role == LEAF:
+                raise ValueError(f"slot {s.id}: a leaf (role 1) cannot have children")
+            if s.goal < 1:
+                raise ValueError(f"slot {s.id}: goal must be >= 1, got {s.goal}")
+        for s in self.slots:  # every slot must reach the top: no cycles, no detached subtrees
+            seen: set[int] = set()
+            cur: Slot | None = s
+            while cur is not None and cur.parent is not None:
+                if cur.id in seen:
+                    raise ValueError(f"slot {s.id}: its parents form a cycle")
+                seen.add(cur.id)
+                cur = by_id.get(cur.parent)
 
     def by_id(self) -> dict[int, Slot]:
         return {s.id: s for s in self.slots}

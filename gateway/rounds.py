@@ -98,6 +98,9 @@ class RoundEngine:
         self.capacity = sum(s.slot.goal for s in self.intake)
         self.result: Input | None = None
         self.clients: dict[str, bytes] = {}
+        self.frozen = False  # intake closed (``close``): the round aggregates what it holds
+        self.plan_version: int | None = None
+        self.retired: list[bytes] = []  # accumulators of slots a re-plan restarted or removed
 
     # -- intake --------------------------------------------------------------------------------
     @property
@@ -105,7 +108,83 @@ class RoundEngine:
         return len(self.clients)
 
     def full(self) -> bool:
-        return self.accepted >= self.capacity
+        return self.frozen or self.accepted >= self.capacity
+
+    def pending(self) -> int:
+        """Client updates held by local slots that have not finished (the node's queue)."""
+        return sum(len(s.updates) for s in self.slots.values() if s.local and s.done is None)
+
+    # -- re-planning ---------------------------------------------------------------------------
+    def check_plan(self, plan: Plan) -> None:
+        """Raise :class:`~gateway.replan.PlanConflict` when ``plan`` would lose or move work.
+
+        Rules (as ``control_plane.planning.diff_plans`` / ``replan``): a slot holding updates,
+        partials or a finished partial stays, on its node, under the same parent; a finished
+        slot keeps its goal; a local intake slot's goal is at least what it already holds.
+        """
+        from gateway.replan import PlanConflict
+
+        new = plan.by_id()
+        for sid, st in self.slots.items():
+            busy = bool(st.assigned or st.partials or st.done is not None)
+            ns = new.get(sid)
+            if ns is None:
+                if busy:
+                    raise PlanConflict(f"slot {sid} holds updates; the plan must keep it")
+                continue
+            if busy and (ns.node != st.slot.node or ns.parent != st.slot.parent):
+                raise PlanConflict(f"slot {sid} holds updates; it cannot move node or parent")
+            if st.done is not None and ns.goal != st.slot.goal:
+                raise PlanConflict(f"slot {sid} already finished with goal {st.slot.goal}")
+            if st.local and not plan.children(sid) and ns.goal < st.assigned:
+                raise PlanConflict(
+                    f"slot {sid} already holds {st.assigned} updates; goal {ns.goal} is too low"
+                )
+        if self.result is not None:
+            raise PlanConflict(f"round {self.round} already has its result")
+
+    def apply_plan(self, plan: Plan, version: int | None = None) -> list[int]:
+        """Switch to ``plan`` in place (call :meth:`check_plan` first); returns restarted slots.
+
+        Slots are matched by id. A running local slot whose goal, parent or children changed
+        is given a fresh TASK on the same endpoint and all its inputs again (the aggregator
+        drops the old task); slots that disappear hold nothing and only free their endpoint.
+        """
+        self.check_plan(plan)
+        old = self.slots
+        slots: dict[int, SlotState] = {}
+        restart: list[SlotState] = []
+        for s in plan.slots:
+            st = old.get(s.id)
+            if st is None or st.slot.node != s.node:
+                slots[s.id] = SlotState(s, s.node == self.node)
+                continue
+            if st.slot != s and st.local and st.endpoint is not None and st.done is None:
+                restart.append(st)
+            st.slot = s
+            slots[s.id] = st
+        for sid, st in old.items():
+            if sid not in slots and st.acc is not None:
+                self.retired.append(st.acc)
+                st.acc = None
+        self.slots, self.plan, self.plan_version = slots, plan, version
+        self.intake = [self.slots[s.id] for s in plan.intake(self.node)]
+        self.capacity = sum(s.slot.goal for s in self.intake)
+        for st in restart:
+            for child in self.slots.values():  # a direct send to the old task may be dropped:
+                if child.slot.parent == st.slot.id:  # have its ACK re-deliver the partial
+                    child.parent_ep_at_task = None
+            assert st.endpoint is not None
+            self._start(st, st.endpoint)
+        log.info(
+            "round %d: plan v%s applied (goal %d, %d slots here, %d restarted)",
+            self.round,
+            version,
+            plan.goal,
+            sum(1 for s in self.slots.values() if s.local),
+            len(restart),
+        )
+        return [st.slot.id for st in restart]
 
     def add_update(self, client: str, key: bytes, weight: float) -> int:
         """Record a sealed, journaled update (the gateway holds one lease); returns its slot id."""
@@ -339,6 +418,7 @@ class RoundEngine:
             keys.update(i.key for i in st.updates)
             keys.update(i.key for i in st.partials.values())
             keys.update(st.abandoned)
+            keys.update(self.retired)
             if st.acc is not None:
                 keys.add(st.acc)
             if st.done is not None and not st.local:
@@ -368,6 +448,8 @@ class RoundEngine:
                 for sid, s in self.slots.items()
             },
             "done": self.result is not None,
+            "frozen": self.frozen,
+            "plan_version": self.plan_version,
         }
 
 

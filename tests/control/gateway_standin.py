@@ -1,12 +1,19 @@
 """STAND-IN for a node gateway, for the coordinator's service tests only.
 
-The real node gateway (``gateway/``) is being written in parallel and has no HTTP entry point
-yet. This process speaks the part of its public HTTP API the coordinator uses, and keeps only
-counts (no shared memory, no aggregation): ``/healthz``, ``POST /v1/jobs``, ``GET /v1/jobs/{job}``,
-``POST /v1/jobs/{job}/rounds/{r}/updates?client=`` (202; 409 for a stale round or a duplicate
-client), ``PUT /v1/jobs/{job}/rounds/{r}/plan``. A round is current from the first update for
-it on; updates for older rounds are rejected, as the real gateway's stale-round check does.
-Swap the fixture to the real gateway once ``python -m gateway`` exists.
+It speaks the part of the node gateway's HTTP API the coordinator uses and keeps only counts
+(no shared memory, no aggregators, no model): ``/healthz``, ``POST /v1/jobs``,
+``GET /v1/jobs/{job}``, ``POST /v1/jobs/{job}/rounds/{r}/updates?client=`` (202; 409 for a
+stale round or a duplicate client), ``PUT /v1/jobs/{job}/rounds/{r}/plan``. It has no close
+route and reports no model version, so the coordinator takes its "close at goal without
+versions" and "re-place the dead node's clients" paths here.
+
+Kept for tests of coordinator logic where it is the clearer tool: bookkeeping of selection,
+assignment, deadlines, 4xx on bad input, state surviving a restart, and the re-placement
+path when a node dies before the survivors received anything (starting three real gateways
+with aggregators per parametrized case would cost minutes and test the gateway, not the
+coordinator). Whatever touches plans, aggregation or a node dying with updates in flight is
+tested on real gateways: tests/control/test_real_gateways.py and
+test_real_gateway_failover.py.
 
 Run: ``python -m tests.control.gateway_standin --port P``.
 """

@@ -8,13 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
-import secrets
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,85 +20,19 @@ from control_plane.api import create_app
 from control_plane.calibrate import measure_gateway
 from control_plane.coordinator import Coordinator
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.services import free_port, wait_for_port
+from tests.control import realgw
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
 def real_gateways(redis_url, tmp_path):
-    secret = secrets.token_hex(32)
-    (tmp_path / "secret").write_text(secret)
-    (tmp_path / "secret").chmod(0o600)
-    ports = {"n1": free_port(), "n2": free_port()}
-    procs = []
-    try:
-        for node, port in ports.items():
-            peer = next(f"{n}=http://127.0.0.1:{p}" for n, p in ports.items() if n != node)
-            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "gateway",
-                        "--node",
-                        node,
-                        "--port",
-                        str(port),
-                        "--state-dir",
-                        str(tmp_path / node),
-                        "--redis",
-                        redis_url,
-                        "--shm-root",
-                        str(tmp_path / "shm"),
-                        "--no-ebpf",
-                        "--peer",
-                        peer,
-                        "--spawn-aggregators",
-                        "2",
-                    ],
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env={
-                        **__import__("os").environ,
-                        "FEDFAAS_GATEWAY_ADMIN_SECRET_FILE": str(tmp_path / "secret"),
-                    },
-                )
-            )
-            log.close()
-        for p, port in zip(procs, ports.values(), strict=True):
-            wait_for_port("127.0.0.1", port, 60, p)
-        yield {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}, secret
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-
-
-def token(secret: str, job: str, client: str) -> str:
-    return hmac.new(secret.encode(), f"{job}/{client}".encode(), hashlib.sha256).hexdigest()
+    with realgw.real_gateways(redis_url, tmp_path) as (urls, secret, _procs):
+        yield urls, secret
 
 
 def upload(url, job, rnd, client, secret, tensors, weight):
-    return httpx.post(
-        f"{url}/v1/jobs/{job}/rounds/{rnd}/updates",
-        content=save(tensors),
-        headers={
-            "X-Client-Id": client,
-            "X-Sample-Count": str(weight),
-            "Authorization": f"Bearer {token(secret, job, client)}",
-        },
-        timeout=30,
-    )
+    return realgw.upload(url, job, rnd, client, secret, tensors, weight)
 
 
 def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gateways):
@@ -126,6 +54,12 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
         assert r.status_code == 201, r.text
         rnd = r.json()["round"]
         assert rnd["number"] == 1 and rnd["selected"] == 6
+        # the gateways run the coordinator's plan, not their static one
+        assert rnd["placement"] == "coordinator"
+        for url in urls.values():
+            st = httpx.get(f"{url}/v1/jobs/real").json()
+            assert st["pushed_plan"] and st["plan_version"] == rnd["plan_version"]
+            assert {"queue", "k", "E_s", "pending"} <= st.keys()
         sent, late = [], None
         for c in (f"c{i}" for i in range(8)):
             a = api.get("/v1/jobs/real/assignment", params={"client": c})
@@ -151,6 +85,8 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
             time.sleep(0.05)
         job = api.get("/v1/jobs/real").json()
         assert job["history"][0]["state"] == "closed" and job["history"][0]["published"]
+        # 6 selected, goal 4: the gateways were told to aggregate the 4 that arrived
+        assert job["history"][0]["received"] == 4 and job["history"][0]["closing"] == "goal"
         assert job["round"]["number"] == 2 and job["round"]["state"] == "open"
         m = httpx.get(
             f"{urls['n1']}/v1/jobs/real/model", headers={"Authorization": f"Bearer {secret}"}
@@ -181,3 +117,47 @@ def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(real_gateways)
     assert list(cal.levels)[:2] == [1, 2]
     assert all(e > 0 for e in cal.exec_times) and all(k > 0 for k in cal.rates)
     assert cal.mc > 0
+
+
+def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real_gateways):
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    w0 = {"a": np.zeros(32, np.float32)}
+    rng = np.random.default_rng(5)
+    with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+        r = api.post(
+            "/v1/jobs",
+            json={
+                "job": "late",
+                "rounds": 1,
+                "goal": 4,
+                "clients": 4,
+                "deadline_s": 3.0,
+                "weights_b64": base64.b64encode(save(w0)).decode(),
+            },
+        )
+        assert r.status_code == 201, r.text
+        assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
+        sent, seen = [], set()
+        for c in ("c0", "c1", "c2", "c3"):
+            a = api.get("/v1/jobs/late/assignment", params={"client": c}).json()
+            if a["node"] in seen:
+                continue  # one update per node: the goal of 4 is never reached
+            seen.add(a["node"])
+            t = {"a": rng.standard_normal(32).astype(np.float32)}
+            w = int(rng.integers(1, 9))
+            assert upload(a["gateway_url"], "late", 1, c, secret, t, w).status_code == 202
+            sent.append((t, w))
+        deadline = time.monotonic() + 60
+        while api.get("/v1/jobs/late").json()["completed"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        h = api.get("/v1/jobs/late").json()["history"][0]
+        assert h["state"] == "expired" and h["published"] and h["received"] == 2
+        assert h["closing"] == "deadline"
+        m = httpx.get(
+            f"{urls['n1']}/v1/jobs/late/model", headers={"Authorization": f"Bearer {secret}"}
+        )
+        want = sum(w * t["a"].astype(np.float64) for t, w in sent) / sum(w for _, w in sent)
+        got = load(m.content)["a"]
+        assert np.abs(got - want).max() / np.abs(want).max() <= 1e-6

@@ -58,7 +58,20 @@ def _kill(p: subprocess.Popen[bytes], sig: int) -> None:
         p.wait(15)
 
 
-def test_killed_gateway_resumes_the_round_from_its_journal(tmp_path: Path, redis_url: str) -> None:
+PUSHED = {  # a plan unlike the static one (leaves of 3 and 1 instead of 2 and 2)
+    "slots": [
+        {"id": 1, "node": "n1", "role": 3, "goal": 4, "parent": None},
+        {"id": 5, "node": "n1", "role": 1, "goal": 3, "parent": 1},
+        {"id": 6, "node": "n1", "role": 1, "goal": 1, "parent": 1},
+    ],
+    "version": 7,
+}
+
+
+@pytest.mark.parametrize("pushed", [False, True], ids=["static-plan", "pushed-plan"])
+def test_killed_gateway_resumes_the_round_from_its_journal(
+    tmp_path: Path, redis_url: str, pushed: bool
+) -> None:
     shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
     port = free_port()
     gw = _gateway(tmp_path, redis_url, port, shm)
@@ -101,11 +114,20 @@ def test_killed_gateway_resumes_the_round_from_its_journal(tmp_path: Path, redis
             st = httpx.get(url + "/v1/jobs/j1").json()
             if st["progress"] is not None:
                 break
+        if pushed:
+            r = httpx.put(
+                url + "/v1/jobs/j1/rounds/1/plan",
+                json=PUSHED,
+                headers={"Authorization": f"Bearer {secret}"},
+            )
+            assert r.status_code == 200 and r.json()["applied"], r.text
         for i in range(3):  # leaf 1 completes (its partial is journaled), leaf 2 holds one update
             upload(url, info["tokens"], clients[i], 1, seeds[i], weights[i])
         time.sleep(1.5)
         _kill(gw, signal.SIGKILL)
         gw = _gateway(tmp_path, redis_url, port, shm)  # same state, store and Redis
+        st = httpx.get(url + "/v1/jobs/j1").json()
+        assert st["pushed_plan"] is pushed and st["plan_version"] == (7 if pushed else None)
         r = httpx.post(
             f"{url}/v1/jobs/j1/rounds/1/updates",
             content=wire.encode_tensors(tiny_model(99)),

@@ -192,3 +192,94 @@ def test_round_full_and_stale_frames() -> None:
         )
     )
     assert eng.result is None
+
+
+# -- plans pushed by the control plane ---------------------------------------------------------
+def test_plans_with_cycles_or_childful_leaves_are_refused() -> None:
+    with pytest.raises(ValueError, match="cycle"):
+        Plan(
+            (
+                Slot(1, "n", TOP, 2, None),
+                Slot(2, "n", LEAF, 2, 1),
+                Slot(3, "n", MIDDLE, 2, 4),
+                Slot(4, "n", MIDDLE, 2, 3),
+            )
+        )
+    with pytest.raises(ValueError, match="leaf"):
+        Plan((Slot(1, "n", TOP, 2, None), Slot(2, "n", LEAF, 2, 1), Slot(3, "n", LEAF, 2, 2)))
+
+
+def test_pushed_plan_json_is_checked_against_the_job() -> None:
+    from gateway.replan import PlanInvalid, plan_from_json
+
+    ok = {
+        "slots": [
+            {"id": 1, "node": "a", "role": 3, "goal": 3, "parent": None},
+            {"id": 2, "node": "b", "role": 2, "goal": 3, "parent": 1},
+            {"id": 3, "node": "b", "role": 1, "goal": 3, "parent": 2},
+        ],
+        "client_nodes": {"c0": "b"},
+        "version": 4,
+    }
+    plan, version = plan_from_json(ok, nodes=["a", "b"], root="a", clients={"c0", "c1", "c2"})
+    assert version == 4 and plan.node_goal("b") == 3 and plan.client_nodes == {"c0": "b"}
+    with pytest.raises(PlanInvalid, match="root"):
+        plan_from_json(ok, nodes=["b", "a"], root="b", clients={"c0", "c1", "c2"})
+    with pytest.raises(PlanInvalid, match="unknown node"):
+        plan_from_json(ok, nodes=["a"], root="a", clients={"c0", "c1", "c2"})
+    with pytest.raises(PlanInvalid, match="goal mismatch"):
+        plan_from_json(ok, nodes=["a", "b"], root="a", clients={"c0", "c1"})
+
+
+def test_shrink_keeps_what_each_node_holds_and_drops_a_dead_node() -> None:
+    from gateway.replan import PlanConflict, shrink_plan
+
+    p = Plan(
+        (
+            Slot(1, "a", TOP, 9, None),
+            Slot(2, "a", MIDDLE, 3, 1),
+            Slot(3, "b", MIDDLE, 3, 1),
+            Slot(4, "c", MIDDLE, 3, 1),
+            Slot(5, "a", LEAF, 2, 2),
+            Slot(6, "a", LEAF, 1, 2),
+            Slot(7, "b", LEAF, 2, 3),
+            Slot(8, "b", LEAF, 1, 3),
+            Slot(9, "c", LEAF, 2, 4),
+            Slot(10, "c", LEAF, 1, 4),
+        )
+    )
+    s = shrink_plan(p, "a", local_held={5: 2, 6: 0}, remote_done=(), received={"b": 1})
+    goals = {x.id: x.goal for x in s.slots}
+    assert goals == {1: 3, 2: 2, 5: 2, 3: 1, 7: 1}  # node c (dead) and empty slots are gone
+    # a remote subtree whose partial already arrived keeps its goals
+    s = shrink_plan(p, "a", local_held={5: 1}, remote_done={4}, received={})
+    assert {x.id: x.goal for x in s.slots} == {1: 4, 2: 1, 5: 1, 4: 3, 9: 2, 10: 1}
+    with pytest.raises(PlanConflict):
+        shrink_plan(p, "a", local_held={}, remote_done=(), received={"c": 0})
+
+
+def test_replan_restarts_a_running_leaf_with_every_update_it_holds() -> None:
+    from gateway.replan import PlanConflict
+
+    eng, sent, _, store = engine(goal=4)  # top 1, leaves 2 and 3 with goal 2 each
+    store.held[update_key(0)] = 1
+    eng.add_update("c0", update_key(0), 5)
+    eng.pump([5])
+    first_acc = sent[0].key
+    sent.clear()
+    with pytest.raises(PlanConflict):  # leaf 2 holds an update: it cannot go
+        eng.apply_plan(Plan((Slot(1, "n", TOP, 3, None), Slot(3, "n", LEAF, 3, 1))))
+    assert eng.slots[2].acc == first_acc and sent == []  # nothing changed
+    new = Plan(
+        (
+            Slot(1, "n", TOP, 3, None),
+            Slot(2, "n", LEAF, 1, 1),
+            Slot(3, "n", LEAF, 1, 1),
+            Slot(4, "n", LEAF, 1, 1),
+        )
+    )
+    assert eng.apply_plan(new, 2) == [2]
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE]
+    assert sent[0].dst == 5 and sent[0].count == 1 and sent[0].key != first_acc
+    assert sent[1].key == update_key(0) and first_acc in eng.slots[2].abandoned
+    assert eng.capacity == 3 and eng.plan_version == 2 and not eng.full()

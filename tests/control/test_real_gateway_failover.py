@@ -1,0 +1,179 @@
+"""A node gateway SIGKILLed mid-round, on real gateways (``python -m gateway``, 3 nodes).
+
+The coordinator pushes its plan to the gateways; when one dies it is taken out of placement,
+the round's goal drops to the updates that reached the surviving nodes (the dead node's
+accepted updates are lost with its shared memory) and the round completes with exactly
+their FedAvg.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from safetensors.numpy import load, save
+
+from control_plane.api import create_app
+from control_plane.coordinator import Coordinator
+from control_plane.settings import ControlPlaneSettings
+from tests.control import realgw
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(fn, timeout=60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_survivors(
+    redis_url, tmp_path
+):
+    names = ("n1", "n2", "n3")
+    with realgw.real_gateways(redis_url, tmp_path, names) as (urls, secret, procs):
+        coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
+        w0 = {"a": np.zeros(256, np.float32), "b": np.zeros((4, 8), np.float32)}
+        rng = np.random.default_rng(7)
+        with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+            r = api.post(
+                "/v1/jobs",
+                json={
+                    "job": "fail",
+                    "rounds": 1,
+                    "goal": 8,
+                    "clients": 12,
+                    "overprovision": 1.125,
+                    "weights_b64": base64.b64encode(save(w0)).decode(),
+                },
+            )
+            assert r.status_code == 201, r.text
+            rnd = r.json()["round"]
+            # BestFit, MC = 3: nine selected clients fill the three nodes
+            assert rnd["placement"] == "coordinator"
+            assert rnd["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
+            by_node: dict[str, list[str]] = {n: [] for n in names}
+            for c in (f"c{i}" for i in range(12)):
+                a = api.get("/v1/jobs/fail/assignment", params={"client": c})
+                if a.status_code == 200:
+                    by_node[a.json()["node"]].append(c)
+            root = coord.jobs["fail"].root
+            victim = next(n for n in names if n != root)
+            sent: dict[str, list[tuple[dict[str, np.ndarray], int]]] = {n: [] for n in names}
+            # two updates per node: each node's first leaf finishes, its middle waits for a third
+            for node in names:
+                for c in by_node[node][:2]:
+                    t = {
+                        "a": rng.standard_normal(256).astype(np.float32),
+                        "b": rng.standard_normal((4, 8)).astype(np.float32),
+                    }
+                    w = int(rng.integers(1, 50))
+                    res = realgw.upload(urls[node], "fail", 1, c, secret, t, w)
+                    assert res.status_code == 202, res.text
+                    sent[node].append((t, w))
+            wait_for(
+                lambda: sum(api.get("/v1/jobs/fail").json()["round"]["received"].values()) == 6
+            )
+            assert api.get("/v1/jobs/fail").json()["completed"] == 0  # goal 8 not reached
+
+            realgw.kill(procs[victim])
+
+            job = wait_for(lambda: (j := api.get("/v1/jobs/fail").json())["completed"] == 1 and j)
+            nodes = {x["name"]: x["healthy"] for x in api.get("/v1/nodes").json()["nodes"]}
+            assert nodes == {n: n != victim for n in names}
+            h = job["history"][0]
+            assert h["state"] == "closed" and h["published"]
+            assert h["received"] == 4 and h["lost"] == 2
+            assert h["closing"] == f"node_lost:{victim}"
+            closed_with = job["round"]["closed_with"]
+            assert victim not in closed_with and sum(closed_with.values()) == 4
+
+            m = httpx.get(
+                f"{urls[root]}/v1/jobs/fail/model", headers={"Authorization": f"Bearer {secret}"}
+            )
+            assert m.status_code == 200 and m.headers["x-model-version"] == "1"
+            model = load(m.content)
+            survivors = [u for n in names if n != victim for u in sent[n]]
+            total = sum(w for _, w in survivors)
+            for name in ("a", "b"):
+                want = sum(w * t[name].astype(np.float64) for t, w in survivors) / total
+                err = np.abs(model[name] - want).max() / np.abs(want).max()
+                assert err <= 1e-6, err
+            # a late upload to a survivor is refused: the round is over there
+            late = by_node[root][2]
+            res = realgw.upload(urls[root], "fail", 1, late, secret, w0, 1)
+            assert res.status_code == 409
+
+
+def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_again(
+    redis_url, tmp_path
+):
+    names = ("n1", "n2", "n3")
+    with realgw.real_gateways(redis_url, tmp_path, names) as (urls, secret, procs):
+        coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
+        w0 = {"a": np.zeros(64, np.float32)}
+        rng = np.random.default_rng(3)
+        with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+            r = api.post(
+                "/v1/jobs",
+                json={
+                    "job": "move",
+                    "rounds": 1,
+                    "goal": 4,
+                    "clients": 12,
+                    "overprovision": 2.25,
+                    "weights_b64": base64.b64encode(save(w0)).decode(),
+                },
+            )
+            assert r.status_code == 201, r.text
+            assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
+            root = coord.jobs["move"].root
+            victim = next(n for n in names if n != root)
+            first = {}
+            for c in (f"c{i}" for i in range(12)):
+                a = api.get("/v1/jobs/move/assignment", params={"client": c})
+                if a.status_code == 200:
+                    first[c] = a.json()["node"]
+            lost_client = next(c for c, n in first.items() if n == victim)
+            t = {"a": rng.standard_normal(64).astype(np.float32)}
+            assert (
+                realgw.upload(urls[victim], "move", 1, lost_client, secret, t, 5).status_code == 202
+            )
+            wait_for(lambda: api.get("/v1/jobs/move").json()["round"]["received"].get(victim) == 1)
+
+            realgw.kill(procs[victim])
+
+            wait_for(
+                lambda: victim not in api.get("/v1/jobs/move").json()["round"]["clients_per_node"]
+            )
+            rnd = api.get("/v1/jobs/move").json()["round"]
+            assert rnd["lost"] == 1 and rnd["state"] == "open" and rnd["placement"] == "coordinator"
+            sent = []
+            for c in first:
+                if c == lost_client or len(sent) == 4:
+                    continue
+                a = api.get("/v1/jobs/move/assignment", params={"client": c}).json()
+                assert a["node"] != victim
+                t = {"a": rng.standard_normal(64).astype(np.float32)}
+                w = int(rng.integers(1, 20))
+                res = realgw.upload(a["gateway_url"], "move", 1, c, secret, t, w)
+                assert res.status_code == 202, res.text
+                sent.append((t, w))
+            job = wait_for(lambda: (j := api.get("/v1/jobs/move").json())["completed"] == 1 and j)
+            h = job["history"][0]
+            assert h["state"] == "closed" and h["received"] == 4 and h["lost"] == 1
+            m = httpx.get(
+                f"{urls[root]}/v1/jobs/move/model", headers={"Authorization": f"Bearer {secret}"}
+            )
+            model = load(m.content)
+            total = sum(w for _, w in sent)
+            want = sum(w * t["a"].astype(np.float64) for t, w in sent) / total
+            assert np.abs(model["a"] - want).max() / np.abs(want).max() <= 1e-6

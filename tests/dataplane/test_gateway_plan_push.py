@@ -1,0 +1,168 @@
+"""Plans pushed by the control plane and early round closes, on a real gateway.
+
+``PUT /v1/jobs/{job}/rounds/{r}/plan`` is validated (4xx JSON, nothing changes) and applied
+mid-round without losing updates already handed to a leaf; ``POST .../close`` makes a round
+aggregate what arrived. The model is flat FedAvg of the updates the round kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.dataplane.gwutil import GatewayThread, settings
+from tests.dataplane.test_gateway_rounds import (
+    Aggregators,
+    assert_fedavg,
+    create,
+    expected,
+    upload,
+    wait_version,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
+    made: list[GatewayThread] = []
+
+    def make(**kw: object) -> GatewayThread:
+        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        g.stop()
+        assert not g.settings.shm_root.exists()
+
+
+def slot(i: int, role: int, goal: int, parent: int | None, node: str = "n1") -> dict:
+    return {"id": i, "node": node, "role": role, "goal": goal, "parent": parent}
+
+
+def put(gw, rnd: int, body, token: str | None = "admin"):  # type: ignore[no-untyped-def]
+    headers = {} if token is None else {"Authorization": f"Bearer {gw.gw.secret}"}
+    kw = {"json": body} if not isinstance(body, bytes) else {"content": body}
+    return httpx.put(f"{gw.url}/v1/jobs/j1/rounds/{rnd}/plan", headers=headers, **kw)
+
+
+GOOD = {"slots": [slot(1, 3, 4, None), slot(2, 1, 2, 1), slot(3, 1, 2, 1)], "version": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "rnd", "token", "status", "code"),
+    [
+        ({"slots": [slot(1, 3, 4, None), slot(2, 1, 4, 1, "elsewhere")]}, 1, "a", 422, "bad_plan"),
+        ({"slots": [slot(1, 3, 4, None), slot(2, 1, 3, 1)]}, 1, "a", 422, "bad_plan"),  # goals
+        (
+            {"slots": [slot(1, 3, 4, None), slot(2, 2, 2, 3), slot(3, 2, 2, 2)]},  # cycle
+            1,
+            "a",
+            422,
+            "bad_plan",
+        ),
+        ({"slots": [slot(1, 3, 9, None)]}, 1, "a", 422, "bad_plan"),  # more than the clients
+        (
+            {"slots": [slot(1, 3, 4, None)], "client_nodes": {"ghost": "n1"}},
+            1,
+            "a",
+            422,
+            "bad_plan",
+        ),
+        ({"slots": "nope"}, 1, "a", 422, "bad_plan"),
+        (b"{not json", 1, "a", 400, "bad_json"),
+        (GOOD, 1, None, 401, "unauthorized"),
+        (GOOD, 0, "a", 409, "stale_round"),
+        (GOOD, 5, "a", 409, "future_round"),
+    ],
+)
+def test_a_bad_pushed_plan_gets_a_clear_4xx_and_changes_nothing(
+    make_gw, body, rnd, token, status, code
+) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw()
+    create(gw, [f"c{i}" for i in range(4)], 4)
+    before = httpx.get(gw.url + "/v1/jobs/j1").json()
+    r = put(gw, rnd, body, token)
+    assert r.status_code == status, r.text
+    assert r.json()["error"] == code and r.json()["detail"]
+    after = httpx.get(gw.url + "/v1/jobs/j1").json()
+    assert after["progress"]["slots"] == before["progress"]["slots"] and not after["pushed_plan"]
+
+
+def test_plan_pushed_mid_round_keeps_delivered_updates_and_gives_flat_fedavg(make_gw) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw(pool=3)
+    clients = [f"c{i}" for i in range(6)]
+    info = create(gw, clients, 6)
+    aggs = Aggregators(gw, info["id"])
+    try:
+        aggs.spawn(3)
+        aggs.wait_registered(3)
+        p1 = {"slots": [slot(1, 3, 6, None), slot(2, 1, 3, 1), slot(3, 1, 3, 1)], "version": 1}
+        assert put(gw, 1, p1).json()["applied"]
+        seeds, weights = [10 + i for i in range(6)], [3 * i + 1 for i in range(6)]
+        for i in range(2):
+            upload(gw.url, info["tokens"], clients[i], 1, seeds[i], weights[i])
+        # lowering leaf 2 under the 2 updates it holds would lose one: refused
+        low = {"slots": [slot(1, 3, 6, None), slot(2, 1, 1, 1), slot(3, 1, 5, 1)]}
+        r = put(gw, 1, low)
+        assert r.status_code == 409 and r.json()["error"] == "plan_conflict"
+        # re-plan: leaf 2 keeps its 2 updates (goal lowered to them), a new leaf 4 appears
+        p2 = {
+            "slots": [slot(1, 3, 6, None), slot(2, 1, 2, 1), slot(3, 1, 2, 1), slot(4, 1, 2, 1)],
+            "version": 2,
+        }
+        r = put(gw, 1, p2)
+        assert r.status_code == 200 and r.json()["applied"], r.text
+        st = httpx.get(gw.url + "/v1/jobs/j1").json()
+        assert st["plan_version"] == 2 and st["progress"]["slots"]["2"]["updates"] == 2
+        for i in range(2, 6):
+            upload(gw.url, info["tokens"], clients[i], 1, seeds[i], weights[i])
+        got = wait_version(gw.url, info["tokens"]["c0"], 1)
+        assert_fedavg(got, expected(seeds, weights))
+    finally:
+        aggs.stop()
+
+
+def test_close_makes_the_round_aggregate_what_arrived(make_gw) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw(pool=3)
+    clients = [f"c{i}" for i in range(5)]
+    info = create(gw, clients, 5, rounds=2)
+    aggs = Aggregators(gw, info["id"])
+    try:
+        aggs.spawn(2)
+        aggs.wait_registered(2)
+        seeds, weights = [40, 41], [5, 9]
+        for c, s, w in zip(clients[:2], seeds, weights, strict=True):
+            upload(gw.url, info["tokens"], c, 1, s, w)
+        admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+        assert httpx.post(gw.url + "/v1/jobs/j1/rounds/1/close").status_code == 401
+        bad = httpx.post(
+            gw.url + "/v1/jobs/j1/rounds/1/close", headers=admin, json={"received": {"n1": -1}}
+        )
+        assert bad.status_code == 422 and bad.json()["error"] == "bad_close"
+        wrong = httpx.post(
+            gw.url + "/v1/jobs/j1/rounds/1/close", headers=admin, json={"received": {"n1": 3}}
+        )
+        assert wrong.status_code == 409 and wrong.json()["error"] == "plan_conflict"
+        r = httpx.post(gw.url + "/v1/jobs/j1/rounds/1/close", headers=admin)
+        assert r.status_code == 200, r.text
+        assert r.json()["received"] == 2 and r.json()["applied"] and r.json()["goal"] == 2
+        got = wait_version(gw.url, info["tokens"]["c0"], 1)
+        assert_fedavg(got, expected(seeds, weights))
+        late = httpx.post(
+            f"{gw.url}/v1/jobs/j1/rounds/1/updates",
+            content=b"x",
+            headers={
+                "Authorization": f"Bearer {info['tokens']['c3']}",
+                "X-Client-Id": "c3",
+                "X-Sample-Count": "1",
+            },
+        )
+        assert late.status_code == 409 and late.json()["error"] == "stale_round"
+    finally:
+        aggs.stop()
