@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis", dest="redis_url")
     p.add_argument("--shm-root", type=Path)
     p.add_argument("--minio", dest="minio_endpoint", help="host:port of MinIO for checkpoints")
+    p.add_argument("--engine", dest="engine_url", help="FLStore cache engine, told of each round")
     p.add_argument(
         "--peer",
         action="append",

@@ -57,6 +57,11 @@ def build_app(gw: Gateway) -> FastAPI:
         """Prometheus text format."""
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/v1/router")
+    async def router() -> dict[str, Any]:
+        """Router mode and why, endpoints with their metrics (E from the kernel), drops."""
+        return gw.router.status()
+
     @app.post("/v1/jobs", status_code=201)
     async def create_job(
         request: Request,
@@ -65,17 +70,20 @@ def build_app(gw: Gateway) -> FastAPI:
         goal: Annotated[int, Query()],
         clients: Annotated[str, Query()],
         nodes: Annotated[str | None, Query()] = None,
+        resume: Annotated[bool, Query()] = False,
         authorization: Annotated[str | None, Header()] = None,
     ) -> dict[str, object]:
-        """Create a job from its initial weights (safetensors body)."""
+        """Create a job from its initial weights (safetensors body) or its last checkpoint."""
         if not auth.check_admin(gw.secret, authorization):
             raise Unauthorized("creating a job needs the admin bearer token")
         ids = [c for c in clients.split(",") if c]
         body = await request.body()
-        j = await gw.create_job(job, rounds, goal, ids, nodes.split(",") if nodes else None, body)
+        j = await gw.create_job(
+            job, rounds, goal, ids, nodes.split(",") if nodes else None, body, resume=resume
+        )
         return {
             "job": j.name,
-            "round": 1,
+            "round": j.version + 1,
             "version": j.version,
             "spec": j.spec.to_json(),
             "tokens": {c: auth.client_token(gw.secret, j.name, c) for c in j.clients},

@@ -83,6 +83,8 @@ class Gateway:
             prefer_ebpf=s.prefer_ebpf,
             on_disconnect=self._disconnect_threadsafe,
         ).start()
+        # Per-endpoint router metrics (kernel maps in eBPF mode), read at scrape time only.
+        self.metrics.registry.register(bpf.prometheus_collector(self.router))
         self._app = build_app(self)
         self.checkpoints = self._checkpoint_writer()
         self.port = await self.http.start(s.host, s.port)
@@ -111,6 +113,39 @@ class Gateway:
             s.minio_bucket,
             spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
         )
+
+    def _notify_engine(self, job: str, rnd: int) -> None:
+        """Tell the FLStore cache engine that round ``rnd`` is in MinIO, once it is.
+
+        The engine ingests a round from the cold store, so this waits for the checkpoint
+        writer to have sent what it queued (a MinIO outage delays the notice, never drops it),
+        then retries the call with backoff until the engine answers.
+        """
+        url = self.settings.engine_url
+        if not url or self.checkpoints is None:
+            return
+        target = f"{url.rstrip('/')}/v1/jobs/{job}/rounds/{rnd}/complete"
+
+        async def run() -> None:
+            while not self._stop.is_set():
+                if await asyncio.to_thread(self.checkpoints.flush, 5.0):
+                    break
+            delay = 0.5
+            while not self._stop.is_set():
+                try:
+                    r = await self._peers.post(target)
+                    if r.status_code < 500:
+                        if r.status_code >= 400:
+                            log.warning("cache engine refused round %s/%d: %s", job, rnd, r.text)
+                        else:
+                            log.info("cache engine told: %s round %d complete", job, rnd)
+                        return
+                except httpx.HTTPError as exc:
+                    log.debug("cache engine unreachable (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+        self._tasks.append(asyncio.get_running_loop().create_task(run()))
 
     def checkpoint_client(self, job: Job, rnd: int, client: str, key: bytes) -> None:
         """Queue an accepted update for MinIO (encoded off the event loop; one extra lease)."""
@@ -181,7 +216,13 @@ class Gateway:
         clients: Sequence[str],
         nodes: Sequence[str] | None,
         body: bytes,
+        resume: bool = False,
     ) -> Job:
+        """Create a job from its initial weights, or (``resume``) from its last checkpoint.
+
+        Resuming reads the newest global model of job ``name`` from MinIO and opens the round
+        after it: a job outlives the loss of every gateway, its store and its Redis journal.
+        """
         if not JOB_NAME.match(name):
             raise GatewayError(
                 f"job name {name!r} must match {JOB_NAME.pattern}", code="bad_job_name"
@@ -199,6 +240,19 @@ class Gateway:
         nodes = list(nodes or [self.settings.node])
         if self.settings.node != nodes[0]:
             raise GatewayError(f"create jobs on their root node {nodes[0]}", code="wrong_node")
+        start = 0
+        if resume:
+            if body:
+                raise GatewayError(
+                    "resume=true takes the model from the last checkpoint: send no body",
+                    code="body_with_resume",
+                )
+            start, body = await self._last_checkpoint(name)
+            if start >= rounds:
+                raise GatewayError(
+                    f"job {name!r} already finished round {start} of {rounds}; ask for more rounds",
+                    code="bad_job",
+                )
         try:
             spec = wire.ModelSpec.from_safetensors(body, self.settings.max_header)
         except wire.WireError as exc:
@@ -218,7 +272,7 @@ class Gateway:
         try:
             g = job.ns.allocate()
             wire.decode_into(body, spec, g.buf, self.settings.max_header, check_finite=True)
-            wire.write_header(g.buf, spec, kind=wire.KIND_GLOBAL, weight=0, count=0, round=0)
+            wire.write_header(g.buf, spec, kind=wire.KIND_GLOBAL, weight=0, count=0, round=start)
             g.close()
             job.ns.seal(g.key)
         except wire.WireError as exc:
@@ -228,10 +282,41 @@ class Gateway:
             job.ns.close()
             raise JobExists(f"job {name!r} exists; pick another name")
         self._skip.discard(name)
-        job.global_key, job.model_bytes = g.key_bytes, bytes(body)
-        await self.journal.publish(name, 0, {"key": g.key, "weight": 0, "count": 0})
+        job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
+        await self.journal.publish(name, start, {"key": g.key, "weight": 0, "count": 0})
+        if self.checkpoints is not None and start == 0:
+            # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
+            # and a job that has not finished a round resumes from it
+            self.checkpoints.put_global(name, 0, job.model_bytes, {"version": 0, "count": 0})
         self._install(job)
         return job
+
+    async def _last_checkpoint(self, name: str) -> tuple[int, bytes]:
+        if self.checkpoints is None:
+            raise GatewayError(
+                "resuming needs checkpoints: start the gateway with --minio",
+                status=409,
+                code="no_checkpoints",
+            )
+        from fedfaas.checkpoints import CheckpointError
+
+        try:
+            found = await asyncio.to_thread(self.checkpoints.latest, name)
+        except CheckpointError as exc:
+            raise GatewayError(
+                f"MinIO cannot be read now ({exc}); try again when it is back",
+                status=503,
+                code="checkpoints_unavailable",
+            ) from None
+        if found is None:
+            raise GatewayError(
+                f"no checkpoint of job {name!r} in MinIO bucket {self.settings.minio_bucket!r}",
+                status=404,
+                code="no_checkpoint",
+            )
+        rnd, data = found
+        log.info("job %s: resuming from the checkpoint of round %d", name, rnd)
+        return int(rnd), bytes(data)
 
     def _make_job(self, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
         s = self.settings
@@ -547,6 +632,7 @@ class Gateway:
                 job.name, eng.round, data, {"version": job.version, "count": res.count}
             )
             self.checkpoints.put_meta(job.name, eng.round, meta)
+            self._notify_engine(job.name, eng.round)
         log.info(
             "job %s: round %d published (version %d, %d updates, weight %.0f)",
             job.name,

@@ -42,6 +42,7 @@ class GatewaySettings(BaseSettings):
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
     minio_endpoint, minio_access_key, minio_secret_key, minio_bucket : async checkpoints (optional).
     checkpoint_clients : also checkpoint every accepted client update (FLStore reads them).
+    engine_url : the FLStore cache engine, told when each round is in MinIO (optional).
     keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
         round from the journal (a crash always leaves it; the default clean stop empties it).
     """
@@ -74,6 +75,7 @@ class GatewaySettings(BaseSettings):
     minio_secret_key: str = "fedfaas-secret-key"
     minio_bucket: str = "fedfaas"
     checkpoint_clients: bool = True
+    engine_url: str | None = None
     keep_store_on_stop: bool = False
 
     def socket_path(self) -> Path:

@@ -104,6 +104,8 @@ GATEWAY = ServiceSpec(
         _redis_url(ctx),
         "--minio",
         _minio_endpoint(ctx),
+        # with the FLStore parts up, completed rounds flow into the cache engine
+        *(["--engine", ctx.url("cache_engine")] if "cache_engine" in ctx.ports else []),
     ),
     env=_minio_env("FEDFAAS_GATEWAY_"),
     ready=_healthz("gateway"),

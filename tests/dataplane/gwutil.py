@@ -67,7 +67,8 @@ class GatewayThread:
         return fut.result(30)
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
+        """Stop the gateway (a second call does nothing)."""
+        if self._thread.is_alive() and self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
 

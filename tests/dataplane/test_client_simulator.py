@@ -120,7 +120,11 @@ def test_demo_runs_a_two_node_job_reports_and_stops_everything(tmp_path: Path) -
     report = json.loads((out / "demo.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [1, 2]
     assert all(r["fedavg_max_rel_err"] < 1e-5 for r in report["rounds"])
-    assert len(report["checkpoint_keys"]) == 2 and report["checkpoints_by"]
+    # round 0 is the initial model, checkpointed when the job is created
+    assert [k.split("/rounds/")[1] for k in report["checkpoint_keys"]] == [
+        f"{r:06d}/global.safetensors" for r in (0, 1, 2)
+    ]
+    assert report["checkpoints_by"]
     assert (out / "demo.png").stat().st_size > 10_000
     after = {d for d in os.listdir("/dev/shm") if d.startswith("fedfaas-demo-")}
     assert after - before == set()

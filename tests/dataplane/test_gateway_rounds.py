@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ import pytest
 
 from fedfaas import fedavg, wire
 from gateway.aggregators import WORKER
-from tests.dataplane.gwutil import GatewayThread, settings, tiny_model
+from tests.dataplane.gwutil import GatewayThread, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -83,21 +82,6 @@ class Aggregators:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
-
-
-@pytest.fixture()
-def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
-    made: list[GatewayThread] = []
-
-    def make(**kw: object) -> GatewayThread:
-        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
-        made.append(g)
-        return g
-
-    yield make
-    for g in made:
-        g.stop()
-        assert not g.settings.shm_root.exists()
 
 
 def create(

@@ -1,0 +1,26 @@
+"""Fixtures of the data-plane tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.dataplane.gwutil import GatewayThread, settings
+
+
+@pytest.fixture()
+def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
+    """Start gateways in threads; stop each after the test and check its store is gone."""
+    made: list[GatewayThread] = []
+
+    def make(**kw: object) -> GatewayThread:
+        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        g.stop()
+        assert not g.settings.shm_root.exists()
