@@ -9,8 +9,8 @@ new round is written (ingestion), so policies that keep hot data can ask for it.
 Tailored policies (FLStore paper, section 4.4):
 
 - **P1** single client or global model: cache what is asked; keep the latest global model.
-- **P2** all updates of a round: load the whole round and the next, evict older rounds, keep the
-  latest round.
+- **P2** all updates of a round: load the whole round and the next, evict older rounds (but the
+  global model the previous round started from), keep the latest round.
 - **P3** one client across rounds: load the client's previous and next participation, evict
   that client's older rounds.
 - **P4** metadata of the last ``R`` rounds (``R = 10``), loaded as rounds complete.
@@ -262,8 +262,10 @@ class Tailored(Policy):
                      if k.kind != "update" and k.job == job and r + (k.round - anchor) >= 0]
         low = min(k.round for k in keys if k.job == job)
         latest = self._latest.get(job, rounds[-1] if rounds else anchor)
+        # the base global of the round before stays: windows over the last rounds (FoolsGold,
+        # provenance) turn that round's weights into updates with it (one model, not a round)
         drop = [k for k in self._res if k.job == job and k.round < low and k.round != latest
-                and k.kind != "meta"]
+                and k.kind != "meta" and not (k.kind == "global" and k.round == low - 1)]
         return want, drop
 
     def _p3(self, keys: list[ObjectKey]) -> tuple[list[ObjectKey], list[ObjectKey]]:

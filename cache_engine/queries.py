@@ -152,8 +152,14 @@ def plan(q: Query, catalog: Catalog) -> Plan:
     return Plan(q, list(dict.fromkeys(keys)), req.policy, params, bool(req.evaluator))
 
 
-def workload_data(objects: Mapping[ObjectKey, Any], evaluator: Any = None) -> Any:
-    """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata)."""
+def workload_data(objects: Mapping[ObjectKey, Any], evaluator: Any = None,
+                  gram_cache: Any = None) -> Any:
+    """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
+
+    ``gram_cache`` (a ``fedfaas.workloads.GramCache``) is for holders that keep the same sealed
+    vectors across queries (cache functions); a server that decodes fresh objects per query
+    gains nothing from one.
+    """
     from fedfaas.workloads import WorkloadData
 
     updates: dict[int, dict[str, Any]] = {}
@@ -169,13 +175,14 @@ def workload_data(objects: Mapping[ObjectKey, Any], evaluator: Any = None) -> An
             client_meta[k.round] = dict(v.get("client_meta", {}))
             round_meta[k.round] = dict(v.get("round_meta", {}))
     return WorkloadData(updates=updates, globals=globals_, client_meta=client_meta,
-                        round_meta=round_meta, evaluator=evaluator)
+                        round_meta=round_meta, evaluator=evaluator, gram_cache=gram_cache)
 
 
 def run_workload(name: str, params: Mapping[str, Any], objects: Mapping[ObjectKey, Any],
-                 evaluator: Any = None) -> dict[str, Any]:
+                 evaluator: Any = None, gram_cache: Any = None) -> dict[str, Any]:
     """Run workload ``name`` on ``objects`` (the same code in functions and baselines)."""
-    res: dict[str, Any] = _workload(name).run(workload_data(objects, evaluator), dict(params))
+    res: dict[str, Any] = _workload(name).run(workload_data(objects, evaluator, gram_cache),
+                                              dict(params))
     return res
 
 

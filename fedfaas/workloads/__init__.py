@@ -13,6 +13,7 @@ Example
 >>> workloads.get("multi-krum").run(data, {"round": 1, "f": 1})  # doctest: +SKIP
 """
 
+from ._linalg import GramCache
 from .base import Workload
 from .data import Evaluator, MetricsEvaluator, Requirements, WorkloadData
 from .errors import DataMismatch, InvalidParams, MissingData, UnknownWorkload, WorkloadError
@@ -23,6 +24,7 @@ __all__ = [
     "WORKLOADS",
     "DataMismatch",
     "Evaluator",
+    "GramCache",
     "InvalidParams",
     "MetricsEvaluator",
     "MissingData",

@@ -1,14 +1,25 @@
 """Streaming linear algebra over flat parameter vectors.
 
 Every update-based workload reduces to inner products between a handful of rows, each a linear
-combination of stored vectors (``w_i - g`` for an update, ``sum_t p_i^t (w_i^t - g_{t-1})`` for a
-provenance contribution). :func:`gram` computes all those inner products in one pass over the data,
-in float64, a chunk of columns at a time: no ``N x d`` copy is made and the inputs (possibly
-read-only views of sealed objects) are never written.
+combination of stored vectors (``w_i - g`` for an update, ``w_end - w_start`` for a change of the
+global model). :func:`gram` computes them in one pass over the data, a chunk of columns at a
+time: no ``N x d`` copy is made and the inputs (possibly read-only views of sealed objects) are
+never written.
+
+- Model-sized rows that are a stored float32 vector or the difference of two (``d >= 2^20``) are
+  formed and multiplied in float32, one BLAS call per 16 Ki-column block, and summed over blocks
+  in float64 (relative error ~1e-7 on the products; see :func:`_float32_ok`). Everything else is
+  done in float64, each shared vector converted once per chunk.
+- A :class:`GramCache` (held by a cache function across queries) remembers inner products between
+  rows over read-only vectors, so only the pairs not yet known are computed (a new round, or the
+  cross-round block of a FoolsGold window) and repeated queries cost O(n^2).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,7 +80,126 @@ def _fill(out: NDArray[np.float64], row: Row, start: int, stop: int, scratch: ND
         out[...] = 0.0
 
 
-def gram(rows: Sequence[Row], *, chunk: int = CHUNK) -> NDArray[np.float64]:
+class _Blocks:
+    """Rows of linear combinations, materialised a chunk of columns at a time in float64.
+
+    Every distinct vector is converted to float64 once per chunk (a base ``g`` shared by ten rows
+    ``w_i - g`` is read once, not ten times); each row is then combined from those float64 pieces
+    in cache. Conversions of float32 to float64 are exact, so a row is as exact as the float64
+    arithmetic of its terms.
+    """
+
+    def __init__(self, rows: Sequence[Row], chunk: int, dtype: type[np.floating] = np.float64) -> None:
+        self.rows = [merge(r) for r in rows]
+        index: dict[int, int] = {}
+        self.bases: list[Vector] = []
+        for row in self.rows:
+            for _, x in row:
+                if id(x) not in index:
+                    index[id(x)] = len(self.bases)
+                    self.bases.append(x)
+        self.terms = [[(c, index[id(x)]) for c, x in row] for row in self.rows]
+        shared = {i for i in range(len(self.bases))
+                  if sum(i == j for t in self.terms for _, j in t) > 1}
+        # float64: vectors used by several rows are converted once per chunk; float32: no
+        # conversion at all, rows are combined straight from the stored vectors
+        self.convert = sorted(shared) if dtype == np.float64 else []
+        self.slot = {b: k for k, b in enumerate(self.convert)}
+        item = np.dtype(dtype).itemsize
+        budget = max(1024, (_BLOCK_BYTES // item) // max(1, len(self.rows) + len(self.convert)))
+        self.chunk = max(1, min(chunk, budget))
+        self.buf = np.empty((len(self.rows), self.chunk), dtype=dtype)
+        self.base64 = np.empty((len(self.convert), self.chunk), dtype=dtype)
+        self.scratch = np.empty(self.chunk, dtype=dtype)
+
+    def block(self, start: int, stop: int) -> NDArray[np.floating]:
+        """The rows' columns ``start:stop`` as an ``(n_rows, stop - start)`` block."""
+        w = stop - start
+        conv = self.base64[:, :w]
+        for k, b in enumerate(self.convert):
+            conv[k] = self.bases[b][start:stop]
+        out = self.buf[:, :w]
+        tmp = self.scratch[:w]
+        for a, terms in enumerate(self.terms):
+            row = out[a]
+            if not terms:
+                row[...] = 0.0
+                continue
+            for t, (coef, b) in enumerate(terms):
+                piece = conv[self.slot[b]] if b in self.slot else self.bases[b][start:stop]
+                if t == 0:
+                    if coef == 1.0:
+                        row[...] = piece
+                    else:
+                        np.multiply(piece, row.dtype.type(coef), out=row)
+                elif coef == 1.0:
+                    np.add(row, piece, out=row)
+                elif coef == -1.0:
+                    np.subtract(row, piece, out=row)
+                else:
+                    np.multiply(piece, row.dtype.type(coef), out=tmp)
+                    np.add(row, tmp, out=row)
+        return out
+
+
+_BLOCK_BYTES = 6 << 20  # float64 scratch per chunk (rows + shared vectors): stays in L2/L3
+F32_MIN_DIM = 1 << 20  # from this length on, products of float32 rows are taken in float32 ...
+F32_CHUNK = 1 << 14  # ... a 16 Ki-column block at a time, summed over blocks in float64
+
+
+def _float32_ok(rows: Sequence[Row], d: int) -> bool:
+    """Whether the rows can be formed and multiplied in float32 without losing accuracy.
+
+    Only for long vectors (``d >= F32_MIN_DIM``; every model this serves) whose rows are a
+    float32 vector or the difference ``x - y`` of two (an update ``w_i - g``): the float32
+    difference is correctly rounded relative to the *difference* (no cancellation against
+    ``|w|``), and float32 BLAS over a 16 Ki-column block then float64 across blocks keeps the
+    relative error of the inner products around 1e-7 (cosines ~1e-7, Krum distances ~1e-6 on
+    realistic updates; ``tests/flstore/test_workloads_linalg.py`` checks it against float64).
+    Anything else (weighted sums, float64 inputs, short vectors) is done in float64.
+    """
+    if d < F32_MIN_DIM:
+        return False
+    for row in rows:
+        terms = merge(row)
+        if any(x.dtype != np.float32 for _, x in terms):
+            return False
+        coefs = sorted(c for c, _ in terms)
+        if coefs not in ([1.0], [-1.0, 1.0]):
+            return False
+    return True
+
+
+def _products(rows: Sequence[Row], left: Sequence[int], others: Sequence[int], d: int, chunk: int,
+              *, square: bool) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
+    """Inner products in float64, one pass over the columns of the rows involved.
+
+    Returns ``(L, X)``: ``L[i, j] = <rows[left[i]], rows[left[j]]>`` (only when ``square``; a
+    symmetric rank-k update, BLAS syrk) and ``X[i, j] = <rows[left[i]], rows[others[j]]>``.
+    BLAS runs single-threaded: these products are memory-bound, and on a small shared machine a
+    second BLAS thread waiting on a busy core costs far more than it gains.
+    """
+    from threadpoolctl import threadpool_limits
+
+    sel = [rows[i] for i in [*left, *others]]
+    f32 = _float32_ok(sel, d)
+    blocks = _Blocks(sel, min(chunk, F32_CHUNK) if f32 else chunk, np.float32 if f32 else np.float64)
+    m = len(left)
+    sq = np.zeros((m, m), dtype=np.float64) if square else None
+    cross = np.zeros((m, len(others)), dtype=np.float64)
+    with threadpool_limits(1, user_api="blas"):
+        for start in range(0, d, blocks.chunk):
+            stop = min(start + blocks.chunk, d)
+            b = blocks.block(start, stop)
+            top = b[:m]
+            if sq is not None:
+                sq += top @ top.T
+            if others:
+                cross += top @ b[m:].T
+    return sq, cross
+
+
+def gram(rows: Sequence[Row], *, chunk: int = CHUNK, cache: GramCache | None = None) -> NDArray[np.float64]:
     """Gram matrix ``G[a, b] = <row_a, row_b>`` of linear combinations of vectors, in float64.
 
     Parameters
@@ -77,7 +207,10 @@ def gram(rows: Sequence[Row], *, chunk: int = CHUNK) -> NDArray[np.float64]:
     rows : sequence of rows
         Each row is a sequence of ``(coefficient, vector)`` terms; the row is their sum.
     chunk : int
-        Columns processed at a time (bounds the scratch memory to ``len(rows) * chunk * 8`` bytes).
+        Columns processed at a time (at most; bounded so the float64 scratch stays in cache).
+    cache : GramCache, optional
+        Memo of inner products between rows over read-only vectors (a cache function's): only the
+        pairs it does not hold are computed, reading only the rows they involve.
 
     Returns
     -------
@@ -86,18 +219,153 @@ def gram(rows: Sequence[Row], *, chunk: int = CHUNK) -> NDArray[np.float64]:
     """
     n = len(rows)
     d = dimension(rows)
-    g = np.zeros((n, n), dtype=np.float64)
-    buf = np.empty((n, min(chunk, d)), dtype=np.float64)
-    scratch = np.empty(min(chunk, d), dtype=np.float64)
-    for start in range(0, d, chunk):
-        stop = min(start + chunk, d)
-        block = buf[:, : stop - start]
-        for a, row in enumerate(rows):
-            _fill(block[a], row, start, stop, scratch)
-        g += block @ block.T
-    if not np.all(np.isfinite(g)):
+    g = np.full((n, n), np.nan, dtype=np.float64)
+    keys = [cache.key(r) for r in rows] if cache is not None else [None] * n
+    if cache is not None:
+        cache.fill(keys, g)
+    missing = [(a, b) for a in range(n) for b in range(a, n) if np.isnan(g[a, b])]
+    if not missing:
+        return g
+    left = _cover(missing)
+    inleft = set(left)
+    others = sorted({i for p in missing for i in p} - inleft)
+    square = any(a in inleft and b in inleft for a, b in missing)
+    sq, cross = _products(rows, left, others, d, chunk, square=square)
+    if not (np.all(np.isfinite(cross)) and (sq is None or np.all(np.isfinite(sq)))):
         raise DataMismatch("parameter vectors contain non-finite values (NaN or inf)")
-    return (g + g.T) / 2.0
+    if sq is not None:
+        sq = (sq + sq.T) / 2.0
+        g[np.ix_(left, left)] = sq
+    if others:
+        g[np.ix_(left, others)] = cross
+        g[np.ix_(others, left)] = cross.T
+    if cache is not None:
+        if sq is not None:
+            cache.store(keys, left, left, sq)
+        if others:
+            cache.store(keys, left, others, cross)
+    if np.isnan(g).any():  # unreachable: the cover spans every missing pair
+        raise AssertionError("gram: a pair was left uncomputed")
+    return g
+
+
+def _cover(pairs: Sequence[tuple[int, int]]) -> list[int]:
+    """Rows whose products with the others cover every missing pair (greedy vertex cover)."""
+    left: list[int] = []
+    rest = set(pairs)
+    while rest:
+        count: dict[int, int] = {}
+        for a, b in rest:
+            count[a] = count.get(a, 0) + 1
+            if b != a:
+                count[b] = count.get(b, 0) + 1
+        best = max(sorted(count), key=lambda i: count[i])
+        left.append(best)
+        rest = {p for p in rest if best not in p}
+    return sorted(left)
+
+
+AtomKey = tuple[tuple[float, int], ...]
+
+
+class GramCache:
+    """Memo of inner products between rows, for data that stays in memory across queries.
+
+    A cache function answers many queries on the same round (cosine, Krum, k-means and
+    personalization all need the Gram matrix of that round's updates; FoolsGold and provenance
+    need it across rounds): with this memo only the first pays the pass over the vectors, later
+    ones cost O(n^2). A row is cached only when every vector in it is read-only (the function
+    seals what it loads); entries are keyed by the vectors' identities and dropped as soon as a
+    vector is garbage-collected (weak references), so an evicted object never answers for a new
+    one.
+
+    Parameters
+    ----------
+    max_pairs : int
+        Entries kept; the memo is cleared when it would grow beyond this.
+    """
+
+    def __init__(self, max_pairs: int = 1 << 18) -> None:
+        self.max_pairs = max_pairs
+        self._pairs: dict[tuple[AtomKey, AtomKey], float] = {}
+        self._by_id: dict[int, set[tuple[AtomKey, AtomKey]]] = {}
+        self._refs: dict[int, weakref.ref[Vector]] = {}
+        self._lock = threading.RLock()  # weakref callbacks may fire inside
+        self.hits = 0
+        self.computed = 0
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def key(self, row: Row) -> AtomKey | None:
+        """Canonical key of ``row`` or ``None`` when it involves a writable vector."""
+        merged = merge(row)
+        if not merged or any(x.flags.writeable for _, x in merged):
+            return None
+        with self._lock:
+            for _, x in merged:
+                ref = self._refs.get(id(x))
+                if ref is None or ref() is not x:
+                    self._forget(id(x))
+                    self._refs[id(x)] = weakref.ref(x, functools.partial(self._dead, id(x)))
+        return tuple(sorted((float(c), id(x)) for c, x in merged))
+
+    @staticmethod
+    def _pair(a: AtomKey, b: AtomKey) -> tuple[AtomKey, AtomKey]:
+        return (a, b) if a <= b else (b, a)
+
+    def fill(self, keys: Sequence[AtomKey | None], g: NDArray[np.float64]) -> None:
+        """Write every held ``<row_a, row_b>`` into ``g`` (others untouched)."""
+        with self._lock:
+            for a, ka in enumerate(keys):
+                if ka is None:
+                    continue
+                for b in range(a, len(keys)):
+                    kb = keys[b]
+                    if kb is None:
+                        continue
+                    v = self._pairs.get(self._pair(ka, kb))
+                    if v is not None:
+                        g[a, b] = g[b, a] = v
+                        self.hits += 1
+
+    def store(self, keys: Sequence[AtomKey | None], left: Sequence[int], right: Sequence[int],
+              prod: NDArray[np.float64]) -> None:
+        """Remember ``prod[i, j] = <row_left[i], row_right[j]>``."""
+        with self._lock:
+            if len(self._pairs) + prod.size > self.max_pairs:
+                self._pairs.clear()
+                self._by_id.clear()
+            for i, a in enumerate(left):
+                ka = keys[a]
+                if ka is None:
+                    continue
+                for j, b in enumerate(right):
+                    kb = keys[b]
+                    if kb is None:
+                        continue
+                    pk = self._pair(ka, kb)
+                    self._pairs[pk] = float(prod[i, j])
+                    self.computed += 1
+                    for _, ident in ka + kb:
+                        self._by_id.setdefault(ident, set()).add(pk)
+
+    def _forget(self, ident: int) -> None:
+        for pk in self._by_id.pop(ident, ()):
+            self._pairs.pop(pk, None)
+        self._refs.pop(ident, None)
+
+    def _dead(self, ident: int, ref: weakref.ref[Vector]) -> None:
+        with self._lock:
+            if self._refs.get(ident) is ref:
+                self._forget(ident)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._pairs.clear()
+            self._by_id.clear()
+            self._refs.clear()
 
 
 def combine(row: Row, *, chunk: int = CHUNK) -> NDArray[np.float32]:

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_samples
 
-from ._linalg import Row, combine, cosines, embed, gram
+from ._linalg import Row, combine, cosines, embed
 from .base import RoundScope, invalid, round_requirements
 from .data import Requirements, WorkloadData
 
@@ -51,7 +51,7 @@ def kmeans_requirements(p: KMeansParams) -> Requirements:
 
 
 def _embedding(data: WorkloadData, r: int, clients: list[str]) -> NDArray[np.float64]:
-    return embed(gram([data.delta(r, c) for c in clients]))
+    return embed(data.gram([data.delta(r, c) for c in clients]))
 
 
 def run_kmeans(data: WorkloadData, p: KMeansParams) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def personalization_mixture(data: WorkloadData, p: PersonalizeParams) -> dict[st
         raise invalid("personalize", "client", f"not among the round's clients {clients}", p.client)
     me = clients.index(p.client)
     n = data.weights_of(p.round, clients, "samples")
-    g = gram([data.delta(p.round, c) for c in clients])
+    g = data.gram([data.delta(p.round, c) for c in clients])
     sim = cosines(g)[me]
     if p.method == "similarity":
         order = np.argsort(-sim, kind="stable")

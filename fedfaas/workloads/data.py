@@ -15,6 +15,8 @@ Conventions
   ``selected``, ``loss``, ``accuracy``, ``duration_s`` ...
 
 Vectors may be read-only views of sealed shared-memory objects; nothing here writes to them.
+A holder that keeps the same read-only vectors across queries (a cache function) plugs a
+:class:`GramCache` as ``gram_cache`` so inner products already computed are not recomputed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from ._linalg import Row
+from ._linalg import GramCache, Row, gram
 from .errors import DataMismatch, MissingData
 
 
@@ -98,6 +100,11 @@ class WorkloadData:
     round_meta: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     evaluator: Evaluator | None = None
     updates_are_deltas: bool = False
+    gram_cache: GramCache | None = None
+
+    def gram(self, rows: Sequence[Row]) -> NDArray[np.float64]:
+        """Gram matrix of ``rows`` (float64), through :attr:`gram_cache` when one is plugged."""
+        return gram(rows, cache=self.gram_cache)
 
     # -- lookups that raise MissingData with the facts ---------------------------------------
     def round_clients(self, r: int) -> list[str]:

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
-from ._linalg import Row, gram
+from ._linalg import Row
 from .base import Params, invalid
 from .data import Requirements, WorkloadData
 from .errors import DataMismatch
@@ -70,12 +70,16 @@ def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
     unknown = [c for c in clients if c not in everyone]
     if unknown:
         raise invalid("provenance", "clients", f"did not take part in rounds {p.first_round}-{p.last_round}", unknown)
-    rows: list[Row] = []
-    for c in clients:
-        rows.append([(weights[r][c] * a, x) for r in rounds if c in weights[r] for a, x in data.delta(r, c)])
+    # C_i = sum_t p_i^t Delta_i^t: Gram of the per-round updates and the global change (cached
+    # per round by a cache function), combined as C G C^T
+    atoms = [(r, c) for c in clients for r in rounds if c in weights[r]]
     start, end = data.global_model(p.first_round - 1), data.global_model(p.last_round)
-    rows.append([(1.0, end), (-1.0, start)])
-    g = gram(rows)
+    rows: list[Row] = [data.delta(r, c) for r, c in atoms] + [[(1.0, end), (-1.0, start)]]
+    comb = np.zeros((len(clients) + 1, len(rows)))
+    for j, (r, c) in enumerate(atoms):
+        comb[clients.index(c), j] = weights[r][c]
+    comb[-1, -1] = 1.0
+    g = comb @ data.gram(rows) @ comb.T
     change2 = float(g[-1, -1])
     if change2 <= 0.0:
         raise DataMismatch(

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
-from ._linalg import cosines, distances, gram
+from ._linalg import cosines, distances
 from .base import Params, RoundParams, RoundScope, invalid, round_requirements
 from .data import Requirements, WorkloadData
 
@@ -83,7 +83,7 @@ def run_cosine(data: WorkloadData, p: CosineParams) -> dict[str, Any]:
     if p.bottom_k > len(clients):
         raise invalid("cosine-to-aggregate", "bottom_k", f"must be <= number of clients ({len(clients)})", p.bottom_k)
     w = data.weights_of(p.round, clients, p.weighting)
-    s = cosine_to_aggregate(gram([data.delta(p.round, c) for c in clients]), w)
+    s = cosine_to_aggregate(data.gram([data.delta(p.round, c) for c in clients]), w)
     order = np.argsort(s, kind="stable")
     flagged = {clients[i] for i in order[: p.bottom_k]}
     if p.threshold is not None:
@@ -109,7 +109,7 @@ def run_krum(data: WorkloadData, p: KrumParams) -> dict[str, Any]:
     m = n - p.f if p.m is None else p.m
     if m > n:
         raise invalid("multi-krum", "m", f"must be <= number of clients ({n})", p.m)
-    d2 = distances(gram([data.delta(p.round, c) for c in clients]))
+    d2 = distances(data.gram([data.delta(p.round, c) for c in clients]))
     scores = krum_scores(d2, p.f)
     order = np.argsort(scores, kind="stable")
     selected = [clients[i] for i in order[:m]]
@@ -157,8 +157,13 @@ def run_foolsgold(data: WorkloadData, p: FoolsGoldParams) -> dict[str, Any]:
         raise invalid("foolsgold", "clients", f"no update in rounds {p.first_round}-{p.last_round} for {unknown}")
     if len(clients) < 2:
         raise invalid("foolsgold", "clients", "FoolsGold compares clients: needs at least 2", clients)
-    rows = [[t for r in rounds if c in present[r] for t in data.delta(r, c)] for c in clients]
-    cs = cosines(gram(rows))
+    # history_i = sum_t Delta_i^t: Gram of the per-round updates (cached per round by a cache
+    # function, so only cross-round products are new), then combined: H = C G C^T
+    atoms = [(r, c) for c in clients for r in rounds if c in present[r]]
+    comb = np.zeros((len(clients), len(atoms)))
+    for j, (_, c) in enumerate(atoms):
+        comb[clients.index(c), j] = 1.0
+    cs = cosines(comb @ data.gram([data.delta(r, c) for r, c in atoms]) @ comb.T)
     w = foolsgold_weights(cs)
     order = np.argsort(w, kind="stable")
     return {

@@ -33,7 +33,7 @@ from cache_engine.cold_store import BUCKET, ColdStore, ColdStoreError, MinioCold
 from cache_engine.evaluators import EvaluatorUnavailable, build_evaluator
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_workload
-from fedfaas.workloads import WorkloadError  # imported at start, not on the first query
+from fedfaas.workloads import GramCache, WorkloadError  # imported at start, not on the first query
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ _lock = threading.RLock()
 _objects: dict[ObjectKey, Any] = {}
 _store: ColdStore | None = None
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
+# inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
+# round share its Gram matrix; entries go with the vectors they were computed from
+_grams = GramCache()
 
 
 def _cold() -> ColdStore:
@@ -82,7 +85,8 @@ def _ok(body: dict[str, Any]) -> dict[str, Any]:
 def _status() -> dict[str, Any]:
     return {"function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
             "pid": os.getpid(), "count": len(_objects), "bytes": _used(),
-            "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0), **_stats}
+            "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
+            "gram_pairs": len(_grams), **_stats}
 
 
 def _keys(body: dict[str, Any]) -> list[ObjectKey]:
@@ -104,6 +108,8 @@ def _load(keys: list[ObjectKey]) -> dict[str, Any]:
                 already.append(k.id)
                 continue
         value = _cold().get(k)  # outside the lock: other requests keep running
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
             if cap and _used() + _size(value) > cap:
                 return _err(507, "capacity_exceeded",
@@ -148,7 +154,7 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
     except EvaluatorUnavailable as exc:
         return _err(422, "no_evaluator", str(exc))
     try:
-        result = run_workload(name, params, held, evaluator)
+        result = run_workload(name, params, held, evaluator, _grams)
     except WorkloadError as exc:
         return {"statusCode": int(getattr(exc, "status", 400)), "body": exc.to_dict(),
                 "headers": {"Content-Type": "application/json"}}

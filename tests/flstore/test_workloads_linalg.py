@@ -1,0 +1,122 @@
+"""The Gram kernel: float32 fast path accuracy on model-sized vectors, and the cross-query memo."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from fedfaas.workloads import GramCache, WorkloadData, get
+from fedfaas.workloads._linalg import F32_MIN_DIM, cosines, distances, gram
+
+from .test_workloads_common import frozen
+
+
+def _realistic_round(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Weights ~0.05, updates ~1e-4 (|Delta| << |w|), honest clients close to each other."""
+    rng = np.random.default_rng(seed)
+    base = frozen((0.05 * rng.normal(size=d)).astype(np.float32))
+    common = 1e-4 * rng.normal(size=d)
+    ws = [frozen((base + common + 3e-5 * rng.normal(size=d)).astype(np.float32)) for _ in range(n - 1)]
+    ws.append(frozen((base - 2 * common).astype(np.float32)))  # a sign flipper
+    return base, ws
+
+
+def _reference(base: np.ndarray, ws: list[np.ndarray]) -> np.ndarray:
+    u = np.stack([w.astype(np.float64) - base.astype(np.float64) for w in ws])
+    return u @ u.T
+
+
+def test_float32_products_on_model_sized_updates_stay_within_1e6_of_float64() -> None:
+    base, ws = _realistic_round(6, F32_MIN_DIM + 4099)
+    ref = _reference(base, ws)
+    got = gram([[(1.0, w), (-1.0, base)] for w in ws])
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
+    assert np.abs(cosines(got) - cosines(ref)).max() <= 1e-6
+    off = ~np.eye(len(ws), dtype=bool)  # Krum distances: cancellation between close honest clients
+    rel = np.abs(distances(got) - distances(ref))[off] / distances(ref)[off]
+    assert rel.max() <= 1e-5
+
+
+def test_weighted_rows_on_long_vectors_are_still_computed_in_float64() -> None:
+    base, ws = _realistic_round(3, F32_MIN_DIM + 7)
+    rows = [[(0.3, ws[0]), (-0.3, base)], [(0.5, ws[1]), (0.25, ws[2]), (-0.75, base)]]
+    w64, b64 = [w.astype(np.float64) for w in ws], base.astype(np.float64)
+    u = [0.3 * (w64[0] - b64), 0.5 * w64[1] + 0.25 * w64[2] - 0.75 * b64]
+    want = np.array([[a @ b for b in u] for a in u])
+    np.testing.assert_allclose(gram(rows), want, rtol=1e-12)
+
+
+def test_memo_answers_repeated_queries_without_recomputing_and_gives_the_same_result() -> None:
+    rng = np.random.default_rng(1)
+    base = frozen(rng.normal(size=3001).astype(np.float32))
+    ws = [frozen((base + rng.normal(size=3001)).astype(np.float32)) for _ in range(5)]
+    rows = [[(1.0, w), (-1.0, base)] for w in ws]
+    cache = GramCache()
+    first = gram(rows, cache=cache)
+    computed = cache.computed
+    again = gram(rows, cache=cache)
+    assert cache.computed == computed and cache.hits > 0
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(first, gram(rows), rtol=1e-12)
+
+
+def test_memo_computes_only_the_missing_cross_products_and_matches_a_fresh_gram() -> None:
+    rng = np.random.default_rng(2)
+    base = frozen(rng.normal(size=2000).astype(np.float32))
+    a = [[(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)] for _ in range(4)]
+    b = [[(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)] for _ in range(3)]
+    cache = GramCache()
+    gram(a, cache=cache)
+    gram(b, cache=cache)
+    before = cache.computed
+    both = gram(a + b, cache=cache)
+    assert cache.computed - before == len(a) * len(b)  # only the a x b block was new
+    np.testing.assert_allclose(both, gram(a + b), rtol=1e-12, atol=1e-9)
+
+
+def test_memo_ignores_writable_vectors_and_forgets_collected_ones() -> None:
+    rng = np.random.default_rng(3)
+    base = frozen(rng.normal(size=500).astype(np.float32))
+    writable = rng.normal(size=500).astype(np.float32)
+    cache = GramCache()
+    gram([[(1.0, writable), (-1.0, base)]], cache=cache)
+    assert len(cache) == 0  # a writable vector could change under the memo
+    w = frozen(rng.normal(size=500).astype(np.float32))
+    gram([[(1.0, w), (-1.0, base)]], cache=cache)
+    assert len(cache) == 1
+    del w
+    gc.collect()
+    assert len(cache) == 0  # an evicted object never answers for a new one
+
+
+@pytest.mark.parametrize("name,params", [
+    ("cosine-to-aggregate", {"round": 2}),
+    ("multi-krum", {"round": 2, "f": 1}),
+    ("foolsgold", {"first_round": 1, "last_round": 2}),
+    ("provenance", {"first_round": 1, "last_round": 2}),
+])
+def test_workloads_give_the_same_answer_with_and_without_the_memo(name: str, params: dict[str, int]) -> None:
+    rng = np.random.default_rng(4)
+    d = 4000
+    g0 = frozen(rng.normal(size=d).astype(np.float32))
+    upd = {1: {f"c{i}": frozen((g0 + rng.normal(size=d)).astype(np.float32)) for i in range(5)}}
+    meta = {1: {c: {"n_samples": 10 + i} for i, c in enumerate(upd[1])}}
+    g1 = frozen(sum(0.2 * (w.astype(np.float64) - g0) for w in upd[1].values()).astype(np.float32) + g0)
+    upd[2] = {f"c{i}": frozen((g1 + rng.normal(size=d)).astype(np.float32)) for i in range(2, 7)}
+    meta[2] = {c: {"n_samples": 5 + i} for i, c in enumerate(upd[2])}
+    g2 = frozen(g1 + rng.normal(size=d).astype(np.float32))
+    cache = GramCache()
+    warm = WorkloadData(updates=upd, globals={0: g0, 1: g1, 2: g2}, client_meta=meta, gram_cache=cache)
+    for r in (1, 2):  # the per-round queries fill the memo first, as in a cache function
+        get("cosine-to-aggregate").run(warm, {"round": r})
+    plain = WorkloadData(updates=upd, globals={0: g0, 1: g1, 2: g2}, client_meta=meta)
+    got, want = get(name).run(warm, params), get(name).run(plain, params)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        numeric = isinstance(v, float) or (isinstance(v, dict) and all(isinstance(x, float) for x in v.values()))
+        if numeric:
+            assert got[k] == pytest.approx(v, rel=1e-9, abs=1e-12)
+        else:
+            assert got[k] == v
