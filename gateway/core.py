@@ -288,6 +288,10 @@ class Gateway:
             # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
             # and a job that has not finished a round resumes from it
             self.checkpoints.put_global(name, 0, job.model_bytes, {"version": 0, "count": 0})
+            self.checkpoints.put_meta(
+                name, 0, {"job": name, "round": 0, "version": 0, "count": 0, "clients": {}}
+            )
+            self._notify_engine(name, 0)
         self._install(job)
         return job
 
