@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import free_port, spawn, stop_group, wait_for_port
+from fedfaas.services import free_port
+from tests.control.realgw import real_gateways
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,39 +29,13 @@ def _fedfaas(*args: str) -> subprocess.CompletedProcess[str]:
 def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(
     tmp_path: Path, redis_url: str
 ) -> None:
-    port = free_port()
-    gw = spawn(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--node",
-            "n1",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(tmp_path / "gw"),
-            "--redis",
-            redis_url,
-            "--shm-root",
-            str(Path("/dev/shm") / f"fedfaas-cal-{port}"),
-            "--spawn-aggregators",
-            "2",
-            "--no-ebpf",
-            "--log-level",
-            "WARNING",
-        ],
-        log_path=tmp_path / "gw.log",
-        cwd=REPO,
-    )
-    try:
-        wait_for_port("127.0.0.1", port, 60, gw)
+    with real_gateways(redis_url, tmp_path, ("n1",)) as (urls, _secret, _procs):
         done = _fedfaas(
             "calibrate",
             "--gateway",
-            f"http://127.0.0.1:{port}",
+            urls["n1"],
             "--admin-secret-file",
-            str(tmp_path / "gw" / "admin-secret"),
+            str(tmp_path / "secret"),
             "--params",
             "20000",
             "--levels",
@@ -68,12 +43,10 @@ def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(
             "--repeats",
             "1",
         )
-        assert done.returncode == 0, done.stderr
-        report = json.loads(done.stdout)
-        assert report["mc"] > 0 and report["levels"] == [1, 2]
-        assert all(e > 0 for e in report["exec_s"]) and report["params"] == 20000
-    finally:
-        stop_group(gw, 10)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mc"] > 0 and report["levels"] == [1, 2]
+    assert all(e > 0 for e in report["exec_s"]) and report["params"] == 20000
 
 
 def test_calibrate_rejects_bad_levels_with_exit_code_2(tmp_path: Path) -> None:

@@ -7,13 +7,9 @@ aggregate what arrived. The model is flat FedAvg of the updates the round kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
-from tests.dataplane.gwutil import GatewayThread, settings
 from tests.dataplane.test_gateway_rounds import (
     Aggregators,
     assert_fedavg,
@@ -24,21 +20,6 @@ from tests.dataplane.test_gateway_rounds import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
-    made: list[GatewayThread] = []
-
-    def make(**kw: object) -> GatewayThread:
-        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
-        made.append(g)
-        return g
-
-    yield make
-    for g in made:
-        g.stop()
-        assert not g.settings.shm_root.exists()
 
 
 def slot(i: int, role: int, goal: int, parent: int | None, node: str = "n1") -> dict:
