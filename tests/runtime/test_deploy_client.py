@@ -65,7 +65,7 @@ def recorder(request: pytest.FixtureRequest) -> Iterator[_Recorder]:
 
 
 def test_deploy_sends_put_then_post_on_404_with_faas_cli_headers(recorder: _Recorder) -> None:
-    results = deploy(STACK, recorder.url)
+    results = deploy(STACK, recorder.url, filter="echo")
     assert [(r.function, r.method, r.status, r.ok) for r in results] == [
         ("echo", "POST", 202, True)
     ]
@@ -80,7 +80,7 @@ def test_deploy_sends_put_then_post_on_404_with_faas_cli_headers(recorder: _Reco
 
 
 def test_replace_deletes_first_and_basic_auth_is_sent(recorder: _Recorder) -> None:
-    deploy(STACK, recorder.url, auth=("u", "p"), replace=True)
+    deploy(STACK, recorder.url, auth=("u", "p"), replace=True, filter="echo")
     assert [r["method"] for r in recorder.seen] == ["DELETE", "PUT", "POST"]
     assert recorder.seen[0]["body"] == {"functionName": "echo", "namespace": ""}
     token = base64.b64encode(b"u:p").decode()
@@ -90,7 +90,7 @@ def test_replace_deletes_first_and_basic_auth_is_sent(recorder: _Recorder) -> No
 @pytest.mark.parametrize("recorder", [{"PUT": 201}], indirect=True)
 def test_only_200_and_202_count_as_success(recorder: _Recorder) -> None:
     with pytest.raises(DeployError) as err:
-        deploy(STACK, recorder.url)
+        deploy(STACK, recorder.url, filter="echo")
     assert err.value.results[0].status == 201
     assert [r["method"] for r in recorder.seen] == ["PUT"]
 
@@ -133,9 +133,9 @@ def test_resolve_off_needs_a_gateway_url() -> None:
 
 @pytest.mark.integration
 def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: RuntimeProcess) -> None:
-    [first] = deploy(STACK, runtime.url)
+    [first] = deploy(STACK, runtime.url, filter="echo")
     assert (first.method, first.status) == ("POST", 202)
-    [again] = deploy(STACK, runtime.url)
+    [again] = deploy(STACK, runtime.url, filter="echo")
     assert (again.method, again.status) == ("PUT", 202)
     with GatewayClient(runtime.url) as gw:
         wait_until(lambda: (gw.describe("echo") or {}).get("availableReplicas", 0) >= 1)
@@ -155,9 +155,9 @@ def test_deploy_needs_credentials_when_auth_is_on_and_rejects_unknown_images(
     auth_runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     with pytest.raises(DeployError) as err:
-        deploy(STACK, auth_runtime.url)
+        deploy(STACK, auth_runtime.url, filter="echo")
     assert err.value.results[0].status == 401
-    [ok] = deploy(STACK, auth_runtime.url, auth=(USER, PASSWORD))
+    [ok] = deploy(STACK, auth_runtime.url, auth=(USER, PASSWORD), filter="echo")
     assert ok.ok
     other = tmp_path / "stack.yml"
     other.write_text(
