@@ -49,8 +49,12 @@ POLICIES = ["flstore", "lru", "fifo", "lfu", "random", "static"]
 def machine() -> dict[str, Any]:
     import psutil
 
-    return {"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def round_queries(job: str, r: int) -> list[tuple[str, dict[str, Any]]]:
@@ -64,18 +68,26 @@ def round_queries(job: str, r: int) -> list[tuple[str, dict[str, Any]]]:
         ("personalize", {"rounds": [r], "params": {}}),
     ]
     if r >= 2:
-        out += [("foolsgold", {"params": {"first_round": r - 1, "last_round": r}}),
-                ("provenance", {"params": {"first_round": r - 1, "last_round": r}}),
-                ("oort", {"rounds": [r], "params": {"k": 3}})]
+        out += [
+            ("foolsgold", {"params": {"first_round": r - 1, "last_round": r}}),
+            ("provenance", {"params": {"first_round": r - 1, "last_round": r}}),
+            ("oort", {"rounds": [r], "params": {"k": 3}}),
+        ]
     out.append(("track", {"rounds": [r], "params": {"window": 10}}))
     return [(w, {"workload": w, "job": job, **b}) for w, b in out]
 
 
 def evaluator_queries(job: str, r: int) -> list[tuple[str, dict[str, Any]]]:
     """Workloads that need the job's validation set (run on the real digits job)."""
-    return [(wl, {"workload": wl, "job": job, "rounds": [r], "params": params})
-            for wl, params in (("leave-one-out", {}), ("shapley", {}),
-                               ("incentives", {"budget": 200}), ("evaluate", {}))]
+    return [
+        (wl, {"workload": wl, "job": job, "rounds": [r], "params": params})
+        for wl, params in (
+            ("leave-one-out", {}),
+            ("shapley", {}),
+            ("incentives", {"budget": 200}),
+            ("evaluate", {}),
+        )
+    ]
 
 
 def _fix_personalize(body: dict[str, Any], clients: dict[int, list[str]]) -> dict[str, Any]:
@@ -91,9 +103,21 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rs = RedisServer(data_dir=work / "redis").start()
     ms = MinioServer(data_dir=work / "minio").start()
     cache_redis_port = free_port()
-    cache_redis = Child("cache-agg-redis", ["redis-server", "--bind", "127.0.0.1", "--port",
-                                            str(cache_redis_port), "--save", "",
-                                            "--appendonly", "no"], work / "logs" / "cr.log")
+    cache_redis = Child(
+        "cache-agg-redis",
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(cache_redis_port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        work / "logs" / "cr.log",
+    )
     stack: FLStoreStack | None = None
     baselines: list[Child] = []
     try:
@@ -102,31 +126,76 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
         job = "bench"
         t0 = time.perf_counter()
-        h = write_history(cold, job, args.rounds, per_round=args.clients, pool=250,
-                          shapes=shapes, malicious=["c007"], seed=0, keep=False)
+        h = write_history(
+            cold,
+            job,
+            args.rounds,
+            per_round=args.clients,
+            pool=250,
+            shapes=shapes,
+            malicious=["c007"],
+            seed=0,
+            keep=False,
+        )
         from cache_engine.synthetic import write_digits_history
 
         digits = "digits"
         write_digits_history(cold, digits, 3, per_round=args.clients, pool=50, flip=["c001"])
         write_s = time.perf_counter() - t0
-        log.info("wrote %d rounds x %d clients of %d floats in %.1f s", args.rounds,
-                 args.clients, d, write_s)
+        log.info(
+            "wrote %d rounds x %d clients of %d floats in %.1f s",
+            args.rounds,
+            args.clients,
+            d,
+            write_s,
+        )
         model_bytes = d * 4
         cap = max(64 << 20, int(model_bytes * (3 * args.clients + 8)))
-        stack = FLStoreStack(work / "stack", rs.url, ms.endpoint, ms.access_key, ms.secret_key,
-                             engine_args=["--secondaries", "1", "--function-capacity-bytes",
-                                          str(cap), "--max-functions", "4",
-                                          "--capacity-objects", str(4 * args.clients + 16)],
-                             tracker_args=["--query-timeout", "300"]).start()
+        stack = FLStoreStack(
+            work / "stack",
+            rs.url,
+            ms.endpoint,
+            ms.access_key,
+            ms.secret_key,
+            engine_args=[
+                "--secondaries",
+                "1",
+                "--function-capacity-bytes",
+                str(cap),
+                "--max-functions",
+                "4",
+                "--capacity-objects",
+                str(4 * args.clients + 16),
+            ],
+            tracker_args=["--query-timeout", "300"],
+        ).start()
         urls = {}
-        for name, backend, redis_url in (("objstore-agg", "minio", rs.url),
-                                         ("cache-agg", "redis",
-                                          f"redis://127.0.0.1:{cache_redis_port}/0")):
+        for name, backend, redis_url in (
+            ("objstore-agg", "minio", rs.url),
+            ("cache-agg", "redis", f"redis://127.0.0.1:{cache_redis_port}/0"),
+        ):
             port = free_port()
-            c = Child(name, [sys.executable, "-m", "bench.baselines", "--backend", backend,
-                             "--port", str(port), "--minio", ms.endpoint, "--minio-access-key",
-                             ms.access_key, "--minio-secret-key", ms.secret_key, "--redis",
-                             redis_url], work / "logs" / f"{name}.log").start()
+            c = Child(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.baselines",
+                    "--backend",
+                    backend,
+                    "--port",
+                    str(port),
+                    "--minio",
+                    ms.endpoint,
+                    "--minio-access-key",
+                    ms.access_key,
+                    "--minio-secret-key",
+                    ms.secret_key,
+                    "--redis",
+                    redis_url,
+                ],
+                work / "logs" / f"{name}.log",
+            ).start()
             baselines.append(c)
             wait_for_port("127.0.0.1", port, 60, c.proc)
             urls[name] = f"http://127.0.0.1:{port}"
@@ -142,8 +211,9 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             client.post(f"{u}/v1/queries", json=warm)
             # the baselines build the digits evaluator now, as the cache functions do when
             # round 0's metadata is loaded, so neither pays it on a timed query
-            client.post(f"{u}/v1/queries", json={"workload": "evaluate", "job": digits,
-                                                 "rounds": [1]})
+            client.post(
+                f"{u}/v1/queries", json={"workload": "evaluate", "job": digits, "rounds": [1]}
+            )
         stack.wait_idle(600)
         rows: list[dict[str, Any]] = []
         ingest_s = 0.0
@@ -156,16 +226,23 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ingest_s += time.perf_counter() - t0
             for wl, body in qs:
                 body = _fix_personalize(body, h.clients)
-                rows.append(_one(client, stack, urls, wl if jb == job else f"{wl} (digits)",
-                                 body))
+                rows.append(_one(client, stack, urls, wl if jb == job else f"{wl} (digits)", body))
                 stack.wait_idle(600)  # background prefetch is not charged to the next query
         state = client.get(f"{stack.engine_url}/v1/state").json()
-        return {"model": "ResNet-18-sized flat vectors" if not args.small else "small CNN",
-                "floats_per_model": d, "model_mb": round(model_bytes / 1e6, 1),
-                "rounds": args.rounds, "clients_per_round": args.clients, "pool": 250,
-                "secondaries": 1, "write_s": write_s, "ingest_s": ingest_s,
-                "queries": rows, "summary": _summary(rows),
-                "engine": {"functions": state["functions"], "stats": state["stats"]}}
+        return {
+            "model": "ResNet-18-sized flat vectors" if not args.small else "small CNN",
+            "floats_per_model": d,
+            "model_mb": round(model_bytes / 1e6, 1),
+            "rounds": args.rounds,
+            "clients_per_round": args.clients,
+            "pool": 250,
+            "secondaries": 1,
+            "write_s": write_s,
+            "ingest_s": ingest_s,
+            "queries": rows,
+            "summary": _summary(rows),
+            "engine": {"functions": state["functions"], "stats": state["stats"]},
+        }
     finally:
         for c in baselines:
             c.stop()
@@ -176,13 +253,16 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ms.stop()
 
 
-def _one(client: httpx.Client, stack: FLStoreStack, urls: dict[str, str], wl: str,
-         body: dict[str, Any]) -> dict[str, Any]:
+def _one(
+    client: httpx.Client, stack: FLStoreStack, urls: dict[str, str], wl: str, body: dict[str, Any]
+) -> dict[str, Any]:
     """Send one query to the three systems; latency measured at the client."""
     row: dict[str, Any] = {"workload": wl, "query": body}
-    for system, url in (("fedfaas", f"{stack.tracker_url}/v1/queries?wait=true"),
-                        ("objstore-agg", f"{urls['objstore-agg']}/v1/queries"),
-                        ("cache-agg", f"{urls['cache-agg']}/v1/queries")):
+    for system, url in (
+        ("fedfaas", f"{stack.tracker_url}/v1/queries?wait=true"),
+        ("objstore-agg", f"{urls['objstore-agg']}/v1/queries"),
+        ("cache-agg", f"{urls['cache-agg']}/v1/queries"),
+    ):
         t = time.perf_counter()
         r = client.post(url, json=body)
         dt = time.perf_counter() - t
@@ -191,22 +271,30 @@ def _one(client: httpx.Client, stack: FLStoreStack, urls: dict[str, str], wl: st
             row[system] = {"latency_s": dt, "result": None, "error": f"HTTP {r.status_code}"}
             continue
         res = r.json()
-        row[system] = {"latency_s": dt, "result": res["result"],
-                       "compute_s": res.get("compute_s")}
+        row[system] = {"latency_s": dt, "result": res["result"], "compute_s": res.get("compute_s")}
         if system == "fedfaas":
-            row[system].update(hit=res.get("hit"), engine_s=res.get("engine_s"),
-                               loaded=res.get("loaded"))
+            row[system].update(
+                hit=res.get("hit"), engine_s=res.get("engine_s"), loaded=res.get("loaded")
+            )
         else:
             row[system].update(fetch_s=res["fetch_s"], decode_s=res["decode_s"])
-    row["same_result"] = row["fedfaas"]["result"] is not None and _same(
-        row["fedfaas"]["result"], row["objstore-agg"]["result"]) and _same(
-        row["fedfaas"]["result"], row["cache-agg"]["result"])
+    row["same_result"] = (
+        row["fedfaas"]["result"] is not None
+        and _same(row["fedfaas"]["result"], row["objstore-agg"]["result"])
+        and _same(row["fedfaas"]["result"], row["cache-agg"]["result"])
+    )
     for s in ("fedfaas", "objstore-agg", "cache-agg"):
         row[s].pop("result")
-    log.info("%s %s: fedfaas %.3f s (hit %s, loaded %s), objstore %.3f s, cache %.3f s", wl,
-             body.get("rounds") or body["params"], row["fedfaas"]["latency_s"],
-             row["fedfaas"].get("hit"), row["fedfaas"].get("loaded"),
-             row["objstore-agg"]["latency_s"], row["cache-agg"]["latency_s"])
+    log.info(
+        "%s %s: fedfaas %.3f s (hit %s, loaded %s), objstore %.3f s, cache %.3f s",
+        wl,
+        body.get("rounds") or body["params"],
+        row["fedfaas"]["latency_s"],
+        row["fedfaas"].get("hit"),
+        row["fedfaas"].get("loaded"),
+        row["objstore-agg"]["latency_s"],
+        row["cache-agg"]["latency_s"],
+    )
     return row
 
 
@@ -224,37 +312,54 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for wl in dict.fromkeys(r["workload"] for r in rows):
         rr = [r for r in rows if r["workload"] == wl]
-        m = {s: statistics.mean(r[s]["latency_s"] for r in rr)
-             for s in ("fedfaas", "objstore-agg", "cache-agg")}
-        out[wl] = {"queries": len(rr), "hits": sum(bool(r["fedfaas"].get("hit")) for r in rr),
-                   "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in rr),
-                   "mean_s": m,
-                   "median_s": {s: statistics.median(r[s]["latency_s"] for r in rr)
-                                for s in m},
-                   "reduction_vs_objstore": 1 - m["fedfaas"] / m["objstore-agg"],
-                   "reduction_vs_cache": 1 - m["fedfaas"] / m["cache-agg"],
-                   "same_result": all(r["same_result"] for r in rr),
-                   "errors": sum("error" in r[s] for r in rr for s in m)}
-    for label, sel in (("all", [r for r in rows if "(digits)" not in r["workload"]]),
-                       ("all (digits)", [r for r in rows if "(digits)" in r["workload"]])):
+        m = {
+            s: statistics.mean(r[s]["latency_s"] for r in rr)
+            for s in ("fedfaas", "objstore-agg", "cache-agg")
+        }
+        out[wl] = {
+            "queries": len(rr),
+            "hits": sum(bool(r["fedfaas"].get("hit")) for r in rr),
+            "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in rr),
+            "mean_s": m,
+            "median_s": {s: statistics.median(r[s]["latency_s"] for r in rr) for s in m},
+            "reduction_vs_objstore": 1 - m["fedfaas"] / m["objstore-agg"],
+            "reduction_vs_cache": 1 - m["fedfaas"] / m["cache-agg"],
+            "same_result": all(r["same_result"] for r in rr),
+            "errors": sum("error" in r[s] for r in rr for s in m),
+        }
+    for label, sel in (
+        ("all", [r for r in rows if "(digits)" not in r["workload"]]),
+        ("all (digits)", [r for r in rows if "(digits)" in r["workload"]]),
+    ):
         if not sel:
             continue
-        allm = {s: statistics.mean(r[s]["latency_s"] for r in sel)
-                for s in ("fedfaas", "objstore-agg", "cache-agg")}
+        allm = {
+            s: statistics.mean(r[s]["latency_s"] for r in sel)
+            for s in ("fedfaas", "objstore-agg", "cache-agg")
+        }
         mem = [r for r in sel if r["fedfaas"].get("hit") and not r["fedfaas"].get("loaded")]
-        memm = {s: statistics.mean(r[s]["latency_s"] for r in mem) if mem else 0.0
-                for s in ("fedfaas", "objstore-agg", "cache-agg")}
+        memm = {
+            s: statistics.mean(r[s]["latency_s"] for r in mem) if mem else 0.0
+            for s in ("fedfaas", "objstore-agg", "cache-agg")
+        }
         out[label + " (served from memory)"] = {
-            "queries": len(mem), "hits": len(mem), "objects_loaded": 0, "mean_s": memm,
+            "queries": len(mem),
+            "hits": len(mem),
+            "objects_loaded": 0,
+            "mean_s": memm,
             "reduction_vs_objstore": 1 - memm["fedfaas"] / memm["objstore-agg"] if mem else 0,
             "reduction_vs_cache": 1 - memm["fedfaas"] / memm["cache-agg"] if mem else 0,
-            "same_result": all(r["same_result"] for r in mem)}
-        out[label] = {"queries": len(sel), "hits": sum(bool(r["fedfaas"].get("hit")) for r in sel),
-                      "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in sel),
-                      "mean_s": allm,
-                      "reduction_vs_objstore": 1 - allm["fedfaas"] / allm["objstore-agg"],
-                      "reduction_vs_cache": 1 - allm["fedfaas"] / allm["cache-agg"],
-                      "same_result": all(r["same_result"] for r in sel)}
+            "same_result": all(r["same_result"] for r in mem),
+        }
+        out[label] = {
+            "queries": len(sel),
+            "hits": sum(bool(r["fedfaas"].get("hit")) for r in sel),
+            "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in sel),
+            "mean_s": allm,
+            "reduction_vs_objstore": 1 - allm["fedfaas"] / allm["objstore-agg"],
+            "reduction_vs_cache": 1 - allm["fedfaas"] / allm["cache-agg"],
+            "same_result": all(r["same_result"] for r in sel),
+        }
     return out
 
 
@@ -295,8 +400,11 @@ def overhead(work: Path) -> dict[str, Any]:
             # the same table in Redis (what the tracker and a restarted engine read)
             pipe = r.pipeline(transaction=False)
             for i, k in enumerate(keys):
-                pipe.hset("flstore:loc:" + k.job, k.field,
-                          f"flstore-cache-{i % 4},flstore-cache-{(i + 1) % 4}")
+                pipe.hset(
+                    "flstore:loc:" + k.job,
+                    k.field,
+                    f"flstore-cache-{i % 4},flstore-cache-{(i + 1) % 4}",
+                )
             pipe.execute()
             used = int(r.memory_usage("flstore:loc:job") or 0)
             rlat = []
@@ -312,10 +420,16 @@ def overhead(work: Path) -> dict[str, Any]:
             before = int(r.info("memory")["used_memory"])
             pipe = r.pipeline(transaction=False)
             for i in range(n):
-                pipe.hset(f"flstore:query:{i:032x}", mapping={
-                    "status": "done", "workload": "multi-krum", "job": "job",
-                    "tried": '[{"function": "flstore-cache-0", "outcome": "ok"}]',
-                    "latency_s": "0.01"})
+                pipe.hset(
+                    f"flstore:query:{i:032x}",
+                    mapping={
+                        "status": "done",
+                        "workload": "multi-krum",
+                        "job": "job",
+                        "tried": '[{"function": "flstore-cache-0", "outcome": "ok"}]',
+                        "latency_s": "0.01",
+                    },
+                )
             pipe.execute()
             qmem = int(r.info("memory")["used_memory"]) - before
             qlat = []
@@ -345,46 +459,68 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# FLStore benchmark ({m['cores']} cores, {m['memory_gib']} GiB)", ""]
     if "latency" in res:
         lt = res["latency"]
-        lines += [f"Model: {lt['model']} ({lt['floats_per_model']:,} float32, "
-                  f"{lt['model_mb']} MB per update); {lt['rounds']} rounds x "
-                  f"{lt['clients_per_round']} of {lt['pool']} clients in MinIO; 1 primary + "
-                  f"{lt['secondaries']} secondary per object. Mean latency per query, measured "
-                  "at the client. Rows marked (digits) run on a second, real job (softmax "
-                  "regression on load_digits, 650 floats, 3 rounds) because they need a "
-                  "validation-set evaluator. Live order: each round is ingested (hot data to "
-                  "the cache functions; MinIO already has it), then that round's queries "
-                  "arrive. Rows '(served from memory)' keep the queries that needed no load "
-                  "on the query path.", "",
-                  "| workload | queries | FedFaaS hits | loads on query path | FedFaaS s | "
-                  "ObjStore-Agg s | Cache-Agg s | vs ObjStore | vs Cache | same answer |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Model: {lt['model']} ({lt['floats_per_model']:,} float32, "
+            f"{lt['model_mb']} MB per update); {lt['rounds']} rounds x "
+            f"{lt['clients_per_round']} of {lt['pool']} clients in MinIO; 1 primary + "
+            f"{lt['secondaries']} secondary per object. Mean latency per query, measured "
+            "at the client. Rows marked (digits) run on a second, real job (softmax "
+            "regression on load_digits, 650 floats, 3 rounds) because they need a "
+            "validation-set evaluator. Live order: each round is ingested (hot data to "
+            "the cache functions; MinIO already has it), then that round's queries "
+            "arrive. Rows '(served from memory)' keep the queries that needed no load "
+            "on the query path.",
+            "",
+            "| workload | queries | FedFaaS hits | loads on query path | FedFaaS s | "
+            "ObjStore-Agg s | Cache-Agg s | vs ObjStore | vs Cache | same answer |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for wl, s in lt["summary"].items():
             mm = s["mean_s"]
-            lines.append(f"| {wl} | {s['queries']} | {s['hits']} | {s.get('objects_loaded', '')} | "
-                         f"{mm['fedfaas']:.3f} | "
-                         f"{mm['objstore-agg']:.3f} | {mm['cache-agg']:.3f} | "
-                         f"{-100 * s['reduction_vs_objstore']:+.1f}% | "
-                         f"{-100 * s['reduction_vs_cache']:+.1f}% | {s['same_result']} |")
-        lines += ["", "Targets: >= 90% lower mean latency than ObjStore-Agg, >= 80% lower than "
-                  "Cache-Agg.", ""]
-    lines += ["## Policy hit rates (capacity 64 objects)", "",
-              "| trace | " + " | ".join(POLICIES) + " |", "|---|" + "---|" * len(POLICIES)]
+            lines.append(
+                f"| {wl} | {s['queries']} | {s['hits']} | {s.get('objects_loaded', '')} | "
+                f"{mm['fedfaas']:.3f} | "
+                f"{mm['objstore-agg']:.3f} | {mm['cache-agg']:.3f} | "
+                f"{-100 * s['reduction_vs_objstore']:+.1f}% | "
+                f"{-100 * s['reduction_vs_cache']:+.1f}% | {s['same_result']} |"
+            )
+        lines += [
+            "",
+            "Targets: >= 90% lower mean latency than ObjStore-Agg, >= 80% lower than Cache-Agg.",
+            "",
+        ]
+    lines += [
+        "## Policy hit rates (capacity 64 objects)",
+        "",
+        "| trace | " + " | ".join(POLICIES) + " |",
+        "|---|" + "---|" * len(POLICIES),
+    ]
     by = {(p["trace"], p["policy"]): p for p in res["policies"]}
     for t in dict.fromkeys(p["trace"] for p in res["policies"]):
         cells = [f"{100 * by[(t, p)]['hit_rate']:.2f}%" for p in POLICIES]
         lines.append(f"| {t} ({by[(t, 'flstore')]['requests']} req) | " + " | ".join(cells) + " |")
-    lines += ["", "Request-level hit rate (a request hits when all its objects are resident). "
-              "Traces: " + "; ".join(f"{t}: {by[(t, 'flstore')]['note']}"
-                                     for t in dict.fromkeys(p['trace'] for p in res['policies'])),
-              "", "## Lookup overhead", "",
-              "| entries | engine lookup p99 us | engine table MB | Redis lookup p99 us | "
-              "Redis table MB | tracker record GET p99 us | tracker records MB |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Request-level hit rate (a request hits when all its objects are resident). "
+        "Traces: "
+        + "; ".join(
+            f"{t}: {by[(t, 'flstore')]['note']}"
+            for t in dict.fromkeys(p["trace"] for p in res["policies"])
+        ),
+        "",
+        "## Lookup overhead",
+        "",
+        "| entries | engine lookup p99 us | engine table MB | Redis lookup p99 us | "
+        "Redis table MB | tracker record GET p99 us | tracker records MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n, o in res["overhead"].items():
-        lines.append(f"| {int(n):,} | {o['engine_table_lookup_p99_us']:.2f} | "
-                     f"{o['engine_table_memory_mb']:.2f} | {o['redis_table_lookup_p99_us']:.1f} | "
-                     f"{o['redis_table_memory_mb']:.2f} | {o['tracker_record_get_p99_us']:.1f} | "
-                     f"{o['tracker_records_memory_mb']:.2f} |")
+        lines.append(
+            f"| {int(n):,} | {o['engine_table_lookup_p99_us']:.2f} | "
+            f"{o['engine_table_memory_mb']:.2f} | {o['redis_table_lookup_p99_us']:.1f} | "
+            f"{o['redis_table_memory_mb']:.2f} | {o['tracker_record_get_p99_us']:.1f} | "
+            f"{o['tracker_records_memory_mb']:.2f} |"
+        )
     lines += ["", "Target: lookup <= 100 us p99."]
     return "\n".join(lines) + "\n"
 

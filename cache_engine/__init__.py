@@ -8,7 +8,17 @@ from cache_engine.table import LocationTable, RedisLocationTable
 from cache_engine.trace import simulate
 
 __all__ = [
-    "POLICIES", "Catalog", "ColdStore", "Decision", "LocationTable", "MemoryCatalog",
-    "MinioColdStore", "ObjectKey", "Policy", "RedisLocationTable", "flatten", "make_policy",
+    "POLICIES",
+    "Catalog",
+    "ColdStore",
+    "Decision",
+    "LocationTable",
+    "MemoryCatalog",
+    "MinioColdStore",
+    "ObjectKey",
+    "Policy",
+    "RedisLocationTable",
+    "flatten",
+    "make_policy",
     "simulate",
 ]

@@ -67,7 +67,8 @@ def normalize_meta(doc: dict[str, Any]) -> dict[str, Any]:
     """Any writer's meta.json -> ``{"round", "clients", "client_meta", "round_meta"}``."""
     raw = doc.get("clients")
     client_meta: dict[str, dict[str, Any]] = {
-        str(c): dict(m) for c, m in (doc.get("client_meta") or {}).items()}
+        str(c): dict(m) for c, m in (doc.get("client_meta") or {}).items()
+    }
     if isinstance(raw, dict):  # gateway: {client: weight (sample count)}
         for c, w in raw.items():
             client_meta.setdefault(str(c), {}).setdefault("n_samples", w)
@@ -78,15 +79,18 @@ def normalize_meta(doc: dict[str, Any]) -> dict[str, Any]:
                 for k, v in item.items():
                     if k != "client":
                         m.setdefault("n_samples" if k == "num_samples" else k, v)
-    clients = (sorted(str(c) for c in raw if isinstance(c, str)) if isinstance(raw, list)
-               else [])
+    clients = sorted(str(c) for c in raw if isinstance(c, str)) if isinstance(raw, list) else []
     clients = sorted(set(clients) | set(client_meta))
     round_meta = dict(doc.get("round_meta") or {})
     for k, v in doc.items():
         if k not in ("clients", "client_meta", "round_meta") and not isinstance(v, (dict, list)):
             round_meta.setdefault(_ROUND_FIELDS.get(k, k), v)
-    return {"round": doc.get("round"), "clients": clients, "client_meta": client_meta,
-            "round_meta": round_meta}
+    return {
+        "round": doc.get("round"),
+        "clients": clients,
+        "client_meta": client_meta,
+        "round_meta": round_meta,
+    }
 
 
 def flatten(tensors: Mapping[str, NDArray[Any]]) -> NDArray[np.float32]:
@@ -97,7 +101,7 @@ def flatten(tensors: Mapping[str, NDArray[Any]]) -> NDArray[np.float32]:
     off = 0
     for n in names:
         a = np.asarray(tensors[n]).reshape(-1)
-        out[off:off + a.size] = a
+        out[off : off + a.size] = a
         off += a.size
     return out
 
@@ -153,18 +157,26 @@ class ColdStore(ABC):
         assert isinstance(obj, dict)
         return obj
 
-    def write_round(self, job: str, rnd: int, updates: Mapping[str, Mapping[str, NDArray[Any]]],
-                    global_weights: Mapping[str, NDArray[Any]] | None,
-                    client_meta: Mapping[str, Mapping[str, Any]] | None = None,
-                    round_meta: Mapping[str, Any] | None = None) -> None:
+    def write_round(
+        self,
+        job: str,
+        rnd: int,
+        updates: Mapping[str, Mapping[str, NDArray[Any]]],
+        global_weights: Mapping[str, NDArray[Any]] | None,
+        client_meta: Mapping[str, Mapping[str, Any]] | None = None,
+        round_meta: Mapping[str, Any] | None = None,
+    ) -> None:
         """Write a complete round: updates, global model, then meta.json last."""
         for c, t in updates.items():
             self.put_bytes(ObjectKey(job, rnd, "update", c), encode_model(t))
         if global_weights is not None:
             self.put_bytes(ObjectKey(job, rnd, "global"), encode_model(global_weights))
-        doc = {"round": rnd, "clients": sorted(updates),
-               "client_meta": {c: dict(m) for c, m in (client_meta or {}).items()},
-               "round_meta": dict(round_meta or {})}
+        doc = {
+            "round": rnd,
+            "clients": sorted(updates),
+            "client_meta": {c: dict(m) for c, m in (client_meta or {}).items()},
+            "round_meta": dict(round_meta or {}),
+        }
         self.put_bytes(ObjectKey(job, rnd, "meta"), json.dumps(doc).encode())
 
 
@@ -181,14 +193,21 @@ class MinioColdStore(ColdStore):
         Bucket name (created if missing when ``create`` is true).
     """
 
-    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str = BUCKET,
-                 *, secure: bool = False, create: bool = True) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        bucket: str = BUCKET,
+        *,
+        secure: bool = False,
+        create: bool = True,
+    ) -> None:
         from minio import Minio
 
         self.endpoint = endpoint
         self.bucket = bucket
-        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key,
-                            secure=secure)
+        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure)
         if create and not self.client.bucket_exists(bucket):
             try:
                 self.client.make_bucket(bucket)
@@ -214,9 +233,11 @@ class MinioColdStore(ColdStore):
 
     def client_ids(self, job: str, rnd: int) -> list[str]:
         prefix = object_path(ObjectKey(job, rnd, "meta")).rsplit("/", 1)[0] + "/clients/"
-        return sorted(o.object_name[len(prefix):].removesuffix(".safetensors")
-                      for o in self.client.list_objects(self.bucket, prefix=prefix)
-                      if o.object_name.endswith(".safetensors"))
+        return sorted(
+            o.object_name[len(prefix) :].removesuffix(".safetensors")
+            for o in self.client.list_objects(self.bucket, prefix=prefix)
+            if o.object_name.endswith(".safetensors")
+        )
 
     def size(self, key: ObjectKey) -> int:
         from minio.error import S3Error
@@ -228,9 +249,13 @@ class MinioColdStore(ColdStore):
 
     def put_bytes(self, key: ObjectKey, data: bytes) -> None:
         path = object_path(key)
-        self.client.put_object(self.bucket, path, io.BytesIO(data), len(data),
-                               content_type="application/json" if key.kind == "meta"
-                               else "application/octet-stream")
+        self.client.put_object(
+            self.bucket,
+            path,
+            io.BytesIO(data),
+            len(data),
+            content_type="application/json" if key.kind == "meta" else "application/octet-stream",
+        )
 
     def rounds(self, job: str) -> list[int]:
         out = []
@@ -238,8 +263,9 @@ class MinioColdStore(ColdStore):
             name = obj.object_name.rstrip("/").rsplit("/", 1)[-1]
             if name.isdigit():
                 try:
-                    self.client.stat_object(self.bucket, object_path(ObjectKey(job, int(name),
-                                                                               "meta")))
+                    self.client.stat_object(
+                        self.bucket, object_path(ObjectKey(job, int(name), "meta"))
+                    )
                 except Exception:
                     continue
                 out.append(int(name))
@@ -267,12 +293,18 @@ class MemoryColdStore(ColdStore):
 
     def client_ids(self, job: str, rnd: int) -> list[str]:
         prefix = object_path(ObjectKey(job, rnd, "meta")).rsplit("/", 1)[0] + "/clients/"
-        return sorted(p[len(prefix):].removesuffix(".safetensors") for p in self.objects
-                      if p.startswith(prefix))
+        return sorted(
+            p[len(prefix) :].removesuffix(".safetensors")
+            for p in self.objects
+            if p.startswith(prefix)
+        )
 
     def rounds(self, job: str) -> list[int]:
-        return sorted(int(p.split("/")[2]) for p in self.objects
-                      if p.startswith(f"{job}/rounds/") and p.endswith("/meta.json"))
+        return sorted(
+            int(p.split("/")[2])
+            for p in self.objects
+            if p.startswith(f"{job}/rounds/") and p.endswith("/meta.json")
+        )
 
     def jobs(self) -> list[str]:
         return sorted({p.split("/", 1)[0] for p in self.objects})

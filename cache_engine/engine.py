@@ -88,8 +88,9 @@ class FunctionInfo:
 class CacheEngine:
     """FLStore's cache engine (see module docstring)."""
 
-    def __init__(self, settings: EngineSettings, redis: Any, cold: ColdStore,
-                 provider: Provider) -> None:
+    def __init__(
+        self, settings: EngineSettings, redis: Any, cold: ColdStore, provider: Provider
+    ) -> None:
         self.s = settings
         self.redis = redis
         self.cold = cold
@@ -128,8 +129,12 @@ class CacheEngine:
             t = threading.Thread(target=target, daemon=True, name=target.__name__)
             t.start()
             self._threads.append(t)
-        log.info("cache engine started: %d objects, %d functions, policy %s",
-                 len(self.table), len(self.functions), self.policy.name)
+        log.info(
+            "cache engine started: %d objects, %d functions, policy %s",
+            len(self.table),
+            len(self.functions),
+            self.policy.name,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -144,9 +149,12 @@ class CacheEngine:
         try:
             m = self.cold.round_meta(job, rnd)
         except ObjectMissing:
-            raise RoundMissing(f"round {rnd} of job {job!r} has no meta.json in the cold store "
-                               f"({object_path(ObjectKey(job, rnd, 'meta'))})",
-                               job=job, round=rnd) from None
+            raise RoundMissing(
+                f"round {rnd} of job {job!r} has no meta.json in the cold store "
+                f"({object_path(ObjectKey(job, rnd, 'meta'))})",
+                job=job,
+                round=rnd,
+            ) from None
         # the update objects actually stored are the truth (a writer may list clients in
         # meta.json without storing their updates)
         clients = self.cold.client_ids(job, rnd)
@@ -163,8 +171,13 @@ class CacheEngine:
             d = self.policy.on_round_complete(job, rnd)
         self._carry_out(d)
         self.stats["rounds_ingested"] += 1
-        return {"job": job, "round": rnd, "clients": clients,
-                "hot": [k.id for k in d.prefetch], "evicted": [k.id for k in d.evict]}
+        return {
+            "job": job,
+            "round": rnd,
+            "clients": clients,
+            "hot": [k.id for k in d.prefetch],
+            "evicted": [k.id for k in d.evict],
+        }
 
     # -- queries ----------------------------------------------------------------------------
     def plan(self, body: dict[str, Any]) -> Plan:
@@ -177,9 +190,12 @@ class CacheEngine:
         p = self.plan(body)
         spec = self.evaluators.get(p.query.job) if p.evaluator else None
         if p.evaluator and spec is None:
-            raise NoEvaluator(f"workload {p.query.workload!r} needs a validation-set evaluator, "
-                              f"and job {p.query.job!r} declares none (round 0's "
-                              "round_meta.evaluator)", job=p.query.job)
+            raise NoEvaluator(
+                f"workload {p.query.workload!r} needs a validation-set evaluator, "
+                f"and job {p.query.job!r} declares none (round 0's "
+                "round_meta.evaluator)",
+                job=p.query.job,
+            )
         with self._lock:
             d = self.policy.on_request(p.keys, p.policy)
         self.stats["requests"] += 1
@@ -193,12 +209,21 @@ class CacheEngine:
         if len(holders) < 1 + self.s.secondaries:
             self._bg.put(("replicate", list(p.keys)))
         self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
-        return {"query": p.query.to_json(), "workload": p.query.workload, "params": p.params,
-                "policy": p.policy, "objects": [k.id for k in p.keys], "holders": holders,
-                "evaluator": spec,
-                "hit": d.hit, "misses": [k.id for k in d.misses], "loaded": loaded,
-                "prefetch": [k.id for k in d.prefetch], "evict": [k.id for k in d.evict],
-                "engine_s": time.perf_counter() - t0}
+        return {
+            "query": p.query.to_json(),
+            "workload": p.query.workload,
+            "params": p.params,
+            "policy": p.policy,
+            "objects": [k.id for k in p.keys],
+            "holders": holders,
+            "evaluator": spec,
+            "hit": d.hit,
+            "misses": [k.id for k in d.misses],
+            "loaded": loaded,
+            "prefetch": [k.id for k in d.prefetch],
+            "evict": [k.id for k in d.evict],
+            "engine_s": time.perf_counter() - t0,
+        }
 
     def locations(self, ids: Iterable[str]) -> dict[str, list[str]]:
         keys = [ObjectKey.parse(i) for i in ids]
@@ -206,8 +231,9 @@ class CacheEngine:
             return {k.id: self.table.get(k) for k in keys}
 
     # -- placement ----------------------------------------------------------------------------
-    def ensure(self, keys: Sequence[ObjectKey], copies: int | None = None,
-               _room_tries: int = 3) -> list[str]:
+    def ensure(
+        self, keys: Sequence[ObjectKey], copies: int | None = None, _room_tries: int = 3
+    ) -> list[str]:
         """Place ``keys`` together on ``copies`` (default ``1 + k``) live functions.
 
         When every function is full and no more may be created, the policy picks victims
@@ -229,8 +255,10 @@ class CacheEngine:
             full.sort(key=lambda f: primary.index(f) if f in primary else len(primary))
             chosen: list[str] = []
             if len(full) < n:
-                cands = sorted((f for f in alive if f not in full),
-                               key=lambda f: (-len(held[f]), self.functions[f].used))
+                cands = sorted(
+                    (f for f in alive if f not in full),
+                    key=lambda f: (-len(held[f]), self.functions[f].used),
+                )
                 for f in cands:
                     extra = sum(self._size(k) for k in keys if k not in held[f])
                     if self.functions[f].used + extra <= self.s.function_capacity_bytes:
@@ -282,8 +310,9 @@ class CacheEngine:
             f0, err0 = errors[0]
             if isinstance(err0, EngineError):
                 raise err0
-            raise LoadFailed(f"could not load the query's objects on any function: {err0}",
-                             function=f0)
+            raise LoadFailed(
+                f"could not load the query's objects on any function: {err0}", function=f0
+            )
         for f1, err1 in errors:
             log.warning("load on %s failed: %s", f1, err1)
             self.report_failure(f1)
@@ -323,8 +352,9 @@ class CacheEngine:
 
     def _load(self, fn: str, keys: list[ObjectKey]) -> None:
         t0 = time.perf_counter()
-        r = self.provider.call(fn, "/load", {"objects": [k.id for k in keys]},
-                               timeout=self.s.call_timeout)
+        r = self.provider.call(
+            fn, "/load", {"objects": [k.id for k in keys]}, timeout=self.s.call_timeout
+        )
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
         if r.status_code == 404 and body.get("error") == "object_missing":
             raise LoadFailed(body.get("detail", "object missing in cold store"))
@@ -354,23 +384,27 @@ class CacheEngine:
     def _new_function(self) -> str:
         with self._lock:
             if len(self.functions) >= self.s.max_functions:
-                raise NoCapacity(f"all {self.s.max_functions} cache functions are full; raise "
-                                 "FEDFAAS_ENGINE_MAX_FUNCTIONS or function_capacity_bytes",
-                                 functions=len(self.functions))
+                raise NoCapacity(
+                    f"all {self.s.max_functions} cache functions are full; raise "
+                    "FEDFAAS_ENGINE_MAX_FUNCTIONS or function_capacity_bytes",
+                    functions=len(self.functions),
+                )
             i = 0
             while f"{self.s.function_prefix}{i}" in self.functions:
                 i += 1
             name = f"{self.s.function_prefix}{i}"
             self.functions[name] = FunctionInfo(name, alive=False)
-        env = {"FEDFAAS_FLSTORE_MINIO_ENDPOINT": self.s.minio_endpoint,
-               "FEDFAAS_FLSTORE_MINIO_ACCESS_KEY": self.s.minio_access_key,
-               "FEDFAAS_FLSTORE_MINIO_SECRET_KEY": self.s.minio_secret_key,
-               "FEDFAAS_FLSTORE_BUCKET": self.s.bucket,
-               "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
-               # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
-               # than the 30 s default on a busy 2-core machine
-               "exec_timeout": f"{int(self.s.call_timeout)}s",
-               **self.s.function_env}
+        env = {
+            "FEDFAAS_FLSTORE_MINIO_ENDPOINT": self.s.minio_endpoint,
+            "FEDFAAS_FLSTORE_MINIO_ACCESS_KEY": self.s.minio_access_key,
+            "FEDFAAS_FLSTORE_MINIO_SECRET_KEY": self.s.minio_secret_key,
+            "FEDFAAS_FLSTORE_BUCKET": self.s.bucket,
+            "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
+            # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
+            # than the 30 s default on a busy 2-core machine
+            "exec_timeout": f"{int(self.s.call_timeout)}s",
+            **self.s.function_env,
+        }
         try:
             self.provider.deploy(name, self.s.function_image, env, self.s.handler_dir)
             deadline = time.monotonic() + 60
@@ -436,8 +470,11 @@ class CacheEngine:
             if dead:
                 info.alive = False
         if dead and was_alive:
-            log.warning("cache function %s does not answer (%s)", name,
-                        "refused" if definitive else f"{info.failures} timeouts")
+            log.warning(
+                "cache function %s does not answer (%s)",
+                name,
+                "refused" if definitive else f"{info.failures} timeouts",
+            )
             self._lost(name)
         return False
 
@@ -500,8 +537,13 @@ class CacheEngine:
                         ks = [k for k in arg if k in self.policy]
                     if ks:
                         self.ensure(ks)
-                        self.stats[{"restore": "restored", "prefetch": "prefetched",
-                                    "replicate": "replicated"}[what]] += len(ks)
+                        self.stats[
+                            {
+                                "restore": "restored",
+                                "prefetch": "prefetched",
+                                "replicate": "replicated",
+                            }[what]
+                        ] += len(ks)
                 elif what == "evict":
                     self._evict(arg)
                 elif what == "flush":
@@ -554,12 +596,12 @@ class CacheEngine:
 
     def _evict(self, targets: dict[str, list[ObjectKey]]) -> None:
         with self._lock:  # an object placed again on the same function since stays
-            targets = {f: [k for k in ks if f not in self.table.get(k)]
-                       for f, ks in targets.items()}
+            targets = {
+                f: [k for k in ks if f not in self.table.get(k)] for f, ks in targets.items()
+            }
             busy = {f: [k for k in ks if k in self._inflight] for f, ks in targets.items()}
             busy = {f: ks for f, ks in busy.items() if ks}
-            targets = {f: [k for k in ks if k not in self._inflight]
-                       for f, ks in targets.items()}
+            targets = {f: [k for k in ks if k not in self._inflight] for f, ks in targets.items()}
         if busy:  # a load of the same object may be landing there: decide again later
             self._evict_later(busy)
         for f, ks in targets.items():
@@ -578,17 +620,27 @@ class CacheEngine:
     def idle(self) -> bool:
         """True when no background work is pending (tests and benchmarks wait for it)."""
         with self._lock:
-            return (self._bg.unfinished_tasks == 0 and not self._inflight
-                    and self._pending_evictions == 0)
+            return (
+                self._bg.unfinished_tasks == 0
+                and not self._inflight
+                and self._pending_evictions == 0
+            )
 
     def describe(self) -> dict[str, Any]:
         with self._lock:
             return {
-                "policy": self.policy.name, "objects": len(self.table),
-                "resident": len(self.policy), "secondaries": self.s.secondaries,
-                "functions": {f: {"alive": i.alive, "used_bytes": i.used,
-                                  "objects": len(self.table.keys_on(f))}
-                              for f, i in self.functions.items()},
+                "policy": self.policy.name,
+                "objects": len(self.table),
+                "resident": len(self.policy),
+                "secondaries": self.s.secondaries,
+                "functions": {
+                    f: {
+                        "alive": i.alive,
+                        "used_bytes": i.used,
+                        "objects": len(self.table.keys_on(f)),
+                    }
+                    for f, i in self.functions.items()
+                },
                 "jobs": {j: list(self.catalog.rounds(j)) for j in self.catalog.jobs()},
                 "stats": dict(self.stats),
             }

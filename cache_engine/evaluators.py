@@ -21,9 +21,9 @@ class EvaluatorUnavailable(ValueError):
     """The spec names no evaluator this build knows."""
 
 
-def digits_split(seed: int = 0, val_fraction: float = 0.3
-                 ) -> tuple[NDArray[np.float32], NDArray[np.int64], NDArray[np.float32],
-                            NDArray[np.int64]]:
+def digits_split(
+    seed: int = 0, val_fraction: float = 0.3
+) -> tuple[NDArray[np.float32], NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
     """``load_digits`` scaled to [0, 1], split into train and validation (deterministic)."""
     from sklearn.datasets import load_digits
 

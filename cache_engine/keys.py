@@ -73,8 +73,12 @@ class ObjectKey:
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> ObjectKey:
-        return cls(str(d["job"]), int(d["round"]), str(d.get("kind", "update")),  # type: ignore[call-overload]
-                   str(d.get("client") or ""))
+        return cls(
+            str(d["job"]),
+            int(d["round"]),
+            str(d.get("kind", "update")),  # type: ignore[call-overload]
+            str(d.get("client") or ""),
+        )
 
 
 def update(job: str, client: str, rnd: int) -> ObjectKey:

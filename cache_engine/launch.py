@@ -38,9 +38,14 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
-                self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=_REPO, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(_REPO), **self.env})
+                self.argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=_REPO,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(_REPO), **self.env},
+            )
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -103,19 +108,70 @@ class FLStoreStack:
         self.tracker_port = free_port()
         logs = self.workdir / "logs"
         specs = [
-            ("runtime", [py, "-m", "fedfaas.runtime", "--host", self.host, "--port",
-                         str(self.runtime_port), "--state-dir", str(self.workdir / "runtime"),
-                         "--log-level", "warning"], self.runtime_port, {}),
-            ("engine", [py, "-m", "cache_engine", "--host", self.host, "--port",
-                        str(self.engine_port), "--redis", self.redis_url,
-                        "--minio", self.minio_endpoint, "--minio-access-key",
-                        self.minio_access_key, "--minio-secret-key", self.minio_secret_key,
-                        "--runtime", self.runtime_url, *self.engine_args], self.engine_port,
-             self.engine_env),
-            ("tracker", [py, "-m", "request_tracker", "--host", self.host, "--port",
-                         str(self.tracker_port), "--redis", self.redis_url, "--engine",
-                         self.engine_url, "--runtime", self.runtime_url, *self.tracker_args],
-             self.tracker_port, {}),
+            (
+                "runtime",
+                [
+                    py,
+                    "-m",
+                    "fedfaas.runtime",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.runtime_port),
+                    "--state-dir",
+                    str(self.workdir / "runtime"),
+                    "--log-level",
+                    "warning",
+                ],
+                self.runtime_port,
+                {},
+            ),
+            (
+                "engine",
+                [
+                    py,
+                    "-m",
+                    "cache_engine",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.engine_port),
+                    "--redis",
+                    self.redis_url,
+                    "--minio",
+                    self.minio_endpoint,
+                    "--minio-access-key",
+                    self.minio_access_key,
+                    "--minio-secret-key",
+                    self.minio_secret_key,
+                    "--runtime",
+                    self.runtime_url,
+                    *self.engine_args,
+                ],
+                self.engine_port,
+                self.engine_env,
+            ),
+            (
+                "tracker",
+                [
+                    py,
+                    "-m",
+                    "request_tracker",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.tracker_port),
+                    "--redis",
+                    self.redis_url,
+                    "--engine",
+                    self.engine_url,
+                    "--runtime",
+                    self.runtime_url,
+                    *self.tracker_args,
+                ],
+                self.tracker_port,
+                {},
+            ),
         ]
         try:
             for name, argv, port, env in specs:

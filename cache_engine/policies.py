@@ -116,9 +116,11 @@ class Policy(ABC):
 
     def eviction_order(self, keys: Iterable[ObjectKey]) -> list[ObjectKey]:
         """``keys`` in the order this policy would evict them (non-resident ones first)."""
+
         def rank(k: ObjectKey) -> tuple[float, ...]:
             e = self._res.get(k)
             return (-1.0,) if e is None else self._rank(k, e)
+
         return sorted(keys, key=rank)
 
     def forget(self, keys: Iterable[ObjectKey]) -> None:
@@ -127,8 +129,9 @@ class Policy(ABC):
             self._res.pop(k, None)
 
     # -- hooks ------------------------------------------------------------------------------
-    def _plan(self, keys: list[ObjectKey], hint: str | None
-              ) -> tuple[list[ObjectKey], list[ObjectKey]]:
+    def _plan(
+        self, keys: list[ObjectKey], hint: str | None
+    ) -> tuple[list[ObjectKey], list[ObjectKey]]:
         """Prefetch wishes and explicit evictions for a request (baselines: none)."""
         return [], []
 
@@ -140,8 +143,9 @@ class Policy(ABC):
         """Eviction order: the resident object with the smallest rank goes first."""
 
     # -- mechanics --------------------------------------------------------------------------
-    def _apply(self, d: Decision, want: list[ObjectKey], drop: list[ObjectKey],
-               protected: set[ObjectKey]) -> None:
+    def _apply(
+        self, d: Decision, want: list[ObjectKey], drop: list[ObjectKey], protected: set[ObjectKey]
+    ) -> None:
         for k in dict.fromkeys(drop):
             if k in self._res and k not in protected:
                 del self._res[k]
@@ -219,8 +223,9 @@ class Tailored(Policy):
 
     name = "flstore"
 
-    def __init__(self, capacity: int, catalog: Catalog, *, seed: int = 0,
-                 meta_rounds: int = 10) -> None:
+    def __init__(
+        self, capacity: int, catalog: Catalog, *, seed: int = 0, meta_rounds: int = 10
+    ) -> None:
         super().__init__(capacity, catalog, seed=seed)
         self.meta_rounds = meta_rounds
         self._latest: dict[str, int] = {}
@@ -228,8 +233,9 @@ class Tailored(Policy):
     def _choose(self, keys: list[ObjectKey], hint: str | None) -> str:
         return hint if hint in TAILORED else infer_policy(keys)
 
-    def _plan(self, keys: list[ObjectKey], hint: str | None
-              ) -> tuple[list[ObjectKey], list[ObjectKey]]:
+    def _plan(
+        self, keys: list[ObjectKey], hint: str | None
+    ) -> tuple[list[ObjectKey], list[ObjectKey]]:
         if not keys:
             return [], []
         p = self._choose(keys, hint)
@@ -256,16 +262,26 @@ class Tailored(Policy):
         rounds = self.catalog.rounds(job)
         _, nxt = neighbour_rounds(rounds, anchor)
         want: list[ObjectKey] = []
-        for r in ([anchor] + ([nxt] if nxt is not None else [])):
+        for r in [anchor] + ([nxt] if nxt is not None else []):
             want += [update(job, c, r) for c in self.catalog.clients(job, r)]
-            want += [ObjectKey(job, r + (k.round - anchor), k.kind) for k in keys
-                     if k.kind != "update" and k.job == job and r + (k.round - anchor) >= 0]
+            want += [
+                ObjectKey(job, r + (k.round - anchor), k.kind)
+                for k in keys
+                if k.kind != "update" and k.job == job and r + (k.round - anchor) >= 0
+            ]
         low = min(k.round for k in keys if k.job == job)
         latest = self._latest.get(job, rounds[-1] if rounds else anchor)
         # the base global of the round before stays: windows over the last rounds (FoolsGold,
         # provenance) turn that round's weights into updates with it (one model, not a round)
-        drop = [k for k in self._res if k.job == job and k.round < low and k.round != latest
-                and k.kind != "meta" and not (k.kind == "global" and k.round == low - 1)]
+        drop = [
+            k
+            for k in self._res
+            if k.job == job
+            and k.round < low
+            and k.round != latest
+            and k.kind != "meta"
+            and not (k.kind == "global" and k.round == low - 1)
+        ]
         return want, drop
 
     def _p3(self, keys: list[ObjectKey]) -> tuple[list[ObjectKey], list[ObjectKey]]:
@@ -284,11 +300,17 @@ class Tailored(Policy):
                 if r is None:
                     continue
                 want.append(update(job, c, r))
-                want += [ObjectKey(job, r + (o.round - mine[-1]), o.kind) for o in others
-                         if r + (o.round - mine[-1]) >= 0]
+                want += [
+                    ObjectKey(job, r + (o.round - mine[-1]), o.kind)
+                    for o in others
+                    if r + (o.round - mine[-1]) >= 0
+                ]
             floor = prev if prev is not None else mine[0]
-            drop += [k for k in self._res if k.job == job and k.kind == "update"
-                     and k.client == c and k.round < floor]
+            drop += [
+                k
+                for k in self._res
+                if k.job == job and k.kind == "update" and k.client == c and k.round < floor
+            ]
         return want, drop
 
     def _on_round(self, job: str, rnd: int) -> tuple[list[ObjectKey], list[ObjectKey]]:
@@ -300,15 +322,19 @@ class Tailored(Policy):
         want = [meta(job, rnd), global_model(job, rnd)]
         want += [update(job, c, rnd) for c in self.catalog.clients(job, rnd)]
         cutoff = rnd - self.meta_rounds
-        drop = [k for k in self._res if k.job == job and k.kind == "meta" and k.round <= cutoff
-                and self._res[k].count == 0]
+        drop = [
+            k
+            for k in self._res
+            if k.job == job and k.kind == "meta" and k.round <= cutoff and self._res[k].count == 0
+        ]
         return want, drop
 
     def _rank(self, key: ObjectKey, e: _Entry) -> tuple[float, ...]:
         # protect the latest round's hot data and the P4 metadata window, then LRU
         latest = self._latest.get(key.job)
         pinned = latest is not None and (
-            key.round == latest or (key.kind == "meta" and key.round > latest - self.meta_rounds))
+            key.round == latest or (key.kind == "meta" and key.round > latest - self.meta_rounds)
+        )
         return (1 if pinned else 0, e.last)
 
 
@@ -337,8 +363,12 @@ class RandomTailored(Tailored):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    "flstore": Tailored, "lru": LRU, "fifo": FIFO, "lfu": LFU,
-    "random": RandomTailored, "static": Static,
+    "flstore": Tailored,
+    "lru": LRU,
+    "fifo": FIFO,
+    "lfu": LFU,
+    "random": RandomTailored,
+    "static": Static,
 }
 
 

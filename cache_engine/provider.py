@@ -39,36 +39,55 @@ class Provider:
         Folder with ``basic-auth-user`` / ``basic-auth-password`` (used when ``auth`` is None).
     """
 
-    def __init__(self, url: str, auth: tuple[str, str] | None = None,
-                 auth_dir: str | Path | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        auth: tuple[str, str] | None = None,
+        auth_dir: str | Path | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         self.url = url.rstrip("/")
         if auth is None and auth_dir:
             d = Path(auth_dir)
             if (d / "basic-auth-user").is_file():
-                auth = ((d / "basic-auth-user").read_text().strip(),
-                        (d / "basic-auth-password").read_text().strip())
+                auth = (
+                    (d / "basic-auth-user").read_text().strip(),
+                    (d / "basic-auth-password").read_text().strip(),
+                )
         self._system = httpx.Client(base_url=self.url, auth=auth, timeout=timeout)
-        self._invoke = httpx.Client(base_url=self.url, timeout=timeout,
-                                    limits=httpx.Limits(max_connections=64))
+        self._invoke = httpx.Client(
+            base_url=self.url, timeout=timeout, limits=httpx.Limits(max_connections=64)
+        )
 
     def close(self) -> None:
         self._system.close()
         self._invoke.close()
 
-    def deploy(self, name: str, image: str, env: dict[str, str], handler_dir: str | None = None,
-               labels: dict[str, str] | None = None) -> None:
+    def deploy(
+        self,
+        name: str,
+        image: str,
+        env: dict[str, str],
+        handler_dir: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         """Create function ``name`` (or update it if it exists)."""
-        spec: dict[str, Any] = {"service": name, "image": image, "envVars": env,
-                                "labels": {"com.fedfaas.role": "flstore-cache", **(labels or {})},
-                                "annotations": {}}
+        spec: dict[str, Any] = {
+            "service": name,
+            "image": image,
+            "envVars": env,
+            "labels": {"com.fedfaas.role": "flstore-cache", **(labels or {})},
+            "annotations": {},
+        }
         if handler_dir:
             spec["annotations"][HANDLER_ANNOTATION] = str(Path(handler_dir).resolve())
         r = self._system.post("/system/functions", json=spec)
         if r.status_code == 409 or (r.status_code == 400 and "exist" in r.text):
             r = self._system.put("/system/functions", json=spec)
         if r.status_code not in (200, 201, 202):
-            raise ProviderError(f"deploy {name}: HTTP {r.status_code} {r.text[:300]}",
-                                r.status_code)
+            raise ProviderError(
+                f"deploy {name}: HTTP {r.status_code} {r.text[:300]}", r.status_code
+            )
         log.info("deployed cache function %s", name)
 
     def delete(self, name: str) -> bool:
@@ -77,8 +96,9 @@ class Provider:
         if r.status_code == 404:
             return False
         if r.status_code not in (200, 202):
-            raise ProviderError(f"delete {name}: HTTP {r.status_code} {r.text[:300]}",
-                                r.status_code)
+            raise ProviderError(
+                f"delete {name}: HTTP {r.status_code} {r.text[:300]}", r.status_code
+            )
         return True
 
     def status(self, name: str) -> dict[str, Any] | None:
@@ -98,8 +118,9 @@ class Provider:
         out: list[dict[str, Any]] = r.json()
         return out
 
-    def call(self, name: str, path: str, body: Any = None, timeout: float | None = None
-             ) -> httpx.Response:
+    def call(
+        self, name: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> httpx.Response:
         """Invoke ``/function/{name}{path}`` (GET without body, POST with a JSON body)."""
         url = f"/function/{name}{path}"
         kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}

@@ -60,8 +60,13 @@ class Query:
     params: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "job": self.job, "rounds": self.rounds,
-                "clients": self.clients, "params": self.params}
+        return {
+            "workload": self.workload,
+            "job": self.job,
+            "rounds": self.rounds,
+            "clients": self.clients,
+            "params": self.params,
+        }
 
 
 @dataclass
@@ -128,7 +133,10 @@ def plan(q: Query, catalog: Catalog) -> Plan:
         if r not in written:
             raise RoundNotWritten(
                 f"round {r} of job {q.job!r} is not written yet ({what}); written rounds: "
-                f"{min(written)}..{max(written)}", job=q.job, round=r)
+                f"{min(written)}..{max(written)}",
+                job=q.job,
+                round=r,
+            )
 
     for r in req.update_rounds:
         need_round(r, "updates")
@@ -136,12 +144,20 @@ def plan(q: Query, catalog: Catalog) -> Plan:
         cl = list(req.clients) if req.clients is not None else present
         unknown = [c for c in cl if c not in present]
         if unknown:
-            raise UnknownClient(f"client(s) {unknown} sent no update in round {r} of job "
-                                f"{q.job!r}", job=q.job, round=r, clients=unknown)
+            raise UnknownClient(
+                f"client(s) {unknown} sent no update in round {r} of job {q.job!r}",
+                job=q.job,
+                round=r,
+                clients=unknown,
+            )
         one = params.get("client")
         if isinstance(one, str) and one not in present:
-            raise UnknownClient(f"client {one!r} sent no update in round {r} of job {q.job!r}",
-                                job=q.job, round=r, clients=[one])
+            raise UnknownClient(
+                f"client {one!r} sent no update in round {r} of job {q.job!r}",
+                job=q.job,
+                round=r,
+                clients=[one],
+            )
         keys += [update(q.job, c, r) for c in cl]
     for v in req.global_versions:
         need_round(v, "global model")
@@ -152,8 +168,9 @@ def plan(q: Query, catalog: Catalog) -> Plan:
     return Plan(q, list(dict.fromkeys(keys)), req.policy, params, bool(req.evaluator))
 
 
-def workload_data(objects: Mapping[ObjectKey, Any], evaluator: Any = None,
-                  gram_cache: Any = None) -> Any:
+def workload_data(
+    objects: Mapping[ObjectKey, Any], evaluator: Any = None, gram_cache: Any = None
+) -> Any:
     """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
 
     ``gram_cache`` (a ``fedfaas.workloads.GramCache``) is for holders that keep the same sealed
@@ -174,15 +191,27 @@ def workload_data(objects: Mapping[ObjectKey, Any], evaluator: Any = None,
         else:
             client_meta[k.round] = dict(v.get("client_meta", {}))
             round_meta[k.round] = dict(v.get("round_meta", {}))
-    return WorkloadData(updates=updates, globals=globals_, client_meta=client_meta,
-                        round_meta=round_meta, evaluator=evaluator, gram_cache=gram_cache)
+    return WorkloadData(
+        updates=updates,
+        globals=globals_,
+        client_meta=client_meta,
+        round_meta=round_meta,
+        evaluator=evaluator,
+        gram_cache=gram_cache,
+    )
 
 
-def run_workload(name: str, params: Mapping[str, Any], objects: Mapping[ObjectKey, Any],
-                 evaluator: Any = None, gram_cache: Any = None) -> dict[str, Any]:
+def run_workload(
+    name: str,
+    params: Mapping[str, Any],
+    objects: Mapping[ObjectKey, Any],
+    evaluator: Any = None,
+    gram_cache: Any = None,
+) -> dict[str, Any]:
     """Run workload ``name`` on ``objects`` (the same code in functions and baselines)."""
-    res: dict[str, Any] = _workload(name).run(workload_data(objects, evaluator, gram_cache),
-                                              dict(params))
+    res: dict[str, Any] = _workload(name).run(
+        workload_data(objects, evaluator, gram_cache), dict(params)
+    )
     return res
 
 
@@ -192,8 +221,10 @@ def parse_query(body: Mapping[str, Any]) -> Query:
         raise BadParams("the query must be a JSON object")
     extra = set(body) - {"workload", "job", "rounds", "clients", "params"}
     if extra:
-        raise BadParams(f"unknown query field(s) {sorted(extra)}; allowed: workload, job, rounds, "
-                        "clients, params")
+        raise BadParams(
+            f"unknown query field(s) {sorted(extra)}; allowed: workload, job, rounds, "
+            "clients, params"
+        )
     wl, job = body.get("workload"), body.get("job")
     if not isinstance(wl, str) or not wl:
         raise BadParams("'workload' must be a non-empty string")
@@ -204,14 +235,16 @@ def parse_query(body: Mapping[str, Any]) -> Query:
     if isinstance(rounds, int) and not isinstance(rounds, bool):
         rounds = [rounds]
     if not isinstance(rounds, list) or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rounds):
+        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rounds
+    ):
         raise BadParams("'rounds' must be a list of round numbers >= 0")
     clients = body.get("clients")
     clients = [] if clients is None else clients
     if isinstance(clients, str):
         clients = [clients]
-    if not isinstance(clients, list) or not all(isinstance(c, str) and valid_name(c)
-                                                for c in clients):
+    if not isinstance(clients, list) or not all(
+        isinstance(c, str) and valid_name(c) for c in clients
+    ):
         raise BadParams("'clients' must be a list of client ids")
     params = body.get("params")
     params = {} if params is None else params

@@ -59,8 +59,13 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, {"error": "bad_request", "detail": "the body must be a JSON object "
-                            "{workload, job, rounds, clients, params}"})
+        return _error(
+            400,
+            {
+                "error": "bad_request",
+                "detail": "the body must be a JSON object {workload, job, rounds, clients, params}",
+            },
+        )
 
     @app.exception_handler(QueryError)
     async def _query_error(_: Request, exc: QueryError) -> JSONResponse:
@@ -115,8 +120,11 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         if p.evaluator and p.query.job not in e.evaluators:
             from cache_engine.engine import NoEvaluator
 
-            raise NoEvaluator(f"workload {p.query.workload!r} needs a validation-set evaluator "
-                              f"and job {p.query.job!r} declares none", job=p.query.job)
+            raise NoEvaluator(
+                f"workload {p.query.workload!r} needs a validation-set evaluator "
+                f"and job {p.query.job!r} declares none",
+                job=p.query.job,
+            )
         return {"objects": [k.id for k in p.keys], "policy": p.policy, "params": p.params}
 
     @app.post("/v1/acquire")

@@ -19,8 +19,12 @@ from numpy.typing import NDArray
 from cache_engine.cold_store import ColdStore
 
 SMALL_CNN: dict[str, tuple[int, ...]] = {
-    "conv1.weight": (16, 1, 3, 3), "conv1.bias": (16,), "conv2.weight": (32, 16, 3, 3),
-    "conv2.bias": (32,), "fc.weight": (10, 32 * 7 * 7), "fc.bias": (10,),
+    "conv1.weight": (16, 1, 3, 3),
+    "conv1.bias": (16,),
+    "conv2.weight": (32, 16, 3, 3),
+    "conv2.bias": (32,),
+    "fc.weight": (10, 32 * 7 * 7),
+    "fc.bias": (10,),
 }
 
 
@@ -45,20 +49,30 @@ class History:
     malicious: set[str] = field(default_factory=set)
 
 
-def _split(flat: NDArray[np.float32], shapes: Mapping[str, tuple[int, ...]]
-           ) -> dict[str, NDArray[np.float32]]:
+def _split(
+    flat: NDArray[np.float32], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, NDArray[np.float32]]:
     out, off = {}, 0
     for name in sorted(shapes):
         n = int(np.prod(shapes[name]))
-        out[name] = flat[off:off + n].reshape(shapes[name])
+        out[name] = flat[off : off + n].reshape(shapes[name])
         off += n
     return out
 
 
-def write_history(cold: ColdStore, job: str, rounds: int, per_round: int = 10, pool: int = 250,
-                  shapes: Mapping[str, tuple[int, ...]] | None = None,
-                  malicious: Sequence[str] = (), seed: int = 0, keep: bool = True,
-                  first_round: int = 1, noise: float = 0.03) -> History:
+def write_history(
+    cold: ColdStore,
+    job: str,
+    rounds: int,
+    per_round: int = 10,
+    pool: int = 250,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    malicious: Sequence[str] = (),
+    seed: int = 0,
+    keep: bool = True,
+    first_round: int = 1,
+    noise: float = 0.03,
+) -> History:
     """Write rounds ``first_round..first_round+rounds-1`` (and round 0, the initial model)."""
     shapes = dict(shapes or SMALL_CNN)
     d = sum(int(np.prod(s)) for s in shapes.values())
@@ -92,15 +106,32 @@ def write_history(cold: ColdStore, job: str, rounds: int, per_round: int = 10, p
             acc += n * w
             total += n
             loss = float(abs(rng.normal(1.0 / (1 + 0.05 * r), 0.05)))
-            meta[c] = {"n_samples": n, "loss": loss, "loss_sq_mean": loss * loss * 1.1,
-                       "duration_s": float(rng.lognormal(1.0, 0.6)), "lr": 0.1,
-                       "batch_size": 32, "epochs": 1}
+            meta[c] = {
+                "n_samples": n,
+                "loss": loss,
+                "loss_sq_mean": loss * loss * 1.1,
+                "duration_s": float(rng.lognormal(1.0, 0.6)),
+                "lr": 0.1,
+                "batch_size": 32,
+                "epochs": 1,
+            }
         g = (acc / total).astype(np.float32)
-        cold.write_round(job, r, {c: _split(w, shapes) for c, w in ups.items()}, _split(g, shapes),
-                         meta, {"lr": 0.1, "batch_size": 32, "epochs": 1, "selected": chosen,
-                                "loss": float(np.mean([m["loss"] for m in meta.values()])),
-                                "accuracy": float(min(0.99, 0.3 + 0.01 * r)),
-                                "duration_s": float(max(m["duration_s"] for m in meta.values()))})
+        cold.write_round(
+            job,
+            r,
+            {c: _split(w, shapes) for c, w in ups.items()},
+            _split(g, shapes),
+            meta,
+            {
+                "lr": 0.1,
+                "batch_size": 32,
+                "epochs": 1,
+                "selected": chosen,
+                "loss": float(np.mean([m["loss"] for m in meta.values()])),
+                "accuracy": float(min(0.99, 0.3 + 0.01 * r)),
+                "duration_s": float(max(m["duration_s"] for m in meta.values())),
+            },
+        )
         h.clients[r] = chosen
         h.n_samples[r] = {c: meta[c]["n_samples"] for c in chosen}
         if keep:
@@ -109,9 +140,17 @@ def write_history(cold: ColdStore, job: str, rounds: int, per_round: int = 10, p
     return h
 
 
-def write_digits_history(cold: ColdStore, job: str, rounds: int, per_round: int = 10,
-                         pool: int = 50, flip: Sequence[str] = (), seed: int = 0,
-                         lr: float = 0.5, epochs: int = 1) -> History:
+def write_digits_history(
+    cold: ColdStore,
+    job: str,
+    rounds: int,
+    per_round: int = 10,
+    pool: int = 50,
+    flip: Sequence[str] = (),
+    seed: int = 0,
+    lr: float = 0.5,
+    epochs: int = 1,
+) -> History:
     """A real FL job: softmax regression on ``load_digits``, trained by numpy clients.
 
     Clients hold IID shards of the training split and run ``epochs`` of minibatch SGD from the
@@ -137,9 +176,19 @@ def write_digits_history(cold: ColdStore, job: str, rounds: int, per_round: int 
     def acc(b_: NDArray[np.float32], w_: NDArray[np.float32]) -> float:
         return float(np.mean(np.argmax(xv @ w_.T + b_, axis=1) == yv))
 
-    cold.write_round(job, 0, {}, {"bias": b, "weight": w}, {},
-                     {"evaluator": {"kind": "digits-softmax", "split_seed": seed},
-                      "lr": lr, "epochs": epochs, "accuracy": acc(b, w)})
+    cold.write_round(
+        job,
+        0,
+        {},
+        {"bias": b, "weight": w},
+        {},
+        {
+            "evaluator": {"kind": "digits-softmax", "split_seed": seed},
+            "lr": lr,
+            "epochs": epochs,
+            "accuracy": acc(b, w),
+        },
+    )
     h.globals[0] = flat(b, w)
     for r in range(1, rounds + 1):
         chosen = sorted(set(pick.sample(names, per_round - len(flip))) | set(flip))
@@ -169,17 +218,33 @@ def write_digits_history(cold: ColdStore, job: str, rounds: int, per_round: int 
             acc_b += n * cb
             total += n
             loss = float(np.mean(losses))
-            meta[c] = {"n_samples": n, "loss": loss,
-                       "loss_sq_mean": float(np.mean(np.square(losses))),
-                       "duration_s": _time.perf_counter() - t0 + 0.5, "lr": lr,
-                       "batch_size": 8, "epochs": epochs}
+            meta[c] = {
+                "n_samples": n,
+                "loss": loss,
+                "loss_sq_mean": float(np.mean(np.square(losses))),
+                "duration_s": _time.perf_counter() - t0 + 0.5,
+                "lr": lr,
+                "batch_size": 8,
+                "epochs": epochs,
+            }
         w = (acc_w / total).astype(np.float32)
         b = (acc_b / total).astype(np.float32)
-        cold.write_round(job, r, ups, {"bias": b, "weight": w}, meta,
-                         {"lr": lr, "batch_size": 8, "epochs": epochs, "selected": chosen,
-                          "loss": float(np.mean([m["loss"] for m in meta.values()])),
-                          "accuracy": acc(b, w),
-                          "duration_s": max(m["duration_s"] for m in meta.values())})
+        cold.write_round(
+            job,
+            r,
+            ups,
+            {"bias": b, "weight": w},
+            meta,
+            {
+                "lr": lr,
+                "batch_size": 8,
+                "epochs": epochs,
+                "selected": chosen,
+                "loss": float(np.mean([m["loss"] for m in meta.values()])),
+                "accuracy": acc(b, w),
+                "duration_s": max(m["duration_s"] for m in meta.values()),
+            },
+        )
         h.clients[r] = chosen
         h.n_samples[r] = {c: meta[c]["n_samples"] for c in chosen}
         h.updates[r] = {c: flat(u["bias"], u["weight"]) for c, u in ups.items()}

@@ -113,7 +113,7 @@ class RedisLocationTable(LocationTable):
         self._loc.clear()
         self._by_fn.clear()
         for hkey in self.redis.scan_iter(match=LOC_PREFIX + "*", count=1000):
-            job = hkey[len(LOC_PREFIX):]
+            job = hkey[len(LOC_PREFIX) :]
             for field, val in self.redis.hgetall(hkey).items():
                 key = ObjectKey.parse(f"{job}/{field}")
                 fns = [f for f in val.split(",") if f]

@@ -74,11 +74,20 @@ class SimResult:
         return self.key_hits / n if n else 0.0
 
     def as_dict(self) -> dict[str, object]:
-        return {"policy": self.policy, "trace": self.trace, "requests": self.requests,
-                "hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate,
-                "key_hits": self.key_hits, "key_misses": self.key_misses,
-                "key_hit_rate": self.key_hit_rate, "prefetched": self.prefetched,
-                "evicted": self.evicted, "peak_objects": self.peak_objects}
+        return {
+            "policy": self.policy,
+            "trace": self.trace,
+            "requests": self.requests,
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": self.hit_rate,
+            "key_hits": self.key_hits,
+            "key_misses": self.key_misses,
+            "key_hit_rate": self.key_hit_rate,
+            "prefetched": self.prefetched,
+            "evicted": self.evicted,
+            "peak_objects": self.peak_objects,
+        }
 
 
 def simulate(policy: Policy, trace: Trace | Iterable[Event], name: str = "") -> SimResult:
@@ -104,8 +113,14 @@ def simulate(policy: Policy, trace: Trace | Iterable[Event], name: str = "") -> 
     return res
 
 
-def fl_history(job: str = "job", rounds: int = 2000, per_round: int = 10, pool: int = 250,
-               seed: int = 0, first: int = 1) -> MemoryCatalog:
+def fl_history(
+    job: str = "job",
+    rounds: int = 2000,
+    per_round: int = 10,
+    pool: int = 250,
+    seed: int = 0,
+    first: int = 1,
+) -> MemoryCatalog:
     """A job's history: ``per_round`` of ``pool`` clients drawn uniformly each round."""
     rng = random.Random(seed)
     cat = MemoryCatalog()
@@ -115,29 +130,50 @@ def fl_history(job: str = "job", rounds: int = 2000, per_round: int = 10, pool: 
     return cat
 
 
-def p2_trace(rounds: int = 2000, per_round: int = 10, pool: int = 250, seed: int = 0,
-             job: str = "job") -> Trace:
+def p2_trace(
+    rounds: int = 2000, per_round: int = 10, pool: int = 250, seed: int = 0, job: str = "job"
+) -> Trace:
     """Per-round workloads (filtering, clustering, contribution): each client of each round."""
     cat = fl_history(job, rounds, per_round, pool, seed)
-    ev: list[Event] = [Request((update(job, c, r),), "P2")
-                       for r in cat.rounds(job) for c in cat.clients(job, r)]
+    ev: list[Event] = [
+        Request((update(job, c, r),), "P2") for r in cat.rounds(job) for c in cat.clients(job, r)
+    ]
     return Trace("p2", cat, ev, f"{rounds} rounds x {per_round} of {pool} clients, written before")
 
 
-def p3_trace(rounds: int = 5000, per_round: int = 10, pool: int = 250, seed: int = 0,
-             job: str = "job", max_requests: int | None = None) -> Trace:
+def p3_trace(
+    rounds: int = 5000,
+    per_round: int = 10,
+    pool: int = 250,
+    seed: int = 0,
+    job: str = "job",
+    max_requests: int | None = None,
+) -> Trace:
     """One client tracked across every round it took part in (debugging, provenance)."""
     cat = fl_history(job, rounds, per_round, pool, seed)
-    client = max(sorted({c for r in cat.rounds(job) for c in cat.clients(job, r)}),
-                 key=lambda c: len(cat.client_rounds(job, c)))
+    client = max(
+        sorted({c for r in cat.rounds(job) for c in cat.clients(job, r)}),
+        key=lambda c: len(cat.client_rounds(job, c)),
+    )
     hist = list(cat.client_rounds(job, client))[:max_requests]
     ev: list[Event] = [Request((update(job, client, r),), "P3") for r in hist]
-    return Trace(f"p3-{len(ev)}", cat, ev,
-                 f"client {client} over its {len(ev)} rounds of {rounds} ({per_round} of {pool})")
+    return Trace(
+        f"p3-{len(ev)}",
+        cat,
+        ev,
+        f"client {client} over its {len(ev)} rounds of {rounds} ({per_round} of {pool})",
+    )
 
 
-def p4_trace(rounds: int = 2000, per_round: int = 10, pool: int = 250, seed: int = 0,
-             job: str = "job", window: int = 10, per_round_requests: int = 10) -> Trace:
+def p4_trace(
+    rounds: int = 2000,
+    per_round: int = 10,
+    pool: int = 250,
+    seed: int = 0,
+    job: str = "job",
+    window: int = 10,
+    per_round_requests: int = 10,
+) -> Trace:
     """Live job: after each round, analysts ask for the metadata of the last ``window`` rounds."""
     cat = fl_history(job, rounds, per_round, pool, seed)
     ev: list[Event] = []
@@ -153,8 +189,15 @@ def p4_trace(rounds: int = 2000, per_round: int = 10, pool: int = 250, seed: int
     return Trace(name, cat, ev, f"{rounds} rounds, {per_round_requests} requests per round")
 
 
-def repeated_trace(requests: int = 20000, rounds: int = 200, per_round: int = 10,
-                   pool: int = 250, seed: int = 0, job: str = "job", zipf: float = 1.1) -> Trace:
+def repeated_trace(
+    requests: int = 20000,
+    rounds: int = 200,
+    per_round: int = 10,
+    pool: int = 250,
+    seed: int = 0,
+    job: str = "job",
+    zipf: float = 1.1,
+) -> Trace:
     """Single-object queries (evaluate a client or a global model) with Zipf-popular repeats."""
     cat = fl_history(job, rounds, per_round, pool, seed)
     rng = random.Random(seed + 1)
@@ -165,12 +208,17 @@ def repeated_trace(requests: int = 20000, rounds: int = 200, per_round: int = 10
     rng.shuffle(objs)
     weights = [1.0 / (i + 1) ** zipf for i in range(len(objs))]
     ev: list[Event] = [Request((k,), "P1") for k in rng.choices(objs, weights, k=requests)]
-    return Trace("repeated", cat, ev, f"{requests} single-object requests, Zipf s={zipf} over "
-                 f"{len(objs)} objects")
+    return Trace(
+        "repeated",
+        cat,
+        ev,
+        f"{requests} single-object requests, Zipf s={zipf} over {len(objs)} objects",
+    )
 
 
-def mixed_trace(rounds: int = 500, per_round: int = 10, pool: int = 250, seed: int = 0,
-                job: str = "job") -> Trace:
+def mixed_trace(
+    rounds: int = 500, per_round: int = 10, pool: int = 250, seed: int = 0, job: str = "job"
+) -> Trace:
     """A live job where P1-P4 workloads interleave as rounds complete."""
     cat = fl_history(job, rounds, per_round, pool, seed)
     rng = random.Random(seed + 2)
@@ -193,13 +241,20 @@ def mixed_trace(rounds: int = 500, per_round: int = 10, pool: int = 250, seed: i
 
 def paper_traces() -> list[Trace]:
     """The traces of the benchmark table, in order."""
-    return [p2_trace(), p3_trace(rounds=2000, max_requests=64), p3_trace(),
-            p4_trace(rounds=20000, per_round_requests=1), p4_trace(), repeated_trace(),
-            mixed_trace()]
+    return [
+        p2_trace(),
+        p3_trace(rounds=2000, max_requests=64),
+        p3_trace(),
+        p4_trace(rounds=20000, per_round_requests=1),
+        p4_trace(),
+        repeated_trace(),
+        mixed_trace(),
+    ]
 
 
-def hit_table(policies: Sequence[str], traces: Sequence[Trace], capacity: int = 64
-              ) -> list[SimResult]:
+def hit_table(
+    policies: Sequence[str], traces: Sequence[Trace], capacity: int = 64
+) -> list[SimResult]:
     """Simulate every policy on every trace (fresh policy per trace)."""
     from cache_engine.policies import make_policy
 

@@ -114,12 +114,13 @@ class Gateway:
             spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
         )
 
-    def _notify_engine(self, job: str, rnd: int) -> None:
+    def _notify_engine(self, job: str, rnd: int, meta_key: str) -> None:
         """Tell the FLStore cache engine that round ``rnd`` is in MinIO, once it is.
 
-        The engine ingests a round from the cold store, so this waits for the checkpoint
-        writer to have sent what it queued (a MinIO outage delays the notice, never drops it),
-        then retries the call with backoff until the engine answers.
+        The engine ingests a round from the cold store, so this waits until the writer has
+        sent the round's ``meta.json`` (queued last, so the round's other objects from this
+        node went first; a MinIO outage delays the notice, never drops it), then retries the
+        call with backoff until the engine answers.
         """
         url = self.settings.engine_url
         if not url or self.checkpoints is None:
@@ -128,7 +129,7 @@ class Gateway:
 
         async def run() -> None:
             while not self._stop.is_set():
-                if await asyncio.to_thread(self.checkpoints.flush, 5.0):
+                if await asyncio.to_thread(self.checkpoints.wait_sent, meta_key, 5.0):
                     break
             delay = 0.5
             while not self._stop.is_set():
@@ -288,10 +289,10 @@ class Gateway:
             # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
             # and a job that has not finished a round resumes from it
             self.checkpoints.put_global(name, 0, job.model_bytes, {"version": 0, "count": 0})
-            self.checkpoints.put_meta(
+            key = self.checkpoints.put_meta(
                 name, 0, {"job": name, "round": 0, "version": 0, "count": 0, "clients": {}}
             )
-            self._notify_engine(name, 0)
+            self._notify_engine(name, 0, key)
         self._install(job)
         return job
 
@@ -635,8 +636,8 @@ class Gateway:
             self.checkpoints.put_global(
                 job.name, eng.round, data, {"version": job.version, "count": res.count}
             )
-            self.checkpoints.put_meta(job.name, eng.round, meta)
-            self._notify_engine(job.name, eng.round)
+            key = self.checkpoints.put_meta(job.name, eng.round, meta)
+            self._notify_engine(job.name, eng.round, key)
         log.info(
             "job %s: round %d published (version %d, %d updates, weight %.0f)",
             job.name,

@@ -54,8 +54,9 @@ class Analyst(HttpUser):
         return ROUNDS[self.round_i]
 
     def _query(self, name: str, body: dict[str, Any]) -> None:
-        with self.client.post("/v1/queries?wait=true", json={"job": JOB, **body},
-                              name=name, catch_response=True) as r:
+        with self.client.post(
+            "/v1/queries?wait=true", json={"job": JOB, **body}, name=name, catch_response=True
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
             elif r.json().get("status") != "done":
@@ -63,40 +64,61 @@ class Analyst(HttpUser):
 
     @task(4)
     def malicious_filtering(self) -> None:
-        self._query("cosine-to-aggregate", {"workload": "cosine-to-aggregate",
-                                            "rounds": [self._next_round()],
-                                            "params": {"bottom_k": 1}})
+        self._query(
+            "cosine-to-aggregate",
+            {
+                "workload": "cosine-to-aggregate",
+                "rounds": [self._next_round()],
+                "params": {"bottom_k": 1},
+            },
+        )
 
     @task(3)
     def robust_aggregation(self) -> None:
-        self._query("multi-krum", {"workload": "multi-krum", "rounds": [ROUNDS[self.round_i]],
-                                   "params": {"f": 1}})
+        self._query(
+            "multi-krum",
+            {"workload": "multi-krum", "rounds": [ROUNDS[self.round_i]], "params": {"f": 1}},
+        )
 
     @task(2)
     def hyperparameter_tracking(self) -> None:
-        self._query("track", {"workload": "track", "rounds": [ROUNDS[-1]],
-                              "params": {"window": 10}})
+        self._query(
+            "track", {"workload": "track", "rounds": [ROUNDS[-1]], "params": {"window": 10}}
+        )
 
     @task(1)
     def clustering(self) -> None:
-        self._query("kmeans", {"workload": "kmeans", "rounds": [ROUNDS[self.round_i]],
-                               "params": {"k": 2, "n_init": 1}})
+        self._query(
+            "kmeans",
+            {
+                "workload": "kmeans",
+                "rounds": [ROUNDS[self.round_i]],
+                "params": {"k": 2, "n_init": 1},
+            },
+        )
 
     @task(1)
     def provenance(self) -> None:
         if len(ROUNDS) < 2:
             return
         i = random.randrange(1, len(ROUNDS))
-        self._query("provenance", {"workload": "provenance",
-                                   "params": {"first_round": ROUNDS[i - 1],
-                                              "last_round": ROUNDS[i]}})
+        self._query(
+            "provenance",
+            {
+                "workload": "provenance",
+                "params": {"first_round": ROUNDS[i - 1], "last_round": ROUNDS[i]},
+            },
+        )
 
     @task(1)
     def bad_query(self) -> None:
         """A malformed query must get a 4xx quickly (counted as success when it does)."""
-        with self.client.post("/v1/queries?wait=true",
-                              json={"workload": "multi-krum", "job": JOB, "rounds": [10**6]},
-                              name="bad-query (expect 404)", catch_response=True) as r:
+        with self.client.post(
+            "/v1/queries?wait=true",
+            json={"workload": "multi-krum", "job": JOB, "rounds": [10**6]},
+            name="bad-query (expect 404)",
+            catch_response=True,
+        ) as r:
             if r.status_code == 404:
                 r.success()
             else:

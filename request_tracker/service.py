@@ -44,8 +44,13 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": "bad_request", "detail": "the body must be a JSON object "
-                             "{workload, job, rounds, clients, params}"}, status_code=400)
+        return JSONResponse(
+            {
+                "error": "bad_request",
+                "detail": "the body must be a JSON object {workload, job, rounds, clients, params}",
+            },
+            status_code=400,
+        )
 
     def tr(request: Request) -> Tracker:
         t: Tracker = request.app.state.tracker
@@ -60,7 +65,9 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> str:
         """Counters and latency percentiles in Prometheus text format."""
-        return "".join(f"flstore_tracker_{k} {v}\n" for k, v in sorted(tr(request).metrics().items()))
+        return "".join(
+            f"flstore_tracker_{k} {v}\n" for k, v in sorted(tr(request).metrics().items())
+        )
 
     @app.post("/v1/queries")
     async def submit(request: Request, wait: bool = False) -> Any:
@@ -70,8 +77,14 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
         except ValueError:
             return JSONResponse({"error": "bad_json", "detail": "the body must be JSON"}, 400)
         if not isinstance(body, dict):
-            return JSONResponse({"error": "bad_request", "detail": "the body must be a JSON "
-                                 "object {workload, job, rounds, clients, params}"}, 400)
+            return JSONResponse(
+                {
+                    "error": "bad_request",
+                    "detail": "the body must be a JSON "
+                    "object {workload, job, rounds, clients, params}",
+                },
+                400,
+            )
         out = await tr(request).submit(body, wait)
         return JSONResponse(out, status_code=200 if wait else 202)
 
@@ -80,8 +93,13 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
         """Status, functions tried, result or error of a query."""
         rec = await tr(request).get(qid)
         if rec is None:
-            return JSONResponse({"error": "unknown_query", "detail": f"no query {qid!r} (ids "
-                                 "are kept for result_ttl seconds)"}, 404)
+            return JSONResponse(
+                {
+                    "error": "unknown_query",
+                    "detail": f"no query {qid!r} (ids are kept for result_ttl seconds)",
+                },
+                404,
+            )
         return rec
 
     return app

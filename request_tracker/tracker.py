@@ -42,8 +42,9 @@ class Tracker:
     def __init__(self, settings: TrackerSettings, redis: Any) -> None:
         self.s = settings
         self.redis = redis  # redis.asyncio.Redis, decode_responses=True
-        self.http = httpx.AsyncClient(timeout=settings.engine_timeout,
-                                      limits=httpx.Limits(max_connections=128))
+        self.http = httpx.AsyncClient(
+            timeout=settings.engine_timeout, limits=httpx.Limits(max_connections=128)
+        )
         self.stats: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10000)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -96,9 +97,15 @@ class Tracker:
         self.stats["queries"] += 1
         if not wait:
             await self.validate(body)  # bad queries: clear 4xx, nothing recorded
-            await self._record(qid, status="pending", workload=str(body.get("workload")),
-                               job=str(body.get("job")), query=body, created=time.time(),
-                               tried=[])
+            await self._record(
+                qid,
+                status="pending",
+                workload=str(body.get("workload")),
+                job=str(body.get("job")),
+                query=body,
+                created=time.time(),
+                tried=[],
+            )
             t = asyncio.create_task(self._run_safely(qid, body))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -131,9 +138,16 @@ class Tracker:
                 raise TrackerError(r.status_code, err)
             plan = r.json()
             if not recorded:
-                await self._record(qid, status="running", workload=plan["workload"],
-                                   job=str(body.get("job")), query=body, created=time.time(),
-                                   tried=tried, hit=plan["hit"])
+                await self._record(
+                    qid,
+                    status="running",
+                    workload=plan["workload"],
+                    job=str(body.get("job")),
+                    query=body,
+                    created=time.time(),
+                    tried=tried,
+                    hit=plan["hit"],
+                )
                 recorded = True
             for fn in plan["holders"]:
                 t1 = time.perf_counter()
@@ -143,12 +157,21 @@ class Tracker:
                 try:
                     resp = await self.http.post(
                         f"{self.s.runtime_url}/function/{fn}/run",
-                        json={"workload": plan["workload"], "params": plan["params"],
-                              "objects": plan["objects"], "evaluator": plan.get("evaluator")},
-                        timeout=self.s.query_timeout)
+                        json={
+                            "workload": plan["workload"],
+                            "params": plan["params"],
+                            "objects": plan["objects"],
+                            "evaluator": plan.get("evaluator"),
+                        },
+                        timeout=self.s.query_timeout,
+                    )
                 except httpx.HTTPError as exc:
-                    step.update(outcome="unreachable" if not isinstance(
-                        exc, httpx.TimeoutException) else "timeout", detail=str(exc)[:200])
+                    step.update(
+                        outcome="unreachable"
+                        if not isinstance(exc, httpx.TimeoutException)
+                        else "timeout",
+                        detail=str(exc)[:200],
+                    )
                     self.stats["reroutes"] += 1
                     await self._report(fn)
                     continue
@@ -160,13 +183,25 @@ class Tracker:
                     self.latencies.append(latency)
                     self.stats["completed"] += 1
                     self.stats["hits" if plan["hit"] else "misses"] += 1
-                    done = {"status": "done", "result": out["result"], "tried": tried,
-                            "function": fn, "latency_s": latency,
-                            "compute_s": out.get("compute_s"),
-                            "engine_s": plan.get("engine_s"), "loaded": plan.get("loaded")}
+                    done = {
+                        "status": "done",
+                        "result": out["result"],
+                        "tried": tried,
+                        "function": fn,
+                        "latency_s": latency,
+                        "compute_s": out.get("compute_s"),
+                        "engine_s": plan.get("engine_s"),
+                        "loaded": plan.get("loaded"),
+                    }
                     await self._record(qid, **done)
-                    return {"id": qid, "workload": plan["workload"], "job": str(body.get("job")),
-                            "query": body, "hit": plan["hit"], **done}
+                    return {
+                        "id": qid,
+                        "workload": plan["workload"],
+                        "job": str(body.get("job")),
+                        "query": body,
+                        "hit": plan["hit"],
+                        **done,
+                    }
                 err = _body(resp)
                 step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
                 if resp.status_code == 409:  # evicted meanwhile: fix the table, re-acquire
@@ -174,7 +209,9 @@ class Tracker:
                     try:
                         await self.http.post(
                             f"{self.s.engine_url}/v1/functions/{fn}/missing",
-                            json={"objects": err.get("missing", [])}, timeout=10)
+                            json={"objects": err.get("missing", [])},
+                            timeout=10,
+                        )
                     except httpx.HTTPError as exc:
                         log.warning("could not report missing objects on %s: %s", fn, exc)
                     continue
@@ -188,9 +225,14 @@ class Tracker:
                 await self._report(fn)
         await self._record(qid, status="failed", error=last, tried=tried)
         self.stats["failed"] += 1
-        raise TrackerError(503, {"error": "unavailable", "detail":
-                                 f"no holder answered after {self.s.attempts} attempts",
-                                 "tried": tried})
+        raise TrackerError(
+            503,
+            {
+                "error": "unavailable",
+                "detail": f"no holder answered after {self.s.attempts} attempts",
+                "tried": tried,
+            },
+        )
 
     async def _report(self, fn: str) -> None:
         try:
@@ -205,8 +247,9 @@ class Tracker:
                 names = await self.redis.hkeys(FUNCTIONS)
                 for fn in names:
                     try:
-                        r = await self.http.get(f"{self.s.runtime_url}/function/{fn}/ping",
-                                                timeout=2.0)
+                        r = await self.http.get(
+                            f"{self.s.runtime_url}/function/{fn}/ping", timeout=2.0
+                        )
                         ok = r.status_code == 200
                     except httpx.HTTPError:
                         ok = False
@@ -225,8 +268,12 @@ class Tracker:
         def pct(q: float) -> float:
             return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
 
-        return {**self.stats, "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99),
-                "in_flight": len(self._tasks)}
+        return {
+            **self.stats,
+            "latency_p50_s": pct(0.5),
+            "latency_p99_s": pct(0.99),
+            "in_flight": len(self._tasks),
+        }
 
 
 def _body(r: httpx.Response) -> dict[str, Any]:

@@ -137,16 +137,24 @@ def create_app(source: ObjectSource) -> FastAPI:
             objs = {k: decode_object(k, b) for k, b in zip(p.keys, blobs, strict=True)}
             evaluator = None
             if p.evaluator:  # the job's evaluator spec sits in round 0's metadata
-                m0 = decode_object(ObjectKey(q.job, 0, "meta"),
-                                   source.get_bytes(ObjectKey(q.job, 0, "meta")))
+                m0 = decode_object(
+                    ObjectKey(q.job, 0, "meta"), source.get_bytes(ObjectKey(q.job, 0, "meta"))
+                )
                 evaluator = build_evaluator(m0.get("round_meta", {}).get("evaluator"))
             t2 = time.perf_counter()
             result = run_workload(q.workload, p.params, objs, evaluator)
         except (QueryError, WorkloadError) as exc:
             return JSONResponse(exc.to_dict(), status_code=int(getattr(exc, "status", 400)))
         t3 = time.perf_counter()
-        return {"status": "done", "result": result, "fetch_s": t1 - t0, "decode_s": t2 - t1,
-                "compute_s": t3 - t2, "latency_s": t3 - t0, "backend": source.name}
+        return {
+            "status": "done",
+            "result": result,
+            "fetch_s": t1 - t0,
+            "decode_s": t2 - t1,
+            "compute_s": t3 - t2,
+            "latency_s": t3 - t0,
+            "backend": source.name,
+        }
 
     return app
 
@@ -166,6 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     cold = MinioColdStore(a.minio, a.minio_access_key, a.minio_secret_key)
-    source: ObjectSource = (MinioSource(cold) if a.backend == "minio"
-                            else RedisSource(redis.Redis.from_url(a.redis), cold))
+    source: ObjectSource = (
+        MinioSource(cold)
+        if a.backend == "minio"
+        else RedisSource(redis.Redis.from_url(a.redis), cold)
+    )
     uvicorn.run(create_app(source), host=a.host, port=a.port, log_level="warning")

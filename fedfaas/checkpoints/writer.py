@@ -287,6 +287,17 @@ class CheckpointWriter:
         with self._cv:
             return self._cv.wait_for(lambda: not self._queue, timeout=timeout)
 
+    def wait_sent(self, key: str, timeout: float | None = None) -> bool:
+        """Wait until ``key``, and so everything queued before it, is in MinIO.
+
+        Uploads go in queue order, so this does not wait for objects queued later (the next
+        round's updates); False if ``timeout`` ran out first.
+        """
+        with self._cv:
+            return self._cv.wait_for(
+                lambda: all(i.key != key for i in self._queue), timeout=timeout
+            )
+
     def close(self, timeout: float = 30.0) -> bool:
         """Flush for up to ``timeout`` s, then stop; unsent objects stay in the spool folder.
 

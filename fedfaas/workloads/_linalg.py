@@ -41,7 +41,9 @@ def dimension(rows: Sequence[Row]) -> int:
     if bad:
         raise DataMismatch(f"parameter vectors must be flat (1-D); got shapes {bad[:3]}")
     if len(dims) > 1:
-        raise DataMismatch(f"parameter vectors differ in length: {sorted(dims)}; all must share the job's model spec")
+        raise DataMismatch(
+            f"parameter vectors differ in length: {sorted(dims)}; all must share the job's model spec"
+        )
     if not dims:
         raise DataMismatch("no parameter vectors given")
     return dims.pop()
@@ -58,7 +60,9 @@ def merge(row: Row) -> list[Term]:
     return [(c, arrays[k]) for k, c in coefs.items() if c != 0.0]
 
 
-def _fill(out: NDArray[np.float64], row: Row, start: int, stop: int, scratch: NDArray[np.float64]) -> None:
+def _fill(
+    out: NDArray[np.float64], row: Row, start: int, stop: int, scratch: NDArray[np.float64]
+) -> None:
     first = True
     for coef, x in row:
         piece = x[start:stop]
@@ -89,7 +93,9 @@ class _Blocks:
     arithmetic of its terms.
     """
 
-    def __init__(self, rows: Sequence[Row], chunk: int, dtype: type[np.floating] = np.float64) -> None:
+    def __init__(
+        self, rows: Sequence[Row], chunk: int, dtype: type[np.floating] = np.float64
+    ) -> None:
         self.rows = [merge(r) for r in rows]
         index: dict[int, int] = {}
         self.bases: list[Vector] = []
@@ -99,8 +105,9 @@ class _Blocks:
                     index[id(x)] = len(self.bases)
                     self.bases.append(x)
         self.terms = [[(c, index[id(x)]) for c, x in row] for row in self.rows]
-        shared = {i for i in range(len(self.bases))
-                  if sum(i == j for t in self.terms for _, j in t) > 1}
+        shared = {
+            i for i in range(len(self.bases)) if sum(i == j for t in self.terms for _, j in t) > 1
+        }
         # float64: vectors used by several rows are converted once per chunk; float32: no
         # conversion at all, rows are combined straight from the stored vectors
         self.convert = sorted(shared) if dtype == np.float64 else []
@@ -170,8 +177,15 @@ def _float32_ok(rows: Sequence[Row], d: int) -> bool:
     return True
 
 
-def _products(rows: Sequence[Row], left: Sequence[int], others: Sequence[int], d: int, chunk: int,
-              *, square: bool) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
+def _products(
+    rows: Sequence[Row],
+    left: Sequence[int],
+    others: Sequence[int],
+    d: int,
+    chunk: int,
+    *,
+    square: bool,
+) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
     """Inner products in float64, one pass over the columns of the rows involved.
 
     Returns ``(L, X)``: ``L[i, j] = <rows[left[i]], rows[left[j]]>`` (only when ``square``; a
@@ -183,7 +197,9 @@ def _products(rows: Sequence[Row], left: Sequence[int], others: Sequence[int], d
 
     sel = [rows[i] for i in [*left, *others]]
     f32 = _float32_ok(sel, d)
-    blocks = _Blocks(sel, min(chunk, F32_CHUNK) if f32 else chunk, np.float32 if f32 else np.float64)
+    blocks = _Blocks(
+        sel, min(chunk, F32_CHUNK) if f32 else chunk, np.float32 if f32 else np.float64
+    )
     m = len(left)
     sq = np.zeros((m, m), dtype=np.float64) if square else None
     cross = np.zeros((m, len(others)), dtype=np.float64)
@@ -199,7 +215,9 @@ def _products(rows: Sequence[Row], left: Sequence[int], others: Sequence[int], d
     return sq, cross
 
 
-def gram(rows: Sequence[Row], *, chunk: int = CHUNK, cache: GramCache | None = None) -> NDArray[np.float64]:
+def gram(
+    rows: Sequence[Row], *, chunk: int = CHUNK, cache: GramCache | None = None
+) -> NDArray[np.float64]:
     """Gram matrix ``G[a, b] = <row_a, row_b>`` of linear combinations of vectors, in float64.
 
     Parameters
@@ -329,8 +347,13 @@ class GramCache:
                         g[a, b] = g[b, a] = v
                         self.hits += 1
 
-    def store(self, keys: Sequence[AtomKey | None], left: Sequence[int], right: Sequence[int],
-              prod: NDArray[np.float64]) -> None:
+    def store(
+        self,
+        keys: Sequence[AtomKey | None],
+        left: Sequence[int],
+        right: Sequence[int],
+        prod: NDArray[np.float64],
+    ) -> None:
         """Remember ``prod[i, j] = <row_left[i], row_right[j]>``."""
         with self._lock:
             if len(self._pairs) + prod.size > self.max_pairs:

@@ -23,10 +23,15 @@ class Params(BaseModel):
 class RoundScope(Params):
     """One round's updates (P2): ``round`` and optionally a subset of its ``clients``."""
 
-    round: int = Field(ge=1, description="training round (its clients trained from globals[round-1])")
-    clients: list[str] | None = Field(
-        default=None, min_length=1, description="clients to include; all of the round's when omitted"
+    round: int = Field(
+        ge=1, description="training round (its clients trained from globals[round-1])"
     )
+    clients: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="clients to include; all of the round's when omitted",
+    )
+
     @field_validator("clients")
     @classmethod
     def _unique(cls, v: list[str] | None) -> list[str] | None:
@@ -95,7 +100,9 @@ class Workload(Generic[P]):
         """What this query needs loaded (rounds, clients, globals, metadata, evaluator)."""
         return self._requirements(self.parse(params))
 
-    def run(self, data: WorkloadData, params: Mapping[str, Any] | P | None = None) -> dict[str, Any]:
+    def run(
+        self, data: WorkloadData, params: Mapping[str, Any] | P | None = None
+    ) -> dict[str, Any]:
         """Validate ``params`` and run on ``data``; returns a JSON-serialisable dict."""
         p = self.parse(params)
         try:

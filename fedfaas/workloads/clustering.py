@@ -31,7 +31,9 @@ def kmeans(
     return np.array([remap[int(x)] for x in raw], dtype=np.int64), float(km.inertia_)
 
 
-def silhouettes(points: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np.float64] | None:
+def silhouettes(
+    points: NDArray[np.float64], labels: NDArray[np.int64]
+) -> NDArray[np.float64] | None:
     """Per-point silhouette, or ``None`` when undefined (one cluster, or one point per cluster)."""
     k = len(np.unique(labels))
     if k < 2 or k > len(labels) - 1:
@@ -40,7 +42,9 @@ def silhouettes(points: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArr
 
 
 class KMeansParams(RoundScope):
-    k: int | None = Field(default=None, ge=1, description="clusters; best silhouette in 2..max_k if omitted")
+    k: int | None = Field(
+        default=None, ge=1, description="clusters; best silhouette in 2..max_k if omitted"
+    )
     max_k: int = Field(default=8, ge=2, description="largest k tried when k is omitted")
     seed: int = Field(default=0, description="k-means++ seed")
     n_init: int = Field(default=10, ge=1, le=100, description="k-means restarts")
@@ -60,7 +64,9 @@ def run_kmeans(data: WorkloadData, p: KMeansParams) -> dict[str, Any]:
     if p.k is not None and p.k > n:
         raise invalid("kmeans", "k", f"must be <= number of clients ({n})", p.k)
     if p.k is None and n < 3:
-        raise invalid("kmeans", "k", f"choosing k by silhouette needs >= 3 clients; got {n}: give k")
+        raise invalid(
+            "kmeans", "k", f"choosing k by silhouette needs >= 3 clients; got {n}: give k"
+        )
     x = _embedding(data, p.round, clients)
     tried: dict[int, float | None] = {}
     if p.k is not None:
@@ -82,22 +88,32 @@ def run_kmeans(data: WorkloadData, p: KMeansParams) -> dict[str, Any]:
         "round": p.round,
         "k": k,
         "labels": {c: int(lab) for c, lab in zip(clients, labels, strict=True)},
-        "clusters": [[c for c, lab in zip(clients, labels, strict=True) if lab == j] for j in range(k)],
+        "clusters": [
+            [c for c, lab in zip(clients, labels, strict=True) if lab == j] for j in range(k)
+        ],
         "inertia": inertia,
         "silhouette": None if sil is None else float(sil.mean()),
-        "silhouette_per_client": None if sil is None else {c: float(s) for c, s in zip(clients, sil, strict=True)},
+        "silhouette_per_client": None
+        if sil is None
+        else {c: float(s) for c, s in zip(clients, sil, strict=True)},
         "silhouette_by_k": {str(kk): v for kk, v in tried.items()} or None,
     }
 
 
 class PersonalizeParams(RoundScope):
     client: str = Field(description="client to personalise for")
-    method: Literal["similarity", "cluster"] = Field(default="similarity", description="how peers are chosen")
-    top_k: int = Field(default=5, ge=1, description="similarity: peers kept (the client itself included)")
+    method: Literal["similarity", "cluster"] = Field(
+        default="similarity", description="how peers are chosen"
+    )
+    top_k: int = Field(
+        default=5, ge=1, description="similarity: peers kept (the client itself included)"
+    )
     k: int = Field(default=2, ge=1, description="cluster: number of clusters")
     seed: int = Field(default=0, description="cluster: k-means seed")
     alpha: float | None = Field(
-        default=1.0, ge=0.0, le=1.0,
+        default=1.0,
+        ge=0.0,
+        le=1.0,
         description="weight of the peer mixture against the new global g_r; chosen on the evaluator if null",
     )
     alpha_grid: list[float] = Field(default=[0.0, 0.25, 0.5, 0.75, 1.0], min_length=1)
@@ -113,8 +129,12 @@ def personalize_requirements(p: PersonalizeParams) -> Requirements:
     base = round_requirements(p, evaluator=p.alpha is None)
     globals_ = (p.round - 1,) if p.alpha == 1.0 else (p.round - 1, p.round)
     return Requirements(
-        policy="P2", update_rounds=base.update_rounds, clients=base.clients, global_versions=globals_,
-        client_meta_rounds=(p.round,), evaluator=base.evaluator,
+        policy="P2",
+        update_rounds=base.update_rounds,
+        clients=base.clients,
+        global_versions=globals_,
+        client_meta_rounds=(p.round,),
+        evaluator=base.evaluator,
     )
 
 
@@ -153,7 +173,9 @@ def _model_row(data: WorkloadData, r: int, peers: dict[str, float], alpha: float
     return row
 
 
-def personalized_model(data: WorkloadData, p: PersonalizeParams, alpha: float | None = None) -> NDArray[np.float32]:
+def personalized_model(
+    data: WorkloadData, p: PersonalizeParams, alpha: float | None = None
+) -> NDArray[np.float32]:
     """Materialise ``alpha * sum_j c_j w_j + (1 - alpha) g_r`` as a flat float32 vector."""
     mix = personalization_mixture(data, p)
     a = alpha if alpha is not None else (p.alpha if p.alpha is not None else 1.0)
@@ -166,7 +188,10 @@ def run_personalize(data: WorkloadData, p: PersonalizeParams) -> dict[str, Any]:
     alpha = p.alpha
     if alpha is None:
         ev = data.require_evaluator()
-        utilities = {str(a): float(ev(combine(_model_row(data, p.round, mix["peers"], a)))) for a in p.alpha_grid}
+        utilities = {
+            str(a): float(ev(combine(_model_row(data, p.round, mix["peers"], a))))
+            for a in p.alpha_grid
+        }
         alpha = max(p.alpha_grid, key=lambda a: (utilities[str(a)], a))
     return {
         "round": p.round,

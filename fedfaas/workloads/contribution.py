@@ -79,7 +79,9 @@ def exact_shapley(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.flo
     return phi
 
 
-def _not_converged(records: list[NDArray[np.float64]], converge_min: int, last_k: int, tol: float) -> bool:
+def _not_converged(
+    records: list[NDArray[np.float64]], converge_min: int, last_k: int, tol: float
+) -> bool:
     """GTG's stopping rule: mean relative change of the running means over the last ``last_k``."""
     if len(records) <= converge_min:
         return True
@@ -121,7 +123,9 @@ def permutation_shapley(
     cmin = max(30, n) if converge_min is None else converge_min
     records: list[NDArray[np.float64]] = []
     truncations = 0
-    while len(records) < max_permutations and _not_converged(records, cmin, last_k, converge_criteria):
+    while len(records) < max_permutations and _not_converged(
+        records, cmin, last_k, converge_criteria
+    ):
         for first in range(n):
             if len(records) >= max_permutations:
                 break
@@ -159,16 +163,26 @@ class ShapleyParams(RoundParams):
     method: Literal["gtg", "tmc", "exact"] = Field(default="gtg", description="estimator")
     seed: int = Field(default=0, description="permutation sampling seed")
     eps: float = Field(default=0.001, ge=0.0, description="within-permutation truncation tolerance")
-    round_trunc_threshold: float = Field(default=0.01, ge=0.0, description="skip the round below this gain")
-    converge_min: int | None = Field(default=None, ge=1, description="min permutations; max(30, n) if omitted")
+    round_trunc_threshold: float = Field(
+        default=0.01, ge=0.0, description="skip the round below this gain"
+    )
+    converge_min: int | None = Field(
+        default=None, ge=1, description="min permutations; max(30, n) if omitted"
+    )
     last_k: int = Field(default=10, ge=2, description="window of the convergence test")
-    converge_criteria: float = Field(default=0.05, gt=0.0, description="mean relative change to stop")
-    max_permutations: int = Field(default=500, ge=1, le=100_000, description="hard cap on permutations")
+    converge_criteria: float = Field(
+        default=0.05, gt=0.0, description="mean relative change to stop"
+    )
+    max_permutations: int = Field(
+        default=500, ge=1, le=100_000, description="hard cap on permutations"
+    )
 
 
 class IncentiveParams(RoundParams):
     budget: float = Field(gt=0.0, description="tokens to distribute this round")
-    contribution: Literal["loo", "gtg", "exact"] = Field(default="gtg", description="contribution measure")
+    contribution: Literal["loo", "gtg", "exact"] = Field(
+        default="gtg", description="contribution measure"
+    )
     seed: int = Field(default=0, description="seed for GTG sampling")
 
 
@@ -199,20 +213,34 @@ def run_loo(data: WorkloadData, p: LooParams) -> dict[str, Any]:
     }
 
 
-def shapley_values(data: WorkloadData, p: ShapleyParams) -> tuple[list[str], NDArray[np.float64], dict[str, Any]]:
+def shapley_values(
+    data: WorkloadData, p: ShapleyParams
+) -> tuple[list[str], NDArray[np.float64], dict[str, Any]]:
     """Shapley values of the round's clients by ``p.method``, with run information."""
     clients, v = _utility(data, p)
     n = len(clients)
     if p.method == "exact":
         if n > MAX_EXACT:
-            raise invalid("shapley", "method", f"exact enumerates 2^n coalitions; n={n} > {MAX_EXACT}: use gtg", p.method)
+            raise invalid(
+                "shapley",
+                "method",
+                f"exact enumerates 2^n coalitions; n={n} > {MAX_EXACT}: use gtg",
+                p.method,
+            )
         phi = exact_shapley(v, n)
         info: dict[str, Any] = {"v_empty": v(()), "v_full": v(tuple(range(n)))}
     else:
         phi, info = permutation_shapley(
-            v, n, guided=p.method == "gtg", seed=p.seed, eps=p.eps,
-            round_trunc_threshold=p.round_trunc_threshold, converge_min=p.converge_min,
-            last_k=p.last_k, converge_criteria=p.converge_criteria, max_permutations=p.max_permutations,
+            v,
+            n,
+            guided=p.method == "gtg",
+            seed=p.seed,
+            eps=p.eps,
+            round_trunc_threshold=p.round_trunc_threshold,
+            converge_min=p.converge_min,
+            last_k=p.last_k,
+            converge_criteria=p.converge_criteria,
+            max_permutations=p.max_permutations,
         )
     info["evaluations"] = v.evaluations
     return clients, phi, info
@@ -241,7 +269,13 @@ def run_incentives(data: WorkloadData, p: IncentiveParams) -> dict[str, Any]:
         clients, v = _utility(data, p)
         phi = leave_one_out(v, len(clients))
     else:
-        sp = ShapleyParams(round=p.round, clients=p.clients, weighting=p.weighting, method=p.contribution, seed=p.seed)
+        sp = ShapleyParams(
+            round=p.round,
+            clients=p.clients,
+            weighting=p.weighting,
+            method=p.contribution,
+            seed=p.seed,
+        )
         clients, phi, _ = shapley_values(data, sp)
     pay = distribute(phi, p.budget)
     return {

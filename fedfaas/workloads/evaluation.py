@@ -43,13 +43,22 @@ def _float_entries(
     return [(n, state[n]) for n in names]
 
 
-def flatten_module(module: torch.nn.Module, names: Sequence[str] | None = None) -> NDArray[np.float32]:
+def flatten_module(
+    module: torch.nn.Module, names: Sequence[str] | None = None
+) -> NDArray[np.float32]:
     """The module's floating-point ``state_dict`` entries (or ``names``) as one flat float32 vector."""
-    parts = [t.detach().cpu().reshape(-1).to(dtype=_torch().float32).numpy() for _, t in _float_entries(module, names)]
-    return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+    parts = [
+        t.detach().cpu().reshape(-1).to(dtype=_torch().float32).numpy()
+        for _, t in _float_entries(module, names)
+    ]
+    return (
+        np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+    )
 
 
-def load_flat(module: torch.nn.Module, params: NDArray[np.floating], names: Sequence[str] | None = None) -> None:
+def load_flat(
+    module: torch.nn.Module, params: NDArray[np.floating], names: Sequence[str] | None = None
+) -> None:
     """Copy a flat vector into the module's tensors in ``state_dict`` order (inputs never written).
 
     Without ``names`` the vector covers every floating-point ``state_dict`` entry, or only the
@@ -142,15 +151,23 @@ class TorchEvaluator:
 
 
 class EvaluateParams(Params):
-    round: int = Field(ge=0, description="global version (model after that round) or the client's round")
-    client: str | None = Field(default=None, description="evaluate this client's model; the global if omitted")
+    round: int = Field(
+        ge=0, description="global version (model after that round) or the client's round"
+    )
+    client: str | None = Field(
+        default=None, description="evaluate this client's model; the global if omitted"
+    )
 
 
 def evaluate_requirements(p: EvaluateParams) -> Requirements:
     if p.client is None:
         return Requirements(policy="P1", global_versions=(p.round,), evaluator=True)
     return Requirements(
-        policy="P1", update_rounds=(p.round,), clients=(p.client,), global_versions=(p.round - 1,), evaluator=True
+        policy="P1",
+        update_rounds=(p.round,),
+        clients=(p.client,),
+        global_versions=(p.round - 1,),
+        evaluator=True,
     )
 
 
@@ -164,7 +181,9 @@ def run_evaluate(data: WorkloadData, p: EvaluateParams) -> dict[str, Any]:
         if p.round < 1:
             raise invalid("evaluate", "round", "a client model exists from round 1 on", p.round)
         params = combine(data.weights(p.round, p.client))
-    metrics = ev.metrics(params) if isinstance(ev, MetricsEvaluator) else {"utility": float(ev(params))}
+    metrics = (
+        ev.metrics(params) if isinstance(ev, MetricsEvaluator) else {"utility": float(ev(params))}
+    )
     return {
         "round": p.round,
         "model": "global" if p.client is None else p.client,

@@ -26,14 +26,22 @@ from .errors import DataMismatch
 class ProvenanceParams(Params):
     first_round: int = Field(ge=1, description="first round of the range")
     last_round: int = Field(ge=1, description="last round of the range (inclusive)")
-    clients: list[str] | None = Field(default=None, min_length=1, description="clients to trace; all if omitted")
-    weighting: Literal["samples", "uniform"] = Field(default="samples", description="FedAvg weights used")
-    lineage: bool = Field(default=False, description="add a (round, client, parent, update hash, n, p) table")
+    clients: list[str] | None = Field(
+        default=None, min_length=1, description="clients to trace; all if omitted"
+    )
+    weighting: Literal["samples", "uniform"] = Field(
+        default="samples", description="FedAvg weights used"
+    )
+    lineage: bool = Field(
+        default=False, description="add a (round, client, parent, update hash, n, p) table"
+    )
 
     @model_validator(mode="after")
     def _range(self) -> ProvenanceParams:
         if self.last_round < self.first_round:
-            raise ValueError(f"last_round ({self.last_round}) must be >= first_round ({self.first_round})")
+            raise ValueError(
+                f"last_round ({self.last_round}) must be >= first_round ({self.first_round})"
+            )
         return self
 
 
@@ -69,7 +77,12 @@ def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
     clients = everyone if p.clients is None else list(p.clients)
     unknown = [c for c in clients if c not in everyone]
     if unknown:
-        raise invalid("provenance", "clients", f"did not take part in rounds {p.first_round}-{p.last_round}", unknown)
+        raise invalid(
+            "provenance",
+            "clients",
+            f"did not take part in rounds {p.first_round}-{p.last_round}",
+            unknown,
+        )
     # C_i = sum_t p_i^t Delta_i^t: Gram of the per-round updates and the global change (cached
     # per round by a cache function), combined as C G C^T
     atoms = [(r, c) for c in clients for r in rounds if c in weights[r]]

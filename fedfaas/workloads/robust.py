@@ -72,7 +72,9 @@ def foolsgold_weights(cs: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 class CosineParams(RoundParams):
-    bottom_k: int = Field(default=1, ge=0, description="flag the k clients least aligned with the aggregate")
+    bottom_k: int = Field(
+        default=1, ge=0, description="flag the k clients least aligned with the aggregate"
+    )
     threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0, description="also flag every client with cosine below this"
     )
@@ -81,7 +83,12 @@ class CosineParams(RoundParams):
 def run_cosine(data: WorkloadData, p: CosineParams) -> dict[str, Any]:
     clients = data.select(p.round, p.clients)
     if p.bottom_k > len(clients):
-        raise invalid("cosine-to-aggregate", "bottom_k", f"must be <= number of clients ({len(clients)})", p.bottom_k)
+        raise invalid(
+            "cosine-to-aggregate",
+            "bottom_k",
+            f"must be <= number of clients ({len(clients)})",
+            p.bottom_k,
+        )
     w = data.weights_of(p.round, clients, p.weighting)
     s = cosine_to_aggregate(data.gram([data.delta(p.round, c) for c in clients]), w)
     order = np.argsort(s, kind="stable")
@@ -98,14 +105,18 @@ def run_cosine(data: WorkloadData, p: CosineParams) -> dict[str, Any]:
 
 class KrumParams(RoundScope):
     f: int = Field(default=1, ge=0, description="number of Byzantine clients tolerated")
-    m: int | None = Field(default=None, ge=1, description="clients selected (Multi-Krum); n - f when omitted")
+    m: int | None = Field(
+        default=None, ge=1, description="clients selected (Multi-Krum); n - f when omitted"
+    )
 
 
 def run_krum(data: WorkloadData, p: KrumParams) -> dict[str, Any]:
     clients = data.select(p.round, p.clients)
     n = len(clients)
     if n < p.f + 3:
-        raise invalid("multi-krum", "f", f"Krum needs n >= f + 3 clients; this round has n={n}", p.f)
+        raise invalid(
+            "multi-krum", "f", f"Krum needs n >= f + 3 clients; this round has n={n}", p.f
+        )
     m = n - p.f if p.m is None else p.m
     if m > n:
         raise invalid("multi-krum", "m", f"must be <= number of clients ({n})", p.m)
@@ -127,13 +138,19 @@ def run_krum(data: WorkloadData, p: KrumParams) -> dict[str, Any]:
 class FoolsGoldParams(Params):
     first_round: int = Field(ge=1, description="first round of the history window")
     last_round: int = Field(ge=1, description="last round of the history window (inclusive)")
-    clients: list[str] | None = Field(default=None, min_length=2, description="clients; all seen when omitted")
-    flag_below: float = Field(default=0.5, ge=0.0, le=1.0, description="flag clients whose weight is below this")
+    clients: list[str] | None = Field(
+        default=None, min_length=2, description="clients; all seen when omitted"
+    )
+    flag_below: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="flag clients whose weight is below this"
+    )
 
     @model_validator(mode="after")
     def _window(self) -> FoolsGoldParams:
         if self.last_round < self.first_round:
-            raise ValueError(f"last_round ({self.last_round}) must be >= first_round ({self.first_round})")
+            raise ValueError(
+                f"last_round ({self.last_round}) must be >= first_round ({self.first_round})"
+            )
         return self
 
 
@@ -154,9 +171,15 @@ def run_foolsgold(data: WorkloadData, p: FoolsGoldParams) -> dict[str, Any]:
     clients = seen if p.clients is None else list(p.clients)
     unknown = [c for c in clients if c not in seen]
     if unknown:
-        raise invalid("foolsgold", "clients", f"no update in rounds {p.first_round}-{p.last_round} for {unknown}")
+        raise invalid(
+            "foolsgold",
+            "clients",
+            f"no update in rounds {p.first_round}-{p.last_round} for {unknown}",
+        )
     if len(clients) < 2:
-        raise invalid("foolsgold", "clients", "FoolsGold compares clients: needs at least 2", clients)
+        raise invalid(
+            "foolsgold", "clients", "FoolsGold compares clients: needs at least 2", clients
+        )
     # history_i = sum_t Delta_i^t: Gram of the per-round updates (cached per round by a cache
     # function, so only cross-round products are new), then combined: H = C G C^T
     atoms = [(r, c) for c in clients for r in rounds if c in present[r]]

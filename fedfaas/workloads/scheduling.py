@@ -66,13 +66,25 @@ class OortParams(Params):
     round: int = Field(ge=2, description="round being scheduled; history is the window before it")
     k: int = Field(ge=1, description="number of clients to select")
     window: int = Field(default=10, ge=1, description="rounds of metadata to read (P4's R)")
-    candidates: list[str] | None = Field(default=None, min_length=1, description="feasible clients; all seen if omitted")
-    deadline_percentile: float = Field(default=30.0, gt=0.0, le=100.0, description="T as a percentile of durations")
-    deadline_s: float | None = Field(default=None, gt=0.0, description="explicit T (overrides the percentile)")
+    candidates: list[str] | None = Field(
+        default=None, min_length=1, description="feasible clients; all seen if omitted"
+    )
+    deadline_percentile: float = Field(
+        default=30.0, gt=0.0, le=100.0, description="T as a percentile of durations"
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0.0, description="explicit T (overrides the percentile)"
+    )
     alpha: float = Field(default=2.0, ge=0.0, description="straggler penalty exponent")
-    clip_bound: float = Field(default=0.95, gt=0.0, le=1.0, description="utility clipped at this quantile")
-    cut_off: float = Field(default=0.95, gt=0.0, le=1.0, description="sample among scores >= cut_off * K-th")
-    exploration: float | None = Field(default=None, ge=0.0, le=1.0, description="eps; max(0.9*0.98^R, 0.3) if omitted")
+    clip_bound: float = Field(
+        default=0.95, gt=0.0, le=1.0, description="utility clipped at this quantile"
+    )
+    cut_off: float = Field(
+        default=0.95, gt=0.0, le=1.0, description="sample among scores >= cut_off * K-th"
+    )
+    exploration: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="eps; max(0.9*0.98^R, 0.3) if omitted"
+    )
     seed: int = Field(default=0, description="sampling seed")
 
 
@@ -108,10 +120,18 @@ def run_oort(data: WorkloadData, p: OortParams) -> dict[str, Any]:
     last = np.array([latest[c][0] for c in explored], dtype=np.float64)
     duration = np.array([float(latest[c][1]["duration_s"]) for c in explored], dtype=np.float64)
     all_durations = np.array([float(m["duration_s"]) for _, m in latest.values()], dtype=np.float64)
-    deadline = p.deadline_s if p.deadline_s is not None else float(
-        np.sort(all_durations)[min(int(len(all_durations) * p.deadline_percentile / 100.0), len(all_durations) - 1)]
+    deadline = (
+        p.deadline_s
+        if p.deadline_s is not None
+        else float(
+            np.sort(all_durations)[
+                min(int(len(all_durations) * p.deadline_percentile / 100.0), len(all_durations) - 1)
+            ]
+        )
     )
-    scores = oort_scores(utility, last, duration, p.round, deadline=deadline, alpha=p.alpha, clip_bound=p.clip_bound)
+    scores = oort_scores(
+        utility, last, duration, p.round, deadline=deadline, alpha=p.alpha, clip_bound=p.clip_bound
+    )
     eps = p.exploration if p.exploration is not None else max(0.9 * 0.98**p.round, 0.3)
     rng = np.random.default_rng(p.seed)
     n_exploit = min(int(p.k * (1.0 - eps)), len(explored))
@@ -122,15 +142,23 @@ def run_oort(data: WorkloadData, p: OortParams) -> dict[str, Any]:
     if n_exploit > 0:
         kth = scores[order[n_exploit - 1]]
         pool = order[scores[order] >= p.cut_off * kth]
-        prob = scores[pool] / max(float(scores[pool].sum()), 1e-12) if scores[pool].sum() > 0 else None
+        prob = (
+            scores[pool] / max(float(scores[pool].sum()), 1e-12) if scores[pool].sum() > 0 else None
+        )
         picked = rng.choice(pool, size=n_exploit, replace=False, p=prob)
         exploit = [explored[i] for i in sorted(picked, key=lambda i: -scores[i])]
-    explore = [unexplored[i] for i in rng.choice(len(unexplored), size=n_explore, replace=False)] if n_explore else []
+    explore = (
+        [unexplored[i] for i in rng.choice(len(unexplored), size=n_explore, replace=False)]
+        if n_explore
+        else []
+    )
     return {
         "round": p.round,
         "scores": {c: float(s) for c, s in zip(explored, scores, strict=True)},
         "utility": {c: float(u) for c, u in zip(explored, utility, strict=True)},
-        "approximate_utility": sorted(c for c, (_, approx) in zip(explored, utils, strict=True) if approx),
+        "approximate_utility": sorted(
+            c for c, (_, approx) in zip(explored, utils, strict=True) if approx
+        ),
         "ranking": [explored[i] for i in order],
         "deadline_s": float(deadline),
         "exploration": float(eps),

@@ -23,12 +23,24 @@ from .errors import MissingData
 class TrackParams(Params):
     round: int = Field(ge=1, description="latest round of the window")
     window: int = Field(default=10, ge=1, le=10_000, description="rounds tracked (P4's R)")
-    metrics: list[str] = Field(default=["loss", "accuracy", "duration_s"], description="round metric keys")
-    loss_key: str = Field(default="loss", description="metric used by the plateau/divergence checks")
-    patience: int = Field(default=3, ge=1, description="rounds without improvement that make a plateau")
-    min_rel_improvement: float = Field(default=0.01, ge=0.0, description="relative loss improvement that counts")
-    divergence_factor: float = Field(default=1.5, gt=1.0, description="loss above this x best = divergence")
-    lr_factor: float = Field(default=0.1, gt=0.0, lt=1.0, description="suggested lr multiplier on a plateau")
+    metrics: list[str] = Field(
+        default=["loss", "accuracy", "duration_s"], description="round metric keys"
+    )
+    loss_key: str = Field(
+        default="loss", description="metric used by the plateau/divergence checks"
+    )
+    patience: int = Field(
+        default=3, ge=1, description="rounds without improvement that make a plateau"
+    )
+    min_rel_improvement: float = Field(
+        default=0.01, ge=0.0, description="relative loss improvement that counts"
+    )
+    divergence_factor: float = Field(
+        default=1.5, gt=1.0, description="loss above this x best = divergence"
+    )
+    lr_factor: float = Field(
+        default=0.1, gt=0.0, lt=1.0, description="suggested lr multiplier on a plateau"
+    )
 
 
 def track_requirements(p: TrackParams) -> Requirements:
@@ -85,7 +97,9 @@ def run_track(data: WorkloadData, p: TrackParams) -> dict[str, Any]:
         }
         for c, s in sorted(clients.items())
     }
-    losses = np.array([v if v is not None else np.nan for v in (_num(m.get(p.loss_key)) for m in meta)])
+    losses = np.array(
+        [v if v is not None else np.nan for v in (_num(m.get(p.loss_key)) for m in meta)]
+    )
     checks = _checks(losses, _num(meta[-1].get(p.loss_key)), p, meta[-1].get("lr"))
     return {
         "rounds": rounds,
@@ -111,16 +125,23 @@ def _checks(losses: np.ndarray, last_raw: float | None, p: TrackParams, lr: Any)
         return out
     last = losses[-1]
     finite = seen[np.isfinite(seen)]
-    if finite.size and np.isfinite(last) and last > p.divergence_factor * finite.min() and finite.min() > 0:
+    if (
+        finite.size
+        and np.isfinite(last)
+        and last > p.divergence_factor * finite.min()
+        and finite.min() > 0
+    ):
         out["diverging"] = True
-        out["reasons"].append(f"last loss {last:.6g} > {p.divergence_factor} x best {finite.min():.6g}")
-    tail = losses[-(p.patience + 1):]
+        out["reasons"].append(
+            f"last loss {last:.6g} > {p.divergence_factor} x best {finite.min():.6g}"
+        )
+    tail = losses[-(p.patience + 1) :]
     if tail.size == p.patience + 1 and np.all(np.isfinite(tail)) and np.all(np.diff(tail) > 0):
         out["diverging"] = True
         out["reasons"].append(f"loss rose {p.patience} rounds in a row")
     if losses.size > p.patience and not out["diverging"]:
         before = losses[: -p.patience]
-        recent = losses[-p.patience:]
+        recent = losses[-p.patience :]
         if np.all(np.isfinite(before)) and np.all(np.isfinite(recent)):
             best_before = before.min()
             if recent.min() > best_before * (1.0 - p.min_rel_improvement):
@@ -130,5 +151,7 @@ def _checks(losses: np.ndarray, last_raw: float | None, p: TrackParams, lr: Any)
                     f" {best_before:.6g} by {p.min_rel_improvement:.0%}"
                 )
                 lr_v = _num(lr)
-                out["suggestion"] = {"lr": lr_v * p.lr_factor} if lr_v is not None else {"lr_factor": p.lr_factor}
+                out["suggestion"] = (
+                    {"lr": lr_v * p.lr_factor} if lr_v is not None else {"lr_factor": p.lr_factor}
+                )
     return out

@@ -53,9 +53,13 @@ def _cold() -> ColdStore:
         endpoint = os.environ.get(_ENV + "MINIO_ENDPOINT", "")
         if not endpoint:
             raise ColdStoreError("no cold store configured (FEDFAAS_FLSTORE_MINIO_ENDPOINT unset)")
-        _store = MinioColdStore(endpoint, os.environ.get(_ENV + "MINIO_ACCESS_KEY", ""),
-                                os.environ.get(_ENV + "MINIO_SECRET_KEY", ""),
-                                os.environ.get(_ENV + "BUCKET", BUCKET), create=False)
+        _store = MinioColdStore(
+            endpoint,
+            os.environ.get(_ENV + "MINIO_ACCESS_KEY", ""),
+            os.environ.get(_ENV + "MINIO_SECRET_KEY", ""),
+            os.environ.get(_ENV + "BUCKET", BUCKET),
+            create=False,
+        )
     return _store
 
 
@@ -74,8 +78,11 @@ def _used() -> int:
 
 
 def _err(status: int, code: str, detail: str, **facts: Any) -> dict[str, Any]:
-    return {"statusCode": status, "body": {"error": code, "detail": detail, **facts},
-            "headers": {"Content-Type": "application/json"}}
+    return {
+        "statusCode": status,
+        "body": {"error": code, "detail": detail, **facts},
+        "headers": {"Content-Type": "application/json"},
+    }
 
 
 def _ok(body: dict[str, Any]) -> dict[str, Any]:
@@ -83,10 +90,15 @@ def _ok(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status() -> dict[str, Any]:
-    return {"function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
-            "pid": os.getpid(), "count": len(_objects), "bytes": _used(),
-            "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
-            "gram_pairs": len(_grams), **_stats}
+    return {
+        "function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
+        "pid": os.getpid(),
+        "count": len(_objects),
+        "bytes": _used(),
+        "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
+        "gram_pairs": len(_grams),
+        **_stats,
+    }
 
 
 def _keys(body: dict[str, Any]) -> list[ObjectKey]:
@@ -112,10 +124,13 @@ def _load(keys: list[ObjectKey]) -> dict[str, Any]:
             value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
             if cap and _used() + _size(value) > cap:
-                return _err(507, "capacity_exceeded",
-                            f"loading {k.id} would exceed this function's capacity of {cap} "
-                            "bytes; evict objects first or use another function",
-                            loaded=loaded)
+                return _err(
+                    507,
+                    "capacity_exceeded",
+                    f"loading {k.id} would exceed this function's capacity of {cap} "
+                    "bytes; evict objects first or use another function",
+                    loaded=loaded,
+                )
             _objects[k] = value
             _stats["loads"] += 1
         loaded.append(k.id)
@@ -143,8 +158,13 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
         missing = [k.id for k in keys if k not in _objects]
         held = {k: _objects[k] for k in keys if k in _objects}
     if missing:
-        return _err(409, "not_held", "this function does not hold every object of the query; "
-                    "ask the cache engine to load them", missing=missing)
+        return _err(
+            409,
+            "not_held",
+            "this function does not hold every object of the query; "
+            "ask the cache engine to load them",
+            missing=missing,
+        )
     delay = float(os.environ.get(_ENV + "RUN_DELAY_S", "0") or 0)
     if delay > 0:  # fault injection for tests: keeps a query in flight
         time.sleep(delay)
@@ -156,11 +176,15 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
     try:
         result = run_workload(name, params, held, evaluator, _grams)
     except WorkloadError as exc:
-        return {"statusCode": int(getattr(exc, "status", 400)), "body": exc.to_dict(),
-                "headers": {"Content-Type": "application/json"}}
+        return {
+            "statusCode": int(getattr(exc, "status", 400)),
+            "body": exc.to_dict(),
+            "headers": {"Content-Type": "application/json"},
+        }
     _stats["runs"] += 1
-    return _ok({"result": result, "compute_s": time.perf_counter() - t0,
-                "function": _status()["function"]})
+    return _ok(
+        {"result": result, "compute_s": time.perf_counter() - t0, "function": _status()["function"]}
+    )
 
 
 def handle(event: Any, context: Any) -> dict[str, Any]:
@@ -175,8 +199,12 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
                 objs = [{"id": k.id, "bytes": _size(v)} for k, v in _objects.items()]
             return _ok({"objects": objs, **_status()})
         if method != "POST" or path not in ("/load", "/evict", "/run"):
-            return _err(404, "no_route", f"no route {method} {path}; routes: GET /ping, "
-                        "GET /objects, POST /load, POST /evict, POST /run")
+            return _err(
+                404,
+                "no_route",
+                f"no route {method} {path}; routes: GET /ping, "
+                "GET /objects, POST /load, POST /evict, POST /run",
+            )
         try:
             body = json.loads(event.body or b"{}")
         except (ValueError, UnicodeDecodeError):

@@ -13,8 +13,9 @@ import pytest
 
 from cache_engine.cold_store import MemoryColdStore
 
-_spec = importlib.util.spec_from_file_location("flstore_cache_handler",
-                                               Path(__file__).with_name("handler.py"))
+_spec = importlib.util.spec_from_file_location(
+    "flstore_cache_handler", Path(__file__).with_name("handler.py")
+)
 assert _spec and _spec.loader
 handler = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(handler)
@@ -32,11 +33,21 @@ def store() -> MemoryColdStore:
     s = MemoryColdStore()
     rng = np.random.default_rng(0)
     for r in (0, 1):
-        ups = {c: {"w": rng.normal(size=(4, 3)).astype(np.float32),
-                   "b": rng.normal(size=3).astype(np.float32)} for c in ("a", "b", "c")}
-        s.write_round("job", r, ups if r else {}, {"w": np.zeros((4, 3), np.float32),
-                                                    "b": np.zeros(3, np.float32)},
-                      {c: {"n_samples": 10} for c in ups}, {"lr": 0.1})
+        ups = {
+            c: {
+                "w": rng.normal(size=(4, 3)).astype(np.float32),
+                "b": rng.normal(size=3).astype(np.float32),
+            }
+            for c in ("a", "b", "c")
+        }
+        s.write_round(
+            "job",
+            r,
+            ups if r else {},
+            {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)},
+            {c: {"n_samples": 10} for c in ups},
+            {"lr": 0.1},
+        )
     handler.set_cold_store(s)
     handler._objects.clear()
     yield s
@@ -61,9 +72,11 @@ def test_loaded_update_is_the_flat_vector_in_sorted_name_order(store: MemoryCold
     from safetensors.numpy import load
 
     from cache_engine.keys import update
+
     t = load(store.objects["job/rounds/000001/clients/b.safetensors"])
-    np.testing.assert_array_equal(handler._objects[update("job", "b", 1)],
-                                  np.concatenate([t["b"].ravel(), t["w"].ravel()]))
+    np.testing.assert_array_equal(
+        handler._objects[update("job", "b", 1)], np.concatenate([t["b"].ravel(), t["w"].ravel()])
+    )
 
 
 def test_bad_input_gets_4xx_json_and_changes_nothing(store: MemoryColdStore) -> None:
@@ -91,11 +104,15 @@ def test_run_executes_a_registered_workload_on_held_data(store: MemoryColdStore)
     cat = MemoryCatalog()
     for r in store.rounds("job"):
         cat.add_round("job", r, store.round_meta("job", r)["clients"])
-    name = next(n for n, w in wl.WORKLOADS.items() if w.policy == "P2"
-                and "round" in w.params_model.model_fields)
+    name = next(
+        n
+        for n, w in wl.WORKLOADS.items()
+        if w.policy == "P2" and "round" in w.params_model.model_fields
+    )
     p = plan(Query(name, "job", [1]), cat)
     _call("POST", "/load", {"objects": [k.id for k in p.keys]})
-    code, body = _call("POST", "/run", {"workload": name, "params": p.params,
-                                        "objects": [k.id for k in p.keys]})
+    code, body = _call(
+        "POST", "/run", {"workload": name, "params": p.params, "objects": [k.id for k in p.keys]}
+    )
     assert code == 200, body
     assert body["result"]["workload"] == name

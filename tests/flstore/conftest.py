@@ -17,25 +17,42 @@ def cold(minio_server: MinioServer) -> MinioColdStore:
     return MinioColdStore(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
 
 
-def start_stack(tmp: Path, redis_server: RedisServer, minio_server: MinioServer,
-                engine_args: list[str] | None = None, engine_env: dict[str, str] | None = None,
-                tracker_args: list[str] | None = None) -> FLStoreStack:
+def start_stack(
+    tmp: Path,
+    redis_server: RedisServer,
+    minio_server: MinioServer,
+    engine_args: list[str] | None = None,
+    engine_env: dict[str, str] | None = None,
+    tracker_args: list[str] | None = None,
+) -> FLStoreStack:
     import redis
 
     r = redis.Redis.from_url(redis_server.url)
     r.flushall()
     r.close()
-    return FLStoreStack(tmp, redis_server.url, minio_server.endpoint, minio_server.access_key,
-                        minio_server.secret_key, engine_args=engine_args or [],
-                        engine_env=engine_env or {}, tracker_args=tracker_args or []).start()
+    return FLStoreStack(
+        tmp,
+        redis_server.url,
+        minio_server.endpoint,
+        minio_server.access_key,
+        minio_server.secret_key,
+        engine_args=engine_args or [],
+        engine_env=engine_env or {},
+        tracker_args=tracker_args or [],
+    ).start()
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
-          minio_server: MinioServer) -> Iterator[FLStoreStack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, minio_server: MinioServer
+) -> Iterator[FLStoreStack]:
     """Runtime + engine + tracker (k = 1 secondary, fast pings)."""
-    s = start_stack(tmp_path_factory.mktemp("flstore"), redis_server, minio_server,
-                    ["--ping-interval", "0.5", "--secondaries", "1"])
+    s = start_stack(
+        tmp_path_factory.mktemp("flstore"),
+        redis_server,
+        minio_server,
+        ["--ping-interval", "0.5", "--secondaries", "1"],
+    )
     try:
         yield s
     finally:

@@ -17,19 +17,25 @@ pytestmark = pytest.mark.integration
 
 
 def test_rounds_written_by_the_checkpoint_writer_are_read_as_flat_vectors_and_metadata(
-        minio_server: MinioServer) -> None:
+    minio_server: MinioServer,
+) -> None:
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     w1 = {"b": np.arange(3, dtype=np.float16), "a": np.ones((2, 2), np.float32)}
-    with CheckpointWriter(minio_server.endpoint, minio_server.access_key,
-                          minio_server.secret_key, bucket=bucket) as w:
+    with CheckpointWriter(
+        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
+    ) as w:
         w.put_global("job", 1, save(w1), {"version": 1})
         w.put_client("job", 1, "c1", save(w1))
         w.put_client("job", 2, "c1", save(w1))  # round 2 has no meta.json yet: not complete
-        w.put_meta("job", 1, {"job": "job", "round": 1, "clients": {"c1": 12.0, "c9": 3.0},
-                              "weight_sum": 15.0})
+        w.put_meta(
+            "job",
+            1,
+            {"job": "job", "round": 1, "clients": {"c1": 12.0, "c9": 3.0}, "weight_sum": 15.0},
+        )
         assert w.flush(30)
-    cold = MinioColdStore(minio_server.endpoint, minio_server.access_key,
-                          minio_server.secret_key, bucket=bucket)
+    cold = MinioColdStore(
+        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
+    )
     assert cold.rounds("job") == [1]
     assert cold.client_ids("job", 1) == ["c1"]  # c9 is in the metadata but has no update
     vec = cold.get(update("job", "c1", 1))

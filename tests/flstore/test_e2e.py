@@ -27,23 +27,35 @@ def history(cold: MinioColdStore, stack: FLStoreStack) -> History:
 
 
 def _ask(stack: FLStoreStack, body: dict, wait: bool = True) -> httpx.Response:
-    return httpx.post(f"{stack.tracker_url}/v1/queries", params={"wait": str(wait).lower()},
-                      json=body, timeout=120)
+    return httpx.post(
+        f"{stack.tracker_url}/v1/queries",
+        params={"wait": str(wait).lower()},
+        json=body,
+        timeout=120,
+    )
 
 
 def _direct(cold: MinioColdStore, body: dict) -> dict:
     cat = MemoryCatalog()
     for r in cold.rounds(body["job"]):
         cat.add_round(body["job"], r, cold.round_meta(body["job"], r)["clients"])
-    p = plan(Query(body["workload"], body["job"], body.get("rounds", []),
-                   body.get("clients", []), body.get("params", {})), cat)
+    p = plan(
+        Query(
+            body["workload"],
+            body["job"],
+            body.get("rounds", []),
+            body.get("clients", []),
+            body.get("params", {}),
+        ),
+        cat,
+    )
     return run_workload(p.query.workload, p.params, {k: cold.get(k) for k in p.keys})
 
 
 def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
-        stack: FLStoreStack, history: History, cold: MinioColdStore) -> None:
-    body = {"workload": "cosine-to-aggregate", "job": JOB, "rounds": [2],
-            "params": {"bottom_k": 1}}
+    stack: FLStoreStack, history: History, cold: MinioColdStore
+) -> None:
+    body = {"workload": "cosine-to-aggregate", "job": JOB, "rounds": [2], "params": {"bottom_k": 1}}
     r = _ask(stack, body)
     assert r.status_code == 200, r.text
     rec = r.json()
@@ -55,8 +67,9 @@ def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
 
 
 def test_provenance_shares_sum_to_one_across_rounds(stack: FLStoreStack, history: History) -> None:
-    r = _ask(stack, {"workload": "provenance", "job": JOB,
-                     "params": {"first_round": 1, "last_round": 4}})
+    r = _ask(
+        stack, {"workload": "provenance", "job": JOB, "params": {"first_round": 1, "last_round": 4}}
+    )
     assert r.status_code == 200, r.text
     shares = r.json()["result"]["shares"]
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-4)
@@ -64,8 +77,9 @@ def test_provenance_shares_sum_to_one_across_rounds(stack: FLStoreStack, history
 
 
 def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history: History) -> None:
-    r = _ask(stack, {"workload": "multi-krum", "job": JOB, "rounds": [3], "params": {"f": 1}},
-             wait=False)
+    r = _ask(
+        stack, {"workload": "multi-krum", "job": JOB, "rounds": [3], "params": {"f": 1}}, wait=False
+    )
     assert r.status_code == 202
     qid = r.json()["id"]
     deadline = time.monotonic() + 60
@@ -79,8 +93,9 @@ def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history
     assert rec["tried"][-1]["outcome"] == "ok"
 
 
-def test_every_cached_object_has_a_primary_and_a_secondary(stack: FLStoreStack,
-                                                           history: History) -> None:
+def test_every_cached_object_has_a_primary_and_a_secondary(
+    stack: FLStoreStack, history: History
+) -> None:
     stack.wait_idle()
     counts = httpx.get(f"{stack.engine_url}/v1/replicas").json()
     assert counts and all(n == 2 for n in counts.values())
@@ -92,8 +107,10 @@ def test_p2_query_prefetches_the_next_round(stack: FLStoreStack, history: Histor
     r = _ask(stack, {"workload": "kmeans", "job": JOB, "rounds": [1], "params": {"k": 2}})
     assert r.status_code == 200, r.text
     stack.wait_idle()
-    locs = httpx.get(f"{stack.engine_url}/v1/locations",
-                     params={"ids": [f"{JOB}/2/{c}" for c in history.clients[2]]}).json()
+    locs = httpx.get(
+        f"{stack.engine_url}/v1/locations",
+        params={"ids": [f"{JOB}/2/{c}" for c in history.clients[2]]},
+    ).json()
     assert all(len(v) == 2 for v in locs.values())
 
 
@@ -101,12 +118,21 @@ BAD = [
     ({"workload": "no-such", "job": JOB, "rounds": [1]}, 404, "unknown_workload"),
     ({"workload": "multi-krum", "job": "no-such-job", "rounds": [1]}, 404, "unknown_job"),
     ({"workload": "multi-krum", "job": JOB, "rounds": [9]}, 404, "round_not_written"),
-    ({"workload": "personalize", "job": JOB, "rounds": [1], "clients": ["zz9"]}, 404,
-     "unknown_client"),
-    ({"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"f": -1}}, 422,
-     "invalid_params"),
-    ({"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"bogus": 1}}, 422,
-     "invalid_params"),
+    (
+        {"workload": "personalize", "job": JOB, "rounds": [1], "clients": ["zz9"]},
+        404,
+        "unknown_client",
+    ),
+    (
+        {"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"f": -1}},
+        422,
+        "invalid_params",
+    ),
+    (
+        {"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"bogus": 1}},
+        422,
+        "invalid_params",
+    ),
     ({"workload": "multi-krum", "job": JOB, "rounds": "one"}, 422, "invalid_params"),
     ({"workload": "multi-krum", "job": JOB, "rounds": [1], "extra": 1}, 422, "invalid_params"),
 ]
@@ -115,8 +141,8 @@ BAD = [
 @pytest.mark.parametrize(("body", "status", "code"), BAD)
 @pytest.mark.parametrize("wait", [True, False])
 def test_bad_queries_get_a_clear_4xx_and_change_nothing(
-        stack: FLStoreStack, history: History, body: dict, status: int, code: str,
-        wait: bool) -> None:
+    stack: FLStoreStack, history: History, body: dict, status: int, code: str, wait: bool
+) -> None:
     import redis
 
     stack.wait_idle()
@@ -134,8 +160,11 @@ def test_bad_queries_get_a_clear_4xx_and_change_nothing(
 
 
 def test_malformed_body_is_400(stack: FLStoreStack) -> None:
-    r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", content=b"{nope",
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{stack.tracker_url}/v1/queries?wait=true",
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"] == "bad_json"
     r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", json=[1, 2])
     assert r.status_code == 400
@@ -149,8 +178,9 @@ def test_health_and_metrics(stack: FLStoreStack) -> None:
     assert "flstore_engine_objects" in httpx.get(f"{stack.engine_url}/metrics").text
 
 
-def test_results_match_direct_computation_bitwise_close(stack: FLStoreStack, history: History,
-                                                        cold: MinioColdStore) -> None:
+def test_results_match_direct_computation_bitwise_close(
+    stack: FLStoreStack, history: History, cold: MinioColdStore
+) -> None:
     body = {"workload": "track", "job": JOB, "rounds": [4], "params": {"window": 3}}
     r = _ask(stack, body)
     assert r.status_code == 200, r.text
@@ -172,7 +202,8 @@ def digits(cold: MinioColdStore, stack: FLStoreStack) -> History:
 
 
 def test_label_flipping_client_gets_the_lowest_shapley_value_via_the_job_evaluator(
-        stack: FLStoreStack, digits: History, cold: MinioColdStore) -> None:
+    stack: FLStoreStack, digits: History, cold: MinioColdStore
+) -> None:
     body = {"workload": "shapley", "job": DIGITS, "rounds": [2]}
     r = _ask(stack, body)
     assert r.status_code == 200, r.text
@@ -183,6 +214,7 @@ def test_label_flipping_client_gets_the_lowest_shapley_value_via_the_job_evaluat
 
 
 def test_evaluator_workload_on_a_job_without_evaluator_is_a_clear_422(
-        stack: FLStoreStack, history: History) -> None:
+    stack: FLStoreStack, history: History
+) -> None:
     r = _ask(stack, {"workload": "leave-one-out", "job": JOB, "rounds": [2]})
     assert r.status_code == 422 and r.json()["error"] == "no_evaluator"

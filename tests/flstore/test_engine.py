@@ -35,8 +35,14 @@ class InProcessProvider:
         self.fns: dict[str, ModuleType] = {}
         self.dead: set[str] = set()
 
-    def deploy(self, name: str, image: str, env: dict[str, str], handler_dir: str | None = None,
-               labels: dict[str, str] | None = None) -> None:
+    def deploy(
+        self,
+        name: str,
+        image: str,
+        env: dict[str, str],
+        handler_dir: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         spec = importlib.util.spec_from_file_location(f"flstore_handler_{name}", HANDLER)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
@@ -44,13 +50,18 @@ class InProcessProvider:
         mod.set_cold_store(self.cold)
         self.fns[name] = mod
 
-    def call(self, name: str, path: str, body: Any = None, timeout: float | None = None
-             ) -> httpx.Response:
+    def call(
+        self, name: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> httpx.Response:
         if name in self.dead or name not in self.fns:
             raise httpx.ConnectError(f"{name} is gone")
-        ev = SimpleNamespace(method="GET" if body is None else "POST", path=path,
-                             body=json.dumps(body).encode() if body is not None else b"",
-                             headers={}, query={})
+        ev = SimpleNamespace(
+            method="GET" if body is None else "POST",
+            path=path,
+            body=json.dumps(body).encode() if body is not None else b"",
+            headers={},
+            query={},
+        )
         out = self.fns[name].handle(ev, SimpleNamespace(hostname=name))
         return httpx.Response(out["statusCode"], json=out["body"])
 
@@ -58,14 +69,14 @@ class InProcessProvider:
         return {k.id for k in self.fns[name]._objects}
 
 
-def _engine(redis_url: str, cold: MemoryColdStore, **kw: Any) -> tuple[CacheEngine,
-                                                                        InProcessProvider]:
+def _engine(
+    redis_url: str, cold: MemoryColdStore, **kw: Any
+) -> tuple[CacheEngine, InProcessProvider]:
     import redis
 
     prov = InProcessProvider(cold)
     s = EngineSettings(redis_url=redis_url, ping_interval=0.1, **kw)
-    eng = CacheEngine(s, redis.Redis.from_url(redis_url, decode_responses=True), cold,
-                      prov)  # type: ignore[arg-type]
+    eng = CacheEngine(s, redis.Redis.from_url(redis_url, decode_responses=True), cold, prov)  # type: ignore[arg-type]
     eng.start()
     return eng, prov
 
@@ -90,17 +101,20 @@ def _model_bytes(cold: MemoryColdStore) -> int:
 
 
 def test_functions_are_created_when_capacity_runs_out_and_never_overfilled(
-        redis_url: str, cold: MemoryColdStore) -> None:
+    redis_url: str, cold: MemoryColdStore
+) -> None:
     cap = 16 * _model_bytes(cold)
-    eng, prov = _engine(redis_url, cold, function_capacity_bytes=cap, secondaries=1,
-                        max_functions=8)
+    eng, prov = _engine(
+        redis_url, cold, function_capacity_bytes=cap, secondaries=1, max_functions=8
+    )
     try:
         for r in range(0, 5):
             eng.ingest("j", r)
         _wait_idle(eng)
-        for q in ({"workload": "multi-krum", "job": "j", "rounds": [2]},
-                  {"workload": "foolsgold", "job": "j",
-                   "params": {"first_round": 1, "last_round": 3}}):
+        for q in (
+            {"workload": "multi-krum", "job": "j", "rounds": [2]},
+            {"workload": "foolsgold", "job": "j", "params": {"first_round": 1, "last_round": 3}},
+        ):
             plan = eng.acquire(q)
             assert all(set(plan["objects"]) <= prov.held(f) for f in plan["holders"])
             _wait_idle(eng)
@@ -114,8 +128,7 @@ def test_functions_are_created_when_capacity_runs_out_and_never_overfilled(
         eng.stop()
 
 
-def test_policy_evictions_free_the_functions_memory(redis_url: str,
-                                                    cold: MemoryColdStore) -> None:
+def test_policy_evictions_free_the_functions_memory(redis_url: str, cold: MemoryColdStore) -> None:
     eng, prov = _engine(redis_url, cold, secondaries=1)
     try:
         eng.ingest("j", 0)
@@ -138,7 +151,8 @@ def test_policy_evictions_free_the_functions_memory(redis_url: str,
 
 
 def test_a_dead_function_is_dropped_and_its_objects_get_two_holders_again(
-        redis_url: str, cold: MemoryColdStore) -> None:
+    redis_url: str, cold: MemoryColdStore
+) -> None:
     eng, prov = _engine(redis_url, cold, secondaries=1)
     try:
         for r in range(0, 5):

@@ -21,14 +21,21 @@ JOB = "fault-job"
 
 
 @pytest.fixture(scope="module")
-def slow_stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
-               minio_server: MinioServer, cold: MinioColdStore) -> Iterator[FLStoreStack]:
+def slow_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server: RedisServer,
+    minio_server: MinioServer,
+    cold: MinioColdStore,
+) -> Iterator[FLStoreStack]:
     """A stack whose cache functions hold every /run for 2 s, so a query stays in flight."""
-    s = start_stack(tmp_path_factory.mktemp("fault"), redis_server, minio_server,
-                    ["--ping-interval", "0.5", "--secondaries", "1"],
-                    engine_env={"FEDFAAS_ENGINE_FUNCTION_ENV":
-                                '{"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"}'},
-                    tracker_args=["--query-timeout", "20", "--ping-interval", "0"])
+    s = start_stack(
+        tmp_path_factory.mktemp("fault"),
+        redis_server,
+        minio_server,
+        ["--ping-interval", "0.5", "--secondaries", "1"],
+        engine_env={"FEDFAAS_ENGINE_FUNCTION_ENV": '{"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"}'},
+        tracker_args=["--query-timeout", "20", "--ping-interval", "0"],
+    )
     try:
         write_history(cold, JOB, 3, per_round=5, pool=12, malicious=["c001"], seed=3)
         s.ingest(JOB, range(0, 4))
@@ -39,7 +46,8 @@ def slow_stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServ
 
 
 def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
-        slow_stack: FLStoreStack) -> None:
+    slow_stack: FLStoreStack,
+) -> None:
     st = slow_stack
     body = {"workload": "multi-krum", "job": JOB, "rounds": [2], "params": {"f": 1}}
     objects = httpx.post(f"{st.engine_url}/v1/plan", json=body).json()["objects"]

@@ -40,8 +40,7 @@ def test_p2_request_loads_whole_round_and_next_then_evicts_older_rounds() -> Non
     p = Tailored(100, cat)
     d = p.on_request([update("j", "a", 2)], "P2")
     assert d.misses == [update("j", "a", 2)]
-    assert set(d.prefetch) == {update("j", c, 2) for c in "de"} | {
-        update("j", c, 3) for c in "abc"}
+    assert set(d.prefetch) == {update("j", c, 2) for c in "de"} | {update("j", c, 3) for c in "abc"}
     d = p.on_request([update("j", "b", 3)], "P2")
     assert d.hit
     assert set(d.evict) == {update("j", c, 2) for c in "ade"}

@@ -41,7 +41,9 @@ def test_repeated_trace_gives_lru_a_fair_chance() -> None:
 
 def test_tailored_beats_every_baseline_on_a_mixed_live_trace() -> None:
     t = mixed_trace(rounds=150)
-    rates = {p: simulate(make_policy(p, 64, t.catalog), t).hit_rate
-             for p in ("flstore", "lru", "fifo", "lfu", "static", "random")}
+    rates = {
+        p: simulate(make_policy(p, 64, t.catalog), t).hit_rate
+        for p in ("flstore", "lru", "fifo", "lfu", "static", "random")
+    }
     assert rates["flstore"] >= 0.9
     assert all(rates["flstore"] >= v for v in rates.values())

@@ -21,8 +21,18 @@ from fedfaas.workloads import (
 from .test_workloads_common import attacked_round, frozen
 
 EXPECTED = {
-    "cosine-to-aggregate", "multi-krum", "foolsgold", "leave-one-out", "shapley", "incentives",
-    "oort", "kmeans", "personalize", "provenance", "track", "evaluate",
+    "cosine-to-aggregate",
+    "multi-krum",
+    "foolsgold",
+    "leave-one-out",
+    "shapley",
+    "incentives",
+    "oort",
+    "kmeans",
+    "personalize",
+    "provenance",
+    "track",
+    "evaluate",
 }
 
 
@@ -44,7 +54,12 @@ def test_unknown_workload_names_the_known_ones() -> None:
     [
         ("multi-krum", {"round": 0}, "round", "greater than or equal to 1"),
         ("multi-krum", {"round": 1, "f": -1}, "f", "greater than or equal to 0"),
-        ("cosine-to-aggregate", {"round": 1, "bottom": 2}, "bottom", "Extra inputs are not permitted"),
+        (
+            "cosine-to-aggregate",
+            {"round": 1, "bottom": 2},
+            "bottom",
+            "Extra inputs are not permitted",
+        ),
         ("cosine-to-aggregate", {"round": 1, "clients": ["a", "a"]}, "clients", "unique"),
         ("shapley", {"round": 1, "method": "banzhaf"}, "method", "'gtg', 'tmc' or 'exact'"),
         ("foolsgold", {"first_round": 3, "last_round": 2}, "(params)", "must be >= first_round"),
@@ -52,7 +67,9 @@ def test_unknown_workload_names_the_known_ones() -> None:
         ("oort", {"round": 5, "k": 0}, "k", "greater than or equal to 1"),
     ],
 )
-def test_bad_params_raise_invalid_params_naming_the_field(name: str, params: dict, field: str, words: str) -> None:
+def test_bad_params_raise_invalid_params_naming_the_field(
+    name: str, params: dict, field: str, words: str
+) -> None:
     with pytest.raises(InvalidParams) as err:
         get(name).parse(params)
     e = err.value
@@ -76,19 +93,28 @@ def test_missing_round_client_or_global_is_missing_data_with_the_facts() -> None
     fed = attacked_round()
     with pytest.raises(MissingData) as err:
         get("multi-krum").run(fed.workload_data(), {"round": 2})
-    assert err.value.kind == "updates" and err.value.round == 2 and err.value.workload == "multi-krum"
+    assert (
+        err.value.kind == "updates" and err.value.round == 2 and err.value.workload == "multi-krum"
+    )
     with pytest.raises(MissingData) as err:
         get("kmeans").run(fed.workload_data(), {"round": 1, "clients": ["c00", "zz"], "k": 1})
     assert err.value.clients == ("zz",)
     no_base = WorkloadData(updates=fed.updates, client_meta=fed.client_meta)
     with pytest.raises(MissingData) as err:
         get("cosine-to-aggregate").run(no_base, {"round": 1})
-    assert err.value.kind == "global" and err.value.round == 0 and "globals[r-1]" in err.value.detail
+    assert (
+        err.value.kind == "global" and err.value.round == 0 and "globals[r-1]" in err.value.detail
+    )
 
 
 def test_requirements_map_each_query_to_its_policy_and_keys() -> None:
     r = get("multi-krum").requirements({"round": 7, "clients": ["a", "b", "c"]})
-    assert (r.policy, r.update_rounds, r.clients, r.global_versions) == ("P2", (7,), ("a", "b", "c"), (6,))
+    assert (r.policy, r.update_rounds, r.clients, r.global_versions) == (
+        "P2",
+        (7,),
+        ("a", "b", "c"),
+        (6,),
+    )
     r = get("provenance").requirements({"first_round": 2, "last_round": 4, "clients": ["a"]})
     assert r.policy == "P3" and r.update_rounds == (2, 3, 4) and r.global_versions == (1, 2, 3, 4)
     r = get("oort").requirements({"round": 12, "k": 3})

@@ -63,7 +63,9 @@ def iid_split(n_clients: int) -> list[tuple[NDArray[np.float32], NDArray[np.int6
     return [(x[i::n_clients], y[i::n_clients]) for i in range(n_clients)]
 
 
-def skewed_split(n_clients: int, seed: int = 1) -> list[tuple[NDArray[np.float32], NDArray[np.int64]]]:
+def skewed_split(
+    n_clients: int, seed: int = 1
+) -> list[tuple[NDArray[np.float32], NDArray[np.int64]]]:
     """Client ``i`` mostly holds class ``i`` (120 samples), plus 30 random samples (``n <= 10``)."""
     x, y = digits()
     x, y = x[300:], y[300:]
@@ -149,8 +151,12 @@ def sybil_run() -> Federation:
     """Three rounds: 6 label-skewed honest clients, 2 label-flip and 2 sign-flip sybils (IID data)."""
     iid = iid_split(10)
     data = skewed_split(6) + [iid[6], iid[7], iid[8], iid[9]]
-    fed = Federation(data, names(6, "h") + ["lf0", "lf1", "sf0", "sf1"], label_flip={"lf0", "lf1"},
-                     sign_flip={"sf0", "sf1"})
+    fed = Federation(
+        data,
+        names(6, "h") + ["lf0", "lf1", "sf0", "sf1"],
+        label_flip={"lf0", "lf1"},
+        sign_flip={"sf0", "sf1"},
+    )
     for r in (1, 2, 3):
         fed.run_round(r)
     return fed

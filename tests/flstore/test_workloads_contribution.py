@@ -12,7 +12,9 @@ from .test_workloads_common import attacked_round, evaluator, small_round
 
 
 def test_exact_shapley_gives_identical_clients_equal_values_and_is_efficient() -> None:
-    res = get("shapley").run(small_round().workload_data(with_evaluator=True), {"round": 1, "method": "exact"})
+    res = get("shapley").run(
+        small_round().workload_data(with_evaluator=True), {"round": 1, "method": "exact"}
+    )
     v = res["values"]
     assert v["c03"] == pytest.approx(v["c04"], abs=1e-12)  # c04 is a copy of c03
     assert sum(v.values()) == pytest.approx(res["v_full"] - res["v_empty"], abs=1e-12)
@@ -27,7 +29,9 @@ def test_gtg_shapley_is_efficient_close_to_exact_and_deterministic() -> None:
     assert gtg["values"]["c03"] == pytest.approx(gtg["values"]["c04"], abs=0.01)
     for c, x in exact.items():
         assert gtg["values"][c] == pytest.approx(x, abs=0.01)
-    again = get("shapley").run(small_round().workload_data(with_evaluator=True), {"round": 1, "seed": 7})
+    again = get("shapley").run(
+        small_round().workload_data(with_evaluator=True), {"round": 1, "seed": 7}
+    )
     assert again["values"] == gtg["values"]
 
 
@@ -77,18 +81,23 @@ def test_leave_one_out_matches_brute_force_evaluation() -> None:
 
     def fedavg(members: list[str]) -> np.ndarray:
         w = np.array([n[c] for c in members])
-        return (w @ np.stack([fed.updates[1][c].astype(np.float64) for c in members]) / w.sum()).astype(np.float32)
+        return (
+            w @ np.stack([fed.updates[1][c].astype(np.float64) for c in members]) / w.sum()
+        ).astype(np.float32)
 
     full = ev(fedavg(clients))
     assert res["v_full"] == pytest.approx(full)
     for c in clients:
-        assert res["values"][c] == pytest.approx(full - ev(fedavg([o for o in clients if o != c])), abs=1e-12)
+        assert res["values"][c] == pytest.approx(
+            full - ev(fedavg([o for o in clients if o != c])), abs=1e-12
+        )
     assert res["values"]["c03"] == res["values"]["c04"]
 
 
 def test_incentives_pay_the_budget_in_proportion_to_positive_contributions() -> None:
     res = get("incentives").run(
-        attacked_round().workload_data(with_evaluator=True), {"round": 1, "budget": 1000.0, "contribution": "loo"}
+        attacked_round().workload_data(with_evaluator=True),
+        {"round": 1, "budget": 1000.0, "contribution": "loo"},
     )
     contrib, pay = res["contributions"], res["payouts"]
     positive = {c: x for c, x in contrib.items() if x > 0}

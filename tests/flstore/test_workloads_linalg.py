@@ -18,7 +18,9 @@ def _realistic_round(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, list[np
     rng = np.random.default_rng(seed)
     base = frozen((0.05 * rng.normal(size=d)).astype(np.float32))
     common = 1e-4 * rng.normal(size=d)
-    ws = [frozen((base + common + 3e-5 * rng.normal(size=d)).astype(np.float32)) for _ in range(n - 1)]
+    ws = [
+        frozen((base + common + 3e-5 * rng.normal(size=d)).astype(np.float32)) for _ in range(n - 1)
+    ]
     ws.append(frozen((base - 2 * common).astype(np.float32)))  # a sign flipper
     return base, ws
 
@@ -65,8 +67,14 @@ def test_memo_answers_repeated_queries_without_recomputing_and_gives_the_same_re
 def test_memo_computes_only_the_missing_cross_products_and_matches_a_fresh_gram() -> None:
     rng = np.random.default_rng(2)
     base = frozen(rng.normal(size=2000).astype(np.float32))
-    a = [[(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)] for _ in range(4)]
-    b = [[(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)] for _ in range(3)]
+    a = [
+        [(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)]
+        for _ in range(4)
+    ]
+    b = [
+        [(1.0, frozen((base + rng.normal(size=2000)).astype(np.float32))), (-1.0, base)]
+        for _ in range(3)
+    ]
     cache = GramCache()
     gram(a, cache=cache)
     gram(b, cache=cache)
@@ -91,31 +99,42 @@ def test_memo_ignores_writable_vectors_and_forgets_collected_ones() -> None:
     assert len(cache) == 0  # an evicted object never answers for a new one
 
 
-@pytest.mark.parametrize("name,params", [
-    ("cosine-to-aggregate", {"round": 2}),
-    ("multi-krum", {"round": 2, "f": 1}),
-    ("foolsgold", {"first_round": 1, "last_round": 2}),
-    ("provenance", {"first_round": 1, "last_round": 2}),
-])
-def test_workloads_give_the_same_answer_with_and_without_the_memo(name: str, params: dict[str, int]) -> None:
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("cosine-to-aggregate", {"round": 2}),
+        ("multi-krum", {"round": 2, "f": 1}),
+        ("foolsgold", {"first_round": 1, "last_round": 2}),
+        ("provenance", {"first_round": 1, "last_round": 2}),
+    ],
+)
+def test_workloads_give_the_same_answer_with_and_without_the_memo(
+    name: str, params: dict[str, int]
+) -> None:
     rng = np.random.default_rng(4)
     d = 4000
     g0 = frozen(rng.normal(size=d).astype(np.float32))
     upd = {1: {f"c{i}": frozen((g0 + rng.normal(size=d)).astype(np.float32)) for i in range(5)}}
     meta = {1: {c: {"n_samples": 10 + i} for i, c in enumerate(upd[1])}}
-    g1 = frozen(sum(0.2 * (w.astype(np.float64) - g0) for w in upd[1].values()).astype(np.float32) + g0)
+    g1 = frozen(
+        sum(0.2 * (w.astype(np.float64) - g0) for w in upd[1].values()).astype(np.float32) + g0
+    )
     upd[2] = {f"c{i}": frozen((g1 + rng.normal(size=d)).astype(np.float32)) for i in range(2, 7)}
     meta[2] = {c: {"n_samples": 5 + i} for i, c in enumerate(upd[2])}
     g2 = frozen(g1 + rng.normal(size=d).astype(np.float32))
     cache = GramCache()
-    warm = WorkloadData(updates=upd, globals={0: g0, 1: g1, 2: g2}, client_meta=meta, gram_cache=cache)
+    warm = WorkloadData(
+        updates=upd, globals={0: g0, 1: g1, 2: g2}, client_meta=meta, gram_cache=cache
+    )
     for r in (1, 2):  # the per-round queries fill the memo first, as in a cache function
         get("cosine-to-aggregate").run(warm, {"round": r})
     plain = WorkloadData(updates=upd, globals={0: g0, 1: g1, 2: g2}, client_meta=meta)
     got, want = get(name).run(warm, params), get(name).run(plain, params)
     assert got.keys() == want.keys()
     for k, v in want.items():
-        numeric = isinstance(v, float) or (isinstance(v, dict) and all(isinstance(x, float) for x in v.values()))
+        numeric = isinstance(v, float) or (
+            isinstance(v, dict) and all(isinstance(x, float) for x in v.values())
+        )
         if numeric:
             assert got[k] == pytest.approx(v, rel=1e-9, abs=1e-12)
         else:

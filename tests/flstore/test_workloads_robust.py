@@ -84,17 +84,23 @@ def test_pure_helpers_agree_with_brute_force_on_random_vectors() -> None:
     d2 = distances(g)
     brute = ((u[:, None, :] - u[None, :, :]) ** 2).sum(-1)
     np.testing.assert_allclose(d2, brute, atol=1e-9)
-    np.testing.assert_allclose(cosines(g), g / np.outer(np.linalg.norm(u, axis=1), np.linalg.norm(u, axis=1)))
+    np.testing.assert_allclose(
+        cosines(g), g / np.outer(np.linalg.norm(u, axis=1), np.linalg.norm(u, axis=1))
+    )
     p = np.full(6, 1 / 6)
     a = p @ u
-    np.testing.assert_allclose(cosine_to_aggregate(g, p), u @ a / np.linalg.norm(u, axis=1) / np.linalg.norm(a))
+    np.testing.assert_allclose(
+        cosine_to_aggregate(g, p), u @ a / np.linalg.norm(u, axis=1) / np.linalg.norm(a)
+    )
     s = krum_scores(d2, f=1)
     np.testing.assert_allclose(s, [np.sort(np.delete(brute[i], i))[:3].sum() for i in range(6)])
 
 
 def test_updates_given_as_deltas_give_the_same_answer_as_weights_with_a_base() -> None:
     fed = attacked_round()
-    deltas = {1: {c: frozen(w.astype(np.float64) - fed.globals[0]) for c, w in fed.updates[1].items()}}
+    deltas = {
+        1: {c: frozen(w.astype(np.float64) - fed.globals[0]) for c, w in fed.updates[1].items()}
+    }
     as_deltas = WorkloadData(updates=deltas, client_meta=fed.client_meta, updates_are_deltas=True)
     a = get("multi-krum").run(as_deltas, {"round": 1, "f": 2})
     b = get("multi-krum").run(fed.workload_data(), {"round": 1, "f": 2})

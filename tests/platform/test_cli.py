@@ -55,7 +55,9 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> None:
     up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))
     assert up.returncode == 0, up.stdout + up.stderr
-    assert "fedfaas is up" in up.stdout and "echo 1/1" in up.stdout and "aggregator 1/1" in up.stdout
+    assert (
+        "fedfaas is up" in up.stdout and "echo 1/1" in up.stdout and "aggregator 1/1" in up.stdout
+    )
 
     st = state.load(state_dir)
     assert st is not None
