@@ -29,6 +29,7 @@ import httpx
 
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import ColdStore, ObjectMissing, object_path
+from cache_engine.errors import EngineError
 from cache_engine.keys import ObjectKey
 from cache_engine.policies import Decision, make_policy
 from cache_engine.provider import Provider
@@ -42,19 +43,6 @@ CATALOG = "flstore:catalog:"
 JOBS = "flstore:jobs"
 FUNCTIONS = "flstore:functions"
 EVALUATORS = "flstore:evaluators"
-
-
-class EngineError(Exception):
-    """Base error of the cache engine; ``status``/``code`` go to the HTTP layer."""
-
-    status, code = 500, "engine_error"
-
-    def __init__(self, detail: str, **facts: Any) -> None:
-        super().__init__(detail)
-        self.detail, self.facts = detail, facts
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "detail": self.detail, **self.facts}
 
 
 class NoCapacity(EngineError):

@@ -75,8 +75,8 @@ class ObjectKey:
     def from_json(cls, d: dict[str, object]) -> ObjectKey:
         return cls(
             str(d["job"]),
-            int(d["round"]),
-            str(d.get("kind", "update")),  # type: ignore[call-overload]
+            int(d["round"]),  # type: ignore[call-overload]
+            str(d.get("kind", "update")),
             str(d.get("client") or ""),
         )
 

@@ -15,22 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_engine.catalog import Catalog
+from cache_engine.errors import EngineError
 from cache_engine.keys import ObjectKey, global_model, meta, update, valid_name
 
 
-class QueryError(Exception):
-    """A query that cannot be served as asked; ``status`` and ``code`` go to the HTTP layer."""
+class QueryError(EngineError):
+    """A query that cannot be served as asked (a 4xx)."""
 
-    status = 400
-    code = "bad_query"
-
-    def __init__(self, detail: str, **facts: Any) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.facts = facts
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "detail": self.detail, **self.facts}
+    status, code = 400, "bad_query"
 
 
 class UnknownJob(QueryError):

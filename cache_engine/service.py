@@ -18,9 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.engine import CacheEngine, EngineError
+from cache_engine.engine import CacheEngine
+from cache_engine.errors import EngineError
 from cache_engine.provider import Provider
-from cache_engine.queries import QueryError
 from cache_engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,6 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
                 "detail": "the body must be a JSON object {workload, job, rounds, clients, params}",
             },
         )
-
-    @app.exception_handler(QueryError)
-    async def _query_error(_: Request, exc: QueryError) -> JSONResponse:
-        return _error(exc.status, exc.to_dict())
 
     try:
         from fedfaas.workloads import WorkloadError
