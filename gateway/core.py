@@ -174,24 +174,26 @@ class Gateway:
         self._stop.set()
         for t in self._tasks:
             t.cancel()
-        await self.http.stop()
-        self.launcher.stop_all()
-        for job in self.jobs.values():
-            if job.endpoint is not None:
-                job.endpoint.close()
-        for th in self._threads:
-            th.join(2)
-        self.router.stop()
-        if self.checkpoints is not None:
-            await asyncio.to_thread(self.checkpoints.close, 30.0)
-        for job in self.jobs.values():
-            if self.settings.keep_store_on_stop:
-                job.ns.detach()
-            else:
-                job.ns.close()
-        self.jobs.clear()
-        await self._peers.aclose()
-        await self.journal.close()
+        try:
+            await self.http.stop()
+            self.launcher.stop_all()
+            for job in self.jobs.values():
+                if job.endpoint is not None:
+                    job.endpoint.close()
+            for th in self._threads:
+                th.join(2)
+            self.router.stop()
+            if self.checkpoints is not None:
+                await asyncio.to_thread(self.checkpoints.close, 30.0)
+        finally:  # whatever failed above, /dev/shm is left as the gateway found it
+            for job in self.jobs.values():
+                if self.settings.keep_store_on_stop:
+                    job.ns.detach()
+                else:
+                    job.ns.close()
+            self.jobs.clear()
+            await self._peers.aclose()
+            await self.journal.close()
         log.info("gateway %s stopped", self.settings.node)
 
     def route(self, req: Request) -> Exchange:
