@@ -121,10 +121,12 @@ def upload(
     assert r.status_code == 202, r.text
 
 
-def wait_version(url: str, token: str, version: int, timeout: float = 60) -> dict[str, np.ndarray]:
+def wait_version(
+    url: str, token: str, version: int, timeout: float = 60, job: str = "j1"
+) -> dict[str, np.ndarray]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/jobs/j1/model", headers={"Authorization": f"Bearer {token}"})
+        r = httpx.get(f"{url}/v1/jobs/{job}/model", headers={"Authorization": f"Bearer {token}"})
         if int(r.headers["x-model-version"]) >= version:
             return wire.decode_tensors(r.content)
         time.sleep(0.05)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedfaas import wire
-from tests.dataplane.test_gateway_rounds import Aggregators
+from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 from tests.flstore.conftest import start_stack
 
 pytestmark = pytest.mark.integration
@@ -68,7 +68,7 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
                     },
                 )
                 assert up.status_code == 202, up.text
-            wait_version_of(gw.url, info["tokens"]["c0"], 1)
+            wait_version(gw.url, info["tokens"]["c0"], 1, job=JOB)
         finally:
             aggs.stop()
         query = {
@@ -104,12 +104,3 @@ def _base() -> dict[str, np.ndarray]:
         "layer.bias": rng.standard_normal(8).astype(np.float32),
         "steps": np.array([0], np.int64),
     }
-
-
-def wait_version_of(url: str, token: str, version: int) -> None:
-    r = httpx.get(f"{url}/v1/jobs/{JOB}", headers={"Authorization": f"Bearer {token}"})
-    deadline = time.monotonic() + 60
-    while r.json().get("version", 0) < version and time.monotonic() < deadline:
-        time.sleep(0.05)
-        r = httpx.get(f"{url}/v1/jobs/{JOB}", headers={"Authorization": f"Bearer {token}"})
-    assert r.json()["version"] >= version, r.text
