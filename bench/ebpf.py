@@ -76,8 +76,20 @@ def _w_gateway(a: argparse.Namespace) -> None:
 
     router = bpf.RouterServer(a.socket, prefer_ebpf=a.mode == "ebpf").start()
     _emit({"mode": router.mode, "reason": router.reason})
-    sys.stdin.read()  # until the driver closes our stdin
+    for line in sys.stdin:  # an endpoint id a line: grant it the job; EOF: the driver is done
+        endpoint_id = int(line)
+        router.grant(endpoint_id, JOB, a.shm)
+        _emit({"granted": endpoint_id})
     router.stop()
+
+
+def _take_grant(ep: Any) -> None:
+    """Wait for the gateway's GRANT (endpoints register in no job)."""
+    import bpf
+
+    grant = ep.recv(timeout=30)
+    if grant is None or grant.kind is not bpf.Kind.GRANT or ep.job != JOB:
+        raise RuntimeError(f"endpoint {ep.id}: expected a GRANT for job {JOB}, got {grant}")
 
 
 def _w_top_key(a: argparse.Namespace) -> None:
@@ -85,8 +97,9 @@ def _w_top_key(a: argparse.Namespace) -> None:
 
     import bpf
 
-    ep = bpf.connect(a.socket, JOB, "top")
+    ep = bpf.connect(a.socket, "top")
     _emit({"id": ep.id})
+    _take_grant(ep)
     lat: list[int] = []
     cpu0 = 0.0
     for i in range(a.warmup + a.n):
@@ -111,7 +124,9 @@ def _w_top_key(a: argparse.Namespace) -> None:
 def _w_leaf_key(a: argparse.Namespace) -> None:
     import bpf
 
-    ep = bpf.connect(a.socket, JOB, "leaf")
+    ep = bpf.connect(a.socket, "leaf")
+    _emit({"id": ep.id})
+    _take_grant(ep)
     frame = bpf.Frame(
         dst=a.dst,
         src=0,
@@ -360,6 +375,14 @@ class _Proc:
             raise RuntimeError(f"worker {self.p.args[4]} exited ({self.p.wait()})")
         return dict(json.loads(line))
 
+    def grant(self, endpoint_id: int) -> None:
+        """Gateway worker: grant the job to a registered endpoint and wait until it is done."""
+        assert self.p.stdin is not None
+        self.p.stdin.write(f"{endpoint_id}\n")
+        self.p.stdin.flush()
+        if self.read().get("granted") != endpoint_id:
+            raise RuntimeError(f"gateway did not grant endpoint {endpoint_id}")
+
     def go(self) -> None:
         assert self.p.stdin is not None
         self.p.stdin.write("go\n")
@@ -395,7 +418,7 @@ def _summary(lat_ns: list[int], cpu_s: float, n: int) -> dict[str, Any]:
 
 def _run_key(mode: str, shm: str, key: str, n: int, warmup: int) -> dict[str, Any]:
     sock = os.path.join(shm, f"router-{mode}.sock")
-    gw = _Proc("gateway", socket=sock, mode=mode)
+    gw = _Proc("gateway", socket=sock, mode=mode, shm=shm)
     procs = [gw]
     try:
         info = gw.read()
@@ -404,9 +427,11 @@ def _run_key(mode: str, shm: str, key: str, n: int, warmup: int) -> dict[str, An
         top = _Proc("top_key", socket=sock, shm=shm, n=n, warmup=warmup)
         procs.append(top)
         dst = top.read()["id"]
+        gw.grant(dst)
         leaf = _Proc("leaf_key", socket=sock, dst=dst, key=key, n=n, warmup=warmup)
         procs.append(leaf)
-        leaf.read()
+        gw.grant(leaf.read()["id"])
+        leaf.read()  # warmed up
         g0 = gw.cpu()
         leaf.go()
         leaf_cpu = leaf.read()["cpu_s"]

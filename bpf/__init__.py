@@ -7,7 +7,9 @@ Gateway side::
 
 Function side::
 
-    ep = bpf.connect("/run/fedfaas/router.sock", job=1)
+    ep = bpf.connect("/run/fedfaas/router.sock")      # registers in no job
+    router.grant(ep.id, 1, store_dir)                 # gateway side: the job is granted
+    ep.recv()                                         # the GRANT: ep.job == 1, ep.store_fd
     ep.send(bpf.Frame(dst=gw_id, src=0, kind=bpf.Kind.PARTIAL, job=1, key=key))
 """
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import threading
 
+from bpf.errors import RouterError
 from bpf.loader import SidecarProgram
 from bpf.metrics import EndpointInfo, EndpointMetrics
 from bpf.protocol import MODE_EBPF
@@ -23,6 +25,7 @@ class EbpfBackend:
 
         self._prog = program
         self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # endpoint id -> our copy of its data socket
         self._sink, self._sink_peer = loopback_tcp_pair()
         self._sink.setblocking(False)
         program.set_sink(self._sink.fileno())
@@ -46,9 +49,19 @@ class EbpfBackend:
         return True
 
     def add_fd(self, info: EndpointInfo, fd: int) -> None:
-        """Insert an endpoint's data socket (the caller keeps and later closes ``fd``)."""
+        """Insert an endpoint's data socket; a copy of ``fd`` is kept until :meth:`remove`
+        (a grant rewrites the socket's storage, which is keyed by an fd)."""
         with self._lock:
             self._prog.add_endpoint(info.id, info.job, fd)
+            self._fds[info.id] = os.dup(fd)
+
+    def set_job(self, endpoint_id: int, job: int) -> None:
+        """Grant ``job`` to a registered endpoint: the kernel delivers its frames in that job."""
+        with self._lock:
+            fd = self._fds.get(endpoint_id)
+            if fd is None:
+                raise RouterError(f"endpoint {endpoint_id} has no data socket here")
+            self._prog.set_job(endpoint_id, job, fd)
 
     def local_socket(self, info: EndpointInfo) -> tuple[socket.socket, tuple[socket.socket, ...]]:
         """A data socket for an in-process endpoint, already in the map, and what to keep open."""
@@ -66,6 +79,9 @@ class EbpfBackend:
     def remove(self, endpoint_id: int) -> None:
         with self._lock:
             self._prog.remove_endpoint(endpoint_id)
+            fd = self._fds.pop(endpoint_id, None)
+        if fd is not None:
+            os.close(fd)
 
     def metrics(self) -> dict[int, EndpointMetrics]:
         with self._lock:
@@ -78,5 +94,8 @@ class EbpfBackend:
     def close(self) -> None:
         with self._lock:
             self._prog.close()
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
         self._sink.close()
         self._sink_peer.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import logging
+import os
 import select
 import socket
 import threading
@@ -12,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from bpf.errors import EndpointClosed, FrameError, RegistrationRefused
-from bpf.frame import FRAME_SIZE, Frame
+from bpf.frame import FRAME_SIZE, Frame, Kind
 from bpf.protocol import (
     MAX_RECORD,
     MODE_EBPF,
@@ -28,6 +30,13 @@ from bpf.protocol import (
 log = logging.getLogger(__name__)
 
 _READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+_ANC_SPACE = socket.CMSG_SPACE(4)
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class Endpoint:
@@ -60,10 +69,12 @@ class Endpoint:
         self._keep = keep
         self._on_close = on_close
         self._closed = False
+        self._store_fd: int | None = None
         self._stream = data.type == socket.SOCK_STREAM
         self._rx = bytearray(FRAME_SIZE)
         self._rx_view = memoryview(self._rx)
         self._rx_have = 0
+        self._ctl_view = memoryview(bytearray(FRAME_SIZE))  # the router's records (eBPF mode)
         self._send_lock = threading.Lock()
         data.setblocking(True)
         self._poll = select.poll()
@@ -117,8 +128,16 @@ class Endpoint:
         events.register(self._control.fileno(), _READ_EVENTS)
         return not events.poll(0)
 
+    @property
+    def store_fd(self) -> int | None:
+        """Directory fd of the granted job's object-store folder (None before a grant)."""
+        return self._store_fd
+
     def recv(self, timeout: float | None = None) -> Frame | None:
         """Wait up to ``timeout`` seconds (None: forever) for the next frame.
+
+        A GRANT from the router (see :meth:`RouterServer.grant`) is returned like any frame,
+        after :attr:`job` and :attr:`store_fd` have taken its values.
 
         Returns
         -------
@@ -134,7 +153,13 @@ class Endpoint:
             raise EndpointClosed(f"endpoint {self.id} is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         data_fd = self._data.fileno()
+        split = self._control is not None and self._control is not self._data
         while True:
+            if split:
+                # the router's own records first: a GRANT is sent before the TASK it enables
+                grant = self._read_control()
+                if grant is not None:
+                    return grant
             if self._rx_have == 0 or self._stream:
                 if deadline is None:
                     ready = self._poll.poll(-1)
@@ -142,13 +167,23 @@ class Endpoint:
                     ready = self._poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
                     if not ready:
                         return None
-                if ready[0][0] != data_fd and len(ready) == 1:
-                    # only the registration socket woke us: the router closed it
-                    raise EndpointClosed(f"endpoint {self.id}: router closed the registration")
+                if split and any(fd != data_fd for fd, _ in ready):
+                    # a GRANT may wait there: it was sent before any frame it enables
+                    grant = self._read_control()
+                    if grant is not None:
+                        return grant
+                if not any(fd == data_fd for fd, _ in ready):
+                    continue
             try:
-                n = self._data.recv_into(
-                    self._rx_view[self._rx_have :], FRAME_SIZE - self._rx_have, socket.MSG_DONTWAIT
-                )
+                if self._stream:
+                    n = self._data.recv_into(
+                        self._rx_view[self._rx_have :],
+                        FRAME_SIZE - self._rx_have,
+                        socket.MSG_DONTWAIT,
+                    )
+                    fd = None
+                else:
+                    n, fd = self._recv_record(self._data, self._rx_view)
             except BlockingIOError:
                 continue
             except OSError as exc:
@@ -161,13 +196,66 @@ class Endpoint:
             if self._rx_have == FRAME_SIZE:
                 self._rx_have = 0
                 try:
-                    return Frame.decode(self._rx)
+                    frame = Frame.decode(self._rx)
                 except FrameError:
                     log.warning("endpoint %d: undecodable frame discarded", self.id)
+                    _close_fd(fd)
                     continue
+                if frame.kind == Kind.GRANT:
+                    # on a shared socket only the router's own record (src 0) grants
+                    if split or frame.src != 0:
+                        log.warning("endpoint %d: GRANT from %d discarded", self.id, frame.src)
+                        _close_fd(fd)
+                        continue
+                    return self._take_grant(frame, fd)
+                _close_fd(fd)
+                return frame
+            _close_fd(fd)
             if not self._stream:
                 self._rx_have = 0  # a short record on a seqpacket socket: discard it
                 log.warning("endpoint %d: short record (%d bytes) discarded", self.id, n)
+
+    def _recv_record(self, sock: socket.socket, view: memoryview) -> tuple[int, int | None]:
+        """One seqpacket record into ``view``, and the fd it carries (if any)."""
+        n, anc, _flags, _addr = sock.recvmsg_into([view], _ANC_SPACE, socket.MSG_DONTWAIT)
+        fds: list[int] = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(data) - len(data) % 4
+                fds.extend(array.array("i", data[:usable]))
+        for extra in fds[1:]:
+            _close_fd(extra)
+        return n, (fds[0] if fds else None)
+
+    def _read_control(self) -> Frame | None:
+        """eBPF mode: a pending GRANT on the registration socket, or None; EOF closes."""
+        assert self._control is not None
+        try:
+            n, fd = self._recv_record(self._control, self._ctl_view)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise EndpointClosed(f"endpoint {self.id}: registration socket failed ({exc})") from exc
+        if n == 0:
+            raise EndpointClosed(f"endpoint {self.id}: router closed the registration")
+        try:
+            frame = Frame.decode(self._ctl_view) if n == FRAME_SIZE else None
+        except FrameError:
+            frame = None
+        if frame is None or frame.kind != Kind.GRANT:
+            log.warning("endpoint %d: unexpected record from the router discarded", self.id)
+            _close_fd(fd)
+            return None
+        return self._take_grant(frame, fd)
+
+    def _take_grant(self, frame: Frame, fd: int | None) -> Frame:
+        old, self._store_fd = self._store_fd, (fd if frame.job else None)
+        _close_fd(old)
+        if not frame.job:
+            _close_fd(fd)
+        self.job = frame.job
+        log.debug("endpoint %d: granted job %d", self.id, frame.job)
+        return frame
 
     def _router_stopped(self) -> None:
         """Wake a blocked ``recv`` with EOF (the router owning this local endpoint stops)."""
@@ -179,6 +267,8 @@ class Endpoint:
         if self._closed:
             return
         self._closed = True
+        _close_fd(self._store_fd)
+        self._store_fd = None
         for s in (self._data, self._control, *self._keep):
             if s is not None:
                 with contextlib.suppress(OSError):
@@ -187,17 +277,17 @@ class Endpoint:
             self._on_close(self.id)
 
 
-def connect(
-    socket_path: str, job: int, role: str = "aggregator", *, timeout: float = 5.0
-) -> Endpoint:
-    """Register with the node's router and return this process's endpoint.
+def connect(socket_path: str, role: str = "aggregator", *, timeout: float = 5.0) -> Endpoint:
+    """Register with the node's router and return this process's endpoint, job-agnostic.
+
+    The endpoint starts in no job (``job`` 0): frames reach it only once the router grants
+    it a job (:meth:`RouterServer.grant`), which :meth:`Endpoint.recv` reports as a GRANT
+    frame. A function never declares its own job.
 
     Parameters
     ----------
     socket_path : str
         The router's Unix socket (``RouterServer(socket_path)``).
-    job : int
-        Numeric job id; frames reach only endpoints of the same job.
     role : str
         Free-form label shown in ``RouterServer.endpoints()`` (at most 32 bytes).
     timeout : float
@@ -216,7 +306,7 @@ def connect(
         ctl.connect(socket_path)
         # If the router already answered (a refusal), its answer below says why.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            ctl.sendall(encode_hello(job, role))
+            ctl.sendall(encode_hello(0, role))
         mode, endpoint_id = decode_welcome(ctl.recv(MAX_RECORD))
         if mode == MODE_EBPF:
             data, peer = loopback_tcp_pair()
@@ -228,11 +318,11 @@ def connect(
                 peer.close()
                 raise
             ctl.settimeout(None)
-            log.debug("registered endpoint %d (job %d, ebpf)", endpoint_id, job)
-            return Endpoint(endpoint_id, job, MODES[mode], data, control=ctl, keep=(peer,))
+            log.debug("registered endpoint %d (ebpf)", endpoint_id)
+            return Endpoint(endpoint_id, 0, MODES[mode], data, control=ctl, keep=(peer,))
         ctl.settimeout(None)
-        log.debug("registered endpoint %d (job %d, userspace)", endpoint_id, job)
-        return Endpoint(endpoint_id, job, MODES[mode], ctl, control=ctl)
+        log.debug("registered endpoint %d (userspace)", endpoint_id)
+        return Endpoint(endpoint_id, 0, MODES[mode], ctl, control=ctl)
     except TimeoutError as exc:
         ctl.close()
         raise RegistrationRefused(f"router at {socket_path} did not answer in {timeout}s") from exc

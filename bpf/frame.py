@@ -52,6 +52,9 @@ class Kind(enum.IntEnum):
     RESULT = 5
     PING = 6
     SHUTDOWN = 7
+    #: router -> endpoint on the registration socket only: the endpoint now serves ``job``
+    #: (0: none); carries the job's store folder as an SCM_RIGHTS directory fd
+    GRANT = 8
 
 
 class Role(enum.IntEnum):

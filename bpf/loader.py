@@ -47,6 +47,7 @@ def cflags(max_endpoints: int = MAX_ENDPOINTS) -> list[str]:
         f"-DKIND_UPDATE={int(Kind.UPDATE)}",
         f"-DKIND_PARTIAL={int(Kind.PARTIAL)}",
         f"-DKIND_RESULT={int(Kind.RESULT)}",
+        f"-DKIND_GRANT={int(Kind.GRANT)}",
         f"-DN_DROP_REASONS={N_DROP_REASONS}",
         f"-DSINK_ID={SINK_ID}",
     ]
@@ -178,6 +179,18 @@ class SidecarProgram:
         except RouterError:
             self.remove_endpoint(endpoint_id)
             raise
+
+    def set_job(self, endpoint_id: int, job: int, sock_fd: int) -> None:
+        """Move endpoint ``endpoint_id`` (data socket ``sock_fd``) to ``job`` (a grant)."""
+        key = ct.c_uint32(endpoint_id)
+        self._update(self._fd_endpoints, key, _EpInfo(job, 0), BPF_ANY, "endpoints map")
+        self._update(
+            self._fd_senders,
+            ct.c_int(sock_fd),
+            _Sender(endpoint_id, job),
+            BPF_ANY,
+            "sender storage",
+        )
 
     def set_sink(self, sock_fd: int) -> None:
         """Install the socket that receives (and the router discards) refused frames."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import selectors
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from bpf.endpoint import Endpoint
 from bpf.errors import EbpfUnavailable, RegistrationRefused, RouterError
+from bpf.frame import Frame, Kind
 from bpf.metrics import Accounting, EndpointInfo, EndpointMetrics
 from bpf.protocol import (
     MAX_RECORD,
@@ -30,6 +32,7 @@ from bpf.protocol import (
     encode_welcome,
     peer_credentials,
     recv_with_fd,
+    send_with_fd,
 )
 from bpf.userspace import UserspaceBackend
 
@@ -226,6 +229,56 @@ class RouterServer:
             "drops": self.drops(),
         }
 
+    def grant(self, endpoint_id: int, job: int, store_dir: str | None, role: str = "") -> None:
+        """Give a registered endpoint its job: the gateway's capability grant.
+
+        Endpoints register job-agnostic (job 0); from this call on the router (the kernel map
+        in eBPF mode) delivers the endpoint's frames only within ``job``, and the endpoint
+        receives a GRANT frame on its registration socket carrying ``store_dir`` (the job's
+        object-store folder) as a directory fd: it never names a job or a folder itself.
+        ``job`` 0 revokes. A grant to an endpoint already in another job moves it (reuse).
+
+        Raises
+        ------
+        RouterError
+            If the endpoint is unknown, local, or not reading its registration socket.
+        """
+        if job and store_dir is None:
+            raise ValueError("a grant needs the job's store folder")
+        if not 0 <= job <= _U32_MAX:
+            raise ValueError(f"job must be a u32, got {job}")
+        dirfd = None
+        if job:
+            dirfd = os.open(store_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # type: ignore[arg-type]
+        try:
+            self._call(lambda: self._grant(endpoint_id, job, role, dirfd))
+        finally:
+            if dirfd is not None:
+                os.close(dirfd)
+
+    def _grant(self, endpoint_id: int, job: int, role: str, dirfd: int | None) -> None:
+        with self._lock:
+            info = self._infos.get(endpoint_id)
+            conn = self._conns.get(endpoint_id)
+        if info is None or conn is None or info.local:
+            raise RouterError(f"endpoint {endpoint_id} is not a registered function endpoint")
+        self._backend.set_job(endpoint_id, job)
+        raw = Frame(dst=endpoint_id, src=0, kind=Kind.GRANT, job=job).encode()
+        try:
+            if dirfd is None:
+                conn.send(raw)
+            else:
+                send_with_fd(conn, raw, dirfd)
+        except OSError as exc:
+            self._backend.set_job(endpoint_id, info.job)
+            raise RouterError(f"endpoint {endpoint_id} did not take its grant: {exc}") from exc
+        with self._lock:
+            if endpoint_id in self._infos:
+                self._infos[endpoint_id] = dataclasses.replace(
+                    info, job=job, role=role or info.role
+                )
+        log.debug("endpoint %d granted job %d (%s)", endpoint_id, job, role or info.role)
+
     def local_endpoint(self, job: int, role: str = "gateway") -> Endpoint:
         """An endpoint for the gateway itself in job ``job``, registered like any other."""
         if self._thread is None:
@@ -334,6 +387,11 @@ class RouterServer:
             raise RegistrationRefused(reason)
         try:
             job, role = decode_hello(hello)
+            if job != 0:
+                raise RegistrationRefused(
+                    f"hello names job {job}: endpoints register job-agnostic (0) and the "
+                    "gateway grants them a job"
+                )
         except RegistrationRefused as exc:
             conn.sendall(encode_welcome(self._backend.mode_code, 0, exc.reason))
             raise

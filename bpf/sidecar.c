@@ -33,6 +33,9 @@
 #ifndef KIND_RESULT
 #define KIND_RESULT 5
 #endif
+#ifndef KIND_GRANT
+#define KIND_GRANT 8
+#endif
 #ifndef SINK_ID
 #define SINK_ID 0
 #endif
@@ -113,7 +116,8 @@ int sidecar_router(struct sk_msg_md *msg)
     u32 dst = *(u32 *)data;
     u32 src = *(u32 *)(data + 4);
     u16 kind = *(u16 *)(data + 8);
-    if (src != snd->id)
+    // only the router grants jobs, and it does so on the registration socket, never here
+    if (src != snd->id || kind == KIND_GRANT)
         return refuse(msg, DROP_SPOOFED_SRC, sm);
 
     struct ep_info *di = endpoints.lookup(&dst);

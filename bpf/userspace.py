@@ -14,11 +14,12 @@ import socket
 import struct
 import time
 
-from bpf.frame import FRAME_SIZE
+from bpf.frame import FRAME_SIZE, Kind
 from bpf.metrics import Accounting, DropReason, EndpointInfo
 from bpf.protocol import MODE_USERSPACE
 
 _HEAD = struct.Struct("<IIH")  # dst, src, kind
+_GRANT = int(Kind.GRANT)
 _BATCH = 64  # frames read from one connection before the selector looks at the others
 MAX_QUEUED = 65536  # frames waiting for one slow receiver before new ones are dropped
 
@@ -52,6 +53,11 @@ class UserspaceBackend:
         self._selector.register(
             conn, selectors.EVENT_READ, (info.id, self._readable, self._writable)
         )
+
+    def set_job(self, endpoint_id: int, job: int) -> None:
+        """Grant ``job`` to a registered endpoint (called on the router thread)."""
+        if endpoint_id in self._jobs:
+            self._jobs[endpoint_id] = job
 
     def remove(self, endpoint_id: int) -> None:
         conn = self._conns.pop(endpoint_id, None)
@@ -89,7 +95,7 @@ class UserspaceBackend:
             acct.dropped(sender, DropReason.BAD_SIZE)
             return
         dst, src, kind = _HEAD.unpack_from(buf)
-        if src != sender:
+        if src != sender or kind == _GRANT:  # only the router itself grants
             acct.dropped(sender, DropReason.SPOOFED_SRC)
             return
         job = self._jobs.get(dst)

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
 from control_plane.errors import (
     ClientNotSelected,
     ControlPlaneError,
@@ -86,6 +87,8 @@ class Coordinator:
         Where job state lives (default: memory).
     provider
         Provider API client used to scale ``function`` (None: no autoscaling).
+    scale_down_after
+        Seconds every node must be idle before ``function`` scales down to its minimum.
     clock
         Wall clock in seconds (tests pass a fake one).
     """
@@ -104,6 +107,7 @@ class Coordinator:
         admin_token: str | None = None,
         job_ready_timeout: float = 30.0,
         push_plans: bool = True,
+        scale_down_after: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not gateways:
@@ -127,6 +131,9 @@ class Coordinator:
         self.plans: dict[str, Plan] = {}
         self.last_scale: int | None = None
         self.scale_error: str | None = None
+        self.scale_down_after = scale_down_after
+        self._busy_at = clock()
+        self._reports: dict[str, dict[str, Any]] = {}
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -349,22 +356,44 @@ class Coordinator:
             }
             rnd.placement = "gateway-static"
             self.plans[job.spec.name] = self._plan_for(job, rnd)
-        await self._autoscale()
 
-    async def _autoscale(self) -> None:
-        """With reuse, middles and tops are promoted leaves: the replicas needed are the leaves."""
+    async def autoscale(self, reports: Mapping[str, dict[str, Any]]) -> None:
+        """Scale ``function`` to what the nodes' aggregator loads ask for (see
+        :mod:`control_plane.autoscale`): up when a node lacks endpoints, down to the minimum
+        after ``scale_down_after`` idle seconds."""
         if self.provider is None:
             return
-        leaves = sum(len(n.leaf_goals) for p in self.plans.values() for n in p.nodes)
-        want = max(1, leaves)
-        if want == self.last_scale:
-            return
+        loads = [node_load(n, body) for n, body in reports.items()]
+        now = self.clock()
+        if not all(x.idle for x in loads):
+            self._busy_at = now
         try:
-            await self.provider.scale(self.function, want)
+            st = await self.provider.function(self.function)
+            lo, hi = st.scale_bounds()
+            endpoints = sum(x.endpoints for x in loads)
+            per = endpoints // st.available_replicas if st.available_replicas and endpoints else 2
+            want = replicas_wanted(
+                loads,
+                desired=st.replicas,
+                available=st.available_replicas,
+                endpoints_per_replica=per,
+                bounds=ScaleBounds(lo, hi),
+                idle_for_s=now - self._busy_at,
+                idle_s=self.scale_down_after,
+            )
+            if want != st.replicas:
+                await self.provider.scale(self.function, want)
+                log.info(
+                    "%s: %d -> %d replicas (short of %s endpoints)",
+                    self.function,
+                    st.replicas,
+                    want,
+                    {x.node: x.shortage for x in loads if x.shortage},
+                )
             self.last_scale, self.scale_error = want, None
         except ControlPlaneError as exc:
             self.scale_error = exc.detail
-            log.warning("autoscale of %s to %d failed: %s", self.function, want, exc.detail)
+            log.warning("autoscale of %s failed: %s", self.function, exc.detail)
 
     def assignment(self, name: str, client: str) -> tuple[int, str, str]:
         """``(round, node, gateway_url)`` for a client of the open round."""
@@ -416,16 +445,18 @@ class Coordinator:
 
     # ------------------------------------------------------------------ periodic work
     async def tick(self) -> None:
-        """One control period: health probes, progress polls, round closing, re-planning."""
+        """One control period: health probes, autoscaling, progress polls, round closing."""
         await self.check_health()
+        await self.autoscale(self._reports)
         await self.poll()
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every gateway's /healthz; take failing ones out, bring recovered ones back."""
         results = await asyncio.gather(*(c.healthz() for c in self.clients.values()))
+        self._reports = {n: r for n, r in zip(self.nodes, results, strict=True) if r is not None}
         async with self._lock:
-            for (name, h), ok in zip(self.nodes.items(), results, strict=True):
-                if ok:
+            for (name, h), body in zip(self.nodes.items(), results, strict=True):
+                if body is not None:
                     if not h.healthy:
                         log.info("node %s is back in placement", name)
                     h.healthy, h.failures = True, 0
@@ -633,3 +664,22 @@ class Coordinator:
 
     async def _save(self, job: JobState) -> None:
         await self.store.save(job.spec.name, job_to_json(job))
+
+
+def node_load(node: str, health: Mapping[str, Any]) -> NodeLoad:
+    """A gateway's ``/healthz`` ``aggregators`` block as a :class:`NodeLoad` (zeros if absent)."""
+    agg = health.get("aggregators") or {}
+
+    def num(key: str) -> float:
+        try:
+            return float(agg.get(key) or 0)
+        except (TypeError, ValueError):
+            return 0.0
+
+    return NodeLoad(
+        node,
+        endpoints=int(num("endpoints")),
+        free_endpoints=int(num("free_endpoints")),
+        waiting_slots=int(num("waiting_slots")),
+        queue=num("queue"),
+    )

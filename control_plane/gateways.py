@@ -87,13 +87,19 @@ class GatewayClient:
         """Close the connection pool."""
         await self._client.aclose()
 
-    async def healthz(self) -> bool:
-        """True when ``GET /healthz`` answers 200 within the health timeout."""
+    async def healthz(self) -> dict[str, Any] | None:
+        """The ``GET /healthz`` body when it answers 200 within the health timeout, else None."""
         try:
             r = await self._client.get("/healthz", timeout=self.health_timeout)
         except httpx.HTTPError:
-            return False
-        return r.status_code == 200
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            body = r.json()
+        except ValueError:
+            return {}
+        return body if isinstance(body, dict) else {}
 
     async def create_job(
         self,

@@ -10,7 +10,7 @@ ready). ``/system/*`` takes HTTP basic auth; credentials are files, as in OpenFa
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,18 @@ class FunctionStatus:
     name: str
     replicas: int
     available_replicas: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def scale_bounds(self, max_default: int = 20) -> tuple[int, int]:
+        """``(min, max)`` from ``com.openfaas.scale.min`` / ``.max`` (defaults 1 and 20)."""
+
+        def num(key: str, default: int) -> int:
+            try:
+                return int(self.labels.get(key, default))
+            except (TypeError, ValueError):
+                return default
+
+        return num("com.openfaas.scale.min", 1), num("com.openfaas.scale.max", max_default)
 
 
 def read_basic_auth(auth_dir: Path) -> tuple[str, str]:
@@ -118,6 +130,7 @@ class Provider:
                 name=str(data.get("name", name)),
                 replicas=int(data.get("replicas", 0)),
                 available_replicas=int(data.get("availableReplicas", 0)),
+                labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise ProviderError(f"GET /system/function/{name}: unreadable answer: {exc}") from exc

@@ -16,6 +16,10 @@ with ``reuse=False`` (the baseline)
     every aggregator not yet bound gets a new replica on its node.
 
 "First" is by completion sequence number, then by id, so the result is deterministic.
+
+The tree is read from the aggregators' parent links, so the same rules serve the control
+plane's :class:`~control_plane.planning.Plan` and the node gateway's slot tables (the gateway
+calls :func:`assign_replicas` each time a slot of an open round needs an endpoint).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from control_plane.planning import TOP_ID, Plan, middle_id
+from control_plane.planning import TOP_ID, AggregatorSpec, Plan
 
 Status = Literal["pending", "running", "done"]
 
@@ -50,11 +54,16 @@ class AggregatorState:
 
 @dataclass(frozen=True)
 class ReplicaState:
-    """One warm replica of the aggregator function on a node."""
+    """One warm replica of the aggregator function on a node.
+
+    ``rank`` orders idle replicas before their id (smaller first): the gateway ranks an
+    endpoint already granted the job before one in no job, and that before one of another job.
+    """
 
     id: str
     node: str
     idle: bool
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class ReplicaAssignment:
 
 
 def assign_replicas(
-    plan: Plan,
+    plan: Plan | Sequence[AggregatorSpec],
     states: Mapping[str, AggregatorState],
     replicas: Sequence[ReplicaState] = (),
     *,
@@ -95,7 +104,7 @@ def assign_replicas(
     Parameters
     ----------
     plan
-        The hierarchy in force.
+        The hierarchy in force, or its aggregators (their ``parent`` links make the tree).
     states
         State per aggregator id (missing: pending and unbound).
     replicas
@@ -103,7 +112,7 @@ def assign_replicas(
     reuse
         LIFL's reuse policy (True) or the baseline (False).
     """
-    specs = plan.aggregators()
+    specs = plan.aggregators() if isinstance(plan, Plan) else list(plan)
     st = {s.id: states.get(s.id, AggregatorState()) for s in specs}
     busy = {a.replica for a in st.values() if a.replica is not None and a.status != "done"}
     if not reuse:
@@ -113,7 +122,7 @@ def assign_replicas(
     # is not free, whatever it reports
     idle = sorted(
         (r for r in replicas if r.idle and r.id not in busy),
-        key=lambda r: r.id,
+        key=lambda r: (r.rank, r.id),
     )
     idle_by_node: dict[str, list[str]] = {}
     for r in idle:
@@ -145,11 +154,7 @@ def assign_replicas(
             else:
                 new[s.id] = s.node
         else:
-            if s.role == "middle":
-                np_ = plan.node_plan(s.node)
-                children = [] if np_ is None else [f"{s.node}:leaf:{k}" for k in np_.leaf_numbers]
-            else:
-                children = [middle_id(n.node) for n in plan.nodes]
+            children = [c.id for c in specs if c.parent == s.id]
             promoted = first_done(children)
             if promoted is None:
                 deferred.append(s.id)

@@ -16,6 +16,12 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: The one setting that tells an ``aggregator`` replica where its node's router listens. The
+#: node gateway reads the same name (``GatewaySettings.router_socket``, prefix
+#: ``FEDFAAS_GATEWAY_``), the chart sets it for both, and the embedded runtime sets it per
+#: replica for the node it places the replica on (``RuntimeSettings.nodes``).
+ROUTER_SOCKET_ENV = "FEDFAAS_GATEWAY_ROUTER_SOCKET"
+
 #: The usual port of each part when nothing is configured (OpenFaaS gateway on 8080 so that
 #: ``faas-cli`` finds it without ``--gateway``; MinIO and Redis on their own defaults).
 DEFAULT_PORTS: dict[str, int] = {

@@ -1,4 +1,8 @@
-"""``python -m gateway --node NAME --port P --state-dir DIR --redis URL [--minio ...]``."""
+"""``python -m gateway --node NAME --port P --state-dir DIR --redis URL [--minio ...]``.
+
+The flags are :data:`gateway.settings.FLAGS`, one per setting; launchers render this command
+with :meth:`GatewaySettings.to_argv` instead of writing it out.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +11,58 @@ import asyncio
 import json
 import logging
 import signal
+import typing
 from pathlib import Path
 
 from gateway.core import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings import FLAGS, GatewaySettings
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gateway", description="FedFaaS node gateway")
-    p.add_argument("--node")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--state-dir", type=Path)
-    p.add_argument("--redis", dest="redis_url")
-    p.add_argument("--shm-root", type=Path)
-    p.add_argument("--minio", dest="minio_endpoint", help="host:port of MinIO for checkpoints")
-    p.add_argument("--engine", dest="engine_url", help="FLStore cache engine, told of each round")
+    fields = GatewaySettings.model_fields
+    for name, flag in FLAGS.items():
+        info = fields[name]
+        doc = f"setting {name} (env FEDFAAS_GATEWAY_{name.upper()})"
+        if info.annotation is bool:
+            p.add_argument(
+                flag,
+                dest=name,
+                action="store_false" if flag.startswith("--no-") else "store_true",
+                default=None,
+                help=doc,
+            )
+        elif name == "peers":
+            p.add_argument(flag, dest=name, type=json.loads, help='{"node": "http://..."}')
+        else:
+            p.add_argument(flag, dest=name, type=_scalar(info.annotation), help=doc)
     p.add_argument(
         "--peer",
         action="append",
         default=[],
         metavar="NODE=URL",
-        help="another node gateway (repeat)",
+        help="another node gateway (repeat; added to --peers)",
     )
-    p.add_argument("--fanout", type=int)
-    p.add_argument("--lazy", action="store_true", default=None)
-    p.add_argument("--no-ebpf", dest="prefer_ebpf", action="store_false", default=None)
-    p.add_argument(
-        "--spawn-aggregators", type=int, help="endpoints of a local aggregator process per job"
-    )
-    p.add_argument(
-        "--max-inflight", type=int, help="uploads of one job received at once (0: no limit)"
-    )
-    p.add_argument("--pool", type=int, help="pre-faulted store buffers per job")
-    p.add_argument("--admin-secret-file", type=Path)
     p.add_argument("--log-level", default="INFO")
-    a = p.parse_args(argv)
+    return p
+
+
+def _scalar(annotation: object) -> typing.Callable[[str], object]:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = args[0]
+    if kind is Path:
+        return Path
+    if kind in (int, float):
+        return kind  # type: ignore[return-value]
+    return str
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     logging.basicConfig(level=a.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     over = {k: v for k, v in vars(a).items() if v is not None and k not in ("peer", "log_level")}
     if a.peer:
-        over["peers"] = dict(x.split("=", 1) for x in a.peer)
+        over["peers"] = {**over.get("peers", {}), **dict(x.split("=", 1) for x in a.peer)}
     settings = GatewaySettings(**over)
     try:  # the gateway's BLAS use (finite checks) is small: one thread, leave the cores to I/O
         from threadpoolctl import threadpool_limits

@@ -50,6 +50,7 @@ def build_app(gw: Gateway) -> FastAPI:
             "router": gw.router.mode,
             "router_reason": gw.router.reason,
             "jobs": len(gw.jobs),
+            "aggregators": control.node_load(gw),
         }
 
     @app.get("/metrics")

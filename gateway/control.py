@@ -149,7 +149,21 @@ def load(gw: Gateway, job: Job) -> dict[str, Any]:
         "pending": pending,
         "k": k,
         "E_s": e,
+        **endpoint_load(gw),
+        "waiting_slots": gw.shortage.get(job.name, 0),
     }
+
+
+def endpoint_load(gw: Gateway) -> dict[str, int]:
+    """This node's ``aggregator`` endpoints: registered, free (no open slot) and busy."""
+    from gateway.endpoints import free_endpoints
+
+    try:
+        total = sum(1 for i in gw.router.endpoints().values() if not i.local)
+        free = len(free_endpoints(gw))
+    except Exception:  # router stopping
+        return {"endpoints": 0, "free_endpoints": 0}
+    return {"endpoints": total, "free_endpoints": free}
 
 
 async def persist_plan(gw: Gateway, job: Job, rnd: int) -> None:
@@ -182,3 +196,18 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
     job.plan = plan
     eng.frozen = bool(rec.get("frozen"))
     log.info("job %s: round %d resumes with plan v%s", job.name, eng.round, version)
+
+
+def node_load(gw: Gateway) -> dict[str, Any]:
+    """This node's aggregator load for the control plane's autoscaler (``/healthz``)."""
+    queue = 0.0
+    for job in gw.jobs.values():
+        if job.engine is not None:
+            ld = load(gw, job)
+            if ld["E_s"] is not None:  # before any task finished there is no k * E yet
+                queue += ld["k"] * ld["E_s"]
+    return {
+        **endpoint_load(gw),
+        "waiting_slots": sum(gw.shortage.values()),
+        "queue": queue,
+    }

@@ -64,9 +64,8 @@ class Gateway:
         self._threads: list[threading.Thread] = []
         self._app: Any = None
         self._peers = httpx.AsyncClient(timeout=120)
-        from gateway.aggregators import Launcher
-
-        self.launcher = Launcher(settings)
+        #: slots of open rounds waiting for an endpoint after the last assignment, per job
+        self.shortage: dict[str, int] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Gateway:
@@ -176,7 +175,6 @@ class Gateway:
             t.cancel()
         try:
             await self.http.stop()
-            self.launcher.stop_all()
             for job in self.jobs.values():
                 if job.endpoint is not None:
                     job.endpoint.close()
@@ -360,7 +358,6 @@ class Gateway:
         th = threading.Thread(target=self._rx, args=(job,), name=f"gw-rx-{job.name}", daemon=True)
         th.start()
         self._threads.append(th)
-        self.launcher.ensure(job.id, str(job.ns.path), str(self.settings.socket_path()))
         self._open_round(job)
         log.info(
             "job %s (id %d): %d rounds, goal %d, %d clients, nodes %s, %d-byte objects",
@@ -563,16 +560,14 @@ class Gateway:
         asyncio.get_running_loop().create_task(run())
 
     def pump(self, job: Job) -> None:
-        eng = job.engine
-        if eng is None or not eng.needs_endpoint():
-            return
-        busy = eng.busy_endpoints()
-        idle = sorted(
-            eid
-            for eid, info in self.router.endpoints().items()
-            if info.job == job.id and not info.local and eid not in busy
-        )
-        eng.pump(idle)
+        """Give the job's waiting slots endpoints (granting them the job); see gateway.endpoints."""
+        from gateway.endpoints import assign
+
+        short = assign(self, job)
+        if short:
+            self.shortage[job.name] = short
+        else:
+            self.shortage.pop(job.name, None)
 
     def _rx(self, job: Job) -> None:
         ep = job.endpoint
@@ -599,7 +594,6 @@ class Gateway:
         for job in self.jobs.values():
             if job.engine is not None and job.engine.on_disconnect(endpoint_id):
                 self.metrics.redeliveries.inc()
-                self.launcher.replace(job.id)
                 self.pump(job)
 
     def _on_result(self, job: Job, res: Input) -> None:

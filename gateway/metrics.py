@@ -66,6 +66,16 @@ class Metrics:
         self.redeliveries = Counter(
             "fedfaas_gateway_redeliveries", "slots re-run after an endpoint died", registry=r
         )
+        self.grants = Counter(
+            "fedfaas_gateway_endpoint_grants",
+            "aggregator endpoints granted a job (each precedes a TASK on a new job)",
+            registry=r,
+        )
+        self.reuses = Counter(
+            "fedfaas_gateway_endpoint_reuses",
+            "grants that moved a warm endpoint from one job to another (no restart)",
+            registry=r,
+        )
         r.register(_StoreCollector(gw))
 
     def render(self) -> bytes:

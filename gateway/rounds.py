@@ -61,6 +61,7 @@ class SlotState:
     abandoned: list[bytes] = field(default_factory=list)
     attempts: int = 0
     assigned: int = 0  # client updates routed here (never decreases)
+    done_seq: int | None = None  # completion order within the round (reuse: first done first)
 
 
 class RoundEngine:
@@ -101,6 +102,7 @@ class RoundEngine:
         self.frozen = False  # intake closed (``close``): the round aggregates what it holds
         self.plan_version: int | None = None
         self.retired: list[bytes] = []  # accumulators of slots a re-plan restarted or removed
+        self._done_count = 0
 
     # -- intake --------------------------------------------------------------------------------
     @property
@@ -248,11 +250,19 @@ class RoundEngine:
         return sorted(out, key=lambda s: (s.slot.role, s.slot.id))
 
     def pump(self, idle: list[int]) -> None:
-        """Give idle endpoints to slots with waiting work; sends TASK and (re)delivers inputs."""
+        """Give idle endpoints to slots with waiting work, in order (see :meth:`assign`)."""
         for st in self.needs_endpoint():
             if not idle:
                 return
             self._start(st, idle.pop(0))
+
+    def assign(self, slot_id: int, ep: int) -> None:
+        """Run local slot ``slot_id`` on endpoint ``ep`` (granted this job): sends the TASK
+        and (re)delivers every input the slot holds."""
+        st = self.slots[slot_id]
+        if not st.local or st.done is not None or st.endpoint is not None:
+            raise ValueError(f"slot {slot_id} does not need an endpoint")
+        self._start(st, ep)
 
     def _start(self, st: SlotState, ep: int) -> None:
         if st.acc is not None:
@@ -371,6 +381,8 @@ class RoundEngine:
         for p in st.partials.values():
             covered.extend(p.clients)
         st.done = Input(f.key, f.weight, f.count, child=st.slot.id, clients=tuple(covered))
+        self._done_count += 1
+        st.done_seq = self._done_count
         # inputs are freed only once the partial that covers them is journaled
         self._persist(st.slot.id, st.done, lambda: self._release_inputs(st))
         self._to_parent(st, sent_directly=True)
@@ -399,6 +411,8 @@ class RoundEngine:
             return
         self.result = Input(f.key, f.weight, f.count)
         st.done = self.result
+        self._done_count += 1
+        st.done_seq = self._done_count
         self._release_inputs(st)
         self._publish(self.result)
 

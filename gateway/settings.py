@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from pydantic import Field
@@ -21,7 +23,9 @@ class GatewaySettings(BaseSettings):
     state_dir : secrets and the registration socket live here.
     redis_url : the journal.
     shm_root : object-store root.
-    router_socket : registration socket of the embedded router (default ``<state_dir>/router-<node>.sock``).
+    router_socket : registration socket of the embedded router (default
+        ``<state_dir>/router-<node>.sock``); ``FEDFAAS_GATEWAY_ROUTER_SOCKET``, the same setting
+        the ``aggregator`` function's replicas read to find this node's router.
     prefer_ebpf : load the eBPF sidecar when possible (else the userspace router).
     admin_secret_file : admin secret (generated on first start when missing).
     fanout : updates per leaf aggregator in the static plan (I).
@@ -36,8 +40,6 @@ class GatewaySettings(BaseSettings):
     max_inflight : uploads of one job received at once (others wait, reading paused: TCP
         back-pressure keeps their bodies out of memory); 0 = no limit.
     peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``).
-    spawn_aggregators : endpoints of a local aggregator process started per job (0: the control
-        plane or the runtime provides aggregators).
     planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
     minio_endpoint, minio_access_key, minio_secret_key, minio_bucket : async checkpoints (optional).
@@ -68,7 +70,6 @@ class GatewaySettings(BaseSettings):
     max_inflight: int = 4
     read_timeout: float = 60.0
     peers: dict[str, str] = Field(default_factory=dict)
-    spawn_aggregators: int = 0
     planner: str | None = None
     minio_endpoint: str | None = None
     minio_access_key: str = "fedfaas"
@@ -83,3 +84,68 @@ class GatewaySettings(BaseSettings):
 
     def secret_path(self) -> Path:
         return self.admin_secret_file or self.state_dir / "admin-secret"
+
+    def to_argv(self, python: str = sys.executable, log_level: str | None = None) -> list[str]:
+        """The ``python -m gateway`` command line that runs these settings.
+
+        Every setting that differs from its default is rendered with its flag from
+        :data:`FLAGS` (the same table ``python -m gateway`` parses), so a launcher never builds
+        this command by hand. MinIO's keys are never put on a command line (``ps`` shows it):
+        they reach the process through its environment (``FEDFAAS_GATEWAY_MINIO_*``).
+
+        Raises
+        ------
+        ValueError
+            If a setting that differs from its default has no flag.
+        """
+        argv = [python, "-m", "gateway"]
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            default = info.get_default(call_default_factory=True)
+            if name in SECRET_FIELDS or (value == default and name not in ("node", "state_dir")):
+                continue
+            flag = FLAGS.get(name)
+            if flag is None:
+                raise ValueError(f"setting {name!r} has no flag of `python -m gateway`")
+            if isinstance(value, bool):
+                if value != (flag.startswith("--no-")):
+                    argv.append(flag)
+            elif isinstance(value, dict):
+                argv += [flag, json.dumps(value, sort_keys=True)]
+            else:
+                argv += [flag, str(value)]
+        if log_level:
+            argv += ["--log-level", log_level]
+        return argv
+
+
+#: setting -> flag of ``python -m gateway`` (booleans: the flag that turns the default over)
+FLAGS: dict[str, str] = {
+    "node": "--node",
+    "host": "--host",
+    "port": "--port",
+    "state_dir": "--state-dir",
+    "redis_url": "--redis",
+    "shm_root": "--shm-root",
+    "router_socket": "--router-socket",
+    "prefer_ebpf": "--no-ebpf",
+    "admin_secret_file": "--admin-secret-file",
+    "fanout": "--fanout",
+    "lazy": "--lazy",
+    "max_header": "--max-header",
+    "max_job_body": "--max-job-body",
+    "pool": "--pool",
+    "pool_max_bytes": "--pool-max-bytes",
+    "check_finite": "--no-check-finite",
+    "max_inflight": "--max-inflight",
+    "read_timeout": "--read-timeout",
+    "peers": "--peers",
+    "planner": "--planner",
+    "minio_endpoint": "--minio",
+    "minio_bucket": "--minio-bucket",
+    "checkpoint_clients": "--no-checkpoint-clients",
+    "engine_url": "--engine",
+    "keep_store_on_stop": "--keep-store-on-stop",
+}
+#: settings that never go on a command line
+SECRET_FIELDS = frozenset({"minio_access_key", "minio_secret_key"})

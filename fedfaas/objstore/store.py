@@ -172,6 +172,14 @@ class StoreClient:
         if not self.path.is_dir():
             raise StoreError(f"no object store namespace at {self.path}")
 
+    @classmethod
+    def from_dir_fd(cls, fd: int) -> StoreClient:
+        """A client of the folder open as directory ``fd`` (a grant from the node's router).
+
+        The fd is borrowed: it must stay open while the client is used.
+        """
+        return cls(Path(f"/proc/self/fd/{fd}"))
+
     def _path(self, key: bytes | str) -> tuple[Path, str]:
         k = key_hex(key)
         return self.path / k, k

@@ -28,9 +28,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--ce-limits", action="store_true", default=None, help="apply OpenFaaS CE limits"
     )
+    ap.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="NAME=SOCKET",
+        help="a node gateway and its router socket, to place replicas on (repeat)",
+    )
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "log_level"}
+    overrides = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("log_level", "node")
+    }
+    if args.node:
+        try:
+            overrides["nodes"] = {n: Path(p) for n, p in (x.split("=", 1) for x in args.node)}
+        except ValueError:
+            ap.error("--node takes NAME=SOCKET")
     settings = RuntimeSettings(**overrides)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

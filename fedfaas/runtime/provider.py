@@ -24,6 +24,7 @@ from fedfaas.runtime.images import ImageResolver
 from fedfaas.runtime.models import FunctionDeployment, omit_empty
 from fedfaas.runtime.replicas import Replica, kill_now, probe, spawn_replica, stop_replica
 from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.settings import ROUTER_SOCKET_ENV
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,35 @@ class Function:
 
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas if r.state == "ready"]
+
+
+#: What a deployment's constraint may name a node by (faas-netes maps constraints to a
+#: nodeSelector; ``kubernetes.io/hostname`` is the node's own label there).
+NODE_CONSTRAINTS = ("node", "kubernetes.io/hostname")
+
+
+def place_replica(fn: Function, nodes: dict[str, Path]) -> str:
+    """The node a new replica of ``fn`` runs on ("" when the runtime has no nodes).
+
+    A ``node=NAME`` (or ``kubernetes.io/hostname=NAME``) constraint pins it; otherwise the
+    replicas spread: the node with the fewest live replicas of the function, first by name.
+    """
+    if not nodes:
+        return ""
+    for c in fn.spec.constraints or []:
+        key, sep, value = c.replace("==", "=").partition("=")
+        if sep and key.strip() in NODE_CONSTRAINTS and value.strip() in nodes:
+            return value.strip()
+    count = dict.fromkeys(sorted(nodes), 0)
+    for r in fn.replicas:
+        if r.node in count and r.state != "stopping":
+            count[r.node] += 1
+    return min(count, key=lambda n: (count[n], n))
+
+
+def node_env(node: str, router_socket: Path) -> dict[str, str]:
+    """What a replica placed on ``node`` learns about it (the downward API's part)."""
+    return {"FEDFAAS_NODE": node, ROUTER_SOCKET_ENV: str(router_socket)}
 
 
 class Provider:
@@ -249,6 +279,10 @@ class Provider:
 
     def _spawn(self, fn: Function, slot: int) -> None:
         spec = fn.spec
+        node = place_replica(fn, self.settings.nodes)
+        env = dict(spec.envVars or {})
+        if node:
+            env.update(node_env(node, self.settings.nodes[node]))
         fn.replicas.append(
             spawn_replica(
                 python=self.settings.python,
@@ -256,9 +290,10 @@ class Provider:
                 function_dir=fn.function_dir,
                 slot=slot,
                 generation=fn.generation,
-                env_vars=spec.envVars or {},
+                env_vars=env,
                 env_process=spec.envProcess,
                 log_dir=self.log_dir(fn.name),
+                node=node,
             )
         )
 

@@ -41,6 +41,7 @@ class Replica:
     state: str = "starting"
     failures: int = 0
     ever_ready: bool = False
+    node: str = ""
 
     @property
     def instance(self) -> str:
@@ -67,6 +68,7 @@ class Replica:
             "pid": self.pid,
             "port": self.port,
             "state": self.state,
+            "node": self.node,
             "uptimeSeconds": round(time.monotonic() - self.started_at, 3),
             "log": str(self.log_path),
         }
@@ -107,6 +109,7 @@ def spawn_replica(
     env_vars: Mapping[str, str],
     env_process: str,
     log_dir: Path,
+    node: str = "",
 ) -> Replica:
     """Start ``python -m fedfaas.runtime.watchdog`` for one replica, in its own process group.
 
@@ -136,8 +139,15 @@ def spawn_replica(
         ]
         env = replica_env(function, slot, port, env_vars, env_process)
         proc = spawn(argv, log_path=log_path, env=env, cwd=function_dir, pass_fds=(fd,))
-    log.info("started %s gen %d (pid %d, port %d)", instance, generation, proc.pid, port)
-    return Replica(function, slot, generation, port, log_path, proc)
+    log.info(
+        "started %s gen %d (pid %d, port %d%s)",
+        instance,
+        generation,
+        proc.pid,
+        port,
+        f", node {node}" if node else "",
+    )
+    return Replica(function, slot, generation, port, log_path, proc, node=node)
 
 
 async def probe(client: httpx.AsyncClient, replica: Replica) -> bool:

@@ -39,6 +39,13 @@ class RuntimeSettings(BaseSettings):
     ready_wait:
         Seconds an invocation waits for a ready replica before answering 503 (the CE gateway
         waits for a replica the same way with ``scale_from_zero``). 0 answers 503 at once.
+    nodes:
+        The node gateways this runtime schedules replicas onto: node name -> that node's router
+        socket. Each replica is placed on one node (the deployment's ``node=NAME`` or
+        ``kubernetes.io/hostname=NAME`` constraint, else spread: the node with the fewest
+        replicas of the function) and gets ``FEDFAAS_NODE`` and
+        ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` for it, as a pod on Kubernetes gets its node's
+        hostPath socket. Empty: replicas get no node.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -60,3 +67,4 @@ class RuntimeSettings(BaseSettings):
     startup_timeout: float = 60.0
     stop_grace: float = 10.0
     python: str = sys.executable
+    nodes: dict[str, Path] = {}

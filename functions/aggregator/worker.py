@@ -1,23 +1,20 @@
-"""Aggregator endpoints: receive TASK/UPDATE/PARTIAL frames, fold in place, report up.
+"""Aggregator endpoints: take grants, receive TASK/UPDATE/PARTIAL frames, fold, report up.
 
 Each :class:`EndpointWorker` is one registered endpoint (a thread) holding at most one task
-at a time; a process runs several to serve several slots (``FEDFAAS_AGGREGATOR_ENDPOINTS``).
-Updates are read in place from the node's shared-memory store (read-only maps) and folded into
-the task's accumulator object with one fused ``add_`` each (``fedfaas.fedavg``); the top divides
-once. Frame protocol: ``gateway/rounds.py``.
+at a time; a replica runs several to serve several slots (``FEDFAAS_AGGREGATOR_ENDPOINTS``).
+An endpoint registers job-agnostic and serves whatever job the node gateway grants it (a GRANT
+frame carrying the job's store folder as a directory fd); a later grant moves the same warm
+endpoint to another job (LIFL's reuse). Updates are read in place from that folder (read-only
+maps) and folded into the task's accumulator object with one fused ``add_`` each
+(``fedfaas.fedavg``); the top divides once. Frame protocol: ``gateway/rounds.py``.
 
-Runs inside the function (started by ``handler.py`` on import) or standalone::
-
-    python functions/aggregator/worker.py --socket S --job-id N --store DIR [--endpoints K]
+Runs inside the ``aggregator`` function (``handler.py`` starts the endpoints on import).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,11 +28,13 @@ from fedfaas import wire
 from fedfaas.fedavg import Accumulator, LazyAccumulator
 from fedfaas.objstore import MappedObject, StoreClient
 
+from .settings import AggregatorSettings
+
 log = logging.getLogger("fedfaas.aggregator")
 
 #: "numpy" (default: blocked axpy, ~30 MB per process) or "torch" (fused add_, ~300 MB of
 #: private memory for the CUDA-enabled torch import); see fedfaas/fedavg.py.
-KERNEL = os.environ.get("FEDFAAS_AGGREGATOR_KERNEL", "numpy")
+KERNEL = AggregatorSettings().kernel
 
 
 def _flat(obj: MappedObject) -> Any:
@@ -66,15 +65,14 @@ class _Task:
 
 
 class EndpointWorker(threading.Thread):
-    """One aggregator endpoint serving tasks of one job, until :meth:`stop`."""
+    """One aggregator endpoint serving the tasks of whichever job it is granted, until :meth:`stop`."""
 
-    def __init__(
-        self, socket_path: str, job_id: int, store_dir: str, *, name: str = "aggregator"
-    ) -> None:
-        super().__init__(name=f"agg-{job_id}-{name}", daemon=True)
+    def __init__(self, socket_path: str, *, name: str = "aggregator") -> None:
+        super().__init__(name=f"agg-{name}", daemon=True)
         self.socket_path = socket_path
-        self.job_id = job_id
-        self.store = StoreClient(store_dir)
+        self.job_id = 0
+        self.store: StoreClient | None = None
+        self.jobs_served: list[int] = []
         self.role_name = name
         self.endpoint: bpf.Endpoint | None = None
         self.tasks_done = 0
@@ -92,6 +90,7 @@ class EndpointWorker(threading.Thread):
         return {
             "endpoint": self.endpoint.id if self.endpoint else None,
             "job": self.job_id,
+            "jobs_served": list(self.jobs_served),
             "tasks_done": self.tasks_done,
             "folded": self.folded,
             "last_error": self.last_error,
@@ -105,21 +104,22 @@ class EndpointWorker(threading.Thread):
         delay = 0.2
         while not self._halt.is_set():
             try:
-                self.endpoint = bpf.connect(self.socket_path, self.job_id, self.role_name)
+                self.endpoint = bpf.connect(self.socket_path, self.role_name)
             except (OSError, bpf.RouterError) as exc:
                 self.last_error = f"cannot register: {exc}"
                 self.ready.set()
                 log.debug("aggregator: %s; retrying in %.1fs", self.last_error, delay)
                 self._halt.wait(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, 1.0)
                 continue
             delay = 0.2
             self.last_error = ""
             self.ready.set()
             self._serve(self.endpoint)
+            self._take_grant(0, None)  # a new registration starts in no job
 
     def _serve(self, ep: bpf.Endpoint) -> None:
-        log.info("aggregator endpoint %d registered for job %d", ep.id, self.job_id)
+        log.info("aggregator endpoint %d registered (pid %d)", ep.id, os.getpid())
         try:
             while not self._halt.is_set():
                 f = ep.recv(timeout=0.5)
@@ -139,10 +139,24 @@ class EndpointWorker(threading.Thread):
             ep.close()
 
     # -- frames --------------------------------------------------------------------------------
+    def _take_grant(self, job: int, store_fd: int | None) -> None:
+        self._drop_task()
+        self.job_id = job
+        self.store = None if store_fd is None else StoreClient.from_dir_fd(store_fd)
+        if job and (not self.jobs_served or self.jobs_served[-1] != job):
+            self.jobs_served.append(job)
+
     def _handle(self, ep: bpf.Endpoint, f: Frame) -> None:
+        if f.kind == Kind.GRANT:
+            self._take_grant(f.job, ep.store_fd)
+            log.debug("aggregator endpoint %d now serves job %d", ep.id, f.job)
+            return
+        if self.store is None or f.job != self.job_id:
+            log.debug("endpoint %d: %s for job %d without a grant", ep.id, f.kind.name, f.job)
+            return
         if f.kind == Kind.TASK:
             self._drop_task()
-            obj = self.store.open_writable(f.key)
+            obj = self.store.open_writable(f.key)  # the gateway allocated it for this task
             flat = _flat(obj)
             acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat)
             self._task = _Task(
@@ -177,6 +191,7 @@ class EndpointWorker(threading.Thread):
             self._finish(ep, t)
 
     def _fold(self, t: _Task, f: Frame, *, partial: bool) -> None:
+        assert self.store is not None
         obj = self.store.open(f.key)
         h = wire.read_header(obj.buf)
         if t.spec_hash is None:
@@ -214,6 +229,7 @@ class EndpointWorker(threading.Thread):
         key = t.acc_obj.key_bytes
         del acc
         self._drop_task()
+        assert self.store is not None
         self.store.seal(key)
         common = dict(
             job=self.job_id, key=key, weight=weight, round=t.round, count=count, seq=t.slot
@@ -246,49 +262,11 @@ class EndpointWorker(threading.Thread):
         t.acc_obj.close()
 
 
-def start_workers(socket_path: str, job_id: int, store_dir: str, n: int) -> list[EndpointWorker]:
-    """Start ``n`` endpoints and wait until each has registered (or failed to)."""
-    workers = [
-        EndpointWorker(socket_path, job_id, store_dir, name=f"aggregator-{i}") for i in range(n)
-    ]
+def start_workers(socket_path: str, n: int) -> list[EndpointWorker]:
+    """Start ``n`` job-agnostic endpoints and wait until each has registered (or failed to)."""
+    workers = [EndpointWorker(socket_path, name=f"aggregator-{i}") for i in range(n)]
     for w in workers:
         w.start()
     for w in workers:
         w.ready.wait(10)
     return workers
-
-
-def _set_threads() -> None:
-    if KERNEL != "torch":
-        return
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("FEDFAAS_AGGREGATOR_THREADS", "1")))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Run aggregator endpoints for one job (standalone).")
-    p.add_argument("--socket", required=True, help="the node gateway's registration socket")
-    p.add_argument("--job-id", type=int, required=True)
-    p.add_argument("--store", required=True, help="the job's object-store namespace folder")
-    p.add_argument("--endpoints", type=int, default=2)
-    p.add_argument("--log-level", default="INFO")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    _set_threads()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    workers = start_workers(a.socket, a.job_id, a.store, a.endpoints)
-    while not stop.is_set() and any(w.is_alive() for w in workers):
-        stop.wait(0.5)
-    for w in workers:
-        w.stop()
-    for w in workers:
-        with contextlib.suppress(RuntimeError):
-            w.join(2)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

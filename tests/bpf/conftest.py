@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import bpf
+from bpf import Kind
 
 
 @functools.cache
@@ -56,3 +58,22 @@ def router(backend: str, tmp_path: Path, disconnects: Disconnects) -> Iterator[b
         yield server
     finally:
         server.stop()
+
+
+def join(router: bpf.RouterServer, job: int, role: str = "aggregator") -> bpf.Endpoint:
+    """Register an endpoint with ``router`` and grant it ``job``, as the gateway does.
+
+    The store folder granted is the router socket's directory (any existing folder will do).
+    Returns once the endpoint has taken its GRANT (``ep.job == job``).
+    """
+    ep = bpf.connect(router.socket_path, role)
+    try:
+        router.grant(ep.id, job, os.path.dirname(router.socket_path))
+        grant = ep.recv(timeout=5)
+        assert grant is not None and grant.kind is Kind.GRANT, grant
+        assert (grant.job, grant.src, grant.dst, ep.job) == (job, 0, ep.id, job), grant
+        assert ep.store_fd is not None
+    except BaseException:
+        ep.close()
+        raise
+    return ep

@@ -15,13 +15,14 @@ import bpf
 from bpf import Frame, Kind
 from bpf.loader import cflags, final_source, main
 
-from .conftest import ebpf_probe
+from .conftest import ebpf_probe, join
 
 
 def test_final_source_carries_the_constants_as_defines(capsys: pytest.CaptureFixture[str]) -> None:
     text = final_source(128)
     assert "#define FRAME_SIZE 64\n" in text and "#define MAX_ENDPOINTS 128\n" in text
     assert "#define KIND_UPDATE 1\n" in text and "int sidecar_router(struct sk_msg_md *msg)" in text
+    assert "#define KIND_GRANT 8\n" in text
     assert "-DSINK_ID=0" in cflags()
     assert main(["--ebpf"]) == 0
     assert "BPF_SOCKHASH(socks" in capsys.readouterr().out
@@ -66,10 +67,12 @@ def _wait_stopped(pid: int, timeout: float = 5.0) -> bool:
 
 
 _ROUTER = """
-import sys, time, bpf
+import os, sys, bpf
 router = bpf.RouterServer(sys.argv[1], prefer_ebpf=sys.argv[2] == "ebpf").start()
 print(router.mode, flush=True)
-time.sleep(120)
+for line in sys.stdin:  # one endpoint id a line: grant it job 1
+    router.grant(int(line), 1, os.path.dirname(sys.argv[1]))
+    print("granted", int(line), flush=True)
 """
 
 
@@ -85,12 +88,20 @@ def test_only_the_kernel_routes_while_the_router_process_is_stopped(
     proc = subprocess.Popen(
         [sys.executable, "-c", _ROUTER, path, backend],
         cwd=repo_root,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == backend
-        a, b = bpf.connect(path, 1), bpf.connect(path, 1)
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == backend
+        a, b = bpf.connect(path), bpf.connect(path)
+        for ep in (a, b):  # the router process grants job 1 to each
+            proc.stdin.write(f"{ep.id}\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().split() == ["granted", str(ep.id)]
+            grant = ep.recv(timeout=5)
+            assert grant is not None and grant.kind is Kind.GRANT and ep.job == 1
         proc.send_signal(signal.SIGSTOP)  # the router process gets no CPU from here on
         assert _wait_stopped(proc.pid)
         a.send(Frame(dst=b.id, src=0, kind=Kind.UPDATE, job=1, key=b"q" * 16))
@@ -117,7 +128,7 @@ def test_router_stop_unloads_and_endpoints_learn_it(tmp_path: Path) -> None:
     _require_ebpf()
     router = bpf.RouterServer(str(tmp_path / "r.sock")).start()
     assert router.mode == "ebpf"
-    a = bpf.connect(router.socket_path, 1)
+    a = join(router, 1)
     router.stop()
     assert not os.path.exists(router.socket_path)
     with pytest.raises(bpf.EndpointClosed):
@@ -131,7 +142,7 @@ def test_many_endpoints_each_get_their_own_frames(tmp_path: Path) -> None:
     _require_ebpf()
     with bpf.RouterServer(str(tmp_path / "r.sock")) as router:
         gw = router.local_endpoint(3)
-        eps = [bpf.connect(router.socket_path, 3) for _ in range(40)]
+        eps = [join(router, 3) for _ in range(40)]
         t0 = time.monotonic()
         for round_ in range(5):
             for ep in eps:
@@ -186,7 +197,7 @@ def test_attach_with_something_that_is_not_a_tcp_socket_is_refused(tmp_path: Pat
         ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ctl.settimeout(5)
         ctl.connect(router.socket_path)
-        ctl.sendall(protocol.encode_hello(1, "liar"))
+        ctl.sendall(protocol.encode_hello(0, "liar"))
         mode, endpoint_id = protocol.decode_welcome(ctl.recv(512))
         assert mode == protocol.MODE_EBPF
         r, w = os.pipe()
@@ -199,5 +210,5 @@ def test_attach_with_something_that_is_not_a_tcp_socket_is_refused(tmp_path: Pat
             os.close(w)
             ctl.close()
         assert router.endpoints() == {} and router.metrics() == {}
-        with bpf.connect(router.socket_path, 1) as ep:  # the router still serves
+        with bpf.connect(router.socket_path) as ep:  # the router still serves
             assert set(router.endpoints()) == {ep.id}

@@ -14,7 +14,7 @@ import pytest
 import bpf
 from bpf import Frame, Kind
 
-from .conftest import Disconnects
+from .conftest import Disconnects, join
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +28,9 @@ def _wait_until(cond, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-
     return cond()
 
 
-def _join(router: bpf.RouterServer, job: int, role: str = "aggregator") -> bpf.Endpoint:
-    return bpf.connect(router.socket_path, job, role)
-
-
 def test_frames_reach_exactly_the_addressed_endpoint(router: bpf.RouterServer) -> None:
     gw = router.local_endpoint(1)
-    aggs = [_join(router, 1) for _ in range(3)]
+    aggs = [join(router, 1) for _ in range(3)]
     try:
         for i, agg in enumerate(aggs):
             gw.send(
@@ -73,7 +69,7 @@ def test_frames_reach_exactly_the_addressed_endpoint(router: bpf.RouterServer) -
 def test_endpoint_ids_are_unique_nonzero_and_registered_with_the_peer_pid(
     router: bpf.RouterServer,
 ) -> None:
-    eps = [_join(router, 7, role=f"r{i}") for i in range(4)]
+    eps = [join(router, 7, role=f"r{i}") for i in range(4)]
     gw = router.local_endpoint(7)
     try:
         ids = [e.id for e in eps] + [gw.id]
@@ -93,8 +89,8 @@ def test_endpoint_ids_are_unique_nonzero_and_registered_with_the_peer_pid(
 def test_frame_to_an_endpoint_of_another_job_is_dropped_and_counted(
     router: bpf.RouterServer,
 ) -> None:
-    sender, same_job = _join(router, 1), _join(router, 1)
-    other_job = _join(router, 2)
+    sender, same_job = join(router, 1), join(router, 1)
+    other_job = join(router, 2)
     try:
         sender.send(Frame(dst=other_job.id, src=0, kind=Kind.UPDATE, job=1))
         assert other_job.recv(timeout=0.2) is None
@@ -112,7 +108,7 @@ def test_frame_to_an_endpoint_of_another_job_is_dropped_and_counted(
 def test_frames_to_unknown_ids_or_with_a_forged_source_are_dropped_and_counted(
     router: bpf.RouterServer,
 ) -> None:
-    a, b = _join(router, 3), _join(router, 3)
+    a, b = join(router, 3), join(router, 3)
     try:
         a.send(Frame(dst=0xFFFF_0000, src=0, kind=Kind.PING, job=3))
         a.send(Frame(dst=b.id, src=b.id, kind=Kind.PING, job=3))  # pretends to be b
@@ -128,7 +124,7 @@ def test_frames_to_unknown_ids_or_with_a_forged_source_are_dropped_and_counted(
 
 
 def test_metrics_match_the_messages_sent(router: bpf.RouterServer) -> None:
-    a, b = _join(router, 4), _join(router, 4)
+    a, b = join(router, 4), join(router, 4)
     try:
         t0 = time.monotonic_ns()
         for seq in range(50):
@@ -153,7 +149,7 @@ def test_metrics_match_the_messages_sent(router: bpf.RouterServer) -> None:
 
 def test_exec_time_spans_first_update_received_to_partial_sent(router: bpf.RouterServer) -> None:
     gw = router.local_endpoint(5)
-    leaf, top = _join(router, 5), _join(router, 5)
+    leaf, top = join(router, 5), join(router, 5)
     try:
         t_first = time.monotonic_ns()
         for _ in range(3):
@@ -177,7 +173,7 @@ def test_exec_time_spans_first_update_received_to_partial_sent(router: bpf.Route
 def test_closed_endpoint_disappears_with_its_metrics_and_is_reported(
     router: bpf.RouterServer, disconnects: Disconnects
 ) -> None:
-    a, b = _join(router, 6), _join(router, 6)
+    a, b = join(router, 6), join(router, 6)
     a.send(Frame(dst=b.id, src=0, kind=Kind.UPDATE, job=6))
     assert b.recv(timeout=5) is not None
     gone = b.id
@@ -195,8 +191,10 @@ def test_killed_endpoint_process_is_removed(
 ) -> None:
     code = (
         "import sys, time, bpf\n"
-        f"ep = bpf.connect({router.socket_path!r}, 8)\n"
+        f"ep = bpf.connect({router.socket_path!r})\n"
         "print(ep.id, flush=True)\n"
+        "grant = ep.recv(timeout=10)\n"
+        "print(grant.kind.name, ep.job, flush=True)\n"
         "time.sleep(60)\n"
     )
     child = subprocess.Popen(
@@ -205,8 +203,10 @@ def test_killed_endpoint_process_is_removed(
     try:
         assert child.stdout is not None
         child_id = int(child.stdout.readline())
+        router.grant(child_id, 8, os.path.dirname(router.socket_path))
+        assert child.stdout.readline().split() == ["GRANT", "8"]
         info = router.endpoints()[child_id]
-        assert info.pid == child.pid and info.uid == os.getuid()
+        assert info.pid == child.pid and info.uid == os.getuid() and info.job == 8
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         assert _wait_until(lambda: child_id not in router.endpoints())
@@ -222,16 +222,24 @@ def test_frames_cross_process_boundaries(router: bpf.RouterServer, repo_root: Pa
     gw = router.local_endpoint(9)
     code = (
         "import sys, bpf\n"
-        f"ep = bpf.connect({router.socket_path!r}, 9)\n"
+        f"ep = bpf.connect({router.socket_path!r})\n"
+        "print(ep.id, flush=True)\n"
+        "grant = ep.recv(timeout=10)\n"
+        "assert grant.kind is bpf.Kind.GRANT and ep.job == 9, grant\n"
         f"ep.send(bpf.Frame(dst={gw.id}, src=0, kind=bpf.Kind.PING, job=9))\n"
         "f = ep.recv(timeout=10)\n"
         f"ep.send(bpf.Frame(dst={gw.id}, src=0, kind=bpf.Kind.RESULT, job=9, key=f.key))\n"
         "ep.close()\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], cwd=repo_root)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=repo_root
+    )
     try:
+        assert child.stdout is not None
+        child_id = int(child.stdout.readline())
+        router.grant(child_id, 9, os.path.dirname(router.socket_path))
         ping = gw.recv(timeout=10)
-        assert ping is not None and ping.kind is Kind.PING
+        assert ping is not None and ping.kind is Kind.PING and ping.src == child_id
         gw.send(Frame(dst=ping.src, src=0, kind=Kind.TASK, job=9, key=b"k" * 16))
         result = gw.recv(timeout=10)
         assert result is not None and result.kind is Kind.RESULT and result.key == b"k" * 16
@@ -244,14 +252,14 @@ def test_frames_cross_process_boundaries(router: bpf.RouterServer, repo_root: Pa
 
 
 def test_recv_times_out_with_none(router: bpf.RouterServer) -> None:
-    with _join(router, 10) as ep:
+    with join(router, 10) as ep:
         t0 = time.monotonic()
         assert ep.recv(timeout=0.1) is None
         assert time.monotonic() - t0 >= 0.09
 
 
 def test_endpoint_learns_when_the_router_stops(router: bpf.RouterServer) -> None:
-    ep = _join(router, 11)
+    ep = join(router, 11)
     gw = router.local_endpoint(11)
     router.stop()
     for endpoint in (ep, gw):
@@ -265,7 +273,7 @@ def test_endpoint_learns_when_the_router_stops(router: bpf.RouterServer) -> None
 def test_prometheus_collector_exports_mode_counters_and_drops(router: bpf.RouterServer) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    a, b = _join(router, 12), _join(router, 12)
+    a, b = join(router, 12), join(router, 12)
     try:
         a.send(Frame(dst=b.id, src=0, kind=Kind.UPDATE, job=12))
         assert b.recv(timeout=5) is not None
@@ -291,14 +299,14 @@ def test_a_peer_stuck_in_registration_stalls_neither_frames_nor_other_registrati
 ) -> None:
     import socket
 
-    a, b = _join(router, 13), _join(router, 13)
+    a, b = join(router, 13), join(router, 13)
     stuck = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     stuck.connect(router.socket_path)  # never says hello
     try:
         t0 = time.monotonic()
         a.send(Frame(dst=b.id, src=0, kind=Kind.UPDATE, job=13))
         assert b.recv(timeout=5) is not None
-        with _join(router, 13) as c:
+        with join(router, 13) as c:
             assert c.id in router.endpoints()
         assert time.monotonic() - t0 < 1.5  # well inside the 2 s handshake timeout
     finally:

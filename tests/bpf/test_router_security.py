@@ -15,6 +15,8 @@ import bpf
 import bpf.ebpf_router  # noqa: F401  (imported before fork: the child cannot read the venv)
 from bpf import Frame, Kind
 
+from .conftest import join
+
 pytestmark = pytest.mark.integration
 
 NOBODY = 65534
@@ -72,7 +74,7 @@ def test_registration_from_another_uid_is_refused_with_the_reason(
 
     def attempt() -> dict[str, object]:
         try:
-            bpf.connect(router.socket_path, 1)
+            bpf.connect(router.socket_path)
         except bpf.RegistrationRefused as exc:
             return {"refused": exc.reason}
         return {"refused": None}
@@ -87,7 +89,7 @@ def test_router_without_root_falls_back_to_userspace_and_says_why(shared_dir: Pa
     def run_router() -> dict[str, object]:
         router = bpf.RouterServer(str(shared_dir / "r.sock"), prefer_ebpf=True).start()
         try:
-            a, b = bpf.connect(router.socket_path, 1), bpf.connect(router.socket_path, 1)
+            a, b = join(router, 1), join(router, 1)
             a.send(Frame(dst=b.id, src=0, kind=Kind.UPDATE, job=1))
             got = b.recv(timeout=5)
             a.close()
@@ -129,7 +131,7 @@ def test_stale_socket_file_of_a_dead_router_is_replaced(tmp_path: Path) -> None:
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     stale.bind(str(path))
     stale.close()  # the file stays, nobody listens
-    with bpf.RouterServer(str(path), prefer_ebpf=False) as router, bpf.connect(str(path), 1) as ep:
+    with bpf.RouterServer(str(path), prefer_ebpf=False) as router, bpf.connect(str(path)) as ep:
         assert ep.id in router.endpoints()
 
 
@@ -146,7 +148,7 @@ def test_garbage_hello_is_refused_and_router_keeps_serving(tmp_path: Path) -> No
 
             decode_welcome(bad.recv(512))
         bad.close()
-        with bpf.connect(router.socket_path, 1) as ep:
+        with bpf.connect(router.socket_path) as ep:
             assert ep.id in router.endpoints()
 
 

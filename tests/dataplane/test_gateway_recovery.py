@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway.aggregators import WORKER
 
 from fedfaas import wire
 from fedfaas.services import free_port, wait_for_port
-from gateway.aggregators import WORKER
 from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version
 

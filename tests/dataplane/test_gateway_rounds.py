@@ -8,10 +8,6 @@ every input re-delivered: each update still counts exactly once).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,68 +16,10 @@ import numpy as np
 import pytest
 
 from fedfaas import fedavg, wire
-from gateway.aggregators import WORKER
+from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model
 
 pytestmark = pytest.mark.integration
-
-
-class Aggregators:
-    """Aggregator worker processes (1 endpoint each) for one job."""
-
-    def __init__(self, gw: GatewayThread, job_id: int) -> None:
-        self.gw, self.job_id = gw, job_id
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(self, n: int = 1, endpoints: int = 1) -> None:
-        store = str(next(iter(self.gw.gw.jobs.values())).ns.path)
-        for _ in range(n):
-            self.procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(WORKER),
-                        "--socket",
-                        str(self.gw.settings.socket_path()),
-                        "--job-id",
-                        str(self.job_id),
-                        "--store",
-                        store,
-                        "--endpoints",
-                        str(endpoints),
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    start_new_session=True,
-                )
-            )
-
-    def wait_registered(self, n: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            eps = [
-                i
-                for i in self.gw.gw.router.endpoints().values()
-                if i.job == self.job_id and not i.local
-            ]
-            if len(eps) >= n:
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"{n} aggregator endpoints did not register")
-
-    def kill_pid(self, pid: int) -> None:
-        os.killpg(pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
 
 
 def create(
@@ -108,8 +46,14 @@ def create(
 def upload(
     url: str, tokens: dict[str, str], client: str, rnd: int, seed: int, samples: int
 ) -> None:
+    upload_to(url, "j1", tokens, client, rnd, seed, samples)
+
+
+def upload_to(
+    url: str, job: str, tokens: dict[str, str], client: str, rnd: int, seed: int, samples: int
+) -> None:
     r = httpx.post(
-        f"{url}/v1/jobs/j1/rounds/{rnd}/updates",
+        f"{url}/v1/jobs/{job}/rounds/{rnd}/updates",
         content=wire.encode_tensors(tiny_model(seed, 3.0)),
         headers={
             "Authorization": f"Bearer {tokens[client]}",
@@ -153,7 +97,7 @@ def test_rounds_produce_flat_fedavg_for_any_plan(
     gw = make_gw(fanout=fanout, lazy=lazy, pool=3)
     clients = [f"c{i}" for i in range(goal)]
     info = create(gw, clients, goal, rounds=2)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     try:
         aggs.spawn(2)
         aggs.wait_registered(2)
@@ -193,7 +137,7 @@ def test_killed_aggregator_mid_round_still_gives_the_exact_result(make_gw, victi
     gw = make_gw(fanout=2, pool=3)
     clients = [f"c{i}" for i in range(6)]
     info = create(gw, clients, 6)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     seeds, weights = [11, 12, 13, 14, 15, 16], [5, 10, 20, 40, 80, 160]
     try:
         aggs.spawn(3)
@@ -236,7 +180,7 @@ def test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg(
     clients = [f"c{i}" for i in range(6)]
     info = create(a, clients, 6, nodes="a,b")
     _wait(lambda: "j1" in b.gw.jobs, 30)
-    aggs_a, aggs_b = Aggregators(a, info["id"]), Aggregators(b, info["id"])
+    aggs_a, aggs_b = Aggregators(a), Aggregators(b)
     try:
         aggs_a.spawn(2)
         aggs_b.spawn(2)
@@ -275,7 +219,7 @@ def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
     b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
     info = create(a, ["c0", "c1"], 2, rounds=3, nodes="a,b")
     _wait(lambda: "j1" in b.gw.jobs, 30)
-    aggs_a, aggs_b = Aggregators(a, info["id"]), Aggregators(b, info["id"])
+    aggs_a, aggs_b = Aggregators(a), Aggregators(b)
     try:
         aggs_a.spawn(1)
         aggs_b.spawn(1)
@@ -310,7 +254,7 @@ def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_serve
     )
     clients = ["c0", "c1", "c2"]
     info = create(gw, clients, 3)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     try:
         aggs.spawn(2)
         aggs.wait_registered(2)
@@ -334,47 +278,30 @@ def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_serve
         aggs.stop()
 
 
-def test_aggregator_function_serves_rounds_inside_the_embedded_runtime(
-    make_gw, repo_root: Path
-) -> None:  # type: ignore[no-untyped-def]
-    from fedfaas.services import free_port, wait_for_port
-
+def test_one_warm_replica_serves_two_jobs_back_to_back_without_a_restart(make_gw) -> None:  # type: ignore[no-untyped-def]
+    """LIFL's reuse: the endpoints that aggregated job A are granted job B; no new replica."""
     gw = make_gw(fanout=2, pool=3)
-    clients = ["c0", "c1", "c2", "c3"]
-    info = create(gw, clients, 4)
-    port = free_port()
-    env = {
-        **os.environ,
-        "FEDFAAS_GATEWAY_SOCKET": str(gw.settings.socket_path()),
-        "FEDFAAS_AGGREGATOR_JOB_ID": str(info["id"]),
-        "FEDFAAS_AGGREGATOR_ENDPOINTS": "2",
-        "FEDFAAS_AGGREGATOR_STORE": str(gw.gw.jobs["j1"].ns.path),
-    }
-    replica = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fedfaas.runtime.watchdog",
-            "--function-dir",
-            str(repo_root / "functions" / "aggregator"),
-            "--port",
-            str(port),
-        ],
-        env=env,
-        start_new_session=True,
-    )
+    aggs = Aggregators(gw)
     try:
-        wait_for_port("127.0.0.1", port, 60, replica)
-        Aggregators(gw, info["id"]).wait_registered(2)
-        seeds, weights = [51, 52, 53, 54], [1, 2, 3, 4]
-        for c, s, w in zip(clients, seeds, weights, strict=True):
-            upload(gw.url, info["tokens"], c, 1, s, w)
-        assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], 1), expected(seeds, weights))
-        status = httpx.get(f"http://127.0.0.1:{port}/").json()
-        assert sum(e["tasks_done"] for e in status["endpoints"]) == 3  # two leaves and the top
+        [replica] = aggs.spawn(1, endpoints=2)
+        aggs.wait_registered(2)
+        pids = set(aggs.endpoints().values())
+        for name, seed0 in (("ja", 70), ("jb", 80)):
+            clients = ["c0", "c1", "c2", "c3"]
+            info = create(gw, clients, 4, name=name)
+            seeds, weights = [seed0 + i for i in range(4)], [1, 2, 3, 4]
+            for c, s, w in zip(clients, seeds, weights, strict=True):
+                upload_to(gw.url, name, info["tokens"], c, 1, s, w)
+            got = wait_version(gw.url, info["tokens"]["c0"], 1, job=name)
+            assert_fedavg(got, expected(seeds, weights))
+        assert set(aggs.endpoints().values()) == pids == {replica.pid}  # no replica started
+        assert gw.gw.metrics.reuses._value.get() >= 1  # an endpoint moved from ja to jb
+        status = httpx.get(f"{replica.url}/").json()
+        served = {j for e in status["endpoints"] for j in e["jobs_served"]}
+        ids = {gw.gw.jobs["ja"].id, gw.gw.jobs["jb"].id}
+        assert served == ids
     finally:
-        os.killpg(replica.pid, signal.SIGTERM)
-        replica.wait(15)
+        aggs.stop()
 
 
 @pytest.mark.bpf
@@ -388,7 +315,7 @@ def test_rounds_and_failover_over_the_ebpf_sidecar(make_gw) -> None:  # type: ig
     assert gw.gw.router.mode == "ebpf"
     clients = [f"c{i}" for i in range(4)]
     info = create(gw, clients, 4)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     seeds, weights = [61, 62, 63, 64], [4, 3, 2, 1]
     try:
         aggs.spawn(3)

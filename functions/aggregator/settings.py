@@ -1,0 +1,31 @@
+"""Settings of one ``aggregator`` replica (read once, from its environment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fedfaas.settings import ROUTER_SOCKET_ENV
+
+
+class AggregatorSettings(BaseSettings):
+    """One replica of the ``aggregator`` function.
+
+    Attributes
+    ----------
+    router_socket : the node gateway's router socket (``FEDFAAS_GATEWAY_ROUTER_SOCKET``); no
+        endpoints start without it.
+    endpoints : endpoints this replica registers (each serves one slot at a time).
+    kernel : ``numpy`` (blocked axpy) or ``torch`` (fused ``add_``) accumulation.
+    threads : torch threads when ``kernel`` is torch.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_AGGREGATOR_", extra="ignore")
+
+    router_socket: Path | None = Field(default=None, validation_alias=ROUTER_SOCKET_ENV)
+    endpoints: int = Field(default=2, ge=1, le=64)
+    kernel: Literal["numpy", "torch"] = "numpy"
+    threads: int = Field(default=1, ge=1)

@@ -1,0 +1,120 @@
+"""Which warm ``aggregator`` endpoint runs which slot: grants and LIFL's reuse on one node.
+
+Replicas of the ``aggregator`` function register their endpoints with this node's router in
+no job. When a slot of an open round has work and no endpoint, :func:`assign` picks one with
+:func:`control_plane.reuse.assign_replicas` (a middle or top takes the endpoint of its first
+finished child; a leaf takes an idle endpoint, warmest first: one already granted this job,
+then one in no job, then one idle in another job) and grants it the job through the router
+(:meth:`bpf.RouterServer.grant`) before the TASK frame. Slots still without an endpoint are
+the node's shortage, which the control plane answers by scaling the function.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import bpf
+from control_plane.planning import AggregatorSpec
+from control_plane.reuse import AggregatorState, ReplicaState, assign_replicas
+from gateway.plan import TOP
+from gateway.rounds import RoundEngine, SlotState
+
+if TYPE_CHECKING:
+    from gateway.core import Gateway
+    from gateway.jobs import Job
+
+log = logging.getLogger(__name__)
+
+
+def _rid(endpoint: int) -> str:
+    return f"{endpoint:010d}"  # ids sort as numbers
+
+
+def _reuse_view(eng: RoundEngine) -> tuple[list[AggregatorSpec], dict[str, AggregatorState]]:
+    """The engine's local slots as the reuse rules see them (slots without children take
+    updates: leaves, whatever their place in the tree)."""
+    specs: list[AggregatorSpec] = []
+    states: dict[str, AggregatorState] = {}
+    for sid, st in eng.slots.items():
+        if not st.local:
+            continue
+        kids = eng.plan.children(sid)
+        role = "leaf" if not kids else ("top" if st.slot.role == TOP else "middle")
+        parent = None if st.slot.parent is None else str(st.slot.parent)
+        specs.append(AggregatorSpec(str(sid), role, st.slot.node, st.slot.goal, parent))
+        if st.done is not None and st.endpoint is not None:
+            states[str(sid)] = AggregatorState("done", _rid(st.endpoint), done_seq=st.done_seq)
+        elif st.endpoint is not None:
+            states[str(sid)] = AggregatorState("running", _rid(st.endpoint))
+    return specs, states
+
+
+def free_endpoints(gw: Gateway) -> dict[int, bpf.EndpointInfo]:
+    """Function endpoints registered here that no open round of any job is using."""
+    busy: set[int] = set()
+    for job in gw.jobs.values():
+        if job.engine is not None:
+            busy |= job.engine.busy_endpoints()
+    return {
+        eid: info
+        for eid, info in gw.router.endpoints().items()
+        if not info.local and eid not in busy
+    }
+
+
+def assign(gw: Gateway, job: Job) -> int:
+    """Give endpoints to the job's waiting slots; returns how many slots still wait (shortage)."""
+    eng = job.engine
+    if eng is None:
+        return 0
+    waiting = eng.needs_endpoint()
+    if not waiting:
+        return 0
+    free = free_endpoints(gw)
+    node = gw.settings.node
+
+    def rank(info: bpf.EndpointInfo) -> int:
+        return 0 if info.job == job.id else 1 if info.job == 0 else 2
+
+    replicas = [ReplicaState(_rid(e), node, True, rank(i)) for e, i in free.items()]
+    specs, states = _reuse_view(eng)
+    wanted = {str(st.slot.id) for st in waiting}
+    # slots without work yet must not take endpoints: leave them out of the view
+    specs = [s for s in specs if s.id in wanted or s.id in states]
+    plan = assign_replicas(specs, states, replicas)
+    order = sorted(free, key=lambda e: (rank(free[e]), e))
+    left = list(waiting)
+    for st in waiting:
+        rid = plan.bind.get(str(st.slot.id))
+        if rid is not None and int(rid) in free and _start(gw, job, eng, st, int(rid), free):
+            left.remove(st)
+    for st in list(left):  # leaves without a bind, and middles/tops whose child's endpoint
+        while order:  # is gone or busy: any free endpoint beats waiting for one
+            ep = order.pop(0)
+            if ep in free and _start(gw, job, eng, st, ep, free):
+                left.remove(st)
+                break
+    return len(left)
+
+
+def _start(
+    gw: Gateway,
+    job: Job,
+    eng: RoundEngine,
+    st: SlotState,
+    endpoint: int,
+    free: dict[int, bpf.EndpointInfo],
+) -> bool:
+    info = free.pop(endpoint)
+    if info.job != job.id:
+        try:
+            gw.router.grant(endpoint, job.id, str(job.ns.path), role="aggregator")
+        except (bpf.RouterError, OSError) as exc:
+            log.warning("job %s: endpoint %d not granted: %s", job.name, endpoint, exc)
+            return False
+        gw.metrics.grants.inc()
+        if info.job:
+            gw.metrics.reuses.inc()
+    eng.assign(st.slot.id, endpoint)
+    return True
