@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--admin-token-file", type=Path, help="the gateways' admin secret file")
     p.add_argument("--mc", type=float, help="max service capacity per node")
     p.add_argument("--tick", dest="tick_s", type=float, help="control period in seconds")
+    p.add_argument(
+        "--scale-down", dest="scale_down_s", type=float, help="idle seconds before scaling down"
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(

@@ -230,4 +230,5 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         alpha=settings.alpha,
         health_failures=settings.health_failures,
         admin_token=token,
+        scale_down_after=settings.scale_down_s,
     )

@@ -36,6 +36,8 @@ class ControlPlaneSettings(BaseSettings):
         Consecutive failed ``/healthz`` probes before a node leaves placement.
     alpha
         EWMA coefficient of the queue estimate (0.7 in the paper).
+    scale_down_s
+        Seconds every node must be idle before ``function`` scales back to its minimum.
     admin_token_file
         The gateways' admin secret (their ``<state_dir>/admin-secret``), sent as the bearer
         token when the coordinator creates jobs on them.
@@ -54,6 +56,7 @@ class ControlPlaneSettings(BaseSettings):
     tick_s: float = 0.5
     health_failures: int = 2
     alpha: float = 0.7
+    scale_down_s: float = 30.0
     admin_token_file: Path | None = None
 
     def gateway_map(self) -> dict[str, str]:

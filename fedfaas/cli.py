@@ -309,7 +309,8 @@ def register_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="measure a node's maximum service capacity MC (LIFL appendix E)",
         description="Raise the number of concurrent updates sent to one node gateway step by "
         "step until the time to aggregate them degrades; MC = k' * E' at that knee. The node "
-        "needs aggregators (e.g. `python -m gateway --spawn-aggregators N`). Prints JSON.",
+        "needs warm aggregators: replicas of the `aggregator` function placed on it "
+        "(`fedfaas up --with gateway` places them). Prints JSON.",
     )
     p.add_argument("--gateway", required=True, metavar="URL", help="the node gateway")
     p.add_argument(
@@ -317,7 +318,7 @@ def register_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         required=True,
         type=_existing_file,
         metavar="FILE",
-        help="the gateway's admin secret (<gateway state dir>/admin-secret)",
+        help="the admin secret (`fedfaas up`: <state>/secrets/gateway-admin-secret)",
     )
     p.add_argument(
         "--params",

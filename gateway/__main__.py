@@ -57,13 +57,19 @@ def _scalar(annotation: object) -> typing.Callable[[str], object]:
     return str
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_settings(argv: list[str] | None = None) -> GatewaySettings:
+    """The settings a ``python -m gateway`` command line gives (the inverse of ``to_argv``)."""
     a = _parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     over = {k: v for k, v in vars(a).items() if v is not None and k not in ("peer", "log_level")}
     if a.peer:
         over["peers"] = {**over.get("peers", {}), **dict(x.split("=", 1) for x in a.peer)}
-    settings = GatewaySettings(**over)
+    return GatewaySettings(**over)
+
+
+def main(argv: list[str] | None = None) -> int:
+    log_level = _parser().parse_args(argv).log_level
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = parse_settings(argv)
     try:  # the gateway's BLAS use (finite checks) is small: one thread, leave the cores to I/O
         from threadpoolctl import threadpool_limits
 

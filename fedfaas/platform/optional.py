@@ -19,15 +19,19 @@ from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.parts import PortSpec, ServiceSpec
 from fedfaas.services import http_ok
+from gateway.settings import GatewaySettings
 
 #: Ports of the optional parts (the components' own defaults).
 OPTIONAL_PORTS = {
     "gateway": 8081,
+    "gateway_node1": 8082,
     "cache_engine": 8091,
     "request_tracker": 8092,
     "control_plane": 8070,
 }
-NODE = "node0"
+#: The nodes of ``--with gateway``: one node gateway each, with the port named in ``PORT_OF``.
+NODES = ("node0", "node1")
+PORT_OF = {"node0": "gateway", "node1": "gateway_node1"}
 
 
 def _serve(module: str, port_name: str, ctx: Context, *args: str) -> list[str]:
@@ -73,8 +77,58 @@ def shm_root(ctx: Context) -> Path:
     return Path("/dev/shm") / f"fedfaas-{ctx.platform_id[:12]}"
 
 
-def _remove_shm(ctx: Context) -> None:
+def socket_dir(ctx: Context) -> Path:
+    """Where the node gateways' router sockets live (short: a socket path has 108 bytes)."""
+    return Path("/tmp") / f"fedfaas-{ctx.platform_id[:12]}"
+
+
+def router_socket(ctx: Context, node: str) -> Path:
+    """The router socket of ``node``'s gateway: the ``aggregator`` replicas placed on ``node``
+    get it as ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` from the runtime."""
+    return socket_dir(ctx) / f"{node}.sock"
+
+
+def admin_secret(ctx: Context) -> Path:
+    """The admin secret every node gateway shares (client tokens verify on any node) and the
+    control plane sends; created by the first gateway."""
+    return ctx.secrets_dir / "gateway-admin-secret"
+
+
+def gateway_nodes(ctx: Context) -> dict[str, str]:
+    """The node gateways of this platform, node name -> URL (empty without ``--with gateway``)."""
+    return {n: ctx.url(PORT_OF[n]) for n in NODES if PORT_OF[n] in ctx.ports}
+
+
+def _cleanup_node_files(ctx: Context) -> None:
     shutil.rmtree(shm_root(ctx), ignore_errors=True)
+    shutil.rmtree(socket_dir(ctx), ignore_errors=True)
+
+
+def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
+    """The settings of ``node``'s gateway on this platform (rendered by ``to_argv``)."""
+    nodes = gateway_nodes(ctx)
+    return GatewaySettings(
+        node=node,
+        host=ctx.host,
+        port=ctx.ports[PORT_OF[node]],
+        state_dir=ctx.run_dir(f"gateway-{node}"),
+        redis_url=_redis_url(ctx),
+        shm_root=shm_root(ctx),
+        router_socket=router_socket(ctx, node),
+        admin_secret_file=admin_secret(ctx),
+        peers={n: url for n, url in nodes.items() if n != node},
+        minio_endpoint=_minio_endpoint(ctx),
+        # with the FLStore parts up, completed rounds flow into the cache engine
+        engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
+    )
+
+
+def _prepare_gateway(node: str) -> Callable[[Context], None]:
+    def prepare(ctx: Context) -> None:
+        ctx.run_dir(f"gateway-{node}").mkdir(parents=True, exist_ok=True)
+        socket_dir(ctx).mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    return prepare
 
 
 def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None:
@@ -87,34 +141,30 @@ def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None
         return None
 
 
-GATEWAY = ServiceSpec(
-    name="gateway",
-    ports=(PortSpec("gateway", OPTIONAL_PORTS["gateway"]),),
-    argv=lambda ctx: _serve(
-        "gateway",
-        "gateway",
-        ctx,
-        "--node",
-        NODE,
-        "--state-dir",
-        str(ctx.run_dir("gateway")),
-        "--shm-root",
-        str(shm_root(ctx)),
-        "--redis",
-        _redis_url(ctx),
-        "--minio",
-        _minio_endpoint(ctx),
-        # with the FLStore parts up, completed rounds flow into the cache engine
-        *(["--engine", ctx.url("cache_engine")] if "cache_engine" in ctx.ports else []),
-    ),
-    env=_minio_env("FEDFAAS_GATEWAY_"),
-    ready=_healthz("gateway"),
-    address=lambda ctx: ctx.url("gateway"),
-    extra=lambda ctx: {"shm": str(shm_root(ctx))},
-    depends=("minio", "redis", "runtime"),
-    prepare=lambda ctx: ctx.run_dir("gateway").mkdir(parents=True, exist_ok=True),
-    cleanup=_remove_shm,
-)
+def _gateway(node: str, name: str, depends: tuple[str, ...]) -> ServiceSpec:
+    port = PORT_OF[node]
+    return ServiceSpec(
+        name=name,
+        ports=(PortSpec(port, OPTIONAL_PORTS[port]),),
+        argv=lambda ctx: gateway_settings(ctx, node).to_argv(),
+        env=_minio_env("FEDFAAS_GATEWAY_"),
+        ready=_healthz(port),
+        address=lambda ctx: ctx.url(port),
+        extra=lambda ctx: {
+            "node": node,
+            "shm": str(shm_root(ctx)),
+            "router_socket": str(router_socket(ctx, node)),
+        },
+        depends=depends,
+        prepare=_prepare_gateway(node),
+        cleanup=_cleanup_node_files,
+    )
+
+
+#: ``--with gateway``: two node gateways (node0, node1); the second starts after the first has
+#: written the shared admin secret.
+GATEWAY = _gateway("node0", "gateway", ("minio", "redis", "runtime"))
+GATEWAY_NODE1 = _gateway("node1", "gateway-node1", ("gateway",))
 
 CACHE_ENGINE = ServiceSpec(
     name="cache-engine",
@@ -165,7 +215,9 @@ CONTROL_PLANE = ServiceSpec(
         "control_plane",
         ctx,
         "--gateways",
-        f"{NODE}={ctx.url('gateway')}",
+        ",".join(f"{n}={url}" for n, url in gateway_nodes(ctx).items()),
+        "--admin-token-file",
+        str(admin_secret(ctx)),
         "--redis",
         _redis_url(ctx),
         "--provider",
@@ -175,12 +227,15 @@ CONTROL_PLANE = ServiceSpec(
     ),
     ready=_healthz("control_plane"),
     address=lambda ctx: ctx.url("control_plane"),
-    depends=("redis", "runtime", "gateway"),
+    depends=("redis", "runtime", "gateway", "gateway-node1"),
 )
+
+#: Parts that come with another: ``--with gateway`` starts a gateway on each of :data:`NODES`.
+COMPANIONS = {"gateway": ("gateway-node1",)}
 
 #: Optional parts by name; ``--with all`` takes them all, in this order.
 OPTIONAL: dict[str, ServiceSpec] = {
-    p.name: p for p in (GATEWAY, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE)
+    p.name: p for p in (GATEWAY, GATEWAY_NODE1, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE)
 }
 
 
@@ -205,6 +260,8 @@ def resolve(names: Iterable[str]) -> list[ServiceSpec]:
             if dep in OPTIONAL:
                 add(dep)
         out.append(spec)
+        for companion in COMPANIONS.get(name, ()):
+            add(companion)
 
     for name in wanted:
         add(name)

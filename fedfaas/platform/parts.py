@@ -142,6 +142,11 @@ REDIS = ServiceSpec(
 
 
 def _runtime_argv(ctx: Context) -> list[str]:
+    """The runtime's command line; with node gateways up (``--with gateway``) it places each
+    function replica on one of their nodes (``--node NAME=ROUTER_SOCKET``)."""
+    from fedfaas.platform import optional  # the optional parts build on this module
+
+    nodes = [f"--node={n}={optional.router_socket(ctx, n)}" for n in optional.gateway_nodes(ctx)]
     return [
         sys.executable,
         "-m",
@@ -156,6 +161,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         str(ctx.run_dir("runtime")),
         "--auth-dir",
         str(ctx.secrets_dir),
+        *nodes,
     ]
 
 

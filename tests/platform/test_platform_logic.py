@@ -210,10 +210,59 @@ def test_optional_parts_bring_what_they_depend_on() -> None:
         "cache-engine",
         "request-tracker",
     ]
-    assert [p.name for p in optional.resolve(["control-plane"])] == ["gateway", "control-plane"]
+    # one gateway per node: `--with gateway` starts node1's too, after node0's
+    assert [p.name for p in optional.resolve(["gateway"])] == ["gateway", "gateway-node1"]
+    assert [p.name for p in optional.resolve(["control-plane"])] == [
+        "gateway",
+        "gateway-node1",
+        "control-plane",
+    ]
     assert {p.name for p in optional.resolve(["all"])} == set(optional.OPTIONAL)
     names = [p.name for p in Platform(PlatformSettings(with_parts=["control-plane"])).parts]
-    assert names.index("runtime") < names.index("gateway") < names.index("control-plane")
+    assert (
+        names.index("runtime")
+        < names.index("gateway")
+        < names.index("gateway-node1")
+        < names.index("control-plane")
+    )
+
+
+def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
+    tmp_path: Path,
+) -> None:
+    """Both node gateways' command lines come from ``GatewaySettings.to_argv``; they share one
+    admin secret file, know each other as peers, and the runtime places replicas on both nodes
+    with the router socket each gateway listens on. No secret is on a command line."""
+    from fedfaas.platform import optional
+    from fedfaas.platform.context import Context
+    from fedfaas.platform.parts import RUNTIME
+    from gateway.__main__ import parse_settings
+
+    ports = {
+        "runtime": 1001,
+        "minio": 1002,
+        "minio_console": 1003,
+        "redis": 1004,
+        "gateway": 1005,
+        "gateway_node1": 1006,
+        "cache_engine": 1007,
+    }
+    ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
+    argv0 = optional.GATEWAY.argv(ctx)
+    argv1 = optional.GATEWAY_NODE1.argv(ctx)
+    s0, s1 = parse_settings(argv0[3:]), parse_settings(argv1[3:])
+    assert (s0.node, s0.port, s1.node, s1.port) == ("node0", 1005, "node1", 1006)
+    assert s0.peers == {"node1": "http://127.0.0.1:1006"}
+    assert s1.peers == {"node0": "http://127.0.0.1:1005"}
+    assert s0.admin_secret_file == s1.admin_secret_file == optional.admin_secret(ctx)
+    assert s0.engine_url == "http://127.0.0.1:1007"
+    assert s0 == optional.gateway_settings(ctx, "node0")
+    runtime = RUNTIME.argv(ctx)
+    assert f"--node=node0={s0.router_socket}" in runtime
+    assert f"--node=node1={s1.router_socket}" in runtime
+    assert s0.router_socket != s1.router_socket
+    assert len(str(s0.router_socket)) < 100  # a unix socket path holds 108 bytes
+    assert not any("secret-key" in a or "password" in a.lower() for a in argv0 + argv1)
 
 
 def test_unknown_optional_part_is_a_clear_error() -> None:

@@ -1,0 +1,368 @@
+"""The platform a user starts, end to end: ``fedfaas up --with all``, jobs through the control
+plane, clients through the SDK, and aggregation only in replicas of the ``aggregator``
+function, which the gateways grant jobs (LIFL's reuse) and the control plane scales.
+
+One platform serves the whole module, in the order of the tests: a fresh platform has the
+function at its minimum (one replica), so the first test is the one about scaling up.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import load, save
+
+from client.sdk import FLClient, client_token
+from fedfaas import fedavg
+from fedfaas.platform import credentials, state
+from tests.platform.conftest import ANY_PORTS_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPES = {"w": (64, 32), "b": (32,)}
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _fedfaas(*args: str, env: dict[str, str], timeout: float = 300) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@dataclass
+class Platform:
+    """What the tests need of the running platform: its addresses and the admin's secrets."""
+
+    state_dir: Path
+    urls: dict[str, str]  # part port name -> URL
+
+    @property
+    def runtime_auth(self) -> tuple[str, str]:
+        return credentials.basic_auth(self.state_dir / "secrets")
+
+    @property
+    def admin_secret(self) -> str:
+        return (self.state_dir / "secrets" / "gateway-admin-secret").read_text().strip()
+
+    @property
+    def gateways(self) -> dict[str, str]:
+        return {"node0": self.urls["gateway"], "node1": self.urls["gateway_node1"]}
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """``GET /system/replicas/aggregator`` on the runtime: the function's live replicas."""
+        r = httpx.get(
+            f"{self.urls['runtime']}/system/replicas/aggregator",
+            auth=self.runtime_auth,
+            timeout=10,
+        )
+        r.raise_for_status()
+        return [x for x in r.json() if x["state"] == "ready"]
+
+    def endpoints(self) -> dict[str, list[dict[str, Any]]]:
+        """Each node's registered function endpoints (``/v1/router``, local ones left out)."""
+        return {
+            node: [
+                e
+                for e in httpx.get(f"{url}/v1/router", timeout=10).json()["endpoints"]
+                if not e["local"]
+            ]
+            for node, url in self.gateways.items()
+        }
+
+    def tasks_done(self) -> dict[int, int]:
+        """Slots each replica has aggregated, by pid, from the replica's own status."""
+        out = {}
+        for rep in self.replicas():
+            st = httpx.get(f"http://127.0.0.1:{rep['port']}/", timeout=10).json()
+            out[rep["pid"]] = sum(e["tasks_done"] for e in st["endpoints"])
+        return out
+
+    def scale(self, replicas: int) -> None:
+        r = httpx.post(
+            f"{self.urls['runtime']}/system/scale-function/aggregator",
+            json={"serviceName": "aggregator", "replicas": replicas},
+            auth=self.runtime_auth,
+            timeout=10,
+        )
+        assert r.status_code < 300, r.text
+
+    def create_job(self, job: str, clients: list[str], rounds: int, per_leaf: int = 2) -> None:
+        """``POST /v1/jobs`` on the control plane: every selected client, goal = all of them,
+        spread over both nodes (``leastconn``; ``bestfit`` packs a small job on one node)."""
+        w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+        r = httpx.post(
+            f"{self.urls['control_plane']}/v1/jobs",
+            json={
+                "job": job,
+                "rounds": rounds,
+                "goal": len(clients),
+                "clients": clients,
+                "overprovision": 1.0,
+                "per_leaf": per_leaf,
+                "policy": "leastconn",
+                "weights_b64": base64.b64encode(save(w0)).decode(),
+            },
+            timeout=60,
+        )
+        assert r.status_code == 201, r.text
+
+    def client(self, job: str, client: str) -> FLClient:
+        """The SDK client of ``client``, connected to the gateway the control plane assigns."""
+        a = httpx.get(
+            f"{self.urls['control_plane']}/v1/jobs/{job}/assignment",
+            params={"client": client},
+            timeout=10,
+        )
+        assert a.status_code == 200, a.text
+        token = client_token(self.admin_secret, job, client)
+        return FLClient(a.json()["gateway_url"], job, client, token)
+
+    def wait_open(self, job: str, rnd: int) -> None:
+        """Until the control plane has round ``rnd`` of ``job`` open (assignments answer)."""
+
+        def is_open() -> bool:
+            r = httpx.get(f"{self.urls['control_plane']}/v1/jobs/{job}", timeout=10).json()
+            cur = r.get("round") or {}
+            return bool(cur.get("number") == rnd and cur.get("state") == "open")
+
+        wait_until(is_open, 60, f"round {rnd} of {job} open on the control plane")
+
+    def progress(self, job: str, node: str) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"{self.gateways[node]}/v1/jobs/{job}", timeout=10).json()
+        return body
+
+    def root_client(self, job: str, client: str) -> FLClient:
+        """An SDK client on the job's root gateway (node0: the control plane's first node)."""
+        return FLClient(
+            self.gateways["node0"], job, client, client_token(self.admin_secret, job, client)
+        )
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def make_update(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+
+
+def assert_fedavg(model: bytes, updates: list[dict[str, np.ndarray]], weights: list[int]) -> None:
+    got = load(model)
+    for k in SHAPES:
+        want = fedavg.fedavg_reference([u[k] for u in updates], weights)
+        assert fedavg.rel_error(got[k], want) <= 1e-6, k
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    state_dir = tmp_path_factory.mktemp("one-platform") / "state"
+    ports = dict.fromkeys(
+        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+    )
+    env = {
+        **os.environ,
+        **ANY_PORTS_ENV,
+        "FEDFAAS_PORTS": json.dumps(ports),
+        # the control plane scales the function down after this many idle seconds
+        "FEDFAAS_CONTROL_SCALE_DOWN_S": "8",
+    }
+    env.pop("OPENFAAS_URL", None)
+    _fedfaas("up", "--with", "all", "--state-dir", str(state_dir), env=env)
+    try:
+        st = state.load(state_dir)
+        assert st is not None
+        host = st.host
+        yield Platform(state_dir, {name: f"http://{host}:{p}" for name, p in st.ports.items()})
+    finally:
+        _fedfaas("down", "--state-dir", str(state_dir), env=env)
+
+
+def run_round(
+    p: Platform, job: str, clients: list[str], rnd: int, seed: int
+) -> tuple[list[dict[str, np.ndarray]], list[int]]:
+    """Every client uploads its update for round ``rnd`` to its assigned gateway."""
+    p.wait_open(job, rnd)
+    updates, weights = [], []
+    for i, c in enumerate(clients):
+        u, w = make_update(seed + i), 1 + (seed + i) % 7
+        with p.client(job, c) as fl:
+            fl.upload(rnd, save(u), w)
+        updates.append(u)
+        weights.append(w)
+    return updates, weights
+
+
+def test_a_round_of_20_updates_scales_the_function_up_and_a_new_replica_aggregates(
+    platform: Platform,
+) -> None:
+    p = platform
+    wait_until(lambda: len(p.replicas()) == 1, 60, "the function at its minimum of 1 replica")
+    [first] = p.replicas()
+    wait_until(lambda: sum(map(len, p.endpoints().values())) == 2, 60, "2 endpoints")
+    clients = [f"s{i}" for i in range(20)]
+    p.create_job("scale", clients, rounds=1)
+    updates, weights = run_round(p, "scale", clients, 1, seed=100)
+    with p.root_client("scale", "s0") as fl:
+        model = fl.wait_for_version(1, timeout=120)
+    assert_fedavg(model.data, updates, weights)
+    reps = p.replicas()
+    assert len(reps) > 1, "the control plane scaled the function up"
+    done = p.tasks_done()
+    new = {pid: n for pid, n in done.items() if pid != first["pid"]}
+    assert any(n > 0 for n in new.values()), f"a new replica aggregated part: {done}"
+    # every endpoint that exists is a replica's
+    pids = {r["pid"] for r in reps}
+    assert {e["pid"] for eps in p.endpoints().values() for e in eps} <= pids
+
+
+def test_twelve_clients_two_nodes_three_rounds_aggregated_only_by_the_function(
+    platform: Platform,
+) -> None:
+    p = platform
+    clients = [f"c{i}" for i in range(12)]
+    before = p.tasks_done()
+    p.create_job("main", clients, rounds=3)
+    placed: dict[str, int] = {}
+    for rnd in (1, 2, 3):
+        p.wait_open("main", rnd)
+        for c in clients:
+            with p.client("main", c) as fl:
+                placed[fl.gateway_url] = placed.get(fl.gateway_url, 0) + 1
+        updates, weights = run_round(p, "main", clients, rnd, seed=1000 * rnd)
+        with p.root_client("main", "c0") as fl:
+            model = fl.wait_for_version(rnd, timeout=120)
+        assert model.version == rnd
+        assert_fedavg(model.data, updates, weights)
+    assert set(placed) == set(p.gateways.values()), "clients on both node gateways"
+    reps = {r["pid"] for r in p.replicas()}
+    endpoints = p.endpoints()
+    assert all(endpoints.values()), f"both nodes have function endpoints: {endpoints}"
+    assert {e["pid"] for eps in endpoints.values() for e in eps} <= reps
+    after = p.tasks_done()
+    ran = sum(after.get(pid, 0) - before.get(pid, 0) for pid in after)
+    # 3 rounds x (3 leaves per node x 2 nodes + at least the top): every slot ran in a replica
+    assert ran >= 3 * 7, (before, after)
+
+
+def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
+    platform: Platform,
+) -> None:
+    p = platform
+    wait_until(lambda: all(len(e) >= 2 for e in p.endpoints().values()), 60, "warm endpoints")
+    pids = {r["pid"] for r in p.replicas()}
+
+    def served() -> set[int]:
+        ids = set()
+        for rep in p.replicas():
+            st = httpx.get(f"http://127.0.0.1:{rep['port']}/", timeout=10).json()
+            ids |= {j for e in st["endpoints"] for j in e["jobs_served"]}
+        return ids
+
+    clients = ["a", "b", "c", "d"]
+    for job in ("ra", "rb"):  # back to back
+        p.create_job(job, clients, rounds=1)
+        updates, weights = run_round(p, job, clients, 1, seed=hash(job) % 1000)
+        with p.root_client(job, "a") as fl:
+            assert_fedavg(fl.wait_for_version(1, timeout=120).data, updates, weights)
+    p.create_job("ia", clients, rounds=1)
+    p.create_job("ib", clients, rounds=1)
+    p.wait_open("ia", 1)
+    p.wait_open("ib", 1)
+    sent: dict[str, tuple[list[dict[str, np.ndarray]], list[int]]] = {
+        "ia": ([], []),
+        "ib": ([], []),
+    }
+    for i, c in enumerate(clients):  # interleaved: ia and ib uploads alternate
+        for job in ("ia", "ib"):
+            u, w = make_update(500 + i + (job == "ib") * 50), i + 1
+            with p.client(job, c) as fl:
+                fl.upload(1, save(u), w)
+            sent[job][0].append(u)
+            sent[job][1].append(w)
+    for job in ("ia", "ib"):
+        with p.root_client(job, "a") as fl:
+            assert_fedavg(fl.wait_for_version(1, timeout=120).data, *sent[job])
+    assert {r["pid"] for r in p.replicas()} == pids, "no replica started for the later jobs"
+    ids = {p.progress(j, "node0")["id"] for j in ("ra", "rb", "ia", "ib")}
+    assert ids <= served(), "the same warm replicas were granted every job"
+
+
+def test_a_replica_killed_mid_round_loses_nothing_and_counts_nothing_twice(
+    platform: Platform,
+) -> None:
+    p = platform
+    clients = ["k0", "k1", "k2", "k3"]
+    p.create_job("kill", clients, rounds=1, per_leaf=2)
+    p.wait_open("kill", 1)
+    # one update per leaf first: each leaf slot holds an endpoint and waits for its second
+    assigned = {c: p.client("kill", c) for c in clients}
+    by_node: dict[str, list[str]] = {}
+    for c, fl in assigned.items():
+        by_node.setdefault(fl.gateway_url, []).append(c)
+    first = [cs[0] for cs in by_node.values()]
+    rest = [c for c in clients if c not in first]
+    updates: dict[str, tuple[dict[str, np.ndarray], int]] = {}
+    for i, c in enumerate(first + rest):
+        updates[c] = (make_update(900 + i), i + 2)
+    for c in first:
+        assigned[c].upload(1, save(updates[c][0]), updates[c][1])
+
+    def running_leaf() -> tuple[str, str, int] | None:
+        for node in p.gateways:
+            slots = p.progress("kill", node)["progress"]["slots"]
+            for sid, s in slots.items():
+                if s["node"] == node and s["endpoint"] is not None and not s["done"]:
+                    return node, sid, s["endpoint"]
+        return None
+
+    node, sid, endpoint = wait_until(running_leaf, 60, "a leaf running in a replica")
+    [victim] = [e["pid"] for e in p.endpoints()[node] if e["id"] == endpoint]
+    assert victim in {r["pid"] for r in p.replicas()}
+    os.kill(victim, signal.SIGKILL)
+
+    def attempts() -> int:
+        slot = p.progress("kill", node)["progress"]["slots"][sid]
+        return int(slot["attempts"]) if slot["endpoint"] is not None else 0
+
+    # the slot runs again, in another endpoint, from the update the node holds
+    wait_until(lambda: attempts() >= 2, 60, "the killed replica's slot to run again")
+    for c in rest:
+        assigned[c].upload(1, save(updates[c][0]), updates[c][1])
+    with p.root_client("kill", "k0") as fl:
+        model = fl.wait_for_version(1, timeout=120)
+    order = first + rest
+    assert_fedavg(model.data, [updates[c][0] for c in order], [updates[c][1] for c in order])
+    for fl in assigned.values():
+        fl.close()
+
+
+def test_the_function_scales_back_down_when_idle(platform: Platform) -> None:
+    p = platform
+    wait_until(lambda: len(p.replicas()) == 1, 90, "scale-down to the minimum after idling")
