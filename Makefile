@@ -36,7 +36,9 @@ demo: setup
 bench: setup
 	@set -e; for b in $(BENCHES); do echo "== bench-$$b"; $(PY) -m bench.$$b; done
 
-bench-%: setup
+# A static pattern rule, not a plain `bench-%:`: make never searches implicit (pattern) rules
+# for a .PHONY target, so `make bench-dataplane` would do nothing and exit 0.
+$(addprefix bench-,$(BENCHES)): bench-%: setup
 	$(PY) -m bench.$*
 
 lint: setup

@@ -12,7 +12,7 @@ the node's shortage, which the control plane answers by scaling the function.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import bpf
 from control_plane.planning import AggregatorSpec
@@ -40,7 +40,9 @@ def _reuse_view(eng: RoundEngine) -> tuple[list[AggregatorSpec], dict[str, Aggre
         if not st.local:
             continue
         kids = eng.plan.children(sid)
-        role = "leaf" if not kids else ("top" if st.slot.role == TOP else "middle")
+        role: Literal["leaf", "middle", "top"] = (
+            "leaf" if not kids else ("top" if st.slot.role == TOP else "middle")
+        )
         parent = None if st.slot.parent is None else str(st.slot.parent)
         specs.append(AggregatorSpec(str(sid), role, st.slot.node, st.slot.goal, parent))
         if st.done is not None and st.endpoint is not None:

@@ -1,0 +1,151 @@
+"""The Makefile is the front door: every ``make <target>`` the README names has a recipe.
+
+Each target is checked with ``make -n`` (print the recipe, run nothing). ``make -n`` still runs
+three things: ``$(shell ...)`` while parsing, recipe lines that use ``$(MAKE)``, and recipe lines
+marked ``+``. :func:`test_make_n_runs_nothing_but_harmless_shell_lookups` holds the Makefile to
+none of the last two and to ``$(shell command -v ...)`` lookups only, so the dry runs here never
+install, start or benchmark anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAKEFILE = ROOT / "Makefile"
+README = ROOT / "README.md"
+#: make's own variables in the environment of a parent make (``make test`` runs pytest): a dry
+#: run must not inherit its flags or job server.
+PARENT_MAKE_VARS = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT")
+
+
+def readme_make_commands(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``(target, ("VAR=value", ...))`` for every ``make`` command in ``text``.
+
+    Commands are read from fenced code blocks (one per line, comments dropped) and from inline
+    code spans. A placeholder such as ``bench-<name>`` is expanded with the backticked names in
+    the parentheses that follow its span (``make bench-<name>` (`dataplane`, `ebpf`, ...)``).
+    """
+    commands: list[str] = []
+    in_block = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+            continue
+        if in_block:
+            code = line.split("#", 1)[0].strip().removeprefix("$ ")
+            if code.startswith("make "):
+                commands.append(code)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.finditer(r"`(make [^`]+)`", prose):
+        command = span.group(1).strip()
+        if "<" not in command:
+            commands.append(command)
+            continue
+        listed = re.match(r"[^(`]*\(([^);]*)", prose[span.end() :])
+        names = re.findall(r"`([\w-]+)`", listed.group(1)) if listed else []
+        assert names, f"README: no names listed after `{command}`"
+        commands += [re.sub(r"<[^>]+>", n, command) for n in names]
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for command in commands:
+        words = command.split()[1:]
+        variables = tuple(w for w in words if "=" in w)
+        found += [(w, variables) for w in words if "=" not in w and not w.startswith("-")]
+    return list(dict.fromkeys(found))
+
+
+def dry_run(
+    target: str, *variables: str, makefile: Path = MAKEFILE
+) -> subprocess.CompletedProcess[str]:
+    """``make -n target VARS`` in the repository root, outside any parent make."""
+    env = {k: v for k, v in os.environ.items() if k not in PARENT_MAKE_VARS}
+    return subprocess.run(
+        ["make", "--no-print-directory", "-n", "-f", str(makefile), target, *variables],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def recipe_problem(res: subprocess.CompletedProcess[str]) -> str | None:
+    """Why a dry run shows no recipe (``None`` when it shows one)."""
+    if res.returncode != 0:
+        return f"exit {res.returncode}: {res.stderr.strip()}"
+    out = res.stdout.strip()
+    # a .PHONY target whose rule make never looks at prints this and exits 0
+    if not out or "Nothing to be done" in out or "is up to date" in out:
+        return f"no recipe: {out or '(empty)'}"
+    return None
+
+
+COMMANDS = readme_make_commands(README.read_text())
+
+
+def test_readme_names_the_front_door_targets() -> None:
+    targets = {t for t, _ in COMMANDS}
+    assert {"demo", "test", "up", "down", "bench", "bench-dataplane", "lint", "chart"} <= targets
+
+
+def test_readme_command_parser_reads_blocks_inline_spans_variables_and_placeholders() -> None:
+    text = (
+        "```sh\nmake up WITH=all   # comment with make down\n$ make lint\n```\n"
+        "Use `make bench-<x>` (`a`, `b`; more) or `make status`.\n"
+    )
+    assert readme_make_commands(text) == [
+        ("up", ("WITH=all",)),
+        ("lint", ()),
+        ("bench-a", ()),
+        ("bench-b", ()),
+        ("status", ()),
+    ]
+
+
+def test_make_n_runs_nothing_but_harmless_shell_lookups() -> None:
+    text = MAKEFILE.read_text()
+    assert "$(MAKE)" not in text and "${MAKE}" not in text, "make -n would run these lines"
+    recipe_prefixes = re.findall(r"^\t([@+-]*)", text, flags=re.M)
+    assert not [p for p in recipe_prefixes if "+" in p], "make -n runs `+` recipe lines"
+    for call in re.findall(r"\$\(shell ([^)]*)\)", text):
+        assert call.startswith("command -v "), f"make runs $(shell {call}) even with -n"
+
+
+@pytest.mark.parametrize(
+    ("target", "variables"), COMMANDS, ids=[" ".join((t, *v)) for t, v in COMMANDS]
+)
+def test_every_make_target_the_readme_names_has_a_recipe(
+    target: str, variables: tuple[str, ...]
+) -> None:
+    assert recipe_problem(dry_run(target, *variables)) is None
+
+
+def test_make_up_with_all_passes_the_parts_to_fedfaas_up() -> None:
+    res = dry_run("up", "WITH=all")
+    assert recipe_problem(res) is None
+    assert re.search(r"fedfaas up --state-dir \S+ --with all$", res.stdout, flags=re.M)
+
+
+def test_make_bench_dataplane_runs_the_dataplane_benchmark() -> None:
+    # `bench-%` was a pattern rule for .PHONY targets: make skipped it and did nothing
+    res = dry_run("bench-dataplane")
+    assert recipe_problem(res) is None
+    assert re.search(r"python -m bench\.dataplane$", res.stdout, flags=re.M), res.stdout
+    assert (ROOT / "bench" / "dataplane.py").is_file()
+
+
+def test_every_bench_the_makefile_lists_is_a_module_with_a_recipe() -> None:
+    benches = re.search(r"^BENCHES\s*:?=(.*)$", MAKEFILE.read_text(), flags=re.M)
+    assert benches is not None
+    names = benches.group(1).split()
+    assert {f"bench-{n}" for n in names} <= {t for t, _ in COMMANDS}, "README lists them all"
+    for name in names:
+        assert (ROOT / "bench" / f"{name}.py").is_file(), name
+        res = dry_run(f"bench-{name}")
+        assert recipe_problem(res) is None
+        assert f"-m bench.{name}" in res.stdout
