@@ -9,7 +9,7 @@ may be granted another job: no replica is started per job.
 
 HTTP (health and status only):
 
-- ``GET``: this replica's pid and its endpoints (id, job granted, jobs served, tasks done).
+- ``GET``: this replica's pid, node and its endpoints (id, job granted, jobs served, tasks done).
 - anything else: 405 with a JSON reason.
 """
 
@@ -62,6 +62,7 @@ def handle(event, context):
         "statusCode": 200,
         "body": {
             "pid": os.getpid(),
+            "node": _settings.node,
             "router_socket": str(_settings.router_socket or ""),
             "endpoints": st,
         },

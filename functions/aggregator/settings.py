@@ -18,6 +18,8 @@ class AggregatorSettings(BaseSettings):
     ----------
     router_socket : the node gateway's router socket (``FEDFAAS_GATEWAY_ROUTER_SOCKET``); no
         endpoints start without it.
+    node : the node this replica runs on (``FEDFAAS_NODE``: the embedded runtime's placement,
+        the pod's ``spec.nodeName`` on Kubernetes); shown in the status.
     endpoints : endpoints this replica registers (each serves one slot at a time).
     kernel : ``numpy`` (blocked axpy) or ``torch`` (fused ``add_``) accumulation.
     threads : torch threads when ``kernel`` is torch.
@@ -26,6 +28,7 @@ class AggregatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_AGGREGATOR_", extra="ignore")
 
     router_socket: Path | None = Field(default=None, validation_alias=ROUTER_SOCKET_ENV)
+    node: str = Field(default="", validation_alias="FEDFAAS_NODE")
     endpoints: int = Field(default=2, ge=1, le=64)
     kernel: Literal["numpy", "torch"] = "numpy"
     threads: int = Field(default=1, ge=1)

@@ -265,6 +265,8 @@ def test_twelve_clients_two_nodes_three_rounds_aggregated_only_by_the_function(
     endpoints = p.endpoints()
     assert all(endpoints.values()), f"both nodes have function endpoints: {endpoints}"
     assert {e["pid"] for eps in endpoints.values() for e in eps} <= reps
+    for node, eps in endpoints.items():  # each replica registered with the node it is placed on
+        assert {e["pid"] for e in eps} <= {r["pid"] for r in p.replicas() if r["node"] == node}
     after = p.tasks_done()
     ran = sum(after.get(pid, 0) - before.get(pid, 0) for pid in after)
     # 3 rounds x (3 leaves per node x 2 nodes + at least the top): every slot ran in a replica

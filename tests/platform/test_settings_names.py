@@ -202,9 +202,10 @@ def test_runtime_gives_each_replica_the_router_socket_both_settings_read(
     socket = tmp_path / "router-b.sock"
     env = node_env("b", socket)
     ours = {n for n in env if n in env_names(AggregatorSettings) or n in env_names(GatewaySettings)}
-    assert ours == {ROUTER_SOCKET_ENV} and env[ROUTER_SOCKET_ENV] == str(socket)
+    assert ours == {ROUTER_SOCKET_ENV, "FEDFAAS_NODE"} and env[ROUTER_SOCKET_ENV] == str(socket)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert AggregatorSettings().router_socket == socket
+    assert AggregatorSettings().node == "b"
     assert GatewaySettings().router_socket == socket
     assert GatewaySettings(node="b").socket_path() == socket
