@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from fedfaas.cmdline import CommandLineSettings
 
 _REPO = Path(__file__).resolve().parent.parent
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(CommandLineSettings):
     """Where the engine's state lives and how it sizes the cache.
 
     Attributes
@@ -39,6 +42,34 @@ class EngineSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
+
+    MODULE: ClassVar[str] = "cache_engine"
+    DESCRIPTION: ClassVar[str] = "FLStore cache engine"
+    #: never on a command line: ``FEDFAAS_ENGINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``
+    SECRETS: ClassVar[frozenset[str]] = frozenset({"minio_access_key", "minio_secret_key"})
+    FLAGS: ClassVar[dict[str, str]] = {
+        "host": "--host",
+        "port": "--port",
+        "redis_url": "--redis",
+        "minio_endpoint": "--minio",
+        "bucket": "--bucket",
+        "runtime_url": "--runtime",
+        "runtime_auth_dir": "--runtime-auth-dir",
+        "policy": "--policy",
+        "capacity_objects": "--capacity-objects",
+        "function_capacity_bytes": "--function-capacity-bytes",
+        "secondaries": "--secondaries",
+        "max_functions": "--max-functions",
+        "ping_interval": "--ping-interval",
+        "ping_timeout": "--ping-timeout",
+        "dead_after": "--dead-after",
+        "evict_grace": "--evict-grace",
+        "call_timeout": "--call-timeout",
+        "function_prefix": "--function-prefix",
+        "function_image": "--function-image",
+        "handler_dir": "--handler-dir",
+        "function_env": "--function-env",
+    }
 
     host: str = "127.0.0.1"
     port: int = 8091

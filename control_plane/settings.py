@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from control_plane.errors import InvalidInput
+from fedfaas.cmdline import CommandLineSettings
 
 
-class ControlPlaneSettings(BaseSettings):
+class ControlPlaneSettings(CommandLineSettings):
     """Everything ``python -m control_plane`` reads; every default works on one machine.
 
     Attributes
@@ -44,6 +46,24 @@ class ControlPlaneSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONTROL_")
+
+    MODULE: ClassVar[str] = "control_plane"
+    DESCRIPTION: ClassVar[str] = "FedFaaS control plane (LIFL coordinator)"
+    FLAGS: ClassVar[dict[str, str]] = {
+        "host": "--host",
+        "port": "--port",
+        "gateways": "--gateways",
+        "redis_url": "--redis",
+        "provider_url": "--provider",
+        "provider_auth_dir": "--provider-auth-dir",
+        "function": "--function",
+        "mc": "--mc",
+        "tick_s": "--tick",
+        "health_failures": "--health-failures",
+        "alpha": "--alpha",
+        "scale_down_s": "--scale-down",
+        "admin_token_file": "--admin-token-file",
+    }
 
     host: str = "127.0.0.1"
     port: int = 8070

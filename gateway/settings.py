@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from fedfaas.cmdline import CommandLineSettings
 from fedfaas.objstore import DEFAULT_ROOT
 from fedfaas.wire import DEFAULT_MAX_HEADER
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(CommandLineSettings):
     """One node gateway.
 
     Attributes
@@ -51,6 +51,39 @@ class GatewaySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
 
+    MODULE: ClassVar[str] = "gateway"
+    DESCRIPTION: ClassVar[str] = "FedFaaS node gateway"
+    #: never on a command line: the environment (``FEDFAAS_GATEWAY_MINIO_*``) carries them
+    SECRETS: ClassVar[frozenset[str]] = frozenset({"minio_access_key", "minio_secret_key"})
+    #: setting -> flag of ``python -m gateway`` (booleans: the flag that turns the default over)
+    FLAGS: ClassVar[dict[str, str]] = {
+        "node": "--node",
+        "host": "--host",
+        "port": "--port",
+        "state_dir": "--state-dir",
+        "redis_url": "--redis",
+        "shm_root": "--shm-root",
+        "router_socket": "--router-socket",
+        "prefer_ebpf": "--no-ebpf",
+        "admin_secret_file": "--admin-secret-file",
+        "fanout": "--fanout",
+        "lazy": "--lazy",
+        "max_header": "--max-header",
+        "max_job_body": "--max-job-body",
+        "pool": "--pool",
+        "pool_max_bytes": "--pool-max-bytes",
+        "check_finite": "--no-check-finite",
+        "max_inflight": "--max-inflight",
+        "read_timeout": "--read-timeout",
+        "peers": "--peers",
+        "planner": "--planner",
+        "minio_endpoint": "--minio",
+        "minio_bucket": "--minio-bucket",
+        "checkpoint_clients": "--no-checkpoint-clients",
+        "engine_url": "--engine",
+        "keep_store_on_stop": "--keep-store-on-stop",
+    }
+
     node: str = "node0"
     host: str = "127.0.0.1"
     port: int = 8081
@@ -84,68 +117,3 @@ class GatewaySettings(BaseSettings):
 
     def secret_path(self) -> Path:
         return self.admin_secret_file or self.state_dir / "admin-secret"
-
-    def to_argv(self, python: str = sys.executable, log_level: str | None = None) -> list[str]:
-        """The ``python -m gateway`` command line that runs these settings.
-
-        Every setting that differs from its default is rendered with its flag from
-        :data:`FLAGS` (the same table ``python -m gateway`` parses), so a launcher never builds
-        this command by hand. MinIO's keys are never put on a command line (``ps`` shows it):
-        they reach the process through its environment (``FEDFAAS_GATEWAY_MINIO_*``).
-
-        Raises
-        ------
-        ValueError
-            If a setting that differs from its default has no flag.
-        """
-        argv = [python, "-m", "gateway"]
-        for name, info in type(self).model_fields.items():
-            value = getattr(self, name)
-            default = info.get_default(call_default_factory=True)
-            if name in SECRET_FIELDS or (value == default and name not in ("node", "state_dir")):
-                continue
-            flag = FLAGS.get(name)
-            if flag is None:
-                raise ValueError(f"setting {name!r} has no flag of `python -m gateway`")
-            if isinstance(value, bool):
-                if value != (flag.startswith("--no-")):
-                    argv.append(flag)
-            elif isinstance(value, dict):
-                argv += [flag, json.dumps(value, sort_keys=True)]
-            else:
-                argv += [flag, str(value)]
-        if log_level:
-            argv += ["--log-level", log_level]
-        return argv
-
-
-#: setting -> flag of ``python -m gateway`` (booleans: the flag that turns the default over)
-FLAGS: dict[str, str] = {
-    "node": "--node",
-    "host": "--host",
-    "port": "--port",
-    "state_dir": "--state-dir",
-    "redis_url": "--redis",
-    "shm_root": "--shm-root",
-    "router_socket": "--router-socket",
-    "prefer_ebpf": "--no-ebpf",
-    "admin_secret_file": "--admin-secret-file",
-    "fanout": "--fanout",
-    "lazy": "--lazy",
-    "max_header": "--max-header",
-    "max_job_body": "--max-job-body",
-    "pool": "--pool",
-    "pool_max_bytes": "--pool-max-bytes",
-    "check_finite": "--no-check-finite",
-    "max_inflight": "--max-inflight",
-    "read_timeout": "--read-timeout",
-    "peers": "--peers",
-    "planner": "--planner",
-    "minio_endpoint": "--minio",
-    "minio_bucket": "--minio-bucket",
-    "checkpoint_clients": "--no-checkpoint-clients",
-    "engine_url": "--engine",
-    "keep_store_on_stop": "--keep-store-on-stop",
-}
-#: settings that never go on a command line
-SECRET_FIELDS = frozenset({"minio_access_key", "minio_secret_key"})

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import ClassVar
+
+from pydantic_settings import SettingsConfigDict
+
+from fedfaas.cmdline import CommandLineSettings
 
 
-class TrackerSettings(BaseSettings):
+class TrackerSettings(CommandLineSettings):
     """Where the tracker finds the engine, the functions and Redis, and how long it waits.
 
     Attributes
@@ -22,6 +26,21 @@ class TrackerSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_TRACKER_", extra="ignore")
+
+    MODULE: ClassVar[str] = "request_tracker"
+    DESCRIPTION: ClassVar[str] = "FLStore request tracker"
+    FLAGS: ClassVar[dict[str, str]] = {
+        "host": "--host",
+        "port": "--port",
+        "redis_url": "--redis",
+        "engine_url": "--engine",
+        "runtime_url": "--runtime",
+        "query_timeout": "--query-timeout",
+        "engine_timeout": "--engine-timeout",
+        "attempts": "--attempts",
+        "ping_interval": "--ping-interval",
+        "result_ttl": "--result-ttl",
+    }
 
     host: str = "127.0.0.1"
     port: int = 8092

@@ -1,5 +1,6 @@
-"""Parts that ``fedfaas up --with NAME,...`` adds: the node gateway and the FLStore and LIFL
-services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point.
+"""Parts that ``fedfaas up --with NAME,...`` adds: the node gateways and the FLStore and LIFL
+services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point,
+its command line rendered from the component's settings class (:mod:`fedfaas.cmdline`).
 
 Secrets reach them as environment variables read from the state folder's secret files (never
 on the command line, where ``ps`` would show them).
@@ -9,17 +10,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from cache_engine.settings import EngineSettings
+from control_plane.settings import ControlPlaneSettings
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.parts import PortSpec, ServiceSpec
 from fedfaas.services import http_ok
 from gateway.settings import GatewaySettings
+from request_tracker.settings import TrackerSettings
 
 #: Ports of the optional parts (the components' own defaults).
 OPTIONAL_PORTS = {
@@ -32,20 +35,6 @@ OPTIONAL_PORTS = {
 #: The nodes of ``--with gateway``: one node gateway each, with the port named in ``PORT_OF``.
 NODES = ("node0", "node1")
 PORT_OF = {"node0": "gateway", "node1": "gateway_node1"}
-
-
-def _serve(module: str, port_name: str, ctx: Context, *args: str) -> list[str]:
-    """``python -m module --host H --port P`` (the port of ``port_name``), then ``args``."""
-    return [
-        sys.executable,
-        "-m",
-        module,
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports[port_name]),
-        *args,
-    ]
 
 
 def _redis_url(ctx: Context) -> str:
@@ -169,19 +158,14 @@ GATEWAY_NODE1 = _gateway("node1", "gateway-node1", ("gateway",))
 CACHE_ENGINE = ServiceSpec(
     name="cache-engine",
     ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
-    argv=lambda ctx: _serve(
-        "cache_engine",
-        "cache_engine",
-        ctx,
-        "--redis",
-        _redis_url(ctx),
-        "--minio",
-        _minio_endpoint(ctx),
-        "--runtime",
-        ctx.url("runtime"),
-        "--runtime-auth-dir",
-        str(ctx.secrets_dir),
-    ),
+    argv=lambda ctx: EngineSettings(
+        host=ctx.host,
+        port=ctx.ports["cache_engine"],
+        redis_url=_redis_url(ctx),
+        minio_endpoint=_minio_endpoint(ctx),
+        runtime_url=ctx.url("runtime"),
+        runtime_auth_dir=str(ctx.secrets_dir),
+    ).to_argv(),
     env=_minio_env("FEDFAAS_ENGINE_"),
     ready=_healthz("cache_engine"),
     address=lambda ctx: ctx.url("cache_engine"),
@@ -191,17 +175,13 @@ CACHE_ENGINE = ServiceSpec(
 REQUEST_TRACKER = ServiceSpec(
     name="request-tracker",
     ports=(PortSpec("request_tracker", OPTIONAL_PORTS["request_tracker"]),),
-    argv=lambda ctx: _serve(
-        "request_tracker",
-        "request_tracker",
-        ctx,
-        "--redis",
-        _redis_url(ctx),
-        "--engine",
-        ctx.url("cache_engine"),
-        "--runtime",
-        ctx.url("runtime"),
-    ),
+    argv=lambda ctx: TrackerSettings(
+        host=ctx.host,
+        port=ctx.ports["request_tracker"],
+        redis_url=_redis_url(ctx),
+        engine_url=ctx.url("cache_engine"),
+        runtime_url=ctx.url("runtime"),
+    ).to_argv(),
     ready=_healthz("request_tracker"),
     address=lambda ctx: ctx.url("request_tracker"),
     depends=("redis", "runtime", "cache-engine"),
@@ -210,21 +190,15 @@ REQUEST_TRACKER = ServiceSpec(
 CONTROL_PLANE = ServiceSpec(
     name="control-plane",
     ports=(PortSpec("control_plane", OPTIONAL_PORTS["control_plane"]),),
-    argv=lambda ctx: _serve(
-        "control_plane",
-        "control_plane",
-        ctx,
-        "--gateways",
-        ",".join(f"{n}={url}" for n, url in gateway_nodes(ctx).items()),
-        "--admin-token-file",
-        str(admin_secret(ctx)),
-        "--redis",
-        _redis_url(ctx),
-        "--provider",
-        ctx.url("runtime"),
-        "--provider-auth-dir",
-        str(ctx.secrets_dir),
-    ),
+    argv=lambda ctx: ControlPlaneSettings(
+        host=ctx.host,
+        port=ctx.ports["control_plane"],
+        gateways=",".join(f"{n}={url}" for n, url in gateway_nodes(ctx).items()),
+        admin_token_file=admin_secret(ctx),
+        redis_url=_redis_url(ctx),
+        provider_url=ctx.url("runtime"),
+        provider_auth_dir=ctx.secrets_dir,
+    ).to_argv(),
     ready=_healthz("control_plane"),
     address=lambda ctx: ctx.url("control_plane"),
     depends=("redis", "runtime", "gateway", "gateway-node1"),

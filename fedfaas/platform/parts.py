@@ -6,24 +6,25 @@ Adding a part is one :class:`ServiceSpec` in :data:`PARTS` (always started) or i
     ServiceSpec(
         name="gateway",
         ports=(PortSpec("gateway", 8081),),
-        argv=lambda ctx: [sys.executable, "-m", "gateway", "--port", str(ctx.ports["gateway"])],
+        argv=lambda ctx: GatewaySettings(port=ctx.ports["gateway"]).to_argv(),
         ready=lambda ctx: http_ok(ctx.url("gateway") + "/healthz"),
         address=lambda ctx: ctx.url("gateway"),
         depends=("redis", "minio", "runtime"),
     )
 
 Every part gets :meth:`Context.env` (where Redis, MinIO and the runtime are) in its environment.
+Command lines come from the components' settings classes (:mod:`fedfaas.cmdline`), never by hand.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedfaas.platform import functions
 from fedfaas.platform.context import Context
+from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.services import MinioServer, RedisServer, http_ok, redis_ping
 from fedfaas.settings import DEFAULT_PORTS
 
@@ -143,26 +144,17 @@ REDIS = ServiceSpec(
 
 def _runtime_argv(ctx: Context) -> list[str]:
     """The runtime's command line; with node gateways up (``--with gateway``) it places each
-    function replica on one of their nodes (``--node NAME=ROUTER_SOCKET``)."""
+    function replica on one of their nodes (``RuntimeSettings.nodes``)."""
     from fedfaas.platform import optional  # the optional parts build on this module
 
-    nodes = [f"--node={n}={optional.router_socket(ctx, n)}" for n in optional.gateway_nodes(ctx)]
-    return [
-        sys.executable,
-        "-m",
-        "fedfaas.runtime",
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.ports["runtime"]),
-        "--stack",
-        str(ctx.stack_file),
-        "--state-dir",
-        str(ctx.run_dir("runtime")),
-        "--auth-dir",
-        str(ctx.secrets_dir),
-        *nodes,
-    ]
+    return RuntimeSettings(
+        host=ctx.host,
+        port=ctx.ports["runtime"],
+        stack=ctx.stack_file,
+        state_dir=ctx.run_dir("runtime"),
+        auth_dir=ctx.secrets_dir,
+        nodes={n: optional.router_socket(ctx, n) for n in optional.gateway_nodes(ctx)},
+    ).to_argv()
 
 
 RUNTIME = ServiceSpec(

@@ -4,11 +4,12 @@ platform part)."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.services import ChildProcess, ServiceError, free_port, http_ok
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class RuntimeProcess(ChildProcess):
     """``python -m fedfaas.runtime`` in its own process group, log in ``<state_dir>/runtime.log``.
+
+    ``settings`` holds further :class:`RuntimeSettings` (``{"ready_wait": 2}``).
 
     Examples
     --------
@@ -31,7 +34,7 @@ class RuntimeProcess(ChildProcess):
     auth_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 0
-    extra_args: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -52,22 +55,14 @@ class RuntimeProcess(ChildProcess):
         """
         self.port = self.port or free_port(self.host)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "fedfaas.runtime",
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--state-dir",
-            str(self.state_dir),
-            *self.extra_args,
-        ]
-        if self.stack is not None:
-            argv += ["--stack", str(self.stack)]
-        if self.auth_dir is not None:
-            argv += ["--auth-dir", str(self.auth_dir)]
+        argv = RuntimeSettings(
+            host=self.host,
+            port=self.port,
+            state_dir=self.state_dir,
+            stack=self.stack,
+            auth_dir=self.auth_dir,
+            **self.settings,
+        ).to_argv()
         proc = self._spawn(argv, self.log_path, self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from fedfaas.cmdline import CommandLineSettings
 
 try:
     VERSION = version("fedfaas")
@@ -14,7 +17,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     VERSION = "0.0.0"
 
 
-class RuntimeSettings(BaseSettings):
+class RuntimeSettings(CommandLineSettings):
     """Everything the runtime reads at start; every default works on one machine.
 
     Attributes
@@ -49,6 +52,28 @@ class RuntimeSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
+
+    MODULE: ClassVar[str] = "fedfaas.runtime"
+    DESCRIPTION: ClassVar[str] = "FedFaaS embedded OpenFaaS-compatible runtime"
+    FLAGS: ClassVar[dict[str, str]] = {
+        "host": "--host",
+        "port": "--port",
+        "stack": "--stack",
+        "state_dir": "--state-dir",
+        "auth_dir": "--auth-dir",
+        "namespace": "--namespace",
+        "ce_limits": "--ce-limits",
+        "max_functions": "--max-functions",
+        "max_replicas": "--max-replicas",
+        "upstream_timeout": "--upstream-timeout",
+        "ready_wait": "--ready-wait",
+        "health_interval": "--health-interval",
+        "health_timeout": "--health-timeout",
+        "failure_threshold": "--failure-threshold",
+        "startup_timeout": "--startup-timeout",
+        "stop_grace": "--stop-grace",
+        "nodes": "--nodes",
+    }
 
     host: str = "127.0.0.1"
     port: int = 8080

@@ -213,7 +213,11 @@ def test_down_and_status_with_nothing_running(
 @pytest.mark.integration
 @pytest.mark.slow  # runs the other components' servers too; in `make test-all`
 def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: Path) -> None:
-    ports = '{"gateway": 0, "cache_engine": 0, "request_tracker": 0, "control_plane": 0}'
+    ports = json.dumps(
+        dict.fromkeys(
+            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+        )
+    )
     up = subprocess.run(
         [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
         capture_output=True,
@@ -235,6 +239,7 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
         "redis",
         "runtime",
         "gateway",
+        "gateway-node1",
         "cache-engine",
         "request-tracker",
         "control-plane",
@@ -244,10 +249,13 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
     assert report["ebpf_reason"].startswith("node gateway:")
     shm = Path(next(p["extra"]["shm"] for p in report["parts"] if p["name"] == "gateway"))
     assert shm.parent == Path("/dev/shm")
+    sockets = [Path(p["extra"]["router_socket"]) for p in report["parts"] if "gateway" in p["name"]]
+    assert len(sockets) == 2 and all(s.is_socket() for s in sockets)
     family = marked(PLATFORM_ID_VAR, st.platform_id)
 
     assert fedfaas("down", "--state-dir", str(state_dir)).returncode == 0
     assert all(_gone(p.pid) for p in family)
     assert marked(PLATFORM_ID_VAR, st.platform_id) == []
     assert not shm.exists()
+    assert not any(s.exists() or s.parent.exists() for s in sockets)
     assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]

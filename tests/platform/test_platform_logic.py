@@ -236,9 +236,12 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
     from fedfaas.platform import optional
     from fedfaas.platform.context import Context
     from fedfaas.platform.parts import RUNTIME
+    from fedfaas.runtime.settings import RuntimeSettings
     from gateway.__main__ import parse_settings
 
     ports = {
+        "control_plane": 1008,
+        "request_tracker": 1009,
         "runtime": 1001,
         "minio": 1002,
         "minio_console": 1003,
@@ -248,6 +251,7 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
         "cache_engine": 1007,
     }
     ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
+    credentials.ensure(ctx.secrets_dir)
     argv0 = optional.GATEWAY.argv(ctx)
     argv1 = optional.GATEWAY_NODE1.argv(ctx)
     s0, s1 = parse_settings(argv0[3:]), parse_settings(argv1[3:])
@@ -257,12 +261,14 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
     assert s0.admin_secret_file == s1.admin_secret_file == optional.admin_secret(ctx)
     assert s0.engine_url == "http://127.0.0.1:1007"
     assert s0 == optional.gateway_settings(ctx, "node0")
-    runtime = RUNTIME.argv(ctx)
-    assert f"--node=node0={s0.router_socket}" in runtime
-    assert f"--node=node1={s1.router_socket}" in runtime
+    runtime, _ = RuntimeSettings.from_argv(RUNTIME.argv(ctx)[3:])
+    assert runtime.nodes == {"node0": s0.router_socket, "node1": s1.router_socket}
     assert s0.router_socket != s1.router_socket
     assert len(str(s0.router_socket)) < 100  # a unix socket path holds 108 bytes
-    assert not any("secret-key" in a or "password" in a.lower() for a in argv0 + argv1)
+    secrets = [credentials.read(ctx.secrets_dir, n) for n in (credentials.MINIO_PASSWORD,)]
+    everything = argv0 + argv1 + RUNTIME.argv(ctx)
+    everything += [a for p in optional.OPTIONAL.values() for a in p.argv(ctx)]
+    assert not any(s in a for s in secrets for a in everything)
 
 
 def test_unknown_optional_part_is_a_clear_error() -> None:

@@ -45,7 +45,7 @@ def available(http: httpx.Client, name: str) -> int:
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
     """A runtime without auth, serving stack.yml's functions (ready wait 2s for quick 503s)."""
     rt = RuntimeProcess(
-        stack=STACK, state_dir=tmp_path_factory.mktemp("runtime"), extra_args=["--ready-wait", "2"]
+        stack=STACK, state_dir=tmp_path_factory.mktemp("runtime"), settings={"ready_wait": 2}
     ).start()
     try:
         yield rt
