@@ -12,7 +12,8 @@ prints the Markdown table.
     (control_plane.simulate, labelled so in the table) of the whole ladder, and (c') a run on
     five real ``python -m gateway`` processes: baseline and +placement on the gateways'
     static plan, +planning and +eager with the coordinator's plan pushed to the gateways
-    (``PUT .../plan``); reuse has no switch there (warm pre-spawned aggregators). The model
+    (``PUT .../plan``); reuse has no switch there (each node has warm replicas of the
+    ``aggregator`` function, started as the runtime starts them, ``bench.stack``). The model
     is driven by costs measured here: a real torch ``add_`` over the model, a real Python process start that
     imports torch (an aggregator cold start), a real loopback TCP transfer of the model (an
     inter-node hop) and a real 64-byte socket handoff (an intra-node key).
@@ -36,9 +37,12 @@ from typing import Any
 import numpy as np
 
 import control_plane.placement as placement_mod
+from bench.runinfo import run_info
+from bench.stack import GatewayProc, Replicas, start_gateway
 from control_plane.placement import place
 from control_plane.planning import QueueEstimator, diff_plans, plan_hierarchy, replan
 from control_plane.simulate import FIG8_VARIANTS, CostModel, simulate_round
+from gateway.settings import GatewaySettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAPER_PLACEMENT_MS = 17.0
@@ -47,6 +51,8 @@ TARGET_PLACEMENT_MS = 5.0
 TARGET_REPLAN_MS = 1.0
 MODEL_NAME = "MobileNetV2-sized (3,504,872 float32 parameters, one flat tensor)"
 MODEL_PARAMS = 3_504_872
+REPLICAS_PER_NODE = 1  # warm aggregator replicas per node in the real-gateway run
+ENDPOINTS_PER_REPLICA = 2
 
 
 def machine() -> dict[str, Any]:
@@ -287,7 +293,10 @@ def real_stack_ready() -> tuple[bool, str]:
     ]
     if missing:
         return False, "not ready: " + ", ".join(missing) + " missing"
-    return True, "python -m gateway x5 with spawned aggregator workers, userspace router"
+    return True, (
+        f"python -m gateway x5 (userspace router), each node with {REPLICAS_PER_NODE} warm "
+        f"aggregator replica(s) of {ENDPOINTS_PER_REPLICA} endpoints"
+    )
 
 
 REAL_LADDER = (  # name, placement policy, lazy, coordinator pushes its plan to the gateways
@@ -305,9 +314,8 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
     from safetensors.numpy import save
 
     from control_plane.jobs import JobSpec
-    from fedfaas.services import RedisServer, free_port, wait_for_port
+    from fedfaas.services import RedisServer, free_port
 
-    root = Path(__file__).resolve().parents[1]
     redis = RedisServer(data_dir=work / "redis").start()
     secret = os.urandom(32).hex()
     (work / "secret").write_text(secret)
@@ -323,20 +331,24 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
                 flush_redis(redis.url)  # restarted gateways must not reload earlier runs' jobs
                 ports = {f"node{i}": free_port() for i in range(5)}
                 shm = Path("/dev/shm") / f"fedfaas-bench-control-{os.getpid()}"
-                procs = _start_gateways(root, work, redis.url, ports, shm, lazy)
+                gws: list[GatewayProc] = []
+                aggs: list[Replicas] = []
                 try:
-                    for p, port in zip(procs, ports.values(), strict=True):
-                        wait_for_port("127.0.0.1", port, 90, p)
+                    gws, aggs = _start_nodes(work, redis.url, ports, shm, lazy)
+                    pids = [g.pid for g in gws] + [pid for a in aggs for pid in a.pids()]
                     urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
                     job = f"fig8-{n}-{policy}-{'lazy' if lazy else 'eager'}"
                     spec = JobSpec(job, 5, n, [f"c{i}" for i in range(n)], 1.0, 600.0, policy)
                     rows[name] = asyncio.run(
-                        _real_round(urls, secret, spec, w0, payloads, procs, push)
+                        _real_round(urls, secret, spec, w0, payloads, pids, push)
                     )
                 except Exception as exc:  # record and go on: one bad run must not lose the rest
                     rows[name] = {"error": repr(exc)[:300]}
                 finally:
-                    _stop(procs)
+                    for a in aggs:
+                        a.stop()
+                    for g in gws:
+                        g.stop()
                     subprocess.run(["rm", "-rf", str(shm)], check=False)
             base = rows[REAL_LADDER[0][0]]
             for r in rows.values():
@@ -357,73 +369,51 @@ def flush_redis(url: str) -> None:
     client.close()
 
 
-def _start_gateways(
-    root: Path, work: Path, redis_url: str, ports: dict[str, int], shm: Path, lazy: bool
-) -> list[subprocess.Popen[bytes]]:
-    procs = []
-    env = {**os.environ, "FEDFAAS_GATEWAY_ADMIN_SECRET_FILE": str(work / "secret")}
-    for node, port in ports.items():
-        argv = [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--node",
-            node,
-            "--port",
-            str(port),
-            "--state-dir",
-            str(work / node),
-            "--redis",
-            redis_url,
-            "--shm-root",
-            str(shm),
-            "--no-ebpf",
-            "--spawn-aggregators",
-            "2",
-            "--log-level",
-            "WARNING",
-        ]
-        for other, p in ports.items():
-            if other != node:
-                argv += ["--peer", f"{other}=http://127.0.0.1:{p}"]
-        if lazy:
-            argv.append("--lazy")
-        log = open(work / f"{node}.log", "ab")  # noqa: SIM115 - handed to the child
-        procs.append(
-            subprocess.Popen(
-                argv,
-                cwd=root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+def _start_nodes(
+    work: Path, redis_url: str, ports: dict[str, int], shm: Path, lazy: bool
+) -> tuple[list[GatewayProc], list[Replicas]]:
+    """Five node gateways (``GatewaySettings.to_argv``, userspace router) and, on each node,
+    ``REPLICAS_PER_NODE`` warm ``aggregator`` replicas registered with its router."""
+    gws: list[GatewayProc] = []
+    aggs: list[Replicas] = []
+    try:
+        for node, port in ports.items():
+            settings = GatewaySettings(
+                node=node,
+                port=port,
+                state_dir=work / node,
+                redis_url=redis_url,
+                shm_root=shm,
+                prefer_ebpf=False,
+                admin_secret_file=work / "secret",
+                lazy=lazy,
+                peers={o: f"http://127.0.0.1:{p}" for o, p in ports.items() if o != node},
             )
-        )
-        log.close()
-    return procs
+            gws.append(start_gateway(settings, work / f"{node}.log", wait=False))
+        for gw in gws:
+            gw.wait_ready()
+            replicas = Replicas(gw)
+            aggs.append(replicas)
+            replicas.spawn(REPLICAS_PER_NODE, ENDPOINTS_PER_REPLICA)
+        for replicas in aggs:
+            replicas.wait_registered(REPLICAS_PER_NODE * ENDPOINTS_PER_REPLICA)
+    except BaseException:
+        for a in aggs:
+            a.stop()
+        for g in gws:
+            g.stop()
+        raise
+    return gws, aggs
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    import signal
-
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-
-
-def _tree_cpu(procs: list[subprocess.Popen[bytes]]) -> float:
+def _tree_cpu(pids: list[int]) -> float:
+    """User+system CPU seconds of the processes and all their children."""
     import psutil
 
     total = 0.0
-    for p in procs:
+    for pid in pids:
         try:
-            ps = psutil.Process(p.pid)
+            ps = psutil.Process(pid)
             for q in [ps, *ps.children(recursive=True)]:
                 t = q.cpu_times()
                 total += t.user + t.system
@@ -438,7 +428,7 @@ async def _real_round(
     spec: Any,
     w0: bytes,
     payloads: list[bytes],
-    procs: list[subprocess.Popen[bytes]],
+    pids: list[int],
     push: bool = True,
 ) -> dict[str, Any]:
     import asyncio
@@ -492,7 +482,7 @@ async def _real_round(
                 ):  # the coordinator's plan for this repeat too (the gateways run it)
                     for node in coord.healthy_nodes():
                         await coord.clients[node].put_plan(spec.name, rn, slots, secret)
-                cpu0 = _tree_cpu(procs)
+                cpu0 = _tree_cpu(pids)
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(rn, i, c) for i, c in enumerate(rnd.selected)))
                 t_ingested = time.perf_counter()
@@ -504,7 +494,7 @@ async def _real_round(
                         raise RuntimeError(f"round {rn} of {spec.name} not published: {st}")
                     await asyncio.sleep(0.005)
                 t_pub = time.perf_counter()
-                cpus.append(_tree_cpu(procs) - cpu0)
+                cpus.append(_tree_cpu(pids) - cpu0)
                 acts.append(t_pub - t0)
                 ingests.append(t_ingested - t0)
                 tails.append(t_pub - t_ingested)
@@ -608,10 +598,10 @@ def to_markdown(r: dict[str, Any]) -> str:
             f"the coordinator places the round and creates the job on the nodes it uses (on all "
             "five when it pushes its plan); "
             f"{real['model']}; all updates uploaded at once (16 in flight). ACT = first upload "
-            "to model published. CPU = gateways + aggregator workers. The first two rows run the "
+            "to model published. CPU = gateways + aggregator replicas. The first two rows run the "
             "gateways' static plan; from +planning on the coordinator pushes its plan (PUT "
-            ".../plan). Reuse is not a switch on real gateways: aggregators are pre-spawned warm "
-            "endpoints that take any slot (the +reuse row exists only in the model above).",
+            ".../plan). Reuse is not a switch on real gateways: the aggregator replicas are warm "
+            "endpoints that the gateways grant any slot (the +reuse row exists only in the model above).",
             "",
             "| updates | variant | ACT s | ACT vs SL-H | after last upload s | CPU s | CPU vs SL-H | aggregator tasks | nodes used |",
             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -680,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     costs, cost_info = measure_costs(args.quick)
     seeds = 5 if args.quick else 20
     result = {
+        "run": run_info("bench.control", sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "placement": bench_placement(repeats),
         "replan": bench_replan(repeats),
@@ -688,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         "fig8": {
             "mode": "model",
             "real_stack": "the real-gateway run is fig8_real (placement and "
-            "eager/lazy only: the gateways pre-spawn their aggregators, so planning and reuse "
+            "eager/lazy only: the nodes' aggregator replicas are warm, so planning and reuse "
             "cannot be switched there)",
             "model": MODEL_NAME,
             "model_bytes": MODEL_PARAMS * 4,

@@ -9,14 +9,18 @@ Figures, all from one run on this machine (baselines in the same process tree):
 - aggregation, one core: update bytes folded per second by ``fedfaas.fedavg`` (numpy blocked
   axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
   plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
-- round: 20 ResNet-18-sized updates from 20 concurrent client processes to one gateway with a
-  local aggregator process: first byte to sealed global model (ACT), pure ingest time (first
-  byte to last update sealed and journaled), and the server's peak memory (gateway plus
-  aggregators: PSS sum, and RSS sum which counts shared pages twice), against a real Flower
-  server and 20 clients on loopback (``bench.flower_baseline``).
+- round: 20 ResNet-18-sized updates from 20 concurrent client processes to one gateway whose
+  round is aggregated by warm replicas of the ``aggregator`` function (started as the runtime
+  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the job):
+  first byte to sealed global model (ACT), pure ingest time (first byte to last update sealed
+  and journaled), and the server's peak memory (gateway plus aggregator replicas: PSS sum, and
+  RSS sum which counts shared pages twice), against a real Flower server and 20 clients on
+  loopback (``bench.flower_baseline``). The round runs with the eBPF router when ``bpf.probe()``
+  says it loads here (``round``, ``round_lean``) and, as its peer in the same run, with the
+  userspace router (``round_userspace``); each round records the router mode it got.
 
-Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower]``; writes
-``bench/results/dataplane.{json,md,png}`` and prints the table.
+Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--out DIR]``; writes
+``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -36,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.runinfo import PINNED_THREADS, run_info
+from bench.stack import GatewayProc, Replicas, start_gateway
+from gateway.settings import GatewaySettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +154,7 @@ def _run_clients(work: Path, specs: list[dict[str, Any]]) -> list[list[tuple[int
         if p.wait(600) != 0:
             raise RuntimeError("bench client failed")
         results.append([tuple(x) for x in json.loads(op.read_text())])
-    return results  # type: ignore[return-value]
+    return results
 
 
 # ----------------------------------------------------------------------------- servers
@@ -200,12 +207,7 @@ app = Starlette(routes=[Route("/upload", upload, methods=["POST"])])
 def _start(
     argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.Popen[bytes]:
-    base = {
-        **os.environ,
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    }
+    base = {**os.environ, **PINNED_THREADS, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         argv,
         cwd=cwd,
@@ -227,26 +229,26 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
 
 
 class _MemSampler(threading.Thread):
-    """Peak PSS and RSS summed over a process and its children."""
+    """Peak PSS and RSS summed over some processes and all their children."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak_pss, self.peak_rss, self._halt = pid, 0, 0, threading.Event()
+        self.pids, self.peak_pss, self.peak_rss, self._halt = pids, 0, 0, threading.Event()
 
     def run(self) -> None:
         import psutil
 
         while not self._halt.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-                pss = rss = 0
-                for p in procs:
-                    info = p.memory_full_info()
-                    pss, rss = pss + info.pss, rss + info.rss
-                self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-            except Exception:  # process gone between listing and reading
-                pass
+            pss = rss = 0
+            for pid in self.pids:
+                try:
+                    root = psutil.Process(pid)
+                    for p in [root, *root.children(recursive=True)]:
+                        info = p.memory_full_info()
+                        pss, rss = pss + info.pss, rss + info.rss
+                except psutil.Error:  # process gone between listing and reading
+                    pass
+            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
             self._halt.wait(0.05)
 
     def stop(self) -> None:
@@ -254,37 +256,20 @@ class _MemSampler(threading.Thread):
         self.join(2)
 
 
-def _gateway(
-    work: Path, redis_url: str, node: str, **extra: Any
-) -> tuple[subprocess.Popen[bytes], int, str]:
-    from fedfaas.services import free_port, wait_for_port
+def _gateway(work: Path, redis_url: str, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
+    """A ``python -m gateway`` whose command line ``GatewaySettings.to_argv`` renders."""
+    from fedfaas.services import free_port
 
-    port = free_port()
-    shm = f"/dev/shm/fedfaas-bench-{os.getpid()}-{node}"
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "--node",
-        node,
-        "--port",
-        str(port),
-        "--state-dir",
-        str(work / f"gw-{node}"),
-        "--redis",
-        redis_url,
-        "--shm-root",
-        shm,
-        "--no-ebpf",
-        "--log-level",
-        "WARNING",
-    ]
-    for k, v in extra.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
-    p = _start(argv)
-    wait_for_port("127.0.0.1", port, 60, p)
-    secret = (work / f"gw-{node}" / "admin-secret").read_text().strip()
-    return p, port, secret
+    settings = GatewaySettings(
+        node=node,
+        port=free_port(),
+        state_dir=work / f"gw-{node}",
+        redis_url=redis_url,
+        shm_root=Path(f"/dev/shm/fedfaas-bench-{os.getpid()}-{node}"),
+        prefer_ebpf=ebpf,
+        **extra,
+    )
+    return start_gateway(settings, work / f"gw-{node}.log")
 
 
 def _create_job(
@@ -304,20 +289,23 @@ def _create_job(
 
 
 # ----------------------------------------------------------------------------- parts
-def bench_ingest(work: Path, redis_url: str, body_path: Path, reps: int) -> dict[str, Any]:
+def bench_ingest(
+    work: Path, redis_url: str, body_path: Path, reps: int, *, ebpf: bool
+) -> dict[str, Any]:
     """The three servers run side by side; one client alternates between them, so each
-    rep of each path sees the same machine load."""
+    rep of each path sees the same machine load. No aggregator runs: ingest only."""
     from fedfaas.services import free_port, wait_for_port
 
     size = body_path.stat().st_size
     out: dict[str, Any] = {"update_bytes": size, "reps": reps}
     procs: list[subprocess.Popen[bytes]] = []
+    # FedFaaS gateway: a job whose clients each upload once; the pool holds every object
+    gw = _gateway(work, redis_url, "ingest", ebpf=ebpf, pool=reps + 2, max_inflight=0)
     try:
-        # FedFaaS gateway: a job whose clients each upload once; the pool holds every object
-        gw, port, secret = _gateway(work, redis_url, "ingest", pool=reps + 2, max_inflight=0)
-        procs.append(gw)
+        out["router"] = gw.health()["router"]
+        port = gw.settings.port
         clients = [f"i{k}" for k in range(reps)]
-        info = _create_job(port, secret, "ingest", clients, reps, body_path.read_bytes())
+        info = _create_job(port, gw.secret(), "ingest", clients, reps, body_path.read_bytes())
         tport = free_port()
         procs.append(
             _start(
@@ -356,8 +344,8 @@ def bench_ingest(work: Path, redis_url: str, body_path: Path, reps: int) -> dict
                 cwd=work,
             )
         )
-        wait_for_port("127.0.0.1", tport, 30, procs[1])
-        wait_for_port("127.0.0.1", uport, 30, procs[2])
+        wait_for_port("127.0.0.1", tport, 30, procs[0])
+        wait_for_port("127.0.0.1", uport, 30, procs[1])
         ups: list[dict[str, Any]] = []
         for c in clients:
             ups.append(
@@ -383,6 +371,7 @@ def bench_ingest(work: Path, redis_url: str, body_path: Path, reps: int) -> dict
     finally:
         for p in procs:
             _stop(p)
+        gw.stop()
     for k in ("fedfaas", "tcp", "starlette"):
         out[f"{k}_gbps"] = size / float(np.median(out[f"{k}_s"])) / 1e9
         out[f"{k}_best_gbps"] = size / float(np.min(out[f"{k}_s"])) / 1e9
@@ -448,8 +437,8 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
         except ImportError:
             best["flower"] = float("nan")
         del flats, plain
-        for v in views:
-            v.close()
+        for view in views:
+            view.close()
     finally:
         ns.close()
     total = n_updates * spec.data_nbytes
@@ -460,26 +449,39 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
 
 
 def bench_round(
-    work: Path, redis_url: str, bodies: list[Path], fanout: int, max_inflight: int
+    work: Path,
+    redis_url: str,
+    bodies: list[Path],
+    fanout: int,
+    max_inflight: int,
+    *,
+    ebpf: bool,
+    replicas: int,
+    endpoints: int,
 ) -> dict[str, Any]:
+    """One round on one node gateway, aggregated by warm ``aggregator`` replicas.
+
+    The replicas are started before the job and registered (job-agnostic) before the clients
+    start: they are warm, as the control plane keeps them; the gateway grants them the job.
+    """
     import httpx
 
     n = len(bodies)
-    gw, port, secret = _gateway(
-        work,
-        redis_url,
-        f"round{fanout}",
-        fanout=fanout,
-        spawn_aggregators=2,
-        max_inflight=max_inflight,
-    )
-    sampler = _MemSampler(gw.pid)
-    sampler.start()
+    node = f"round{fanout}m{max_inflight}{'e' if ebpf else 'u'}"
+    gw = _gateway(work, redis_url, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
+    aggs = Replicas(gw, work / f"aggregators-{node}")
+    sampler: _MemSampler | None = None
     try:
+        health = gw.health()
+        aggs.spawn(replicas, endpoints)
+        aggs.wait_registered(replicas * endpoints)
+        sampler = _MemSampler([gw.pid, *aggs.pids()])
+        sampler.start()
+        port = gw.settings.port
         clients = [f"c{k}" for k in range(n)]
-        job = f"round-i{fanout}-m{max_inflight}"
-        info = _create_job(port, secret, job, clients, n, bodies[0].read_bytes())
-        time.sleep(3)  # the aggregator process imports and registers
+        job = f"round-i{fanout}-m{max_inflight}-{'ebpf' if ebpf else 'userspace'}"
+        info = _create_job(port, gw.secret(), job, clients, n, bodies[0].read_bytes())
+        time.sleep(0.5)  # one memory sample of the idle, warm server
         mem_idle = sampler.peak_pss
         start = time.monotonic_ns() + 1_500_000_000
         specs = [
@@ -503,20 +505,38 @@ def bench_round(
         ]
         res = [r[0] for r in _run_clients(work, specs)]
         assert all(r[0] == 202 for r in res), res
-        for _ in range(600):
-            st = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/{job}").json()
+        deadline = time.monotonic() + 120
+        while True:
+            st = httpx.get(f"{gw.url}/v1/jobs/{job}", timeout=10).json()
             if st["last_round"] and st["last_round"]["result_ns"]:
                 break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"round of {job} not aggregated in 120 s: {st}; {gw.router()}")
             time.sleep(0.05)
+        router = gw.router()
         lr = st["last_round"]
         first = min(r[1] for r in res)
         last_202 = max(r[2] for r in res)
+        function_eps = [e for e in router["endpoints"] if not e["local"]]
         out = {
             "clients": n,
             "fanout": fanout,
             "max_inflight": max_inflight,
+            "router": router["mode"],
+            "router_reason": health["router_reason"],
+            "aggregator_replicas": replicas,
+            "endpoints_per_replica": endpoints,
+            # replica endpoints holding the job's grant when the round was sealed
+            "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
+            # frames the router delivered in the round (kernel map counters in eBPF mode)
+            "router_frames": sum(
+                (e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]
+            ),
+            "router_drops": router["drops"],
             "act_s": (lr["result_ns"] - first) / 1e9,
             "ingest_s": (lr["last_update_ns"] - first) / 1e9,
+            # last update sealed -> global sealed: the part the router and aggregators add
+            "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
             "ingest_client_s": (last_202 - first) / 1e9,
             "published_s": (lr["published_ns"] - first) / 1e9,
             "server_peak_pss_bytes": sampler.peak_pss,
@@ -527,31 +547,31 @@ def bench_round(
         out["act_over_ingest"] = out["act_s"] / out["ingest_s"]
         return out
     finally:
-        sampler.stop()
-        _stop(gw)
+        if sampler is not None:
+            sampler.stop()
+        aggs.stop()
+        gw.stop()
 
 
 # ----------------------------------------------------------------------------- report
-def _table(r: dict[str, Any]) -> str:
-    ing, agg, fl = r["ingest"], r["aggregation"], r.get("flower")
-    mb = ing["update_bytes"] / 1e6
-    rows = [
-        "| figure | FedFaaS | baseline(s) | ratio | target |",
-        "|---|---|---|---|---|",
-        f"| ingest {mb:.1f} MB over loopback HTTP into shm (GB/s, median of {ing['reps']}; best) | "
-        f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
-        f"uvicorn+Starlette {ing['starlette_gbps']:.2f} | {ing['fedfaas_gbps'] / ing['starlette_gbps']:.1f}x Starlette, "
-        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s |",
-        f"| FedAvg fold, 1 core (GB/s of update, {agg['updates']} updates in shm) | numpy/BLAS {agg['numpy_gbps']:.2f}; "
-        f"torch add_ {agg['torch_gbps']:.2f} | plain-tensor add_ {agg['plain_add_gbps']:.2f}; Flower aggregate "
-        f"{agg['flower_gbps']:.2f} | {agg['numpy_gbps'] / agg['flower_gbps']:.1f}x / "
-        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s |",
-    ]
-    for key, label in (("round", "default"), ("round_lean", "lean")):
+ROUNDS = (  # result key, label
+    ("round", "default"),
+    ("round_userspace", "default"),
+    ("round_lean", "lean"),
+)
+
+
+def _round_rows(r: dict[str, Any]) -> list[str]:
+    fl = r.get("flower")
+    rows = []
+    for key, label in ROUNDS:
         rnd = r.get(key)
         if not rnd:
             continue
-        cfg = f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once"
+        router = rnd.get("router", "userspace")
+        cfg = (
+            f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once, {router} router"
+        )
         rows.append(
             f"| round ({cfg}), {rnd['clients']} ResNet-18 updates: first byte -> sealed global (s) | "
             f"{rnd['act_s']:.2f} | "
@@ -568,7 +588,7 @@ def _table(r: dict[str, Any]) -> str:
         )
         peak = rnd["server_peak_pss_bytes"]
         rows.append(
-            f"| round ({cfg}): server peak memory, GB (PSS gateway+aggregators; RSS sum "
+            f"| round ({cfg}): server peak memory, GB (PSS gateway+aggregator replicas; RSS sum "
             f"{rnd['server_peak_rss_bytes'] / 1e9:.2f}; peak store objects {rnd['store']['peak_objects']}) | "
             f"{peak / 1e9:.2f} | "
             + (
@@ -578,13 +598,59 @@ def _table(r: dict[str, Any]) -> str:
                 else "| | >= 5x |"
             )
         )
+    rnd, peer = r.get("round"), r.get("round_userspace")
+    if rnd and peer and rnd.get("router") != peer.get("router"):
+        for x in (rnd, peer):  # results written before the key existed
+            x.setdefault("after_ingest_s", x["act_s"] - x["ingest_s"])
+        rows.append(
+            f"| round (default): ACT; last update sealed -> global sealed (s), {rnd['router']} "
+            f"router vs {peer['router']} router | {rnd['act_s']:.2f}; {rnd['after_ingest_s']:.3f} | "
+            f"{peer['router']} {peer['act_s']:.2f}; {peer['after_ingest_s']:.3f} | "
+            f"{peer['act_s'] / rnd['act_s']:.2f}x; {peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | |"
+        )
+    return rows
+
+
+def _table(r: dict[str, Any]) -> str:
+    ing, agg = r["ingest"], r["aggregation"]
+    mb = ing["update_bytes"] / 1e6
+    rows = [
+        "| figure | FedFaaS | baseline(s) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| ingest {mb:.1f} MB over loopback HTTP into shm (GB/s, median of {ing['reps']}; best) | "
+        f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
+        f"uvicorn+Starlette {ing['starlette_gbps']:.2f} | {ing['fedfaas_gbps'] / ing['starlette_gbps']:.1f}x Starlette, "
+        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s |",
+        f"| FedAvg fold, 1 core (GB/s of update, {agg['updates']} updates in shm) | numpy/BLAS {agg['numpy_gbps']:.2f}; "
+        f"torch add_ {agg['torch_gbps']:.2f} | plain-tensor add_ {agg['plain_add_gbps']:.2f}; Flower aggregate "
+        f"{agg['flower_gbps']:.2f} | {agg['numpy_gbps'] / agg['flower_gbps']:.1f}x / "
+        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s |",
+        *_round_rows(r),
+    ]
     m = r["machine"]
-    return (
+    run = r.get("run") or {}
+    probe = r.get("router_probe") or {"mode": "userspace", "reason": "not recorded"}
+    rnd = r.get("round") or {}
+    head = (
         f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} (shared with "
         f"other work: figures are ratios within one run); update = ResNet-18 (10 classes, 11.18 M values) as "
-        f"safetensors, {mb:.1f} MB; aggregator kernel numpy/BLAS saxpy; userspace router.\n\n"
-        + "\n".join(rows)
+        f"safetensors, {mb:.1f} MB; aggregator kernel numpy/BLAS saxpy; rounds aggregated by "
+        f"{rnd.get('aggregator_replicas', '?')} warm `aggregator` replica(s) of "
+        f"{rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by the gateway; "
+        f"router probe: {probe['mode']} ({probe['reason']})."
     )
+    if run:
+        sha = (run["commit"].get("sha") or "unknown")[:12]
+        dirty = " (dirty tree)" if run["commit"].get("dirty") else ""
+        head += f"\n\nRun: `{run['command']}` at {run['time']}, commit {sha}{dirty}."
+    return head + "\n\n" + "\n".join(rows)
+
+
+def _colour(label: str) -> str:
+    """Flower red, FedFaaS green (eBPF router) or cyan (userspace router)."""
+    if label.startswith("Flower"):
+        return "tab:red"
+    return "tab:cyan" if label.endswith("userspace") else "tab:green"
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
@@ -601,7 +667,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
         color=["tab:green", "tab:gray", "tab:red"],
     )
     ax[0].axhline(1.5, ls="--", c="k", lw=1)
-    ax[0].set_title("ingest 44.8 MB update (GB/s)")
+    ax[0].set_title(f"ingest {ing['update_bytes'] / 1e6:.1f} MB update (GB/s)")
     agg = r["aggregation"]
     ax[1].bar(
         ["numpy/BLAS", "torch", "plain add_", "Flower"],
@@ -610,51 +676,51 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     )
     ax[1].axhline(4, ls="--", c="k", lw=1)
     ax[1].set_title("FedAvg fold, 1 core (GB/s)")
-    rnd, fl = r["round"], r.get("flower") or {}
-    labels = ["ACT", "ingest"] + (["Flower"] if fl else [])
-    vals = [rnd["act_s"], rnd["ingest_s"]] + ([fl["first_byte_to_model_s"]] if fl else [])
-    ax[2].bar(labels, vals, color=["tab:green", "tab:olive", "tab:red"][: len(vals)])
-    lean = r.get("round_lean")
-    if lean:
-        labels.insert(2, "lean ACT")
-        vals.insert(2, lean["act_s"])
-        ax[2].cla()
-        ax[2].bar(
-            labels, vals, color=(["tab:green", "tab:olive", "tab:cyan", "tab:red"])[: len(vals)]
-        )
+    fl = r.get("flower") or {}
+    names = {"round": "default", "round_userspace": "default", "round_lean": "lean"}
+    act_l, act_v, mem_l, mem_v = [], [], [], []
+    for key, _label in ROUNDS:
+        rnd = r.get(key)
+        if not rnd:
+            continue
+        tag = f"{names[key]}\n{rnd.get('router', 'userspace')}"
+        act_l += [f"ACT {tag}"]
+        act_v += [rnd["act_s"]]
+        mem_l.append(tag)
+        mem_v.append(rnd["server_peak_pss_bytes"] / 1e9)
+    rnd = r["round"]
+    act_l.insert(1, f"ingest default\n{rnd.get('router', 'userspace')}")
+    act_v.insert(1, rnd["ingest_s"])
+    if fl:
+        act_l.append("Flower")
+        act_v.append(fl["first_byte_to_model_s"])
+        mem_l.append("Flower\nserver RSS")
+        mem_v.append(fl["server_peak_rss_bytes"] / 1e9)
+    ax[2].bar(act_l, act_v, color=[_colour(lab) for lab in act_l])
     ax[2].set_title(f"round of {rnd['clients']} ResNet-18 updates (s)")
-    mem_l = (
-        ["FedFaaS default"] + (["FedFaaS lean"] if lean else []) + (["Flower server"] if fl else [])
-    )
-    mem_v = (
-        [rnd["server_peak_pss_bytes"] / 1e9]
-        + ([lean["server_peak_pss_bytes"] / 1e9] if lean else [])
-        + ([fl["server_peak_rss_bytes"] / 1e9] if fl else [])
-    )
-    ax[3].bar(
-        mem_l,
-        mem_v,
-        color=(["tab:green", "tab:cyan", "tab:red"] if lean else ["tab:green", "tab:red"])[
-            : len(mem_v)
-        ],
-    )
+    ax[2].tick_params(axis="x", labelsize=7)
+    ax[3].bar(mem_l, mem_v, color=[_colour(lab) for lab in mem_l])
     ax[3].set_title("server peak memory in the round (GB)")
+    ax[3].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dataplane")
     p.add_argument("--role", default="bench", choices=["bench", "client", "tcp-server"])
     p.add_argument("--spec")
-    p.add_argument("--out")
     p.add_argument("--port")
     p.add_argument("--size")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--reps", type=int, default=8)
     p.add_argument("--fanout", type=int, default=2)
     p.add_argument("--max-inflight", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=1, help="aggregator replicas per round")
+    p.add_argument("--endpoints", type=int, default=2, help="endpoints per aggregator replica")
     p.add_argument("--skip-flower", action="store_true")
+    p.add_argument("--out", help="results folder (default bench/results); client role: output file")
     p.add_argument(
         "--from-json", action="store_true", help="re-render the table and plot from dataplane.json"
     )
@@ -665,46 +731,65 @@ def main(argv: list[str] | None = None) -> int:
     if a.role == "tcp-server":
         _tcp_server_role(a)
         return 0
+    out_dir = Path(a.out) if a.out else RESULTS
     if a.from_json:
-        res = json.loads((RESULTS / "dataplane.json").read_text())
-        _write(res)
+        _write(json.loads((out_dir / "dataplane.json").read_text()), out_dir)
         return 0
-    import psutil
-
+    import bpf
     from fedfaas.services import RedisServer
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    run = run_info("bench.dataplane", sys.argv[1:] if argv is None else argv)
+    mode, reason = bpf.probe()
+    ebpf = mode == "ebpf"
+    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp:
         work = Path(tmp)
         redis = RedisServer(data_dir=work / "redis").start()
         try:
             bodies = _write_bodies(work, a.clients)
             res: dict[str, Any] = {
+                "run": run,
                 "machine": {
-                    "cores": os.cpu_count(),
-                    "memory_bytes": psutil.virtual_memory().total,
-                    "python": platform.python_version(),
-                }
+                    k: run["machine"][k] for k in ("cores", "memory_bytes", "python", "kernel")
+                },
+                "router_probe": {"mode": mode, "reason": reason},
+                "config": {
+                    "model": "resnet18 (10 classes)",
+                    "clients": a.clients,
+                    "ingest_reps": a.reps,
+                    "aggregator_replicas": a.replicas,
+                    "endpoints_per_replica": a.endpoints,
+                },
             }
-            res["ingest"] = bench_ingest(work, redis.url, bodies[0], a.reps)
+            res["ingest"] = bench_ingest(work, redis.url, bodies[0], a.reps, ebpf=ebpf)
             res["aggregation"] = bench_aggregation()
-            res["round"] = bench_round(work, redis.url, bodies, a.fanout, a.max_inflight)
-            res["round_lean"] = bench_round(work, redis.url, bodies, 4, 1)
+            agg = {"replicas": a.replicas, "endpoints": a.endpoints}
+            res["round"] = bench_round(
+                work, redis.url, bodies, a.fanout, a.max_inflight, ebpf=ebpf, **agg
+            )
+            # the same round with the userspace router: the peer of the eBPF run (when the
+            # probe says eBPF cannot load, ``round`` is already this; it is not run twice)
+            res["round_userspace"] = (
+                bench_round(work, redis.url, bodies, a.fanout, a.max_inflight, ebpf=False, **agg)
+                if ebpf
+                else None
+            )
+            res["round_lean"] = bench_round(work, redis.url, bodies, 4, 1, ebpf=ebpf, **agg)
         finally:
             redis.stop()
     if not a.skip_flower:
         from bench.flower_baseline import run_flower_round
 
         res["flower"] = run_flower_round(a.clients)
-    (RESULTS / "dataplane.json").write_text(json.dumps(res, indent=2))
-    _write(res)
+    (out_dir / "dataplane.json").write_text(json.dumps(res, indent=2))
+    _write(res, out_dir)
     return 0
 
 
-def _write(res: dict[str, Any]) -> None:
+def _write(res: dict[str, Any], out_dir: Path) -> None:
     table = _table(res)
-    (RESULTS / "dataplane.md").write_text("# bench: dataplane\n\n" + table + "\n")
-    _plot(res, RESULTS / "dataplane.png")
+    (out_dir / "dataplane.md").write_text("# bench: dataplane\n\n" + table + "\n")
+    _plot(res, out_dir / "dataplane.png")
     print(table)
 
 

@@ -40,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench.runinfo import run_info
+
 log = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,11 +86,11 @@ def _w_gateway(a: argparse.Namespace) -> None:
 
 
 def _take_grant(ep: Any) -> None:
-    """Wait for the gateway's GRANT (endpoints register in no job)."""
+    """Wait for the gateway's GRANT (endpoints register in no job): the job and its store fd."""
     import bpf
 
     grant = ep.recv(timeout=30)
-    if grant is None or grant.kind is not bpf.Kind.GRANT or ep.job != JOB:
+    if grant is None or grant.kind is not bpf.Kind.GRANT or ep.job != JOB or ep.store_fd is None:
         raise RuntimeError(f"endpoint {ep.id}: expected a GRANT for job {JOB}, got {grant}")
 
 
@@ -107,7 +109,8 @@ def _w_top_key(a: argparse.Namespace) -> None:
             cpu0 = _cpu()
         frame = ep.recv()
         assert frame is not None
-        fd = os.open(os.path.join(a.shm, frame.key.hex()), os.O_RDONLY)
+        # the object opens relative to the store folder the gateway's GRANT handed over
+        fd = os.open(frame.key.hex(), os.O_RDONLY, dir_fd=ep.store_fd)
         mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         os.close(fd)
         view = np.frombuffer(mm, dtype=np.float32)  # the update, in place
@@ -702,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     report = run(quick=a.quick)
+    report["run"] = run_info("bench.ebpf", sys.argv[1:] if argv is None else argv)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "ebpf.json").write_text(json.dumps(report, indent=2) + "\n")
     md = markdown(report)

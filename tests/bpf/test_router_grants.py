@@ -247,3 +247,49 @@ def test_grant_of_an_unknown_or_local_endpoint_raises_router_error(
         assert _fds_on(tmp_path) == []  # the folder opened for the grant was closed
     finally:
         gw.close()
+
+
+def test_grant_written_on_the_registration_socket_grants_nothing(
+    router: bpf.RouterServer, tmp_path: Path
+) -> None:
+    a, b = join(router, 1), join(router, 1)
+    try:
+        fd_before = b.store_fd
+        for dst in (a.id, b.id):  # for itself, or for another endpoint
+            raw = Frame(dst=dst, src=0, kind=Kind.GRANT, job=2).encode()
+            assert a._control is not None
+            a._control.sendall(raw)  # the router's channel, the wrong way round
+        assert b.recv(timeout=0.3) is None
+        assert a.recv(timeout=0.3) is None
+        assert (a.job, b.job, b.store_fd) == (1, 1, fd_before)
+        assert {e: i.job for e, i in router.endpoints().items()} == {a.id: 1, b.id: 1}
+        a.send(Frame(dst=b.id, src=0, kind=Kind.PING, job=1))  # a is still registered
+        got = b.recv(timeout=5)
+        assert got is not None and (got.kind, got.src) == (Kind.PING, a.id)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_grant_arriving_on_the_data_socket_is_discarded_by_the_endpoint(
+    router: bpf.RouterServer,
+) -> None:
+    if router.mode != "ebpf":
+        pytest.skip("userspace mode: the data socket is the registration socket (router only)")
+    ep = join(router, 1)
+    gw = router.local_endpoint(1)
+    try:
+        fd_before = ep.store_fd
+        # the TCP peer of the data socket is outside the sockhash: no verdict runs on it
+        ep._keep[0].sendall(Frame(dst=ep.id, src=0, kind=Kind.GRANT, job=2).encode())
+        assert ep.recv(timeout=0.5) is None  # read and dropped, not returned
+        with pytest.raises(BlockingIOError):  # ... and nothing of it is left to read
+            ep._data.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        assert (ep.job, ep.store_fd) == (1, fd_before)
+        gw.send(Frame(dst=ep.id, src=0, kind=Kind.TASK, job=1, seq=7))
+        got = ep.recv(timeout=5)
+        assert got is not None and (got.kind, got.seq) == (Kind.TASK, 7)
+        assert (ep.job, ep.store_fd) == (1, fd_before)
+    finally:
+        ep.close()
+        gw.close()

@@ -1,0 +1,65 @@
+"""Every component's command line is rendered from its settings and parses back to them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cache_engine.settings import EngineSettings
+from control_plane.settings import ControlPlaneSettings
+from fedfaas.cmdline import CommandLineSettings
+from fedfaas.runtime.settings import RuntimeSettings
+from gateway.settings import GatewaySettings
+from request_tracker.settings import TrackerSettings
+
+CASES: list[CommandLineSettings] = [
+    GatewaySettings(
+        node="n1",
+        port=9001,
+        state_dir=Path("/tmp/gw"),
+        peers={"n2": "http://127.0.0.1:9002"},
+        prefer_ebpf=False,
+        lazy=True,
+        pool=3,
+        router_socket=Path("/tmp/gw/r.sock"),
+        minio_secret_key="not-on-argv-1",
+    ),
+    EngineSettings(port=9003, policy="lru", function_env={"A": "1"}, minio_secret_key="nope-2"),
+    TrackerSettings(port=9004, engine_url="http://127.0.0.1:9003", attempts=5),
+    ControlPlaneSettings(gateways="n1=http://127.0.0.1:9001", tick_s=0.2, scale_down_s=4.0),
+    RuntimeSettings(port=9005, ce_limits=True, nodes={"n1": Path("/tmp/n1.sock")}),
+]
+
+
+@pytest.mark.parametrize("settings", CASES, ids=lambda s: type(s).__name__)
+def test_command_line_round_trips_and_carries_no_secret(settings: CommandLineSettings) -> None:
+    argv = settings.to_argv(python="python", log_level="DEBUG")
+    assert argv[:3] == ["python", "-m", type(settings).MODULE]
+    parsed, level = type(settings).from_argv(argv[3:])
+    secrets = type(settings).SECRETS  # those come from the environment, never from argv
+    assert parsed.model_dump(exclude=secrets) == settings.model_dump(exclude=secrets)
+    assert level == "DEBUG"
+    assert not any("nope" in a or "not-on-argv" in a for a in argv)
+
+
+def test_every_setting_but_the_secrets_has_a_flag() -> None:
+    for cls in (GatewaySettings, EngineSettings, TrackerSettings, ControlPlaneSettings):
+        missing = set(cls.model_fields) - set(cls.FLAGS) - cls.SECRETS
+        assert not missing, f"{cls.__name__}: {missing}"
+    assert set(RuntimeSettings.model_fields) - set(RuntimeSettings.FLAGS) == {"python"}
+
+
+def test_a_bad_value_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        GatewaySettings.from_argv(["--port", "eighty"])
+    assert exc.value.code == 2
+    assert "--port" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        RuntimeSettings.from_argv(["--nodes", "[1, 2]"])  # not a JSON object
+    assert "JSON object" in capsys.readouterr().err
+
+
+def test_a_setting_without_a_flag_is_refused_rather_than_dropped() -> None:
+    with pytest.raises(ValueError, match="python"):
+        RuntimeSettings(python="/usr/bin/python3.99").to_argv()
