@@ -6,9 +6,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx
-
-from fedfaas.deploy import DeployError, GatewayClient, deploy
+from fedfaas.deploy import DeployError, deploy
+from fedfaas.openfaas import OpenFaaS, OpenFaaSError
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.stackfile import StackError
@@ -39,9 +38,9 @@ def _auth(ctx: Context) -> tuple[str, str]:
 def list_functions(ctx: Context, timeout: float = 2.0) -> list[FunctionInfo]:
     """``GET /system/functions`` on the runtime, with the platform's basic auth."""
     try:
-        with GatewayClient(ctx.url("runtime"), _auth(ctx), timeout=timeout) as gw:
+        with OpenFaaS(ctx.url("runtime"), _auth(ctx), timeout=timeout) as gw:
             body = gw.list_functions()
-    except (httpx.HTTPError, ValueError) as exc:
+    except (OpenFaaSError, ValueError) as exc:
         raise PlatformError(f"cannot list functions at {ctx.url('runtime')}: {exc}") from exc
     return sorted(
         (

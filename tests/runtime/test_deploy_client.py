@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fedfaas.deploy import DeployError, GatewayClient, deploy
+from fedfaas.deploy import DeployError, deploy
+from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaS, OpenFaaSError
 from fedfaas.runtime import RuntimeProcess
 from fedfaas.stackfile import load_stack
 from tests.runtime.conftest import PASSWORD, STACK, USER, wait_until
@@ -137,17 +138,66 @@ def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: Runtime
     assert (first.method, first.status) == ("POST", 202)
     [again] = deploy(STACK, runtime.url, filter="echo")
     assert (again.method, again.status) == ("PUT", 202)
-    with GatewayClient(runtime.url) as gw:
-        wait_until(lambda: (gw.describe("echo") or {}).get("availableReplicas", 0) >= 1)
+    with OpenFaaS(runtime.url) as gw:
+        wait_until(lambda: getattr(gw.function("echo"), "available_replicas", 0) >= 1)
         assert [f["name"] for f in gw.list_functions()].count("echo") == 1
         assert gw.invoke("echo", b"\x01\x02").content == b"\x01\x02"
-        assert gw.scale("echo", 2).status_code == 202
-        assert gw.describe("echo")["replicas"] == 2  # type: ignore[index]
-        assert gw.scale("echo", 0).status_code == 400
+        gw.scale("echo", 2)
+        assert gw.function("echo").replicas == 2  # type: ignore[union-attr]
+        with pytest.raises(OpenFaaSError) as zero:
+            gw.scale("echo", 0)
+        assert zero.value.status == 400
         assert any(line["instance"].startswith("echo-") for line in gw.logs("echo"))
-        assert gw.remove("echo").status_code == 202
-        assert gw.describe("echo") is None
-        assert gw.remove("echo").status_code == 404
+        assert gw.remove("echo") is True
+        assert gw.function("echo") is None
+        assert gw.remove("echo") is False
+
+
+def test_sync_and_async_clients_send_the_same_requests() -> None:
+    """One client, two ways of waiting: every call both have builds the same request."""
+    import asyncio
+
+    seen: dict[str, list[tuple[str, str, bytes, str | None]]] = {"sync": [], "async": []}
+
+    def record(kind: str):  # type: ignore[no-untyped-def]
+        def handler(request: httpx.Request) -> httpx.Response:
+            seen[kind].append(
+                (
+                    request.method,
+                    str(request.url),
+                    request.content,
+                    request.headers.get("Authorization"),
+                )
+            )
+            if request.url.path == "/system/functions" and request.method == "GET":
+                return httpx.Response(200, json=[])
+            if request.url.path.startswith("/system/function/"):
+                return httpx.Response(200, json={"name": "f", "replicas": 2})
+            return httpx.Response(202)
+
+        return handler
+
+    with OpenFaaS(
+        "http://gw:8080", ("u", "p"), namespace="fn", transport=httpx.MockTransport(record("sync"))
+    ) as c:
+        c.list_functions(), c.function("f"), c.scale("f", 3), c.remove("f")
+        c.invoke("f", b"x", path="/a")
+
+    async def run() -> None:
+        async with AsyncOpenFaaS(
+            "http://gw:8080",
+            ("u", "p"),
+            namespace="fn",
+            transport=httpx.MockTransport(record("async")),
+        ) as c:
+            await c.list_functions(), await c.function("f"), await c.scale("f", 3)
+            await c.remove("f")
+            await c.invoke("f", b"x", path="/a")
+
+    asyncio.run(run())
+    assert seen["sync"] == seen["async"] and len(seen["sync"]) == 5
+    assert seen["sync"][2][2] == b'{"serviceName":"f","replicas":3,"namespace":"fn"}'
+    assert seen["sync"][4][3] is None  # functions get no gateway credentials
 
 
 @pytest.mark.integration
