@@ -9,7 +9,7 @@ prints the Markdown table.
     paper's 0.2 ms and the 1 ms target.
 (c) Fig. 8: five nodes (MC = 20), 20 / 60 / 100 updates, baseline SL-H (least connection,
     lazy) then +placement, +planning, +reuse, +eager. Two parts: a MODEL
-    (control_plane.simulate, labelled so in the table) of the whole ladder, and (c') a run on
+    (bench.harness.lifl_sim, labelled so in the table) of the whole ladder, and (c') a run on
     five real ``python -m gateway`` processes: baseline and +placement on the gateways'
     static plan, +planning and +eager with the coordinator's plan pushed to the gateways
     (``PUT .../plan``); reuse has no switch there (each node has warm replicas of the
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 import control_plane.placement as placement_mod
+from bench.harness.lifl_sim import FIG8_VARIANTS, CostModel, simulate_round
 from bench.runinfo import run_info
 from bench.stack import GatewayProc, Replicas, start_gateway
 from control_plane.placement import place
 from control_plane.planning import QueueEstimator, diff_plans, plan_hierarchy, replan
-from control_plane.simulate import FIG8_VARIANTS, CostModel, simulate_round
 from gateway.settings import GatewaySettings
 
 RESULTS = Path(__file__).resolve().parent / "results"

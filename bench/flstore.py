@@ -8,7 +8,7 @@
    (an always-on server reading MinIO per query) and Cache-Agg (the same server reading Redis).
    Queries follow each workload's natural order (per round, or sliding windows), so misses and
    prefetch behave as they would for an analyst; every latency is measured at the client.
-2. **Policies.** Hit rates of all policies on the paper-shaped traces (cache_engine.trace).
+2. **Policies.** Hit rates of all policies on the paper-shaped traces (bench.harness.flstore_trace).
 3. **Overhead.** Location-table lookups (in memory and in Redis) and tracker records at 1,000 and
    100,000 entries: p99 latency and memory.
 
@@ -27,19 +27,21 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from bench.baselines.settings import BaselineSettings
+from bench.harness.flstore_stack import Child, FLStoreStack, secret_env
+from bench.harness.flstore_trace import hit_table, paper_traces
+from bench.harness.synthetic import SMALL_CNN, resnet18_like, write_digits_history, write_history
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.keys import update
-from cache_engine.launch import Child, FLStoreStack
-from cache_engine.synthetic import SMALL_CNN, resnet18_like, write_history
 from cache_engine.table import LocationTable, RedisLocationTable, redis_lookup
-from cache_engine.trace import hit_table, paper_traces
-from fedfaas.services import MinioServer, RedisServer, free_port, wait_for_port
+from fedfaas.services import MinioServer, RedisServer, free_port
 
 log = logging.getLogger("bench.flstore")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,32 +99,25 @@ def _fix_personalize(body: dict[str, Any], clients: dict[int, list[str]]) -> dic
     return body
 
 
+@dataclass
+class _CacheRedis(RedisServer):
+    """Cache-Agg's Redis: no append-only file (a cache, like ElastiCache; mirroring ResNet-sized
+    rounds would otherwise write them all to disk again)."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--appendonly", "no"]  # the last value of a directive wins
+
+
 def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shapes = SMALL_CNN if args.small else resnet18_like()
     d = sum(int(np.prod(s)) for s in shapes.values())
     rs = RedisServer(data_dir=work / "redis").start()
     ms = MinioServer(data_dir=work / "minio").start()
-    cache_redis_port = free_port()
-    cache_redis = Child(
-        "cache-agg-redis",
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(cache_redis_port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        work / "logs" / "cr.log",
-    )
+    cache_redis = _CacheRedis(data_dir=work / "cache-agg-redis")
     stack: FLStoreStack | None = None
     baselines: list[Child] = []
     try:
         cache_redis.start()
-        wait_for_port("127.0.0.1", cache_redis_port, 20, cache_redis.proc)
         cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
         job = "bench"
         t0 = time.perf_counter()
@@ -137,8 +132,6 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             seed=0,
             keep=False,
         )
-        from cache_engine.synthetic import write_digits_history
-
         digits = "digits"
         write_digits_history(cold, digits, 3, per_round=args.clients, pool=50, flip=["c001"])
         write_s = time.perf_counter() - t0
@@ -157,48 +150,32 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ms.endpoint,
             ms.access_key,
             ms.secret_key,
-            engine_args=[
-                "--secondaries",
-                "1",
-                "--function-capacity-bytes",
-                str(cap),
-                "--max-functions",
-                "4",
-                "--capacity-objects",
-                str(4 * args.clients + 16),
-            ],
-            tracker_args=["--query-timeout", "300"],
+            engine_settings={
+                "secondaries": 1,
+                "function_capacity_bytes": cap,
+                "max_functions": 4,
+                "capacity_objects": 4 * args.clients + 16,
+            },
+            tracker_settings={"query_timeout": 300},
         ).start()
         urls = {}
         for name, backend, redis_url in (
             ("objstore-agg", "minio", rs.url),
-            ("cache-agg", "redis", f"redis://127.0.0.1:{cache_redis_port}/0"),
+            ("cache-agg", "redis", cache_redis.url),
         ):
-            port = free_port()
-            c = Child(
-                name,
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.baselines",
-                    "--backend",
-                    backend,
-                    "--port",
-                    str(port),
-                    "--minio",
-                    ms.endpoint,
-                    "--minio-access-key",
-                    ms.access_key,
-                    "--minio-secret-key",
-                    ms.secret_key,
-                    "--redis",
-                    redis_url,
-                ],
-                work / "logs" / f"{name}.log",
-            ).start()
+            s = BaselineSettings(
+                backend=backend,
+                port=free_port(),
+                minio_endpoint=ms.endpoint,
+                minio_access_key=ms.access_key,
+                minio_secret_key=ms.secret_key,
+                redis_url=redis_url,
+            )
+            log_path = work / "logs" / f"{name}.log"
+            c = Child(name, s.to_argv(log_level="warning"), log_path, s.port, secret_env(s))
             baselines.append(c)
-            wait_for_port("127.0.0.1", port, 60, c.proc)
-            urls[name] = f"http://127.0.0.1:{port}"
+            c.start()
+            urls[name] = f"http://{s.host}:{s.port}"
         client = httpx.Client(timeout=600)
         client.post(f"{urls['cache-agg']}/admin/mirror/{job}").raise_for_status()
         client.post(f"{urls['cache-agg']}/admin/mirror/{digits}").raise_for_status()

@@ -5,7 +5,6 @@ from cache_engine.cold_store import ColdStore, MinioColdStore, flatten
 from cache_engine.keys import ObjectKey
 from cache_engine.policies import POLICIES, Decision, Policy, make_policy
 from cache_engine.table import LocationTable, RedisLocationTable
-from cache_engine.trace import simulate
 
 __all__ = [
     "POLICIES",
@@ -20,5 +19,4 @@ __all__ = [
     "RedisLocationTable",
     "flatten",
     "make_policy",
-    "simulate",
 ]

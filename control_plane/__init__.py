@@ -2,7 +2,7 @@
 
 Pure algorithms (no I/O): :func:`place`, :func:`residual_capacity`, :func:`plan_hierarchy`,
 :func:`replan`, :func:`diff_plans`, :class:`QueueEstimator`, :func:`assign_replicas`,
-:func:`simulate_round`, :func:`find_knee`. Services: :class:`Coordinator`, :class:`Provider`,
+:func:`find_knee`. Services: :class:`Coordinator`, :class:`Provider`,
 :func:`calibrate` / :func:`measure_gateway`, and ``python -m control_plane`` (the HTTP API).
 """
 
@@ -21,7 +21,6 @@ from control_plane.planning import (
 )
 from control_plane.provider import FunctionStatus, Provider
 from control_plane.reuse import AggregatorState, ReplicaAssignment, ReplicaState, assign_replicas
-from control_plane.simulate import CostModel, Variant, simulate_round
 
 __all__ = [
     "POLICIES",
@@ -29,7 +28,6 @@ __all__ = [
     "Calibration",
     "ControlPlaneError",
     "Coordinator",
-    "CostModel",
     "FunctionStatus",
     "JobSpec",
     "Placement",
@@ -39,7 +37,6 @@ __all__ = [
     "QueueEstimator",
     "ReplicaAssignment",
     "ReplicaState",
-    "Variant",
     "assign_replicas",
     "calibrate",
     "diff_plans",
@@ -49,5 +46,4 @@ __all__ = [
     "plan_hierarchy",
     "replan",
     "residual_capacity",
-    "simulate_round",
 ]

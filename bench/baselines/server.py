@@ -8,12 +8,13 @@ Both use the same query planning and the same workload code as the FLStore cache
 (:mod:`cache_engine.queries`); only where the bytes come from differs. Reads go through a pool of
 4 threads (a fair, not a naive, baseline).
 
-Usage: ``python -m bench.baselines --backend minio|redis --port P --minio H:P --redis URL``.
+Usage: ``python -m bench.baselines --backend minio|redis --port P --minio H:P --redis URL``
+(flags and defaults: :class:`~bench.baselines.settings.BaselineSettings`; MinIO's keys come from
+``FEDFAAS_BASELINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``, never the command line).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -25,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from bench.baselines.settings import BaselineSettings
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MinioColdStore, decode_object
 from cache_engine.evaluators import build_evaluator
@@ -163,20 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     import redis
     import uvicorn
 
-    ap = argparse.ArgumentParser(prog="python -m bench.baselines")
-    ap.add_argument("--backend", choices=["minio", "redis"], required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--minio", required=True)
-    ap.add_argument("--minio-access-key", default="fedfaas")
-    ap.add_argument("--minio-secret-key", default="fedfaas-secret-key")
-    ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    cold = MinioColdStore(a.minio, a.minio_access_key, a.minio_secret_key)
+    s, log_level = BaselineSettings.from_argv(argv)
+    logging.basicConfig(level=log_level)
+    cold = MinioColdStore(s.minio_endpoint, s.minio_access_key, s.minio_secret_key)
     source: ObjectSource = (
         MinioSource(cold)
-        if a.backend == "minio"
-        else RedisSource(redis.Redis.from_url(a.redis), cold)
+        if s.backend == "minio"
+        else RedisSource(redis.Redis.from_url(s.redis_url), cold)
     )
-    uvicorn.run(create_app(source), host=a.host, port=a.port, log_level="warning")
+    uvicorn.run(create_app(source), host=s.host, port=s.port, log_level="warning")

@@ -1,64 +1,79 @@
-"""Start the FLStore serving side as child processes on loopback (tests, benchmarks, demos).
+"""Start the FLStore serving side as child processes on loopback (tests, benchmarks).
 
 :class:`FLStoreStack` starts the embedded OpenFaaS runtime, the cache engine and the request
 tracker against a given Redis and MinIO, each in its own process group, and stops them by PID.
+Every command line is rendered by the component's settings class
+(:class:`~fedfaas.runtime.settings.RuntimeSettings`,
+:class:`~cache_engine.settings.EngineSettings`,
+:class:`~request_tracker.settings.TrackerSettings`); MinIO's keys reach the engine through its
+environment, never its command line.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from fedfaas.services import free_port, wait_for_port
+from cache_engine.settings import EngineSettings
+from fedfaas.cmdline import CommandLineSettings
+from fedfaas.runtime.process import RuntimeProcess
+from fedfaas.services import ChildProcess, free_port, wait_for_port
+from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
+_S = TypeVar("_S", bound=CommandLineSettings)
 
 
 @dataclass
-class Child:
-    """One child process in its own session, log in a file."""
+class Child(ChildProcess):
+    """One child process in its own process group, log in a file, listening on ``port``.
+
+    ``env`` is added to this process's environment; the child runs in the repository root with
+    it on ``PYTHONPATH``.
+    """
 
     name: str
     argv: list[str]
     log_path: Path
+    port: int
     env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
 
-    def start(self) -> Child:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=_REPO,
-                start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(_REPO), **self.env},
-            )
+    def start(self, timeout: float = 60.0) -> Child:
+        """Spawn the process and wait until its port accepts connections (stopped if not)."""
+        self._spawn(self.argv, self.log_path, {"PYTHONPATH": str(_REPO), **self.env}, _REPO)
+        try:
+            wait_for_port(self.host, self.port, timeout, self.proc)
+        except Exception:
+            self.stop()
+            raise
+        log.info("%s on %s:%d (pid %s)", self.name, self.host, self.port, self.pid)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-        except ProcessLookupError:
-            pass
+
+def _settings(cls: type[_S], fixed: dict[str, Any], overrides: Mapping[str, Any]) -> _S:
+    """``cls(**fixed, **overrides)``, refusing a name ``cls`` has no setting for (its
+    ``extra="ignore"`` would drop a misspelt one silently)."""
+    unknown = sorted(set(overrides) - set(cls.model_fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}")
+    return cls(**{**fixed, **overrides})
+
+
+def secret_env(settings: CommandLineSettings) -> dict[str, str]:
+    """The environment that carries ``settings``' secrets (which have no flag) to its process:
+    ``{"FEDFAAS_ENGINE_MINIO_SECRET_KEY": ...}`` for the cache engine."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    return {
+        f"{prefix}{name.upper()}": str(getattr(settings, name)) for name in sorted(settings.SECRETS)
+    }
 
 
 @dataclass
@@ -71,8 +86,10 @@ class FLStoreStack:
         Folder for state and logs.
     redis_url, minio_endpoint, minio_access_key, minio_secret_key
         Backing services (already running).
-    engine_args, tracker_args
-        Extra command-line arguments of the engine and the tracker.
+    engine_settings, tracker_settings
+        Further :class:`~cache_engine.settings.EngineSettings` and
+        :class:`~request_tracker.settings.TrackerSettings` (``{"secondaries": 1}``); the
+        addresses are the stack's own.
     """
 
     workdir: Path
@@ -80,18 +97,18 @@ class FLStoreStack:
     minio_endpoint: str
     minio_access_key: str
     minio_secret_key: str
-    engine_args: list[str] = field(default_factory=list)
-    tracker_args: list[str] = field(default_factory=list)
-    engine_env: dict[str, str] = field(default_factory=dict)
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    tracker_settings: dict[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
+    runtime: RuntimeProcess | None = None
     children: list[Child] = field(default_factory=list)
-    runtime_port: int = 0
     engine_port: int = 0
     tracker_port: int = 0
 
     @property
     def runtime_url(self) -> str:
-        return f"http://{self.host}:{self.runtime_port}"
+        assert self.runtime is not None, "stack not started"
+        return self.runtime.url
 
     @property
     def engine_url(self) -> str:
@@ -102,97 +119,63 @@ class FLStoreStack:
         return f"http://{self.host}:{self.tracker_port}"
 
     def start(self, timeout: float = 60.0) -> FLStoreStack:
-        py = sys.executable
-        self.runtime_port = free_port()
-        self.engine_port = free_port()
-        self.tracker_port = free_port()
+        """Start the runtime, then the engine, then the tracker; all stopped if one fails."""
+        self.engine_port = free_port(self.host)
+        self.tracker_port = free_port(self.host)
         logs = self.workdir / "logs"
-        specs = [
-            (
-                "runtime",
-                [
-                    py,
-                    "-m",
-                    "fedfaas.runtime",
-                    "--host",
-                    self.host,
-                    "--port",
-                    str(self.runtime_port),
-                    "--state-dir",
-                    str(self.workdir / "runtime"),
-                    "--log-level",
-                    "warning",
-                ],
-                self.runtime_port,
-                {},
-            ),
-            (
-                "engine",
-                [
-                    py,
-                    "-m",
-                    "cache_engine",
-                    "--host",
-                    self.host,
-                    "--port",
-                    str(self.engine_port),
-                    "--redis",
-                    self.redis_url,
-                    "--minio",
-                    self.minio_endpoint,
-                    "--minio-access-key",
-                    self.minio_access_key,
-                    "--minio-secret-key",
-                    self.minio_secret_key,
-                    "--runtime",
-                    self.runtime_url,
-                    *self.engine_args,
-                ],
-                self.engine_port,
-                self.engine_env,
-            ),
-            (
-                "tracker",
-                [
-                    py,
-                    "-m",
-                    "request_tracker",
-                    "--host",
-                    self.host,
-                    "--port",
-                    str(self.tracker_port),
-                    "--redis",
-                    self.redis_url,
-                    "--engine",
-                    self.engine_url,
-                    "--runtime",
-                    self.runtime_url,
-                    *self.tracker_args,
-                ],
-                self.tracker_port,
-                {},
-            ),
-        ]
         try:
-            for name, argv, port, env in specs:
-                c = Child(name, argv, logs / f"{name}.log", env).start()
-                self.children.append(c)
-                wait_for_port(self.host, port, timeout, c.proc)
+            self.runtime = RuntimeProcess(state_dir=self.workdir / "runtime", host=self.host)
+            self.runtime.start(timeout)
+            engine = _settings(
+                EngineSettings,
+                {
+                    "host": self.host,
+                    "port": self.engine_port,
+                    "redis_url": self.redis_url,
+                    "minio_endpoint": self.minio_endpoint,
+                    "minio_access_key": self.minio_access_key,
+                    "minio_secret_key": self.minio_secret_key,
+                    "runtime_url": self.runtime_url,
+                },
+                self.engine_settings,
+            )
+            tracker = _settings(
+                TrackerSettings,
+                {
+                    "host": self.host,
+                    "port": self.tracker_port,
+                    "redis_url": self.redis_url,
+                    "engine_url": self.engine_url,
+                    "runtime_url": self.runtime_url,
+                },
+                self.tracker_settings,
+            )
+            for name, argv, port, env in (
+                ("engine", engine.to_argv(), self.engine_port, secret_env(engine)),
+                ("tracker", tracker.to_argv(), self.tracker_port, secret_env(tracker)),
+            ):
+                child = Child(name, argv, logs / f"{name}.log", port, env, self.host)
+                self.children.append(child)
+                child.start(timeout)
         except Exception:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        for c in reversed(self.children):  # tracker, engine, then the runtime and its replicas
+        """Stop the tracker, the engine, then the runtime and its replicas."""
+        for c in reversed(self.children):
             c.stop()
         self.children.clear()
+        if self.runtime is not None:
+            self.runtime.stop()
 
     def logs(self) -> str:
-        out = []
-        for p in sorted((self.workdir / "logs").glob("*.log")):
-            out.append(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}")
-        return "\n".join(out)
+        """The last 3,000 characters of every log of the stack."""
+        paths = sorted((self.workdir / "logs").glob("*.log"))
+        if self.runtime is not None and self.runtime.log_path.exists():
+            paths.append(self.runtime.log_path)
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in paths)
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Wait until the engine has no background work (prefetch, eviction, restoration)."""
@@ -204,6 +187,7 @@ class FLStoreStack:
         raise TimeoutError("engine still busy")
 
     def ingest(self, job: str, rounds: Any) -> None:
+        """Tell the engine that ``rounds`` of ``job`` were written to the cold store."""
         for r in rounds:
             resp = httpx.post(f"{self.engine_url}/v1/jobs/{job}/rounds/{r}/complete", timeout=120)
             resp.raise_for_status()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.harness.flstore_stack import FLStoreStack
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.launch import FLStoreStack
 from fedfaas.services import MinioServer, RedisServer
 
 
@@ -21,10 +22,10 @@ def start_stack(
     tmp: Path,
     redis_server: RedisServer,
     minio_server: MinioServer,
-    engine_args: list[str] | None = None,
-    engine_env: dict[str, str] | None = None,
-    tracker_args: list[str] | None = None,
+    engine: dict[str, Any] | None = None,
+    tracker: dict[str, Any] | None = None,
 ) -> FLStoreStack:
+    """A started stack on a flushed Redis; ``engine`` and ``tracker`` are further settings."""
     import redis
 
     r = redis.Redis.from_url(redis_server.url)
@@ -36,9 +37,8 @@ def start_stack(
         minio_server.endpoint,
         minio_server.access_key,
         minio_server.secret_key,
-        engine_args=engine_args or [],
-        engine_env=engine_env or {},
-        tracker_args=tracker_args or [],
+        engine_settings=engine or {},
+        tracker_settings=tracker or {},
     ).start()
 
 
@@ -51,7 +51,7 @@ def stack(
         tmp_path_factory.mktemp("flstore"),
         redis_server,
         minio_server,
-        ["--ping-interval", "0.5", "--secondaries", "1"],
+        {"ping_interval": 0.5, "secondaries": 1},
     )
     try:
         yield s

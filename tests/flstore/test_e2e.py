@@ -8,11 +8,11 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.harness.flstore_stack import FLStoreStack
+from bench.harness.synthetic import History, write_history
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.launch import FLStoreStack
 from cache_engine.queries import Query, plan, run_workload
-from cache_engine.synthetic import History, write_history
 
 pytestmark = pytest.mark.integration
 JOB = "e2e-job"
@@ -193,7 +193,7 @@ DIGITS = "e2e-digits"
 
 @pytest.fixture(scope="module")
 def digits(cold: MinioColdStore, stack: FLStoreStack) -> History:
-    from cache_engine.synthetic import write_digits_history
+    from bench.harness.synthetic import write_digits_history
 
     h = write_digits_history(cold, DIGITS, 2, per_round=5, pool=20, flip=["c001"], seed=2)
     stack.ingest(DIGITS, range(0, 3))

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
-from cache_engine.synthetic import write_history
 
 pytestmark = pytest.mark.integration
 HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"

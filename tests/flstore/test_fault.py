@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.harness.flstore_stack import FLStoreStack
+from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.launch import FLStoreStack
-from cache_engine.synthetic import write_history
 from fedfaas.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
 
@@ -32,9 +32,12 @@ def slow_stack(
         tmp_path_factory.mktemp("fault"),
         redis_server,
         minio_server,
-        ["--ping-interval", "0.5", "--secondaries", "1"],
-        engine_env={"FEDFAAS_ENGINE_FUNCTION_ENV": '{"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"}'},
-        tracker_args=["--query-timeout", "20", "--ping-interval", "0"],
+        {
+            "ping_interval": 0.5,
+            "secondaries": 1,
+            "function_env": {"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"},
+        },
+        tracker={"query_timeout": 20, "ping_interval": 0},
     )
     try:
         write_history(cold, JOB, 3, per_round=5, pool=12, malicious=["c001"], seed=3)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from bench.harness.flstore_trace import (
+    mixed_trace,
+    p2_trace,
+    p3_trace,
+    p4_trace,
+    repeated_trace,
+    simulate,
+)
 from cache_engine.policies import make_policy
-from cache_engine.trace import mixed_trace, p2_trace, p3_trace, p4_trace, repeated_trace, simulate
 
 
 def test_p2_trace_reaches_99_percent_and_admit_on_miss_policies_cannot_hit() -> None:
