@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
-from bench.harness.flstore_stack import Child, FLStoreStack, secret_env
+from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.harness.flstore_trace import hit_table, paper_traces
 from bench.harness.synthetic import SMALL_CNN, resnet18_like, write_digits_history, write_history
 from cache_engine.cold_store import MinioColdStore
@@ -172,7 +172,7 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 redis_url=redis_url,
             )
             log_path = work / "logs" / f"{name}.log"
-            c = Child(name, s.to_argv(log_level="warning"), log_path, s.port, secret_env(s))
+            c = Child(name, s.to_argv(log_level="warning"), log_path, s.port, s.secret_env())
             baselines.append(c)
             c.start()
             urls[name] = f"http://{s.host}:{s.port}"

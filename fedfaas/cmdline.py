@@ -82,6 +82,14 @@ class CommandLineSettings(BaseSettings):
             argv += ["--log-level", log_level]
         return argv
 
+    def secret_env(self) -> dict[str, str]:
+        """The environment that carries the :attr:`SECRETS` (which have no flag) to the process
+        that runs :meth:`to_argv`, e.g. ``{"FEDFAAS_ENGINE_MINIO_SECRET_KEY": ...}``."""
+        prefix = str(self.model_config.get("env_prefix", ""))
+        return {
+            f"{prefix}{name.upper()}": str(getattr(self, name)) for name in sorted(self.SECRETS)
+        }
+
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
         """The ``python -m MODULE`` argument parser, one flag per :attr:`FLAGS` entry."""

@@ -67,15 +67,6 @@ def _settings(cls: type[_S], fixed: dict[str, Any], overrides: Mapping[str, Any]
     return cls(**{**fixed, **overrides})
 
 
-def secret_env(settings: CommandLineSettings) -> dict[str, str]:
-    """The environment that carries ``settings``' secrets (which have no flag) to its process:
-    ``{"FEDFAAS_ENGINE_MINIO_SECRET_KEY": ...}`` for the cache engine."""
-    prefix = str(settings.model_config.get("env_prefix", ""))
-    return {
-        f"{prefix}{name.upper()}": str(getattr(settings, name)) for name in sorted(settings.SECRETS)
-    }
-
-
 @dataclass
 class FLStoreStack:
     """Runtime + cache engine + request tracker for one Redis and one MinIO.
@@ -151,8 +142,8 @@ class FLStoreStack:
                 self.tracker_settings,
             )
             for name, argv, port, env in (
-                ("engine", engine.to_argv(), self.engine_port, secret_env(engine)),
-                ("tracker", tracker.to_argv(), self.tracker_port, secret_env(tracker)),
+                ("engine", engine.to_argv(), self.engine_port, engine.secret_env()),
+                ("tracker", tracker.to_argv(), self.tracker_port, tracker.secret_env()),
             ):
                 child = Child(name, argv, logs / f"{name}.log", port, env, self.host)
                 self.children.append(child)

@@ -49,16 +49,12 @@ def _healthz(port_name: str) -> Callable[[Context], bool]:
     return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
 
 
-def _minio_env(prefix: str) -> Callable[[Context], dict[str, str]]:
-    def env(ctx: Context) -> dict[str, str]:
-        return {
-            f"{prefix}MINIO_ACCESS_KEY": credentials.read(ctx.secrets_dir, credentials.MINIO_USER),
-            f"{prefix}MINIO_SECRET_KEY": credentials.read(
-                ctx.secrets_dir, credentials.MINIO_PASSWORD
-            ),
-        }
-
-    return env
+def _minio_keys(ctx: Context) -> dict[str, str]:
+    """MinIO's keys for a settings class (they reach the process as environment, never argv)."""
+    return {
+        "minio_access_key": credentials.read(ctx.secrets_dir, credentials.MINIO_USER),
+        "minio_secret_key": credentials.read(ctx.secrets_dir, credentials.MINIO_PASSWORD),
+    }
 
 
 def shm_root(ctx: Context) -> Path:
@@ -109,6 +105,7 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         minio_endpoint=_minio_endpoint(ctx),
         # with the FLStore parts up, completed rounds flow into the cache engine
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
+        **_minio_keys(ctx),
     )
 
 
@@ -136,7 +133,7 @@ def _gateway(node: str, name: str, depends: tuple[str, ...]) -> ServiceSpec:
         name=name,
         ports=(PortSpec(port, OPTIONAL_PORTS[port]),),
         argv=lambda ctx: gateway_settings(ctx, node).to_argv(),
-        env=_minio_env("FEDFAAS_GATEWAY_"),
+        env=lambda ctx: gateway_settings(ctx, node).secret_env(),
         ready=_healthz(port),
         address=lambda ctx: ctx.url(port),
         extra=lambda ctx: {
@@ -155,18 +152,25 @@ def _gateway(node: str, name: str, depends: tuple[str, ...]) -> ServiceSpec:
 GATEWAY = _gateway("node0", "gateway", ("minio", "redis", "runtime"))
 GATEWAY_NODE1 = _gateway("node1", "gateway-node1", ("gateway",))
 
-CACHE_ENGINE = ServiceSpec(
-    name="cache-engine",
-    ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
-    argv=lambda ctx: EngineSettings(
+
+def engine_settings(ctx: Context) -> EngineSettings:
+    """The cache engine's settings on this platform."""
+    return EngineSettings(
         host=ctx.host,
         port=ctx.ports["cache_engine"],
         redis_url=_redis_url(ctx),
         minio_endpoint=_minio_endpoint(ctx),
         runtime_url=ctx.url("runtime"),
         runtime_auth_dir=str(ctx.secrets_dir),
-    ).to_argv(),
-    env=_minio_env("FEDFAAS_ENGINE_"),
+        **_minio_keys(ctx),
+    )
+
+
+CACHE_ENGINE = ServiceSpec(
+    name="cache-engine",
+    ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
+    argv=lambda ctx: engine_settings(ctx).to_argv(),
+    env=lambda ctx: engine_settings(ctx).secret_env(),
     ready=_healthz("cache_engine"),
     address=lambda ctx: ctx.url("cache_engine"),
     depends=("minio", "redis", "runtime"),
