@@ -32,10 +32,10 @@ from cache_engine.cold_store import ColdStore, ObjectMissing, object_path
 from cache_engine.errors import EngineError
 from cache_engine.keys import ObjectKey
 from cache_engine.policies import Decision, make_policy
-from cache_engine.provider import Provider
 from cache_engine.queries import Plan, parse_query, plan
 from cache_engine.settings import EngineSettings
 from cache_engine.table import RedisLocationTable
+from fedfaas.openfaas import OpenFaaS, OpenFaaSError, function_deployment
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ class CacheEngine:
     """FLStore's cache engine (see module docstring)."""
 
     def __init__(
-        self, settings: EngineSettings, redis: Any, cold: ColdStore, provider: Provider
+        self, settings: EngineSettings, redis: Any, cold: ColdStore, openfaas: OpenFaaS
     ) -> None:
         self.s = settings
         self.redis = redis
         self.cold = cold
-        self.provider = provider
+        self.openfaas = openfaas
         self.table = RedisLocationTable(redis)
         self.catalog = MemoryCatalog()
         self.policy = make_policy(settings.policy, settings.capacity_objects, self.catalog)
@@ -338,9 +338,17 @@ class CacheEngine:
         self._evict(targets)  # synchronously: the space is needed now
         return True
 
+    def _invoke(
+        self, fn: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> httpx.Response:
+        """``GET`` (no body) or ``POST`` (JSON body) ``/function/<fn><path>``."""
+        return self.openfaas.invoke(
+            fn, method="GET" if body is None else "POST", path=path, json=body, timeout=timeout
+        )
+
     def _load(self, fn: str, keys: list[ObjectKey]) -> None:
         t0 = time.perf_counter()
-        r = self.provider.call(
+        r = self._invoke(
             fn, "/load", {"objects": [k.id for k in keys]}, timeout=self.s.call_timeout
         )
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
@@ -394,7 +402,16 @@ class CacheEngine:
             **self.s.function_env,
         }
         try:
-            self.provider.deploy(name, self.s.function_image, env, self.s.handler_dir)
+            body = function_deployment(
+                name,
+                self.s.function_image,
+                env=env,
+                labels={"com.fedfaas.role": "flstore-cache"},
+                handler_dir=self.s.handler_dir,
+            )
+            res = self.openfaas.deploy(body)
+            if not res.ok:
+                raise NoCapacity(f"cache function {name} not deployed: {res.status} {res.message}")
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 if self._ping(name) is not None:
@@ -417,11 +434,9 @@ class CacheEngine:
     def _probe(self, name: str) -> tuple[dict[str, Any] | None, bool]:
         """Ping ``name``: (status body, or None and whether the failure is definitive)."""
         try:
-            r = self.provider.call(name, "/ping", timeout=self.s.ping_timeout)
-        except httpx.TimeoutException:
-            return None, False  # busy (a long workload holding the CPU), not necessarily dead
-        except Exception:
-            return None, True  # connection refused: no process there
+            r = self._invoke(name, "/ping", timeout=self.s.ping_timeout)
+        except OpenFaaSError as exc:  # a timeout: busy (a long workload holding the CPU), not
+            return None, not exc.timed_out  # necessarily dead; else no process there
         if r.status_code != 200:
             return None, r.status_code in (404, 500, 502, 503)
         body: dict[str, Any] = r.json()
@@ -535,7 +550,7 @@ class CacheEngine:
                 elif what == "evict":
                     self._evict(arg)
                 elif what == "flush":
-                    r = self.provider.call(arg, "/objects", timeout=self.s.call_timeout)
+                    r = self._invoke(arg, "/objects", timeout=self.s.call_timeout)
                     ids = [o["id"] for o in r.json().get("objects", [])]
                     with self._lock:  # keep what the table says it holds (re-added since)
                         held = {k.id for k in self.table.keys_on(arg)}
@@ -596,7 +611,7 @@ class CacheEngine:
             if not ks:
                 continue
             try:
-                r = self.provider.call(f, "/evict", {"objects": [k.id for k in ks]}, timeout=10)
+                r = self._invoke(f, "/evict", {"objects": [k.id for k in ks]}, timeout=10)
                 if r.status_code == 200:
                     with self._lock:
                         if f in self.functions:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -20,8 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.errors import EngineError
-from cache_engine.provider import Provider
 from cache_engine.settings import EngineSettings
+from fedfaas.openfaas import OpenFaaS, read_basic_auth
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,18 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
 
         r = redis.Redis.from_url(s.redis_url, decode_responses=True)
         cold = MinioColdStore(s.minio_endpoint, s.minio_access_key, s.minio_secret_key, s.bucket)
-        provider = Provider(s.runtime_url, auth_dir=s.runtime_auth_dir)
-        engine = CacheEngine(s, r, cold, provider)
+        auth_dir = Path(s.runtime_auth_dir) if s.runtime_auth_dir else None
+        has_auth = auth_dir is not None and (auth_dir / "basic-auth-user").is_file()
+        auth = read_basic_auth(auth_dir) if auth_dir is not None and has_auth else None
+        openfaas = OpenFaaS(s.runtime_url, auth, timeout=30.0)
+        engine = CacheEngine(s, r, cold, openfaas)
         engine.start()
         app.state.engine = engine
         try:
             yield
         finally:
             engine.stop()
-            provider.close()
+            openfaas.close()
             r.close()
 
     app = FastAPI(title="FLStore cache engine", lifespan=lifespan)

@@ -37,12 +37,14 @@ T = TypeVar("T")
 
 
 class OpenFaaSError(RuntimeError):
-    """The gateway refused a call (``status``: its HTTP status) or could not be reached (0)."""
+    """The gateway refused a call (``status``: its HTTP status) or could not be reached (0;
+    ``timed_out`` when it, or the function, did not answer in time)."""
 
-    def __init__(self, detail: str, status: int = 0) -> None:
+    def __init__(self, detail: str, status: int = 0, *, timed_out: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
         self.status = status
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,33 @@ class DeployResult:
         return self.status in (200, 202)
 
 
+#: The annotation that names a function's handler folder on the embedded runtime (in place of
+#: an image it can pull; ``fedfaas.runtime.images``).
+HANDLER_ANNOTATION = "com.fedfaas.handler"
+
+
+def function_deployment(
+    name: str,
+    image: str,
+    *,
+    env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    handler_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """A FunctionDeployment body for :meth:`OpenFaaS.deploy` (``handler_dir``: the embedded
+    runtime's stand-in for the image)."""
+    body: dict[str, Any] = {
+        "service": name,
+        "image": image,
+        "envVars": dict(env or {}),
+        "labels": dict(labels or {}),
+        "annotations": {},
+    }
+    if handler_dir is not None:
+        body["annotations"][HANDLER_ANNOTATION] = str(Path(handler_dir).resolve())
+    return body
+
+
 def read_basic_auth(auth_dir: str | Path) -> tuple[str, str]:
     """``basic-auth-user`` and ``basic-auth-password`` of a folder (whitespace trimmed).
 
@@ -143,6 +172,11 @@ def _fail(r: httpx.Response, what: str) -> OpenFaaSError:
 def _ns(namespace: str, **more: str) -> dict[str, str] | None:
     params = {"namespace": namespace, **more} if namespace else dict(more)
     return params or None
+
+
+def _unreachable(method: str, name: str, path: str, exc: httpx.HTTPError) -> OpenFaaSError:
+    timed_out = isinstance(exc, httpx.TimeoutException)
+    return OpenFaaSError(f"{method} /function/{name}{path}: {exc!r}", timed_out=timed_out)
 
 
 def _list(namespace: str) -> Call[list[dict[str, Any]]]:
@@ -251,7 +285,10 @@ class _Client:
         return req
 
     def _error(self, call: Call[Any], exc: httpx.HTTPError) -> OpenFaaSError:
-        return OpenFaaSError(f"{call.method} {self.url}{call.path}: cannot reach: {exc!r}")
+        return OpenFaaSError(
+            f"{call.method} {self.url}{call.path}: cannot reach: {exc!r}",
+            timed_out=isinstance(exc, httpx.TimeoutException),
+        )
 
 
 class OpenFaaS(_Client):
@@ -364,7 +401,7 @@ class OpenFaaS(_Client):
         try:
             return self._http.send(req)
         except httpx.HTTPError as exc:
-            raise OpenFaaSError(f"{method} /function/{name}{path}: {exc!r}") from exc
+            raise _unreachable(method, name, path, exc) from exc
 
 
 class AsyncOpenFaaS(_Client):
@@ -435,4 +472,4 @@ class AsyncOpenFaaS(_Client):
         try:
             return await self._http.send(req)
         except httpx.HTTPError as exc:
-            raise OpenFaaSError(f"{method} /function/{name}{path}: {exc!r}") from exc
+            raise _unreachable(method, name, path, exc) from exc

@@ -8,7 +8,7 @@ memory. The same paths run against the real runtime in test_e2e.py and test_faul
 from __future__ import annotations
 
 import importlib.util
-import json
+import json as _json
 import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -22,43 +22,49 @@ from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
+from fedfaas.openfaas import DeployResult, OpenFaaSError
 
 pytestmark = pytest.mark.integration
 HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
 
 
 class InProcessProvider:
-    """Provider double: each function is a fresh instance of the real handler module."""
+    """Stands in for :class:`fedfaas.openfaas.OpenFaaS`: each function is a fresh instance of the
+    real handler module (the engine's logic is under test here; tests/flstore/test_e2e.py runs
+    the real runtime)."""
 
     def __init__(self, cold: MemoryColdStore) -> None:
         self.cold = cold
         self.fns: dict[str, ModuleType] = {}
         self.dead: set[str] = set()
 
-    def deploy(
-        self,
-        name: str,
-        image: str,
-        env: dict[str, str],
-        handler_dir: str | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> None:
+    def deploy(self, body: dict[str, Any], **_: Any) -> DeployResult:
+        name = str(body["service"])
         spec = importlib.util.spec_from_file_location(f"flstore_handler_{name}", HANDLER)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         mod.set_cold_store(self.cold)
         self.fns[name] = mod
+        return DeployResult(name, 202, "POST", "")
 
-    def call(
-        self, name: str, path: str, body: Any = None, timeout: float | None = None
+    def invoke(
+        self,
+        name: str,
+        body: bytes | None = None,
+        *,
+        method: str = "POST",
+        path: str = "",
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> httpx.Response:
         if name in self.dead or name not in self.fns:
-            raise httpx.ConnectError(f"{name} is gone")
+            raise OpenFaaSError(f"{name} is gone")
         ev = SimpleNamespace(
-            method="GET" if body is None else "POST",
+            method=method,
             path=path,
-            body=json.dumps(body).encode() if body is not None else b"",
+            body=_json.dumps(json).encode() if json is not None else b"",
             headers={},
             query={},
         )
