@@ -23,6 +23,7 @@ from client.sdk import (
     UploadReceipt,
     client_token,
     create_job,
+    submit_job,
 )
 
 _LAZY = {
@@ -58,6 +59,7 @@ __all__ = [
     "client_token",
     "create_job",
     "federated_digits",
+    "submit_job",
     *_LAZY,
 ]
 

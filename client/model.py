@@ -36,14 +36,33 @@ class DigitsCNN(nn.Module):
         return out
 
 
-def make_model(seed: int = 0) -> DigitsCNN:
-    """A freshly initialised model; the same seed gives bit-identical weights.
+class DigitsSoftmax(nn.Linear):
+    """Softmax regression on the 64 pixels: state dict ``{"weight": (10, 64), "bias": (10,)}``.
+
+    That is the layout of FLStore's ``digits-softmax`` evaluator (``cache_engine.evaluators``),
+    so contribution workloads (Shapley, leave-one-out) can score this model's updates.
+    """
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(1))
+
+
+#: Model architectures by name (``SimulatorConfig.model``, :func:`make_model`).
+MODELS: dict[str, type[nn.Module]] = {"cnn": DigitsCNN, "softmax": DigitsSoftmax}
+
+
+def make_model(seed: int = 0, arch: str = "cnn") -> nn.Module:
+    """A freshly initialised ``arch`` model (:data:`MODELS`); the same seed gives
+    bit-identical weights.
 
     The global torch RNG is forked, so calling this does not disturb anyone else's stream.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return DigitsCNN()
+        return MODELS[arch]()
 
 
 def state_dict_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:

@@ -4,6 +4,10 @@
     model = client.fetch_model()                  # ETag-aware: 304 reuses the cached bytes
     client.upload(model.version + 1, state_dict, num_samples=120)
 
+A job is created on the control plane (:func:`submit_job`), which places each client on a
+node gateway (``GET /v1/jobs/{job}/assignment``, see
+:func:`client.simulator.control_plane_assignment`).
+
 Every 4xx answer from the gateway becomes an :class:`UpdateRejected` (or a subclass) carrying
 the server's JSON ``{"error", "detail"}``; transport failures and 5xx become
 :class:`GatewayUnavailable`.
@@ -11,9 +15,12 @@ the server's JSON ``{"error", "detail"}``; transport failures and 5xx become
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
 import logging
+import struct
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -239,14 +246,22 @@ class FLClient:
         update: Mapping[str, Any] | bytes,
         num_samples: int,
         *,
+        meta: Mapping[str, float] | None = None,
         not_open_wait: float = 30.0,
     ) -> UploadReceipt:
         """Upload this client's full local weights for ``round``.
 
         ``update`` is a state dict (serialised to safetensors here) or safetensors bytes.
+        ``meta`` is this client's metadata for the round, finite numbers under lowercase
+        names (at most 16, 1 KiB as JSON), e.g. ``{"loss": 0.41, "duration_s": 2.3}``: sent as
+        the ``X-Client-Meta`` header, kept by the gateway with the update and written to the
+        round's ``meta.json`` beside ``n_samples``, where FLStore's workloads read it (Oort
+        uses ``loss``, ``loss_sq_mean`` and ``duration_s``).
         The body is streamed in 1 MiB chunks with an exact ``Content-Length``. A 409 saying
         the round is not open on this node *yet* is retried for up to ``not_open_wait`` s.
-        Raises :class:`StaleRound` on other 409s and :class:`UpdateRejected` on other 4xx.
+        Raises :class:`StaleRound` on other 409s and :class:`UpdateRejected` on other 4xx
+        (400 ``bad_client_meta`` for metadata the gateway refuses); ``ValueError`` for a
+        ``meta`` value that is not a finite number.
         """
         if isinstance(update, bytes | bytearray | memoryview):
             data = bytes(update) if not isinstance(update, bytes) else update
@@ -261,6 +276,10 @@ class FLClient:
             "Content-Length": str(len(data)),
             "Content-Type": "application/octet-stream",
         }
+        if meta is not None:
+            headers["X-Client-Meta"] = json.dumps(
+                {str(k): v for k, v in meta.items()}, separators=(",", ":"), allow_nan=False
+            )
         t0 = time.perf_counter()
         deadline = time.monotonic() + not_open_wait
         delay = 0.05
@@ -334,3 +353,91 @@ def create_job(
         tokens={str(k): str(v) for k, v in body["tokens"].items()},
         plan=dict(body.get("plan") or {}),
     )
+
+
+#: The safetensors ``__metadata__`` entry through which a job declares its evaluator.
+EVALUATOR_KEY = "fedfaas.evaluator"
+
+
+def with_metadata(weights: bytes, metadata: Mapping[str, str]) -> bytes:
+    """``weights`` (safetensors bytes) with ``metadata`` added to its ``__metadata__`` map.
+
+    Only the header changes (padded with spaces to 8 bytes, as safetensors writes it); the
+    tensor data is untouched.
+    """
+    (n,) = struct.unpack_from("<Q", weights, 0)
+    header = json.loads(weights[8 : 8 + n])
+    header["__metadata__"] = {**(header.get("__metadata__") or {}), **dict(metadata)}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + bytes(weights[8 + n :])
+
+
+def submit_job(
+    control_plane_url: str,
+    job: str,
+    initial_weights: bytes,
+    *,
+    rounds: int,
+    clients: list[str],
+    goal: int | None = None,
+    policy: str = "leastconn",
+    per_leaf: int = 2,
+    overprovision: float = 1.0,
+    evaluator: Mapping[str, Any] | None = None,
+    timeout: float = 120.0,
+    transport: httpx.BaseTransport | None = None,
+) -> dict[str, Any]:
+    """Create ``job`` on the control plane (``POST /v1/jobs``), which creates it on the node
+    gateways, places the clients and opens round 1.
+
+    Parameters
+    ----------
+    control_plane_url : e.g. ``http://127.0.0.1:8070``.
+    job : job name (``[a-z0-9][a-z0-9-]{0,39}``).
+    initial_weights : the model's initial weights as safetensors bytes.
+    rounds : number of rounds.
+    clients : the client ids; each uploads with the token :func:`client_token` gives.
+    goal : updates that close a round (default: every client).
+    policy : placement, ``"leastconn"`` (spread over the nodes) or ``"bestfit"`` (pack).
+    per_leaf : updates per leaf aggregator.
+    overprovision : clients selected per round / goal.
+    evaluator : the job's validation-set evaluator for FLStore's contribution workloads
+        (Shapley, leave-one-out), e.g. ``{"kind": "digits-softmax", "split_seed": 0}`` (see
+        ``cache_engine.evaluators``); it travels in the weights' safetensors metadata
+        (``fedfaas.evaluator``) and the gateways write it into every round's ``meta.json``.
+
+    Returns
+    -------
+    dict
+        The control plane's view of the job (``job``, ``round``, ...).
+
+    Raises
+    ------
+    UpdateRejected
+        The control plane refused the job (4xx, with its ``error`` and ``detail``).
+    GatewayUnavailable
+        The control plane could not be reached, or answered with a 5xx.
+    """
+    if evaluator is not None:
+        spec = json.dumps(dict(evaluator), separators=(",", ":"), sort_keys=True)
+        initial_weights = with_metadata(initial_weights, {EVALUATOR_KEY: spec})
+    body = {
+        "job": job,
+        "rounds": rounds,
+        "goal": len(clients) if goal is None else goal,
+        "clients": list(clients),
+        "policy": policy,
+        "per_leaf": per_leaf,
+        "overprovision": overprovision,
+        "weights_b64": base64.b64encode(initial_weights).decode(),
+    }
+    url = control_plane_url.rstrip("/") + "/v1/jobs"
+    with httpx.Client(timeout=timeout, transport=transport) as http:
+        try:
+            resp = http.post(url, json=body)
+        except httpx.TransportError as exc:
+            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
+    _raise_for(resp, "POST")
+    out: dict[str, Any] = resp.json()
+    return out

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from client.data import ClientData, FederatedDigits
-from client.model import DigitsCNN, load_bytes_into, state_dict_to_bytes
+from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
 from client.sdk import FLClient, StaleRound
 from client.train import TrainConfig, evaluate, train_local
 
@@ -45,36 +45,80 @@ def assignment_from_plan(
     return {c: node_urls[n] for c, n in client_nodes.items()}
 
 
-def control_plane_assignment(
-    control_plane_url: str, job: str, timeout: float = 10.0
-) -> Callable[[str], str]:
+class ControlPlaneAssignment:
     """Client -> gateway URL from the control plane's ``GET /v1/jobs/{job}/assignment``.
 
     The answer is ``{job, round, client, node, gateway_url}``; the simulator asks again at the
-    start of every round, so placement changes between rounds are followed.
+    start of every round, after :meth:`wait_round` saw that round open on the control plane,
+    so placement changes between rounds are followed.
     """
-    import httpx
 
-    base = control_plane_url.rstrip("/")
+    def __init__(self, control_plane_url: str, job: str, timeout: float = 10.0) -> None:
+        self.base = control_plane_url.rstrip("/")
+        self.job = job
+        self.timeout = timeout
 
-    def resolve(client_id: str) -> str:
+    def __call__(self, client_id: str) -> str:
+        import httpx
+
         r = httpx.get(
-            f"{base}/v1/jobs/{job}/assignment", params={"client": client_id}, timeout=timeout
+            f"{self.base}/v1/jobs/{self.job}/assignment",
+            params={"client": client_id},
+            timeout=self.timeout,
         )
         r.raise_for_status()
         return str(r.json()["gateway_url"])
 
-    return resolve
+    def wait_round(self, number: int, timeout: float = 120.0) -> None:
+        """Until the control plane has round ``number`` (or a later one) open for clients."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            r = httpx.get(f"{self.base}/v1/jobs/{self.job}", timeout=self.timeout)
+            r.raise_for_status()
+            cur = r.json().get("round") or {}
+            if int(cur.get("number") or 0) >= number and cur.get("state") == "open":
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"round {number} of {self.job} not open on the control plane after "
+                    f"{timeout:.0f}s (now: {cur.get('number')} {cur.get('state')})"
+                )
+            time.sleep(0.05)
+
+
+def control_plane_assignment(
+    control_plane_url: str, job: str, timeout: float = 10.0
+) -> ControlPlaneAssignment:
+    """Client -> gateway URL from the control plane (see :class:`ControlPlaneAssignment`)."""
+    return ControlPlaneAssignment(control_plane_url, job, timeout)
+
+
+#: What a malicious client of :class:`SimulatorConfig` does: ``"sign-flip"`` uploads
+#: ``g - (w - g) = 2g - w`` (its honest update reversed) instead of its trained weights ``w``,
+#: ``g`` being the global model it trained from.
+ATTACKS = ("sign-flip",)
 
 
 @dataclass(frozen=True)
 class SimulatorConfig:
+    """Rounds, training, concurrency, the model, and which clients misbehave.
+
+    ``model`` names the architecture (:data:`client.model.MODELS`: ``"cnn"``, ``"softmax"``).
+    ``malicious`` maps client ids to an attack of :data:`ATTACKS`, e.g.
+    ``{"client-007": "sign-flip"}``; those clients train as usual, then upload the attack's
+    weights (and report their honest loss and duration).
+    """
+
     rounds: int = 5
     train: TrainConfig = field(default_factory=TrainConfig)
     workers: int = 4
     seed: int = 0
     round_timeout: float = 300.0
     torch_threads: int | None = 1
+    model: str = "cnn"
+    malicious: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,6 +131,7 @@ class ClientRound:
     train_seconds: float
     upload_seconds: float
     accepted: bool  # False when the round had closed (409) before this upload arrived
+    malicious: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,11 +156,17 @@ class Simulator:
     data : the federated split; client ids must have tokens.
     tokens : client id -> bearer token (from job creation).
     assignment : client id -> gateway URL, as a mapping (fixed) or a callable (asked again
-        before every round, e.g. :func:`control_plane_assignment`).
-    config : rounds, training and concurrency settings.
+        before every round, e.g. :func:`control_plane_assignment`; one with a
+        ``wait_round(number)`` method is first asked to wait until that round is open).
+    config : rounds, training, concurrency, model and malicious clients.
     on_event : optional hook called as ``on_event("upload", {...})`` after each upload (with
-        the uploaded bytes as ``data``) and ``on_event("round", {...})`` after each round (the
-        report's fields plus the global model bytes as ``global_model``), from worker threads.
+        the uploaded bytes as ``data`` and the client's metadata as ``meta``) and
+        ``on_event("round", {...})`` after each round (the report's fields plus the global
+        model bytes as ``global_model``), from worker threads.
+
+    Each upload carries the client's metadata (``X-Client-Meta``): its mean training loss
+    ``loss``, the mean squared per-sample loss ``loss_sq_mean`` and ``duration_s``, the
+    seconds from fetching the global model to the end of local training.
     """
 
     def __init__(
@@ -134,6 +185,15 @@ class Simulator:
         missing = [c.client_id for c in data.clients if c.client_id not in tokens]
         if missing:
             raise ValueError(f"no token for clients {missing[:5]}")
+        ids = {c.client_id for c in data.clients}
+        for cid, attack in self.config.malicious.items():
+            if cid not in ids or attack not in ATTACKS:
+                raise ValueError(
+                    f"malicious {{{cid!r}: {attack!r}}}: need a client of the data and an "
+                    f"attack in {ATTACKS}"
+                )
+        self._model = MODELS[self.config.model]
+        self._assignment = assignment
         self._tokens = dict(tokens)
         self._dynamic = callable(assignment)
         self._resolve: Callable[[str], str] = (
@@ -176,16 +236,27 @@ class Simulator:
         self, shard: ClientData, round_no: int, index: int, base_version: int
     ) -> ClientRound:
         sdk = self.clients[shard.client_id]
+        t_fetch = time.perf_counter()
         glob = sdk.wait_for_version(base_version, timeout=self.config.round_timeout)
-        model = load_bytes_into(DigitsCNN(), glob.data)
+        model = load_bytes_into(self._model(), glob.data)
         t0 = time.perf_counter()
         seed = self.config.seed * 1_000_003 + round_no * 10_007 + index
         res = train_local(model, shard.x, shard.y, self.config.train, seed=seed)
         t1 = time.perf_counter()
         accepted = True
-        payload = state_dict_to_bytes(model.state_dict())
+        attack = self.config.malicious.get(shard.client_id)
+        weights = model.state_dict()
+        if attack == "sign-flip":
+            g = bytes_to_state_dict(glob.data)
+            weights = {k: 2 * g[k] - v for k, v in weights.items()}
+        payload = state_dict_to_bytes(weights)
+        meta = {
+            "loss": res.mean_loss,
+            "loss_sq_mean": res.loss_sq_mean,
+            "duration_s": t1 - t_fetch,
+        }
         try:
-            sdk.upload(round_no, payload, res.num_samples)
+            sdk.upload(round_no, payload, res.num_samples, meta=meta)
         except StaleRound as exc:
             log.info(
                 "%s: round %d closed before its upload (%s)", shard.client_id, round_no, exc.error
@@ -201,6 +272,7 @@ class Simulator:
             t1 - t0,
             t2 - t1,
             accepted,
+            attack is not None,
         )
         self._emit(
             "upload",
@@ -211,6 +283,8 @@ class Simulator:
                 "gateway": out.gateway,
                 "num_samples": res.num_samples,
                 "data": payload,
+                "meta": meta,
+                "malicious": attack,
             },
         )
         return out
@@ -223,7 +297,7 @@ class Simulator:
 
     def evaluate_bytes(self, weights: bytes) -> tuple[float, float]:
         """Accuracy and loss of a global model (safetensors bytes) on the test set."""
-        res = evaluate(load_bytes_into(DigitsCNN(), weights), self.data.test_x, self.data.test_y)
+        res = evaluate(load_bytes_into(self._model(), weights), self.data.test_x, self.data.test_y)
         return res.accuracy, res.loss
 
     def run(self) -> list[RoundReport]:
@@ -239,7 +313,10 @@ class Simulator:
         with ThreadPoolExecutor(self.config.workers, thread_name_prefix="fl-client") as pool:
             while round_no <= last:
                 t0 = time.perf_counter()
-                if self._dynamic and round_no > reports_start:
+                wait_round = getattr(self._assignment, "wait_round", None)
+                if wait_round is not None:
+                    wait_round(round_no, self.config.round_timeout)
+                if self._dynamic and (round_no > reports_start or wait_round is not None):
                     self._assign()  # a placement service may move clients between rounds
                 futs = [
                     pool.submit(self._client_round, shard, round_no, i, version)

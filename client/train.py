@@ -21,9 +21,13 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrainResult:
+    """``mean_loss``: mean of the batch losses; ``loss_sq_mean``: mean squared per-sample loss
+    over every sample seen (Oort's statistical utility is ``n * sqrt(loss_sq_mean)``)."""
+
     num_samples: int
     steps: int
     mean_loss: float
+    loss_sq_mean: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -45,21 +49,28 @@ def train_local(
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    total, steps = 0.0, 0
+    total, steps, sq, seen = 0.0, 0, 0.0, 0
     for _ in range(config.epochs):
         order = torch.randperm(len(yt), generator=gen)
         for start in range(0, len(yt), config.batch_size):
             batch = order[start : start + config.batch_size]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[batch]), yt[batch])
+            per_sample = nn.functional.cross_entropy(model(xt[batch]), yt[batch], reduction="none")
+            loss = per_sample.mean()
             loss.backward()
             opt.step()
             total += float(loss.detach())
+            sq += float((per_sample.detach() ** 2).sum())
+            seen += len(batch)
             steps += 1
-    return TrainResult(num_samples=len(yt), steps=steps, mean_loss=total / max(steps, 1))
+    return TrainResult(
+        num_samples=len(yt),
+        steps=steps,
+        mean_loss=total / max(steps, 1),
+        loss_sq_mean=sq / max(seen, 1),
+    )
 
 
 @torch.no_grad()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -31,6 +32,42 @@ log = logging.getLogger(__name__)
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+#: The safetensors ``__metadata__`` entry of a job's initial weights that declares its
+#: validation-set evaluator for FLStore (see ``cache_engine.evaluators``).
+EVALUATOR_KEY = "fedfaas.evaluator"
+EVALUATOR_MAX_BYTES = 1024
+
+
+def declared_evaluator(body: bytes, max_header: int) -> dict[str, Any] | None:
+    """The evaluator spec the initial weights declare (``__metadata__["fedfaas.evaluator"]``, a
+    small JSON object with a string ``kind``), or None. The gateway writes it into the round
+    metadata, where the FLStore cache engine finds it for contribution workloads."""
+    try:
+        raw = wire_metadata(body, max_header).get(EVALUATOR_KEY)
+    except wire.WireError as exc:
+        raise GatewayError(exc.detail, code=exc.code) from None
+    if raw is None:
+        return None
+    try:
+        spec = json.loads(raw) if len(raw) <= EVALUATOR_MAX_BYTES else None
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise GatewayError(
+            f"__metadata__[{EVALUATOR_KEY!r}] must be a JSON object of at most "
+            f'{EVALUATOR_MAX_BYTES} bytes with a string "kind", e.g. {{"kind": "digits-softmax"}}',
+            code="bad_evaluator",
+        )
+    return spec
+
+
+def wire_metadata(body: bytes, max_header: int) -> dict[str, str]:
+    """The ``__metadata__`` map of a safetensors body (empty when it has none)."""
+    _, start = wire.parse_raw_header(body, max_header)
+    meta = json.loads(bytes(body[8:start])).get("__metadata__") or {}
+    return {str(k): str(v) for k, v in meta.items()}
 
 
 def _load_planner(settings: GatewaySettings) -> Planner:
@@ -258,6 +295,7 @@ class Gateway:
             spec = wire.ModelSpec.from_safetensors(body, self.settings.max_header)
         except wire.WireError as exc:
             raise GatewayError(exc.detail, code=exc.code) from None
+        evaluator = declared_evaluator(body, self.settings.max_header)
         if name in self.jobs or await self.journal.job(name) is not None:
             raise JobExists(f"job {name!r} exists; pick another name")
         meta = {
@@ -269,6 +307,8 @@ class Gateway:
             "nodes": nodes,
             "spec": spec.to_json(),
         }
+        if evaluator is not None:
+            meta["evaluator"] = evaluator
         job = self._make_job(meta, spec)
         try:
             g = job.ns.allocate()
@@ -289,9 +329,16 @@ class Gateway:
             # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
             # and a job that has not finished a round resumes from it
             self.checkpoints.put_global(name, 0, job.model_bytes, {"version": 0, "count": 0})
-            key = self.checkpoints.put_meta(
-                name, 0, {"job": name, "round": 0, "version": 0, "count": 0, "clients": {}}
-            )
+            round0: dict[str, Any] = {
+                "job": name,
+                "round": 0,
+                "version": 0,
+                "count": 0,
+                "clients": {},
+            }
+            if evaluator is not None:
+                round0["round_meta"] = {"evaluator": evaluator}
+            key = self.checkpoints.put_meta(name, 0, round0)
             self._notify_engine(name, 0, key)
         self._install(job)
         return job
@@ -620,15 +667,7 @@ class Gateway:
         )
         self.metrics.rounds.inc()
         if self.checkpoints is not None:
-            rec = await self.journal.round_updates(job.name, eng.round)
-            meta = {
-                "job": job.name,
-                "round": eng.round,
-                "version": job.version,
-                "count": res.count,
-                "weight_sum": res.weight,
-                "clients": {c: r["weight"] for c, r in rec.items()},
-            }
+            meta = await self._round_meta(job, eng.round, res)
             self.checkpoints.put_global(
                 job.name, eng.round, data, {"version": job.version, "count": res.count}
             )
@@ -643,6 +682,26 @@ class Gateway:
             res.weight,
         )
         self._open_round(job)
+
+    async def _round_meta(self, job: Job, rnd: int, res: Input) -> dict[str, Any]:
+        """The round's ``meta.json``: FedAvg weights, each client's own metadata (its
+        ``X-Client-Meta`` plus ``n_samples``), and the job's evaluator when it declared one."""
+        rec = await self.journal.round_updates(job.name, rnd)
+        meta: dict[str, Any] = {
+            "job": job.name,
+            "round": rnd,
+            "version": job.version,
+            "count": res.count,
+            "weight_sum": res.weight,
+            "clients": {c: r["weight"] for c, r in rec.items()},
+            "client_meta": {
+                c: {**r.get("meta", {}), "n_samples": r["weight"]} for c, r in rec.items()
+            },
+        }
+        evaluator = (await self.journal.job(job.name) or {}).get("evaluator")
+        if evaluator is not None:
+            meta["round_meta"] = {"evaluator": evaluator}
+        return meta
 
     def _forward(self, job: Job, slot: Slot, inp: Input) -> None:
         asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))

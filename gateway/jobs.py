@@ -149,9 +149,28 @@ class Job:
                 round=rnd,
             )
 
-    async def accept(self, gw: Gateway, rnd: int, client: str, key: bytes, weight: int) -> None:
-        """Journal a sealed update and hand it to the round (the caller answers 202 after)."""
-        record = {"key": key.hex(), "weight": weight, "node": gw.settings.node, "t": time.time()}
+    async def accept(
+        self,
+        gw: Gateway,
+        rnd: int,
+        client: str,
+        key: bytes,
+        weight: int,
+        meta: dict[str, float | int] | None = None,
+    ) -> None:
+        """Journal a sealed update and hand it to the round (the caller answers 202 after).
+
+        ``meta`` (the client's ``X-Client-Meta``) is kept in the journal record; the round's
+        ``meta.json`` carries it as the client's metadata.
+        """
+        record: dict[str, Any] = {
+            "key": key.hex(),
+            "weight": weight,
+            "node": gw.settings.node,
+            "t": time.time(),
+        }
+        if meta:
+            record["meta"] = meta
         ok = await gw.journal.accept(self.name, rnd, client, record)
         if not ok:
             raise UpdateRejected(

@@ -11,19 +11,25 @@ CHANCE = 0.10
 
 @dataclass
 class DemoConfig:
-    """What the demo runs; every default is what ``make demo`` shows."""
+    """What the demo runs; every default is what ``make demo`` shows.
+
+    ``malicious`` is the client that sign-flips its update every round (``None``: every client
+    is honest); ``select`` is how many clients Oort picks for the next round; ``platform``
+    overrides :class:`fedfaas.settings.PlatformSettings` fields (tests put every port on 0).
+    """
 
     clients: int = 20
-    nodes: int = 2
     rounds: int = 5
     alpha: float = 0.5
     seed: int = 0
     workers: int = 2
     job: str = "digits"
-    aggregators: str = "runtime"  # or "process"
-    endpoints_per_node: int = 2
+    model: str = "softmax"  # what FLStore's digits-softmax evaluator scores (client.model)
+    malicious: str | None = "client-007"
+    select: int = 10
     hold: float = 0.0
     min_accuracy: float = 0.5  # exit code 1 below this final test accuracy
+    platform: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> DemoConfig:
@@ -31,21 +37,25 @@ class DemoConfig:
         return cls(
             clients=int(env.get("FEDFAAS_DEMO_CLIENTS", 20)),
             rounds=int(env.get("FEDFAAS_DEMO_ROUNDS", 5)),
-            nodes=int(env.get("FEDFAAS_DEMO_NODES", 2)),
-            aggregators=env.get("FEDFAAS_DEMO_AGGREGATORS", "runtime"),
+            malicious=env.get("FEDFAAS_DEMO_MALICIOUS", "client-007") or None,
+            select=int(env.get("FEDFAAS_DEMO_SELECT", 10)),
             hold=float(env.get("FEDFAAS_DEMO_HOLD", 0)),
         )
 
 
 @dataclass
 class DemoResult:
+    """Everything the report and ``demo.json`` show."""
+
     rounds: list[dict[str, Any]] = field(default_factory=list)
-    aggregators: str = ""
-    checkpoints_by: str = ""
+    platform_id: str = ""  # FEDFAAS_PLATFORM_ID of every process the platform started
+    urls: dict[str, str] = field(default_factory=dict)  # platform part -> URL
+    placement: dict[str, int] = field(default_factory=dict)  # gateway URL -> clients, round 1
+    aggregation: dict[str, Any] = field(default_factory=dict)  # replicas and their tasks
     checkpoint_keys: list[str] = field(default_factory=list)
     bucket: str = "fedfaas"
-    minio_url: str = ""
-    console_url: str = ""
-    minio_data: str = ""
-    nodes: dict[str, str] = field(default_factory=dict)
+    minio_user: str = ""
+    answers: dict[str, Any] = field(default_factory=dict)  # malicious, shapley, oort
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     seconds: float = 0.0
+    error: str = ""

@@ -1,7 +1,8 @@
 """STAND-IN for a node gateway, for the coordinator's service tests only.
 
 It speaks the part of the node gateway's HTTP API the coordinator uses and keeps only counts
-(no shared memory, no aggregators, no model): ``/healthz``, ``POST /v1/jobs``,
+(no shared memory, no aggregators, no model): ``/healthz`` (with the ``aggregators`` load
+block a real gateway reports, as set by ``PUT /_standin/aggregators``), ``POST /v1/jobs``,
 ``GET /v1/jobs/{job}``, ``POST /v1/jobs/{job}/rounds/{r}/updates?client=`` (202; 409 for a
 stale round or a duplicate client), ``PUT /v1/jobs/{job}/rounds/{r}/plan``. It has no close
 route and reports no model version, so the coordinator takes its "close at goal without
@@ -31,13 +32,20 @@ from fastapi.responses import JSONResponse
 def create_app() -> FastAPI:
     app = FastAPI()
     jobs: dict[str, dict[str, Any]] = {}
+    # what gateway.control.node_load reports; a test sets it to drive the autoscaler
+    load: dict[str, Any] = {"endpoints": 0, "free_endpoints": 0, "waiting_slots": 0, "queue": 0.0}
 
     def err(status: int, code: str, detail: str) -> JSONResponse:
         return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "aggregators": dict(load)}
+
+    @app.put("/_standin/aggregators")
+    async def set_load(request: Request) -> dict[str, Any]:
+        load.update(await request.json())
+        return dict(load)
 
     @app.post("/v1/jobs", status_code=201)
     async def create(job: str, rounds: int, goal: int, clients: str = "") -> Any:

@@ -1,7 +1,12 @@
 """Real node gateways (``python -m gateway``) as subprocesses for the control-plane tests.
 
-They share a Redis journal and an admin secret, run the userspace router (no eBPF needed) and
-spawn their own aggregator process (``--spawn-aggregators``).
+They share a Redis journal, an object-store root and an admin secret file, know each other
+as peers and run the userspace router (no eBPF needed). Their command lines come from
+:meth:`gateway.settings.GatewaySettings.to_argv`, as every launcher's do. Aggregation runs
+in replicas of the ``aggregator`` function, started beside each gateway as the runtime
+starts them (:class:`tests.aggregators.NodeAggregators`: job-agnostic, registered with the
+node's router socket, granted jobs by the gateway). They are stopped, process group and all,
+on exit, also when the test killed their gateway.
 """
 
 from __future__ import annotations
@@ -10,96 +15,105 @@ import hashlib
 import hmac
 import os
 import secrets
+import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 from safetensors.numpy import save
 
 from fedfaas.services import free_port, wait_for_port
+from gateway.settings import GatewaySettings
+from tests.aggregators import NodeAggregators
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: aggregator replicas per node and endpoints per replica (slots a node serves at once)
+REPLICAS, ENDPOINTS = 1, 2
+
+
+def gateway_env() -> dict[str, str]:
+    """This process's environment less any ``FEDFAAS_GATEWAY_*`` setting (the argv says all)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
 
 
 @contextmanager
 def real_gateways(
     redis_url: str, tmp_path: Path, names: tuple[str, ...] = ("n1", "n2")
 ) -> Iterator[tuple[dict[str, str], str, dict[str, subprocess.Popen[bytes]]]]:
-    """Yield ``(urls by node, admin secret, processes by node)``; stops what is still alive."""
+    """Yield ``(urls by node, admin secret, processes by node)``.
+
+    Every node has ``REPLICAS`` aggregator replicas of ``ENDPOINTS`` endpoints registered
+    before this yields. On exit the gateways still alive stop (SIGTERM), then the replicas.
+    """
     secret = secrets.token_hex(32)
-    (tmp_path / "secret").write_text(secret)
-    (tmp_path / "secret").chmod(0o600)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret)
+    secret_file.chmod(0o600)
     ports = {n: free_port() for n in names}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
     shm = Path("/dev/shm") / f"fedfaas-cp-{os.urandom(4).hex()}"
-    try:
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    aggs: dict[str, NodeAggregators] = {}
+    with ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, shm, ignore_errors=True)
+        cleanup.callback(_stop_all, procs, aggs)
         for node, port in ports.items():
-            peers = [f"--peer={n}=http://127.0.0.1:{p}" for n, p in ports.items() if n != node]
-            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - handed to the child
-            procs[node] = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gateway",
-                    "--node",
-                    node,
-                    "--port",
-                    str(port),
-                    "--state-dir",
-                    str(tmp_path / node),
-                    "--redis",
-                    redis_url,
-                    "--shm-root",
-                    str(shm),
-                    "--no-ebpf",
-                    *peers,
-                    "--spawn-aggregators",
-                    "2",
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "FEDFAAS_GATEWAY_ADMIN_SECRET_FILE": str(tmp_path / "secret")},
+            settings = GatewaySettings(
+                node=node,
+                port=port,
+                state_dir=tmp_path / node,
+                redis_url=redis_url,
+                shm_root=shm,
+                prefer_ebpf=False,
+                admin_secret_file=secret_file,
+                peers={n: u for n, u in urls.items() if n != node},
             )
-            log.close()
+            with open(tmp_path / f"{node}.log", "wb") as log:
+                procs[node] = subprocess.Popen(
+                    settings.to_argv(),
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=gateway_env(),
+                )
+            aggs[node] = NodeAggregators(
+                node, settings.socket_path(), tmp_path / f"{node}-aggregators", urls[node]
+            )
+            aggs[node].spawn(REPLICAS, ENDPOINTS)  # they register once the socket is there
         for node, port in ports.items():
             wait_for_port("127.0.0.1", port, 60, procs[node])
-        yield {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}, secret, procs
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        _reap_orphans(shm)
-        subprocess.run(["rm", "-rf", str(shm)], check=False)
+        for a in aggs.values():
+            a.wait_registered(REPLICAS * ENDPOINTS)
+        yield urls, secret, procs
 
 
-def _reap_orphans(shm: Path) -> None:
-    """Aggregator processes of a SIGKILLed gateway outlive it: stop those using our store."""
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
+def _stop_all(procs: dict[str, subprocess.Popen[bytes]], aggs: dict[str, NodeAggregators]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
         try:
-            cmd = (pid_dir / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(str(shm).encode() in part for part in cmd) and b"worker.py" in b" ".join(cmd):
-            with suppress(ProcessLookupError):
-                os.kill(int(pid_dir.name), signal.SIGKILL)
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+    for a in aggs.values():
+        try:
+            a.stop()
+        finally:
+            a.kill_all()  # what did not stop (a no-op once stop() is through)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a gateway (no clean stop: its shared memory and in-flight updates are lost)."""
+    """SIGKILL a gateway (no clean stop: its shared memory and in-flight updates are lost).
+
+    Its aggregator replicas live on (as they would on the node), retrying to register.
+    """
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
 

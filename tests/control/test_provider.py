@@ -14,7 +14,6 @@ import pytest
 
 from control_plane.coordinator import Coordinator
 from control_plane.errors import InvalidInput, ProviderError
-from control_plane.jobs import JobSpec
 from control_plane.provider import Provider, read_basic_auth
 from fedfaas.services import free_port, wait_for_port
 
@@ -157,22 +156,103 @@ def test_runtime_errors_become_provider_errors_with_the_status(runtime):
     assert missing.value.status_code == 404
 
 
+SLOW_HANDLER = """\
+import os
+import time
+
+time.sleep(float(os.environ.get("STARTUP_DELAY_S", "0")))  # a replica that takes a while to warm
+
+
+def handle(event, context):
+    return {"statusCode": 200, "body": "ok"}
+"""
+
+
+async def _available(p: Provider, name: str, n: int, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = await p.function(name)
+        if st.replicas == n and st.available_replicas == n:
+            return st
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{name} never reached {n} available replicas")
+
+
 @pytest.mark.integration
-def test_coordinator_scales_the_function_to_the_planned_leaves(runtime, gateways):
+def test_coordinator_scales_the_function_by_the_demand_the_gateways_report(
+    runtime, gateways, tmp_path
+):
+    """Up by what the nodes lack, not again while that scale-up starts, never past
+    ``scale.max``, and down to ``scale.min`` once every node was idle ``scale_down_after``."""
     url, auth_dir = runtime
     auth = read_basic_auth(auth_dir)
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "handler.py").write_text(SLOW_HANDLER)
+    r = httpx.post(
+        f"{url}/system/functions",
+        auth=auth,
+        json={
+            "service": "demand",
+            "image": "fedfaas-test/slow:0",
+            "envVars": {"STARTUP_DELAY_S": "1.5"},
+            "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "3"},
+            "annotations": {"com.fedfaas.handler": str(tmp_path / "slow")},
+        },
+    )
+    assert r.status_code == 202, r.text
+    node1 = gateways[0].url
+    now = [1000.0]
 
-    async def go():
+    def load(**kw: float) -> None:
+        base = {"endpoints": 2, "free_endpoints": 0, "waiting_slots": 0, "queue": 0.0}
+        assert httpx.put(f"{node1}/_standin/aggregators", json={**base, **kw}).status_code == 200
+
+    async def go() -> None:
         coord = Coordinator(
-            {g.name: g.url for g in gateways}, mc=4.0, provider=Provider(url, auth), function="echo"
+            {g.name: g.url for g in gateways},
+            provider=Provider(url, auth),
+            function="demand",
+            scale_down_after=30.0,
+            clock=lambda: now[0],
         )
         await coord.start()
         try:
-            # 4 * 1.3 -> 6 clients; BestFit, MC 4: nodes get 4 and 2 -> 2 + 1 leaves of I=2
-            await coord.create_job(JobSpec("scaled", 1, 4, [f"c{i}" for i in range(8)]))
-            return coord.last_scale, coord.scale_error
+            async with Provider(url, auth) as p:
+                await _available(p, "demand", 1)
+                # node1's 2 endpoints are busy and 1 slot waits: one more replica (2 endpoints)
+                load(waiting_slots=1)
+                await coord.tick()
+                assert (coord.last_scale, coord.scale_error) == (2, None)
+                st = await p.function("demand")
+                assert (st.replicas, st.available_replicas) == (2, 1)
+                # it is still starting: the shortage is not answered twice
+                await coord.tick()
+                assert coord.last_scale == 2 and (await p.function("demand")).replicas == 2
+                await _available(p, "demand", 2)
+                # five waiting slots would take five more replicas: scale.max is 3
+                load(waiting_slots=5)
+                await coord.tick()
+                assert coord.last_scale == 3
+                await _available(p, "demand", 3)
+                await coord.tick()  # at the maximum: nothing more is asked
+                assert coord.last_scale == 3 and (await p.function("demand")).replicas == 3
+                # every node idle: the function stays until scale_down_after has passed
+                load(free_endpoints=2)
+                await coord.tick()
+                now[0] += 29.0
+                await coord.tick()
+                assert coord.last_scale == 3 and (await p.function("demand")).replicas == 3
+                now[0] += 1.0
+                await coord.tick()
+                assert (coord.last_scale, coord.scale_error) == (1, None)
+                await _available(p, "demand", 1)
         finally:
+            load(endpoints=0)
             await coord.stop()
 
-    assert asyncio.run(go()) == (3, None)
-    wait_available(url, auth, "echo", 3)
+    try:
+        asyncio.run(go())
+    finally:
+        httpx.request(
+            "DELETE", f"{url}/system/functions", auth=auth, json={"functionName": "demand"}
+        )

@@ -1,7 +1,8 @@
 """The coordinator driving real node gateways (``python -m gateway``) end to end.
 
-Two gateways share a Redis journal and an admin secret, each with a spawned aggregator
-process (userspace router, no eBPF needed). Only their public HTTP API is used.
+Two gateways share a Redis journal and an admin secret, each with replicas of the
+``aggregator`` function registered with its router (userspace router, no eBPF needed; see
+``realgw``). Only their public HTTP API is used.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.harness.lifl_sim import FIG8_VARIANTS, CostModel, Variant, simulate_round
 from control_plane.planning import TOP_ID, leaf_id, middle_id, plan_hierarchy
 from control_plane.reuse import AggregatorState, ReplicaState, assign_replicas
-from control_plane.simulate import FIG8_VARIANTS, CostModel, Variant, simulate_round
 
 COSTS = CostModel(agg_s=0.01, cold_s=0.5, cold_cpu_s=0.3, xfer_s=0.05, xfer_cpu_s=0.04, key_s=1e-5)
 

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,9 @@ from client.sdk import (
     client_token,
     create_job,
 )
-from fedfaas.services import free_port
+from fedfaas.services import free_port, wait_for_port
+from gateway.settings import GatewaySettings
+from tests.aggregators import NodeAggregators
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,51 +164,44 @@ def test_client_token_is_hmac_sha256_of_job_slash_client() -> None:
 # ------------------------------------------------------------------------------ real gateway
 @pytest.fixture()
 def gateway(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, str]]:
-    """One real node gateway subprocess with one local aggregator process; yields (url, admin)."""
+    """One real node gateway subprocess with one ``aggregator`` replica (two endpoints);
+    yields (url, admin secret)."""
     state = tmp_path / "gw"
     state.mkdir()
     admin = os.urandom(16).hex()
     (state / "admin-secret").write_text(admin + "\n")
     os.chmod(state / "admin-secret", 0o600)
     shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    port = free_port()
-    log = open(tmp_path / "gateway.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--node",
-            "n1",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(state),
-            "--redis",
-            redis_url,
-            "--shm-root",
-            str(shm),
-            "--no-ebpf",
-            "--spawn-aggregators",
-            "2",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    settings = GatewaySettings(
+        node="n1",
+        port=free_port(),
+        state_dir=state,
+        redis_url=redis_url,
+        shm_root=shm,
+        prefer_ebpf=False,
+        admin_secret_file=state / "admin-secret",
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{settings.port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
+    with open(tmp_path / "gateway.log", "wb") as log:
+        proc = subprocess.Popen(
+            settings.to_argv(log_level="WARNING"),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    aggs = NodeAggregators("n1", settings.socket_path(), tmp_path / "aggregators", url)
     try:
-        from fedfaas.demo import wait_http
-
-        wait_http(f"{url}/healthz", 60)
+        aggs.spawn(1, endpoints=2)
+        wait_for_port("127.0.0.1", settings.port, 60, proc)
+        aggs.wait_registered(2)
         yield url, admin
     finally:
         proc.terminate()
         proc.wait(30)
-        log.close()
+        aggs.stop()
         shutil.rmtree(shm, ignore_errors=True)
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from gateway.aggregators import WORKER
 
 from fedfaas import wire
 from fedfaas.services import free_port, wait_for_port
+from gateway.settings import GatewaySettings
+from tests.aggregators import NodeAggregators
 from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version
 
@@ -23,31 +23,25 @@ pytestmark = pytest.mark.integration
 
 
 def _gateway(tmp: Path, redis_url: str, port: int, shm: Path) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--node",
-            "n1",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(tmp / "state"),
-            "--redis",
-            redis_url,
-            "--shm-root",
-            str(shm),
-            "--no-ebpf",
-            "--fanout",
-            "2",
-            "--pool",
-            "3",
-            "--log-level",
-            "WARNING",
-        ],
-        start_new_session=True,
+    settings = GatewaySettings(
+        node="n1",
+        port=port,
+        state_dir=tmp / "state",
+        redis_url=redis_url,
+        shm_root=shm,
+        prefer_ebpf=False,
+        fanout=2,
+        pool=3,
     )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
+    with open(tmp / "gateway.log", "ab") as log:  # both lives of the gateway, one after the other
+        p = subprocess.Popen(
+            settings.to_argv(log_level="WARNING"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
     wait_for_port("127.0.0.1", port, 60, p)
     return p
 
@@ -86,29 +80,14 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
     )
     assert r.status_code == 201, r.text
     info = r.json()
-    store = str(shm / "n1" / "j1")
-    aggs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--socket",
-                str(tmp_path / "state" / "router-n1.sock"),
-                "--job-id",
-                str(info["id"]),
-                "--store",
-                store,
-                "--endpoints",
-                "1",
-                "--log-level",
-                "WARNING",
-            ],
-            start_new_session=True,
-        )
-        for _ in range(2)
-    ]
+    # two replicas of the aggregator function (one endpoint each), as the runtime starts them;
+    # they register again by themselves once the gateway is back
+    sock = GatewaySettings(node="n1", state_dir=tmp_path / "state").socket_path()
+    aggs = NodeAggregators("n1", sock, tmp_path / "aggregators", url)
+    aggs.spawn(2)
     seeds, weights = [31, 32, 33, 34], [2, 3, 5, 7]
     try:
+        aggs.wait_registered(2)
         deadline = time.monotonic() + 60
         while httpx.get(url + "/healthz").json()["router"] and time.monotonic() < deadline:
             st = httpx.get(url + "/v1/jobs/j1").json()
@@ -142,7 +121,6 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
         got = wait_version(url, info["tokens"]["c0"], 1)
         assert_fedavg(got, expected(seeds, weights))
     finally:
-        for a in aggs:
-            _kill(a, signal.SIGTERM)
         _kill(gw, signal.SIGTERM)
+        aggs.stop()
     assert not shm.exists()
