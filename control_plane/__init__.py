@@ -2,10 +2,12 @@
 
 Pure algorithms (no I/O): :func:`place`, :func:`residual_capacity`, :func:`plan_hierarchy`,
 :func:`replan`, :func:`diff_plans`, :class:`QueueEstimator`, :func:`assign_replicas`,
-:func:`find_knee`. Services: :class:`Coordinator`, :class:`Provider`,
+:func:`find_knee`, :func:`replicas_wanted`. Services: :class:`Coordinator` (it scales the
+``aggregator`` function through :class:`fedfaas.openfaas.AsyncOpenFaaS`),
 :func:`calibrate` / :func:`measure_gateway`, and ``python -m control_plane`` (the HTTP API).
 """
 
+from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
 from control_plane.calibrate import Calibration, calibrate, find_knee, measure_gateway
 from control_plane.coordinator import Coordinator
 from control_plane.errors import ControlPlaneError
@@ -19,7 +21,6 @@ from control_plane.planning import (
     plan_hierarchy,
     replan,
 )
-from control_plane.provider import FunctionStatus, Provider
 from control_plane.reuse import AggregatorState, ReplicaAssignment, ReplicaState, assign_replicas
 
 __all__ = [
@@ -28,12 +29,12 @@ __all__ = [
     "Calibration",
     "ControlPlaneError",
     "Coordinator",
-    "FunctionStatus",
+    "NodeLoad",
     "JobSpec",
     "Placement",
     "Plan",
     "PlanDiff",
-    "Provider",
+    "ScaleBounds",
     "QueueEstimator",
     "ReplicaAssignment",
     "ReplicaState",
@@ -45,5 +46,6 @@ __all__ = [
     "place",
     "plan_hierarchy",
     "replan",
+    "replicas_wanted",
     "residual_capacity",
 ]

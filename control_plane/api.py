@@ -32,9 +32,9 @@ from control_plane.coordinator import Coordinator
 from control_plane.errors import ControlPlaneError, InvalidInput, RoundStateError
 from control_plane.gateways import plan_to_slots
 from control_plane.jobs import JobSpec, round_view
-from control_plane.provider import Provider, read_basic_auth
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
+from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +211,13 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
     store: StateStore = RedisStore(settings.redis_url) if settings.redis_url else MemoryStore()
     provider = None
     if settings.provider_url:
-        auth = read_basic_auth(settings.provider_auth_dir) if settings.provider_auth_dir else None
-        provider = Provider(settings.provider_url, auth)
+        try:
+            auth = (
+                read_basic_auth(settings.provider_auth_dir) if settings.provider_auth_dir else None
+            )
+        except OpenFaaSError as exc:
+            raise InvalidInput(exc.detail) from exc
+        provider = AsyncOpenFaaS(settings.provider_url, auth)
     token = None
     if settings.admin_token_file is not None:
         try:

@@ -68,8 +68,8 @@ from control_plane.jobs import (
 )
 from control_plane.placement import place
 from control_plane.planning import Plan, QueueEstimator, plan_hierarchy, replan
-from control_plane.provider import Provider
 from control_plane.store import MemoryStore, StateStore
+from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,8 @@ class Coordinator:
     store
         Where job state lives (default: memory).
     provider
-        Provider API client used to scale ``function`` (None: no autoscaling).
+        OpenFaaS client (:class:`fedfaas.openfaas.AsyncOpenFaaS`) that scales ``function``
+        (None: no autoscaling).
     scale_down_after
         Seconds every node must be idle before ``function`` scales down to its minimum.
     clock
@@ -99,7 +100,7 @@ class Coordinator:
         *,
         mc: float | Mapping[str, float] = 20.0,
         store: StateStore | None = None,
-        provider: Provider | None = None,
+        provider: AsyncOpenFaaS | None = None,
         function: str = "aggregator",
         alpha: float = 0.7,
         health_failures: int = 2,
@@ -365,18 +366,18 @@ class Coordinator:
             return
         loads = [node_load(n, body) for n, body in reports.items()]
         now = self.clock()
-        if not all(x.idle for x in loads):
+        if not loads or not all(x.idle for x in loads):  # no report is no evidence of idling
             self._busy_at = now
         try:
             st = await self.provider.function(self.function)
+            if st is None:
+                raise OpenFaaSError(f"function {self.function!r} is not deployed", 404)
             lo, hi = st.scale_bounds()
-            endpoints = sum(x.endpoints for x in loads)
-            per = endpoints // st.available_replicas if st.available_replicas and endpoints else 2
             want = replicas_wanted(
                 loads,
                 desired=st.replicas,
                 available=st.available_replicas,
-                endpoints_per_replica=per,
+                endpoints_per_replica=endpoints_per_replica(st),
                 bounds=ScaleBounds(lo, hi),
                 idle_for_s=now - self._busy_at,
                 idle_s=self.scale_down_after,
@@ -391,7 +392,7 @@ class Coordinator:
                     {x.node: x.shortage for x in loads if x.shortage},
                 )
             self.last_scale, self.scale_error = want, None
-        except ControlPlaneError as exc:
+        except OpenFaaSError as exc:
             self.scale_error = exc.detail
             log.warning("autoscale of %s failed: %s", self.function, exc.detail)
 
@@ -664,6 +665,16 @@ class Coordinator:
 
     async def _save(self, job: JobState) -> None:
         await self.store.save(job.spec.name, job_to_json(job))
+
+
+def endpoints_per_replica(st: FunctionStatus) -> int:
+    """Endpoints one replica of the aggregator registers: its ``FEDFAAS_AGGREGATOR_ENDPOINTS``
+    as deployed (the replica's default, 2, when unset or unreadable)."""
+    env = st.raw.get("envVars") or {}
+    try:
+        return max(1, int(env.get("FEDFAAS_AGGREGATOR_ENDPOINTS", 2)))
+    except (TypeError, ValueError, AttributeError):
+        return 2
 
 
 def node_load(node: str, health: Mapping[str, Any]) -> NodeLoad:

@@ -97,14 +97,3 @@ class GatewayError(ControlPlaneError):
     def __init__(self, node: str, detail: str) -> None:
         super().__init__(f"node {node!r}: {detail}")
         self.node = node
-
-
-class ProviderError(ControlPlaneError):
-    """The OpenFaaS provider API (embedded runtime or gateway) refused or failed a call."""
-
-    code = "provider_error"
-    status = 502
-
-    def __init__(self, detail: str, status_code: int | None = None) -> None:
-        super().__init__(detail)
-        self.status_code = status_code

@@ -166,3 +166,57 @@ def test_node_load_reads_the_aggregators_block_of_healthz():
 )
 def test_node_load_of_a_gateway_without_a_readable_block_is_zero(body):
     assert node_load("n1", body) == NodeLoad("n1", 0, 0, 0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "per"),
+    [
+        ({"FEDFAAS_AGGREGATOR_ENDPOINTS": "4"}, 4),
+        ({}, 2),
+        ({"FEDFAAS_AGGREGATOR_ENDPOINTS": "x"}, 2),
+    ],
+    ids=["deployed", "default", "garbage"],
+)
+def test_endpoints_per_replica_come_from_the_deployed_function(env, per):
+    from control_plane.coordinator import endpoints_per_replica
+    from fedfaas.openfaas import FunctionStatus
+
+    st = FunctionStatus.from_json({"name": "aggregator", "replicas": 1, "envVars": env}, "x")
+    assert endpoints_per_replica(st) == per
+
+
+def test_a_tick_without_any_gateway_report_is_not_idle_time():
+    """Gateways that do not answer give no evidence of idling: the scale-down clock restarts."""
+    import asyncio
+
+    from control_plane.coordinator import Coordinator
+
+    now = [100.0]
+
+    class Provider:
+        scaled: list[int] = []
+
+        async def function(self, name):  # type: ignore[no-untyped-def]
+            from fedfaas.openfaas import FunctionStatus
+
+            return FunctionStatus(name, 3, 3, {"com.openfaas.scale.min": "1"})
+
+        async def scale(self, name, n):  # type: ignore[no-untyped-def]
+            self.scaled.append(n)
+
+    prov = Provider()
+    coord = Coordinator({"a": "http://127.0.0.1:9"}, provider=prov, clock=lambda: now[0])  # type: ignore[arg-type]
+    idle_a = {"a": {"aggregators": {"endpoints": 2, "free_endpoints": 2}}}
+
+    async def go() -> None:
+        await coord.autoscale(idle_a)
+        now[0] += 20
+        await coord.autoscale({})  # no gateway answered
+        now[0] += 20
+        await coord.autoscale(idle_a)  # idle for 20 s since the silence, not 40
+        assert prov.scaled == []
+        now[0] += 15
+        await coord.autoscale(idle_a)
+        assert prov.scaled == [1]
+
+    asyncio.run(go())

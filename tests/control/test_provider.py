@@ -1,11 +1,10 @@
-"""Provider API client: request shapes (unit), then against the real embedded runtime."""
+"""The control plane's OpenFaaS client (``fedfaas.openfaas.AsyncOpenFaaS``): request shapes
+(unit), then against the real embedded runtime, then the coordinator scaling by demand."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,9 +12,9 @@ import httpx
 import pytest
 
 from control_plane.coordinator import Coordinator
-from control_plane.errors import InvalidInput, ProviderError
-from control_plane.provider import Provider, read_basic_auth
-from fedfaas.services import free_port, wait_for_port
+from fedfaas.openfaas import AsyncOpenFaaS as Provider
+from fedfaas.openfaas import OpenFaaSError, read_basic_auth
+from fedfaas.runtime import RuntimeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,11 +53,6 @@ def test_request_shapes_of_scale_and_describe_with_a_mock_transport():
     assert desc.url.params["namespace"] == "openfaas-fn"
 
 
-def test_scale_to_zero_is_refused_before_any_request():
-    with pytest.raises(InvalidInput, match=">= 1"):
-        asyncio.run(Provider("http://127.0.0.1:9").scale("agg", 0))
-
-
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
     """The real embedded runtime (fedfaas.runtime) with basic auth and the echo function."""
@@ -66,33 +60,10 @@ def runtime(tmp_path_factory):
     (d / "auth").mkdir()
     (d / "auth" / "basic-auth-user").write_text("admin\n")
     (d / "auth" / "basic-auth-password").write_text("s3cret\n")
-    port = free_port()
-    log = open(d / "runtime.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fedfaas.runtime",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--stack",
-            str(ROOT / "stack.yml"),
-            "--state-dir",
-            str(d / "state"),
-            "--auth-dir",
-            str(d / "auth"),
-        ],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
+    rt = RuntimeProcess(stack=ROOT / "stack.yml", state_dir=d / "state", auth_dir=d / "auth")
+    rt.start(60)
     try:
-        wait_for_port("127.0.0.1", port, 60, proc)
-        url = f"http://127.0.0.1:{port}"
+        url = rt.url
         r = httpx.post(
             f"{url}/system/functions",
             auth=("admin", "s3cret"),
@@ -101,12 +72,7 @@ def runtime(tmp_path_factory):
         assert r.status_code == 202, r.text
         yield url, d / "auth"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        rt.stop()
 
 
 def wait_available(url, auth, name, n, timeout=60.0):
@@ -148,12 +114,12 @@ def test_runtime_errors_become_provider_errors_with_the_status(runtime):
         async with Provider(url, auth) as p:
             await p.scale(name, 1)
 
-    with pytest.raises(ProviderError) as bad_auth:
+    with pytest.raises(OpenFaaSError) as bad_auth:
         asyncio.run(go(("admin", "wrong"), "echo"))
-    assert bad_auth.value.status_code == 401
-    with pytest.raises(ProviderError) as missing:
+    assert bad_auth.value.status == 401
+    with pytest.raises(OpenFaaSError) as missing:
         asyncio.run(go(read_basic_auth(auth_dir), "no-such-function"))
-    assert missing.value.status_code == 404
+    assert missing.value.status == 404
 
 
 SLOW_HANDLER = """\
