@@ -276,7 +276,7 @@ class _Client:
         req = http.build_request(
             method,
             f"/function/{name}{path}",
-            content=content,  # type: ignore[arg-type]
+            content=content,
             json=json_body,
             headers=headers,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,

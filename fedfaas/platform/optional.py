@@ -49,12 +49,13 @@ def _healthz(port_name: str) -> Callable[[Context], bool]:
     return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
 
 
-def _minio_keys(ctx: Context) -> dict[str, str]:
-    """MinIO's keys for a settings class (they reach the process as environment, never argv)."""
-    return {
-        "minio_access_key": credentials.read(ctx.secrets_dir, credentials.MINIO_USER),
-        "minio_secret_key": credentials.read(ctx.secrets_dir, credentials.MINIO_PASSWORD),
-    }
+def _minio_user(ctx: Context) -> str:
+    return credentials.read(ctx.secrets_dir, credentials.MINIO_USER)
+
+
+def _minio_password(ctx: Context) -> str:
+    """MinIO's secret key: a settings field that reaches the process as environment only."""
+    return credentials.read(ctx.secrets_dir, credentials.MINIO_PASSWORD)
 
 
 def shm_root(ctx: Context) -> Path:
@@ -105,7 +106,8 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         minio_endpoint=_minio_endpoint(ctx),
         # with the FLStore parts up, completed rounds flow into the cache engine
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
-        **_minio_keys(ctx),
+        minio_access_key=_minio_user(ctx),
+        minio_secret_key=_minio_password(ctx),
     )
 
 
@@ -162,7 +164,8 @@ def engine_settings(ctx: Context) -> EngineSettings:
         minio_endpoint=_minio_endpoint(ctx),
         runtime_url=ctx.url("runtime"),
         runtime_auth_dir=str(ctx.secrets_dir),
-        **_minio_keys(ctx),
+        minio_access_key=_minio_user(ctx),
+        minio_secret_key=_minio_password(ctx),
     )
 
 
