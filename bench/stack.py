@@ -13,20 +13,16 @@ Every process gets the pinned thread counts of :data:`bench.runinfo.PINNED_THREA
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.aggregators import NodeAggregators
 from bench.runinfo import PINNED_THREADS, ROOT
 from gateway.settings import GatewaySettings
-
-AGGREGATOR_DIR = ROOT / "functions" / "aggregator"
 
 
 @dataclass
@@ -110,67 +106,16 @@ def start_gateway(
     return gw
 
 
-class Replicas:
+class Replicas(NodeAggregators):
     """Replicas of ``aggregator`` placed on one gateway's node, as the runtime places them."""
 
     def __init__(self, gateway: GatewayProc, log_dir: Path | None = None) -> None:
+        s = gateway.settings
+        super().__init__(
+            s.node, s.socket_path(), log_dir or s.state_dir / "aggregators", url=gateway.url
+        )
         self.gateway = gateway
-        self.log_dir = log_dir or gateway.settings.state_dir / "aggregators"
-        self.replicas: list[Any] = []
-
-    def spawn(self, n: int, endpoints: int) -> None:
-        """Start ``n`` replicas of ``endpoints`` endpoints each."""
-        from fedfaas.runtime.provider import node_env
-        from fedfaas.runtime.replicas import spawn_replica
-
-        s = self.gateway.settings
-        env = {
-            **node_env(s.node, s.socket_path()),
-            **PINNED_THREADS,
-            "FEDFAAS_AGGREGATOR_ENDPOINTS": str(endpoints),
-        }
-        for _ in range(n):
-            self.replicas.append(
-                spawn_replica(
-                    python=sys.executable,
-                    function="aggregator",
-                    function_dir=AGGREGATOR_DIR,
-                    slot=len(self.replicas),
-                    generation=1,
-                    env_vars=env,
-                    env_process="",
-                    log_dir=self.log_dir,
-                    node=s.node,
-                )
-            )
-
-    def pids(self) -> list[int]:
-        return [r.pid for r in self.replicas if r.pid is not None]
 
     def registered(self) -> int:
         """Function endpoints registered with the gateway's router (from ``/v1/router``)."""
-        return sum(1 for e in self.gateway.router()["endpoints"] if not e["local"])
-
-    def wait_registered(self, n: int, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while self.registered() < n:
-            dead = [r.instance for r in self.replicas if not r.alive()]
-            if dead or time.monotonic() > deadline:
-                why = f"replicas exited: {dead}" if dead else f"not in {timeout:.0f} s"
-                raise RuntimeError(
-                    f"{n} aggregator endpoints did not register with {self.gateway.settings.node} "
-                    f"({why}; logs in {self.log_dir})"
-                )
-            time.sleep(0.05)
-
-    def stop(self, grace: float = 10) -> None:
-        from fedfaas.runtime.replicas import kill_now, stop_replica
-
-        async def run() -> None:
-            await asyncio.gather(*(stop_replica(r, grace) for r in self.replicas))
-
-        asyncio.run(run())
-        for r in self.replicas:
-            if r.alive():
-                kill_now(r)
-        self.replicas.clear()
+        return len(self.endpoints())
