@@ -17,12 +17,14 @@ from client.sdk import (
     GlobalModel,
     JobCreated,
     JobNotFound,
+    QueryFailed,
     StaleRound,
     Unauthorized,
     UpdateRejected,
     UploadReceipt,
     client_token,
     create_job,
+    flstore_query,
     submit_job,
 )
 
@@ -51,6 +53,7 @@ __all__ = [
     "GlobalModel",
     "JobCreated",
     "JobNotFound",
+    "QueryFailed",
     "StaleRound",
     "Unauthorized",
     "UpdateRejected",
@@ -59,6 +62,7 @@ __all__ = [
     "client_token",
     "create_job",
     "federated_digits",
+    "flstore_query",
     "submit_job",
     *_LAZY,
 ]

@@ -441,3 +441,75 @@ def submit_job(
     _raise_for(resp, "POST")
     out: dict[str, Any] = resp.json()
     return out
+
+
+#: Tracker errors that mean "the cache engine has not ingested that round yet".
+NOT_INGESTED = frozenset({"round_not_written", "unknown_job"})
+
+
+class QueryFailed(ClientError):
+    """FLStore's request tracker answered a query with an error (its ``error``/``detail``)."""
+
+    def __init__(self, status: int, error: str, detail: str, query: Mapping[str, Any]) -> None:
+        super().__init__(f"{query.get('workload')} query -> {status} {error}: {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.query = dict(query)
+
+
+def flstore_query(
+    tracker_url: str,
+    workload: str,
+    job: str,
+    *,
+    rounds: list[int] | None = None,
+    clients: list[str] | None = None,
+    params: Mapping[str, Any] | None = None,
+    wait: float = 120.0,
+    transport: httpx.BaseTransport | None = None,
+) -> dict[str, Any]:
+    """Ask FLStore a question about ``job``: ``POST {tracker}/v1/queries?wait=true``.
+
+    ``workload`` is one of ``fedfaas.workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
+    with its ``params``; ``rounds``/``clients`` fill the workload's round/client parameters.
+    A round the cache engine has not ingested yet (the gateways checkpoint a round and tell
+    the engine just after publishing it) is asked again for up to ``wait`` seconds.
+
+    Returns
+    -------
+    dict
+        The finished query: ``result`` (the workload's answer), ``latency_s``, ``hit``,
+        ``function`` (the cache function that answered), ...
+
+    Raises
+    ------
+    QueryFailed
+        The tracker refused or failed the query.
+    """
+    query: dict[str, Any] = {"workload": workload, "job": job, "params": dict(params or {})}
+    if rounds is not None:
+        query["rounds"] = list(rounds)
+    if clients is not None:
+        query["clients"] = list(clients)
+    url = tracker_url.rstrip("/") + "/v1/queries"
+    deadline = time.monotonic() + wait
+    with httpx.Client(timeout=max(wait, 30.0), transport=transport) as http:
+        while True:
+            try:
+                resp = http.post(url, params={"wait": "true"}, json=query)
+            except httpx.TransportError as exc:
+                raise QueryFailed(0, "unreachable", repr(exc), query) from exc
+            if resp.status_code == 200:
+                out: dict[str, Any] = resp.json()
+                return out
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {}
+            body = body if isinstance(body, dict) else {}
+            error = str(body.get("error", f"http_{resp.status_code}"))
+            if error not in NOT_INGESTED or time.monotonic() > deadline:
+                detail = str(body.get("detail", resp.text[:300]))
+                raise QueryFailed(resp.status_code, error, detail, query)
+            time.sleep(0.25)

@@ -1,8 +1,10 @@
 """Client simulator: K real PyTorch clients, R rounds, against one or more node gateways.
 
-Each round every client fetches the global model from its assigned gateway, trains on its own
-non-IID shard, and uploads its full local weights; the simulator then waits until every gateway
-in use serves the next model version and evaluates that global model on the held-out test set.
+Each round every client fetches the global model from its assigned gateway (fixed, or asked of
+the control plane every round), trains on its own non-IID shard, and uploads its full local
+weights with its metadata (training loss, duration); the simulator then waits until every
+gateway in use serves the next model version and evaluates that global model on the held-out
+test set. Clients named in ``SimulatorConfig.malicious`` upload an attack instead (sign flip).
 Clients run on a thread pool (PyTorch releases the GIL in its kernels; one intra-op thread each).
 """
 
@@ -166,7 +168,7 @@ class Simulator:
 
     Each upload carries the client's metadata (``X-Client-Meta``): its mean training loss
     ``loss``, the mean squared per-sample loss ``loss_sq_mean`` and ``duration_s``, the
-    seconds from fetching the global model to the end of local training.
+    seconds its local training took.
     """
 
     def __init__(
@@ -236,7 +238,6 @@ class Simulator:
         self, shard: ClientData, round_no: int, index: int, base_version: int
     ) -> ClientRound:
         sdk = self.clients[shard.client_id]
-        t_fetch = time.perf_counter()
         glob = sdk.wait_for_version(base_version, timeout=self.config.round_timeout)
         model = load_bytes_into(self._model(), glob.data)
         t0 = time.perf_counter()
@@ -253,7 +254,7 @@ class Simulator:
         meta = {
             "loss": res.mean_loss,
             "loss_sq_mean": res.loss_sq_mean,
-            "duration_s": t1 - t_fetch,
+            "duration_s": t1 - t0,
         }
         try:
             sdk.upload(round_no, payload, res.num_samples, meta=meta)

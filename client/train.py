@@ -49,6 +49,7 @@ def train_local(
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
     gen = torch.Generator().manual_seed(seed)
     model.train()
     total, steps, sq, seen = 0.0, 0, 0.0, 0
@@ -57,7 +58,7 @@ def train_local(
         for start in range(0, len(yt), config.batch_size):
             batch = order[start : start + config.batch_size]
             opt.zero_grad(set_to_none=True)
-            per_sample = nn.functional.cross_entropy(model(xt[batch]), yt[batch], reduction="none")
+            per_sample = loss_fn(model(xt[batch]), yt[batch])
             loss = per_sample.mean()
             loss.backward()
             opt.step()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import threading
@@ -23,6 +22,7 @@ from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
 from gateway.jobs import Job, RoundTimes
 from gateway.journal import Journal
+from gateway.meta import declared_evaluator, round_meta_doc
 from gateway.metrics import Metrics
 from gateway.plan import Planner, Slot, static_plan
 from gateway.rounds import Input, RoundEngine
@@ -32,42 +32,6 @@ log = logging.getLogger(__name__)
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-#: The safetensors ``__metadata__`` entry of a job's initial weights that declares its
-#: validation-set evaluator for FLStore (see ``cache_engine.evaluators``).
-EVALUATOR_KEY = "fedfaas.evaluator"
-EVALUATOR_MAX_BYTES = 1024
-
-
-def declared_evaluator(body: bytes, max_header: int) -> dict[str, Any] | None:
-    """The evaluator spec the initial weights declare (``__metadata__["fedfaas.evaluator"]``, a
-    small JSON object with a string ``kind``), or None. The gateway writes it into the round
-    metadata, where the FLStore cache engine finds it for contribution workloads."""
-    try:
-        raw = wire_metadata(body, max_header).get(EVALUATOR_KEY)
-    except wire.WireError as exc:
-        raise GatewayError(exc.detail, code=exc.code) from None
-    if raw is None:
-        return None
-    try:
-        spec = json.loads(raw) if len(raw) <= EVALUATOR_MAX_BYTES else None
-    except ValueError:
-        spec = None
-    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
-        raise GatewayError(
-            f"__metadata__[{EVALUATOR_KEY!r}] must be a JSON object of at most "
-            f'{EVALUATOR_MAX_BYTES} bytes with a string "kind", e.g. {{"kind": "digits-softmax"}}',
-            code="bad_evaluator",
-        )
-    return spec
-
-
-def wire_metadata(body: bytes, max_header: int) -> dict[str, str]:
-    """The ``__metadata__`` map of a safetensors body (empty when it has none)."""
-    _, start = wire.parse_raw_header(body, max_header)
-    meta = json.loads(bytes(body[8:start])).get("__metadata__") or {}
-    return {str(k): str(v) for k, v in meta.items()}
 
 
 def _load_planner(settings: GatewaySettings) -> Planner:
@@ -684,24 +648,10 @@ class Gateway:
         self._open_round(job)
 
     async def _round_meta(self, job: Job, rnd: int, res: Input) -> dict[str, Any]:
-        """The round's ``meta.json``: FedAvg weights, each client's own metadata (its
-        ``X-Client-Meta`` plus ``n_samples``), and the job's evaluator when it declared one."""
-        rec = await self.journal.round_updates(job.name, rnd)
-        meta: dict[str, Any] = {
-            "job": job.name,
-            "round": rnd,
-            "version": job.version,
-            "count": res.count,
-            "weight_sum": res.weight,
-            "clients": {c: r["weight"] for c, r in rec.items()},
-            "client_meta": {
-                c: {**r.get("meta", {}), "n_samples": r["weight"]} for c, r in rec.items()
-            },
-        }
+        """The round's ``meta.json`` (see :func:`round_meta_doc`), from the journal."""
+        records = await self.journal.round_updates(job.name, rnd)
         evaluator = (await self.journal.job(job.name) or {}).get("evaluator")
-        if evaluator is not None:
-            meta["round_meta"] = {"evaluator": evaluator}
-        return meta
+        return round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
 
     def _forward(self, job: Job, slot: Slot, inp: Input) -> None:
         asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedfaas import wire
 from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
 from gateway.errors import JobNotFound, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
+from gateway.meta import parse_client_meta
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
@@ -24,52 +23,6 @@ log = logging.getLogger(__name__)
 
 UPLOAD = re.compile(r"^/v1/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/updates$")
 PARTIAL = re.compile(r"^/v1/internal/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/partials$")
-
-#: ``X-Client-Meta``: at most this many bytes, entries, and this key shape.
-CLIENT_META_MAX_BYTES = 1024
-CLIENT_META_MAX_ENTRIES = 16
-CLIENT_META_KEY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-
-
-def parse_client_meta(raw: str) -> dict[str, float | int]:
-    """The ``X-Client-Meta`` header: a small JSON object of finite numbers, e.g.
-    ``{"loss": 0.41, "duration_s": 1.9}``, kept with the update and written to the round's
-    ``meta.json`` as the client's metadata (FLStore's Oort reads ``loss``/``loss_sq_mean`` and
-    ``duration_s``). ``n_samples`` is not allowed: it is ``X-Sample-Count``.
-
-    Raises
-    ------
-    ValueError
-        Saying what is wrong (the upload answers 400 ``bad_client_meta``).
-    """
-    if len(raw.encode()) > CLIENT_META_MAX_BYTES:
-        raise ValueError(f"must be at most {CLIENT_META_MAX_BYTES} bytes of JSON")
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a finite number")
-
-    try:
-        obj = json.loads(raw, parse_constant=no_constant)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"is not JSON ({exc.msg} at {exc.pos})") from None
-    if not isinstance(obj, dict):
-        raise ValueError('must be a JSON object such as {"loss": 0.4, "duration_s": 2.5}')
-    if len(obj) > CLIENT_META_MAX_ENTRIES:
-        raise ValueError(f"has {len(obj)} entries; at most {CLIENT_META_MAX_ENTRIES}")
-    for k, v in obj.items():
-        if not CLIENT_META_KEY.match(k):
-            raise ValueError(f"key {k[:40]!r} must match {CLIENT_META_KEY.pattern}")
-        if k == "n_samples":
-            raise ValueError("n_samples is the X-Sample-Count header, not client metadata")
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ValueError(f"value of {k!r} must be a number, got {type(v).__name__}")
-        try:
-            finite = math.isfinite(float(v))
-        except OverflowError:
-            finite = False
-        if not finite:
-            raise ValueError(f"value of {k!r} must be a finite number")
-    return obj
 
 
 def _wire_reject(exc: wire.WireError, client: str | None, rnd: int) -> UpdateRejected:

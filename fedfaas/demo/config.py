@@ -59,3 +59,4 @@ class DemoResult:
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     seconds: float = 0.0
     error: str = ""
+    problems: list[str] = field(default_factory=list)  # why the exit code is 1, if it is

@@ -218,10 +218,12 @@ def run(state_dir: Path, config: DemoConfig | None = None) -> int:
         result.seconds = time.perf_counter() - t_start
         say(f"demo failed: {result.error}")
         _write(cfg, result, out, report_too=bool(result.rounds))
-    problems = _problems(cfg, result)
-    for msg in problems:
+    result.problems = _problems(cfg, result)
+    for msg in result.problems:
         say(f"NOT OK: {msg}")
-    return 1 if problems else 0
+    if result.problems:
+        _write(cfg, result, out, report_too=False)
+    return 1 if result.problems else 0
 
 
 def _write(cfg: DemoConfig, result: DemoResult, out: Path, report_too: bool) -> None:

@@ -107,10 +107,14 @@ def report(cfg: DemoConfig, result: DemoResult, out: Path) -> None:
     say(f"checkpoints (written by the node gateways): MinIO {result.urls.get('minio', '?')}:")
     for k in result.checkpoint_keys:
         say(f"  s3://{result.bucket}/{k}   (+ clients/<id>.safetensors, meta.json beside it)")
+    when = (
+        f"up for {cfg.hold:.0f} s more"
+        if cfg.hold > 0
+        else "the demo stops the platform now; FEDFAAS_DEMO_HOLD=600 keeps it up 10 min"
+    )
     say(
         f"MinIO console: {result.urls.get('minio_console', '?')}  user {result.minio_user!r}, "
-        f"password in {out / 'platform' / 'secrets' / 'minio-root-password'} (the demo stops "
-        "the platform now; FEDFAAS_DEMO_HOLD=600 keeps it up 10 min after this report)"
+        f"password in {out / 'platform' / 'secrets' / 'minio-root-password'} ({when})"
     )
     t = result.timings
     say(

@@ -244,3 +244,104 @@ def test_sdk_against_the_real_gateway_reports_each_rejection_precisely(
     new = c1.wait_for_version(1, timeout=60)
     assert new.version == 1 and new.changed
     assert json.loads(new.data[8 : 8 + int.from_bytes(new.data[:8], "little")])
+
+
+# ------------------------------------------------------- jobs on the control plane, FLStore queries
+def test_with_metadata_adds_to_the_safetensors_header_and_keeps_the_tensors() -> None:
+    import numpy as np
+    from safetensors.numpy import load, save
+
+    from client.sdk import with_metadata
+
+    tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+    raw = save(tensors, metadata={"format": "np"})
+    out = with_metadata(raw, {"fedfaas.evaluator": '{"kind":"digits-softmax"}'})
+    n = int.from_bytes(out[:8], "little")
+    assert n % 8 == 0
+    assert json.loads(out[8 : 8 + n])["__metadata__"] == {
+        "format": "np",
+        "fedfaas.evaluator": '{"kind":"digits-softmax"}',
+    }
+    got = load(out)
+    assert all(np.array_equal(got[k], tensors[k]) for k in tensors)
+
+
+def test_submit_job_posts_the_job_to_the_control_plane_with_its_evaluator() -> None:
+    import base64
+
+    from client.sdk import submit_job
+
+    sent: dict[str, object] = {}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        sent.update(url=str(req.url), body=json.loads(req.content))
+        return httpx.Response(201, json={"job": "j", "round": {"number": 1, "state": "open"}})
+
+    weights = model_to_bytes(make_model(0, "softmax"))
+    view = submit_job(
+        "http://cp:8070/",
+        "j",
+        weights,
+        rounds=3,
+        clients=["a", "b"],
+        evaluator={"kind": "digits-softmax", "split_seed": 0},
+        transport=httpx.MockTransport(handler),
+    )
+    assert view["round"]["number"] == 1 and sent["url"] == "http://cp:8070/v1/jobs"
+    body = sent["body"]
+    assert isinstance(body, dict)
+    assert {k: body[k] for k in ("job", "rounds", "goal", "clients", "policy")} == {
+        "job": "j",
+        "rounds": 3,
+        "goal": 2,
+        "clients": ["a", "b"],
+        "policy": "leastconn",
+    }
+    blob = base64.b64decode(body["weights_b64"])
+    header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
+    assert json.loads(header["__metadata__"]["fedfaas.evaluator"]) == {
+        "kind": "digits-softmax",
+        "split_seed": 0,
+    }
+
+
+def test_submit_job_refused_by_the_control_plane_raises_its_error() -> None:
+    from client.sdk import submit_job
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"error": "invalid_request", "detail": "job: bad"})
+
+    with pytest.raises(UpdateRejected) as err:
+        submit_job("http://cp", "J!", b"", rounds=1, clients=["a"], transport=_mock(handler))
+    assert err.value.error == "invalid_request" and err.value.detail == "job: bad"
+
+
+def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_record() -> None:
+    from client.sdk import QueryFailed, flstore_query
+
+    calls: list[dict[str, object]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(json.loads(req.content))
+        assert req.url.params["wait"] == "true"
+        if len(calls) < 3:
+            return httpx.Response(404, json={"error": "round_not_written", "detail": "not yet"})
+        return httpx.Response(200, json={"status": "done", "result": {"flagged": ["c3"]}})
+
+    rec = flstore_query(
+        "http://tracker",
+        "multi-krum",
+        "j",
+        rounds=[2],
+        params={"f": 1},
+        transport=_mock(handler),
+    )
+    assert rec["result"]["flagged"] == ["c3"] and len(calls) == 3
+    assert calls[0] == {"workload": "multi-krum", "job": "j", "params": {"f": 1}, "rounds": [2]}
+
+    def refuse(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"error": "invalid_params", "detail": "k: too big"})
+
+    with pytest.raises(QueryFailed) as err:
+        flstore_query("http://tracker", "oort", "j", params={"k": 99}, transport=_mock(refuse))
+    assert (err.value.status, err.value.error) == (422, "invalid_params")

@@ -1,0 +1,107 @@
+"""The platform the demo runs on: exactly what ``fedfaas up --with all`` starts, in its own
+state folder, always stopped again (``fedfaas down``) when the demo ends, however it ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fedfaas.platform import Platform, credentials, state
+from fedfaas.settings import load_settings
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Running:
+    """A running platform: its parts' URLs and the secrets the demo needs."""
+
+    state_dir: Path
+    urls: dict[str, str]  # port name (gateway, control_plane, ...) -> URL
+    host: str
+    platform_id: str
+
+    @property
+    def secrets(self) -> Path:
+        return self.state_dir / "secrets"
+
+    @property
+    def gateways(self) -> dict[str, str]:
+        """Node name -> gateway URL."""
+        return {"node0": self.urls["gateway"], "node1": self.urls["gateway_node1"]}
+
+    def admin_secret(self) -> str:
+        """The secret the node gateways derive client tokens from."""
+        return (self.secrets / "gateway-admin-secret").read_text().strip()
+
+    def minio(self) -> tuple[str, str, str]:
+        """``(endpoint, user, password)`` of the platform's MinIO."""
+        return (
+            self.urls["minio"].removeprefix("http://"),
+            credentials.read(self.secrets, credentials.MINIO_USER),
+            credentials.read(self.secrets, credentials.MINIO_PASSWORD),
+        )
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """The ready replicas of the ``aggregator`` function (``/system/replicas/aggregator``)."""
+        r = httpx.get(
+            f"{self.urls['runtime']}/system/replicas/aggregator",
+            auth=credentials.basic_auth(self.secrets),
+            timeout=10,
+        )
+        r.raise_for_status()
+        return [x for x in r.json() if x.get("state") == "ready"]
+
+    def tasks_done(self) -> dict[int, int]:
+        """Aggregation tasks each live replica has run, by pid, from the replica's own status."""
+        out = {}
+        for rep in self.replicas():
+            st = httpx.get(f"http://{self.host}:{rep['port']}/", timeout=10).json()
+            out[int(rep["pid"])] = sum(int(e["tasks_done"]) for e in st["endpoints"])
+        return out
+
+    def endpoint_pids(self) -> dict[str, set[int]]:
+        """Per node, the pids behind the router's function endpoints (the gateway's own aside)."""
+        out = {}
+        for node, url in self.gateways.items():
+            eps = httpx.get(f"{url}/v1/router", timeout=10).json()["endpoints"]
+            out[node] = {int(e["pid"]) for e in eps if not e["local"]}
+        return out
+
+
+def _stack_file() -> Path:
+    here = Path.cwd() / "stack.yml"
+    return here if here.is_file() else REPO / "stack.yml"
+
+
+@contextmanager
+def platform(state_dir: Path, **overrides: Any) -> Iterator[Running]:
+    """``fedfaas up --with all`` in ``state_dir``; ``fedfaas down`` on exit, also on errors.
+
+    ``overrides`` are :class:`fedfaas.settings.PlatformSettings` fields (ports, timeouts). A
+    platform a killed demo left running in ``state_dir`` is stopped first.
+    """
+    fields = dict(overrides)
+    if "stack_file" not in fields and "FEDFAAS_STACK_FILE" not in os.environ:
+        fields["stack_file"] = _stack_file()
+    settings = load_settings(state_dir=state_dir, with_parts=["all"], **fields)
+    p = Platform(settings)
+    if p.down():
+        log.warning("stopped a platform an earlier demo left running in %s", state_dir)
+    try:
+        p.up()
+        st = state.load(state_dir)
+        assert st is not None, "the platform recorded no state"
+        urls = {name: f"http://{st.host}:{port}" for name, port in st.ports.items()}
+        yield Running(state_dir, urls, st.host, st.platform_id)
+    finally:
+        p.down()

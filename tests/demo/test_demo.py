@@ -1,0 +1,137 @@
+"""``make demo`` end to end: the platform ``fedfaas up --with all`` starts, a job created on the
+control plane, real PyTorch clients (one sign-flipping), aggregation only in replicas of the
+``aggregator`` function, and FLStore's three answers asked over HTTP; then nothing is left.
+
+The small job runs in the default test run (about 30 s); the demo exactly as ``make demo``
+runs it (20 clients, 5 rounds, the CLI) is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from fedfaas.demo import DemoConfig, run
+from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+OPTIONAL_PORTS = ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane")
+
+pytestmark = pytest.mark.integration
+
+
+def assert_nothing_left(report: dict[str, Any], state: Path) -> None:
+    """No process, shared-memory folder or router socket folder of the demo's platform."""
+    pid = report["platform_id"]
+    assert pid, "the demo recorded its platform id"
+    assert not Path(f"/dev/shm/fedfaas-{pid[:12]}").exists()
+    assert not Path(f"/tmp/fedfaas-{pid[:12]}").exists()
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            env = p.environ() if str(state) not in cmd else {}
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if str(state) in cmd or env.get("FEDFAAS_PLATFORM_ID") == pid:
+            left.append(cmd)
+    assert left == []
+    # only the platform's logs stay behind (as after `fedfaas down`), beside the report
+    assert sorted(x.name for x in (state / "demo" / "platform").iterdir()) == ["logs"]
+
+
+def assert_answers(report: dict[str, Any], clients: list[str], planted: str, k: int) -> None:
+    a = report["answers"]
+    assert a["malicious"]["flagged"] == [planted] and a["malicious"]["found"]
+    assert a["malicious"]["cosine_flagged"] == [planted]
+    values = a["shapley"]["values"]
+    assert sorted(values) == clients, "a Shapley value for every client"
+    assert min(values, key=values.__getitem__) == planted == a["shapley"]["lowest"]
+    assert values[planted] < 0
+    picked = a["oort"]["selected"]
+    assert len(picked) == len(set(picked)) == k
+    assert set(picked) <= set(clients) - {planted}, "Oort picks among the unflagged clients"
+
+
+def assert_aggregated_by_the_function(report: dict[str, Any], rounds: int) -> None:
+    agg = report["aggregation"]
+    assert agg["function"] == "aggregator" and agg["endpoints_all_replicas"]
+    assert agg["replicas"] and sum(r["tasks"] for r in agg["replicas"]) == agg["tasks"]
+    # every round: at least one leaf per node and the top
+    assert agg["tasks"] >= 3 * rounds, agg
+
+
+def test_the_demo_on_a_small_job_finds_the_sign_flipper_values_and_schedules_clients(
+    tmp_path: Path,
+) -> None:
+    cfg = DemoConfig(
+        clients=6,
+        rounds=3,
+        malicious="client-003",
+        select=3,
+        min_accuracy=0.3,
+        platform={**ANY_PORTS, "ports": dict.fromkeys(OPTIONAL_PORTS, 0)},
+    )
+    code = run(tmp_path, cfg)
+    report = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert code == 0, report["problems"]
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
+    assert all(r["fedavg_max_rel_err"] < 1e-5 for r in report["rounds"])
+    assert all(r["accepted"] == 6 for r in report["rounds"])
+    assert sum(report["placement"].values()) == 6 and len(report["placement"]) == 2
+    assert [k.split("/rounds/")[1] for k in report["checkpoint_keys"]] == [
+        f"{r:06d}/global.safetensors" for r in range(4)
+    ]
+    assert_answers(report, [f"client-{i:03d}" for i in range(6)], "client-003", 3)
+    assert_aggregated_by_the_function(report, 3)
+    assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
+    assert_nothing_left(report, tmp_path)
+
+
+def test_a_demo_that_fails_still_stops_the_platform(tmp_path: Path) -> None:
+    cfg = DemoConfig(
+        clients=4,
+        rounds=1,
+        malicious="client-042",  # not a client: the demo fails after the platform is up
+        platform={**ANY_PORTS, "ports": dict.fromkeys(OPTIONAL_PORTS, 0)},
+    )
+    assert run(tmp_path, cfg) == 1
+    report = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert "client-042" in report["error"]
+    assert_nothing_left(report, tmp_path)
+
+
+@pytest.mark.slow
+def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        **ANY_PORTS_ENV,
+        "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0)),
+    }
+    for k in [k for k in env if k.startswith("FEDFAAS_DEMO_")]:
+        del env[k]
+    out = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "demo", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4, 5]
+    assert report["rounds"][-1]["accuracy"] >= 0.8
+    assert all(r["fedavg_max_rel_err"] < 1e-5 for r in report["rounds"])
+    assert_answers(report, [f"client-{i:03d}" for i in range(20)], "client-007", 10)
+    assert_aggregated_by_the_function(report, 5)
+    for line in ("which client is malicious?", "GTG-Shapley", "Oort picks 10"):
+        assert line in out.stdout
+    assert_nothing_left(report, tmp_path)
