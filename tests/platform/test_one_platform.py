@@ -367,4 +367,7 @@ def test_a_replica_killed_mid_round_loses_nothing_and_counts_nothing_twice(
 
 def test_the_function_scales_back_down_when_idle(platform: Platform) -> None:
     p = platform
+    # FEDFAAS_CONTROL_SCALE_DOWN_S reached the control plane (its command line, in its log)
+    log = (p.state_dir / "logs" / "control-plane.log").read_text()
+    assert "--scale-down 8.0" in log
     wait_until(lambda: len(p.replicas()) == 1, 90, "scale-down to the minimum after idling")
