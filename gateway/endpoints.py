@@ -5,8 +5,10 @@ no job. When a slot of an open round has work and no endpoint, :func:`assign` pi
 :func:`control_plane.reuse.assign_replicas` (a middle or top takes the endpoint of its first
 finished child; a leaf takes an idle endpoint, warmest first: one already granted this job,
 then one in no job, then one idle in another job) and grants it the job through the router
-(:meth:`bpf.RouterServer.grant`) before the TASK frame. Slots still without an endpoint are
-the node's shortage, which the control plane answers by scaling the function.
+(:meth:`bpf.RouterServer.grant`) before the TASK frame. A middle or top that would wait for
+children never takes the node's last free endpoint, so rounds progress with a single one.
+Slots still without an endpoint are the node's shortage, which the control plane answers by
+scaling the function.
 """
 
 from __future__ import annotations
@@ -86,18 +88,32 @@ def assign(gw: Gateway, job: Job) -> int:
     specs = [s for s in specs if s.id in wanted or s.id in states]
     plan = assign_replicas(specs, states, replicas)
     order = sorted(free, key=lambda e: (rank(free[e]), e))
+
+    def may_take(st: SlotState) -> bool:
+        # An eager middle or top waits for its other children holding its endpoint: it never
+        # takes the node's last free endpoint, so a leaf can always run and the round always
+        # progresses, however few endpoints there are (the deferred slot counts as shortage).
+        return len(free) > 1 or not _waits_for_children(eng, st)
+
     left = list(waiting)
     for st in waiting:
         rid = plan.bind.get(str(st.slot.id))
-        if rid is not None and int(rid) in free and _start(gw, job, eng, st, int(rid), free):
+        if rid is None or int(rid) not in free or not may_take(st):
+            continue
+        if _start(gw, job, eng, st, int(rid), free):
             left.remove(st)
     for st in list(left):  # leaves without a bind, and middles/tops whose child's endpoint
-        while order:  # is gone or busy: any free endpoint beats waiting for one
+        while order and may_take(st):  # is gone or busy: any free endpoint beats waiting
             ep = order.pop(0)
             if ep in free and _start(gw, job, eng, st, ep, free):
                 left.remove(st)
                 break
     return len(left)
+
+
+def _waits_for_children(eng: RoundEngine, st: SlotState) -> bool:
+    """A middle or top some of whose children have not finished."""
+    return any(eng.slots[c].done is None for c in eng.plan.children(st.slot.id))
 
 
 def _start(

@@ -15,7 +15,7 @@ __all__ = ["Aggregators", "NodeAggregators"]
 class Aggregators(NodeAggregators):
     """Replicas registering with one in-process gateway's router (``gw``: a ``GatewayThread``)."""
 
-    def __init__(self, gw, log_dir: Path | None = None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, gw, *, log_dir: Path | None = None) -> None:  # type: ignore[no-untyped-def]
         s = gw.settings
         super().__init__(s.node, s.socket_path(), log_dir or s.state_dir / "aggregators")
         self.gw = gw

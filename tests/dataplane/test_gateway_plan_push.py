@@ -79,7 +79,7 @@ def test_plan_pushed_mid_round_keeps_delivered_updates_and_gives_flat_fedavg(mak
     gw = make_gw(pool=3)
     clients = [f"c{i}" for i in range(6)]
     info = create(gw, clients, 6)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     try:
         aggs.spawn(3)
         aggs.wait_registered(3)
@@ -113,7 +113,7 @@ def test_close_makes_the_round_aggregate_what_arrived(make_gw) -> None:  # type:
     gw = make_gw(pool=3)
     clients = [f"c{i}" for i in range(5)]
     info = create(gw, clients, 5, rounds=2)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     try:
         aggs.spawn(2)
         aggs.wait_registered(2)

@@ -45,7 +45,7 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     clients = ["c0", "c1"]
     first = make_gw(fanout=2, pool=3, admin_secret_file=secret, **_minio(minio_server, "resume"))
     info = create(first, clients, 2, rounds=3)
-    aggs = Aggregators(first, info["id"])
+    aggs = Aggregators(first)
     try:
         aggs.spawn(1)
         aggs.wait_registered(1)
@@ -66,7 +66,7 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     resumed = wait_version(second.url, tokens["c0"], 1)
     for k, v in v1.items():
         np.testing.assert_array_equal(resumed[k], v)
-    aggs = Aggregators(second, r.json()["id"])
+    aggs = Aggregators(second)
     try:
         aggs.spawn(1)
         aggs.wait_registered(1)

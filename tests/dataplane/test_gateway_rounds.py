@@ -278,6 +278,25 @@ def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_serve
         aggs.stop()
 
 
+def test_a_single_endpoint_runs_the_whole_tree(make_gw) -> None:  # type: ignore[no-untyped-def]
+    """The top never waits on the node's last endpoint while a leaf needs it: with one endpoint
+    the leaves run one after another and the top last, and the result is exact."""
+    gw = make_gw(fanout=2, pool=3)
+    clients = [f"c{i}" for i in range(6)]
+    info = create(gw, clients, 6, rounds=2)
+    aggs = Aggregators(gw)
+    try:
+        aggs.spawn(1, endpoints=1)
+        aggs.wait_registered(1)
+        for rnd, seed0 in ((1, 10), (2, 20)):
+            seeds, weights = [seed0 + i for i in range(6)], [1, 2, 3, 1, 2, 3]
+            for c, sd, w in zip(clients, seeds, weights, strict=True):
+                upload(gw.url, info["tokens"], c, rnd, sd, w)
+            assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], rnd), expected(seeds, weights))
+    finally:
+        aggs.stop()
+
+
 def test_one_warm_replica_serves_two_jobs_back_to_back_without_a_restart(make_gw) -> None:  # type: ignore[no-untyped-def]
     """LIFL's reuse: the endpoints that aggregated job A are granted job B; no new replica."""
     gw = make_gw(fanout=2, pool=3)

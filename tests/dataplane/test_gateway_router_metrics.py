@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def test_router_metrics_count_a_round_and_say_which_router_is_active(make_gw) -> None:  # type: ignore[no-untyped-def]
     gw = make_gw(fanout=2, pool=3, prefer_ebpf=False)
     info = create(gw, ["c0", "c1"], 2)
-    aggs = Aggregators(gw, info["id"])
+    aggs = Aggregators(gw)
     try:
         aggs.spawn(1)
         aggs.wait_registered(1)

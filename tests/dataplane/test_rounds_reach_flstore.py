@@ -29,7 +29,7 @@ def _model(base: dict[str, np.ndarray], delta: np.ndarray, sign: float) -> bytes
 def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
     make_gw, tmp_path: Path, redis_server, minio_server
 ) -> None:  # type: ignore[no-untyped-def]
-    stack = start_stack(tmp_path / "flstore", redis_server, minio_server, ["--secondaries", "1"])
+    stack = start_stack(tmp_path / "flstore", redis_server, minio_server, {"secondaries": 1})
     try:
         gw = make_gw(
             fanout=2,
@@ -50,7 +50,7 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
         )
         assert r.status_code == 201, r.text
         info = r.json()
-        aggs = Aggregators(gw, info["id"])
+        aggs = Aggregators(gw)
         try:
             aggs.spawn(1)
             aggs.wait_registered(1)
