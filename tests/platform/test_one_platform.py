@@ -33,7 +33,7 @@ from tests.platform.conftest import ANY_PORTS_ENV
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"w": (64, 32), "b": (32,)}
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 def _fedfaas(*args: str, env: dict[str, str], timeout: float = 300) -> None:
