@@ -1,4 +1,5 @@
-"""``python -m control_plane`` as a real process."""
+"""``python -m control_plane`` as a real process: a bad command line typed by hand, and the one
+``ControlPlaneSettings.to_argv`` renders."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from control_plane.settings import ControlPlaneSettings
 from fedfaas.services import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,17 +34,7 @@ def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
     spec = ",".join(f"{g.name}={g.url}" for g in gateways)
     log = open(tmp_path / "cp.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "control_plane",
-            "--port",
-            str(port),
-            "--gateways",
-            spec,
-            "--mc",
-            "5",
-        ],
+        ControlPlaneSettings(port=port, gateways=spec, mc=5.0).to_argv(),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
