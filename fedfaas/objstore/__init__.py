@@ -1,20 +1,18 @@
 """Per-node, per-job shared-memory object store (plain /dev/shm files + mmap).
 
-See :mod:`fedfaas.objstore.store` for the layout and the two sides (owner and client).
+See :mod:`fedfaas.objstore.store` for the layout and the two sides (owner and client), and
+:mod:`fedfaas.objstore.root` for the default root and the check that it is private.
 """
 
-from fedfaas.objstore.store import (
-    DEFAULT_ROOT,
-    KEY_BYTES,
-    MappedObject,
-    Namespace,
+from fedfaas.objstore.errors import (
     ObjectNotFound,
     ObjectSealed,
-    StoreClient,
     StoreError,
     StoreFull,
-    key_hex,
+    UnsafeStoreRoot,
 )
+from fedfaas.objstore.root import DEFAULT_ROOT, check_root, default_root
+from fedfaas.objstore.store import KEY_BYTES, MappedObject, Namespace, StoreClient, key_hex
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -26,5 +24,8 @@ __all__ = [
     "StoreClient",
     "StoreError",
     "StoreFull",
+    "UnsafeStoreRoot",
+    "check_root",
+    "default_root",
     "key_hex",
 ]

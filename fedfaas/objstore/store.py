@@ -1,7 +1,8 @@
 """Shared-memory object store: plain files under /dev/shm plus mmap.
 
-Layout: ``<root>/<node>/<job>/<32 hex chars>`` (directories 0700, objects 0600 while writable,
-0400 once sealed), pool buffers as ``.pool-<hex>`` in the same folder. No
+Layout: ``<root>/<node>/<job>/<32 hex chars>`` (directories 0700, and refused if another user's
+or looser: :mod:`fedfaas.objstore.root`; objects 0600 while writable, 0400 once sealed), pool
+buffers as ``.pool-<hex>`` in the same folder. No
 ``multiprocessing.shared_memory``: its ``resource_tracker`` unlinks segments it did not create.
 
 Two sides share one folder:
@@ -28,41 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from fedfaas.objstore.errors import ObjectNotFound, ObjectSealed, StoreError, StoreFull
+from fedfaas.objstore.root import private_dir
+
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
-DEFAULT_ROOT = Path("/dev/shm/fedfaas")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-f]{32}$")
 _POOL_PREFIX = ".pool-"
-
-
-class StoreError(Exception):
-    """Base of object-store errors."""
-
-
-class ObjectNotFound(StoreError):
-    """No object with that key in this namespace."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"no object {key} in the store")
-        self.key = key
-
-
-class ObjectSealed(StoreError):
-    """The object is sealed (read-only); nobody gets a writable map of it any more."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"object {key} is sealed and read-only")
-        self.key = key
-
-
-class StoreFull(StoreError):
-    """The namespace holds its maximum number of objects."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"object store namespace is full ({limit} objects)")
-        self.limit = limit
 
 
 def key_hex(key: bytes | str) -> str:
@@ -221,7 +196,9 @@ class Namespace(StoreClient):
     Parameters
     ----------
     root : path
-        Store root, default ``/dev/shm/fedfaas``.
+        Store root (default of a gateway: :data:`~fedfaas.objstore.root.DEFAULT_ROOT`). It,
+        and the node and job folders, must be private to this user: see
+        :func:`~fedfaas.objstore.root.private_dir` (raises :class:`UnsafeStoreRoot`).
     node, job : str
         Node and job names (lower-case, digits, ``-_.``).
     object_nbytes : int
@@ -252,9 +229,7 @@ class Namespace(StoreClient):
         self.pool_target = max(pool, pool_max or 0)  # freed buffers kept for reuse, up to this
         path = self.root / check_name("node", node) / check_name("job", job)
         for d in (self.root, self.root / node, path):
-            with contextlib.suppress(FileExistsError):
-                d.mkdir(mode=0o700)
-                os.chmod(d, 0o700)
+            private_dir(d)
         super().__init__(path)
         self._lock = threading.Lock()
         self._leases: dict[str, int] = {}
