@@ -31,6 +31,11 @@ HTTP API (errors are ``{"error": code, "detail": how to fix}``):
   ``round_closed``); with the counts (nodes left out count 0, e.g. a dead one), or when the
   round takes updates on this node only, lower the goals to what arrived so the round
   aggregates exactly those. 409 ``plan_conflict`` when this node's count differs.
+- Request bodies: none is read before its request is authenticated and routed (a refusal is
+  answered from the head alone, even with ``Expect: 100-continue``); JSON bodies are bounded
+  by ``max_json_body`` (413 ``body_too_large``); the initial weights stream into shared memory;
+  bodies in flight share the node's ``max_inflight_bytes`` budget: past it, 503
+  ``memory_budget`` with ``Retry-After`` and nothing allocated.
 - ``GET /v1/jobs/{job}`` also reports the load: ``queue`` (= k * E, or the pending updates
   before any aggregator finished a task), ``k`` (updates/s), ``E_s`` (mean aggregator task
   time from the router metrics), ``pending``, ``plan_version``, ``pushed_plan``.

@@ -10,7 +10,9 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 
+from fedfaas.objstore import UnsafeStoreRoot
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
 
@@ -36,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
         runner = asyncio.Runner()
     with runner:
-        runner.run(_serve(settings))
+        try:
+            runner.run(_serve(settings))
+        except UnsafeStoreRoot as exc:  # an operator's problem: say it plainly, no traceback
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -1,11 +1,15 @@
 """Control routes (FastAPI): jobs, model, progress, health, metrics.
 
 The upload and internal-partial routes are native exchanges (``gateway.ingest``); everything
-here is called through the server's ASGI bridge with the whole (bounded) body in hand.
+here is called through the server's ASGI bridge (``gateway.asgi``) before any body byte is
+read: a route authenticates first, then reads its body (JSON: bounded by ``max_json_body``;
+the job-creation body: streamed into shared memory).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -13,7 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from gateway import auth, control
-from gateway.errors import GatewayError, Unauthorized
+from gateway.asgi import receive_into
+from gateway.bodies import SpooledBody
+from gateway.errors import GatewayError, JobExists, Unauthorized
+from gateway.jobs import check_job_params
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
@@ -34,7 +41,7 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
         gw.metrics.rejected.labels(exc.code).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=dict(exc.headers()))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -78,10 +85,11 @@ def build_app(gw: Gateway) -> FastAPI:
         if not auth.check_admin(gw.secret, authorization):
             raise Unauthorized("creating a job needs the admin bearer token")
         ids = [c for c in clients.split(",") if c]
-        body = await request.body()
-        j = await gw.create_job(
-            job, rounds, goal, ids, nodes.split(",") if nodes else None, body, resume=resume
+        where = check_job_params(
+            job, rounds, goal, ids, nodes.split(",") if nodes else None, gw.settings.node
         )
+        async with job_body(gw, request, job, resume) as body:
+            j = await gw.create_job(job, rounds, goal, ids, where, body, resume=resume)
         return {
             "job": j.name,
             "round": j.version + 1,
@@ -183,12 +191,41 @@ def build_app(gw: Gateway) -> FastAPI:
     return app
 
 
+@contextlib.asynccontextmanager
+async def job_body(
+    gw: Gateway, request: Request, job: str, resume: bool
+) -> AsyncIterator[memoryview]:
+    """The job-creation body, received straight into shared memory (freed on exit).
+
+    Checked before a byte is read: its size (``max_job_body``), no body with ``resume``, a
+    free job name. Its bytes are held against the node's budget as they arrive.
+    """
+    n = int(request.headers.get("content-length") or 0)
+    if n > gw.settings.max_job_body:
+        raise GatewayError(
+            f"initial weights of {n} bytes exceed the bound of {gw.settings.max_job_body} "
+            f"(max_job_body)",
+            status=413,
+            code="body_too_large",
+        )
+    if resume and n:
+        raise GatewayError(
+            "resume=true takes the model from the last checkpoint: send no body",
+            code="body_with_resume",
+        )
+    if job in gw.jobs or await gw.journal.job(job) is not None:
+        raise JobExists(f"job {job!r} exists; pick another name")
+    with SpooledBody(n, "fedfaas-job-body") as body:
+        await receive_into(request.scope, body.view, f"the initial weights of job {job!r}")
+        yield body.view
+
+
 async def _json(request: Request) -> Any:
     import json
 
     try:
         return json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
         raise GatewayError("body must be JSON", status=400, code="bad_json") from None
 
 

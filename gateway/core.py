@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,12 +14,13 @@ import httpx
 
 import bpf
 from fedfaas import wire
-from fedfaas.objstore import Namespace
+from fedfaas.objstore import Namespace, check_root
 from gateway import auth
 from gateway.asgi import AsgiExchange
+from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
-from gateway.jobs import Job, RoundTimes
+from gateway.jobs import Job, RoundTimes, check_job_params
 from gateway.journal import Journal
 from gateway.meta import declared_evaluator, round_meta_doc
 from gateway.metrics import Metrics
@@ -29,9 +29,6 @@ from gateway.rounds import Input, RoundEngine
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-
-JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def _load_planner(settings: GatewaySettings) -> Planner:
@@ -52,6 +49,8 @@ class Gateway:
         self.planner: Planner = planner or _load_planner(settings)
         self.jobs: dict[str, Job] = {}
         self._skip: set[str] = set()  # jobs deleted here or impossible to resume: not reloaded
+        #: bytes of request bodies held at once, all routes and jobs (``max_inflight_bytes``)
+        self.budget = MemoryBudget(settings.max_inflight_bytes)
         self.metrics = Metrics(settings.node, self)
         self.secret = ""
         self.checkpoints: Any = None
@@ -73,6 +72,7 @@ class Gateway:
         from gateway.api import build_app
 
         s = self.settings
+        check_root(s.shm_root)  # a squatted or loose store root is refused before anything
         self.loop = asyncio.get_running_loop()
         s.state_dir.mkdir(parents=True, exist_ok=True)
         self.secret = auth.load_or_create_secret(s.secret_path())
@@ -206,7 +206,11 @@ class Gateway:
             if m:
                 return PartialExchange(self, req, m.group(1), int(m.group(2)))
         return AsgiExchange(
-            self._app, req, (self.settings.host, self.port), self.settings.max_job_body
+            self._app,
+            req,
+            (self.settings.host, self.port),
+            max_body=self.settings.max_json_body,
+            budget=self.budget,
         )
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -217,31 +221,17 @@ class Gateway:
         goal: int,
         clients: Sequence[str],
         nodes: Sequence[str] | None,
-        body: bytes,
+        body: bytes | memoryview,
         resume: bool = False,
     ) -> Job:
         """Create a job from its initial weights, or (``resume``) from its last checkpoint.
 
         Resuming reads the newest global model of job ``name`` from MinIO and opens the round
         after it: a job outlives the loss of every gateway, its store and its Redis journal.
+        ``body`` may be a view of shared memory that the caller frees afterwards: the job keeps
+        a copy (the model it serves), nothing else refers to it.
         """
-        if not JOB_NAME.match(name):
-            raise GatewayError(
-                f"job name {name!r} must match {JOB_NAME.pattern}", code="bad_job_name"
-            )
-        bad = [c for c in clients if not CLIENT_ID.match(c)]
-        if not clients or bad or len(set(clients)) != len(clients):
-            raise GatewayError(
-                f"clients must be distinct ids matching {CLIENT_ID.pattern} (bad: {bad[:3]})",
-                code="bad_clients",
-            )
-        if not 1 <= rounds <= 100000 or not 1 <= goal <= len(clients):
-            raise GatewayError(
-                f"need 1 <= rounds and 1 <= goal <= {len(clients)} clients", code="bad_job"
-            )
-        nodes = list(nodes or [self.settings.node])
-        if self.settings.node != nodes[0]:
-            raise GatewayError(f"create jobs on their root node {nodes[0]}", code="wrong_node")
+        nodes = check_job_params(name, rounds, goal, clients, nodes, self.settings.node)
         start = 0
         if resume:
             if body:

@@ -20,10 +20,28 @@ class GatewayError(Exception):
     def body(self) -> dict[str, str]:
         return {"error": self.code, "detail": self.detail}
 
+    def headers(self) -> list[tuple[str, str]]:
+        """Extra response headers (lower-case names)."""
+        return []
+
 
 class Unauthorized(GatewayError):
     status = 401
     code = "unauthorized"
+
+
+class Overloaded(GatewayError):
+    """The node cannot take the request now (its memory budget is spent): retry later."""
+
+    status = 503
+    code = "memory_budget"
+
+    def __init__(self, detail: str, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("retry-after", str(self.retry_after))]
 
 
 class JobNotFound(GatewayError):

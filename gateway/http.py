@@ -6,9 +6,15 @@ bytes -> destination copy, plus per-chunk Python work); at 44.8 MB that caps ing
 ``recv_into``s the exact destination span of the store object that the wire decoder hands out,
 so an F32 update crosses from the socket into /dev/shm in one copy (the kernel's).
 
-Every request that is not a native :class:`Exchange` (the control routes) is collected in full
-and run through a plain ASGI call into the FastAPI app (``AsgiExchange``), so those routes keep
-FastAPI's routing, models and dependency injection.
+Every request that is not a native :class:`Exchange` (the control routes) goes through a plain
+ASGI call into the FastAPI app (``AsgiExchange``), so those routes keep FastAPI's routing,
+models and dependency injection. Those exchanges are *on demand*: the app runs before any body
+byte is read, and a route reads its (bounded) body only after it has authenticated the request.
+
+No body byte is read before the request is routed and accepted. A refused request (or one whose
+route answered without its body) is answered at once; its body is then read away into one
+shared scratch buffer to keep the connection (up to ``DRAIN_LIMIT``), or the connection is
+closed after the answer (larger bodies, ``Expect: 100-continue``).
 
 Supported: HTTP/1.0 and 1.1, keep-alive, ``Content-Length`` bodies, ``Expect: 100-continue``.
 Refused with a clear status: chunked request bodies (411), heads over 16 KiB (431).
@@ -18,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError
+from gateway.exchange import REASONS, Deferred, Exchange, Request, Response, Router, parse_head
+
+__all__ = ["Deferred", "Exchange", "HttpServer", "Request", "Response", "Router"]
 
 log = logging.getLogger(__name__)
 
@@ -32,108 +38,6 @@ MAX_HEAD = 16 * 1024
 HEAD_BUF = 64 * 1024
 DRAIN_LIMIT = 256 << 20
 LINGER_S = 2.0
-_REASONS = {
-    100: "Continue",
-    200: "OK",
-    201: "Created",
-    202: "Accepted",
-    204: "No Content",
-    304: "Not Modified",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    411: "Length Required",
-    413: "Content Too Large",
-    422: "Unprocessable Content",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-    505: "HTTP Version Not Supported",
-}
-
-
-@dataclass
-class Request:
-    """A parsed request head. Header names are lower-case; values are latin-1 strings."""
-
-    method: str
-    target: str
-    path: str
-    query: str
-    version: str
-    headers: list[tuple[str, str]]
-    content_length: int | None
-    keep_alive: bool
-    peer: tuple[str, int] | None = None
-
-    def header(self, name: str) -> str | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-    @classmethod
-    def json(
-        cls, status: int, obj: object, headers: list[tuple[str, str]] | None = None
-    ) -> Response:
-        return cls(
-            status,
-            json.dumps(obj).encode(),
-            [("content-type", "application/json"), *(headers or [])],
-        )
-
-    @classmethod
-    def error(cls, exc: GatewayError) -> Response:
-        return cls.json(exc.status, exc.body())
-
-
-class Deferred(Exception):
-    """Raised by :meth:`Exchange.start` to wait (reading paused) until ``future`` is done.
-
-    Used for admission control: the body stays in the client's socket buffers (TCP
-    back-pressure) instead of in memory, and ``start`` is called again afterwards.
-    """
-
-    def __init__(self, future: asyncio.Future[None]) -> None:
-        super().__init__("deferred")
-        self.future = future
-
-
-class Exchange:
-    """One request/response. Subclasses receive the body through ``get_buffer``/``buffer_updated``.
-
-    ``start`` runs before any body byte is read (raise :class:`GatewayError` to refuse);
-    ``complete`` runs once all ``Content-Length`` bytes arrived; ``abort`` frees resources
-    when the exchange fails or the connection drops.
-    """
-
-    def start(self) -> None:
-        return None
-
-    def get_buffer(self) -> memoryview:
-        raise NotImplementedError
-
-    def buffer_updated(self, n: int) -> None:
-        raise NotImplementedError
-
-    async def complete(self) -> Response:
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        return None
-
-
-Router = Callable[[Request], Exchange]
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -145,7 +49,6 @@ class _Conn(asyncio.BufferedProtocol):
         self.state = self.HEAD
         self.head = bytearray(HEAD_BUF)
         self.hfill = 0
-        self.scratch = bytearray(1 << 20)
         self.req: Request | None = None
         self.ex: Exchange | None = None
         self.remaining = 0
@@ -155,6 +58,11 @@ class _Conn(asyncio.BufferedProtocol):
         self.peer: tuple[str, int] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self.pending = b""  # bytes after the head that an on-demand exchange has not read yet
+        self.body_unread = False  # the on-demand exchange has not asked for its body (yet)
+        self.app_running = False  # the exchange's complete() has not returned yet
+        self.continued = False  # "100 Continue" was sent for this request
+        self._body_done: asyncio.Future[None] | None = None  # an on-demand body being read
 
     # -- transport callbacks ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -174,7 +82,11 @@ class _Conn(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.conns.discard(self)
-        if self.ex is not None and self.state in (self.BODY, self.HEAD):
+        done, self._body_done = self._body_done, None
+        if done is not None and not done.done():
+            # the on-demand exchange is waiting for its body: it aborts itself
+            done.set_exception(ConnectionResetError("the client closed the connection mid-body"))
+        elif self.ex is not None and not self.app_running and self.state in (self.BODY, self.HEAD):
             self._abort()
         self.state = self.CLOSED
         if self._drain_waiter is not None and not self._drain_waiter.done():
@@ -197,7 +109,8 @@ class _Conn(asyncio.BufferedProtocol):
                 return self._fail_body(exc)
             return b[: self.remaining] if len(b) > self.remaining else b
         if self.state == self.DRAIN:
-            return memoryview(self.scratch)[: min(len(self.scratch), max(self.remaining, 1))]
+            scratch = self.server.scratch
+            return memoryview(scratch)[: min(len(scratch), max(self.remaining, 1))]
         if self.state == self.HEAD and self.hfill < len(self.head):
             return memoryview(self.head)[self.hfill :]
         # WAIT (pipelined bytes while a response is pending): keep them after the head buffer
@@ -215,7 +128,10 @@ class _Conn(asyncio.BufferedProtocol):
                 self._fail_body(exc)
                 return
             if self.remaining == 0:
-                self._complete()
+                if self._body_done is not None:
+                    self._body_received()
+                else:
+                    self._complete()
         elif self.state == self.DRAIN:
             self.remaining -= nbytes
             if self.remaining <= 0:
@@ -226,18 +142,20 @@ class _Conn(asyncio.BufferedProtocol):
                 self._parse_head()
 
     def eof_received(self) -> bool | None:
-        if self.state == self.BODY:
-            self._abort()
-            self._respond(
-                Response.json(
-                    400,
-                    {
-                        "error": "truncated_body",
-                        "detail": f"connection closed with {self.remaining} body bytes missing of Content-Length",
-                    },
-                ),
-                close=True,
-            )
+        if self.state != self.BODY:
+            return None
+        err = GatewayError(
+            f"connection closed with {self.remaining} body bytes missing of Content-Length",
+            code="truncated_body",
+        )
+        done, self._body_done = self._body_done, None
+        if done is not None:  # the on-demand exchange answers; then the connection closes
+            self.close_after = True
+            self.state = self.WAIT
+            done.set_exception(err)
+            return True
+        self._abort()
+        self._respond(Response.error(err), close=True)
         return None
 
     # -- request flow ----------------------------------------------------------------------------
@@ -261,17 +179,19 @@ class _Conn(asyncio.BufferedProtocol):
         self.head = bytearray(HEAD_BUF)
         self.hfill = 0
         try:
-            req = _parse(raw, self.peer)
+            req = parse_head(raw, self.peer)
         except GatewayError as exc:
             self._respond(Response.error(exc), close=True)
             return
         self.req = req
         self.close_after = not req.keep_alive
+        self.continued = False
         self._begin(rest)
 
     def _begin(self, rest: bytes) -> None:
         req = self.req
         assert req is not None
+        self.remaining = req.content_length or 0
         try:
             self.ex = self.server.route(req)
             self.ex.start()
@@ -284,24 +204,40 @@ class _Conn(asyncio.BufferedProtocol):
             return
         except GatewayError as exc:
             self.ex = None
-            self._refuse(exc, rest)
+            self._answer_early(Response.error(exc), rest)
             return
-        if (req.header("expect") or "").lower() == "100-continue" and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self.remaining = req.content_length or 0
+        if self.ex.on_demand:  # its complete() runs now and asks for the body if it wants it
+            self.ex.receive_body = self._receive_body
+            self.pending = rest
+            self.body_unread = True
+            self._complete()
+            return
+        self._continue()
         self.state = self.BODY
         if self.remaining == 0:
             self._complete()
         self._feed(rest)
 
+    def _continue(self) -> None:
+        req = self.req
+        assert req is not None
+        if (req.header("expect") or "").lower() == "100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.continued = True
+
     def _resume_begin(self, rest: bytes) -> None:
         if self.state == self.CLOSED or self.transport is None:
             return
-        pending = bytes(self.head[: self.hfill])  # bytes that arrived while paused
-        self.head = bytearray(HEAD_BUF)
-        self.hfill = 0
+        pending = self._take_pending()  # bytes that arrived while paused
         self.transport.resume_reading()
         self._begin(rest + pending)
+
+    def _take_pending(self) -> bytes:
+        data = self.pending + bytes(self.head[: self.hfill])
+        self.pending = b""
+        self.head = bytearray(HEAD_BUF)
+        self.hfill = 0
+        return data
 
     def _feed(self, data: bytes) -> None:
         """Push bytes that arrived with the head through the normal receive path."""
@@ -313,38 +249,87 @@ class _Conn(asyncio.BufferedProtocol):
             pos += n
             self.buffer_updated(n)
 
-    def _refuse(self, exc: GatewayError, rest: bytes) -> None:
-        """Answer before reading the body; drain a bounded body to keep the connection."""
-        assert self.req is not None
-        n = self.req.content_length or 0
-        if (
-            n > DRAIN_LIMIT
-            or self.req.content_length is None
-            and self.req.method in ("POST", "PUT")
-        ):
-            self._respond(Response.error(exc), close=True, linger=True)
+    async def _receive_body(self) -> None:
+        """``Exchange.receive_body`` of an on-demand exchange: read its body now."""
+        if not self.body_unread:
+            raise RuntimeError("receive_body() may be awaited once per request")
+        self.body_unread = False
+        if self.state == self.CLOSED or self.transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        if self.remaining == 0:
             return
-        self.after_drain = Response.error(exc)
-        self.remaining = n
-        self.state = self.DRAIN
-        if n == 0:
-            self._drained()
-        self._feed(rest)
+        done = asyncio.get_running_loop().create_future()
+        self._body_done = done
+        self._continue()
+        self.state = self.BODY
+        data = self._take_pending()
+        self.transport.resume_reading()
+        self._feed(data)
+        await done
+
+    def _body_received(self) -> None:
+        done, self._body_done = self._body_done, None
+        self.state = self.WAIT
+        if self.transport is not None:
+            self.transport.pause_reading()
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _answer_early(self, resp: Response, data: bytes) -> None:
+        """Answer before the body (``remaining`` bytes, ``data`` of them here) is read.
+
+        The body is then read away into the scratch buffer to keep the connection, or, when it
+        is large or the client waits for "100 Continue" before sending it, the connection is
+        closed after the answer (lingering a moment so the client reads it, not a reset).
+        """
+        req = self.req
+        assert req is not None
+        self.body_unread = False
+        no_length = req.content_length is None and req.method in ("POST", "PUT")
+        waits = (req.header("expect") or "").lower() == "100-continue" and not self.continued
+        if self.remaining <= 0 and not no_length:
+            self.state = self.WAIT
+            self.pending = data
+            self._respond(resp, close=self.close_after)
+        elif no_length or waits or self.remaining > DRAIN_LIMIT:
+            self._respond(resp, close=True, linger=True)
+        else:
+            self._write(resp, close=self.close_after)
+            self.after_drain = None
+            self.state = self.DRAIN
+            if self.transport is not None:
+                self.transport.resume_reading()
+            self._feed(data)
 
     def _fail_body(self, exc: GatewayError) -> memoryview:
         """The body is bad: free what the exchange holds, read the rest away, then answer."""
-        self._abort()
-        self.after_drain = Response.error(exc)
+        done, self._body_done = self._body_done, None
         self.state = self.DRAIN
+        if done is not None:  # on demand: the exchange answers (at once; see _run)
+            done.set_exception(exc)
+        else:
+            self._abort()
+            self.after_drain = Response.error(exc)
         if self.remaining <= 0:
             self._drained()
-        return memoryview(self.scratch)[: max(1, min(len(self.scratch), self.remaining))]
+        scratch = self.server.scratch
+        return memoryview(scratch)[: max(1, min(len(scratch), self.remaining))]
 
     def _drained(self) -> None:
         resp, self.after_drain = self.after_drain, None
-        self.state = self.WAIT
         if resp is not None:
+            self.state = self.WAIT
             self._respond(resp, close=self.close_after)
+        elif self.app_running:  # an on-demand exchange still composes its answer
+            self.state = self.WAIT
+            if self.transport is not None:
+                self.transport.pause_reading()
+        elif self.close_after:
+            self.state = self.CLOSED
+            if self.transport is not None:
+                self.transport.close()
+        else:
+            self._next_request()
 
     def _abort(self) -> None:
         ex, self.ex = self.ex, None
@@ -356,6 +341,7 @@ class _Conn(asyncio.BufferedProtocol):
 
     def _complete(self) -> None:
         self.state = self.WAIT
+        self.app_running = True
         assert self.transport is not None
         self.transport.pause_reading()
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -369,26 +355,32 @@ class _Conn(asyncio.BufferedProtocol):
             ex.abort()
             resp = Response.error(exc)
         except Exception as exc:
-            log.exception("request failed")
+            if self.state != self.CLOSED:  # else the client left mid-body: nobody to tell
+                log.exception("request failed")
             ex.abort()
             resp = Response.json(
                 500, {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"}
             )
         self.ex = None
+        self.app_running = False
         if self.state == self.CLOSED:
             return
-        self._respond(resp, close=self.close_after)
+        if self.state == self.DRAIN:  # its body failed part way: answer now, read the rest away
+            self._answer_early(resp, b"")
+        elif self.body_unread:  # answered without reading the body
+            self._answer_early(resp, self._take_pending())
+        else:
+            self._respond(resp, close=self.close_after)
         if self._paused:
             self._drain_waiter = asyncio.get_running_loop().create_future()
             await self._drain_waiter
             self._drain_waiter = None
 
-    def _respond(self, resp: Response, *, close: bool, linger: bool = False) -> None:
+    def _write(self, resp: Response, *, close: bool) -> None:
         t = self.transport
-        if t is None or self.state == self.CLOSED:
-            return
+        assert t is not None
         hdrs = [(k, v) for k, v in resp.headers]
-        lines = [f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, 'Status')}"]
+        lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Status')}"]
         lines += [f"{k}: {v}" for k, v in hdrs]
         if resp.status not in (204, 304) and not any(k == "content-length" for k, _ in hdrs):
             lines.append(f"content-length: {len(resp.body)}")
@@ -399,6 +391,12 @@ class _Conn(asyncio.BufferedProtocol):
             t.writelines([head, resp.body])
         else:
             t.write(head)
+
+    def _respond(self, resp: Response, *, close: bool, linger: bool = False) -> None:
+        t = self.transport
+        if t is None or self.state == self.CLOSED:
+            return
+        self._write(resp, close=close)
         if close:
             self.state = self.CLOSED
             if linger and t.can_write_eof():
@@ -407,62 +405,23 @@ class _Conn(asyncio.BufferedProtocol):
                 self.state = self.DRAIN
                 self.remaining = DRAIN_LIMIT
                 self.after_drain = None
+                self.close_after = True
+                t.resume_reading()
                 asyncio.get_running_loop().call_later(LINGER_S, t.close)
             else:
                 t.close()
             return
+        self._next_request()
+
+    def _next_request(self) -> None:
+        t = self.transport
+        assert t is not None
         self.state = self.HEAD
         self.req = None
-        pending = bytes(self.head[: self.hfill])
-        self.head = bytearray(HEAD_BUF)
-        self.hfill = 0
+        pending = self._take_pending()
         t.resume_reading()
         if pending:
             self._feed(pending)
-
-
-def _parse(raw: bytes, peer: tuple[str, int] | None) -> Request:
-    try:
-        text = raw.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes anything
-        raise GatewayError("request head is not latin-1") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise GatewayError(f"malformed request line {lines[0][:80]!r}", code="bad_request")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise GatewayError(
-            f"unsupported HTTP version {version[:20]!r}", status=505, code="http_version"
-        )
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or " " in name or "\t" in name:
-            raise GatewayError(f"malformed header line {line[:80]!r}", code="bad_header")
-        headers.append((name.lower(), value.strip(" \t")))
-    lengths = {v for k, v in headers if k == "content-length"}
-    if any(k == "transfer-encoding" for k, _ in headers):
-        raise GatewayError(
-            "chunked or encoded request bodies are not supported: send Content-Length",
-            status=411,
-            code="length_required",
-        )
-    if len(lengths) > 1:
-        raise GatewayError("conflicting Content-Length headers", code="bad_content_length")
-    length: int | None = None
-    if lengths:
-        v = lengths.pop()
-        if not v.isdigit() or len(v) > 18:
-            raise GatewayError(
-                f"Content-Length {v[:30]!r} is not a non-negative integer",
-                code="bad_content_length",
-            )
-        length = int(v)
-    conn = next((v.lower() for k, v in headers if k == "connection"), "")
-    keep = ("close" not in conn) if version == "HTTP/1.1" else ("keep-alive" in conn)
-    path, _, query = target.partition("?")
-    return Request(method, target, path, query, version[5:], headers, length, keep, peer)
 
 
 class HttpServer:
@@ -472,6 +431,8 @@ class HttpServer:
         self.route = route
         self.read_timeout = read_timeout
         self.conns: set[_Conn] = set()
+        #: where refused or unread bodies are read away (contents discarded: one for all)
+        self.scratch = bytearray(1 << 20)
         self._server: asyncio.base_events.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
 
@@ -507,6 +468,3 @@ class HttpServer:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 5)
         self._server = None
-
-
-Handler = Callable[[Request], Awaitable[Response]]

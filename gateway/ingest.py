@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fedfaas import wire
 from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
+from gateway.bodies import Hold
 from gateway.errors import JobNotFound, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
 from gateway.meta import parse_client_meta
@@ -42,6 +43,7 @@ class UploadExchange(Exchange):
         self.obj: MappedObject | None = None
         self.dec: wire.UpdateDecoder | None = None
         self.reserved = False
+        self.hold: Hold | None = None  # its store object, in the node's memory budget
         self.t0 = time.monotonic_ns()
 
     def _reject(self, detail: str, status: int, code: str) -> UpdateRejected:
@@ -98,12 +100,17 @@ class UploadExchange(Exchange):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             job.admission.append(fut)
             raise Deferred(fut)
+        # the node's budget first (503 + Retry-After past it): nothing is allocated before
+        hold = gw.budget.reserve(
+            job.spec.object_nbytes, f"an update of job {job.name} (client {self.client})"
+        )
         try:
             self.obj = job.ns.allocate()
         except StoreFull as exc:
+            hold.release()
             raise self._reject(str(exc), 503, "store_full") from None
         job.inflight.add(self.client)
-        self.reserved = True
+        self.reserved, self.hold = True, hold
         self.job = job
         job.note_first_byte(self.t0)
         self.dec = wire.UpdateDecoder(
@@ -154,6 +161,9 @@ class UploadExchange(Exchange):
         return Response.json(202, {"key": key.hex(), "round": self.rnd, "client": self.client})
 
     def _unreserve(self) -> None:
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.release()
         if self.reserved and self.job is not None:
             self.job.inflight.discard(self.client)
             self.reserved = False
@@ -185,6 +195,12 @@ class PartialExchange(Exchange):
         self.fill = 0
         self.job: Job | None = None
         self.slot = 0
+        self.hold: Hold | None = None
+
+    def _release(self) -> None:
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.release()
 
     def start(self) -> None:
         if not auth.check_admin(self.gw.secret, self.req.header("authorization")):
@@ -210,7 +226,14 @@ class PartialExchange(Exchange):
                 f"round {self.rnd} is not open here", status=409, code="stale_round"
             )
         self.job = job
-        self.obj = job.ns.allocate()
+        self.hold = self.gw.budget.reserve(
+            job.spec.object_nbytes, f"a partial of job {job.name} (round {self.rnd})"
+        )
+        try:
+            self.obj = job.ns.allocate()
+        except BaseException:
+            self._release()
+            raise
 
     def get_buffer(self) -> memoryview:
         assert self.obj is not None
@@ -240,6 +263,7 @@ class PartialExchange(Exchange):
             raise UpdateRejected(
                 f"round {self.rnd} closed meanwhile", status=409, code="stale_round"
             )
+        self._release()
         engine.add_remote_partial(self.slot, key, h.weight, h.count)
         self.gw.pump(job)
         return Response.json(202, {"key": key.hex(), "round": self.rnd, "slot": self.slot})
@@ -249,3 +273,4 @@ class PartialExchange(Exchange):
         if obj is not None and self.job is not None:
             obj.close()
             self.job.ns.free(obj.key)
+        self._release()

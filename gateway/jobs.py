@@ -4,19 +4,51 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import bpf
 from fedfaas import wire
 from fedfaas.objstore import Namespace
-from gateway.errors import UpdateRejected
+from gateway.errors import GatewayError, UpdateRejected
 from gateway.plan import Plan
 from gateway.rounds import RoundEngine
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
+
+JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def check_job_params(
+    name: str,
+    rounds: int,
+    goal: int,
+    clients: Sequence[str],
+    nodes: Sequence[str] | None,
+    node: str,
+) -> list[str]:
+    """Check a new job's parameters on ``node`` (before its body is read); returns its nodes."""
+    if not JOB_NAME.match(name):
+        raise GatewayError(f"job name {name!r} must match {JOB_NAME.pattern}", code="bad_job_name")
+    bad = [c for c in clients if not CLIENT_ID.match(c)]
+    if not clients or bad or len(set(clients)) != len(clients):
+        raise GatewayError(
+            f"clients must be distinct ids matching {CLIENT_ID.pattern} (bad: {bad[:3]})",
+            code="bad_clients",
+        )
+    if not 1 <= rounds <= 100000 or not 1 <= goal <= len(clients):
+        raise GatewayError(
+            f"need 1 <= rounds and 1 <= goal <= {len(clients)} clients", code="bad_job"
+        )
+    nodes = list(nodes or [node])
+    if node != nodes[0]:
+        raise GatewayError(f"create jobs on their root node {nodes[0]}", code="wrong_node")
+    return nodes
 
 
 @dataclass

@@ -72,7 +72,7 @@ EVALUATOR_KEY = "fedfaas.evaluator"
 EVALUATOR_MAX_BYTES = 1024
 
 
-def declared_evaluator(body: bytes, max_header: int) -> dict[str, Any] | None:
+def declared_evaluator(body: bytes | memoryview, max_header: int) -> dict[str, Any] | None:
     """The evaluator spec the initial weights declare (``__metadata__["fedfaas.evaluator"]``, a
     small JSON object with a string ``kind``), or None. The gateway writes it into the round
     metadata, where the FLStore cache engine finds it for contribution workloads."""
@@ -95,7 +95,7 @@ def declared_evaluator(body: bytes, max_header: int) -> dict[str, Any] | None:
     return spec
 
 
-def wire_metadata(body: bytes, max_header: int) -> dict[str, str]:
+def wire_metadata(body: bytes | memoryview, max_header: int) -> dict[str, str]:
     """The ``__metadata__`` map of a safetensors body (empty when it has none)."""
     _, start = wire.parse_raw_header(body, max_header)
     meta = json.loads(bytes(body[8:start])).get("__metadata__") or {}

@@ -6,7 +6,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
@@ -38,7 +38,18 @@ class _StoreCollector:
         if router is not None:
             with contextlib.suppress(Exception):  # router not started yet
                 eps.add_metric([router.mode], len(router.endpoints()))
-        yield from (objs, byts, ver, eps)
+        budget = self.gw.budget
+        held = GaugeMetricFamily(
+            "fedfaas_gateway_body_bytes_held",
+            "request-body bytes held now, against max_inflight_bytes",
+            value=budget.used,
+        )
+        refused = CounterMetricFamily(
+            "fedfaas_gateway_body_budget_refusals",
+            "requests answered 503 because the node's body budget was spent",
+            value=budget.refused,
+        )
+        yield from (objs, byts, ver, eps, held, refused)
 
 
 class Metrics:

@@ -31,7 +31,10 @@ class GatewaySettings(CommandLineSettings):
     fanout : updates per leaf aggregator in the static plan (I).
     lazy : aggregate lazily (when the goal is reached) instead of eagerly.
     max_header : bound on the safetensors JSON header of an upload.
-    max_job_body : bound on the initial-weights body of ``POST /v1/jobs``.
+    max_job_body : bound on the initial-weights body of ``POST /v1/jobs`` (streamed into shared
+        memory as it arrives, never buffered whole on the heap).
+    max_json_body : bound on the body of every other control route (JSON): a larger
+        ``Content-Length`` is answered 413 before a byte of it is read.
     pool : store buffers pre-faulted when a job is created (``None``: max_inflight + 2); freed
         buffers are kept for reuse up to an estimate of the round's peak, within ``pool_max_bytes``.
     check_finite : reject updates holding NaN or Inf.
@@ -39,6 +42,12 @@ class GatewaySettings(CommandLineSettings):
         buffer freed); idle keep-alive connections get four times as long.
     max_inflight : uploads of one job received at once (others wait, reading paused: TCP
         back-pressure keeps their bodies out of memory); 0 = no limit.
+    max_inflight_bytes : this node's memory budget, in bytes, for request bodies in flight, all
+        jobs together: an upload holds its store object, a cross-node partial its object, a
+        JSON body its bytes, the job-creation body what has arrived of it, from before the first
+        byte is received until the request ends. A request that would go past it is answered
+        503 with ``Retry-After`` (and a JSON body) and nothing is allocated; 0 = no limit.
+        No body is read at all before its request is authenticated and routed.
     peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``).
     planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
@@ -70,10 +79,12 @@ class GatewaySettings(CommandLineSettings):
         "lazy": "--lazy",
         "max_header": "--max-header",
         "max_job_body": "--max-job-body",
+        "max_json_body": "--max-json-body",
         "pool": "--pool",
         "pool_max_bytes": "--pool-max-bytes",
         "check_finite": "--no-check-finite",
         "max_inflight": "--max-inflight",
+        "max_inflight_bytes": "--max-inflight-bytes",
         "read_timeout": "--read-timeout",
         "peers": "--peers",
         "planner": "--planner",
@@ -97,10 +108,12 @@ class GatewaySettings(CommandLineSettings):
     lazy: bool = False
     max_header: int = DEFAULT_MAX_HEADER
     max_job_body: int = 1 << 30
+    max_json_body: int = 1 << 20
     pool: int | None = None
     pool_max_bytes: int = 2 << 30
     check_finite: bool = True
     max_inflight: int = 4
+    max_inflight_bytes: int = 4 << 30
     read_timeout: float = 60.0
     peers: dict[str, str] = Field(default_factory=dict)
     planner: str | None = None
