@@ -68,7 +68,9 @@ def free_endpoints(gw: Gateway) -> dict[int, bpf.EndpointInfo]:
 
 
 def assign(gw: Gateway, job: Job) -> int:
-    """Give endpoints to the job's waiting slots; returns how many slots still wait (shortage)."""
+    """Give endpoints to the job's waiting slots; returns how many still wait for want of one
+    (the node's shortage). A middle or top left to wait for its children is not short: it runs
+    once they are done, on whatever endpoint is free then."""
     eng = job.engine
     if eng is None:
         return 0
@@ -92,7 +94,8 @@ def assign(gw: Gateway, job: Job) -> int:
     def may_take(st: SlotState) -> bool:
         # An eager middle or top waits for its other children holding its endpoint: it never
         # takes the node's last free endpoint, so a leaf can always run and the round always
-        # progresses, however few endpoints there are (the deferred slot counts as shortage).
+        # progresses, however few endpoints there are. Deferred, it is no shortage: it runs
+        # once its children are done.
         return len(free) > 1 or not _waits_for_children(eng, st)
 
     left = list(waiting)
@@ -102,13 +105,17 @@ def assign(gw: Gateway, job: Job) -> int:
             continue
         if _start(gw, job, eng, st, int(rid), free):
             left.remove(st)
+    deferred = 0
     for st in list(left):  # leaves without a bind, and middles/tops whose child's endpoint
-        while order and may_take(st):  # is gone or busy: any free endpoint beats waiting
+        if not may_take(st):  # is gone or busy: any free endpoint beats waiting
+            deferred += 1
+            continue
+        while order:
             ep = order.pop(0)
             if ep in free and _start(gw, job, eng, st, ep, free):
                 left.remove(st)
                 break
-    return len(left)
+    return len(left) - deferred
 
 
 def _waits_for_children(eng: RoundEngine, st: SlotState) -> bool:

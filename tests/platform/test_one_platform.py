@@ -67,15 +67,24 @@ class Platform:
     def gateways(self) -> dict[str, str]:
         return {"node0": self.urls["gateway"], "node1": self.urls["gateway_node1"]}
 
-    def replicas(self) -> list[dict[str, Any]]:
-        """``GET /system/replicas/aggregator`` on the runtime: the function's live replicas."""
+    def replicas(self, ready: bool = True) -> list[dict[str, Any]]:
+        """``GET /system/replicas/aggregator`` on the runtime: the function's replicas, ready
+        ones only or all (a starting replica registers its endpoints before it is ready)."""
         r = httpx.get(
             f"{self.urls['runtime']}/system/replicas/aggregator",
             auth=self.runtime_auth,
             timeout=10,
         )
         r.raise_for_status()
-        return [x for x in r.json() if x["state"] == "ready"]
+        return [x for x in r.json() if x["state"] == "ready" or not ready]
+
+    def endpoint_pids_are_replicas(self) -> None:
+        """Every router endpoint is a replica of the function, on the node it is placed on
+        (endpoints read first: a replica they name already exists when the replicas are read)."""
+        endpoints = self.endpoints()
+        reps = self.replicas(ready=False)
+        for node, eps in endpoints.items():
+            assert {e["pid"] for e in eps} <= {r["pid"] for r in reps if r["node"] == node}
 
     def endpoints(self) -> dict[str, list[dict[str, Any]]]:
         """Each node's registered function endpoints (``/v1/router``, local ones left out)."""
@@ -191,7 +200,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         **ANY_PORTS_ENV,
         "FEDFAAS_PORTS": json.dumps(ports),
         # the control plane scales the function down after this many idle seconds
-        "FEDFAAS_CONTROL_SCALE_DOWN_S": "8",
+        "FEDFAAS_CONTROL_SCALE_DOWN_S": "20",
     }
     env.pop("OPENFAAS_URL", None)
     _fedfaas("up", "--with", "all", "--state-dir", str(state_dir), env=env)
@@ -237,9 +246,7 @@ def test_a_round_of_20_updates_scales_the_function_up_and_a_new_replica_aggregat
     done = p.tasks_done()
     new = {pid: n for pid, n in done.items() if pid != first["pid"]}
     assert any(n > 0 for n in new.values()), f"a new replica aggregated part: {done}"
-    # every endpoint that exists is a replica's
-    pids = {r["pid"] for r in reps}
-    assert {e["pid"] for eps in p.endpoints().values() for e in eps} <= pids
+    p.endpoint_pids_are_replicas()
 
 
 def test_twelve_clients_two_nodes_three_rounds_aggregated_only_by_the_function(
@@ -261,12 +268,9 @@ def test_twelve_clients_two_nodes_three_rounds_aggregated_only_by_the_function(
         assert model.version == rnd
         assert_fedavg(model.data, updates, weights)
     assert set(placed) == set(p.gateways.values()), "clients on both node gateways"
-    reps = {r["pid"] for r in p.replicas()}
     endpoints = p.endpoints()
     assert all(endpoints.values()), f"both nodes have function endpoints: {endpoints}"
-    assert {e["pid"] for eps in endpoints.values() for e in eps} <= reps
-    for node, eps in endpoints.items():  # each replica registered with the node it is placed on
-        assert {e["pid"] for e in eps} <= {r["pid"] for r in p.replicas() if r["node"] == node}
+    p.endpoint_pids_are_replicas()
     after = p.tasks_done()
     ran = sum(after.get(pid, 0) - before.get(pid, 0) for pid in after)
     # 3 rounds x (3 leaves per node x 2 nodes + at least the top): every slot ran in a replica
@@ -278,7 +282,11 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
 ) -> None:
     p = platform
     wait_until(lambda: all(len(e) >= 2 for e in p.endpoints().values()), 60, "warm endpoints")
-    pids = {r["pid"] for r in p.replicas()}
+    # a scale-up the last round asked for has finished: every replica is ready and registered
+    wait_until(
+        lambda: len(p.replicas()) == len(p.replicas(ready=False)), 60, "no replica starting"
+    )
+    pids = {r["pid"] for r in p.replicas(ready=False)}
 
     def served() -> set[int]:
         ids = set()
@@ -311,7 +319,7 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
     for job in ("ia", "ib"):
         with p.root_client(job, "a") as fl:
             assert_fedavg(fl.wait_for_version(1, timeout=120).data, *sent[job])
-    assert {r["pid"] for r in p.replicas()} == pids, "no replica started for the later jobs"
+    assert {r["pid"] for r in p.replicas(ready=False)} == pids, "no replica started for them"
     ids = {p.progress(j, "node0")["id"] for j in ("ra", "rb", "ia", "ib")}
     assert ids <= served(), "the same warm replicas were granted every job"
 
@@ -346,7 +354,7 @@ def test_a_replica_killed_mid_round_loses_nothing_and_counts_nothing_twice(
 
     node, sid, endpoint = wait_until(running_leaf, 60, "a leaf running in a replica")
     [victim] = [e["pid"] for e in p.endpoints()[node] if e["id"] == endpoint]
-    assert victim in {r["pid"] for r in p.replicas()}
+    assert victim in {r["pid"] for r in p.replicas(ready=False)}
     os.kill(victim, signal.SIGKILL)
 
     def attempts() -> int:
@@ -369,5 +377,5 @@ def test_the_function_scales_back_down_when_idle(platform: Platform) -> None:
     p = platform
     # FEDFAAS_CONTROL_SCALE_DOWN_S reached the control plane (its command line, in its log)
     log = (p.state_dir / "logs" / "control-plane.log").read_text()
-    assert "--scale-down 8.0" in log
+    assert "--scale-down 20.0" in log
     wait_until(lambda: len(p.replicas()) == 1, 90, "scale-down to the minimum after idling")
