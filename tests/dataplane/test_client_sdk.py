@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +25,8 @@ from client.sdk import (
     client_token,
     create_job,
 )
-from fedfaas.services import free_port, wait_for_port
-from gateway.settings import GatewaySettings
-from tests.aggregators import NodeAggregators
+from fedfaas.services import free_port
+from tests.dataplane.gwproc import gateway_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,43 +163,8 @@ def test_client_token_is_hmac_sha256_of_job_slash_client() -> None:
 def gateway(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, str]]:
     """One real node gateway subprocess with one ``aggregator`` replica (two endpoints);
     yields (url, admin secret)."""
-    state = tmp_path / "gw"
-    state.mkdir()
-    admin = os.urandom(16).hex()
-    (state / "admin-secret").write_text(admin + "\n")
-    os.chmod(state / "admin-secret", 0o600)
-    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    settings = GatewaySettings(
-        node="n1",
-        port=free_port(),
-        state_dir=state,
-        redis_url=redis_url,
-        shm_root=shm,
-        prefer_ebpf=False,
-        admin_secret_file=state / "admin-secret",
-    )
-    url = f"http://127.0.0.1:{settings.port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
-    with open(tmp_path / "gateway.log", "wb") as log:
-        proc = subprocess.Popen(
-            settings.to_argv(log_level="WARNING"),
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-    aggs = NodeAggregators("n1", settings.socket_path(), tmp_path / "aggregators", url)
-    try:
-        aggs.spawn(1, endpoints=2)
-        wait_for_port("127.0.0.1", settings.port, 60, proc)
-        aggs.wait_registered(2)
-        yield url, admin
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        aggs.stop()
-        shutil.rmtree(shm, ignore_errors=True)
+    with gateway_process(tmp_path, redis_url) as (gw, admin):
+        yield gw.url, admin
 
 
 @pytest.mark.integration

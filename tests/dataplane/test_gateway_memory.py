@@ -8,9 +8,6 @@ job-creation body must arrive in shared memory, not on the heap.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +21,7 @@ import pytest
 from client.model import bytes_to_state_dict, make_model, model_to_bytes
 from client.sdk import FLClient, create_job
 from fedfaas import wire
-from fedfaas.services import free_port, wait_for_port
-from gateway.settings import GatewaySettings
-from tests.aggregators import NodeAggregators
+from tests.dataplane.gwproc import gateway_process
 from tests.dataplane.rawhttp import read_answer, send_head
 
 pytestmark = pytest.mark.integration
@@ -48,45 +43,9 @@ class Node:
 @pytest.fixture()
 def node(tmp_path: Path, redis_url: str) -> Iterator[Node]:
     """A node gateway subprocess with one ``aggregator`` replica (two endpoints)."""
-    state = tmp_path / "gw"
-    state.mkdir()
-    admin = os.urandom(16).hex()
-    (state / "admin-secret").write_text(admin + "\n")
-    os.chmod(state / "admin-secret", 0o600)
-    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    settings = GatewaySettings(
-        node="n1",
-        port=free_port(),
-        state_dir=state,
-        redis_url=redis_url,
-        shm_root=shm,
-        prefer_ebpf=False,
-        admin_secret_file=state / "admin-secret",
-        pool=1,
-        read_timeout=300,  # the attackers below stay connected for the whole test
-    )
-    url = f"http://127.0.0.1:{settings.port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
-    with open(tmp_path / "gateway.log", "wb") as log:
-        proc = subprocess.Popen(
-            settings.to_argv(log_level="WARNING"),
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-    aggs = NodeAggregators("n1", settings.socket_path(), tmp_path / "aggregators", url)
-    try:
-        aggs.spawn(1, endpoints=2)
-        wait_for_port("127.0.0.1", settings.port, 60, proc)
-        aggs.wait_registered(2)
-        yield Node(url, settings.port, admin, proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        aggs.stop()
-        shutil.rmtree(shm, ignore_errors=True)
+    # the attackers below stay connected for the whole test
+    with gateway_process(tmp_path, redis_url, pool=1, read_timeout=300) as (gw, admin):
+        yield Node(gw.url, gw.settings.port, admin, gw.pid)
 
 
 def memory(pid: int) -> dict[str, int]:
