@@ -283,9 +283,7 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
     p = platform
     wait_until(lambda: all(len(e) >= 2 for e in p.endpoints().values()), 60, "warm endpoints")
     # a scale-up the last round asked for has finished: every replica is ready and registered
-    wait_until(
-        lambda: len(p.replicas()) == len(p.replicas(ready=False)), 60, "no replica starting"
-    )
+    wait_until(lambda: len(p.replicas()) == len(p.replicas(ready=False)), 60, "no replica starting")
     pids = {r["pid"] for r in p.replicas(ready=False)}
 
     def served() -> set[int]:
