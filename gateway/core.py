@@ -29,6 +29,8 @@ from gateway.rounds import Input, RoundEngine
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+#: seconds a stop waits for the gateway's own tasks to end once cancelled and told to stop
+STOP_TASKS_S = 5.0
 
 
 def _load_planner(settings: GatewaySettings) -> Planner:
@@ -174,6 +176,10 @@ class Gateway:
         self._stop.set()
         for t in self._tasks:
             t.cancel()
+        if self._tasks:  # they end on the flag even where a cancel is lost (see _housekeeping)
+            _, left = await asyncio.wait(self._tasks, timeout=STOP_TASKS_S)
+            for t in left:
+                log.error("gateway task %s did not stop; left behind", t.get_name())
         try:
             await self.http.stop()
             for job in self.jobs.values():
@@ -699,7 +705,10 @@ class Gateway:
             job.model_bytes = r.content
 
     async def _housekeeping(self) -> None:
-        while True:
+        # Not ``while True``: a cancel that lands in a Redis call can be lost inside redis-py
+        # (seen with redis 8.1 on Python 3.11), and this loop would then outlive the stop and
+        # hang ``asyncio.Runner.close`` (issue 18). The stop flag ends it whatever happens.
+        while not self._stop.is_set():
             await asyncio.sleep(0.02)
             for job in list(self.jobs.values()):
                 self.pump(job)

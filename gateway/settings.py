@@ -56,6 +56,8 @@ class GatewaySettings(CommandLineSettings):
     engine_url : the FLStore cache engine, told when each round is in MinIO (optional).
     keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
         round from the journal (a crash always leaves it; the default clean stop empties it).
+    stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
+        at a second signal, it logs what it abandons (threads and pending tasks) and exits 1.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
@@ -93,6 +95,7 @@ class GatewaySettings(CommandLineSettings):
         "checkpoint_clients": "--no-checkpoint-clients",
         "engine_url": "--engine",
         "keep_store_on_stop": "--keep-store-on-stop",
+        "stop_grace": "--stop-grace",
     }
 
     node: str = "node0"
@@ -124,6 +127,7 @@ class GatewaySettings(CommandLineSettings):
     checkpoint_clients: bool = True
     engine_url: str | None = None
     keep_store_on_stop: bool = False
+    stop_grace: float = 20.0
 
     def socket_path(self) -> Path:
         return self.router_socket or self.state_dir / f"router-{self.node}.sock"
