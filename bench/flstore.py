@@ -183,7 +183,7 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         stack.ingest(digits, [0])
         # warm every server once (imports, connections), not timed
         warm = {"workload": "track", "job": digits, "rounds": [0], "params": {"window": 1}}
-        client.post(f"{stack.tracker_url}/v1/queries?wait=true", json=warm)
+        client.post(f"{stack.tracker_url}/v1/queries?wait=true", headers=stack.auth, json=warm)
         for u in urls.values():
             client.post(f"{u}/v1/queries", json=warm)
             # the baselines build the digits evaluator now, as the cache functions do when
@@ -205,7 +205,7 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 body = _fix_personalize(body, h.clients)
                 rows.append(_one(client, stack, urls, wl if jb == job else f"{wl} (digits)", body))
                 stack.wait_idle(600)  # background prefetch is not charged to the next query
-        state = client.get(f"{stack.engine_url}/v1/state").json()
+        state = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
         return {
             "model": "ResNet-18-sized flat vectors" if not args.small else "small CNN",
             "floats_per_model": d,
@@ -241,7 +241,7 @@ def _one(
         ("cache-agg", f"{urls['cache-agg']}/v1/queries"),
     ):
         t = time.perf_counter()
-        r = client.post(url, json=body)
+        r = client.post(url, json=body, headers=stack.auth if system == "fedfaas" else None)
         dt = time.perf_counter() - t
         if r.status_code != 200:
             log.error("%s %s: HTTP %d %s", system, wl, r.status_code, r.text[:300])

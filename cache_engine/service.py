@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -22,6 +22,7 @@ from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.errors import EngineError
 from cache_engine.settings import EngineSettings
+from fedfaas.auth import Authenticator, Scope, install, require
 from fedfaas.openfaas import OpenFaaS, read_basic_auth
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
             openfaas.close()
             r.close()
 
+    auth = Authenticator.from_files(s.admin_token_file, service=s.service_token_file)
     app = FastAPI(title="FLStore cache engine", lifespan=lifespan)
+    install(app, auth)
+    service = [Depends(require(Scope.SERVICE))]
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
@@ -90,7 +94,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         e = eng(request)
         return {"ok": True, "objects": len(e.table), "functions": len(e.functions)}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=service)
     def metrics(request: Request) -> str:
         """Counters in Prometheus text format."""
         e = eng(request)
@@ -99,17 +103,17 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         lines.append(f"flstore_engine_functions {len(e.functions)}")
         return "\n".join(lines) + "\n"
 
-    @app.get("/v1/state")
+    @app.get("/v1/state", dependencies=service)
     def state(request: Request) -> dict[str, Any]:
         """Functions, jobs, counters."""
         return eng(request).describe()
 
-    @app.post("/v1/jobs/{job}/rounds/{rnd}/complete")
+    @app.post("/v1/jobs/{job}/rounds/{rnd}/complete", dependencies=service)
     def complete(job: str, rnd: int, request: Request) -> dict[str, Any]:
         """A round is written to the cold store: ingest it."""
         return eng(request).ingest(job, rnd)
 
-    @app.post("/v1/plan")
+    @app.post("/v1/plan", dependencies=service)
     async def plan_(request: Request) -> Any:
         """Validate a query; list the objects it needs."""
         body = await _json(request)
@@ -127,22 +131,22 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
             )
         return {"objects": [k.id for k in p.keys], "policy": p.policy, "params": p.params}
 
-    @app.post("/v1/acquire")
+    @app.post("/v1/acquire", dependencies=service)
     def acquire(request: Request, body: dict[str, Any]) -> dict[str, Any]:
         """Cache a query's objects; return the functions holding all of them."""
         return eng(request).acquire(body)
 
-    @app.get("/v1/locations")
+    @app.get("/v1/locations", dependencies=service)
     def locations(request: Request, ids: list[str] = Query(default=[])) -> dict[str, Any]:  # noqa: B008
         """Holders of objects, primary first."""
         return eng(request).locations(ids)
 
-    @app.post("/v1/functions/{name}/failed")
+    @app.post("/v1/functions/{name}/failed", dependencies=service)
     def failed(name: str, request: Request) -> dict[str, Any]:
         """A caller could not reach function ``name``."""
         return {"function": name, "alive": eng(request).report_failure(name)}
 
-    @app.post("/v1/functions/{name}/missing")
+    @app.post("/v1/functions/{name}/missing", dependencies=service)
     def missing(name: str, request: Request, body: dict[str, Any]) -> dict[str, Any]:
         """Function ``name`` answered 409 not_held for these objects: fix the table."""
         ids = body.get("objects") or []
@@ -150,12 +154,12 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
             return {"corrected": 0}
         return {"corrected": eng(request).report_missing(name, ids)}
 
-    @app.get("/v1/replicas")
+    @app.get("/v1/replicas", dependencies=service)
     def replicas(request: Request) -> dict[str, Any]:
         """Holders per cached object."""
         return eng(request).replica_counts()
 
-    @app.get("/v1/idle")
+    @app.get("/v1/idle", dependencies=service)
     def idle(request: Request) -> dict[str, bool]:
         """Whether background prefetch/eviction/restoration is done."""
         return {"idle": eng(request).idle()}

@@ -39,6 +39,9 @@ class EngineSettings(CommandLineSettings):
     ping_timeout, dead_after
         A ping that times out counts as one failure; ``dead_after`` in a row mark the function
         dead (a refused connection or a gateway 5xx marks it dead at once).
+    admin_token_file, service_token_file
+        Secret files (0600) of the admin scope (required) and of the service scope (the
+        tracker and the gateways); every route but ``/healthz`` needs one of them.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
@@ -69,6 +72,8 @@ class EngineSettings(CommandLineSettings):
         "function_image": "--function-image",
         "handler_dir": "--handler-dir",
         "function_env": "--function-env",
+        "admin_token_file": "--admin-token-file",
+        "service_token_file": "--service-token-file",
     }
 
     host: str = "127.0.0.1"
@@ -94,3 +99,5 @@ class EngineSettings(CommandLineSettings):
     function_image: str = "fedfaas/flstore-cache:latest"
     handler_dir: str = str(_REPO / "functions" / "flstore")
     function_env: dict[str, str] = Field(default_factory=dict)
+    admin_token_file: Path | None = None
+    service_token_file: Path | None = None

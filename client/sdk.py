@@ -380,6 +380,7 @@ def submit_job(
     *,
     rounds: int,
     clients: list[str],
+    admin_token: str,
     goal: int | None = None,
     policy: str = "leastconn",
     per_leaf: int = 2,
@@ -398,6 +399,8 @@ def submit_job(
     initial_weights : the model's initial weights as safetensors bytes.
     rounds : number of rounds.
     clients : the client ids; each uploads with the token :func:`client_token` gives.
+    admin_token : the control plane's admin token (the gateways' admin secret, read from its
+        file, e.g. ``.state/secrets/gateway-admin-secret``).
     goal : updates that close a round (default: every client).
     policy : placement, ``"leastconn"`` (spread over the nodes) or ``"bestfit"`` (pack).
     per_leaf : updates per leaf aggregator.
@@ -435,7 +438,7 @@ def submit_job(
     url = control_plane_url.rstrip("/") + "/v1/jobs"
     with httpx.Client(timeout=timeout, transport=transport) as http:
         try:
-            resp = http.post(url, json=body)
+            resp = http.post(url, json=body, headers={"Authorization": f"Bearer {admin_token}"})
         except httpx.TransportError as exc:
             raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
     _raise_for(resp, "POST")
@@ -466,10 +469,14 @@ def flstore_query(
     rounds: list[int] | None = None,
     clients: list[str] | None = None,
     params: Mapping[str, Any] | None = None,
+    token: str,
     wait: float = 120.0,
     transport: httpx.BaseTransport | None = None,
 ) -> dict[str, Any]:
     """Ask FLStore a question about ``job``: ``POST {tracker}/v1/queries?wait=true``.
+
+    ``token`` is the tracker's analyst (or admin) token, read from its file (the platform
+    writes ``.state/secrets/flstore-analyst-token``).
 
     ``workload`` is one of ``fedfaas.workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
     with its ``params``; ``rounds``/``clients`` fill the workload's round/client parameters.
@@ -497,7 +504,12 @@ def flstore_query(
     with httpx.Client(timeout=max(wait, 30.0), transport=transport) as http:
         while True:
             try:
-                resp = http.post(url, params={"wait": "true"}, json=query)
+                resp = http.post(
+                    url,
+                    params={"wait": "true"},
+                    json=query,
+                    headers={"Authorization": f"Bearer {token}"},
+                )
             except httpx.TransportError as exc:
                 raise QueryFailed(0, "unreachable", repr(exc), query) from exc
             if resp.status_code == 200:

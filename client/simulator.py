@@ -21,7 +21,7 @@ import torch
 
 from client.data import ClientData, FederatedDigits
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
-from client.sdk import FLClient, StaleRound
+from client.sdk import FLClient, StaleRound, client_token
 from client.train import TrainConfig, evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -55,17 +55,40 @@ class ControlPlaneAssignment:
     so placement changes between rounds are followed.
     """
 
-    def __init__(self, control_plane_url: str, job: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        control_plane_url: str,
+        job: str,
+        credential: str | Callable[[str], str],
+        timeout: float = 10.0,
+    ) -> None:
         self.base = control_plane_url.rstrip("/")
         self.job = job
         self.timeout = timeout
+        self._credential = credential
+        self._client: str | None = None
+
+    def _auth(self, client_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
+        """``(params, headers)``: as the client when one is known, else with the admin secret."""
+        cred = self._credential
+        if client_id is None:
+            if not isinstance(cred, str):
+                raise ValueError("ask for one client's assignment first (its token is needed)")
+            return {}, {"Authorization": f"Bearer {cred}"}
+        token = (
+            client_token(cred, self.job, client_id) if isinstance(cred, str) else cred(client_id)
+        )
+        return {"client": client_id}, {"Authorization": f"Bearer {token}"}
 
     def __call__(self, client_id: str) -> str:
         import httpx
 
+        self._client = client_id
+        params, headers = self._auth(client_id)
         r = httpx.get(
             f"{self.base}/v1/jobs/{self.job}/assignment",
-            params={"client": client_id},
+            params=params,
+            headers=headers,
             timeout=self.timeout,
         )
         r.raise_for_status()
@@ -76,8 +99,14 @@ class ControlPlaneAssignment:
         import httpx
 
         deadline = time.monotonic() + timeout
+        params, headers = self._auth(None if isinstance(self._credential, str) else self._client)
         while True:
-            r = httpx.get(f"{self.base}/v1/jobs/{self.job}", timeout=self.timeout)
+            r = httpx.get(
+                f"{self.base}/v1/jobs/{self.job}",
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
+            )
             r.raise_for_status()
             cur = r.json().get("round") or {}
             if int(cur.get("number") or 0) >= number and cur.get("state") == "open":
@@ -91,10 +120,17 @@ class ControlPlaneAssignment:
 
 
 def control_plane_assignment(
-    control_plane_url: str, job: str, timeout: float = 10.0
+    control_plane_url: str,
+    job: str,
+    credential: str | Callable[[str], str],
+    timeout: float = 10.0,
 ) -> ControlPlaneAssignment:
-    """Client -> gateway URL from the control plane (see :class:`ControlPlaneAssignment`)."""
-    return ControlPlaneAssignment(control_plane_url, job, timeout)
+    """Client -> gateway URL from the control plane (see :class:`ControlPlaneAssignment`).
+
+    ``credential`` is the gateways' admin secret (each client's token is derived from it, as
+    :func:`client.sdk.client_token` does) or a function ``client id -> its token``.
+    """
+    return ControlPlaneAssignment(control_plane_url, job, credential, timeout)
 
 
 #: What a malicious client of :class:`SimulatorConfig` does: ``"sign-flip"`` uploads

@@ -10,6 +10,10 @@ Routes:
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
 * ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url}``
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round
+
+Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
+admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
+token, with ``?client=ID``) for its assignment and its job's round.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from control_plane.gateways import plan_to_slots
 from control_plane.jobs import JobSpec, round_view
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
+from fedfaas.auth import Authenticator, Scope, install, require
 from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,11 @@ def create_app(
                     await loop
             await coord.stop()
 
+    auth = Authenticator.from_files(settings.admin_token_file, settings.analyst_token_file)
     app = FastAPI(title="FedFaaS control plane", lifespan=lifespan)
+    install(app, auth)
+    admin = [Depends(require())]
+    analyst = [Depends(require(Scope.ANALYST))]
 
     @app.exception_handler(ControlPlaneError)
     async def cp_error(request: Request, exc: ControlPlaneError) -> JSONResponse:
@@ -110,7 +119,7 @@ def create_app(
         """Liveness."""
         return {"status": "ok"}
 
-    @app.get("/v1/nodes")
+    @app.get("/v1/nodes", dependencies=analyst)
     async def nodes(coord: CoordDep) -> dict[str, Any]:
         """Node health, capacity and queue estimate."""
         est = coord.queues.estimates
@@ -133,7 +142,7 @@ def create_app(
             },
         }
 
-    @app.post("/v1/jobs", status_code=201)
+    @app.post("/v1/jobs", status_code=201, dependencies=admin)
     async def create_job(body: JobIn, coord: CoordDep) -> dict[str, Any]:
         """Create a job on every healthy gateway and open its first round."""
         if isinstance(body.clients, int):
@@ -162,22 +171,22 @@ def create_app(
         await coord.create_job(spec, initial_weights=weights)
         return coord.job_view(body.job)
 
-    @app.get("/v1/jobs/{job}")
+    @app.get("/v1/jobs/{job}", dependencies=[Depends(require(Scope.ANALYST, Scope.CLIENT))])
     async def get_job(job: str, coord: CoordDep) -> dict[str, Any]:
-        """Job and current round."""
+        """Job and current round (a client of the job asks with ``?client=ID``)."""
         return coord.job_view(job)
 
-    @app.delete("/v1/jobs/{job}", status_code=204)
+    @app.delete("/v1/jobs/{job}", status_code=204, dependencies=admin)
     async def delete_job(job: str, coord: CoordDep) -> None:
         """Forget the job."""
         await coord.delete_job(job)
 
-    @app.post("/v1/jobs/{job}/rounds", status_code=201)
+    @app.post("/v1/jobs/{job}/rounds", status_code=201, dependencies=admin)
     async def open_round(job: str, coord: CoordDep) -> dict[str, Any]:
         """Open the next round."""
         return round_view(await coord.open_round(job))
 
-    @app.post("/v1/jobs/{job}/rounds/{number}/close")
+    @app.post("/v1/jobs/{job}/rounds/{number}/close", dependencies=admin)
     async def close_round(job: str, number: int, coord: CoordDep) -> dict[str, Any]:
         """Close the open round now (it must be round ``number``)."""
         cur = coord.job(job).current
@@ -185,7 +194,7 @@ def create_app(
             raise RoundStateError(f"round {number} of {job!r} is not the open round")
         return round_view(await coord.close_round(job))
 
-    @app.get("/v1/jobs/{job}/assignment")
+    @app.get("/v1/jobs/{job}/assignment", dependencies=[Depends(require(Scope.CLIENT))])
     async def assignment(
         job: str,
         coord: CoordDep,
@@ -195,7 +204,7 @@ def create_app(
         number, node, url = coord.assignment(job, client)
         return {"job": job, "round": number, "client": client, "node": node, "gateway_url": url}
 
-    @app.get("/v1/jobs/{job}/plan")
+    @app.get("/v1/jobs/{job}/plan", dependencies=analyst)
     async def plan(job: str, coord: CoordDep) -> dict[str, Any]:
         """The open round's hierarchy as the gateway slot table."""
         state = coord.job(job)

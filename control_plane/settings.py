@@ -42,7 +42,10 @@ class ControlPlaneSettings(CommandLineSettings):
         Seconds every node must be idle before ``function`` scales back to its minimum.
     admin_token_file
         The gateways' admin secret (their ``<state_dir>/admin-secret``), sent as the bearer
-        token when the coordinator creates jobs on them.
+        token when the coordinator creates jobs on them; also this service's admin token, and
+        the key of the client tokens ``GET /v1/jobs/{job}/assignment`` accepts.
+    analyst_token_file
+        Token of the read-only analyst scope (``GET`` of nodes, jobs, plans); optional.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONTROL_")
@@ -63,6 +66,7 @@ class ControlPlaneSettings(CommandLineSettings):
         "alpha": "--alpha",
         "scale_down_s": "--scale-down",
         "admin_token_file": "--admin-token-file",
+        "analyst_token_file": "--analyst-token-file",
     }
 
     host: str = "127.0.0.1"
@@ -78,6 +82,7 @@ class ControlPlaneSettings(CommandLineSettings):
     alpha: float = 0.7
     scale_down_s: float = 30.0
     admin_token_file: Path | None = None
+    analyst_token_file: Path | None = None
 
     def gateway_map(self) -> dict[str, str]:
         """Parse :attr:`gateways` into ``{node: url}``."""

@@ -14,6 +14,7 @@ import httpx
 
 import bpf
 from fedfaas import wire
+from fedfaas.auth import bearer, read_token_file
 from fedfaas.objstore import Namespace, check_root
 from gateway import auth
 from gateway.asgi import AsgiExchange
@@ -68,6 +69,7 @@ class Gateway:
         self._peers = httpx.AsyncClient(timeout=120)
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
+        self.engine_headers: dict[str, str] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Gateway:
@@ -78,6 +80,9 @@ class Gateway:
         self.loop = asyncio.get_running_loop()
         s.state_dir.mkdir(parents=True, exist_ok=True)
         self.secret = auth.load_or_create_secret(s.secret_path())
+        # the cache engine's service token, read once: a missing file stops the gateway here
+        tf = s.engine_token_file if s.engine_url else None
+        self.engine_headers = bearer(read_token_file(tf, "engine token")) if tf else {}
         self.journal = Journal(s.redis_url)
         await self.journal.ping()
         self.router = bpf.RouterServer(
@@ -128,6 +133,7 @@ class Gateway:
         if not url or self.checkpoints is None:
             return
         target = f"{url.rstrip('/')}/v1/jobs/{job}/rounds/{rnd}/complete"
+        headers = self.engine_headers
 
         async def run() -> None:
             while not self._stop.is_set():
@@ -136,7 +142,7 @@ class Gateway:
             delay = 0.5
             while not self._stop.is_set():
                 try:
-                    r = await self._peers.post(target)
+                    r = await self._peers.post(target, headers=headers)
                     if r.status_code < 500:
                         if r.status_code >= 400:
                             log.warning("cache engine refused round %s/%d: %s", job, rnd, r.text)

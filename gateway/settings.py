@@ -54,6 +54,7 @@ class GatewaySettings(CommandLineSettings):
     minio_endpoint, minio_access_key, minio_secret_key, minio_bucket : async checkpoints (optional).
     checkpoint_clients : also checkpoint every accepted client update (FLStore reads them).
     engine_url : the FLStore cache engine, told when each round is in MinIO (optional).
+    engine_token_file : the engine's service token (a 0600 file), sent with that notice.
     keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
         round from the journal (a crash always leaves it; the default clean stop empties it).
     stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
@@ -94,6 +95,7 @@ class GatewaySettings(CommandLineSettings):
         "minio_bucket": "--minio-bucket",
         "checkpoint_clients": "--no-checkpoint-clients",
         "engine_url": "--engine",
+        "engine_token_file": "--engine-token-file",
         "keep_store_on_stop": "--keep-store-on-stop",
         "stop_grace": "--stop-grace",
     }
@@ -126,6 +128,7 @@ class GatewaySettings(CommandLineSettings):
     minio_bucket: str = "fedfaas"
     checkpoint_clients: bool = True
     engine_url: str | None = None
+    engine_token_file: Path | None = None
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
 

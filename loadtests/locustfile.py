@@ -6,18 +6,27 @@ Headless, against ``fedfaas up`` (or any tracker)::
 
 Environment: ``FLSTORE_JOB`` (default: the first job the engine knows, read from
 ``FLSTORE_ENGINE`` = the engine URL, else ``demo``), ``FLSTORE_ROUNDS`` (e.g. ``1-10``; default:
-the job's written rounds from the engine, else ``1-3``). Every query is synchronous
-(``?wait=true``); a 4xx or 5xx counts as a failure in locust's statistics.
+the job's written rounds from the engine, else ``1-3``), ``FLSTORE_SECRETS`` (the folder of the
+token files, default ``.state/secrets``: queries carry ``analyst-token``, the engine is read
+with ``admin-token``; paths only, never token values in the environment). Every query is
+synchronous (``?wait=true``); a 4xx or 5xx counts as a failure in locust's statistics.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
 from locust import HttpUser, between, task
+
+SECRETS = Path(os.environ.get("FLSTORE_SECRETS", ".state/secrets"))
+
+
+def _bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {(SECRETS / name).read_text().strip()}"}
 
 
 def _job_and_rounds() -> tuple[str, list[int]]:
@@ -26,10 +35,12 @@ def _job_and_rounds() -> tuple[str, list[int]]:
     engine = os.environ.get("FLSTORE_ENGINE", "")
     if engine:
         try:
-            jobs = httpx.get(f"{engine}/v1/state", timeout=5).json()["jobs"]
+            jobs = httpx.get(
+                f"{engine}/v1/state", headers=_bearer("admin-token"), timeout=5
+            ).json()["jobs"]
             job = job or next(iter(jobs), "")
             rounds = [r for r in jobs.get(job, []) if r >= 1]
-        except (httpx.HTTPError, KeyError, ValueError):
+        except (httpx.HTTPError, KeyError, ValueError, OSError):
             pass
     spec = os.environ.get("FLSTORE_ROUNDS", "")
     if spec:
@@ -48,6 +59,7 @@ class Analyst(HttpUser):
 
     def on_start(self) -> None:
         self.round_i = random.randrange(len(ROUNDS))
+        self.client.headers.update(_bearer("analyst-token"))
 
     def _next_round(self) -> int:
         self.round_i = (self.round_i + 1) % len(ROUNDS)

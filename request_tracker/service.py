@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from fedfaas.auth import Authenticator, Scope, install, require
 from request_tracker.settings import TrackerSettings
 from request_tracker.tracker import Tracker, TrackerError
 
@@ -36,7 +37,10 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
             await tracker.close()
             await r.aclose()
 
+    auth = Authenticator.from_files(s.admin_token_file, analyst=s.analyst_token_file)
     app = FastAPI(title="FLStore request tracker", lifespan=lifespan)
+    install(app, auth)
+    analyst = [Depends(require(Scope.ANALYST))]
 
     @app.exception_handler(TrackerError)
     async def _tracker_error(_: Request, exc: TrackerError) -> JSONResponse:
@@ -62,14 +66,14 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
         await tr(request).redis.ping()
         return {"ok": True}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=analyst)
     async def metrics(request: Request) -> str:
         """Counters and latency percentiles in Prometheus text format."""
         return "".join(
             f"flstore_tracker_{k} {v}\n" for k, v in sorted(tr(request).metrics().items())
         )
 
-    @app.post("/v1/queries")
+    @app.post("/v1/queries", dependencies=analyst)
     async def submit(request: Request, wait: bool = False) -> Any:
         """Submit a query; with ``?wait=true`` the answer is the finished record."""
         try:
@@ -88,7 +92,7 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
         out = await tr(request).submit(body, wait)
         return JSONResponse(out, status_code=200 if wait else 202)
 
-    @app.get("/v1/queries/{qid}")
+    @app.get("/v1/queries/{qid}", dependencies=analyst)
     async def get(qid: str, request: Request) -> Any:
         """Status, functions tried, result or error of a query."""
         rec = await tr(request).get(qid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic_settings import SettingsConfigDict
@@ -23,6 +24,10 @@ class TrackerSettings(CommandLineSettings):
         Seconds between the tracker's liveness pings of the cache functions (0 = off).
     result_ttl
         Seconds a finished query's record stays in Redis.
+    admin_token_file, analyst_token_file
+        Secret files (0600) of the admin scope (required) and of the analyst scope (queries).
+    engine_token_file
+        The cache engine's service token, sent on every call to the engine.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_TRACKER_", extra="ignore")
@@ -40,6 +45,9 @@ class TrackerSettings(CommandLineSettings):
         "attempts": "--attempts",
         "ping_interval": "--ping-interval",
         "result_ttl": "--result-ttl",
+        "admin_token_file": "--admin-token-file",
+        "analyst_token_file": "--analyst-token-file",
+        "engine_token_file": "--engine-token-file",
     }
 
     host: str = "127.0.0.1"
@@ -52,3 +60,6 @@ class TrackerSettings(CommandLineSettings):
     attempts: int = 3
     ping_interval: float = 2.0
     result_ttl: int = 86400
+    admin_token_file: Path | None = None
+    analyst_token_file: Path | None = None
+    engine_token_file: Path | None = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from fedfaas.auth import bearer, read_token_file
 from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,13 @@ class Tracker:
         self.http = httpx.AsyncClient(
             timeout=settings.engine_timeout, limits=httpx.Limits(max_connections=128)
         )
+        token = (
+            read_token_file(settings.engine_token_file, "engine token")
+            if settings.engine_token_file
+            else None
+        )
+        #: the engine's service credential, sent on every call to the engine
+        self.engine_headers = bearer(token) if token else {}
         self.stats: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10000)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -85,7 +93,9 @@ class Tracker:
     # -- validation and submission --------------------------------------------------------
     async def validate(self, body: dict[str, Any]) -> dict[str, Any]:
         """Ask the engine whether the query can be served (4xx raised as TrackerError)."""
-        r = await self.http.post(f"{self.s.engine_url}/v1/plan", json=body)
+        r = await self.http.post(
+            f"{self.s.engine_url}/v1/plan", json=body, headers=self.engine_headers
+        )
         if r.status_code != 200:
             raise TrackerError(r.status_code, _body(r))
         out: dict[str, Any] = r.json()
@@ -129,7 +139,9 @@ class Tracker:
         recorded = False
         last: dict[str, Any] = {"error": "unavailable", "detail": "no cache function answered"}
         for attempt in range(self.s.attempts):
-            r = await self.http.post(f"{self.s.engine_url}/v1/acquire", json=body)
+            r = await self.http.post(
+                f"{self.s.engine_url}/v1/acquire", json=body, headers=self.engine_headers
+            )
             if r.status_code != 200:
                 err = _body(r)
                 if recorded:
@@ -211,6 +223,7 @@ class Tracker:
                             f"{self.s.engine_url}/v1/functions/{fn}/missing",
                             json={"objects": err.get("missing", [])},
                             timeout=10,
+                            headers=self.engine_headers,
                         )
                     except httpx.HTTPError as exc:
                         log.warning("could not report missing objects on %s: %s", fn, exc)
@@ -236,7 +249,11 @@ class Tracker:
 
     async def _report(self, fn: str) -> None:
         try:
-            await self.http.post(f"{self.s.engine_url}/v1/functions/{fn}/failed", timeout=10)
+            await self.http.post(
+                f"{self.s.engine_url}/v1/functions/{fn}/failed",
+                timeout=10,
+                headers=self.engine_headers,
+            )
         except httpx.HTTPError as exc:
             log.warning("could not report %s to the engine: %s", fn, exc)
 

@@ -12,6 +12,7 @@ environment, never its command line.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 import httpx
 
 from cache_engine.settings import EngineSettings
+from fedfaas.auth import bearer, write_token_file
 from fedfaas.cmdline import CommandLineSettings
 from fedfaas.runtime.process import RuntimeProcess
 from fedfaas.services import ChildProcess, free_port, wait_for_port
@@ -109,11 +111,27 @@ class FLStoreStack:
     def tracker_url(self) -> str:
         return f"http://{self.host}:{self.tracker_port}"
 
+    def token_file(self, scope: str) -> Path:
+        """The stack's token file of ``scope`` (admin, analyst, service), 0600 in workdir."""
+        return self.workdir / "secrets" / f"{scope}-token"
+
+    def token(self, scope: str) -> str:
+        """The bearer token of ``scope``."""
+        return self.token_file(scope).read_text().strip()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The admin ``Authorization`` header (every route of the engine and the tracker)."""
+        return bearer(self.token("admin"))
+
     def start(self, timeout: float = 60.0) -> FLStoreStack:
         """Start the runtime, then the engine, then the tracker; all stopped if one fails."""
         self.engine_port = free_port(self.host)
         self.tracker_port = free_port(self.host)
         logs = self.workdir / "logs"
+        for scope in ("admin", "analyst", "service"):
+            if not self.token_file(scope).exists():
+                write_token_file(self.token_file(scope), secrets.token_urlsafe(24))
         try:
             self.runtime = RuntimeProcess(state_dir=self.workdir / "runtime", host=self.host)
             self.runtime.start(timeout)
@@ -127,6 +145,8 @@ class FLStoreStack:
                     "minio_access_key": self.minio_access_key,
                     "minio_secret_key": self.minio_secret_key,
                     "runtime_url": self.runtime_url,
+                    "admin_token_file": self.token_file("admin"),
+                    "service_token_file": self.token_file("service"),
                 },
                 self.engine_settings,
             )
@@ -138,6 +158,9 @@ class FLStoreStack:
                     "redis_url": self.redis_url,
                     "engine_url": self.engine_url,
                     "runtime_url": self.runtime_url,
+                    "admin_token_file": self.token_file("admin"),
+                    "analyst_token_file": self.token_file("analyst"),
+                    "engine_token_file": self.token_file("service"),
                 },
                 self.tracker_settings,
             )
@@ -172,7 +195,9 @@ class FLStoreStack:
         """Wait until the engine has no background work (prefetch, eviction, restoration)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if httpx.get(f"{self.engine_url}/v1/idle", timeout=10).json()["idle"]:
+            if httpx.get(f"{self.engine_url}/v1/idle", timeout=10, headers=self.auth).json()[
+                "idle"
+            ]:
                 return
             time.sleep(0.05)
         raise TimeoutError("engine still busy")
@@ -180,5 +205,6 @@ class FLStoreStack:
     def ingest(self, job: str, rounds: Any) -> None:
         """Tell the engine that ``rounds`` of ``job`` were written to the cold store."""
         for r in rounds:
-            resp = httpx.post(f"{self.engine_url}/v1/jobs/{job}/rounds/{r}/complete", timeout=120)
+            url = f"{self.engine_url}/v1/jobs/{job}/rounds/{r}/complete"
+            resp = httpx.post(url, timeout=120, headers=self.auth)
             resp.raise_for_status()

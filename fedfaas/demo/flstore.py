@@ -11,15 +11,17 @@ from client.sdk import flstore_query
 
 
 def three_questions(
-    tracker_url: str, job: str, last_round: int, select: int, planted: str | None
+    tracker_url: str, job: str, last_round: int, select: int, planted: str | None, token: str
 ) -> dict[str, Any]:
     """Ask who is malicious (Multi-Krum and cosine to the aggregate on ``last_round``), each
     client's contribution (GTG-Shapley on ``last_round``) and which ``select`` clients to pick
     for the next round (Oort over the rounds' client metadata, among the clients not flagged).
-    Returns the answers by name."""
+    ``token`` is the tracker's analyst token. Returns the answers by name."""
     out: dict[str, Any] = {}
-    krum = flstore_query(tracker_url, "multi-krum", job, rounds=[last_round], params={"f": 1})
-    cos = flstore_query(tracker_url, "cosine-to-aggregate", job, rounds=[last_round])
+    krum = flstore_query(
+        tracker_url, "multi-krum", job, rounds=[last_round], params={"f": 1}, token=token
+    )
+    cos = flstore_query(tracker_url, "cosine-to-aggregate", job, rounds=[last_round], token=token)
     flagged = list(krum["result"]["flagged"])
     out["malicious"] = {
         "round": last_round,
@@ -39,6 +41,7 @@ def three_questions(
         job,
         rounds=[last_round],
         params={"method": "gtg", "max_permutations": 200},
+        token=token,
     )
     values: dict[str, float] = shap["result"]["values"]
     out["shapley"] = {
@@ -57,7 +60,7 @@ def three_questions(
     params: dict[str, Any] = {"round": last_round + 1, "k": select}
     if len(candidates) >= select:
         params["candidates"] = candidates
-    oort = flstore_query(tracker_url, "oort", job, params=params)
+    oort = flstore_query(tracker_url, "oort", job, params=params, token=token)
     out["oort"] = {
         "round": last_round + 1,
         "k": select,

@@ -51,9 +51,10 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         model_to_bytes(make_model(cfg.seed, cfg.model)),
         rounds=cfg.rounds,
         clients=ids,
+        admin_token=p.admin_secret(),
         evaluator=EVALUATOR,
     )
-    assign = control_plane_assignment(cp, cfg.job)
+    assign = control_plane_assignment(cp, cfg.job, p.admin_secret())
     for c in ids:
         url = assign(c)
         result.placement[url] = result.placement.get(url, 0) + 1
@@ -195,7 +196,12 @@ def run(state_dir: Path, config: DemoConfig | None = None) -> int:
             t = _phase(result, "checkpoints_s", t)
             say("asking FLStore (request tracker) three questions about the job ...")
             result.answers = three_questions(
-                p.urls["request_tracker"], cfg.job, cfg.rounds, cfg.select, cfg.malicious
+                p.urls["request_tracker"],
+                cfg.job,
+                cfg.rounds,
+                cfg.select,
+                cfg.malicious,
+                p.analyst_token(),
             )
             t = _phase(result, "flstore_s", t)
             result.seconds = t - t_start

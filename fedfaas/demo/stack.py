@@ -43,6 +43,10 @@ class Running:
         """The secret the node gateways derive client tokens from."""
         return (self.secrets / "gateway-admin-secret").read_text().strip()
 
+    def analyst_token(self) -> str:
+        """The read-only token the demo asks the request tracker with."""
+        return credentials.read(self.secrets, credentials.ANALYST_TOKEN)
+
     def minio(self) -> tuple[str, str, str]:
         """``(endpoint, user, password)`` of the platform's MinIO."""
         return (

@@ -15,6 +15,13 @@ BASIC_AUTH_USER = "basic-auth-user"
 BASIC_AUTH_PASSWORD = "basic-auth-password"
 MINIO_USER = "minio-root-user"
 MINIO_PASSWORD = "minio-root-password"
+#: bearer tokens of the FastAPI services (``fedfaas.auth``): the admin scope of the cache engine
+#: and the tracker (the control plane's admin token is the gateways' admin secret), the
+#: read-only analyst scope (tracker queries, control-plane reads), the service scope (tracker
+#: and gateways -> cache engine)
+ADMIN_TOKEN = "admin-token"
+ANALYST_TOKEN = "analyst-token"
+SERVICE_TOKEN = "service-token"
 
 
 def _write_once(path: Path, value: str) -> str:
@@ -36,6 +43,8 @@ def ensure(secrets_dir: Path) -> None:
     _write_once(secrets_dir / BASIC_AUTH_PASSWORD, secrets.token_urlsafe(24))
     _write_once(secrets_dir / MINIO_USER, "fedfaas")
     _write_once(secrets_dir / MINIO_PASSWORD, secrets.token_urlsafe(24))
+    for name in (ADMIN_TOKEN, ANALYST_TOKEN, SERVICE_TOKEN):
+        _write_once(secrets_dir / name, secrets.token_urlsafe(32))
 
 
 def read(secrets_dir: Path, name: str) -> str:

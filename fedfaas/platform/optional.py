@@ -80,6 +80,11 @@ def admin_secret(ctx: Context) -> Path:
     return ctx.secrets_dir / "gateway-admin-secret"
 
 
+def token_file(ctx: Context, name: str) -> Path:
+    """The path of bearer-token secret ``name`` (``credentials.ADMIN_TOKEN``, ...)."""
+    return ctx.secrets_dir / name
+
+
 def gateway_nodes(ctx: Context) -> dict[str, str]:
     """The node gateways of this platform, node name -> URL (empty without ``--with gateway``)."""
     return {n: ctx.url(PORT_OF[n]) for n in NODES if PORT_OF[n] in ctx.ports}
@@ -106,6 +111,7 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         minio_endpoint=_minio_endpoint(ctx),
         # with the FLStore parts up, completed rounds flow into the cache engine
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
+        engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
         minio_access_key=_minio_user(ctx),
         minio_secret_key=_minio_password(ctx),
     )
@@ -166,6 +172,8 @@ def engine_settings(ctx: Context) -> EngineSettings:
         runtime_auth_dir=str(ctx.secrets_dir),
         minio_access_key=_minio_user(ctx),
         minio_secret_key=_minio_password(ctx),
+        admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
+        service_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
     )
 
 
@@ -188,6 +196,9 @@ REQUEST_TRACKER = ServiceSpec(
         redis_url=_redis_url(ctx),
         engine_url=ctx.url("cache_engine"),
         runtime_url=ctx.url("runtime"),
+        admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
+        analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
+        engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
     ).to_argv(),
     ready=_healthz("request_tracker"),
     address=lambda ctx: ctx.url("request_tracker"),
@@ -202,6 +213,7 @@ CONTROL_PLANE = ServiceSpec(
         port=ctx.ports["control_plane"],
         gateways=",".join(f"{n}={url}" for n, url in gateway_nodes(ctx).items()),
         admin_token_file=admin_secret(ctx),
+        analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
         redis_url=_redis_url(ctx),
         provider_url=ctx.url("runtime"),
         provider_auth_dir=ctx.secrets_dir,

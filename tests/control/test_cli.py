@@ -12,6 +12,7 @@ import pytest
 
 from control_plane.settings import ControlPlaneSettings
 from fedfaas.services import free_port, wait_for_port
+from tests.tokens import auth_header, token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,9 @@ def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
     spec = ",".join(f"{g.name}={g.url}" for g in gateways)
     log = open(tmp_path / "cp.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        ControlPlaneSettings(port=port, gateways=spec, mc=5.0).to_argv(),
+        ControlPlaneSettings(
+            port=port, gateways=spec, mc=5.0, admin_token_file=token_file(tmp_path)
+        ).to_argv(),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -44,11 +47,14 @@ def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
         wait_for_port("127.0.0.1", port, 60, proc)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
-        r = httpx.post(f"{base}/v1/jobs", json={"job": "cli", "rounds": 1, "goal": 3, "clients": 5})
+        job = {"job": "cli", "rounds": 1, "goal": 3, "clients": 5}
+        assert httpx.post(f"{base}/v1/jobs", json=job).status_code == 401
+        h = auth_header(tmp_path / "admin-token")
+        r = httpx.post(f"{base}/v1/jobs", json=job, headers=h)
         assert r.status_code == 201, r.text
-        nodes = httpx.get(f"{base}/v1/nodes").json()["nodes"]
+        nodes = httpx.get(f"{base}/v1/nodes", headers=h).json()["nodes"]
         assert [n["name"] for n in nodes] == [g.name for g in gateways]
-        a = httpx.get(f"{base}/v1/jobs/cli/assignment", params={"client": "c0"})
+        a = httpx.get(f"{base}/v1/jobs/cli/assignment", params={"client": "c0"}, headers=h)
         assert a.status_code in (200, 409)
     finally:
         proc.terminate()

@@ -8,17 +8,16 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from control_plane.api import create_app
 from control_plane.coordinator import Coordinator
-from control_plane.settings import ControlPlaneSettings
 from control_plane.store import RedisStore
+from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
 
 def make_client(gws, store=None, tick=0.05) -> TestClient:
     coord = Coordinator({g.name: g.url for g in gws}, mc=4.0, store=store, health_failures=2)
-    return TestClient(create_app(ControlPlaneSettings(tick_s=tick), coord))
+    return control_client(coord, tick_s=tick)
 
 
 def wait_for(fn, timeout=15.0):

@@ -14,13 +14,11 @@ import time
 import httpx
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
-from control_plane.api import create_app
 from control_plane.coordinator import Coordinator
-from control_plane.settings import ControlPlaneSettings
 from tests.control import realgw
+from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +41,7 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
         coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
         w0 = {"a": np.zeros(256, np.float32), "b": np.zeros((4, 8), np.float32)}
         rng = np.random.default_rng(7)
-        with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+        with control_client(coord, secret, tick_s=0.05) as api:
             r = api.post(
                 "/v1/jobs",
                 json={
@@ -121,7 +119,7 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
         coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
         w0 = {"a": np.zeros(64, np.float32)}
         rng = np.random.default_rng(3)
-        with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+        with control_client(coord, secret, tick_s=0.05) as api:
             r = api.post(
                 "/v1/jobs",
                 json={

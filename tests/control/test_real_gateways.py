@@ -14,14 +14,12 @@ import time
 import httpx
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
-from control_plane.api import create_app
 from control_plane.calibrate import measure_gateway
 from control_plane.coordinator import Coordinator
-from control_plane.settings import ControlPlaneSettings
 from tests.control import realgw
+from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +39,7 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
     coord = Coordinator(urls, mc=3.0, admin_token=secret)
     w0 = {"a": np.zeros(64, np.float32), "b": np.zeros((3, 4), np.float32)}
     rng = np.random.default_rng(0)
-    with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+    with control_client(coord, secret, tick_s=0.05) as api:
         r = api.post(
             "/v1/jobs",
             json={
@@ -125,7 +123,7 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
     coord = Coordinator(urls, mc=2.0, admin_token=secret)
     w0 = {"a": np.zeros(32, np.float32)}
     rng = np.random.default_rng(5)
-    with TestClient(create_app(ControlPlaneSettings(tick_s=0.05), coord)) as api:
+    with control_client(coord, secret, tick_s=0.05) as api:
         r = api.post(
             "/v1/jobs",
             json={

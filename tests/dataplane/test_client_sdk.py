@@ -236,7 +236,9 @@ def test_submit_job_posts_the_job_to_the_control_plane_with_its_evaluator() -> N
     sent: dict[str, object] = {}
 
     def handler(req: httpx.Request) -> httpx.Response:
-        sent.update(url=str(req.url), body=json.loads(req.content))
+        sent.update(
+            url=str(req.url), body=json.loads(req.content), auth=req.headers["authorization"]
+        )
         return httpx.Response(201, json={"job": "j", "round": {"number": 1, "state": "open"}})
 
     weights = model_to_bytes(make_model(0, "softmax"))
@@ -246,10 +248,12 @@ def test_submit_job_posts_the_job_to_the_control_plane_with_its_evaluator() -> N
         weights,
         rounds=3,
         clients=["a", "b"],
+        admin_token="adm",
         evaluator={"kind": "digits-softmax", "split_seed": 0},
         transport=httpx.MockTransport(handler),
     )
     assert view["round"]["number"] == 1 and sent["url"] == "http://cp:8070/v1/jobs"
+    assert sent["auth"] == "Bearer adm"
     body = sent["body"]
     assert isinstance(body, dict)
     assert {k: body[k] for k in ("job", "rounds", "goal", "clients", "policy")} == {
@@ -274,7 +278,15 @@ def test_submit_job_refused_by_the_control_plane_raises_its_error() -> None:
         return httpx.Response(422, json={"error": "invalid_request", "detail": "job: bad"})
 
     with pytest.raises(UpdateRejected) as err:
-        submit_job("http://cp", "J!", b"", rounds=1, clients=["a"], transport=_mock(handler))
+        submit_job(
+            "http://cp",
+            "J!",
+            b"",
+            rounds=1,
+            clients=["a"],
+            admin_token="t",
+            transport=_mock(handler),
+        )
     assert err.value.error == "invalid_request" and err.value.detail == "job: bad"
 
 
@@ -286,6 +298,7 @@ def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_recor
     def handler(req: httpx.Request) -> httpx.Response:
         calls.append(json.loads(req.content))
         assert req.url.params["wait"] == "true"
+        assert req.headers["authorization"] == "Bearer ana"
         if len(calls) < 3:
             return httpx.Response(404, json={"error": "round_not_written", "detail": "not yet"})
         return httpx.Response(200, json={"status": "done", "result": {"flagged": ["c3"]}})
@@ -296,6 +309,7 @@ def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_recor
         "j",
         rounds=[2],
         params={"f": 1},
+        token="ana",
         transport=_mock(handler),
     )
     assert rec["result"]["flagged"] == ["c3"] and len(calls) == 3
@@ -305,5 +319,7 @@ def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_recor
         return httpx.Response(422, json={"error": "invalid_params", "detail": "k: too big"})
 
     with pytest.raises(QueryFailed) as err:
-        flstore_query("http://tracker", "oort", "j", params={"k": 99}, transport=_mock(refuse))
+        flstore_query(
+            "http://tracker", "oort", "j", params={"k": 99}, token="t", transport=_mock(refuse)
+        )
     assert (err.value.status, err.value.error) == (422, "invalid_params")

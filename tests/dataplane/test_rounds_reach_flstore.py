@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedfaas import wire
+from fedfaas.auth import bearer
 from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 from tests.flstore.conftest import start_stack
 
@@ -38,6 +39,7 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
             minio_access_key=minio_server.access_key,
             minio_secret_key=minio_server.secret_key,
             engine_url=stack.engine_url,
+            engine_token_file=stack.token_file("service"),
         )
         rng = np.random.default_rng(7)
         base = _base()
@@ -80,7 +82,11 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
         deadline, last = time.monotonic() + 90, None
         while time.monotonic() < deadline:  # until the engine has ingested the round
             last = httpx.post(
-                f"{stack.tracker_url}/v1/queries", params={"wait": "true"}, json=query, timeout=120
+                f"{stack.tracker_url}/v1/queries",
+                params={"wait": "true"},
+                json=query,
+                headers=bearer(stack.token("analyst")),
+                timeout=120,
             )
             if last.status_code == 200:
                 break

@@ -29,6 +29,7 @@ def history(cold: MinioColdStore, stack: FLStoreStack) -> History:
 def _ask(stack: FLStoreStack, body: dict, wait: bool = True) -> httpx.Response:
     return httpx.post(
         f"{stack.tracker_url}/v1/queries",
+        headers=stack.auth,
         params={"wait": str(wait).lower()},
         json=body,
         timeout=120,
@@ -84,7 +85,7 @@ def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history
     qid = r.json()["id"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        rec = httpx.get(f"{stack.tracker_url}/v1/queries/{qid}").json()
+        rec = httpx.get(f"{stack.tracker_url}/v1/queries/{qid}", headers=stack.auth).json()
         if rec["status"] in ("done", "failed"):
             break
         time.sleep(0.05)
@@ -97,9 +98,9 @@ def test_every_cached_object_has_a_primary_and_a_secondary(
     stack: FLStoreStack, history: History
 ) -> None:
     stack.wait_idle()
-    counts = httpx.get(f"{stack.engine_url}/v1/replicas").json()
+    counts = httpx.get(f"{stack.engine_url}/v1/replicas", headers=stack.auth).json()
     assert counts and all(n == 2 for n in counts.values())
-    state = httpx.get(f"{stack.engine_url}/v1/state").json()
+    state = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
     assert len(state["functions"]) >= 2
 
 
@@ -109,6 +110,7 @@ def test_p2_query_prefetches_the_next_round(stack: FLStoreStack, history: Histor
     stack.wait_idle()
     locs = httpx.get(
         f"{stack.engine_url}/v1/locations",
+        headers=stack.auth,
         params={"ids": [f"{JOB}/2/{c}" for c in history.clients[2]]},
     ).json()
     assert all(len(v) == 2 for v in locs.values())
@@ -146,14 +148,14 @@ def test_bad_queries_get_a_clear_4xx_and_change_nothing(
     import redis
 
     stack.wait_idle()
-    before = httpx.get(f"{stack.engine_url}/v1/state").json()
+    before = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
     r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     queries_before = set(r.scan_iter("flstore:query:*"))
     resp = _ask(stack, body, wait=wait)
     assert resp.status_code == status, resp.text
     assert resp.json()["error"] == code
     assert resp.json()["detail"]
-    after = httpx.get(f"{stack.engine_url}/v1/state").json()
+    after = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
     assert after["objects"] == before["objects"]
     assert after["stats"].get("requests") == before["stats"].get("requests")
     assert set(r.scan_iter("flstore:query:*")) == queries_before
@@ -163,19 +165,22 @@ def test_malformed_body_is_400(stack: FLStoreStack) -> None:
     r = httpx.post(
         f"{stack.tracker_url}/v1/queries?wait=true",
         content=b"{nope",
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **stack.auth},
     )
     assert r.status_code == 400 and r.json()["error"] == "bad_json"
-    r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", json=[1, 2])
+    r = httpx.post(f"{stack.tracker_url}/v1/queries?wait=true", headers=stack.auth, json=[1, 2])
     assert r.status_code == 400
-    assert httpx.get(f"{stack.tracker_url}/v1/queries/nope").status_code == 404
+    assert httpx.get(f"{stack.tracker_url}/v1/queries/nope", headers=stack.auth).status_code == 404
 
 
 def test_health_and_metrics(stack: FLStoreStack) -> None:
     assert httpx.get(f"{stack.tracker_url}/healthz").json()["ok"]
     assert httpx.get(f"{stack.engine_url}/healthz").json()["ok"]
-    assert "flstore_tracker_" in httpx.get(f"{stack.tracker_url}/metrics").text
-    assert "flstore_engine_objects" in httpx.get(f"{stack.engine_url}/metrics").text
+    assert "flstore_tracker_" in httpx.get(f"{stack.tracker_url}/metrics", headers=stack.auth).text
+    assert (
+        "flstore_engine_objects"
+        in httpx.get(f"{stack.engine_url}/metrics", headers=stack.auth).text
+    )
 
 
 def test_results_match_direct_computation_bitwise_close(

@@ -53,16 +53,18 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
 ) -> None:
     st = slow_stack
     body = {"workload": "multi-krum", "job": JOB, "rounds": [2], "params": {"f": 1}}
-    objects = httpx.post(f"{st.engine_url}/v1/plan", json=body).json()["objects"]
-    locs = httpx.get(f"{st.engine_url}/v1/locations", params={"ids": objects}).json()
+    objects = httpx.post(f"{st.engine_url}/v1/plan", headers=st.auth, json=body).json()["objects"]
+    locs = httpx.get(
+        f"{st.engine_url}/v1/locations", headers=st.auth, params={"ids": objects}
+    ).json()
     primary, secondary = locs[objects[0]][:2]
     assert all(set(locs[o]) == {primary, secondary} for o in objects)
     pid = httpx.get(f"{st.runtime_url}/function/{primary}/ping").json()["pid"]
 
-    qid = httpx.post(f"{st.tracker_url}/v1/queries", json=body).json()["id"]
+    qid = httpx.post(f"{st.tracker_url}/v1/queries", headers=st.auth, json=body).json()["id"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # wait until the primary has the query
-        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}").json()
+        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}", headers=st.auth).json()
         if rec.get("tried"):
             break
         time.sleep(0.02)
@@ -72,7 +74,7 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}").json()
+        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}", headers=st.auth).json()
         if rec["status"] in ("done", "failed"):
             break
         time.sleep(0.05)
@@ -86,15 +88,17 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     t_kill = time.monotonic()
     deadline = t_kill + 60
     while time.monotonic() < deadline:
-        counts = httpx.get(f"{st.engine_url}/v1/replicas").json()
+        counts = httpx.get(f"{st.engine_url}/v1/replicas", headers=st.auth).json()
         if all(n == 2 for n in counts.values()):
             break
         time.sleep(0.2)
     assert set(objects) <= set(counts)
     assert all(n == 2 for n in counts.values()), counts
-    state = httpx.get(f"{st.engine_url}/v1/state").json()
+    state = httpx.get(f"{st.engine_url}/v1/state", headers=st.auth).json()
     assert state["stats"]["functions_lost"] >= 1
     assert state["stats"].get("restored", 0) >= len(objects)
     # the data really is in the restored holders: the same query answers again
-    again = httpx.post(f"{st.tracker_url}/v1/queries?wait=true", json=body, timeout=60).json()
+    again = httpx.post(
+        f"{st.tracker_url}/v1/queries?wait=true", headers=st.auth, json=body, timeout=60
+    ).json()
     assert again["status"] == "done" and again["result"]["selected"] == rec["result"]["selected"]

@@ -130,26 +130,32 @@ class Platform:
                 "policy": "leastconn",
                 "weights_b64": base64.b64encode(save(w0)).decode(),
             },
+            headers={"Authorization": f"Bearer {self.admin_secret}"},
             timeout=60,
         )
         assert r.status_code == 201, r.text
 
     def client(self, job: str, client: str) -> FLClient:
         """The SDK client of ``client``, connected to the gateway the control plane assigns."""
-        a = httpx.get(
+        token = client_token(self.admin_secret, job, client)
+        a = httpx.get(  # as the client itself: its token opens its own assignment
             f"{self.urls['control_plane']}/v1/jobs/{job}/assignment",
             params={"client": client},
+            headers={"Authorization": f"Bearer {token}"},
             timeout=10,
         )
         assert a.status_code == 200, a.text
-        token = client_token(self.admin_secret, job, client)
         return FLClient(a.json()["gateway_url"], job, client, token)
 
     def wait_open(self, job: str, rnd: int) -> None:
         """Until the control plane has round ``rnd`` of ``job`` open (assignments answer)."""
 
         def is_open() -> bool:
-            r = httpx.get(f"{self.urls['control_plane']}/v1/jobs/{job}", timeout=10).json()
+            r = httpx.get(
+                f"{self.urls['control_plane']}/v1/jobs/{job}",
+                headers={"Authorization": f"Bearer {self.admin_secret}"},
+                timeout=10,
+            ).json()
             cur = r.get("round") or {}
             return bool(cur.get("number") == rnd and cur.get("state") == "open")
 

@@ -63,7 +63,7 @@ def test_the_readme_job_runs_and_flstore_answers(tmp_path: Path) -> None:
         edits = {
             "http://127.0.0.1:8070": f"http://{st.host}:{st.ports['control_plane']}",
             "http://127.0.0.1:8092": f"http://{st.host}:{st.ports['request_tracker']}",
-            '".state/secrets/': f'"{state_dir}/secrets/',
+            '".state/secrets"': f'"{state_dir}/secrets"',
         }
         for old, new in edits.items():
             assert code.count(old) == 1, f"{old!r} appears {code.count(old)} times in the snippet"
