@@ -15,6 +15,20 @@ from fedfaas.services import free_port
 from gateway.settings import GatewaySettings
 
 
+def gateway_settings(tmp_path: Path, redis_url: str, **settings: Any) -> GatewaySettings:
+    """Node ``n1`` on a free port, state in ``tmp_path/gw``, a private store root in /dev/shm
+    (the caller removes it), the userspace router; ``settings`` are more of its settings."""
+    return GatewaySettings(
+        node="n1",
+        port=free_port(),
+        state_dir=tmp_path / "gw",
+        redis_url=redis_url,
+        shm_root=Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}",
+        prefer_ebpf=False,
+        **settings,
+    )
+
+
 @contextmanager
 def gateway_process(
     tmp_path: Path, redis_url: str, *, endpoints: int = 2, **settings: Any
@@ -27,17 +41,8 @@ def gateway_process(
     admin = os.urandom(16).hex()
     (state / "admin-secret").write_text(admin + "\n")
     os.chmod(state / "admin-secret", 0o600)
-    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    s = GatewaySettings(
-        node="n1",
-        port=free_port(),
-        state_dir=state,
-        redis_url=redis_url,
-        shm_root=shm,
-        prefer_ebpf=False,
-        admin_secret_file=state / "admin-secret",
-        **settings,
-    )
+    s = gateway_settings(tmp_path, redis_url, admin_secret_file=state / "admin-secret", **settings)
+    shm = s.shm_root
     gw = start_gateway(s, tmp_path / "gateway.log")
     aggs = Replicas(gw, tmp_path / "aggregators")
     try:

@@ -26,9 +26,8 @@ import redis
 from bench.stack import Replicas, start_gateway
 from client.sdk import FLClient, create_job
 from fedfaas import wire
-from fedfaas.services import free_port
 from gateway.journal import PREFIX
-from gateway.settings import GatewaySettings
+from tests.dataplane.gwproc import gateway_settings
 
 pytestmark = pytest.mark.integration
 
@@ -58,18 +57,9 @@ def round_then_sigterm(
     """One gateway life: a round of ``n_clients`` uploads (4 at a time), then SIGTERM with the
     clients' keep-alive connections still open (``wait_publish``: once the round is
     published, else as soon as the last upload is acknowledged)."""
-    state = tmp_path / "gw"
-    state.mkdir(parents=True)
-    shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    s = GatewaySettings(
-        node="n1",
-        port=free_port(),
-        state_dir=state,
-        redis_url=redis_url,
-        shm_root=shm,
-        prefer_ebpf=False,
-        stop_grace=GRACE,
-    )
+    (tmp_path / "gw").mkdir(parents=True)
+    s = gateway_settings(tmp_path, redis_url, stop_grace=GRACE)
+    shm = s.shm_root
     log_path = tmp_path / "gateway.log"
     gw = start_gateway(s, log_path, log_level="INFO")
     aggs = Replicas(gw, tmp_path / "aggregators")
