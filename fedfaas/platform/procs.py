@@ -118,7 +118,8 @@ def stop_tree(pid: int, create_time: float | None, timeout: float) -> list[int]:
         return []
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)  # the daemon leads its own session and group
-    _signal_all(family, signal.SIGTERM)
+    # one SIGTERM each: a second one tells a part (the node gateway) to give up its clean stop
+    _signal_all(_outside_group(family, pid), signal.SIGTERM)
     _wait_gone(family, timeout)
     # children started after the snapshot, or in sessions of their own
     family = _live([*family, *descendants(pid, create_time)])
@@ -161,6 +162,18 @@ def kill_all(procs: list[psutil.Process], timeout: float) -> list[int]:
         _signal_all(rest, signal.SIGKILL)
         _wait_gone(rest, 5.0)
     return [p.pid for p in _live(rest)]
+
+
+def _outside_group(procs: Iterable[psutil.Process], pgid: int) -> list[psutil.Process]:
+    """The processes of ``procs`` that ``killpg(pgid)`` does not reach."""
+    out = []
+    for p in procs:
+        try:
+            if os.getpgid(p.pid) != pgid:
+                out.append(p)
+        except ProcessLookupError:
+            continue
+    return out
 
 
 def _signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
