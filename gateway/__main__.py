@@ -11,13 +11,11 @@ import faulthandler
 import io
 import json
 import logging
-import os
 import signal
 import sys
-import tempfile
-import threading
 
 from fedfaas.objstore import UnsafeStoreRoot
+from fedfaas.shutdown import Shutdown, describe_pending
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
 
@@ -28,69 +26,6 @@ def parse_settings(argv: list[str] | None = None) -> GatewaySettings:
 
 
 log = logging.getLogger("gateway")
-
-
-def describe_pending(loop: asyncio.AbstractEventLoop | None) -> str:
-    """Every thread's stack and ``loop``'s pending tasks with theirs (what a stop abandons)."""
-    out = io.StringIO()
-    if loop is not None:
-        try:
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        except RuntimeError:  # the set changed under us (called off the loop's thread)
-            tasks = []
-        out.write(f"{len(tasks)} pending task(s)\n")
-        for t in tasks:
-            t.print_stack(limit=20, file=out)
-    with tempfile.TemporaryFile("w+") as f:  # faulthandler writes to a real file
-        faulthandler.dump_traceback(f, all_threads=True)
-        f.seek(0)
-        out.write(f.read())
-    return out.getvalue()
-
-
-class Shutdown:
-    """A bounded stop: the first SIGTERM/SIGINT starts a clean stop; a second one, or the end
-    of ``grace`` seconds, logs what is abandoned (threads, pending tasks) and exits 1 at once.
-
-    The watchdog is a thread, so it fires even when the event loop is blocked or stuck in
-    ``asyncio.Runner.close``.
-    """
-
-    def __init__(self, grace: float) -> None:
-        self.grace = grace
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.requested = threading.Event()
-        self.stopped = threading.Event()
-        self._timer: threading.Timer | None = None
-
-    def signal(self, stop: asyncio.Event) -> None:
-        if self.requested.is_set():
-            self.force("a second signal")
-            return
-        self.requested.set()
-        stop.set()
-        self._timer = threading.Timer(self.grace, self.force, args=(f"{self.grace:g}s grace",))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def done(self) -> None:
-        self.stopped.set()
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def force(self, why: str) -> None:
-        if self.stopped.is_set():
-            return
-        try:
-            log.error(
-                "stop not finished after %s; exiting, abandoning:\n%s",
-                why,
-                describe_pending(self.loop),
-            )
-            for h in logging.getLogger().handlers:
-                h.flush()
-        finally:
-            os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +66,7 @@ async def _serve(settings: GatewaySettings, shutdown: Shutdown) -> None:
     loop = asyncio.get_running_loop()
     shutdown.loop = loop
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown.signal, stop)
+        loop.add_signal_handler(sig, shutdown.signal, stop.set)
     # pending tasks with their stacks on demand (thread stacks: SIGUSR1)
     loop.add_signal_handler(
         signal.SIGUSR2, lambda: log.warning("tasks:\n%s", describe_pending(loop))

@@ -134,7 +134,7 @@ def test_gateway_exits_cleanly_on_sigterm_after_a_round_of_120_resnet18_updates(
 
 STUBBORN = """
 import asyncio, logging, signal, sys
-from gateway.__main__ import Shutdown
+from fedfaas.shutdown import Shutdown
 
 logging.basicConfig(level=logging.INFO)
 
@@ -152,7 +152,7 @@ async def main() -> None:
     loop = sh.loop = asyncio.get_running_loop()
     loop.create_task(stubborn(), name="the-stubborn-task")
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, sh.signal, stop)
+    loop.add_signal_handler(signal.SIGTERM, sh.signal, stop.set)
     print("ready", flush=True)
     await stop.wait()
 
