@@ -82,7 +82,11 @@ def real_gateways(
                     env=gateway_env(),
                 )
             aggs[node] = NodeAggregators(
-                node, settings.socket_path(), tmp_path / f"{node}-aggregators", urls[node]
+                node,
+                settings.socket_path(),
+                tmp_path / f"{node}-aggregators",
+                urls[node],
+                admin_secret_file=secret_file,
             )
             aggs[node].spawn(REPLICAS, ENDPOINTS)  # they register once the socket is there
         for node, port in ports.items():
