@@ -229,12 +229,20 @@ class Coordinator:
             return job
 
     async def delete_job(self, name: str) -> None:
-        """Forget a job (the gateways keep their own copy until they expire it)."""
+        """Forget a job, and delete it on the healthy gateways: a job created again under the
+        same name is then a new one (new salt), which refuses the old clients' tokens. A
+        gateway that cannot be reached keeps its copy (logged)."""
         async with self._lock:
-            self.job(name)
+            job = self.job(name)
             self.jobs.pop(name)
             self.plans.pop(name, None)
             await self.store.delete(name)
+            # the others first: the root deletes the journal that they would load it from
+            for n in sorted(self.healthy_nodes(), key=lambda x: x == job.root):
+                try:
+                    await self.clients[n].delete_job(name)
+                except ControlPlaneError as exc:
+                    log.warning("job %s: not deleted on %s: %s", name, n, exc.detail)
 
     def salt_of(self, name: str) -> str | None:
         """The job's salt (the control plane's client-token check), None for an unknown job."""

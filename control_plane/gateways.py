@@ -10,6 +10,7 @@ Only the gateway's public HTTP API is used (``gateway/`` internals are not a con
   without it answers 404/405 and keeps its own static plan)
 * ``POST /v1/jobs/{job}/rounds/{r}/close`` (optional ``{"received": {node: n}}``): stop the
   round's intake and aggregate what reached the listed nodes
+* ``DELETE /v1/jobs/{job}``: delete the job
 * ``DELETE /v1/jobs/{job}/clients/{client}?force=true``: revoke one client
 
 Every request carries the admin bearer token given to :class:`GatewayClient` (the gateways'
@@ -208,6 +209,16 @@ class GatewayClient:
             raise GatewayError(self.node, f"close answered {r.status_code}: {r.text[:300]}")
         data = r.json()
         return data if isinstance(data, dict) else None
+
+    async def delete_job(self, job: str) -> bool:
+        """``DELETE /v1/jobs/{job}`` here (on its root, the journal goes too); False when this
+        gateway does not know the job."""
+        r = await self._request("DELETE", f"/v1/jobs/{job}")
+        if r.status_code == 404:
+            return False
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"delete answered {r.status_code}: {r.text[:300]}")
+        return True
 
     async def revoke_client(self, job: str, client: str) -> bool:
         """Revoke ``client`` of ``job`` here (forced: the coordinator checks the goal itself).

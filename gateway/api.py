@@ -64,7 +64,8 @@ ReadJobDep = Annotated[Any, Depends(_job_for_reader)]
 
 
 def build_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url="/openapi.json")
+    # no /openapi.json, /docs, /redoc: every route but /healthz needs a credential
+    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url=None)
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)
