@@ -103,6 +103,7 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
         assert info["plan"]["client_nodes"] == {"c0": "n1", "c1": "n1", "c2": "n2", "c3": "n2"}
         _until("n2 knows the job", lambda: httpx.get(f"{n2}/v1/jobs/rv", headers=admin).is_success)
 
+        assert _upload(n1, "rv", "c1", tokens["c1"]).status_code == 202  # n1's one update
         revoke = f"{n1}/v1/jobs/rv/clients"
         assert httpx.delete(f"{revoke}/c2").status_code == 401  # the admin's only
         first = httpx.delete(f"{revoke}/c2", headers=admin)
@@ -125,7 +126,9 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
         short = httpx.delete(f"{revoke}/c3", headers=admin)
         assert _error(short) == (409, "too_few_clients") and "n2" in short.json()["detail"]
 
-        assert _upload(n1, "rv", "c0", tokens["c0"]).status_code == 202
+        # revoked after its update was accepted: that update still counts
+        assert httpx.delete(f"{revoke}/c1", headers=admin).json()["revoked"] == ["c1", "c2"]
+        assert _error(_model(n1, "rv", tokens["c1"])) == (403, "client_revoked")
         assert _upload(n2, "rv", "c3", tokens["c3"]).status_code == 202
         _until(
             "round 1 published",
