@@ -123,3 +123,29 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
                     401,
                     "unauthorized",
                 )
+
+
+def test_the_salt_and_the_revoked_clients_survive_a_control_plane_restart(redis_url) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from control_plane.errors import ClientRevoked
+    from control_plane.jobs import JobSpec, JobState, job_to_json
+    from control_plane.store import RedisStore
+
+    async def run() -> None:
+        state = JobState(JobSpec("kept", 1, 1, ["a", "b"]), salt="s1", revoked=["b"])
+        store = RedisStore(redis_url)
+        await store.save("kept", job_to_json(state))
+        await store.aclose()
+        coord = Coordinator({"n1": "http://127.0.0.1:1"}, store=RedisStore(redis_url))
+        await coord.start()
+        try:
+            assert coord.salt_of("kept") == "s1" and coord.salt_of("other") is None
+            assert coord.jobs["kept"].revoked == ["b"] and coord.jobs["kept"].eligible() == ["a"]
+            with pytest.raises(ClientRevoked) as refused:
+                coord.assignment("kept", "b")
+            assert refused.value.status == 403
+        finally:
+            await coord.stop()
+
+    asyncio.run(run())
