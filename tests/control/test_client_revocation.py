@@ -36,12 +36,12 @@ def _wait(what: str, ok: Callable[[], Any], timeout: float = 60) -> Any:
     return got
 
 
-def _create(api: Any, name: str) -> dict[str, Any]:
+def _create(api: Any, name: str, rounds: int = 1) -> dict[str, Any]:
     r = api.post(
         "/v1/jobs",
         json={
             "job": name,
-            "rounds": 1,
+            "rounds": rounds,
             "goal": 2,
             "clients": 4,
             "weights_b64": base64.b64encode(save(W0)).decode(),
@@ -60,7 +60,7 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
     with realgw.real_gateways(redis_url, tmp_path) as (urls, secret, _procs):
         coord = Coordinator(urls, mc=3.0, admin_token=secret)
         with control_client(coord, secret, tick_s=0.05) as api:
-            job = _create(api, "cp")
+            job = _create(api, "cp", rounds=3)
             tokens = job["tokens"]
             assert sorted(tokens) == ["c0", "c1", "c2", "c3"]
             where = {}
@@ -98,6 +98,9 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
             )
             assert view["history"][0]["received"] == 2
 
+            # round 2 selects from the 3 clients left (a revoked one never again)
+            rnd = api.get("/v1/jobs/cp").json()["round"]
+            assert rnd["number"] == 2 and rnd["selected"] == 3 and rnd["goal"] == 2
             # 3 clients are left for a goal of 2: one more may go, not two without force
             rest = sorted(set(tokens) - {gone})
             assert api.delete(f"/v1/jobs/cp/clients/{rest[0]}").status_code == 200
@@ -105,6 +108,23 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
             assert _error(short) == (409, "too_few_clients")
             forced = api.delete(f"/v1/jobs/cp/clients/{rest[1]}", params={"force": "true"})
             assert forced.status_code == 200 and len(forced.json()["revoked"]) == 3
+            # forced: the open round's goal drops to its one selected client left, who ends it
+            assert api.get("/v1/jobs/cp").json()["round"]["goal"] == 1
+            last = rest[2]
+            a = api.get(
+                "/v1/jobs/cp/assignment", params={"client": last}, headers=bearer(tokens[last])
+            )
+            assert a.status_code == 200, a.text
+            up = realgw.upload(a.json()["gateway_url"], "cp", 2, last, tokens[last], W0, 1)
+            assert up.status_code == 202, up.text
+            view = _wait(
+                "round 2 closed",
+                lambda: (j := api.get("/v1/jobs/cp").json())["completed"] == 2 and j,
+            )
+            assert view["history"][1]["received"] == 1
+            # and the next rounds need the one update that can still come
+            assert view["round"]["number"] == 3 and view["round"]["goal"] == 1
+            assert view["round"]["selected"] == 1
 
             # deleted and created again: a new salt; the old tokens are refused everywhere
             assert api.delete("/v1/jobs/cp").status_code == 204
