@@ -24,8 +24,7 @@ has a new salt, and the tokens of the one before are refused.
 - ``GET /v1/jobs/{job}/model`` (a client of the job or admin bearer) -> safetensors,
   ``ETag: "v<n>"``, ``X-Model-Version``; 304 on ``If-None-Match``.
 - ``GET /v1/jobs/{job}`` progress (a client of the job or admin bearer; the admin also reads
-  ``salt``, ``revoked`` and ``store``; without a credential an unknown job answers 401 too,
-  so job names cannot be probed); ``GET /v1/jobs`` (admin); ``DELETE /v1/jobs/{job}``
+  ``salt``, ``revoked`` and ``store``; without a credential an unknown job answers 401 too); ``GET /v1/jobs`` (admin); ``DELETE /v1/jobs/{job}``
   (admin); ``GET /healthz`` (open); ``GET /metrics`` (Prometheus, admin bearer: a scrape
   sends the admin secret from a file, ``authorization: {credentials_file: ...}``);
   ``GET /v1/router`` (admin).
