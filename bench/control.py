@@ -432,8 +432,6 @@ async def _real_round(
     push: bool = True,
 ) -> dict[str, Any]:
     import asyncio
-    import hashlib
-    import hmac
 
     import httpx
 
@@ -451,13 +449,13 @@ async def _real_round(
         root = urls[coord._job_span(spec, coord.healthy_nodes())[0]]
         sem = asyncio.Semaphore(16)
         acts, ingests, tails, cpus, gw_acts = [], [], [], [], []
-        async with httpx.AsyncClient(timeout=300) as http:
+        tokens = coord.client_tokens(spec.name)
+        admin = {"Authorization": f"Bearer {secret}"}
+        async with httpx.AsyncClient(timeout=300, headers=admin) as http:
 
             async def one(rn: int, i: int, c: str) -> None:
                 url = urls[rnd.assignment[c]]
-                tok = hmac.new(
-                    secret.encode(), f"{spec.name}/{c}".encode(), hashlib.sha256
-                ).hexdigest()
+                tok = tokens[c]
                 async with sem:
                     r = await http.post(
                         f"{url}/v1/jobs/{spec.name}/rounds/{rn}/updates",
@@ -481,7 +479,7 @@ async def _real_round(
                     rn > 1 and push
                 ):  # the coordinator's plan for this repeat too (the gateways run it)
                     for node in coord.healthy_nodes():
-                        await coord.clients[node].put_plan(spec.name, rn, slots, secret)
+                        await coord.clients[node].put_plan(spec.name, rn, slots)
                 cpu0 = _tree_cpu(pids)
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(rn, i, c) for i, c in enumerate(rnd.selected)))

@@ -507,7 +507,11 @@ def bench_round(
         assert all(r[0] == 202 for r in res), res
         deadline = time.monotonic() + 120
         while True:
-            st = httpx.get(f"{gw.url}/v1/jobs/{job}", timeout=10).json()
+            st = httpx.get(
+                f"{gw.url}/v1/jobs/{job}",
+                headers={"Authorization": f"Bearer {gw.secret()}"},
+                timeout=10,
+            ).json()
             if st["last_round"] and st["last_round"]["result_ns"]:
                 break
             if time.monotonic() > deadline:

@@ -63,7 +63,8 @@ class GatewayProc:
         """``GET /v1/router``: mode, endpoints with their metrics, drops."""
         import httpx
 
-        return dict(httpx.get(f"{self.url}/v1/router", timeout=10).json())
+        headers = {"Authorization": f"Bearer {self.secret()}"}
+        return dict(httpx.get(f"{self.url}/v1/router", headers=headers, timeout=10).json())
 
     def stop(self, grace: float = 20) -> None:
         if self.proc.poll() is None:
@@ -112,7 +113,11 @@ class Replicas(NodeAggregators):
     def __init__(self, gateway: GatewayProc, log_dir: Path | None = None) -> None:
         s = gateway.settings
         super().__init__(
-            s.node, s.socket_path(), log_dir or s.state_dir / "aggregators", url=gateway.url
+            s.node,
+            s.socket_path(),
+            log_dir or s.state_dir / "aggregators",
+            url=gateway.url,
+            admin_secret_file=s.secret_path(),
         )
         self.gateway = gateway
 

@@ -6,7 +6,10 @@
 
 A job is created on the control plane (:func:`submit_job`), which places each client on a
 node gateway (``GET /v1/jobs/{job}/assignment``, see
-:func:`client.simulator.control_plane_assignment`).
+:func:`client.simulator.control_plane_assignment`). Each client's bearer token comes in the
+job's creation answer (``submit_job(...)["tokens"]``, or :attr:`JobCreated.tokens` from a
+gateway): it depends on a salt drawn for that job, so it is good for that job only, and not
+for a job created later under the same name.
 
 Every 4xx answer from the gateway becomes an :class:`UpdateRejected` (or a subclass) carrying
 the server's JSON ``{"error", "detail"}``; transport failures and 5xx become
@@ -16,8 +19,6 @@ the server's JSON ``{"error", "detail"}``; transport failures and 5xx become
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import logging
 import struct
@@ -103,12 +104,6 @@ class JobCreated:
         return {str(k): str(v) for k, v in dict(self.plan.get("client_nodes") or {}).items()}
 
 
-def client_token(admin_secret: str, job: str, client_id: str) -> str:
-    """The per-client bearer token the gateway expects: HMAC-SHA256(secret, job/client) hex."""
-    msg = f"{job}/{client_id}".encode()
-    return hmac.new(admin_secret.encode(), msg, hashlib.sha256).hexdigest()
-
-
 def _raise_for(resp: httpx.Response, method: str) -> None:
     """Turn a non-2xx/304 answer into the matching typed error."""
     if resp.status_code < 400:
@@ -156,7 +151,7 @@ class FLClient:
     gateway_url : base URL of the node gateway, e.g. ``http://127.0.0.1:8081``.
     job : job name.
     client_id : this client's id (sent as ``X-Client-Id``).
-    token : this client's bearer token (see :func:`client_token`).
+    token : this client's bearer token (from the job's creation answer: ``tokens``).
     timeout : seconds for connect/read of each request.
     transport : optional httpx transport (tests).
     """
@@ -197,7 +192,8 @@ class FLClient:
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/jobs/{job}``: round, version, rounds, goal, received, status."""
-        body: dict[str, Any] = self._request("GET", f"/v1/jobs/{self.job}").json()
+        headers = {"Authorization": f"Bearer {self._token}"}
+        body: dict[str, Any] = self._request("GET", f"/v1/jobs/{self.job}", headers=headers).json()
         return body
 
     def fetch_model(self) -> GlobalModel:
@@ -398,7 +394,7 @@ def submit_job(
     job : job name (``[a-z0-9][a-z0-9-]{0,39}``).
     initial_weights : the model's initial weights as safetensors bytes.
     rounds : number of rounds.
-    clients : the client ids; each uploads with the token :func:`client_token` gives.
+    clients : the client ids; each uploads with its token from the answer's ``tokens``.
     admin_token : the control plane's admin token (the gateways' admin secret, read from its
         file, e.g. ``.state/secrets/gateway-admin-secret``).
     goal : updates that close a round (default: every client).
@@ -413,7 +409,8 @@ def submit_job(
     Returns
     -------
     dict
-        The control plane's view of the job (``job``, ``round``, ...).
+        The control plane's view of the job (``job``, ``round``, ...) and ``tokens``: client
+        id -> its bearer token (for :class:`FLClient` and the control plane's assignment).
 
     Raises
     ------

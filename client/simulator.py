@@ -21,7 +21,7 @@ import torch
 
 from client.data import ClientData, FederatedDigits
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
-from client.sdk import FLClient, StaleRound, client_token
+from client.sdk import FLClient, StaleRound
 from client.train import TrainConfig, evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ControlPlaneAssignment:
         self,
         control_plane_url: str,
         job: str,
-        credential: str | Callable[[str], str],
+        credential: str | Mapping[str, str],
         timeout: float = 10.0,
     ) -> None:
         self.base = control_plane_url.rstrip("/")
@@ -69,15 +69,13 @@ class ControlPlaneAssignment:
         self._client: str | None = None
 
     def _auth(self, client_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
-        """``(params, headers)``: as the client when one is known, else with the admin secret."""
+        """``(params, headers)``: the admin token, or the client's own token when given."""
         cred = self._credential
         if client_id is None:
             if not isinstance(cred, str):
                 raise ValueError("ask for one client's assignment first (its token is needed)")
             return {}, {"Authorization": f"Bearer {cred}"}
-        token = (
-            client_token(cred, self.job, client_id) if isinstance(cred, str) else cred(client_id)
-        )
+        token = cred if isinstance(cred, str) else cred[client_id]
         return {"client": client_id}, {"Authorization": f"Bearer {token}"}
 
     def __call__(self, client_id: str) -> str:
@@ -122,13 +120,14 @@ class ControlPlaneAssignment:
 def control_plane_assignment(
     control_plane_url: str,
     job: str,
-    credential: str | Callable[[str], str],
+    credential: str | Mapping[str, str],
     timeout: float = 10.0,
 ) -> ControlPlaneAssignment:
     """Client -> gateway URL from the control plane (see :class:`ControlPlaneAssignment`).
 
-    ``credential`` is the gateways' admin secret (each client's token is derived from it, as
-    :func:`client.sdk.client_token` does) or a function ``client id -> its token``.
+    ``credential`` is the control plane's admin token (the gateways' admin secret) or the
+    clients' tokens (client id -> its token, from the job's creation answer): each client then
+    asks with its own.
     """
     return ControlPlaneAssignment(control_plane_url, job, credential, timeout)
 

@@ -4,8 +4,11 @@ Routes:
 
 * ``GET  /healthz``
 * ``GET  /v1/nodes``: node health and capacity
-* ``POST /v1/jobs``: create a job (JSON :class:`JobIn`), opens round 1
+* ``POST /v1/jobs``: create a job (JSON :class:`JobIn`), opens round 1; the answer carries each
+  client's bearer token (``tokens``: the only way to get them)
 * ``GET  /v1/jobs/{job}``, ``DELETE /v1/jobs/{job}``
+* ``DELETE /v1/jobs/{job}/clients/{id}[?force=true]``: revoke one client (forwarded to the
+  job's gateways; see :meth:`Coordinator.revoke_client`)
 * ``POST /v1/jobs/{job}/rounds``: open the next round (when ``auto_rounds`` is off)
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
 * ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url}``
@@ -13,7 +16,9 @@ Routes:
 
 Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
 admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
-token, with ``?client=ID``) for its assignment and its job's round.
+token, with ``?client=ID``) for its assignment and its job's round. A client token is checked
+with the job's salt (drawn by its root gateway at creation), so the tokens of an earlier job of
+the same name are refused; a revoked client's assignment answers 403 ``client_revoked``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -94,9 +100,14 @@ def create_app(
                     await loop
             await coord.stop()
 
-    auth = Authenticator.from_files(settings.admin_token_file, settings.analyst_token_file)
     app = FastAPI(title="FedFaaS control plane", lifespan=lifespan)
-    install(app, auth)
+
+    def job_salt(job: str) -> str | None:
+        coord: Coordinator | None = getattr(app.state, "coordinator", None)
+        return None if coord is None else coord.salt_of(job)
+
+    auth = Authenticator.from_files(settings.admin_token_file, settings.analyst_token_file)
+    install(app, dataclasses.replace(auth, job_salt=job_salt))
     admin = [Depends(require())]
     analyst = [Depends(require(Scope.ANALYST))]
 
@@ -169,7 +180,7 @@ def create_app(
             body.size,
         )
         await coord.create_job(spec, initial_weights=weights)
-        return coord.job_view(body.job)
+        return {**coord.job_view(body.job), "tokens": coord.client_tokens(body.job)}
 
     @app.get("/v1/jobs/{job}", dependencies=[Depends(require(Scope.ANALYST, Scope.CLIENT))])
     async def get_job(job: str, coord: CoordDep) -> dict[str, Any]:
@@ -180,6 +191,13 @@ def create_app(
     async def delete_job(job: str, coord: CoordDep) -> None:
         """Forget the job."""
         await coord.delete_job(job)
+
+    @app.delete("/v1/jobs/{job}/clients/{client}", dependencies=admin)
+    async def revoke_client(
+        job: str, client: str, coord: CoordDep, force: Annotated[bool, Query()] = False
+    ) -> dict[str, Any]:
+        """Revoke one client of the job (idempotent); 409 when too few would be left."""
+        return await coord.revoke_client(job, client, force=force)
 
     @app.post("/v1/jobs/{job}/rounds", status_code=201, dependencies=admin)
     async def open_round(job: str, coord: CoordDep) -> dict[str, Any]:

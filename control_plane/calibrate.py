@@ -220,7 +220,7 @@ async def measure_gateway(
             await asyncio.gather(*(one(c) for c in clients))
             deadline = time.perf_counter() + timeout
             while True:
-                st = await http.get(f"/v1/jobs/{name}")
+                st = await http.get(f"/v1/jobs/{name}", headers=admin)
                 if st.status_code == 200 and int(st.json().get("version", 0)) >= 1:
                     break
                 if time.perf_counter() > deadline:

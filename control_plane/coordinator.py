@@ -46,12 +46,15 @@ import numpy as np
 from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
 from control_plane.errors import (
     ClientNotSelected,
+    ClientRevoked,
     ControlPlaneError,
     GatewayError,
     InvalidInput,
     JobExists,
     NoHealthyNodes,
     RoundStateError,
+    TooFewClients,
+    UnknownClient,
     UnknownJob,
 )
 from control_plane.gateways import GatewayClient, plan_to_slots
@@ -69,6 +72,7 @@ from control_plane.jobs import (
 from control_plane.placement import place
 from control_plane.planning import Plan, QueueEstimator, plan_hierarchy, replan
 from control_plane.store import MemoryStore, StateStore
+from fedfaas.auth import client_token
 from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
 
 log = logging.getLogger(__name__)
@@ -117,7 +121,9 @@ class Coordinator:
             n: NodeHealth(n, u, float(mc if isinstance(mc, int | float) else mc.get(n, 20.0)))
             for n, u in sorted(gateways.items())
         }
-        self.clients = {n: GatewayClient(n, h.url) for n, h in self.nodes.items()}
+        self.clients = {
+            n: GatewayClient(n, h.url, admin_token=admin_token) for n, h in self.nodes.items()
+        }
         self.store = store or MemoryStore()
         self.provider = provider
         self.function = function
@@ -203,8 +209,9 @@ class Coordinator:
                     spec.clients,
                     nodes=span,
                     body=initial_weights,
-                    admin_token=self.admin_token,
                 )
+                if n == job.root and isinstance(answer.get("salt"), str):
+                    job.salt = answer["salt"]
                 plan = answer.get("plan")
                 if outcome == "created" and isinstance(plan, dict):
                     job.gateway_slots = len(plan.get("slots") or ())
@@ -213,6 +220,8 @@ class Coordinator:
                         job.gateway_client_nodes = {str(k): str(v) for k, v in cn.items()}
                 log.info("job %s on %s: %s", spec.name, n, outcome)
             await self._wait_known(spec.name, span)
+            if not job.salt:  # attached to a job created before: its root shows the admin
+                job.salt = (await self.clients[job.root].job_status(spec.name)).salt or ""
             self.jobs[spec.name] = job
             if open_first_round:
                 await self._open_round(job)
@@ -220,12 +229,69 @@ class Coordinator:
             return job
 
     async def delete_job(self, name: str) -> None:
-        """Forget a job (the gateways keep their own copy until they expire it)."""
+        """Forget a job, and delete it on the healthy gateways: a job created again under the
+        same name is then a new one (new salt), which refuses the old clients' tokens. A
+        gateway that cannot be reached keeps its copy (logged)."""
         async with self._lock:
-            self.job(name)
+            job = self.job(name)
             self.jobs.pop(name)
             self.plans.pop(name, None)
             await self.store.delete(name)
+            # the others first: the root deletes the journal that they would load it from
+            for n in sorted(self.healthy_nodes(), key=lambda x: x == job.root):
+                try:
+                    await self.clients[n].delete_job(name)
+                except ControlPlaneError as exc:
+                    log.warning("job %s: not deleted on %s: %s", name, n, exc.detail)
+
+    def salt_of(self, name: str) -> str | None:
+        """The job's salt (the control plane's client-token check), None for an unknown job."""
+        job = self.jobs.get(name)
+        return job.salt if job is not None and job.salt else None
+
+    def client_tokens(self, name: str) -> dict[str, str]:
+        """Each client's bearer token (empty when the job's salt or the admin token is unknown)."""
+        job = self.job(name)
+        if not job.salt or not self.admin_token:
+            return {}
+        return {c: client_token(self.admin_token, name, job.salt, c) for c in job.eligible()}
+
+    async def revoke_client(self, name: str, client: str, *, force: bool = False) -> dict[str, Any]:
+        """Revoke one client (idempotent): every healthy gateway of the job refuses its uploads
+        and model reads (told here; one that is down learns it from the shared journal), the
+        assignment refuses it (403) and it is never selected again.
+
+        The job's rounds still need ``goal`` updates: revoking a client that would leave fewer
+        clients than that answers :class:`TooFewClients` (409) and changes nothing, unless
+        ``force``; then the goal of the rounds drops to the clients left. If the client was
+        selected for the open round and the round's other selected clients cannot reach its
+        goal, the open round's goal drops to them.
+        """
+        async with self._lock:
+            job = self.job(name)
+            if client not in job.spec.clients:
+                raise UnknownClient(name, client)
+            left = [c for c in job.eligible() if c != client]
+            if client not in job.revoked and len(left) < job.spec.goal and not force:
+                raise TooFewClients(
+                    f"revoking {client!r} leaves {len(left)} clients for job {name!r}, whose "
+                    f"rounds need {job.spec.goal} updates; add ?force=true to revoke it anyway "
+                    f"(the goal then drops to the clients left)"
+                )
+            told = [
+                n for n in self.healthy_nodes() if await self.clients[n].revoke_client(name, client)
+            ]
+            if not told:
+                raise GatewayError(job.root, f"no healthy gateway knows job {name!r}")
+            if client not in job.revoked:
+                job.revoked.append(client)
+            rnd = job.current
+            if rnd is not None and rnd.state in ("open", "aggregating"):
+                selected = [c for c in rnd.selected if c not in job.revoked]
+                rnd.goal = max(1, min(rnd.goal, len(selected)))
+            await self._save(job)
+            log.warning("job %s: client %s revoked (told %s)", name, client, ", ".join(told))
+            return {"job": name, "client": client, "revoked": list(job.revoked), "gateways": told}
 
     async def open_round(self, name: str) -> RoundInfo:
         """Open the job's next round; 409 while one is open or when all rounds are done."""
@@ -244,12 +310,16 @@ class Coordinator:
         if not nodes:
             raise NoHealthyNodes()
         spec, number = job.spec, job.completed + 1
-        want = min(len(spec.clients), math.ceil(spec.goal * spec.overprovision - 1e-9))
+        pool = job.eligible()
+        if not pool:
+            raise RoundStateError(f"every client of job {spec.name!r} was revoked")
+        want = min(len(pool), math.ceil(spec.goal * spec.overprovision - 1e-9))
         rng = random.Random(seed_of(spec.name, number))
-        selected = sorted(rng.sample(spec.clients, want))
+        selected = sorted(rng.sample(pool, want))
         assignment = self._place(spec, selected, nodes, {})
         now = self.clock()
-        rnd = RoundInfo(number, "open", spec.goal, selected, assignment, now, now + spec.deadline_s)
+        goal = min(spec.goal, len(pool))  # a forced revocation may have left fewer clients
+        rnd = RoundInfo(number, "open", goal, selected, assignment, now, now + spec.deadline_s)
         job.current = rnd
         plan = self._plan_for(job, rnd)
         self.plans[spec.name] = plan
@@ -338,9 +408,7 @@ class Coordinator:
         taken = 0
         for n in self.healthy_nodes() if self.push_plans else ():
             try:
-                taken += await self.clients[n].put_plan(
-                    job.spec.name, rnd.number, slots, self.admin_token
-                )
+                taken += await self.clients[n].put_plan(job.spec.name, rnd.number, slots)
             except ControlPlaneError as exc:
                 log.warning("plan for %s not delivered to %s: %s", job.spec.name, n, exc.detail)
         if taken:
@@ -399,6 +467,8 @@ class Coordinator:
     def assignment(self, name: str, client: str) -> tuple[int, str, str]:
         """``(round, node, gateway_url)`` for a client of the open round."""
         job = self.job(name)
+        if client in job.revoked:
+            raise ClientRevoked(name, client)
         rnd = job.current
         if rnd is None or rnd.state != "open":
             raise ClientNotSelected(name, client, None)
@@ -547,7 +617,7 @@ class Coordinator:
         name, counts = job.spec.name, {}
         for n in nodes:
             try:
-                ans = await self.clients[n].close_round(name, rnd.number, None, self.admin_token)
+                ans = await self.clients[n].close_round(name, rnd.number, None)
             except ControlPlaneError as exc:
                 log.warning(
                     "job %s round %d: close on %s failed: %s", name, rnd.number, n, exc.detail
@@ -563,7 +633,7 @@ class Coordinator:
             return False
         for n in nodes:
             try:
-                await self.clients[n].close_round(name, rnd.number, counts, self.admin_token)
+                await self.clients[n].close_round(name, rnd.number, counts)
             except ControlPlaneError as exc:
                 log.error(
                     "job %s round %d: close on %s failed: %s", name, rnd.number, n, exc.detail

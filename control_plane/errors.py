@@ -97,3 +97,32 @@ class GatewayError(ControlPlaneError):
     def __init__(self, node: str, detail: str) -> None:
         super().__init__(f"node {node!r}: {detail}")
         self.node = node
+
+
+class UnknownClient(ControlPlaneError):
+    """The client is not one of the job's clients."""
+
+    code = "unknown_client"
+    status = 404
+
+    def __init__(self, job: str, client: str) -> None:
+        super().__init__(f"{client!r} is not a client of job {job!r}")
+        self.job, self.client = job, client
+
+
+class ClientRevoked(ControlPlaneError):
+    """The client was revoked (``DELETE /v1/jobs/{job}/clients/{id}``)."""
+
+    code = "client_revoked"
+    status = 403
+
+    def __init__(self, job: str, client: str) -> None:
+        super().__init__(f"client {client!r} of job {job!r} was revoked")
+        self.job, self.client = job, client
+
+
+class TooFewClients(ControlPlaneError):
+    """Revoking the client would leave fewer clients than the job's goal."""
+
+    code = "too_few_clients"
+    status = 409

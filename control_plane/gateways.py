@@ -3,12 +3,18 @@
 Only the gateway's public HTTP API is used (``gateway/`` internals are not a contract):
 
 * ``GET  /healthz``
-* ``POST /v1/jobs?job=&rounds=&goal=&clients=`` (clients comma-separated)
+* ``POST /v1/jobs?job=&rounds=&goal=&clients=`` (clients comma-separated); the answer carries
+  the job's ``salt`` (the clients' tokens depend on it)
 * ``GET  /v1/jobs/{job}`` (job status; read tolerantly, see :class:`GatewayJobStatus`)
-* ``PUT  /v1/jobs/{job}/rounds/{r}/plan`` (admin bearer; the slot table of
-  :func:`plan_to_slots`; a gateway without it answers 404/405 and keeps its own static plan)
-* ``POST /v1/jobs/{job}/rounds/{r}/close`` (admin bearer; optional ``{"received": {node: n}}``):
-  stop the round's intake and aggregate what reached the listed nodes
+* ``PUT  /v1/jobs/{job}/rounds/{r}/plan`` (the slot table of :func:`plan_to_slots`; a gateway
+  without it answers 404/405 and keeps its own static plan)
+* ``POST /v1/jobs/{job}/rounds/{r}/close`` (optional ``{"received": {node: n}}``): stop the
+  round's intake and aggregate what reached the listed nodes
+* ``DELETE /v1/jobs/{job}``: delete the job
+* ``DELETE /v1/jobs/{job}/clients/{client}?force=true``: revoke one client
+
+Every request carries the admin bearer token given to :class:`GatewayClient` (the gateways'
+admin secret; every gateway route but ``/healthz`` needs it).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ class GatewayJobStatus:
 
     Read tolerantly because the gateway's answer may grow: ``round`` (current round),
     ``received``/``accepted``/``updates`` (updates accepted in that round), ``version``
-    (global model version), ``queue`` (pending updates: ``k * E``).
+    (global model version), ``queue`` (pending updates: ``k * E``), ``salt`` (the job's, which
+    the gateway shows the admin; None when absent).
     """
 
     round: int
@@ -43,6 +50,7 @@ class GatewayJobStatus:
     version: int
     queue: float
     reports_version: bool = False
+    salt: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GatewayJobStatus:
@@ -61,17 +69,19 @@ class GatewayJobStatus:
             version=int(num("version", "model_version")),
             queue=num("queue", "queue_length", "pending"),
             reports_version="version" in data or "model_version" in data,
+            salt=data["salt"] if isinstance(data.get("salt"), str) else None,
         )
 
 
 class GatewayClient:
-    """Async client of one node gateway."""
+    """Async client of one node gateway; ``admin_token`` goes with every request."""
 
     def __init__(
         self,
         node: str,
         url: str,
         *,
+        admin_token: str | None = None,
         timeout: float = 5.0,
         health_timeout: float = 1.0,
         create_timeout: float = 180.0,
@@ -81,7 +91,10 @@ class GatewayClient:
         self.url = url.rstrip("/")
         self.health_timeout = health_timeout
         self.create_timeout = create_timeout
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout, transport=transport, headers=headers
+        )
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -110,13 +123,11 @@ class GatewayClient:
         *,
         nodes: Sequence[str] | None = None,
         body: bytes = b"",
-        admin_token: str | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Create the job on this gateway.
 
         The real gateway creates a job on its root node (``nodes[0]``) from the initial weights
-        (safetensors ``body``) with the admin bearer token; the other nodes learn it from the
-        journal. Returns ``("created", answer)``, ``("exists", {})`` (409: attach to it) or
+        (safetensors ``body``); the other nodes learn it from the journal. Returns ``("created", answer)``, ``("exists", {})`` (409: attach to it) or
         ``("not_root", {})`` (the gateway says to create it on the root).
         """
         params = {
@@ -127,14 +138,12 @@ class GatewayClient:
         }
         if nodes:
             params["nodes"] = ",".join(nodes)
-        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         # creating a job pre-faults the node's buffer pool: give it time on a busy machine
         r = await self._request(
             "POST",
             "/v1/jobs",
             params=params,
             content=body,
-            headers=headers,
             timeout=self.create_timeout,
         )
         if r.status_code == 409:
@@ -167,14 +176,9 @@ class GatewayClient:
         except ValueError as exc:
             raise GatewayError(self.node, f"GET /v1/jobs/{job}: not JSON ({exc})") from exc
 
-    async def put_plan(
-        self, job: str, round_: int, slots: Mapping[str, Any], admin_token: str | None = None
-    ) -> bool:
+    async def put_plan(self, job: str, round_: int, slots: Mapping[str, Any]) -> bool:
         """Send the round's slot table; False when the gateway does not take plans (yet)."""
-        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        r = await self._request(
-            "PUT", f"/v1/jobs/{job}/rounds/{round_}/plan", json=slots, headers=headers
-        )
+        r = await self._request("PUT", f"/v1/jobs/{job}/rounds/{round_}/plan", json=slots)
         if r.status_code == 404 and _error(r) == "unknown_job":
             raise GatewayError(self.node, f"PUT plan: job {job!r} unknown there")
         if r.status_code in (404, 405):
@@ -189,15 +193,13 @@ class GatewayClient:
         job: str,
         round_: int,
         received: Mapping[str, int] | None = None,
-        admin_token: str | None = None,
     ) -> dict[str, Any] | None:
         """Close the round's intake (and with ``received``, aggregate those updates).
 
         Returns the gateway's answer (``received`` = its accepted updates), or None when the
         gateway has no close route.
         """
-        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        kw: dict[str, Any] = {"headers": headers}
+        kw: dict[str, Any] = {}
         if received is not None:
             kw["json"] = {"received": dict(received)}
         r = await self._request("POST", f"/v1/jobs/{job}/rounds/{round_}/close", **kw)
@@ -207,6 +209,30 @@ class GatewayClient:
             raise GatewayError(self.node, f"close answered {r.status_code}: {r.text[:300]}")
         data = r.json()
         return data if isinstance(data, dict) else None
+
+    async def delete_job(self, job: str) -> bool:
+        """``DELETE /v1/jobs/{job}`` here (on its root, the journal goes too); False when this
+        gateway does not know the job."""
+        r = await self._request("DELETE", f"/v1/jobs/{job}")
+        if r.status_code == 404:
+            return False
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"delete answered {r.status_code}: {r.text[:300]}")
+        return True
+
+    async def revoke_client(self, job: str, client: str) -> bool:
+        """Revoke ``client`` of ``job`` here (forced: the coordinator checks the goal itself).
+
+        False when this gateway does not know the job (nothing to revoke there).
+        """
+        r = await self._request(
+            "DELETE", f"/v1/jobs/{job}/clients/{client}", params={"force": "true"}
+        )
+        if r.status_code == 404 and _error(r) == "unknown_job":
+            return False
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"revoke answered {r.status_code}: {r.text[:300]}")
+        return True
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:

@@ -106,6 +106,15 @@ class JobState:
     gateway_slots: int = 0
     #: the job's root node (it holds the global model and runs the top aggregator)
     root: str = ""
+    #: the salt its root gateway drew at creation: its clients' tokens depend on it
+    salt: str = ""
+    #: clients revoked (never selected again; their tokens are refused)
+    revoked: list[str] = field(default_factory=list)
+
+    def eligible(self) -> list[str]:
+        """The job's clients less the revoked ones, in the spec's order."""
+        gone = set(self.revoked)
+        return [c for c in self.spec.clients if c not in gone]
 
     @property
     def done(self) -> bool:
@@ -173,6 +182,8 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "gateway_client_nodes": job.gateway_client_nodes,
         "gateway_slots": job.gateway_slots,
         "root": job.root,
+        "salt": job.salt,
+        "revoked": job.revoked,
     }
 
 
@@ -186,4 +197,6 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         dict(raw.get("gateway_client_nodes", {})),
         int(raw.get("gateway_slots", 0)),
         str(raw.get("root", "")),
+        str(raw.get("salt", "")),
+        list(raw.get("revoked", [])),
     )

@@ -6,8 +6,12 @@ or environment values. Four scopes:
 * ``admin``: the platform's admin token file; allowed on every route.
 * ``service``: service-to-service calls (tracker and gateways -> cache engine).
 * ``analyst``: read-only queries (tracker queries, control-plane reads).
-* ``client``: one client of one job; its token is ``client.sdk.client_token(admin secret, job,
-  client)``, checked on routes that name the job (path ``{job}``) and the client (``?client=``).
+* ``client``: one client of one job; its token is :func:`client_token` of the admin secret, the
+  job, the job's salt and the client, checked on routes that name the job (path ``{job}``) and
+  the client (``?client=``). The salt is drawn at random when the job is created (by its root
+  node gateway), so a job deleted and created again under the same name refuses the old
+  tokens; a service admits client tokens only when it can look a job's salt up
+  (``Authenticator.job_salt``).
 
 Use::
 
@@ -26,6 +30,7 @@ import hmac
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -85,9 +90,13 @@ def write_token_file(path: Path, value: str) -> Path:
     return path
 
 
-def client_token(secret: str, job: str, client_id: str) -> str:
-    """HMAC-SHA256(secret, ``job/client``) hex: the client scope's token (as the gateway's)."""
-    msg = f"{job}/{client_id}".encode()
+def client_token(secret: str, job: str, salt: str, client_id: str) -> str:
+    """HMAC-SHA256(secret, ``job/salt/client``) hex: the token of one client of one job.
+
+    ``salt`` is the job's, drawn when it was created (its creation answer carries the tokens;
+    nobody needs to call this but the services that check them).
+    """
+    msg = f"{job}/{salt}/{client_id}".encode()
     return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
 
 
@@ -98,9 +107,14 @@ def bearer(token: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Authenticator:
-    """The tokens one service accepts, by scope. The admin token also signs client tokens."""
+    """The tokens one service accepts, by scope. The admin token also signs client tokens.
+
+    ``job_salt`` (job name -> its salt, or None for a job the service does not know) lets the
+    service admit client tokens; without it the client scope accepts nobody.
+    """
 
     tokens: dict[Scope, str] = field(default_factory=dict)
+    job_salt: Callable[[str], str | None] | None = None
 
     @classmethod
     def from_files(
@@ -125,8 +139,11 @@ class Authenticator:
 
     @property
     def scopes(self) -> frozenset[Scope]:
-        """Scopes this service can recognise (client when an admin secret signs tokens)."""
-        return frozenset(self.tokens) | {Scope.CLIENT}
+        """Scopes this service can recognise (client when it can look up jobs' salts)."""
+        client = (
+            {Scope.CLIENT} if self.job_salt is not None and Scope.ADMIN in self.tokens else set()
+        )
+        return frozenset(self.tokens) | client
 
     def scope_of(self, token: str, request: Request) -> Scope | None:
         """The scope ``token`` proves for ``request``, or None. Every comparison is constant-time."""
@@ -136,10 +153,13 @@ class Authenticator:
                 found = scope
         job = request.path_params.get("job")
         client = request.query_params.get("client")
-        if found is None and job and client and Scope.ADMIN in self.tokens:
-            expected = client_token(self.tokens[Scope.ADMIN], str(job), client)
-            if hmac.compare_digest(token.encode(), expected.encode()):
-                found = Scope.CLIENT
+        lookup = self.job_salt
+        if found is None and job and client and lookup is not None and Scope.ADMIN in self.tokens:
+            salt = lookup(str(job))
+            if salt is not None:
+                expected = client_token(self.tokens[Scope.ADMIN], str(job), salt, client)
+                if hmac.compare_digest(token.encode(), expected.encode()):
+                    found = Scope.CLIENT
         return found
 
 

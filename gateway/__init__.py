@@ -3,21 +3,39 @@
 Run one per node: ``python -m gateway --node NAME --port P --state-dir DIR --redis URL``
 (settings: :class:`GatewaySettings`, env prefix ``FEDFAAS_GATEWAY_``).
 
-HTTP API (errors are ``{"error": code, "detail": how to fix}``):
+HTTP API (errors are ``{"error": code, "detail": how to fix}``). Every route but ``/healthz``
+needs a bearer credential (401 ``unauthorized`` without a good one): the admin secret, shared by
+the node gateways, or where said a client token of the job. A client's token is
+HMAC-SHA256(secret, ``"<job>/<salt>/<client>"``) with the job's salt, drawn at random when the
+job is created and journaled with it: a job created again under the same name (or resumed)
+has a new salt, and the tokens of the one before are refused.
 
 - ``POST /v1/jobs?job=&rounds=&goal=&clients=c1,c2[&nodes=a,b]`` (admin bearer; body: initial
-  weights as safetensors) -> 201 ``{job, round, version, spec, tokens, id, plan}``.
+  weights as safetensors) -> 201 ``{job, round, version, spec, tokens, salt, id, plan}``:
+  ``tokens`` (client -> its bearer token) is the one place clients' tokens come from.
 - ``POST /v1/jobs/{job}/rounds/{round}/updates`` (client bearer, ``X-Client-Id``,
   ``X-Sample-Count``, ``Content-Length``; body: safetensors) -> 202 ``{key, round, client}``
   once sealed in shared memory and journaled. 400 ``malformed_safetensors`` /
   ``spec_mismatch`` / ``size_mismatch`` / ``truncated_body`` / ``bad_sample_count``,
-  401 ``unauthorized``, 404 ``unknown_job``, 409 ``stale_round`` / ``future_round`` /
+  401 ``unauthorized``, 403 ``client_revoked``, 404 ``unknown_job``, 409 ``stale_round`` /
+  ``future_round`` /
   ``duplicate_client`` / ``round_full`` / ``wrong_node`` / ``job_finished``, 411
   ``length_required``, 413 ``body_too_large`` / ``header_too_large``, 422 ``non_finite``.
-- ``GET /v1/jobs/{job}/model`` (client or admin bearer) -> safetensors, ``ETag: "v<n>"``,
-  ``X-Model-Version``; 304 on ``If-None-Match``.
-- ``GET /v1/jobs/{job}`` progress; ``GET /v1/jobs``; ``DELETE /v1/jobs/{job}`` (admin);
-  ``GET /healthz``; ``GET /metrics`` (Prometheus).
+- ``GET /v1/jobs/{job}/model`` (a client of the job or admin bearer) -> safetensors,
+  ``ETag: "v<n>"``, ``X-Model-Version``; 304 on ``If-None-Match``.
+- ``GET /v1/jobs/{job}`` progress (a client of the job or admin bearer; the admin also reads
+  ``salt``, ``revoked`` and ``store``; without a credential an unknown job answers 401 too); ``GET /v1/jobs`` (admin); ``DELETE /v1/jobs/{job}``
+  (admin); ``GET /healthz`` (open); ``GET /metrics`` (Prometheus, admin bearer: a scrape
+  sends the admin secret from a file, ``authorization: {credentials_file: ...}``);
+  ``GET /v1/router`` (admin).
+- ``DELETE /v1/jobs/{job}/clients/{id}[?force=true]`` (admin) -> 200 ``{job, client, revoked,
+  short_nodes}``: revoke one client; idempotent; 404 ``unknown_job`` / ``unknown_client``.
+  Recorded in the journal: this node refuses the client's uploads and model reads (403
+  ``client_revoked``) at once, the job's other nodes from their next journal read (every
+  ~0.2 s); an update accepted before still counts. The rounds still need their goals from the
+  clients left: 409 ``too_few_clients`` (nothing revoked) when a node's plan would need more
+  updates than clients are left to it, unless ``force=true`` (the round then ends only when
+  closed: ``POST .../close``, which the control plane does at the round's deadline).
 - ``POST /v1/internal/jobs/{job}/rounds/{r}/partials?slot=S`` (admin bearer; body: the raw
   store object): a partial from another node's gateway.
 - ``PUT /v1/jobs/{job}/rounds/{r}/plan`` (admin bearer; body: the slot table of

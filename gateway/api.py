@@ -1,9 +1,14 @@
-"""Control routes (FastAPI): jobs, model, progress, health, metrics.
+"""Control routes (FastAPI): jobs, clients, model, progress, health, metrics.
 
 The upload and internal-partial routes are native exchanges (``gateway.ingest``); everything
 here is called through the server's ASGI bridge (``gateway.asgi``) before any body byte is
 read: a route authenticates first, then reads its body (JSON: bounded by ``max_json_body``;
 the job-creation body: streamed into shared memory).
+
+Every route but ``/healthz`` needs a credential: the admin secret, or for a job's progress and
+model, a client token of that job (a revoked client's: 403 ``client_revoked``). The credential
+is checked before the job is looked up: without one, these routes answer 401 for a job that
+does not exist too (the native upload route still answers 404 ``unknown_job`` first).
 """
 
 from __future__ import annotations
@@ -24,18 +29,44 @@ from gateway.jobs import check_job_params
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
-    from gateway.jobs import Job
+
+
+def _admin(request: Request) -> None:
+    """Refuse (401) a request without the admin bearer token (the gateways' shared secret)."""
+    if not auth.check_admin(request.app.state.gateway.secret, request.headers.get("authorization")):
+        raise Unauthorized("this route needs the admin bearer token (the gateways' admin secret)")
 
 
 def _job_of(request: Request, job: str) -> Any:
     return request.app.state.gateway.job(job)
 
 
-JobDep = Annotated[Any, Depends(_job_of)]
+def _job_for_reader(request: Request, job: str) -> Any:
+    """The job, for the admin or a client of it (401 otherwise; 403 for a revoked client)."""
+    gw = request.app.state.gateway
+    header = request.headers.get("authorization")
+    if auth.check_admin(gw.secret, header):
+        return gw.job(job)
+    j = gw.jobs.get(job)
+    client = None if j is None else j.client_of(header)
+    if j is None or client is None:
+        raise Unauthorized(
+            f"a client bearer token of job {job!r} (from its creation answer) or the admin "
+            f"bearer token is required"
+        )
+    if client in j.revoked:
+        raise j.revoked_error(client)
+    return j
+
+
+ADMIN = [Depends(_admin)]
+JobDep = Annotated[Any, Depends(_job_of)]  # on admin routes: the admin check runs first
+ReadJobDep = Annotated[Any, Depends(_job_for_reader)]
 
 
 def build_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url="/openapi.json")
+    # no /openapi.json, /docs, /redoc: every route but /healthz needs a credential
+    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url=None)
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)
@@ -60,17 +91,17 @@ def build_app(gw: Gateway) -> FastAPI:
             "aggregators": control.node_load(gw),
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=ADMIN)
     async def metrics() -> Response:
-        """Prometheus text format."""
+        """Prometheus text format (a scrape sends the admin secret as its bearer token)."""
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/router")
+    @app.get("/v1/router", dependencies=ADMIN)
     async def router() -> dict[str, Any]:
         """Router mode and why, endpoints with their metrics (E from the kernel), drops."""
         return gw.router.status()
 
-    @app.post("/v1/jobs", status_code=201)
+    @app.post("/v1/jobs", status_code=201, dependencies=ADMIN)
     async def create_job(
         request: Request,
         job: Annotated[str, Query()],
@@ -79,11 +110,12 @@ def build_app(gw: Gateway) -> FastAPI:
         clients: Annotated[str, Query()],
         nodes: Annotated[str | None, Query()] = None,
         resume: Annotated[bool, Query()] = False,
-        authorization: Annotated[str | None, Header()] = None,
     ) -> dict[str, object]:
-        """Create a job from its initial weights (safetensors body) or its last checkpoint."""
-        if not auth.check_admin(gw.secret, authorization):
-            raise Unauthorized("creating a job needs the admin bearer token")
+        """Create a job from its initial weights (safetensors body) or its last checkpoint.
+
+        The answer carries each client's token and the job's fresh ``salt`` (a resumed job is
+        a new incarnation: new salt, new tokens).
+        """
         ids = [c for c in clients.split(",") if c]
         where = check_job_params(
             job, rounds, goal, ids, nodes.split(",") if nodes else None, gw.settings.node
@@ -95,59 +127,58 @@ def build_app(gw: Gateway) -> FastAPI:
             "round": j.version + 1,
             "version": j.version,
             "spec": j.spec.to_json(),
-            "tokens": {c: auth.client_token(gw.secret, j.name, c) for c in j.clients},
+            "tokens": dict(j.tokens),
+            "salt": j.salt,
             "id": j.id,
             "plan": j.plan.to_json(),
         }
 
-    @app.delete("/v1/jobs/{job}", status_code=204)
-    async def delete_job(
-        j: JobDep, authorization: Annotated[str | None, Header()] = None
-    ) -> Response:
+    @app.delete("/v1/jobs/{job}", status_code=204, dependencies=ADMIN)
+    async def delete_job(j: JobDep) -> Response:
         """Delete a job: its store objects on this node and, on its root node, its journal."""
-        if not auth.check_admin(gw.secret, authorization):
-            raise Unauthorized("deleting a job needs the admin bearer token")
         await gw.delete_job(j.name)
         return Response(status_code=204)
 
-    @app.get("/v1/jobs")
+    @app.delete("/v1/jobs/{job}/clients/{client}", dependencies=ADMIN)
+    async def revoke_client(
+        j: JobDep, client: str, force: Annotated[bool, Query()] = False
+    ) -> dict[str, object]:
+        """Revoke one client of the job (idempotent): see :meth:`Gateway.revoke_client`."""
+        return await gw.revoke_client(j, client, force=force)
+
+    @app.get("/v1/jobs", dependencies=ADMIN)
     async def list_jobs() -> dict[str, object]:
         """Jobs on this node."""
         return {"jobs": [j.status() for j in gw.jobs.values()]}
 
     @app.get("/v1/jobs/{job}")
-    async def job_status(j: JobDep) -> dict[str, object]:
-        """Round, version, progress of the open round, and the load: queue = k * E."""
+    async def job_status(request: Request, j: ReadJobDep) -> dict[str, object]:
+        """Round, version, progress of the open round, and the load: queue = k * E.
+
+        The admin also reads the job's ``salt``, its ``revoked`` clients and its ``store``.
+        """
         status: dict[str, object] = j.status()
         status.update(gw.load(j))
         status["plan_version"] = j.engine.plan_version if j.engine is not None else None
         status["pushed_plan"] = j.plan is not j.base_plan
+        if auth.check_admin(gw.secret, request.headers.get("authorization")):
+            status["salt"] = j.salt
+            status["revoked"] = sorted(j.revoked)
+        else:  # a client: not where the node keeps the job's objects
+            status.pop("store", None)
+            status.pop("store_stats", None)
         return status
 
-    @app.put("/v1/jobs/{job}/rounds/{number}/plan")
-    async def put_plan(
-        request: Request,
-        j: JobDep,
-        number: int,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> dict[str, object]:
+    @app.put("/v1/jobs/{job}/rounds/{number}/plan", dependencies=ADMIN)
+    async def put_plan(request: Request, j: JobDep, number: int) -> dict[str, object]:
         """Take the control plane's slot table for round ``number`` (open or next)."""
-        if not auth.check_admin(gw.secret, authorization):
-            raise Unauthorized("pushing a plan needs the admin bearer token")
         answer = gw.push_plan(j, number, await _json(request))
         await control.persist_plan(gw, j, number)
         return answer
 
-    @app.post("/v1/jobs/{job}/rounds/{number}/close")
-    async def close_round(
-        request: Request,
-        j: JobDep,
-        number: int,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> dict[str, object]:
+    @app.post("/v1/jobs/{job}/rounds/{number}/close", dependencies=ADMIN)
+    async def close_round(request: Request, j: JobDep, number: int) -> dict[str, object]:
         """Close the round's intake here; with ``{"received": {node: n}}`` aggregate those."""
-        if not auth.check_admin(gw.secret, authorization):
-            raise Unauthorized("closing a round needs the admin bearer token")
         body = await _json(request) if await request.body() else {}
         received = body.get("received") if isinstance(body, dict) else None
         if received is not None and (
@@ -168,14 +199,10 @@ def build_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/jobs/{job}/model")
     async def model(
-        j: JobDep,
-        authorization: Annotated[str | None, Header()] = None,
+        j: ReadJobDep,
         if_none_match: Annotated[str | None, Header()] = None,
     ) -> Response:
         """The current global model as safetensors (ETag "v<version>")."""
-        tok = auth.bearer(authorization)
-        if tok is None or not (auth.check_admin(gw.secret, authorization) or tok in _tokens(gw, j)):
-            raise Unauthorized(f"a client or admin bearer token of job {j.name!r} is required")
         if j.node != j.root and (
             not j.model_bytes
             or gw.journal is not None
@@ -227,11 +254,3 @@ async def _json(request: Request) -> Any:
         return json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
         raise GatewayError("body must be JSON", status=400, code="bad_json") from None
-
-
-def _tokens(gw: Gateway, j: Job) -> set[str]:
-    cached: set[str] | None = getattr(j, "_tokens", None)
-    if cached is None:
-        cached = {auth.client_token(gw.secret, j.name, c) for c in j.clients}
-        object.__setattr__(j, "_tokens", cached)
-    return cached

@@ -1,15 +1,22 @@
-"""Admin secret and per-client tokens: HMAC-SHA256(secret, "<job>/<client>") in hex.
+"""Admin secret, job salts and per-client tokens.
 
-Every node gateway that shares the secret agrees on every token, with nothing stored.
+A client's token is ``fedfaas.auth.client_token(secret, job, salt, client)``: HMAC-SHA256 of
+``"<job>/<salt>/<client>"`` under the admin secret, in hex. The salt is drawn when the job is
+created (:func:`new_salt`) and kept with the job in the journal, so every node gateway that
+shares the secret agrees on every token, and a job created again under the same name (a new
+salt) refuses the tokens of the one before.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import secrets
 from pathlib import Path
+
+from fedfaas.auth import client_token
+
+__all__ = ["bearer", "check_admin", "client_token", "load_or_create_secret", "new_salt"]
 
 
 def load_or_create_secret(path: Path) -> str:
@@ -26,8 +33,9 @@ def load_or_create_secret(path: Path) -> str:
     return value
 
 
-def client_token(secret: str, job: str, client_id: str) -> str:
-    return hmac.new(secret.encode(), f"{job}/{client_id}".encode(), hashlib.sha256).hexdigest()
+def new_salt() -> str:
+    """A fresh random salt for a new job (128 bits, hex)."""
+    return secrets.token_hex(16)
 
 
 def bearer(header: str | None) -> str | None:
@@ -40,8 +48,3 @@ def bearer(header: str | None) -> str | None:
 def check_admin(secret: str, header: str | None) -> bool:
     tok = bearer(header)
     return tok is not None and hmac.compare_digest(tok, secret)
-
-
-def check_client(secret: str, job: str, client_id: str, header: str | None) -> bool:
-    tok = bearer(header)
-    return tok is not None and hmac.compare_digest(tok, client_token(secret, job, client_id))

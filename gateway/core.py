@@ -51,7 +51,8 @@ class Gateway:
         self.settings = settings
         self.planner: Planner = planner or _load_planner(settings)
         self.jobs: dict[str, Job] = {}
-        self._skip: set[str] = set()  # jobs deleted here or impossible to resume: not reloaded
+        #: (name, id) of jobs deleted here or impossible to resume: not reloaded
+        self._skip: set[tuple[str, int]] = set()
         #: bytes of request bodies held at once, all routes and jobs (``max_inflight_bytes``)
         self.budget = MemoryBudget(settings.max_inflight_bytes)
         self.metrics = Metrics(settings.node, self)
@@ -272,6 +273,7 @@ class Gateway:
             "clients": list(clients),
             "nodes": nodes,
             "spec": spec.to_json(),
+            "salt": auth.new_salt(),  # a new incarnation: the tokens of an older one fail
         }
         if evaluator is not None:
             meta["evaluator"] = evaluator
@@ -288,7 +290,6 @@ class Gateway:
         if not await self.journal.create_job(name, meta):
             job.ns.close()
             raise JobExists(f"job {name!r} exists; pick another name")
-        self._skip.discard(name)
         job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
         await self.journal.publish(name, start, {"key": g.key, "weight": 0, "count": 0})
         if self.checkpoints is not None and start == 0:
@@ -352,6 +353,7 @@ class Gateway:
         ns = Namespace(
             s.shm_root, s.node, meta["name"], spec.object_nbytes, pool=pool, pool_max=pool_max
         )
+        salt = str(meta.get("salt", ""))
         return Job(
             meta["name"],
             int(meta["id"]),
@@ -363,6 +365,10 @@ class Gateway:
             plan,
             ns,
             s.node,
+            salt=salt,
+            tokens={
+                c: auth.client_token(self.secret, meta["name"], salt, c) for c in meta["clients"]
+            },
         )
 
     def _install(self, job: Job) -> None:
@@ -384,25 +390,38 @@ class Gateway:
         )
 
     async def _load_jobs(self) -> None:
-        """Pick up jobs created on other nodes that include this node, and their versions."""
+        """Pick up jobs created on other nodes that include this node, their versions and
+        their revoked clients (run at start and every ~0.2 s by the housekeeping loop).
+
+        A job here whose name the journal now gives to another job (deleted on its root and
+        created again: a new id and salt) is forgotten here and the new one loaded.
+        """
         for name, meta in (await self.journal.jobs()).items():
+            incarnation = (name, int(meta["id"]))
             if name in self.jobs:
                 job = self.jobs[name]
-                if job.root != self.settings.node:
-                    v = await self.journal.version(name)
-                    if v > job.version:
-                        self._advance_remote(job, v)
-                continue
-            if self.settings.node not in meta["nodes"] or name in self._skip:
+                if job.id == incarnation[1]:
+                    if job.root != self.settings.node:
+                        v = await self.journal.version(name)
+                        if v > job.version:
+                            self._advance_remote(job, v)
+                    continue
+                log.info("job %s was created again (id %d -> %d)", name, job.id, incarnation[1])
+                self._forget(job)
+            if self.settings.node not in meta["nodes"] or incarnation in self._skip:
                 continue
             job = self._make_job(meta, wire.ModelSpec.from_json(meta["spec"]))
             job.version = await self.journal.version(name)
             if meta["nodes"][0] == self.settings.node and not await self._recover(job):
                 job.ns.close()
-                self._skip.add(name)
+                self._skip.add(incarnation)
                 continue
             self._install(job)
             await self._recover_round(job)
+        if self.jobs:
+            for name, revoked in (await self.journal.revoked(list(self.jobs))).items():
+                if name in self.jobs:
+                    self.jobs[name].revoked |= revoked
 
     async def _recover(self, job: Job) -> bool:
         """A job of ours from before a restart: adopt its global model from the store."""
@@ -475,16 +494,59 @@ class Gateway:
     async def delete_job(self, name: str) -> None:
         """Forget a job on this node: its objects, endpoint and (on its root) its journal."""
         job = self.job(name)
-        del self.jobs[name]
-        self._skip.add(name)
+        self._forget(job)
+        if job.root == self.settings.node:
+            await self.journal.delete_job(name)
+        log.info("job %s deleted on node %s", name, self.settings.node)
+
+    def _forget(self, job: Job) -> None:
+        """Drop ``job`` from this node (its round, endpoint, store objects); never reload it."""
+        del self.jobs[job.name]
+        self._skip.add((job.name, job.id))
         if job.engine is not None:
             job.engine.close()
         if job.endpoint is not None:
             job.endpoint.close()
         job.ns.close()
-        if job.root == self.settings.node:
-            await self.journal.delete_job(name)
-        log.info("job %s deleted on node %s", name, self.settings.node)
+
+    async def revoke_client(self, job: Job, client: str, *, force: bool) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{job}/clients/{client}``: revoke one client of ``job``.
+
+        Recorded in the journal and here: this node refuses the client's uploads and model
+        reads at once, the job's other nodes from their next journal read (the housekeeping
+        loop, every ~0.2 s). An update accepted (202) before that still counts.
+
+        The round still needs its goal of updates from the clients left. Where the plan
+        needs more updates on a node than clients are left to send them there, the round
+        could only end by being closed (``POST .../close``; the control plane does it at
+        the round's deadline): that answers 409 ``too_few_clients`` and revokes nothing,
+        unless ``force`` (the answer then names those nodes in ``short_nodes``). Revoking a
+        revoked client again answers the same 200 (idempotent); an unknown one 404.
+        """
+        if client not in job.client_set:
+            raise GatewayError(
+                f"{client!r} is not a client of job {job.name!r}", status=404, code="unknown_client"
+            )
+        short = job.short_nodes(job.revoked | {client})
+        if short and not force and client not in job.revoked:
+            raise GatewayError(
+                f"revoking {client!r} leaves fewer clients than the round's goal on "
+                + ", ".join(
+                    f"node {n} ({have} for a goal of {goal})" for n, (have, goal) in short.items()
+                )
+                + "; the round could then end only when closed. Add ?force=true to revoke anyway",
+                status=409,
+                code="too_few_clients",
+            )
+        await self.journal.revoke(job.name, client)
+        job.revoked.add(client)
+        log.warning("job %s: client %s revoked", job.name, client)
+        return {
+            "job": job.name,
+            "client": client,
+            "revoked": sorted(job.revoked),
+            "short_nodes": {n: {"clients": h, "goal": g} for n, (h, g) in short.items()},
+        }
 
     def job(self, name: str) -> Job:
         job = self.jobs.get(name)

@@ -60,12 +60,7 @@ class UploadExchange(Exchange):
             )
         if not self.client:
             raise Unauthorized("missing X-Client-Id header")
-        if not auth.check_client(gw.secret, job.name, self.client, req.header("authorization")):
-            raise Unauthorized(
-                f"missing or wrong bearer token for client {self.client!r} of job {job.name!r}"
-            )
-        if self.client not in job.client_set:
-            raise Unauthorized(f"client {self.client!r} is not a client of job {job.name!r}")
+        job.check_client(self.client, req.header("authorization"))  # 401, or 403 if revoked
         raw = req.header("x-sample-count") or ""
         if not raw.isdigit() or int(raw) <= 0 or len(raw) > 12:
             raise self._reject(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import re
 import time
 from collections.abc import Sequence
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import bpf
 from fedfaas import wire
 from fedfaas.objstore import Namespace
-from gateway.errors import GatewayError, UpdateRejected
+from gateway import auth
+from gateway.errors import GatewayError, Unauthorized, UpdateRejected
 from gateway.plan import Plan
 from gateway.rounds import RoundEngine
 
@@ -74,6 +76,12 @@ class Job:
     plan: Plan
     ns: Namespace
     node: str
+    #: drawn at creation, kept in the journal: the clients' tokens depend on it
+    salt: str = ""
+    #: client id -> its bearer token (from the admin secret, the job and its salt)
+    tokens: dict[str, str] = field(default_factory=dict)
+    #: clients revoked by ``DELETE /v1/jobs/{job}/clients/{id}`` (here or on another node)
+    revoked: set[str] = field(default_factory=set)
     version: int = 0
     global_key: bytes | None = None
     model_bytes: bytes = b""
@@ -92,6 +100,52 @@ class Job:
     def __post_init__(self) -> None:
         self.client_set = set(self.clients)
         self.base_plan = self.plan  # the gateway's own plan, used when none was pushed
+        self.by_token = {t: c for c, t in self.tokens.items()}
+
+    def check_client(self, client: str, header: str | None) -> None:
+        """Refuse a request of ``client`` unless ``header`` carries its token (401 otherwise)
+        and it is not revoked (403 ``client_revoked``)."""
+        tok = auth.bearer(header)
+        want = self.tokens.get(client)
+        if tok is None or want is None or not hmac.compare_digest(tok, want):
+            raise Unauthorized(
+                f"missing or wrong bearer token for client {client!r} of job {self.name!r} "
+                f"(or no such client)"
+            )
+        if client in self.revoked:
+            raise self.revoked_error(client)
+
+    def client_of(self, header: str | None) -> str | None:
+        """The client whose token ``header`` carries, or None."""
+        tok = auth.bearer(header)
+        return None if tok is None else self.by_token.get(tok)
+
+    def revoked_error(self, client: str) -> GatewayError:
+        return GatewayError(
+            f"client {client!r} of job {self.name!r} was revoked: its uploads and model reads "
+            f"are refused",
+            status=403,
+            code="client_revoked",
+        )
+
+    def short_nodes(self, revoked: set[str]) -> dict[str, tuple[int, int]]:
+        """Nodes where the round's plan needs more updates than clients are left to send them,
+        with ``revoked`` out: ``{node: (clients left, node goal)}`` (empty when none).
+
+        A client the plan places on no node may upload anywhere: it counts for every node.
+        Both the open round's plan and the gateway's own one (later rounds) are checked.
+        """
+        out: dict[str, tuple[int, int]] = {}
+        for plan in {id(p): p for p in (self.plan, self.base_plan)}.values():
+            left = collections.Counter(
+                plan.client_nodes.get(c) for c in self.clients if c not in revoked
+            )
+            for node in {s.node for s in plan.slots}:
+                goal = plan.node_goal(node)
+                have = left[node] + left[None]
+                if goal and have < goal:
+                    out[node] = (have, goal)
+        return out
 
     def arrival_rate(self, window: float = 10.0) -> float:
         """Updates accepted per second over the last ``window`` seconds (k)."""

@@ -1,4 +1,5 @@
-"""The Redis journal: jobs, numeric job ids, accepted updates per round, published versions.
+"""The Redis journal: jobs (with their salts), numeric job ids, accepted updates per round,
+published versions, revoked clients.
 
 An update answered 202 has its record here (``HSETNX`` per client and round, which is also
 what refuses the same client twice across node gateways), so it counts exactly once.
@@ -41,6 +42,21 @@ class Journal:
     async def jobs(self) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(PREFIX + "jobs")
         return {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
+
+    async def revoke(self, job: str, client: str) -> None:
+        """Record that ``client`` of ``job`` is revoked (idempotent; gone with the job)."""
+        await self.r.sadd(f"{PREFIX}job:{job}:revoked", client)
+
+    async def revoked(self, jobs: list[str]) -> dict[str, set[str]]:
+        """Revoked clients of each of ``jobs`` (one round trip)."""
+        async with self.r.pipeline(transaction=False) as p:
+            for job in jobs:
+                p.smembers(f"{PREFIX}job:{job}:revoked")
+            raw = await p.execute()
+        return {
+            job: {m.decode() if isinstance(m, bytes) else m for m in members}
+            for job, members in zip(jobs, raw, strict=True)
+        }
 
     async def accept(self, job: str, round: int, client: str, record: dict[str, Any]) -> bool:
         """Journal one accepted update; False if this client already has one in this round."""

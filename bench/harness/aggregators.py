@@ -38,15 +38,23 @@ class NodeAggregators:
         Where each replica's log goes (``aggregator-<slot>.log``).
     url
         The gateway's base URL, read for the registered endpoints (``GET /v1/router``).
+    admin_secret_file
+        The gateway's admin secret file: ``GET /v1/router`` needs its bearer token.
     """
 
     def __init__(
-        self, node: str, router_socket: Path, log_dir: Path, url: str | None = None
+        self,
+        node: str,
+        router_socket: Path,
+        log_dir: Path,
+        url: str | None = None,
+        admin_secret_file: Path | None = None,
     ) -> None:
         self.node = node
         self.router_socket = router_socket
         self.log_dir = log_dir
         self.url = url
+        self.admin_secret_file = admin_secret_file
         self.replicas: list[Replica] = []
         self._next_slot = 0
 
@@ -81,10 +89,13 @@ class NodeAggregators:
         if self.url is None:
             raise ValueError("endpoints of a subprocess gateway are read from its url; none given")
         try:
-            r = httpx.get(f"{self.url}/v1/router", timeout=5)
+            secret = self.admin_secret_file.read_text().strip() if self.admin_secret_file else ""
+            r = httpx.get(
+                f"{self.url}/v1/router", headers={"Authorization": f"Bearer {secret}"}, timeout=5
+            )
             r.raise_for_status()
-        except httpx.HTTPError:
-            return {}  # not listening yet, or restarting
+        except (httpx.HTTPError, FileNotFoundError):
+            return {}  # not listening yet (its secret file not written yet), or restarting
         return {int(e["id"]): int(e["pid"]) for e in r.json()["endpoints"] if not e["local"]}
 
     def pids(self) -> list[int]:

@@ -37,7 +37,7 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
 
     from client.data import federated_digits
     from client.model import make_model, model_to_bytes
-    from client.sdk import client_token, submit_job
+    from client.sdk import submit_job
     from client.simulator import Simulator, SimulatorConfig, control_plane_assignment
 
     data = federated_digits(cfg.clients, alpha=cfg.alpha, seed=cfg.seed)
@@ -45,7 +45,7 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
     if cfg.malicious is not None and cfg.malicious not in ids:
         raise DemoError(f"malicious client {cfg.malicious!r} is not one of {ids[0]}..{ids[-1]}")
     cp = p.urls["control_plane"]
-    submit_job(
+    created = submit_job(
         cp,
         cfg.job,
         model_to_bytes(make_model(cfg.seed, cfg.model)),
@@ -54,7 +54,8 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         admin_token=p.admin_secret(),
         evaluator=EVALUATOR,
     )
-    assign = control_plane_assignment(cp, cfg.job, p.admin_secret())
+    tokens: dict[str, str] = created["tokens"]  # the job's salt is in them: good for it only
+    assign = control_plane_assignment(cp, cfg.job, tokens)
     for c in ids:
         url = assign(c)
         result.placement[url] = result.placement.get(url, 0) + 1
@@ -65,7 +66,6 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         + f" (round 1), {cfg.rounds} rounds, Dirichlet alpha {cfg.alpha}, model {cfg.model}"
         + (f"; {cfg.malicious} sign-flips its update" if cfg.malicious else "")
     )
-    tokens = {c: client_token(p.admin_secret(), cfg.job, c) for c in ids}
     samples = {c.client_id: c.num_samples for c in data.clients}
     updates: dict[tuple[int, str], bytes] = {}
     checks: dict[int, float] = {}

@@ -77,7 +77,8 @@ class Running:
         """Per node, the pids behind the router's function endpoints (the gateway's own aside)."""
         out = {}
         for node, url in self.gateways.items():
-            eps = httpx.get(f"{url}/v1/router", timeout=10).json()["endpoints"]
+            headers = {"Authorization": f"Bearer {self.admin_secret()}"}
+            eps = httpx.get(f"{url}/v1/router", headers=headers, timeout=10).json()["endpoints"]
             out[node] = {int(e["pid"]) for e in eps if not e["local"]}
         return out
 

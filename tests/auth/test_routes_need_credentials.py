@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
@@ -110,14 +110,16 @@ def test_route_refuses_missing_wrong_and_other_scope_credentials(
     _assert_refused(client.request(method, url, headers={"Authorization": "Basic eDp5"}), 401)
     # a service knows only the scopes its callers use; to check the guard itself, let this one
     # recognise every scope, then send each scope the route does not admit
-    app.state.auth = Authenticator({s: f"{s.value}-token" for s in Scope if s != Scope.CLIENT})
+    app.state.auth = Authenticator(
+        {s: f"{s.value}-token" for s in Scope if s != Scope.CLIENT}, job_salt=lambda job: "salt"
+    )
     others = sorted(set(Scope) - guard.scopes)
     assert others, f"{path} admits every scope"
     for other in others:
         if other == Scope.CLIENT:
             if "{job}" not in path:
                 continue  # a client token names its job: elsewhere it is just a wrong token
-            secret = client_token("admin-token", "x", "c")
+            secret = client_token("admin-token", "x", "salt", "c")
         else:
             secret = tokens[other].read_text()
         _assert_refused(client.request(method, url, headers=bearer(secret)), 403)
@@ -128,10 +130,49 @@ def test_every_service_has_guarded_routes() -> None:
     assert services == set(SERVICES)
 
 
+def _salted(salts: dict[str, str]) -> Authenticator:
+    return Authenticator({Scope.ADMIN: "admin-token"}, job_salt=salts.get)
+
+
+def _scope(auth: Authenticator, job: str, client: str, token: str) -> Scope | None:
+    app = FastAPI()
+    seen: list[Scope | None] = []
+
+    @app.get("/v1/jobs/{job}")
+    def probe(request: Request, job: str) -> None:
+        seen.append(auth.scope_of(token, request))
+
+    TestClient(app).get(f"/v1/jobs/{job}", params={"client": client})
+    return seen[0]
+
+
+def test_a_client_token_proves_its_own_job_and_client_only() -> None:
+    auth = _salted({"x": "s1", "y": "s2"})
+    token = client_token("admin-token", "x", "s1", "c")
+    assert _scope(auth, "x", "c", token) == Scope.CLIENT
+    assert _scope(auth, "x", "c2", token) is None  # another client of the job
+    assert _scope(auth, "y", "c", token) is None  # another job
+    assert _scope(auth, "z", "c", token) is None  # a job the service does not know
+
+
+def test_a_client_token_of_an_earlier_job_of_the_same_name_is_refused() -> None:
+    old = client_token("admin-token", "x", "s-old", "c")
+    assert _scope(_salted({"x": "s-new"}), "x", "c", old) is None
+    assert _scope(_salted({"x": "s-new"}), "x", "c", client_token("admin-token", "x", "s-new", "c"))
+
+
+def test_without_a_salt_lookup_no_client_token_is_admitted() -> None:
+    auth = Authenticator({Scope.ADMIN: "admin-token"})
+    assert Scope.CLIENT not in auth.scopes
+    assert _scope(auth, "x", "c", client_token("admin-token", "x", "", "c")) is None
+
+
 def test_client_token_opens_only_its_own_assignment(tmp_path: Path) -> None:
     tokens = _tokens(tmp_path)
-    client = TestClient(_control(tokens))
-    other = client_token("admin-token", "x", "c2")
+    app = _control(tokens)
+    client = TestClient(app)
+    app.state.auth = _salted({"x": "salt"})  # as if the control plane knew job x
+    other = client_token("admin-token", "x", "salt", "c2")
     _assert_refused(client.get("/v1/jobs/x/assignment?client=c", headers=bearer(other)), 401)
     _assert_refused(client.get("/v1/jobs/y/assignment?client=c", headers=bearer(other)), 401)
 

@@ -11,8 +11,6 @@ on exit, also when the test killed their gateway.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import secrets
 import shutil
@@ -82,7 +80,11 @@ def real_gateways(
                     env=gateway_env(),
                 )
             aggs[node] = NodeAggregators(
-                node, settings.socket_path(), tmp_path / f"{node}-aggregators", urls[node]
+                node,
+                settings.socket_path(),
+                tmp_path / f"{node}-aggregators",
+                urls[node],
+                admin_secret_file=secret_file,
             )
             aggs[node].spawn(REPLICAS, ENDPOINTS)  # they register once the socket is there
         for node, port in ports.items():
@@ -118,18 +120,15 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
-def token(secret: str, job: str, client: str) -> str:
-    return hmac.new(secret.encode(), f"{job}/{client}".encode(), hashlib.sha256).hexdigest()
-
-
-def upload(url, job, rnd, client, secret, tensors, weight):  # type: ignore[no-untyped-def]
+def upload(url, job, rnd, client, token, tensors, weight):  # type: ignore[no-untyped-def]
+    """Upload ``tensors`` as ``client`` with its ``token`` (from the job's creation answer)."""
     return httpx.post(
         f"{url}/v1/jobs/{job}/rounds/{rnd}/updates",
         content=save(tensors),
         headers={
             "X-Client-Id": client,
             "X-Sample-Count": str(weight),
-            "Authorization": f"Bearer {token(secret, job, client)}",
+            "Authorization": f"Bearer {token}",
         },
         timeout=30,
     )

@@ -54,6 +54,7 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
                 },
             )
             assert r.status_code == 201, r.text
+            tokens = r.json()["tokens"]
             rnd = r.json()["round"]
             # BestFit, MC = 3: nine selected clients fill the three nodes
             assert rnd["placement"] == "coordinator"
@@ -74,7 +75,7 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
                         "b": rng.standard_normal((4, 8)).astype(np.float32),
                     }
                     w = int(rng.integers(1, 50))
-                    res = realgw.upload(urls[node], "fail", 1, c, secret, t, w)
+                    res = realgw.upload(urls[node], "fail", 1, c, tokens[c], t, w)
                     assert res.status_code == 202, res.text
                     sent[node].append((t, w))
             wait_for(
@@ -107,7 +108,7 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
                 assert err <= 1e-6, err
             # a late upload to a survivor is refused: the round is over there
             late = by_node[root][2]
-            res = realgw.upload(urls[root], "fail", 1, late, secret, w0, 1)
+            res = realgw.upload(urls[root], "fail", 1, late, tokens[late], w0, 1)
             assert res.status_code == 409
 
 
@@ -132,6 +133,7 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
                 },
             )
             assert r.status_code == 201, r.text
+            tokens = r.json()["tokens"]
             assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
             root = coord.jobs["move"].root
             victim = next(n for n in names if n != root)
@@ -143,7 +145,10 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
             lost_client = next(c for c, n in first.items() if n == victim)
             t = {"a": rng.standard_normal(64).astype(np.float32)}
             assert (
-                realgw.upload(urls[victim], "move", 1, lost_client, secret, t, 5).status_code == 202
+                realgw.upload(
+                    urls[victim], "move", 1, lost_client, tokens[lost_client], t, 5
+                ).status_code
+                == 202
             )
             wait_for(lambda: api.get("/v1/jobs/move").json()["round"]["received"].get(victim) == 1)
 
@@ -162,7 +167,7 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
                 assert a["node"] != victim
                 t = {"a": rng.standard_normal(64).astype(np.float32)}
                 w = int(rng.integers(1, 20))
-                res = realgw.upload(a["gateway_url"], "move", 1, c, secret, t, w)
+                res = realgw.upload(a["gateway_url"], "move", 1, c, tokens[c], t, w)
                 assert res.status_code == 202, res.text
                 sent.append((t, w))
             job = wait_for(lambda: (j := api.get("/v1/jobs/move").json())["completed"] == 1 and j)

@@ -18,6 +18,7 @@ from safetensors.numpy import load, save
 
 from control_plane.calibrate import measure_gateway
 from control_plane.coordinator import Coordinator
+from fedfaas.auth import bearer
 from tests.control import realgw
 from tests.tokens import control_client
 
@@ -30,8 +31,8 @@ def real_gateways(redis_url, tmp_path):
         yield urls, secret
 
 
-def upload(url, job, rnd, client, secret, tensors, weight):
-    return realgw.upload(url, job, rnd, client, secret, tensors, weight)
+def upload(url, job, rnd, client, token, tensors, weight):
+    return realgw.upload(url, job, rnd, client, token, tensors, weight)
 
 
 def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gateways):
@@ -51,12 +52,13 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
             },
         )
         assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
         rnd = r.json()["round"]
         assert rnd["number"] == 1 and rnd["selected"] == 6
         # the gateways run the coordinator's plan, not their static one
         assert rnd["placement"] == "coordinator"
         for url in urls.values():
-            st = httpx.get(f"{url}/v1/jobs/real").json()
+            st = httpx.get(f"{url}/v1/jobs/real", headers=bearer(secret)).json()
             assert st["pushed_plan"] and st["plan_version"] == rnd["plan_version"]
             assert {"queue", "k", "E_s", "pending"} <= st.keys()
         sent, late = [], None
@@ -72,7 +74,7 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
                 "b": rng.integers(-8, 8, (3, 4)).astype(np.float32),
             }
             wgt = int(rng.integers(1, 9))
-            res = upload(a.json()["gateway_url"], "real", 1, c, secret, t, wgt)
+            res = upload(a.json()["gateway_url"], "real", 1, c, tokens[c], t, wgt)
             if res.status_code == 409 and res.json()["error"] == "round_full":
                 continue  # that node's share of the goal is full: an over-provisioned spare
             assert res.status_code == 202, res.text
@@ -99,10 +101,10 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
         if late is not None:  # a round-1 update after the round closed is refused by its gateway
             c, a = late
             url = a["gateway_url"]
-            while httpx.get(f"{url}/v1/jobs/real").json()["round"] < 2:  # node catches up
+            while httpx.get(f"{url}/v1/jobs/real", headers=bearer(secret)).json()["round"] < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            res = upload(url, "real", 1, c, secret, w0, 1)
+            res = upload(url, "real", 1, c, tokens[c], w0, 1)
             assert res.status_code == 409 and res.json()["error"] == "stale_round"
 
 
@@ -136,6 +138,7 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
             },
         )
         assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
         assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
         sent, seen = [], set()
         for c in ("c0", "c1", "c2", "c3"):
@@ -145,7 +148,7 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
             seen.add(a["node"])
             t = {"a": rng.standard_normal(32).astype(np.float32)}
             w = int(rng.integers(1, 9))
-            assert upload(a["gateway_url"], "late", 1, c, secret, t, w).status_code == 202
+            assert upload(a["gateway_url"], "late", 1, c, tokens[c], t, w).status_code == 202
             sent.append((t, w))
         deadline = time.monotonic() + 60
         while api.get("/v1/jobs/late").json()["completed"] < 1:

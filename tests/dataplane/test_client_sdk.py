@@ -22,7 +22,6 @@ from client.sdk import (
     StaleRound,
     Unauthorized,
     UpdateRejected,
-    client_token,
     create_job,
 )
 from fedfaas.services import free_port
@@ -150,12 +149,19 @@ def test_fetch_model_sends_if_none_match_and_reuses_the_cache_on_304() -> None:
     assert second.data == b"weights" and second.version == 3
 
 
-def test_client_token_is_hmac_sha256_of_job_slash_client() -> None:
-    import hashlib
-    import hmac
+def test_status_and_model_reads_send_the_clients_token() -> None:
+    seen: list[tuple[str, str | None]] = []
 
-    want = hmac.new(b"s3cret", b"digits/client-001", hashlib.sha256).hexdigest()
-    assert client_token("s3cret", "digits", "client-001") == want
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((req.url.path, req.headers.get("authorization")))
+        if req.url.path.endswith("/model"):
+            return httpx.Response(200, content=b"w", headers={"X-Model-Version": "0"})
+        return httpx.Response(200, json={"version": 0})
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    c.status()
+    c.fetch_model()
+    assert seen == [("/v1/jobs/job", "Bearer tok"), ("/v1/jobs/job/model", "Bearer tok")]
 
 
 # ------------------------------------------------------------------------------ real gateway
@@ -177,7 +183,7 @@ def test_sdk_against_the_real_gateway_reports_each_rejection_precisely(
         create_job(url, "wrong", "sdk", weights, rounds=2, goal=2, clients=["c0", "c1"])
     job = create_job(url, admin, "sdk", weights, rounds=2, goal=2, clients=["c0", "c1"])
     assert job.round == 1 and job.version == 0
-    assert job.tokens["c0"] == client_token(admin, "sdk", "c0")
+    assert sorted(job.tokens) == ["c0", "c1"] and job.tokens["c0"] != job.tokens["c1"]
 
     c0 = FLClient(url, "sdk", "c0", job.tokens["c0"])
     model = c0.fetch_model()
@@ -192,7 +198,9 @@ def test_sdk_against_the_real_gateway_reports_each_rejection_precisely(
     with pytest.raises(UpdateRejected) as bad:
         c0.upload(1, b"not safetensors at all", 10)
     assert 400 <= bad.value.status < 500 and bad.value.detail
-    with pytest.raises(JobNotFound):
+    with pytest.raises(JobNotFound):  # the admin learns that no such job exists
+        FLClient(url, "nope", "c0", admin).status()
+    with pytest.raises(Unauthorized):  # a client token is good for its own job only
         FLClient(url, "nope", "c0", job.tokens["c0"]).status()
 
     assert c0.upload(1, weights, 10).round == 1

@@ -14,7 +14,6 @@ import pytest
 
 from fedfaas import wire
 from gateway.asgi import STEP
-from gateway.auth import client_token
 from gateway.settings import GatewaySettings
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes
 from tests.dataplane.rawhttp import closed_by_peer, read_answer, send_head
@@ -81,7 +80,7 @@ def test_a_request_without_a_good_credential_is_answered_401_from_its_head_alone
     elif credential == "another scope":
         # admin routes: a client's token; the model: a token of another job; uploads: c1's as c0
         tok = {
-            "/v1/jobs/j1/model": client_token(gw.gw.secret, "j2", "c0"),
+            "/v1/jobs/j1/model": create(gw, "j2")["c0"],
             "/v1/jobs/j1/rounds/1/updates": tokens["c1"],
         }.get(target, tokens["c0"])
         headers["Authorization"] = f"Bearer {tok}"
@@ -167,7 +166,7 @@ def test_an_oversize_json_body_is_413_json_before_a_byte_of_it_is_read(
     r = httpx.request(method, gw.url + target, content=b"[" * 1000, headers=admin(gw))
     assert r.status_code == 400 and r.json()["error"] == "bad_json"
     assert gw.gw.budget.used == 0 and gw.gw.budget.peak == 1000
-    assert httpx.get(gw.url + "/v1/jobs/j1").json()["round"] == 1
+    assert httpx.get(gw.url + "/v1/jobs/j1", headers=admin(gw)).json()["round"] == 1
 
 
 def test_unknown_routes_and_oversize_job_bodies_are_answered_from_the_head(make_gw) -> None:  # type: ignore[no-untyped-def]
@@ -277,7 +276,7 @@ def test_past_the_budget_an_upload_is_503_with_retry_after_and_allocates_nothing
     r = httpx.post(url, content=tiny_bytes(2), headers=upload_head(tokens, "c1", "c1"))
     assert r.status_code == 202, r.text
     assert gw.gw.budget.used == 0 and gw.gw.budget.peak <= gw.settings.max_inflight_bytes
-    metrics = httpx.get(gw.url + "/metrics").text
+    metrics = httpx.get(gw.url + "/metrics", headers=admin(gw)).text
     assert "fedfaas_gateway_body_budget_refusals_total 3.0" in metrics
     assert "fedfaas_gateway_body_bytes_held 0.0" in metrics
 

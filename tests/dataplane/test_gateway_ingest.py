@@ -294,7 +294,7 @@ def test_health_and_metrics(gw: GatewayThread, job: dict[str, str]) -> None:
     h = httpx.get(gw.url + "/healthz").json()
     assert h["status"] == "ok" and h["router"] == "userspace"
     upload(gw, job, "c0", tiny_bytes(1))
-    m = httpx.get(gw.url + "/metrics").text
+    m = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {gw.gw.secret}"}).text
     assert "fedfaas_gateway_updates_accepted_total 1.0" in m
     assert 'fedfaas_gateway_store_objects{job="j1"}' in m
 
@@ -309,7 +309,8 @@ def test_delete_job_frees_its_objects_and_journal(
     assert r.status_code == 204
     assert not path.exists() and "j1" not in gw.gw.jobs
     assert redis.Redis.from_url(redis_url).hget("fedfaas:jobs", "j1") is None
-    assert httpx.get(gw.url + "/v1/jobs/j1").status_code == 404
+    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+    assert httpx.get(gw.url + "/v1/jobs/j1", headers=admin).status_code == 404
 
 
 def test_stalled_upload_is_dropped_and_frees_its_buffer(tmp_path: Path, redis_url: str) -> None:

@@ -67,11 +67,12 @@ def test_a_bad_pushed_plan_gets_a_clear_4xx_and_changes_nothing(
 ) -> None:  # type: ignore[no-untyped-def]
     gw = make_gw()
     create(gw, [f"c{i}" for i in range(4)], 4)
-    before = httpx.get(gw.url + "/v1/jobs/j1").json()
+    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+    before = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()
     r = put(gw, rnd, body, token)
     assert r.status_code == status, r.text
     assert r.json()["error"] == code and r.json()["detail"]
-    after = httpx.get(gw.url + "/v1/jobs/j1").json()
+    after = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()
     assert after["progress"]["slots"] == before["progress"]["slots"] and not after["pushed_plan"]
 
 
@@ -99,7 +100,9 @@ def test_plan_pushed_mid_round_keeps_delivered_updates_and_gives_flat_fedavg(mak
         }
         r = put(gw, 1, p2)
         assert r.status_code == 200 and r.json()["applied"], r.text
-        st = httpx.get(gw.url + "/v1/jobs/j1").json()
+        st = httpx.get(
+            gw.url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {gw.gw.secret}"}
+        ).json()
         assert st["plan_version"] == 2 and st["progress"]["slots"]["2"]["updates"] == 2
         for i in range(2, 6):
             upload(gw.url, info["tokens"], clients[i], 1, seeds[i], weights[i])

@@ -84,14 +84,22 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
     # two replicas of the aggregator function (one endpoint each), as the runtime starts them;
     # they register again by themselves once the gateway is back
     sock = GatewaySettings(node="n1", state_dir=tmp_path / "state").socket_path()
-    aggs = NodeAggregators("n1", sock, tmp_path / "aggregators", url)
+    aggs = NodeAggregators(
+        "n1",
+        sock,
+        tmp_path / "aggregators",
+        url,
+        admin_secret_file=tmp_path / "state" / "admin-secret",
+    )
     aggs.spawn(2)
     seeds, weights = [31, 32, 33, 34], [2, 3, 5, 7]
     try:
         aggs.wait_registered(2)
         deadline = time.monotonic() + 60
         while httpx.get(url + "/healthz").json()["router"] and time.monotonic() < deadline:
-            st = httpx.get(url + "/v1/jobs/j1").json()
+            st = httpx.get(
+                url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {secret}"}
+            ).json()
             if st["progress"] is not None:
                 break
         if pushed:
@@ -106,7 +114,7 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
         time.sleep(1.5)
         _kill(gw, signal.SIGKILL)
         gw = _gateway(tmp_path, redis_url, port, shm)  # same state, store and Redis
-        st = httpx.get(url + "/v1/jobs/j1").json()
+        st = httpx.get(url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {secret}"}).json()
         assert st["pushed_plan"] is pushed and st["plan_version"] == (7 if pushed else None)
         r = httpx.post(
             f"{url}/v1/jobs/j1/rounds/1/updates",

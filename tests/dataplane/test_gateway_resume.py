@@ -63,6 +63,11 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     assert r.status_code == 201, r.text
     assert r.json()["version"] == 1 and r.json()["round"] == 2
     tokens = r.json()["tokens"]
+    old = httpx.get(
+        f"{second.url}/v1/jobs/j1/model",
+        headers={"Authorization": f"Bearer {info['tokens']['c0']}"},
+    )
+    assert old.status_code == 401  # a resumed job is a new incarnation: new salt, new tokens
     resumed = wait_version(second.url, tokens["c0"], 1)
     for k, v in v1.items():
         np.testing.assert_array_equal(resumed[k], v)

@@ -110,7 +110,9 @@ def test_rounds_produce_flat_fedavg_for_any_plan(
             assert_fedavg(got, expected(seeds, weights))
         job = gw.gw.jobs["j1"]
         assert job.version == 2 and job.engine is None  # all rounds done
-        st = httpx.get(gw.url + "/v1/jobs/j1").json()
+        st = httpx.get(
+            gw.url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {gw.gw.secret}"}
+        ).json()
         assert st["status"] == "done" and st["last_round"]["first_byte_to_result_s"] > 0
         assert job.ns.keys() == [job.global_key.hex()]  # only the global model is left
     finally:

@@ -20,14 +20,17 @@ def test_router_metrics_count_a_round_and_say_which_router_is_active(make_gw) ->
         upload(gw.url, info["tokens"], "c0", 1, 1, 1)
         upload(gw.url, info["tokens"], "c1", 1, 2, 1)
         wait_version(gw.url, info["tokens"]["c0"], 1)
-        status = httpx.get(gw.url + "/v1/router").json()
+        admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+        assert httpx.get(gw.url + "/v1/router").status_code == 401
+        status = httpx.get(gw.url + "/v1/router", headers=admin).json()
         assert status["mode"] == "userspace" and status["reason"]
         workers = [e for e in status["endpoints"] if e["role"].startswith("aggregator")]
         assert workers and all(e["job"] == info["id"] for e in workers)
         received = sum(e["metrics"]["msgs_received"] for e in workers)
         assert received >= 2  # at least the two UPDATE frames (plus TASKs)
         assert any(e["metrics"]["tasks_completed"] >= 1 for e in workers)  # E was measured
-        text = httpx.get(gw.url + "/metrics").text
+        assert httpx.get(gw.url + "/metrics").status_code == 401
+        text = httpx.get(gw.url + "/metrics", headers=admin).text
         assert 'fedfaas_router_mode{mode="userspace"' in text
         assert "fedfaas_router_endpoints" in text
     finally:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load, save
 
-from client.sdk import FLClient, client_token
+from client.sdk import FLClient
 from fedfaas import fedavg
 from fedfaas.platform import credentials, state
 from tests.platform.conftest import ANY_PORTS_ENV
@@ -54,6 +54,8 @@ class Platform:
 
     state_dir: Path
     urls: dict[str, str]  # part port name -> URL
+    #: job -> client -> bearer token, from the control plane's answer to the job's creation
+    tokens: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def runtime_auth(self) -> tuple[str, str]:
@@ -62,6 +64,11 @@ class Platform:
     @property
     def admin_secret(self) -> str:
         return (self.state_dir / "secrets" / "gateway-admin-secret").read_text().strip()
+
+    @property
+    def admin(self) -> dict[str, str]:
+        """The gateways' admin bearer header (``/v1/router``, job progress)."""
+        return {"Authorization": f"Bearer {self.admin_secret}"}
 
     @property
     def gateways(self) -> dict[str, str]:
@@ -91,7 +98,9 @@ class Platform:
         return {
             node: [
                 e
-                for e in httpx.get(f"{url}/v1/router", timeout=10).json()["endpoints"]
+                for e in httpx.get(f"{url}/v1/router", headers=self.admin, timeout=10).json()[
+                    "endpoints"
+                ]
                 if not e["local"]
             ]
             for node, url in self.gateways.items()
@@ -116,7 +125,8 @@ class Platform:
 
     def create_job(self, job: str, clients: list[str], rounds: int, per_leaf: int = 2) -> None:
         """``POST /v1/jobs`` on the control plane: every selected client, goal = all of them,
-        spread over both nodes (``leastconn``; ``bestfit`` packs a small job on one node)."""
+        spread over both nodes (``leastconn``; ``bestfit`` packs a small job on one node).
+        The clients' tokens from the answer go to :attr:`tokens`."""
         w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
         r = httpx.post(
             f"{self.urls['control_plane']}/v1/jobs",
@@ -134,10 +144,11 @@ class Platform:
             timeout=60,
         )
         assert r.status_code == 201, r.text
+        self.tokens[job] = r.json()["tokens"]
 
     def client(self, job: str, client: str) -> FLClient:
         """The SDK client of ``client``, connected to the gateway the control plane assigns."""
-        token = client_token(self.admin_secret, job, client)
+        token = self.tokens[job][client]
         a = httpx.get(  # as the client itself: its token opens its own assignment
             f"{self.urls['control_plane']}/v1/jobs/{job}/assignment",
             params={"client": client},
@@ -162,14 +173,14 @@ class Platform:
         wait_until(is_open, 60, f"round {rnd} of {job} open on the control plane")
 
     def progress(self, job: str, node: str) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"{self.gateways[node]}/v1/jobs/{job}", timeout=10).json()
+        body: dict[str, Any] = httpx.get(
+            f"{self.gateways[node]}/v1/jobs/{job}", headers=self.admin, timeout=10
+        ).json()
         return body
 
     def root_client(self, job: str, client: str) -> FLClient:
         """An SDK client on the job's root gateway (node0: the control plane's first node)."""
-        return FLClient(
-            self.gateways["node0"], job, client, client_token(self.admin_secret, job, client)
-        )
+        return FLClient(self.gateways["node0"], job, client, self.tokens[job][client])
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
