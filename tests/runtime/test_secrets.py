@@ -19,6 +19,7 @@ from tests.runtime.conftest import (
     FUNCTION_TOKEN,
     PASSWORD,
     REPO,
+    STACK,
     USER,
     available,
     echo_body,
@@ -72,6 +73,10 @@ def test_secret_crud_lists_names_only_and_stores_private_files(
     assert _mode(folder) == 0o700
     assert _mode(folder / "crud-a") == 0o600 and (folder / "crud-a").read_text() == "alpha"
     assert (folder / "crud-b").read_bytes() == b"\x00\xffbin"
+    both = {"name": "crud-c", "value": "text", "rawValue": base64.b64encode(b"raw").decode()}
+    assert http.post("/system/secrets", json=both).status_code == 202
+    assert (folder / "crud-c").read_bytes() == b"raw"  # rawValue wins, as in faas-netes
+    assert _delete(http, "crud-c").status_code == 202
 
     r = http.post("/system/secrets", json={"name": "crud-a", "value": "again"})
     assert r.status_code == 409 and r.json()["error"] == "secret_exists"
@@ -178,7 +183,7 @@ def test_function_without_the_token_secret_refuses_to_start(
 
 
 def test_function_token_is_checked_before_the_body_and_follows_secret_updates(
-    http: httpx.Client,
+    http: httpx.Client, runtime: RuntimeProcess
 ) -> None:
     assert http.post("/system/functions", json=echo_body("guarded")).status_code == 202
     wait_until(lambda: available(http, "guarded") == 1)
@@ -198,10 +203,35 @@ def test_function_token_is_checked_before_the_body_and_follows_secret_updates(
         try:
             assert bare.post("/function/guarded", content=b"x", headers=FN_AUTH).status_code == 401
             assert bare.post("/function/guarded", content=b"x", headers=new).status_code == 200
+            # the file gone from under a running replica: it fails closed
+            (runtime.state_dir / "function-secrets" / "guarded" / TOKEN).unlink()
+            r = bare.post("/function/guarded", content=b"x", headers=new)
+            assert r.status_code == 503 and r.json()["error"] == "no_function_token"
         finally:
             update["value"] = FUNCTION_TOKEN
             assert http.put("/system/secrets", json=update).status_code == 202
     _remove_function(http, "guarded")
+
+
+def test_secrets_survive_a_runtime_restart_and_functions_do_not(tmp_path: Path) -> None:
+    for attempt in (1, 2):
+        rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt").start()
+        try:
+            with httpx.Client(base_url=rt.url, trust_env=False) as http:
+                if attempt == 1:
+                    secret = {"name": "kept", "value": "v"}
+                    assert http.post("/system/secrets", json=secret).status_code == 202
+                    body = echo_body("gone", secrets=["kept"])
+                    body["annotations"] = {"com.fedfaas.handler": str(REPO / "functions/echo")}
+                    assert http.post("/system/functions", json=body).status_code == 202
+                else:
+                    assert http.get("/system/secrets").json() == [
+                        {"name": "kept", "namespace": "openfaas-fn"}
+                    ]
+                    assert http.get("/system/functions").json() == []
+                    assert list((tmp_path / "rt" / "function-secrets").iterdir()) == []
+        finally:
+            rt.stop()
 
 
 def _faas_cli() -> Path | None:
