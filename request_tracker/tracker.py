@@ -43,6 +43,15 @@ class Tracker:
     def __init__(self, settings: TrackerSettings, redis: Any) -> None:
         self.s = settings
         self.redis = redis  # redis.asyncio.Redis, decode_responses=True
+        if settings.function_token_file is None:
+            raise AuthConfigError(
+                "no function token file: pass --function-token-file PATH (the value of the "
+                "runtime secret fedfaas-function-token, which the cache functions require)"
+            )
+        #: the cache functions' credential, sent on every /run and /ping
+        self.function_headers = bearer(
+            read_token_file(settings.function_token_file, "function token")
+        )
         self.http = httpx.AsyncClient(
             timeout=settings.engine_timeout, limits=httpx.Limits(max_connections=128)
         )
@@ -53,15 +62,6 @@ class Tracker:
         )
         #: the engine's service credential, sent on every call to the engine
         self.engine_headers = bearer(token) if token else {}
-        if settings.function_token_file is None:
-            raise AuthConfigError(
-                "no function token file: pass --function-token-file PATH (the value of the "
-                "runtime secret fedfaas-function-token, which the cache functions require)"
-            )
-        #: the cache functions' credential, sent on every /run and /ping
-        self.function_headers = bearer(
-            read_token_file(settings.function_token_file, "function token")
-        )
         self.stats: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10000)
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -177,3 +177,18 @@ def test_function_secrets_folder_holds_only_the_token(runtime: RuntimeProcess) -
     folder = Path(runtime.state_dir) / "function-secrets" / "flstore-cache-0"
     assert sorted(p.name for p in folder.iterdir()) == [FUNCTION_TOKEN_SECRET]
     assert (folder / FUNCTION_TOKEN_SECRET).read_text() == FUNCTION_TOKEN
+
+
+def test_engine_and_tracker_refuse_to_start_without_a_function_token_file(tmp_path: Path) -> None:
+    from cache_engine.engine import CacheEngine
+    from cache_engine.settings import EngineSettings
+    from fedfaas.auth import AuthConfigError
+    from request_tracker.settings import TrackerSettings
+    from request_tracker.tracker import Tracker
+
+    with pytest.raises(AuthConfigError, match="function-token-file"):
+        CacheEngine(EngineSettings(), None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(AuthConfigError, match="function-token-file"):
+        Tracker(TrackerSettings(), None)
+    with pytest.raises(AuthConfigError, match="function token file"):
+        Tracker(TrackerSettings(function_token_file=tmp_path / "missing"), None)
