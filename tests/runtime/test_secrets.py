@@ -243,7 +243,7 @@ def _faas_cli() -> Path | None:
 
 
 @pytest.mark.skipif(_faas_cli() is None, reason="the real faas-cli binary is not on this machine")
-def test_real_faas_cli_secret_create_list_update_remove(
+def test_real_faas_cli_secret_create_list_update_remove_and_invoke_with_the_token(
     auth_runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     cli = _faas_cli()
@@ -284,6 +284,14 @@ def test_real_faas_cli_secret_create_list_update_remove(
     # a secret a function uses is refused (409); deploy echo, which lists the token secret
     with httpx.Client(base_url=auth_runtime.url, auth=(USER, PASSWORD), trust_env=False) as http:
         assert http.post("/system/functions", json=echo_body("cli-user")).status_code == 202
+        wait_until(lambda: available(http, "cli-user") == 1)
+        # faas-cli invoke passes the function token with -H
+        out = faas("invoke", "cli-user", stdin="hello")
+        assert out.returncode != 0 and "401" in out.stdout + out.stderr, out
+        out = faas(
+            "invoke", "cli-user", "-H", f"Authorization: Bearer {FUNCTION_TOKEN}", stdin="hi"
+        )
+        assert out.returncode == 0 and out.stdout == "hi", out
         out = faas("secret", "remove", TOKEN)
         assert out.returncode != 0 and "409" in out.stdout + out.stderr, out
         assert (folder / TOKEN).exists()
