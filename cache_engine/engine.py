@@ -35,7 +35,8 @@ from cache_engine.policies import Decision, make_policy
 from cache_engine.queries import Plan, parse_query, plan
 from cache_engine.settings import EngineSettings
 from cache_engine.table import RedisLocationTable
-from fedfaas.openfaas import OpenFaaS, OpenFaaSError, function_deployment
+from fedfaas.auth import AuthConfigError, bearer, read_token_file
+from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError, function_deployment
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,15 @@ class CacheEngine:
         self.redis = redis
         self.cold = cold
         self.openfaas = openfaas
+        if settings.function_token_file is None:
+            raise AuthConfigError(
+                "no function token file: pass --function-token-file PATH (the value of the "
+                f"runtime secret {FUNCTION_TOKEN_SECRET}, which the cache functions require)"
+            )
+        #: the cache functions' credential (they are deployed with the secret it comes from)
+        self._function_auth = bearer(
+            read_token_file(settings.function_token_file, "function token")
+        )
         self.table = RedisLocationTable(redis)
         self.catalog = MemoryCatalog()
         self.policy = make_policy(settings.policy, settings.capacity_objects, self.catalog)
@@ -341,9 +351,14 @@ class CacheEngine:
     def _invoke(
         self, fn: str, path: str, body: Any = None, timeout: float | None = None
     ) -> httpx.Response:
-        """``GET`` (no body) or ``POST`` (JSON body) ``/function/<fn><path>``."""
+        """``GET`` (no body) or ``POST`` (JSON body) ``/function/<fn><path>``, with the token."""
         return self.openfaas.invoke(
-            fn, method="GET" if body is None else "POST", path=path, json=body, timeout=timeout
+            fn,
+            method="GET" if body is None else "POST",
+            path=path,
+            json=body,
+            headers=self._function_auth,
+            timeout=timeout,
         )
 
     def _load(self, fn: str, keys: list[ObjectKey]) -> None:
@@ -408,6 +423,7 @@ class CacheEngine:
                 env=env,
                 labels={"com.fedfaas.role": "flstore-cache"},
                 handler_dir=self.s.handler_dir,
+                secrets=[FUNCTION_TOKEN_SECRET],
             )
             res = self.openfaas.deploy(body)
             if not res.ok:
@@ -437,6 +453,13 @@ class CacheEngine:
             r = self._invoke(name, "/ping", timeout=self.s.ping_timeout)
         except OpenFaaSError as exc:  # a timeout: busy (a long workload holding the CPU), not
             return None, not exc.timed_out  # necessarily dead; else no process there
+        if r.status_code == 401:
+            log.error(
+                "cache function %s refused the engine's function token (401): the function "
+                "token file must hold the runtime secret %s",
+                name,
+                FUNCTION_TOKEN_SECRET,
+            )
         if r.status_code != 200:
             return None, r.status_code in (404, 500, 502, 503)
         body: dict[str, Any] = r.json()

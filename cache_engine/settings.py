@@ -42,6 +42,9 @@ class EngineSettings(CommandLineSettings):
     admin_token_file, service_token_file
         Secret files (0600) of the admin scope (required) and of the service scope (the
         tracker and the gateways); every route but ``/healthz`` needs one of them.
+    function_token_file
+        Secret file (0600) of the function token (the runtime secret ``fedfaas-function-token``),
+        sent to the cache functions as ``Authorization: Bearer``; required.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
@@ -74,6 +77,7 @@ class EngineSettings(CommandLineSettings):
         "function_env": "--function-env",
         "admin_token_file": "--admin-token-file",
         "service_token_file": "--service-token-file",
+        "function_token_file": "--function-token-file",
     }
 
     host: str = "127.0.0.1"
@@ -101,3 +105,4 @@ class EngineSettings(CommandLineSettings):
     function_env: dict[str, str] = Field(default_factory=dict)
     admin_token_file: Path | None = None
     service_token_file: Path | None = None
+    function_token_file: Path | None = None

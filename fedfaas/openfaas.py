@@ -7,8 +7,10 @@ requests (:class:`Call`, built once below) and read the answers the same way; th
 in how they wait.
 
 ``/system/*`` takes HTTP basic auth (credentials are files: :func:`read_basic_auth`); without
-credentials an empty Bearer token is sent, as faas-cli does. ``/function/<name>`` is called
-without the ``Authorization`` header, as faas-cli invoke does.
+credentials an empty Bearer token is sent, as faas-cli does. ``/function/<name>`` never gets the
+gateway's credentials: only the ``Authorization`` header the caller passes to ``invoke``, which
+for FedFaaS functions is ``Bearer <function token>`` (the secret :data:`FUNCTION_TOKEN_SECRET`
+every function is deployed with and checks; :mod:`fedfaas.runtime.function_auth`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class DeployResult:
         return self.status in (200, 202)
 
 
+#: The OpenFaaS secret every FedFaaS function is deployed with and checks callers against.
+FUNCTION_TOKEN_SECRET = "fedfaas-function-token"
+
 #: The annotation that names a function's handler folder on the embedded runtime (in place of
 #: an image it can pull; ``fedfaas.runtime.images``).
 HANDLER_ANNOTATION = "com.fedfaas.handler"
@@ -110,9 +115,10 @@ def function_deployment(
     env: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     handler_dir: str | Path | None = None,
+    secrets: list[str] | None = None,
 ) -> dict[str, Any]:
     """A FunctionDeployment body for :meth:`OpenFaaS.deploy` (``handler_dir``: the embedded
-    runtime's stand-in for the image)."""
+    runtime's stand-in for the image; ``secrets``: OpenFaaS secrets the function gets as files)."""
     body: dict[str, Any] = {
         "service": name,
         "image": image,
@@ -120,6 +126,8 @@ def function_deployment(
         "labels": dict(labels or {}),
         "annotations": {},
     }
+    if secrets:
+        body["secrets"] = list(secrets)
     if handler_dir is not None:
         body["annotations"][HANDLER_ANNOTATION] = str(Path(handler_dir).resolve())
     return body
@@ -241,6 +249,16 @@ def _deploy(body: dict[str, Any], method: str) -> Call[DeployResult]:
     )
 
 
+def _set_secret(name: str, value: str, method: str, namespace: str) -> Call[int]:
+    def read(r: httpx.Response) -> int:
+        if r.status_code not in (200, 201, 202, 404, 409):
+            raise _fail(r, f"{method} /system/secrets ({name})")
+        return r.status_code
+
+    body = {"name": name, "value": value, **({"namespace": namespace} if namespace else {})}
+    return Call(method, "/system/secrets", read, json=body)
+
+
 def _healthz() -> Call[bool]:
     return Call("GET", "/healthz", lambda r: r.status_code == 200)
 
@@ -281,7 +299,8 @@ class _Client:
             headers=headers,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
-        req.headers.pop("Authorization", None)  # functions take no gateway credentials
+        if not any(k.lower() == "authorization" for k in headers or {}):
+            req.headers.pop("Authorization", None)  # functions take no gateway credentials
         return req
 
     def _error(self, call: Call[Any], exc: httpx.HTTPError) -> OpenFaaSError:
@@ -378,6 +397,22 @@ class OpenFaaS(_Client):
             return self._do(_healthz())
         except OpenFaaSError:
             return False
+
+    def set_secret(self, name: str, value: str) -> None:
+        """Create secret ``name`` or, when it exists, replace its value (as ``faas-cli secret
+        create`` then ``update``).
+
+        Raises
+        ------
+        OpenFaaSError
+            The gateway refused it (bad name, no credentials, no secrets API).
+        """
+        status = self._do(_set_secret(name, value, "POST", self.namespace))
+        if status == 409:
+            status = self._do(_set_secret(name, value, "PUT", self.namespace))
+        if status not in (200, 201, 202):
+            raise OpenFaaSError(f"secret {name}: the gateway answered {status}", status)
+        log.info("secret %s set", name)
 
     def invoke(
         self,

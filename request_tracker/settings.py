@@ -28,6 +28,9 @@ class TrackerSettings(CommandLineSettings):
         Secret files (0600) of the admin scope (required) and of the analyst scope (queries).
     engine_token_file
         The cache engine's service token, sent on every call to the engine.
+    function_token_file
+        The function token (the runtime secret ``fedfaas-function-token``), sent to the cache
+        functions (``/run``, ``/ping``) as ``Authorization: Bearer``; required.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_TRACKER_", extra="ignore")
@@ -48,6 +51,7 @@ class TrackerSettings(CommandLineSettings):
         "admin_token_file": "--admin-token-file",
         "analyst_token_file": "--analyst-token-file",
         "engine_token_file": "--engine-token-file",
+        "function_token_file": "--function-token-file",
     }
 
     host: str = "127.0.0.1"
@@ -63,3 +67,4 @@ class TrackerSettings(CommandLineSettings):
     admin_token_file: Path | None = None
     analyst_token_file: Path | None = None
     engine_token_file: Path | None = None
+    function_token_file: Path | None = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from fedfaas.auth import bearer, read_token_file
+from fedfaas.auth import AuthConfigError, bearer, read_token_file
 from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,15 @@ class Tracker:
     def __init__(self, settings: TrackerSettings, redis: Any) -> None:
         self.s = settings
         self.redis = redis  # redis.asyncio.Redis, decode_responses=True
+        if settings.function_token_file is None:
+            raise AuthConfigError(
+                "no function token file: pass --function-token-file PATH (the value of the "
+                "runtime secret fedfaas-function-token, which the cache functions require)"
+            )
+        #: the cache functions' credential, sent on every /run and /ping
+        self.function_headers = bearer(
+            read_token_file(settings.function_token_file, "function token")
+        )
         self.http = httpx.AsyncClient(
             timeout=settings.engine_timeout, limits=httpx.Limits(max_connections=128)
         )
@@ -176,6 +185,7 @@ class Tracker:
                             "evaluator": plan.get("evaluator"),
                         },
                         timeout=self.s.query_timeout,
+                        headers=self.function_headers,
                     )
                 except httpx.HTTPError as exc:
                     step.update(
@@ -265,7 +275,9 @@ class Tracker:
                 for fn in names:
                     try:
                         r = await self.http.get(
-                            f"{self.s.runtime_url}/function/{fn}/ping", timeout=2.0
+                            f"{self.s.runtime_url}/function/{fn}/ping",
+                            timeout=2.0,
+                            headers=self.function_headers,
                         )
                         ok = r.status_code == 200
                     except httpx.HTTPError:

@@ -5,7 +5,8 @@ Each replica is started exactly as the embedded runtime starts one (``spawn_repl
 watchdog over ``functions/aggregator`` in its own process group, ``node_env`` naming the node
 and its gateway's router socket, thread counts pinned); it registers job-agnostic and the
 gateway grants it jobs. A replica started before its gateway listens (or while it restarts)
-keeps trying to register.
+keeps trying to register. The replicas get a secrets folder holding a random function token
+(``log_dir/secrets``), as the runtime's would (they refuse to start without one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import time
@@ -21,8 +23,10 @@ from pathlib import Path
 import httpx
 
 from bench.runinfo import PINNED_THREADS, ROOT
+from fedfaas.runtime.function_auth import TOKEN_SECRET
 from fedfaas.runtime.provider import node_env
 from fedfaas.runtime.replicas import Replica, kill_now, spawn_replica, stop_replica
+from fedfaas.runtime.secrets import private_folder, write_file
 
 
 class NodeAggregators:
@@ -57,6 +61,10 @@ class NodeAggregators:
         self.admin_secret_file = admin_secret_file
         self.replicas: list[Replica] = []
         self._next_slot = 0
+        #: the replicas' function token (``Authorization: Bearer`` on their HTTP routes)
+        self.token = secrets.token_urlsafe(24)
+        self.secrets_dir = private_folder(log_dir / "secrets")
+        write_file(self.secrets_dir, TOKEN_SECRET, self.token.encode())
 
     def spawn(self, n: int = 1, endpoints: int = 1) -> list[Replica]:
         """Start ``n`` replicas with ``endpoints`` endpoints each."""
@@ -77,6 +85,7 @@ class NodeAggregators:
                     env_vars=env,
                     env_process="",
                     log_dir=self.log_dir,
+                    secrets_dir=self.secrets_dir,
                     node=self.node,
                 )
             )

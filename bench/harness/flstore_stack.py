@@ -24,6 +24,7 @@ import httpx
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import bearer, write_token_file
 from fedfaas.cmdline import CommandLineSettings
+from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
 from fedfaas.runtime.process import RuntimeProcess
 from fedfaas.services import ChildProcess, free_port, wait_for_port
 from request_tracker.settings import TrackerSettings
@@ -112,7 +113,8 @@ class FLStoreStack:
         return f"http://{self.host}:{self.tracker_port}"
 
     def token_file(self, scope: str) -> Path:
-        """The stack's token file of ``scope`` (admin, analyst, service), 0600 in workdir."""
+        """The stack's token file of ``scope`` (admin, analyst, service, function), 0600 in
+        workdir; the function token is also the runtime secret ``fedfaas-function-token``."""
         return self.workdir / "secrets" / f"{scope}-token"
 
     def token(self, scope: str) -> str:
@@ -124,17 +126,24 @@ class FLStoreStack:
         """The admin ``Authorization`` header (every route of the engine and the tracker)."""
         return bearer(self.token("admin"))
 
+    @property
+    def function_auth(self) -> dict[str, str]:
+        """The ``Authorization`` header the cache functions require."""
+        return bearer(self.token("function"))
+
     def start(self, timeout: float = 60.0) -> FLStoreStack:
         """Start the runtime, then the engine, then the tracker; all stopped if one fails."""
         self.engine_port = free_port(self.host)
         self.tracker_port = free_port(self.host)
         logs = self.workdir / "logs"
-        for scope in ("admin", "analyst", "service"):
+        for scope in ("admin", "analyst", "service", "function"):
             if not self.token_file(scope).exists():
                 write_token_file(self.token_file(scope), secrets.token_urlsafe(24))
         try:
             self.runtime = RuntimeProcess(state_dir=self.workdir / "runtime", host=self.host)
             self.runtime.start(timeout)
+            with OpenFaaS(self.runtime_url) as gw:  # the cache functions are deployed with it
+                gw.set_secret(FUNCTION_TOKEN_SECRET, self.token("function"))
             engine = _settings(
                 EngineSettings,
                 {
@@ -147,6 +156,7 @@ class FLStoreStack:
                     "runtime_url": self.runtime_url,
                     "admin_token_file": self.token_file("admin"),
                     "service_token_file": self.token_file("service"),
+                    "function_token_file": self.token_file("function"),
                 },
                 self.engine_settings,
             )
@@ -161,6 +171,7 @@ class FLStoreStack:
                     "admin_token_file": self.token_file("admin"),
                     "analyst_token_file": self.token_file("analyst"),
                     "engine_token_file": self.token_file("service"),
+                    "function_token_file": self.token_file("function"),
                 },
                 self.tracker_settings,
             )

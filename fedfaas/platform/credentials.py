@@ -22,6 +22,9 @@ MINIO_PASSWORD = "minio-root-password"
 ADMIN_TOKEN = "admin-token"
 ANALYST_TOKEN = "analyst-token"
 SERVICE_TOKEN = "service-token"
+#: the function token: every function requires it (``Authorization: Bearer``); ``fedfaas up``
+#: stores it in the runtime as the OpenFaaS secret ``fedfaas-function-token``
+FUNCTION_TOKEN = "function-token"
 
 
 def _write_once(path: Path, value: str) -> str:
@@ -43,7 +46,7 @@ def ensure(secrets_dir: Path) -> None:
     _write_once(secrets_dir / BASIC_AUTH_PASSWORD, secrets.token_urlsafe(24))
     _write_once(secrets_dir / MINIO_USER, "fedfaas")
     _write_once(secrets_dir / MINIO_PASSWORD, secrets.token_urlsafe(24))
-    for name in (ADMIN_TOKEN, ANALYST_TOKEN, SERVICE_TOKEN):
+    for name in (ADMIN_TOKEN, ANALYST_TOKEN, SERVICE_TOKEN, FUNCTION_TOKEN):
         _write_once(secrets_dir / name, secrets.token_urlsafe(32))
 
 

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 
 from fedfaas.deploy import DeployError, deploy
-from fedfaas.openfaas import OpenFaaS, OpenFaaSError
+from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError
+from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.stackfile import StackError
@@ -53,9 +54,22 @@ def list_functions(ctx: Context, timeout: float = 2.0) -> list[FunctionInfo]:
     )
 
 
+def store_function_token(ctx: Context) -> None:
+    """Create (or refresh) the runtime secret ``fedfaas-function-token`` from the platform's
+    ``function-token`` file: every function is deployed with it and checks callers against it."""
+    token = credentials.read(ctx.secrets_dir, credentials.FUNCTION_TOKEN)
+    try:
+        with OpenFaaS(ctx.url("runtime"), _auth(ctx)) as gw:
+            gw.set_secret(FUNCTION_TOKEN_SECRET, token)
+    except OpenFaaSError as exc:
+        raise PlatformError(f"cannot store the function token in the runtime: {exc}") from exc
+
+
 def deploy_stack(ctx: Context) -> None:
-    """Deploy ``ctx.stack_file`` to exactly this platform's runtime and wait until every function
-    has a ready replica (the runtime's ``after_start``)."""
+    """Store the function token in the runtime, deploy ``ctx.stack_file`` to exactly this
+    platform's runtime and wait until every function has a ready replica (the runtime's
+    ``after_start``)."""
+    store_function_token(ctx)
     log.info("deploying %s to %s", ctx.stack_file, ctx.url("runtime"))
     try:
         deploy(ctx.stack_file, ctx.url("runtime"), _auth(ctx), resolve=False)

@@ -174,6 +174,7 @@ def engine_settings(ctx: Context) -> EngineSettings:
         minio_secret_key=_minio_password(ctx),
         admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
         service_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
+        function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
     )
 
 
@@ -199,6 +200,7 @@ REQUEST_TRACKER = ServiceSpec(
         admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
         analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
         engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
+        function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
     ).to_argv(),
     ready=_healthz("request_tracker"),
     address=lambda ctx: ctx.url("request_tracker"),

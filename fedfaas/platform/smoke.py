@@ -13,7 +13,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from fedfaas.auth import bearer
+from fedfaas.platform import credentials
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform
 from fedfaas.platform.report import render_status
@@ -31,13 +34,15 @@ class Invocation:
     headers: dict[str, str]  # names lowercased
 
 
-def invoke(runtime_url: str, function: str, body: bytes, timeout: float = 30.0) -> Invocation:
-    """``POST /function/<function>`` (no auth, as OpenFaaS) and return what came back."""
+def invoke(
+    runtime_url: str, function: str, body: bytes, token: str, timeout: float = 30.0
+) -> Invocation:
+    """``POST /function/<function>`` with the function token and return what came back."""
     req = urllib.request.Request(
         f"{runtime_url}/function/{function}",
         data=body,
         method="POST",
-        headers={"Content-Type": "application/octet-stream"},
+        headers={"Content-Type": "application/octet-stream", **bearer(token)},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -61,7 +66,10 @@ def run(settings: PlatformSettings, say: Callable[[str], None]) -> None:
             raise PlatformError("the runtime is not part of this platform")
         payload = b"fedfaas smoke " + secrets.token_hex(8).encode()
         say(f"invoking {SMOKE_FUNCTION} at {runtime.address}/function/{SMOKE_FUNCTION}")
-        got = invoke(runtime.address, SMOKE_FUNCTION, payload)
+        token = credentials.read(
+            Path(result.state.state_dir) / "secrets", credentials.FUNCTION_TOKEN
+        )
+        got = invoke(runtime.address, SMOKE_FUNCTION, payload, token)
         if got.status != 200 or payload not in got.body:
             raise PlatformError(
                 f"{SMOKE_FUNCTION} answered {got.status} {got.body[:200]!r}; "

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -26,6 +26,7 @@ from fedfaas.runtime.models import (
     DeleteFunctionRequest,
     FunctionDeployment,
     ScaleServiceRequest,
+    Secret,
     parse_body,
 )
 from fedfaas.runtime.provider import Provider
@@ -142,10 +143,46 @@ async def namespaces(provider: ProviderDep) -> JSONResponse:
     return JSONResponse([provider.namespace])
 
 
-@system.api_route("/secrets", methods=["GET", "POST", "PUT", "DELETE"])
+@system.get("/secrets")
+async def list_secrets(provider: ProviderDep, namespace: str | None = None) -> JSONResponse:
+    """``[{"name", "namespace"}]``: the secrets' names, never their values."""
+    provider.check_namespace(namespace)
+    return JSONResponse(provider.list_secrets())
+
+
+async def _secret(request: Request, provider: ProviderDep) -> Secret:
+    body = parse_body(Secret, await request.body())
+    provider.check_namespace(body.namespace or request.query_params.get("namespace"))
+    return body
+
+
+@system.post("/secrets", status_code=202)
+async def create_secret(request: Request, provider: ProviderDep) -> Response:
+    """Create a secret (``types.Secret``): 202 as faas-netes; 409 if it exists."""
+    body = await _secret(request, provider)
+    await provider.create_secret(body.name, body.data())
+    return Response(status_code=202)
+
+
+@system.put("/secrets", status_code=202)
+async def update_secret(request: Request, provider: ProviderDep) -> Response:
+    """Replace a secret's value (functions that list it see the new file): 202; 404 if unknown."""
+    body = await _secret(request, provider)
+    await provider.update_secret(body.name, body.data())
+    return Response(status_code=202)
+
+
+@system.delete("/secrets", status_code=202)
+async def delete_secret(request: Request, provider: ProviderDep) -> Response:
+    """Delete a secret (body ``{"name"}``): 202; 404 if unknown; 409 while a function uses it."""
+    body = await _secret(request, provider)
+    await provider.delete_secret(body.name)
+    return Response(status_code=202)
+
+
 @system.api_route("/namespace/{ns}", methods=["GET", "POST", "PUT", "DELETE"])
 async def not_implemented() -> JSONResponse:
-    """Secrets and namespace management are not provided by the embedded runtime."""
+    """Namespace management is not provided by the embedded runtime."""
     return JSONResponse(
         {
             "error": "not_implemented",
@@ -253,8 +290,10 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
 
     @app.exception_handler(Unauthorized)
-    async def unauthorized(request: Request, exc: Unauthorized) -> PlainTextResponse:
-        return PlainTextResponse(exc.detail, status_code=exc.status, headers=REALM_HEADER)
+    async def unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
+        return JSONResponse(
+            {"error": exc.code, "detail": exc.detail}, status_code=exc.status, headers=REALM_HEADER
+        )
 
     return app
 

@@ -91,11 +91,49 @@ class TooManyFunctions(FaasRuntimeError):
     code = "too_many_functions"
 
 
+class SecretNotFound(FaasRuntimeError):
+    """No secret of that name exists."""
+
+    status = 404
+    code = "secret_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"secret {name!r} not found; create it first (POST /system/secrets)")
+        self.name = name
+
+
+class SecretExists(FaasRuntimeError):
+    """POST for a secret that already exists."""
+
+    status = 409
+    code = "secret_exists"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"secret {name!r} already exists; update it with PUT /system/secrets")
+        self.name = name
+
+
+class SecretInUse(FaasRuntimeError):
+    """DELETE of a secret that deployed functions still list (faas-netes would delete it and
+    leave those functions unable to start new replicas)."""
+
+    status = 409
+    code = "secret_in_use"
+
+    def __init__(self, name: str, functions: list[str]) -> None:
+        super().__init__(
+            f"secret {name!r} is used by {', '.join(functions)}; remove those functions or "
+            "redeploy them without it first"
+        )
+        self.name = name
+        self.functions = functions
+
+
 class Unauthorized(FaasRuntimeError):
     """Missing or wrong credentials on a ``/system/*`` route.
 
-    Answered as OpenFaaS does (401, ``WWW-Authenticate: Basic realm="Restricted"``, the plain body
-    ``invalid credentials``) rather than with the JSON error body, because clients match on it.
+    401 with ``WWW-Authenticate: Basic realm="Restricted"`` as OpenFaaS answers (clients such as
+    faas-cli act on the status); the body is the JSON error, ``detail`` OpenFaaS's text.
     """
 
     status = 401

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -60,6 +62,31 @@ class DeleteFunctionRequest(BaseModel):
 
     functionName: str = ""
     namespace: str = ""
+
+
+class Secret(BaseModel):
+    """Body of POST/PUT/DELETE ``/system/secrets`` (faas-provider ``types.Secret``): ``rawValue``
+    is base64 (Go's ``[]byte``) and wins over ``value`` when both are set, as in faas-netes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = ""
+    namespace: str = ""
+    value: str = ""
+    rawValue: str = ""
+
+    def data(self) -> bytes:
+        """The secret's bytes; :class:`InvalidRequest` when there are none or bad base64."""
+        if self.rawValue:
+            try:
+                raw = base64.b64decode(self.rawValue, validate=True)
+            except binascii.Error:
+                raise InvalidRequest("rawValue must be base64 (Go []byte)") from None
+        else:
+            raw = self.value.encode()
+        if not raw:
+            raise InvalidRequest(f"secret {self.name!r} needs a non-empty value or rawValue")
+        return raw
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,12 +18,17 @@ from fedfaas.runtime import validation
 from fedfaas.runtime.errors import (
     FunctionExists,
     FunctionNotFound,
+    InvalidDeployment,
+    SecretExists,
+    SecretInUse,
+    SecretNotFound,
     TooManyFunctions,
     WrongNamespace,
 )
 from fedfaas.runtime.images import ImageResolver
 from fedfaas.runtime.models import FunctionDeployment, omit_empty
 from fedfaas.runtime.replicas import Replica, kill_now, probe, spawn_replica, stop_replica
+from fedfaas.runtime.secrets import SecretStore, private_folder, sync_folder, validate_name
 from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.settings import ROUTER_SOCKET_ENV
 
@@ -95,6 +101,10 @@ class Provider:
         self.settings = settings
         self.namespace = settings.namespace
         self.images = ImageResolver(settings.stack)
+        self.secrets = SecretStore(settings.state_dir / "secrets")
+        #: each function's secrets folder lives here (rebuilt at every start: functions do not
+        #: outlive the runtime, secrets do)
+        self._function_secrets = settings.state_dir / "function-secrets"
         self._functions: dict[str, Function] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -105,6 +115,8 @@ class Provider:
     async def start(self) -> None:
         """Start the health loop."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self._function_secrets, ignore_errors=True)
+        private_folder(self._function_secrets)
         self._client = httpx.AsyncClient(timeout=self.settings.health_timeout, trust_env=False)
         self._loop_task = asyncio.create_task(self._health_loop(), name="runtime-health")
 
@@ -140,6 +152,23 @@ class Provider:
         )
         return self.images.resolve(spec)
 
+    def _check_secrets(self, spec: FunctionDeployment) -> None:
+        """Every secret the deployment lists must exist (faas-netes refuses it the same way)."""
+        missing = [s for s in spec.secrets or [] if not self.secrets.exists(s)]
+        if missing:
+            raise InvalidDeployment(
+                spec.service,
+                f"secret(s) not found: {', '.join(missing)}; create them first "
+                "(faas-cli secret create NAME, or POST /system/secrets)",
+            )
+
+    def secrets_dir(self, name: str) -> Path:
+        """The folder of function ``name``'s secrets (``FEDFAAS_SECRETS_DIR`` of its replicas)."""
+        return self._function_secrets / name
+
+    def _mount_secrets(self, fn: Function) -> None:
+        sync_folder(self.secrets_dir(fn.name), list(fn.spec.secrets or []), self.secrets)
+
     async def deploy(self, spec: FunctionDeployment) -> None:
         """Create a function and start ``com.openfaas.scale.min`` replicas (default 1)."""
         function_dir = self._validate(spec)
@@ -150,7 +179,9 @@ class Provider:
                 raise TooManyFunctions(
                     f"OpenFaaS CE allows {self.settings.max_functions} functions; remove one first"
                 )
+            self._check_secrets(spec)
             fn = Function(spec, function_dir, validation.min_replicas(spec.labels or {}))
+            self._mount_secrets(fn)
             self._functions[spec.service] = fn
             self._reconcile_slots(fn)
         log.info("deployed %s (%s, %d replicas)", spec.service, spec.image, fn.desired)
@@ -165,11 +196,13 @@ class Provider:
             fn = self._functions.get(spec.service)
             if fn is None:
                 raise FunctionNotFound(spec.service)
+            self._check_secrets(spec)
             labels = spec.labels or {}
             hi = validation.max_replicas(
                 labels, ce_limits=self.settings.ce_limits, default_max=self.settings.max_replicas
             )
             fn.spec, fn.function_dir = spec, function_dir
+            self._mount_secrets(fn)
             fn.desired = min(max(fn.desired, validation.min_replicas(labels)), hi)
             fn.generation += 1
             fn.backoff.clear()
@@ -184,7 +217,48 @@ class Provider:
             raise FunctionNotFound(name)
         for r in fn.replicas:
             self._stop_later(r)
+        shutil.rmtree(self.secrets_dir(name), ignore_errors=True)
         log.info("deleted %s", name)
+
+    # ----------------------------------------------------------------- secrets
+    def list_secrets(self) -> list[dict[str, str]]:
+        """``[{"name", "namespace"}]``: names only, never values (as faas-netes lists them)."""
+        return [{"name": n, "namespace": self.namespace} for n in self.secrets.names()]
+
+    async def create_secret(self, name: str, value: bytes) -> None:
+        """Create a secret; :class:`SecretExists` if it is there already."""
+        validate_name(name)
+        async with self._lock:
+            if self.secrets.exists(name):
+                raise SecretExists(name)
+            self.secrets.write(name, value)
+        log.info("secret %s created", name)
+
+    async def update_secret(self, name: str, value: bytes) -> None:
+        """Replace a secret's value, in the folder of every function that lists it too."""
+        validate_name(name)
+        async with self._lock:
+            if not self.secrets.exists(name):
+                raise SecretNotFound(name)
+            self.secrets.write(name, value)
+            users = [f for f in self._functions.values() if name in (f.spec.secrets or [])]
+            for fn in users:
+                self._mount_secrets(fn)
+        log.info("secret %s updated (%d functions refreshed)", name, len(users))
+
+    async def delete_secret(self, name: str) -> None:
+        """Delete a secret; :class:`SecretInUse` (409) while a deployed function lists it."""
+        validate_name(name)
+        async with self._lock:
+            if not self.secrets.exists(name):
+                raise SecretNotFound(name)
+            users = sorted(
+                f.name for f in self._functions.values() if name in (f.spec.secrets or [])
+            )
+            if users:
+                raise SecretInUse(name, users)
+            self.secrets.delete(name)
+        log.info("secret %s deleted", name)
 
     async def scale(self, name: str, replicas: int) -> int:
         """Set the desired count (clamped to ``[1, scale.max]``); returns the count applied."""
@@ -293,6 +367,7 @@ class Provider:
                 env_vars=env,
                 env_process=spec.envProcess,
                 log_dir=self.log_dir(fn.name),
+                secrets_dir=self.secrets_dir(fn.name),
                 node=node,
             )
         )

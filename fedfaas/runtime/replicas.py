@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from fedfaas.runtime.function_auth import SECRETS_DIR_ENV
 from fedfaas.services import spawn
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,16 @@ class Replica:
 
 
 def replica_env(
-    function: str, slot: int, port: int, env_vars: Mapping[str, str], env_process: str
+    function: str,
+    slot: int,
+    port: int,
+    env_vars: Mapping[str, str],
+    env_process: str,
+    secrets_dir: Path,
 ) -> dict[str, str]:
     """A replica's environment: the runtime's (less its own settings), the deployment's
-    ``envVars``, then what the watchdog and the function read about themselves."""
+    ``envVars``, then what the watchdog and the function read about themselves (among them
+    ``FEDFAAS_SECRETS_DIR``, the folder of the function's secrets)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_RUNTIME_")}
     env.update(env_vars)
     pythonpath = env.get("PYTHONPATH", "")
@@ -86,6 +93,7 @@ def replica_env(
         {
             "FEDFAAS_FUNCTION_NAME": function,
             "FEDFAAS_REPLICA": str(slot),
+            SECRETS_DIR_ENV: str(secrets_dir),
             "HOSTNAME": f"{function}-{slot}",
             "port": str(port),
             "fprocess": env_process or "python index.py",
@@ -109,9 +117,13 @@ def spawn_replica(
     env_vars: Mapping[str, str],
     env_process: str,
     log_dir: Path,
+    secrets_dir: Path,
     node: str = "",
 ) -> Replica:
     """Start ``python -m fedfaas.runtime.watchdog`` for one replica, in its own process group.
+
+    ``secrets_dir`` is the folder of the function's secrets (it must hold
+    ``fedfaas-function-token``, or the replica refuses to start).
 
     The replica's socket is bound here and handed over (``--fd``), so that no other process can
     take its port between the choice of a free one and the replica's bind.
@@ -137,7 +149,7 @@ def spawn_replica(
             "--parent-pid",
             str(os.getpid()),
         ]
-        env = replica_env(function, slot, port, env_vars, env_process)
+        env = replica_env(function, slot, port, env_vars, env_process, secrets_dir)
         proc = spawn(argv, log_path=log_path, env=env, cwd=function_dir, pass_fds=(fd,))
     log.info(
         "started %s gen %d (pid %d, port %d%s)",

@@ -7,8 +7,13 @@ template), then serves:
 
 * ``GET /_/health`` and ``/_/ready``: 200 ``OK`` once the handler is loaded and the socket listens,
   503 while draining after SIGTERM (``/_/ready`` also 429 at ``max_inflight``);
-* every other path: ``handle(event, context)`` in a thread pool, the result turned into a response
-  by :func:`fedfaas.runtime.contract.to_response`; ``X-Duration-Seconds`` on every response.
+* every other path: first the function token (:mod:`fedfaas.runtime.function_auth`):
+  ``Authorization: Bearer <token>`` must match the secret file ``fedfaas-function-token`` in
+  ``$FEDFAAS_SECRETS_DIR`` (default ``/var/openfaas/secrets``), else 401 JSON
+  ``{"error": "unauthorized", "detail"}`` with ``WWW-Authenticate: Bearer``, before any of the
+  body is read; then ``handle(event, context)`` in a thread pool, the result turned into a
+  response by :func:`fedfaas.runtime.contract.to_response`; ``X-Duration-Seconds`` on every
+  response. Without the token file the replica refuses to start (exit 1, the reason logged).
 
 Environment (of-watchdog names): ``exec_timeout`` (Go duration or seconds; 0 = none; expiry gives
 504), ``max_inflight`` (0 = unlimited; above it 429), ``healthcheck_interval`` (drain wait after
@@ -38,6 +43,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedfaas.runtime.contract import Context, Event, Headers, Query, to_response
+from fedfaas.runtime.function_auth import (
+    FunctionToken,
+    NoToken,
+    token_path,
+    unauthorized_body,
+    unavailable_body,
+)
 
 log = logging.getLogger("fedfaas.runtime.watchdog")
 
@@ -115,9 +127,14 @@ class WatchdogApp:
     """ASGI app serving the health endpoints and the handler."""
 
     def __init__(
-        self, handle: Handler, hostname: str, exec_timeout: float, max_inflight: int
+        self,
+        handle: Handler,
+        hostname: str,
+        exec_timeout: float,
+        max_inflight: int,
+        token: FunctionToken,
     ) -> None:
-        self.handle, self.context = handle, Context(hostname=hostname)
+        self.handle, self.context, self.token = handle, Context(hostname=hostname), token
         self.exec_timeout, self.max_inflight = exec_timeout, max_inflight
         self.inflight, self.draining = 0, False
 
@@ -135,6 +152,8 @@ class WatchdogApp:
             else:
                 await _plain(send, 200, b"OK")
             return
+        if not await self._authorized(scope, send):
+            return
         if self.max_inflight and self.inflight >= self.max_inflight:
             await _plain(send, 429, b"Concurrent request limit exceeded", internal=True)
             return
@@ -143,6 +162,20 @@ class WatchdogApp:
             await self._invoke(scope, receive, send)
         finally:
             self.inflight -= 1
+
+    async def _authorized(self, scope: Scope, send: Send) -> bool:
+        """Check the bearer token (headers only: nothing of the body is read); answer if not."""
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        try:
+            why = self.token.refusal(header)
+        except NoToken as exc:
+            log.error("%s", exc)
+            await _json(send, 503, unavailable_body(str(exc)))
+            return False
+        if why is None:
+            return True
+        await _json(send, 401, unauthorized_body(why), [(b"www-authenticate", b"Bearer")])
+        return False
 
     async def _invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
@@ -232,6 +265,19 @@ async def _plain(
     await send({"type": "http.response.body", "body": body})
 
 
+async def _json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-openfaas-internal", b"of-watchdog"),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exit when the runtime that started us is gone (no orphans if it is SIGKILLed)."""
     while True:
@@ -264,6 +310,12 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
 
+    token = FunctionToken(token_path(env))
+    try:
+        token.load()
+    except NoToken as exc:  # secure by default: no token, no function
+        log.error("refusing to start: %s", exc)
+        sys.exit(1)
     exec_timeout = parse_duration(env.get("exec_timeout"), 30.0)
     drain = parse_duration(env.get("healthcheck_interval"), 0.0)
     app = WatchdogApp(
@@ -271,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.get("HOSTNAME", "localhost"),
         exec_timeout,
         int(env.get("max_inflight", "0") or 0),
+        token,
     )
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()

@@ -64,10 +64,17 @@ def runtime(tmp_path_factory):
     rt.start(60)
     try:
         url = rt.url
+        secret = {"name": "fedfaas-function-token", "value": "control-test-token"}
+        r = httpx.post(f"{url}/system/secrets", auth=("admin", "s3cret"), json=secret)
+        assert r.status_code == 202, r.text
         r = httpx.post(
             f"{url}/system/functions",
             auth=("admin", "s3cret"),
-            json={"service": "echo", "image": "ghcr.io/fedfaas/echo:0.1.0"},
+            json={
+                "service": "echo",
+                "image": "ghcr.io/fedfaas/echo:0.1.0",
+                "secrets": ["fedfaas-function-token"],
+            },
         )
         assert r.status_code == 202, r.text
         yield url, d / "auth"
@@ -163,6 +170,7 @@ def test_coordinator_scales_the_function_by_the_demand_the_gateways_report(
             "envVars": {"STARTUP_DELAY_S": "1.5"},
             "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "3"},
             "annotations": {"com.fedfaas.handler": str(tmp_path / "slow")},
+            "secrets": ["fedfaas-function-token"],
         },
     )
     assert r.status_code == 202, r.text

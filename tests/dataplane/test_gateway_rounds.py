@@ -317,7 +317,9 @@ def test_one_warm_replica_serves_two_jobs_back_to_back_without_a_restart(make_gw
             assert_fedavg(got, expected(seeds, weights))
         assert set(aggs.endpoints().values()) == pids == {replica.pid}  # no replica started
         assert gw.gw.metrics.reuses._value.get() >= 1  # an endpoint moved from ja to jb
-        status = httpx.get(f"{replica.url}/").json()
+        status = httpx.get(
+            f"{replica.url}/", headers={"Authorization": f"Bearer {aggs.token}"}
+        ).json()
         served = {j for e in status["endpoints"] for j in e["jobs_served"]}
         ids = {gw.gw.jobs["ja"].id, gw.gw.jobs["jb"].id}
         assert served == ids

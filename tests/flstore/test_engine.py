@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json as _json
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -22,10 +23,12 @@ from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
-from fedfaas.openfaas import DeployResult, OpenFaaSError
+from fedfaas.auth import bearer, write_token_file
+from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, DeployResult, OpenFaaSError
 
 pytestmark = pytest.mark.integration
 HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
+FUNCTION_TOKEN = "engine-test-function-token"
 
 
 class InProcessProvider:
@@ -40,6 +43,7 @@ class InProcessProvider:
 
     def deploy(self, body: dict[str, Any], **_: Any) -> DeployResult:
         name = str(body["service"])
+        assert body["secrets"] == [FUNCTION_TOKEN_SECRET]  # the functions check the token
         spec = importlib.util.spec_from_file_location(f"flstore_handler_{name}", HANDLER)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
@@ -59,6 +63,7 @@ class InProcessProvider:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
+        assert headers == bearer(FUNCTION_TOKEN)  # every call carries the function token
         if name in self.dead or name not in self.fns:
             raise OpenFaaSError(f"{name} is gone")
         ev = SimpleNamespace(
@@ -81,7 +86,8 @@ def _engine(
     import redis
 
     prov = InProcessProvider(cold)
-    s = EngineSettings(redis_url=redis_url, ping_interval=0.1, **kw)
+    token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
+    s = EngineSettings(redis_url=redis_url, ping_interval=0.1, function_token_file=token_file, **kw)
     eng = CacheEngine(s, redis.Redis.from_url(redis_url, decode_responses=True), cold, prov)  # type: ignore[arg-type]
     eng.start()
     return eng, prov

@@ -59,7 +59,9 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     ).json()
     primary, secondary = locs[objects[0]][:2]
     assert all(set(locs[o]) == {primary, secondary} for o in objects)
-    pid = httpx.get(f"{st.runtime_url}/function/{primary}/ping").json()["pid"]
+    pid = httpx.get(f"{st.runtime_url}/function/{primary}/ping", headers=st.function_auth).json()[
+        "pid"
+    ]
 
     qid = httpx.post(f"{st.tracker_url}/v1/queries", headers=st.auth, json=body).json()["id"]
     deadline = time.monotonic() + 10

@@ -92,8 +92,12 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
     assert deploy.returncode == 0, deploy.stderr
     assert "202 echo (PUT)" in deploy.stdout
 
+    token = (state_dir / "secrets" / "function-token").read_text().strip()
     req = urllib.request.Request(
-        f"{runtime.address}/function/echo", data=b"ping \x00\xff", method="POST"
+        f"{runtime.address}/function/echo",
+        data=b"ping \x00\xff",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200 and r.read() == b"ping \x00\xff"

@@ -106,11 +106,22 @@ class Platform:
             for node, url in self.gateways.items()
         }
 
+    def replica_status(self, rep: dict[str, Any]) -> dict[str, Any]:
+        """A replica's own status (``GET /`` on its port, with the function token)."""
+        token = credentials.read(self.state_dir / "secrets", credentials.FUNCTION_TOKEN)
+        r = httpx.get(
+            f"http://127.0.0.1:{rep['port']}/",
+            timeout=10,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        r.raise_for_status()
+        return dict(r.json())
+
     def tasks_done(self) -> dict[int, int]:
         """Slots each replica has aggregated, by pid, from the replica's own status."""
         out = {}
         for rep in self.replicas():
-            st = httpx.get(f"http://127.0.0.1:{rep['port']}/", timeout=10).json()
+            st = self.replica_status(rep)
             out[rep["pid"]] = sum(e["tasks_done"] for e in st["endpoints"])
         return out
 
@@ -306,7 +317,7 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
     def served() -> set[int]:
         ids = set()
         for rep in p.replicas():
-            st = httpx.get(f"http://127.0.0.1:{rep['port']}/", timeout=10).json()
+            st = p.replica_status(rep)
             ids |= {j for e in st["endpoints"] for j in e["jobs_served"]}
         return ids
 

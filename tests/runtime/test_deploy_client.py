@@ -17,7 +17,7 @@ from fedfaas.deploy import DeployError, deploy
 from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaS, OpenFaaSError
 from fedfaas.runtime import RuntimeProcess
 from fedfaas.stackfile import load_stack
-from tests.runtime.conftest import PASSWORD, STACK, USER, wait_until
+from tests.runtime.conftest import FN_AUTH, PASSWORD, STACK, USER, wait_until
 
 
 class _Recorder(ThreadingHTTPServer):
@@ -141,7 +141,8 @@ def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: Runtime
     with OpenFaaS(runtime.url) as gw:
         wait_until(lambda: getattr(gw.function("echo"), "available_replicas", 0) >= 1)
         assert [f["name"] for f in gw.list_functions()].count("echo") == 1
-        assert gw.invoke("echo", b"\x01\x02").content == b"\x01\x02"
+        assert gw.invoke("echo", b"\x01\x02", headers=FN_AUTH).content == b"\x01\x02"
+        assert gw.invoke("echo", b"\x01\x02").status_code == 401  # no function token
         gw.scale("echo", 2)
         assert gw.function("echo").replicas == 2  # type: ignore[union-attr]
         with pytest.raises(OpenFaaSError) as zero:
@@ -182,6 +183,7 @@ def test_sync_and_async_clients_send_the_same_requests() -> None:
     ) as c:
         c.list_functions(), c.function("f"), c.scale("f", 3), c.remove("f")
         c.invoke("f", b"x", path="/a")
+        c.invoke("f", b"x", path="/a", headers={"Authorization": "Bearer fn-token"})
 
     async def run() -> None:
         async with AsyncOpenFaaS(
@@ -193,11 +195,13 @@ def test_sync_and_async_clients_send_the_same_requests() -> None:
             await c.list_functions(), await c.function("f"), await c.scale("f", 3)
             await c.remove("f")
             await c.invoke("f", b"x", path="/a")
+            await c.invoke("f", b"x", path="/a", headers={"Authorization": "Bearer fn-token"})
 
     asyncio.run(run())
-    assert seen["sync"] == seen["async"] and len(seen["sync"]) == 5
+    assert seen["sync"] == seen["async"] and len(seen["sync"]) == 6
     assert seen["sync"][2][2] == b'{"serviceName":"f","replicas":3,"namespace":"fn"}'
     assert seen["sync"][4][3] is None  # functions get no gateway credentials
+    assert seen["sync"][5][3] == "Bearer fn-token"  # only the token the caller gives
 
 
 @pytest.mark.integration

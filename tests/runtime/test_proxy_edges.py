@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import available, echo_body, wait_until
+from tests.runtime.conftest import FN_AUTH, FUNCTION_TOKEN, available, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_caller_leaving_mid_stream_stops_the_replica_generator(
 ) -> None:
     marker = tmp_path / "closed"
     with (
-        httpx.Client(base_url=runtime.url, trust_env=False, timeout=30) as http,
+        httpx.Client(base_url=runtime.url, trust_env=False, timeout=30, headers=FN_AUTH) as http,
         http.stream("GET", f"/function/{edge}/forever", params={"marker": str(marker)}) as r,
     ):
         assert r.status_code == 200
@@ -108,13 +108,14 @@ def test_caller_leaving_mid_stream_stops_the_replica_generator(
 def test_caller_leaving_mid_upload_is_no_server_error(runtime: RuntimeProcess, edge: str) -> None:
     head = (
         f"POST /function/{edge} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {FUNCTION_TOKEN}\r\n"
         f"Content-Length: {64 * 1024 * 1024}\r\n\r\n"
     ).encode()
     with socket.create_connection(("127.0.0.1", runtime.port), timeout=10) as s:
         s.sendall(head + b"y" * (1024 * 1024))
     wait_until(lambda: "client left while sending its body" in runtime.log_path.read_text())
     assert "Exception in ASGI application" not in runtime.log_path.read_text()
-    with httpx.Client(base_url=runtime.url, trust_env=False) as http:
+    with httpx.Client(base_url=runtime.url, trust_env=False, headers=FN_AUTH) as http:
         r = http.post(f"/function/{edge}", content=b"next one")
         assert (r.status_code, r.content) == (200, b"next one")
 

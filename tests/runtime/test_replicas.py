@@ -12,7 +12,14 @@ import psutil
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import STACK, available, echo_body, wait_until
+from tests.runtime.conftest import (
+    FN_AUTH,
+    STACK,
+    available,
+    echo_body,
+    wait_until,
+    with_function_token,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -157,6 +164,7 @@ def test_crash_looping_replica_is_restarted_with_backoff_and_never_ready(
 def test_no_replica_outlives_the_runtime(tmp_path: Path, sig: signal.Signals) -> None:
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt").start()
     try:
+        with_function_token(rt)
         with httpx.Client(base_url=rt.url, trust_env=False) as http:
             labels = {"com.openfaas.scale.min": "2"}
             assert (
@@ -182,7 +190,8 @@ def test_hung_replica_is_marked_unready_then_replaced(tmp_path: Path) -> None:
     }
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt", env=env).start()
     try:
-        with httpx.Client(base_url=rt.url, trust_env=False) as http:
+        with_function_token(rt)
+        with httpx.Client(base_url=rt.url, trust_env=False, headers=FN_AUTH) as http:
             assert http.post("/system/functions", json=echo_body("hung")).status_code == 202
             wait_until(lambda: available(http, "hung") == 1)
             [pid] = _pids(http, "hung")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import available, echo_body, wait_until
+from tests.runtime.conftest import FN_AUTH, available, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ class _PeakRss:
 
 @pytest.fixture(scope="module")
 def big_echo(runtime: RuntimeProcess) -> str:
-    with httpx.Client(base_url=runtime.url, trust_env=False) as http:
+    with httpx.Client(base_url=runtime.url, trust_env=False, headers=FN_AUTH) as http:
         assert http.post("/system/functions", json=echo_body("big-echo")).status_code == 202
         wait_until(lambda: available(http, "big-echo") == 1)
         # warm the proxy path so one-off allocations are not counted as growth
@@ -64,7 +64,7 @@ def _roundtrip(
 ) -> tuple[str, str, int, int]:
     sent = hashlib.sha256()
     got = hashlib.sha256()
-    headers = {"Content-Type": "application/octet-stream"}
+    headers = {"Content-Type": "application/octet-stream", **FN_AUTH}
     if not chunked:
         headers["Content-Length"] = str(mib * MiB)
     assert runtime.pid is not None
