@@ -36,7 +36,8 @@ def read_credentials(path: Path | None, what: str) -> Credentials:
     ``what`` says whose they are in the message ("MinIO", "Redis").
     """
     if path is None:
-        raise AuthConfigError(f"no {what} credentials file given: it is required")
+        flag = f"--{what.lower()}-credentials-file"
+        raise AuthConfigError(f"no {what} credentials file given ({flag}): it is required")
     text = read_token_file(path, f"{what} credentials")
     try:
         doc: Any = json.loads(text)

@@ -3,6 +3,10 @@
 Used by ``fedfaas up`` and by the test fixtures alike, so that what the tests exercise is
 exactly what the platform runs. Each server takes a free loopback port unless one is given,
 keeps its data under a folder of its own, and is stopped by PID (process group) on ``stop``.
+
+Neither lets anyone in without a user: Redis has one ACL user per component and MinIO one user
+per component with a policy on the checkpoint bucket, each with a random password in a
+credentials file of its own (``credentials_file(user)``), which is what a component is given.
 """
 
 from __future__ import annotations
