@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from bench.stack import GatewayProc, Replicas, start_gateway
 from control_plane.placement import place
 from control_plane.planning import QueueEstimator, diff_plans, plan_hierarchy, replan
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from fedfaas.services import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAPER_PLACEMENT_MS = 17.0
@@ -328,13 +331,13 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
         for n in sizes:
             rows: dict[str, Any] = {}
             for name, policy, lazy, push in REAL_LADDER:
-                flush_redis(redis.url)  # restarted gateways must not reload earlier runs' jobs
+                flush_redis(redis)  # restarted gateways must not reload earlier runs' jobs
                 ports = {f"node{i}": free_port() for i in range(5)}
                 shm = Path("/dev/shm") / f"fedfaas-bench-control-{os.getpid()}"
                 gws: list[GatewayProc] = []
                 aggs: list[Replicas] = []
                 try:
-                    gws, aggs = _start_nodes(work, redis.url, ports, shm, lazy)
+                    gws, aggs = _start_nodes(work, redis, ports, shm, lazy)
                     pids = [g.pid for g in gws] + [pid for a in aggs for pid in a.pids()]
                     urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
                     job = f"fig8-{n}-{policy}-{'lazy' if lazy else 'eager'}"
@@ -361,16 +364,14 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
     return out
 
 
-def flush_redis(url: str) -> None:
-    import redis as redis_lib
-
-    client = redis_lib.Redis.from_url(url)
+def flush_redis(rs: RedisServer) -> None:
+    client = rs.client()
     client.flushall()
     client.close()
 
 
 def _start_nodes(
-    work: Path, redis_url: str, ports: dict[str, int], shm: Path, lazy: bool
+    work: Path, rs: RedisServer, ports: dict[str, int], shm: Path, lazy: bool
 ) -> tuple[list[GatewayProc], list[Replicas]]:
     """Five node gateways (``GatewaySettings.to_argv``, userspace router) and, on each node,
     ``REPLICAS_PER_NODE`` warm ``aggregator`` replicas registered with its router."""
@@ -382,7 +383,8 @@ def _start_nodes(
                 node=node,
                 port=port,
                 state_dir=work / node,
-                redis_url=redis_url,
+                redis_url=rs.url,
+                redis_credentials_file=rs.credentials_file("gateway"),
                 shm_root=shm,
                 prefer_ebpf=False,
                 admin_secret_file=work / "secret",

@@ -36,13 +36,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.runinfo import PINNED_THREADS, run_info
 from bench.stack import GatewayProc, Replicas, start_gateway
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from fedfaas.services import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +259,7 @@ class _MemSampler(threading.Thread):
         self.join(2)
 
 
-def _gateway(work: Path, redis_url: str, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
+def _gateway(work: Path, rs: RedisServer, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
     """A ``python -m gateway`` whose command line ``GatewaySettings.to_argv`` renders."""
     from fedfaas.services import free_port
 
@@ -264,7 +267,8 @@ def _gateway(work: Path, redis_url: str, node: str, *, ebpf: bool, **extra: Any)
         node=node,
         port=free_port(),
         state_dir=work / f"gw-{node}",
-        redis_url=redis_url,
+        redis_url=rs.url,
+        redis_credentials_file=rs.credentials_file("gateway"),
         shm_root=Path(f"/dev/shm/fedfaas-bench-{os.getpid()}-{node}"),
         prefer_ebpf=ebpf,
         **extra,
@@ -290,7 +294,7 @@ def _create_job(
 
 # ----------------------------------------------------------------------------- parts
 def bench_ingest(
-    work: Path, redis_url: str, body_path: Path, reps: int, *, ebpf: bool
+    work: Path, rs: RedisServer, body_path: Path, reps: int, *, ebpf: bool
 ) -> dict[str, Any]:
     """The three servers run side by side; one client alternates between them, so each
     rep of each path sees the same machine load. No aggregator runs: ingest only."""
@@ -300,7 +304,7 @@ def bench_ingest(
     out: dict[str, Any] = {"update_bytes": size, "reps": reps}
     procs: list[subprocess.Popen[bytes]] = []
     # FedFaaS gateway: a job whose clients each upload once; the pool holds every object
-    gw = _gateway(work, redis_url, "ingest", ebpf=ebpf, pool=reps + 2, max_inflight=0)
+    gw = _gateway(work, rs, "ingest", ebpf=ebpf, pool=reps + 2, max_inflight=0)
     try:
         out["router"] = gw.health()["router"]
         port = gw.settings.port
@@ -450,7 +454,7 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
 
 def bench_round(
     work: Path,
-    redis_url: str,
+    rs: RedisServer,
     bodies: list[Path],
     fanout: int,
     max_inflight: int,
@@ -468,7 +472,7 @@ def bench_round(
 
     n = len(bodies)
     node = f"round{fanout}m{max_inflight}{'e' if ebpf else 'u'}"
-    gw = _gateway(work, redis_url, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
+    gw = _gateway(work, rs, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
     aggs = Replicas(gw, work / f"aggregators-{node}")
     sampler: _MemSampler | None = None
     try:
@@ -765,20 +769,20 @@ def main(argv: list[str] | None = None) -> int:
                     "endpoints_per_replica": a.endpoints,
                 },
             }
-            res["ingest"] = bench_ingest(work, redis.url, bodies[0], a.reps, ebpf=ebpf)
+            res["ingest"] = bench_ingest(work, redis, bodies[0], a.reps, ebpf=ebpf)
             res["aggregation"] = bench_aggregation()
             agg = {"replicas": a.replicas, "endpoints": a.endpoints}
             res["round"] = bench_round(
-                work, redis.url, bodies, a.fanout, a.max_inflight, ebpf=ebpf, **agg
+                work, redis, bodies, a.fanout, a.max_inflight, ebpf=ebpf, **agg
             )
             # the same round with the userspace router: the peer of the eBPF run (when the
             # probe says eBPF cannot load, ``round`` is already this; it is not run twice)
             res["round_userspace"] = (
-                bench_round(work, redis.url, bodies, a.fanout, a.max_inflight, ebpf=False, **agg)
+                bench_round(work, redis, bodies, a.fanout, a.max_inflight, ebpf=False, **agg)
                 if ebpf
                 else None
             )
-            res["round_lean"] = bench_round(work, redis.url, bodies, 4, 1, ebpf=ebpf, **agg)
+            res["round_lean"] = bench_round(work, redis, bodies, 4, 1, ebpf=ebpf, **agg)
         finally:
             redis.stop()
     if not a.skip_flower:

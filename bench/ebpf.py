@@ -38,9 +38,12 @@ import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.runinfo import run_info
+
+if TYPE_CHECKING:
+    from fedfaas.services import RedisServer
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +215,12 @@ def _w_leaf_http(a: argparse.Namespace) -> None:
 def _w_proxy(a: argparse.Namespace) -> None:
     import redis
 
-    pool = redis.ConnectionPool(host="127.0.0.1", port=a.redis_port)
+    from fedfaas.secretfiles import read_credentials
+
+    user = read_credentials(Path(a.redis_credentials_file), "Redis")
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=a.redis_port, username=user.username, password=user.password
+    )
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -249,9 +257,8 @@ def _w_proxy(a: argparse.Namespace) -> None:
                 return
             _, item = r.blpop(["updates"])
             key, t0 = item.decode().split(":")
-            body = _redis_get_bulk(
-                a.redis_port, key
-            )  # redis-py's pure-Python parser is ~10x slower
+            # redis-py's pure-Python parser is ~10x slower
+            body = _redis_get_bulk(a.redis_port, (user.username, user.password), key)
             r.delete(key)
             self._reply(200, body, {"X-T0": t0})
 
@@ -316,11 +323,16 @@ def _w_leaf_sl(a: argparse.Namespace) -> None:
     mm.close()
 
 
-def _redis_get_bulk(port: int, key: str) -> bytearray:
-    """GET one large value with a plain RESP exchange, read straight into one buffer."""
+def _redis_get_bulk(port: int, login: tuple[str, str], key: str) -> bytearray:
+    """GET one large value with a plain RESP exchange (after ``AUTH`` as ``login``), read
+    straight into one buffer."""
     import socket
 
     with socket.create_connection(("127.0.0.1", port)) as sock, sock.makefile("rb") as f:
+        auth = [b"AUTH", login[0].encode(), login[1].encode()]
+        sock.sendall(b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in auth))
+        if f.readline() != b"+OK\r\n":
+            raise ConnectionError("redis AUTH refused")
         k = key.encode()
         sock.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k))
         head = f.readline()
@@ -468,11 +480,13 @@ def _run_sf(shm: str, key: str, size: int, n: int, warmup: int) -> dict[str, Any
 
 
 def _run_sl(
-    shm: str, key: str, size: int, n: int, warmup: int, redis_pid: int, redis_port: int
+    shm: str, key: str, size: int, n: int, warmup: int, redis_pid: int, broker: RedisServer
 ) -> dict[str, Any]:
     import psutil
 
-    proxy = _Proc("proxy", redis_port=redis_port)
+    # the broker's admin user: keys of its own choosing (the credentials file's PATH on argv)
+    creds = broker.credentials_file("admin")
+    proxy = _Proc("proxy", redis_port=broker.port, redis_credentials_file=creds)
     procs = [proxy]
     try:
         port = proxy.read()["port"]
@@ -517,14 +531,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     class _BrokerRedis(RedisServer):
         def command(self) -> list[str]:  # a pure in-memory broker: no AOF, no snapshots
-            cmd = super().command()
-            return [
-                *cmd[: cmd.index("--appendonly")],
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "yes",
-            ]
+            return [*super().command(), "--appendonly", "no"]  # the last value of a directive wins
 
     key_n, key_w = (200, 20) if quick else (KEY_N, KEY_WARMUP)
     bulk_n = {m: {k: 2 for k in v} for m, v in BULK_N.items()} if quick else BULK_N
@@ -546,7 +553,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     res["sf"] = _run_sf(shm, key, size, n, BULK_WARMUP)
                 else:
                     assert broker.pid is not None
-                    res["sl"] = _run_sl(shm, key, size, n, BULK_WARMUP, broker.pid, broker.port)
+                    res["sl"] = _run_sl(shm, key, size, n, BULK_WARMUP, broker.pid, broker)
             res["bytes"] = size
             results[model] = res
             os.unlink(os.path.join(shm, key))
@@ -695,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="few handoffs (smoke run)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
-    for name in ("socket", "mode", "shm", "key"):
+    for name in ("socket", "mode", "shm", "key", "redis-credentials-file"):
         p.add_argument(f"--{name}", help=argparse.SUPPRESS)
     for name in ("n", "warmup", "dst", "size", "port", "redis-port"):
         p.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)

@@ -146,10 +146,8 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cap = max(64 << 20, int(model_bytes * (3 * args.clients + 8)))
         stack = FLStoreStack(
             work / "stack",
-            rs.url,
-            ms.endpoint,
-            ms.access_key,
-            ms.secret_key,
+            rs,
+            ms,
             engine_settings={
                 "secondaries": 1,
                 "function_capacity_bytes": cap,
@@ -159,20 +157,20 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             tracker_settings={"query_timeout": 300},
         ).start()
         urls = {}
-        for name, backend, redis_url in (
-            ("objstore-agg", "minio", rs.url),
-            ("cache-agg", "redis", cache_redis.url),
+        for name, backend, redis_server in (
+            ("objstore-agg", "minio", rs),
+            ("cache-agg", "redis", cache_redis),
         ):
             s = BaselineSettings(
                 backend=backend,
                 port=free_port(),
                 minio_endpoint=ms.endpoint,
-                minio_access_key=ms.access_key,
-                minio_secret_key=ms.secret_key,
-                redis_url=redis_url,
+                minio_credentials_file=ms.credentials_file("cache-engine"),  # read-only
+                redis_url=redis_server.url,
+                redis_credentials_file=redis_server.credentials_file("baseline"),
             )
             log_path = work / "logs" / f"{name}.log"
-            c = Child(name, s.to_argv(log_level="warning"), log_path, s.port, s.secret_env())
+            c = Child(name, s.to_argv(log_level="warning"), log_path, s.port)
             baselines.append(c)
             c.start()
             urls[name] = f"http://{s.host}:{s.port}"
@@ -351,12 +349,11 @@ def _p99(samples: list[float]) -> float:
 
 
 def overhead(work: Path) -> dict[str, Any]:
-    import redis
 
     out: dict[str, Any] = {}
     rs = RedisServer(data_dir=work / "redis-ovh").start()
     try:
-        r = redis.Redis.from_url(rs.url, decode_responses=True)
+        r = rs.client(decode_responses=True)
         for n in (1000, 100_000):
             r.flushall()
             keys = [update("job", f"c{i % 250:03d}", i // 250 + 1) for i in range(n)]

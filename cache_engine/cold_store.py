@@ -21,6 +21,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
@@ -148,6 +150,11 @@ class ColdStore(ABC):
         """Stored size of ``key``'s object in bytes (about its size in memory for models)."""
         return len(self.get_bytes(key))
 
+    def job_credentials(self, jobs: set[str]) -> dict[str, dict[str, Any]]:
+        """Temporary credentials that read only ``job``'s objects, by job, for a cache function
+        to load them with (:class:`MinioColdStore`); none for a store without users."""
+        return {}
+
     def get(self, key: ObjectKey) -> NDArray[np.float32] | dict[str, Any]:
         """Decoded object (see :func:`decode_object`)."""
         return decode_object(key, self.get_bytes(key))
@@ -187,11 +194,16 @@ class MinioColdStore(ColdStore):
     ----------
     endpoint
         ``host:port``.
-    access_key, secret_key
-        Credentials.
+    access_key, secret_key, session_token
+        Credentials (a session token with temporary ones, see :meth:`job_credentials`).
     bucket
         Bucket name (created if missing when ``create`` is true).
     """
+
+    #: lifetime of the credentials :meth:`job_credentials` mints (MinIO's minimum)
+    GRANT_SECONDS = 900
+    #: a minted grant is handed out again while it has at least this long left
+    GRANT_REUSE_SECONDS = 600
 
     def __init__(
         self,
@@ -200,6 +212,7 @@ class MinioColdStore(ColdStore):
         secret_key: str,
         bucket: str = BUCKET,
         *,
+        session_token: str | None = None,
         secure: bool = False,
         create: bool = True,
     ) -> None:
@@ -207,7 +220,19 @@ class MinioColdStore(ColdStore):
 
         self.endpoint = endpoint
         self.bucket = bucket
-        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure)
+        self.secure = secure
+        self._keys = (access_key, secret_key)
+        self._grants: dict[str, dict[str, Any]] = {}
+        self._grants_lock = threading.Lock()
+        # region given: no GetBucketLocation call, which a one-job grant is not allowed
+        self.client = Minio(
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            session_token=session_token,
+            secure=secure,
+            region="us-east-1",
+        )
         if create and not self.client.bucket_exists(bucket):
             try:
                 self.client.make_bucket(bucket)
@@ -246,6 +271,52 @@ class MinioColdStore(ColdStore):
             return int(self.client.stat_object(self.bucket, object_path(key)).size or 0)
         except S3Error as exc:
             raise ObjectMissing(object_path(key)) from exc
+
+    def job_credentials(self, jobs: set[str]) -> dict[str, dict[str, Any]]:
+        """Per job, temporary credentials (MinIO ``AssumeRole``, :attr:`GRANT_SECONDS`) whose
+        session policy allows ``s3:GetObject`` on ``<bucket>/<job>/*`` and nothing else:
+        ``{"access_key", "secret_key", "session_token", "expires"}`` (``expires``: Unix
+        seconds). A grant is reused while it has :attr:`GRANT_REUSE_SECONDS` left."""
+        return {job: self._grant(job) for job in sorted(jobs)}
+
+    def _grant(self, job: str) -> dict[str, Any]:
+        from minio.credentials.providers import AssumeRoleProvider
+
+        with self._grants_lock:
+            g = self._grants.get(job)
+            if g is not None and g["expires"] - time.time() > self.GRANT_REUSE_SECONDS:
+                return g
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject"],
+                    "Resource": [f"arn:aws:s3:::{self.bucket}/{job}/*"],
+                }
+            ],
+        }
+        scheme = "https" if self.secure else "http"
+        t0 = time.time()
+        try:
+            c = AssumeRoleProvider(
+                sts_endpoint=f"{scheme}://{self.endpoint}",
+                access_key=self._keys[0],
+                secret_key=self._keys[1],
+                duration_seconds=self.GRANT_SECONDS,
+                policy=json.dumps(policy),
+            ).retrieve()
+        except Exception as exc:
+            raise ColdStoreError(f"cannot mint read credentials for job {job}: {exc}") from exc
+        g = {
+            "access_key": c.access_key,
+            "secret_key": c.secret_key,
+            "session_token": c.session_token,
+            "expires": t0 + self.GRANT_SECONDS,
+        }
+        with self._grants_lock:
+            self._grants[job] = g
+        return g
 
     def put_bytes(self, key: ObjectKey, data: bytes) -> None:
         path = object_path(key)

@@ -363,9 +363,10 @@ class CacheEngine:
 
     def _load(self, fn: str, keys: list[ObjectKey]) -> None:
         t0 = time.perf_counter()
-        r = self._invoke(
-            fn, "/load", {"objects": [k.id for k in keys]}, timeout=self.s.call_timeout
-        )
+        # the function has no MinIO user: each load brings read credentials for its jobs only
+        grants = self.cold.job_credentials({k.job for k in keys})
+        load = {"objects": [k.id for k in keys], "credentials": grants}
+        r = self._invoke(fn, "/load", load, timeout=self.s.call_timeout)
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
         if r.status_code == 404 and body.get("error") == "object_missing":
             raise LoadFailed(body.get("detail", "object missing in cold store"))
@@ -407,8 +408,6 @@ class CacheEngine:
             self.functions[name] = FunctionInfo(name, alive=False)
         env = {
             "FEDFAAS_FLSTORE_MINIO_ENDPOINT": self.s.minio_endpoint,
-            "FEDFAAS_FLSTORE_MINIO_ACCESS_KEY": self.s.minio_access_key,
-            "FEDFAAS_FLSTORE_MINIO_SECRET_KEY": self.s.minio_secret_key,
             "FEDFAAS_FLSTORE_BUCKET": self.s.bucket,
             "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
             # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer

@@ -24,6 +24,7 @@ from cache_engine.errors import EngineError
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import Authenticator, Scope, install, require
 from fedfaas.openfaas import OpenFaaS, read_basic_auth
+from fedfaas.secretfiles import read_credentials, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,11 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import redis
-
-        r = redis.Redis.from_url(s.redis_url, decode_responses=True)
-        cold = MinioColdStore(s.minio_endpoint, s.minio_access_key, s.minio_secret_key, s.bucket)
+        r = redis_client(s.redis_url, s.redis_credentials_file, decode_responses=True)
+        # the launcher creates the bucket; this user only reads it (and mints read grants)
+        cold = MinioColdStore(
+            s.minio_endpoint, minio.username, minio.password, s.bucket, create=False
+        )
         auth_dir = Path(s.runtime_auth_dir) if s.runtime_auth_dir else None
         has_auth = auth_dir is not None and (auth_dir / "basic-auth-user").is_file()
         auth = read_basic_auth(auth_dir) if auth_dir is not None and has_auth else None
@@ -57,6 +59,9 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
             r.close()
 
     auth = Authenticator.from_files(s.admin_token_file, service=s.service_token_file)
+    # read at start, like the tokens: a missing or bad credentials file stops the engine here
+    minio = read_credentials(s.minio_credentials_file, "MinIO")
+    read_credentials(s.redis_credentials_file, "Redis")
     app = FastAPI(title="FLStore cache engine", lifespan=lifespan)
     install(app, auth)
     service = [Depends(require(Scope.SERVICE))]

@@ -18,8 +18,13 @@ class EngineSettings(CommandLineSettings):
 
     Attributes
     ----------
-    redis_url, minio_endpoint, minio_access_key, minio_secret_key, bucket
+    redis_url, minio_endpoint, bucket
         Backing services (Redis holds the location table and catalog; MinIO the cold copy).
+    redis_credentials_file, minio_credentials_file
+        The engine's Redis and MinIO users (0600 credentials files, see
+        :mod:`fedfaas.secretfiles`); both required. The MinIO user reads the checkpoints and
+        mints per-job temporary credentials for the cache functions, which have none of their
+        own.
     runtime_url, runtime_auth_dir
         The OpenFaaS gateway (embedded runtime) that creates the cache functions.
     policy
@@ -51,13 +56,13 @@ class EngineSettings(CommandLineSettings):
 
     MODULE: ClassVar[str] = "cache_engine"
     DESCRIPTION: ClassVar[str] = "FLStore cache engine"
-    #: never on a command line: ``FEDFAAS_ENGINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``
-    SECRETS: ClassVar[frozenset[str]] = frozenset({"minio_access_key", "minio_secret_key"})
     FLAGS: ClassVar[dict[str, str]] = {
         "host": "--host",
         "port": "--port",
         "redis_url": "--redis",
+        "redis_credentials_file": "--redis-credentials-file",
         "minio_endpoint": "--minio",
+        "minio_credentials_file": "--minio-credentials-file",
         "bucket": "--bucket",
         "runtime_url": "--runtime",
         "runtime_auth_dir": "--runtime-auth-dir",
@@ -83,9 +88,9 @@ class EngineSettings(CommandLineSettings):
     host: str = "127.0.0.1"
     port: int = 8091
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_credentials_file: Path | None = None
     minio_endpoint: str = "127.0.0.1:9000"
-    minio_access_key: str = "fedfaas"
-    minio_secret_key: str = "fedfaas-secret-key"
+    minio_credentials_file: Path | None = None
     bucket: str = "fedfaas"
     runtime_url: str = "http://127.0.0.1:8080"
     runtime_auth_dir: str | None = None

@@ -235,7 +235,11 @@ def create_app(
 
 
 def _build(settings: ControlPlaneSettings) -> Coordinator:
-    store: StateStore = RedisStore(settings.redis_url) if settings.redis_url else MemoryStore()
+    store: StateStore = (
+        RedisStore(settings.redis_url, settings.redis_credentials_file)
+        if settings.redis_url
+        else MemoryStore()
+    )
     provider = None
     if settings.provider_url:
         try:

@@ -22,6 +22,9 @@ class ControlPlaneSettings(CommandLineSettings):
         ``node1=http://127.0.0.1:8101,node2=...``: node gateways by node name.
     redis_url
         Redis for job state (empty: in memory, lost on restart).
+    redis_credentials_file
+        The control plane's Redis user (a 0600 credentials file, see
+        :mod:`fedfaas.secretfiles`); required with ``redis_url``.
     provider_url
         OpenFaaS provider API (embedded runtime or gateway) used to scale ``function``;
         empty: no autoscaling.
@@ -57,6 +60,7 @@ class ControlPlaneSettings(CommandLineSettings):
         "port": "--port",
         "gateways": "--gateways",
         "redis_url": "--redis",
+        "redis_credentials_file": "--redis-credentials-file",
         "provider_url": "--provider",
         "provider_auth_dir": "--provider-auth-dir",
         "function": "--function",
@@ -73,6 +77,7 @@ class ControlPlaneSettings(CommandLineSettings):
     port: int = 8070
     gateways: str = ""
     redis_url: str = ""
+    redis_credentials_file: Path | None = None
     provider_url: str = ""
     provider_auth_dir: Path | None = None
     function: str = "aggregator"

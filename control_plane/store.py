@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 
@@ -43,12 +44,14 @@ class MemoryStore(StateStore):
 
 
 class RedisStore(StateStore):
-    """Redis-backed store (``redis.asyncio``)."""
+    """Redis-backed store (``redis.asyncio``), logged in as the user in ``credentials_file``."""
 
-    def __init__(self, url: str, prefix: str = "fedfaas:control:") -> None:
-        import redis.asyncio as aioredis
+    def __init__(
+        self, url: str, credentials_file: Path | None, prefix: str = "fedfaas:control:"
+    ) -> None:
+        from fedfaas.secretfiles import async_redis_client
 
-        self._r = aioredis.Redis.from_url(url, decode_responses=True)
+        self._r = async_redis_client(url, credentials_file, decode_responses=True)
         self._prefix = prefix
 
     async def save(self, name: str, state: dict[str, Any]) -> None:

@@ -13,8 +13,9 @@ command line is written out by hand::
     argv = TrackerSettings(port=8092, engine_url=url).to_argv()   # the launcher
     settings, log_level = TrackerSettings.from_argv(sys.argv[1:])  # python -m request_tracker
 
-Secrets never go on a command line (``ps`` shows it to every user): fields in ``SECRETS`` have
-no flag and reach the process through its environment (the settings' env prefix) or a file.
+Secrets never go on a command line (``ps`` shows it to every user) nor into the environment
+(``/proc/<pid>/environ``): a setting holds the PATH of a secret file (mode 0600), which the
+component reads at start (``admin_token_file``, ``redis_credentials_file``, ...).
 """
 
 from __future__ import annotations
@@ -39,13 +40,11 @@ class CommandLineSettings(BaseSettings):
     FLAGS : setting -> flag. A boolean's flag is the one that turns its default over
         (``--no-ebpf`` for a ``True`` default, ``--lazy`` for a ``False`` one); a mapping's
         value is JSON.
-    SECRETS : settings that never go on a command line (and have no flag).
     DESCRIPTION : the ``--help`` text.
     """
 
     MODULE: ClassVar[str]
     FLAGS: ClassVar[Mapping[str, str]]
-    SECRETS: ClassVar[frozenset[str]] = frozenset()
     DESCRIPTION: ClassVar[str] = ""
 
     def to_argv(self, python: str = sys.executable, log_level: str | None = None) -> list[str]:
@@ -65,8 +64,6 @@ class CommandLineSettings(BaseSettings):
             value = getattr(self, name)
             default = info.get_default(call_default_factory=True)
             flag = cls.FLAGS.get(name)
-            if name in cls.SECRETS:
-                continue
             if flag is None:
                 if value != default:
                     raise ValueError(f"setting {name!r} has no flag of `python -m {cls.MODULE}`")
@@ -82,22 +79,12 @@ class CommandLineSettings(BaseSettings):
             argv += ["--log-level", log_level]
         return argv
 
-    def secret_env(self) -> dict[str, str]:
-        """The environment that carries the :attr:`SECRETS` (which have no flag) to the process
-        that runs :meth:`to_argv`, e.g. ``{"FEDFAAS_ENGINE_MINIO_SECRET_KEY": ...}``."""
-        prefix = str(self.model_config.get("env_prefix", ""))
-        return {
-            f"{prefix}{name.upper()}": str(getattr(self, name)) for name in sorted(self.SECRETS)
-        }
-
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
         """The ``python -m MODULE`` argument parser, one flag per :attr:`FLAGS` entry."""
         p = argparse.ArgumentParser(prog=f"python -m {cls.MODULE}", description=cls.DESCRIPTION)
         prefix = str(cls.model_config.get("env_prefix", ""))
         for name, flag in cls.FLAGS.items():
-            if name in cls.SECRETS:
-                raise TypeError(f"{cls.__name__}.{name} is secret and cannot have a flag")
             info = cls.model_fields[name]
             doc = f"{name} (env {prefix}{name.upper()}; default {info.get_default()!r})"
             if _kind(info.annotation) is bool:

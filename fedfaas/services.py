@@ -3,6 +3,10 @@
 Used by ``fedfaas up`` and by the test fixtures alike, so that what the tests exercise is
 exactly what the platform runs. Each server takes a free loopback port unless one is given,
 keeps its data under a folder of its own, and is stopped by PID (process group) on ``stop``.
+
+Neither lets anyone in without a user: Redis has one ACL user per component and MinIO one user
+per component with a policy on the checkpoint bucket, each with a random password in a
+credentials file of its own (``credentials_file(user)``), which is what a component is given.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+    from minio import Minio
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +76,12 @@ def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = Non
 
 
 def redis_ping(host: str, port: int, timeout: float = 1.0) -> bool:
-    """True when a Redis server on ``host:port`` answers ``PING`` with ``+PONG`` right now."""
+    """True when a Redis server on ``host:port`` answers an unauthenticated ``PING`` right now:
+    with ``+PONG``, or (a server that needs a user, as FedFaaS's do) with ``-NOAUTH``."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -200,60 +210,187 @@ class _Server(ChildProcess):
         self._spawn(argv, self.data_dir / "server.log", env)
 
 
+def _write_once(path: Path, value: str) -> None:
+    """Create ``path`` (mode 0600) holding ``value`` unless it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+
+
+def _secrets_folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+#: Redis ACL users (besides ``default``, which is off): name -> key patterns and commands.
+#: Each component reaches only its own keys and no dangerous or admin command (``CONFIG``,
+#: ``FLUSHALL``, ``ACL``, ``KEYS``, ...); ``admin`` is the launcher's and the tests'.
+REDIS_USERS: dict[str, str] = {
+    "admin": "~* &* +@all",
+    "gateway": "~fedfaas:* resetchannels +@all -@dangerous -@admin",
+    "control-plane": "~fedfaas:control:* resetchannels +@all -@dangerous -@admin",
+    "cache-engine": "~flstore:* resetchannels +@all -@dangerous -@admin",
+    "request-tracker": "~flstore:* resetchannels +@all -@dangerous -@admin",
+    "baseline": "~baseline:* resetchannels +@all -@dangerous -@admin",
+}
+
+
 @dataclass
 class RedisServer(_Server):
-    """Debian's ``redis-server`` on a loopback port, persistence in ``data_dir``."""
+    """Debian's ``redis-server`` on a loopback port, persistence in ``data_dir``.
+
+    Nobody gets in without a user: the ``default`` user is off and each of :data:`REDIS_USERS`
+    has a random password, kept as a credentials file (:mod:`fedfaas.secretfiles`) in
+    ``secrets_dir`` (default ``data_dir/secrets``): :meth:`credentials_file` names the file a
+    component is given. The server's configuration (``redis.conf``, mode 0600) holds only the
+    passwords' SHA-256, never a password, and nothing secret is on its command line.
+    """
+
+    secrets_dir: Path | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "redis.conf"
+
+    def credentials_file(self, user: str) -> Path:
+        """The credentials file of ACL user ``user`` (one of :data:`REDIS_USERS`)."""
+        if user not in REDIS_USERS:
+            raise KeyError(f"no Redis user {user!r}; the users are {sorted(REDIS_USERS)}")
+        return (self.secrets_dir or self.data_dir / "secrets") / f"redis-{user}.json"
+
+    def prepare(self) -> None:
+        """Create the users' credentials files that do not exist yet and write ``redis.conf``."""
+        import hashlib
+        import json
+        import secrets
+
+        from fedfaas.secretfiles import read_credentials
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _secrets_folder(self.credentials_file("admin").parent)
+        lines = [
+            f"bind {self.host}",
+            f"port {self.port}",
+            f'dir "{self.data_dir}"',
+            'save ""',
+            "appendonly yes",
+            "appendfsync everysec",
+            "protected-mode yes",
+            "daemonize no",
+            "user default off",
+        ]
+        for user, rules in REDIS_USERS.items():
+            path = self.credentials_file(user)
+            doc = {"username": user, "password": secrets.token_urlsafe(24)}
+            _write_once(path, json.dumps(doc))
+            digest = hashlib.sha256(read_credentials(path, "Redis").password.encode()).hexdigest()
+            lines.append(f"user {user} on #{digest} {rules}")
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(self.config_path, 0o600)
+
     def command(self) -> list[str]:
-        """The ``redis-server`` command line for this host, port and data folder."""
+        """The ``redis-server`` command line: the configuration file written by :meth:`prepare`."""
         binary = find_binary("redis-server")
         if binary is None:
             raise ServiceError(
                 "redis-server not found: run `make setup` (apt-get install redis-server)"
             )
-        return [
-            binary,
-            "--bind",
-            self.host,
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.data_dir),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--protected-mode",
-            "yes",
-            "--daemonize",
-            "no",
-        ]
+        return [binary, str(self.config_path)]
+
+    def client(self, user: str = "admin", **kw: Any) -> redis.Redis:
+        """A ``redis.Redis`` logged in as ``user`` (default the admin)."""
+        from fedfaas.secretfiles import redis_client
+
+        return redis_client(self.url, self.credentials_file(user), **kw)
 
     def ping(self, timeout: float = 1.0) -> bool:
-        """True when the server answers ``PING`` with ``PONG`` right now."""
+        """True when the server answers a ``PING`` right now (see :func:`redis_ping`)."""
         return redis_ping(self.host, self.port, timeout)
 
     def start(self, timeout: float = 20.0) -> RedisServer:
         self.port = self.port or free_port(self.host)
+        self.prepare()
         self._start(self.command())
         wait_for_port(self.host, self.port, timeout, self.proc)
         log.info("redis on %s:%d (pid %s)", self.host, self.port, self.pid)
         return self
 
 
+#: MinIO's root credentials, plain files that MinIO itself reads (``MINIO_ROOT_USER_FILE``,
+#: ``MINIO_ROOT_PASSWORD_FILE``); they stay with the launcher.
+MINIO_ROOT_USER = "minio-root-user"
+MINIO_ROOT_PASSWORD = "minio-root-password"
+
+
+def _bucket_policy(
+    bucket: str, bucket_actions: list[str], object_actions: list[str]
+) -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": bucket_actions,
+                "Resource": [f"arn:aws:s3:::{bucket}"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": object_actions,
+                "Resource": [f"arn:aws:s3:::{bucket}/*"],
+            },
+        ],
+    }
+
+
+def minio_policies(bucket: str) -> dict[str, dict[str, Any]]:
+    """The MinIO users a platform has, each with its policy on ``bucket`` only.
+
+    ``gateway``: reads, writes, lists and deletes the checkpoints (every job's; it resumes
+    from them). ``cache-engine``: reads them, and mints per-job temporary credentials for the
+    cache functions (MinIO's ``AssumeRole``; a session policy narrows them to one job).
+    """
+    return {
+        "gateway": _bucket_policy(
+            bucket,
+            ["s3:GetBucketLocation", "s3:ListBucket", "s3:ListBucketMultipartUploads"],
+            [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+        ),
+        "cache-engine": _bucket_policy(
+            bucket, ["s3:GetBucketLocation", "s3:ListBucket"], ["s3:GetObject"]
+        ),
+    }
+
+
 @dataclass
 class MinioServer(_Server):
-    """The real MinIO server on a loopback port, with its console on another."""
+    """The real MinIO server on a loopback port, with its console on another.
+
+    Its root credentials are random files in ``secrets_dir`` (default ``data_dir/secrets``)
+    that MinIO reads itself (their paths are in its environment, the values never are).
+    :meth:`provision`, run by :meth:`start`, creates ``bucket`` and one user per component
+    (:func:`minio_policies`), each with a random password in its own credentials file
+    (:meth:`credentials_file`).
+    """
 
     console_port: int = 0
-    access_key: str = "fedfaas"
-    secret_key: str = "fedfaas-secret-key"
+    secrets_dir: Path | None = None
+    bucket: str = "fedfaas"
 
     @property
     def endpoint(self) -> str:
@@ -267,6 +404,37 @@ class MinioServer(_Server):
     @property
     def console_url(self) -> str:
         return f"http://{self.host}:{self.console_port}"
+
+    def _secrets(self) -> Path:
+        return self.secrets_dir or self.data_dir / "secrets"
+
+    @property
+    def access_key(self) -> str:
+        """The root user (the launcher's and the tests' only)."""
+        return (self._secrets() / MINIO_ROOT_USER).read_text().strip()
+
+    @property
+    def secret_key(self) -> str:
+        """The root password (the launcher's and the tests' only)."""
+        return (self._secrets() / MINIO_ROOT_PASSWORD).read_text().strip()
+
+    def credentials_file(self, user: str) -> Path:
+        """The credentials file of component user ``user`` (see :func:`minio_policies`)."""
+        if user not in minio_policies(self.bucket):
+            raise KeyError(f"no MinIO user {user!r}; the users are {sorted(minio_policies(''))}")
+        return self._secrets() / f"minio-{user}.json"
+
+    def prepare(self) -> None:
+        """Create the root and the users' credentials files that do not exist yet."""
+        import json
+        import secrets
+
+        _secrets_folder(self._secrets())
+        _write_once(self._secrets() / MINIO_ROOT_USER, "fedfaas-root")
+        _write_once(self._secrets() / MINIO_ROOT_PASSWORD, secrets.token_urlsafe(24))
+        for user in minio_policies(self.bucket):
+            doc = {"username": f"fedfaas-{user}", "password": secrets.token_urlsafe(24)}
+            _write_once(self.credentials_file(user), json.dumps(doc))
 
     def command(self) -> list[str]:
         """The ``minio server`` command line (API and console both on ``host``)."""
@@ -288,13 +456,43 @@ class MinioServer(_Server):
         ]
 
     def environment(self) -> dict[str, str]:
-        """Environment for the server: root credentials, console on, no update checks."""
+        """Environment for the server: the PATHS of its root credentials, console on, no update
+        checks."""
         return {
-            "MINIO_ROOT_USER": self.access_key,
-            "MINIO_ROOT_PASSWORD": self.secret_key,
+            "MINIO_ROOT_USER_FILE": str(self._secrets() / MINIO_ROOT_USER),
+            "MINIO_ROOT_PASSWORD_FILE": str(self._secrets() / MINIO_ROOT_PASSWORD),
             "MINIO_BROWSER": "on",
             "MINIO_UPDATE": "off",
         }
+
+    def client(self) -> Minio:
+        """A MinIO client logged in as root."""
+        from minio import Minio
+
+        return Minio(
+            self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False
+        )
+
+    def provision(self) -> None:
+        """Create the bucket, and each component's user with its policy (idempotent)."""
+        from minio.credentials.providers import StaticProvider
+        from minio.minioadmin import MinioAdmin
+
+        from fedfaas.secretfiles import read_credentials
+
+        mc = self.client()
+        if not mc.bucket_exists(self.bucket):
+            mc.make_bucket(self.bucket)
+        admin = MinioAdmin(
+            endpoint=self.endpoint,
+            credentials=StaticProvider(self.access_key, self.secret_key),
+            secure=False,
+        )
+        for user, policy in minio_policies(self.bucket).items():
+            c = read_credentials(self.credentials_file(user), "MinIO")
+            admin.policy_add(f"fedfaas-{user}", policy=policy)
+            admin.user_add(c.username, c.password)
+            admin.policy_set(f"fedfaas-{user}", user=c.username)
 
     def ready(self, timeout: float = 1.0) -> bool:
         """True when ``/minio/health/ready`` answers 200 right now."""
@@ -303,9 +501,11 @@ class MinioServer(_Server):
     def start(self, timeout: float = 60.0) -> MinioServer:
         self.port = self.port or free_port(self.host)
         self.console_port = self.console_port or free_port(self.host)
+        self.prepare()
         self._start(self.command(), env=self.environment())
         wait_for_port(self.host, self.port, timeout, self.proc)
         self._wait_ready(timeout)
+        self.provision()
         log.info("minio on %s (console %s, pid %s)", self.url, self.console_url, self.pid)
         return self
 

@@ -84,7 +84,7 @@ class Gateway:
         # the cache engine's service token, read once: a missing file stops the gateway here
         tf = s.engine_token_file if s.engine_url else None
         self.engine_headers = bearer(read_token_file(tf, "engine token")) if tf else {}
-        self.journal = Journal(s.redis_url)
+        self.journal = Journal(s.redis_url, s.redis_credentials_file)
         await self.journal.ping()
         self.router = bpf.RouterServer(
             str(s.socket_path()),
@@ -113,11 +113,13 @@ class Gateway:
         if not s.minio_endpoint:
             return None
         from fedfaas.checkpoints import CheckpointWriter
+        from fedfaas.secretfiles import read_credentials
 
+        creds = read_credentials(s.minio_credentials_file, "MinIO")
         return CheckpointWriter(
             s.minio_endpoint,
-            s.minio_access_key,
-            s.minio_secret_key,
+            creds.username,
+            creds.password,
             s.minio_bucket,
             spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
         )

@@ -8,9 +8,12 @@ what refuses the same client twice across node gateways), so it counts exactly o
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+
+from fedfaas.secretfiles import async_redis_client
 
 PREFIX = "fedfaas:"
 
@@ -18,9 +21,10 @@ PREFIX = "fedfaas:"
 class Journal:
     """Async access to the journal keys (one Redis shared by all node gateways)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, credentials_file: Path | None) -> None:
+        """Connect to ``url`` as the user in ``credentials_file`` (required; read now)."""
         self.url = url
-        self.r: aioredis.Redis = aioredis.Redis.from_url(url)
+        self.r: aioredis.Redis = async_redis_client(url, credentials_file)
 
     async def close(self) -> None:
         await self.r.aclose()

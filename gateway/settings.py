@@ -22,6 +22,8 @@ class GatewaySettings(CommandLineSettings):
     host, port : where the HTTP API listens (loopback by default).
     state_dir : secrets and the registration socket live here.
     redis_url : the journal.
+    redis_credentials_file : the gateway's Redis user (a 0600 credentials file, see
+        :mod:`fedfaas.secretfiles`); required.
     shm_root : object-store root.
     router_socket : registration socket of the embedded router (default
         ``<state_dir>/router-<node>.sock``); ``FEDFAAS_GATEWAY_ROUTER_SOCKET``, the same setting
@@ -51,7 +53,9 @@ class GatewaySettings(CommandLineSettings):
     peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``).
     planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
-    minio_endpoint, minio_access_key, minio_secret_key, minio_bucket : async checkpoints (optional).
+    minio_endpoint, minio_bucket : async checkpoints (optional).
+    minio_credentials_file : the gateway's MinIO user (a 0600 credentials file); required with
+        ``minio_endpoint``.
     checkpoint_clients : also checkpoint every accepted client update (FLStore reads them).
     engine_url : the FLStore cache engine, told when each round is in MinIO (optional).
     engine_token_file : the engine's service token (a 0600 file), sent with that notice.
@@ -65,8 +69,6 @@ class GatewaySettings(CommandLineSettings):
 
     MODULE: ClassVar[str] = "gateway"
     DESCRIPTION: ClassVar[str] = "FedFaaS node gateway"
-    #: never on a command line: the environment (``FEDFAAS_GATEWAY_MINIO_*``) carries them
-    SECRETS: ClassVar[frozenset[str]] = frozenset({"minio_access_key", "minio_secret_key"})
     #: setting -> flag of ``python -m gateway`` (booleans: the flag that turns the default over)
     FLAGS: ClassVar[dict[str, str]] = {
         "node": "--node",
@@ -74,6 +76,7 @@ class GatewaySettings(CommandLineSettings):
         "port": "--port",
         "state_dir": "--state-dir",
         "redis_url": "--redis",
+        "redis_credentials_file": "--redis-credentials-file",
         "shm_root": "--shm-root",
         "router_socket": "--router-socket",
         "prefer_ebpf": "--no-ebpf",
@@ -92,6 +95,7 @@ class GatewaySettings(CommandLineSettings):
         "peers": "--peers",
         "planner": "--planner",
         "minio_endpoint": "--minio",
+        "minio_credentials_file": "--minio-credentials-file",
         "minio_bucket": "--minio-bucket",
         "checkpoint_clients": "--no-checkpoint-clients",
         "engine_url": "--engine",
@@ -105,6 +109,7 @@ class GatewaySettings(CommandLineSettings):
     port: int = 8081
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".state" / "gateway")
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_credentials_file: Path | None = None
     shm_root: Path = DEFAULT_ROOT
     router_socket: Path | None = None
     prefer_ebpf: bool = True
@@ -123,8 +128,7 @@ class GatewaySettings(CommandLineSettings):
     peers: dict[str, str] = Field(default_factory=dict)
     planner: str | None = None
     minio_endpoint: str | None = None
-    minio_access_key: str = "fedfaas"
-    minio_secret_key: str = "fedfaas-secret-key"
+    minio_credentials_file: Path | None = None
     minio_bucket: str = "fedfaas"
     checkpoint_clients: bool = True
     engine_url: str | None = None

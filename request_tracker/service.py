@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from fedfaas.auth import Authenticator, Scope, install, require
+from fedfaas.secretfiles import async_redis_client, read_credentials
 from request_tracker.settings import TrackerSettings
 from request_tracker.tracker import Tracker, TrackerError
 
@@ -25,9 +26,7 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import redis.asyncio as aredis
-
-        r = aredis.Redis.from_url(s.redis_url, decode_responses=True)
+        r = async_redis_client(s.redis_url, s.redis_credentials_file, decode_responses=True)
         tracker = Tracker(s, r)
         await tracker.start()
         app.state.tracker = tracker
@@ -38,6 +37,7 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
             await r.aclose()
 
     auth = Authenticator.from_files(s.admin_token_file, analyst=s.analyst_token_file)
+    read_credentials(s.redis_credentials_file, "Redis")  # a bad file stops the tracker here
     app = FastAPI(title="FLStore request tracker", lifespan=lifespan)
     install(app, auth)
     analyst = [Depends(require(Scope.ANALYST))]

@@ -15,6 +15,9 @@ class TrackerSettings(CommandLineSettings):
 
     Attributes
     ----------
+    redis_url, redis_credentials_file
+        Redis (the location table, query records) and the tracker's user there (a 0600
+        credentials file, see :mod:`fedfaas.secretfiles`; required).
     query_timeout
         Seconds a cache function gets to answer a query before the tracker re-routes it to the
         next holder (a secondary).
@@ -41,6 +44,7 @@ class TrackerSettings(CommandLineSettings):
         "host": "--host",
         "port": "--port",
         "redis_url": "--redis",
+        "redis_credentials_file": "--redis-credentials-file",
         "engine_url": "--engine",
         "runtime_url": "--runtime",
         "query_timeout": "--query-timeout",
@@ -57,6 +61,7 @@ class TrackerSettings(CommandLineSettings):
     host: str = "127.0.0.1"
     port: int = 8092
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_credentials_file: Path | None = None
     engine_url: str = "http://127.0.0.1:8091"
     runtime_url: str = "http://127.0.0.1:8080"
     query_timeout: float = 30.0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from fedfaas.services import MinioServer, RedisServer
 
@@ -21,15 +23,32 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture()
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """The session Redis, flushed before each test that uses it."""
-    import redis
+class RedisURL(str):
+    """The session Redis's URL that also hands out its users' credentials files.
 
-    client = redis.Redis.from_url(redis_server.url)
+    Its ``default`` user is off (:class:`RedisServer`): a test gives a component
+    ``redis_url.credentials_file("gateway")`` and inspects keys through ``redis_url.client()``
+    (the admin user).
+    """
+
+    server: RedisServer
+
+    def credentials_file(self, user: str) -> Path:
+        return self.server.credentials_file(user)
+
+    def client(self, user: str = "admin", **kw: Any) -> redis.Redis:
+        return self.server.client(user, **kw)
+
+
+@pytest.fixture()
+def redis_url(redis_server: RedisServer) -> Iterator[RedisURL]:
+    """The session Redis, flushed before each test that uses it."""
+    client = redis_server.client()
     client.flushall()
     client.close()
-    yield redis_server.url
+    url = RedisURL(redis_server.url)
+    url.server = redis_server
+    yield url
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +59,18 @@ def minio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def minio_root_credentials(
+    minio_server: MinioServer, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A credentials file of MinIO's root, for a test whose gateway checkpoints into a bucket of
+    the test's own (the platform's users reach only the ``fedfaas`` bucket)."""
+    from fedfaas.secretfiles import Credentials, write_credentials
+
+    path = tmp_path_factory.mktemp("minio-root") / "root.json"
+    return write_credentials(path, Credentials(minio_server.access_key, minio_server.secret_key))
 
 
 @pytest.fixture(scope="session")

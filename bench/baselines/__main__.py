@@ -1,5 +1,5 @@
 """``python -m bench.baselines --backend minio|redis --port P --minio H:P [--redis URL]``
-(MinIO's keys from ``FEDFAAS_BASELINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``)."""
+(MinIO's and Redis's users from ``--minio-credentials-file`` / ``--redis-credentials-file``)."""
 
 from bench.baselines.server import main
 

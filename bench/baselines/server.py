@@ -9,8 +9,8 @@ Both use the same query planning and the same workload code as the FLStore cache
 4 threads (a fair, not a naive, baseline).
 
 Usage: ``python -m bench.baselines --backend minio|redis --port P --minio H:P --redis URL``
-(flags and defaults: :class:`~bench.baselines.settings.BaselineSettings`; MinIO's keys come from
-``FEDFAAS_BASELINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``, never the command line).
+(flags and defaults: :class:`~bench.baselines.settings.BaselineSettings`; the MinIO and Redis
+users come from credentials files, ``--minio-credentials-file`` / ``--redis-credentials-file``).
 """
 
 from __future__ import annotations
@@ -162,15 +162,17 @@ def create_app(source: ObjectSource) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import redis
     import uvicorn
+
+    from fedfaas.secretfiles import read_credentials, redis_client
 
     s, log_level = BaselineSettings.from_argv(argv)
     logging.basicConfig(level=log_level)
-    cold = MinioColdStore(s.minio_endpoint, s.minio_access_key, s.minio_secret_key)
+    minio = read_credentials(s.minio_credentials_file, "MinIO")
+    cold = MinioColdStore(s.minio_endpoint, minio.username, minio.password, create=False)
     source: ObjectSource = (
         MinioSource(cold)
         if s.backend == "minio"
-        else RedisSource(redis.Redis.from_url(s.redis_url), cold)
+        else RedisSource(redis_client(s.redis_url, s.redis_credentials_file), cold)
     )
     uvicorn.run(create_app(source), host=s.host, port=s.port, log_level="warning")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic_settings import SettingsConfigDict
@@ -16,30 +17,31 @@ class BaselineSettings(CommandLineSettings):
     ----------
     backend
         ``minio`` (ObjStore-Agg) or ``redis`` (Cache-Agg).
-    minio_endpoint, minio_access_key, minio_secret_key
-        The cold store (both backends read round metadata there).
-    redis_url
-        Where Cache-Agg mirrors and reads objects.
+    minio_endpoint, minio_credentials_file
+        The cold store (both backends read round metadata there) and a user that reads it (a
+        0600 credentials file, see :mod:`fedfaas.secretfiles`; required).
+    redis_url, redis_credentials_file
+        Where Cache-Agg mirrors and reads objects, and its user there (required by ``redis``).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_BASELINE_", extra="ignore")
 
     MODULE: ClassVar[str] = "bench.baselines"
     DESCRIPTION: ClassVar[str] = "ObjStore-Agg / Cache-Agg baseline server"
-    #: never on a command line: ``FEDFAAS_BASELINE_MINIO_ACCESS_KEY`` / ``_SECRET_KEY``
-    SECRETS: ClassVar[frozenset[str]] = frozenset({"minio_access_key", "minio_secret_key"})
     FLAGS: ClassVar[dict[str, str]] = {
         "backend": "--backend",
         "host": "--host",
         "port": "--port",
         "minio_endpoint": "--minio",
+        "minio_credentials_file": "--minio-credentials-file",
         "redis_url": "--redis",
+        "redis_credentials_file": "--redis-credentials-file",
     }
 
     backend: Literal["minio", "redis"] = "minio"
     host: str = "127.0.0.1"
     port: int = 8095
     minio_endpoint: str = "127.0.0.1:9000"
-    minio_access_key: str = "fedfaas"
-    minio_secret_key: str = "fedfaas-secret-key"
+    minio_credentials_file: Path | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_credentials_file: Path | None = None

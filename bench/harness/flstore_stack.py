@@ -26,7 +26,7 @@ from fedfaas.auth import bearer, write_token_file
 from fedfaas.cmdline import CommandLineSettings
 from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
 from fedfaas.runtime.process import RuntimeProcess
-from fedfaas.services import ChildProcess, free_port, wait_for_port
+from fedfaas.services import ChildProcess, MinioServer, RedisServer, free_port, wait_for_port
 from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,10 @@ class FLStoreStack:
     ----------
     workdir
         Folder for state and logs.
-    redis_url, minio_endpoint, minio_access_key, minio_secret_key
-        Backing services (already running).
+    redis, minio
+        Backing services (already running); the engine and the tracker log in with their own
+        users' credentials files (:meth:`RedisServer.credentials_file`,
+        :meth:`MinioServer.credentials_file`).
     engine_settings, tracker_settings
         Further :class:`~cache_engine.settings.EngineSettings` and
         :class:`~request_tracker.settings.TrackerSettings` (``{"secondaries": 1}``); the
@@ -87,10 +89,8 @@ class FLStoreStack:
     """
 
     workdir: Path
-    redis_url: str
-    minio_endpoint: str
-    minio_access_key: str
-    minio_secret_key: str
+    redis: RedisServer
+    minio: MinioServer
     engine_settings: dict[str, Any] = field(default_factory=dict)
     tracker_settings: dict[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
@@ -98,6 +98,10 @@ class FLStoreStack:
     children: list[Child] = field(default_factory=list)
     engine_port: int = 0
     tracker_port: int = 0
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
 
     @property
     def runtime_url(self) -> str:
@@ -150,9 +154,9 @@ class FLStoreStack:
                     "host": self.host,
                     "port": self.engine_port,
                     "redis_url": self.redis_url,
-                    "minio_endpoint": self.minio_endpoint,
-                    "minio_access_key": self.minio_access_key,
-                    "minio_secret_key": self.minio_secret_key,
+                    "redis_credentials_file": self.redis.credentials_file("cache-engine"),
+                    "minio_endpoint": self.minio.endpoint,
+                    "minio_credentials_file": self.minio.credentials_file("cache-engine"),
                     "runtime_url": self.runtime_url,
                     "admin_token_file": self.token_file("admin"),
                     "service_token_file": self.token_file("service"),
@@ -166,6 +170,7 @@ class FLStoreStack:
                     "host": self.host,
                     "port": self.tracker_port,
                     "redis_url": self.redis_url,
+                    "redis_credentials_file": self.redis.credentials_file("request-tracker"),
                     "engine_url": self.engine_url,
                     "runtime_url": self.runtime_url,
                     "admin_token_file": self.token_file("admin"),
@@ -175,11 +180,11 @@ class FLStoreStack:
                 },
                 self.tracker_settings,
             )
-            for name, argv, port, env in (
-                ("engine", engine.to_argv(), self.engine_port, engine.secret_env()),
-                ("tracker", tracker.to_argv(), self.tracker_port, tracker.secret_env()),
+            for name, argv, port in (
+                ("engine", engine.to_argv(), self.engine_port),
+                ("tracker", tracker.to_argv(), self.tracker_port),
             ):
-                child = Child(name, argv, logs / f"{name}.log", port, env, self.host)
+                child = Child(name, argv, logs / f"{name}.log", port, host=self.host)
                 self.children.append(child)
                 child.start(timeout)
         except Exception:

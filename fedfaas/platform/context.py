@@ -65,10 +65,6 @@ class Context:
             env["FEDFAAS_REDIS_URL"] = f"{self.url('redis', 'redis')}/0"
         if "minio" in self.ports:
             env["FEDFAAS_MINIO_ENDPOINT"] = f"{self.host}:{self.ports['minio']}"
-            env["FEDFAAS_MINIO_ACCESS_KEY_FILE"] = str(self.secrets_dir / credentials.MINIO_USER)
-            env["FEDFAAS_MINIO_SECRET_KEY_FILE"] = str(
-                self.secrets_dir / credentials.MINIO_PASSWORD
-            )
         if "runtime" in self.ports:
             env["FEDFAAS_RUNTIME_URL"] = self.url("runtime")
             env["OPENFAAS_URL"] = self.url("runtime")

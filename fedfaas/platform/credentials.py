@@ -3,6 +3,9 @@
 Like the OpenFaaS chart's ``generateBasicAuth``: the user is ``admin`` and the password is
 random, written once as ``basic-auth-user`` / ``basic-auth-password`` (the names the gateway
 reads from its ``secret_mount_path``). MinIO's root credentials are generated the same way.
+The components' MinIO and Redis users (``minio-<user>.json``, ``redis-<user>.json``) are made
+by :class:`fedfaas.services.MinioServer` and :class:`fedfaas.services.RedisServer` when the
+platform prepares them; each part is given the path of its own files only.
 """
 
 from __future__ import annotations

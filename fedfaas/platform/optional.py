@@ -2,8 +2,9 @@
 services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point,
 its command line rendered from the component's settings class (:mod:`fedfaas.cmdline`).
 
-Secrets reach them as environment variables read from the state folder's secret files (never
-on the command line, where ``ps`` would show them).
+Secrets reach them as the PATHS of the state folder's secret files (mode 0600), never as values
+on the command line (where ``ps`` would show them) or in the environment; each part gets only
+its own files (its MinIO and Redis users, its tokens).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
-from fedfaas.platform.parts import PortSpec, ServiceSpec
+from fedfaas.platform.parts import PortSpec, ServiceSpec, minio_credentials, redis_credentials
 from fedfaas.services import http_ok
 from gateway.settings import GatewaySettings
 from request_tracker.settings import TrackerSettings
@@ -47,15 +48,6 @@ def _minio_endpoint(ctx: Context) -> str:
 
 def _healthz(port_name: str) -> Callable[[Context], bool]:
     return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
-
-
-def _minio_user(ctx: Context) -> str:
-    return credentials.read(ctx.secrets_dir, credentials.MINIO_USER)
-
-
-def _minio_password(ctx: Context) -> str:
-    """MinIO's secret key: a settings field that reaches the process as environment only."""
-    return credentials.read(ctx.secrets_dir, credentials.MINIO_PASSWORD)
 
 
 def shm_root(ctx: Context) -> Path:
@@ -104,16 +96,16 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         port=ctx.ports[PORT_OF[node]],
         state_dir=ctx.run_dir(f"gateway-{node}"),
         redis_url=_redis_url(ctx),
+        redis_credentials_file=redis_credentials(ctx, "gateway"),
         shm_root=shm_root(ctx),
         router_socket=router_socket(ctx, node),
         admin_secret_file=admin_secret(ctx),
         peers={n: url for n, url in nodes.items() if n != node},
         minio_endpoint=_minio_endpoint(ctx),
+        minio_credentials_file=minio_credentials(ctx, "gateway"),
         # with the FLStore parts up, completed rounds flow into the cache engine
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
         engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
-        minio_access_key=_minio_user(ctx),
-        minio_secret_key=_minio_password(ctx),
     )
 
 
@@ -141,7 +133,6 @@ def _gateway(node: str, name: str, depends: tuple[str, ...]) -> ServiceSpec:
         name=name,
         ports=(PortSpec(port, OPTIONAL_PORTS[port]),),
         argv=lambda ctx: gateway_settings(ctx, node).to_argv(),
-        env=lambda ctx: gateway_settings(ctx, node).secret_env(),
         ready=_healthz(port),
         address=lambda ctx: ctx.url(port),
         extra=lambda ctx: {
@@ -167,11 +158,11 @@ def engine_settings(ctx: Context) -> EngineSettings:
         host=ctx.host,
         port=ctx.ports["cache_engine"],
         redis_url=_redis_url(ctx),
+        redis_credentials_file=redis_credentials(ctx, "cache-engine"),
         minio_endpoint=_minio_endpoint(ctx),
+        minio_credentials_file=minio_credentials(ctx, "cache-engine"),
         runtime_url=ctx.url("runtime"),
         runtime_auth_dir=str(ctx.secrets_dir),
-        minio_access_key=_minio_user(ctx),
-        minio_secret_key=_minio_password(ctx),
         admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
         service_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
         function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
@@ -182,7 +173,6 @@ CACHE_ENGINE = ServiceSpec(
     name="cache-engine",
     ports=(PortSpec("cache_engine", OPTIONAL_PORTS["cache_engine"]),),
     argv=lambda ctx: engine_settings(ctx).to_argv(),
-    env=lambda ctx: engine_settings(ctx).secret_env(),
     ready=_healthz("cache_engine"),
     address=lambda ctx: ctx.url("cache_engine"),
     depends=("minio", "redis", "runtime"),
@@ -195,6 +185,7 @@ REQUEST_TRACKER = ServiceSpec(
         host=ctx.host,
         port=ctx.ports["request_tracker"],
         redis_url=_redis_url(ctx),
+        redis_credentials_file=redis_credentials(ctx, "request-tracker"),
         engine_url=ctx.url("cache_engine"),
         runtime_url=ctx.url("runtime"),
         admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
@@ -217,6 +208,7 @@ CONTROL_PLANE = ServiceSpec(
         admin_token_file=admin_secret(ctx),
         analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
         redis_url=_redis_url(ctx),
+        redis_credentials_file=redis_credentials(ctx, "control-plane"),
         provider_url=ctx.url("runtime"),
         provider_auth_dir=ctx.secrets_dir,
     ).to_argv(),

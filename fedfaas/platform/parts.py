@@ -96,16 +96,38 @@ class ServiceSpec:
 
 
 def _minio(ctx: Context) -> MinioServer:
-    from fedfaas.platform import credentials
-
+    """MinIO with its root credentials and its users' credentials files in the secrets folder."""
     return MinioServer(
         data_dir=ctx.data_dir("minio"),
         host=ctx.host,
         port=ctx.ports["minio"],
         console_port=ctx.ports["minio_console"],
-        access_key=credentials.read(ctx.secrets_dir, credentials.MINIO_USER),
-        secret_key=credentials.read(ctx.secrets_dir, credentials.MINIO_PASSWORD),
+        secrets_dir=ctx.secrets_dir,
     )
+
+
+def minio_credentials(ctx: Context, user: str) -> Path:
+    """The MinIO credentials file of component ``user`` (``gateway``, ``cache-engine``)."""
+    return MinioServer(
+        data_dir=ctx.data_dir("minio"), secrets_dir=ctx.secrets_dir
+    ).credentials_file(user)
+
+
+def _redis(ctx: Context) -> RedisServer:
+    """Redis with its ACL users' credentials files in the secrets folder."""
+    return RedisServer(
+        data_dir=ctx.data_dir("redis"),
+        host=ctx.host,
+        port=ctx.ports["redis"],
+        secrets_dir=ctx.secrets_dir,
+    )
+
+
+def redis_credentials(ctx: Context, user: str) -> Path:
+    """The Redis credentials file of ACL user ``user`` (``gateway``, ``cache-engine``, ...)."""
+    return RedisServer(
+        data_dir=ctx.data_dir("redis"), secrets_dir=ctx.secrets_dir
+    ).credentials_file(user)
 
 
 def _minio_ready(ctx: Context) -> bool:
@@ -123,7 +145,9 @@ MINIO = ServiceSpec(
     ready=_minio_ready,
     address=lambda ctx: ctx.url("minio"),
     extra=lambda ctx: {"console": ctx.url("minio_console")},
-    prepare=lambda ctx: ctx.data_dir("minio").mkdir(parents=True, exist_ok=True),
+    prepare=lambda ctx: _minio(ctx).prepare(),
+    # the bucket, and one user per component with a policy on it
+    after_start=lambda ctx: _minio(ctx).provision(),
 )
 
 # --- Redis -------------------------------------------------------------------------------------
@@ -131,12 +155,11 @@ MINIO = ServiceSpec(
 REDIS = ServiceSpec(
     name="redis",
     ports=(PortSpec("redis", DEFAULT_PORTS["redis"]),),
-    argv=lambda ctx: RedisServer(
-        data_dir=ctx.data_dir("redis"), host=ctx.host, port=ctx.ports["redis"]
-    ).command(),
+    argv=lambda ctx: _redis(ctx).command(),
     ready=lambda ctx: redis_ping(ctx.host, ctx.ports["redis"]),
     address=lambda ctx: f"{ctx.url('redis', 'redis')}/0",
-    prepare=lambda ctx: ctx.data_dir("redis").mkdir(parents=True, exist_ok=True),
+    # redis.conf (0600): the default user off, one ACL user per component
+    prepare=lambda ctx: _redis(ctx).prepare(),
 )
 
 # --- The embedded OpenFaaS-compatible runtime ----------------------------------------------------

@@ -3,7 +3,8 @@
 Layout of the state folder::
 
     state.json      what runs: PIDs, start times, ports, addresses, eBPF probe (this module)
-    secrets/        basic-auth-user, basic-auth-password, minio-root-* (mode 0600)
+    secrets/        basic-auth-*, tokens, minio-root-*, the components' MinIO and Redis users
+                    (minio-<user>.json, redis-<user>.json); all mode 0600, the folder 0700
     data/<part>/    the parts' own data (MinIO objects, Redis append-only file)
     run/<part>/     the parts' runtime state (the embedded runtime's state folder)
     logs/<part>.log stdout and stderr of each part

@@ -8,13 +8,16 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
 
 - ``GET /ping``: liveness and memory use.
 - ``GET /objects``: holdings with sizes.
-- ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...]}``: load from MinIO.
+- ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...], "credentials":
+  {"<job>": {"access_key", "secret_key", "session_token", "expires"}}}``: load from MinIO. The
+  function has no MinIO user of its own: the cache engine sends, with each load, temporary
+  credentials that read only the objects of each job named (see
+  :meth:`cache_engine.cold_store.MinioColdStore.job_credentials`).
 - ``POST /evict`` ``{"objects": [...]}``: drop objects.
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
   held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators).
 
-Environment: ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._ACCESS_KEY``, ``..._SECRET_KEY``,
-``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
+Environment (no secret): ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
 ``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long).
 """
 
@@ -41,30 +44,48 @@ _ENV = "FEDFAAS_FLSTORE_"
 _lock = threading.RLock()
 _objects: dict[ObjectKey, Any] = {}
 _store: ColdStore | None = None
+# cold stores on the engine's per-job grants, by access key (dropped once expired)
+_granted: dict[str, tuple[MinioColdStore, float]] = {}
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
 # inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
 # round share its Gram matrix; entries go with the vectors they were computed from
 _grams = GramCache()
 
 
-def _cold() -> ColdStore:
-    global _store
-    if _store is None:
-        endpoint = os.environ.get(_ENV + "MINIO_ENDPOINT", "")
-        if not endpoint:
-            raise ColdStoreError("no cold store configured (FEDFAAS_FLSTORE_MINIO_ENDPOINT unset)")
-        _store = MinioColdStore(
-            endpoint,
-            os.environ.get(_ENV + "MINIO_ACCESS_KEY", ""),
-            os.environ.get(_ENV + "MINIO_SECRET_KEY", ""),
-            os.environ.get(_ENV + "BUCKET", BUCKET),
-            create=False,
+def _cold(job: str, grants: dict[str, Any]) -> ColdStore:
+    """The cold store that reads ``job``'s objects with the credentials the engine granted."""
+    if _store is not None:
+        return _store
+    endpoint = os.environ.get(_ENV + "MINIO_ENDPOINT", "")
+    if not endpoint:
+        raise ColdStoreError("no cold store configured (FEDFAAS_FLSTORE_MINIO_ENDPOINT unset)")
+    g = grants.get(job)
+    keys = ("access_key", "secret_key", "session_token", "expires")
+    if not isinstance(g, dict) or not all(g.get(k) for k in keys):
+        raise ValueError(
+            f"'credentials' has no grant for job {job!r}: an object {{access_key, secret_key, "
+            "session_token, expires}} per job of 'objects', from the cache engine"
         )
-    return _store
+    now = time.time()
+    with _lock:
+        for k in [k for k, (_, exp) in _granted.items() if exp <= now]:
+            del _granted[k]
+        hit = _granted.get(str(g["access_key"]))
+        if hit is None:
+            store = MinioColdStore(
+                endpoint,
+                str(g["access_key"]),
+                str(g["secret_key"]),
+                os.environ.get(_ENV + "BUCKET", BUCKET),
+                session_token=str(g["session_token"]),
+                create=False,
+            )
+            hit = _granted[str(g["access_key"])] = (store, float(g["expires"]))
+    return hit[0]
 
 
 def set_cold_store(store: ColdStore | None) -> None:
-    """Use ``store`` instead of the MinIO named by the environment (handler tests)."""
+    """Use ``store`` for every job instead of MinIO with the engine's grants (handler tests)."""
     global _store
     _store = store
 
@@ -111,7 +132,9 @@ def _keys(body: dict[str, Any]) -> list[ObjectKey]:
         raise ValueError(f"bad object id in 'objects': {exc}") from None
 
 
-def _load(keys: list[ObjectKey]) -> dict[str, Any]:
+def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
+    if not isinstance(grants, dict):
+        raise ValueError("'credentials' must be an object: job -> grant, from the cache engine")
     cap = int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0)
     loaded, already = [], []
     for k in keys:
@@ -119,7 +142,7 @@ def _load(keys: list[ObjectKey]) -> dict[str, Any]:
             if k in _objects:
                 already.append(k.id)
                 continue
-        value = _cold().get(k)  # outside the lock: other requests keep running
+        value = _cold(k.job, grants).get(k)  # outside the lock: other requests keep running
         if isinstance(value, np.ndarray):
             value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
@@ -212,7 +235,7 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             return _err(400, "bad_json", "the request body must be a JSON object")
         if path == "/load":
-            return _load(_keys(body))
+            return _load(_keys(body), body.get("credentials", {}))
         if path == "/evict":
             keys = _keys(body)
             with _lock:

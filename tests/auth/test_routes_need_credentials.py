@@ -28,6 +28,7 @@ from fedfaas.auth import (
     require,
     write_token_file,
 )
+from fedfaas.secretfiles import Credentials, write_credentials
 from request_tracker.service import create_app as tracker_app
 from request_tracker.settings import TrackerSettings
 
@@ -48,15 +49,29 @@ def _control(t: dict[Scope, Path]) -> FastAPI:
     )
 
 
+def _creds(t: dict[Scope, Path], name: str) -> Path:
+    """A credentials file (the apps read it at start; these tests reach no MinIO or Redis)."""
+    return write_credentials(t[Scope.ADMIN].parent / name, Credentials("user", "password"))
+
+
 def _engine(t: dict[Scope, Path]) -> FastAPI:
     return engine_app(
-        EngineSettings(admin_token_file=t[Scope.ADMIN], service_token_file=t[Scope.SERVICE])
+        EngineSettings(
+            admin_token_file=t[Scope.ADMIN],
+            service_token_file=t[Scope.SERVICE],
+            minio_credentials_file=_creds(t, "minio.json"),
+            redis_credentials_file=_creds(t, "redis.json"),
+        )
     )
 
 
 def _tracker(t: dict[Scope, Path]) -> FastAPI:
     return tracker_app(
-        TrackerSettings(admin_token_file=t[Scope.ADMIN], analyst_token_file=t[Scope.ANALYST])
+        TrackerSettings(
+            admin_token_file=t[Scope.ADMIN],
+            analyst_token_file=t[Scope.ANALYST],
+            redis_credentials_file=_creds(t, "redis.json"),
+        )
     )
 
 

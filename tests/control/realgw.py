@@ -65,6 +65,7 @@ def real_gateways(
                 port=port,
                 state_dir=tmp_path / node,
                 redis_url=redis_url,
+                redis_credentials_file=redis_url.credentials_file("gateway"),  # type: ignore[attr-defined]
                 shm_root=shm,
                 prefer_ebpf=False,
                 admin_secret_file=secret_file,

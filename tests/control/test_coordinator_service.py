@@ -234,11 +234,15 @@ def test_bad_input_gets_a_clear_4xx_json_error(gateways, method, path, body, sta
 
 
 def test_job_state_survives_a_coordinator_restart_through_redis(gateways, redis_url):
-    with make_client(gateways, store=RedisStore(redis_url), tick=0) as api:
+    with make_client(
+        gateways, store=RedisStore(redis_url, redis_url.credentials_file("control-plane")), tick=0
+    ) as api:
         r = api.post("/v1/jobs", json={"job": "keep", "rounds": 3, "goal": 4, "clients": 8})
         before = r.json()["round"]
         a = api.get("/v1/jobs/keep/assignment", params={"client": "c1"})
-    with make_client(gateways, store=RedisStore(redis_url), tick=0) as api:
+    with make_client(
+        gateways, store=RedisStore(redis_url, redis_url.credentials_file("control-plane")), tick=0
+    ) as api:
         after = api.get("/v1/jobs/keep").json()["round"]
         assert after["clients_per_node"] == before["clients_per_node"]
         assert api.get("/v1/jobs/keep/assignment", params={"client": "c1"}).json() == a.json()

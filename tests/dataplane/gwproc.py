@@ -23,6 +23,7 @@ def gateway_settings(tmp_path: Path, redis_url: str, **settings: Any) -> Gateway
         port=free_port(),
         state_dir=tmp_path / "gw",
         redis_url=redis_url,
+        redis_credentials_file=redis_url.credentials_file("gateway"),  # type: ignore[attr-defined]
         shm_root=Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}",
         prefer_ebpf=False,
         **settings,

@@ -84,6 +84,7 @@ def settings(tmp: Path, redis_url: str, node: str = "n1", **kw: object) -> Gatew
         port=0,
         state_dir=tmp / f"state-{node}",
         redis_url=redis_url,
+        redis_credentials_file=redis_url.credentials_file("gateway"),  # type: ignore[attr-defined]
         shm_root=root,
         prefer_ebpf=False,
         pool=2,

@@ -166,8 +166,7 @@ def test_client_meta_reaches_the_round_meta_in_minio_and_flstores_client_meta(
         fanout=2,
         pool=4,
         minio_endpoint=minio_server.endpoint,
-        minio_access_key=minio_server.access_key,
-        minio_secret_key=minio_server.secret_key,
+        minio_credentials_file=minio_server.credentials_file("gateway"),
     )
     job = f"meta-{g.settings.shm_root.name[-8:]}"
     evaluator = {"kind": "digits-softmax", "split_seed": 3}

@@ -29,6 +29,7 @@ def _gateway(tmp: Path, redis_url: str, port: int, shm: Path) -> subprocess.Pope
         port=port,
         state_dir=tmp / "state",
         redis_url=redis_url,
+        redis_credentials_file=redis_url.credentials_file("gateway"),  # type: ignore[attr-defined]
         shm_root=shm,
         prefer_ebpf=False,
         fanout=2,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-import redis
 
 from fedfaas import wire
 from tests.dataplane.gwutil import tiny_bytes, tiny_model
@@ -14,13 +13,18 @@ from tests.dataplane.test_gateway_rounds import Aggregators, create, upload, wai
 pytestmark = pytest.mark.integration
 
 
-def _minio(minio_server, bucket: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    return {
-        "minio_endpoint": minio_server.endpoint,
-        "minio_access_key": minio_server.access_key,
-        "minio_secret_key": minio_server.secret_key,
-        "minio_bucket": bucket,
-    }
+@pytest.fixture()
+def checkpoints_to(minio_server, minio_root_credentials):  # type: ignore[no-untyped-def]
+    """Gateway settings that checkpoint into a bucket of the test's own (as MinIO's root)."""
+
+    def settings(bucket: str) -> dict[str, object]:
+        return {
+            "minio_endpoint": minio_server.endpoint,
+            "minio_credentials_file": minio_root_credentials,
+            "minio_bucket": bucket,
+        }
+
+    return settings
 
 
 def _resume(gw, clients: list[str], rounds: int, body: bytes = b"") -> httpx.Response:  # type: ignore[no-untyped-def]
@@ -39,11 +43,11 @@ def _resume(gw, clients: list[str], rounds: int, body: bytes = b"") -> httpx.Res
 
 
 def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_are_lost(
-    make_gw, minio_server, redis_url: str, tmp_path
+    make_gw, checkpoints_to, redis_url, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "admin-secret"
     clients = ["c0", "c1"]
-    first = make_gw(fanout=2, pool=3, admin_secret_file=secret, **_minio(minio_server, "resume"))
+    first = make_gw(fanout=2, pool=3, admin_secret_file=secret, **checkpoints_to("resume"))
     info = create(first, clients, 2, rounds=3)
     aggs = Aggregators(first)
     try:
@@ -56,9 +60,9 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     finally:
         aggs.stop()
     first.stop()  # a clean stop empties the store
-    redis.Redis.from_url(redis_url).flushall()  # and the journal is gone too
+    redis_url.client().flushall()  # and the journal is gone too
 
-    second = make_gw(fanout=2, pool=3, admin_secret_file=secret, **_minio(minio_server, "resume"))
+    second = make_gw(fanout=2, pool=3, admin_secret_file=secret, **checkpoints_to("resume"))
     r = _resume(second, clients, 3)
     assert r.status_code == 201, r.text
     assert r.json()["version"] == 1 and r.json()["round"] == 2
@@ -92,10 +96,10 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
         aggs.stop()
 
 
-def test_initial_model_is_checkpointed_as_round_zero(make_gw, minio_server) -> None:  # type: ignore[no-untyped-def]
+def test_initial_model_is_checkpointed_as_round_zero(make_gw, minio_server, checkpoints_to) -> None:  # type: ignore[no-untyped-def]
     from fedfaas.checkpoints import make_minio
 
-    gw = make_gw(**_minio(minio_server, "round0"))
+    gw = make_gw(**checkpoints_to("round0"))
     create(gw, ["c0"], 1)
     assert gw.gw.checkpoints.flush(60)
     mc = make_minio(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
@@ -106,11 +110,11 @@ def test_initial_model_is_checkpointed_as_round_zero(make_gw, minio_server) -> N
         np.testing.assert_array_equal(got[k], v.astype(np.float32))
 
 
-def test_bad_resume_requests_get_clear_errors_and_create_nothing(make_gw, minio_server) -> None:  # type: ignore[no-untyped-def]
+def test_bad_resume_requests_get_clear_errors_and_create_nothing(make_gw, checkpoints_to) -> None:  # type: ignore[no-untyped-def]
     plain = make_gw(node="n1")  # no MinIO
     r = _resume(plain, ["c0"], 2)
     assert r.status_code == 409 and r.json()["error"] == "no_checkpoints"
-    gw = make_gw(node="n2", **_minio(minio_server, "nothing-here"))
+    gw = make_gw(node="n2", **checkpoints_to("nothing-here"))
     r = _resume(gw, ["c0"], 2)
     assert r.status_code == 404 and r.json()["error"] == "no_checkpoint"
     r = _resume(gw, ["c0"], 2, body=tiny_bytes(0))

@@ -243,15 +243,16 @@ def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
         aggs_b.stop()
 
 
-def test_round_checkpoints_global_clients_and_meta_to_minio(make_gw, minio_server) -> None:  # type: ignore[no-untyped-def]
+def test_round_checkpoints_global_clients_and_meta_to_minio(
+    make_gw, minio_server, minio_root_credentials
+) -> None:  # type: ignore[no-untyped-def]
     from fedfaas.checkpoints import make_minio
 
-    gw = make_gw(
+    gw = make_gw(  # a bucket of the test's own: as MinIO's root
         fanout=2,
         pool=3,
         minio_endpoint=minio_server.endpoint,
-        minio_access_key=minio_server.access_key,
-        minio_secret_key=minio_server.secret_key,
+        minio_credentials_file=minio_root_credentials,
         minio_bucket="dp-test",
     )
     clients = ["c0", "c1", "c2"]

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from bench.stack import Replicas, start_gateway
 from client.sdk import FLClient, create_job
@@ -96,7 +95,7 @@ def round_then_sigterm(
         for c in fl:
             c.close()
 
-        r = redis.Redis.from_url(redis_url)
+        r = redis_url.client()
         try:
             journal = r.hgetall(f"{PREFIX}job:big:round:1")
             assert sorted(k.decode() for k in journal) == sorted(clients)
@@ -121,7 +120,7 @@ def test_gateway_exits_cleanly_on_sigterm_after_a_resnet18_round(
 ) -> None:
     for i in range(3):
         round_then_sigterm(tmp_path / f"run{i}", redis_url, 20, updates)
-        redis.Redis.from_url(redis_url).flushall()
+        redis_url.client().flushall()
 
 
 @pytest.mark.slow

@@ -36,8 +36,7 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
             fanout=2,
             pool=4,
             minio_endpoint=minio_server.endpoint,
-            minio_access_key=minio_server.access_key,
-            minio_secret_key=minio_server.secret_key,
+            minio_credentials_file=minio_server.credentials_file("gateway"),
             engine_url=stack.engine_url,
             engine_token_file=stack.token_file("service"),
         )

@@ -26,17 +26,13 @@ def start_stack(
     tracker: dict[str, Any] | None = None,
 ) -> FLStoreStack:
     """A started stack on a flushed Redis; ``engine`` and ``tracker`` are further settings."""
-    import redis
-
-    r = redis.Redis.from_url(redis_server.url)
+    r = redis_server.client()
     r.flushall()
     r.close()
     return FLStoreStack(
         tmp,
-        redis_server.url,
-        minio_server.endpoint,
-        minio_server.access_key,
-        minio_server.secret_key,
+        redis_server,
+        minio_server,
         engine_settings=engine or {},
         tracker_settings=tracker or {},
     ).start()

@@ -145,11 +145,10 @@ BAD = [
 def test_bad_queries_get_a_clear_4xx_and_change_nothing(
     stack: FLStoreStack, history: History, body: dict, status: int, code: str, wait: bool
 ) -> None:
-    import redis
 
     stack.wait_idle()
     before = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
-    r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    r = stack.redis.client(decode_responses=True)
     queries_before = set(r.scan_iter("flstore:query:*"))
     resp = _ask(stack, body, wait=wait)
     assert resp.status_code == status, resp.text

@@ -83,12 +83,11 @@ class InProcessProvider:
 def _engine(
     redis_url: str, cold: MemoryColdStore, **kw: Any
 ) -> tuple[CacheEngine, InProcessProvider]:
-    import redis
 
     prov = InProcessProvider(cold)
     token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
     s = EngineSettings(redis_url=redis_url, ping_interval=0.1, function_token_file=token_file, **kw)
-    eng = CacheEngine(s, redis.Redis.from_url(redis_url, decode_responses=True), cold, prov)  # type: ignore[arg-type]
+    eng = CacheEngine(s, redis_url.client("cache-engine", decode_responses=True), cold, prov)  # type: ignore[arg-type]
     eng.start()
     return eng, prov
 

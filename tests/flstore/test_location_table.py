@@ -34,9 +34,8 @@ def test_dropping_a_function_reports_remaining_holders() -> None:
 
 @pytest.mark.integration
 def test_redis_table_survives_an_engine_restart_and_serves_the_tracker(redis_url: str) -> None:
-    import redis
 
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r = redis_url.client("cache-engine", decode_responses=True)
     t = RedisLocationTable(r)
     keys = [update("job-1", "c1", 3), global_model("job-1", 3), meta("job-2", 0)]
     for k in keys:

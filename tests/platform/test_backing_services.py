@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedfaas.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
+from tests.conftest import RedisURL
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +45,8 @@ def test_minio_console_listens_on_loopback(minio_server: MinioServer) -> None:
     assert http_ok(minio_server.console_url)
 
 
-def test_redis_round_trip(redis_url: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
+def test_redis_round_trip(redis_url: RedisURL) -> None:
+    client = redis_url.client("gateway")
     try:
         client.set("fedfaas:test", b"\x00\x01binary")
         assert client.get("fedfaas:test") == b"\x00\x01binary"

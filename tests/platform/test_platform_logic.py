@@ -261,10 +261,11 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
     assert s0.admin_secret_file == s1.admin_secret_file == optional.admin_secret(ctx)
     assert s0.engine_url == "http://127.0.0.1:1007"
     want = optional.gateway_settings(ctx, "node0")
-    assert s0.model_dump(exclude=want.SECRETS) == want.model_dump(exclude=want.SECRETS)
-    # the keys travel in the environment
-    env = optional.GATEWAY.env(ctx)
-    assert env["FEDFAAS_GATEWAY_MINIO_SECRET_KEY"] == want.minio_secret_key
+    assert s0 == want
+    # secrets travel as the paths of the gateway's own files, never in the environment
+    assert optional.GATEWAY.env(ctx) == {}
+    assert s0.minio_credentials_file == ctx.secrets_dir / "minio-gateway.json"
+    assert s0.redis_credentials_file == ctx.secrets_dir / "redis-gateway.json"
     runtime, _ = RuntimeSettings.from_argv(RUNTIME.argv(ctx)[3:])
     assert runtime.nodes == {"node0": s0.router_socket, "node1": s1.router_socket}
     assert s0.router_socket != s1.router_socket
