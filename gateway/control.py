@@ -200,13 +200,12 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
 
 
 def open_tasks(eng: RoundEngine) -> int:
-    """Tasks of the round that may still hold an endpoint of this node at once.
+    """Tasks of the round left on this node that need an endpoint of their own.
 
     An unfinished local slot that takes updates counts one; an unfinished local middle or
-    top counts one once its children are all done (before that it waits, and then it runs
-    on a finished child's endpoint). Once this node's part of the round is done (its partial
-    sent to the root, which has not published yet) the count is 0, however recent the
-    round's arrivals.
+    top counts one once its children are all done (before that it waits for them, and is
+    no shortage: see :mod:`gateway.endpoints`). Once this node's part of the round is done
+    (its partial sent to the root, which has not published yet) the count is 0.
     """
     n = 0
     for sid, st in eng.slots.items():
@@ -221,9 +220,9 @@ def open_tasks(eng: RoundEngine) -> int:
 def node_load(gw: Gateway) -> dict[str, Any]:
     """This node's aggregator load for the control plane's autoscaler (``/healthz``).
 
-    ``queue`` sums each open round's ``k * E``, at most its :func:`open_tasks`: a round
-    cannot occupy more endpoints than it has tasks left here, and one whose part on this
-    node is done asks for none (``k`` still counts its arrivals of the last seconds).
+    ``queue`` sums each open round's ``k * E``, at most its :func:`open_tasks` (the tasks
+    left here that need an endpoint of their own): a round whose part on this node is done
+    asks for none, however recent its arrivals (``k`` counts those of the last seconds).
     """
     queue = 0.0
     for job in gw.jobs.values():

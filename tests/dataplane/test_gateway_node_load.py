@@ -16,9 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
+from bpf import Frame, Kind
 from fedfaas import wire
+from gateway.control import open_tasks
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model
+from tests.dataplane.test_plan_and_engine import engine, update_key
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +100,41 @@ def test_a_node_whose_part_of_the_round_is_done_reports_no_queue(make_gw, tmp_pa
     finally:
         aggs_a.stop()
         aggs_b.stop()
+
+
+def test_open_tasks_are_the_unfinished_slots_that_need_an_endpoint_of_their_own() -> None:
+    eng, sent, _, store = engine(goal=4, fanout=2)  # one node: two leaves under the top
+    assert open_tasks(eng) == 2  # the top waits for its children: it needs no endpoint yet
+    for i in range(4):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.pump([5, 6])
+    tasks = {f.seq: f for f in sent if f.kind == Kind.TASK}
+
+    def finish(slot: int, kind: Kind = Kind.ACK) -> None:
+        t = tasks[slot]
+        eng.on_frame(
+            Frame(
+                dst=100,
+                src=t.dst,
+                kind=kind,
+                job=7,
+                key=t.key,
+                weight=2,
+                round=1,
+                count=t.count,
+                seq=slot,
+            )
+        )
+
+    leaves = sorted(tasks)
+    finish(leaves[0])
+    assert open_tasks(eng) == 1  # the other leaf; the top still waits for it
+    finish(leaves[1])
+    assert open_tasks(eng) == 1  # the top, runnable now
+    sent.clear()
+    eng.pump([5])
+    [top] = [f for f in sent if f.kind == Kind.TASK]
+    tasks[top.seq] = top
+    finish(top.seq, Kind.RESULT)
+    assert eng.result is not None and open_tasks(eng) == 0
