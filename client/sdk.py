@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 NOT_YET_OPEN = frozenset({"round_not_open"})
+#: most retries of one upload answered 503 with ``Retry-After`` (see :meth:`FLClient.upload`)
+BUSY_RETRIES = 8
 
 
 class ClientError(Exception):
@@ -40,12 +42,14 @@ class ClientError(Exception):
 
 
 class GatewayUnavailable(ClientError):
-    """The gateway could not be reached, or answered with a 5xx."""
+    """The gateway could not be reached, or answered with a 5xx; ``retry_after`` is the wait
+    in seconds a 503 asked for (its ``Retry-After``), else None."""
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str, reason: str, *, retry_after: float | None = None) -> None:
         super().__init__(f"gateway {url} unavailable: {reason}")
         self.url = url
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class UpdateRejected(ClientError):
@@ -110,7 +114,12 @@ def _raise_for(resp: httpx.Response, method: str) -> None:
         return
     url = str(resp.request.url) if resp.request is not None else "?"
     if resp.status_code >= 500:
-        raise GatewayUnavailable(url, f"HTTP {resp.status_code}: {resp.text[:200]}")
+        raw = resp.headers.get("Retry-After", "") if resp.status_code == 503 else ""
+        raise GatewayUnavailable(
+            url,
+            f"HTTP {resp.status_code}: {resp.text[:200]}",
+            retry_after=float(raw) if raw.isdigit() else None,
+        )
     error, detail = f"http_{resp.status_code}", resp.text[:500]
     try:
         body = resp.json()
@@ -244,6 +253,7 @@ class FLClient:
         *,
         meta: Mapping[str, float] | None = None,
         not_open_wait: float = 30.0,
+        busy_wait: float = 60.0,
     ) -> UploadReceipt:
         """Upload this client's full local weights for ``round``.
 
@@ -258,6 +268,10 @@ class FLClient:
         Raises :class:`StaleRound` on other 409s and :class:`UpdateRejected` on other 4xx
         (400 ``bad_client_meta`` for metadata the gateway refuses); ``ValueError`` for a
         ``meta`` value that is not a finite number.
+        A 503 with ``Retry-After`` (the node holds as many bodies or objects as it can just
+        now) is retried after the wait it asks for, at most ``BUSY_RETRIES`` times and
+        ``busy_wait`` s in all (each wait logged); then, or for any other 5xx,
+        :class:`GatewayUnavailable`.
         """
         if isinstance(update, bytes | bytearray | memoryview):
             data = bytes(update) if not isinstance(update, bytes) else update
@@ -279,6 +293,7 @@ class FLClient:
         t0 = time.perf_counter()
         deadline = time.monotonic() + not_open_wait
         delay = 0.05
+        busy, retries = 0.0, 0  # seconds waited on 503s so far, and how often
         while True:
             try:
                 resp = self._request(
@@ -295,6 +310,22 @@ class FLClient:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except GatewayUnavailable as exc:
+                wait = exc.retry_after
+                if wait is None or retries >= BUSY_RETRIES or busy + wait > busy_wait:
+                    raise
+                retries += 1
+                log.warning(
+                    "%s: upload of round %d refused for now (%s); retry %d of %d in %.0f s",
+                    self.client_id,
+                    round,
+                    exc.reason[:200],
+                    retries,
+                    BUSY_RETRIES,
+                    wait,
+                )
+                time.sleep(wait)
+                busy += wait
         body = resp.json()
         log.debug("%s uploaded round %d (%d bytes)", self.client_id, round, len(data))
         return UploadReceipt(

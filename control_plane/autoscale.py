@@ -2,7 +2,8 @@
 
 Each node gateway reports its aggregator endpoints (registered, free) and its load: slots of
 open rounds that found no free endpoint (``waiting_slots``) and the queue ``Q = k * E``
-(arrival rate times mean task time: the tasks it expects to run at once). A node is short of
+(arrival rate times mean task time: the tasks it expects to run at once; per round at most
+the tasks it has left on that node, see ``gateway.control.node_load``). A node is short of
 ``max(waiting_slots, ceil(Q) - endpoints)`` endpoints. The function scales up by enough
 replicas to cover the shortage of every node (``endpoints_per_replica`` each); new replicas
 register with their node's router and take the waiting slots. It scales back down to its

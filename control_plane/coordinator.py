@@ -453,11 +453,16 @@ class Coordinator:
             if want != st.replicas:
                 await self.provider.scale(self.function, want)
                 log.info(
-                    "%s: %d -> %d replicas (short of %s endpoints)",
+                    "%s: %d -> %d replicas (short of %s endpoints; per node endpoints/free/"
+                    "waiting slots/queue %s)",
                     self.function,
                     st.replicas,
                     want,
                     {x.node: x.shortage for x in loads if x.shortage},
+                    {
+                        x.node: f"{x.endpoints}/{x.free_endpoints}/{x.waiting_slots}/{x.queue:.2f}"
+                        for x in loads
+                    },
                 )
             self.last_scale, self.scale_error = want, None
         except OpenFaaSError as exc:

@@ -17,6 +17,7 @@ from gateway.replan import PlanConflict, plan_from_json, shrink_plan
 if TYPE_CHECKING:
     from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.rounds import RoundEngine
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +199,37 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
     log.info("job %s: round %d resumes with plan v%s", job.name, eng.round, version)
 
 
+def open_tasks(eng: RoundEngine) -> int:
+    """Tasks of the round left on this node that need an endpoint of their own.
+
+    An unfinished local slot that takes updates counts one; an unfinished local middle or
+    top counts one once its children are all done (before that it waits for them, and is
+    no shortage: see :mod:`gateway.endpoints`). Once this node's part of the round is done
+    (its partial sent to the root, which has not published yet) the count is 0.
+    """
+    n = 0
+    for sid, st in eng.slots.items():
+        if not st.local or st.done is not None:
+            continue
+        kids = eng.plan.children(sid)
+        if not kids or all(eng.slots[c].done is not None for c in kids):
+            n += 1
+    return n
+
+
 def node_load(gw: Gateway) -> dict[str, Any]:
-    """This node's aggregator load for the control plane's autoscaler (``/healthz``)."""
+    """This node's aggregator load for the control plane's autoscaler (``/healthz``).
+
+    ``queue`` sums each open round's ``k * E``, at most its :func:`open_tasks` (the tasks
+    left here that need an endpoint of their own): a round whose part on this node is done
+    asks for none, however recent its arrivals (``k`` counts those of the last seconds).
+    """
     queue = 0.0
     for job in gw.jobs.values():
         if job.engine is not None:
             ld = load(gw, job)
             if ld["E_s"] is not None:  # before any task finished there is no k * E yet
-                queue += ld["k"] * ld["E_s"]
+                queue += min(ld["k"] * ld["E_s"], open_tasks(job.engine))
     return {
         **endpoint_load(gw),
         "waiting_slots": sum(gw.shortage.values()),

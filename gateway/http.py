@@ -14,7 +14,9 @@ byte is read, and a route reads its (bounded) body only after it has authenticat
 No body byte is read before the request is routed and accepted. A refused request (or one whose
 route answered without its body) is answered at once; its body is then read away into one
 shared scratch buffer to keep the connection (up to ``DRAIN_LIMIT``), or the connection is
-closed after the answer (larger bodies, ``Expect: 100-continue``).
+closed after the answer (larger bodies, ``Expect: 100-continue``). An exception an exchange
+raises outside a :class:`GatewayError` (a bug, an OS failure) is logged and answered 500 the
+same way: never by closing the connection without an answer.
 
 Supported: HTTP/1.0 and 1.1, keep-alive, ``Content-Length`` bodies, ``Expect: 100-continue``.
 Refused with a clear status: chunked request bodies (411), heads over 16 KiB (431).
@@ -107,6 +109,8 @@ class _Conn(asyncio.BufferedProtocol):
                 b = self.ex.get_buffer()
             except GatewayError as exc:
                 return self._fail_body(exc)
+            except Exception as exc:
+                return self._fail_body(self._internal(exc, "receiving its body"))
             return b[: self.remaining] if len(b) > self.remaining else b
         if self.state == self.DRAIN:
             scratch = self.server.scratch
@@ -126,6 +130,9 @@ class _Conn(asyncio.BufferedProtocol):
                 self.ex.buffer_updated(nbytes)
             except GatewayError as exc:
                 self._fail_body(exc)
+                return
+            except Exception as exc:
+                self._fail_body(self._internal(exc, "receiving its body"))
                 return
             if self.remaining == 0:
                 if self._body_done is not None:
@@ -205,6 +212,11 @@ class _Conn(asyncio.BufferedProtocol):
         except GatewayError as exc:
             self.ex = None
             self._answer_early(Response.error(exc), rest)
+            return
+        except Exception as exc:  # answered like any refusal, never a silent disconnect
+            err = self._internal(exc, "before its body")
+            self._abort()
+            self._answer_early(Response.error(err), rest)
             return
         if self.ex.on_demand:  # its complete() runs now and asks for the body if it wants it
             self.ex.receive_body = self._receive_body
@@ -330,6 +342,17 @@ class _Conn(asyncio.BufferedProtocol):
                 self.transport.close()
         else:
             self._next_request()
+
+    def _internal(self, exc: Exception, when: str) -> GatewayError:
+        """A 500 for an exception no route turned into an answer, logged with its traceback.
+
+        It must not escape a transport callback: the event loop would close the connection
+        without an answer (and log nothing at all for an ``OSError``).
+        """
+        req = self.req
+        what = f"{req.method} {req.path}" if req is not None else "a request"
+        log.error("%s failed %s", what, when, exc_info=exc)
+        return GatewayError(f"{type(exc).__name__}: {exc}", status=500, code="internal")
 
     def _abort(self) -> None:
         ex, self.ex = self.ex, None

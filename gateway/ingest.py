@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from fedfaas import wire
 from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
-from gateway.bodies import Hold
+from gateway.bodies import RETRY_AFTER_S, Hold
 from gateway.errors import JobNotFound, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
 from gateway.meta import parse_client_meta
@@ -24,6 +24,44 @@ log = logging.getLogger(__name__)
 
 UPLOAD = re.compile(r"^/v1/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/updates$")
 PARTIAL = re.compile(r"^/v1/internal/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/partials$")
+
+
+class StoreUnavailable(UpdateRejected):
+    """503 + ``Retry-After``: this node's store cannot take one more object now (it holds its
+    most objects, or the system refused the memory or a file: ``/dev/shm`` full, out of file
+    descriptors). Nothing is held for the request; the client retries later."""
+
+    def __init__(
+        self, detail: str, *, client_id: str | None = None, round: int | None = None
+    ) -> None:
+        super().__init__(
+            f"{detail}; retry after {RETRY_AFTER_S} s",
+            status=503,
+            code="store_full",
+            client_id=client_id,
+            round=round,
+        )
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("retry-after", str(RETRY_AFTER_S))]
+
+
+def allocate(
+    job: Job, hold: Hold, what: str, *, client: str | None = None, rnd: int | None = None
+) -> MappedObject:
+    """A new object in ``job``'s store for ``what``, or :class:`StoreUnavailable` (``hold``,
+    the request's share of the memory budget, is then given back)."""
+    try:
+        return job.ns.allocate()
+    except StoreFull as exc:
+        hold.release()
+        raise StoreUnavailable(f"{what}: {exc}", client_id=client, round=rnd) from None
+    except OSError as exc:
+        hold.release()
+        log.warning("job %s: no store object for %s: %s", job.name, what, exc)
+        raise StoreUnavailable(
+            f"{what}: the object store could not allocate: {exc}", client_id=client, round=rnd
+        ) from None
 
 
 def _wire_reject(exc: wire.WireError, client: str | None, rnd: int) -> UpdateRejected:
@@ -99,11 +137,9 @@ class UploadExchange(Exchange):
         hold = gw.budget.reserve(
             job.spec.object_nbytes, f"an update of job {job.name} (client {self.client})"
         )
-        try:
-            self.obj = job.ns.allocate()
-        except StoreFull as exc:
-            hold.release()
-            raise self._reject(str(exc), 503, "store_full") from None
+        self.obj = allocate(
+            job, hold, f"an update of client {self.client}", client=self.client, rnd=self.rnd
+        )
         job.inflight.add(self.client)
         self.reserved, self.hold = True, hold
         self.job = job
@@ -224,11 +260,7 @@ class PartialExchange(Exchange):
         self.hold = self.gw.budget.reserve(
             job.spec.object_nbytes, f"a partial of job {job.name} (round {self.rnd})"
         )
-        try:
-            self.obj = job.ns.allocate()
-        except BaseException:
-            self._release()
-            raise
+        self.obj = allocate(job, self.hold, f"a partial of round {self.rnd}")
 
     def get_buffer(self) -> memoryview:
         assert self.obj is not None
