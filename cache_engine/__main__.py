@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import logging
 
-import uvicorn
-
 from cache_engine.service import create_app
 from cache_engine.settings import EngineSettings
+from fedfaas.shutdown import serve
 
 
 def main(argv: list[str] | None = None) -> None:
     s, log_level = EngineSettings.from_argv(argv)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning")
+    serve(create_app(s), host=s.host, port=s.port, grace=s.stop_grace)
 
 
 if __name__ == "__main__":

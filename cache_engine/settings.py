@@ -50,6 +50,9 @@ class EngineSettings(CommandLineSettings):
     function_token_file
         Secret file (0600) of the function token (the runtime secret ``fedfaas-function-token``),
         sent to the cache functions as ``Authorization: Bearer``; required.
+    stop_grace
+        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
@@ -83,6 +86,7 @@ class EngineSettings(CommandLineSettings):
         "admin_token_file": "--admin-token-file",
         "service_token_file": "--service-token-file",
         "function_token_file": "--function-token-file",
+        "stop_grace": "--stop-grace",
     }
 
     host: str = "127.0.0.1"
@@ -111,3 +115,4 @@ class EngineSettings(CommandLineSettings):
     admin_token_file: Path | None = None
     service_token_file: Path | None = None
     function_token_file: Path | None = None
+    stop_grace: float = 20.0

@@ -19,12 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc.detail}\n")
         return 2
 
-    import uvicorn
-
     from control_plane.api import create_app
+    from fedfaas.shutdown import serve
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
-    return 0
+    return serve(
+        create_app(settings), host=settings.host, port=settings.port, grace=settings.stop_grace
+    )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class ControlPlaneSettings(CommandLineSettings):
         the key of the client tokens ``GET /v1/jobs/{job}/assignment`` accepts.
     analyst_token_file
         Token of the read-only analyst scope (``GET`` of nodes, jobs, plans); optional.
+    stop_grace
+        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONTROL_")
@@ -71,6 +74,7 @@ class ControlPlaneSettings(CommandLineSettings):
         "scale_down_s": "--scale-down",
         "admin_token_file": "--admin-token-file",
         "analyst_token_file": "--analyst-token-file",
+        "stop_grace": "--stop-grace",
     }
 
     host: str = "127.0.0.1"
@@ -88,6 +92,7 @@ class ControlPlaneSettings(CommandLineSettings):
     scale_down_s: float = 30.0
     admin_token_file: Path | None = None
     analyst_token_file: Path | None = None
+    stop_grace: float = 20.0
 
     def gateway_map(self) -> dict[str, str]:
         """Parse :attr:`gateways` into ``{node: url}``."""

@@ -53,7 +53,9 @@ class PlatformSettings(BaseSettings):
     start_timeout
         Seconds each part may take to become ready.
     stop_timeout
-        Seconds a part gets after SIGTERM before SIGKILL.
+        Seconds a part gets after SIGTERM before SIGKILL: longer than any component's own
+        bounded stop (the runtime's is 30 s, the services' 20 s), which ends the process first
+        and logs what it abandons; a clean stop takes a second or two.
     functions_timeout
         Seconds ``up`` waits for every function of the stack to have a ready replica.
 
@@ -73,7 +75,7 @@ class PlatformSettings(BaseSettings):
     ports: dict[str, int] = Field(default_factory=dict)
     with_parts: list[str] = Field(default_factory=list)
     start_timeout: float = 60.0
-    stop_timeout: float = 10.0
+    stop_timeout: float = 40.0
     functions_timeout: float = 60.0
 
     def port_setting(self, part: str) -> int | None:

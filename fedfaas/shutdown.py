@@ -115,7 +115,8 @@ def serve(app: Any, *, host: str, port: int, grace: float, log_level: str = "war
     """Serve ``app`` until SIGTERM/SIGINT with a stop bounded by ``grace`` seconds.
 
     In-flight requests get half the grace to finish, then are cancelled; the application's
-    lifespan shutdown runs in the rest. Returns 0 after a clean stop (the deadline exits 1).
+    lifespan shutdown, and any handler still running in a worker thread (which no cancel
+    reaches), get the rest. Returns 0 after a clean stop (the deadline exits 1).
     SIGUSR1 dumps every thread's stack to stderr.
     """
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -131,6 +132,13 @@ def serve(app: Any, *, host: str, port: int, grace: float, log_level: str = "war
     server = _Server(config, shutdown)
     try:
         server.run()
+        if shutdown.requested.is_set():
+            # a handler cancelled in a worker thread keeps running there, and the interpreter
+            # joins such threads at exit: wait for them inside the grace, whose deadline
+            # (armed by the signal) ends the process if they never finish
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and not t.daemon:
+                    t.join()
     finally:
         shutdown.done()
     return 0

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 
-import uvicorn
-
+from fedfaas.shutdown import serve
 from request_tracker.service import create_app
 from request_tracker.settings import TrackerSettings
 
@@ -14,7 +13,7 @@ def main(argv: list[str] | None = None) -> None:
     s, log_level = TrackerSettings.from_argv(argv)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning")
+    serve(create_app(s), host=s.host, port=s.port, grace=s.stop_grace)
 
 
 if __name__ == "__main__":

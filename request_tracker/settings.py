@@ -34,6 +34,9 @@ class TrackerSettings(CommandLineSettings):
     function_token_file
         The function token (the runtime secret ``fedfaas-function-token``), sent to the cache
         functions (``/run``, ``/ping``) as ``Authorization: Bearer``; required.
+    stop_grace
+        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_TRACKER_", extra="ignore")
@@ -56,6 +59,7 @@ class TrackerSettings(CommandLineSettings):
         "analyst_token_file": "--analyst-token-file",
         "engine_token_file": "--engine-token-file",
         "function_token_file": "--function-token-file",
+        "stop_grace": "--stop-grace",
     }
 
     host: str = "127.0.0.1"
@@ -73,3 +77,4 @@ class TrackerSettings(CommandLineSettings):
     analyst_token_file: Path | None = None
     engine_token_file: Path | None = None
     function_token_file: Path | None = None
+    stop_grace: float = 20.0

@@ -24,7 +24,7 @@ class Context:
     stack_file: Path
     platform_id: str
     ports: dict[str, int] = field(default_factory=dict)
-    stop_timeout: float = 10.0
+    stop_timeout: float = 40.0
     functions_timeout: float = 60.0
 
     @property

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import logging
 
-import uvicorn
-
 from fedfaas.runtime.app import create_app
 from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.shutdown import serve
 
 
 def main(argv: list[str] | None = None) -> None:
     settings, log_level = RuntimeSettings.from_argv(argv)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
-    uvicorn.run(
+    # in-flight calls get half the grace, the replicas' stop (stop_grace each, in parallel)
+    # the other half
+    serve(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        log_level=log_level.lower(),
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.stop_grace) + 5,
+        grace=2 * settings.stop_grace + 10,
+        log_level=log_level,
     )
 
 

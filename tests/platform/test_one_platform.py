@@ -9,6 +9,7 @@ function at its minimum (one replica), so the first test is the one about scalin
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -217,9 +218,9 @@ def assert_fedavg(model: bytes, updates: list[dict[str, np.ndarray]], weights: l
         assert fedavg.rel_error(got[k], want) <= 1e-6, k
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    state_dir = tmp_path_factory.mktemp("one-platform") / "state"
+@contextlib.contextmanager
+def platform_up(state_dir: Path) -> Iterator[Platform]:
+    """``fedfaas up --with all`` in ``state_dir`` on free ports; ``fedfaas down`` on exit."""
     ports = dict.fromkeys(
         ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
     )
@@ -239,6 +240,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield Platform(state_dir, {name: f"http://{host}:{p}" for name, p in st.ports.items()})
     finally:
         _fedfaas("down", "--state-dir", str(state_dir), env=env)
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with platform_up(tmp_path_factory.mktemp("one-platform") / "state") as p:
+        yield p
 
 
 def run_round(

@@ -1,0 +1,87 @@
+"""fedfaas.shutdown.serve: a FastAPI service whose stop hangs still exits, after its grace or at
+a second SIGTERM, with exit 1 and a log of what it abandoned; a clean stop exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedfaas.services import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SERVICE = """
+import sys, time
+from fastapi import FastAPI
+from fedfaas.shutdown import serve
+
+app = FastAPI()
+
+@app.get("/stuck")
+def stuck() -> dict:  # a worker thread no cancel reaches: the interpreter would wait for it
+    time.sleep(600)
+    return {}
+
+@app.get("/healthz")
+def healthz() -> dict:
+    return {"ok": True}
+
+sys.exit(serve(app, host="127.0.0.1", port=int(sys.argv[1]), grace=float(sys.argv[2])))
+"""
+
+
+def _start(grace: float) -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    p = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, str(port), str(grace)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_port("127.0.0.1", port, 30)
+    return p, port
+
+
+def _stop(p: subprocess.Popen[str], signals: int, within: float) -> tuple[float, str]:
+    t0 = time.monotonic()
+    for _ in range(signals):
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    try:
+        _, err = p.communicate(timeout=within)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return time.monotonic() - t0, err
+
+
+def test_a_clean_stop_exits_0() -> None:
+    p, port = _start(grace=20)
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    took, err = _stop(p, 1, within=20)
+    assert p.returncode == 0, err
+    assert "stop not finished" not in err
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_stop_that_hangs_ends_after_the_grace_or_a_second_signal(signals: int) -> None:
+    grace = 4.0 if signals == 1 else 60.0
+    p, port = _start(grace)
+    with contextlib.suppress(httpx.TimeoutException):  # then in flight in a worker thread
+        httpx.get(f"http://127.0.0.1:{port}/stuck", timeout=0.5)
+    took, err = _stop(p, signals, within=grace + 15)
+    assert p.returncode == 1, err
+    assert took < (10 if signals == 2 else grace + 10), took
+    why = "a second signal" if signals == 2 else f"{grace:g}s grace"
+    assert f"stop not finished after {why}" in err, err
+    assert "in stuck" in err, err  # the abandoned thread's stack names the stuck handler
