@@ -2,7 +2,7 @@
 (issue 18), on the platform a user starts (``fedfaas up --with all``).
 
 One platform, one job with completed rounds and an open one holding acknowledged updates; then,
-in order: an ``aggregator`` replica, the request tracker (queries in flight), the cache engine,
+in order: an ``aggregator`` replica and a cache function's, the request tracker (queries in flight), the cache engine,
 the control plane, both node gateways (the journal still holds every acknowledged update), and
 the runtime (no replica of any function is left). Each must exit within its grace
 (:mod:`fedfaas.shutdown`); a stop that hangs would be killed by the test and fail it.
@@ -92,9 +92,11 @@ def test_every_component_stops_within_its_grace_with_work_in_flight(platform: Pl
     analyst = (p.state_dir / "secrets" / "analyst-token").read_text().strip()
     flstore_query(p.urls["request_tracker"], "track", JOB, params=TRACK, token=analyst)
 
-    # an aggregator replica: the runtime's stop of a replica is bounded by its stop_grace
-    replica = p.replicas()[0]["pid"]
-    took = {"aggregator replica": _sigterm(replica, 10.0)}
+    # function replicas (the runtime's stop of a replica is bounded by its 10 s stop_grace):
+    # an aggregator and the cache function that answered the query
+    took = {"aggregator replica": _sigterm(p.replicas()[0]["pid"], 10.0)}
+    cache = p.replicas(function="flstore-cache-0")[0]["pid"]
+    took["cache function replica"] = _sigterm(cache, 10.0)
 
     # the tracker with queries in flight: each is answered or refused, none hangs
     stop = threading.Event()

@@ -75,11 +75,11 @@ class Platform:
     def gateways(self) -> dict[str, str]:
         return {"node0": self.urls["gateway"], "node1": self.urls["gateway_node1"]}
 
-    def replicas(self, ready: bool = True) -> list[dict[str, Any]]:
-        """``GET /system/replicas/aggregator`` on the runtime: the function's replicas, ready
+    def replicas(self, ready: bool = True, function: str = "aggregator") -> list[dict[str, Any]]:
+        """``GET /system/replicas/<function>`` on the runtime: the function's replicas, ready
         ones only or all (a starting replica registers its endpoints before it is ready)."""
         r = httpx.get(
-            f"{self.urls['runtime']}/system/replicas/aggregator",
+            f"{self.urls['runtime']}/system/replicas/{function}",
             auth=self.runtime_auth,
             timeout=10,
         )
