@@ -28,6 +28,7 @@ from fedfaas.services import (
     free_port,
     minio_policies,
     minio_user_file,
+    provision_minio,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +96,16 @@ def test_a_missing_user_file_fails_naming_it(
     )
     assert code == 1
     assert "minio-cache-engine.json" in capsys.readouterr().err
+
+
+def test_provisioning_needs_a_credentials_file_for_every_user(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="no MinIO user 'analyst'"):
+        minio_user_file(tmp_path, "analyst")
+    users = _users_dir(tmp_path / "users", "x")
+    only_gateway = {"gateway": minio_user_file(users, "gateway")}
+    # refused before any connection: nothing listens on port 1
+    with pytest.raises(KeyError, match="cache-engine"):
+        provision_minio("127.0.0.1:1", Credentials("root", "pw"), only_gateway, "fedfaas")
 
 
 def test_minio_that_never_gets_ready_fails_after_the_wait(tmp_path: Path) -> None:
