@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import redis
     from minio import Minio
 
+    from fedfaas.secretfiles import Credentials
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR = Path(os.environ.get("FEDFAAS_CACHE", Path.home() / ".cache" / "fedfaas"))
@@ -377,6 +379,76 @@ def minio_policies(bucket: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def minio_user_file(folder: Path, user: str) -> Path:
+    """The credentials file of MinIO component user ``user`` in ``folder``:
+    ``minio-<user>.json`` (the same name on ``fedfaas up`` and in the Helm chart's secret)."""
+    if user not in minio_policies(""):
+        raise KeyError(f"no MinIO user {user!r}; the users are {sorted(minio_policies(''))}")
+    return folder / f"minio-{user}.json"
+
+
+def provision_minio(
+    endpoint: str,
+    root: Credentials,
+    credentials_files: Mapping[str, Path],
+    bucket: str,
+    *,
+    secure: bool = False,
+) -> None:
+    """Create ``bucket`` and each component's user with its policy (idempotent).
+
+    For each user of :func:`minio_policies`, the policy ``fedfaas-<user>`` is written (replaced
+    if it exists), the user in its credentials file is created (or its password reset) and the
+    policy attached to it. ``fedfaas up`` runs it through :meth:`MinioServer.provision`, the Helm
+    chart's hook Job through ``python -m fedfaas.provision_minio``.
+
+    Parameters
+    ----------
+    endpoint:
+        ``host:port`` of MinIO.
+    root:
+        MinIO's root user, the only one that may manage users.
+    credentials_files:
+        Component user -> its credentials file (:mod:`fedfaas.secretfiles`); every user of
+        :func:`minio_policies` must be there.
+    bucket:
+        The checkpoint bucket, the only one the policies allow.
+    secure:
+        HTTPS instead of HTTP.
+
+    Raises
+    ------
+    KeyError
+        A user of :func:`minio_policies` has no credentials file in ``credentials_files``.
+    fedfaas.auth.AuthConfigError
+        A credentials file is missing or malformed.
+    """
+    from minio import Minio
+    from minio.credentials.providers import StaticProvider
+    from minio.minioadmin import MinioAdmin
+
+    from fedfaas.secretfiles import read_credentials
+
+    policies = minio_policies(bucket)
+    missing = sorted(set(policies) - set(credentials_files))
+    if missing:
+        raise KeyError(f"no credentials file for the MinIO users {missing}")
+    users = {u: read_credentials(credentials_files[u], "MinIO") for u in policies}
+    mc = Minio(endpoint, access_key=root.username, secret_key=root.password, secure=secure)
+    if not mc.bucket_exists(bucket):
+        mc.make_bucket(bucket)
+    admin = MinioAdmin(
+        endpoint=endpoint,
+        credentials=StaticProvider(root.username, root.password),
+        secure=secure,
+    )
+    for user, policy in policies.items():
+        c = users[user]
+        admin.policy_add(f"fedfaas-{user}", policy=policy)
+        admin.user_add(c.username, c.password)
+        admin.policy_set(f"fedfaas-{user}", user=c.username)
+
+
 @dataclass
 class MinioServer(_Server):
     """The real MinIO server on a loopback port, with its console on another.
@@ -420,9 +492,7 @@ class MinioServer(_Server):
 
     def credentials_file(self, user: str) -> Path:
         """The credentials file of component user ``user`` (see :func:`minio_policies`)."""
-        if user not in minio_policies(self.bucket):
-            raise KeyError(f"no MinIO user {user!r}; the users are {sorted(minio_policies(''))}")
-        return self._secrets() / f"minio-{user}.json"
+        return minio_user_file(self._secrets(), user)
 
     def prepare(self) -> None:
         """Create the root and the users' credentials files that do not exist yet."""
@@ -474,25 +544,16 @@ class MinioServer(_Server):
         )
 
     def provision(self) -> None:
-        """Create the bucket, and each component's user with its policy (idempotent)."""
-        from minio.credentials.providers import StaticProvider
-        from minio.minioadmin import MinioAdmin
+        """Create the bucket, and each component's user with its policy (idempotent); see
+        :func:`provision_minio`."""
+        from fedfaas.secretfiles import Credentials
 
-        from fedfaas.secretfiles import read_credentials
-
-        mc = self.client()
-        if not mc.bucket_exists(self.bucket):
-            mc.make_bucket(self.bucket)
-        admin = MinioAdmin(
-            endpoint=self.endpoint,
-            credentials=StaticProvider(self.access_key, self.secret_key),
-            secure=False,
+        provision_minio(
+            self.endpoint,
+            Credentials(self.access_key, self.secret_key),
+            {user: self.credentials_file(user) for user in minio_policies(self.bucket)},
+            self.bucket,
         )
-        for user, policy in minio_policies(self.bucket).items():
-            c = read_credentials(self.credentials_file(user), "MinIO")
-            admin.policy_add(f"fedfaas-{user}", policy=policy)
-            admin.user_add(c.username, c.password)
-            admin.policy_set(f"fedfaas-{user}", user=c.username)
 
     def ready(self, timeout: float = 1.0) -> bool:
         """True when ``/minio/health/ready`` answers 200 right now."""

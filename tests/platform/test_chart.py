@@ -117,7 +117,7 @@ def _pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {
         f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
         for d in docs
-        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")
     }
 
 
@@ -165,24 +165,201 @@ def test_rendered_chart_has_every_part_with_connector_labels() -> None:
             assert key in labels, f"{d['kind']}/{d['metadata']['name']} lacks label {key}"
 
 
+#: the secret files each pod mounts (file name in its secrets folder), with basicAuth on
+SECRET_FILES = {
+    "DaemonSet/rel-fedfaas-node-gateway": {
+        "redis-gateway.json",
+        "minio-gateway.json",
+        "gateway-admin-secret",
+        "service-token",
+    },
+    "Deployment/rel-fedfaas-cache-engine": {
+        "redis-cache-engine.json",
+        "minio-cache-engine.json",
+        "admin-token",
+        "service-token",
+        "function-token",
+        "basic-auth-user",
+        "basic-auth-password",
+    },
+    "Deployment/rel-fedfaas-request-tracker": {
+        "redis-request-tracker.json",
+        "admin-token",
+        "analyst-token",
+        "service-token",
+        "function-token",
+    },
+    "Deployment/rel-fedfaas-control-plane": {
+        "redis-control-plane.json",
+        "gateway-admin-secret",
+        "analyst-token",
+        "basic-auth-user",
+        "basic-auth-password",
+    },
+    "Deployment/aggregator": {"fedfaas-function-token"},
+    "StatefulSet/rel-fedfaas-minio": {"root-user", "root-password"},
+    "StatefulSet/rel-fedfaas-redis": {"users.acl"},
+    "Job/rel-fedfaas-minio-provision": {
+        "minio-root-user",
+        "minio-root-password",
+        "minio-gateway.json",
+        "minio-cache-engine.json",
+    },
+}
+
+
+def _secrets(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Rendered Secrets, ``namespace/name`` -> key -> decoded value."""
+    import base64
+
+    return {
+        f"{d['metadata']['namespace']}/{d['metadata']['name']}": {
+            k: base64.b64decode(v).decode() for k, v in (d.get("data") or {}).items()
+        }
+        for d in docs
+        if d["kind"] == "Secret"
+    }
+
+
+def _mounted_files(docs: list[dict[str, Any]], workload: str) -> dict[str, tuple[str, str, int]]:
+    """Files from Secrets that ``workload``'s first container sees: path -> (secret, key, mode).
+
+    Every secret volume must be mounted read-only.
+    """
+    spec = _pod_specs(docs)[workload]
+    namespace = next(
+        d["metadata"]["namespace"]
+        for d in docs
+        if f"{d['kind']}/{d['metadata']['name']}" == workload
+    )
+    secrets = _secrets(docs)
+    volumes: dict[str, list[tuple[str, str, str, int]]] = {}
+    for v in spec.get("volumes", []):
+        if "secret" in v:
+            sources = [{"secret": {**v["secret"], "name": v["secret"]["secretName"]}}]
+            mode = v["secret"].get("defaultMode", 0o644)
+        elif "projected" in v:
+            sources, mode = v["projected"]["sources"], v["projected"].get("defaultMode", 0o644)
+        else:
+            continue
+        files = []
+        for src in sources:
+            sec = src["secret"]
+            items = sec.get("items") or [
+                {"key": k, "path": k} for k in secrets.get(f"{namespace}/{sec['name']}", {})
+            ]
+            assert items, f"{workload}: secret {sec['name']} mounted whole but not rendered"
+            files += [(sec["name"], i["key"], i["path"], i.get("mode", mode)) for i in items]
+        volumes[v["name"]] = files
+    out: dict[str, tuple[str, str, int]] = {}
+    for m in spec["containers"][0].get("volumeMounts", []):
+        if m["name"] in volumes:
+            assert m.get("readOnly") is True, f"{workload}: {m['mountPath']} is writable"
+            for secret, key, path, mode in volumes[m["name"]]:
+                out[f"{m['mountPath']}/{path}"] = (secret, key, mode)
+    return out
+
+
 @needs_helm
-def test_services_mount_basic_auth_read_only_and_call_the_gateway() -> None:
-    specs = _pod_specs(_render())
-    for name in (
-        "Deployment/rel-fedfaas-control-plane",
-        "Deployment/rel-fedfaas-cache-engine",
-        "Deployment/rel-fedfaas-request-tracker",
-        "DaemonSet/rel-fedfaas-node-gateway",
-    ):
-        spec = specs[name]
-        container = spec["containers"][0]
-        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-        assert mounts["/var/secrets"].get("readOnly") is True, name
-        vols = {v["name"]: v for v in spec["volumes"]}
-        assert vols[mounts["/var/secrets"]["name"]]["secret"]["secretName"] == "basic-auth"
-        env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["basic_auth"] == "true" and env["secret_mount_path"] == "/var/secrets"
-        assert env["OPENFAAS_URL"] == "http://gateway.openfaas:8080"
+@pytest.mark.parametrize("basic_auth", [True, False])
+def test_each_pod_mounts_only_its_secret_files_read_only(basic_auth: bool) -> None:
+    docs = _render(f"basicAuth={str(basic_auth).lower()}")
+    for workload, expected in SECRET_FILES.items():
+        if not basic_auth:
+            expected = {f for f in expected if not f.startswith("basic-auth")}
+        files = _mounted_files(docs, workload)
+        assert {Path(f).name for f in files} == expected, workload
+        for path, (_, _, mode) in files.items():
+            # owner root, group the pod's fsGroup: a non-root container reads, nobody else
+            assert mode in (0o400, 0o440), f"{workload}: {path} mode {mode:o}"
+        if any(mode & 0o040 for _, _, mode in files.values()):
+            assert _pod_specs(docs)[workload]["securityContext"]["fsGroup"], workload
+
+
+@needs_helm
+@pytest.mark.parametrize("basic_auth", [True, False])
+def test_every_file_setting_names_a_file_the_pod_mounts(basic_auth: bool) -> None:
+    """``*_FILE`` settings are mounted files; ``*_AUTH_DIR`` holds the basic-auth pair."""
+    docs = _render(f"basicAuth={str(basic_auth).lower()}")
+    for workload in SECRET_FILES:
+        files = _mounted_files(docs, workload)
+        env = {
+            e["name"]: e.get("value")
+            for e in _pod_specs(docs)[workload]["containers"][0].get("env", [])
+        }
+        for name, value in env.items():
+            if name.endswith("_FILE"):
+                assert value in files, f"{workload}: {name}={value} is not a mounted file"
+            if name.endswith("_AUTH_DIR"):
+                assert basic_auth, f"{workload}: {name} set without basic auth"
+                assert {f"{value}/basic-auth-user", f"{value}/basic-auth-password"} <= set(files)
+
+
+@needs_helm
+def test_every_token_has_one_value_and_functions_get_theirs_as_an_openfaas_secret() -> None:
+    from fedfaas.runtime.function_auth import DEFAULT_SECRETS_DIR, TOKEN_SECRET
+
+    docs = _render()
+    secrets = _secrets(docs)
+    tokens = secrets["openfaas/rel-fedfaas-tokens"]
+    assert set(tokens) == {
+        "gateway-admin-secret",
+        "admin-token",
+        "analyst-token",
+        "service-token",
+        "function-token",
+    }
+    assert len(set(tokens.values())) == len(tokens) and all(len(v) >= 32 for v in tokens.values())
+    # the OpenFaaS secret of the functions of stack.yml, in the function namespace
+    assert secrets[f"openfaas-fn/{TOKEN_SECRET}"] == {TOKEN_SECRET: tokens["function-token"]}
+    files = _mounted_files(docs, "Deployment/aggregator")
+    assert files == {f"{DEFAULT_SECRETS_DIR}/{TOKEN_SECRET}": (TOKEN_SECRET, TOKEN_SECRET, 0o440)}
+    kept = {
+        f"{d['metadata']['namespace']}/{d['metadata']['name']}"
+        for d in docs
+        if d["kind"] == "Secret"
+        and d["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
+    }
+    assert kept == {
+        "openfaas/rel-fedfaas-minio",
+        "openfaas/rel-fedfaas-tokens",
+        f"openfaas-fn/{TOKEN_SECRET}",
+        "openfaas/rel-fedfaas-minio-users",
+        "openfaas/rel-fedfaas-redis-users",
+    }
+
+
+def _secret_values(docs: list[dict[str, Any]]) -> set[str]:
+    """Every password and token the rendered Secrets hold (user names are not secret)."""
+    import json
+
+    out: set[str] = set()
+    for data in _secrets(docs).values():
+        for key, value in data.items():
+            if key.endswith(".json"):
+                out.add(json.loads(value)["password"])
+            elif key not in ("root-user", "users.acl"):
+                out.add(value)
+    return out
+
+
+@needs_helm
+def test_no_secret_value_is_in_any_env_or_command_line() -> None:
+    docs = _render("minio.rootPassword=rootPasswordGivenAsAValue")
+    values = _secret_values(docs)
+    assert "rootPasswordGivenAsAValue" in values and len(values) >= 12
+    for d in docs:
+        spec = d.get("spec", {}).get("template", {}).get("spec")
+        if not spec:
+            continue
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            where = f"{d['kind']}/{d['metadata']['name']}/{c['name']}"
+            assert not c.get("envFrom"), f"{where}: envFrom"
+            for e in c.get("env", []):
+                assert "secretKeyRef" not in e.get("valueFrom", {}), f"{where}: {e['name']}"
+            text = yaml.safe_dump([c.get("env", []), c.get("args", []), c.get("command", [])])
+            leaked = [v for v in values if v in text]
+            assert not leaked, f"{where} holds a secret value"
 
 
 @needs_helm
@@ -220,30 +397,149 @@ def test_aggregator_is_an_openfaas_function_deployment() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/_/health"
 
 
-@needs_helm
-@pytest.mark.parametrize(
-    ("workload", "module"),
-    [
-        ("DaemonSet/rel-fedfaas-node-gateway", "gateway.settings"),
-        ("Deployment/rel-fedfaas-cache-engine", "cache_engine.settings"),
-        ("Deployment/rel-fedfaas-request-tracker", "request_tracker.settings"),
-        ("Deployment/rel-fedfaas-control-plane", "control_plane.settings"),
-    ],
-)
-def test_component_env_names_are_fields_of_its_settings_class(workload: str, module: str) -> None:
-    from pydantic_settings import BaseSettings
+# ------------------------------------------------------------------ one source of truth
+def _helper_yaml(name: str) -> Any:
+    """The YAML body of ``define name`` in _helpers.tpl."""
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    m = re.search(
+        r'\{\{-? define "' + re.escape(name) + r'" -?\}\}\n(.*?)\{\{-? end -?\}\}', text, re.S
+    )
+    assert m is not None, name
+    return yaml.safe_load(m.group(1))
 
-    mod = pytest.importorskip(module)
-    classes = [
-        c
-        for c in vars(mod).values()
-        if isinstance(c, type) and issubclass(c, BaseSettings) and c.__module__ == module
-    ]
-    assert classes, f"no settings class in {module}"
-    settings_cls = classes[0]
-    prefix = settings_cls.model_config["env_prefix"]
-    env = _pod_specs(_render())[workload]["containers"][0]["env"]
-    ours = [e["name"] for e in env if e["name"].startswith(prefix)]
-    assert any(n == f"{prefix}PORT" for n in ours)
-    unknown = [n for n in ours if n[len(prefix) :].lower() not in settings_cls.model_fields]
-    assert not unknown, f"{workload}: {unknown} are not fields of {settings_cls.__name__}"
+
+def test_chart_users_are_those_of_fedfaas_services() -> None:
+    """The chart's Redis ACL table and MinIO users are services.py's (no drift, no helm needed)."""
+    from fedfaas.services import REDIS_USERS, minio_policies
+
+    assert _helper_yaml("fedfaas.redisUsers") == REDIS_USERS
+    assert _helper_yaml("fedfaas.minioUsers") == list(minio_policies("fedfaas"))
+
+
+@needs_helm
+def test_rendered_redis_acl_is_services_users_with_their_passwords_hashed() -> None:
+    import hashlib
+    import json
+
+    from fedfaas.services import REDIS_USERS
+
+    secrets = _secrets(_render())
+    users = secrets["openfaas/rel-fedfaas-redis-users"]
+    lines = secrets["openfaas/rel-fedfaas-redis-acl"]["users.acl"].splitlines()
+    assert lines[0] == "user default off"
+    rules: dict[str, str] = {}
+    for line in lines[1:]:
+        m = re.fullmatch(r"user (\S+) on #([0-9a-f]{64}) (.+)", line)
+        assert m is not None, line
+        user, digest, rules[user] = m.groups()
+        doc = json.loads(users[f"redis-{user}.json"])
+        assert doc["username"] == user
+        assert hashlib.sha256(doc["password"].encode()).hexdigest() == digest
+        assert doc["password"] not in line
+    assert rules == REDIS_USERS
+    assert set(users) == {f"redis-{u}.json" for u in REDIS_USERS}
+
+
+@needs_helm
+def test_minio_users_are_made_by_a_hook_job_running_the_provisioning_entry_point() -> None:
+    import json
+
+    from fedfaas.provision_minio import parser
+    from fedfaas.services import (
+        MINIO_ROOT_PASSWORD,
+        MINIO_ROOT_USER,
+        minio_policies,
+        minio_user_file,
+    )
+
+    docs = _render()
+    users = _secrets(docs)["openfaas/rel-fedfaas-minio-users"]
+    assert set(users) == {minio_user_file(Path(), u).name for u in minio_policies("fedfaas")}
+    for user in minio_policies("fedfaas"):
+        assert json.loads(users[f"minio-{user}.json"])["username"] == f"fedfaas-{user}"
+    job = next(d for d in docs if d["kind"] == "Job")
+    hooks = job["metadata"]["annotations"]
+    assert hooks["helm.sh/hook"] == "post-install,post-upgrade"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == next(
+        c["image"] for c in _pod_specs(docs)["Deployment/rel-fedfaas-cache-engine"]["containers"]
+    )
+    assert container["command"] == ["python", "-m", "fedfaas.provision_minio"]
+    args = parser().parse_args(container["args"])
+    assert args.endpoint == "rel-fedfaas-minio.openfaas:9000" and args.bucket == "fedfaas"
+    files = _mounted_files(docs, "Job/rel-fedfaas-minio-provision")
+    root = args.root_credentials_dir
+    assert files[f"{root}/{MINIO_ROOT_USER}"][:2] == ("rel-fedfaas-minio", "root-user")
+    assert files[f"{root}/{MINIO_ROOT_PASSWORD}"][:2] == ("rel-fedfaas-minio", "root-password")
+    for user in minio_policies("fedfaas"):
+        path = str(minio_user_file(args.users_dir, user))
+        assert files[path][:2] == ("rel-fedfaas-minio-users", Path(path).name)
+    # MinIO reads its root credentials from files too
+    minio = _pod_specs(docs)["StatefulSet/rel-fedfaas-minio"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in minio["env"]}
+    minio_files = _mounted_files(docs, "StatefulSet/rel-fedfaas-minio")
+    assert minio_files[env["MINIO_ROOT_USER_FILE"]][1] == "root-user"
+    assert minio_files[env["MINIO_ROOT_PASSWORD_FILE"]][1] == "root-password"
+    assert "MINIO_ROOT_USER" not in env and "MINIO_ROOT_PASSWORD" not in env
+
+
+@needs_helm
+def test_redis_starts_with_the_acl_file_and_is_probed_without_a_user() -> None:
+    docs = _render()
+    redis = _pod_specs(docs)["StatefulSet/rel-fedfaas-redis"]["containers"][0]
+    args = redis["args"]
+    acl = args[args.index("--aclfile") + 1]
+    assert _mounted_files(docs, "StatefulSet/rel-fedfaas-redis")[acl][:2] == (
+        "rel-fedfaas-redis-acl",
+        "users.acl",
+    )
+    assert "NOAUTH" in " ".join(redis["readinessProbe"]["exec"]["command"])
+
+
+@needs_helm
+@pytest.mark.integration
+def test_a_real_redis_with_the_rendered_acl_admits_each_component_to_its_keys_only(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    import redis
+
+    from fedfaas.services import find_binary, free_port, spawn, stop_group, wait_for_port
+
+    docs = _render()
+    secrets = _secrets(docs)
+    acl = tmp_path / "users.acl"
+    acl.write_text(secrets["openfaas/rel-fedfaas-redis-acl"]["users.acl"])
+    binary = find_binary("redis-server")
+    assert binary is not None
+    port = free_port()
+    proc = spawn(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--aclfile", str(acl)]
+        + ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        log_path=tmp_path / "redis.log",
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 20, proc)
+        # the readiness probe, as the chart runs it, without a user
+        probe = _pod_specs(docs)["StatefulSet/rel-fedfaas-redis"]["containers"][0]
+        command = probe["readinessProbe"]["exec"]["command"]
+        command = [c.replace("-p 6379", f"-p {port}") for c in command]
+        assert subprocess.run(command, capture_output=True).returncode == 0
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+
+        def login(user: str) -> redis.Redis:
+            doc = json.loads(secrets["openfaas/rel-fedfaas-redis-users"][f"redis-{user}.json"])
+            return redis.Redis(port=port, username=doc["username"], password=doc["password"])
+
+        gateway = login("gateway")
+        gateway.set("fedfaas:job:x", b"1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            gateway.set("flstore:x", b"1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            gateway.config_get("*")
+        assert login("cache-engine").set("flstore:x", b"1")
+        assert login("admin").get("fedfaas:job:x") == b"1"
+    finally:
+        stop_group(proc, 10)

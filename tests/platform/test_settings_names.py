@@ -1,5 +1,9 @@
 """The env names that stack.yml, the chart and the runtime set are the names the settings read.
 
+Every env var the chart sets on a FedFaaS component is a setting of that component's settings
+class (a name nobody reads is a silent misconfiguration, or a leftover such as the MinIO keys the
+components no longer take as values).
+
 An ``aggregator`` replica finds its node's router through one setting,
 ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` (:data:`fedfaas.settings.ROUTER_SOCKET_ENV`): the node gateway
 reads it as ``GatewaySettings.router_socket``, the replica as ``AggregatorSettings.router_socket``
@@ -22,10 +26,13 @@ import yaml
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
+from cache_engine.settings import EngineSettings
+from control_plane.settings import ControlPlaneSettings
 from fedfaas.runtime.provider import node_env
 from fedfaas.settings import ROUTER_SOCKET_ENV
 from functions.aggregator.settings import AggregatorSettings
 from gateway.settings import GatewaySettings
+from request_tracker.settings import TrackerSettings
 from tests.platform.test_chart import CHART, _pod_specs, _render, needs_helm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +40,20 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = {
     "aggregator": ("aggregator.yaml", "Deployment", "Deployment/aggregator"),
     "node-gateway": ("node-gateway.yaml", "DaemonSet", "DaemonSet/rel-fedfaas-node-gateway"),
+    "cache-engine": ("cache-engine.yaml", "Deployment", "Deployment/rel-fedfaas-cache-engine"),
+    "request-tracker": (
+        "request-tracker.yaml",
+        "Deployment",
+        "Deployment/rel-fedfaas-request-tracker",
+    ),
+    "control-plane": ("control-plane.yaml", "Deployment", "Deployment/rel-fedfaas-control-plane"),
+}
+#: the FedFaaS components the chart runs, and the settings class each reads
+SETTINGS: dict[str, type[BaseSettings]] = {
+    "node-gateway": GatewaySettings,
+    "cache-engine": EngineSettings,
+    "request-tracker": TrackerSettings,
+    "control-plane": ControlPlaneSettings,
 }
 #: a workload's env (name -> literal value, None when computed) and mounts (path -> host path)
 Pod = tuple[dict[str, str | None], dict[str, str | None]]
@@ -80,8 +101,12 @@ def template_pod(text: str, kind: str, values: dict[str, Any]) -> Pod:
     Reads ``- name:``/``value:`` lines, the helpers they ``include`` (with a ``"prefix"``
     argument), a ``with $x.env`` map from ``values``, and ``{{ $x.a.b }}`` or
     ``{{ .Values.a.b }}`` values; any other template value is ``None``. ``if`` blocks are read
-    as if true.
+    as if true. A template that includes ``fedfaas.component`` is read from its arguments:
+    the ``(dict "name" ... "value" ...)`` entries of its env list, ``<prefix>HOST`` and
+    ``<prefix>PORT`` (set by ``_component.tpl``) and the component's ``env`` map.
     """
+    if '"fedfaas.component"' in text:
+        return component_pod(text, values)
     aliases = dict(re.findall(r"\{\{-?\s*(\$\w+)\s*:=\s*\.Values\.([\w.]+)\s*-?\}\}", text))
 
     def resolve(expr: str) -> str | None:
@@ -117,6 +142,23 @@ def template_pod(text: str, kind: str, values: dict[str, Any]) -> Pod:
     mounts = dict(re.findall(r"- name: (\S+)\n\s+mountPath: (\S+)", doc))
     host = dict(re.findall(r"- name: (\S+)\n\s+hostPath:\n\s+path: (.+)", doc))
     return env, {path: resolve(host[vol]) if vol in host else None for vol, path in mounts.items()}
+
+
+def component_pod(text: str, values: dict[str, Any]) -> Pod:
+    """Env of a ``fedfaas.component`` template (see :func:`template_pod`); literal values only."""
+    call = re.search(r'include "fedfaas.component" \(dict (.*)\)', text)
+    assert call is not None
+    prefix = re.search(r'"prefix" "(\w+)"', call.group(1))
+    key = re.search(r'"c" \.Values\.(\w+)', call.group(1))
+    assert prefix is not None and key is not None
+    env: dict[str, str | None] = {
+        f"{prefix.group(1)}HOST": "0.0.0.0",
+        f"{prefix.group(1)}PORT": None,
+    }
+    for name, value in re.findall(r'\(dict "name" "(\w+)" "value" ([^)]*?)\)', text):
+        env[name] = value.strip('"') if re.fullmatch(r'"[^"]*"', value) else None
+    env.update({k: str(v) for k, v in (values[key.group(1)].get("env") or {}).items()})
+    return env, {}
 
 
 def rendered_pod(docs: list[dict[str, Any]], workload: str) -> Pod:
@@ -176,11 +218,30 @@ def test_chart_sets_only_aggregator_names_the_replica_reads(chart: dict[str, Pod
 
 def test_chart_sets_only_gateway_names_the_node_gateway_reads(chart: dict[str, Pod]) -> None:
     env, _ = chart["node-gateway"]
-    assert {ROUTER_SOCKET_ENV, "FEDFAAS_GATEWAY_PORT", "FEDFAAS_GATEWAY_MINIO_ACCESS_KEY"} <= set(
-        env
-    )
+    assert {
+        ROUTER_SOCKET_ENV,
+        "FEDFAAS_GATEWAY_PORT",
+        "FEDFAAS_GATEWAY_MINIO_CREDENTIALS_FILE",
+        "FEDFAAS_GATEWAY_REDIS_CREDENTIALS_FILE",
+        "FEDFAAS_GATEWAY_ADMIN_SECRET_FILE",
+    } <= set(env)
     bad = unread(env, GatewaySettings, "FEDFAAS_GATEWAY_")
     assert not bad, f"the chart sets {bad} on the node gateway; GatewaySettings reads none"
+
+
+@pytest.mark.parametrize("component", sorted(SETTINGS))
+def test_chart_sets_only_names_each_component_reads(chart: dict[str, Pod], component: str) -> None:
+    """Every env var of the component's container, whatever its prefix, is one of its settings."""
+    settings_cls = SETTINGS[component]
+    env, _ = chart[component]
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    assert {f"{prefix}PORT", f"{prefix}REDIS_URL", f"{prefix}REDIS_CREDENTIALS_FILE"} <= set(env)
+    bad = unread(env, settings_cls, "")
+    assert not bad, f"the chart sets {bad} on {component}; {settings_cls.__name__} reads none"
+    # secrets are files: each credential setting the chart gives is a path
+    for name, value in env.items():
+        if name.endswith("_FILE"):
+            assert value is not None and value.startswith("/var/secrets/"), (name, value)
 
 
 def test_gateway_and_aggregator_meet_at_one_router_socket_on_the_node(

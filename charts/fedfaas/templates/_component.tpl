@@ -1,8 +1,11 @@
 {{/* A stateless FedFaaS service: Deployment + ClusterIP Service, non-root, read-only root
-     filesystem, secrets mounted read-only, /healthz probes.
+     filesystem, its secret files (only those) mounted read-only at /var/secrets, /healthz probes.
      Call with (dict "ctx" $ "name" "request-tracker" "c" .Values.requestTracker
                      "prefix" "FEDFAAS_TRACKER_" "env" (list (dict "name" "X" "value" "y"))
-                     "serviceAccount" ""). The component's settings class reads <prefix>HOST and <prefix>PORT. */}}
+                     "files" (dict "redis" "request-tracker" "tokens" (list "admin-token"))
+                     "serviceAccount" ""); "files" as fedfaas.secretFiles takes them. The
+     component's settings class reads <prefix>HOST and <prefix>PORT, and `env` gives it the
+     paths of its files. */}}
 {{- define "fedfaas.component" -}}
 {{- $ctx := .ctx -}}
 {{- $fullname := include "fedfaas.fullname" $ctx -}}
@@ -42,6 +45,9 @@ spec:
       {{- with .serviceAccount }}
       serviceAccountName: {{ . }}
       {{- end }}
+      securityContext:
+        # the secret files are group-readable by this group only (mode 0440)
+        fsGroup: 12000
       {{- with $ctx.Values.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -52,8 +58,9 @@ spec:
           imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
           command:
             {{- toYaml .c.command | nindent 12 }}
+          args:
+            {{- include "fedfaas.logArgs" $ctx | nindent 12 }}
           env:
-            {{- include "fedfaas.env" $ctx | nindent 12 }}
             - name: {{ .prefix }}HOST
               value: "0.0.0.0"
             - name: {{ .prefix }}PORT
@@ -83,11 +90,11 @@ spec:
           resources:
             {{- toYaml .c.resources | nindent 12 }}
           volumeMounts:
-            {{- include "fedfaas.secretMounts" $ctx | trim | nindent 12 }}
+            {{- include "fedfaas.secretsMount" $ctx | nindent 12 }}
             - name: tmp
               mountPath: /tmp
       volumes:
-        {{- include "fedfaas.secretVolumes" $ctx | trim | nindent 8 }}
+        {{- include "fedfaas.secretsVolume" (merge (dict "ctx" $ctx) .files) | nindent 8 }}
         - name: tmp
           emptyDir: {}
       {{- include "fedfaas.placement" (dict "ctx" $ctx "c" .c) | nindent 6 }}

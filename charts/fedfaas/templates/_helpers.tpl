@@ -59,58 +59,13 @@ component: {{ .component }}
 {{- default (printf "%s-minio" (include "fedfaas.fullname" .)) .Values.minio.existingSecret -}}
 {{- end -}}
 
-{{/* Where everything is, as environment variables (same names as `fedfaas up` gives its
-     parts). Secrets are files, never values. */}}
+{{/* Where Redis and MinIO are, for the components' settings (`*_REDIS_URL`, `*_MINIO_ENDPOINT`). */}}
 {{- define "fedfaas.redisURL" -}}
 {{- printf "redis://%s-redis.%s:%d/0" (include "fedfaas.fullname" .) .Release.Namespace (int .Values.redis.port) -}}
 {{- end -}}
 
 {{- define "fedfaas.minioEndpoint" -}}
 {{- printf "%s-minio.%s:%d" (include "fedfaas.fullname" .) .Release.Namespace (int .Values.minio.apiPort) -}}
-{{- end -}}
-
-{{/* <prefix>MINIO_ACCESS_KEY / <prefix>MINIO_SECRET_KEY from the MinIO secret, for settings
-     classes that take the keys as values. Call with (dict "ctx" $ "prefix" "FEDFAAS_ENGINE_"). */}}
-{{- define "fedfaas.minioKeyEnv" -}}
-- name: {{ .prefix }}MINIO_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "fedfaas.minioSecret" .ctx }}
-      key: root-user
-- name: {{ .prefix }}MINIO_SECRET_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "fedfaas.minioSecret" .ctx }}
-      key: root-password
-{{- end -}}
-
-{{- define "fedfaas.env" -}}
-- name: FEDFAAS_REDIS_URL
-  value: {{ include "fedfaas.redisURL" . | quote }}
-- name: FEDFAAS_MINIO_ENDPOINT
-  value: {{ include "fedfaas.minioEndpoint" . | quote }}
-- name: FEDFAAS_MINIO_BUCKET
-  value: {{ .Values.minio.bucket | quote }}
-- name: FEDFAAS_MINIO_ACCESS_KEY_FILE
-  value: /var/secrets/minio/root-user
-- name: FEDFAAS_MINIO_SECRET_KEY_FILE
-  value: /var/secrets/minio/root-password
-- name: FEDFAAS_RUNTIME_URL
-  value: {{ .Values.gatewayURL | quote }}
-- name: OPENFAAS_URL
-  value: {{ .Values.gatewayURL | quote }}
-- name: FEDFAAS_FUNCTION_NAMESPACE
-  value: {{ .Values.functionNamespace | quote }}
-- name: FEDFAAS_SECRETS_DIR
-  value: /var/secrets
-- name: basic_auth
-  value: {{ .Values.basicAuth | quote }}
-- name: secret_mount_path
-  value: /var/secrets
-- name: FEDFAAS_LOG_LEVEL
-  value: {{ ternary "DEBUG" "INFO" .Values.logs.debug | quote }}
-- name: FEDFAAS_LOG_FORMAT
-  value: {{ .Values.logs.format | quote }}
 {{- end -}}
 
 {{/* Extra env of a component, from its `env` map. */}}
@@ -121,28 +76,110 @@ component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* Secrets mounted read-only: OpenFaaS basic-auth at /var/secrets, MinIO credentials at
-     /var/secrets/minio. */}}
-{{- define "fedfaas.secretMounts" -}}
-{{- if .Values.basicAuth }}
-- name: auth
-  mountPath: /var/secrets
-  readOnly: true
-{{- end }}
-- name: minio-credentials
-  mountPath: /var/secrets/minio
-  readOnly: true
+{{/* The command-line tail every FedFaaS component takes (fedfaas/cmdline.py). */}}
+{{- define "fedfaas.logArgs" -}}
+- --log-level
+- {{ ternary "DEBUG" "INFO" .Values.logs.debug }}
 {{- end -}}
 
-{{- define "fedfaas.secretVolumes" -}}
-{{- if .Values.basicAuth }}
-- name: auth
-  secret:
-    secretName: {{ .Values.basicAuthSecret }}
+{{/* ---- Secrets. Every secret is a file: components get PATHS (settings `*_file`), never
+     values, and each pod mounts only the files it needs (secrets.yaml makes them). */}}
+
+{{- define "fedfaas.tokensSecret" -}}
+{{- printf "%s-tokens" (include "fedfaas.fullname" .) -}}
+{{- end -}}
+
+{{- define "fedfaas.minioUsersSecret" -}}
+{{- printf "%s-minio-users" (include "fedfaas.fullname" .) -}}
+{{- end -}}
+
+{{- define "fedfaas.redisUsersSecret" -}}
+{{- printf "%s-redis-users" (include "fedfaas.fullname" .) -}}
+{{- end -}}
+
+{{- define "fedfaas.redisACLSecret" -}}
+{{- printf "%s-redis-acl" (include "fedfaas.fullname" .) -}}
+{{- end -}}
+
+{{/* The OpenFaaS secret every function requires (fedfaas/runtime/function_auth.py TOKEN_SECRET);
+     faas-netes mounts it at /var/openfaas/secrets/fedfaas-function-token. */}}
+{{- define "fedfaas.functionTokenSecret" -}}
+fedfaas-function-token
+{{- end -}}
+
+{{/* MinIO component users: the keys of fedfaas/services.py minio_policies(). Their policies are
+     made by the hook Job (python -m fedfaas.provision_minio) from that same function;
+     tests/platform/test_chart.py keeps this list equal to it. */}}
+{{- define "fedfaas.minioUsers" -}}
+- gateway
+- cache-engine
+{{- end -}}
+
+{{/* Redis ACL users (`default` is off): the table REDIS_USERS of fedfaas/services.py, user ->
+     key patterns and commands; tests/platform/test_chart.py keeps the two equal. */}}
+{{- define "fedfaas.redisUsers" -}}
+admin: "~* &* +@all"
+gateway: "~fedfaas:* resetchannels +@all -@dangerous -@admin"
+control-plane: "~fedfaas:control:* resetchannels +@all -@dangerous -@admin"
+cache-engine: "~flstore:* resetchannels +@all -@dangerous -@admin"
+request-tracker: "~flstore:* resetchannels +@all -@dangerous -@admin"
+baseline: "~baseline:* resetchannels +@all -@dangerous -@admin"
+{{- end -}}
+
+{{/* The files of one component, as the items of a projected volume mounted read-only at
+     /var/secrets: file name -> (secret, key). The names are those of `fedfaas up`'s secrets
+     folder. Call with (dict "ctx" $ "redis" "gateway" "minio" "gateway" "basicAuth" true
+     "tokens" (list "service-token")); every argument but ctx is optional. */}}
+{{- define "fedfaas.secretFiles" -}}
+{{- $ctx := .ctx -}}
+{{- if .redis }}
+- secret:
+    name: {{ include "fedfaas.redisUsersSecret" $ctx }}
+    items:
+      - key: redis-{{ .redis }}.json
+        path: redis-{{ .redis }}.json
 {{- end }}
-- name: minio-credentials
-  secret:
-    secretName: {{ include "fedfaas.minioSecret" . }}
+{{- if .minio }}
+- secret:
+    name: {{ include "fedfaas.minioUsersSecret" $ctx }}
+    items:
+      - key: minio-{{ .minio }}.json
+        path: minio-{{ .minio }}.json
+{{- end }}
+{{- with .tokens }}
+- secret:
+    name: {{ include "fedfaas.tokensSecret" $ctx }}
+    items:
+      {{- range . }}
+      - key: {{ . }}
+        path: {{ . }}
+      {{- end }}
+{{- end }}
+{{- if and .basicAuth $ctx.Values.basicAuth }}
+- secret:
+    name: {{ $ctx.Values.basicAuthSecret }}
+    items:
+      - key: basic-auth-user
+        path: basic-auth-user
+      - key: basic-auth-password
+        path: basic-auth-password
+{{- end }}
+{{- end -}}
+
+{{/* The volume of those files; owner root, group the pod's fsGroup, mode 0440 (a non-root
+     container reads them through its fsGroup). Same arguments as fedfaas.secretFiles. */}}
+{{- define "fedfaas.secretsVolume" -}}
+- name: secrets
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- include "fedfaas.secretFiles" . | nindent 6 }}
+{{- end -}}
+
+{{- define "fedfaas.secretsMount" -}}
+- name: secrets
+  mountPath: /var/secrets
+  readOnly: true
 {{- end -}}
 
 {{/* Placement: the component's own value, else the chart-wide one.

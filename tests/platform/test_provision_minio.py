@@ -1,0 +1,180 @@
+"""``python -m fedfaas.provision_minio``: the Helm chart's hook Job makes the components' MinIO
+users from secret files, with the policies of ``fedfaas up`` (real MinIO, real processes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from minio import Minio
+from minio.credentials.providers import StaticProvider
+from minio.error import S3Error
+from minio.minioadmin import MinioAdmin
+
+from fedfaas.auth import write_token_file
+from fedfaas.provision_minio import main, parser
+from fedfaas.secretfiles import Credentials, read_credentials, write_credentials
+from fedfaas.services import (
+    MINIO_ROOT_PASSWORD,
+    MINIO_ROOT_USER,
+    MinioServer,
+    free_port,
+    minio_policies,
+    minio_user_file,
+    provision_minio,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _users_dir(folder: Path, tag: str) -> Path:
+    """A users folder as the chart mounts it: ``minio-<user>.json`` for every user."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for user in minio_policies(""):
+        creds = Credentials(f"{tag}-{user}", secrets.token_urlsafe(24))
+        write_credentials(minio_user_file(folder, user), creds)
+    return folder
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fedfaas.provision_minio", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=os.environ.copy(),
+    )
+
+
+# ------------------------------------------------------------------ the command line
+def test_command_line_requires_the_endpoint_and_both_folders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["--endpoint", "m:9000", "--users-dir", "/u"])
+    assert exc.value.code == 2
+    assert "--root-credentials-dir" in capsys.readouterr().err
+    args = parser().parse_args(
+        ["--endpoint", "m:9000", "--root-credentials-dir", "/r", "--users-dir", "/u"]
+    )
+    assert (args.bucket, args.secure, args.wait) == ("fedfaas", False, 300.0)
+    assert (args.root_credentials_dir, args.users_dir) == (Path("/r"), Path("/u"))
+
+
+def test_a_missing_root_file_fails_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    users = _users_dir(tmp_path / "users", "x")
+    code = main(
+        ["--endpoint", "127.0.0.1:1", "--root-credentials-dir", str(tmp_path / "root")]
+        + ["--users-dir", str(users), "--wait", "0"]
+    )
+    assert code == 1
+    assert str(tmp_path / "root" / MINIO_ROOT_USER) in capsys.readouterr().err
+
+
+def test_a_missing_user_file_fails_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root"
+    write_token_file(root / MINIO_ROOT_USER, "root")
+    write_token_file(root / MINIO_ROOT_PASSWORD, "password")
+    users = _users_dir(tmp_path / "users", "x")
+    minio_user_file(users, "cache-engine").unlink()
+    port = free_port()
+    code = main(
+        ["--endpoint", f"127.0.0.1:{port}", "--root-credentials-dir", str(root)]
+        + ["--users-dir", str(users), "--wait", "0"]
+    )
+    assert code == 1
+    assert "minio-cache-engine.json" in capsys.readouterr().err
+
+
+def test_provisioning_needs_a_credentials_file_for_every_user(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="no MinIO user 'analyst'"):
+        minio_user_file(tmp_path, "analyst")
+    users = _users_dir(tmp_path / "users", "x")
+    only_gateway = {"gateway": minio_user_file(users, "gateway")}
+    # refused before any connection: nothing listens on port 1
+    with pytest.raises(KeyError, match="cache-engine"):
+        provision_minio("127.0.0.1:1", Credentials("root", "pw"), only_gateway, "fedfaas")
+
+
+def test_minio_that_never_gets_ready_fails_after_the_wait(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_token_file(root / MINIO_ROOT_USER, "root")
+    write_token_file(root / MINIO_ROOT_PASSWORD, "password")
+    users = _users_dir(tmp_path / "users", "x")
+    endpoint = f"127.0.0.1:{free_port()}"
+    res = _run(
+        "--endpoint",
+        endpoint,
+        "--root-credentials-dir",
+        str(root),
+        "--users-dir",
+        str(users),
+        "--wait",
+        "1",
+    )
+    assert res.returncode == 1
+    assert f"MinIO at {endpoint} not ready after 1s" in res.stderr
+
+
+# ------------------------------------------------------------------ against a real MinIO
+@pytest.fixture(scope="module")
+def own_minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    """A MinIO of this module's own: the users made here do not touch the session's."""
+    base = tmp_path_factory.mktemp("provision-minio")
+    server = MinioServer(data_dir=base / "data", secrets_dir=base / "secrets").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_the_entry_point_makes_each_user_with_its_policy_only(
+    own_minio: MinioServer, tmp_path: Path
+) -> None:
+    bucket = f"k8s-{secrets.token_hex(3)}"
+    users = _users_dir(tmp_path / "users", f"k8s{secrets.token_hex(2)}")
+    assert own_minio.secrets_dir is not None
+    args = ["--endpoint", own_minio.endpoint, "--root-credentials-dir", str(own_minio.secrets_dir)]
+    args += ["--users-dir", str(users), "--bucket", bucket, "--wait", "30"]
+    for _ in range(2):  # idempotent: an upgrade runs the hook again
+        res = _run(*args)
+        assert res.returncode == 0, res.stderr
+    assert f"bucket {bucket}" in res.stdout
+
+    admin = MinioAdmin(
+        endpoint=own_minio.endpoint,
+        credentials=StaticProvider(own_minio.access_key, own_minio.secret_key),
+        secure=False,
+    )
+
+    def client(user: str) -> Minio:
+        c = read_credentials(minio_user_file(users, user), "MinIO")
+        info = json.loads(admin.user_info(c.username))
+        assert info["policyName"] == f"fedfaas-{user}" and info["status"] == "enabled"
+        return Minio(own_minio.endpoint, c.username, c.password, secure=False)
+
+    gateway, engine = client("gateway"), client("cache-engine")
+    # the gateway writes and reads its bucket, and reaches no other
+    gateway.put_object(bucket, "job/1/global", io.BytesIO(b"w" * 8), 8)
+    assert gateway.get_object(bucket, "job/1/global").read() == b"w" * 8
+    with pytest.raises(S3Error, match="AccessDenied"):
+        gateway.put_object(own_minio.bucket, "x", io.BytesIO(b"x"), 1)
+    with pytest.raises(S3Error, match="AccessDenied"):
+        gateway.make_bucket(f"other-{secrets.token_hex(3)}")
+    # the cache engine reads the bucket and writes nothing
+    assert engine.get_object(bucket, "job/1/global").read() == b"w" * 8
+    with pytest.raises(S3Error, match="AccessDenied"):
+        engine.put_object(bucket, "job/1/other", io.BytesIO(b"x"), 1)
