@@ -67,9 +67,16 @@ class Running:
 
     def tasks_done(self) -> dict[int, int]:
         """Aggregation tasks each live replica has run, by pid, from the replica's own status."""
+        token = credentials.read(self.secrets, credentials.FUNCTION_TOKEN)
         out = {}
         for rep in self.replicas():
-            st = httpx.get(f"http://{self.host}:{rep['port']}/", timeout=10).json()
+            r = httpx.get(
+                f"http://{self.host}:{rep['port']}/",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            )
+            r.raise_for_status()  # a replica's status needs the function token, as any call
+            st = r.json()
             out[int(rep["pid"])] = sum(int(e["tasks_done"]) for e in st["endpoints"])
         return out
 
