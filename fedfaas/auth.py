@@ -66,7 +66,8 @@ class AuthError(Exception):
 def read_token_file(path: Path, what: str = "token") -> str:
     """The token in ``path``, whitespace trimmed; a clear :class:`AuthConfigError` otherwise.
 
-    A file readable or writable by group or others is logged as a warning (it should be 0600).
+    A file others may read, or group or others may write, is logged as a warning (0600, or
+    0440 as Kubernetes mounts a Secret for a pod's ``fsGroup``).
     """
     try:
         st = path.stat()
@@ -75,7 +76,7 @@ def read_token_file(path: Path, what: str = "token") -> str:
         raise AuthConfigError(f"cannot read the {what} file {path}: {exc}") from exc
     if not value:
         raise AuthConfigError(f"the {what} file {path} is empty: write a random token to it")
-    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o027:
         log.warning("%s file %s has mode %o; it should be 0600", what, path, st.st_mode & 0o777)
     return value
 
