@@ -17,7 +17,8 @@ has a new salt, and the tokens of the one before are refused.
   ``X-Sample-Count``, ``Content-Length``; body: safetensors) -> 202 ``{key, round, client}``
   once sealed in shared memory and journaled. 400 ``malformed_safetensors`` /
   ``spec_mismatch`` / ``size_mismatch`` / ``truncated_body`` / ``bad_sample_count``,
-  401 ``unauthorized``, 403 ``client_revoked``, 404 ``unknown_job``, 409 ``stale_round`` /
+  401 ``unauthorized`` (also for a job this node does not have), 403 ``client_revoked``,
+  409 ``stale_round`` /
   ``future_round`` /
   ``duplicate_client`` / ``round_full`` / ``wrong_node`` / ``job_finished``, 411
   ``length_required``, 413 ``body_too_large`` / ``header_too_large``, 422 ``non_finite``.

@@ -7,8 +7,8 @@ the job-creation body: streamed into shared memory).
 
 Every route but ``/healthz`` needs a credential: the admin secret, or for a job's progress and
 model, a client token of that job (a revoked client's: 403 ``client_revoked``). The credential
-is checked before the job is looked up: without one, these routes answer 401 for a job that
-does not exist too (the native upload route still answers 404 ``unknown_job`` first).
+is checked before the job is looked up: without one, these routes (and the native upload
+route) answer 401 for a job that does not exist too; the admin gets 404 ``unknown_job``.
 """
 
 from __future__ import annotations

@@ -92,7 +92,12 @@ class UploadExchange(Exchange):
     def start(self) -> None:
         gw, req = self.gw, self.req
         job = gw.jobs.get(self.job_name)
-        if job is None:
+        if job is None:  # which jobs exist is for credential holders only (the admin: 404)
+            if not auth.check_admin(gw.secret, req.header("authorization")):
+                raise Unauthorized(
+                    f"missing or wrong bearer token for client {self.client!r} of job "
+                    f"{self.job_name!r} on node {gw.settings.node}"
+                )
             raise JobNotFound(
                 f"no job {self.job_name!r} on node {gw.settings.node}: create it with POST /v1/jobs"
             )

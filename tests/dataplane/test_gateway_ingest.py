@@ -173,7 +173,7 @@ def test_bad_body_is_a_clear_4xx_that_leaves_store_and_round_unchanged(
     [
         ({"rnd": 2}, 409, "future_round"),
         ({"rnd": 0}, 409, "stale_round"),
-        ({"job": "nope"}, 404, "unknown_job"),
+        ({"job": "nope"}, 401, "unauthorized"),  # no job is named to a non-admin
         ({"token": ""}, 401, "unauthorized"),
         ({"token": "0" * 64}, 401, "unauthorized"),
         ({"samples": "0"}, 400, "bad_sample_count"),
