@@ -77,26 +77,26 @@ def test_a_job_created_again_refuses_the_old_tokens_also_after_a_restart(
             again.stop()
 
 
+def _create_rv(url: str, admin: dict[str, str]) -> httpx.Response:
+    """Job ``rv`` on nodes n1 (its root, at ``url``) and n2: 4 clients, a goal of 2."""
+    r = httpx.post(
+        f"{url}/v1/jobs",
+        params={"job": "rv", "rounds": 1, "goal": 2, "clients": "c0,c1,c2,c3", "nodes": "n1,n2"},
+        content=tiny_bytes(0),
+        headers=admin,
+        timeout=120,
+    )
+    assert r.status_code == 201, r.text
+    return r
+
+
 def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_round(
     tmp_path: Path, redis_url: str
 ) -> None:
     with realgw.real_gateways(redis_url, tmp_path) as (urls, secret, _procs):
         n1, n2 = urls["n1"], urls["n2"]
         admin = _auth(secret)
-        r = httpx.post(
-            f"{n1}/v1/jobs",
-            params={
-                "job": "rv",
-                "rounds": 1,
-                "goal": 2,
-                "clients": "c0,c1,c2,c3",
-                "nodes": "n1,n2",
-            },
-            content=tiny_bytes(0),
-            headers=admin,
-            timeout=120,
-        )
-        assert r.status_code == 201, r.text
+        r = _create_rv(n1, admin)
         info: dict[str, Any] = r.json()
         tokens = info["tokens"]
         # the gateway's own plan: c0, c1 upload to n1 and c2, c3 to n2; one update per node
@@ -143,20 +143,7 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
 
         # deleted on its root and created again: both nodes take the new incarnation
         assert httpx.delete(f"{n1}/v1/jobs/rv", headers=admin).status_code == 204
-        r = httpx.post(
-            f"{n1}/v1/jobs",
-            params={
-                "job": "rv",
-                "rounds": 1,
-                "goal": 2,
-                "clients": "c0,c1,c2,c3",
-                "nodes": "n1,n2",
-            },
-            content=tiny_bytes(0),
-            headers=admin,
-            timeout=120,
-        )
-        assert r.status_code == 201, r.text
+        r = _create_rv(n1, admin)
         fresh = r.json()["tokens"]
         _until("n2 takes the new job", lambda: _model(n2, "rv", fresh["c2"]).status_code == 200)
         assert _error(_model(n2, "rv", tokens["c3"])) == (401, "unauthorized")
