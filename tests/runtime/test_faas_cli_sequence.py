@@ -114,7 +114,9 @@ def test_info_namespaces_and_healthz_answer_like_openfaas(http: httpx.Client) ->
     assert r.status_code == 200 and r.content == b""
 
 
-def test_empty_bearer_token_is_tolerated_when_auth_is_off(runtime: RuntimeProcess) -> None:
+def test_faas_cli_without_login_gets_401_with_the_basic_realm(runtime: RuntimeProcess) -> None:
+    """faas-cli sends an empty Bearer token when it has no credentials: the runtime asks for
+    basic auth, as the OpenFaaS gateway does."""
     request = (
         b"GET /system/functions HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: faas-cli/0.17.4\r\n"
         b"Authorization: Bearer \r\nConnection: close\r\n\r\n"
@@ -124,7 +126,8 @@ def test_empty_bearer_token_is_tolerated_when_auth_is_off(runtime: RuntimeProces
         data = b""
         while chunk := s.recv(65536):
             data += chunk
-    assert data.startswith(b"HTTP/1.1 200")
+    assert data.startswith(b"HTTP/1.1 401")
+    assert b'www-authenticate: basic realm="restricted"' in data.lower()
 
 
 def test_logs_stream_the_replica_output_as_ndjson(http: httpx.Client) -> None:
