@@ -13,13 +13,10 @@ from tests.runtime.conftest import available, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
-# faas-cli without saved credentials sends "Bearer " (empty token); h11 will not send the
-# trailing space, so the exact header is checked over a raw socket below.
-FAAS_CLI = {
-    "Content-Type": "application/json",
-    "User-Agent": "faas-cli/0.17.4",
-    "Authorization": "Bearer",
-}
+# faas-cli after `faas-cli login` (the client fixture adds its basic auth on /system/*); without
+# saved credentials it sends "Bearer " (empty token), which h11 will not send with the trailing
+# space, so that one is checked over a raw socket below.
+FAAS_CLI = {"Content-Type": "application/json", "User-Agent": "faas-cli/0.17.4"}
 
 
 def test_faas_cli_deploy_list_describe_scale_invoke_remove_sequence(http: httpx.Client) -> None:
@@ -70,7 +67,7 @@ def test_faas_cli_deploy_list_describe_scale_invoke_remove_sequence(http: httpx.
     assert http.get("/system/function/cli-seq").json()["replicas"] == 2
     wait_until(lambda: available(http, "cli-seq") == 2)
 
-    # invoke (no auth header), through the namespace-qualified name too
+    # invoke (with the function token), through the namespace-qualified name too
     r = http.post(
         "/function/cli-seq", content=b"\x00hello\xff", headers={"Content-Type": "application/x-raw"}
     )
