@@ -32,6 +32,17 @@ def test_runtime_without_an_auth_dir_refuses_to_start(tmp_path: Path) -> None:
     done = subprocess.run(without, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2
     assert "--auth-dir" in done.stderr and "required" in done.stderr.lower()
+    # a folder without the files: the process exits, naming the file
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert f"cannot read {tmp_path / 'basic-auth-user'}" in done.stderr
+
+
+def test_the_auth_dir_can_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEDFAAS_RUNTIME_AUTH_DIR", str(tmp_path))
+    assert RuntimeSettings().auth_dir == tmp_path  # type: ignore[call-arg]
 
 
 def test_runtime_with_an_auth_dir_lacking_the_files_refuses_to_start(tmp_path: Path) -> None:
@@ -61,14 +72,18 @@ def test_runtime_process_makes_private_random_credentials_and_system_needs_them(
         assert bare.get("/healthz").status_code == 200
 
 
-def test_another_runtime_process_gets_another_password(
+def test_another_runtime_process_gets_another_password_and_a_restart_keeps_it(
     runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt").start()
     try:
-        assert rt.auth[1] != runtime.auth[1]
-        with client(rt) as http:
-            assert http.get("/system/functions").status_code == 200
+        first = rt.auth
+        assert first[1] != runtime.auth[1]
+        rt.stop()
+        rt.start()
+        assert rt.auth == first
+        with httpx.Client(base_url=rt.url, trust_env=False) as bare:
+            assert bare.get("/system/functions", auth=first).status_code == 200
     finally:
         rt.stop()
 
