@@ -59,7 +59,7 @@ class RuntimeProcess(ChildProcess):
 
     @property
     def auth(self) -> tuple[str, str]:
-        """``(user, password)`` of ``/system/*``, read from :attr:`auth_dir` (after :meth:`start`)."""
+        """``(user, password)`` of ``/system/*``, from :attr:`auth_dir` (after :meth:`start`)."""
         creds = BasicAuth.from_dir(self.auth_dir)
         return creds.user, creds.password
 
