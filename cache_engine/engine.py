@@ -44,6 +44,28 @@ CATALOG = "flstore:catalog:"
 JOBS = "flstore:jobs"
 FUNCTIONS = "flstore:functions"
 EVALUATORS = "flstore:evaluators"
+#: the engine's counters (``stats`` in ``/v1/state``, ``flstore_engine_<name>`` in ``/metrics``);
+#: every one is there from the start, at 0, so a reader never has to tell "none yet" from
+#: "not reported"
+STATS = (
+    "rounds_ingested",
+    "requests",
+    "hits",
+    "misses",
+    "key_hits",
+    "key_misses",
+    "objects_loaded",
+    "load_seconds_x1000",
+    "evicted_for_room",
+    "objects_evicted",
+    "functions_created",
+    "functions_lost",
+    "failures_reported",
+    "table_corrections",
+    "restored",
+    "prefetched",
+    "replicated",
+)
 
 
 class NoCapacity(EngineError):
@@ -99,7 +121,7 @@ class CacheEngine:
         self.functions: dict[str, FunctionInfo] = {}
         self.sizes: dict[tuple[str, str], int] = {}
         self.evaluators: dict[str, dict[str, Any]] = {}
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter(dict.fromkeys(STATS, 0))
         self._lock = threading.RLock()
         self._inflight: dict[ObjectKey, threading.Event] = {}
         self._pending_evictions = 0

@@ -62,7 +62,14 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
     # read at start, like the tokens: a missing or bad credentials file stops the engine here
     minio = read_credentials(s.minio_credentials_file, "MinIO")
     read_credentials(s.redis_credentials_file, "Redis")
-    app = FastAPI(title="FLStore cache engine", lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
+    app = FastAPI(
+        title="FLStore cache engine",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     install(app, auth)
     service = [Depends(require(Scope.SERVICE))]
 

@@ -100,7 +100,14 @@ def create_app(
                     await loop
             await coord.stop()
 
-    app = FastAPI(title="FedFaaS control plane", lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
+    app = FastAPI(
+        title="FedFaaS control plane",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
 
     def job_salt(job: str) -> str | None:
         coord: Coordinator | None = getattr(app.state, "coordinator", None)

@@ -224,7 +224,8 @@ def register_deploy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         default=None,
         metavar="DIR",
-        help="folder with basic-auth-user and basic-auth-password for --gateway",
+        help="folder with basic-auth-user and basic-auth-password (required unless the "
+        "local platform is the gateway)",
     )
     _add_state_dir(p)
     p.set_defaults(handler=run_deploy)
@@ -244,6 +245,12 @@ def run_deploy(args: argparse.Namespace) -> int:
         url, resolve = runtime.address, False
         if auth is None:
             auth = credentials.basic_auth(Path(st.state_dir) / "secrets")
+    if auth is None:
+        raise PlatformError(
+            "no credentials for the gateway: --auth-dir DIR names the folder with its "
+            "basic-auth-user and basic-auth-password (every gateway, the embedded runtime "
+            "included, checks basic auth on /system/*)"
+        )
     try:
         results = deploy(
             args.stack, url, auth=auth, filter=args.filter, replace=args.replace, resolve=resolve

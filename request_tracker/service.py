@@ -38,7 +38,14 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
 
     auth = Authenticator.from_files(s.admin_token_file, analyst=s.analyst_token_file)
     read_credentials(s.redis_credentials_file, "Redis")  # a bad file stops the tracker here
-    app = FastAPI(title="FLStore request tracker", lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
+    app = FastAPI(
+        title="FLStore request tracker",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     install(app, auth)
     analyst = [Depends(require(Scope.ANALYST))]
 

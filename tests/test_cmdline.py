@@ -45,7 +45,12 @@ CASES: list[CommandLineSettings] = [
         scale_down_s=4.0,
         redis_credentials_file=Path("/run/s/redis-control-plane.json"),
     ),
-    RuntimeSettings(port=9005, ce_limits=True, nodes={"n1": Path("/tmp/n1.sock")}),
+    RuntimeSettings(
+        port=9005,
+        auth_dir=Path("/run/s/runtime-auth"),
+        ce_limits=True,
+        nodes={"n1": Path("/tmp/n1.sock")},
+    ),
 ]
 
 
@@ -80,4 +85,4 @@ def test_a_bad_value_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str])
 
 def test_a_setting_without_a_flag_is_refused_rather_than_dropped() -> None:
     with pytest.raises(ValueError, match="python"):
-        RuntimeSettings(python="/usr/bin/python3.99").to_argv()
+        RuntimeSettings(auth_dir=Path("/run/s"), python="/usr/bin/python3.99").to_argv()

@@ -146,7 +146,8 @@ class FLStoreStack:
         try:
             self.runtime = RuntimeProcess(state_dir=self.workdir / "runtime", host=self.host)
             self.runtime.start(timeout)
-            with OpenFaaS(self.runtime_url) as gw:  # the cache functions are deployed with it
+            # the cache functions are deployed with it
+            with OpenFaaS(self.runtime_url, self.runtime.auth) as gw:
                 gw.set_secret(FUNCTION_TOKEN_SECRET, self.token("function"))
             engine = _settings(
                 EngineSettings,
@@ -158,6 +159,7 @@ class FLStoreStack:
                     "minio_endpoint": self.minio.endpoint,
                     "minio_credentials_file": self.minio.credentials_file("cache-engine"),
                     "runtime_url": self.runtime_url,
+                    "runtime_auth_dir": str(self.runtime.auth_dir),
                     "admin_token_file": self.token_file("admin"),
                     "service_token_file": self.token_file("service"),
                     "function_token_file": self.token_file("function"),

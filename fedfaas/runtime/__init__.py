@@ -1,8 +1,9 @@
 """The embedded OpenFaaS-compatible runtime.
 
-``python -m fedfaas.runtime --stack stack.yml --state-dir DIR [--auth-dir DIR]`` serves the
-OpenFaaS gateway API (reference/openfaas.md) and runs each function replica as a process
-(``python -m fedfaas.runtime.watchdog``) following the python3-http template contract.
+``python -m fedfaas.runtime --stack stack.yml --state-dir DIR --auth-dir DIR`` serves the
+OpenFaaS gateway API (reference/openfaas.md), with basic auth on ``/system/*`` always on, and
+runs each function replica as a process (``python -m fedfaas.runtime.watchdog``) following the
+python3-http template contract.
 
 Exports are resolved lazily so that a replica (which imports only the watchdog) starts without
 loading FastAPI and the provider.

@@ -42,9 +42,8 @@ def _provider(request: Request) -> Provider:
 
 
 def _check_auth(request: Request) -> None:
-    auth: BasicAuth | None = request.app.state.auth
-    if auth is not None:
-        auth.check(request.headers.get("authorization"))
+    auth: BasicAuth = request.app.state.auth
+    auth.check(request.headers.get("authorization"))
 
 
 ProviderDep = Annotated[Provider, Depends(_provider)]
@@ -247,9 +246,15 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     ----------
     settings:
         Runtime settings; read from ``FEDFAAS_RUNTIME_*`` when omitted.
+
+    Raises
+    ------
+    ValueError
+        ``settings.auth_dir`` lacks ``basic-auth-user`` or ``basic-auth-password`` (basic auth
+        on ``/system/*`` is never off).
     """
-    settings = settings or RuntimeSettings()
-    auth = BasicAuth.from_dir(settings.auth_dir) if settings.auth_dir else None
+    settings = settings or RuntimeSettings()  # type: ignore[call-arg]  # auth_dir from the env
+    auth = BasicAuth.from_dir(settings.auth_dir)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -257,7 +262,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         client = make_client(settings.upstream_timeout)
         await provider.start()
         app.state.provider, app.state.client = provider, client
-        log.info("runtime ready (auth %s, stack %s)", "on" if auth else "off", settings.stack)
+        log.info("runtime ready (basic auth user %s, stack %s)", auth.user, settings.stack)
         try:
             yield
         finally:

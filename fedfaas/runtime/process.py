@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfaas.runtime.auth import BasicAuth
 from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.services import ChildProcess, ServiceError, free_port, http_ok
 
@@ -21,17 +22,23 @@ class RuntimeProcess(ChildProcess):
 
     ``settings`` holds further :class:`RuntimeSettings` (``{"ready_wait": 2}``).
 
+    Basic auth on ``/system/*`` is always on: :meth:`start` keeps the credentials in
+    :attr:`auth_dir` (``<state_dir>/auth``, folder 0700, files 0600), making a user ``admin``
+    with a random password where the files do not exist yet (write them first to choose), and
+    :attr:`auth` is the ``(user, password)`` pair a caller sends.
+
     Examples
     --------
     >>> rt = RuntimeProcess(stack=Path("stack.yml"), state_dir=Path(".state/runtime")).start()
     >>> rt.url  # doctest: +SKIP
     'http://127.0.0.1:41234'
+    >>> httpx.get(f"{rt.url}/system/functions", auth=rt.auth)  # doctest: +SKIP
+    <Response [200 OK]>
     >>> rt.stop()  # doctest: +SKIP
     """
 
     stack: Path | None = None
     state_dir: Path = Path(".state/runtime")
-    auth_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 0
     settings: dict[str, Any] = field(default_factory=dict)
@@ -45,6 +52,17 @@ class RuntimeProcess(ChildProcess):
     def log_path(self) -> Path:
         return self.state_dir / "runtime.log"
 
+    @property
+    def auth_dir(self) -> Path:
+        """The folder with ``basic-auth-user`` and ``basic-auth-password``."""
+        return self.state_dir / "auth"
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        """``(user, password)`` of ``/system/*``, from :attr:`auth_dir` (after :meth:`start`)."""
+        creds = BasicAuth.from_dir(self.auth_dir)
+        return creds.user, creds.password
+
     def start(self, timeout: float = 30.0) -> RuntimeProcess:
         """Spawn the runtime and wait until ``/healthz`` answers 200.
 
@@ -55,6 +73,7 @@ class RuntimeProcess(ChildProcess):
         """
         self.port = self.port or free_port(self.host)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        BasicAuth.ensure_dir(self.auth_dir)
         argv = RuntimeSettings(
             host=self.host,
             port=self.port,

@@ -18,7 +18,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 
 class RuntimeSettings(CommandLineSettings):
-    """Everything the runtime reads at start; every default works on one machine.
+    """Everything the runtime reads at start; every default works on one machine, and
+    ``auth_dir`` has none: the runtime never serves ``/system/*`` without credentials.
 
     Attributes
     ----------
@@ -28,8 +29,10 @@ class RuntimeSettings(CommandLineSettings):
     state_dir:
         Replica logs live under ``<state_dir>/functions/<name>/``.
     auth_dir:
-        Folder with ``basic-auth-user`` and ``basic-auth-password``; basic auth on ``/system/*``
-        is off when it is ``None``.
+        Folder with ``basic-auth-user`` and ``basic-auth-password``, the one user of basic auth
+        on ``/system/*``. Required: without it ``python -m fedfaas.runtime`` exits 2 naming
+        ``--auth-dir``, and without the files :func:`~fedfaas.runtime.app.create_app` raises
+        ``ValueError`` naming the missing file. ``RuntimeProcess`` makes a random pair.
     ce_limits:
         Apply OpenFaaS CE's limits (scale labels <= 5, scale clamped to [1, 5], 15 functions).
         Off by default: FedFaaS runs more than five aggregator replicas on one node.
@@ -79,7 +82,7 @@ class RuntimeSettings(CommandLineSettings):
     port: int = 8080
     stack: Path | None = None
     state_dir: Path = Path(".state/runtime")
-    auth_dir: Path | None = None
+    auth_dir: Path
     namespace: str = "openfaas-fn"
     ce_limits: bool = False
     max_functions: int = 15

@@ -1,7 +1,9 @@
 """Every route of every FastAPI service but the health check needs a credential.
 
-Walks ``app.routes`` (a route added later without ``require(...)`` fails here) and sends each
-route no credential, a wrong one and a valid credential of a scope the route does not allow.
+Walks ``app.routes``, every kind of route (a route added later without ``require(...)`` fails
+here, and so does one that is no ``APIRoute`` at all, such as FastAPI's ``/docs``, ``/redoc`` and
+``/openapi.json`` or a mount), and sends each route no credential, a wrong one and a valid
+credential of a scope the route does not allow.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from starlette.routing import BaseRoute
 
 from cache_engine.service import create_app as engine_app
 from cache_engine.settings import EngineSettings
@@ -82,21 +85,33 @@ SERVICES: dict[str, Callable[[dict[Scope, Path]], FastAPI]] = {
 }
 
 
+#: the "method" of a route that takes any (a mount, a websocket route)
+ANY = "*"
+
+
+def _methods(route: BaseRoute) -> list[str]:
+    return sorted(getattr(route, "methods", None) or {ANY})
+
+
 def _cases() -> list[tuple[str, str, str]]:
+    """(service, method, path) of every route of every kind but the open ones."""
     tokens = _tokens(Path(__import__("tempfile").mkdtemp()))
     out = []
     for name, build in SERVICES.items():
         for r in build(tokens).routes:
-            if isinstance(r, APIRoute) and r.path not in OPEN:
-                out.extend((name, m, r.path) for m in sorted(r.methods))
+            path = getattr(r, "path", repr(r))
+            if path not in OPEN:
+                out.extend((name, m, path) for m in _methods(r))
     return out
 
 
-def _guard(route: APIRoute) -> require:
+def _guard(route: BaseRoute) -> require:
+    where = f"{_methods(route)} {getattr(route, 'path', route)!r}"
+    assert isinstance(route, APIRoute), f"{where} is a {type(route).__name__}: nothing guards it"
     for dep in route.dependant.dependencies:
         if isinstance(dep.call, require):
             return dep.call
-    raise AssertionError(f"{sorted(route.methods)} {route.path} has no require(...) dependency")
+    raise AssertionError(f"{where} has no require(...) dependency")
 
 
 def _assert_refused(resp, status: int) -> None:
@@ -115,7 +130,7 @@ def test_route_refuses_missing_wrong_and_other_scope_credentials(
     tokens = _tokens(tmp_path)
     app = SERVICES[service](tokens)
     route = next(
-        r for r in app.routes if isinstance(r, APIRoute) and r.path == path and method in r.methods
+        r for r in app.routes if getattr(r, "path", repr(r)) == path and method in _methods(r)
     )
     guard = _guard(route)
     url = re.sub(r"\{[^}]+\}", "x", path) + "?client=c"
@@ -143,6 +158,28 @@ def test_route_refuses_missing_wrong_and_other_scope_credentials(
 def test_every_service_has_guarded_routes() -> None:
     services = {c[0] for c in _cases()}
     assert services == set(SERVICES)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_health_check_is_the_only_open_route_and_there_is_no_schema_or_docs(
+    tmp_path: Path, service: str
+) -> None:
+    app = SERVICES[service](_tokens(tmp_path))
+    open_routes = {r.path for r in app.routes if isinstance(r, APIRoute) and r.path in OPEN}
+    assert open_routes == OPEN
+    client = TestClient(app)
+    for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+        assert client.get(path).status_code in (401, 404), path
+
+
+def test_the_route_walk_refuses_a_route_of_another_kind() -> None:
+    """FastAPI's default docs are starlette Routes, not APIRoutes: the walk must see them."""
+    app = FastAPI()
+    kinds = {getattr(r, "path", "") for r in app.routes if not isinstance(r, APIRoute)}
+    assert {"/openapi.json", "/docs", "/redoc"} <= kinds
+    for r in app.routes:
+        with pytest.raises(AssertionError, match="nothing guards it"):
+            _guard(r)
 
 
 def _salted(salts: dict[str, str]) -> Authenticator:

@@ -9,6 +9,7 @@ real ``aggregator`` and ``flstore`` handlers deployed on that runtime.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,14 @@ import pytest
 
 from fedfaas.openfaas import FUNCTION_TOKEN_SECRET
 from fedfaas.runtime import RuntimeProcess, create_app
+from fedfaas.runtime.auth import BasicAuth
 from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.stackfile import load_stack
 from tests.runtime.conftest import (
     FN_AUTH,
     FUNCTION_TOKEN,
-    PASSWORD,
     REPO,
     STACK,
-    USER,
     available,
     wait_until,
     with_function_token,
@@ -49,7 +49,10 @@ def _route_table() -> list[Any]:
     """Every route of the runtime app, those of included routers too (FastAPI keeps an
     included router as one entry whose ``effective_candidates()`` are its routes)."""
     out = []
-    for route in create_app(RuntimeSettings()).routes:
+    with tempfile.TemporaryDirectory() as auth_dir:
+        BasicAuth.ensure_dir(Path(auth_dir))
+        routes = create_app(RuntimeSettings(auth_dir=Path(auth_dir))).routes
+    for route in routes:
         inner = getattr(route, "effective_candidates", None)
         out.extend(inner() if callable(inner) else [route])
     assert all(r.path for r in out), out
@@ -76,14 +79,9 @@ def test_the_route_table_has_no_route_outside_system_but_health_and_functions() 
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
     """A runtime with basic auth, the function token secret, and the real aggregator and
     flstore functions deployed."""
-    auth_dir = tmp_path_factory.mktemp("auth")
-    (auth_dir / "basic-auth-user").write_text(USER)
-    (auth_dir / "basic-auth-password").write_text(PASSWORD)
-    rt = RuntimeProcess(
-        stack=STACK, state_dir=tmp_path_factory.mktemp("rt"), auth_dir=auth_dir
-    ).start()
+    rt = RuntimeProcess(stack=STACK, state_dir=tmp_path_factory.mktemp("rt")).start()
     try:
-        with_function_token(rt, (USER, PASSWORD))
+        with_function_token(rt)
         aggregator = load_stack(STACK).functions["aggregator"].deployment()
         flstore = {
             "service": "flstore-cache-0",
@@ -91,7 +89,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
             "annotations": {"com.fedfaas.handler": str(REPO / "functions" / "flstore")},
             "secrets": [FUNCTION_TOKEN_SECRET],
         }
-        with httpx.Client(base_url=rt.url, auth=(USER, PASSWORD), trust_env=False) as http:
+        with httpx.Client(base_url=rt.url, auth=rt.auth, trust_env=False) as http:
             for body in (aggregator, flstore):
                 r = http.post("/system/functions", json=body)
                 assert r.status_code == 202, r.text
@@ -112,7 +110,7 @@ def test_every_system_route_refuses_missing_and_wrong_credentials(
             assert r.status_code == 401, (what, method, path, r.status_code)
             assert r.json() == {"error": "unauthorized", "detail": "invalid credentials"}, what
             assert r.headers["www-authenticate"] == 'Basic realm="Restricted"'
-        ok = http.request(method, path, auth=(USER, PASSWORD), content=b'{"name": "x"}')
+        ok = http.request(method, path, auth=runtime.auth, content=b'{"name": "x"}')
         assert ok.status_code != 401, (method, path)
 
 

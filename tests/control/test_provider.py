@@ -57,19 +57,16 @@ def test_request_shapes_of_scale_and_describe_with_a_mock_transport():
 def runtime(tmp_path_factory):
     """The real embedded runtime (fedfaas.runtime) with basic auth and the echo function."""
     d = tmp_path_factory.mktemp("runtime")
-    (d / "auth").mkdir()
-    (d / "auth" / "basic-auth-user").write_text("admin\n")
-    (d / "auth" / "basic-auth-password").write_text("s3cret\n")
-    rt = RuntimeProcess(stack=ROOT / "stack.yml", state_dir=d / "state", auth_dir=d / "auth")
+    rt = RuntimeProcess(stack=ROOT / "stack.yml", state_dir=d / "state")
     rt.start(60)
     try:
         url = rt.url
         secret = {"name": "fedfaas-function-token", "value": "control-test-token"}
-        r = httpx.post(f"{url}/system/secrets", auth=("admin", "s3cret"), json=secret)
+        r = httpx.post(f"{url}/system/secrets", auth=rt.auth, json=secret)
         assert r.status_code == 202, r.text
         r = httpx.post(
             f"{url}/system/functions",
-            auth=("admin", "s3cret"),
+            auth=rt.auth,
             json={
                 "service": "echo",
                 "image": "ghcr.io/fedfaas/echo:0.1.0",
@@ -77,7 +74,7 @@ def runtime(tmp_path_factory):
             },
         )
         assert r.status_code == 202, r.text
-        yield url, d / "auth"
+        yield url, rt.auth_dir
     finally:
         rt.stop()
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,11 +22,34 @@ FUNCTION_TOKEN = "test-function-token-0123456789"
 FN_AUTH = {"Authorization": f"Bearer {FUNCTION_TOKEN}"}
 
 
-def with_function_token(rt: RuntimeProcess, auth: tuple[str, str] | None = None) -> RuntimeProcess:
+def with_function_token(rt: RuntimeProcess) -> RuntimeProcess:
     """Create the runtime secret ``fedfaas-function-token`` (FUNCTION_TOKEN) on ``rt``."""
-    with OpenFaaS(rt.url, auth) as gw:
+    with OpenFaaS(rt.url, rt.auth) as gw:
         gw.set_secret(FUNCTION_TOKEN_SECRET, FUNCTION_TOKEN)
     return rt
+
+
+class RuntimeAuth(httpx.Auth):
+    """What a caller of the runtime sends: basic auth (``rt.auth``) on ``/system/*``, the
+    function token elsewhere (``/function/*``); a request that sets its own ``Authorization``
+    keeps it."""
+
+    def __init__(self, rt: RuntimeProcess) -> None:
+        self.basic = httpx.BasicAuth(*rt.auth)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if "authorization" in request.headers:
+            yield request
+        elif request.url.path.startswith("/system/"):
+            yield from self.basic.auth_flow(request)
+        else:
+            request.headers["Authorization"] = FN_AUTH["Authorization"]
+            yield request
+
+
+def client(rt: RuntimeProcess, **kwargs: Any) -> httpx.Client:
+    """An httpx client of ``rt`` with :class:`RuntimeAuth`."""
+    return httpx.Client(base_url=rt.url, trust_env=False, auth=RuntimeAuth(rt), **kwargs)
 
 
 def echo_body(service: str, **extra: object) -> dict[str, object]:
@@ -54,8 +78,8 @@ def available(http: httpx.Client, name: str) -> int:
 
 @pytest.fixture(scope="session")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
-    """A runtime without auth, serving stack.yml's functions (ready wait 2s for quick 503s),
-    with the function token secret."""
+    """A runtime serving stack.yml's functions (ready wait 2s for quick 503s), with the
+    function token secret and the random basic-auth credentials RuntimeProcess made."""
     rt = RuntimeProcess(
         stack=STACK, state_dir=tmp_path_factory.mktemp("runtime"), settings={"ready_wait": 2}
     ).start()
@@ -67,21 +91,21 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
 
 @pytest.fixture(scope="session")
 def auth_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
-    """A runtime with basic auth from files (with whitespace that must be trimmed)."""
-    auth_dir = tmp_path_factory.mktemp("auth")
-    (auth_dir / "basic-auth-user").write_text(f"{USER}\n")
-    (auth_dir / "basic-auth-password").write_text(f"  {PASSWORD}\n")
-    rt = RuntimeProcess(
-        stack=STACK, state_dir=tmp_path_factory.mktemp("runtime-auth"), auth_dir=auth_dir
-    ).start()
+    """A runtime with basic auth USER/PASSWORD chosen by writing its files first (with
+    whitespace that must be trimmed)."""
+    rt = RuntimeProcess(stack=STACK, state_dir=tmp_path_factory.mktemp("runtime-auth"))
+    rt.auth_dir.mkdir(mode=0o700)
+    (rt.auth_dir / "basic-auth-user").write_text(f"{USER}\n")
+    (rt.auth_dir / "basic-auth-password").write_text(f"  {PASSWORD}\n")
+    rt.start()
     try:
-        yield with_function_token(rt, (USER, PASSWORD))
+        yield with_function_token(rt)
     finally:
         rt.stop()
 
 
 @pytest.fixture()
 def http(runtime: RuntimeProcess) -> Iterator[httpx.Client]:
-    """A client of ``runtime`` that sends the function token (auth is off on ``/system/*``)."""
-    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=60, headers=FN_AUTH) as client:
-        yield client
+    """A client of ``runtime`` with :class:`RuntimeAuth`."""
+    with client(runtime, timeout=60) as c:
+        yield c

@@ -8,14 +8,14 @@ import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import PASSWORD, USER, available, echo_body, wait_until
+from tests.runtime.conftest import PASSWORD, USER, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def echo_fn(runtime: RuntimeProcess) -> str:
-    with httpx.Client(base_url=runtime.url, trust_env=False) as http:
+    with client(runtime) as http:
         assert http.post("/system/functions", json=echo_body("bad-echo")).status_code == 202
         wait_until(lambda: available(http, "bad-echo") == 1)
     return "bad-echo"

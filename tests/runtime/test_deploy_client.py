@@ -134,11 +134,11 @@ def test_resolve_off_needs_a_gateway_url() -> None:
 
 @pytest.mark.integration
 def test_deploy_against_the_runtime_then_manage_with_the_client(runtime: RuntimeProcess) -> None:
-    [first] = deploy(STACK, runtime.url, filter="echo")
+    [first] = deploy(STACK, runtime.url, auth=runtime.auth, filter="echo")
     assert (first.method, first.status) == ("POST", 202)
-    [again] = deploy(STACK, runtime.url, filter="echo")
+    [again] = deploy(STACK, runtime.url, auth=runtime.auth, filter="echo")
     assert (again.method, again.status) == ("PUT", 202)
-    with OpenFaaS(runtime.url) as gw:
+    with OpenFaaS(runtime.url, runtime.auth) as gw:
         wait_until(lambda: getattr(gw.function("echo"), "available_replicas", 0) >= 1)
         assert [f["name"] for f in gw.list_functions()].count("echo") == 1
         assert gw.invoke("echo", b"\x01\x02", headers=FN_AUTH).content == b"\x01\x02"
@@ -205,7 +205,7 @@ def test_sync_and_async_clients_send_the_same_requests() -> None:
 
 
 @pytest.mark.integration
-def test_deploy_needs_credentials_when_auth_is_on_and_rejects_unknown_images(
+def test_deploy_needs_credentials_and_rejects_unknown_images(
     auth_runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     with pytest.raises(DeployError) as err:

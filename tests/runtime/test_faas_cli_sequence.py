@@ -13,13 +13,10 @@ from tests.runtime.conftest import available, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
-# faas-cli without saved credentials sends "Bearer " (empty token); h11 will not send the
-# trailing space, so the exact header is checked over a raw socket below.
-FAAS_CLI = {
-    "Content-Type": "application/json",
-    "User-Agent": "faas-cli/0.17.4",
-    "Authorization": "Bearer",
-}
+# faas-cli after `faas-cli login` (the client fixture adds its basic auth on /system/*); without
+# saved credentials it sends "Bearer " (empty token), which h11 will not send with the trailing
+# space, so that one is checked over a raw socket below.
+FAAS_CLI = {"Content-Type": "application/json", "User-Agent": "faas-cli/0.17.4"}
 
 
 def test_faas_cli_deploy_list_describe_scale_invoke_remove_sequence(http: httpx.Client) -> None:
@@ -70,7 +67,7 @@ def test_faas_cli_deploy_list_describe_scale_invoke_remove_sequence(http: httpx.
     assert http.get("/system/function/cli-seq").json()["replicas"] == 2
     wait_until(lambda: available(http, "cli-seq") == 2)
 
-    # invoke (no auth header), through the namespace-qualified name too
+    # invoke (with the function token), through the namespace-qualified name too
     r = http.post(
         "/function/cli-seq", content=b"\x00hello\xff", headers={"Content-Type": "application/x-raw"}
     )
@@ -114,7 +111,9 @@ def test_info_namespaces_and_healthz_answer_like_openfaas(http: httpx.Client) ->
     assert r.status_code == 200 and r.content == b""
 
 
-def test_empty_bearer_token_is_tolerated_when_auth_is_off(runtime: RuntimeProcess) -> None:
+def test_faas_cli_without_login_gets_401_with_the_basic_realm(runtime: RuntimeProcess) -> None:
+    """faas-cli sends an empty Bearer token when it has no credentials: the runtime asks for
+    basic auth, as the OpenFaaS gateway does."""
     request = (
         b"GET /system/functions HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: faas-cli/0.17.4\r\n"
         b"Authorization: Bearer \r\nConnection: close\r\n\r\n"
@@ -124,7 +123,8 @@ def test_empty_bearer_token_is_tolerated_when_auth_is_off(runtime: RuntimeProces
         data = b""
         while chunk := s.recv(65536):
             data += chunk
-    assert data.startswith(b"HTTP/1.1 200")
+    assert data.startswith(b"HTTP/1.1 401")
+    assert b'www-authenticate: basic realm="restricted"' in data.lower()
 
 
 def test_logs_stream_the_replica_output_as_ndjson(http: httpx.Client) -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import FN_AUTH, FUNCTION_TOKEN, available, echo_body, wait_until
+from tests.runtime.conftest import FUNCTION_TOKEN, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def edge(runtime: RuntimeProcess, tmp_path_factory: pytest.TempPathFactory) -> s
     folder = tmp_path_factory.mktemp("edgefn")
     (folder / "handler.py").write_text(HANDLER)
     body = echo_body("edge", annotations={"com.fedfaas.handler": str(folder)})
-    with httpx.Client(base_url=runtime.url, trust_env=False) as http:
+    with client(runtime) as http:
         assert http.post("/system/functions", json=body).status_code == 202
         wait_until(lambda: available(http, "edge") == 1)
     return "edge"
@@ -91,7 +91,7 @@ def test_caller_leaving_mid_stream_stops_the_replica_generator(
 ) -> None:
     marker = tmp_path / "closed"
     with (
-        httpx.Client(base_url=runtime.url, trust_env=False, timeout=30, headers=FN_AUTH) as http,
+        client(runtime, timeout=30) as http,
         http.stream("GET", f"/function/{edge}/forever", params={"marker": str(marker)}) as r,
     ):
         assert r.status_code == 200
@@ -115,7 +115,7 @@ def test_caller_leaving_mid_upload_is_no_server_error(runtime: RuntimeProcess, e
         s.sendall(head + b"y" * (1024 * 1024))
     wait_until(lambda: "client left while sending its body" in runtime.log_path.read_text())
     assert "Exception in ASGI application" not in runtime.log_path.read_text()
-    with httpx.Client(base_url=runtime.url, trust_env=False, headers=FN_AUTH) as http:
+    with client(runtime) as http:
         r = http.post(f"/function/{edge}", content=b"next one")
         assert (r.status_code, r.content) == (200, b"next one")
 

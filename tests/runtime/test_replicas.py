@@ -13,9 +13,9 @@ import pytest
 
 from fedfaas.runtime import RuntimeProcess
 from tests.runtime.conftest import (
-    FN_AUTH,
     STACK,
     available,
+    client,
     echo_body,
     wait_until,
     with_function_token,
@@ -165,7 +165,7 @@ def test_no_replica_outlives_the_runtime(tmp_path: Path, sig: signal.Signals) ->
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt").start()
     try:
         with_function_token(rt)
-        with httpx.Client(base_url=rt.url, trust_env=False) as http:
+        with client(rt) as http:
             labels = {"com.openfaas.scale.min": "2"}
             assert (
                 http.post("/system/functions", json=echo_body("orphan", labels=labels)).status_code
@@ -191,7 +191,7 @@ def test_hung_replica_is_marked_unready_then_replaced(tmp_path: Path) -> None:
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt", env=env).start()
     try:
         with_function_token(rt)
-        with httpx.Client(base_url=rt.url, trust_env=False, headers=FN_AUTH) as http:
+        with client(rt) as http:
             assert http.post("/system/functions", json=echo_body("hung")).status_code == 202
             wait_until(lambda: available(http, "hung") == 1)
             [pid] = _pids(http, "hung")

@@ -22,6 +22,7 @@ from tests.runtime.conftest import (
     STACK,
     USER,
     available,
+    client,
     echo_body,
     wait_until,
 )
@@ -217,7 +218,7 @@ def test_secrets_survive_a_runtime_restart_and_functions_do_not(tmp_path: Path) 
     for attempt in (1, 2):
         rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt").start()
         try:
-            with httpx.Client(base_url=rt.url, trust_env=False) as http:
+            with client(rt) as http:
                 if attempt == 1:
                     secret = {"name": "kept", "value": "v"}
                     assert http.post("/system/secrets", json=secret).status_code == 202

@@ -7,12 +7,11 @@ import os
 import threading
 from collections.abc import Iterator
 
-import httpx
 import psutil
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.runtime.conftest import FN_AUTH, available, echo_body, wait_until
+from tests.runtime.conftest import FN_AUTH, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +50,7 @@ class _PeakRss:
 
 @pytest.fixture(scope="module")
 def big_echo(runtime: RuntimeProcess) -> str:
-    with httpx.Client(base_url=runtime.url, trust_env=False, headers=FN_AUTH) as http:
+    with client(runtime) as http:
         assert http.post("/system/functions", json=echo_body("big-echo")).status_code == 202
         wait_until(lambda: available(http, "big-echo") == 1)
         # warm the proxy path so one-off allocations are not counted as growth
@@ -69,7 +68,7 @@ def _roundtrip(
         headers["Content-Length"] = str(mib * MiB)
     assert runtime.pid is not None
     with (
-        httpx.Client(base_url=runtime.url, trust_env=False, timeout=300) as http,
+        client(runtime, timeout=300) as http,
         _PeakRss(runtime.pid) as rss,
     ):
         before = rss.peak
