@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -44,10 +43,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         cold = MinioColdStore(
             s.minio_endpoint, minio.username, minio.password, s.bucket, create=False
         )
-        auth_dir = Path(s.runtime_auth_dir) if s.runtime_auth_dir else None
-        has_auth = auth_dir is not None and (auth_dir / "basic-auth-user").is_file()
-        auth = read_basic_auth(auth_dir) if auth_dir is not None and has_auth else None
-        openfaas = OpenFaaS(s.runtime_url, auth, timeout=30.0)
+        openfaas = OpenFaaS(s.runtime_url, runtime_auth, timeout=30.0)
         engine = CacheEngine(s, r, cold, openfaas)
         engine.start()
         app.state.engine = engine
@@ -62,6 +58,8 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
     # read at start, like the tokens: a missing or bad credentials file stops the engine here
     minio = read_credentials(s.minio_credentials_file, "MinIO")
     read_credentials(s.redis_credentials_file, "Redis")
+    # the provider's basic auth, when given, must be there: never a silent unauthenticated call
+    runtime_auth = read_basic_auth(s.runtime_auth_dir) if s.runtime_auth_dir else None
     # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
     app = FastAPI(
         title="FLStore cache engine",

@@ -26,7 +26,9 @@ class EngineSettings(CommandLineSettings):
         mints per-job temporary credentials for the cache functions, which have none of their
         own.
     runtime_url, runtime_auth_dir
-        The OpenFaaS gateway (embedded runtime) that creates the cache functions.
+        The OpenFaaS gateway (embedded runtime) that creates the cache functions, and the folder
+        of its basic-auth files (``basic-auth-user``, ``basic-auth-password``): a folder without
+        them stops the engine at start; none only for a gateway with basic auth off.
     policy
         ``flstore`` (P1-P4) or a baseline: ``lru``, ``fifo``, ``lfu``, ``random``, ``static``.
     capacity_objects

@@ -1,4 +1,4 @@
-"""``python -m fedfaas.runtime --host H --port P --stack stack.yml --state-dir DIR [--auth-dir DIR]``.
+"""``python -m fedfaas.runtime --host H --port P --stack stack.yml --state-dir DIR --auth-dir DIR``.
 
 The flags are ``RuntimeSettings.FLAGS`` (``--nodes '{"node0": "/run/node0.sock"}'`` places
 replicas on node gateways).

@@ -31,6 +31,7 @@ from fedfaas.auth import (
     require,
     write_token_file,
 )
+from fedfaas.openfaas import OpenFaaSError
 from fedfaas.secretfiles import Credentials, write_credentials
 from request_tracker.service import create_app as tracker_app
 from request_tracker.settings import TrackerSettings
@@ -240,3 +241,21 @@ def test_missing_or_empty_admin_token_file_stops_the_service_at_start(
         engine_app(EngineSettings(admin_token_file=path))
     with pytest.raises(AuthConfigError, match="admin token file"):
         tracker_app(TrackerSettings())
+
+
+def test_an_engine_given_a_runtime_auth_folder_without_its_files_stops_at_start(
+    tmp_path: Path,
+) -> None:
+    """Never a silent fall back to unauthenticated calls to the provider's /system/*."""
+    t = _tokens(tmp_path)
+    empty = tmp_path / "no-basic-auth"
+    empty.mkdir()
+    settings = EngineSettings(
+        admin_token_file=t[Scope.ADMIN],
+        service_token_file=t[Scope.SERVICE],
+        minio_credentials_file=_creds(t, "minio.json"),
+        redis_credentials_file=_creds(t, "redis.json"),
+        runtime_auth_dir=str(empty),
+    )
+    with pytest.raises(OpenFaaSError, match="basic-auth"):
+        engine_app(settings)
