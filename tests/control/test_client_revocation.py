@@ -154,10 +154,11 @@ def test_the_salt_and_the_revoked_clients_survive_a_control_plane_restart(redis_
 
     async def run() -> None:
         state = JobState(JobSpec("kept", 1, 1, ["a", "b"]), salt="s1", revoked=["b"])
-        store = RedisStore(redis_url)
+        creds = redis_url.credentials_file("control-plane")
+        store = RedisStore(redis_url, creds)
         await store.save("kept", job_to_json(state))
         await store.aclose()
-        coord = Coordinator({"n1": "http://127.0.0.1:1"}, store=RedisStore(redis_url))
+        coord = Coordinator({"n1": "http://127.0.0.1:1"}, store=RedisStore(redis_url, creds))
         await coord.start()
         try:
             assert coord.salt_of("kept") == "s1" and coord.salt_of("other") is None

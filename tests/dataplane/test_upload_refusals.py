@@ -98,7 +98,7 @@ def test_an_upload_the_store_cannot_allocate_for_is_answered_503_not_dropped(
             assert read_answer(s).status == 202
         finally:
             s.close()
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {admin}"}).text
         assert "fedfaas_gateway_body_bytes_held 0.0" in metrics
         assert "no store object for an update of client c0" in gw.log_path.read_text()
 

@@ -322,8 +322,11 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
     pids = {r["pid"] for r in p.replicas(ready=False)}
 
     def served() -> set[int]:
+        """Jobs the replicas that were warm before these jobs served."""
         ids = set()
         for rep in p.replicas():
+            if rep["pid"] not in pids:
+                continue
             st = p.replica_status(rep)
             ids |= {j for e in st["endpoints"] for j in e["jobs_served"]}
         return ids
@@ -334,6 +337,7 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
         updates, weights = run_round(p, job, clients, 1, seed=hash(job) % 1000)
         with p.root_client(job, "a") as fl:
             assert_fedavg(fl.wait_for_version(1, timeout=120).data, updates, weights)
+    assert {r["pid"] for r in p.replicas(ready=False)} == pids, "no replica started for them"
     p.create_job("ia", clients, rounds=1)
     p.create_job("ib", clients, rounds=1)
     p.wait_open("ia", 1)
@@ -352,7 +356,9 @@ def test_warm_replicas_serve_the_next_jobs_back_to_back_and_interleaved(
     for job in ("ia", "ib"):
         with p.root_client(job, "a") as fl:
             assert_fedavg(fl.wait_for_version(1, timeout=120).data, *sent[job])
-    assert {r["pid"] for r in p.replicas(ready=False)} == pids, "no replica started for them"
+    # two jobs at once may outrun the warm endpoints for a moment (a leaf of each and their
+    # tops on one node): the control plane may then add a replica (its queue forecast), yet
+    # the replicas that were warm serve both
     ids = {p.progress(j, "node0")["id"] for j in ("ra", "rb", "ia", "ib")}
     assert ids <= served(), "the same warm replicas were granted every job"
 
