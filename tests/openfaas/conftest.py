@@ -9,6 +9,7 @@ when ``../shared/openfaas/bin`` exists).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -56,6 +57,11 @@ def require_binary(name: str) -> Path:
     pytest.skip(reason)
 
 
+def text(output: bytes) -> str:
+    """faas-cli output as text, without its terminal colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", output.decode(errors="replace"))
+
+
 @dataclass
 class FaasCli:
     """The real faas-cli with a HOME of its own (its login lives in ``$HOME/.openfaas``)."""
@@ -87,10 +93,10 @@ class FaasCli:
         )
 
     def ok(self, *args: str, stdin: bytes | str | None = None, cwd: Path | None = None) -> str:
-        """Run and require exit status 0; the stdout as text."""
+        """Run and require exit status 0; the stdout as text, colour codes removed."""
         out = self(*args, stdin=stdin, cwd=cwd)
-        assert out.returncode == 0, (args, out.stdout.decode(), out.stderr.decode())
-        return out.stdout.decode()
+        assert out.returncode == 0, (args, text(out.stdout), text(out.stderr))
+        return text(out.stdout)
 
 
 @pytest.fixture(scope="session")
