@@ -69,18 +69,20 @@ class FaasCli:
     binary: Path
     home: Path
     gateway: str | None = None
-    ran: list[list[str]] = field(default_factory=list)
+    #: the commands run (``secret create``, ``list``, ...)
+    commands: set[str] = field(default_factory=set)
 
     def __call__(
         self, *args: str, stdin: bytes | str | None = None, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[bytes]:
-        """Run ``faas-cli ARGS [--gateway URL]``; stdout and stderr as bytes."""
-        command = [args[0], args[1]] if args[0] in _GROUPS and len(args) > 1 else [args[0]]
-        EXERCISED.add(" ".join(command))
+        """Run ``faas-cli ARGS [--gateway URL]`` in ``cwd`` (default: the HOME, since faas-cli
+        reads a ``stack.yml`` of its working folder); stdout and stderr as bytes."""
+        command = " ".join(args[:2] if args[0] in _GROUPS and len(args) > 1 else args[:1])
+        self.commands.add(command)
+        EXERCISED.add(command)
         argv = [str(self.binary), *args]
         if self.gateway is not None:
             argv += ["--gateway", self.gateway]
-        self.ran.append(argv)
         env = {
             "HOME": str(self.home),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -89,7 +91,13 @@ class FaasCli:
         }
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return subprocess.run(
-            argv, input=data, capture_output=True, env=env, cwd=cwd, timeout=60, check=False
+            argv,
+            input=data,
+            capture_output=True,
+            env=env,
+            cwd=cwd or self.home,
+            timeout=60,
+            check=False,
         )
 
     def ok(self, *args: str, stdin: bytes | str | None = None, cwd: Path | None = None) -> str:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
-from tests.openfaas.conftest import EXERCISED, FaasCli, text, wait_for
+from tests.openfaas.conftest import FaasCli, text, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -213,6 +213,36 @@ def test_faas_cli_user_sequence(
     out = faas_cli("list")
     assert out.returncode != 0 and "faas-cli login" in text(out.stdout + out.stderr)
 
-    exercised = sorted(c for c in EXERCISED if c != "build")
-    print(f"faas-cli commands exercised against the runtime: {len(exercised)}: {exercised}")
-    assert set(exercised) == SEQUENCE_COMMANDS
+    assert faas_cli.commands == SEQUENCE_COMMANDS
+
+
+NAMESPACE_COMMANDS = [
+    pytest.param(("namespace", "get", "openfaas-fn"), id="get"),
+    pytest.param(("namespace", "update", "openfaas-fn", "--label", "team=fl"), id="update"),
+    pytest.param(("namespace", "delete", "conform-ns"), id="delete"),
+    pytest.param(
+        ("namespace", "create", "conform-ns"),
+        id="create",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="runtime bug: faas-cli namespace create sends POST /system/namespace/ (empty "
+            "name, trailing slash), which the runtime's 501 route /system/namespace/{ns} does not "
+            'match: it answers 404 {"detail": "Not Found"} (no "error" key) instead of 501 '
+            "not_implemented",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("command", NAMESPACE_COMMANDS)
+def test_faas_cli_namespace_management_is_not_implemented(
+    faas_cli: FaasCli, openfaas_runtime: RuntimeProcess, command: tuple[str, ...]
+) -> None:
+    """Namespace management (an OpenFaaS Pro feature) answers 501 as the CE provider does."""
+    faas_cli.gateway = openfaas_runtime.url
+    user, password = openfaas_runtime.auth
+    faas_cli.ok("login", "-u", user, "--password-stdin", stdin=password)
+    out = faas_cli(*command)
+    said = text(out.stdout + out.stderr)
+    assert out.returncode != 0 and "501" in said and "not_implemented" in said, said
+    assert "- openfaas-fn" in faas_cli.ok("namespace", "list")  # nothing changed
