@@ -111,7 +111,9 @@ def test_faas_cli_user_sequence(
     assert (secrets / "conform-literal").read_text() == "lit-v2"
 
     # deploy from the stack file; ready; list; describe
-    deployed = faas_cli.ok("deploy", "-f", str(stack))
+    # from the repo folder, as a user does: faas-cli reads the fprocess of each function's
+    # template from ./template/<lang>/template.yml (describe shows it below)
+    deployed = faas_cli.ok("deploy", "-f", str(stack), cwd=REPO)
     assert deployed.count("Deployed. 202 Accepted.") == 2, deployed
     assert f"URL: {rt.url}/function/conform-echo" in deployed
     for name in ("conform-echo", "conform-reader"):
