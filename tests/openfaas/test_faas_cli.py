@@ -109,6 +109,12 @@ def test_faas_cli_user_sequence(
     assert (secrets / TOKEN_SECRET).read_text() == TOKEN
     assert "202" in faas_cli.ok("secret", "update", "conform-literal", "--from-literal", "lit-v2")
     assert (secrets / "conform-literal").read_text() == "lit-v2"
+    # from STDIN, trimmed unless --trim=false
+    faas_cli.ok("secret", "create", "conform-stdin", stdin=" piped \n")
+    assert (secrets / "conform-stdin").read_text() == "piped"
+    faas_cli.ok("secret", "update", "conform-stdin", "--trim=false", stdin=" piped \n")
+    assert (secrets / "conform-stdin").read_text() == " piped \n"
+    faas_cli.ok("secret", "remove", "conform-stdin")
 
     # deploy from the stack file; ready; list; describe
     # from the repo folder, as a user does: faas-cli reads the fprocess of each function's
@@ -142,6 +148,19 @@ def test_faas_cli_user_sequence(
         r"- conform-file",
     ):
         assert re.search(want, described), (want, described)
+
+    # --json: what faas-cli decoded from the runtime's FunctionStatus
+    as_json = {f["name"]: f for f in json.loads(faas_cli.ok("list", "--json"))}
+    assert as_json["conform-reader"]["envVars"] == {"GREETING": "hello"}
+    assert as_json["conform-reader"]["secrets"] == [TOKEN_SECRET, "conform-literal", "conform-file"]
+    assert as_json["conform-echo"]["limits"] == {"memory": "256Mi"}
+    one = json.loads(faas_cli.ok("describe", "conform-echo", "--json"))
+    assert one["Status"] == "Ready" and one["URL"] == f"{rt.url}/function/conform-echo"
+
+    # deploying again updates in place (PUT): the new environment is there, ready again
+    faas_cli.ok("deploy", "-f", str(stack), "--filter", "conform-echo", "--env", "X=2", cwd=REPO)
+    faas_cli.ok("ready", "conform-echo", "--interval", "200ms", "--attempts", "300")
+    assert re.search(r"Environment:\n X: 2\n", faas_cli.ok("describe", "conform-echo"))
 
     # diff: everything the stack file says is deployed as said; the runtime adds only what
     # faas-netes adds to every function (the faas_function label, prometheus.io.scrape)
