@@ -1,4 +1,5 @@
-"""Conformance with OpenFaaS's own programs (faas-cli, gateway, of-watchdog built from upstream).
+"""Conformance with OpenFaaS's own programs, built from upstream (the tests here run faas-cli;
+:func:`require_binary` finds gateway and of-watchdog the same way).
 
 The binaries are found in the folder ``$FEDFAAS_OPENFAAS_BIN``, else on ``PATH``. Where one is
 missing its tests skip, naming it; under CI (``FEDFAAS_OPENFAAS_BIN`` or ``CI`` set) they fail
@@ -83,12 +84,8 @@ class FaasCli:
         argv = [str(self.binary), *args]
         if self.gateway is not None:
             argv += ["--gateway", self.gateway]
-        env = {
-            "HOME": str(self.home),
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            # never a proxy between faas-cli and the loopback runtime
-            "NO_PROXY": "*",
-        }
+        # HOME and PATH only: no OPENFAAS_URL, proxy or other setting of the caller leaks in
+        env = {"HOME": str(self.home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return subprocess.run(
             argv,

@@ -2,7 +2,7 @@
 login, version, namespaces, secrets (create from a literal and from a file, list, update,
 remove refused while in use), deploy -f, list, describe, ready, diff, invoke (binary bodies
 byte-identical, the function token passed with -H), logs, a function reading a secret faas-cli
-created, remove, logout."""
+created, remove, logout; and namespace management (a Pro feature) answering 501."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_faas_cli_user_sequence(
     assert not (faas_cli.home / ".openfaas" / "config.yml").exists()
     said = faas_cli.ok("login", "-u", user, "--password-stdin", stdin=password)
     assert "credentials saved" in said
-    # the password lives in faas-cli's own config of this test's HOME, never the user's
+    # faas-cli keeps the login in the config of this test's own HOME
     assert (faas_cli.home / ".openfaas" / "config.yml").is_file()
 
     # version: the server part comes from /system/info (no update check: there is no internet)
