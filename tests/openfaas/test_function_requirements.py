@@ -110,25 +110,8 @@ def test_the_probe_sees_what_a_handler_imports() -> None:
     "function",
     [
         "echo",
-        pytest.param(
-            "aggregator",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="image bug: functions/aggregator imports pydantic and pydantic_settings "
-                "(functions/aggregator/settings.py, fedfaas.settings) at start; its "
-                "requirements.txt lists only numpy and torch, and the Dockerfile installs "
-                "fedfaas with --no-deps",
-            ),
-        ),
-        pytest.param(
-            "flstore",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="image bug: functions/flstore imports sklearn at start (through "
-                "fedfaas.workloads -> fedfaas.workloads.clustering); its requirements.txt has "
-                "no scikit-learn",
-            ),
-        ),
+        "aggregator",
+        "flstore",
     ],
 )
 def test_function_requirements_cover_its_start_up_imports(function: str) -> None:
