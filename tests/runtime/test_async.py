@@ -17,7 +17,7 @@ import pytest
 
 from fedfaas.runtime import RuntimeProcess
 from fedfaas.runtime.async_calls import STREAM
-from fedfaas.services import free_port
+from fedfaas.services import ServiceError, free_port
 from tests.conftest import RedisURL
 from tests.runtime.conftest import (
     FUNCTION_TOKEN,
@@ -171,6 +171,11 @@ def test_a_wrong_token_is_refused_at_once_and_a_token_changed_later_reaches_the_
         assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
         r = http.post("/async-function/echo", headers={"Authorization": ""}, content=b"x")
         assert r.status_code == 401 and "Bearer" in r.json()["detail"]
+        # checked from the headers, before the body: an oversized body without the token is 401
+        r = http.post(
+            "/async-function/echo", headers={"Authorization": "Bearer no"}, content=b"y" * 4096
+        )
+        assert r.status_code == 401, r.text
     assert callbacks.received == []
 
 
@@ -238,6 +243,50 @@ def test_a_callback_that_always_fails_is_dropped_after_the_bound(
         cb.close()
 
 
+def test_a_call_without_callback_is_acknowledged_once_invoked_and_a_4xx_callback_not_retried(
+    async_rt: RuntimeProcess, redis_url: RedisURL
+) -> None:
+    cb = Callbacks(answers=[404])
+    try:
+        with client(async_rt) as http:
+            assert http.post("/async-function/echo", content=b"a").status_code == 202
+            wait_until(lambda: _queued(redis_url) == (0, 0), timeout=30)
+            wait_until(lambda: http.get("/system/function/echo").json()["invocationCount"] == 1)
+            r = http.post("/async-function/echo", headers={"X-Callback-Url": cb.url}, content=b"b")
+            assert r.status_code == 202
+        wait_until(lambda: len(cb.received) == 1, timeout=30)
+        wait_until(lambda: _queued(redis_url) == (0, 0))
+        with pytest.raises(AssertionError):
+            wait_until(lambda: len(cb.received) > 1, timeout=3)
+        assert "refused async call" in async_rt.log_path.read_text()
+    finally:
+        cb.close()
+
+
+def test_a_runtime_with_redis_but_no_credentials_file_does_not_start(
+    tmp_path: Path, redis_url: RedisURL
+) -> None:
+    rt = _runtime(tmp_path / "rt", redis_url, redis_credentials_file=tmp_path / "missing.json")
+    with pytest.raises(ServiceError):
+        rt.start(timeout=20)
+    assert "missing.json" in rt.log_path.read_text()
+
+
+def test_fedfaas_up_gives_the_runtime_its_redis_user(tmp_path: Path) -> None:
+    from fedfaas.platform import credentials
+    from fedfaas.platform.context import Context
+    from fedfaas.platform.parts import RUNTIME, redis_credentials
+    from fedfaas.runtime.settings import RuntimeSettings
+
+    ports = {"runtime": 1001, "minio": 1002, "minio_console": 1003, "redis": 1004}
+    ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
+    credentials.ensure(ctx.secrets_dir)
+    settings, _ = RuntimeSettings.from_argv(RUNTIME.argv(ctx)[3:])
+    assert settings.redis_url == "redis://127.0.0.1:1004/0"
+    assert settings.redis_credentials_file == redis_credentials(ctx, "runtime")
+    assert settings.redis_credentials_file.name == "redis-runtime.json"
+
+
 def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
     tmp_path: Path, redis_url: RedisURL
 ) -> None:
@@ -253,6 +302,7 @@ def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
             assert r.status_code == 202
         call_id = r.headers["x-call-id"]
         wait_until(lambda: "attempt 2 failed" in rt.log_path.read_text(), timeout=30)
+        assert f"async call {call_id}: echo answered 200" in rt.log_path.read_text()
         assert rt.proc is not None
         os.killpg(rt.proc.pid, signal.SIGKILL)
         rt.proc.wait()
@@ -261,6 +311,9 @@ def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
 
         cb = Callbacks(port=port)
         rt.start()  # same port, secrets and Redis; functions do not outlive a runtime
+        # the call is taken over; echo is not deployed yet, so its invocation is retried
+        wait_until(lambda: "took over async call" in rt.log_path.read_text(), timeout=30)
+        wait_until(lambda: "the runtime answered 404" in rt.log_path.read_text(), timeout=30)
         _deploy_echo(rt)
         wait_until(lambda: len(cb.received) == 1, timeout=60)
         headers, body = cb.received[0]
@@ -268,6 +321,8 @@ def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
         wait_until(lambda: _queued(redis_url) == (0, 0))
         with pytest.raises(AssertionError):  # exactly once
             wait_until(lambda: len(cb.received) > 1, timeout=3)
+        with client(rt) as http:  # at least once: the new runtime invoked echo again
+            assert http.get("/system/function/echo").json()["invocationCount"] == 1
     finally:
         rt.stop()
         if cb is not None:
