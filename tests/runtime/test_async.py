@@ -179,6 +179,24 @@ def test_a_wrong_token_is_refused_at_once_and_a_token_changed_later_reaches_the_
     assert callbacks.received == []
 
 
+def test_the_function_checks_its_token_again_on_delivery_and_its_401_is_the_result(
+    async_rt: RuntimeProcess, callbacks: Callbacks, redis_url: RedisURL
+) -> None:
+    with client(async_rt) as http:
+        assert http.post("/system/functions", json=echo_body("late")).status_code == 202
+        # accepted with the token of now; the replica is still starting when the token changes
+        r = http.post("/async-function/late", headers={"X-Callback-Url": callbacks.url})
+        assert r.status_code == 202, r.text
+        secret = {"name": "fedfaas-function-token", "value": "a-new-token-0123456789"}
+        assert http.put("/system/secrets", json=secret).status_code == 202
+    wait_until(lambda: len(callbacks.received) == 1, timeout=30)
+    headers, body = callbacks.received[0]
+    assert headers["x-function-status"] == "401" and headers["x-function-name"] == "late"
+    assert headers["x-call-id"] == r.headers["x-call-id"]
+    assert b"wrong function token" in body
+    wait_until(lambda: _queued(redis_url) == (0, 0))
+
+
 def test_bad_async_requests_get_json_errors(async_rt: RuntimeProcess, callbacks: Callbacks) -> None:
     with client(async_rt) as http:
         r = http.post("/async-function/ghost", content=b"x")
