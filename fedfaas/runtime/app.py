@@ -279,7 +279,9 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         await provider.start()
         calls: AsyncCalls | None = None
         if settings.redis_url:
-            redis = async_redis_client(settings.redis_url, settings.redis_credentials_file)
+            redis = async_redis_client(
+                settings.redis_url, settings.redis_credentials_file, socket_connect_timeout=5
+            )
             calls = AsyncCalls(redis, provider, client, settings)
             await calls.start()
         app.state.provider, app.state.client, app.state.async_calls = provider, client, calls

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
+from redis.exceptions import RedisError, ResponseError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
@@ -46,6 +47,7 @@ from fedfaas.runtime.errors import (
     FunctionUnauthorized,
     InvalidRequest,
     PayloadTooLarge,
+    QueueUnavailable,
 )
 from fedfaas.runtime.function_auth import TOKEN_SECRET, FunctionToken, NoToken
 from fedfaas.runtime.proxy import end_to_end, proxy_function
@@ -169,14 +171,8 @@ class AsyncCalls:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Create the stream's consumer group (if new) and start the workers."""
-        import redis.exceptions
-
-        try:
-            await self.redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        except redis.exceptions.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Start the workers (each creates the consumer group if it is new, waiting for Redis:
+        the runtime starts and serves ``/function/*`` while Redis is down)."""
         self._tasks = [
             asyncio.create_task(self._worker(i), name=f"async-worker-{i}")
             for i in range(max(1, self.settings.async_workers))
@@ -223,7 +219,13 @@ class AsyncCalls:
             callback_url=callback,
             body=body,
         )
-        await self.redis.xadd(STREAM, call.to_fields())  # type: ignore[arg-type]
+        try:
+            await self.redis.xadd(STREAM, call.to_fields())  # type: ignore[arg-type]
+        except RedisError as exc:
+            log.error("async call %s to %s not accepted: %r", call_id, fn, exc)
+            raise QueueUnavailable(
+                f"the queue of asynchronous calls (Redis) cannot be reached: {exc}"
+            ) from None
         log.info("accepted async call %s to %s (%d bytes)", call_id, fn, len(body))
         return Response(status_code=202, headers={"X-Call-Id": call_id})
 
@@ -241,16 +243,30 @@ class AsyncCalls:
             raise FunctionUnauthorized(why)
 
     # ------------------------------------------------------------------ workers
+    async def _create_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
     async def _worker(self, index: int) -> None:
         idle_ms = int(self.settings.async_claim_idle * 1000)
+        ready = False
         while True:
             try:
+                if not ready:
+                    await self._create_group()
+                    ready = True
                 entry = await self._next(idle_ms)
                 if entry is not None:
                     await self._handle(*entry)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # Redis down for a while: log, wait, go on
+            except RedisError as exc:  # Redis down for a while: wait, go on
+                log.warning("async worker %d: Redis unavailable (%r); retrying in 1s", index, exc)
+                await asyncio.sleep(1.0)
+            except Exception:
                 log.exception("async worker %d failed; retrying in 1s", index)
                 await asyncio.sleep(1.0)
 

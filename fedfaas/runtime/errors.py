@@ -163,6 +163,13 @@ class AsyncNotConfigured(FaasRuntimeError):
         )
 
 
+class QueueUnavailable(FaasRuntimeError):
+    """The Redis that holds asynchronous calls cannot be reached; the call was not accepted."""
+
+    status = 503
+    code = "queue_unavailable"
+
+
 class FunctionUnauthorized(FaasRuntimeError):
     """An asynchronous call without the function token its function requires."""
 

@@ -17,7 +17,7 @@ import pytest
 
 from fedfaas.runtime import RuntimeProcess
 from fedfaas.runtime.async_calls import STREAM
-from fedfaas.services import ServiceError, free_port
+from fedfaas.services import RedisServer, ServiceError, free_port
 from tests.conftest import RedisURL
 from tests.runtime.conftest import (
     FUNCTION_TOKEN,
@@ -279,6 +279,33 @@ def test_a_call_without_callback_is_acknowledged_once_invoked_and_a_4xx_callback
         assert "refused async call" in async_rt.log_path.read_text()
     finally:
         cb.close()
+
+
+def test_the_runtime_runs_while_its_redis_is_down_and_queues_once_it_is_up(
+    tmp_path: Path, callbacks: Callbacks
+) -> None:
+    server = RedisServer(data_dir=tmp_path / "redis", port=free_port())
+    server.prepare()  # its users' credentials files; the server is not running yet
+    url = RedisURL(server.url)
+    url.server = server
+    rt = _runtime(tmp_path / "rt", url).start()
+    try:
+        with_function_token(rt)
+        _deploy_echo(rt)
+        with client(rt) as http:
+            r = http.post("/async-function/echo", headers={"X-Callback-Url": callbacks.url})
+            assert r.status_code == 503 and r.json()["error"] == "queue_unavailable", r.text
+            assert http.post("/function/echo", content=b"sync").content == b"sync"
+            server.start()
+            r = http.post(
+                "/async-function/echo", headers={"X-Callback-Url": callbacks.url}, content=b"up"
+            )
+            assert r.status_code == 202, r.text
+        wait_until(lambda: len(callbacks.received) == 1, timeout=30)
+        assert callbacks.received[0][1] == b"up"
+    finally:
+        rt.stop()
+        server.stop()
 
 
 def test_a_runtime_with_redis_but_no_credentials_file_does_not_start(
