@@ -175,7 +175,7 @@ class AsyncCalls:
         the runtime starts and serves ``/function/*`` while Redis is down)."""
         self._tasks = [
             asyncio.create_task(self._worker(i), name=f"async-worker-{i}")
-            for i in range(max(1, self.settings.async_workers))
+            for i in range(self.settings.async_workers)
         ]
         log.info("%d async workers (consumer %s)", len(self._tasks), self.consumer)
 

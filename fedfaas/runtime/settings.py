@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from fedfaas.cmdline import CommandLineSettings
@@ -122,8 +123,8 @@ class RuntimeSettings(CommandLineSettings):
     nodes: dict[str, Path] = {}
     redis_url: str | None = None
     redis_credentials_file: Path | None = None
-    async_max_body: int = 16 * 1024 * 1024
-    async_workers: int = 2
-    async_max_attempts: int = 8
-    async_retry_backoff: float = 1.0
-    async_claim_idle: float = 30.0
+    async_max_body: int = Field(default=16 * 1024 * 1024, ge=0)
+    async_workers: int = Field(default=2, ge=1)
+    async_max_attempts: int = Field(default=8, ge=1)
+    async_retry_backoff: float = Field(default=1.0, ge=0)
+    async_claim_idle: float = Field(default=30.0, gt=0)

@@ -317,6 +317,17 @@ def test_a_runtime_with_redis_but_no_credentials_file_does_not_start(
     assert "missing.json" in rt.log_path.read_text()
 
 
+def test_bad_async_settings_are_refused_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedfaas.runtime.settings import RuntimeSettings
+
+    for flag, value in (("--async-workers", "0"), ("--async-max-attempts", "-1")):
+        with pytest.raises(SystemExit) as exc:
+            RuntimeSettings.from_argv(["--auth-dir", str(tmp_path), flag, value])
+        assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
 def test_fedfaas_up_gives_the_runtime_its_redis_user(tmp_path: Path) -> None:
     from fedfaas.platform import credentials
     from fedfaas.platform.context import Context
