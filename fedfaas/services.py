@@ -238,6 +238,9 @@ REDIS_USERS: dict[str, str] = {
     "cache-engine": "~flstore:* resetchannels +@all -@dangerous -@admin",
     "request-tracker": "~flstore:* resetchannels +@all -@dangerous -@admin",
     "baseline": "~baseline:* resetchannels +@all -@dangerous -@admin",
+    # the embedded runtime's queue of asynchronous calls (they hold callers' function tokens,
+    # so the prefix is outside the gateway's fedfaas:*)
+    "runtime": "~runtime:async:* resetchannels +@all -@dangerous -@admin",
 }
 
 

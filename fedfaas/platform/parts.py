@@ -167,7 +167,8 @@ REDIS = ServiceSpec(
 
 def _runtime_argv(ctx: Context) -> list[str]:
     """The runtime's command line; with node gateways up (``--with gateway``) it places each
-    function replica on one of their nodes (``RuntimeSettings.nodes``)."""
+    function replica on one of their nodes (``RuntimeSettings.nodes``). Its asynchronous calls
+    are queued in the platform's Redis, as its ACL user ``runtime``."""
     from fedfaas.platform import optional  # the optional parts build on this module
 
     return RuntimeSettings(
@@ -177,6 +178,8 @@ def _runtime_argv(ctx: Context) -> list[str]:
         state_dir=ctx.run_dir("runtime"),
         auth_dir=ctx.secrets_dir,
         nodes={n: optional.router_socket(ctx, n) for n in optional.gateway_nodes(ctx)},
+        redis_url=f"{ctx.url('redis', 'redis')}/0",
+        redis_credentials_file=redis_credentials(ctx, "runtime"),
     ).to_argv()
 
 

@@ -14,8 +14,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from fedfaas.runtime.async_calls import AsyncCalls
 from fedfaas.runtime.auth import REALM_HEADER, BasicAuth
 from fedfaas.runtime.errors import (
+    AsyncNotConfigured,
     FaasRuntimeError,
     FunctionNotFound,
     InvalidRequest,
@@ -30,9 +32,10 @@ from fedfaas.runtime.models import (
     parse_body,
 )
 from fedfaas.runtime.provider import Provider
-from fedfaas.runtime.proxy import make_client, proxy_function
+from fedfaas.runtime.proxy import ALLOWED_METHODS, make_client, proxy_function
 from fedfaas.runtime.settings import VERSION, RuntimeSettings
 from fedfaas.runtime.validation import split_namespace
+from fedfaas.secretfiles import async_redis_client, read_credentials
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +238,14 @@ class _Invoke:
         await response(scope, receive, send)
 
 
+async def _accept_async(request: Request) -> Response:
+    """``/async-function/{name}[/{path}]``: 202 with ``X-Call-Id`` (see :mod:`.async_calls`)."""
+    calls: AsyncCalls | None = request.app.state.async_calls
+    if calls is None:
+        raise AsyncNotConfigured()
+    return await calls.accept(request)
+
+
 async def _healthz(request: Request) -> Response:
     return Response(status_code=200)
 
@@ -252,20 +263,34 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     ValueError
         ``settings.auth_dir`` lacks ``basic-auth-user`` or ``basic-auth-password`` (basic auth
         on ``/system/*`` is never off).
+    AuthConfigError
+        ``settings.redis_url`` is set and ``settings.redis_credentials_file`` is missing or
+        malformed.
     """
     settings = settings or RuntimeSettings()  # type: ignore[call-arg]  # auth_dir from the env
     auth = BasicAuth.from_dir(settings.auth_dir)
+    if settings.redis_url:  # a missing or malformed credentials file stops the start here
+        read_credentials(settings.redis_credentials_file, "Redis")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         provider = Provider(settings)
         client = make_client(settings.upstream_timeout)
         await provider.start()
-        app.state.provider, app.state.client = provider, client
+        calls: AsyncCalls | None = None
+        if settings.redis_url:
+            redis = async_redis_client(
+                settings.redis_url, settings.redis_credentials_file, socket_connect_timeout=5
+            )
+            calls = AsyncCalls(redis, provider, client, settings)
+            await calls.start()
+        app.state.provider, app.state.client, app.state.async_calls = provider, client, calls
         log.info("runtime ready (basic auth user %s, stack %s)", auth.user, settings.stack)
         try:
             yield
         finally:
+            if calls is not None:
+                await calls.stop()
             await provider.stop()
             await client.aclose()
 
@@ -277,11 +302,16 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    app.state.settings, app.state.auth = settings, auth
+    app.state.settings, app.state.auth, app.state.async_calls = settings, auth, None
     app.include_router(system)
     app.router.routes.append(Route("/healthz", _healthz, methods=["GET", "HEAD"]))
     app.router.routes.append(Route("/function/{name}", _Invoke()))
     app.router.routes.append(Route("/function/{name}/{path:path}", _Invoke()))
+    methods = sorted(ALLOWED_METHODS)
+    app.router.routes.append(Route("/async-function/{name}", _accept_async, methods=methods))
+    app.router.routes.append(
+        Route("/async-function/{name}/{path:path}", _accept_async, methods=methods)
+    )
 
     @app.exception_handler(FaasRuntimeError)
     async def runtime_error(request: Request, exc: FaasRuntimeError) -> JSONResponse:

@@ -141,3 +141,37 @@ class Unauthorized(FaasRuntimeError):
 
     def __init__(self) -> None:
         super().__init__("invalid credentials")
+
+
+class PayloadTooLarge(FaasRuntimeError):
+    """An asynchronous call's body is larger than ``async_max_body``."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class AsyncNotConfigured(FaasRuntimeError):
+    """``/async-function/*`` on a runtime started without ``--redis-url``."""
+
+    status = 501
+    code = "not_implemented"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "asynchronous invocations need --redis-url and --redis-credentials-file "
+            "(the durable queue lives in Redis)"
+        )
+
+
+class QueueUnavailable(FaasRuntimeError):
+    """The Redis that holds asynchronous calls cannot be reached; the call was not accepted."""
+
+    status = 503
+    code = "queue_unavailable"
+
+
+class FunctionUnauthorized(FaasRuntimeError):
+    """An asynchronous call without the function token its function requires."""
+
+    status = 401
+    code = "unauthorized"

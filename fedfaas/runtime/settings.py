@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from fedfaas.cmdline import CommandLineSettings
@@ -52,6 +53,23 @@ class RuntimeSettings(CommandLineSettings):
         replicas of the function) and gets ``FEDFAAS_NODE`` and
         ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` for it, as a pod on Kubernetes gets its node's
         hostPath socket. Empty: replicas get no node.
+    redis_url, redis_credentials_file:
+        The Redis that holds the queue of asynchronous calls (``/async-function/*``) and the
+        PATH of the runtime's Redis credentials file (ACL user ``runtime``). Without
+        ``redis_url`` those routes answer 501; with it, a missing or malformed credentials
+        file stops :func:`~fedfaas.runtime.app.create_app` (``AuthConfigError``).
+    async_max_body:
+        Largest body (bytes) of an asynchronous call; a larger one is refused with 413.
+    async_workers:
+        How many asynchronous calls are invoked at once.
+    async_max_attempts:
+        Attempts of one asynchronous call (invoking it while no replica can take it, then
+        delivering its callback) before it is dropped with a logged error.
+    async_retry_backoff:
+        Seconds before the second attempt; doubled for each further one (at most 60).
+    async_claim_idle:
+        Seconds after which a call held by a worker that stopped sending heartbeats (a runtime
+        that died) is taken over by another worker.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -76,6 +94,13 @@ class RuntimeSettings(CommandLineSettings):
         "startup_timeout": "--startup-timeout",
         "stop_grace": "--stop-grace",
         "nodes": "--nodes",
+        "redis_url": "--redis-url",
+        "redis_credentials_file": "--redis-credentials-file",
+        "async_max_body": "--async-max-body",
+        "async_workers": "--async-workers",
+        "async_max_attempts": "--async-max-attempts",
+        "async_retry_backoff": "--async-retry-backoff",
+        "async_claim_idle": "--async-claim-idle",
     }
 
     host: str = "127.0.0.1"
@@ -96,3 +121,10 @@ class RuntimeSettings(CommandLineSettings):
     stop_grace: float = 10.0
     python: str = sys.executable
     nodes: dict[str, Path] = {}
+    redis_url: str | None = None
+    redis_credentials_file: Path | None = None
+    async_max_body: int = Field(default=16 * 1024 * 1024, ge=0)
+    async_workers: int = Field(default=2, ge=1)
+    async_max_attempts: int = Field(default=8, ge=1)
+    async_retry_backoff: float = Field(default=1.0, ge=0)
+    async_claim_idle: float = Field(default=30.0, gt=0)

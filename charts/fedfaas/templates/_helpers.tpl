@@ -124,6 +124,7 @@ control-plane: "~fedfaas:control:* resetchannels +@all -@dangerous -@admin"
 cache-engine: "~flstore:* resetchannels +@all -@dangerous -@admin"
 request-tracker: "~flstore:* resetchannels +@all -@dangerous -@admin"
 baseline: "~baseline:* resetchannels +@all -@dangerous -@admin"
+runtime: "~runtime:async:* resetchannels +@all -@dangerous -@admin"
 {{- end -}}
 
 {{/* The files of one component, as the items of a projected volume mounted read-only at
