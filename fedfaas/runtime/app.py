@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -183,6 +184,7 @@ async def delete_secret(request: Request, provider: ProviderDep) -> Response:
 
 
 @system.api_route("/namespace/{ns}", methods=["GET", "POST", "PUT", "DELETE"])
+@system.api_route("/namespace/", methods=["POST"])  # faas-cli namespace create names it in the body
 async def not_implemented() -> JSONResponse:
     """Namespace management is not provided by the embedded runtime."""
     return JSONResponse(
@@ -323,6 +325,15 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
         return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """A path no route serves (404) or a method it does not take (405), as JSON."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        detail = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(
+            {"error": code, "detail": detail}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Unauthorized)
     async def unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:

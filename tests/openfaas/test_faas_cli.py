@@ -241,17 +241,7 @@ NAMESPACE_COMMANDS = [
     pytest.param(("namespace", "get", "openfaas-fn"), id="get"),
     pytest.param(("namespace", "update", "openfaas-fn", "--label", "team=fl"), id="update"),
     pytest.param(("namespace", "delete", "conform-ns"), id="delete"),
-    pytest.param(
-        ("namespace", "create", "conform-ns"),
-        id="create",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="runtime bug: faas-cli namespace create sends POST /system/namespace/ (empty "
-            "name, trailing slash), which the runtime's 501 route /system/namespace/{ns} does not "
-            'match: it answers 404 {"detail": "Not Found"} (no "error" key) instead of 501 '
-            "not_implemented",
-        ),
-    ),
+    pytest.param(("namespace", "create", "conform-ns"), id="create"),
 ]
 
 

@@ -207,3 +207,19 @@ def test_runtime_keeps_serving_after_bad_input(http: httpx.Client, echo_fn: str)
     assert http.get("/healthz").status_code == 200
     r = http.post(f"/function/{echo_fn}", content=b"still here")
     assert r.status_code == 200 and r.content == b"still here"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/system/no-such-route", 404, "not_found"),
+        ("GET", "/nothing-here", 404, "not_found"),
+        ("PATCH", "/system/functions", 405, "method_not_allowed"),
+    ],
+)
+def test_a_path_or_method_no_route_serves_is_a_json_error(
+    http: httpx.Client, method: str, path: str, status: int, code: str
+) -> None:
+    r = http.request(method, path)
+    assert r.status_code == status, r.text
+    assert r.json()["error"] == code and path in r.json()["detail"]
