@@ -52,6 +52,10 @@ class RuntimeSettings(CommandLineSettings):
         replicas of the function) and gets ``FEDFAAS_NODE`` and
         ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` for it, as a pod on Kubernetes gets its node's
         hostPath socket. Empty: replicas get no node.
+    watchdog:
+        OpenFaaS's of-watchdog binary: each replica runs it (HTTP mode) in front of the Docker
+        template's server ``template/python3-http/index.py``, as on Kubernetes, instead of the
+        embedded watchdog. Its metrics port is fixed (8081): one replica per machine at a time.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -76,6 +80,7 @@ class RuntimeSettings(CommandLineSettings):
         "startup_timeout": "--startup-timeout",
         "stop_grace": "--stop-grace",
         "nodes": "--nodes",
+        "watchdog": "--watchdog",
     }
 
     host: str = "127.0.0.1"
@@ -96,3 +101,4 @@ class RuntimeSettings(CommandLineSettings):
     stop_grace: float = 10.0
     python: str = sys.executable
     nodes: dict[str, Path] = {}
+    watchdog: Path | None = None

@@ -1,0 +1,213 @@
+"""The runtime's ``--watchdog PATH``: every replica is OpenFaaS's real of-watchdog (HTTP mode) in
+front of the Docker template's server (template/python3-http/index.py), as on Kubernetes.
+
+of-watchdog serves its metrics on the fixed port 8081, so only one of its replicas can run on a
+machine at a time: each test deploys one function and removes it at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedfaas.runtime import RuntimeProcess
+from tests.openfaas.conftest import require_binary, under_ci
+from tests.runtime.conftest import (
+    FN_AUTH,
+    REPO,
+    STACK,
+    available,
+    client,
+    echo_body,
+    wait_until,
+    with_function_token,
+)
+
+SLOW = Path(__file__).resolve().parent / "slow_handler"
+BODY_MB = 200
+#: of-watchdog's Prometheus port, fixed upstream
+METRICS_PORT = 8081
+
+
+def _require_waitress() -> None:
+    """The template's server needs waitress (template/python3-http/requirements.txt)."""
+    try:
+        import waitress  # noqa: F401
+    except ImportError:
+        reason = "waitress (template/python3-http/requirements.txt) is not installed"
+        if under_ci():
+            pytest.fail(f"under CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def wd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
+    """A runtime started with ``--watchdog <of-watchdog>`` and the function token secret."""
+    binary = require_binary("of-watchdog")
+    _require_waitress()
+    rt = RuntimeProcess(
+        stack=STACK,
+        state_dir=tmp_path_factory.mktemp("watchdog-runtime"),
+        settings={"watchdog": binary, "ready_wait": 20},
+    ).start()
+    try:
+        yield with_function_token(rt)
+    finally:
+        rt.stop()
+
+
+@pytest.fixture()
+def http(wd_runtime: RuntimeProcess) -> Iterator[httpx.Client]:
+    with client(wd_runtime, timeout=120) as c:
+        yield c
+
+
+def _deploy(http: httpx.Client, body: dict[str, object]) -> Iterator[str]:
+    name = str(body["service"])
+    r = http.post("/system/functions", json=body)
+    assert r.status_code == 202, r.text
+    try:
+        wait_until(lambda: available(http, name) == 1, timeout=60)
+        yield name
+    finally:
+        http.request("DELETE", "/system/functions", json={"functionName": name})
+        wait_until(lambda: available(http, name) == -1, timeout=30)
+        # of-watchdog's metrics port is fixed: the next test's replica needs this one gone
+        wait_until(_metrics_port_free, timeout=30)
+
+
+def _metrics_port_free() -> bool:
+    """Whether of-watchdog could bind ``:8081`` (dual-stack where the host has IPv6, as Go)."""
+    family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners
+        try:
+            sock.bind((host, METRICS_PORT))
+        except OSError:
+            return False
+    return True
+
+
+def _pids(rt: RuntimeProcess, name: str) -> list[int]:
+    """pid of the replica's of-watchdog, and of the template server it forked."""
+    with client(rt) as c:
+        replicas = c.get(f"/system/replicas/{name}").json()
+    rows = replicas["replicas"] if isinstance(replicas, dict) else replicas
+    (wd_pid,) = [int(r["pid"]) for r in rows]
+    children = Path(f"/proc/{wd_pid}/task/{wd_pid}/children").read_text().split()
+    return [wd_pid, *map(int, children)]
+
+
+@pytest.fixture()
+def echo(http: httpx.Client) -> Iterator[str]:
+    yield from _deploy(http, echo_body("wd-echo"))
+
+
+def test_large_body_echoed_byte_identical(http: httpx.Client, echo: str) -> None:
+    chunk = os.urandom(1 << 20)
+    sent = hashlib.sha256()
+
+    def body() -> Iterator[bytes]:
+        for i in range(BODY_MB):
+            piece = chunk[i:] + chunk[:i]
+            sent.update(piece)
+            yield piece
+
+    got = hashlib.sha256()
+    size = 0
+    with http.stream("POST", f"/function/{echo}", content=body()) as r:
+        assert r.status_code == 200
+        for part in r.iter_bytes():
+            got.update(part)
+            size += len(part)
+    assert size == BODY_MB << 20
+    assert got.hexdigest() == sent.hexdigest()
+
+
+def test_function_token_enforced(wd_runtime: RuntimeProcess, http: httpx.Client, echo: str) -> None:
+    with httpx.Client(base_url=wd_runtime.url, trust_env=False, timeout=30) as bare:
+        r = bare.post(f"/function/{echo}", content=b"hello")
+        assert r.status_code == 401
+        assert r.json()["error"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = bare.post(f"/function/{echo}", content=b"hello", headers=FN_AUTH)
+        assert r.status_code == 200 and r.content == b"hello"
+    # the replica itself (of-watchdog's port) refuses too
+    with client(wd_runtime) as c:
+        rows = c.get(f"/system/replicas/{echo}").json()
+    rows = rows["replicas"] if isinstance(rows, dict) else rows
+    port = rows[0]["port"]
+    direct = httpx.post(f"http://127.0.0.1:{port}/", content=b"x", trust_env=False)
+    assert direct.status_code == 401
+    health = httpx.get(f"http://127.0.0.1:{port}/_/health", trust_env=False)
+    assert health.status_code == 200  # of-watchdog's own health check needs no token
+
+
+def test_sigterm_stops_watchdog_and_template_server(
+    wd_runtime: RuntimeProcess, http: httpx.Client
+) -> None:
+    deployed = _deploy(http, echo_body("wd-stop"))
+    name = next(deployed)
+    pids = _pids(wd_runtime, name)
+    assert len(pids) == 2, pids  # of-watchdog and the python template server it forked
+    with pytest.raises(StopIteration):
+        next(deployed)  # removes the function: SIGTERM to the replica's process group
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=15)
+
+
+def test_exec_timeout_answers_504(http: httpx.Client) -> None:
+    body = echo_body(
+        "wd-slow",
+        annotations={"com.fedfaas.handler": str(SLOW)},
+        envVars={"exec_timeout": "1s", "read_timeout": "10s", "write_timeout": "10s"},
+    )
+    for name in _deploy(http, body):
+        started = time.monotonic()
+        r = http.get(f"/function/{name}", params={"seconds": "5"})
+        assert r.status_code == 504  # of-watchdog's answer when exec_timeout expires
+        assert time.monotonic() - started < 4.5
+        r = http.get(f"/function/{name}", params={"seconds": "0"})
+        assert r.status_code == 200 and r.json() == {"slept": 0.0}
+
+
+def test_aggregator_status(http: httpx.Client, tmp_path: Path) -> None:
+    """Without its node's router socket the aggregator serves no job but answers GET /."""
+    socket_path = tmp_path / "no-router.sock"
+    body = {
+        **_stack_body("aggregator", "wd-aggregator"),
+    }
+    body["envVars"] = {**body.get("envVars", {}), "FEDFAAS_GATEWAY_ROUTER_SOCKET": str(socket_path)}  # type: ignore[dict-item]
+    for name in _deploy(http, body):
+        r = http.get(f"/function/{name}/")
+        assert r.status_code == 200, r.text
+        status = r.json()
+        assert status["router_socket"] == str(socket_path)
+        assert isinstance(status["pid"], int) and isinstance(status["endpoints"], list)
+
+
+def test_flstore_status(http: httpx.Client) -> None:
+    body = echo_body(
+        "wd-flstore", annotations={"com.fedfaas.handler": str(REPO / "functions/flstore")}
+    )
+    for name in _deploy(http, body):
+        for route in ("/ping", "/objects"):
+            r = http.get(f"/function/{name}{route}")
+            assert r.status_code == 200, r.text
+            assert r.json()["ok"] is True if route == "/ping" else "objects" in r.json()
+        r = http.post(f"/function/{name}/load", content=b"not json")
+        assert r.status_code == 400 and r.json()["error"] == "bad_json"
+
+
+def _stack_body(function: str, service: str) -> dict[str, object]:
+    from fedfaas.stackfile import load_stack
+
+    body = load_stack(STACK).functions[function].deployment()
+    body["service"] = service
+    return body
