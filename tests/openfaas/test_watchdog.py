@@ -12,12 +12,15 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
+from fedfaas.runtime.replicas import TEMPLATE_INDEX
 from tests.openfaas.conftest import require_binary, under_ci
 from tests.runtime.conftest import (
     FN_AUTH,
@@ -69,7 +72,10 @@ def http(wd_runtime: RuntimeProcess) -> Iterator[httpx.Client]:
         yield c
 
 
-def _deploy(http: httpx.Client, body: dict[str, object]) -> Iterator[str]:
+@contextmanager
+def _deployed(http: httpx.Client, body: dict[str, object]) -> Iterator[str]:
+    """Deploy, wait for its one replica, yield the name; remove it and wait until the replica's
+    processes are gone."""
     name = str(body["service"])
     r = http.post("/system/functions", json=body)
     assert r.status_code == 202, r.text
@@ -95,19 +101,16 @@ def _metrics_port_free() -> bool:
     return True
 
 
-def _pids(rt: RuntimeProcess, name: str) -> list[int]:
-    """pid of the replica's of-watchdog, and of the template server it forked."""
-    with client(rt) as c:
-        replicas = c.get(f"/system/replicas/{name}").json()
-    rows = replicas["replicas"] if isinstance(replicas, dict) else replicas
-    (wd_pid,) = [int(r["pid"]) for r in rows]
-    children = Path(f"/proc/{wd_pid}/task/{wd_pid}/children").read_text().split()
-    return [wd_pid, *map(int, children)]
+def _replica(http: httpx.Client, name: str) -> dict[str, Any]:
+    """The function's one replica, as ``/system/replicas/{name}`` describes it."""
+    (row,) = http.get(f"/system/replicas/{name}").json()
+    return dict(row)
 
 
 @pytest.fixture()
 def echo(http: httpx.Client) -> Iterator[str]:
-    yield from _deploy(http, echo_body("wd-echo"))
+    with _deployed(http, echo_body("wd-echo")) as name:
+        yield name
 
 
 def test_large_body_echoed_byte_identical(http: httpx.Client, echo: str) -> None:
@@ -140,26 +143,25 @@ def test_function_token_enforced(wd_runtime: RuntimeProcess, http: httpx.Client,
         r = bare.post(f"/function/{echo}", content=b"hello", headers=FN_AUTH)
         assert r.status_code == 200 and r.content == b"hello"
     # the replica itself (of-watchdog's port) refuses too
-    with client(wd_runtime) as c:
-        rows = c.get(f"/system/replicas/{echo}").json()
-    rows = rows["replicas"] if isinstance(rows, dict) else rows
-    port = rows[0]["port"]
+    port = _replica(http, echo)["port"]
     direct = httpx.post(f"http://127.0.0.1:{port}/", content=b"x", trust_env=False)
     assert direct.status_code == 401
     health = httpx.get(f"http://127.0.0.1:{port}/_/health", trust_env=False)
     assert health.status_code == 200  # of-watchdog's own health check needs no token
 
 
-def test_sigterm_stops_watchdog_and_template_server(
-    wd_runtime: RuntimeProcess, http: httpx.Client
-) -> None:
-    deployed = _deploy(http, echo_body("wd-stop"))
-    name = next(deployed)
-    pids = _pids(wd_runtime, name)
-    assert len(pids) == 2, pids  # of-watchdog and the python template server it forked
-    with pytest.raises(StopIteration):
-        next(deployed)  # removes the function: SIGTERM to the replica's process group
-    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=15)
+def test_replica_is_of_watchdog_and_sigterm_stops_both(http: httpx.Client) -> None:
+    with _deployed(http, echo_body("wd-stop")) as name:
+        wd_pid = int(_replica(http, name)["pid"])
+        assert Path(f"/proc/{wd_pid}/exe").resolve() == require_binary("of-watchdog").resolve()
+        children = Path(f"/proc/{wd_pid}/task/{wd_pid}/children").read_text().split()
+        (server_pid,) = map(int, children)
+        argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+        assert str(TEMPLATE_INDEX).encode() in argv  # the template's server, forked by it
+        pids = [wd_pid, server_pid]
+    # removed: SIGTERM to the replica's process group stops of-watchdog and the server
+    # (the runtime reaps of-watchdog, of-watchdog the server)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=15)
 
 
 def test_exec_timeout_answers_504(http: httpx.Client) -> None:
@@ -168,7 +170,7 @@ def test_exec_timeout_answers_504(http: httpx.Client) -> None:
         annotations={"com.fedfaas.handler": str(SLOW)},
         envVars={"exec_timeout": "1s", "read_timeout": "10s", "write_timeout": "10s"},
     )
-    for name in _deploy(http, body):
+    with _deployed(http, body) as name:
         started = time.monotonic()
         r = http.get(f"/function/{name}", params={"seconds": "5"})
         assert r.status_code == 504  # of-watchdog's answer when exec_timeout expires
@@ -178,29 +180,43 @@ def test_exec_timeout_answers_504(http: httpx.Client) -> None:
 
 
 def test_aggregator_status(http: httpx.Client, tmp_path: Path) -> None:
-    """Without its node's router socket the aggregator serves no job but answers GET /."""
+    """Without its node's router socket the aggregator serves no job, but GET / says so: each of
+    its endpoints (stack.yml: 2) reports that it cannot register."""
     socket_path = tmp_path / "no-router.sock"
-    body = {
-        **_stack_body("aggregator", "wd-aggregator"),
-    }
-    body["envVars"] = {**body.get("envVars", {}), "FEDFAAS_GATEWAY_ROUTER_SOCKET": str(socket_path)}  # type: ignore[dict-item]
-    for name in _deploy(http, body):
-        r = http.get(f"/function/{name}/")
+    body = _stack_body("aggregator", "wd-aggregator")
+    env = dict(body["envVars"])  # type: ignore[call-overload]
+    body["envVars"] = {**env, "FEDFAAS_GATEWAY_ROUTER_SOCKET": str(socket_path)}
+    with _deployed(http, body) as name:
+        url = f"/function/{name}/"
+        wait_until(lambda: len(http.get(url).json()["endpoints"]) == 2, timeout=30)
+        r = http.get(url)
         assert r.status_code == 200, r.text
-        status = r.json()
-        assert status["router_socket"] == str(socket_path)
-        assert isinstance(status["pid"], int) and isinstance(status["endpoints"], list)
+        assert r.json()["router_socket"] == str(socket_path)
+        for endpoint in r.json()["endpoints"]:
+            assert endpoint["endpoint"] is None
+            assert endpoint["last_error"].startswith("cannot register"), endpoint
+
+
+def test_second_replica_cannot_start(http: httpx.Client) -> None:
+    """of-watchdog's metrics port is fixed (8081): a second replica on the machine exits
+    (Go's panic) while the first runs, and the runtime keeps restarting it."""
+    with _deployed(http, echo_body("wd-two")) as name:
+        logs = Path(_replica(http, name)["log"]).parent
+        r = http.post(f"/system/scale-function/{name}", json={"replicas": 2})
+        assert r.status_code == 202
+        panic = "listen tcp :8081: bind: address already in use"
+        wait_until(lambda: any(panic in f.read_text() for f in logs.glob("*.log")))
+        assert available(http, name) == 1
 
 
 def test_flstore_status(http: httpx.Client) -> None:
-    body = echo_body(
-        "wd-flstore", annotations={"com.fedfaas.handler": str(REPO / "functions/flstore")}
-    )
-    for name in _deploy(http, body):
-        for route in ("/ping", "/objects"):
-            r = http.get(f"/function/{name}{route}")
-            assert r.status_code == 200, r.text
-            assert r.json()["ok"] is True if route == "/ping" else "objects" in r.json()
+    handler = {"com.fedfaas.handler": str(REPO / "functions/flstore")}
+    with _deployed(http, echo_body("wd-flstore", annotations=handler)) as name:
+        r = http.get(f"/function/{name}/ping")
+        assert r.status_code == 200, r.text
+        assert r.json()["ok"] is True
+        r = http.get(f"/function/{name}/objects")
+        assert r.status_code == 200 and r.json()["objects"] == []
         r = http.post(f"/function/{name}/load", content=b"not json")
         assert r.status_code == 400 and r.json()["error"] == "bad_json"
 
