@@ -3,8 +3,8 @@
 A replica runs the embedded watchdog (``python -m fedfaas.runtime.watchdog``), or, with the
 runtime's ``--watchdog PATH``, OpenFaaS's real of-watchdog in HTTP mode in front of the Docker
 template's server (``template/python3-http/index.py``), as a function container on Kubernetes.
-``python -m fedfaas.runtime.replicas`` is that template server's ``fprocess`` (see
-:func:`serve_template`).
+``python -m fedfaas.runtime.replicas INDEX RUNTIME_PID`` is that template server's ``fprocess``
+(see :func:`serve_template`).
 """
 
 from __future__ import annotations
@@ -214,20 +214,26 @@ def _of_watchdog_env(
             "mode": "http",
             "upstream_url": f"http://127.0.0.1:{upstream_port}",
             # of-watchdog splits fprocess on spaces: a python path with a space would break
-            "fprocess": f"{python} -m fedfaas.runtime.replicas {TEMPLATE_INDEX}",
+            "fprocess": f"{python} -m fedfaas.runtime.replicas {TEMPLATE_INDEX} {os.getpid()}",
             "TMPDIR": str(workdir / "tmp"),
         }
     )
     return workdir
 
 
-def serve_template(index: Path) -> None:
+def serve_template(index: Path, runtime_pid: int) -> None:
     """Run the template's ``index.py`` as ``__main__`` (of-watchdog's ``fprocess``), its waitress
     server on ``$upstream_url``'s host and port instead of the fixed ``0.0.0.0:5000`` of the
     image, so that replicas do not share a port; ``function`` is imported from the working
-    folder (``sys.path[0]`` under ``python -m``)."""
+    folder (``sys.path[0]`` under ``python -m``).
+
+    of-watchdog does not watch the runtime, so this server does: once of-watchdog's parent is no
+    longer ``runtime_pid`` (the runtime died, even by SIGKILL), it SIGTERMs its process group,
+    of-watchdog and itself, so that no replica outlives the runtime.
+    """
     import importlib
     import runpy
+    import threading
     from typing import Any
     from urllib.parse import urlsplit
 
@@ -240,7 +246,23 @@ def serve_template(index: Path) -> None:
         serve(app, **kwargs)
 
     setattr(waitress, "serve", serve_upstream)  # noqa: B010 (an untyped module)
+    threading.Thread(target=_watch_runtime, args=(runtime_pid,), daemon=True).start()
     runpy.run_path(str(index), run_name="__main__")
+
+
+def _watch_runtime(runtime_pid: int) -> None:
+    watchdog_stat = Path(f"/proc/{os.getppid()}/stat")
+    while True:
+        time.sleep(0.5)
+        try:  # "pid (comm) state ppid ...", comm may hold spaces and parentheses
+            ppid = int(watchdog_stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            ppid = 0
+        if ppid != runtime_pid:
+            print(f"runtime {runtime_pid} is gone; stopping this replica", file=sys.stderr)
+            os.killpg(0, signal.SIGTERM)
+            time.sleep(5.0)
+            os.killpg(0, signal.SIGKILL)
 
 
 async def probe(client: httpx.AsyncClient, replica: Replica) -> bool:
@@ -306,4 +328,4 @@ def kill_now(replica: Replica) -> None:
 
 
 if __name__ == "__main__":
-    serve_template(Path(sys.argv[1]))
+    serve_template(Path(sys.argv[1]), int(sys.argv[2]))

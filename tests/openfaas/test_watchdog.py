@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
@@ -162,6 +164,34 @@ def test_replica_is_of_watchdog_and_sigterm_stops_both(http: httpx.Client) -> No
     # removed: SIGTERM to the replica's process group stops of-watchdog and the server
     # (the runtime reaps of-watchdog, of-watchdog the server)
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=15)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_replica_outlives_the_runtime(tmp_path: Path, sig: signal.Signals) -> None:
+    binary = require_binary("of-watchdog")
+    rt = RuntimeProcess(stack=STACK, state_dir=tmp_path / "rt", settings={"watchdog": binary})
+    try:
+        with_function_token(rt.start())
+        with client(rt) as http:
+            assert http.post("/system/functions", json=echo_body("orphan")).status_code == 202
+            wait_until(lambda: available(http, "orphan") == 1, timeout=60)
+            wd_pid = int(_replica(http, "orphan")["pid"])
+        server_pid = int(Path(f"/proc/{wd_pid}/task/{wd_pid}/children").read_text())
+        assert rt.pid is not None
+        os.kill(rt.pid, sig)
+        rt.proc.wait(30)  # type: ignore[union-attr]
+        # zombies count as gone: with the runtime dead nobody may reap its child at once
+        wait_until(lambda: all(_gone(p) for p in (wd_pid, server_pid)), timeout=15)
+        wait_until(_metrics_port_free, timeout=15)
+    finally:
+        rt.stop()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_exec_timeout_answers_504(http: httpx.Client) -> None:
