@@ -200,8 +200,8 @@ def _of_watchdog_env(
     ``function.handler`` from, as ``/home/app/function`` in the image) and ``tmp/`` (``TMPDIR``:
     of-watchdog's health lock file ``.lock``, one per replica, since each removes its own on
     SIGTERM). ``fprocess`` is :func:`serve_template` on ``upstream_port`` (``upstream_url``).
-    of-watchdog itself listens on ``port`` (all interfaces; it has no host setting) and serves
-    its metrics on 8081 (fixed upstream): one of-watchdog replica per machine at a time.
+    of-watchdog itself listens on ``port`` and serves its metrics on 8081 (fixed upstream): one
+    of-watchdog replica per machine at a time.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     link = workdir / "function"

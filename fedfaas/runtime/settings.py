@@ -55,7 +55,8 @@ class RuntimeSettings(CommandLineSettings):
     watchdog:
         OpenFaaS's of-watchdog binary: each replica runs it (HTTP mode) in front of the Docker
         template's server ``template/python3-http/index.py``, as on Kubernetes, instead of the
-        embedded watchdog. Its metrics port is fixed (8081): one replica per machine at a time.
+        embedded watchdog (README.md). Its metrics port is fixed (8081): one replica per machine
+        at a time, and updates cannot roll (remove and deploy again).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")

@@ -239,6 +239,22 @@ def test_second_replica_cannot_start(http: httpx.Client) -> None:
         assert available(http, name) == 1
 
 
+def test_update_keeps_the_old_replica(http: httpx.Client) -> None:
+    """For the same reason an update cannot roll: its new replica exits while the old one runs,
+    and the old one serves on (it stops only once the new one is ready)."""
+    body = echo_body("wd-update")
+    with _deployed(http, body) as name:
+        old = _replica(http, name)
+        logs = Path(old["log"]).parent
+        body["envVars"] = {**dict(body["envVars"]), "UPDATED": "1"}  # type: ignore[call-overload]
+        assert http.put("/system/functions", json=body).status_code == 202
+        panic = "listen tcp :8081: bind: address already in use"
+        wait_until(lambda: any(panic in f.read_text() for f in logs.glob("*.log")))
+        ready = [r for r in http.get(f"/system/replicas/{name}").json() if r["state"] == "ready"]
+        assert [(r["pid"], r["generation"]) for r in ready] == [(old["pid"], old["generation"])]
+        assert http.post(f"/function/{name}", content=b"still here").content == b"still here"
+
+
 def test_flstore_status(http: httpx.Client) -> None:
     handler = {"com.fedfaas.handler": str(REPO / "functions/flstore")}
     with _deployed(http, echo_body("wd-flstore", annotations=handler)) as name:
