@@ -140,7 +140,7 @@ def spawn_replica(
     watchdog: Path | None = None,
 ) -> Replica:
     """Start one replica in its own process group: ``python -m fedfaas.runtime.watchdog``, or
-    the of-watchdog binary ``watchdog`` (see :func:`_of_watchdog_argv`).
+    the of-watchdog binary ``watchdog`` (see :func:`_of_watchdog_env`).
 
     ``secrets_dir`` is the folder of the function's secrets (it must hold
     ``fedfaas-function-token``, or the replica refuses to start).
