@@ -369,6 +369,7 @@ class Provider:
                 log_dir=self.log_dir(fn.name),
                 secrets_dir=self.secrets_dir(fn.name),
                 node=node,
+                watchdog=self.settings.watchdog,
             )
         )
 

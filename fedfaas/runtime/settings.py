@@ -70,6 +70,11 @@ class RuntimeSettings(CommandLineSettings):
     async_claim_idle:
         Seconds after which a call held by a worker that stopped sending heartbeats (a runtime
         that died) is taken over by another worker.
+    watchdog:
+        OpenFaaS's of-watchdog binary: each replica runs it (HTTP mode) in front of the Docker
+        template's server ``template/python3-http/index.py``, as on Kubernetes, instead of the
+        embedded watchdog (README.md). Its metrics port is fixed (8081): one replica per machine
+        at a time, and updates cannot roll (remove and deploy again).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -101,6 +106,7 @@ class RuntimeSettings(CommandLineSettings):
         "async_max_attempts": "--async-max-attempts",
         "async_retry_backoff": "--async-retry-backoff",
         "async_claim_idle": "--async-claim-idle",
+        "watchdog": "--watchdog",
     }
 
     host: str = "127.0.0.1"
@@ -128,3 +134,4 @@ class RuntimeSettings(CommandLineSettings):
     async_max_attempts: int = Field(default=8, ge=1)
     async_retry_backoff: float = Field(default=1.0, ge=0)
     async_claim_idle: float = Field(default=30.0, gt=0)
+    watchdog: Path | None = None
