@@ -140,3 +140,18 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) ->
             return
         time.sleep(0.1)
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    """Debian's ``prometheus`` (``make setup`` installs it; the real gateway needs one); skips
+    where it is missing, fails under CI (as :func:`require_binary`)."""
+    from fedfaas.services import find_binary as find_service_binary
+
+    found = find_service_binary("prometheus")
+    if found is not None:
+        return Path(found)
+    reason = "prometheus is not installed: run `make setup` (apt-get install prometheus)"
+    if under_ci():
+        pytest.fail(f"under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
