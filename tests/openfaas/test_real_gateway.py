@@ -29,7 +29,7 @@ import pytest
 from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
 from fedfaas.runtime import RuntimeProcess
 from fedfaas.services import PrometheusServer, http_ok, spawn, stop_group
-from tests.openfaas.conftest import FaasCli, require_binary, text, under_ci, wait_for
+from tests.openfaas.conftest import FaasCli, require_binary, require_free_port, text, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,15 +80,6 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def _require_free(port: int) -> None:
-    if not _port_taken(port):
-        return
-    reason = f"port {port} is taken; OpenFaaS's gateway listens on :8080 and :8082 (fixed)"
-    if under_ci():
-        pytest.fail(f"under CI: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def real_gateway(
     openfaas_runtime: RuntimeProcess,
@@ -99,7 +90,7 @@ def real_gateway(
     all stopped at the end."""
     binary = require_binary("gateway")
     for port in (GATEWAY_PORT, METRICS_PORT):
-        _require_free(port)
+        require_free_port(port, "OpenFaaS's gateway")
     folder = tmp_path_factory.mktemp("real-gateway")
     prometheus = PrometheusServer(
         data_dir=folder / "prometheus", targets=[f"127.0.0.1:{METRICS_PORT}"]
