@@ -9,12 +9,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from fedfaas.platform import state
+from fedfaas.platform.errors import PlatformError
+from fedfaas.platform.orchestrator import Platform as OrchestratedPlatform
+from fedfaas.platform.parts import PortSpec, ServiceSpec
+from fedfaas.settings import PlatformSettings
 from tests.openfaas.conftest import require_binary, require_free_port, require_prometheus
 from tests.platform.conftest import ANY_PORTS_ENV
 from tests.platform.test_one_platform import (
@@ -65,6 +71,36 @@ def forwarded(p: Platform) -> list[tuple[str, str, str]]:
     """(method, path, status) of each request the gateway forwarded to the runtime."""
     text = (p.state_dir / "logs" / "openfaas-gateway.log").read_text()
     return [(m["method"], m["path"], m["code"]) for m in FORWARDED.finditer(text)]
+
+
+# the port tests first: the module's platform, once up, holds :8080 until the module ends
+def test_the_gateway_takes_its_fixed_ports_before_the_runtime_takes_its_usual_8080(
+    tmp_path: Path,
+) -> None:
+    for port in (8080, 8082):
+        require_free_port(port, "OpenFaaS's gateway")
+    settings = PlatformSettings(state_dir=tmp_path)  # the runtime's usual port is 8080
+    ports = OrchestratedPlatform(settings, openfaas_gateway=Path("gateway"))._choose_ports()
+    assert (ports["openfaas_gateway"], ports["openfaas_gateway_metrics"]) == (8080, 8082)
+    assert ports["runtime"] not in (8080, 8082)
+    assert len(set(ports.values())) == len(ports)
+
+
+def test_a_fixed_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        part = ServiceSpec(
+            name="fixed-thing",
+            ports=(PortSpec("fixed_thing", taken, fixed=True),),
+            argv=lambda ctx: [],
+            ready=lambda ctx: True,
+            address=lambda ctx: "",
+        )
+        platform = OrchestratedPlatform(PlatformSettings(state_dir=tmp_path), parts=[part])
+        with pytest.raises(PlatformError, match=f"port {taken} is in use; fixed-thing listens"):
+            platform._choose_ports()
 
 
 def test_one_fl_job_through_the_openfaas_gateway(platform: Platform) -> None:
