@@ -1,4 +1,4 @@
-"""Real backing services (Redis, MinIO) as child processes on loopback.
+"""Real backing services (Redis, MinIO, Prometheus) as child processes on loopback.
 
 Used by ``fedfaas up`` and by the test fixtures alike, so that what the tests exercise is
 exactly what the platform runs. Each server takes a free loopback port unless one is given,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything FedFaaS needs on Debian 12 (root, package registries only).
 # Idempotent: each step checks first, so a second run takes a few seconds.
-#   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv, python3-bpfcc + kernel headers (+ the link bcc looks for)
+#   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv,
+#          python3-bpfcc + kernel headers (+ the link bcc looks for)
 #   .venv: the Python dependencies (torch and torchvision from PyPI), the project in editable mode
 #   MinIO: built with `go install github.com/minio/minio@latest` into a cache folder, unless on PATH
 #   helm:  built the same way (about 3 minutes on 2 cores; FEDFAAS_SKIP_HELM=1 skips it; only the

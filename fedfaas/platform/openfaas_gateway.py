@@ -37,7 +37,8 @@ def _prometheus(ctx: Context) -> PrometheusServer:
 
 PROMETHEUS = ServiceSpec(
     name="prometheus",
-    ports=(PortSpec("prometheus", 9090),),
+    # no usual port: Debian's own prometheus service takes 9090 where it runs
+    ports=(PortSpec("prometheus", 0),),
     argv=lambda ctx: _prometheus(ctx).command(),
     ready=lambda ctx: _prometheus(ctx).ready(),
     address=lambda ctx: ctx.url("prometheus"),
