@@ -116,6 +116,15 @@ def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "or all (default: $FEDFAAS_WITH_PARTS or none)",
     )
     p.add_argument(
+        "--openfaas-gateway",
+        type=_existing_file,
+        default=None,
+        metavar="PATH",
+        help="run OpenFaaS's own gateway binary PATH (and a Prometheus, Debian's `prometheus`) "
+        "in front of the runtime; the optional parts reach functions through it. It listens "
+        "on :8080 and :8082 (fixed upstream, every interface)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -138,7 +147,7 @@ def run_up(args: argparse.Namespace) -> int:
         start_timeout=args.timeout,
         with_parts=args.with_parts,
     )
-    platform = Platform(settings)
+    platform = Platform(settings, openfaas_gateway=args.openfaas_gateway)
     result = platform.up()
     print("already running" if result.already_running else "fedfaas is up")
     print(render_status(platform.status()))

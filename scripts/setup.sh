@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything FedFaaS needs on Debian 12 (root, package registries only).
 # Idempotent: each step checks first, so a second run takes a few seconds.
-#   apt:   redis-server, python3-venv, python3-bpfcc + kernel headers (+ the link bcc looks for)
+#   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv,
+#          python3-bpfcc + kernel headers (+ the link bcc looks for)
 #   .venv: the Python dependencies (torch and torchvision from PyPI), the project in editable mode
 #   MinIO: built with `go install github.com/minio/minio@latest` into a cache folder, unless on PATH
 #   helm:  built the same way (about 3 minutes on 2 cores; FEDFAAS_SKIP_HELM=1 skips it; only the
@@ -43,6 +44,18 @@ apt_install() {  # apt_install PKG... ; installs the missing ones, returns apt's
 command -v dpkg-query >/dev/null || die "this script expects Debian 12 (dpkg/apt not found)"
 apt_install redis-server python3 python3-venv python3-pip ca-certificates curl iproute2 procps \
   || die "apt-get install failed (see above)"
+# Prometheus: the real OpenFaaS gateway needs one (tests/openfaas). FedFaaS starts its own on a
+# free loopback port (fedfaas.services.PrometheusServer); Debian enables and starts a system
+# service on :9090, which nothing here uses: stop and disable it so that no port stays taken.
+if ! installed prometheus; then
+  apt_install prometheus || die "apt-get install prometheus failed (see above)"
+  if [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else
+    $SUDO service prometheus stop >/dev/null 2>&1 || true
+    $SUDO update-rc.d prometheus disable >/dev/null 2>&1 || true
+  fi
+fi
 # eBPF is optional: without bcc or headers the userspace router takes over.
 apt_install python3-bpfcc bpfcc-tools "linux-headers-$ARCH" \
   || warn "could not install bcc or kernel headers; eBPF falls back to the userspace router"

@@ -26,6 +26,8 @@ class Context:
     ports: dict[str, int] = field(default_factory=dict)
     stop_timeout: float = 40.0
     functions_timeout: float = 60.0
+    #: OpenFaaS's gateway binary (``fedfaas up --openfaas-gateway``), None without one
+    openfaas_gateway: Path | None = None
 
     @property
     def secrets_dir(self) -> Path:
@@ -44,6 +46,13 @@ class Context:
 
     def url(self, port_name: str, scheme: str = "http") -> str:
         return f"{scheme}://{self.host}:{self.ports[port_name]}"
+
+    def openfaas_url(self) -> str:
+        """Where the components reach ``/system/*`` and ``/function/*``: OpenFaaS's gateway
+        when it runs (``--openfaas-gateway``), else the runtime itself."""
+        if "openfaas_gateway" in self.ports:
+            return self.url("openfaas_gateway")
+        return self.url("runtime")
 
     def basic_auth(self) -> tuple[str, str]:
         return credentials.basic_auth(self.secrets_dir)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfaas.platform import credentials, ebpf, optional, procs, state
+from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
 from fedfaas.platform.errors import (
     AlreadyRunning,
@@ -90,13 +91,23 @@ class Platform:
         Where the state lives and which ports to take.
     parts
         The parts to run, in any order that respects ``depends`` (default :data:`PARTS`).
+    openfaas_gateway
+        OpenFaaS's gateway binary: runs it (and a Prometheus) in front of the runtime, and the
+        optional parts reach the functions through it (:mod:`fedfaas.platform.openfaas_gateway`).
     """
 
-    def __init__(self, settings: PlatformSettings, parts: list[ServiceSpec] | None = None) -> None:
+    def __init__(
+        self,
+        settings: PlatformSettings,
+        parts: list[ServiceSpec] | None = None,
+        openfaas_gateway: Path | None = None,
+    ) -> None:
         self.settings = settings
+        self.openfaas_gateway = openfaas_gateway
         if parts is None:
+            front = openfaas_gateway_parts.PARTS if openfaas_gateway is not None else []
             try:
-                parts = [*PARTS, *optional.resolve(settings.with_parts)]
+                parts = [*PARTS, *front, *optional.resolve(settings.with_parts)]
             except KeyError as exc:
                 raise PlatformError(
                     f"unknown part {exc.args[0]!r}; choose from {', '.join(optional.OPTIONAL)} "
@@ -107,7 +118,7 @@ class Platform:
 
     def _spec(self, name: str) -> ServiceSpec | None:
         """The spec of a recorded part: one of ours, else a known core or optional part."""
-        for p in (*self.parts, *PARTS, *optional.OPTIONAL.values()):
+        for p in (*self.parts, *PARTS, *openfaas_gateway_parts.PARTS, *optional.OPTIONAL.values()):
             if p.name == name:
                 return p
         return None
@@ -149,6 +160,7 @@ class Platform:
                 ports=self._choose_ports(),
                 stop_timeout=self.settings.stop_timeout,
                 functions_timeout=self.settings.functions_timeout,
+                openfaas_gateway=self.openfaas_gateway,
             )
             credentials.ensure(ctx.secrets_dir)
             st = PlatformState(
@@ -177,8 +189,23 @@ class Platform:
     def _choose_ports(self) -> dict[str, int]:
         host = self.settings.host
         chosen: dict[str, int] = {}
+        # fixed ports first, so that no other part's usual port takes one of them
         for part in self.parts:
             for ps in part.ports:
+                if ps.fixed:
+                    busy = ps.default in chosen.values() or not all(
+                        procs.port_free(h, ps.default) for h in (host, "0.0.0.0")
+                    )
+                    if busy:
+                        raise PlatformError(
+                            f"port {ps.default} is in use; {part.name} listens on it (a fixed "
+                            f"port, on every interface): free it"
+                        )
+                    chosen[ps.name] = ps.default
+        for part in self.parts:
+            for ps in part.ports:
+                if ps.fixed:
+                    continue
                 configured = self.settings.port_setting(ps.name)
                 taken = set(chosen.values())
                 if configured:

@@ -31,10 +31,12 @@ from fedfaas.settings import DEFAULT_PORTS
 
 @dataclass(frozen=True)
 class PortSpec:
-    """A port a part listens on: its name (the key in ``Context.ports``) and usual number."""
+    """A port a part listens on: its name (the key in ``Context.ports``) and usual number;
+    a ``fixed`` one (a program that cannot listen elsewhere) is that number or ``up`` fails."""
 
     name: str
     default: int
+    fixed: bool = False
 
 
 def _nothing(ctx: Context) -> None:

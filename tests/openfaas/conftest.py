@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -140,3 +141,40 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) ->
             return
         time.sleep(0.1)
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def require_prometheus() -> Path:
+    """Debian's ``prometheus`` (``make setup`` installs it; the real gateway needs one); skips
+    the test where it is missing, fails it under CI (as :func:`require_binary`)."""
+    from fedfaas.services import find_binary as find_service_binary
+
+    found = find_service_binary("prometheus")
+    if found is not None:
+        return Path(found)
+    reason = "prometheus is not installed: run `make setup` (apt-get install prometheus)"
+    if under_ci():
+        pytest.fail(f"under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_free_port(port: int, who: str) -> None:
+    """Skips the test when ``port`` is taken (a listener on any interface), fails it under CI;
+    ``who`` listens there at a fixed port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR: connections in TIME_WAIT do not count, a listener does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            return
+        except OSError:
+            pass
+    reason = f"port {port} is taken; {who} listens on it (fixed)"
+    if under_ci():
+        pytest.fail(f"under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    """See :func:`require_prometheus`."""
+    return require_prometheus()

@@ -1,0 +1,86 @@
+"""``fedfaas up --openfaas-gateway PATH``: OpenFaaS's own gateway in front of the runtime.
+
+Two parts, started right after the runtime: Debian's Prometheus (:class:`PrometheusServer`, on a
+free loopback port, scraping the gateway's metrics) and the gateway binary at ``PATH``, whose
+provider is the runtime (``functions_provider_url``), with the runtime's basic-auth files
+(``secret_mount_path``: the state folder's secrets). The cache engine, the request tracker and
+the control plane then reach functions and ``/system/*`` through the gateway
+(:meth:`Context.openfaas_url`), as they would on Kubernetes.
+
+The gateway's ports are fixed upstream: the API on :8080 and its metrics on :8082, on every
+interface (it has no listen-address setting), so ``up`` fails when either is taken. ``/system/*``
+there needs the basic-auth credentials and every function the function token; the metrics
+(``/metrics`` on :8082) need nothing, as upstream.
+"""
+
+from __future__ import annotations
+
+from fedfaas.platform.context import Context
+from fedfaas.platform.parts import PortSpec, ServiceSpec
+from fedfaas.services import PrometheusServer, ServiceError, http_ok
+
+#: the gateway's fixed ports (OpenFaaS's ``TCPPort`` and metrics port)
+GATEWAY_PORT = 8080
+METRICS_PORT = 8082
+#: how long the gateway waits on a function (of-watchdog's timeouts on Kubernetes)
+TIMEOUT = "300s"
+
+
+def _prometheus(ctx: Context) -> PrometheusServer:
+    return PrometheusServer(
+        data_dir=ctx.data_dir("prometheus"),
+        host=ctx.host,
+        port=ctx.ports["prometheus"],
+        targets=[f"127.0.0.1:{ctx.ports['openfaas_gateway_metrics']}"],
+    )
+
+
+PROMETHEUS = ServiceSpec(
+    name="prometheus",
+    # no usual port: Debian's own prometheus service takes 9090 where it runs
+    ports=(PortSpec("prometheus", 0),),
+    argv=lambda ctx: _prometheus(ctx).command(),
+    ready=lambda ctx: _prometheus(ctx).ready(),
+    address=lambda ctx: ctx.url("prometheus"),
+    prepare=lambda ctx: _prometheus(ctx).prepare(),
+)
+
+
+def _gateway_argv(ctx: Context) -> list[str]:
+    if ctx.openfaas_gateway is None:
+        raise ServiceError("no OpenFaaS gateway binary given (fedfaas up --openfaas-gateway)")
+    return [str(ctx.openfaas_gateway)]
+
+
+def _gateway_env(ctx: Context) -> dict[str, str]:
+    """The gateway's settings (upstream's environment variables); ``basic_auth`` and
+    ``secret_mount_path`` come with :meth:`Context.env`."""
+    return {
+        "functions_provider_url": f"{ctx.url('runtime')}/",
+        "scale_from_zero": "true",
+        "faas_prometheus_host": ctx.host,
+        "faas_prometheus_port": str(ctx.ports["prometheus"]),
+        "read_timeout": TIMEOUT,
+        "write_timeout": TIMEOUT,
+        "upstream_timeout": TIMEOUT,
+    }
+
+
+OPENFAAS_GATEWAY = ServiceSpec(
+    name="openfaas-gateway",
+    ports=(
+        PortSpec("openfaas_gateway", GATEWAY_PORT, fixed=True),
+        PortSpec("openfaas_gateway_metrics", METRICS_PORT, fixed=True),
+    ),
+    argv=_gateway_argv,
+    env=_gateway_env,
+    ready=lambda ctx: http_ok(f"{ctx.url('openfaas_gateway')}/healthz"),
+    address=lambda ctx: ctx.url("openfaas_gateway"),
+    extra=lambda ctx: {"metrics": f"{ctx.url('openfaas_gateway_metrics')}/metrics"},
+    depends=("runtime", "prometheus"),
+    cwd=lambda ctx: ctx.run_dir("openfaas-gateway"),
+    prepare=lambda ctx: ctx.run_dir("openfaas-gateway").mkdir(parents=True, exist_ok=True),
+)
+
+#: the parts ``--openfaas-gateway`` adds, in start order
+PARTS: list[ServiceSpec] = [PROMETHEUS, OPENFAAS_GATEWAY]

@@ -1,0 +1,144 @@
+"""``fedfaas up --with all --openfaas-gateway PATH``: OpenFaaS's own gateway (and a Prometheus)
+in front of the runtime, the cache engine, request tracker and control plane pointed at it; one
+small FL job runs through the platform and the gateway forwarded the components' calls: the
+control plane's on the ``aggregator``, the cache engine's deploy of ``flstore-cache-N`` and its
+``/load``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedfaas.platform import state
+from fedfaas.platform.errors import PlatformError
+from fedfaas.platform.orchestrator import Platform as OrchestratedPlatform
+from fedfaas.platform.parts import PortSpec, ServiceSpec
+from fedfaas.settings import PlatformSettings
+from tests.openfaas.conftest import require_binary, require_free_port, require_prometheus
+from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.test_one_platform import (
+    Platform,
+    _fedfaas,
+    assert_fedavg,
+    run_round,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+FORWARDED = re.compile(r"Forwarded \[(?P<method>[A-Z]+)\] to (?P<path>\S+) - \[(?P<code>\d+)\]")
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    binary = require_binary("gateway")
+    require_prometheus()
+    for port in (8080, 8082):
+        require_free_port(port, "OpenFaaS's gateway")
+    state_dir = tmp_path_factory.mktemp("real-gateway-platform") / "state"
+    ports = dict.fromkeys(
+        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+    )
+    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(ports)}
+    env.pop("OPENFAAS_URL", None)
+    args = ("--with", "all", "--openfaas-gateway", str(binary), "--state-dir", str(state_dir))
+    _fedfaas("up", *args, env=env)
+    try:
+        st = state.load(state_dir)
+        assert st is not None
+        yield Platform(state_dir, {name: f"http://{st.host}:{p}" for name, p in st.ports.items()})
+    finally:
+        _fedfaas("down", "--state-dir", str(state_dir), env=env)
+    assert http_down("http://127.0.0.1:8080/healthz")
+
+
+def http_down(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return True
+    return False
+
+
+def forwarded(p: Platform) -> list[tuple[str, str, str]]:
+    """(method, path, status) of each request the gateway forwarded to the runtime."""
+    text = (p.state_dir / "logs" / "openfaas-gateway.log").read_text()
+    return [(m["method"], m["path"], m["code"]) for m in FORWARDED.finditer(text)]
+
+
+# the port tests first: the module's platform, once up, holds :8080 until the module ends
+def test_the_gateway_takes_its_fixed_ports_before_the_runtime_takes_its_usual_8080(
+    tmp_path: Path,
+) -> None:
+    for port in (8080, 8082):
+        require_free_port(port, "OpenFaaS's gateway")
+    settings = PlatformSettings(state_dir=tmp_path)  # the runtime's usual port is 8080
+    ports = OrchestratedPlatform(settings, openfaas_gateway=Path("gateway"))._choose_ports()
+    assert (ports["openfaas_gateway"], ports["openfaas_gateway_metrics"]) == (8080, 8082)
+    assert ports["runtime"] not in (8080, 8082)
+    assert len(set(ports.values())) == len(ports)
+
+
+def test_a_fixed_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        part = ServiceSpec(
+            name="fixed-thing",
+            ports=(PortSpec("fixed_thing", taken, fixed=True),),
+            argv=lambda ctx: [],
+            ready=lambda ctx: True,
+            address=lambda ctx: "",
+        )
+        platform = OrchestratedPlatform(PlatformSettings(state_dir=tmp_path), parts=[part])
+        with pytest.raises(PlatformError, match=f"port {taken} is in use; fixed-thing listens"):
+            platform._choose_ports()
+
+
+def test_one_fl_job_through_the_openfaas_gateway(platform: Platform) -> None:
+    p = platform
+    assert p.urls["openfaas_gateway"] == "http://127.0.0.1:8080"
+    # the gateway fronts the runtime: the stack's functions, with the runtime's basic auth
+    r = httpx.get(f"{p.urls['openfaas_gateway']}/system/functions", auth=p.runtime_auth)
+    assert r.status_code == 200, r.text
+    assert "aggregator" in {f["name"] for f in r.json()}
+    assert httpx.get(f"{p.urls['openfaas_gateway']}/system/functions").status_code == 401
+
+    clients = [f"g{i}" for i in range(4)]
+    p.create_job("through-gateway", clients, rounds=1)
+    updates, weights = run_round(p, "through-gateway", clients, 1, seed=7)
+    with p.root_client("through-gateway", "g0") as fl:
+        model = fl.wait_for_version(1, timeout=120)
+    assert_fedavg(model.data, updates, weights)
+
+    # the control plane reads (and scales) the aggregator through the gateway
+    calls = wait_until(
+        lambda: [c for c in forwarded(p) if "aggregator" in c[1] and c[1].startswith("/system/")],
+        60,
+        "the control plane's /system/* calls on the aggregator through the gateway",
+    )
+    assert all(code.startswith("2") for _, _, code in calls), calls
+
+    # the completed round went into the cache: the cache engine deployed flstore-cache-N
+    # through the gateway (faas-cli's PUT, then POST on 404) and loaded the model into it
+    # through the gateway's /function/ route
+    def cached() -> bool:
+        seen = forwarded(p)
+        return ("POST", "/system/functions", "202") in seen and any(
+            re.fullmatch(r"/function/flstore-cache-\d+/load", path) and code == "200"
+            for _, path, code in seen
+        )
+
+    wait_until(cached, 60, "the cache engine's deploy and load through the gateway")
+    # Prometheus scrapes the gateway
+    prom = p.urls["prometheus"]
+    up = httpx.get(f"{prom}/api/v1/query", params={"query": "up"}, timeout=10).json()
+    assert any(s["value"][1] == "1" for s in up["data"]["result"]), up
