@@ -182,6 +182,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         nodes={n: optional.router_socket(ctx, n) for n in optional.gateway_nodes(ctx)},
         redis_url=f"{ctx.url('redis', 'redis')}/0",
         redis_credentials_file=redis_credentials(ctx, "runtime"),
+        behind_gateway=ctx.openfaas_gateway is not None,
     ).to_argv()
 
 

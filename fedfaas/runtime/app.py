@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from fedfaas.runtime.async_calls import AsyncCalls
+from fedfaas.runtime.async_calls import AsyncCalls, admit
 from fedfaas.runtime.auth import REALM_HEADER, BasicAuth
 from fedfaas.runtime.errors import (
     AsyncNotConfigured,
@@ -123,19 +123,18 @@ async def function_replicas(name: str, provider: ProviderDep) -> JSONResponse:
 
 
 @system.get("/info")
-async def info() -> JSONResponse:
-    """GatewayInfo."""
+async def info(request: Request) -> JSONResponse:
+    """GatewayInfo, or behind OpenFaaS's gateway (``behind_gateway``) a provider's
+    ProviderInfo, which that gateway wraps in its GatewayInfo."""
     version = {"sha": "embedded", "release": VERSION}
-    machine = platform.machine()
+    provider = {"provider": "fedfaas-runtime", "orchestration": "process", "version": version}
+    if request.app.state.settings.behind_gateway:
+        return JSONResponse(provider)
     return JSONResponse(
         {
-            "provider": {
-                "provider": "fedfaas-runtime",
-                "orchestration": "process",
-                "version": version,
-            },
+            "provider": provider,
             "version": {**version, "commit_message": "FedFaaS embedded runtime"},
-            "arch": machine,
+            "arch": platform.machine(),
         }
     )
 
@@ -244,6 +243,7 @@ async def _accept_async(request: Request) -> Response:
     """``/async-function/{name}[/{path}]``: 202 with ``X-Call-Id`` (see :mod:`.async_calls`)."""
     calls: AsyncCalls | None = request.app.state.async_calls
     if calls is None:
+        admit(request.app.state.provider, request)  # 404 / 400 / 401 come first, as with Redis
         raise AsyncNotConfigured()
     return await calls.accept(request)
 
@@ -317,7 +317,9 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @app.exception_handler(FaasRuntimeError)
     async def runtime_error(request: Request, exc: FaasRuntimeError) -> JSONResponse:
-        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+        return JSONResponse(
+            {"error": exc.code, "detail": exc.detail}, status_code=exc.status, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def bad_params(request: Request, exc: RequestValidationError) -> JSONResponse:

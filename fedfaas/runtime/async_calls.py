@@ -190,13 +190,7 @@ class AsyncCalls:
     # ------------------------------------------------------------------ accept
     async def accept(self, request: Request) -> Response:
         """``/async-function/{name}[/{path}]``: check, store, answer 202 with ``X-Call-Id``."""
-        fn, ns = split_namespace(request.path_params["name"])
-        if not fn or (ns and ns != self.provider.namespace) or not self.provider.exists(fn):
-            raise FunctionNotFound(fn or request.path_params["name"])
-        callback = request.headers.get("x-callback-url")
-        if callback is not None:
-            check_callback_url(callback)
-        self._check_token(fn, request)
+        fn, callback = admit(self.provider, request)
         body = await _read_body(request, self.settings.async_max_body)
 
         call_id = request.headers.get("x-call-id") or str(uuid.uuid4())
@@ -228,19 +222,6 @@ class AsyncCalls:
             ) from None
         log.info("accepted async call %s to %s (%d bytes)", call_id, fn, len(body))
         return Response(status_code=202, headers={"X-Call-Id": call_id})
-
-    def _check_token(self, fn: str, request: Request) -> None:
-        """The function's own check, done before the body is read (the function checks again
-        on delivery): a function that lists the token secret gets no call without it."""
-        if TOKEN_SECRET not in (self.provider.status(fn).get("secrets") or []):
-            return
-        token = FunctionToken(self.provider.secrets_dir(fn) / TOKEN_SECRET)
-        try:
-            why = token.refusal(request.headers.get("authorization", "").encode("latin-1"))
-        except NoToken as exc:
-            raise FunctionUnauthorized(str(exc)) from None
-        if why is not None:
-            raise FunctionUnauthorized(why)
 
     # ------------------------------------------------------------------ workers
     async def _create_group(self) -> None:
@@ -434,3 +415,25 @@ class AsyncCalls:
 
 
 __all__ = ["STREAM", "AsyncCalls", "Call", "check_callback_url"]
+
+
+def admit(provider: Provider, request: Request) -> tuple[str, str | None]:
+    """The checks of an asynchronous call before its body is read, Redis or not: the function
+    exists (404), the callback URL is http(s) (400), and a function that lists the token secret
+    gets no call without its token (401; the function checks again on delivery). Returns the
+    function's name and the callback URL."""
+    fn, ns = split_namespace(request.path_params["name"])
+    if not fn or (ns and ns != provider.namespace) or not provider.exists(fn):
+        raise FunctionNotFound(fn or request.path_params["name"])
+    callback = request.headers.get("x-callback-url")
+    if callback is not None:
+        check_callback_url(callback)
+    if TOKEN_SECRET in (provider.status(fn).get("secrets") or []):
+        token = FunctionToken(provider.secrets_dir(fn) / TOKEN_SECRET)
+        try:
+            why = token.refusal(request.headers.get("authorization", "").encode("latin-1"))
+        except NoToken as exc:
+            raise FunctionUnauthorized(str(exc)) from None
+        if why is not None:
+            raise FunctionUnauthorized(why)
+    return fn, callback

@@ -8,6 +8,8 @@ class FaasRuntimeError(Exception):
 
     status = 500
     code = "internal"
+    #: headers the answer carries (a 401 says which scheme it wants)
+    headers: dict[str, str] = {}
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -175,3 +177,4 @@ class FunctionUnauthorized(FaasRuntimeError):
 
     status = 401
     code = "unauthorized"
+    headers = {"WWW-Authenticate": "Bearer"}  # as the function itself answers

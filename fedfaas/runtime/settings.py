@@ -75,6 +75,11 @@ class RuntimeSettings(CommandLineSettings):
         template's server ``template/python3-http/index.py``, as on Kubernetes, instead of the
         embedded watchdog (README.md). Its metrics port is fixed (8081): one replica per machine
         at a time, and updates cannot roll (remove and deploy again).
+    behind_gateway:
+        The runtime is the provider behind OpenFaaS's own gateway (``fedfaas up
+        --openfaas-gateway``): ``GET /system/info`` answers a provider's ``ProviderInfo``
+        (``{"provider": name, "orchestration", "version"}``), which the gateway wraps in its
+        own answer; otherwise the gateway's ``GatewayInfo`` (what faas-cli reads).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -107,6 +112,7 @@ class RuntimeSettings(CommandLineSettings):
         "async_retry_backoff": "--async-retry-backoff",
         "async_claim_idle": "--async-claim-idle",
         "watchdog": "--watchdog",
+        "behind_gateway": "--behind-gateway",
     }
 
     host: str = "127.0.0.1"
@@ -135,3 +141,4 @@ class RuntimeSettings(CommandLineSettings):
     async_retry_backoff: float = Field(default=1.0, ge=0)
     async_claim_idle: float = Field(default=30.0, gt=0)
     watchdog: Path | None = None
+    behind_gateway: bool = False

@@ -34,10 +34,12 @@ from tests.runtime.conftest import (
 
 pytestmark = pytest.mark.integration
 
-#: the routes outside /system/*: the health check, and /function/* (each function checks its token)
+#: the routes outside /system/*: the health check, and /function/* and /async-function/* (the
+#: function token is checked: by the function, and for an asynchronous call also when it is queued)
 OPEN = {"/healthz"}
 ANY_METHOD = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"}
-FUNCTION_ROUTES = {"/function/{name}", "/function/{name}/{path:path}"}
+PREFIXES = ("/function", "/async-function")
+FUNCTION_ROUTES = {f"{p}/{{name}}{rest}" for p in PREFIXES for rest in ("", "/{path:path}")}
 WRONG = {
     "no credential": {},
     "wrong basic auth": {"Authorization": "Basic " + "YWRtaW46d3Jvbmc="},  # admin:wrong
@@ -140,19 +142,21 @@ BAD_TOKENS = {
 }
 
 
+@pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize(("fn", "method", "path"), FUNCTION_CASES)
 def test_every_function_route_needs_the_function_token(
-    runtime: RuntimeProcess, fn: str, method: str, path: str
+    runtime: RuntimeProcess, prefix: str, fn: str, method: str, path: str
 ) -> None:
     body = b'{"objects": [], "workload": "mean", "params": {}}'
+    url = f"{prefix}/{fn}{path}"
     with httpx.Client(base_url=runtime.url, trust_env=False, timeout=60) as http:
         for what, headers in BAD_TOKENS.items():
-            r = http.request(method, f"/function/{fn}{path}", headers=headers, content=body)
-            assert r.status_code == 401, (what, fn, method, path, r.status_code, r.text)
+            r = http.request(method, url, headers=headers, content=body)
+            assert r.status_code == 401, (what, url, method, r.status_code, r.text)
             assert r.json()["error"] == "unauthorized" and r.json()["detail"], what
             assert r.headers["www-authenticate"] == "Bearer"
-        r = http.request(method, f"/function/{fn}{path}", headers=FN_AUTH, content=body)
-        assert r.status_code != 401, (fn, method, path, r.text)
+        r = http.request(method, url, headers=FN_AUTH, content=body)
+        assert r.status_code != 401, (url, method, r.text)
 
 
 @pytest.mark.parametrize("fn", ["flstore-cache-0", "aggregator"])

@@ -82,12 +82,11 @@ def _port_taken(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def real_gateway(
-    openfaas_runtime: RuntimeProcess,
     prometheus_binary: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealGateway]:
-    """Prometheus (scraping :8082), the runtime, and the real gateway on :8080 in front of it;
-    all stopped at the end."""
+    """Prometheus (scraping :8082), the runtime (in its provider role: ``behind_gateway``), and
+    the real gateway on :8080 in front of it; all stopped at the end."""
     binary = require_binary("gateway")
     for port in (GATEWAY_PORT, METRICS_PORT):
         require_free_port(port, "OpenFaaS's gateway")
@@ -95,7 +94,7 @@ def real_gateway(
     prometheus = PrometheusServer(
         data_dir=folder / "prometheus", targets=[f"127.0.0.1:{METRICS_PORT}"]
     ).start()
-    rt = openfaas_runtime
+    rt = RuntimeProcess(state_dir=folder / "runtime", settings={"behind_gateway": True}).start()
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "functions_provider_url": f"{rt.url}/",
@@ -116,6 +115,7 @@ def real_gateway(
     finally:
         stop_group(proc, 10)
         prometheus.stop()
+        rt.stop()
     assert not _port_taken(GATEWAY_PORT) and not _port_taken(METRICS_PORT)
     assert not prometheus.ready()
 
@@ -135,15 +135,6 @@ def test_prometheus_scrapes_the_gateway(real_gateway: RealGateway) -> None:
     wait_for(scraped, "prometheus scraped the gateway's :8082")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runtime answers GET /system/info in the gateway's shape (GatewayInfo: "
-    '{"provider": {"provider": ..., "orchestration": ...}, "version": ..., "arch": ...}) '
-    "where a provider (faas-netes, faasd) answers faas-provider's ProviderInfo "
-    '({"provider": "<name>", "orchestration": ..., "version": {...}}): the gateway logs '
-    '"Error unmarshalling provider json ... cannot unmarshal object into Go struct field '
-    'ProviderInfo.provider of type string" and reports an empty provider name and orchestration',
-)
 def test_gateway_names_the_provider(real_gateway: RealGateway) -> None:
     r = httpx.get(f"{real_gateway.url}/system/info", auth=real_gateway.runtime.auth, timeout=10)
     assert r.status_code == 200, r.text

@@ -218,8 +218,16 @@ def test_bad_async_requests_get_json_errors(async_rt: RuntimeProcess, callbacks:
 
 
 def test_without_redis_async_routes_answer_501(runtime: RuntimeProcess) -> None:
+    """After the checks every call gets (the function exists, the caller has its token)."""
     with client(runtime) as http:
-        r = http.post("/async-function/echo", content=b"x")
+        assert http.post("/system/functions", json=echo_body("no-queue")).status_code == 202
+        try:
+            assert http.post("/async-function/nope", content=b"x").status_code == 404
+            bare = httpx.post(f"{runtime.url}/async-function/no-queue", content=b"x")
+            assert bare.status_code == 401 and bare.json()["error"] == "unauthorized"
+            r = http.post("/async-function/no-queue", content=b"x")
+        finally:
+            http.request("DELETE", "/system/functions", json={"functionName": "no-queue"})
     assert r.status_code == 501
     assert r.json()["error"] == "not_implemented" and "--redis-url" in r.json()["detail"]
 
