@@ -111,6 +111,12 @@ def test_one_fl_job_through_the_openfaas_gateway(platform: Platform) -> None:
     assert r.status_code == 200, r.text
     assert "aggregator" in {f["name"] for f in r.json()}
     assert httpx.get(f"{p.urls['openfaas_gateway']}/system/functions").status_code == 401
+    # the runtime answers as the gateway's provider: the gateway names it
+    info = httpx.get(f"{p.urls['openfaas_gateway']}/system/info", auth=p.runtime_auth).json()
+    assert (info["provider"]["provider"], info["provider"]["orchestration"]) == (
+        "fedfaas-runtime",
+        "process",
+    )
 
     clients = [f"g{i}" for i in range(4)]
     p.create_job("through-gateway", clients, rounds=1)
