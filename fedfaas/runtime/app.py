@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -25,6 +26,8 @@ from fedfaas.runtime.errors import (
     Unauthorized,
 )
 from fedfaas.runtime.logs import parse_time, stream_logs
+from fedfaas.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from fedfaas.runtime.metrics import GatewayMetrics
 from fedfaas.runtime.models import (
     DeleteFunctionRequest,
     FunctionDeployment,
@@ -233,10 +236,26 @@ class _Invoke:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         state = request.app.state
+        t0 = time.perf_counter()
         response = await proxy_function(
             request, state.provider, state.client, state.settings.ready_wait
         )
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, send)
+        finally:  # counted once the answer is out, as the gateway counts it
+            name, _ = split_namespace(request.path_params.get("name", ""))
+            state.metrics.observe(
+                f"{name}.{state.provider.namespace}",
+                response.status_code,
+                time.perf_counter() - t0,
+            )
+
+
+async def _metrics(request: Request) -> Response:
+    """``GET /metrics``: the OpenFaaS gateway's metric names (:mod:`.metrics`); basic auth."""
+    _check_auth(request)
+    state = request.app.state
+    return Response(state.metrics.render(state.provider), media_type=METRICS_CONTENT_TYPE)
 
 
 async def _accept_async(request: Request) -> Response:
@@ -305,8 +324,10 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         openapi_url=None,
     )
     app.state.settings, app.state.auth, app.state.async_calls = settings, auth, None
+    app.state.metrics = GatewayMetrics()
     app.include_router(system)
     app.router.routes.append(Route("/healthz", _healthz, methods=["GET", "HEAD"]))
+    app.router.routes.append(Route("/metrics", _metrics, methods=["GET"]))
     app.router.routes.append(Route("/function/{name}", _Invoke()))
     app.router.routes.append(Route("/function/{name}/{path:path}", _Invoke()))
     methods = sorted(ALLOWED_METHODS)
