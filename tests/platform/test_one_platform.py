@@ -271,13 +271,24 @@ def test_a_round_of_20_updates_scales_the_function_up_and_a_new_replica_aggregat
     [first] = p.replicas()
     wait_until(lambda: sum(map(len, p.endpoints().values())) == 2, 60, "2 endpoints")
     clients = [f"s{i}" for i in range(20)]
-    p.create_job("scale", clients, rounds=1)
+    p.create_job("scale", clients, rounds=2)
     updates, weights = run_round(p, "scale", clients, 1, seed=100)
     with p.root_client("scale", "s0") as fl:
         model = fl.wait_for_version(1, timeout=120)
     assert_fedavg(model.data, updates, weights)
     reps = p.replicas()
     assert len(reps) > 1, "the control plane scaled the function up"
+    # the first round may end before the new replica registers (a loaded machine uploads
+    # slowly); once its endpoints are there, the next round's work reaches it
+    new_pids = {r["pid"] for r in reps} - {first["pid"]}
+    wait_until(
+        lambda: new_pids & {e["pid"] for eps in p.endpoints().values() for e in eps},
+        60,
+        "the new replica's endpoints registered",
+    )
+    updates, weights = run_round(p, "scale", clients, 2, seed=200)
+    with p.root_client("scale", "s0") as fl:
+        assert_fedavg(fl.wait_for_version(2, timeout=120).data, updates, weights)
     done = p.tasks_done()
     new = {pid: n for pid, n in done.items() if pid != first["pid"]}
     assert any(n > 0 for n in new.values()), f"a new replica aggregated part: {done}"
