@@ -87,6 +87,7 @@ def test_every_component_stops_within_its_grace_with_work_in_flight(platform: Pl
     acked = []
     for c in CLIENTS[:2]:  # round 3 stays open with two acknowledged updates
         with p.client(JOB, c) as fl:
+            fl.wait_for_version(2, timeout=120)
             fl.upload(3, save({k: np.ones(s, np.float32) for k, s in SHAPES.items()}), 1)
             acked.append(c)
     analyst = (p.state_dir / "secrets" / "analyst-token").read_text().strip()

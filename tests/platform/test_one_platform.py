@@ -251,12 +251,15 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 def run_round(
     p: Platform, job: str, clients: list[str], rnd: int, seed: int
 ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
-    """Every client uploads its update for round ``rnd`` to its assigned gateway."""
+    """Every client uploads its update for round ``rnd`` to its assigned gateway, once that
+    gateway has the model of round ``rnd - 1`` (as a client trains on it first: a node gateway
+    opens the next round when it sees the root's new model, a moment after the root)."""
     p.wait_open(job, rnd)
     updates, weights = [], []
     for i, c in enumerate(clients):
         u, w = make_update(seed + i), 1 + (seed + i) % 7
         with p.client(job, c) as fl:
+            fl.wait_for_version(rnd - 1, timeout=120)
             fl.upload(rnd, save(u), w)
         updates.append(u)
         weights.append(w)
