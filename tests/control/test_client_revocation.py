@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import save
@@ -115,7 +116,17 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
                 "/v1/jobs/cp/assignment", params={"client": last}, headers=bearer(tokens[last])
             )
             assert a.status_code == 200, a.text
-            up = realgw.upload(a.json()["gateway_url"], "cp", 2, last, tokens[last], W0, 1)
+            url = a.json()["gateway_url"]
+            # as a client trains on round 1's model first: its gateway opens round 2 once it
+            # has that model, a moment after the root
+            _wait(
+                "the client's gateway has round 1's model",
+                lambda: (
+                    httpx.get(f"{url}/v1/jobs/cp", headers=bearer(tokens[last])).json()["version"]
+                    >= 1
+                ),
+            )
+            up = realgw.upload(url, "cp", 2, last, tokens[last], W0, 1)
             assert up.status_code == 202, up.text
             view = _wait(
                 "round 2 closed",
