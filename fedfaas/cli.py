@@ -1,6 +1,6 @@
 """``fedfaas``: run a FedFaaS node on one machine and deploy functions to it.
 
-    fedfaas up [--state-dir DIR]        start MinIO, Redis, the runtime; deploy stack.yml
+    fedfaas up [--state-dir DIR]        start MinIO, Redis, the runtime; deploy stack.yml + the aggregator
     fedfaas status [--state-dir DIR]    each part, its address, PID, readiness; eBPF mode
     fedfaas down [--state-dir DIR]      stop everything, leave DIR clean (logs kept)
     fedfaas deploy -f stack.yml         what `faas-cli deploy -f stack.yml` does

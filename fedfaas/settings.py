@@ -22,6 +22,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 #: replica for the node it places the replica on (``RuntimeSettings.nodes``).
 ROUTER_SOCKET_ENV = "FEDFAAS_GATEWAY_ROUTER_SOCKET"
 
+#: The platform's own functions: the ``aggregator`` (and the ``flstore`` cache function's image).
+#: They are not in the user's ``stack.yml``: on Kubernetes the Helm chart deploys the
+#: aggregator (it needs the node's shared memory and router socket, which ``faas-cli deploy``
+#: cannot give it) and the cache engine creates the cache functions, so ``faas-cli deploy -f
+#: stack.yml`` must not deploy them. ``fedfaas up`` deploys the aggregator from here.
+PLATFORM_STACK = Path(__file__).resolve().parents[1] / "stack.platform.yml"
+
 #: The usual port of each part when nothing is configured (OpenFaaS gateway on 8080 so that
 #: ``faas-cli`` finds it without ``--gateway``; MinIO and Redis on their own defaults).
 DEFAULT_PORTS: dict[str, int] = {

@@ -11,6 +11,7 @@ from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
+from fedfaas.settings import PLATFORM_STACK
 from fedfaas.stackfile import StackError
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,22 @@ def store_function_token(ctx: Context) -> None:
         raise PlatformError(f"cannot store the function token in the runtime: {exc}") from exc
 
 
+#: The platform's functions ``fedfaas up`` deploys from :data:`PLATFORM_STACK` (the cache engine
+#: creates the cache functions itself, from ``flstore``'s folder).
+PLATFORM_FUNCTIONS = "aggregator"
+
+
 def deploy_stack(ctx: Context) -> None:
-    """Store the function token in the runtime, deploy ``ctx.stack_file`` to exactly this
-    platform's runtime and wait until every function has a ready replica (the runtime's
-    ``after_start``)."""
+    """Store the function token in the runtime, deploy ``ctx.stack_file`` and the platform's
+    ``aggregator`` (:data:`~fedfaas.settings.PLATFORM_STACK`) to exactly this platform's runtime
+    and wait until every function has a ready replica (the runtime's ``after_start``)."""
     store_function_token(ctx)
-    log.info("deploying %s to %s", ctx.stack_file, ctx.url("runtime"))
+    log.info("deploying %s and the aggregator to %s", ctx.stack_file, ctx.url("runtime"))
     try:
         deploy(ctx.stack_file, ctx.url("runtime"), _auth(ctx), resolve=False)
+        deploy(
+            PLATFORM_STACK, ctx.url("runtime"), _auth(ctx), PLATFORM_FUNCTIONS, resolve=False
+        )
     except (DeployError, StackError) as exc:
         raise PlatformError(f"cannot deploy: {exc}") from exc
     wait_ready(ctx, ctx.functions_timeout)

@@ -26,7 +26,7 @@ from fedfaas.platform import functions
 from fedfaas.platform.context import Context
 from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.services import MinioServer, RedisServer, http_ok, redis_ping
-from fedfaas.settings import DEFAULT_PORTS
+from fedfaas.settings import DEFAULT_PORTS, PLATFORM_STACK
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         host=ctx.host,
         port=ctx.ports["runtime"],
         stack=ctx.stack_file,
+        platform_stack=PLATFORM_STACK,
         state_dir=ctx.run_dir("runtime"),
         auth_dir=ctx.secrets_dir,
         nodes={n: optional.router_socket(ctx, n) for n in optional.gateway_nodes(ctx)},

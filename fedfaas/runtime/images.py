@@ -1,9 +1,11 @@
 """Map a deployment's ``image`` to the function folder the runtime runs.
 
-The embedded runtime runs handler folders, not container images: an image deploys only if the
-stack file given at start names it (``image:`` with ``handler:``), or if the deployment carries the
-annotation ``com.fedfaas.handler`` with a folder. This plays the part of OpenFaaS CE's check that
-an image is public: anything else is refused with 400 before a replica starts.
+The embedded runtime runs handler folders, not container images: an image deploys only if one of
+the stack files given at start names it (``image:`` with ``handler:``; the user's ``--stack``
+first, then the platform's own ``--platform-stack``, ``stack.platform.yml``, which holds the
+``aggregator``), or if the deployment carries the annotation ``com.fedfaas.handler`` with a
+folder. This plays the part of OpenFaaS CE's check that an image is public: anything else is
+refused with 400 before a replica starts.
 """
 
 from __future__ import annotations
@@ -29,36 +31,44 @@ def image_repository(image: str) -> str:
     return head if sep and "/" not in tail else image
 
 
-class ImageResolver:
-    """Resolve images through a stack file, re-read whenever it changes on disk."""
+class _StackFile:
+    """One stack file, re-read whenever it changes on disk."""
 
-    def __init__(self, stack_path: Path | None) -> None:
-        self.stack_path = stack_path.resolve() if stack_path else None
+    def __init__(self, path: Path) -> None:
+        self.path = path.resolve()
         self._stack: Stack | None = None
         self._mtime: float = -1.0
 
     def stack(self) -> Stack | None:
-        if self.stack_path is None:
-            return None
         try:
-            mtime = self.stack_path.stat().st_mtime
+            mtime = self.path.stat().st_mtime
         except OSError:
-            log.warning("stack file %s is gone; keeping the last one read", self.stack_path)
+            log.warning("stack file %s is gone; keeping the last one read", self.path)
             return self._stack
         if mtime != self._mtime:
             try:
                 # fprocess is not needed to find folders; a missing template must not block it.
-                self._stack = load_stack(self.stack_path, read_template=False)
+                self._stack = load_stack(self.path, read_template=False)
                 self._mtime = mtime
             except StackError as exc:
                 log.error("cannot use stack file: %s", exc)
         return self._stack
 
+
+class ImageResolver:
+    """Resolve images through stack files (the first that names an image wins)."""
+
+    def __init__(self, *stack_paths: Path | None) -> None:
+        self.files = [_StackFile(p) for p in stack_paths if p is not None]
+
+    @property
+    def stack_path(self) -> Path | None:
+        """The first stack file (relative ``com.fedfaas.handler`` folders are read from its
+        folder)."""
+        return self.files[0].path if self.files else None
+
     def _lookup(self, image: str) -> tuple[Path, str] | None:
-        stack = self.stack()
-        if stack is None:
-            return None
-        fns = list(stack.functions.values())
+        fns = [f for sf in self.files if (st := sf.stack()) for f in st.functions.values()]
         for match in (
             lambda f: f.image == image,
             lambda f: image_repository(f.image) == image_repository(image),
@@ -89,7 +99,8 @@ class ImageResolver:
         else:
             found = self._lookup(image)
             if found is None:
-                where = f"stack file {self.stack_path}" if self.stack_path else "no stack file"
+                names = ", ".join(str(sf.path) for sf in self.files)
+                where = f"stack files {names}" if names else "no stack file"
                 raise UnsupportedImage(
                     service,
                     f"image {image!r} is unknown to this runtime ({where}): the embedded runtime "

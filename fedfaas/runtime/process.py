@@ -11,6 +11,7 @@ from typing import Any
 
 from fedfaas.runtime.auth import BasicAuth
 from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.settings import PLATFORM_STACK
 from fedfaas.services import ChildProcess, ServiceError, free_port, http_ok
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class RuntimeProcess(ChildProcess):
     """
 
     stack: Path | None = None
+    #: the platform's functions (the aggregator) resolve too, as under ``fedfaas up``
+    platform_stack: Path | None = PLATFORM_STACK
     state_dir: Path = Path(".state/runtime")
     host: str = "127.0.0.1"
     port: int = 0
@@ -79,6 +82,7 @@ class RuntimeProcess(ChildProcess):
             port=self.port,
             state_dir=self.state_dir,
             stack=self.stack,
+            platform_stack=self.platform_stack,
             auth_dir=self.auth_dir,
             **self.settings,
         ).to_argv()

@@ -100,7 +100,7 @@ class Provider:
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
         self.namespace = settings.namespace
-        self.images = ImageResolver(settings.stack)
+        self.images = ImageResolver(settings.stack, settings.platform_stack)
         self.secrets = SecretStore(settings.state_dir / "secrets")
         #: each function's secrets folder lives here (rebuilt at every start: functions do not
         #: outlive the runtime, secrets do)

@@ -27,6 +27,10 @@ class RuntimeSettings(CommandLineSettings):
     stack:
         Stack file whose ``image -> handler`` entries say which folder runs for a deployed image.
         Re-read when it changes on disk, so new entries deploy without a restart.
+    platform_stack:
+        The platform's own functions (``stack.platform.yml``: the ``aggregator``, which the
+        Helm chart deploys on Kubernetes rather than ``faas-cli deploy -f stack.yml``), read
+        the same way after ``stack``. ``fedfaas up`` passes it.
     state_dir:
         Replica logs live under ``<state_dir>/functions/<name>/``.
     auth_dir:
@@ -90,6 +94,7 @@ class RuntimeSettings(CommandLineSettings):
         "host": "--host",
         "port": "--port",
         "stack": "--stack",
+        "platform_stack": "--platform-stack",
         "state_dir": "--state-dir",
         "auth_dir": "--auth-dir",
         "namespace": "--namespace",
@@ -118,6 +123,7 @@ class RuntimeSettings(CommandLineSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     stack: Path | None = None
+    platform_stack: Path | None = None
     state_dir: Path = Path(".state/runtime")
     auth_dir: Path
     namespace: str = "openfaas-fn"

@@ -21,6 +21,7 @@ from fedfaas.openfaas import FUNCTION_TOKEN_SECRET
 from fedfaas.runtime import RuntimeProcess, create_app
 from fedfaas.runtime.auth import BasicAuth
 from fedfaas.runtime.settings import RuntimeSettings
+from fedfaas.settings import PLATFORM_STACK
 from fedfaas.stackfile import load_stack
 from tests.runtime.conftest import (
     FN_AUTH,
@@ -86,7 +87,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
     rt = RuntimeProcess(stack=STACK, state_dir=tmp_path_factory.mktemp("rt")).start()
     try:
         with_function_token(rt)
-        aggregator = load_stack(STACK).functions["aggregator"].deployment()
+        aggregator = load_stack(PLATFORM_STACK).functions["aggregator"].deployment()
         flstore = {
             "service": "flstore-cache-0",
             "image": "fedfaas/flstore-cache:latest",

@@ -268,8 +268,11 @@ def test_flstore_status(http: httpx.Client) -> None:
 
 
 def _stack_body(function: str, service: str) -> dict[str, object]:
+    from fedfaas.settings import PLATFORM_STACK
     from fedfaas.stackfile import load_stack
 
-    body = load_stack(STACK).functions[function].deployment()
+    stack = load_stack(STACK)
+    fn = stack.functions.get(function) or load_stack(PLATFORM_STACK).functions[function]
+    body = fn.deployment()
     body["service"] = service
     return body

@@ -1,4 +1,4 @@
-"""The env names that stack.yml, the chart and the runtime set are the names the settings read.
+"""The env names that stack.platform.yml, the chart and the runtime set are the names the settings read.
 
 Every env var the chart sets on a FedFaaS component is a setting of that component's settings
 class (a name nobody reads is a silent misconfiguration, or a leftover such as the MinIO keys the
@@ -29,7 +29,7 @@ from pydantic_settings import BaseSettings
 from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
 from fedfaas.runtime.provider import node_env
-from fedfaas.settings import ROUTER_SOCKET_ENV
+from fedfaas.settings import PLATFORM_STACK, ROUTER_SOCKET_ENV
 from functions.aggregator.settings import AggregatorSettings
 from gateway.settings import GatewaySettings
 from request_tracker.settings import TrackerSettings
@@ -183,7 +183,7 @@ def chart(request: pytest.FixtureRequest) -> dict[str, Pod]:
 
 
 def stack_aggregator_env() -> dict[str, str]:
-    stack = yaml.safe_load((ROOT / "stack.yml").read_text())
+    stack = yaml.safe_load(PLATFORM_STACK.read_text())
     return {k: str(v) for k, v in stack["functions"]["aggregator"]["environment"].items()}
 
 
@@ -202,11 +202,11 @@ def test_env_names_come_from_the_settings_classes_as_pydantic_reads_them(
     assert env_names(GatewaySettings)[ROUTER_SOCKET_ENV] == "router_socket"
 
 
-def test_stack_yml_sets_only_aggregator_names_the_replica_reads() -> None:
+def test_platform_stack_sets_only_aggregator_names_the_replica_reads() -> None:
     env = stack_aggregator_env()
     assert ROUTER_SOCKET_ENV in env
     bad = unread(env, AggregatorSettings, "FEDFAAS_AGGREGATOR_", "FEDFAAS_GATEWAY_")
-    assert not bad, f"stack.yml sets {bad} on the aggregator; AggregatorSettings reads none"
+    assert not bad, f"stack.platform.yml sets {bad} on the aggregator; AggregatorSettings reads none"
 
 
 def test_chart_sets_only_aggregator_names_the_replica_reads(chart: dict[str, Pod]) -> None:

@@ -209,3 +209,23 @@ runAsUser: 12000
 capabilities:
   drop: ["ALL"]
 {{- end -}}
+
+{{/* The uid of the node gateway and the aggregator pods, which share the node's object store
+     (objects are 0600 files of the gateway's uid) and its router socket (peers checked with
+     SO_PEERCRED): 12000, the uid of the images (docker/, template/python3-http), or 0 where
+     the gateway loads eBPF (a privileged container) and owns the store as root. */}}
+{{- define "fedfaas.nodeUid" -}}
+{{- ternary 0 12000 .Values.nodeGateway.ebpf.enabled -}}
+{{- end -}}
+
+{{/* The aggregator's container: the gateway's uid, no capabilities, read-only root. */}}
+{{- define "fedfaas.nodeContainer" -}}
+{{- $uid := int (include "fedfaas.nodeUid" .) -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: {{ ne $uid 0 }}
+runAsUser: {{ $uid }}
+runAsGroup: {{ $uid }}
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
