@@ -21,7 +21,7 @@ from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.errors import EngineError
 from cache_engine.settings import EngineSettings
-from fedfaas.auth import Authenticator, Scope, install, require
+from fedfaas.auth import Authenticator, Scope, install, private_app, require
 from fedfaas.openfaas import OpenFaaS, read_basic_auth
 from fedfaas.secretfiles import read_credentials, redis_client
 
@@ -60,14 +60,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
     read_credentials(s.redis_credentials_file, "Redis")
     # the provider's basic auth, when given, must be there: never a silent unauthenticated call
     runtime_auth = read_basic_auth(s.runtime_auth_dir) if s.runtime_auth_dir else None
-    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
-    app = FastAPI(
-        title="FLStore cache engine",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = private_app("FLStore cache engine", lifespan=lifespan)
     install(app, auth)
     service = [Depends(require(Scope.SERVICE))]
 

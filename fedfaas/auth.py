@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -186,6 +187,13 @@ class require:  # noqa: N801 - used like a function: ``dependencies=[require(Sco
             allowed = ", ".join(sorted(self.scopes))
             raise AuthError(403, f"a {scope} credential may not do this (allowed: {allowed})")
         return scope
+
+
+def private_app(title: str, **kwargs: Any) -> FastAPI:
+    """A FastAPI app without ``/docs``, ``/redoc`` and ``/openapi.json``: every FedFaaS API
+    route but ``/healthz`` needs a credential, and FastAPI would serve those three to anyone
+    (``tests/auth`` walks every service's routes). ``kwargs`` go to :class:`FastAPI`."""
+    return FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None, **kwargs)
 
 
 def install(app: FastAPI, auth: Authenticator) -> None:

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from fedfaas.auth import private_app
 from gateway import auth, control
 from gateway.asgi import receive_into
 from gateway.bodies import SpooledBody
@@ -65,8 +66,7 @@ ReadJobDep = Annotated[Any, Depends(_job_for_reader)]
 
 
 def build_app(gw: Gateway) -> FastAPI:
-    # no /openapi.json, /docs, /redoc: every route but /healthz needs a credential
-    app = FastAPI(title="FedFaaS node gateway", version="1", openapi_url=None)
+    app = private_app("FedFaaS node gateway", version="1")
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)

@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from fedfaas.auth import Authenticator, Scope, install, require
+from fedfaas.auth import Authenticator, Scope, install, private_app, require
 from fedfaas.secretfiles import async_redis_client, read_credentials
 from request_tracker.settings import TrackerSettings
 from request_tracker.tracker import Tracker, TrackerError
@@ -38,14 +38,7 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
 
     auth = Authenticator.from_files(s.admin_token_file, analyst=s.analyst_token_file)
     read_credentials(s.redis_credentials_file, "Redis")  # a bad file stops the tracker here
-    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
-    app = FastAPI(
-        title="FLStore request tracker",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = private_app("FLStore request tracker", lifespan=lifespan)
     install(app, auth)
     analyst = [Depends(require(Scope.ANALYST))]
 

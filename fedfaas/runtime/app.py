@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from fedfaas.auth import private_app
 from fedfaas.runtime.async_calls import AsyncCalls, admit
 from fedfaas.runtime.auth import REALM_HEADER, BasicAuth
 from fedfaas.runtime.errors import (
@@ -315,14 +316,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
             await provider.stop()
             await client.aclose()
 
-    app = FastAPI(
-        title="FedFaaS runtime",
-        version=VERSION,
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = private_app("FedFaaS runtime", version=VERSION, lifespan=lifespan)
     app.state.settings, app.state.auth, app.state.async_calls = settings, auth, None
     app.state.metrics = GatewayMetrics()
     app.include_router(system)
