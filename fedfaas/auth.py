@@ -107,6 +107,12 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer TOKEN`` header value; None for anything else."""
+    kind, _, token = (header or "").partition(" ")
+    return token.strip() if kind.lower() == "bearer" and token.strip() else None
+
+
 @dataclass(frozen=True)
 class Authenticator:
     """The tokens one service accepts, by scope. The admin token also signs client tokens.
@@ -176,11 +182,10 @@ class require:  # noqa: N801 - used like a function: ``dependencies=[require(Sco
 
     async def __call__(self, request: Request) -> Scope:
         auth: Authenticator = request.app.state.auth
-        header = request.headers.get("authorization", "")
-        kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer" or not token.strip():
+        token = bearer_token(request.headers.get("authorization"))
+        if token is None:
             raise AuthError(401, "send 'Authorization: Bearer TOKEN' (the token from its file)")
-        scope = auth.scope_of(token.strip(), request)
+        scope = auth.scope_of(token, request)
         if scope is None:
             raise AuthError(401, "the bearer token is not valid for this service")
         if scope not in self.scopes:

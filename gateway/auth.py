@@ -10,13 +10,12 @@ salt) refuses the tokens of the one before.
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 from pathlib import Path
 
-from fedfaas.auth import client_token
+from fedfaas.auth import bearer_token, client_token, write_token_file
 
-__all__ = ["bearer", "check_admin", "client_token", "load_or_create_secret", "new_salt"]
+__all__ = ["bearer_token", "check_admin", "client_token", "load_or_create_secret", "new_salt"]
 
 
 def load_or_create_secret(path: Path) -> str:
@@ -25,11 +24,8 @@ def load_or_create_secret(path: Path) -> str:
         value = path.read_text().strip()
         if value:
             return value
-    path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
+    write_token_file(path, value + "\n")
     return value
 
 
@@ -38,13 +34,6 @@ def new_salt() -> str:
     return secrets.token_hex(16)
 
 
-def bearer(header: str | None) -> str | None:
-    if not header:
-        return None
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
 def check_admin(secret: str, header: str | None) -> bool:
-    tok = bearer(header)
+    tok = bearer_token(header)
     return tok is not None and hmac.compare_digest(tok, secret)

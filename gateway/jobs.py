@@ -105,7 +105,7 @@ class Job:
     def check_client(self, client: str, header: str | None) -> None:
         """Refuse a request of ``client`` unless ``header`` carries its token (401 otherwise)
         and it is not revoked (403 ``client_revoked``)."""
-        tok = auth.bearer(header)
+        tok = auth.bearer_token(header)
         want = self.tokens.get(client)
         if tok is None or want is None or not hmac.compare_digest(tok, want):
             raise Unauthorized(
@@ -117,7 +117,7 @@ class Job:
 
     def client_of(self, header: str | None) -> str | None:
         """The client whose token ``header`` carries, or None."""
-        tok = auth.bearer(header)
+        tok = auth.bearer_token(header)
         return None if tok is None else self.by_token.get(tok)
 
     def revoked_error(self, client: str) -> GatewayError:
