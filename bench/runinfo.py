@@ -57,6 +57,13 @@ def thread_counts() -> list[dict[str, Any]]:
     ]
 
 
+def max_pool_threads() -> int | None:
+    """The most threads any loaded BLAS/OpenMP pool uses now (``None`` when none is loaded): the
+    one figure a result row records as its thread count."""
+    counts = [p["threads"] for p in thread_counts()]
+    return max(counts) if counts else None
+
+
 @contextmanager
 def pinned_threads(n: int = 1) -> Iterator[dict[str, Any]]:
     """Run the block with every BLAS/OpenMP pool of this process, and of the processes it starts,

@@ -14,6 +14,7 @@ import pytest
 
 from bench.runinfo import (
     THREAD_ENV,
+    max_pool_threads,
     pinned_threads,
     run_header,
     run_info,
@@ -90,3 +91,10 @@ def test_write_result_renders_the_markdown_from_the_json_as_written(tmp_path: Pa
     assert finished >= datetime.fromisoformat(stored["run"]["started"])
     assert stored["run"]["commit"]["sha"][:12] in md and "python -m bench.example" in md
     assert f"{os.cpu_count()} cores" in md and stored["run"]["finished"] in md
+
+
+def test_max_pool_threads_is_the_pinned_count_inside_the_block() -> None:
+    with pinned_threads(1):
+        assert max_pool_threads() == 1
+    with pinned_threads(2):
+        assert max_pool_threads() == 2
