@@ -123,3 +123,19 @@ def test_the_cache_function_keeps_inner_products_unless_told_not_to(
     assert status["gram_memo"] is on
     assert (status["gram_pairs"] > 0) is on
     assert _call(mod, "POST", "/run", query)["result"] == first["result"]
+
+
+def test_cache_agg_says_which_redis_reply_parser_it_reads_with(redis_url: Any) -> None:
+    from redis._parsers import _RESP2Parser
+
+    from bench.baselines.server import RedisSource
+
+    fast = redis_url.client("admin")
+    slow = redis_url.client("admin", parser_class=_RESP2Parser)
+    try:
+        # hiredis is in the bench extra; redis-py picks it when it is installed
+        assert RedisSource(fast, None).parser() == "hiredis"  # type: ignore[arg-type]
+        assert RedisSource(slow, None).parser() == "python"  # type: ignore[arg-type]
+    finally:
+        fast.close()
+        slow.close()
