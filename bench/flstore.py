@@ -230,6 +230,9 @@ def _latency_mode(
             )
         if any(hh["gram_memo"] is not (memo == "on") for hh in health.values()):
             raise RuntimeError(f"a baseline does not run with the memo {memo}: {health}")
+        admin = cache_redis.client()
+        admin.flushall()  # every mode mirrors the jobs afresh (its time is a row of its own)
+        admin.close()
         t0 = time.perf_counter()
         mirrored = 0
         for jb in (JOB, DIGITS):
@@ -337,7 +340,9 @@ def _one(
                 hit=res.get("hit"), engine_s=res.get("engine_s"), loaded=res.get("loaded")
             )
         else:
-            row[system].update(fetch_s=res["fetch_s"], decode_s=res["decode_s"])
+            row[system].update(
+                fetch_s=res["fetch_s"], decode_s=res["decode_s"], threads=res.get("threads")
+            )
     row["same_result"] = (
         row["fedfaas"]["result"] is not None
         and _same(row["fedfaas"]["result"], row["objstore-agg"]["result"])
@@ -371,6 +376,18 @@ def _same(a: Any, b: Any, tol: float = 1e-4) -> bool:
 SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
 
 
+def _baseline_threads(rows: list[dict[str, Any]]) -> int | None:
+    """The most BLAS/OpenMP threads the baselines' pools used on these queries (they say so in
+    every answer); ``None`` when no answer said."""
+    seen = [
+        r[s]["threads"]
+        for r in rows
+        for s in ("objstore-agg", "cache-agg")
+        if r[s].get("threads") is not None
+    ]
+    return max(seen) if seen else None
+
+
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for wl in dict.fromkeys(r["workload"] for r in rows):
@@ -389,6 +406,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "reduction_vs_cache": 1 - m["fedfaas"] / m["cache-agg"],
             "same_result": all(r["same_result"] for r in rr),
             "errors": sum("error" in r[s] for r in rr for s in m),
+            "baseline_threads": _baseline_threads(rr),
         }
     for label, sel in (
         ("all", [r for r in rows if "(digits)" not in r["workload"]]),
@@ -413,6 +431,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "reduction_vs_objstore": 1 - memm["fedfaas"] / memm["objstore-agg"] if mem else 0,
             "reduction_vs_cache": 1 - memm["fedfaas"] / memm["cache-agg"] if mem else 0,
             "same_result": all(r["same_result"] for r in mem),
+            "baseline_threads": _baseline_threads(mem),
         }
         out[label] = {
             "queries": len(sel),
@@ -422,6 +441,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "reduction_vs_objstore": 1 - allm["fedfaas"] / allm["objstore-agg"],
             "reduction_vs_cache": 1 - allm["fedfaas"] / allm["cache-agg"],
             "same_result": all(r["same_result"] for r in sel),
+            "baseline_threads": _baseline_threads(sel),
         }
     return out
 
@@ -572,11 +592,18 @@ def markdown(res: dict[str, Any]) -> str:
                     f"{n} {'on' if x['gram_memo'] else 'off'} ({x['gram_pairs']} pairs)"
                     for n, x in {**mode["cache_functions"], **mode["baselines"]}.items()
                 )
+                + ". baseline threads: the most threads a BLAS/OpenMP pool of the baseline "
+                "servers used on the row's queries (each answer says); the cache functions run "
+                "with "
+                + ", ".join(
+                    f"{k}={v}" for k, v in mode["function_env"].items() if k.endswith("THREADS")
+                )
                 + ".",
                 "",
                 "| method | workload | queries | FedFaaS hits | loads on query path | FedFaaS s | "
-                "ObjStore-Agg s | Cache-Agg s | vs ObjStore | vs Cache | same answer |",
-                "|---|---|---|---|---|---|---|---|---|---|---|",
+                "ObjStore-Agg s | Cache-Agg s | vs ObjStore | vs Cache | same answer | "
+                "baseline threads |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for wl, s in mode["summary"].items():
                 mm = s["mean_s"]
@@ -585,18 +612,18 @@ def markdown(res: dict[str, Any]) -> str:
                     f"{s.get('objects_loaded', '')} | {mm['fedfaas']:.3f} | "
                     f"{mm['objstore-agg']:.3f} | {mm['cache-agg']:.3f} | "
                     f"{_pct(s['reduction_vs_objstore'])} | {_pct(s['reduction_vs_cache'])} | "
-                    f"{s['same_result']} |"
+                    f"{s['same_result']} | {s.get('baseline_threads', '')} |"
                 )
             loads = mode["loads"]
             lines += [
                 f"| {tag} | round load + prefetch into the cache functions (not in the query "
                 f"rows; FedFaaS only, mean per round) | {len(loads)} rounds | | | "
-                f"{mode['load_s'] / max(1, len(loads)):.3f} | - | - | | | |",
+                f"{mode['load_s'] / max(1, len(loads)):.3f} | - | - | | | | |",
                 f"| {tag} | background prefetch after queries (not in the query rows; FedFaaS "
-                f"only, total) | | | | {mode['prefetch_after_queries_s']:.3f} | - | - | | | |",
+                f"only, total) | | | | {mode['prefetch_after_queries_s']:.3f} | - | - | | | | |",
                 f"| {tag} | mirror of the jobs into Redis (not in the query rows; Cache-Agg only, "
                 f"total, {mode['cache_agg_mirrored_objects']} objects) | | | | - | - | "
-                f"{mode['cache_agg_mirror_s']:.3f} | | | |",
+                f"{mode['cache_agg_mirror_s']:.3f} | | | | |",
             ]
             w = mode["with_load"]
             mm = w["mean_s"]
@@ -604,7 +631,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"| {tag} | **all, load included** (every query + the rows above, per query) | "
                 f"{w['queries']} | | | {mm['fedfaas']:.3f} | {mm['objstore-agg']:.3f} | "
                 f"{mm['cache-agg']:.3f} | {_pct(w['reduction_vs_objstore'])} | "
-                f"{_pct(w['reduction_vs_cache'])} | {w['same_result']} |"
+                f"{_pct(w['reduction_vs_cache'])} | {w['same_result']} | |"
             )
             lines.append("")
         lines += [

@@ -40,6 +40,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from bench.baselines.settings import BaselineSettings
+from bench.runinfo import max_pool_threads
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MinioColdStore, decode_object
 from cache_engine.evaluators import build_evaluator
@@ -235,6 +236,7 @@ def create_app(source: ObjectSource, gram_memo: bool = True) -> FastAPI:
             "backend": source.name,
             "gram_memo": memo is not None,
             "redis_parser": parser,
+            "threads": max_pool_threads(),
         }
 
     return app

@@ -25,6 +25,7 @@ def _mode(memo: str) -> dict[str, Any]:
         "memo": memo,
         "method": MEMO_METHOD[memo],
         "redis_parser": "hiredis",
+        "function_env": {"OMP_NUM_THREADS": "1", "FEDFAAS_FLSTORE_GRAM_MEMO": "1"},
         "cache_functions": {"flstore-cache-0": {"gram_memo": memo == "on", "gram_pairs": 6}},
         "baselines": {"cache-agg": {"gram_memo": memo == "on", "gram_pairs": 6}},
         "cache_agg_mirror_s": 2.0,
@@ -42,6 +43,7 @@ def _mode(memo: str) -> dict[str, Any]:
                 "reduction_vs_objstore": 0.75,
                 "reduction_vs_cache": 0.5,
                 "same_result": True,
+                "baseline_threads": 1,
             }
         },
     }
@@ -87,3 +89,6 @@ def test_every_latency_row_names_its_memo_method_and_load_has_rows_of_its_own() 
     assert "| 2.500 | 2.000 | 2.000 | +25.0% | +25.0% |" in md  # the load-included figures
     assert "Cache-Agg's Redis reply parser: hiredis" in md
     assert "flstore-cache-0 off (6 pairs)" in md
+    assert "| +75.0% | +50.0% | True | 1 |" not in md  # reductions print as signed changes
+    assert "| -75.0% | -50.0% | True | 1 |" in md  # with the row's baseline threads
+    assert "cache functions run with OMP_NUM_THREADS=1." in md
