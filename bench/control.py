@@ -63,7 +63,7 @@ REPLICAS_PER_NODE = 1  # warm aggregator replicas per node in the real-gateway r
 ENDPOINTS_PER_REPLICA = 2
 
 
-def timeit(fn: Any, repeats: int) -> dict[str, float]:
+def timeit(fn: Any, repeats: int) -> dict[str, Any]:
     fn()  # warm
     ts = []
     for _ in range(repeats):
