@@ -125,6 +125,7 @@ def test_the_cache_function_keeps_inner_products_unless_told_not_to(
     assert _call(mod, "POST", "/run", query)["result"] == first["result"]
 
 
+@pytest.mark.integration
 def test_cache_agg_says_which_redis_reply_parser_it_reads_with(redis_url: Any) -> None:
     from redis._parsers import _RESP2Parser
 

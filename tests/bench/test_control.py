@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.control import _replan_case, measure_costs, verdict, vs_paper
 
 
@@ -21,6 +23,7 @@ def test_the_replan_case_reports_the_whole_replan_of_all_nodes_not_a_per_node_sh
     assert case["replan_and_diff"]["median_ms"] > 0
 
 
+@pytest.mark.integration
 def test_the_cold_start_loads_the_aggregator_handler_without_torch() -> None:
     costs, info = measure_costs(quick=True)
     # the default kernel is numpy: the handler's import chain must not pull torch in

@@ -35,6 +35,7 @@ def test_pinned_threads_limits_every_loaded_blas_pool_and_reports_it(n: int) -> 
         assert all(p["threads"] == n for p in thread_counts())
 
 
+@pytest.mark.integration
 def test_pinned_threads_hands_the_count_to_child_processes_and_restores_the_environment() -> None:
     before = {k: os.environ.get(k) for k in THREAD_ENV}
     probe = (
