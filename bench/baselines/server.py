@@ -152,9 +152,6 @@ class RedisSource(ObjectSource):
             keys = [ObjectKey(job, r, "meta"), ObjectKey(job, r, "global")]
             keys += [ObjectKey(job, r, "update", c) for c in m["clients"]]
             for k in keys:
-                if self.redis.exists(REDIS_PREFIX + k.id):  # objects never change once written
-                    n += 1
-                    continue
                 try:
                     self.redis.set(REDIS_PREFIX + k.id, self.cold.get_bytes(k))
                     n += 1
