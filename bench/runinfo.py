@@ -42,7 +42,7 @@ def thread_counts() -> list[dict[str, Any]]:
 
     One entry per loaded library, from ``threadpoolctl.threadpool_info()``:
     ``{"api": "blas" | "openmp", "library": "openblas" | "mkl" | ..., "file": basename,
-    "threads": n}``. A library not yet loaded is not listed (it will read :data:`THREAD_ENV`).
+    "threads": n}``. A library not yet loaded is not listed.
     """
     from threadpoolctl import threadpool_info
 
@@ -70,9 +70,9 @@ def pinned_threads(n: int = 1) -> Iterator[dict[str, Any]]:
     at ``n`` threads; yield what was measured.
 
     Inside the block the variables of :data:`THREAD_ENV` are ``n`` (so a child process started in
-    it, and a library this process loads later, size their pools to ``n``) and every pool already
-    loaded is limited to ``n`` with ``threadpoolctl.threadpool_limits``. numpy and scipy.linalg are
-    imported first so that their BLAS libraries are loaded and limited, not just told.
+    it sizes its pools to ``n``) and every pool already loaded in this process is limited to ``n``
+    with ``threadpoolctl.threadpool_limits``. numpy and scipy.linalg are imported first so that
+    their BLAS libraries are loaded and limited, not just told.
 
     The yielded dict: ``{"requested": n, "env": {var: value}, "pools": thread_counts()}``, measured
     after pinning. Call :func:`thread_counts` again inside the block to report a row's effective
