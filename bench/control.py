@@ -155,11 +155,12 @@ def bench_replan(repeats: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- (c) costs
 #: an aggregator replica's cold start: the embedded watchdog loads the function's handler exactly
 #: as it does before it listens (``fedfaas.runtime.watchdog.load_handler``); the child prints
-#: whether that imported torch and how many modules it loaded
+#: whether that imported torch, how many modules it loaded and the kernel the handler runs
 COLD_START = (
     "import json, sys, pathlib; import fedfaas.runtime.watchdog as w; "
     "w.load_handler(pathlib.Path('functions/aggregator')); "
-    "print(json.dumps({'torch': 'torch' in sys.modules, 'modules': len(sys.modules)}))"
+    "print(json.dumps({'torch': 'torch' in sys.modules, 'modules': len(sys.modules), "
+    "'kernel': sys.modules['function.handler']._settings.kernel}))"
 )
 
 
@@ -227,6 +228,7 @@ def measure_costs(quick: bool) -> tuple[CostModel, dict[str, Any]]:
         "cold_cpu_s its user+sys CPU",
         "cold_start_imports_torch": cold_loaded.get("torch"),
         "cold_start_modules": cold_loaded.get("modules"),
+        "cold_start_kernel": cold_loaded.get("kernel"),
         "xfer_s": "loopback TCP transfer of the model bytes into a preallocated buffer (wall); "
         "xfer_cpu_s process CPU of sender+receiver",
         "key_s": "64-byte send+recv on a Unix socketpair",

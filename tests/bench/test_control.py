@@ -27,6 +27,7 @@ def test_the_replan_case_reports_the_whole_replan_of_all_nodes_not_a_per_node_sh
 def test_the_cold_start_loads_the_aggregator_handler_without_torch() -> None:
     costs, info = measure_costs(quick=True)
     # the default kernel is numpy: the handler's import chain must not pull torch in
+    assert info["cold_start_kernel"] == "numpy"
     assert info["cold_start_imports_torch"] is False
     assert info["cold_start_modules"] > 100  # the watchdog and the handler's imports, loaded
     assert costs.cold_s > 0 and costs.cold_cpu_s > 0
