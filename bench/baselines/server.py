@@ -8,6 +8,17 @@ Both use the same query planning and the same workload code as the FLStore cache
 (:mod:`cache_engine.queries`); only where the bytes come from differs. Reads go through a pool of
 4 threads (a fair, not a naive, baseline).
 
+Inner-product memo (``--no-gram-memo`` turns it off): a cache function keeps the inner products
+between the vectors it holds across queries (``fedfaas.workloads.GramCache``). A baseline decodes
+a fresh copy of every object on every query, so it gets the same memo keyed by the objects' ids
+(their contents never change once written) instead of the vectors' identities
+(:class:`ObjectGramMemo`): it still reads and decodes every object per query, but does not
+recompute an inner product it computed before, as the cache function does not.
+
+Cache-Agg reads 44.7 MB values through redis-py, whose reply parser is ``hiredis`` when that
+package is installed (the ``bench`` extra) and pure Python otherwise; ``GET /healthz`` and every
+answer say which one the server uses (``redis_parser``).
+
 Usage: ``python -m bench.baselines --backend minio|redis --port P --minio H:P --redis URL``
 (flags and defaults: :class:`~bench.baselines.settings.BaselineSettings`; the MinIO and Redis
 users come from credentials files, ``--minio-credentials-file`` / ``--redis-credentials-file``).
@@ -16,31 +27,70 @@ users come from credentials files, ``--minio-credentials-file`` / ``--redis-cred
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from bench.baselines.settings import BaselineSettings
+from bench.runinfo import max_pool_threads
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MinioColdStore, decode_object
 from cache_engine.evaluators import build_evaluator
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import QueryError, parse_query, plan, run_workload
+from fedfaas.workloads import GramCache
+from fedfaas.workloads._linalg import merge
 
 log = logging.getLogger(__name__)
 REDIS_PREFIX = "baseline:obj:"
+
+
+class ObjectGramMemo(GramCache):
+    """:class:`~fedfaas.workloads.GramCache` keyed by object ids instead of vector identities.
+
+    Inside :meth:`naming` (one query's decoded objects) a row over those objects' vectors is keyed
+    by ``(coefficient, object id)`` terms, so the products computed on one query's copies answer
+    for the next query's fresh copies of the same objects. A row over anything else (a vector no
+    object of the query names) is not memoised.
+    """
+
+    def __init__(self, max_pairs: int = 1 << 18) -> None:
+        super().__init__(max_pairs)
+        self._local = threading.local()
+
+    @contextmanager
+    def naming(self, objects: Mapping[ObjectKey, Any]) -> Iterator[ObjectGramMemo]:
+        """Key the rows of this thread's query by the ids of ``objects`` (vectors only)."""
+        self._local.names = {id(v): k.id for k, v in objects.items() if isinstance(v, np.ndarray)}
+        try:
+            yield self
+        finally:
+            self._local.names = {}
+
+    def key(self, row: Sequence[tuple[float, Any]]) -> Any:
+        names: dict[int, str] = getattr(self._local, "names", {})
+        merged = merge(row)
+        if not merged or any(id(x) not in names for _, x in merged):
+            return None
+        return tuple(sorted((float(c), names[id(x)]) for c, x in merged))
 
 
 class ObjectSource(ABC):
     """Where the baseline reads objects from."""
 
     name = "source"
+
+    def parser(self) -> str | None:
+        """The Redis reply parser this source reads with (``None``: it reads no Redis)."""
+        return None
 
     @abstractmethod
     def get_bytes(self, key: ObjectKey) -> bytes: ...
@@ -68,6 +118,15 @@ class RedisSource(ObjectSource):
 
     def __init__(self, redis: Any, cold: MinioColdStore) -> None:
         self.redis, self.cold = redis, cold
+
+    def parser(self) -> str:
+        """``hiredis`` or ``python``: the reply parser of a connection of the client's pool."""
+        conn = self.redis.connection_pool.get_connection()
+        try:
+            name = type(conn._parser).__name__
+        finally:
+            self.redis.connection_pool.release(conn)
+        return "hiredis" if "hiredis" in name.lower() else "python"
 
     def get_bytes(self, key: ObjectKey) -> bytes:
         data = self.redis.get(REDIS_PREFIX + key.id)
@@ -102,8 +161,11 @@ class RedisSource(ObjectSource):
         return n
 
 
-def create_app(source: ObjectSource) -> FastAPI:
+def create_app(source: ObjectSource, gram_memo: bool = True) -> FastAPI:
+    """The baseline's HTTP app over ``source``; ``gram_memo``: keep an :class:`ObjectGramMemo`."""
     pool = ThreadPoolExecutor(max_workers=4)
+    memo = ObjectGramMemo() if gram_memo else None
+    parser = source.parser()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,7 +176,13 @@ def create_app(source: ObjectSource) -> FastAPI:
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "backend": source.name}
+        return {
+            "ok": True,
+            "backend": source.name,
+            "gram_memo": memo is not None,
+            "gram_pairs": len(memo) if memo is not None else 0,
+            "redis_parser": parser,
+        }
 
     @app.post("/admin/mirror/{job}")
     def mirror(job: str) -> dict[str, Any]:
@@ -137,6 +205,9 @@ def create_app(source: ObjectSource) -> FastAPI:
             blobs = list(pool.map(source.get_bytes, p.keys))
             t1 = time.perf_counter()
             objs = {k: decode_object(k, b) for k, b in zip(p.keys, blobs, strict=True)}
+            for v in objs.values():
+                if isinstance(v, np.ndarray):
+                    v.flags.writeable = False  # sealed, as a cache function seals what it loads
             evaluator = None
             if p.evaluator:  # the job's evaluator spec sits in round 0's metadata
                 m0 = decode_object(
@@ -144,7 +215,11 @@ def create_app(source: ObjectSource) -> FastAPI:
                 )
                 evaluator = build_evaluator(m0.get("round_meta", {}).get("evaluator"))
             t2 = time.perf_counter()
-            result = run_workload(q.workload, p.params, objs, evaluator)
+            if memo is None:
+                result = run_workload(q.workload, p.params, objs, evaluator)
+            else:
+                with memo.naming(objs):
+                    result = run_workload(q.workload, p.params, objs, evaluator, memo)
         except (QueryError, WorkloadError) as exc:
             return JSONResponse(exc.to_dict(), status_code=int(getattr(exc, "status", 400)))
         t3 = time.perf_counter()
@@ -156,6 +231,9 @@ def create_app(source: ObjectSource) -> FastAPI:
             "compute_s": t3 - t2,
             "latency_s": t3 - t0,
             "backend": source.name,
+            "gram_memo": memo is not None,
+            "redis_parser": parser,
+            "threads": max_pool_threads(),
         }
 
     return app
@@ -175,4 +253,5 @@ def main(argv: list[str] | None = None) -> None:
         if s.backend == "minio"
         else RedisSource(redis_client(s.redis_url, s.redis_credentials_file), cold)
     )
-    uvicorn.run(create_app(source), host=s.host, port=s.port, log_level="warning")
+    log.info("%s: gram memo %s, redis parser %s", source.name, s.gram_memo, source.parser())
+    uvicorn.run(create_app(source, s.gram_memo), host=s.host, port=s.port, log_level="warning")

@@ -22,6 +22,9 @@ class BaselineSettings(CommandLineSettings):
         0600 credentials file, see :mod:`fedfaas.secretfiles`; required).
     redis_url, redis_credentials_file
         Where Cache-Agg mirrors and reads objects, and its user there (required by ``redis``).
+    gram_memo
+        Keep the inner products between objects across queries, as the cache functions do
+        (:class:`~bench.baselines.server.ObjectGramMemo`); ``--no-gram-memo`` recomputes them.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_BASELINE_", extra="ignore")
@@ -36,6 +39,7 @@ class BaselineSettings(CommandLineSettings):
         "minio_credentials_file": "--minio-credentials-file",
         "redis_url": "--redis",
         "redis_credentials_file": "--redis-credentials-file",
+        "gram_memo": "--no-gram-memo",
     }
 
     backend: Literal["minio", "redis"] = "minio"
@@ -45,3 +49,4 @@ class BaselineSettings(CommandLineSettings):
     minio_credentials_file: Path | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_credentials_file: Path | None = None
+    gram_memo: bool = True

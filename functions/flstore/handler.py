@@ -18,7 +18,9 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
   held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators).
 
 Environment (no secret): ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
-``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long).
+``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long),
+``..._GRAM_MEMO`` (``0``: no inner-product memo across queries, for benchmarks that compare
+without it; default on).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ _granted: dict[str, tuple[MinioColdStore, float]] = {}
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
 # inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
 # round share its Gram matrix; entries go with the vectors they were computed from
-_grams = GramCache()
+_grams: GramCache | None = (
+    None if os.environ.get(_ENV + "GRAM_MEMO", "1").strip() == "0" else GramCache()
+)
 
 
 def _cold(job: str, grants: dict[str, Any]) -> ColdStore:
@@ -117,7 +121,8 @@ def _status() -> dict[str, Any]:
         "count": len(_objects),
         "bytes": _used(),
         "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
-        "gram_pairs": len(_grams),
+        "gram_memo": _grams is not None,
+        "gram_pairs": len(_grams) if _grams is not None else 0,
         **_stats,
     }
 

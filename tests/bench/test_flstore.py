@@ -1,0 +1,94 @@
+"""bench.flstore: the 'load included' figures and the Markdown rendered from a result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.flstore import MEMO_METHOD, POLICIES, markdown, with_load
+from bench.runinfo import run_info
+
+
+def _row(fed: float, obj: float, cache: float) -> dict[str, Any]:
+    return {
+        "workload": "multi-krum",
+        "fedfaas": {"latency_s": fed, "hit": True, "loaded": 0},
+        "objstore-agg": {"latency_s": obj},
+        "cache-agg": {"latency_s": cache},
+        "same_result": True,
+    }
+
+
+def _mode(memo: str) -> dict[str, Any]:
+    mode: dict[str, Any] = {
+        "memo": memo,
+        "method": MEMO_METHOD[memo],
+        "redis_parser": "hiredis",
+        "function_env": {"OMP_NUM_THREADS": "1", "FEDFAAS_FLSTORE_GRAM_MEMO": "1"},
+        "cache_functions": {"flstore-cache-0": {"gram_memo": memo == "on", "gram_pairs": 6}},
+        "baselines": {"cache-agg": {"gram_memo": memo == "on", "gram_pairs": 6}},
+        "cache_agg_mirror_s": 2.0,
+        "cache_agg_mirrored_objects": 12,
+        "loads": [{"job": "bench", "round": 1, "load_s": 3.0}],
+        "load_s": 3.0,
+        "prefetch_after_queries_s": 1.0,
+        "queries": [_row(0.5, 2.0, 1.0), _row(0.5, 2.0, 1.0)],
+        "summary": {
+            "multi-krum": {
+                "queries": 2,
+                "hits": 2,
+                "objects_loaded": 0,
+                "mean_s": {"fedfaas": 0.5, "objstore-agg": 2.0, "cache-agg": 1.0},
+                "reduction_vs_objstore": 0.75,
+                "reduction_vs_cache": 0.5,
+                "same_result": True,
+                "baseline_threads": 1,
+            }
+        },
+    }
+    mode["with_load"] = with_load(mode)
+    return mode
+
+
+def test_load_prefetch_and_mirror_are_charged_to_the_queries_of_the_system_that_paid_them() -> None:
+    w = _mode("on")["with_load"]
+    assert w["queries"] == 2
+    assert w["outside_queries_s"] == {"fedfaas": 4.0, "objstore-agg": 0.0, "cache-agg": 2.0}
+    assert w["mean_s"] == {"fedfaas": 2.5, "objstore-agg": 2.0, "cache-agg": 2.0}
+    assert w["reduction_vs_objstore"] == pytest.approx(-0.25)
+    assert w["reduction_vs_cache"] == pytest.approx(-0.25)
+
+
+def test_every_latency_row_names_its_memo_method_and_load_has_rows_of_its_own() -> None:
+    res = {
+        "run": run_info("bench.flstore", ["--quick"]),
+        "latency": {
+            "model": "small CNN",
+            "floats_per_model": 10,
+            "model_mb": 0.0,
+            "rounds": 1,
+            "clients_per_round": 2,
+            "pool": 250,
+            "secondaries": 1,
+            "modes": {"on": _mode("on"), "off": _mode("off")},
+        },
+        "policies": [
+            {"trace": "t", "policy": p, "hit_rate": 0.5, "requests": 4, "note": "n"}
+            for p in POLICIES
+        ],
+        "overhead": {},
+    }
+    md = markdown(res)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| memo ")]
+    assert len(rows) == 2 * 5  # per mode: one workload, three load rows, 'all, load included'
+    assert sum(r.startswith("| memo on |") for r in rows) == 5
+    assert MEMO_METHOD["on"] in md and MEMO_METHOD["off"] in md
+    assert "| memo off | **all, load included**" in md
+    assert "round load + prefetch" in md and "mirror of the jobs into Redis" in md
+    assert "| 2.500 | 2.000 | 2.000 | +25.0% | +25.0% |" in md  # the load-included figures
+    assert "Cache-Agg's Redis reply parser: hiredis" in md
+    assert "flstore-cache-0 off (6 pairs)" in md
+    assert "| +75.0% | +50.0% | True | 1 |" not in md  # reductions print as signed changes
+    assert "| -75.0% | -50.0% | True | 1 |" in md  # with the row's baseline threads
+    assert "cache functions run with OMP_NUM_THREADS=1." in md

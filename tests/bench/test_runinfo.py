@@ -1,0 +1,101 @@
+"""bench.runinfo: the thread pinning reports the counts it set, the run block's fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.runinfo import (
+    THREAD_ENV,
+    max_pool_threads,
+    pinned_threads,
+    run_header,
+    run_info,
+    thread_counts,
+    write_result,
+)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_pinned_threads_limits_every_loaded_blas_pool_and_reports_it(n: int) -> None:
+    with pinned_threads(n) as pinned:
+        assert pinned["requested"] == n
+        assert pinned["env"] == dict.fromkeys(THREAD_ENV, str(n))
+        # numpy's and scipy's BLAS are loaded by pinned_threads itself, so there is one at least
+        blas = [p for p in pinned["pools"] if p["api"] == "blas"]
+        assert blas, pinned
+        assert all(p["threads"] == n for p in pinned["pools"]), pinned
+        assert all(p["threads"] == n for p in thread_counts())
+
+
+@pytest.mark.integration
+def test_pinned_threads_hands_the_count_to_child_processes_and_restores_the_environment() -> None:
+    before = {k: os.environ.get(k) for k in THREAD_ENV}
+    probe = (
+        "import numpy, json; from bench.runinfo import thread_counts; "
+        "print(json.dumps([p['threads'] for p in thread_counts()]))"
+    )
+    with pinned_threads(1):
+        out = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout
+    assert set(json.loads(out)) == {1}, out
+    assert {k: os.environ.get(k) for k in THREAD_ENV} == before
+
+
+def test_pinned_threads_refuses_zero() -> None:
+    with pytest.raises(ValueError, match="n >= 1"), pinned_threads(0):
+        pass
+
+
+def test_run_info_records_commit_times_machine_command_and_threads() -> None:
+    run = run_info("bench.example", ["--quick", "a b"])
+    assert run["command"] == "python -m bench.example --quick 'a b'"
+    assert run["argv"] == list(sys.orig_argv)
+    assert len(run["commit"]["sha"]) == 40 and isinstance(run["commit"]["dirty"], bool)
+    started = datetime.fromisoformat(run["started"])
+    assert started.utcoffset() == timedelta(0)
+    assert abs((datetime.now(UTC) - started).total_seconds()) < 60
+    assert run["finished"] is None
+    m = run["machine"]
+    assert m["cores"] == os.cpu_count() and 1 <= m["usable_cores"] <= m["cores"]
+    assert m["memory_bytes"] > 0 and m["cpu"] and m["kernel"] == os.uname().release
+    assert set(run["threads"]["env"]) == set(THREAD_ENV)
+    with pinned_threads(1):
+        pinned = run_info("bench.example", [])
+    assert pinned["threads"]["env"] == dict.fromkeys(THREAD_ENV, "1")
+    assert pinned["threads"]["pools"] and all(p["threads"] == 1 for p in pinned["threads"]["pools"])
+
+
+def test_write_result_renders_the_markdown_from_the_json_as_written(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def render(r: dict[str, Any]) -> str:
+        seen.append(r)
+        return f"# x\n\n{run_header(r['run'])}\n\n| n | {r['rows'][0]} |\n"
+
+    result = {"run": run_info("bench.example", []), "rows": [(1, 2.5)], "by": {3: "three"}}
+    stored, md = write_result(result, "example", render, tmp_path)
+    # the renderer got the JSON as read back: tuples are lists, int keys are strings
+    assert seen == [stored] and stored == json.loads((tmp_path / "example.json").read_text())
+    assert stored["rows"] == [[1, 2.5]] and stored["by"] == {"3": "three"}
+    assert (tmp_path / "example.md").read_text() == md
+    assert "| n | [1, 2.5] |" in md
+    finished = datetime.fromisoformat(stored["run"]["finished"])
+    assert finished >= datetime.fromisoformat(stored["run"]["started"])
+    assert stored["run"]["commit"]["sha"][:12] in md and "python -m bench.example" in md
+    assert f"{os.cpu_count()} cores" in md and stored["run"]["finished"] in md
+
+
+def test_max_pool_threads_is_the_pinned_count_inside_the_block() -> None:
+    with pinned_threads(1):
+        assert max_pool_threads() == 1
+    with pinned_threads(2):
+        assert max_pool_threads() == 2
