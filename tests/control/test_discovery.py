@@ -27,8 +27,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
+from control_plane.api import create_app
 from control_plane.coordinator import Coordinator
 from control_plane.settings import ControlPlaneSettings
 from fedfaas.auth import bearer
@@ -37,6 +39,8 @@ from fedfaas.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
 from tests.control import realgw
+from tests.dataplane.gwproc import gateway_process
+from tests.tokens import auth_header, token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "gateways.fedfaas.test"
@@ -143,6 +147,28 @@ def test_the_control_plane_needs_gateways_or_a_gateways_service():
     assert r.returncode == 2 and "--peers-service" in r.stderr and "HOST:PORT" in r.stderr
 
 
+@pytest.mark.integration
+def test_gateways_entries_win_over_discovered_ones(redis_url, tmp_path):
+    with gateway_process(tmp_path, redis_url) as (gw, _secret):
+        static = "http://127.0.0.1:9"  # nothing listens: n1 leaves placement
+        settings = ControlPlaneSettings(
+            gateways=f"n1={static}",
+            gateways_service=f"localhost:{gw.settings.port}",  # where n1 really is
+            discovery_interval=0.1,
+            tick_s=0.05,
+            admin_token_file=token_file(tmp_path),
+        )
+        with TestClient(create_app(settings), headers=auth_header(tmp_path / "admin-token")) as api:
+            deadline = time.monotonic() + 30
+            while True:  # the probes of the static URL fail; discovery does not replace it
+                (n,) = api.get("/v1/nodes").json()["nodes"]
+                assert n["name"] == "n1" and n["url"] == static
+                if not n["healthy"] and n["failures"] >= 10:
+                    break
+                assert time.monotonic() < deadline, n
+                time.sleep(0.05)
+
+
 # ---------------------------------------------------------------------- real processes
 def _namespaces_usable() -> str | None:
     if os.geteuid() != 0:
@@ -182,8 +208,8 @@ class Cluster:
         self.secret_file.write_text(self.secret)
         self.secret_file.chmod(0o600)
         self.port = free_port()
-        # 127.0.0.4 is listed from the start: a pod not answering yet (publishNotReadyAddresses)
-        self.hosts = hosts_file(tmp_path, ["127.0.0.2", "127.0.0.3", "127.0.0.4"])
+        # .4 and .5 are listed from the start: pods not answering yet (publishNotReadyAddresses)
+        self.hosts = hosts_file(tmp_path, [f"127.0.0.{i}" for i in (2, 3, 4, 5)])
         self.shm = Path("/dev/shm") / f"fedfaas-disc-{os.urandom(4).hex()}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.aggs: list[NodeAggregators] = []
@@ -356,3 +382,7 @@ def test_discovered_gateways_run_a_two_node_round_and_a_later_node_joins(redis_u
         urls["n3"] = c.gateway("n3", "127.0.0.4")
         nodes = wait_nodes(cp, c.secret, urls)
         assert {n["name"] for n in nodes} == {"n1", "n2", "n3"}
+        # n3's pod is replaced by one on another address: the control plane follows it
+        realgw.kill(c.procs[-1])
+        urls["n3"] = c.gateway("n3", "127.0.0.5")
+        wait_nodes(cp, c.secret, urls)

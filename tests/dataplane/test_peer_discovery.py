@@ -3,11 +3,13 @@
 Its discovery task looks the peers up every ``discovery_interval`` seconds; on SIGTERM it ends
 with the gateway's other tasks (status 0, no "did not stop" line), whether the name resolves
 (to the gateway itself, which it leaves out of its peers) or not. The peers it finds are used
-for cross-node partials and the model in ``tests/control/test_discovery.py``.
+for cross-node partials and the model in ``tests/control/test_discovery.py``; here, how the
+peer map is merged: ``peers`` entries win, the gateway's own node is left out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import time
@@ -16,11 +18,12 @@ import httpx
 import pytest
 
 from bench.stack import start_gateway
+from gateway.core import Gateway
+from gateway.settings import GatewaySettings
 from tests.dataplane.gwproc import gateway_settings
 
-pytestmark = pytest.mark.integration
 
-
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["localhost", "no-such-peers.invalid"])
 def test_a_gateway_discovering_its_peers_stops_cleanly_on_sigterm(tmp_path, redis_url, name):
     s = gateway_settings(tmp_path, redis_url, discovery_interval=0.1)
@@ -46,3 +49,29 @@ def test_a_gateway_discovering_its_peers_stops_cleanly_on_sigterm(tmp_path, redi
         assert "does not resolve" in text
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{s.port}/healthz", timeout=1)
+
+
+def test_static_peers_win_over_discovered_ones_and_the_node_itself_is_left_out(tmp_path):
+    s = GatewaySettings(
+        node="n1",
+        state_dir=tmp_path,
+        peers={"n2": "http://10.0.0.2:81"},
+        peers_service="peers.example:81",
+    )
+
+    async def run() -> None:
+        gw = Gateway(s)
+        try:
+            await gw._found_peers(
+                {"n1": "http://10.9.0.1:81", "n2": "http://10.9.0.2:81", "n3": "http://10.9.0.3:81"}
+            )
+            assert gw.peer_url("n2") == "http://10.0.0.2:81"  # the setting
+            assert gw.peer_url("n3") == "http://10.9.0.3:81"  # discovered
+            assert gw.peer_url("n1") is None  # itself
+            await gw._found_peers({"n2": "http://10.9.0.2:81"})  # n3 gone from the name
+            assert gw.peer_url("n3") is None
+        finally:
+            await gw._peers.aclose()
+            await gw._discovery.aclose()  # type: ignore[union-attr]
+
+    asyncio.run(run())
