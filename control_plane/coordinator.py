@@ -514,7 +514,10 @@ class Coordinator:
         node = rnd.assignment.get(client)
         if node is None:
             raise ClientNotSelected(name, client, rnd.number)
-        return rnd.number, node, self.nodes[node].url
+        h = self.nodes.get(node)
+        if h is None:  # a restarted service whose discovery has not found that node yet
+            raise NoHealthyNodes()
+        return rnd.number, node, h.url
 
     async def close_round(self, name: str, state: str = "closed") -> RoundInfo:
         """Close the open round (``closed`` at goal, ``expired`` at the deadline)."""

@@ -750,6 +750,7 @@ class Gateway:
     async def _send_partial(self, job: Job, slot: Slot, inp: Input) -> None:
         eng = job.engine
         if eng is None:
+            log.error("job %s: no round engine; partial of slot %d dropped", job.name, slot.id)
             return
         with job.ns.open(inp.key) as obj:
             body = bytes(obj.buf)
