@@ -382,6 +382,12 @@ def test_discovered_gateways_run_a_two_node_round_and_a_later_node_joins(redis_u
         urls["n3"] = c.gateway("n3", "127.0.0.4")
         nodes = wait_nodes(cp, c.secret, urls)
         assert {n["name"] for n in nodes} == {"n1", "n2", "n3"}
+        deadline = time.monotonic() + 60
+        for node in ("n1", "n2"):  # and the gateways count it among their peers
+            want = f"'n3': '{urls['n3']}'"
+            while want not in (c.tmp / f"{node}.log").read_text():
+                assert time.monotonic() < deadline, node
+                time.sleep(0.1)
         # n3's pod is replaced by one on another address: the control plane follows it
         realgw.kill(c.procs[-1])
         urls["n3"] = c.gateway("n3", "127.0.0.5")
