@@ -1,4 +1,8 @@
-"""``python -m control_plane --port P --gateways node1=http://...,node2=... [--redis URL]``."""
+"""``python -m control_plane --port P --gateways node1=http://...,node2=... [--redis URL]``.
+
+``--gateways-service HOST:PORT`` finds the gateways through DNS instead of (or besides)
+``--gateways`` (:mod:`fedfaas.discovery`).
+"""
 
 from __future__ import annotations
 

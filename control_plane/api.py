@@ -3,7 +3,8 @@
 Routes:
 
 * ``GET  /healthz``
-* ``GET  /v1/nodes``: node health and capacity
+* ``GET  /v1/nodes``: node health and capacity (with ``gateways_service``, the nodes found so
+  far: see :mod:`fedfaas.discovery`)
 * ``POST /v1/jobs``: create a job (JSON :class:`JobIn`), opens round 1; the answer carries each
   client's bearer token (``tokens``: the only way to get them)
 * ``GET  /v1/jobs/{job}``, ``DELETE /v1/jobs/{job}``
@@ -45,6 +46,7 @@ from control_plane.jobs import JobSpec, round_view
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
 from fedfaas.auth import Authenticator, Scope, install, require
+from fedfaas.discovery import Discovery
 from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
 log = logging.getLogger(__name__)
@@ -90,14 +92,24 @@ def create_app(
         coord = coordinator or _build(settings)
         await coord.start()
         app.state.coordinator = coord
-        loop = asyncio.create_task(coord.run(settings.tick_s)) if settings.tick_s > 0 else None
+        tasks = [asyncio.create_task(coord.run(settings.tick_s))] if settings.tick_s > 0 else []
+        discovery = Discovery(settings.gateways_service) if settings.gateways_service else None
+        if discovery is not None:
+            static = settings.gateway_map()
+
+            async def found(nodes: dict[str, str]) -> None:
+                await coord.update_nodes({**nodes, **static})  # --gateways entries win
+
+            tasks.append(asyncio.create_task(discovery.watch(settings.discovery_interval, found)))
         try:
             yield
         finally:
-            if loop is not None:
-                loop.cancel()
+            for t in tasks:
+                t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+                    await t
+            if discovery is not None:
+                await discovery.aclose()
             await coord.stop()
 
     # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential

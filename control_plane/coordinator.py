@@ -28,6 +28,11 @@ the exact FedAvg of the survivors' updates. If they hold none yet (or the gatewa
 close rounds), the dead node's clients are placed again on the others, the plan is
 re-planned (:func:`replan`) and pushed, and the round goes on. The job's root node holds
 the global model: its loss is not survivable this way.
+
+Nodes found later: :meth:`Coordinator.update_nodes` (fed by :mod:`fedfaas.discovery` when
+the service runs with ``gateways_service``) adds new nodes to placement and points a known
+node whose address changed (a restarted pod) at its new URL. Nodes are never dropped by it:
+one that stops answering leaves placement through the health probes above.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ from control_plane.errors import (
     ClientRevoked,
     ControlPlaneError,
     GatewayError,
-    InvalidInput,
     JobExists,
     NoHealthyNodes,
     RoundStateError,
@@ -84,7 +88,8 @@ class Coordinator:
     Parameters
     ----------
     gateways
-        Node name -> gateway base URL.
+        Node name -> gateway base URL; may be empty when nodes come from :meth:`update_nodes`
+        (then creating a job answers :class:`NoHealthyNodes` until one does).
     mc
         Maximum service capacity per node (one number for all, or per node name).
     store
@@ -115,15 +120,14 @@ class Coordinator:
         scale_down_after: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not gateways:
-            raise InvalidInput("at least one node gateway is needed (--gateways node1=http://...)")
-        self.nodes = {
-            n: NodeHealth(n, u, float(mc if isinstance(mc, int | float) else mc.get(n, 20.0)))
-            for n, u in sorted(gateways.items())
-        }
+        self._mc = mc
+        self.nodes = {n: NodeHealth(n, u, self._mc_of(n)) for n, u in sorted(gateways.items())}
         self.clients = {
             n: GatewayClient(n, h.url, admin_token=admin_token) for n, h in self.nodes.items()
         }
+        #: clients of nodes that moved, closed at the next :meth:`update_nodes` (or the stop),
+        #: once the requests they may still carry are over
+        self._retired: list[GatewayClient] = []
         self.store = store or MemoryStore()
         self.provider = provider
         self.function = function
@@ -157,9 +161,39 @@ class Coordinator:
                 self.plans[name] = self._plan_for(job, job.current)
         log.info("coordinator up: %d nodes, %d jobs loaded", len(self.nodes), len(self.jobs))
 
+    def _mc_of(self, node: str) -> float:
+        mc = self._mc
+        return float(mc if isinstance(mc, int | float) else mc.get(node, 20.0))
+
+    async def update_nodes(self, found: Mapping[str, str]) -> None:
+        """Take in node gateways found at run time (``{node: url}``, e.g. by discovery).
+
+        A new node joins placement (healthy: it just answered); a known node at another URL
+        is reached there from now on (its old connection pool is closed a call later). Nodes
+        missing from ``found`` stay: the health probes decide about them.
+        """
+        async with self._lock:
+            retired, self._retired = self._retired, []
+            for c in retired:
+                await c.aclose()
+            for node, url in sorted(found.items()):
+                url = url.rstrip("/")
+                h = self.nodes.get(node)
+                if h is not None and h.url == url:
+                    continue
+                if h is None:
+                    log.info("node %s found at %s: in placement", node, url)
+                    self.nodes[node] = NodeHealth(node, url, self._mc_of(node))
+                else:
+                    log.info("node %s moved from %s to %s", node, h.url, url)
+                    h.url = url
+                    self._retired.append(self.clients[node])
+                self.clients[node] = GatewayClient(node, url, admin_token=self.admin_token)
+            self.nodes = dict(sorted(self.nodes.items()))
+
     async def stop(self) -> None:
         """Close connections."""
-        for c in self.clients.values():
+        for c in [*self.clients.values(), *self._retired]:
             await c.aclose()
         if self.provider is not None:
             await self.provider.aclose()
@@ -394,7 +428,7 @@ class Coordinator:
 
     def _top_on_root(self, job: JobState, plan: Plan) -> Plan:
         """The top runs where the model is published: the job's root node (while it lives)."""
-        if job.root and plan.nodes and self.nodes[job.root].healthy:
+        if job.root and plan.nodes and job.root in self.healthy_nodes():
             return dataclasses.replace(plan, top_node=job.root)
         return plan
 
@@ -480,7 +514,10 @@ class Coordinator:
         node = rnd.assignment.get(client)
         if node is None:
             raise ClientNotSelected(name, client, rnd.number)
-        return rnd.number, node, self.nodes[node].url
+        h = self.nodes.get(node)
+        if h is None:  # a restarted service whose discovery has not found that node yet
+            raise NoHealthyNodes()
+        return rnd.number, node, h.url
 
     async def close_round(self, name: str, state: str = "closed") -> RoundInfo:
         """Close the open round (``closed`` at goal, ``expired`` at the deadline)."""
@@ -528,10 +565,12 @@ class Coordinator:
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every gateway's /healthz; take failing ones out, bring recovered ones back."""
-        results = await asyncio.gather(*(c.healthz() for c in self.clients.values()))
-        self._reports = {n: r for n, r in zip(self.nodes, results, strict=True) if r is not None}
+        clients = dict(self.clients)  # update_nodes may add nodes meanwhile
+        results = await asyncio.gather(*(c.healthz() for c in clients.values()))
+        self._reports = {n: r for n, r in zip(clients, results, strict=True) if r is not None}
         async with self._lock:
-            for (name, h), body in zip(self.nodes.items(), results, strict=True):
+            for name, body in zip(clients, results, strict=True):
+                h = self.nodes[name]
                 if body is not None:
                     if not h.healthy:
                         log.info("node %s is back in placement", name)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from control_plane.errors import InvalidInput
 from fedfaas.cmdline import CommandLineSettings
+from fedfaas.discovery import parse_service
 
 
 class ControlPlaneSettings(CommandLineSettings):
@@ -19,7 +21,17 @@ class ControlPlaneSettings(CommandLineSettings):
     host, port
         Where the coordinator API listens (loopback by default).
     gateways
-        ``node1=http://127.0.0.1:8101,node2=...``: node gateways by node name.
+        ``node1=http://127.0.0.1:8101,node2=...``: node gateways by node name (these entries
+        win over discovered ones).
+    gateways_service
+        ``HOST:PORT`` of a DNS name that resolves to every node gateway (the chart's headless
+        Service ``<release>-node-gateway-peers``). Each address's ``/healthz`` names its node
+        (:mod:`fedfaas.discovery`); every ``discovery_interval`` seconds new nodes join
+        placement and a node found at a new address (a restarted pod) is reached there. With
+        it the service starts while no gateway answers yet; a job created then is answered
+        503 ``no_healthy_nodes``. ``gateways``, this, or both are needed.
+    discovery_interval
+        Seconds between two lookups of ``gateways_service``.
     redis_url
         Redis for job state (empty: in memory, lost on restart).
     redis_credentials_file
@@ -62,6 +74,8 @@ class ControlPlaneSettings(CommandLineSettings):
         "host": "--host",
         "port": "--port",
         "gateways": "--gateways",
+        "gateways_service": "--gateways-service",
+        "discovery_interval": "--discovery-interval",
         "redis_url": "--redis",
         "redis_credentials_file": "--redis-credentials-file",
         "provider_url": "--provider",
@@ -80,6 +94,8 @@ class ControlPlaneSettings(CommandLineSettings):
     host: str = "127.0.0.1"
     port: int = 8070
     gateways: str = ""
+    gateways_service: str = ""
+    discovery_interval: float = Field(default=10.0, gt=0)
     redis_url: str = ""
     redis_credentials_file: Path | None = None
     provider_url: str = ""
@@ -94,8 +110,23 @@ class ControlPlaneSettings(CommandLineSettings):
     analyst_token_file: Path | None = None
     stop_grace: float = 20.0
 
+    @field_validator("gateways_service")
+    @classmethod
+    def _service_address(cls, value: str) -> str:
+        if value:
+            parse_service(value)  # ValueError: the flag is named in the error
+        return value
+
     def gateway_map(self) -> dict[str, str]:
-        """Parse :attr:`gateways` into ``{node: url}``."""
+        """Parse :attr:`gateways` into ``{node: url}`` (empty only with ``gateways_service``).
+
+        Raises
+        ------
+        InvalidInput
+            A malformed entry, or neither ``gateways`` nor ``gateways_service`` given.
+        """
+        if self.gateways_service and not self.gateways.strip():
+            return {}
         return parse_gateways(self.gateways)
 
 
@@ -113,5 +144,8 @@ def parse_gateways(text: str) -> dict[str, str]:
             raise InvalidInput(f"node {name!r} is listed twice in --gateways")
         out[name] = url.rstrip("/")
     if not out:
-        raise InvalidInput("no gateways given: pass --gateways node1=http://127.0.0.1:PORT,...")
+        raise InvalidInput(
+            "no gateways given: pass --gateways node1=http://127.0.0.1:PORT,... "
+            "or --gateways-service HOST:PORT"
+        )
     return out

@@ -1,4 +1,10 @@
-"""The node gateway: jobs, the embedded router, rounds, publishing, and the HTTP front door."""
+"""The node gateway: jobs, the embedded router, rounds, publishing, and the HTTP front door.
+
+Peers (the other node gateways: a job's root receives its cross-node partials and serves its
+model) are the static ``peers`` setting over those found behind ``peers_service``
+(:mod:`fedfaas.discovery`, refreshed every ``discovery_interval`` seconds); see
+:meth:`Gateway.peer_url`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import httpx
 import bpf
 from fedfaas import wire
 from fedfaas.auth import bearer, read_token_file
+from fedfaas.discovery import Discovery
 from fedfaas.objstore import Namespace, check_root
 from gateway import auth
 from gateway.asgi import AsgiExchange
@@ -68,6 +75,9 @@ class Gateway:
         self._threads: list[threading.Thread] = []
         self._app: Any = None
         self._peers = httpx.AsyncClient(timeout=120)
+        #: peers found behind ``peers_service`` (this node left out), refreshed by a task
+        self.discovered: dict[str, str] = {}
+        self._discovery = Discovery(settings.peers_service) if settings.peers_service else None
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
         self.engine_headers: dict[str, str] = {}
@@ -97,6 +107,9 @@ class Gateway:
         self.checkpoints = self._checkpoint_writer()
         self.port = await self.http.start(s.host, s.port)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        if self._discovery is not None:
+            watch = self._discovery.watch(s.discovery_interval, self._found_peers, self._stop)
+            self._tasks.append(asyncio.create_task(watch, name="peer-discovery"))
         await self._load_jobs()
         log.info(
             "gateway %s on %s:%d, router %s (%s)",
@@ -207,8 +220,20 @@ class Gateway:
                     job.ns.close()
             self.jobs.clear()
             await self._peers.aclose()
+            if self._discovery is not None:
+                await self._discovery.aclose()
             await self.journal.close()
         log.info("gateway %s stopped", self.settings.node)
+
+    def peer_url(self, node: str) -> str | None:
+        """Base URL of another node's gateway: the ``peers`` setting, else the one discovered."""
+        return self.settings.peers.get(node) or self.discovered.get(node)
+
+    async def _found_peers(self, found: dict[str, str]) -> None:
+        found.pop(self.settings.node, None)
+        if found != self.discovered:
+            log.info("peers discovered behind %s: %s", self.settings.peers_service, found)
+        self.discovered = found
 
     def route(self, req: Request) -> Exchange:
         from gateway.ingest import PARTIAL, UPLOAD, PartialExchange, UploadExchange
@@ -723,42 +748,52 @@ class Gateway:
         asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))
 
     async def _send_partial(self, job: Job, slot: Slot, inp: Input) -> None:
-        url = self.settings.peers.get(job.root)
         eng = job.engine
-        if url is None or eng is None:
-            log.error(
-                "job %s: no peer URL for root node %s; partial of slot %d stays here",
-                job.name,
-                job.root,
-                slot.id,
-            )
+        if eng is None:
+            log.error("job %s: no round engine; partial of slot %d dropped", job.name, slot.id)
             return
         with job.ns.open(inp.key) as obj:
             body = bytes(obj.buf)
         for attempt in range(30):
-            try:
-                r = await self._peers.post(
-                    f"{url}/v1/internal/jobs/{job.name}/rounds/{eng.round}/partials",
-                    params={"slot": slot.id},
-                    content=body,
-                    headers={"Authorization": f"Bearer {self.secret}"},
-                )
-                if r.status_code < 500:
-                    if r.status_code >= 300:
-                        log.error(
-                            "job %s: root refused partial of slot %d: %s", job.name, slot.id, r.text
-                        )
+            # looked up at each try: a discovered root may appear, or move, meanwhile
+            url = self.peer_url(job.root)
+            if url is None:
+                if self._discovery is None:
+                    log.error(
+                        "job %s: no peer URL for root node %s; partial of slot %d stays here",
+                        job.name,
+                        job.root,
+                        slot.id,
+                    )
                     return
-            except httpx.HTTPError as exc:
-                log.warning("job %s: forwarding partial failed (%s), retrying", job.name, exc)
+                log.warning("job %s: root node %s not discovered yet; waiting", job.name, job.root)
+            else:
+                try:
+                    r = await self._peers.post(
+                        f"{url}/v1/internal/jobs/{job.name}/rounds/{eng.round}/partials",
+                        params={"slot": slot.id},
+                        content=body,
+                        headers={"Authorization": f"Bearer {self.secret}"},
+                    )
+                    if r.status_code < 500:
+                        if r.status_code >= 300:
+                            log.error(
+                                "job %s: root refused partial of slot %d: %s",
+                                job.name,
+                                slot.id,
+                                r.text,
+                            )
+                        return
+                except httpx.HTTPError as exc:
+                    log.warning("job %s: forwarding partial failed (%s), retrying", job.name, exc)
             await asyncio.sleep(min(0.1 * 2**attempt, 5))
 
     async def fetch_root_model(self, job: Job) -> None:
         """Non-root nodes serve the model they fetch from the root node's gateway."""
-        url = self.settings.peers.get(job.root)
+        url = self.peer_url(job.root)
         if url is None:
             raise GatewayError(
-                f"model lives on node {job.root}; no peer URL configured",
+                f"model lives on node {job.root}; no peer URL configured or discovered",
                 status=503,
                 code="no_peer",
             )

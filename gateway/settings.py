@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from fedfaas.cmdline import CommandLineSettings
+from fedfaas.discovery import parse_service
 from fedfaas.objstore import DEFAULT_ROOT
 from fedfaas.wire import DEFAULT_MAX_HEADER
 
@@ -50,7 +51,14 @@ class GatewaySettings(CommandLineSettings):
         byte is received until the request ends. A request that would go past it is answered
         503 with ``Retry-After`` (and a JSON body) and nothing is allocated; 0 = no limit.
         No body is read at all before its request is authenticated and routed.
-    peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``).
+    peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``); these
+        entries win over discovered ones.
+    peers_service : ``HOST:PORT`` of a DNS name that resolves to every node gateway (the
+        chart's headless Service ``<release>-node-gateway-peers``); when set, the gateway asks
+        each address's ``/healthz`` for its node and keeps the peer map (this node left out)
+        up to date every ``discovery_interval`` seconds (:mod:`fedfaas.discovery`). Partials
+        go to the job's root node, and the model comes from it, at the URL found last.
+    discovery_interval : seconds between two refreshes of the discovered peer map.
     planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
     minio_endpoint, minio_bucket : async checkpoints (optional).
@@ -93,6 +101,8 @@ class GatewaySettings(CommandLineSettings):
         "max_inflight_bytes": "--max-inflight-bytes",
         "read_timeout": "--read-timeout",
         "peers": "--peers",
+        "peers_service": "--peers-service",
+        "discovery_interval": "--discovery-interval",
         "planner": "--planner",
         "minio_endpoint": "--minio",
         "minio_credentials_file": "--minio-credentials-file",
@@ -126,6 +136,8 @@ class GatewaySettings(CommandLineSettings):
     max_inflight_bytes: int = 4 << 30
     read_timeout: float = 60.0
     peers: dict[str, str] = Field(default_factory=dict)
+    peers_service: str | None = None
+    discovery_interval: float = Field(default=10.0, gt=0)
     planner: str | None = None
     minio_endpoint: str | None = None
     minio_credentials_file: Path | None = None
@@ -135,6 +147,13 @@ class GatewaySettings(CommandLineSettings):
     engine_token_file: Path | None = None
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
+
+    @field_validator("peers_service")
+    @classmethod
+    def _service_address(cls, value: str | None) -> str | None:
+        if value:
+            parse_service(value)  # ValueError: the flag is named in the error
+        return value or None
 
     def socket_path(self) -> Path:
         return self.router_socket or self.state_dir / f"router-{self.node}.sock"
