@@ -45,7 +45,7 @@ from control_plane.gateways import plan_to_slots
 from control_plane.jobs import JobSpec, round_view
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
-from fedfaas.auth import Authenticator, Scope, install, require
+from fedfaas.auth import Authenticator, Scope, install, private_app, require
 from fedfaas.discovery import Discovery
 from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
@@ -112,14 +112,7 @@ def create_app(
                 await discovery.aclose()
             await coord.stop()
 
-    # no /docs, /redoc or /openapi.json: every route but /healthz needs a credential
-    app = FastAPI(
-        title="FedFaaS control plane",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = private_app("FedFaaS control plane", lifespan=lifespan)
 
     def job_salt(job: str) -> str | None:
         coord: Coordinator | None = getattr(app.state, "coordinator", None)
