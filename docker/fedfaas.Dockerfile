@@ -32,8 +32,9 @@ COPY client ./client
 # request_tracker import numpy, safetensors and the web stack), but some code paths do, lazily
 # (torch-format objects in fedfaas.objstore, the torch FedAvg kernel, cache_engine.evaluators),
 # so it stays a dependency; the CPU-only wheels (download.pytorch.org/whl/cpu, versions
-# `+cpu`, which pip prefers to PyPI's CUDA builds of the same version) keep the image about
-# 2 GB smaller, and no service runs on a GPU.
+# `+cpu`, which pip prefers to PyPI's CUDA builds of the same version) leave the CUDA
+# libraries out of the image, and no service runs on a GPU (tests/test_images.py checks that
+# the services start without importing torch).
 RUN python3 -m venv --system-site-packages /opt/fedfaas \
     && /opt/fedfaas/bin/pip install --no-cache-dir \
        --extra-index-url https://download.pytorch.org/whl/cpu .

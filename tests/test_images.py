@@ -10,10 +10,12 @@ contexts from the real ``faas-cli build --shrinkwrap``).
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -345,3 +347,34 @@ def test_the_default_tag_is_the_chart_app_version_for_every_image() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", tag)
     assert EngineSettings.model_fields["function_image"].default.endswith(f":{tag}")
     assert all(image.endswith(f":{tag}") for image in stack_images().values())
+
+
+def test_the_services_start_without_importing_torch() -> None:
+    """docker/fedfaas.Dockerfile installs the CPU-only torch wheels on this ground: no module the
+    chart runs from the services image imports torch when it starts (some paths do, later)."""
+    modules = [
+        "gateway",
+        "control_plane",
+        "cache_engine",
+        "request_tracker",
+        "fedfaas.provision_minio",
+    ]
+    entry = []
+    for module in modules:
+        path = ROOT / Path(*module.split("."))
+        main = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+        entry.append(module + (".__main__" if path.is_dir() else ""))
+        # and what main() imports inside itself (control_plane: its app)
+        for node in ast.walk(ast.parse(main.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                entry.append(node.module)
+    code = (
+        "import importlib, sys\n"
+        f"for m in {entry!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout
