@@ -5,6 +5,8 @@
 #   make up|status|down   the one-machine platform in $(STATE) (down leaves only logs/);
 #                         `make up WITH=all` adds the gateway, cache engine, tracker, control plane
 #   make chart            helm lint + helm template of charts/fedfaas
+#   make images           the services and function images with docker, podman or buildah
+#                         (scripts/images.sh; ENGINE=, REGISTRY=ghcr.io/fedfaas, TAG=appVersion)
 #   make bench | bench-X  benchmarks (bench/results/)
 #   make lint             ruff, ruff format --check, mypy
 SHELL := /bin/bash
@@ -16,9 +18,13 @@ STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
 BENCHES := dataplane ebpf control flstore
+# images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag)
+ENGINE ?=
+REGISTRY ?= ghcr.io/fedfaas
+TAG ?=
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all demo bench lint up down status helm chart \
+.PHONY: setup test test-all demo bench lint up down status helm chart images \
 	$(addprefix bench-,$(BENCHES))
 
 setup:
@@ -67,3 +73,7 @@ chart: helm
 	$(HELM) lint --strict charts/fedfaas --set nodeGateway.ebpf.enabled=true
 	$(HELM) template fedfaas charts/fedfaas --namespace openfaas >/dev/null
 	@echo "charts/fedfaas: lint and template ok"
+
+# Builds images only; pushing them (or `kind load docker-image`) is up to you.
+images:
+	ENGINE="$(ENGINE)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" bash scripts/images.sh

@@ -39,6 +39,9 @@ class EngineSettings(CommandLineSettings):
         ``k``: copies of every object beyond the primary.
     max_functions
         Upper bound on cache functions.
+    function_image
+        Image of the cache functions: ``flstore`` in ``stack.platform.yml``, which ``make images``
+        builds under this name (the chart sets it from ``cacheEngine.functionImage``).
     ping_interval
         Seconds between liveness pings of each function.
     evict_grace
@@ -111,7 +114,7 @@ class EngineSettings(CommandLineSettings):
     evict_grace: float = 2.0
     call_timeout: float = 120.0
     function_prefix: str = "flstore-cache-"
-    function_image: str = "fedfaas/flstore-cache:latest"
+    function_image: str = "ghcr.io/fedfaas/flstore:0.1.0"
     handler_dir: str = str(_REPO / "functions" / "flstore")
     function_env: dict[str, str] = Field(default_factory=dict)
     admin_token_file: Path | None = None

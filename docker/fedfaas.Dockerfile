@@ -1,0 +1,56 @@
+# The FedFaaS services image (ghcr.io/fedfaas/fedfaas:<appVersion>, charts/fedfaas `image`): one
+# image holds the core library; each chart component runs its own module
+# (`python -m gateway|control_plane|cache_engine|request_tracker|fedfaas.provision_minio`).
+# Built from the repository root: `make images`, or
+#   docker build -f docker/fedfaas.Dockerfile -t ghcr.io/fedfaas/fedfaas:0.1.0 .
+# (the function images come from template/python3-http through faas-cli; scripts/images.sh).
+# Here, not at the root, so that the root holds no Dockerfile a reader could take for a
+# function's; the context is still the root, and /.dockerignore keeps .git, .venv, .state,
+# bench/results and build/ out of it.
+#
+# Debian bookworm: the node gateway's eBPF router uses bcc, whose Python bindings are Debian's
+# python3-bpfcc, built for Debian's python3 (3.11, which pyproject.toml's requires-python
+# admits). The venv sees them through --system-site-packages.
+FROM debian:bookworm-slim AS base
+RUN apt-get update -qy \
+    && apt-get install -qy --no-install-recommends python3 python3-venv python3-bpfcc ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM base AS build
+WORKDIR /src
+# What `pip install .` needs: pyproject.toml and the packages it lists
+# ([tool.setuptools.packages.find] include; tests/test_images.py holds the two together).
+COPY pyproject.toml ./
+COPY fedfaas ./fedfaas
+COPY gateway ./gateway
+COPY bpf ./bpf
+COPY cache_engine ./cache_engine
+COPY request_tracker ./request_tracker
+COPY control_plane ./control_plane
+COPY client ./client
+# torch: no service imports it when it starts (gateway, control_plane, cache_engine and
+# request_tracker import numpy, safetensors and the web stack), but some code paths do, lazily
+# (torch-format objects in fedfaas.objstore, the torch FedAvg kernel, cache_engine.evaluators),
+# so it stays a dependency; the CPU-only wheels (download.pytorch.org/whl/cpu, versions
+# `+cpu`, which pip prefers to PyPI's CUDA builds of the same version) leave the CUDA
+# libraries out of the image, and no service runs on a GPU (tests/test_images.py checks that
+# the services start without importing torch).
+RUN python3 -m venv --system-site-packages /opt/fedfaas \
+    && /opt/fedfaas/bin/pip install --no-cache-dir \
+       --extra-index-url https://download.pytorch.org/whl/cpu .
+
+FROM base
+COPY --from=build /opt/fedfaas /opt/fedfaas
+# uid and gid 12000: the chart runs these pods as runAsUser 12000 with fsGroup 12000
+# (charts/fedfaas/templates/_helpers.tpl), and the secret files it mounts are group-readable
+# by that group only; a passwd entry gives the uid a name and a HOME.
+RUN groupadd --gid 12000 fedfaas \
+    && useradd --uid 12000 --gid 12000 --create-home --home-dir /home/fedfaas fedfaas
+# `python` is the venv's (the chart's commands say `python -m ...`; Debian has only python3).
+# No .pyc writes: the chart's containers have a read-only root filesystem.
+ENV PATH=/opt/fedfaas/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/fedfaas
+USER 12000:12000
+CMD ["fedfaas", "--help"]
