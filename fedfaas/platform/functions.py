@@ -79,9 +79,7 @@ def deploy_stack(ctx: Context) -> None:
     log.info("deploying %s and the aggregator to %s", ctx.stack_file, ctx.url("runtime"))
     try:
         deploy(ctx.stack_file, ctx.url("runtime"), _auth(ctx), resolve=False)
-        deploy(
-            PLATFORM_STACK, ctx.url("runtime"), _auth(ctx), PLATFORM_FUNCTIONS, resolve=False
-        )
+        deploy(PLATFORM_STACK, ctx.url("runtime"), _auth(ctx), PLATFORM_FUNCTIONS, resolve=False)
     except (DeployError, StackError) as exc:
         raise PlatformError(f"cannot deploy: {exc}") from exc
     wait_ready(ctx, ctx.functions_timeout)

@@ -11,8 +11,8 @@ from typing import Any
 
 from fedfaas.runtime.auth import BasicAuth
 from fedfaas.runtime.settings import RuntimeSettings
-from fedfaas.settings import PLATFORM_STACK
 from fedfaas.services import ChildProcess, ServiceError, free_port, http_ok
+from fedfaas.settings import PLATFORM_STACK
 
 log = logging.getLogger(__name__)
 

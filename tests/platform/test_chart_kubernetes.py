@@ -202,9 +202,7 @@ def test_faas_netes_sees_the_aggregator_as_a_function() -> None:
     assert _env(cp)["FEDFAAS_CONTROL_FUNCTION"] == "aggregator"
     # the function token every function checks, mounted where faas-netes mounts secrets
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    volume = next(
-        v for v in pod["spec"]["volumes"] if v["name"] == mounts["/var/openfaas/secrets"]
-    )
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mounts["/var/openfaas/secrets"])
     assert volume["secret"]["secretName"] == "fedfaas-function-token"
 
 
@@ -213,9 +211,9 @@ def test_network_policy_admits_cache_functions_to_minio_and_keeps_redis_to_the_r
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
     minio = policies["rel-fedfaas-minio"]["spec"]
     sources = minio["ingress"][0]["from"]
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openfaas-fn"}}} in (
-        sources
-    )
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openfaas-fn"}}
+    } in (sources)
     redis = policies["rel-fedfaas-redis"]["spec"]["ingress"][0]["from"]
     assert all("namespaceSelector" not in s for s in redis)
     # the cache engine and the tracker (which call the cache functions, and which the

@@ -206,7 +206,9 @@ def test_platform_stack_sets_only_aggregator_names_the_replica_reads() -> None:
     env = stack_aggregator_env()
     assert ROUTER_SOCKET_ENV in env
     bad = unread(env, AggregatorSettings, "FEDFAAS_AGGREGATOR_", "FEDFAAS_GATEWAY_")
-    assert not bad, f"stack.platform.yml sets {bad} on the aggregator; AggregatorSettings reads none"
+    assert not bad, (
+        f"stack.platform.yml sets {bad} on the aggregator; AggregatorSettings reads none"
+    )
 
 
 def test_chart_sets_only_aggregator_names_the_replica_reads(chart: dict[str, Pod]) -> None:

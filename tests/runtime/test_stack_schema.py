@@ -40,8 +40,10 @@ def test_platform_functions_are_not_in_the_stack_users_deploy() -> None:
     # the chart deploys the aggregator under the name and image the platform stack gives it
     values = yaml.safe_load((REPO / "charts" / "fedfaas" / "values.yaml").read_text())
     assert values["aggregator"]["name"] == "aggregator"
-    assert platform["aggregator"].image.split(":")[0].endswith(
-        values["aggregator"]["image"]["repository"].split("/", 1)[1]
+    assert (
+        platform["aggregator"]
+        .image.split(":")[0]
+        .endswith(values["aggregator"]["image"]["repository"].split("/", 1)[1])
     )
 
 
