@@ -26,6 +26,7 @@ Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--out DIR]``;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -561,6 +562,235 @@ def bench_round(
         gw.stop()
 
 
+# ----------------------------------------------------------------------------- the round, end to end
+def _sdk_client_role(a: argparse.Namespace) -> None:
+    """One FL client: its "trained weights" mapped as numpy arrays (every page resident), then,
+    released with the others by the ``go`` file, the mark ``t_start_ns``, serialisation to
+    safetensors (``safetensors.numpy.save``, the library the SDK's state-dict path calls) and
+    the upload through :meth:`client.sdk.FLClient.upload` (its real HTTP path: 1 MiB chunks
+    over httpx, 503/409 retries)."""
+    from safetensors.numpy import save
+
+    from bench.harness import round_window as rw
+    from client.sdk import FLClient
+
+    spec = json.loads(Path(a.spec).read_text())
+    work = Path(spec["work"])
+    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
+    weights = rw.map_weights(spec["weights"], layout)
+    marks: dict[str, Any] = {"cid": spec["client"]}
+    with FLClient(spec["url"], spec["job"], spec["client"], spec["token"], timeout=600) as c:
+        (work / f"ready-{spec['client']}").touch()
+        while not (work / "go").exists():
+            time.sleep(0.002)
+        marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
+        data = save(weights)
+        marks["t_encoded_ns"] = time.monotonic_ns()
+        c.upload(1, data, spec["samples"], busy_wait=600)
+        marks["t_done_ns"] = time.monotonic_ns()
+    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    Path(a.out).write_text(json.dumps(marks))
+
+
+def bench_round_e2e(
+    work: Path,
+    layout: list[tuple[str, list[int]]],
+    clients: int,
+    *,
+    ebpf: bool,
+    fanout: int = 2,
+    max_inflight: int = 4,
+    replicas: int = 1,
+    endpoints: int = 2,
+    mem_limit_bytes: int = 0,
+    floor_bytes: int | None = None,
+    timeout: float = 600.0,
+    tag: str = "",
+) -> dict[str, Any]:
+    """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
+    Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
+    released at once, each serialising its weights and uploading them through the SDK to one
+    node gateway (its own Redis) whose round warm ``aggregator`` replicas aggregate.
+
+    ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
+    served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
+    the same end; ``server_hwm_bytes``: summed ``VmHWM`` of the gateway, the replicas and Redis
+    (and their children) read at the end. A point the memory guard stops, that errors or times
+    out is a failure record (``ok`` False), not an exception.
+    """
+    import httpx
+    from safetensors.numpy import save
+
+    from bench.harness import round_window as rw
+    from fedfaas.services import RedisServer
+
+    floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
+    size = rw.layout_bytes(layout)
+    node = f"e2e{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
+    base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
+    rdir = work / f"round-{node}"
+    rdir.mkdir(parents=True)
+    (rdir / "layout.json").write_text(json.dumps(layout))
+    weights = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")
+    redis = RedisServer(data_dir=rdir / "redis").start()
+    gw: GatewayProc | None = None
+    aggs: Replicas | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    guard: rw.MemoryGuard | None = None
+    first: rw.FirstBytes | None = None
+
+    def server_pids() -> list[int]:
+        return [p for p in (redis.proc.pid if redis.proc else None, gw and gw.pid) if p] + (
+            aggs.pids() if aggs else []
+        )
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for pid in rw.tree(server_pids()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    try:
+        gw = _gateway(rdir, redis, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
+        aggs = Replicas(gw, rdir / "aggregators")
+        health = gw.health()
+        aggs.spawn(replicas, endpoints)
+        aggs.wait_registered(replicas * endpoints)
+        guard = rw.MemoryGuard(
+            server_pids,
+            kill_all,
+            client_pids=lambda: [p.pid for p in procs],
+            limit_bytes=mem_limit_bytes,
+            floor_bytes=floor,
+        )
+        guard.start()
+        names = [f"c{k}" for k in range(clients)]
+        job = f"e2e-{node}"
+        init = save({n: np.zeros(s, np.float32) for n, s in layout})
+        info = _create_job(gw.settings.port, gw.secret(), job, names, clients, init)
+        del init
+        rw.write_weights(weights, layout)
+        for k, name in enumerate(names):
+            sp = rdir / f"client-{k}.json"
+            sp.write_text(
+                json.dumps(
+                    {
+                        "work": str(rdir),
+                        "weights": str(weights),
+                        "url": gw.url,
+                        "job": job,
+                        "client": name,
+                        "token": info["tokens"][name],
+                        "samples": 100 + k,
+                    }
+                )
+            )
+            argv = [sys.executable, "-m", "bench.dataplane", "--role", "sdk-client"]
+            with open(rdir / f"client-{k}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [*argv, "--spec", str(sp), "--out", str(rdir / f"client-{k}.out")],
+                        cwd=ROOT,
+                        env={**os.environ, **PINNED_THREADS, "PYTHONPATH": str(ROOT)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+
+        def check() -> dict[str, Any] | None:
+            if guard is not None and guard.tripped is not None:
+                return guard.failure(**base)
+            for k, p in enumerate(procs):
+                if p.poll() not in (None, 0):
+                    tail = (rdir / f"client-{k}.log").read_text(errors="replace")[-1500:]
+                    return rw.failure("error", f"client {k} exited {p.returncode}: {tail}", **base)
+            assert gw is not None
+            if gw.proc.poll() is not None:
+                tail = gw.log_path.read_text(errors="replace")[-1500:]
+                return rw.failure("error", f"gateway exited {gw.proc.returncode}: {tail}", **base)
+            if time.monotonic() > deadline:
+                return rw.failure("timeout", f"no global model in {timeout:.0f} s", **base)
+            return None
+
+        while len(list(rdir.glob("ready-*"))) < clients:
+            if (bad := check()) is not None:
+                return bad
+            time.sleep(0.01)
+        idle = rw.summed_rss(server_pids())
+        first = rw.FirstBytes(gw.settings.port)
+        first.start()
+        (rdir / "go").touch()
+        # the uploads first: no status request touches the gateway's port before they are in
+        while any(p.poll() is None for p in procs):
+            if (bad := check()) is not None:
+                return bad
+            time.sleep(0.02)
+        auth = {"Authorization": f"Bearer {gw.secret()}"}
+        while True:
+            if (bad := check()) is not None:
+                return bad
+            st = httpx.get(f"{gw.url}/v1/jobs/{job}", headers=auth, timeout=30).json()
+            if st["last_round"] and st["last_round"]["published_ns"]:
+                break
+            time.sleep(0.02)
+        hwm = rw.summed_hwm(server_pids())  # at the end, every server process still running
+        router = gw.router()
+        marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
+    finally:
+        if first is not None:
+            first.stop()
+        if guard is not None:
+            guard.stop()
+        kill_all()
+        if aggs is not None:
+            aggs.stop()
+        if gw is not None:
+            gw.stop()
+        redis.stop()
+        weights.unlink(missing_ok=True)
+    lr = st["last_round"]
+    end = lr["published_ns"]
+    function_eps = [e for e in router["endpoints"] if not e["local"]]
+    out = {
+        "ok": True,
+        **base,
+        "method": (
+            "window: first client's weights-in-memory mark (before serialisation) -> global "
+            "model published; server window from the first update bytes received on the "
+            "gateway's port (kernel TCP counters); memory: summed VmHWM of gateway, aggregator "
+            "replicas and Redis read at the end"
+        ),
+        "fanout": fanout,
+        "max_inflight": max_inflight,
+        "router": router["mode"],
+        "router_reason": health["router_reason"],
+        "aggregator_replicas": replicas,
+        "endpoints_per_replica": endpoints,
+        "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
+        "router_frames": sum((e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]),
+        "router_drops": router["drops"],
+        "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
+        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        # the gateway's own first-byte mark, a cross-check of ``server_s``
+        "server_gateway_mark_s": rw.window_s([lr["first_byte_ns"]], end),
+        "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
+        "act_s": (lr["result_ns"] - lr["first_byte_ns"]) / 1e9,
+        "ingest_s": (lr["last_update_ns"] - lr["first_byte_ns"]) / 1e9,
+        "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
+        "server_hwm_bytes": hwm["bytes"],
+        "server_processes": hwm["processes"],
+        "server_idle_rss_bytes": idle,
+        "server_rss_sampled_bytes": guard.peak_server_rss if guard else 0,
+        "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
+        "store": st["store_stats"],
+    }
+    out["act_over_ingest"] = out["act_s"] / out["ingest_s"] if out["ingest_s"] else None
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 ROUNDS = (  # result key, label
     ("round", "default"),
@@ -717,7 +947,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dataplane")
-    p.add_argument("--role", default="bench", choices=["bench", "client", "tcp-server"])
+    p.add_argument(
+        "--role", default="bench", choices=["bench", "client", "sdk-client", "tcp-server"]
+    )
     p.add_argument("--spec")
     p.add_argument("--port")
     p.add_argument("--size")
@@ -735,6 +967,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.role == "client":
         _client_role(a)
+        return 0
+    if a.role == "sdk-client":
+        _sdk_client_role(a)
         return 0
     if a.role == "tcp-server":
         _tcp_server_role(a)
