@@ -9,18 +9,29 @@ Figures, all from one run on this machine (baselines in the same process tree):
 - aggregation, one core: update bytes folded per second by ``fedfaas.fedavg`` (numpy blocked
   axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
   plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
-- round: 20 ResNet-18-sized updates from 20 concurrent client processes to one gateway whose
-  round is aggregated by warm replicas of the ``aggregator`` function (started as the runtime
-  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the job):
-  first byte to sealed global model (ACT), pure ingest time (first byte to last update sealed
-  and journaled), and the server's peak memory (gateway plus aggregator replicas: PSS sum, and
-  RSS sum which counts shared pages twice), against a real Flower server and 20 clients on
-  loopback (``bench.flower_baseline``). The round runs with the eBPF router when ``bpf.probe()``
-  says it loads here (``round``, ``round_lean``) and, as its peer in the same run, with the
-  userspace router (``round_userspace``); each round records the router mode it got.
+- round, measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on both
+  sides): 20 clients, one process each on this machine, hold ResNet-18's floating-point state
+  dict (44.8 MB float32) as numpy arrays and are released at once; each serialises it to
+  safetensors and uploads it through :meth:`client.sdk.FLClient.upload` to one node gateway
+  whose round warm replicas of the ``aggregator`` function aggregate (started as the runtime
+  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the
+  job). Figures: weights in client memory -> global model published (``e2e_s``); the
+  server-side window only, first update bytes received on the gateway's port -> global
+  published (``server_s``); the server's peak memory as the sum of ``VmHWM`` of the gateway,
+  the replicas and Redis read at the end. Against a real Flower server and 20 clients
+  measured the same way (``bench.flower_baseline``: its clients serialise inside the window
+  too). The round runs with the eBPF router when ``bpf.probe()`` says it loads here
+  (``round``, ``round_lean``) and, as its peer in the same run, with the userspace router
+  (``round_userspace``); each round records the router mode it got. There is no SF round
+  (HTTP between aggregators): no such hand-off mode exists (:data:`SF_ABSENT`).
 
-Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--out DIR]``; writes
-``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
+Every process runs with BLAS/OpenMP pinned to one thread (``bench.runinfo.pinned_threads``);
+each table row says so. The Markdown is rendered from the JSON as written
+(``bench.runinfo.write_result``).
+
+Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--quick] [--out DIR]``;
+writes ``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
+``--quick`` is a smoke run (4 clients, a 4 MB model).
 """
 
 from __future__ import annotations
@@ -34,14 +45,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.runinfo import PINNED_THREADS, run_info
+from bench.runinfo import PINNED_THREADS, pinned_threads, run_header, run_info, write_result
 from bench.stack import GatewayProc, Replicas, start_gateway
 from gateway.settings import GatewaySettings
 
@@ -230,34 +240,6 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(5)
-
-
-class _MemSampler(threading.Thread):
-    """Peak PSS and RSS summed over some processes and all their children."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.pids, self.peak_pss, self.peak_rss, self._halt = pids, 0, 0, threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        while not self._halt.is_set():
-            pss = rss = 0
-            for pid in self.pids:
-                try:
-                    root = psutil.Process(pid)
-                    for p in [root, *root.children(recursive=True)]:
-                        info = p.memory_full_info()
-                        pss, rss = pss + info.pss, rss + info.rss
-                except psutil.Error:  # process gone between listing and reading
-                    pass
-            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-            self._halt.wait(0.05)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(2)
 
 
 def _gateway(work: Path, rs: RedisServer, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
@@ -451,115 +433,6 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
         out[f"{k}_s"] = v
         out[f"{k}_gbps"] = total / v / 1e9
     return out
-
-
-def bench_round(
-    work: Path,
-    rs: RedisServer,
-    bodies: list[Path],
-    fanout: int,
-    max_inflight: int,
-    *,
-    ebpf: bool,
-    replicas: int,
-    endpoints: int,
-) -> dict[str, Any]:
-    """One round on one node gateway, aggregated by warm ``aggregator`` replicas.
-
-    The replicas are started before the job and registered (job-agnostic) before the clients
-    start: they are warm, as the control plane keeps them; the gateway grants them the job.
-    """
-    import httpx
-
-    n = len(bodies)
-    node = f"round{fanout}m{max_inflight}{'e' if ebpf else 'u'}"
-    gw = _gateway(work, rs, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
-    aggs = Replicas(gw, work / f"aggregators-{node}")
-    sampler: _MemSampler | None = None
-    try:
-        health = gw.health()
-        aggs.spawn(replicas, endpoints)
-        aggs.wait_registered(replicas * endpoints)
-        sampler = _MemSampler([gw.pid, *aggs.pids()])
-        sampler.start()
-        port = gw.settings.port
-        clients = [f"c{k}" for k in range(n)]
-        job = f"round-i{fanout}-m{max_inflight}-{'ebpf' if ebpf else 'userspace'}"
-        info = _create_job(port, gw.secret(), job, clients, n, bodies[0].read_bytes())
-        time.sleep(0.5)  # one memory sample of the idle, warm server
-        mem_idle = sampler.peak_pss
-        start = time.monotonic_ns() + 1_500_000_000
-        specs = [
-            {
-                "mode": "http",
-                "port": port,
-                "start_at_ns": start,
-                "uploads": [
-                    {
-                        "body": str(b),
-                        "path": f"/v1/jobs/{job}/rounds/1/updates",
-                        "headers": {
-                            "Authorization": f"Bearer {info['tokens'][c]}",
-                            "X-Client-Id": c,
-                            "X-Sample-Count": str(100 + k),
-                        },
-                    }
-                ],
-            }
-            for k, (c, b) in enumerate(zip(clients, bodies, strict=True))
-        ]
-        res = [r[0] for r in _run_clients(work, specs)]
-        assert all(r[0] == 202 for r in res), res
-        deadline = time.monotonic() + 120
-        while True:
-            st = httpx.get(
-                f"{gw.url}/v1/jobs/{job}",
-                headers={"Authorization": f"Bearer {gw.secret()}"},
-                timeout=10,
-            ).json()
-            if st["last_round"] and st["last_round"]["result_ns"]:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"round of {job} not aggregated in 120 s: {st}; {gw.router()}")
-            time.sleep(0.05)
-        router = gw.router()
-        lr = st["last_round"]
-        first = min(r[1] for r in res)
-        last_202 = max(r[2] for r in res)
-        function_eps = [e for e in router["endpoints"] if not e["local"]]
-        out = {
-            "clients": n,
-            "fanout": fanout,
-            "max_inflight": max_inflight,
-            "router": router["mode"],
-            "router_reason": health["router_reason"],
-            "aggregator_replicas": replicas,
-            "endpoints_per_replica": endpoints,
-            # replica endpoints holding the job's grant when the round was sealed
-            "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
-            # frames the router delivered in the round (kernel map counters in eBPF mode)
-            "router_frames": sum(
-                (e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]
-            ),
-            "router_drops": router["drops"],
-            "act_s": (lr["result_ns"] - first) / 1e9,
-            "ingest_s": (lr["last_update_ns"] - first) / 1e9,
-            # last update sealed -> global sealed: the part the router and aggregators add
-            "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
-            "ingest_client_s": (last_202 - first) / 1e9,
-            "published_s": (lr["published_ns"] - first) / 1e9,
-            "server_peak_pss_bytes": sampler.peak_pss,
-            "server_peak_rss_bytes": sampler.peak_rss,
-            "server_idle_pss_bytes": mem_idle,
-            "store": st["store_stats"],
-        }
-        out["act_over_ingest"] = out["act_s"] / out["ingest_s"]
-        return out
-    finally:
-        if sampler is not None:
-            sampler.stop()
-        aggs.stop()
-        gw.stop()
 
 
 # ----------------------------------------------------------------------------- the round, end to end
@@ -792,103 +665,158 @@ def bench_round_e2e(
 
 
 # ----------------------------------------------------------------------------- report
-ROUNDS = (  # result key, label
+#: the round variants: result key, gateway config label
+ROUNDS = (
     ("round", "default"),
     ("round_userspace", "default"),
     ("round_lean", "lean"),
 )
 
+#: why there is no SF (HTTP between aggregators) round: what the code offers
+SF_ABSENT = (
+    "not run: neither the gateway nor the aggregator has an HTTP hand-off mode (an aggregator "
+    "takes its work only as 64-byte frames from its node's router, eBPF or userspace; its HTTP "
+    "route answers GET status and 405 otherwise). bench.ebpf measures an SF (HTTP POST) "
+    "leaf->top hand-off in isolation"
+)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def _ratio(other: float | None, mine: float | None, word: str) -> str:
+    if not other or not mine:
+        return ""
+    return f"{other / mine:.1f}x {word}"
+
+
+def _side(x: dict[str, Any] | None, key: str, fmt: str = "{:.2f}") -> str:
+    """A figure of one side, or what stopped it (``killed at 12.3 GB``, ``error``)."""
+    from bench.harness.round_window import killed_at
+
+    if not x:
+        return "(not run)"
+    if not x.get("ok", True):
+        return killed_at(x)
+    v = x.get(key)
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _threads(r: dict[str, Any]) -> str:
+    th = r.get("threads") or {}
+    env = th.get("env") or {}
+    pools = ", ".join(f"{p['library']} {p['threads']}" for p in th.get("pools") or [])
+    return f"env {'/'.join(sorted(set(env.values()))) or '?'} in every process; bench {pools}"
+
 
 def _round_rows(r: dict[str, Any]) -> list[str]:
     fl = r.get("flower")
+    th = _threads(r)
     rows = []
     for key, label in ROUNDS:
         rnd = r.get(key)
         if not rnd:
             continue
-        router = rnd.get("router", "userspace")
+        if not rnd.get("ok", True):
+            rows.append(
+                f"| round ({label}, {key}): FedFaaS failed | {_side(rnd, '')} | | | | {th} |"
+            )
+            continue
         cfg = (
-            f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once, {router} router"
+            f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once, "
+            f"{rnd['router']} router, {rnd['clients']} clients x "
+            f"{rnd['update_bytes'] / 1e6:.1f} MB"
+        )
+        fl_ok = bool(fl and fl.get("ok", True))
+        rows.append(
+            f"| round ({cfg}): weights in client memory -> global model available (s); both: "
+            f"clients serialise inside the window, one process per client on this machine, all "
+            f"released at once | {rnd['e2e_s']:.2f} | Flower {_side(fl, 'e2e_s')} | "
+            f"{_ratio(fl['e2e_s'], rnd['e2e_s'], 'faster') if fl_ok and fl else ''} | >= 3x | {th} |"
         )
         rows.append(
-            f"| round ({cfg}), {rnd['clients']} ResNet-18 updates: first byte -> sealed global (s) | "
-            f"{rnd['act_s']:.2f} | "
-            + (
-                f"Flower {fl['first_byte_to_model_s']:.2f} | "
-                f"{fl['first_byte_to_model_s'] / rnd['act_s']:.1f}x faster | >= 3x |"
-                if fl
-                else "(Flower skipped) | | >= 3x |"
+            f"| round ({cfg}), server-side window only: first update bytes received on the "
+            f"server's port (kernel TCP counters) -> global available (s) | "
+            f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
+            f"Flower {_side(fl, 'server_s')} | "
+            f"{_ratio(fl.get('server_s'), rnd.get('server_s'), 'faster') if fl_ok and fl else ''} | | {th} |"
+        )
+        rows.append(
+            f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
+            f"read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
+            f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
+            f"server process) | {_gb(rnd['server_hwm_bytes'])} | "
+            f"Flower {_side(fl, 'server_hwm_bytes', '{:.3g}') if not fl_ok else _gb(fl['server_hwm_bytes'])} | "
+            f"{_ratio(fl['server_hwm_bytes'], rnd['server_hwm_bytes'], 'less') if fl_ok and fl else ''} | >= 5x | {th} |"
+        )
+        if rnd.get("act_over_ingest"):
+            rows.append(
+                f"| round ({cfg}), FedFaaS only: ACT / pure ingest (gateway's first byte -> "
+                f"sealed global, over first byte -> last update sealed) | "
+                f"{rnd['act_over_ingest']:.2f} ({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 | {th} |"
             )
-        )
-        rows.append(
-            f"| round ({cfg}): ACT / pure ingest time | {rnd['act_over_ingest']:.2f} "
-            f"({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 |"
-        )
-        peak = rnd["server_peak_pss_bytes"]
-        rows.append(
-            f"| round ({cfg}): server peak memory, GB (PSS gateway+aggregator replicas; RSS sum "
-            f"{rnd['server_peak_rss_bytes'] / 1e9:.2f}; peak store objects {rnd['store']['peak_objects']}) | "
-            f"{peak / 1e9:.2f} | "
-            + (
-                f"Flower server RSS {fl['server_peak_rss_bytes'] / 1e9:.2f} | "
-                f"{fl['server_peak_rss_bytes'] / peak:.1f}x less | >= 5x |"
-                if fl
-                else "| | >= 5x |"
-            )
-        )
     rnd, peer = r.get("round"), r.get("round_userspace")
-    if rnd and peer and rnd.get("router") != peer.get("router"):
-        for x in (rnd, peer):  # results written before the key existed
-            x.setdefault("after_ingest_s", x["act_s"] - x["ingest_s"])
+    if rnd and peer and rnd.get("ok") and peer.get("ok") and rnd["router"] != peer["router"]:
         rows.append(
-            f"| round (default): ACT; last update sealed -> global sealed (s), {rnd['router']} "
-            f"router vs {peer['router']} router | {rnd['act_s']:.2f}; {rnd['after_ingest_s']:.3f} | "
-            f"{peer['router']} {peer['act_s']:.2f}; {peer['after_ingest_s']:.3f} | "
-            f"{peer['act_s'] / rnd['act_s']:.2f}x; {peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | |"
+            f"| round (default): e2e; last update sealed -> global sealed (s), {rnd['router']} "
+            f"router vs {peer['router']} router | {rnd['e2e_s']:.2f}; {rnd['after_ingest_s']:.3f} | "
+            f"{peer['router']} {peer['e2e_s']:.2f}; {peer['after_ingest_s']:.3f} | "
+            f"{peer['e2e_s'] / rnd['e2e_s']:.2f}x; "
+            f"{peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | | {th} |"
         )
+    sf = r.get("round_sf") or {"ran": False, "reason": SF_ABSENT}
+    if not sf.get("ran"):
+        rows.append(f"| round (SF: HTTP between aggregators) | {sf['reason']} | | | | |")
     return rows
 
 
 def _table(r: dict[str, Any]) -> str:
     ing, agg = r["ingest"], r["aggregation"]
     mb = ing["update_bytes"] / 1e6
+    th = _threads(r)
     rows = [
-        "| figure | FedFaaS | baseline(s) | ratio | target |",
-        "|---|---|---|---|---|",
-        f"| ingest {mb:.1f} MB over loopback HTTP into shm (GB/s, median of {ing['reps']}; best) | "
+        "| figure | FedFaaS | baseline(s) | ratio | target | threads |",
+        "|---|---|---|---|---|---|",
+        f"| ingest {mb:.1f} MB over loopback HTTP into shm, pre-encoded body, raw-socket client "
+        f"(GB/s, median of {ing['reps']}; best) | "
         f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
         f"uvicorn+Starlette {ing['starlette_gbps']:.2f} | {ing['fedfaas_gbps'] / ing['starlette_gbps']:.1f}x Starlette, "
-        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s |",
+        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s | {th} |",
         f"| FedAvg fold, 1 core (GB/s of update, {agg['updates']} updates in shm) | numpy/BLAS {agg['numpy_gbps']:.2f}; "
         f"torch add_ {agg['torch_gbps']:.2f} | plain-tensor add_ {agg['plain_add_gbps']:.2f}; Flower aggregate "
         f"{agg['flower_gbps']:.2f} | {agg['numpy_gbps'] / agg['flower_gbps']:.1f}x / "
-        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s |",
+        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s | {th} |",
         *_round_rows(r),
     ]
     m = r["machine"]
-    run = r.get("run") or {}
     probe = r.get("router_probe") or {"mode": "userspace", "reason": "not recorded"}
     rnd = r.get("round") or {}
     head = (
-        f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} (shared with "
-        f"other work: figures are ratios within one run); update = ResNet-18 (10 classes, 11.18 M values) as "
-        f"safetensors, {mb:.1f} MB; aggregator kernel numpy/BLAS saxpy; rounds aggregated by "
-        f"{rnd.get('aggregator_replicas', '?')} warm `aggregator` replica(s) of "
-        f"{rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by the gateway; "
-        f"router probe: {probe['mode']} ({probe['reason']})."
+        f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} "
+        f"(shared with other work: figures are ratios within one run); round updates = ResNet-18 "
+        f"(10 classes) floating-point state dict, float32, {rnd.get('update_bytes', 0) / 1e6:.1f} MB, "
+        f"serialised by each client inside the window (FedFaaS: safetensors, uploaded through "
+        f"FLClient.upload; Flower: ndarrays_to_parameters and gRPC); aggregator kernel numpy/BLAS "
+        f"saxpy; rounds aggregated by {rnd.get('aggregator_replicas', '?')} warm `aggregator` "
+        f"replica(s) of {rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by "
+        f"the gateway; router probe: {probe['mode']} ({probe['reason']})."
     )
+    run = r.get("run")
     if run:
-        sha = (run["commit"].get("sha") or "unknown")[:12]
-        dirty = " (dirty tree)" if run["commit"].get("dirty") else ""
-        head += f"\n\nRun: `{run['command']}` at {run['time']}, commit {sha}{dirty}."
+        head += "\n\n" + run_header(run)
     return head + "\n\n" + "\n".join(rows)
+
+
+def _render(stored: dict[str, Any]) -> str:
+    return "# bench: dataplane\n\n" + _table(stored) + "\n"
 
 
 def _colour(label: str) -> str:
     """Flower red, FedFaaS green (eBPF router) or cyan (userspace router)."""
     if label.startswith("Flower"):
         return "tab:red"
-    return "tab:cyan" if label.endswith("userspace") else "tab:green"
+    return "tab:cyan" if "userspace" in label else "tab:green"
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
@@ -914,31 +842,24 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     )
     ax[1].axhline(4, ls="--", c="k", lw=1)
     ax[1].set_title("FedAvg fold, 1 core (GB/s)")
-    fl = r.get("flower") or {}
-    names = {"round": "default", "round_userspace": "default", "round_lean": "lean"}
-    act_l, act_v, mem_l, mem_v = [], [], [], []
-    for key, _label in ROUNDS:
-        rnd = r.get(key)
-        if not rnd:
+    labels, e2e, server, mem = [], [], [], []
+    sides = [(f"{lab}\n{(r.get(k) or {}).get('router', '')}", r.get(k)) for k, lab in ROUNDS]
+    for lab, x in [*sides, ("Flower", r.get("flower"))]:
+        if not x or not x.get("ok", True):
             continue
-        tag = f"{names[key]}\n{rnd.get('router', 'userspace')}"
-        act_l += [f"ACT {tag}"]
-        act_v += [rnd["act_s"]]
-        mem_l.append(tag)
-        mem_v.append(rnd["server_peak_pss_bytes"] / 1e9)
-    rnd = r["round"]
-    act_l.insert(1, f"ingest default\n{rnd.get('router', 'userspace')}")
-    act_v.insert(1, rnd["ingest_s"])
-    if fl:
-        act_l.append("Flower")
-        act_v.append(fl["first_byte_to_model_s"])
-        mem_l.append("Flower\nserver RSS")
-        mem_v.append(fl["server_peak_rss_bytes"] / 1e9)
-    ax[2].bar(act_l, act_v, color=[_colour(lab) for lab in act_l])
-    ax[2].set_title(f"round of {rnd['clients']} ResNet-18 updates (s)")
-    ax[2].tick_params(axis="x", labelsize=7)
-    ax[3].bar(mem_l, mem_v, color=[_colour(lab) for lab in mem_l])
-    ax[3].set_title("server peak memory in the round (GB)")
+        labels.append(lab)
+        e2e.append(x["e2e_s"])
+        server.append(x.get("server_s") or 0.0)
+        mem.append(x["server_hwm_bytes"] / 1e9)
+    xs = np.arange(len(labels))
+    cols = [_colour(lab) for lab in labels]
+    ax[2].bar(xs - 0.2, e2e, 0.4, color=cols, label="weights in memory -> global")
+    ax[2].bar(xs + 0.2, server, 0.4, color=cols, alpha=0.5, hatch="//", label="server window")
+    ax[2].set_xticks(xs, labels, fontsize=7)
+    ax[2].legend(fontsize=7)
+    ax[2].set_title("round (s): end to end; server-side only")
+    ax[3].bar(labels, mem, color=cols)
+    ax[3].set_title("server peak memory: summed VmHWM (GB)")
     ax[3].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -960,6 +881,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1, help="aggregator replicas per round")
     p.add_argument("--endpoints", type=int, default=2, help="endpoints per aggregator replica")
     p.add_argument("--skip-flower", action="store_true")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 4 clients, rounds of a 4 MB model, 2 ingest reps, 3 fold updates",
+    )
     p.add_argument("--out", help="results folder (default bench/results); client role: output file")
     p.add_argument(
         "--from-json", action="store_true", help="re-render the table and plot from dataplane.json"
@@ -979,61 +905,67 @@ def main(argv: list[str] | None = None) -> int:
         _write(json.loads((out_dir / "dataplane.json").read_text()), out_dir)
         return 0
     import bpf
+    from bench.harness import round_window as rw
     from fedfaas.services import RedisServer
 
     run = run_info("bench.dataplane", sys.argv[1:] if argv is None else argv)
     mode, reason = bpf.probe()
     ebpf = mode == "ebpf"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp:
+    clients = 4 if a.quick else a.clients
+    layout = rw.resnet18_layout()
+    if a.quick:
+        layout = rw.scaled_layout(layout, 4_000_000)
+    with (
+        pinned_threads(1) as threads,
+        tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp,
+    ):
         work = Path(tmp)
+        res: dict[str, Any] = {
+            "run": run,
+            "threads": {"env": threads["env"], "pools": threads["pools"]},
+            "machine": {
+                k: run["machine"][k] for k in ("cores", "memory_bytes", "python", "kernel")
+            },
+            "router_probe": {"mode": mode, "reason": reason},
+            "config": {
+                "model": "resnet18 (10 classes)"
+                + (", scaled to 4 MB (--quick)" if a.quick else ""),
+                "clients": clients,
+                "ingest_reps": 2 if a.quick else a.reps,
+                "aggregator_replicas": a.replicas,
+                "endpoints_per_replica": a.endpoints,
+            },
+        }
         redis = RedisServer(data_dir=work / "redis").start()
         try:
-            bodies = _write_bodies(work, a.clients)
-            res: dict[str, Any] = {
-                "run": run,
-                "machine": {
-                    k: run["machine"][k] for k in ("cores", "memory_bytes", "python", "kernel")
-                },
-                "router_probe": {"mode": mode, "reason": reason},
-                "config": {
-                    "model": "resnet18 (10 classes)",
-                    "clients": a.clients,
-                    "ingest_reps": a.reps,
-                    "aggregator_replicas": a.replicas,
-                    "endpoints_per_replica": a.endpoints,
-                },
-            }
-            res["ingest"] = bench_ingest(work, redis, bodies[0], a.reps, ebpf=ebpf)
-            res["aggregation"] = bench_aggregation()
-            agg = {"replicas": a.replicas, "endpoints": a.endpoints}
-            res["round"] = bench_round(
-                work, redis, bodies, a.fanout, a.max_inflight, ebpf=ebpf, **agg
-            )
-            # the same round with the userspace router: the peer of the eBPF run (when the
-            # probe says eBPF cannot load, ``round`` is already this; it is not run twice)
-            res["round_userspace"] = (
-                bench_round(work, redis, bodies, a.fanout, a.max_inflight, ebpf=False, **agg)
-                if ebpf
-                else None
-            )
-            res["round_lean"] = bench_round(work, redis, bodies, 4, 1, ebpf=ebpf, **agg)
+            body = _write_bodies(work, 1)[0]
+            res["ingest"] = bench_ingest(work, redis, body, res["config"]["ingest_reps"], ebpf=ebpf)
         finally:
             redis.stop()
-    if not a.skip_flower:
-        from bench.flower_baseline import run_flower_round
+        res["aggregation"] = bench_aggregation(3 if a.quick else 8)
+        agg = {"replicas": a.replicas, "endpoints": a.endpoints}
+        rnd = {"fanout": a.fanout, "max_inflight": a.max_inflight, **agg}
+        res["round"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="d", **rnd)
+        # the same round with the userspace router: the peer of the eBPF run (when the probe
+        # says eBPF cannot load, ``round`` is already this; it is not run twice)
+        res["round_userspace"] = (
+            bench_round_e2e(work, layout, clients, ebpf=False, tag="d", **rnd) if ebpf else None
+        )
+        lean = {"fanout": 4, "max_inflight": 1, **agg}
+        res["round_lean"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="l", **lean)
+        res["round_sf"] = {"ran": False, "reason": SF_ABSENT}
+        if not a.skip_flower:
+            from bench.flower_baseline import run_flower_round
 
-        res["flower"] = run_flower_round(a.clients)
-    (out_dir / "dataplane.json").write_text(json.dumps(res, indent=2))
+            res["flower"] = run_flower_round(clients, layout)
     _write(res, out_dir)
     return 0
 
 
 def _write(res: dict[str, Any], out_dir: Path) -> None:
-    table = _table(res)
-    (out_dir / "dataplane.md").write_text("# bench: dataplane\n\n" + table + "\n")
-    _plot(res, out_dir / "dataplane.png")
-    print(table)
+    stored, md = write_result(res, "dataplane", _render, out_dir)
+    _plot(stored, out_dir / "dataplane.png")
+    print(md)
 
 
 if __name__ == "__main__":
