@@ -82,7 +82,7 @@ def killed_at(record: dict[str, Any]) -> str:
     if record.get("ok", True):
         return ""
     if record["failure"] == "killed":
-        return f"killed at {record.get('server_rss_bytes', 0) / 1e9:.1f} GB"
+        return f"killed at {record.get('server_rss_bytes', 0) / 1e9:.2f} GB"
     return str(record["failure"])
 
 
