@@ -699,8 +699,8 @@ def _ratio(other: float | None, mine: float | None, word: str) -> str:
     return f"{other / mine:.1f}x {word}"
 
 
-def _side(x: dict[str, Any] | None, key: str, fmt: str = "{:.2f}") -> str:
-    """A figure of one side, or what stopped it (``killed at 12.3 GB``, ``error``)."""
+def _side(x: dict[str, Any] | None, key: str, scale: float = 1.0) -> str:
+    """A figure of one side (``value / scale``), or what stopped it (``killed at 12.3 GB``)."""
     from bench.harness.round_window import killed_at
 
     if not x:
@@ -708,7 +708,7 @@ def _side(x: dict[str, Any] | None, key: str, fmt: str = "{:.2f}") -> str:
     if not x.get("ok", True):
         return killed_at(x)
     v = x.get(key)
-    return "n/a" if v is None else fmt.format(v)
+    return "n/a" if v is None else f"{v / scale:.2f}"
 
 
 def _threads(r: dict[str, Any]) -> str:
@@ -736,27 +736,27 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{rnd['router']} router, {rnd['clients']} clients x "
             f"{rnd['update_bytes'] / 1e6:.1f} MB"
         )
-        fl_ok = bool(fl and fl.get("ok", True))
+        flo = fl if fl is not None and fl.get("ok", True) else None  # Flower, when it finished
         rows.append(
             f"| round ({cfg}): weights in client memory -> global model available (s); both: "
             f"clients serialise inside the window, one process per client on this machine, all "
             f"released at once | {rnd['e2e_s']:.2f} | Flower {_side(fl, 'e2e_s')} | "
-            f"{_ratio(fl['e2e_s'], rnd['e2e_s'], 'faster') if fl_ok and fl else ''} | >= 3x | {th} |"
+            f"{_ratio(flo['e2e_s'], rnd['e2e_s'], 'faster') if flo else ''} | >= 3x | {th} |"
         )
         rows.append(
             f"| round ({cfg}), server-side window only: first update bytes received on the "
             f"server's port (kernel TCP counters) -> global available (s) | "
             f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
             f"Flower {_side(fl, 'server_s')} | "
-            f"{_ratio(fl.get('server_s'), rnd.get('server_s'), 'faster') if fl_ok and fl else ''} | | {th} |"
+            f"{_ratio(flo.get('server_s'), rnd.get('server_s'), 'faster') if flo else ''} | | {th} |"
         )
         rows.append(
             f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
             f"read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
             f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
             f"server process) | {_gb(rnd['server_hwm_bytes'])} | "
-            f"Flower {_side(fl, 'server_hwm_bytes', '{:.3g}') if not fl_ok else _gb(fl['server_hwm_bytes'])} | "
-            f"{_ratio(fl['server_hwm_bytes'], rnd['server_hwm_bytes'], 'less') if fl_ok and fl else ''} | >= 5x | {th} |"
+            f"Flower {_side(fl, 'server_hwm_bytes', 1e9)} | "
+            f"{_ratio(flo['server_hwm_bytes'], rnd['server_hwm_bytes'], 'less') if flo else ''} | >= 5x | {th} |"
         )
         if rnd.get("act_over_ingest"):
             rows.append(
