@@ -18,7 +18,7 @@ Figures, all from one run on this machine (baselines in the same process tree):
   job). Figures: weights in client memory -> global model published (``e2e_s``); the
   server-side window only, first update bytes received on the gateway's port -> global
   published (``server_s``); the server's peak memory as the sum of ``VmHWM`` of the gateway,
-  the replicas and Redis read at the end. Against a real Flower server and 20 clients
+  the replicas and Redis (reset as the window opens) read at the end. Against a real Flower server and 20 clients
   measured the same way (``bench.flower_baseline``: its clients serialise inside the window
   too). The round runs with the eBPF router when ``bpf.probe()`` says it loads here
   (``round``, ``round_lean``) and, as its peer in the same run, with the userspace router
@@ -489,7 +489,7 @@ def bench_round_e2e(
     ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
     served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
     the same end; ``server_hwm_bytes``: summed ``VmHWM`` of the gateway, the replicas and Redis
-    (and their children) read at the end. A point the memory guard stops, that errors or times
+    (and their children), reset as the window opens, read at the end. A point the memory guard stops, that errors or times
     out is a failure record (``ok`` False), not an exception.
     """
     import httpx
@@ -594,6 +594,7 @@ def bench_round_e2e(
                 return bad
             time.sleep(0.01)
         idle = rw.summed_rss(server_pids())
+        rw.reset_hwm(server_pids())  # the peak of the window, not of the job's creation
         first = rw.FirstBytes(gw.settings.port)
         first.start()
         (rdir / "go").touch()
@@ -642,7 +643,7 @@ def bench_round_e2e(
             "window: first client's weights-in-memory mark (before serialisation) -> global "
             "model published; server window from the first update bytes received on the "
             "gateway's port (kernel TCP counters); memory: summed VmHWM of gateway, aggregator "
-            "replicas and Redis read at the end"
+            "replicas and Redis, reset as the window opens, read at the end"
         ),
         "fanout": fanout,
         "max_inflight": max_inflight,
@@ -752,7 +753,7 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
         )
         rows.append(
             f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
-            f"read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
+            f"reset as the window opens, read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
             f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
             f"server process) | {_gb(rnd['server_hwm_bytes'])} | "
             f"Flower {_side(fl, 'server_hwm_bytes', 1e9)} | "

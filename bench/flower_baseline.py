@@ -18,8 +18,9 @@ Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
 - ``server_s``: from the first update bytes the server reads (its ``rchar``) to the same end;
 - ``ingest_s`` / ``aggregate_s``: the e2e window split at the moment the server has every
   result (Flower aggregates only then);
-- ``server_hwm_bytes``: the server process's ``VmHWM`` read at the end of the round (the
-  server side is that one process); ``client_hwm_bytes``: the clients' summed ``VmHWM``.
+- ``server_hwm_bytes``: the server process's ``VmHWM``, reset as the clients are released
+  (so the model's broadcast before is not in it) and read at the end of the round (the server
+  side is that one process); ``client_hwm_bytes``: the clients' summed ``VmHWM``.
 
 A point that fails (the memory guard stops it, a client or the server errors, e.g. gRPC's
 message limit, or it times out) is returned as a failure record
@@ -265,6 +266,7 @@ def run_flower_round(
                     return bad
                 time.sleep(0.01)
             idle_rss = rw.summed_rss([server.pid])
+            rw.reset_hwm([server.pid])  # the peak of the window, not of the model's broadcast
             first = rw.FirstBytes(port)
             first.start()
             (work / "go").touch()
@@ -302,7 +304,7 @@ def run_flower_round(
         "method": (
             "window: first client's weights-in-memory mark (before serialisation) -> "
             "aggregate_fit returned; server window from the server's first update bytes read "
-            "(kernel TCP counters of its port); memory: VmHWM of the server process read at the end"
+            "(kernel TCP counters of its port); memory: VmHWM of the server process, reset as the window opens, read at the end"
         ),
         "e2e_s": rw.window_s(starts, end),
         "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,

@@ -14,7 +14,7 @@ clients upload through ``FLClient.upload``) and then Flower
 (:mod:`bench.harness.round_window`): the round from the first client's weights in memory (before
 serialisation) to the global model available, the server-side window from the first update
 bytes received on the server's port, and the server's peak memory as the summed ``VmHWM`` of its
-processes read at the end. Every client is its own process on this machine; all are released
+processes, reset as the window opens, read at the end. Every client is its own process on this machine; all are released
 at once.
 
 A point that cannot finish is a result, not a crash: the memory guard stops it when the server
@@ -173,8 +173,8 @@ def render(r: dict[str, Any]) -> str:
         "client's weights in memory as float32 arrays (before serialisation) -> global model "
         "available (FedFaaS: published by the gateway; Flower: aggregate_fit returned); "
         "**server window** = first update bytes received on the server's TCP port (kernel "
-        "counters) -> the same end; **peak** = sum of VmHWM of every server-side process read "
-        "at the end (FedFaaS: gateway, aggregator replicas, Redis; Flower: its server). Every "
+        "counters) -> the same end; **peak** = sum of VmHWM of every server-side process, reset "
+        "to its RSS as the clients are released and read at the end (FedFaaS: gateway, aggregator replicas, Redis; Flower: its server). Every "
         "client is its own process on this machine, all released at once; FedFaaS clients "
         "serialise to safetensors and upload through FLClient.upload, Flower clients return "
         "arrays from fit and Flower serialises. BLAS/OpenMP pinned to "

@@ -8,8 +8,9 @@ Both sides of a comparison use these helpers, so a row compares like with like:
   ``FIRST_BYTES_THRESHOLD`` bytes of updates, seen by :class:`FirstBytes` in the kernel's
   per-socket counters (``sock_diag`` netlink, ``tcpi_bytes_received``, polled every 2 ms), the
   same way for any server whatever its language or RPC stack;
-- **memory** (:func:`summed_hwm`): the sum over the server-side processes (and their children)
-  of each one's ``VmHWM``, read at the end of the round, before any of them exits. A page
+- **memory** (:func:`reset_hwm`, :func:`summed_hwm`): every server-side process (and child)
+  has its ``VmHWM`` reset to its current RSS as the window opens; the figure is the sum of
+  each one's ``VmHWM`` read at the end of the round, before any of them exits. A page
   mapped by two processes (a shared-memory object in the gateway and an aggregator) counts
   twice, so this is an upper bound of the peak;
 - **guard** (:func:`guard_decision`, :class:`MemoryGuard`): a point is stopped when the
@@ -116,6 +117,23 @@ def summed_hwm(pids: Iterable[int]) -> dict[str, Any]:
     of ``pids``; call it at the end of the round, while every process still runs."""
     per = {pid: status_bytes(pid, "VmHWM") for pid in tree(pids)}
     return {"bytes": sum(per.values()), "processes": len(per), "per_process": per}
+
+
+def reset_hwm(pids: Iterable[int]) -> int:
+    """Reset ``VmHWM`` to the current ``VmRSS`` in every process of the trees of ``pids``
+    (``echo 5 > /proc/<pid>/clear_refs``), so that the ``VmHWM`` read at the end is the peak
+    of the window that starts now, not of the set-up before it (a model sent to the clients,
+    a job created). Returns how many processes were reset; raises ``OSError`` when this
+    process may not reset one that is alive (the window's memory would then be wrong)."""
+    n = 0
+    for pid in tree(pids):
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+            n += 1
+        except FileNotFoundError:  # exited meanwhile
+            pass
+    return n
 
 
 def summed_rss(pids: Iterable[int]) -> int:

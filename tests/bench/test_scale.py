@@ -249,3 +249,30 @@ def test_the_report_shows_a_killed_point_with_its_size(tmp_path: Path) -> None:
     assert "- flower, 20 clients x 1000.0 MB: killed (server_rss_bytes 16.20 GB" in md
     scale.plot(res, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_reset_hwm_drops_the_peak_of_what_came_before() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "b = bytearray(300 << 20)\n"
+            "b[:: 4096] = b'x' * len(b[:: 4096])\n"
+            "del b\n"
+            "print('ok', flush=True)\n"
+            "time.sleep(30)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+        before = rw.status_bytes(child.pid, "VmHWM")
+        assert before >= 300 << 20  # the 300 MiB it touched and freed
+        assert rw.reset_hwm([child.pid]) == 1
+        after = rw.status_bytes(child.pid, "VmHWM")
+        assert after < before - (200 << 20)
+        assert after <= rw.status_bytes(child.pid, "VmRSS") + (4 << 20)
+    finally:
+        child.kill()
+        child.wait()
