@@ -577,6 +577,13 @@ def bench_round_e2e(
         def check() -> dict[str, Any] | None:
             if guard is not None and guard.tripped is not None:
                 return guard.failure(**base)
+            assert gw is not None
+            for who, p in [
+                ("gateway", gw.proc),
+                *((f"client {k}", c) for k, c in enumerate(procs)),
+            ]:
+                if p.poll() == -signal.SIGKILL and guard is not None:
+                    return guard.sigkilled(who, **base)
             for k, p in enumerate(procs):
                 if p.poll() not in (None, 0):
                     tail = (rdir / f"client-{k}.log").read_text(errors="replace")[-1500:]

@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -236,6 +237,12 @@ def run_flower_round(
                 """A failure record when the point cannot finish, else None."""
                 if guard is not None and guard.tripped is not None:
                     return guard.failure(**base)
+                for who, p in [
+                    ("server", server),
+                    *((f"client {k}", c) for k, c in enumerate(procs[1:])),
+                ]:
+                    if p.poll() == -signal.SIGKILL and guard is not None:
+                        return guard.sigkilled(who, **base)
                 for cid, p in enumerate(procs[1:]):
                     if p.poll() not in (None, 0):
                         return rw.failure(

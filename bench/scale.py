@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--floor-gb",
         type=float,
-        default=2.0,
+        default=3.0,
         help="stop a point when the machine's available memory falls under this",
     )
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per side and point")

@@ -21,6 +21,8 @@ Both sides of a comparison use these helpers, so a row compares like with like:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import struct
 import threading
@@ -245,7 +247,12 @@ class MemoryGuard(threading.Thread):
     (``server_pids()``, re-read each time: replicas may come and go) and of the clients, read
     ``MemAvailable``, and when :func:`guard_decision` says so call ``kill`` once and keep the
     sizes seen in :attr:`tripped`. :attr:`peak_server_rss` is the highest server sum seen
-    (sampled: the exact peak is :func:`summed_hwm`)."""
+    (sampled: the exact peak is :func:`summed_hwm`); :attr:`last` the latest sample.
+
+    Every process it sees gets ``oom_score_adj`` 1000: should memory run out between two
+    samples, the kernel's OOM killer takes one of the point's processes, not the benchmark
+    or the rest of the machine; :meth:`sigkilled` then records that as the point's result.
+    """
 
     def __init__(
         self,
@@ -255,30 +262,43 @@ class MemoryGuard(threading.Thread):
         client_pids: Callable[[], Iterable[int]] = lambda: (),
         limit_bytes: int = 0,
         floor_bytes: int = DEFAULT_FLOOR_BYTES,
-        period: float = 0.1,
+        period: float = 0.05,
     ) -> None:
         super().__init__(daemon=True)
         self.server_pids, self.client_pids, self.kill = server_pids, client_pids, kill
         self.limit_bytes, self.floor_bytes, self.period = limit_bytes, floor_bytes, period
         self.peak_server_rss = 0
+        self.last: dict[str, int] = {}
         self.tripped: dict[str, Any] | None = None
+        self._adjusted: set[int] = set()
         self._halt = threading.Event()
+
+    def _oom_first(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            if pid in self._adjusted or pid == os.getpid():
+                continue
+            self._adjusted.add(pid)
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+                f.write("1000")
 
     def run(self) -> None:
         while not self._halt.is_set():
-            server = summed_rss(self.server_pids())
-            self.peak_server_rss = max(self.peak_server_rss, server)
+            servers, clients = tree(self.server_pids()), tree(self.client_pids())
+            self._oom_first(servers + clients)
+            server = sum(status_bytes(pid, "VmRSS") for pid in servers)
+            client = sum(status_bytes(pid, "VmRSS") for pid in clients)
             avail = mem_available()
+            self.peak_server_rss = max(self.peak_server_rss, server)
+            self.last = {
+                "server_rss_bytes": server,
+                "client_rss_bytes": client,
+                "available_bytes": avail,
+            }
             why = guard_decision(
                 server, avail, limit_bytes=self.limit_bytes, floor_bytes=self.floor_bytes
             )
             if why is not None:
-                self.tripped = {
-                    "reason": why,
-                    "server_rss_bytes": server,
-                    "client_rss_bytes": summed_rss(self.client_pids()),
-                    "available_bytes": avail,
-                }
+                self.tripped = {"reason": why, **self.last}
                 self.kill()
                 return
             self._halt.wait(self.period)
@@ -291,6 +311,17 @@ class MemoryGuard(threading.Thread):
         """The :func:`failure` record of a tripped guard."""
         assert self.tripped is not None
         return failure("killed", self.tripped["reason"], **self.tripped, **sizes)
+
+    def sigkilled(self, who: str, **sizes: Any) -> dict[str, Any]:
+        """The record of a point whose process ``who`` died of SIGKILL that the guard did not
+        send (the kernel's OOM killer, most likely), with the last sizes sampled."""
+        return failure(
+            "killed",
+            f"{who} was killed by SIGKILL that the guard did not send (the kernel's OOM killer, "
+            f"most likely); last sample before it",
+            **self.last,
+            **sizes,
+        )
 
 
 # ----------------------------------------------------------------------------- the model

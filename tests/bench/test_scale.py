@@ -276,3 +276,21 @@ def test_reset_hwm_drops_the_peak_of_what_came_before() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        guard = rw.MemoryGuard(lambda: [child.pid], lambda: None, period=0.01)
+        guard.start()
+        while not guard.last:
+            guard.join(0.05)
+        guard.stop()
+        assert Path(f"/proc/{child.pid}/oom_score_adj").read_text().strip() == "1000"
+        assert Path(f"/proc/{os.getpid()}/oom_score_adj").read_text().strip() != "1000"
+        rec = guard.sigkilled("server", clients=3)
+        assert rec["failure"] == "killed" and "SIGKILL that the guard did not send" in rec["detail"]
+        assert rec["server_rss_bytes"] > 0 and rec["clients"] == 3
+    finally:
+        child.kill()
+        child.wait()
