@@ -480,6 +480,7 @@ def bench_round_e2e(
     floor_bytes: int | None = None,
     timeout: float = 600.0,
     tag: str = "",
+    gateway: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
     Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
@@ -489,8 +490,10 @@ def bench_round_e2e(
     ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
     served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
     the same end; ``server_hwm_bytes``: summed ``VmHWM`` of the gateway, the replicas and Redis
-    (and their children), reset as the window opens, read at the end. A point the memory guard stops, that errors or times
-    out is a failure record (``ok`` False), not an exception.
+    (and their children), reset as the window opens, read at the end. A point the memory
+    guard stops, that errors or times out is a failure record (``ok`` False), not an
+    exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
+    the gateway's own defaults).
     """
     import httpx
     from safetensors.numpy import save
@@ -527,7 +530,15 @@ def bench_round_e2e(
                 os.kill(pid, signal.SIGKILL)
 
     try:
-        gw = _gateway(rdir, redis, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
+        gw = _gateway(
+            rdir,
+            redis,
+            node,
+            ebpf=ebpf,
+            fanout=fanout,
+            max_inflight=max_inflight,
+            **(gateway or {}),
+        )
         aggs = Replicas(gw, rdir / "aggregators")
         health = gw.health()
         aggs.spawn(replicas, endpoints)
