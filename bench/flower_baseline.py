@@ -15,7 +15,8 @@ Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
   barrier that releases all clients at once, before Flower serialises anything) to the end of
   the server's ``aggregate_fit`` (global model aggregated and serialised as ``Parameters``).
   Flower's client-side serialisation (``ndarrays_to_parameters``, protobuf) is inside it;
-- ``server_s``: from the first update bytes the server reads (its ``rchar``) to the same end;
+- ``server_s``: from the first update bytes received on the server's port (the kernel's TCP
+  counters, :class:`bench.harness.round_window.FirstBytes`) to the same end;
 - ``ingest_s`` / ``aggregate_s``: the e2e window split at the moment the server has every
   result (Flower aggregates only then);
 - ``server_hwm_bytes``: the server process's ``VmHWM``, reset as the clients are released

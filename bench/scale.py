@@ -160,6 +160,51 @@ def _failures(pts: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def shape(pts: list[dict[str, Any]], side: str) -> dict[str, Any]:
+    """What DESIGN.md asks of the curves, for one side's finished points: the peak's growth
+    over the clients axis (largest finished count's peak over the smallest's: 1.0 is flat)
+    and, at every finished point, seconds of round per GB received (clients x update bytes:
+    constant when the round time is linear in bytes)."""
+    done = [p for p in pts if p[side].get("ok", True)]
+    by_clients = sorted((p for p in done if p["axis"] == "clients"), key=lambda p: p["clients"])
+    growth = None
+    if len(by_clients) >= 2:
+        lo, hi = by_clients[0], by_clients[-1]
+        growth = {
+            "from_clients": lo["clients"],
+            "to_clients": hi["clients"],
+            "peak_ratio": hi[side]["server_hwm_bytes"] / lo[side]["server_hwm_bytes"],
+        }
+    per_gb = [
+        {
+            "axis": p["axis"],
+            "clients": p["clients"],
+            "update_bytes": p["update_bytes"],
+            "s_per_gb": p[side]["e2e_s"] / (p["clients"] * p["update_bytes"] / 1e9),
+        }
+        for p in done
+    ]
+    return {"peak_growth_over_clients": growth, "s_per_gb_received": per_gb}
+
+
+def _shape_lines(pts: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for side, name in (("fedfaas", "FedFaaS"), ("flower", "Flower")):
+        sh = shape(pts, side)
+        g = sh["peak_growth_over_clients"]
+        growth = (
+            f"peak x{g['peak_ratio']:.2f} from {g['from_clients']} to {g['to_clients']} clients"
+            if g
+            else "peak growth: fewer than two finished client counts"
+        )
+        rates = ", ".join(
+            f"{x['clients']}x{x['update_bytes'] / 1e6:.0f}MB {x['s_per_gb']:.2f}"
+            for x in sh["s_per_gb_received"]
+        )
+        out.append(f"- {name}: {growth}; s per GB received: {rates or 'none finished'}")
+    return out
+
+
 def render(r: dict[str, Any]) -> str:
     """The Markdown of a scale result (from its JSON)."""
     pts = r["points"]
@@ -190,6 +235,12 @@ def render(r: dict[str, Any]) -> str:
         "## Against model size",
         "",
         *_rows(pts, "size"),
+    ]
+    head += [
+        "",
+        "## Shape (DESIGN.md: server memory flat in clients, round time linear in bytes)",
+        "",
+        *_shape_lines(pts),
     ]
     fails = _failures(pts)
     if fails:
@@ -277,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     out_dir = Path(a.out) if a.out else RESULTS
-    if a.from_json:
-        print(_write(json.loads((out_dir / "scale.json").read_text()), out_dir))
+    if a.from_json:  # the JSON as it is (its finished time included): only the md and png
+        stored = json.loads((out_dir / "scale.json").read_text())
+        (out_dir / "scale.md").write_text(render(stored))
+        plot(stored, out_dir / "scale.png")
+        print(render(stored))
         return 0
     import bpf
 

@@ -294,3 +294,21 @@ def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> No
     finally:
         child.kill()
         child.wait()
+
+
+def test_shape_reports_peak_growth_over_clients_and_seconds_per_gb() -> None:
+    res = _result()
+    big = dict(res["points"][0], clients=40)
+    big["fedfaas"] = dict(big["fedfaas"], server_hwm_bytes=3_000_000_000, e2e_s=10.0)
+    pts = [res["points"][0], big, res["points"][1]]
+    sh = scale.shape(pts, "fedfaas")
+    assert sh["peak_growth_over_clients"] == {
+        "from_clients": 10,
+        "to_clients": 40,
+        "peak_ratio": 2.0,
+    }
+    rates = {(x["clients"], x["update_bytes"]): x["s_per_gb"] for x in sh["s_per_gb_received"]}
+    assert rates[(40, 44_764_968)] == pytest.approx(10.0 / (40 * 0.044764968))
+    # Flower's killed 1 GB point is not a rate
+    assert [x["clients"] for x in scale.shape(pts, "flower")["s_per_gb_received"]] == [10, 40]
+    assert "- Flower: peak x1.00 from 10 to 40 clients" in scale.render(dict(res, points=pts))
