@@ -52,7 +52,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.runinfo import PINNED_THREADS, pinned_threads, run_header, run_info, write_result
+from bench.runinfo import (
+    PINNED_THREADS,
+    pinned_threads,
+    run_header,
+    run_info,
+    thread_counts,
+    write_result,
+)
 from bench.stack import GatewayProc, Replicas, start_gateway
 from gateway.settings import GatewaySettings
 
@@ -463,6 +470,7 @@ def _sdk_client_role(a: argparse.Namespace) -> None:
         c.upload(1, data, spec["samples"], busy_wait=600)
         marks["t_done_ns"] = time.monotonic_ns()
     marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
     Path(a.out).write_text(json.dumps(marks))
 
 
@@ -685,6 +693,10 @@ def bench_round_e2e(
         "server_idle_rss_bytes": idle,
         "server_rss_sampled_bytes": guard.peak_server_rss if guard else 0,
         "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
+        # BLAS/OpenMP pools a client measured at the end (threadpoolctl); the gateway and the
+        # replicas are started with the pinned environment (``threads_env``)
+        "thread_pools": {"client": marks[0]["thread_pools"]},
+        "threads_env": dict(PINNED_THREADS),
         "store": st["store_stats"],
     }
     out["act_over_ingest"] = out["act_s"] / out["ingest_s"] if out["ingest_s"] else None
@@ -737,14 +749,26 @@ def _threads(r: dict[str, Any]) -> str:
     return f"env {'/'.join(sorted(set(env.values()))) or '?'} in every process; bench {pools}"
 
 
+def _measured(x: dict[str, Any] | None, name: str) -> str:
+    """The BLAS/OpenMP thread counts one side's processes measured, by role."""
+    pools = (x or {}).get("thread_pools") or {}
+    return "; ".join(
+        f"{name} {role} " + ", ".join(f"{p['library']} {p['threads']}" for p in ps)
+        for role, ps in pools.items()
+        if ps
+    )
+
+
 def _round_rows(r: dict[str, Any]) -> list[str]:
     fl = r.get("flower")
-    th = _threads(r)
     rows = []
     for key, label in ROUNDS:
         rnd = r.get(key)
         if not rnd:
             continue
+        th = "; ".join(
+            x for x in (_threads(r), _measured(rnd, "FedFaaS"), _measured(fl, "Flower")) if x
+        )
         if not rnd.get("ok", True):
             rows.append(
                 f"| round ({label}, {key}): FedFaaS failed | {_side(rnd, '')} | | | | {th} |"
@@ -783,6 +807,7 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
                 f"sealed global, over first byte -> last update sealed) | "
                 f"{rnd['act_over_ingest']:.2f} ({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 | {th} |"
             )
+    th = _threads(r)
     rnd, peer = r.get("round"), r.get("round_userspace")
     if rnd and peer and rnd.get("ok") and peer.get("ok") and rnd["router"] != peer["router"]:
         rows.append(

@@ -51,7 +51,14 @@ from typing import Any
 import numpy as np
 
 from bench.harness import round_window as rw
-from bench.runinfo import PINNED_THREADS, ROOT, run_header, run_info, write_result
+from bench.runinfo import (
+    PINNED_THREADS,
+    ROOT,
+    run_header,
+    run_info,
+    thread_counts,
+    write_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,7 @@ def _server_main(port: int, num_clients: int, work: Path) -> None:
         config=fl.server.ServerConfig(num_rounds=1),
     )
     marks["server_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
     (work / "server.json").write_text(json.dumps(marks))
 
 
@@ -136,6 +144,7 @@ def _client_main(server: str, cid: int, work: Path) -> None:
 
     fl.client.start_client(server_address=server, client=FixedClient().to_client(), insecure=True)
     marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
     (work / f"client-{cid}.json").write_text(json.dumps(marks))
 
 
@@ -325,6 +334,8 @@ def run_flower_round(
         "server_rss_sampled_bytes": guard.peak_server_rss,
         "client_hwm_bytes": sum(int(c["client_hwm_bytes"]) for c in clients),
         "server_processes": 1,
+        # BLAS/OpenMP pools as the processes measured them at the end (threadpoolctl)
+        "thread_pools": {"server": marks["thread_pools"], "client": clients[0]["thread_pools"]},
     }
 
 

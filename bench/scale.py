@@ -116,8 +116,12 @@ def _cell(x: dict[str, Any], key: str, scale: float = 1.0) -> str:
 
 
 def _threads(x: dict[str, Any]) -> str:
+    """The pinned count, and the pools the side's processes measured (server; client)."""
     env = x.get("threads_env") or {}
-    return "/".join(sorted(set(env.values()))) or "?"
+    out = "/".join(sorted(set(env.values()))) or "?"
+    pools = x.get("thread_pools") or {}
+    seen = sorted({p["threads"] for role in pools.values() for p in role})
+    return out + (f" (measured {'/'.join(map(str, seen))})" if seen else "")
 
 
 def _rows(pts: list[dict[str, Any]], axis: str) -> list[str]:
