@@ -57,7 +57,6 @@ from bench.runinfo import (
     pinned_threads,
     run_header,
     run_info,
-    thread_counts,
     write_result,
 )
 from bench.stack import GatewayProc, Replicas, start_gateway
@@ -444,36 +443,6 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the round, end to end
-def _sdk_client_role(a: argparse.Namespace) -> None:
-    """One FL client: its "trained weights" mapped as numpy arrays (every page resident), then,
-    released with the others by the ``go`` file, the mark ``t_start_ns``, serialisation to
-    safetensors (``safetensors.numpy.save``, the library the SDK's state-dict path calls) and
-    the upload through :meth:`client.sdk.FLClient.upload` (its real HTTP path: 1 MiB chunks
-    over httpx, 503/409 retries)."""
-    from safetensors.numpy import save
-
-    from bench.harness import round_window as rw
-    from client.sdk import FLClient
-
-    spec = json.loads(Path(a.spec).read_text())
-    work = Path(spec["work"])
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    weights = rw.map_weights(spec["weights"], layout)
-    marks: dict[str, Any] = {"cid": spec["client"]}
-    with FLClient(spec["url"], spec["job"], spec["client"], spec["token"], timeout=600) as c:
-        (work / f"ready-{spec['client']}").touch()
-        while not (work / "go").exists():
-            time.sleep(0.002)
-        marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
-        data = save(weights)
-        marks["t_encoded_ns"] = time.monotonic_ns()
-        c.upload(1, data, spec["samples"], busy_wait=600)
-        marks["t_done_ns"] = time.monotonic_ns()
-    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
-    marks["thread_pools"] = thread_counts()
-    Path(a.out).write_text(json.dumps(marks))
-
-
 def bench_round_e2e(
     work: Path,
     layout: list[tuple[str, list[int]]],
@@ -492,8 +461,9 @@ def bench_round_e2e(
 ) -> dict[str, Any]:
     """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
     Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
-    released at once, each serialising its weights and uploading them through the SDK to one
-    node gateway (its own Redis) whose round warm ``aggregator`` replicas aggregate.
+    released at once, each serialising its weights and uploading them through the SDK
+    (:mod:`bench.harness.sdk_client`) to one node gateway (its own Redis) whose round warm
+    ``aggregator`` replicas aggregate.
 
     ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
     served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
@@ -580,7 +550,7 @@ def bench_round_e2e(
                     }
                 )
             )
-            argv = [sys.executable, "-m", "bench.dataplane", "--role", "sdk-client"]
+            argv = [sys.executable, "-m", "bench.harness.sdk_client"]
             with open(rdir / f"client-{k}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(
@@ -920,9 +890,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dataplane")
-    p.add_argument(
-        "--role", default="bench", choices=["bench", "client", "sdk-client", "tcp-server"]
-    )
+    p.add_argument("--role", default="bench", choices=["bench", "client", "tcp-server"])
     p.add_argument("--spec")
     p.add_argument("--port")
     p.add_argument("--size")
@@ -945,9 +913,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.role == "client":
         _client_role(a)
-        return 0
-    if a.role == "sdk-client":
-        _sdk_client_role(a)
         return 0
     if a.role == "tcp-server":
         _tcp_server_role(a)
