@@ -7,7 +7,9 @@ client uploads at once) and ``num_clients`` client processes (``start_client``) 
 floating-point state dict (or that layout scaled to another size,
 :func:`bench.harness.round_window.scaled_layout`), mapped from one file on /dev/shm that all
 clients share (so N clients do not hold N private copies before they serialise), every page
-touched before the round.
+touched before the round. The model the server sends the clients before the round carries no
+tensors (the clients return their own weights; FedFaaS's clients in the same benchmark do not
+download one either), so neither side's clients hold a received model.
 
 Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
 
@@ -71,7 +73,6 @@ def _server_main(port: int, num_clients: int, work: Path) -> None:
     from flwr.common import ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    layout = json.loads((work / "layout.json").read_text())
     marks: dict[str, Any] = {}
 
     class TimedFedAvg(FedAvg):
@@ -89,17 +90,19 @@ def _server_main(port: int, num_clients: int, work: Path) -> None:
             marks["t_aggregate_end_ns"] = time.monotonic_ns()
             return res
 
-    zeros = [np.zeros(s, dtype=np.float32) for _, s in layout]
+    # The model sent to the clients before the round carries no tensors: the clients ignore it
+    # (they return their own weights), and FedFaaS's clients in the same benchmark do not
+    # download one either, so neither side's clients hold a received model (the broadcast is
+    # outside the window on both sides)
     strategy = TimedFedAvg(
         fraction_fit=1.0,
         fraction_evaluate=0.0,
         min_fit_clients=num_clients,
         min_evaluate_clients=0,
         min_available_clients=num_clients,
-        initial_parameters=ndarrays_to_parameters(zeros),
+        initial_parameters=ndarrays_to_parameters([]),
         accept_failures=False,
     )
-    del zeros
     # Flower's default fit pool has min(32, cores + 4) threads; give every client one so that
     # all of them upload concurrently, as in the FedFaaS measurement.
     server = fl.server.Server(client_manager=fl.server.SimpleClientManager(), strategy=strategy)
