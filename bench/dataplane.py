@@ -133,9 +133,6 @@ def _client_role(a: argparse.Namespace) -> None:
     spec = json.loads(Path(a.spec).read_text())
     out = []
     bodies = {p: Path(p).read_bytes() for p in {u["body"] for u in spec["uploads"]}}
-    if spec.get("start_at_ns"):
-        while time.monotonic_ns() < spec["start_at_ns"]:
-            time.sleep(0.0005)
     for u in spec["uploads"]:
         body = bodies[u["body"]]
         mode, port = u.get("mode", spec.get("mode")), u.get("port", spec.get("port"))
