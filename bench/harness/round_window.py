@@ -81,12 +81,22 @@ def failure(kind: str, detail: str, **sizes: Any) -> dict[str, Any]:
 
 
 def killed_at(record: dict[str, Any]) -> str:
-    """Short label of a failure for tables and plots: ``killed at 12.3 GB`` / ``error`` / ..."""
+    """Short label of a failure for tables and plots, by what stopped the point (``cause``):
+    ``killed at 16.20 GB`` (the server over the limit), ``killed: machine low, server 0.30 GB,
+    clients 19.00 GB`` (the floor), ``killed by SIGKILL, server ...`` (the OOM killer, most
+    likely); ``error`` or ``timeout`` otherwise; empty for a point that finished."""
     if record.get("ok", True):
         return ""
-    if record["failure"] == "killed":
-        return f"killed at {record.get('server_rss_bytes', 0) / 1e9:.2f} GB"
-    return str(record["failure"])
+    if record["failure"] != "killed":
+        return str(record["failure"])
+    server = f"{record.get('server_rss_bytes', 0) / 1e9:.2f} GB"
+    clients = f"{record.get('client_rss_bytes', 0) / 1e9:.2f} GB"
+    cause = record.get("cause", "limit")
+    if cause == "floor":
+        return f"killed: machine low, server {server}, clients {clients}"
+    if cause == "sigkill":
+        return f"killed by SIGKILL, server {server}, clients {clients}"
+    return f"killed at {server}"
 
 
 # ----------------------------------------------------------------------------- /proc readers
@@ -298,7 +308,8 @@ class MemoryGuard(threading.Thread):
                 server, avail, limit_bytes=self.limit_bytes, floor_bytes=self.floor_bytes
             )
             if why is not None:
-                self.tripped = {"reason": why, **self.last}
+                over = bool(self.limit_bytes) and server > self.limit_bytes
+                self.tripped = {"reason": why, "cause": "limit" if over else "floor", **self.last}
                 self.kill()
                 return
             self._halt.wait(self.period)
@@ -319,6 +330,7 @@ class MemoryGuard(threading.Thread):
             "killed",
             f"{who} was killed by SIGKILL that the guard did not send (the kernel's OOM killer, "
             f"most likely); last sample before it",
+            cause="sigkill",
             **self.last,
             **sizes,
         )

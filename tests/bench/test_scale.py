@@ -52,6 +52,12 @@ def test_a_failure_is_a_record_carrying_its_sizes() -> None:
         "clients": 20,
     }
     assert rw.killed_at(rec) == "killed at 12.34 GB"
+    low = rw.failure(
+        "killed", "floor", cause="floor", server_rss_bytes=3 * 10**8, client_rss_bytes=19 * GB
+    )
+    assert rw.killed_at(low) == "killed: machine low, server 0.30 GB, clients 19.00 GB"
+    oom = rw.failure("killed", "oom", cause="sigkill", server_rss_bytes=GB, client_rss_bytes=0)
+    assert rw.killed_at(oom) == "killed by SIGKILL, server 1.00 GB, clients 0.00 GB"
     assert rw.killed_at(rw.failure("timeout", "no model")) == "timeout"
     assert rw.killed_at({"ok": True, "e2e_s": 1.0}) == ""
     with pytest.raises(ValueError, match="unknown failure kind"):
@@ -95,7 +101,7 @@ def test_memory_guard_kills_once_and_records_the_sizes_it_saw() -> None:
     rec = guard.failure(clients=4)
     assert rec["failure"] == "killed" and rec["clients"] == 4
     assert rec["server_rss_bytes"] > 1 and rec["available_bytes"] > 0
-    assert "over the limit" in rec["detail"]
+    assert "over the limit" in rec["detail"] and rec["cause"] == "limit"
 
 
 def test_memory_guard_trips_on_the_machine_floor() -> None:
@@ -106,7 +112,8 @@ def test_memory_guard_trips_on_the_machine_floor() -> None:
     guard.start()
     guard.join(10)
     assert kills == [1] and guard.tripped is not None
-    assert "under the floor" in guard.tripped["reason"]
+    assert "under the floor" in guard.tripped["reason"] and guard.tripped["cause"] == "floor"
+    assert rw.killed_at(guard.failure()).startswith("killed: machine low, server ")
 
 
 # ----------------------------------------------------------------------------- /proc, sockets
@@ -290,6 +297,7 @@ def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> No
         assert Path(f"/proc/{os.getpid()}/oom_score_adj").read_text().strip() != "1000"
         rec = guard.sigkilled("server", clients=3)
         assert rec["failure"] == "killed" and "SIGKILL that the guard did not send" in rec["detail"]
+        assert rec["cause"] == "sigkill"
         assert rec["server_rss_bytes"] > 0 and rec["clients"] == 3
     finally:
         child.kill()
