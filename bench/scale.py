@@ -108,9 +108,11 @@ def run_point(
 
 
 # ----------------------------------------------------------------------------- report
-def _cell(x: dict[str, Any], key: str, scale: float = 1.0) -> str:
+def _cell(x: dict[str, Any], key: str, scale: float = 1.0, *, label: bool = False) -> str:
+    """A figure, or for a point that did not finish what stopped it (``label``: the first
+    column of that side) or a dash."""
     if not x.get("ok", True):
-        return rw.killed_at(x)
+        return rw.killed_at(x) if label else "—"
     v = x.get(key)
     return "n/a" if v is None else f"{v / scale:.2f}"
 
@@ -136,8 +138,8 @@ def _rows(pts: list[dict[str, Any]], axis: str) -> list[str]:
             continue
         f, fl = p["fedfaas"], p["flower"]
         rows.append(
-            f"| {p['clients']} | {p['update_bytes'] / 1e6:.1f} | {_cell(f, 'e2e_s')} | "
-            f"{_cell(fl, 'e2e_s')} | {_cell(f, 'server_s')} | {_cell(fl, 'server_s')} | "
+            f"| {p['clients']} | {p['update_bytes'] / 1e6:.1f} | {_cell(f, 'e2e_s', label=True)} | "
+            f"{_cell(fl, 'e2e_s', label=True)} | {_cell(f, 'server_s')} | {_cell(fl, 'server_s')} | "
             f"{_cell(f, 'server_hwm_bytes', 1e9)} | {_cell(fl, 'server_hwm_bytes', 1e9)} | "
             f"{f.get('router', '')} | {_threads(f)} / {_threads(fl)} |"
         )
