@@ -29,9 +29,9 @@ A point that fails (the memory guard stops it, a client or the server errors, e.
 message limit, or it times out) is returned as a failure record
 (:func:`bench.harness.round_window.failure`) with the sizes seen, not raised.
 
-Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8]`` prints a Markdown table
-and writes ``bench/results/flower_baseline.json``. ``bench.dataplane`` and ``bench.scale`` call
-:func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
+Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--out DIR]`` prints a
+Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
+``bench.dataplane`` and ``bench.scale`` call :func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
 """
 
 from __future__ import annotations
@@ -352,11 +352,14 @@ def _table(res: dict[str, Any]) -> str:
             f"{res['num_clients']} x {res['update_bytes'] / mb:.1f} MB ({res['num_tensors']} tensors)",
         ),
         ("weights in client memory -> aggregated model", f"{res['e2e_s']:.2f} s"),
-        ("server window: first update bytes read -> aggregated", f"{res['server_s'] or 0:.2f} s"),
+        (
+            "server window: first update bytes received -> aggregated",
+            f"{res['server_s'] or 0:.2f} s",
+        ),
         ("  of which ingest (all results in)", f"{res['ingest_s']:.2f} s"),
         ("  of which aggregate_fit", f"{res['aggregate_s']:.2f} s"),
         ("round (model sent -> aggregated)", f"{res['round_s']:.2f} s"),
-        ("server peak memory (VmHWM)", f"{res['server_hwm_bytes'] / mb:.0f} MB"),
+        ("server peak memory in the window (VmHWM)", f"{res['server_hwm_bytes'] / mb:.0f} MB"),
         ("server RSS idle, before the uploads", f"{res['server_idle_rss_bytes'] / mb:.0f} MB"),
     ]
     lines = ["| Flower " + res["flwr_version"] + " | value |", "| --- | --- |"]
@@ -379,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cid", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.role == "server":
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mb is not None:
         layout = rw.scaled_layout(layout, int(args.mb * 1e6))
     res = {"run": run, **run_flower_round(args.clients, layout, seed=args.seed)}
-    _, md = write_result(res, "flower_baseline", _render, RESULTS)
+    _, md = write_result(res, "flower_baseline", _render, args.out)
     print(md)
     return 0
 
