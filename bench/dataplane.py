@@ -9,38 +9,56 @@ Figures, all from one run on this machine (baselines in the same process tree):
 - aggregation, one core: update bytes folded per second by ``fedfaas.fedavg`` (numpy blocked
   axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
   plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
-- round: 20 ResNet-18-sized updates from 20 concurrent client processes to one gateway whose
-  round is aggregated by warm replicas of the ``aggregator`` function (started as the runtime
-  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the job):
-  first byte to sealed global model (ACT), pure ingest time (first byte to last update sealed
-  and journaled), and the server's peak memory (gateway plus aggregator replicas: PSS sum, and
-  RSS sum which counts shared pages twice), against a real Flower server and 20 clients on
-  loopback (``bench.flower_baseline``). The round runs with the eBPF router when ``bpf.probe()``
-  says it loads here (``round``, ``round_lean``) and, as its peer in the same run, with the
-  userspace router (``round_userspace``); each round records the router mode it got.
+- round, measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on both
+  sides): 20 clients, one process each on this machine, hold ResNet-18's floating-point state
+  dict (44.8 MB float32) as numpy arrays and are released at once; each serialises it to
+  safetensors and uploads it through :meth:`client.sdk.FLClient.upload` to one node gateway
+  whose round warm replicas of the ``aggregator`` function aggregate (started as the runtime
+  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the
+  job). Figures: weights in client memory -> global model published (``e2e_s``); the
+  server-side window only, first update bytes received on the gateway's port -> global
+  published (``server_s``); the server's peak memory as the sum of ``VmHWM`` of the gateway,
+  the replicas and Redis (reset as the window opens) read at the end. Against a real Flower server and 20 clients
+  measured the same way (``bench.flower_baseline``: its clients serialise inside the window
+  too). The round runs with the eBPF router when ``bpf.probe()`` says it loads here
+  (``round``, ``round_lean``) and, as its peer in the same run, with the userspace router
+  (``round_userspace``); each round records the router mode it got. There is no SF round
+  (HTTP between aggregators): no such hand-off mode exists (:data:`SF_ABSENT`).
 
-Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--out DIR]``; writes
-``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
+Every process runs with BLAS/OpenMP pinned to one thread (``bench.runinfo.pinned_threads``);
+each table row says so. The Markdown is rendered from the JSON as written
+(``bench.runinfo.write_result``).
+
+Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--quick] [--out DIR]``;
+writes ``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
+``--quick`` is a smoke run (4 clients, a 4 MB model).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.runinfo import PINNED_THREADS, run_info
+from bench.runinfo import (
+    PINNED_THREADS,
+    pinned_threads,
+    run_header,
+    run_info,
+    write_result,
+)
 from bench.stack import GatewayProc, Replicas, start_gateway
 from gateway.settings import GatewaySettings
 
@@ -115,9 +133,6 @@ def _client_role(a: argparse.Namespace) -> None:
     spec = json.loads(Path(a.spec).read_text())
     out = []
     bodies = {p: Path(p).read_bytes() for p in {u["body"] for u in spec["uploads"]}}
-    if spec.get("start_at_ns"):
-        while time.monotonic_ns() < spec["start_at_ns"]:
-            time.sleep(0.0005)
     for u in spec["uploads"]:
         body = bodies[u["body"]]
         mode, port = u.get("mode", spec.get("mode")), u.get("port", spec.get("port"))
@@ -229,34 +244,6 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(5)
-
-
-class _MemSampler(threading.Thread):
-    """Peak PSS and RSS summed over some processes and all their children."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.pids, self.peak_pss, self.peak_rss, self._halt = pids, 0, 0, threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        while not self._halt.is_set():
-            pss = rss = 0
-            for pid in self.pids:
-                try:
-                    root = psutil.Process(pid)
-                    for p in [root, *root.children(recursive=True)]:
-                        info = p.memory_full_info()
-                        pss, rss = pss + info.pss, rss + info.rss
-                except psutil.Error:  # process gone between listing and reading
-                    pass
-            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-            self._halt.wait(0.05)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(2)
 
 
 def _gateway(work: Path, rs: RedisServer, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
@@ -452,121 +439,291 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
     return out
 
 
-def bench_round(
+# ----------------------------------------------------------------------------- the round, end to end
+def bench_round_e2e(
     work: Path,
-    rs: RedisServer,
-    bodies: list[Path],
-    fanout: int,
-    max_inflight: int,
+    layout: list[tuple[str, list[int]]],
+    clients: int,
     *,
     ebpf: bool,
-    replicas: int,
-    endpoints: int,
+    fanout: int = 2,
+    max_inflight: int = 4,
+    replicas: int = 1,
+    endpoints: int = 2,
+    mem_limit_bytes: int = 0,
+    floor_bytes: int | None = None,
+    timeout: float = 600.0,
+    tag: str = "",
+    gateway: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One round on one node gateway, aggregated by warm ``aggregator`` replicas.
+    """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
+    Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
+    released at once, each serialising its weights and uploading them through the SDK
+    (:mod:`bench.harness.sdk_client`) to one node gateway (its own Redis) whose round warm
+    ``aggregator`` replicas aggregate.
 
-    The replicas are started before the job and registered (job-agnostic) before the clients
-    start: they are warm, as the control plane keeps them; the gateway grants them the job.
+    ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
+    served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
+    the same end; ``server_hwm_bytes``: summed ``VmHWM`` of the gateway, the replicas and Redis
+    (and their children), reset as the window opens, read at the end. A point the memory
+    guard stops, that errors or times out is a failure record (``ok`` False), not an
+    exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
+    the gateway's own defaults).
     """
     import httpx
+    from safetensors.numpy import save
 
-    n = len(bodies)
-    node = f"round{fanout}m{max_inflight}{'e' if ebpf else 'u'}"
-    gw = _gateway(work, rs, node, ebpf=ebpf, fanout=fanout, max_inflight=max_inflight)
-    aggs = Replicas(gw, work / f"aggregators-{node}")
-    sampler: _MemSampler | None = None
+    from bench.harness import round_window as rw
+    from fedfaas.services import RedisServer
+
+    floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
+    size = rw.layout_bytes(layout)
+    node = f"e2e{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
+    base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
+    rdir = work / f"round-{node}"
+    rdir.mkdir(parents=True)
+    (rdir / "layout.json").write_text(json.dumps(layout))
+    weights = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")
+    redis = RedisServer(data_dir=rdir / "redis").start()
+    gw: GatewayProc | None = None
+    aggs: Replicas | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    guard: rw.MemoryGuard | None = None
+    first: rw.FirstBytes | None = None
+
+    def server_pids() -> list[int]:
+        return [p for p in (redis.proc.pid if redis.proc else None, gw and gw.pid) if p] + (
+            aggs.pids() if aggs else []
+        )
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for pid in rw.tree(server_pids()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     try:
+        gw = _gateway(
+            rdir,
+            redis,
+            node,
+            ebpf=ebpf,
+            fanout=fanout,
+            max_inflight=max_inflight,
+            **(gateway or {}),
+        )
+        aggs = Replicas(gw, rdir / "aggregators")
         health = gw.health()
         aggs.spawn(replicas, endpoints)
         aggs.wait_registered(replicas * endpoints)
-        sampler = _MemSampler([gw.pid, *aggs.pids()])
-        sampler.start()
-        port = gw.settings.port
-        clients = [f"c{k}" for k in range(n)]
-        job = f"round-i{fanout}-m{max_inflight}-{'ebpf' if ebpf else 'userspace'}"
-        info = _create_job(port, gw.secret(), job, clients, n, bodies[0].read_bytes())
-        time.sleep(0.5)  # one memory sample of the idle, warm server
-        mem_idle = sampler.peak_pss
-        start = time.monotonic_ns() + 1_500_000_000
-        specs = [
-            {
-                "mode": "http",
-                "port": port,
-                "start_at_ns": start,
-                "uploads": [
+        guard = rw.MemoryGuard(
+            server_pids,
+            kill_all,
+            client_pids=lambda: [p.pid for p in procs],
+            limit_bytes=mem_limit_bytes,
+            floor_bytes=floor,
+        )
+        guard.start()
+        names = [f"c{k}" for k in range(clients)]
+        job = f"e2e-{node}"
+        init = save({n: np.zeros(s, np.float32) for n, s in layout})
+        info = _create_job(gw.settings.port, gw.secret(), job, names, clients, init)
+        del init
+        rw.write_weights(weights, layout)
+        for k, name in enumerate(names):
+            sp = rdir / f"client-{k}.json"
+            sp.write_text(
+                json.dumps(
                     {
-                        "body": str(b),
-                        "path": f"/v1/jobs/{job}/rounds/1/updates",
-                        "headers": {
-                            "Authorization": f"Bearer {info['tokens'][c]}",
-                            "X-Client-Id": c,
-                            "X-Sample-Count": str(100 + k),
-                        },
+                        "work": str(rdir),
+                        "weights": str(weights),
+                        "url": gw.url,
+                        "job": job,
+                        "client": name,
+                        "token": info["tokens"][name],
+                        "samples": 100 + k,
                     }
-                ],
-            }
-            for k, (c, b) in enumerate(zip(clients, bodies, strict=True))
-        ]
-        res = [r[0] for r in _run_clients(work, specs)]
-        assert all(r[0] == 202 for r in res), res
-        deadline = time.monotonic() + 120
-        while True:
-            st = httpx.get(
-                f"{gw.url}/v1/jobs/{job}",
-                headers={"Authorization": f"Bearer {gw.secret()}"},
-                timeout=10,
-            ).json()
-            if st["last_round"] and st["last_round"]["result_ns"]:
-                break
+                )
+            )
+            argv = [sys.executable, "-m", "bench.harness.sdk_client"]
+            with open(rdir / f"client-{k}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [*argv, "--spec", str(sp), "--out", str(rdir / f"client-{k}.out")],
+                        cwd=ROOT,
+                        env={**os.environ, **PINNED_THREADS, "PYTHONPATH": str(ROOT)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+
+        def check() -> dict[str, Any] | None:
+            if guard is not None and guard.tripped is not None:
+                return guard.failure(**base)
+            assert gw is not None
+            for who, p in [
+                ("gateway", gw.proc),
+                *((f"client {k}", c) for k, c in enumerate(procs)),
+            ]:
+                if p.poll() == -signal.SIGKILL and guard is not None:
+                    return guard.sigkilled(who, **base)
+            for k, p in enumerate(procs):
+                if p.poll() not in (None, 0):
+                    tail = (rdir / f"client-{k}.log").read_text(errors="replace")[-1500:]
+                    return rw.failure("error", f"client {k} exited {p.returncode}: {tail}", **base)
+            assert gw is not None
+            if gw.proc.poll() is not None:
+                tail = gw.log_path.read_text(errors="replace")[-1500:]
+                return rw.failure("error", f"gateway exited {gw.proc.returncode}: {tail}", **base)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"round of {job} not aggregated in 120 s: {st}; {gw.router()}")
-            time.sleep(0.05)
+                return rw.failure("timeout", f"no global model in {timeout:.0f} s", **base)
+            return None
+
+        while len(list(rdir.glob("ready-*"))) < clients:
+            if (bad := check()) is not None:
+                return bad
+            time.sleep(0.01)
+        idle = rw.summed_rss(server_pids())
+        rw.reset_hwm(server_pids())  # the peak of the window, not of the job's creation
+        first = rw.FirstBytes(gw.settings.port)
+        first.start()
+        (rdir / "go").touch()
+        # the uploads first: no status request touches the gateway's port before they are in
+        while any(p.poll() is None for p in procs):
+            if (bad := check()) is not None:
+                return bad
+            time.sleep(0.02)
+        auth = {"Authorization": f"Bearer {gw.secret()}"}
+        while True:
+            if (bad := check()) is not None:
+                return bad
+            st = httpx.get(f"{gw.url}/v1/jobs/{job}", headers=auth, timeout=30).json()
+            if st["last_round"] and st["last_round"]["published_ns"]:
+                break
+            time.sleep(0.02)
+        hwm = rw.summed_hwm(server_pids())  # at the end, every server process still running
         router = gw.router()
-        lr = st["last_round"]
-        first = min(r[1] for r in res)
-        last_202 = max(r[2] for r in res)
-        function_eps = [e for e in router["endpoints"] if not e["local"]]
-        out = {
-            "clients": n,
-            "fanout": fanout,
-            "max_inflight": max_inflight,
-            "router": router["mode"],
-            "router_reason": health["router_reason"],
-            "aggregator_replicas": replicas,
-            "endpoints_per_replica": endpoints,
-            # replica endpoints holding the job's grant when the round was sealed
-            "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
-            # frames the router delivered in the round (kernel map counters in eBPF mode)
-            "router_frames": sum(
-                (e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]
-            ),
-            "router_drops": router["drops"],
-            "act_s": (lr["result_ns"] - first) / 1e9,
-            "ingest_s": (lr["last_update_ns"] - first) / 1e9,
-            # last update sealed -> global sealed: the part the router and aggregators add
-            "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
-            "ingest_client_s": (last_202 - first) / 1e9,
-            "published_s": (lr["published_ns"] - first) / 1e9,
-            "server_peak_pss_bytes": sampler.peak_pss,
-            "server_peak_rss_bytes": sampler.peak_rss,
-            "server_idle_pss_bytes": mem_idle,
-            "store": st["store_stats"],
-        }
-        out["act_over_ingest"] = out["act_s"] / out["ingest_s"]
-        return out
+        marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
+    except Exception:
+        # a request to a server the guard has just stopped: the guard's record is the result
+        if guard is not None and guard.tripped is not None:
+            return guard.failure(**base)
+        raise
     finally:
-        if sampler is not None:
-            sampler.stop()
-        aggs.stop()
-        gw.stop()
+        if first is not None:
+            first.stop()
+        if guard is not None:
+            guard.stop()
+        kill_all()
+        if aggs is not None:
+            aggs.stop()
+        if gw is not None:
+            gw.stop()
+            # the store the gateway leaves (the global model; every object if it was killed)
+            shutil.rmtree(gw.settings.shm_root, ignore_errors=True)
+        redis.stop()
+        weights.unlink(missing_ok=True)
+    lr = st["last_round"]
+    end = lr["published_ns"]
+    function_eps = [e for e in router["endpoints"] if not e["local"]]
+    out = {
+        "ok": True,
+        **base,
+        "method": (
+            "window: first client's weights-in-memory mark (before serialisation) -> global "
+            "model published; server window from the first update bytes received on the "
+            "gateway's port (kernel TCP counters); memory: summed VmHWM of gateway, aggregator "
+            "replicas and Redis, reset as the window opens, read at the end"
+        ),
+        "fanout": fanout,
+        "max_inflight": max_inflight,
+        "router": router["mode"],
+        "router_reason": health["router_reason"],
+        "aggregator_replicas": replicas,
+        "endpoints_per_replica": endpoints,
+        "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
+        "router_frames": sum((e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]),
+        "router_drops": router["drops"],
+        "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
+        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        # the gateway's own first-byte mark, a cross-check of ``server_s``
+        "server_gateway_mark_s": rw.window_s([lr["first_byte_ns"]], end),
+        "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
+        "act_s": (lr["result_ns"] - lr["first_byte_ns"]) / 1e9,
+        "ingest_s": (lr["last_update_ns"] - lr["first_byte_ns"]) / 1e9,
+        "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
+        "server_hwm_bytes": hwm["bytes"],
+        "server_processes": hwm["processes"],
+        "server_idle_rss_bytes": idle,
+        "server_rss_sampled_bytes": guard.peak_server_rss if guard else 0,
+        "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
+        # BLAS/OpenMP pools a client measured at the end (threadpoolctl); the gateway and the
+        # replicas are started with the pinned environment (``threads_env``)
+        "thread_pools": {"client": marks[0]["thread_pools"]},
+        "threads_env": dict(PINNED_THREADS),
+        "store": st["store_stats"],
+    }
+    out["act_over_ingest"] = out["act_s"] / out["ingest_s"] if out["ingest_s"] else None
+    return out
 
 
 # ----------------------------------------------------------------------------- report
-ROUNDS = (  # result key, label
+#: the round variants: result key, gateway config label
+ROUNDS = (
     ("round", "default"),
     ("round_userspace", "default"),
     ("round_lean", "lean"),
 )
+
+#: why there is no SF (HTTP between aggregators) round: what the code offers
+SF_ABSENT = (
+    "not run: neither the gateway nor the aggregator has an HTTP hand-off mode (an aggregator "
+    "takes its work only as 64-byte frames from its node's router, eBPF or userspace; its HTTP "
+    "route answers GET status and 405 otherwise). bench.ebpf measures an SF (HTTP POST) "
+    "leaf->top hand-off in isolation"
+)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def _ratio(other: float | None, mine: float | None, word: str) -> str:
+    if not other or not mine:
+        return ""
+    return f"{other / mine:.1f}x {word}"
+
+
+def _side(x: dict[str, Any] | None, key: str, scale: float = 1.0) -> str:
+    """A figure of one side (``value / scale``), or what stopped it (``killed at 12.3 GB``)."""
+    from bench.harness.round_window import killed_at
+
+    if not x:
+        return "(not run)"
+    if not x.get("ok", True):
+        return killed_at(x)
+    v = x.get(key)
+    return "n/a" if v is None else f"{v / scale:.2f}"
+
+
+def _threads(r: dict[str, Any]) -> str:
+    th = r.get("threads") or {}
+    env = th.get("env") or {}
+    pools = ", ".join(f"{p['library']} {p['threads']}" for p in th.get("pools") or [])
+    return f"env {'/'.join(sorted(set(env.values()))) or '?'} in every process; bench {pools}"
+
+
+def _measured(x: dict[str, Any] | None, name: str) -> str:
+    """The BLAS/OpenMP thread counts one side's processes measured, by role."""
+    pools = (x or {}).get("thread_pools") or {}
+    return "; ".join(
+        f"{name} {role} " + ", ".join(f"{p['library']} {p['threads']}" for p in ps)
+        for role, ps in pools.items()
+        if ps
+    )
 
 
 def _round_rows(r: dict[str, Any]) -> list[str]:
@@ -576,89 +733,109 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
         rnd = r.get(key)
         if not rnd:
             continue
-        router = rnd.get("router", "userspace")
+        th = "; ".join(
+            x for x in (_threads(r), _measured(rnd, "FedFaaS"), _measured(fl, "Flower")) if x
+        )
+        if not rnd.get("ok", True):
+            rows.append(
+                f"| round ({label}, {key}): FedFaaS failed | {_side(rnd, '')} | | | | {th} |"
+            )
+            continue
         cfg = (
-            f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once, {router} router"
+            f"{label}: I={rnd['fanout']}, {rnd['max_inflight']} upload(s) at once, "
+            f"{rnd['router']} router, {rnd['clients']} clients x "
+            f"{rnd['update_bytes'] / 1e6:.1f} MB"
+        )
+        flo = fl if fl is not None and fl.get("ok", True) else None  # Flower, when it finished
+        rows.append(
+            f"| round ({cfg}): weights in client memory -> global model available (s); both: "
+            f"clients serialise inside the window, one process per client on this machine, all "
+            f"released at once | {rnd['e2e_s']:.2f} | Flower {_side(fl, 'e2e_s')} | "
+            f"{_ratio(flo['e2e_s'], rnd['e2e_s'], 'faster') if flo else ''} | >= 5x | {th} |"
         )
         rows.append(
-            f"| round ({cfg}), {rnd['clients']} ResNet-18 updates: first byte -> sealed global (s) | "
-            f"{rnd['act_s']:.2f} | "
-            + (
-                f"Flower {fl['first_byte_to_model_s']:.2f} | "
-                f"{fl['first_byte_to_model_s'] / rnd['act_s']:.1f}x faster | >= 3x |"
-                if fl
-                else "(Flower skipped) | | >= 3x |"
+            f"| round ({cfg}), server-side window only: first update bytes received on the "
+            f"server's port (kernel TCP counters) -> global available (s) | "
+            f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
+            f"Flower {_side(fl, 'server_s')} | "
+            f"{_ratio(flo.get('server_s'), rnd.get('server_s'), 'faster') if flo else ''} | | {th} |"
+        )
+        rows.append(
+            f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
+            f"reset as the window opens, read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
+            f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
+            f"server process) | {_gb(rnd['server_hwm_bytes'])} | "
+            f"Flower {_side(fl, 'server_hwm_bytes', 1e9)} | "
+            f"{_ratio(flo['server_hwm_bytes'], rnd['server_hwm_bytes'], 'less') if flo else ''} | >= 5x | {th} |"
+        )
+        if rnd.get("act_over_ingest"):
+            rows.append(
+                f"| round ({cfg}), FedFaaS only: ACT / pure ingest (gateway's first byte -> "
+                f"sealed global, over first byte -> last update sealed) | "
+                f"{rnd['act_over_ingest']:.2f} ({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 | {th} |"
             )
-        )
-        rows.append(
-            f"| round ({cfg}): ACT / pure ingest time | {rnd['act_over_ingest']:.2f} "
-            f"({rnd['act_s']:.2f} / {rnd['ingest_s']:.2f} s) | | | <= 1.2 |"
-        )
-        peak = rnd["server_peak_pss_bytes"]
-        rows.append(
-            f"| round ({cfg}): server peak memory, GB (PSS gateway+aggregator replicas; RSS sum "
-            f"{rnd['server_peak_rss_bytes'] / 1e9:.2f}; peak store objects {rnd['store']['peak_objects']}) | "
-            f"{peak / 1e9:.2f} | "
-            + (
-                f"Flower server RSS {fl['server_peak_rss_bytes'] / 1e9:.2f} | "
-                f"{fl['server_peak_rss_bytes'] / peak:.1f}x less | >= 5x |"
-                if fl
-                else "| | >= 5x |"
-            )
-        )
+    th = _threads(r)
     rnd, peer = r.get("round"), r.get("round_userspace")
-    if rnd and peer and rnd.get("router") != peer.get("router"):
-        for x in (rnd, peer):  # results written before the key existed
-            x.setdefault("after_ingest_s", x["act_s"] - x["ingest_s"])
+    if rnd and peer and rnd.get("ok") and peer.get("ok") and rnd["router"] != peer["router"]:
         rows.append(
-            f"| round (default): ACT; last update sealed -> global sealed (s), {rnd['router']} "
-            f"router vs {peer['router']} router | {rnd['act_s']:.2f}; {rnd['after_ingest_s']:.3f} | "
-            f"{peer['router']} {peer['act_s']:.2f}; {peer['after_ingest_s']:.3f} | "
-            f"{peer['act_s'] / rnd['act_s']:.2f}x; {peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | |"
+            f"| round (default): e2e; last update sealed -> global sealed (s), {rnd['router']} "
+            f"router vs {peer['router']} router | {rnd['e2e_s']:.2f}; {rnd['after_ingest_s']:.3f} | "
+            f"{peer['router']} {peer['e2e_s']:.2f}; {peer['after_ingest_s']:.3f} | "
+            f"{peer['e2e_s'] / rnd['e2e_s']:.2f}x; "
+            f"{peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | | {th} |"
         )
+    sf = r.get("round_sf") or {"ran": False, "reason": SF_ABSENT}
+    if not sf.get("ran"):
+        rows.append(f"| round (SF: HTTP between aggregators) | {sf['reason']} | | | | |")
     return rows
 
 
 def _table(r: dict[str, Any]) -> str:
     ing, agg = r["ingest"], r["aggregation"]
     mb = ing["update_bytes"] / 1e6
+    th = _threads(r)
     rows = [
-        "| figure | FedFaaS | baseline(s) | ratio | target |",
-        "|---|---|---|---|---|",
-        f"| ingest {mb:.1f} MB over loopback HTTP into shm (GB/s, median of {ing['reps']}; best) | "
+        "| figure | FedFaaS | baseline(s) | ratio | target | threads |",
+        "|---|---|---|---|---|---|",
+        f"| ingest {mb:.1f} MB over loopback HTTP into shm, pre-encoded body, raw-socket client "
+        f"(GB/s, median of {ing['reps']}; best) | "
         f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
         f"uvicorn+Starlette {ing['starlette_gbps']:.2f} | {ing['fedfaas_gbps'] / ing['starlette_gbps']:.1f}x Starlette, "
-        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s |",
+        f"{ing['fedfaas_gbps'] / ing['tcp_gbps']:.0%} of TCP | >= 1.5 GB/s | {th} |",
         f"| FedAvg fold, 1 core (GB/s of update, {agg['updates']} updates in shm) | numpy/BLAS {agg['numpy_gbps']:.2f}; "
         f"torch add_ {agg['torch_gbps']:.2f} | plain-tensor add_ {agg['plain_add_gbps']:.2f}; Flower aggregate "
         f"{agg['flower_gbps']:.2f} | {agg['numpy_gbps'] / agg['flower_gbps']:.1f}x / "
-        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s |",
+        f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s | {th} |",
         *_round_rows(r),
     ]
     m = r["machine"]
-    run = r.get("run") or {}
     probe = r.get("router_probe") or {"mode": "userspace", "reason": "not recorded"}
     rnd = r.get("round") or {}
     head = (
-        f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} (shared with "
-        f"other work: figures are ratios within one run); update = ResNet-18 (10 classes, 11.18 M values) as "
-        f"safetensors, {mb:.1f} MB; aggregator kernel numpy/BLAS saxpy; rounds aggregated by "
-        f"{rnd.get('aggregator_replicas', '?')} warm `aggregator` replica(s) of "
-        f"{rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by the gateway; "
-        f"router probe: {probe['mode']} ({probe['reason']})."
+        f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} "
+        f"(shared with other work: figures are ratios within one run); round updates = ResNet-18 "
+        f"(10 classes) floating-point state dict, float32, {rnd.get('update_bytes', 0) / 1e6:.1f} MB, "
+        f"serialised by each client inside the window (FedFaaS: safetensors, uploaded through "
+        f"FLClient.upload; Flower: ndarrays_to_parameters and gRPC); aggregator kernel numpy/BLAS "
+        f"saxpy; rounds aggregated by {rnd.get('aggregator_replicas', '?')} warm `aggregator` "
+        f"replica(s) of {rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by "
+        f"the gateway; router probe: {probe['mode']} ({probe['reason']})."
     )
+    run = r.get("run")
     if run:
-        sha = (run["commit"].get("sha") or "unknown")[:12]
-        dirty = " (dirty tree)" if run["commit"].get("dirty") else ""
-        head += f"\n\nRun: `{run['command']}` at {run['time']}, commit {sha}{dirty}."
+        head += "\n\n" + run_header(run)
     return head + "\n\n" + "\n".join(rows)
+
+
+def _render(stored: dict[str, Any]) -> str:
+    return "# bench: dataplane\n\n" + _table(stored) + "\n"
 
 
 def _colour(label: str) -> str:
     """Flower red, FedFaaS green (eBPF router) or cyan (userspace router)."""
     if label.startswith("Flower"):
         return "tab:red"
-    return "tab:cyan" if label.endswith("userspace") else "tab:green"
+    return "tab:cyan" if "userspace" in label else "tab:green"
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
@@ -684,31 +861,24 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     )
     ax[1].axhline(4, ls="--", c="k", lw=1)
     ax[1].set_title("FedAvg fold, 1 core (GB/s)")
-    fl = r.get("flower") or {}
-    names = {"round": "default", "round_userspace": "default", "round_lean": "lean"}
-    act_l, act_v, mem_l, mem_v = [], [], [], []
-    for key, _label in ROUNDS:
-        rnd = r.get(key)
-        if not rnd:
+    labels, e2e, server, mem = [], [], [], []
+    sides = [(f"{lab}\n{(r.get(k) or {}).get('router', '')}", r.get(k)) for k, lab in ROUNDS]
+    for lab, x in [*sides, ("Flower", r.get("flower"))]:
+        if not x or not x.get("ok", True):
             continue
-        tag = f"{names[key]}\n{rnd.get('router', 'userspace')}"
-        act_l += [f"ACT {tag}"]
-        act_v += [rnd["act_s"]]
-        mem_l.append(tag)
-        mem_v.append(rnd["server_peak_pss_bytes"] / 1e9)
-    rnd = r["round"]
-    act_l.insert(1, f"ingest default\n{rnd.get('router', 'userspace')}")
-    act_v.insert(1, rnd["ingest_s"])
-    if fl:
-        act_l.append("Flower")
-        act_v.append(fl["first_byte_to_model_s"])
-        mem_l.append("Flower\nserver RSS")
-        mem_v.append(fl["server_peak_rss_bytes"] / 1e9)
-    ax[2].bar(act_l, act_v, color=[_colour(lab) for lab in act_l])
-    ax[2].set_title(f"round of {rnd['clients']} ResNet-18 updates (s)")
-    ax[2].tick_params(axis="x", labelsize=7)
-    ax[3].bar(mem_l, mem_v, color=[_colour(lab) for lab in mem_l])
-    ax[3].set_title("server peak memory in the round (GB)")
+        labels.append(lab)
+        e2e.append(x["e2e_s"])
+        server.append(x.get("server_s") or 0.0)
+        mem.append(x["server_hwm_bytes"] / 1e9)
+    xs = np.arange(len(labels))
+    cols = [_colour(lab) for lab in labels]
+    ax[2].bar(xs - 0.2, e2e, 0.4, color=cols, label="weights in memory -> global")
+    ax[2].bar(xs + 0.2, server, 0.4, color=cols, alpha=0.5, hatch="//", label="server window")
+    ax[2].set_xticks(xs, labels, fontsize=7)
+    ax[2].legend(fontsize=7)
+    ax[2].set_title("round (s): end to end; server-side only")
+    ax[3].bar(labels, mem, color=cols)
+    ax[3].set_title("server peak memory: summed VmHWM (GB)")
     ax[3].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -728,6 +898,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1, help="aggregator replicas per round")
     p.add_argument("--endpoints", type=int, default=2, help="endpoints per aggregator replica")
     p.add_argument("--skip-flower", action="store_true")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 4 clients, rounds of a 4 MB model, 2 ingest reps, 3 fold updates",
+    )
     p.add_argument("--out", help="results folder (default bench/results); client role: output file")
     p.add_argument(
         "--from-json", action="store_true", help="re-render the table and plot from dataplane.json"
@@ -740,65 +915,74 @@ def main(argv: list[str] | None = None) -> int:
         _tcp_server_role(a)
         return 0
     out_dir = Path(a.out) if a.out else RESULTS
-    if a.from_json:
-        _write(json.loads((out_dir / "dataplane.json").read_text()), out_dir)
+    if a.from_json:  # the JSON as it is (its finished time included): only the md and png
+        stored = json.loads((out_dir / "dataplane.json").read_text())
+        (out_dir / "dataplane.md").write_text(_render(stored))
+        _plot(stored, out_dir / "dataplane.png")
+        print(_render(stored))
         return 0
     import bpf
+    from bench.harness import round_window as rw
     from fedfaas.services import RedisServer
 
     run = run_info("bench.dataplane", sys.argv[1:] if argv is None else argv)
     mode, reason = bpf.probe()
     ebpf = mode == "ebpf"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp:
+    clients = 4 if a.quick else a.clients
+    layout = rw.resnet18_layout()
+    if a.quick:
+        layout = rw.scaled_layout(layout, 4_000_000)
+    with (
+        pinned_threads(1) as threads,
+        tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp,
+    ):
         work = Path(tmp)
+        res: dict[str, Any] = {
+            "run": run,
+            "threads": {"env": threads["env"], "pools": threads["pools"]},
+            "machine": {
+                k: run["machine"][k] for k in ("cores", "memory_bytes", "python", "kernel")
+            },
+            "router_probe": {"mode": mode, "reason": reason},
+            "config": {
+                "model": "resnet18 (10 classes)"
+                + (", scaled to 4 MB (--quick)" if a.quick else ""),
+                "clients": clients,
+                "ingest_reps": 2 if a.quick else a.reps,
+                "aggregator_replicas": a.replicas,
+                "endpoints_per_replica": a.endpoints,
+            },
+        }
         redis = RedisServer(data_dir=work / "redis").start()
         try:
-            bodies = _write_bodies(work, a.clients)
-            res: dict[str, Any] = {
-                "run": run,
-                "machine": {
-                    k: run["machine"][k] for k in ("cores", "memory_bytes", "python", "kernel")
-                },
-                "router_probe": {"mode": mode, "reason": reason},
-                "config": {
-                    "model": "resnet18 (10 classes)",
-                    "clients": a.clients,
-                    "ingest_reps": a.reps,
-                    "aggregator_replicas": a.replicas,
-                    "endpoints_per_replica": a.endpoints,
-                },
-            }
-            res["ingest"] = bench_ingest(work, redis, bodies[0], a.reps, ebpf=ebpf)
-            res["aggregation"] = bench_aggregation()
-            agg = {"replicas": a.replicas, "endpoints": a.endpoints}
-            res["round"] = bench_round(
-                work, redis, bodies, a.fanout, a.max_inflight, ebpf=ebpf, **agg
-            )
-            # the same round with the userspace router: the peer of the eBPF run (when the
-            # probe says eBPF cannot load, ``round`` is already this; it is not run twice)
-            res["round_userspace"] = (
-                bench_round(work, redis, bodies, a.fanout, a.max_inflight, ebpf=False, **agg)
-                if ebpf
-                else None
-            )
-            res["round_lean"] = bench_round(work, redis, bodies, 4, 1, ebpf=ebpf, **agg)
+            body = _write_bodies(work, 1)[0]
+            res["ingest"] = bench_ingest(work, redis, body, res["config"]["ingest_reps"], ebpf=ebpf)
         finally:
             redis.stop()
-    if not a.skip_flower:
-        from bench.flower_baseline import run_flower_round
+        res["aggregation"] = bench_aggregation(3 if a.quick else 8)
+        agg = {"replicas": a.replicas, "endpoints": a.endpoints}
+        rnd = {"fanout": a.fanout, "max_inflight": a.max_inflight, **agg}
+        res["round"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="d", **rnd)
+        # the same round with the userspace router: the peer of the eBPF run (when the probe
+        # says eBPF cannot load, ``round`` is already this; it is not run twice)
+        res["round_userspace"] = (
+            bench_round_e2e(work, layout, clients, ebpf=False, tag="d", **rnd) if ebpf else None
+        )
+        lean = {"fanout": 4, "max_inflight": 1, **agg}
+        res["round_lean"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="l", **lean)
+        res["round_sf"] = {"ran": False, "reason": SF_ABSENT}
+        if not a.skip_flower:
+            from bench.flower_baseline import run_flower_round
 
-        res["flower"] = run_flower_round(a.clients)
-    (out_dir / "dataplane.json").write_text(json.dumps(res, indent=2))
+            res["flower"] = run_flower_round(clients, layout)
     _write(res, out_dir)
     return 0
 
 
 def _write(res: dict[str, Any], out_dir: Path) -> None:
-    table = _table(res)
-    (out_dir / "dataplane.md").write_text("# bench: dataplane\n\n" + table + "\n")
-    _plot(res, out_dir / "dataplane.png")
-    print(table)
+    stored, md = write_result(res, "dataplane", _render, out_dir)
+    _plot(stored, out_dir / "dataplane.png")
+    print(md)
 
 
 if __name__ == "__main__":

@@ -1,127 +1,110 @@
 """Flower baseline: one FedAvg round of a real Flower server and N real clients on loopback.
 
 The peer FedFaaS's data plane is measured against (DESIGN.md, "What fast means here").
-A Flower server (legacy ``start_server``, gRPC on loopback) and ``num_clients`` client
-processes (``start_client``) run one round of ``FedAvg``; every client returns a fixed random
-update of ``num_params`` float32 values (shaped like ResNet-18's tensors by default), so the
-server deserialises and aggregates real ResNet-18-sized payloads.
+A Flower server (legacy ``start_server``, gRPC on loopback, one fit worker per client so every
+client uploads at once) and ``num_clients`` client processes (``start_client``) run one round of
+``FedAvg``. Every client's "trained weights" are float32 numpy arrays laid out like ResNet-18's
+floating-point state dict (or that layout scaled to another size,
+:func:`bench.harness.round_window.scaled_layout`), mapped from one file on /dev/shm that all
+clients share (so N clients do not hold N private copies before they serialise), every page
+touched before the round. The model the server sends the clients before the round carries no
+tensors (the clients return their own weights; FedFaaS's clients in the same benchmark do not
+download one either), so neither side's clients hold a received model.
 
-Figures (all from one run, same machine):
+Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
 
-- ``first_byte_to_model_s``: from the first client finishing ``fit`` (its update starts to
-  travel) to the end of the server's ``aggregate_fit`` (aggregated model ready). Clients hold
-  their ``fit`` answer until all of them have received the model (a file barrier), so this
-  window holds the 20 concurrent uploads and the aggregation only, as in FedFaaS's round
-  measurement, not Flower's broadcast of the model;
-- ``ingest_s`` / ``aggregate_s``: the same window split at the moment the server has every
+- ``e2e_s``: from the first client's "weights in memory as arrays" mark (in ``fit``, after a
+  barrier that releases all clients at once, before Flower serialises anything) to the end of
+  the server's ``aggregate_fit`` (global model aggregated and serialised as ``Parameters``).
+  Flower's client-side serialisation (``ndarrays_to_parameters``, protobuf) is inside it;
+- ``server_s``: from the first update bytes received on the server's port (the kernel's TCP
+  counters, :class:`bench.harness.round_window.FirstBytes`) to the same end;
+- ``ingest_s`` / ``aggregate_s``: the e2e window split at the moment the server has every
   result (Flower aggregates only then);
-- ``round_s``: from the server sending the model to the clients to the aggregated model
-  (broadcast, barrier, uploads and aggregation);
-- ``server_peak_rss_bytes``: the server process's peak resident set (``VmHWM``), with the
-  parent's psutil sampling as a cross-check.
+- ``server_hwm_bytes``: the server process's ``VmHWM``, reset as the clients are released
+  (so the model's broadcast before is not in it) and read at the end of the round (the server
+  side is that one process); ``client_hwm_bytes``: the clients' summed ``VmHWM``.
 
-Usage: ``python -m bench.flower_baseline [--clients 20] [--params N]`` prints a Markdown table
-and writes ``bench/results/flower_baseline.json``. The data-plane bench calls
-:func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
+A point that fails (the memory guard stops it, a client or the server errors, e.g. gRPC's
+message limit, or it times out) is returned as a failure record
+(:func:`bench.harness.round_window.failure`) with the sizes seen, not raised.
+
+Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--out DIR]`` prints a
+Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
+``bench.dataplane`` and ``bench.scale`` call :func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
-import platform
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.harness import round_window as rw
+from bench.runinfo import (
+    PINNED_THREADS,
+    ROOT,
+    run_header,
+    run_info,
+    thread_counts,
+    write_result,
+)
+
 log = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RESNET18_10_CLASSES = 11_181_642  # parameters of torchvision resnet18(num_classes=10)
-
-
-# --------------------------------------------------------------------------- payload shapes
-def resnet18_shapes(num_classes: int = 10) -> list[list[int]]:
-    """Shapes of torchvision ResNet-18's parameters (62 tensors, 11,181,642 values)."""
-    from torchvision.models import resnet18
-
-    model = resnet18(weights=None, num_classes=num_classes)
-    return [list(p.shape) for p in model.parameters()]
-
-
-def shapes_for(num_params: int | None) -> list[list[int]]:
-    """ResNet-18 shapes when ``num_params`` is None, else one flat tensor of that size."""
-    if num_params is None:
-        return resnet18_shapes()
-    return [[int(num_params)]]
-
-
-def _arrays(shapes: list[list[int]], seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(int(np.prod(s)), dtype=np.float32).reshape(s) for s in shapes]
-
-
-def _peak_rss_self() -> int:
-    """This process's peak resident set in bytes (VmHWM)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _rss_self() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 # --------------------------------------------------------------------------- roles (subprocesses)
-def _server_main(port: int, num_clients: int, shapes: list[list[int]], out: Path) -> None:
+def _server_main(port: int, num_clients: int, work: Path) -> None:
     import flwr as fl
     from flwr.common import ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    marks: dict[str, float] = {}
+    marks: dict[str, Any] = {}
 
     class TimedFedAvg(FedAvg):
         def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
             res = super().configure_fit(server_round, parameters, client_manager)
-            marks["rss_before_round"] = float(_rss_self())
-            marks["t_configure"] = time.time()
+            marks["rss_before_round"] = rw.status_bytes(os.getpid(), "VmRSS")
+            marks["t_configure_ns"] = time.monotonic_ns()
             return res
 
         def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
-            marks["t_aggregate_start"] = time.time()
+            marks["t_aggregate_start_ns"] = time.monotonic_ns()
+            marks["results"], marks["failures"] = len(results), len(failures)
+            marks["failure_detail"] = [repr(f)[:300] for f in failures[:3]]
             res = super().aggregate_fit(server_round, results, failures)
-            marks["t_aggregate_end"] = time.time()
-            marks["results"] = float(len(results))
-            marks["failures"] = float(len(failures))
+            marks["t_aggregate_end_ns"] = time.monotonic_ns()
             return res
 
-    zeros = [np.zeros(s, dtype=np.float32) for s in shapes]
+    # The model sent to the clients before the round carries no tensors: the clients ignore it
+    # (they return their own weights), and FedFaaS's clients in the same benchmark do not
+    # download one either, so neither side's clients hold a received model (the broadcast is
+    # outside the window on both sides)
     strategy = TimedFedAvg(
         fraction_fit=1.0,
         fraction_evaluate=0.0,
         min_fit_clients=num_clients,
         min_evaluate_clients=0,
         min_available_clients=num_clients,
-        initial_parameters=ndarrays_to_parameters(zeros),
+        initial_parameters=ndarrays_to_parameters([]),
         accept_failures=False,
     )
-    del zeros
-    # Flower's default fit pool has min(32, cores + 4) threads (6 here); give every client one
-    # so that all of them upload concurrently, as in the FedFaaS measurement.
+    # Flower's default fit pool has min(32, cores + 4) threads; give every client one so that
+    # all of them upload concurrently, as in the FedFaaS measurement.
     server = fl.server.Server(client_manager=fl.server.SimpleClientManager(), strategy=strategy)
     server.set_max_workers(num_clients)
     fl.server.start_server(
@@ -129,262 +112,292 @@ def _server_main(port: int, num_clients: int, shapes: list[list[int]], out: Path
         server=server,
         config=fl.server.ServerConfig(num_rounds=1),
     )
-    marks["server_peak_rss_bytes"] = float(_peak_rss_self())
-    out.write_text(json.dumps(marks))
+    marks["server_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
+    (work / "server.json").write_text(json.dumps(marks))
 
 
-def _barrier(out: Path, cid: int, num_clients: int, timeout: float = 120.0) -> None:
-    """Wait until every client has received the model (one marker file per client)."""
-    (out / f"ready-{cid}").touch()
+def _wait_go(work: Path, cid: int, timeout: float = 600.0) -> None:
+    """Say this client is ready (``ready-<cid>``) and wait for the parent's ``go`` file."""
+    (work / f"ready-{cid}").touch()
     deadline = time.monotonic() + timeout
-    while len(list(out.glob("ready-*"))) < num_clients:
+    while not (work / "go").exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"client {cid}: barrier not reached in {timeout}s")
-        time.sleep(0.005)
+            raise RuntimeError(f"client {cid}: no go in {timeout}s")
+        time.sleep(0.002)
 
 
-def _client_main(
-    server: str, cid: int, num_clients: int, shapes: list[list[int]], seed: int, out: Path
-) -> None:
+def _client_main(server: str, cid: int, work: Path) -> None:
     import flwr as fl
 
-    update = _arrays(shapes, seed + 1 + cid)
-    n = 100 + cid
+    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
+    weights = rw.map_weights(Path((work / "weights.path").read_text()), layout)
+    update = [weights[n].view(np.ndarray) for n, _ in layout]
+    n_samples = 100 + cid
+    marks: dict[str, Any] = {"cid": cid}
 
     class FixedClient(fl.client.NumPyClient):
         def get_parameters(self, config: Any) -> list[np.ndarray]:
             return update
 
         def fit(self, parameters: Any, config: Any) -> tuple[list[np.ndarray], int, dict[str, Any]]:
-            _barrier(out, cid, num_clients)
-            t = time.time()
-            (out / f"client-{cid}.json").write_text(json.dumps({"cid": cid, "t_fit_return": t}))
-            return update, n, {}
+            _wait_go(work, cid)
+            marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
+            return update, n_samples, {}
 
     fl.client.start_client(server_address=server, client=FixedClient().to_client(), insecure=True)
+    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
+    (work / f"client-{cid}.json").write_text(json.dumps(marks))
 
 
 # --------------------------------------------------------------------------- orchestration
-class _RssSampler(threading.Thread):
-    def __init__(self, pid: int, period: float = 0.02) -> None:
-        super().__init__(daemon=True)
-        import psutil
-
-        self.proc = psutil.Process(pid)
-        self.period = period
-        self.peak = 0
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_evt.is_set():
-            try:
-                self.peak = max(self.peak, self.proc.memory_info().rss)
-            except Exception:  # noqa: BLE001 - process gone
-                return
-            time.sleep(self.period)
-
-    def stop(self) -> None:
-        self._stop_evt.set()
-        self.join(2)
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
             p.kill()
-            p.wait(5)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(10)
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
 
 
 def run_flower_round(
     num_clients: int = 20,
-    num_params: int | None = None,
+    layout: Sequence[tuple[str, Sequence[int]]] | None = None,
     *,
     seed: int = 0,
-    timeout: float = 300.0,
-    workdir: Path | None = None,
+    timeout: float = 600.0,
+    mem_limit_bytes: int = 0,
+    floor_bytes: int = rw.DEFAULT_FLOOR_BYTES,
 ) -> dict[str, Any]:
-    """Run one FedAvg round with a real Flower server and ``num_clients`` client processes.
+    """One FedAvg round with a real Flower server and ``num_clients`` client processes.
 
-    Parameters
-    ----------
-    num_clients : clients (one process each), all required for the round.
-    num_params : float32 values per update; None = ResNet-18 (10 classes) parameter shapes,
-        62 tensors, 11,181,642 values (44.7 MB).
-    seed : the updates are random but fixed by this seed.
-    timeout : seconds before everything is stopped and ``RuntimeError`` is raised.
+    ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
+    floating-point state dict (:func:`bench.harness.round_window.resnet18_layout`, 44.8 MB).
+    ``mem_limit_bytes`` (0: none) and ``floor_bytes``: the memory guard's limit on the server's
+    RSS and floor on the machine's available memory.
 
-    Returns
-    -------
-    dict with ``first_byte_to_model_s``, ``ingest_s``, ``aggregate_s``, ``round_s``,
-    ``server_peak_rss_bytes``, ``server_peak_rss_sampled_bytes``, ``server_rss_before_round_bytes``,
-    ``num_clients``, ``num_params``, ``update_bytes``, ``flwr_version``.
+    Returns ``{"ok": True, "e2e_s", "server_s", "ingest_s", "aggregate_s", "round_s",
+    "server_hwm_bytes", "server_idle_rss_bytes", "client_hwm_bytes", "server_rss_sampled_bytes",
+    "num_clients", "update_bytes", "num_tensors", "flwr_version", "method"}`` or a failure record
+    (``{"ok": False, "failure": "killed" | "error" | "timeout", "detail", ...}``).
     """
     import flwr
 
-    from fedfaas.services import free_port, wait_for_port
+    from fedfaas.services import ServiceError, free_port, wait_for_port
 
-    shapes = shapes_for(num_params)
-    total = int(sum(int(np.prod(s)) for s in shapes))
-    tmp_ctx = tempfile.TemporaryDirectory(prefix="flower-bench-") if workdir is None else None
-    work = Path(tmp_ctx.name) if tmp_ctx is not None else workdir
-    assert work is not None
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "shapes.json").write_text(json.dumps(shapes))
+    layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
+    size = rw.layout_bytes(layout)
+    base = {
+        "flwr_version": flwr.__version__,
+        "num_clients": num_clients,
+        "update_bytes": size,
+        "num_tensors": len(layout),
+    }
     port = free_port()
     env = {
         **os.environ,
+        **PINNED_THREADS,
+        "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
         "GRPC_VERBOSITY": "ERROR",
         "FLWR_TELEMETRY_ENABLED": "0",
     }
     me = [sys.executable, "-m", "bench.flower_baseline"]
-    root = str(Path(__file__).resolve().parent.parent)
     procs: list[subprocess.Popen[bytes]] = []
-    server_out = work / "server.json"
-    try:
-        logf = open(work / "server.log", "wb")  # noqa: SIM115 - handed to the child
-        server = subprocess.Popen(
-            [
-                *me,
-                "--role",
-                "server",
-                "--port",
-                str(port),
-                "--clients",
-                str(num_clients),
-                "--work",
-                str(work),
-            ],
-            cwd=root,
-            env=env,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-        )
-        procs.append(server)
-        sampler = _RssSampler(server.pid)
-        sampler.start()
-        wait_for_port("127.0.0.1", port, 60, server)
-        for cid in range(num_clients):
-            clog = open(work / f"client-{cid}.log", "wb")  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *me,
-                        "--role",
-                        "client",
-                        "--port",
-                        str(port),
-                        "--cid",
-                        str(cid),
-                        "--clients",
-                        str(num_clients),
-                        "--seed",
-                        str(seed),
-                        "--work",
-                        str(work),
-                    ],
-                    cwd=root,
-                    env=env,
-                    stdout=clog,
-                    stderr=subprocess.STDOUT,
-                )
+    guard: rw.MemoryGuard | None = None
+    first: rw.FirstBytes | None = None
+    weights = Path(f"/dev/shm/fedfaas-bench-flower-{os.getpid()}-{time.monotonic_ns()}")
+    with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
+        work = Path(tmp)
+        try:
+            (work / "layout.json").write_text(json.dumps(layout))
+            rw.write_weights(weights, layout, seed)
+            (work / "weights.path").write_text(str(weights))
+
+            def spawn(args: list[str], logname: str) -> subprocess.Popen[bytes]:
+                with open(work / logname, "wb") as logf:
+                    p = subprocess.Popen(
+                        [*me, *args, "--port", str(port), "--work", str(work)],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=logf,
+                        stderr=subprocess.STDOUT,
+                    )
+                procs.append(p)
+                return p
+
+            server = spawn(["--role", "server", "--clients", str(num_clients)], "server.log")
+            guard = rw.MemoryGuard(
+                lambda: [server.pid],
+                lambda: _stop(procs),
+                client_pids=lambda: [p.pid for p in procs[1:]],
+                limit_bytes=mem_limit_bytes,
+                floor_bytes=floor_bytes,
             )
-            clog.close()
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while server.poll() is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"flower round did not finish in {timeout}s (see {work})")
-            time.sleep(0.1)
-        sampler.stop()
-        if server.returncode != 0 or not server_out.exists():
-            tail = (work / "server.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"flower server failed ({server.returncode}): {tail}")
-        marks = json.loads(server_out.read_text())
-        sends = [json.loads(p.read_text())["t_fit_return"] for p in work.glob("client-*.json")]
-    finally:
-        _stop(procs)
-        if tmp_ctx is not None:
-            tmp_ctx.cleanup()
-    if int(marks.get("results", 0)) != num_clients or int(marks.get("failures", 0)) != 0:
-        raise RuntimeError(f"flower round incomplete: {marks}")
-    first = min(sends)
+            guard.start()
+            deadline = time.monotonic() + timeout
+            idle_rss = 0
+
+            def check() -> dict[str, Any] | None:
+                """A failure record when the point cannot finish, else None."""
+                if guard is not None and guard.tripped is not None:
+                    return guard.failure(**base)
+                for who, p in [
+                    ("server", server),
+                    *((f"client {k}", c) for k, c in enumerate(procs[1:])),
+                ]:
+                    if p.poll() == -signal.SIGKILL and guard is not None:
+                        return guard.sigkilled(who, **base)
+                for cid, p in enumerate(procs[1:]):
+                    if p.poll() not in (None, 0):
+                        return rw.failure(
+                            "error",
+                            f"client {cid} exited {p.returncode}: "
+                            + _tail(work / f"client-{cid}.log"),
+                            **base,
+                        )
+                if server.poll() not in (None, 0):
+                    return rw.failure(
+                        "error",
+                        f"server exited {server.returncode}: " + _tail(work / "server.log"),
+                        **base,
+                    )
+                if time.monotonic() > deadline:
+                    return rw.failure("timeout", f"no aggregated model in {timeout:.0f} s", **base)
+                return None
+
+            try:
+                wait_for_port("127.0.0.1", port, 120, server)
+            except ServiceError as exc:
+                return check() or rw.failure("error", f"server did not listen: {exc}", **base)
+            for cid in range(num_clients):
+                spawn(["--role", "client", "--cid", str(cid)], f"client-{cid}.log")
+            # every client has the model and waits: release them at once
+            while len(list(work.glob("ready-*"))) < num_clients:
+                if (bad := check()) is not None:
+                    return bad
+                time.sleep(0.01)
+            idle_rss = rw.summed_rss([server.pid])
+            rw.reset_hwm([server.pid])  # the peak of the window, not of the model's broadcast
+            first = rw.FirstBytes(port)
+            first.start()
+            (work / "go").touch()
+            while server.poll() is None:
+                if (bad := check()) is not None:
+                    return bad
+                time.sleep(0.05)
+            if (bad := check()) is not None:
+                return bad
+            for p in procs[1:]:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(60)
+            marks = json.loads((work / "server.json").read_text())
+            if marks.get("results") != num_clients or marks.get("failures"):
+                return rw.failure(
+                    "error",
+                    f"round incomplete: {marks.get('results')} results, failures "
+                    f"{marks.get('failure_detail')}",
+                    **base,
+                )
+            clients = [json.loads(p.read_text()) for p in work.glob("client-*.json")]
+        finally:
+            if first is not None:
+                first.stop()
+            if guard is not None:
+                guard.stop()
+            _stop(procs)
+            weights.unlink(missing_ok=True)
+    starts = [c["t_start_ns"] for c in clients]
+    end = marks["t_aggregate_end_ns"]
+    assert first is not None and guard is not None
     return {
-        "flwr_version": flwr.__version__,
-        "num_clients": num_clients,
-        "num_params": total,
-        "num_tensors": len(shapes),
-        "update_bytes": total * 4,
-        "first_byte_to_model_s": marks["t_aggregate_end"] - first,
-        "ingest_s": marks["t_aggregate_start"] - first,
-        "aggregate_s": marks["t_aggregate_end"] - marks["t_aggregate_start"],
-        "round_s": marks["t_aggregate_end"] - marks["t_configure"],
-        "server_peak_rss_bytes": int(marks["server_peak_rss_bytes"]),
-        "server_peak_rss_sampled_bytes": int(sampler.peak),
+        "ok": True,
+        **base,
+        "method": (
+            "window: first client's weights-in-memory mark (before serialisation) -> "
+            "aggregate_fit returned; server window from the server's first update bytes read "
+            "(kernel TCP counters of its port); memory: VmHWM of the server process, reset as the window opens, read at the end"
+        ),
+        "e2e_s": rw.window_s(starts, end),
+        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        "ingest_s": rw.window_s(starts, marks["t_aggregate_start_ns"]),
+        "aggregate_s": (end - marks["t_aggregate_start_ns"]) / 1e9,
+        "round_s": rw.window_s([marks["t_configure_ns"]], end),
+        "server_hwm_bytes": int(marks["server_hwm_bytes"]),
+        "server_idle_rss_bytes": idle_rss,
         "server_rss_before_round_bytes": int(marks["rss_before_round"]),
-    }
-
-
-def _machine() -> dict[str, Any]:
-    import psutil
-
-    return {
-        "cores": os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "python": platform.python_version(),
+        "server_rss_sampled_bytes": guard.peak_server_rss,
+        "client_hwm_bytes": sum(int(c["client_hwm_bytes"]) for c in clients),
+        "server_processes": 1,
+        # BLAS/OpenMP pools as the processes measured them at the end (threadpoolctl)
+        "thread_pools": {"server": marks["thread_pools"], "client": clients[0]["thread_pools"]},
     }
 
 
 def _table(res: dict[str, Any]) -> str:
+    if not res["ok"]:
+        return f"Flower round failed ({res['failure']}): {res['detail'][:500]}"
     mb = 1e6
     rows = [
         (
             "clients x update",
-            f"{res['num_clients']} x {res['update_bytes'] / mb:.1f} MB "
-            f"({res['num_params']:,} float32, {res['num_tensors']} tensors)",
+            f"{res['num_clients']} x {res['update_bytes'] / mb:.1f} MB ({res['num_tensors']} tensors)",
         ),
-        ("first byte -> aggregated model", f"{res['first_byte_to_model_s']:.2f} s"),
+        ("weights in client memory -> aggregated model", f"{res['e2e_s']:.2f} s"),
+        (
+            "server window: first update bytes received -> aggregated",
+            f"{res['server_s'] or 0:.2f} s",
+        ),
         ("  of which ingest (all results in)", f"{res['ingest_s']:.2f} s"),
         ("  of which aggregate_fit", f"{res['aggregate_s']:.2f} s"),
         ("round (model sent -> aggregated)", f"{res['round_s']:.2f} s"),
-        ("server peak RSS (VmHWM)", f"{res['server_peak_rss_bytes'] / mb:.0f} MB"),
-        ("server RSS before round", f"{res['server_rss_before_round_bytes'] / mb:.0f} MB"),
+        ("server peak memory in the window (VmHWM)", f"{res['server_hwm_bytes'] / mb:.0f} MB"),
+        ("server RSS idle, before the uploads", f"{res['server_idle_rss_bytes'] / mb:.0f} MB"),
     ]
     lines = ["| Flower " + res["flwr_version"] + " | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
 
 
+def _render(stored: dict[str, Any]) -> str:
+    return (
+        "# bench: flower_baseline\n\n" + run_header(stored["run"]) + "\n\n" + _table(stored) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--role", choices=["bench", "server", "client"], default="bench")
     ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--params", type=int, default=None)
+    ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--cid", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.role == "server":
-        shapes = json.loads((args.work / "shapes.json").read_text())
-        _server_main(args.port, args.clients, shapes, args.work / "server.json")
+        _server_main(args.port, args.clients, args.work)
         return 0
     if args.role == "client":
-        shapes = json.loads((args.work / "shapes.json").read_text())
-        _client_main(f"127.0.0.1:{args.port}", args.cid, args.clients, shapes, args.seed, args.work)
+        _client_main(f"127.0.0.1:{args.port}", args.cid, args.work)
         return 0
-    res = run_flower_round(args.clients, args.params, seed=args.seed)
-    res["machine"] = _machine()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "flower_baseline.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(_table(res))
+    run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
+    layout = rw.resnet18_layout()
+    if args.mb is not None:
+        layout = rw.scaled_layout(layout, int(args.mb * 1e6))
+    res = {"run": run, **run_flower_round(args.clients, layout, seed=args.seed)}
+    _, md = write_result(res, "flower_baseline", _render, args.out)
+    print(md)
     return 0
 
 

@@ -6,4 +6,8 @@
 - :mod:`bench.harness.flstore_trace`: paper-shaped request traces and a pure cache-policy simulator.
 - :mod:`bench.harness.lifl_sim`: a pure model of one aggregation round through a planned hierarchy
   (LIFL Fig. 8).
+- :mod:`bench.harness.round_window`: one FL round measured the same way for FedFaaS and Flower
+  (window marks, first bytes on the server's port, summed VmHWM, the memory guard, failure
+  records, the clients' shared weights).
+- :mod:`bench.harness.sdk_client`: one benchmark FL client as a light process (SDK upload).
 """

@@ -1,0 +1,411 @@
+"""One FL round measured the same way for FedFaaS and Flower: window, memory, failures, guard.
+
+Both sides of a comparison use these helpers, so a row compares like with like:
+
+- **window** (:func:`window_s`): from the first client's "trained weights in memory as arrays"
+  mark (before it serialises anything) to "global model available" on the server; the
+  **server-only** window starts when the server's TCP port has received the first
+  ``FIRST_BYTES_THRESHOLD`` bytes of updates, seen by :class:`FirstBytes` in the kernel's
+  per-socket counters (``sock_diag`` netlink, ``tcpi_bytes_received``, polled every 2 ms), the
+  same way for any server whatever its language or RPC stack;
+- **memory** (:func:`reset_hwm`, :func:`summed_hwm`): every server-side process (and child)
+  has its ``VmHWM`` reset to its current RSS as the window opens; the figure is the sum of
+  each one's ``VmHWM`` read at the end of the round, before any of them exits. A page
+  mapped by two processes (a shared-memory object in the gateway and an aggregator) counts
+  twice, so this is an upper bound of the peak;
+- **guard** (:func:`guard_decision`, :class:`MemoryGuard`): a point is stopped when the
+  server side's summed ``VmRSS`` passes a limit or the machine's ``MemAvailable`` falls under
+  a floor; the point is then recorded as a failure (:func:`failure`) with the sizes seen, not
+  raised, so a benchmark records "killed at N GB" and goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import psutil
+
+#: bytes received on the server port past its idle value that count as "updates started to arrive"
+FIRST_BYTES_THRESHOLD = 64 << 10
+#: kill a point when the machine has less than this available (default floor)
+DEFAULT_FLOOR_BYTES = 2 << 30
+
+
+# ----------------------------------------------------------------------------- pure logic
+def window_s(starts_ns: Iterable[int], end_ns: int) -> float:
+    """Seconds from the earliest start mark to ``end_ns`` (all ``time.monotonic_ns``).
+
+    Raises ``ValueError`` for no start marks, a zero (missing) mark, or an end before the
+    first start (the marks then belong to different clocks or rounds).
+    """
+    marks = list(starts_ns)
+    if not marks:
+        raise ValueError("no start marks")
+    if min(marks) <= 0 or end_ns <= 0:
+        raise ValueError(f"missing mark: starts {min(marks)}, end {end_ns}")
+    first = min(marks)
+    if end_ns < first:
+        raise ValueError(f"end {end_ns} before the first start {first}")
+    return (end_ns - first) / 1e9
+
+
+def guard_decision(
+    server_rss: int, available: int, *, limit_bytes: int, floor_bytes: int
+) -> str | None:
+    """Why a point must be stopped now, or None: the server side's summed RSS is over
+    ``limit_bytes`` (0: no limit), or the machine's available memory is under ``floor_bytes``."""
+    if limit_bytes and server_rss > limit_bytes:
+        return f"server RSS {server_rss / 1e9:.2f} GB over the limit {limit_bytes / 1e9:.2f} GB"
+    if available < floor_bytes:
+        return (
+            f"machine memory available {available / 1e9:.2f} GB under the floor "
+            f"{floor_bytes / 1e9:.2f} GB"
+        )
+    return None
+
+
+def failure(kind: str, detail: str, **sizes: Any) -> dict[str, Any]:
+    """A point that did not finish, as a result: ``{"ok": False, "failure": kind, "detail",
+    ...sizes}``. ``kind`` is one of ``killed`` (memory guard), ``error`` (the system under test
+    failed: a crash, a refused message, an error answer) or ``timeout``."""
+    if kind not in ("killed", "error", "timeout"):
+        raise ValueError(f"unknown failure kind {kind!r}")
+    return {"ok": False, "failure": kind, "detail": detail, **sizes}
+
+
+def killed_at(record: dict[str, Any]) -> str:
+    """Short label of a failure for tables and plots, by what stopped the point (``cause``):
+    ``killed at 16.20 GB`` (the server over the limit), ``killed: machine low, server 0.30 GB,
+    clients 19.00 GB`` (the floor), ``killed by SIGKILL, server ...`` (the OOM killer, most
+    likely); ``error`` or ``timeout`` otherwise; empty for a point that finished."""
+    if record.get("ok", True):
+        return ""
+    if record["failure"] != "killed":
+        return str(record["failure"])
+    server = f"{record.get('server_rss_bytes', 0) / 1e9:.2f} GB"
+    clients = f"{record.get('client_rss_bytes', 0) / 1e9:.2f} GB"
+    cause = record.get("cause", "limit")
+    if cause == "floor":
+        return f"killed: machine low, server {server}, clients {clients}"
+    if cause == "sigkill":
+        return f"killed by SIGKILL, server {server}, clients {clients}"
+    return f"killed at {server}"
+
+
+# ----------------------------------------------------------------------------- /proc readers
+def tree(pids: Iterable[int]) -> list[int]:
+    """The given processes and all their descendants that are alive now."""
+    out: list[int] = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            out += [root.pid, *(c.pid for c in root.children(recursive=True))]
+        except psutil.Error:
+            pass
+    return sorted(set(out))
+
+
+def status_bytes(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmHWM``, ``VmRSS``) in bytes; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def summed_hwm(pids: Iterable[int]) -> dict[str, Any]:
+    """``{"bytes": sum of VmHWM, "processes": n, "per_process": {pid: bytes}}`` over the trees
+    of ``pids``; call it at the end of the round, while every process still runs."""
+    per = {pid: status_bytes(pid, "VmHWM") for pid in tree(pids)}
+    return {"bytes": sum(per.values()), "processes": len(per), "per_process": per}
+
+
+def reset_hwm(pids: Iterable[int]) -> int:
+    """Reset ``VmHWM`` to the current ``VmRSS`` in every process of the trees of ``pids``
+    (``echo 5 > /proc/<pid>/clear_refs``), so that the ``VmHWM`` read at the end is the peak
+    of the window that starts now, not of the set-up before it (a model sent to the clients,
+    a job created). Returns how many processes were reset; raises ``OSError`` when this
+    process may not reset one that is alive (the window's memory would then be wrong)."""
+    n = 0
+    for pid in tree(pids):
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+            n += 1
+        except FileNotFoundError:  # exited meanwhile
+            pass
+    return n
+
+
+def summed_rss(pids: Iterable[int]) -> int:
+    return sum(status_bytes(pid, "VmRSS") for pid in tree(pids))
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# sock_diag netlink (linux/sock_diag.h, linux/inet_diag.h); tcpi_bytes_received is the u64 at
+# offset 128 of struct tcp_info (linux/tcp.h, kernel >= 4.1)
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_DONE, NLMSG_ERROR = 3, 2
+INET_DIAG_INFO = 2
+TCPI_BYTES_RECEIVED = 128
+
+
+def tcp_bytes_received(port: int) -> dict[int, int]:
+    """Server-side TCP sockets of local port ``port`` (IPv4 and IPv6): cookie -> bytes received."""
+    out: dict[int, int] = {}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            sockid = struct.pack("!HH", port, 0) + b"\0" * 32 + struct.pack("=I", 0) + b"\xff" * 8
+            req = (
+                struct.pack(
+                    "=BBBBI",
+                    family,
+                    socket.IPPROTO_TCP,
+                    1 << (INET_DIAG_INFO - 1),
+                    0,
+                    0xFFFFFFFF & ~(1 << 6),  # every state but TIME_WAIT (no tcp_info)
+                )
+                + sockid
+            )
+            hdr = struct.pack(
+                "=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0
+            )
+            s.send(hdr + req)
+            done = False
+            while not done:
+                data = s.recv(1 << 20)
+                pos = 0
+                while pos + 16 <= len(data):
+                    ln, typ, _fl, _seq, _pid = struct.unpack_from("=IHHII", data, pos)
+                    if typ in (NLMSG_DONE, NLMSG_ERROR):
+                        done = True
+                        break
+                    body = pos + 16
+                    sport = struct.unpack_from("!H", data, body + 4)[0]
+                    if sport == port:
+                        cookie = struct.unpack_from("=Q", data, body + 4 + 40)[0]
+                        a = body + 72
+                        while a + 4 <= pos + ln:
+                            alen, atyp = struct.unpack_from("=HH", data, a)
+                            if alen < 4:
+                                break
+                            if atyp == INET_DIAG_INFO and alen - 4 >= TCPI_BYTES_RECEIVED + 8:
+                                out[cookie] = struct.unpack_from(
+                                    "=Q", data, a + 4 + TCPI_BYTES_RECEIVED
+                                )[0]
+                            a += (alen + 3) & ~3
+                    pos += (ln + 3) & ~3
+    return out
+
+
+# ----------------------------------------------------------------------------- watchers
+class FirstBytes(threading.Thread):
+    """When the server starts receiving an update: ``t_ns`` (``time.monotonic_ns``) of the first
+    poll at which the TCP sockets of the server's ``port`` have received ``threshold`` bytes
+    more than at :meth:`start` (the kernel's ``tcpi_bytes_received`` of each socket, new
+    sockets from 0; :func:`tcp_bytes_received`); 0 until then. Polls every ``period`` s
+    (resolution: one period plus the time the threshold takes to arrive)."""
+
+    def __init__(
+        self, port: int, threshold: int = FIRST_BYTES_THRESHOLD, period: float = 0.002
+    ) -> None:
+        super().__init__(daemon=True)
+        self.port, self.threshold, self.period = port, threshold, period
+        self.base = tcp_bytes_received(port)
+        self.t_ns = 0
+        self._halt = threading.Event()
+
+    def received(self) -> int:
+        """Bytes received on the port since :attr:`base` (sockets closed since then drop out)."""
+        now = tcp_bytes_received(self.port)
+        return sum(max(0, n - self.base.get(k, 0)) for k, n in now.items())
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            if self.received() >= self.threshold:
+                self.t_ns = time.monotonic_ns()
+                return
+            time.sleep(self.period)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(2)
+
+
+class MemoryGuard(threading.Thread):
+    """Watch a point: every ``period`` s sum the ``VmRSS`` of the server-side process trees
+    (``server_pids()``, re-read each time: replicas may come and go) and of the clients, read
+    ``MemAvailable``, and when :func:`guard_decision` says so call ``kill`` once and keep the
+    sizes seen in :attr:`tripped`. :attr:`peak_server_rss` is the highest server sum seen
+    (sampled: the exact peak is :func:`summed_hwm`); :attr:`last` the latest sample.
+
+    Every process it sees gets ``oom_score_adj`` 1000: should memory run out between two
+    samples, the kernel's OOM killer takes one of the point's processes, not the benchmark
+    or the rest of the machine; :meth:`sigkilled` then records that as the point's result.
+    """
+
+    def __init__(
+        self,
+        server_pids: Callable[[], Iterable[int]],
+        kill: Callable[[], None],
+        *,
+        client_pids: Callable[[], Iterable[int]] = lambda: (),
+        limit_bytes: int = 0,
+        floor_bytes: int = DEFAULT_FLOOR_BYTES,
+        period: float = 0.05,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.server_pids, self.client_pids, self.kill = server_pids, client_pids, kill
+        self.limit_bytes, self.floor_bytes, self.period = limit_bytes, floor_bytes, period
+        self.peak_server_rss = 0
+        self.last: dict[str, int] = {}
+        self.tripped: dict[str, Any] | None = None
+        self._adjusted: set[int] = set()
+        self._halt = threading.Event()
+
+    def _oom_first(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            if pid in self._adjusted or pid == os.getpid():
+                continue
+            self._adjusted.add(pid)
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+                f.write("1000")
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            servers, clients = tree(self.server_pids()), tree(self.client_pids())
+            self._oom_first(servers + clients)
+            server = sum(status_bytes(pid, "VmRSS") for pid in servers)
+            client = sum(status_bytes(pid, "VmRSS") for pid in clients)
+            avail = mem_available()
+            self.peak_server_rss = max(self.peak_server_rss, server)
+            self.last = {
+                "server_rss_bytes": server,
+                "client_rss_bytes": client,
+                "available_bytes": avail,
+            }
+            why = guard_decision(
+                server, avail, limit_bytes=self.limit_bytes, floor_bytes=self.floor_bytes
+            )
+            if why is not None:
+                over = bool(self.limit_bytes) and server > self.limit_bytes
+                self.tripped = {"reason": why, "cause": "limit" if over else "floor", **self.last}
+                self.kill()
+                return
+            self._halt.wait(self.period)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+    def failure(self, **sizes: Any) -> dict[str, Any]:
+        """The :func:`failure` record of a tripped guard."""
+        assert self.tripped is not None
+        return failure("killed", self.tripped["reason"], **self.tripped, **sizes)
+
+    def sigkilled(self, who: str, **sizes: Any) -> dict[str, Any]:
+        """The record of a point whose process ``who`` died of SIGKILL that the guard did not
+        send (the kernel's OOM killer, most likely), with the last sizes sampled."""
+        return failure(
+            "killed",
+            f"{who} was killed by SIGKILL that the guard did not send (the kernel's OOM killer, "
+            f"most likely); last sample before it",
+            cause="sigkill",
+            **self.last,
+            **sizes,
+        )
+
+
+# ----------------------------------------------------------------------------- the model
+#: float32 values of ResNet-18's (10 classes) floating-point state dict: 11,181,642 parameters
+#: and 9,600 batch-norm running statistics (102 tensors, 44.8 MB)
+RESNET18_VALUES = 11_191_242
+
+
+def resnet18_layout() -> list[tuple[str, list[int]]]:
+    """Names and shapes of torchvision ResNet-18's (10 classes) floating-point state dict."""
+    from torchvision.models import resnet18
+
+    sd = resnet18(weights=None, num_classes=10).state_dict()
+    return [(k, list(v.shape)) for k, v in sd.items() if v.dtype.is_floating_point]
+
+
+def scaled_layout(
+    base: Sequence[tuple[str, Sequence[int]]], target_bytes: int
+) -> list[tuple[str, list[int]]]:
+    """``base`` with every tensor's size scaled so the float32 total is ``target_bytes``
+    (rounded down to whole values): the same names, count and size distribution, 1-D shapes.
+    The base itself (with its shapes) when the target is its size."""
+    sizes = [int(_numel(s)) for _, s in base]
+    total, target = sum(sizes), target_bytes // 4
+    if target == total:
+        return [(n, list(s)) for n, s in base]
+    if target < len(base):
+        raise ValueError(f"{target_bytes} bytes is fewer values than the {len(base)} tensors")
+    scaled = [max(1, size * target // total) for size in sizes]
+    biggest = max(range(len(scaled)), key=scaled.__getitem__)
+    scaled[biggest] += target - sum(scaled)
+    return [(n, [k]) for (n, _), k in zip(base, scaled, strict=True)]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def layout_bytes(layout: Sequence[tuple[str, Sequence[int]]]) -> int:
+    return 4 * sum(_numel(s) for _, s in layout)
+
+
+def write_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]], seed: int = 0) -> None:
+    """The clients' "trained weights": random float32 values (0.05 x standard normal) for
+    ``layout``, back to back in one file (on /dev/shm: every client maps the same pages, so
+    N clients do not hold N copies of the model before they serialise it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    left = layout_bytes(layout) // 4
+    with open(path, "wb") as f:
+        while left:
+            n = min(left, 1 << 24)
+            f.write((rng.standard_normal(n, dtype=np.float32) * np.float32(0.05)).tobytes())
+            left -= n
+
+
+def map_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
+    """The weights of :func:`write_weights` as numpy arrays over a copy-on-write map of the
+    file, every page touched once (resident before the round starts)."""
+    import numpy as np
+
+    flat = np.memmap(path, dtype=np.float32, mode="c")
+    out, pos = {}, 0
+    for name, shape in layout:
+        n = _numel(shape)
+        out[name] = flat[pos : pos + n].reshape(shape)
+        pos += n
+    if pos != flat.size:
+        raise ValueError(f"{path}: {flat.size} values, the layout has {pos}")
+    float(flat[::1024].sum())  # fault every page in (4 KiB = 1024 values)
+    return out

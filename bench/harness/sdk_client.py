@@ -1,0 +1,59 @@
+"""One FL client of a benchmark round, as its own light process (``python -m
+bench.harness.sdk_client --spec FILE --out FILE``): numpy, safetensors and the SDK, nothing of
+the server side, so that N clients on the machine weigh what N SDK clients weigh.
+
+Its "trained weights" are mapped as numpy arrays (every page resident,
+:func:`bench.harness.round_window.map_weights`). It says it is ready (``ready-<client>`` in the
+spec's ``work`` folder) and, released with the others by the ``go`` file there, marks
+``t_start_ns`` (``time.monotonic_ns``), serialises the weights to safetensors
+(``safetensors.numpy.save``, the library the SDK's own state-dict path calls), marks
+``t_encoded_ns`` and uploads the bytes through :meth:`client.sdk.FLClient.upload` (its real HTTP
+path: 1 MiB chunks over httpx, its 409/503 retries), marks ``t_done_ns``. It writes the marks,
+its ``VmHWM`` and its measured thread pools to ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.harness.sdk_client")
+    p.add_argument(
+        "--spec", required=True, help="JSON: work, weights, url, job, client, token, samples"
+    )
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    from safetensors.numpy import save
+
+    from bench.harness import round_window as rw
+    from bench.runinfo import thread_counts
+    from client.sdk import FLClient
+
+    spec = json.loads(Path(a.spec).read_text())
+    work = Path(spec["work"])
+    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
+    weights = rw.map_weights(spec["weights"], layout)
+    marks: dict[str, Any] = {"cid": spec["client"]}
+    with FLClient(spec["url"], spec["job"], spec["client"], spec["token"], timeout=600) as c:
+        (work / f"ready-{spec['client']}").touch()
+        while not (work / "go").exists():
+            time.sleep(0.002)
+        marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
+        data = save(weights)
+        marks["t_encoded_ns"] = time.monotonic_ns()
+        c.upload(1, data, spec["samples"], busy_wait=600)
+        marks["t_done_ns"] = time.monotonic_ns()
+    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
+    Path(a.out).write_text(json.dumps(marks))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,322 @@
+"""bench.scale and bench.harness.round_window: the window bookkeeping, failure records, the
+memory guard's decision (pure), and the watchers on real processes and sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import scale
+from bench.harness import round_window as rw
+
+GB = 1_000_000_000
+
+
+# ----------------------------------------------------------------------------- window
+def test_window_runs_from_the_earliest_start_mark_to_the_end() -> None:
+    assert rw.window_s([3_000_000_000, 1_000_000_000, 2_000_000_000], 4_500_000_000) == 3.5
+
+
+@pytest.mark.parametrize(
+    ("starts", "end", "why"),
+    [
+        ([], 10, "no start marks"),
+        ([0, 5], 10, "missing mark"),
+        ([5], 0, "missing mark"),
+        ([20, 30], 10, "before the first start"),
+    ],
+)
+def test_window_refuses_marks_that_cannot_be_one_round(
+    starts: list[int], end: int, why: str
+) -> None:
+    with pytest.raises(ValueError, match=why):
+        rw.window_s(starts, end)
+
+
+# ----------------------------------------------------------------------------- failures
+def test_a_failure_is_a_record_carrying_its_sizes() -> None:
+    rec = rw.failure("killed", "server RSS over", server_rss_bytes=12_340_000_000, clients=20)
+    assert rec == {
+        "ok": False,
+        "failure": "killed",
+        "detail": "server RSS over",
+        "server_rss_bytes": 12_340_000_000,
+        "clients": 20,
+    }
+    assert rw.killed_at(rec) == "killed at 12.34 GB"
+    low = rw.failure(
+        "killed", "floor", cause="floor", server_rss_bytes=3 * 10**8, client_rss_bytes=19 * GB
+    )
+    assert rw.killed_at(low) == "killed: machine low, server 0.30 GB, clients 19.00 GB"
+    oom = rw.failure("killed", "oom", cause="sigkill", server_rss_bytes=GB, client_rss_bytes=0)
+    assert rw.killed_at(oom) == "killed by SIGKILL, server 1.00 GB, clients 0.00 GB"
+    assert rw.killed_at(rw.failure("timeout", "no model")) == "timeout"
+    assert rw.killed_at({"ok": True, "e2e_s": 1.0}) == ""
+    with pytest.raises(ValueError, match="unknown failure kind"):
+        rw.failure("oom", "?")
+
+
+def test_guarded_turns_an_exception_into_the_points_error_record() -> None:
+    def boom() -> dict[str, Any]:
+        raise RuntimeError("gRPC message larger than max")
+
+    rec = scale.guarded(boom)
+    assert rec["ok"] is False and rec["failure"] == "error"
+    assert "RuntimeError: gRPC message larger than max" in rec["detail"]
+    assert scale.guarded(lambda x: {"ok": True, "x": x}, 3) == {"ok": True, "x": 3}
+
+
+# ----------------------------------------------------------------------------- guard decision
+def test_guard_stops_a_point_whose_server_passes_the_limit() -> None:
+    why = rw.guard_decision(17 * GB, 10 * GB, limit_bytes=16 * GB, floor_bytes=2 * GB)
+    assert why is not None and "over the limit 16.00 GB" in why
+
+
+def test_guard_stops_a_point_when_the_machine_runs_low() -> None:
+    why = rw.guard_decision(1 * GB, GB // 2, limit_bytes=16 * GB, floor_bytes=2 * GB)
+    assert why is not None and "under the floor 2.00 GB" in why
+
+
+def test_guard_lets_a_point_run_within_both_bounds_and_zero_means_no_limit() -> None:
+    assert rw.guard_decision(15 * GB, 3 * GB, limit_bytes=16 * GB, floor_bytes=2 * GB) is None
+    assert rw.guard_decision(500 * GB, 3 * GB, limit_bytes=0, floor_bytes=2 * GB) is None
+
+
+def test_memory_guard_kills_once_and_records_the_sizes_it_saw() -> None:
+    kills: list[int] = []
+    guard = rw.MemoryGuard(
+        lambda: [os.getpid()], lambda: kills.append(1), limit_bytes=1, period=0.01
+    )
+    guard.start()
+    guard.join(10)
+    assert kills == [1]
+    rec = guard.failure(clients=4)
+    assert rec["failure"] == "killed" and rec["clients"] == 4
+    assert rec["server_rss_bytes"] > 1 and rec["available_bytes"] > 0
+    assert "over the limit" in rec["detail"] and rec["cause"] == "limit"
+
+
+def test_memory_guard_trips_on_the_machine_floor() -> None:
+    kills: list[int] = []
+    guard = rw.MemoryGuard(
+        lambda: [os.getpid()], lambda: kills.append(1), floor_bytes=1 << 60, period=0.01
+    )
+    guard.start()
+    guard.join(10)
+    assert kills == [1] and guard.tripped is not None
+    assert "under the floor" in guard.tripped["reason"] and guard.tripped["cause"] == "floor"
+    assert rw.killed_at(guard.failure()).startswith("killed: machine low, server ")
+
+
+# ----------------------------------------------------------------------------- /proc, sockets
+def test_summed_hwm_covers_a_process_and_its_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in rw.tree([os.getpid()])
+        hwm = rw.summed_hwm([os.getpid()])
+        assert set(hwm["per_process"]) >= {os.getpid(), child.pid}
+        assert hwm["bytes"] == sum(hwm["per_process"].values())
+        assert hwm["per_process"][os.getpid()] >= rw.status_bytes(os.getpid(), "VmRSS")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_first_bytes_sees_an_upload_arrive_on_the_server_port() -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    try:
+        first = rw.FirstBytes(port, threshold=64 << 10)
+        first.start()
+        cli.sendall(b"h" * 1000)  # a request head: under the threshold
+        assert first.received() < first.threshold and first.t_ns == 0
+        sender = threading.Thread(target=cli.sendall, args=(b"x" * (256 << 10),))
+        sender.start()
+        got = 0
+        while got < 1000 + (256 << 10):
+            got += len(conn.recv(1 << 20))
+        sender.join()
+        first.join(10)
+        assert first.t_ns > 0
+        assert rw.tcp_bytes_received(port)  # the accepted socket, seen by the kernel counters
+    finally:
+        for s in (cli, conn, srv):
+            s.close()
+
+
+# ----------------------------------------------------------------------------- the model
+def test_scaled_layout_keeps_names_and_count_and_hits_the_size() -> None:
+    base = rw.resnet18_layout()
+    assert rw.layout_bytes(base) == 4 * rw.RESNET18_VALUES
+    assert rw.scaled_layout(base, 4 * rw.RESNET18_VALUES) == base
+    for size in (10_000_000, 240_000_000, 1_000_000_000):
+        lay = rw.scaled_layout(base, size)
+        assert [n for n, _ in lay] == [n for n, _ in base]
+        assert rw.layout_bytes(lay) == size
+    with pytest.raises(ValueError, match="fewer values"):
+        rw.scaled_layout(base, 40)
+
+
+def test_every_client_maps_the_same_weights(tmp_path: Path) -> None:
+    layout = [("a", [3, 4]), ("b", [5])]
+    path = tmp_path / "w"
+    rw.write_weights(path, layout, seed=1)
+    one, two = rw.map_weights(path, layout), rw.map_weights(path, layout)
+    assert one["a"].shape == (3, 4) and one["b"].shape == (5,)
+    assert np.array_equal(one["a"], two["a"]) and one["a"].dtype == np.float32
+    one["b"][0] = 7.0  # copy-on-write: a client's writes stay its own
+    assert two["b"][0] != 7.0
+    with pytest.raises(ValueError, match="the layout has"):
+        rw.map_weights(path, [("a", [3, 4])])
+
+
+# ----------------------------------------------------------------------------- grid and report
+def test_the_grid_is_the_four_client_counts_and_the_four_sizes() -> None:
+    pts = scale.points()
+    clients = [p for p in pts if p["axis"] == "clients"]
+    sizes = [p for p in pts if p["axis"] == "size"]
+    assert [p["clients"] for p in clients] == [10, 50, 100, 200]
+    assert {p["update_bytes"] for p in clients} == {4 * rw.RESNET18_VALUES}
+    assert [p["update_bytes"] for p in sizes] == [
+        10_000_000,
+        4 * rw.RESNET18_VALUES,
+        240_000_000,
+        1_000_000_000,
+    ]
+    assert {p["clients"] for p in sizes} == {20}
+    quick = scale.points(quick=True)
+    assert max(p["clients"] for p in quick) <= 4
+    assert max(p["update_bytes"] for p in quick) <= 4_000_000
+
+
+def _result() -> dict[str, Any]:
+    ok = {
+        "ok": True,
+        "e2e_s": 2.5,
+        "server_s": 2.0,
+        "server_hwm_bytes": 1_500_000_000,
+        "router": "ebpf",
+        "threads_env": {"OMP_NUM_THREADS": "1"},
+    }
+    killed = rw.failure(
+        "killed",
+        "server RSS 16.20 GB over the limit 16.00 GB",
+        server_rss_bytes=16_200_000_000,
+        client_rss_bytes=3_000_000_000,
+        available_bytes=4_000_000_000,
+    )
+    killed["threads_env"] = {"OMP_NUM_THREADS": "1"}
+    return {
+        "run": {"command": "python -m bench.scale", "commit": {"sha": "abc"}},
+        "config": {
+            "threads": {"requested": 1},
+            "server_mem_limit_bytes": 16 * GB,
+            "floor_bytes": 2 * GB,
+            "timeout_s": 1200.0,
+            "router_probe": {"mode": "ebpf", "reason": "loads"},
+        },
+        "points": [
+            {
+                "axis": "clients",
+                "clients": 10,
+                "update_bytes": 44_764_968,
+                "fedfaas": ok,
+                "flower": ok,
+            },
+            {
+                "axis": "size",
+                "clients": 20,
+                "update_bytes": 1_000_000_000,
+                "fedfaas": ok,
+                "flower": killed,
+            },
+        ],
+    }
+
+
+def test_the_report_shows_a_killed_point_with_its_size(tmp_path: Path) -> None:
+    res = _result()
+    md = scale.render(res)
+    assert "## Against clients" in md and "## Against model size" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 20 | 1000.0 |"))
+    assert row.count("killed at 16.20 GB") == 1 and row.count("| — |") == 2
+    assert "| 2.50 |" in row and "| 1 / 1 |" in row
+    assert "- flower, 20 clients x 1000.0 MB: killed (server_rss_bytes 16.20 GB" in md
+    scale.plot(res, tmp_path / "scale.png")
+    assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_reset_hwm_drops_the_peak_of_what_came_before() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "b = bytearray(300 << 20)\n"
+            "b[:: 4096] = b'x' * len(b[:: 4096])\n"
+            "del b\n"
+            "print('ok', flush=True)\n"
+            "time.sleep(30)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+        before = rw.status_bytes(child.pid, "VmHWM")
+        assert before >= 300 << 20  # the 300 MiB it touched and freed
+        assert rw.reset_hwm([child.pid]) == 1
+        after = rw.status_bytes(child.pid, "VmHWM")
+        assert after < before - (200 << 20)
+        assert after <= rw.status_bytes(child.pid, "VmRSS") + (4 << 20)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        guard = rw.MemoryGuard(lambda: [child.pid], lambda: None, period=0.01)
+        guard.start()
+        while not guard.last:
+            guard.join(0.05)
+        guard.stop()
+        assert Path(f"/proc/{child.pid}/oom_score_adj").read_text().strip() == "1000"
+        assert Path(f"/proc/{os.getpid()}/oom_score_adj").read_text().strip() != "1000"
+        rec = guard.sigkilled("server", clients=3)
+        assert rec["failure"] == "killed" and "SIGKILL that the guard did not send" in rec["detail"]
+        assert rec["cause"] == "sigkill"
+        assert rec["server_rss_bytes"] > 0 and rec["clients"] == 3
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_shape_reports_peak_growth_over_clients_and_seconds_per_gb() -> None:
+    res = _result()
+    big = dict(res["points"][0], clients=40)
+    big["fedfaas"] = dict(big["fedfaas"], server_hwm_bytes=3_000_000_000, e2e_s=10.0)
+    pts = [res["points"][0], big, res["points"][1]]
+    sh = scale.shape(pts, "fedfaas")
+    assert sh["peak_growth_over_clients"] == {
+        "from_clients": 10,
+        "to_clients": 40,
+        "peak_ratio": 2.0,
+    }
+    rates = {(x["clients"], x["update_bytes"]): x["s_per_gb"] for x in sh["s_per_gb_received"]}
+    assert rates[(40, 44_764_968)] == pytest.approx(10.0 / (40 * 0.044764968))
+    # Flower's killed 1 GB point is not a rate
+    assert [x["clients"] for x in scale.shape(pts, "flower")["s_per_gb_received"]] == [10, 40]
+    assert "- Flower: peak x1.00 from 10 to 40 clients" in scale.render(dict(res, points=pts))
