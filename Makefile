@@ -17,7 +17,7 @@ export PATH := $(VENV)/bin:$(CACHE)/bin:$(PATH)
 STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
-BENCHES := dataplane ebpf control flstore
+BENCHES := dataplane ebpf control flstore scale
 # images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag)
 ENGINE ?=
 REGISTRY ?= ghcr.io/fedfaas
