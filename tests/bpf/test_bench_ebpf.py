@@ -17,7 +17,17 @@ def test_summary_reports_median_p99_and_cpu_per_handoff() -> None:
 
 
 def _fake_report() -> dict[str, object]:
-    row = {"n": 10, "median_us": 20.0, "p99_us": 30.0, "mean_us": 21.0, "cpu_us_per_handoff": 50.0}
+    row = {
+        "n": 10,
+        "median_us": 20.0,
+        "p99_us": 30.0,
+        "mean_us": 21.0,
+        "cpu_us_per_handoff": 50.0,
+        "key_median_us": 12.0,
+        "open_median_us": 8.0,
+        "open_p99_us": 9.0,
+        "top_threads": 1,
+    }
     slow = row | {"median_us": 20_000.0, "cpu_us_per_handoff": 9_000.0}
     results = {
         m: {
@@ -41,13 +51,20 @@ def _fake_report() -> dict[str, object]:
         for m in bench.MODELS
     }
     targets = {
-        "ebpf_median_le_50us": True,
-        "ebpf_flat_max_over_min": 1.0,
+        "ebpf_key_median_le_50us": True,
+        "ebpf_key_flat_max_over_min": 1.0,
+        "ebpf_open_max_over_min": 3.0,
         "sf_over_ebpf_resnet152_ge_100": True,
         "ebpf_cpu_lt_userspace": False,
     }
     return {
-        "machine": {"cores": 2, "memory_gib": 23.5, "kernel": "6.18", "python": "3.11"},
+        "run": {
+            "command": "python -m bench.ebpf",
+            "started": "2026-11-23T21:00:00+00:00",
+            "finished": "2026-11-23T21:05:00+00:00",
+            "commit": {"sha": "0123456789abcdef", "dirty": False},
+            "machine": {"cores": 2, "memory_gib": 23.5, "kernel": "6.18", "python": "3.11"},
+        },
         "config": {"key_handoffs": 10, "bulk_handoffs": {"sf": {"a": 3}, "sl": {"a": 2}}},
         "results": results,
         "ratios": ratios,
@@ -59,8 +76,9 @@ def test_markdown_table_has_a_row_per_model_and_method_with_ratios() -> None:
     md = bench.markdown(_fake_report())  # type: ignore[arg-type]
     rows = [line for line in md.splitlines() if line.startswith("| resnet")]
     assert len(rows) == len(bench.MODELS) * len(bench.METHODS)
-    assert "| resnet152 | 240.8 | sf | 20,000 | 30.0 | 9,000 | 1,000x | 180.0x |" in md
+    assert "| resnet152 | 240.8 | sf | 20,000 |" in md and "| 1,000x | 180.0x |" in md
     assert "eBPF CPU < userspace CPU: **False**" in md
+    assert "commit 0123456789ab" in md
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
