@@ -113,8 +113,10 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> dict[str, Any]:
-    """``{"sha": HEAD or None, "dirty": uncommitted changes in the tree}``."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    """``{"sha": HEAD or None, "dirty": uncommitted changes in the tree}``; the results folder
+    does not count (``make bench`` rewrites it as it goes, so every benchmark after the first
+    would say dirty)."""
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
     return {"sha": _git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench import runinfo
 from bench.runinfo import (
     THREAD_ENV,
     max_pool_threads,
@@ -99,3 +100,27 @@ def test_max_pool_threads_is_the_pinned_count_inside_the_block() -> None:
         assert max_pool_threads() == 1
     with pinned_threads(2):
         assert max_pool_threads() == 2
+
+
+def test_a_rewritten_result_file_does_not_make_the_tree_dirty(tmp_path: Path) -> None:
+    """``make bench`` writes bench/results/ between benchmarks: only code changes are dirt."""
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "bench" / "results" / "x.json").write_text("{}")
+    (repo / "code.py").write_text("a = 1\n")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    old = runinfo.ROOT
+    try:
+        runinfo.ROOT = repo
+        (repo / "bench" / "results" / "x.json").write_text('{"new": 1}')
+        assert runinfo.commit()["dirty"] is False
+        (repo / "code.py").write_text("a = 2\n")
+        assert runinfo.commit()["dirty"] is True
+    finally:
+        runinfo.ROOT = old
