@@ -55,6 +55,7 @@ import numpy as np
 from bench.runinfo import (
     PINNED_THREADS,
     pinned_threads,
+    rerender,
     run_header,
     run_info,
     write_result,
@@ -915,11 +916,8 @@ def main(argv: list[str] | None = None) -> int:
         _tcp_server_role(a)
         return 0
     out_dir = Path(a.out) if a.out else RESULTS
-    if a.from_json:  # the JSON as it is (its finished time included): only the md and png
-        stored = json.loads((out_dir / "dataplane.json").read_text())
-        (out_dir / "dataplane.md").write_text(_render(stored))
-        _plot(stored, out_dir / "dataplane.png")
-        print(_render(stored))
+    if a.from_json:
+        print(rerender("dataplane", _render, _plot, out_dir))
         return 0
     import bpf
     from bench.harness import round_window as rw

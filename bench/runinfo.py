@@ -186,8 +186,7 @@ def write_result(
 
     Stamps ``result["run"]["finished"]`` (UTC ISO) when the result has a ``run`` block, writes
     the JSON, reads it back and renders the Markdown with ``render`` from what was read: every
-    figure in the .md is one of the .json. Re-render an old file with
-    ``render(json.loads(path.read_text()))``.
+    figure in the .md is one of the .json. :func:`rerender` re-renders a stored result.
     """
     if isinstance(result.get("run"), dict):
         result["run"]["finished"] = _now()
@@ -198,6 +197,21 @@ def write_result(
     md = render(stored)
     (out_dir / f"{name}.md").write_text(md)
     return stored, md
+
+
+def rerender(
+    name: str,
+    render: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+    out_dir: Path,
+) -> str:
+    """Rewrite ``out_dir/<name>.md`` and ``<name>.png`` from ``<name>.json`` as it is (its
+    finished time included; a benchmark's ``--from-json``); return the Markdown."""
+    stored = json.loads((out_dir / f"{name}.json").read_text())
+    md = render(stored)
+    (out_dir / f"{name}.md").write_text(md)
+    plot(stored, out_dir / f"{name}.png")
+    return md
 
 
 def run_header(run: dict[str, Any]) -> str:

@@ -31,7 +31,6 @@ and prints the tables. ``--quick`` is a smoke run (2 and 4 clients of a 1 MB mod
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -39,7 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import round_window as rw
-from bench.runinfo import PINNED_THREADS, pinned_threads, run_header, run_info, write_result
+from bench.runinfo import (
+    PINNED_THREADS,
+    pinned_threads,
+    rerender,
+    run_header,
+    run_info,
+    write_result,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -334,11 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     out_dir = Path(a.out) if a.out else RESULTS
-    if a.from_json:  # the JSON as it is (its finished time included): only the md and png
-        stored = json.loads((out_dir / "scale.json").read_text())
-        (out_dir / "scale.md").write_text(render(stored))
-        plot(stored, out_dir / "scale.png")
-        print(render(stored))
+    if a.from_json:
+        print(rerender("scale", render, plot, out_dir))
         return 0
     import bpf
 

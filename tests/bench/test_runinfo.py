@@ -124,3 +124,16 @@ def test_a_rewritten_result_file_does_not_make_the_tree_dirty(tmp_path: Path) ->
         assert runinfo.commit()["dirty"] is True
     finally:
         runinfo.ROOT = old
+
+
+def test_rerender_rewrites_the_md_and_plot_from_the_stored_json(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text(json.dumps({"figure": 1.5}))
+    plotted: list[Path] = []
+
+    def plot(result: dict[str, Any], path: Path) -> None:
+        plotted.append(path)
+        path.write_bytes(b"png")
+
+    md = runinfo.rerender("x", lambda r: f"figure {r['figure']}\n", plot, tmp_path)
+    assert md == "figure 1.5\n" == (tmp_path / "x.md").read_text()
+    assert plotted == [tmp_path / "x.png"]
