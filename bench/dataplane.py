@@ -562,26 +562,16 @@ def bench_round_e2e(
         deadline = time.monotonic() + timeout
 
         def check() -> dict[str, Any] | None:
-            if guard is not None and guard.tripped is not None:
-                return guard.failure(**base)
             assert gw is not None
-            for who, p in [
-                ("gateway", gw.proc),
-                *((f"client {k}", c) for k, c in enumerate(procs)),
-            ]:
-                if p.poll() == -signal.SIGKILL and guard is not None:
-                    return guard.sigkilled(who, **base)
-            for k, p in enumerate(procs):
-                if p.poll() not in (None, 0):
-                    tail = (rdir / f"client-{k}.log").read_text(errors="replace")[-1500:]
-                    return rw.failure("error", f"client {k} exited {p.returncode}: {tail}", **base)
-            assert gw is not None
-            if gw.proc.poll() is not None:
-                tail = gw.log_path.read_text(errors="replace")[-1500:]
-                return rw.failure("error", f"gateway exited {gw.proc.returncode}: {tail}", **base)
-            if time.monotonic() > deadline:
-                return rw.failure("timeout", f"no global model in {timeout:.0f} s", **base)
-            return None
+            return rw.point_failure(
+                guard,
+                ("gateway", gw.proc, gw.log_path),
+                [(c, rdir / f"client-{k}.log") for k, c in enumerate(procs)],
+                deadline,
+                f"no global model in {timeout:.0f} s",
+                server_may_finish=False,
+                **base,
+            )
 
         while len(list(rdir.glob("ready-*"))) < clients:
             if (bad := check()) is not None:

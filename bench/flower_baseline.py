@@ -41,7 +41,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -161,13 +160,6 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
-def _tail(path: Path, n: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
 def run_flower_round(
     num_clients: int = 20,
     layout: Sequence[tuple[str, Sequence[int]]] | None = None,
@@ -248,31 +240,15 @@ def run_flower_round(
 
             def check() -> dict[str, Any] | None:
                 """A failure record when the point cannot finish, else None."""
-                if guard is not None and guard.tripped is not None:
-                    return guard.failure(**base)
-                for who, p in [
-                    ("server", server),
-                    *((f"client {k}", c) for k, c in enumerate(procs[1:])),
-                ]:
-                    if p.poll() == -signal.SIGKILL and guard is not None:
-                        return guard.sigkilled(who, **base)
-                for cid, p in enumerate(procs[1:]):
-                    if p.poll() not in (None, 0):
-                        return rw.failure(
-                            "error",
-                            f"client {cid} exited {p.returncode}: "
-                            + _tail(work / f"client-{cid}.log"),
-                            **base,
-                        )
-                if server.poll() not in (None, 0):
-                    return rw.failure(
-                        "error",
-                        f"server exited {server.returncode}: " + _tail(work / "server.log"),
-                        **base,
-                    )
-                if time.monotonic() > deadline:
-                    return rw.failure("timeout", f"no aggregated model in {timeout:.0f} s", **base)
-                return None
+                return rw.point_failure(
+                    guard,
+                    ("server", server, work / "server.log"),
+                    [(c, work / f"client-{k}.log") for k, c in enumerate(procs[1:])],
+                    deadline,
+                    f"no aggregated model in {timeout:.0f} s",
+                    server_may_finish=True,  # Flower's server ends once its rounds are done
+                    **base,
+                )
 
             try:
                 wait_for_port("127.0.0.1", port, 120, server)

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -337,6 +340,49 @@ class MemoryGuard(threading.Thread):
 
 
 # ----------------------------------------------------------------------------- the model
+def tail(path: Path, n: int = 1500) -> str:
+    """The last ``n`` characters of a log file ("" when it cannot be read)."""
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def point_failure(
+    guard: MemoryGuard | None,
+    server: tuple[str, subprocess.Popen[bytes], Path],
+    clients: Sequence[tuple[subprocess.Popen[bytes], Path]],
+    deadline: float,
+    timeout_detail: str,
+    /,
+    *,
+    server_may_finish: bool,
+    **sizes: Any,
+) -> dict[str, Any] | None:
+    """The :func:`failure` record of a point that cannot finish, else None; one check for both
+    sides of a comparison, in this order: the guard tripped; a process died of SIGKILL the guard
+    did not send; a client exited non-zero; the server (``(name, process, log)``) exited
+    (non-zero only, with ``server_may_finish``: a server that ends once its rounds are done);
+    ``deadline`` (``time.monotonic``) passed (``timeout_detail`` says what never came). The
+    arguments before ``/`` are positional, so ``sizes`` may hold any name (``clients``)."""
+    name, proc, log = server
+    if guard is not None and guard.tripped is not None:
+        return guard.failure(**sizes)
+    for who, p in [(name, proc), *((f"client {k}", c) for k, (c, _) in enumerate(clients))]:
+        if p.poll() == -signal.SIGKILL and guard is not None:
+            return guard.sigkilled(who, **sizes)
+    for k, (p, client_log) in enumerate(clients):
+        if p.poll() not in (None, 0):
+            return failure(
+                "error", f"client {k} exited {p.returncode}: {tail(client_log)}", **sizes
+            )
+    if proc.poll() not in ((None, 0) if server_may_finish else (None,)):
+        return failure("error", f"{name} exited {proc.returncode}: {tail(log)}", **sizes)
+    if time.monotonic() > deadline:
+        return failure("timeout", timeout_detail, **sizes)
+    return None
+
+
 #: float32 values of ResNet-18's (10 classes) floating-point state dict: 11,181,642 parameters
 #: and 9,600 batch-norm running statistics (102 tensors, 44.8 MB)
 RESNET18_VALUES = 11_191_242

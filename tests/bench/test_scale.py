@@ -320,3 +320,44 @@ def test_shape_reports_peak_growth_over_clients_and_seconds_per_gb() -> None:
     # Flower's killed 1 GB point is not a rate
     assert [x["clients"] for x in scale.shape(pts, "flower")["s_per_gb_received"]] == [10, 40]
     assert "- Flower: peak x1.00 from 10 to 40 clients" in scale.render(dict(res, points=pts))
+
+
+def test_point_failure_names_what_stopped_a_point(tmp_path: Path) -> None:
+    """One check serves both sides: a client's non-zero exit, the server's exit (exit 0 only
+    for a server that may finish), the deadline; None while all is well."""
+    import time
+
+    from bench.harness.round_window import point_failure
+
+    def proc(code: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    log = tmp_path / "log"
+    log.write_text("last words")
+    running, done, failed = proc("import time; time.sleep(30)"), proc("pass"), proc("exit(3)")
+    try:
+        done.wait(30)
+        failed.wait(30)
+        later = time.monotonic() + 60
+        ok = point_failure(
+            None, ("server", running, log), [(running, log)], later, "t", server_may_finish=False
+        )
+        assert ok is None
+        bad = point_failure(
+            None, ("server", running, log), [(failed, log)], later, "t", server_may_finish=False
+        )
+        assert bad is not None and bad["failure"] == "error"
+        assert bad["detail"] == "client 0 exited 3: last words"
+        gone = point_failure(None, ("gateway", done, log), [], later, "t", server_may_finish=False)
+        assert gone is not None and gone["detail"].startswith("gateway exited 0")
+        assert (
+            point_failure(None, ("server", done, log), [], later, "t", server_may_finish=True)
+            is None
+        )
+        late = point_failure(
+            None, ("server", running, log), [], 0.0, "no model", server_may_finish=True, clients=1
+        )
+        assert late == {"ok": False, "failure": "timeout", "detail": "no model", "clients": 1}
+    finally:
+        running.kill()
+        running.wait()
