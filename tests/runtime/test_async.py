@@ -110,9 +110,7 @@ def _queued(redis_url: RedisURL) -> tuple[int, int]:
 def test_faas_cli_invoke_async_delivers_the_response_to_the_callback(
     async_rt: RuntimeProcess, callbacks: Callbacks, redis_url: RedisURL, tmp_path: Path
 ) -> None:
-    cli = _faas_cli()
-    if cli is None:
-        pytest.skip("the real faas-cli binary is not on this machine")
+    cli = _faas_cli()  # skips where it is missing, fails under CI
     payload = bytes(range(256)) * 3 + b"\xff\xfe end"
     out = subprocess.run(
         [str(cli), "invoke", "echo", "--async", "--gateway", async_rt.url]

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from fedfaas.runtime import RuntimeProcess
+from tests.openfaas.conftest import require_binary
 from tests.runtime.conftest import (
     FN_AUTH,
     FUNCTION_TOKEN,
@@ -235,20 +236,20 @@ def test_secrets_survive_a_runtime_restart_and_functions_do_not(tmp_path: Path) 
             rt.stop()
 
 
-def _faas_cli() -> Path | None:
+def _faas_cli() -> Path:
+    """The real faas-cli: ``$FEDFAAS_OPENFAAS_BIN``, ``../shared/openfaas/bin`` or PATH; else the
+    test skips, or fails under CI (:func:`tests.openfaas.conftest.require_binary`)."""
     for folder in (os.environ.get("FEDFAAS_OPENFAAS_BIN"), REPO.parent / "shared/openfaas/bin"):
         if folder and (Path(folder) / "faas-cli").is_file():
             return Path(folder) / "faas-cli"
     found = shutil.which("faas-cli")
-    return Path(found) if found else None
+    return Path(found) if found else require_binary("faas-cli")
 
 
-@pytest.mark.skipif(_faas_cli() is None, reason="the real faas-cli binary is not on this machine")
 def test_real_faas_cli_secret_create_list_update_remove_and_invoke_with_the_token(
     auth_runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     cli = _faas_cli()
-    assert cli is not None
     env = {**os.environ, "HOME": str(tmp_path)}  # faas-cli keeps its login in ~/.openfaas
 
     def faas(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
