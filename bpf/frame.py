@@ -55,6 +55,12 @@ class Kind(enum.IntEnum):
     #: router -> endpoint on the registration socket only: the endpoint now serves ``job``
     #: (0: none); carries the job's store folder as an SCM_RIGHTS directory fd
     GRANT = 8
+    #: endpoint -> gateway: a middle or top sealed its accumulator after folding a child's
+    #: partial (``key``; ``weight`` and ``count`` so far; the child slot in ``parent``), so
+    #: the inputs it covers can be freed once this is journaled (``gateway/rounds.py``)
+    CHECKPOINT = 9
+    #: gateway -> endpoint: a fresh object for the task's next accumulator (``seq`` = slot)
+    SPARE = 10
 
 
 class Role(enum.IntEnum):

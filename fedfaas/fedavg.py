@@ -89,6 +89,19 @@ def accumulate(acc: Vector, update: Vector, weight: float, *, first: bool = Fals
         np.add(blk, t, out=blk)
 
 
+def add_into(out: Vector, a: Vector, b: Vector) -> None:
+    """``out = a + b`` in one pass (``a`` and ``b`` are only read)."""
+    if _is_torch(out) or _is_torch(a) or _is_torch(b):
+        import torch
+
+        torch.add(as_tensor(a), as_tensor(b), out=as_tensor(out))
+        return
+    o, x, y = np.asarray(out), np.asarray(a), np.asarray(b)
+    if not o.shape == x.shape == y.shape:
+        raise ValueError(f"shapes differ: {o.shape}, {x.shape}, {y.shape}")
+    np.add(x, y, out=o)
+
+
 _SAXPY: list[Any] = []
 
 
@@ -147,6 +160,17 @@ class Accumulator:
         self._empty = False
         self.weight += float(weight)
         self.count += int(count)
+
+    def merge_into(
+        self, out: Vector, partial_sum: Vector, weight: float, count: int
+    ) -> Accumulator:
+        """A new accumulator over ``out`` holding this one plus a partial, in one pass; this
+        one's vector is only read (it may be sealed)."""
+        if self._empty:
+            accumulate(out, partial_sum, 1.0, first=True)
+        else:
+            add_into(out, self.acc, partial_sum)
+        return Accumulator(out, self.weight + float(weight), self.count + int(count), _empty=False)
 
     def finalize(self, out: Vector | None = None) -> Any:
         return finalize(self.acc, self.weight, out)

@@ -477,14 +477,29 @@ class Gateway:
         from gateway.control import resume_plan
 
         await resume_plan(self, job)
-        for sid, rec in (await self.journal.done_slots(job.name, eng.round)).items():
-            if sid in eng.slots and job.ns.adopt(rec["key"]):
+        done = await self.journal.done_slots(job.name, eng.round)
+        for sid, rec in (await self.journal.checkpoints(job.name, eng.round)).items():
+            if sid in eng.slots and sid not in done and job.ns.adopt(rec["key"]):
+                eng.restore_checkpoint(
+                    sid,
+                    bytes.fromhex(rec["key"]),
+                    float(rec["weight"]),
+                    int(rec["count"]),
+                    list(rec["clients"]),
+                    [int(c) for c in rec["children"]],
+                )
+        for sid, rec in done.items():
+            if sid not in eng.slots:
+                continue
+            gone = eng.superseded(sid, done)
+            if gone or job.ns.adopt(rec["key"]):
                 eng.restore_done(
                     sid,
                     bytes.fromhex(rec["key"]),
                     float(rec["weight"]),
                     int(rec["count"]),
                     list(rec["clients"]),
+                    superseded=gone,
                 )
         recs = await self.journal.round_updates(job.name, eng.round)
         for client, rec in sorted(recs.items(), key=lambda kv: kv[1].get("t", 0)):
@@ -599,6 +614,11 @@ class Gateway:
         def persist(sid: int, inp: Input, release: Callable[[], None]) -> None:
             self._persist(job, r, sid, inp, release)
 
+        def checkpoint(
+            sid: int, inp: Input, children: list[int], release: Callable[[], None]
+        ) -> None:
+            self._persist(job, r, sid, inp, release, children=children)
+
         pushed = job.pending_plans.pop(r, None)
         for old in [k for k in job.pending_plans if k < r]:
             del job.pending_plans[old]
@@ -614,6 +634,7 @@ class Gateway:
             publish=publish,
             forward=forward,
             persist=persist,
+            checkpoint=checkpoint,
             lazy=self.settings.lazy,
         )
         if pushed is not None:
@@ -641,17 +662,33 @@ class Gateway:
         return control.load(self, job)
 
     def _persist(
-        self, job: Job, rnd: int, slot: int, inp: Input, release: Callable[[], None]
+        self,
+        job: Job,
+        rnd: int,
+        slot: int,
+        inp: Input,
+        release: Callable[[], None],
+        *,
+        children: list[int] | None = None,
     ) -> None:
+        """Journal a slot's sealed partial (or, with ``children``, its checkpoint covering
+        them), then ``release`` what it supersedes. One job's records are written in order,
+        so a later checkpoint never lands before an earlier one."""
+
         async def run() -> None:
-            rec = {
+            rec: dict[str, Any] = {
                 "key": inp.key.hex(),
                 "weight": inp.weight,
                 "count": inp.count,
                 "clients": list(inp.clients),
             }
             try:
-                await self.journal.slot_done(job.name, rnd, slot, rec)
+                async with job.journal_lock:
+                    if children is None:
+                        await self.journal.slot_done(job.name, rnd, slot, rec)
+                    else:
+                        rec["children"] = children
+                        await self.journal.slot_checkpoint(job.name, rnd, slot, rec)
             except Exception:
                 log.exception(
                     "job %s: journaling slot %d failed; its inputs stay held", job.name, slot

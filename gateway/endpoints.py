@@ -5,8 +5,10 @@ no job. When a slot of an open round has work and no endpoint, :func:`assign` pi
 :func:`control_plane.reuse.assign_replicas` (a middle or top takes the endpoint of its first
 finished child; a leaf takes an idle endpoint, warmest first: one already granted this job,
 then one in no job, then one idle in another job) and grants it the job through the router
-(:meth:`bpf.RouterServer.grant`) before the TASK frame. A middle or top that would wait for
-children never takes the node's last free endpoint, so rounds progress with a single one.
+(:meth:`bpf.RouterServer.grant`) before the TASK frame. An eager middle or top parks between
+its children's partials (``gateway/rounds.py``), so it takes any free endpoint; a lazy one,
+which would wait for its children holding its endpoint, never takes the node's last free
+one. Either way rounds progress with a single endpoint.
 Slots still without an endpoint are the node's shortage, which the control plane answers by
 scaling the function.
 """
@@ -92,11 +94,11 @@ def assign(gw: Gateway, job: Job) -> int:
     order = sorted(free, key=lambda e: (rank(free[e]), e))
 
     def may_take(st: SlotState) -> bool:
-        # An eager middle or top waits for its other children holding its endpoint: it never
+        # A lazy middle or top waits for its other children holding its endpoint: it never
         # takes the node's last free endpoint, so a leaf can always run and the round always
         # progresses, however few endpoints there are. Deferred, it is no shortage: it runs
         # once its children are done.
-        return len(free) > 1 or not _waits_for_children(eng, st)
+        return len(free) > 1 or eng.parks(st) or not _waits_for_children(eng, st)
 
     left = list(waiting)
     for st in waiting:

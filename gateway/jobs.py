@@ -92,6 +92,8 @@ class Job:
     times: list[RoundTimes] = field(default_factory=list)
     #: plans pushed by the control plane for rounds not open here yet (round -> plan, version)
     pending_plans: dict[int, tuple[Plan, int | None]] = field(default_factory=dict)
+    #: orders the job's slot journal writes (a checkpoint never lands before an older one)
+    journal_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: monotonic times of recent accepted updates (arrival rate k)
     arrivals: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=512)

@@ -79,6 +79,18 @@ class Journal:
         """Journal a finished slot's sealed partial (and the clients it covers)."""
         await self.r.hset(f"{PREFIX}job:{job}:round:{round}:slots", str(slot), json.dumps(record))
 
+    async def slot_checkpoint(
+        self, job: str, round: int, slot: int, record: dict[str, Any]
+    ) -> None:
+        """Journal an unfinished slot's latest sealed checkpoint (and the children it covers)."""
+        await self.r.hset(
+            f"{PREFIX}job:{job}:round:{round}:checkpoints", str(slot), json.dumps(record)
+        )
+
+    async def checkpoints(self, job: str, round: int) -> dict[int, dict[str, Any]]:
+        raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:checkpoints")
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
     async def save_plan(
         self, job: str, round: int, node: str, record: dict[str, Any] | None
     ) -> None:

@@ -17,6 +17,20 @@ Protocol (frames carry the slot id in ``seq``):
 - ``ACK`` (child -> gateway, after sealing its partial and sending it to its parent): the
   gateway frees the child's inputs and forwards the partial if the parent changed meanwhile.
 - ``RESULT`` (top -> gateway): the sealed global model.
+- ``CHECKPOINT`` (middle or top -> gateway, eager): after folding a child's partial the slot
+  sealed its accumulator (``key``, ``weight``, ``count`` so far; child slot in ``parent``) and
+  writes nothing until the gateway answers. Once the checkpoint is journaled, the gateway
+  frees the partials it covers and the checkpoint before it.
+- ``SPARE`` (gateway -> that endpoint): the answer when more partials wait for the slot, a
+  fresh object for its next accumulator. When none waits, the slot is *parked* instead: it
+  gives its endpoint back (a leaf may take it) and runs again, from its checkpoint (delivered
+  as a PARTIAL whose ``seq`` is the slot's own id) plus the partials it does not cover, once
+  another child finishes. So a middle or top never holds an endpoint while it waits, its
+  children report to the gateway (never directly), and any free endpoint may run it.
+
+Retention: an update is freed once its leaf's partial is journaled, a child's partial once a
+journaled checkpoint or partial of its parent covers it, so a node holds in-flight uploads plus
+a few objects per running slot, however many leaves a middle or the top has.
 
 An endpoint that disconnects before acking loses its slot: the slot gets a fresh
 accumulator and the next idle endpoint, and every input is delivered again. Accumulators of
@@ -26,7 +40,7 @@ abandoned attempts are kept until the round ends (a parent may be reading one).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from bpf import FLAG_LAZY, Frame, Kind
@@ -62,6 +76,9 @@ class SlotState:
     attempts: int = 0
     assigned: int = 0  # client updates routed here (never decreases)
     done_seq: int | None = None  # completion order within the round (reuse: first done first)
+    ckpt: Input | None = None  # the latest checkpoint (child = own id): a re-run starts here
+    covered: frozenset[int] = frozenset()  # children folded into ``ckpt``
+    pinned: list[bytes] = field(default_factory=list)  # checkpoints not freed yet, oldest first
 
 
 class RoundEngine:
@@ -80,6 +97,7 @@ class RoundEngine:
         publish: Callable[[Input], None],
         forward: Callable[[Slot, Input], None] | None = None,
         persist: Callable[[int, Input, Callable[[], None]], None] | None = None,
+        checkpoint: Callable[[int, Input, list[int], Callable[[], None]], None] | None = None,
         lazy: bool = False,
     ) -> None:
         self.job_id = job_id
@@ -92,6 +110,7 @@ class RoundEngine:
         self._publish = publish
         self._forward = forward
         self._persist = persist or (lambda _sid, _inp, release: release())
+        self._checkpoint = checkpoint or (lambda _sid, _inp, _kids, release: release())
         self.closed = False
         self.lazy = lazy
         self.slots = {s.id: SlotState(s, s.node == node) for s in plan.slots}
@@ -102,6 +121,7 @@ class RoundEngine:
         self.frozen = False  # intake closed (``close``): the round aggregates what it holds
         self.plan_version: int | None = None
         self.retired: list[bytes] = []  # accumulators of slots a re-plan restarted or removed
+        self.released: set[bytes] = set()  # objects freed before the round's end
         self._done_count = 0
 
     # -- intake --------------------------------------------------------------------------------
@@ -215,18 +235,59 @@ class RoundEngine:
         self._persist(child_id, child.done, lambda: None)
         self._to_parent(child, sent_directly=False)
 
-    def restore_done(
-        self, slot_id: int, key: bytes, weight: float, count: int, clients: list[str]
+    def restore_checkpoint(
+        self,
+        slot_id: int,
+        key: bytes,
+        weight: float,
+        count: int,
+        clients: list[str],
+        children: list[int],
     ) -> None:
-        """Recovery: a slot finished before a gateway restart (its partial was journaled)."""
+        """Recovery: an unfinished slot's journaled checkpoint (call before :meth:`restore_done`
+        of its children, whose partials it covers and which may be freed already)."""
+        st = self.slots[slot_id]
+        st.ckpt = Input(key, weight, count, child=slot_id, clients=tuple(clients))
+        st.covered = frozenset(children)
+        st.pinned = [key]
+        for c in clients:
+            self.clients[c] = key
+
+    def superseded(self, slot_id: int, done: Collection[int]) -> bool:
+        """Recovery: whether this slot's partial is covered by its parent's restored
+        checkpoint or by its parent's journaled partial (slot ids in ``done``): then it was
+        freed, or may be, and is never read again."""
+        parent = self.slots[slot_id].slot.parent
+        if parent is None or parent not in self.slots:
+            return False
+        return parent in done or slot_id in self.slots[parent].covered
+
+    def restore_done(
+        self,
+        slot_id: int,
+        key: bytes,
+        weight: float,
+        count: int,
+        clients: list[str],
+        *,
+        superseded: bool = False,
+    ) -> None:
+        """Recovery: a slot finished before a gateway restart (its partial was journaled).
+        A ``superseded`` one (see :meth:`superseded`) holds no object of this gateway's."""
         st = self.slots[slot_id]
         st.done = Input(key, weight, count, child=slot_id, clients=tuple(clients))
+        if superseded:
+            self.released.add(key)
         if not self.plan.children(slot_id):
             st.assigned = st.slot.goal
         for c in clients:
             self.clients[c] = key
-        if st.slot.parent is not None:
+        if st.slot.parent is None:
+            return
+        if not superseded:
             self._to_parent(st, sent_directly=False)
+        elif self.slots[st.slot.parent].local:  # its clients count in the parent's records
+            self.slots[st.slot.parent].partials[slot_id] = st.done
 
     # -- endpoints -----------------------------------------------------------------------------
     def busy_endpoints(self) -> set[int]:
@@ -245,7 +306,7 @@ class RoundEngine:
                 or self.result is not None
             ):
                 continue
-            if s.updates or s.partials:
+            if self.has_work(s):
                 out.append(s)
         return sorted(out, key=lambda s: (s.slot.role, s.slot.id))
 
@@ -278,6 +339,7 @@ class RoundEngine:
             and parent.local
             and parent.endpoint is not None
             and parent.done is None
+            and not self.parks(parent)
         ):
             st.parent_ep_at_task = parent.endpoint
         else:
@@ -303,8 +365,40 @@ class RoundEngine:
         )
         for inp in st.updates:
             self._deliver_update(st, inp)
+        if st.ckpt is not None:
+            self._deliver_partial(st, st.ckpt)
         for inp in st.partials.values():
-            self._deliver_partial(st, inp)
+            if inp.child not in st.covered:
+                self._deliver_partial(st, inp)
+
+    def parks(self, st: SlotState) -> bool:
+        """Eager slots with children checkpoint after each child's partial and park when no
+        other waits (see the module): they never hold an endpoint while they wait."""
+        return not self.lazy and bool(self.plan.children(st.slot.id))
+
+    def has_work(self, st: SlotState) -> bool:
+        """Inputs the slot has not folded yet (or a checkpoint that already meets a lowered
+        goal), so it needs an endpoint."""
+        if st.updates or any(c not in st.covered for c in st.partials):
+            return True
+        return st.ckpt is not None and st.ckpt.count >= st.slot.goal
+
+    def _send_spare(self, st: SlotState) -> None:
+        assert st.endpoint is not None
+        obj = self.store.allocate()
+        obj.close()
+        st.acc = obj.key_bytes  # the endpoint's next accumulator
+        self._send(
+            Frame(
+                dst=st.endpoint,
+                src=self.gateway_ep,
+                kind=Kind.SPARE,
+                job=self.job_id,
+                key=obj.key_bytes,
+                round=self.round,
+                seq=st.slot.id,
+            )
+        )
 
     def _deliver_update(self, st: SlotState, inp: Input) -> None:
         assert st.endpoint is not None
@@ -371,6 +465,56 @@ class RoundEngine:
             self._on_ack(st, f)
         elif f.kind == Kind.RESULT:
             self._on_result(st, f)
+        elif f.kind == Kind.CHECKPOINT:
+            self._on_checkpoint(st, f)
+
+    def _on_checkpoint(self, st: SlotState, f: Frame) -> None:
+        if (
+            st.done is not None
+            or f.parent not in st.partials
+            or f.parent in st.covered
+        ):
+            log.error(
+                "round %d: slot %d sent a checkpoint after child %d it cannot have",
+                self.round,
+                st.slot.id,
+                f.parent,
+            )
+            return
+        covered = st.covered | {f.parent}
+        ck = Input(
+            f.key,
+            f.weight,
+            f.count,
+            child=st.slot.id,
+            clients=tuple(c for k in sorted(covered) for c in st.partials[k].clients),
+        )
+        st.ckpt, st.covered = ck, covered
+        st.pinned.append(f.key)
+        if self.has_work(st):
+            self._send_spare(st)
+        else:  # park: the endpoint writes nothing more for this slot and is free again
+            st.acc, st.endpoint = None, None
+        self._checkpoint(
+            st.slot.id, ck, sorted(covered), lambda: self._release_covered(st, ck.key, covered)
+        )
+
+    def _release_covered(self, st: SlotState, key: bytes, covered: frozenset[int]) -> None:
+        """A checkpoint is journaled: free the partials it covers and older checkpoints."""
+        if self.closed or key not in st.pinned:
+            return  # the round ended, or the slot finished and freed everything
+        i = st.pinned.index(key)
+        for old in st.pinned[:i]:
+            self._free(old)
+        del st.pinned[:i]
+        for c in covered:
+            self._free(st.partials[c].key)
+
+    def _free(self, key: bytes) -> None:
+        """Release the round's lease of ``key`` now, once (``close`` skips it)."""
+        if key not in self.released:
+            self.released.add(key)
+            self.store.release(key)
 
     def _on_ack(self, st: SlotState, f: Frame) -> None:
         if st.done is not None or st.slot.parent is None:
@@ -398,6 +542,8 @@ class RoundEngine:
             self._forward(st.slot, st.done)
             return
         parent.partials[st.slot.id] = st.done
+        if st.slot.id in parent.covered:
+            return  # recovery: the parent's checkpoint holds it already
         if parent.endpoint is not None and (
             not sent_directly or parent.endpoint != st.parent_ep_at_task
         ):
@@ -413,15 +559,21 @@ class RoundEngine:
         st.done = self.result
         self._done_count += 1
         st.done_seq = self._done_count
-        self._release_inputs(st)
+        for inp in st.updates:  # a lone top's updates; partials stay until the model is
+            self.store.release(inp.key)  # published and the round closes
+        st.updates = []
         self._publish(self.result)
 
     def _release_inputs(self, st: SlotState) -> None:
+        """The slot's partial (or the result) is journaled: free all it was made from."""
         if self.closed:
             return  # close() released everything already
         for inp in st.updates:
             self.store.release(inp.key)
         st.updates = []
+        for key in [p.key for p in st.partials.values()] + st.pinned:
+            self._free(key)
+        st.pinned = []
 
     # -- end -----------------------------------------------------------------------------------
     def close(self, keep: bytes | None = None) -> None:
@@ -432,6 +584,7 @@ class RoundEngine:
             keys.update(i.key for i in st.updates)
             keys.update(i.key for i in st.partials.values())
             keys.update(st.abandoned)
+            keys.update(st.pinned)
             keys.update(self.retired)
             if st.acc is not None:
                 keys.add(st.acc)
@@ -439,6 +592,7 @@ class RoundEngine:
                 keys.add(st.done.key)  # remote partials received into our store
             st.updates, st.abandoned = [], []
         keys.discard(keep or b"")
+        keys -= self.released
         for k in keys:
             if self.store.leases(k):
                 self.store.release(k)  # the round's lease; a checkpoint may still hold another
@@ -456,6 +610,7 @@ class RoundEngine:
                     "endpoint": s.endpoint,
                     "updates": s.assigned,
                     "partials": len(s.partials),
+                    "checkpoint_covers": len(s.covered),
                     "done": s.done is not None,
                     "attempts": s.attempts,
                 }

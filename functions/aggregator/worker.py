@@ -8,6 +8,13 @@ endpoint to another job (LIFL's reuse). Updates are read in place from that fold
 maps) and folded into the task's accumulator object with one fused ``add_`` each
 (``fedfaas.fedavg``); the top divides once. Frame protocol: ``gateway/rounds.py``.
 
+A middle or top (eager) checkpoints after each child's partial it folds: it seals its
+accumulator, reports it to the gateway (CHECKPOINT) and writes nothing more until the gateway
+sends a spare object (SPARE), into which it folds the next partial in the same single pass
+(``Accumulator.merge_into``); or a new TASK, which drops the parked one. A re-run gets its
+checkpoint first and reads it in place the same way. So the gateway can free every partial a
+journaled checkpoint covers, and a node's memory does not grow with its leaves.
+
 Runs inside the ``aggregator`` function (``handler.py`` starts the endpoints on import).
 """
 
@@ -17,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +70,16 @@ class _Task:
     seen_children: set[int] = field(default_factory=set)
     held: list[MappedObject] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
+    #: the accumulator is sealed as a checkpoint: the next fold writes into a spare
+    sealed: bool = False
+    spares: deque[bytes] = field(default_factory=deque)
+    #: partials that arrived while sealed and without a spare, folded when one comes
+    waiting: deque[Frame] = field(default_factory=deque)
+
+    @property
+    def checkpoints(self) -> bool:
+        """Eager middles and tops checkpoint after each child's partial."""
+        return not self.lazy and self.role != Role.LEAF
 
 
 class EndpointWorker(threading.Thread):
@@ -179,28 +197,67 @@ class EndpointWorker(threading.Thread):
         if t is None or f.round != t.round:
             log.debug("endpoint %d: %s for round %d without a task", ep.id, f.kind.name, f.round)
             return
+        if f.kind == Kind.SPARE:
+            if f.seq == t.slot:
+                t.spares.append(f.key)
+                while t.waiting and t.spares and self._task is t:
+                    self._take_partial(ep, t, t.waiting.popleft())
+            return
         if f.kind == Kind.UPDATE and f.seq == t.slot and f.key not in t.seen_updates:
             t.seen_updates.add(f.key)
             self._fold(t, f, partial=False)
+            if t.acc.count >= t.goal:
+                self._finish(ep, t)
         elif f.kind == Kind.PARTIAL and f.parent == t.slot and f.seq not in t.seen_children:
             t.seen_children.add(f.seq)
-            self._fold(t, f, partial=True)
-        else:
+            if t.sealed and not t.spares:
+                t.waiting.append(f)  # folded when the gateway's SPARE arrives
+            else:
+                self._take_partial(ep, t, f)
+
+    def _take_partial(self, ep: bpf.Endpoint, t: _Task, f: Frame) -> None:
+        if f.seq == t.slot and t.checkpoints and t.acc.count == 0 and f.count < t.goal:
+            self._start_from_checkpoint(t, f)
             return
+        self._fold(t, f, partial=True)
         if t.acc.count >= t.goal:
             self._finish(ep, t)
+        elif t.checkpoints and f.seq != t.slot:  # (seq == slot: the checkpoint of a re-run)
+            self._checkpoint(ep, t, child=f.seq)
 
-    def _fold(self, t: _Task, f: Frame, *, partial: bool) -> None:
+    def _open_input(self, t: _Task, key: bytes) -> MappedObject:
         assert self.store is not None
-        obj = self.store.open(f.key)
+        obj = self.store.open(key)
         h = wire.read_header(obj.buf)
         if t.spec_hash is None:
             t.spec_hash = h.spec_hash
         if h.spec_hash != t.spec_hash or obj.nbytes != t.acc_obj.nbytes:
             obj.close()
             raise ValueError(f"object {obj.key} has another model spec than this task")
+        return obj
+
+    def _start_from_checkpoint(self, t: _Task, f: Frame) -> None:
+        """A re-run's own checkpoint: read in place as the sealed accumulator; the task's
+        fresh object becomes the spare the next partial is folded into."""
+        base = self._open_input(t, f.key)
+        fresh = t.acc_obj
+        t.acc = Accumulator(_flat(base), float(f.weight), int(f.count), _empty=False)
+        t.acc_obj, t.sealed = base, True
+        t.spares.append(fresh.key_bytes)
+        fresh.close()
+
+    def _fold(self, t: _Task, f: Frame, *, partial: bool) -> None:
+        assert self.store is not None
+        obj = self._open_input(t, f.key)
         view = _flat(obj)
-        if partial:
+        if partial and t.sealed:
+            # the accumulator is a sealed checkpoint: read it, write the sum into a spare
+            spare = self.store.open_writable(t.spares.popleft())
+            sealed_obj = t.acc_obj
+            t.acc = t.acc.merge_into(_flat(spare), view, f.weight, f.count)
+            t.acc_obj, t.sealed = spare, False
+            sealed_obj.close()
+        elif partial:
             t.acc.merge(view, f.weight, f.count)
         else:
             t.acc.add(view, f.weight)
@@ -211,15 +268,10 @@ class EndpointWorker(threading.Thread):
             del view
             obj.close()
 
-    def _finish(self, ep: bpf.Endpoint, t: _Task) -> None:
-        acc = t.acc.fold() if t.lazy else t.acc
-        top = t.role == Role.TOP
-        if top:
-            acc.finalize()
-        weight, count = acc.weight, acc.count
+    def _seal_acc(self, t: _Task, kind: int, weight: float, count: int) -> bytes:
         wire.write_object_header(
             t.acc_obj.buf,
-            kind=wire.KIND_GLOBAL if top else wire.KIND_PARTIAL,
+            kind=kind,
             spec_hash=t.spec_hash or bytes(16),
             data_nbytes=t.acc_obj.nbytes - wire.HEADER_SIZE,
             weight=weight,
@@ -227,10 +279,37 @@ class EndpointWorker(threading.Thread):
             round=t.round,
         )
         key = t.acc_obj.key_bytes
-        del acc
-        self._drop_task()
         assert self.store is not None
         self.store.seal(key)
+        return key
+
+    def _checkpoint(self, ep: bpf.Endpoint, t: _Task, *, child: int) -> None:
+        key = self._seal_acc(t, wire.KIND_PARTIAL, t.acc.weight, t.acc.count)
+        t.sealed = True
+        ep.send(
+            Frame(
+                dst=t.gateway_ep,
+                src=0,
+                kind=Kind.CHECKPOINT,
+                job=self.job_id,
+                key=key,
+                weight=t.acc.weight,
+                round=t.round,
+                count=t.acc.count,
+                parent=child,
+                seq=t.slot,
+            )
+        )
+
+    def _finish(self, ep: bpf.Endpoint, t: _Task) -> None:
+        acc = t.acc.fold() if t.lazy else t.acc
+        top = t.role == Role.TOP
+        if top:
+            acc.finalize()
+        weight, count = acc.weight, acc.count
+        del acc
+        key = self._seal_acc(t, wire.KIND_GLOBAL if top else wire.KIND_PARTIAL, weight, count)
+        self._drop_task()
         common = dict(
             job=self.job_id, key=key, weight=weight, round=t.round, count=count, seq=t.slot
         )

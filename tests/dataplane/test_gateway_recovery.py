@@ -3,6 +3,7 @@ Redis resumes the round from its journal: every update answered 202 counts exact
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -113,6 +114,12 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
         for i in range(3):  # leaf 1 completes (its partial is journaled), leaf 2 holds one update
             upload(url, info["tokens"], clients[i], 1, seeds[i], weights[i])
         time.sleep(1.5)
+        # the top folded the finished leaf's partial and checkpointed: the partial is freed,
+        # so the restart must resume the top from its checkpoint
+        r_client = redis_url.server.client()  # type: ignore[attr-defined]
+        raw = r_client.hget("fedfaas:job:j1:round:1:checkpoints", "1")
+        r_client.close()
+        assert raw is not None and json.loads(raw)["children"] == [5 if pushed else 2]
         _kill(gw, signal.SIGKILL)
         gw = _gateway(tmp_path, redis_url, port, shm)  # same state, store and Redis
         st = httpx.get(url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {secret}"}).json()

@@ -194,6 +194,161 @@ def test_round_full_and_stale_frames() -> None:
     assert eng.result is None
 
 
+# -- checkpoints: a middle or top frees what it folded ------------------------------------------
+def _ack(key: bytes, ep: int, slot: int, count: int = 2) -> Frame:
+    return Frame(
+        dst=100, src=ep, kind=Kind.ACK, job=7, key=key, weight=count, round=1, count=count, seq=slot
+    )
+
+
+def _checkpoint(key: bytes, ep: int, slot: int, child: int, count: int) -> Frame:
+    return Frame(
+        dst=100,
+        src=ep,
+        kind=Kind.CHECKPOINT,
+        job=7,
+        key=key,
+        weight=count,
+        round=1,
+        count=count,
+        parent=child,
+        seq=slot,
+    )
+
+
+def _finish_leaf(
+    eng: RoundEngine, store: FakeStore, sent: list[Frame], leaf: int, ep: int
+) -> bytes:
+    """Two updates into ``leaf`` on endpoint ``ep``, then its ACK; returns its partial."""
+    for i in (2 * leaf, 2 * leaf + 1):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    sent.clear()
+    eng.assign(leaf, ep)
+    acc = sent[0].key
+    eng.on_frame(_ack(acc, ep, leaf))
+    return acc
+
+
+def test_checkpoints_free_covered_partials_so_held_objects_do_not_grow_with_leaves() -> None:
+    journal: list[tuple[int, Input, list[int]]] = []
+
+    def checkpoint(sid: int, inp: Input, kids: list[int], release) -> None:  # type: ignore[no-untyped-def]
+        journal.append((sid, inp, kids))
+        release()
+
+    eng, sent, published, store = engine(goal=40)
+    eng._checkpoint = checkpoint  # the gateway journals in Redis; here in a list
+    held = []
+    leaves = [s.id for s in eng.plan.slots if s.role == LEAF]
+    for n, leaf in enumerate(leaves):
+        partial = _finish_leaf(eng, store, sent, leaf, 5)
+        sent.clear()
+        eng.pump([6])  # the parked top runs again: its checkpoint, then the new partial
+        kinds = [Kind.TASK, Kind.PARTIAL] + ([Kind.PARTIAL] if n else [])
+        assert [f.kind for f in sent] == kinds and sent[-1].key == partial
+        if n:
+            assert sent[1].key == journal[-1][1].key and sent[1].seq == 1  # "own" child
+        if leaf == leaves[-1]:
+            break
+        sent.clear()
+        eng.on_frame(_checkpoint(eng.slots[1].acc, 6, 1, leaf, 2 * (n + 1)))  # type: ignore[arg-type]
+        assert sent == [] and eng.slots[1].endpoint is None  # nothing waits: parked
+        assert partial not in store.held  # covered by a journaled checkpoint: freed
+        held.append(len(store.held))
+    assert journal[-1][0] == 1 and journal[-1][2] == leaves[:-1] and journal[-1][1].count == 38
+    assert set(journal[-1][1].clients) == {f"c{i}" for x in leaves[:-1] for i in (2 * x, 2 * x + 1)}
+    # between two leaves the store holds the top's checkpoint only, for all 20 leaves
+    assert held == [1] * (len(leaves) - 1)
+    top_acc = eng.slots[1].acc
+    assert top_acc is not None
+    eng.on_frame(
+        Frame(
+            dst=100,
+            src=6,
+            kind=Kind.RESULT,
+            job=7,
+            key=top_acc,
+            weight=40,
+            round=1,
+            count=40,
+            seq=1,
+        )
+    )
+    assert published[0].key == top_acc
+    eng.close(keep=top_acc)
+    assert set(store.held) == {top_acc}
+
+
+def test_a_checkpoint_with_partials_waiting_gets_a_spare_and_a_rerun_starts_from_it() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    pa = _finish_leaf(eng, store, sent, a, 5)
+    pb = _finish_leaf(eng, store, sent, b, 5)
+    sent.clear()
+    eng.assign(1, 6)
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
+    acc = sent[0].key
+    sent.clear()
+    eng.on_frame(_checkpoint(acc, 6, 1, a, 2))
+    assert [f.kind for f in sent] == [Kind.SPARE] and sent[0].dst == 6 and sent[0].seq == 1
+    assert eng.slots[1].acc == sent[0].key and eng.slots[1].endpoint == 6  # b still waits
+    assert pa not in store.held and pb in store.held
+    assert eng.on_disconnect(6) == [1]  # the top dies before folding b
+    sent.clear()
+    eng.pump([7])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
+    base, rest = sent[1], sent[2]
+    assert base.key == acc and base.seq == 1 and base.count == 2  # the checkpoint, as "own" child
+    assert rest.key == pb and rest.seq == b
+    pc = _finish_leaf(eng, store, sent, c, 5)
+    top_acc = eng.slots[1].acc
+    assert top_acc is not None
+    eng.on_frame(
+        Frame(
+            dst=100, src=7, kind=Kind.RESULT, job=7, key=top_acc, weight=6, round=1, count=6, seq=1
+        )
+    )
+    eng.close(keep=top_acc)
+    assert set(store.held) == {top_acc} and pc not in store.held
+
+
+def test_checkpoints_that_do_not_fit_are_ignored() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    _finish_leaf(eng, store, sent, a, 5)
+    sent.clear()
+    eng.assign(1, 6)
+    acc = sent[0].key
+    eng.on_frame(_checkpoint(bytes(16), 6, 1, a, 2))  # not the slot's accumulator: stale
+    eng.on_frame(_checkpoint(acc, 6, 1, b, 2))  # b has not finished: the top cannot have it
+    eng.on_frame(_checkpoint(acc, 6, 1, 99, 2))  # not a child of the top
+    assert eng.slots[1].ckpt is None and eng.slots[1].acc == acc and eng.slots[1].endpoint == 6
+
+
+def test_recovery_restores_a_checkpoint_and_the_children_it_covers_without_their_objects() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    ck = bytes([0xCC]) + bytes(15)
+    store.held[ck] = 1  # adopted by the restarted gateway
+    eng.restore_checkpoint(1, ck, 4.0, 4, ["c0", "c1", "c2", "c3"], [a, b])
+    for leaf in (a, b):
+        assert eng.superseded(leaf, done={a, b})
+        eng.restore_done(leaf, bytes([leaf]) * 16, 2.0, 2, [], superseded=True)
+    assert not eng.superseded(c, done={a, b})
+    assert {"c0", "c3"} <= set(eng.clients)
+    assert eng.needs_endpoint() == []  # the checkpoint covers all it has: parked
+    pc = bytes([0xDD]) + bytes(15)
+    store.held[pc] = 1
+    eng.restore_done(c, pc, 2.0, 2, ["c4", "c5"])
+    sent.clear()
+    eng.pump([6])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
+    assert (sent[1].key, sent[1].seq) == (ck, 1) and (sent[2].key, sent[2].seq) == (pc, c)
+    eng.close(keep=None)
+    assert store.held == {}  # the superseded children's objects were never this gateway's
+
+
 # -- plans pushed by the control plane ---------------------------------------------------------
 def test_plans_with_cycles_or_childful_leaves_are_refused() -> None:
     with pytest.raises(ValueError, match="cycle"):
