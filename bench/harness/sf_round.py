@@ -208,7 +208,7 @@ class LeafServer:
             leaf = int(request.path_params["leaf"])
             if leaf not in self.goals:
                 return _error(404, "unknown_leaf", f"leaf {leaf} is not on this server")
-            samples = _number(request, "x-sample-count", int, 1)
+            samples = _number(request, "X-Sample-Count", int, 1)
             if not isinstance(samples, int):
                 return samples
             body = await _read_body(request, self.spec.max_upload_bytes())
@@ -284,9 +284,9 @@ class TopServer:
             """Merge one leaf's partial (headers X-Leaf, X-Weight, X-Count; raw float32 body)."""
             if not _authorised(request, token):
                 return _unauthorised()
-            leaf = _number(request, "x-leaf", int, 0)
-            weight = _number(request, "x-weight", float, 1e-30)
-            count = _number(request, "x-count", int, 1)
+            leaf = _number(request, "X-Leaf", int, 0)
+            weight = _number(request, "X-Weight", float, 1e-30)
+            count = _number(request, "X-Count", int, 1)
             for v in (leaf, weight, count):
                 if not isinstance(v, int | float):
                     return v
