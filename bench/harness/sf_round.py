@@ -181,18 +181,24 @@ class LeafServer:
         acc.add(wire.flat_view(self.scratch, self.spec), samples)
         return self.accs.pop(leaf) if acc.count == self.goals[leaf] else None
 
-    async def hand_off(self, leaf: int, acc: Any) -> int:
-        """POST the leaf's partial (raw float32 sum, weight, count) to the top; its status."""
+    async def hand_off(self, leaf: int, acc: Any) -> str | None:
+        """POST the leaf's partial (raw float32 sum, weight, count) to the top; None when the
+        top took it, else what went wrong."""
+        import httpx
+
         headers = {
             "Authorization": f"Bearer {self.top_token}",
             "X-Leaf": str(leaf),
             "X-Weight": repr(acc.weight),
             "X-Count": str(acc.count),
         }
-        r = await self.http.post(
-            f"{self.top_url}/v1/partials", content=acc.acc.tobytes(), headers=headers
-        )
-        return r.status_code
+        try:
+            r = await self.http.post(
+                f"{self.top_url}/v1/partials", content=acc.acc.tobytes(), headers=headers
+            )
+        except httpx.HTTPError as e:
+            return f"the top could not be reached: {e!r}"
+        return None if r.status_code < 300 else f"the top answered {r.status_code}: {r.text}"
 
     def app(self, client_token: str) -> Any:
         from starlette.applications import Starlette
@@ -224,8 +230,8 @@ class LeafServer:
                 if acc is not None:
                     self.done.add(leaf)
             del body
-            if acc is not None and (st := await self.hand_off(leaf, acc)) >= 300:
-                return _error(502, "hand_off_failed", f"the top answered {st}")
+            if acc is not None and (why := await self.hand_off(leaf, acc)) is not None:
+                return _error(502, "hand_off_failed", why)
             return JSONResponse({"leaf": leaf, "handed_off": acc is not None}, status_code=202)
 
         return Starlette(

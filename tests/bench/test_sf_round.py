@@ -191,3 +191,19 @@ def _top_get(servers: sf_round.SFServers, path: str) -> httpx.Response:
     return httpx.get(
         f"{servers.top_url}{path}", headers={"Authorization": f"Bearer {servers.top_token}"}
     )
+
+
+@pytest.mark.integration
+def test_a_leaf_whose_top_is_gone_answers_its_last_client_502(
+    servers: sf_round.SFServers,
+) -> None:
+    name, top, _ = servers.procs[0]
+    assert name == "top"
+    top.kill()
+    top.wait(10)
+    body = wire.encode_tensors({n: np.ones(s, np.float32) for n, s in LAYOUT})
+    client = {"Authorization": f"Bearer {servers.client_token}", "X-Sample-Count": "10"}
+    leaf = servers.leaf_url(servers.leaves[0])
+    assert httpx.post(leaf, content=body, headers=client).status_code == 202
+    e = _json_error(httpx.post(leaf, content=body, headers=client), 502)
+    assert e["error"] == "hand_off_failed" and "could not be reached" in e["detail"]
