@@ -18,12 +18,17 @@ Figures, all from one run on this machine (baselines in the same process tree):
   job). Figures: weights in client memory -> global model published (``e2e_s``); the
   server-side window only, first update bytes received on the gateway's port -> global
   published (``server_s``); the server's peak memory as the sum of ``VmHWM`` of the gateway,
-  the replicas and Redis (reset as the window opens) read at the end. Against a real Flower server and 20 clients
-  measured the same way (``bench.flower_baseline``: its clients serialise inside the window
-  too). The round runs with the eBPF router when ``bpf.probe()`` says it loads here
-  (``round``, ``round_lean``) and, as its peer in the same run, with the userspace router
-  (``round_userspace``); each round records the router mode it got. There is no SF round
-  (HTTP between aggregators): no such hand-off mode exists (:data:`SF_ABSENT`).
+  the replicas and Redis (reset as the window opens) read at the end. The round runs with the
+  eBPF router when ``bpf.probe()`` says it loads here (``round``, ``round_lean``) and, as its
+  peer in the same run, with the userspace router (``round_userspace``); each round records the
+  router mode it got. Two baselines, the same clients measured the same way in the same run:
+  a real Flower server (``bench.flower_baseline``: its clients serialise inside the window too)
+  and the SF round (``round_sf``, :mod:`bench.harness.sf_round`: LIFL's serverful baseline,
+  long-running leaf and top aggregator processes passing whole objects over HTTP: clients POST
+  safetensors to their leaf, leaves fold with FedFaaS's kernel and POST their raw partial to
+  the top, which divides, encodes and serves the global model; ``ceil(clients / I)`` leaves on
+  ``--sf-leaf-servers`` processes). Every FedFaaS round row gives both baselines' figures and
+  FedFaaS's ratio against each.
 
 Every process runs with BLAS/OpenMP pinned to one thread (``bench.runinfo.pinned_threads``);
 each table row says so. The Markdown is rendered from the JSON as written
@@ -669,13 +674,17 @@ ROUNDS = (
     ("round_lean", "lean"),
 )
 
-#: why there is no SF (HTTP between aggregators) round: what the code offers
-SF_ABSENT = (
-    "not run: neither the gateway nor the aggregator has an HTTP hand-off mode (an aggregator "
-    "takes its work only as 64-byte frames from its node's router, eBPF or userspace; its HTTP "
-    "route answers GET status and 405 otherwise). bench.ebpf measures an SF (HTTP POST) "
-    "leaf->top hand-off in isolation"
-)
+
+def _sf(r: dict[str, Any]) -> dict[str, Any] | None:
+    """The SF round's record, or None when it was not run (results written before it existed
+    stored ``{"ran": False, "reason": ...}`` under ``round_sf``)."""
+    sf = r.get("round_sf")
+    return sf if sf and "ran" not in sf else None
+
+
+def _baselines(r: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
+    """The systems every FedFaaS round is compared with: Flower and SF (None: not run)."""
+    return [("Flower", r.get("flower")), ("SF", _sf(r))]
 
 
 def _gb(n: float) -> str:
@@ -686,6 +695,22 @@ def _ratio(other: float | None, mine: float | None, word: str) -> str:
     if not other or not mine:
         return ""
     return f"{other / mine:.1f}x {word}"
+
+
+def _vs(peers: list[tuple[str, dict[str, Any] | None]], key: str, scale: float = 1.0) -> str:
+    """Each baseline's figure: ``Flower 8.00; SF 3.00`` (or what stopped it, or not run)."""
+    return "; ".join(f"{name} {_side(x, key, scale)}" for name, x in peers)
+
+
+def _ratios(
+    peers: list[tuple[str, dict[str, Any] | None]], mine: dict[str, Any], key: str, word: str
+) -> str:
+    """FedFaaS against each baseline that finished: ``4.0x faster than Flower; 1.5x ... SF``."""
+    out = []
+    for name, x in peers:
+        if x and x.get("ok", True) and (t := _ratio(x.get(key), mine.get(key), word)):
+            out.append(f"{t} than {name}")
+    return "; ".join(out)
 
 
 def _side(x: dict[str, Any] | None, key: str, scale: float = 1.0) -> str:
@@ -718,15 +743,14 @@ def _measured(x: dict[str, Any] | None, name: str) -> str:
 
 
 def _round_rows(r: dict[str, Any]) -> list[str]:
-    fl = r.get("flower")
+    peers = _baselines(r)
     rows = []
     for key, label in ROUNDS:
         rnd = r.get(key)
         if not rnd:
             continue
-        th = "; ".join(
-            x for x in (_threads(r), _measured(rnd, "FedFaaS"), _measured(fl, "Flower")) if x
-        )
+        measured = (_measured(rnd, "FedFaaS"), *(_measured(x, name) for name, x in peers))
+        th = "; ".join(x for x in (_threads(r), *measured) if x)
         if not rnd.get("ok", True):
             rows.append(
                 f"| round ({label}, {key}): FedFaaS failed | {_side(rnd, '')} | | | | {th} |"
@@ -737,27 +761,26 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{rnd['router']} router, {rnd['clients']} clients x "
             f"{rnd['update_bytes'] / 1e6:.1f} MB"
         )
-        flo = fl if fl is not None and fl.get("ok", True) else None  # Flower, when it finished
         rows.append(
-            f"| round ({cfg}): weights in client memory -> global model available (s); both: "
-            f"clients serialise inside the window, one process per client on this machine, all "
-            f"released at once | {rnd['e2e_s']:.2f} | Flower {_side(fl, 'e2e_s')} | "
-            f"{_ratio(flo['e2e_s'], rnd['e2e_s'], 'faster') if flo else ''} | >= 5x | {th} |"
+            f"| round ({cfg}): weights in client memory -> global model available (s); every "
+            f"system: clients serialise inside the window, one process per client on this "
+            f"machine, all released at once | {rnd['e2e_s']:.2f} | {_vs(peers, 'e2e_s')} | "
+            f"{_ratios(peers, rnd, 'e2e_s', 'faster')} | >= 5x | {th} |"
         )
         rows.append(
             f"| round ({cfg}), server-side window only: first update bytes received on the "
-            f"server's port (kernel TCP counters) -> global available (s) | "
+            f"server's port (kernel TCP counters; SF: the earliest of its leaf servers' ports) "
+            f"-> global available (s) | "
             f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
-            f"Flower {_side(fl, 'server_s')} | "
-            f"{_ratio(flo.get('server_s'), rnd.get('server_s'), 'faster') if flo else ''} | | {th} |"
+            f"{_vs(peers, 'server_s')} | {_ratios(peers, rnd, 'server_s', 'faster')} | | {th} |"
         )
         rows.append(
             f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
             f"reset as the window opens, read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
             f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
-            f"server process) | {_gb(rnd['server_hwm_bytes'])} | "
-            f"Flower {_side(fl, 'server_hwm_bytes', 1e9)} | "
-            f"{_ratio(flo['server_hwm_bytes'], rnd['server_hwm_bytes'], 'less') if flo else ''} | >= 5x | {th} |"
+            f"server process; SF: its leaf servers and top) | {_gb(rnd['server_hwm_bytes'])} | "
+            f"{_vs(peers, 'server_hwm_bytes', 1e9)} | "
+            f"{_ratios(peers, rnd, 'server_hwm_bytes', 'less')} | >= 5x | {th} |"
         )
         if rnd.get("act_over_ingest"):
             rows.append(
@@ -775,9 +798,6 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{peer['e2e_s'] / rnd['e2e_s']:.2f}x; "
             f"{peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | | {th} |"
         )
-    sf = r.get("round_sf") or {"ran": False, "reason": SF_ABSENT}
-    if not sf.get("ran"):
-        rows.append(f"| round (SF: HTTP between aggregators) | {sf['reason']} | | | | |")
     return rows
 
 
@@ -812,6 +832,15 @@ def _table(r: dict[str, Any]) -> str:
         f"replica(s) of {rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by "
         f"the gateway; router probe: {probe['mode']} ({probe['reason']})."
     )
+    sf = _sf(r)
+    if sf and sf.get("ok", True):
+        head += (
+            f" SF round (HTTP between aggregators): {sf['leaves']} leaves (I={sf['fanout']}) on "
+            f"{sf['leaf_servers']} uvicorn+Starlette leaf server processes and one top; clients "
+            f"POST safetensors to their leaf, leaves fold with the same numpy/BLAS kernel and "
+            f"POST their raw float32 partial to the top, which divides, encodes and serves the "
+            f"global model."
+        )
     run = r.get("run")
     if run:
         head += "\n\n" + run_header(run)
@@ -823,9 +852,11 @@ def _render(stored: dict[str, Any]) -> str:
 
 
 def _colour(label: str) -> str:
-    """Flower red, FedFaaS green (eBPF router) or cyan (userspace router)."""
+    """Flower red, SF orange, FedFaaS green (eBPF router) or cyan (userspace router)."""
     if label.startswith("Flower"):
         return "tab:red"
+    if label.startswith("SF"):
+        return "tab:orange"
     return "tab:cyan" if "userspace" in label else "tab:green"
 
 
@@ -854,7 +885,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     ax[1].set_title("FedAvg fold, 1 core (GB/s)")
     labels, e2e, server, mem = [], [], [], []
     sides = [(f"{lab}\n{(r.get(k) or {}).get('router', '')}", r.get(k)) for k, lab in ROUNDS]
-    for lab, x in [*sides, ("Flower", r.get("flower"))]:
+    for lab, x in [*sides, *_baselines(r)]:
         if not x or not x.get("ok", True):
             continue
         labels.append(lab)
@@ -888,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=4)
     p.add_argument("--replicas", type=int, default=1, help="aggregator replicas per round")
     p.add_argument("--endpoints", type=int, default=2, help="endpoints per aggregator replica")
+    p.add_argument(
+        "--sf-leaf-servers", type=int, default=2, help="SF round: leaf aggregator processes"
+    )
     p.add_argument("--skip-flower", action="store_true")
     p.add_argument(
         "--quick",
@@ -911,6 +945,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import bpf
     from bench.harness import round_window as rw
+    from bench.harness.sf_round import run_sf_round
     from fedfaas.services import RedisServer
 
     run = run_info("bench.dataplane", sys.argv[1:] if argv is None else argv)
@@ -939,6 +974,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ingest_reps": 2 if a.quick else a.reps,
                 "aggregator_replicas": a.replicas,
                 "endpoints_per_replica": a.endpoints,
+                "sf_leaf_servers": a.sf_leaf_servers,
             },
         }
         redis = RedisServer(data_dir=work / "redis").start()
@@ -958,7 +994,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         lean = {"fanout": 4, "max_inflight": 1, **agg}
         res["round_lean"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="l", **lean)
-        res["round_sf"] = {"ran": False, "reason": SF_ABSENT}
+        res["round_sf"] = run_sf_round(
+            work, layout, clients, fanout=a.fanout, leaf_servers=a.sf_leaf_servers
+        )
         if not a.skip_flower:
             from bench.flower_baseline import run_flower_round
 

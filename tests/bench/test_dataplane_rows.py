@@ -1,5 +1,6 @@
-"""bench.dataplane's round rows: each comparison names its window and method, a failed side
-shows what stopped it, and the absent SF round says why."""
+"""bench.dataplane's round rows: each comparison names its window and method, gives both
+baselines (Flower, SF) with FedFaaS's ratio against each, and a failed side shows what stopped
+it."""
 
 from __future__ import annotations
 
@@ -33,12 +34,28 @@ def _flower() -> dict[str, Any]:
     return {"ok": True, "e2e_s": 8.0, "server_s": 6.0, "server_hwm_bytes": 5_000_000_000}
 
 
-def _res(flower: dict[str, Any] | None) -> dict[str, Any]:
+def _sf() -> dict[str, Any]:
+    return {
+        "ok": True,
+        "fanout": 2,
+        "leaves": 10,
+        "leaf_servers": 2,
+        "clients": 20,
+        "update_bytes": 44_764_968,
+        "e2e_s": 3.0,
+        "server_s": 2.4,
+        "server_hwm_bytes": 2_000_000_000,
+        "server_processes": 3,
+    }
+
+
+def _res(flower: dict[str, Any] | None, sf: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "threads": {"env": {"OMP_NUM_THREADS": "1"}, "pools": []},
         "round": _round("ebpf"),
         "round_userspace": _round("userspace"),
         "flower": flower,
+        "round_sf": sf,
     }
 
 
@@ -48,31 +65,65 @@ def test_every_round_row_names_its_window_and_compares_like_with_like() -> None:
     server = [r for r in rows if "server-side window only" in r]
     mem = [r for r in rows if "sum of VmHWM" in r]
     assert len(e2e) == len(server) == len(mem) == 2  # eBPF and userspace rounds
-    assert "| 2.00 | Flower 8.00 | 4.0x faster |" in e2e[0]
+    assert "| 2.00 | Flower 8.00; SF (not run) | 4.0x faster than Flower |" in e2e[0]
     assert "clients serialise inside the window" in e2e[0]
-    assert "| 1.50 (gateway's own mark 1.49) | Flower 6.00 | 4.0x faster |" in server[0]
-    assert "| 1.00 | Flower 5.00 | 5.0x less |" in mem[0]
+    assert "| 1.50 (gateway's own mark 1.49) | Flower 6.00; SF (not run) | 4.0x faster" in server[0]
+    assert "| 1.00 | Flower 5.00; SF (not run) | 5.0x less than Flower |" in mem[0]
     assert all("env 1 in every process" in r for r in e2e + server + mem)
+
+
+def test_every_round_row_gives_the_sf_figure_and_the_ratio_against_it() -> None:
+    rows = dataplane._round_rows(_res(_flower(), _sf()))
+    e2e = next(r for r in rows if "weights in client memory" in r)
+    server = next(r for r in rows if "server-side window only" in r)
+    mem = next(r for r in rows if "sum of VmHWM" in r)
+    assert "| Flower 8.00; SF 3.00 | 4.0x faster than Flower; 1.5x faster than SF |" in e2e
+    assert "| Flower 6.00; SF 2.40 | 4.0x faster than Flower; 1.6x faster than SF |" in server
+    assert "SF: the earliest of its leaf servers' ports" in server
+    assert "| Flower 5.00; SF 2.00 | 5.0x less than Flower; 2.0x less than SF |" in mem
+    assert "SF: its leaf servers and top" in mem
+
+
+def test_the_table_head_describes_the_sf_round_it_compares_with() -> None:
+    res = {
+        **_res(_flower(), _sf()),
+        "machine": {"cores": 2, "memory_bytes": 2**34, "python": "3.12"},
+        "ingest": {
+            "update_bytes": 44_764_968,
+            "reps": 2,
+            "fedfaas_gbps": 2.0,
+            "fedfaas_best_gbps": 2.1,
+            "tcp_gbps": 4.0,
+            "starlette_gbps": 1.0,
+        },
+        "aggregation": {
+            "updates": 3,
+            "numpy_gbps": 5.0,
+            "torch_gbps": 5.0,
+            "plain_add_gbps": 4.0,
+            "flower_gbps": 1.0,
+        },
+    }
+    head = dataplane._table(res).split("\n\n")[0]
+    assert "SF round (HTTP between aggregators): 10 leaves (I=2) on 2" in head
 
 
 def test_a_killed_flower_point_shows_its_size_not_a_ratio() -> None:
     killed = rw.failure("killed", "over", server_rss_bytes=16_000_000_000)
     rows = dataplane._round_rows(_res(killed))
     e2e = next(r for r in rows if "weights in client memory" in r)
-    assert "Flower killed at 16.00 GB |  |" in e2e
+    assert "Flower killed at 16.00 GB; SF (not run) |  |" in e2e
 
 
-def test_the_sf_round_is_reported_absent_with_the_reason() -> None:
-    rows = dataplane._round_rows(_res(None))
-    sf = next(r for r in rows if r.startswith("| round (SF: HTTP between aggregators)"))
-    assert "neither the gateway nor the aggregator has an HTTP hand-off mode" in sf
-    assert any("Flower (not run)" in r for r in rows)
+def test_a_killed_sf_point_shows_its_size_and_flower_keeps_its_ratio() -> None:
+    killed = rw.failure("killed", "over", server_rss_bytes=9_000_000_000)
+    rows = dataplane._round_rows(_res(_flower(), killed))
+    e2e = next(r for r in rows if "weights in client memory" in r)
+    assert "| Flower 8.00; SF killed at 9.00 GB | 4.0x faster than Flower |" in e2e
 
 
-def test_the_sf_reason_holds_no_setting_selects_an_http_hand_off() -> None:
-    # what SF_ABSENT says: the gateway's settings offer no hand-off transport to choose, and the
-    # aggregator takes no work over HTTP (functions/aggregator/handler_test.py: 405 on POST)
-    from gateway.settings import GatewaySettings
-
-    names = set(GatewaySettings.model_fields)
-    assert not {n for n in names if "handoff" in n or "hand_off" in n or "transport" in n}
+def test_a_result_stored_before_the_sf_round_existed_renders_it_as_not_run() -> None:
+    old = {"ran": False, "reason": "not run: no HTTP hand-off mode"}
+    rows = dataplane._round_rows(_res(None, old))
+    assert any("Flower (not run); SF (not run) |  |" in r for r in rows)
+    assert not any("not run: no HTTP hand-off mode" in r for r in rows)
