@@ -469,11 +469,7 @@ class RoundEngine:
             self._on_checkpoint(st, f)
 
     def _on_checkpoint(self, st: SlotState, f: Frame) -> None:
-        if (
-            st.done is not None
-            or f.parent not in st.partials
-            or f.parent in st.covered
-        ):
+        if st.done is not None or f.parent not in st.partials or f.parent in st.covered:
             log.error(
                 "round %d: slot %d sent a checkpoint after child %d it cannot have",
                 self.round,
