@@ -105,6 +105,12 @@ def add_into(out: Vector, a: Vector, b: Vector) -> None:
 _SAXPY: list[Any] = []
 
 
+def preload() -> None:
+    """Import the BLAS kernel now (scipy, about 0.4 s), so a warm aggregator's first fold
+    does not pay it inside a round."""
+    _blas_saxpy()
+
+
 def _blas_saxpy() -> Any:
     """scipy's BLAS ``saxpy`` (y = a*x + y in place), or None without scipy."""
     if not _SAXPY:

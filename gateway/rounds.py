@@ -296,7 +296,9 @@ class RoundEngine:
         }
 
     def needs_endpoint(self) -> list[SlotState]:
-        """Local unfinished slots without an endpoint that have work waiting, oldest input first."""
+        """Local unfinished slots without an endpoint that have work waiting: parking middles
+        and tops first (a partial they fold is freed once the checkpoint is journaled, so
+        partials never pile up behind busy leaves), then by role and id."""
         out = []
         for s in self.slots.values():
             if (
@@ -308,7 +310,7 @@ class RoundEngine:
                 continue
             if self.has_work(s):
                 out.append(s)
-        return sorted(out, key=lambda s: (s.slot.role, s.slot.id))
+        return sorted(out, key=lambda s: (not self.parks(s), s.slot.role, s.slot.id))
 
     def pump(self, idle: list[int]) -> None:
         """Give idle endpoints to slots with waiting work, in order (see :meth:`assign`)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 import bpf
 from bpf import Frame, Kind, Role
-from fedfaas import wire
+from fedfaas import fedavg, wire
 from fedfaas.fedavg import Accumulator, LazyAccumulator
 from fedfaas.objstore import MappedObject, StoreClient
 
@@ -342,7 +342,9 @@ class EndpointWorker(threading.Thread):
 
 
 def start_workers(socket_path: str, n: int) -> list[EndpointWorker]:
-    """Start ``n`` job-agnostic endpoints and wait until each has registered (or failed to)."""
+    """Start ``n`` job-agnostic endpoints and wait until each has registered (or failed to),
+    with the fold kernel loaded first."""
+    fedavg.preload()
     workers = [EndpointWorker(socket_path, name=f"aggregator-{i}") for i in range(n)]
     for w in workers:
         w.start()

@@ -141,3 +141,30 @@ def test_blocked_numpy_kernel_matches_the_blas_kernel(monkeypatch: pytest.Monkey
     for u, w in zip(ups, ws, strict=True):
         blocked.add(u, w)
     assert fedavg.rel_error(blas.finalize(), np.asarray(blocked.finalize())) <= 1e-6
+
+
+def test_merge_into_writes_the_sum_elsewhere_in_one_pass_and_only_reads_its_inputs() -> None:
+    rng = np.random.default_rng(3)
+    base, part = rng.random(1000, dtype=np.float32), rng.random(1000, dtype=np.float32)
+    acc = fedavg.Accumulator(base.copy(), 4.0, 2, _empty=False)
+    base_ro, part_ro = base.copy(), part.copy()
+    base_ro.flags.writeable = part_ro.flags.writeable = False  # sealed objects are read-only
+    acc.acc = base_ro
+    out = np.empty_like(base)
+    merged = acc.merge_into(out, part_ro, 3.0, 1)
+    assert merged.acc is out and (merged.weight, merged.count) == (7.0, 3)
+    np.testing.assert_array_equal(out, base + part)
+    empty = fedavg.Accumulator(np.zeros_like(base))  # nothing folded yet: the partial itself
+    np.testing.assert_array_equal(empty.merge_into(out, part_ro, 3.0, 1).acc, part)
+
+
+def test_preload_imports_the_blas_kernel_before_any_fold() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fedfaas import fedavg; "
+        "assert 'scipy.linalg.blas' not in sys.modules; fedavg.preload(); "
+        "assert 'scipy.linalg.blas' in sys.modules and fedavg._SAXPY[0] is not None"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
