@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from bpf import FLAG_LAZY, Frame, Kind
 from fedfaas.objstore import Namespace, key_hex
@@ -386,52 +387,38 @@ class RoundEngine:
         return st.ckpt is not None and st.ckpt.count >= st.slot.goal
 
     def _send_spare(self, st: SlotState) -> None:
-        assert st.endpoint is not None
         obj = self.store.allocate()
         obj.close()
         st.acc = obj.key_bytes  # the endpoint's next accumulator
-        self._send(
-            Frame(
-                dst=st.endpoint,
-                src=self.gateway_ep,
-                kind=Kind.SPARE,
-                job=self.job_id,
-                key=obj.key_bytes,
-                round=self.round,
-                seq=st.slot.id,
-            )
-        )
+        self._send_to(st, Kind.SPARE, obj.key_bytes)
 
     def _deliver_update(self, st: SlotState, inp: Input) -> None:
-        assert st.endpoint is not None
-        self._send(
-            Frame(
-                dst=st.endpoint,
-                src=self.gateway_ep,
-                kind=Kind.UPDATE,
-                job=self.job_id,
-                key=inp.key,
-                weight=inp.weight,
-                round=self.round,
-                count=1,
-                seq=st.slot.id,
-            )
-        )
+        self._send_to(st, Kind.UPDATE, inp.key, weight=inp.weight, count=1)
 
     def _deliver_partial(self, st: SlotState, inp: Input) -> None:
+        self._send_to(
+            st,
+            Kind.PARTIAL,
+            inp.key,
+            weight=inp.weight,
+            count=inp.count,
+            parent=st.slot.id,
+            seq=inp.child,
+        )
+
+    def _send_to(self, st: SlotState, kind: Kind, key: bytes, **fields: Any) -> None:
+        """A frame of this round to the slot's endpoint (``seq`` = the slot unless given)."""
         assert st.endpoint is not None
+        fields.setdefault("seq", st.slot.id)
         self._send(
             Frame(
                 dst=st.endpoint,
                 src=self.gateway_ep,
-                kind=Kind.PARTIAL,
+                kind=kind,
                 job=self.job_id,
-                key=inp.key,
-                weight=inp.weight,
+                key=key,
                 round=self.round,
-                count=inp.count,
-                parent=st.slot.id,
-                seq=inp.child,
+                **fields,
             )
         )
 

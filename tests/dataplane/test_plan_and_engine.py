@@ -226,7 +226,8 @@ def _finish_leaf(
     sent.clear()
     eng.assign(leaf, ep)
     acc = sent[0].key
-    eng.on_frame(_ack(acc, ep, leaf))
+    assert sent[0].kind == Kind.TASK and sent[0].parent == 100  # reports to the gateway, even
+    eng.on_frame(_ack(acc, ep, leaf))  # when its parent runs: the parent may park any time
     return acc
 
 
