@@ -432,12 +432,10 @@ class RouterServer:
         try:
             conn.send(payload)
         except OSError:
-            self._call(lambda: self._forget_now(info.id))
+            # admitted already: it is listed and may have been granted a job and sent a task,
+            # so its going is a disconnect the gateway must hear of (its slots run again)
+            self._call(lambda: self._disconnect(info.id))
             raise
-
-    def _forget_now(self, endpoint_id: int) -> None:
-        with self._lock:
-            self._forget(endpoint_id)
 
     def _admit(self, info: EndpointInfo, conn: socket.socket) -> None:
         assert self._selector is not None

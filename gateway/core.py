@@ -855,5 +855,8 @@ class Gateway:
             for job in list(self.jobs.values()):
                 self.pump(job)
             if int(time.monotonic() * 50) % 10 == 0:
+                for job in list(self.jobs.values()):
+                    if job.engine is not None and job.engine.rerun_stalled(self.settings.stall_s):
+                        self.metrics.redeliveries.inc()
                 with contextlib.suppress(Exception):
                     await self._load_jobs()

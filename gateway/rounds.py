@@ -40,6 +40,7 @@ abandoned attempts are kept until the round ends (a parent may be reading one).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,7 @@ class SlotState:
     ckpt: Input | None = None  # the latest checkpoint (child = own id): a re-run starts here
     covered: frozenset[int] = frozenset()  # children folded into ``ckpt``
     pinned: list[bytes] = field(default_factory=list)  # checkpoints not freed yet, oldest first
+    heard_ns: int = 0  # last TASK to, or valid frame from, its endpoint (monotonic)
 
 
 class RoundEngine:
@@ -336,6 +338,7 @@ class RoundEngine:
         st.acc = obj.key_bytes
         st.endpoint = ep
         st.attempts += 1
+        st.heard_ns = time.monotonic_ns()
         parent = self.slots.get(st.slot.parent) if st.slot.parent is not None else None
         if (
             parent is not None
@@ -348,6 +351,14 @@ class RoundEngine:
         else:
             st.parent_ep_at_task = self.gateway_ep
         flags = st.slot.role | (FLAG_LAZY if self.lazy else 0)
+        log.info(
+            st.slot.id,
+            ep,
+            st.slot.goal,
+            st.ckpt and st.ckpt.count,
+            sorted(st.covered),
+            {k: v.count for k, v in st.partials.items()},
+        )
         log.debug(
             "round %d: slot %d -> endpoint %d (attempt %d)", self.round, st.slot.id, ep, st.attempts
         )
@@ -422,6 +433,36 @@ class RoundEngine:
             )
         )
 
+    def rerun_stalled(self, stall_s: float, now_ns: int | None = None) -> list[int]:
+        """Run again, on the same endpoint, every eager slot that holds all it needs to go on
+        and has not been heard of for ``stall_s`` seconds: a frame lost between the gateway
+        and an endpoint (seen, rarely, with the eBPF router) costs that, not the round."""
+        if stall_s <= 0 or self.lazy or self.result is not None:
+            return []
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        out = []
+        for st in self.slots.values():
+            if not st.local or st.endpoint is None or st.done is not None:
+                continue
+            ready = st.assigned >= st.slot.goal if not self.plan.children(st.slot.id) else True
+            if ready and self.has_work(st) and now - st.heard_ns > stall_s * 1e9:
+                self._rerun(st, f"silent for {(now - st.heard_ns) / 1e9:.1f} s")
+                out.append(st.slot.id)
+        return out
+
+    def _rerun(self, st: SlotState, why: str) -> None:
+        """The endpoint missed a frame (its count or its silence says so): run the slot
+        again there from what the gateway holds; the attempt's accumulator is abandoned."""
+        assert st.endpoint is not None
+        log.warning(
+            "round %d: slot %d on endpoint %d %s; running it again",
+            self.round,
+            st.slot.id,
+            st.endpoint,
+            why,
+        )
+        self._start(st, st.endpoint)
+
     def on_disconnect(self, ep: int) -> list[int]:
         """An endpoint is gone: its unfinished slots lose it. Returns the affected slot ids."""
         lost = []
@@ -450,6 +491,7 @@ class RoundEngine:
                 f.seq,
             )
             return
+        st.heard_ns = time.monotonic_ns()
         if f.kind == Kind.ACK:
             self._on_ack(st, f)
         elif f.kind == Kind.RESULT:
@@ -466,6 +508,12 @@ class RoundEngine:
                 f.parent,
             )
             return
+        expected = (st.ckpt.count if st.ckpt is not None else 0) + st.partials[f.parent].count
+        if f.count != expected:
+            self._rerun(
+                st, f"checkpointed {f.count} updates after child {f.parent}, not {expected}"
+            )
+            return
         covered = st.covered | {f.parent}
         ck = Input(
             f.key,
@@ -475,6 +523,14 @@ class RoundEngine:
             clients=tuple(c for k in sorted(covered) for c in st.partials[k].clients),
         )
         st.ckpt, st.covered = ck, covered
+        log.info(
+            st.slot.id,
+            f.parent,
+            f.count,
+            st.slot.goal,
+            sorted(covered),
+            {k: v.count for k, v in st.partials.items()},
+        )
         st.pinned.append(f.key)
         if self.has_work(st):
             self._send_spare(st)
@@ -505,7 +561,8 @@ class RoundEngine:
         if st.done is not None or st.slot.parent is None:
             return
         if f.count != st.slot.goal:
-            log.error("slot %d acked %d updates, goal %d", st.slot.id, f.count, st.slot.goal)
+            self._rerun(st, f"acked {f.count} updates, goal {st.slot.goal}")
+            return
         covered = [i.client for i in st.updates if i.client is not None]
         for p in st.partials.values():
             covered.extend(p.clients)
@@ -538,7 +595,7 @@ class RoundEngine:
         if self.result is not None or st.slot.parent is not None:
             return
         if f.count != st.slot.goal:
-            log.error("top reported %d updates, goal %d", f.count, st.slot.goal)
+            self._rerun(st, f"reported {f.count} updates, goal {st.slot.goal}")
             return
         self.result = Input(f.key, f.weight, f.count)
         st.done = self.result

@@ -59,6 +59,9 @@ class GatewaySettings(CommandLineSettings):
         up to date every ``discovery_interval`` seconds (:mod:`fedfaas.discovery`). Partials
         go to the job's root node, and the model comes from it, at the URL found last.
     discovery_interval : seconds between two refreshes of the discovered peer map.
+    stall_s : seconds a running eager slot that holds every input it needs may go without a
+        frame from its endpoint before it runs again there from what the gateway holds (a lost
+        64-byte frame costs this, not the round); 0 = never.
     planner : ``"module:function"`` replacing :func:`gateway.plan.static_plan`; called as
         ``planner(goal, clients, nodes)`` and returning a :class:`gateway.plan.Plan`.
     minio_endpoint, minio_bucket : async checkpoints (optional).
@@ -103,6 +106,7 @@ class GatewaySettings(CommandLineSettings):
         "peers": "--peers",
         "peers_service": "--peers-service",
         "discovery_interval": "--discovery-interval",
+        "stall_s": "--stall-s",
         "planner": "--planner",
         "minio_endpoint": "--minio",
         "minio_credentials_file": "--minio-credentials-file",
@@ -138,6 +142,7 @@ class GatewaySettings(CommandLineSettings):
     peers: dict[str, str] = Field(default_factory=dict)
     peers_service: str | None = None
     discovery_interval: float = Field(default=10.0, gt=0)
+    stall_s: float = Field(default=10.0, ge=0)
     planner: str | None = None
     minio_endpoint: str | None = None
     minio_credentials_file: Path | None = None

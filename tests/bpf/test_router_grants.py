@@ -205,6 +205,31 @@ def test_hello_that_names_a_job_is_refused_and_the_router_keeps_serving(
         assert set(router.endpoints()) == {ep.id} and ep.job == 0
 
 
+def test_an_endpoint_gone_before_its_welcome_is_a_disconnect_the_gateway_hears_of(
+    tmp_path: Path,
+) -> None:
+    """Userspace routing admits an endpoint (listed, routable, grantable) before it answers
+    the hello; if that answer fails the endpoint is gone, and on_disconnect must say so, or a
+    slot the gateway gave it in between waits forever."""
+    gone: list[int] = []
+    router = bpf.RouterServer(
+        str(tmp_path / "router.sock"), prefer_ebpf=False, on_disconnect=gone.append
+    ).start()
+    try:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        raw.connect(router.socket_path)
+        raw.sendall(protocol.encode_hello(0, "hasty"))
+        raw.close()  # before the router has answered
+        deadline = time.monotonic() + 5
+        while not gone and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(gone) == 1 and router.endpoints() == {}
+        with bpf.connect(router.socket_path) as ep:  # and the router keeps serving
+            assert set(router.endpoints()) == {ep.id}
+    finally:
+        router.stop()
+
+
 @pytest.mark.parametrize("forged_src", [False, True], ids=["own_src", "router_src"])
 def test_grant_frame_sent_by_an_endpoint_is_dropped_as_spoofed(
     router: bpf.RouterServer, tmp_path: Path, forged_src: bool

@@ -439,3 +439,38 @@ def test_replan_restarts_a_running_leaf_with_every_update_it_holds() -> None:
     assert sent[0].dst == 5 and sent[0].count == 1 and sent[0].key != first_acc
     assert sent[1].key == update_key(0) and first_acc in eng.slots[2].abandoned
     assert eng.capacity == 3 and eng.plan_version == 2 and not eng.full()
+
+
+def test_a_slot_silent_with_all_its_inputs_runs_again_on_its_endpoint() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    for i in range(3):  # leaf a gets its two updates, leaf b one of two
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.assign(a, 5)
+    eng.assign(b, 6)
+    first = eng.slots[a].acc
+    sent.clear()
+    now = eng.slots[a].heard_ns
+    assert eng.rerun_stalled(10, now + 9 * 10**9) == []  # not silent long enough
+    assert eng.rerun_stalled(10, now + 11 * 10**9) == [a]  # b still waits for an update
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE, Kind.UPDATE]
+    assert sent[0].dst == 5 and sent[0].key != first and eng.slots[a].attempts == 2
+    assert eng.rerun_stalled(0, now + 100 * 10**9) == []  # 0 turns it off
+
+
+def test_a_checkpoint_or_ack_with_the_wrong_count_runs_the_slot_again() -> None:
+    """An endpoint that missed a frame (its own checkpoint, say) reports a count that does
+    not add up: the gateway runs it again from what it holds instead of recording it."""
+    eng, sent, _, store = engine(goal=6)
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    pa = _finish_leaf(eng, store, sent, a, 5)
+    _finish_leaf(eng, store, sent, b, 5)
+    sent.clear()
+    eng.assign(1, 6)
+    acc = sent[0].key
+    sent.clear()
+    eng.on_frame(_checkpoint(acc, 6, 1, a, 4))  # a holds 2 updates: 4 does not add up
+    assert eng.slots[1].ckpt is None and eng.slots[1].attempts == 2
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
+    assert sent[0].dst == 6 and sent[0].key != acc and pa in store.held
