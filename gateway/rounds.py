@@ -351,14 +351,6 @@ class RoundEngine:
         else:
             st.parent_ep_at_task = self.gateway_ep
         flags = st.slot.role | (FLAG_LAZY if self.lazy else 0)
-        log.info(
-            st.slot.id,
-            ep,
-            st.slot.goal,
-            st.ckpt and st.ckpt.count,
-            sorted(st.covered),
-            {k: v.count for k, v in st.partials.items()},
-        )
         log.debug(
             "round %d: slot %d -> endpoint %d (attempt %d)", self.round, st.slot.id, ep, st.attempts
         )
@@ -523,14 +515,6 @@ class RoundEngine:
             clients=tuple(c for k in sorted(covered) for c in st.partials[k].clients),
         )
         st.ckpt, st.covered = ck, covered
-        log.info(
-            st.slot.id,
-            f.parent,
-            f.count,
-            st.slot.goal,
-            sorted(covered),
-            {k: v.count for k, v in st.partials.items()},
-        )
         st.pinned.append(f.key)
         if self.has_work(st):
             self._send_spare(st)
