@@ -474,3 +474,33 @@ def test_a_checkpoint_or_ack_with_the_wrong_count_runs_the_slot_again() -> None:
     assert eng.slots[1].ckpt is None and eng.slots[1].attempts == 2
     assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
     assert sent[0].dst == 6 and sent[0].key != acc and pa in store.held
+
+
+def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None:
+    """A later checkpoint must never land before an earlier one (it would be overwritten by
+    the older): ``Gateway._persist`` writes one job's records one at a time, in order."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.core import Gateway
+
+    written: list[int] = []
+    released: list[int] = []
+
+    class SlowFirstJournal:
+        async def slot_checkpoint(self, job: str, rnd: int, slot: int, rec: dict) -> None:  # type: ignore[type-arg]
+            await asyncio.sleep(0.05 if rec["count"] == 2 else 0)  # the first write is slow
+            written.append(rec["count"])
+
+    async def run() -> None:
+        gw = SimpleNamespace(journal=SlowFirstJournal())
+        job = SimpleNamespace(name="j", journal_lock=asyncio.Lock())
+        for count in (2, 4):
+            inp = Input(bytes(16), float(count), count)
+            Gateway._persist(  # type: ignore[arg-type]
+                gw, job, 1, 1, inp, lambda c=count: released.append(c), children=[2]
+            )
+        await asyncio.sleep(0.2)
+
+    asyncio.run(run())
+    assert written == [2, 4] and released == [2, 4]
