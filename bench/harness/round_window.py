@@ -455,3 +455,33 @@ def map_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]]) -> dict[
         raise ValueError(f"{path}: {flat.size} values, the layout has {pos}")
     float(flat[::1024].sum())  # fault every page in (4 KiB = 1024 values)
     return out
+
+
+def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], None]) -> None:
+    """One benchmark client's round, the same for every system measured: map the weights
+    (:func:`map_weights`, named in ``spec``), say ready (``ready-<client>`` in the spec's
+    ``work`` folder), wait for the ``go`` file, mark ``t_start_ns``, serialise to safetensors
+    (``safetensors.numpy.save``), mark ``t_encoded_ns``, ``send`` the bytes, mark
+    ``t_done_ns``; write the marks, the process's ``VmHWM`` and its measured thread pools to
+    ``out`` as JSON."""
+    import json
+
+    from safetensors.numpy import save
+
+    from bench.runinfo import thread_counts
+
+    work = Path(spec["work"])
+    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
+    weights = map_weights(spec["weights"], layout)
+    marks: dict[str, Any] = {"cid": spec["client"]}
+    (work / f"ready-{spec['client']}").touch()
+    while not (work / "go").exists():
+        time.sleep(0.002)
+    marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
+    data = save(weights)
+    marks["t_encoded_ns"] = time.monotonic_ns()
+    send(data)
+    marks["t_done_ns"] = time.monotonic_ns()
+    marks["client_hwm_bytes"] = status_bytes(os.getpid(), "VmHWM")
+    marks["thread_pools"] = thread_counts()
+    out.write_text(json.dumps(marks))

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
-from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,29 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    from safetensors.numpy import save
-
     from bench.harness import round_window as rw
-    from bench.runinfo import thread_counts
     from client.sdk import FLClient
 
     spec = json.loads(Path(a.spec).read_text())
-    work = Path(spec["work"])
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    weights = rw.map_weights(spec["weights"], layout)
-    marks: dict[str, Any] = {"cid": spec["client"]}
     with FLClient(spec["url"], spec["job"], spec["client"], spec["token"], timeout=600) as c:
-        (work / f"ready-{spec['client']}").touch()
-        while not (work / "go").exists():
-            time.sleep(0.002)
-        marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
-        data = save(weights)
-        marks["t_encoded_ns"] = time.monotonic_ns()
-        c.upload(1, data, spec["samples"], busy_wait=600)
-        marks["t_done_ns"] = time.monotonic_ns()
-    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
-    marks["thread_pools"] = thread_counts()
-    Path(a.out).write_text(json.dumps(marks))
+        rw.client_round(
+            spec, Path(a.out), lambda data: c.upload(1, data, spec["samples"], busy_wait=600)
+        )
     return 0
 
 

@@ -358,30 +358,17 @@ def _serve(app: Any, port: int) -> None:
 
 
 def _client_main(spec_path: Path, out: Path) -> None:
-    """One client: map the weights, wait for ``go``, serialise and POST them to the leaf."""
+    """One client: :func:`~bench.harness.round_window.client_round`, POSTing to its leaf."""
     import httpx
-    from safetensors.numpy import save
-
-    from bench.runinfo import thread_counts
 
     spec = json.loads(spec_path.read_text())
-    work = Path(spec["work"])
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    weights = rw.map_weights(spec["weights"], layout)
     headers = {"Authorization": f"Bearer {spec['token']}", "X-Sample-Count": str(spec["samples"])}
-    marks: dict[str, Any] = {"client": spec["client"]}
     with httpx.Client(timeout=600) as c:
-        (work / f"ready-{spec['client']}").touch()
-        while not (work / "go").exists():
-            time.sleep(0.002)
-        marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
-        data = save(weights)
-        marks["t_encoded_ns"] = time.monotonic_ns()
-        c.post(spec["url"], content=data, headers=headers).raise_for_status()
-        marks["t_done_ns"] = time.monotonic_ns()
-    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
-    marks["thread_pools"] = thread_counts()
-    out.write_text(json.dumps(marks))
+        rw.client_round(
+            spec,
+            out,
+            lambda data: c.post(spec["url"], content=data, headers=headers).raise_for_status(),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
