@@ -436,7 +436,7 @@ class RoundEngine:
         for st in self.slots.values():
             if not st.local or st.endpoint is None or st.done is not None:
                 continue
-            ready = st.assigned >= st.slot.goal if not self.plan.children(st.slot.id) else True
+            ready = bool(self.plan.children(st.slot.id)) or st.assigned >= st.slot.goal
             if ready and self.has_work(st) and now - st.heard_ns > stall_s * 1e9:
                 self._rerun(st, f"silent for {(now - st.heard_ns) / 1e9:.1f} s")
                 out.append(st.slot.id)
@@ -585,21 +585,22 @@ class RoundEngine:
         st.done = self.result
         self._done_count += 1
         st.done_seq = self._done_count
-        for inp in st.updates:  # a lone top's updates; partials stay until the model is
-            self.store.release(inp.key)  # published and the round closes
-        st.updates = []
+        self._release_updates(st)  # a lone top's; partials stay until the round closes
         self._publish(self.result)
 
     def _release_inputs(self, st: SlotState) -> None:
-        """The slot's partial (or the result) is journaled: free all it was made from."""
+        """The slot's partial is journaled: free all it was made from."""
         if self.closed:
             return  # close() released everything already
-        for inp in st.updates:
-            self.store.release(inp.key)
-        st.updates = []
+        self._release_updates(st)
         for key in [p.key for p in st.partials.values()] + st.pinned:
             self._free(key)
         st.pinned = []
+
+    def _release_updates(self, st: SlotState) -> None:
+        for inp in st.updates:
+            self.store.release(inp.key)
+        st.updates = []
 
     # -- end -----------------------------------------------------------------------------------
     def close(self, keep: bytes | None = None) -> None:
