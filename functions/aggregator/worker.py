@@ -4,8 +4,9 @@ Each :class:`EndpointWorker` is one registered endpoint (a thread) holding at mo
 at a time; a replica runs several to serve several slots (``FEDFAAS_AGGREGATOR_ENDPOINTS``).
 An endpoint registers job-agnostic and serves whatever job the node gateway grants it (a GRANT
 frame carrying the job's store folder as a directory fd); a later grant moves the same warm
-endpoint to another job (LIFL's reuse). Updates are read in place from that folder (read-only
-maps) and folded into the task's accumulator object with one fused ``add_`` each
+endpoint to another job (LIFL's reuse). The job's arena (its pool of objects, one file) is
+mapped once per grant, read-only, so an update or partial named in a frame is read in place with
+no open, mmap or page fault, and folded into the task's accumulator object with one fused ``add_`` each
 (``fedfaas.fedavg``); the top divides once. Frame protocol: ``gateway/rounds.py``.
 
 A middle or top (eager) checkpoints after each child's partial it folds: it seals its
@@ -159,7 +160,10 @@ class EndpointWorker(threading.Thread):
     # -- frames --------------------------------------------------------------------------------
     def _take_grant(self, job: int, store_fd: int | None) -> None:
         self._drop_task()
+        if self.store is not None:
+            self.store.close()  # the previous job's arena: its pages are not held on our account
         self.job_id = job
+        # the job's whole pool, mapped once: every object handed over later is read in place
         self.store = None if store_fd is None else StoreClient.from_dir_fd(store_fd)
         if job and (not self.jobs_served or self.jobs_served[-1] != job):
             self.jobs_served.append(job)

@@ -8,27 +8,43 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.ebpf import _summary, _write_object
+from bench.ebpf import _summary, _write_arena_object, _write_file_object
 from fedfaas import wire
-from fedfaas.objstore import StoreClient
+from fedfaas.objstore import Namespace, StoreClient
+from fedfaas.objstore.arena import STANDALONE, key_slot
 from functions.aggregator.worker import _flat
 
 
-def test_a_benchmark_object_opens_as_the_aggregator_opens_it(tmp_path: Path) -> None:
-    key = _write_object(str(tmp_path), 1000)
-    path = tmp_path / key
-    assert not os.stat(path).st_mode & stat.S_IWUSR  # sealed, as the gateway leaves it
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+def _read_as_the_aggregator(folder: Path, key: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        obj = StoreClient.from_dir_fd(fd).open(bytes.fromhex(key))
+        store = StoreClient.from_dir_fd(fd)  # as EndpointWorker._take_grant does
+        obj = store.open(bytes.fromhex(key))
         h = wire.read_header(obj.buf)
         view = _flat(obj)
         assert h.kind == wire.KIND_UPDATE and h.data_nbytes == 4000
         assert isinstance(view, np.ndarray) and view.dtype == np.float32 and view.size == 1000
         del view
         obj.close()
+        store.close()
     finally:
         os.close(fd)
+
+
+def test_the_benchmark_objects_open_as_the_aggregator_opens_them() -> None:
+    root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    ns = Namespace(root, "bench", "job", wire.HEADER_SIZE + 4000)
+    try:
+        in_arena = _write_arena_object(ns, 1000)
+        assert ns.sealed(in_arena) and key_slot(bytes.fromhex(in_arena)) != STANDALONE
+        _read_as_the_aggregator(ns.path, in_arena)
+        plain = _write_file_object(str(ns.path), 1000)  # the path before the arena
+        assert key_slot(bytes.fromhex(plain)) == STANDALONE
+        assert not os.stat(ns.path / plain).st_mode & stat.S_IWUSR  # sealed
+        _read_as_the_aggregator(ns.path, plain)
+    finally:
+        ns.close()
+    assert not root.exists()
 
 
 def test_summary_reports_the_handoff_and_each_named_part() -> None:

@@ -27,11 +27,15 @@ def _fake_report() -> dict[str, object]:
         "open_median_us": 8.0,
         "open_p99_us": 9.0,
         "top_threads": 1,
+        "arena_maps": 1,
+        "first_touch_us": 900.0,
+        "last_touch_us": 90.0,
     }
     slow = row | {"median_us": 20_000.0, "cpu_us_per_handoff": 9_000.0}
     results = {
         m: {
             "ebpf": row,
+            "ebpf_file": row | {"median_us": 2_000.0, "open_median_us": 1_990.0},
             "userspace": row | {"median_us": 40.0},
             "sf": slow,
             "sl": slow,
@@ -41,6 +45,8 @@ def _fake_report() -> dict[str, object]:
     }
     ratios = {
         m: {
+            "ebpf_file_over_ebpf_latency": 100.0,
+            "ebpf_file_over_ebpf_cpu": 50.0,
             "userspace_over_ebpf_latency": 2.0,
             "sf_over_ebpf_latency": 1000.0,
             "sl_over_ebpf_latency": 1000.0,
@@ -52,6 +58,9 @@ def _fake_report() -> dict[str, object]:
     }
     targets = {
         "ebpf_key_median_le_50us": True,
+        "ebpf_key_median_le_20us": True,
+        "ebpf_key_p99_le_100us": False,
+        "ebpf_one_mapping_per_grant": True,
         "ebpf_key_flat_max_over_min": 1.0,
         "ebpf_open_max_over_min": 3.0,
         "sf_over_ebpf_resnet152_ge_100": True,
@@ -78,6 +87,8 @@ def test_markdown_table_has_a_row_per_model_and_method_with_ratios() -> None:
     assert len(rows) == len(bench.MODELS) * len(bench.METHODS)
     assert "| resnet152 | 240.8 | sf | 20,000 |" in md and "| 1,000x | 180.0x |" in md
     assert "eBPF CPU < userspace CPU: **False**" in md
+    assert "median <= 20 us: **True**" in md and "p99 <= 100 us: **False**" in md
+    assert "| resnet18 | 46.8 | ebpf_file | 2,000 |" in md and "| 900.0 / 90.0 |" in md
     assert "commit 0123456789ab" in md
 
 
@@ -89,11 +100,12 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_quick_benchmark_run_measures_all_four_methods(tmp_path: Path) -> None:
+def test_quick_benchmark_run_measures_every_method(tmp_path: Path) -> None:
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     import json
 
     report = json.loads((tmp_path / "ebpf.json").read_text())
     for res in report["results"].values():
         assert res["sf"]["n"] > 0 and res["sl"]["n"] > 0
-        assert res["userspace"]["n"] > 0
+        assert res["userspace"]["n"] > 0 and res["ebpf_file"]["n"] > 0
+        assert res["userspace"]["arena_maps"] == 1  # mapped at the grant, never per handoff

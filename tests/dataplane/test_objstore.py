@@ -1,4 +1,5 @@
-"""Object store contract: namespaces, pool, seal, leases, clean-up, and access across processes."""
+"""Object store contract: namespaces, the arena and its slots, seal, leases, clean-up, recovery,
+and access across processes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from fedfaas.objstore import (
     StoreError,
     StoreFull,
 )
+from fedfaas.objstore.arena import ARENA_NAME, STANDALONE, key_slot
 
 SIZE = 1 << 16
 
@@ -43,12 +45,27 @@ def mode(p: Path) -> int:
     return stat.S_IMODE(os.stat(p).st_mode)
 
 
-def test_namespace_folders_are_private_and_objects_mode_0600(ns: Namespace, shm_root: Path) -> None:
+def resident(p: Path) -> int:
+    """Bytes of memory a tmpfs file holds."""
+    return os.stat(p).st_blocks * 512
+
+
+def sealed_object(ns: Namespace, value: float) -> str:
+    o = ns.allocate()
+    o.ndarray(np.float32)[:] = value
+    o.close()
+    ns.seal(o.key)
+    return o.key
+
+
+def test_namespace_folders_are_private_and_the_arena_is_mode_0600(
+    ns: Namespace, shm_root: Path
+) -> None:
     assert mode(shm_root) == 0o700 and mode(shm_root / "node-a") == 0o700 and mode(ns.path) == 0o700
+    assert mode(ns.path / ARENA_NAME) == 0o600
     obj = ns.allocate()
-    assert mode(obj.path) == 0o600
-    assert len(obj.key_bytes) == 16 and obj.path.name == obj.key
-    assert obj.nbytes == SIZE
+    assert len(obj.key_bytes) == 16 and obj.nbytes == SIZE
+    assert key_slot(obj.key_bytes) < 2  # one of the two pre-faulted slots
     obj.close()
 
 
@@ -59,33 +76,41 @@ def test_keys_are_random_and_unique(ns: Namespace) -> None:
         o.close()
 
 
-def test_allocation_reuses_pooled_buffers_by_rename(ns: Namespace) -> None:
-    pooled = {p.stat().st_ino for p in ns.path.glob(".pool-*")}
-    assert len(pooled) == 2
+def test_a_freed_slot_is_reused_and_its_old_key_is_refused(ns: Namespace) -> None:
     a = ns.allocate()
-    assert a.path.stat().st_ino in pooled
     a.close()
-    ns.release(a.key)  # back to the pool, same inode
-    assert {p.stat().st_ino for p in ns.path.glob(".pool-*")} == pooled
-    assert not a.path.exists()
+    ns.seal(a.key)
+    slot = key_slot(a.key_bytes)
+    ns.release(a.key)
+    assert not ns.exists(a.key)
+    b = ns.allocate()
+    b.close()
+    ns.seal(b.key)
+    assert key_slot(b.key_bytes) == slot and b.key != a.key
+    with pytest.raises(ObjectNotFound):
+        ns.open(a.key)  # a stale frame naming the old object reads nothing
+    assert ns.stats()["arena_slots"] == 2  # no slot added: the pool served both
 
 
 def test_seal_makes_object_read_only_for_every_later_mapping(ns: Namespace) -> None:
-    w = ns.allocate()
-    w.ndarray(np.float32)[:] = 3.0
-    w.close()
-    ns.seal(w.key)
-    assert mode(w.path) == 0o400
+    key = sealed_object(ns, 3.0)
     with pytest.raises(ObjectSealed):
-        ns.open_writable(w.key)
-    r = ns.open(w.key)
+        ns.open_writable(key)
+    r = ns.open(key)
     arr = r.ndarray(np.float32)
     assert not arr.flags.writeable
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(TypeError):
         r.buf[0] = 1
     assert float(arr.sum()) == 3.0 * SIZE / 4
     del arr
     r.close()
+
+
+def test_an_unsealed_object_is_not_read_in_place(ns: Namespace) -> None:
+    w = ns.allocate()
+    w.close()
+    with pytest.raises(StoreError, match="not sealed"):
+        ns.open(w.key)
 
 
 def test_leases_free_only_after_the_last_consumer_releases(ns: Namespace) -> None:
@@ -95,9 +120,9 @@ def test_leases_free_only_after_the_last_consumer_releases(ns: Namespace) -> Non
     assert ns.leases(obj.key) == 3
     assert not ns.release(obj.key)
     assert not ns.release(obj.key)
-    assert obj.path.exists()
+    assert ns.exists(obj.key)
     assert ns.release(obj.key)
-    assert not obj.path.exists()
+    assert not ns.exists(obj.key)
     with pytest.raises(ObjectNotFound):
         ns.release(obj.key)
 
@@ -115,10 +140,52 @@ def test_max_objects_caps_live_objects(shm_root: Path) -> None:
         ns.close()
 
 
+def test_freed_slots_past_the_pool_give_their_memory_back(shm_root: Path) -> None:
+    ns = Namespace(shm_root, "n", "j", SIZE, pool=1, pool_max=1)
+    try:
+        arena = ns.path / ARENA_NAME
+        keys = [ns.allocate() for _ in range(4)]
+        for o in keys:
+            o.close()
+        assert resident(arena) >= 4 * SIZE
+        for o in keys:
+            ns.release(o.key)
+        assert ns.stats()["pooled"] == 1
+        assert resident(arena) < 2 * SIZE  # the pool's one slot (and the table) only
+        ns.trim_pool(0)
+        assert resident(arena) < SIZE
+    finally:
+        ns.close()
+
+
+def test_a_full_arena_overflows_into_plain_files_with_the_same_contract(shm_root: Path) -> None:
+    ns = Namespace(shm_root, "n", "j", SIZE, arena_slots=1)
+    try:
+        a, b = ns.allocate(), ns.allocate()
+        assert key_slot(a.key_bytes) == 0 and key_slot(b.key_bytes) == STANDALONE
+        b.ndarray(np.float32)[:] = 5.0
+        b.close()
+        path = ns.path / b.key
+        assert mode(path) == 0o600
+        ns.seal(b.key)
+        assert mode(path) == 0o400 and ns.sealed(b.key)
+        with pytest.raises(ObjectSealed):
+            ns.open_writable(b.key)
+        with StoreClient(ns.path).open(b.key) as r:
+            assert float(r.ndarray(np.float32)[0]) == 5.0
+        ns.release(b.key)
+        assert not path.exists()
+        a.close()
+    finally:
+        ns.close()
+
+
 def test_malformed_keys_and_names_are_refused(ns: Namespace, shm_root: Path) -> None:
     for bad in ("../etc/passwd", "ABCDEF" * 6, "00" * 15, b"short"):
         with pytest.raises(StoreError):
             ns.open(bad)
+    with pytest.raises(ObjectNotFound):
+        ns.open("ff" * 2 + "00" * 14)  # a slot past the arena's end
     with pytest.raises(StoreError):
         Namespace(shm_root, "../x", "j", SIZE)
 
@@ -127,12 +194,62 @@ def test_close_leaves_the_root_as_it_found_it(shm_root: Path) -> None:
     a = Namespace(shm_root, "n1", "ja", SIZE, pool=1)
     b = Namespace(shm_root, "n1", "jb", SIZE, pool=1)
     a.allocate().close()
-    ns_b_obj = b.allocate()
-    ns_b_obj.close()
+    kb = sealed_object(b, 1.0)
     a.close()
-    assert b.path.exists() and ns_b_obj.path.exists()
+    assert b.path.exists() and b.exists(kb)
     b.close()
     assert not shm_root.exists()
+
+
+def test_close_gives_the_memory_back_even_while_an_endpoint_maps_the_arena(
+    ns: Namespace,
+) -> None:
+    sealed_object(ns, 1.0)
+    reader = StoreClient(ns.path)  # an endpoint granted the job: maps the whole arena
+    fd = os.open(ns.path / ARENA_NAME, os.O_RDONLY)
+    try:
+        assert os.fstat(fd).st_blocks > 0
+        ns.close()
+        assert os.fstat(fd).st_blocks == 0  # unlinked and every page given back
+    finally:
+        os.close(fd)
+        reader.close()
+
+
+def test_a_new_owner_adopts_sealed_objects_and_sweeps_the_rest(shm_root: Path) -> None:
+    first = Namespace(shm_root, "n", "j", SIZE, pool=1)
+    kept = sealed_object(first, 7.0)
+    dropped = sealed_object(first, 8.0)
+    half = first.allocate()  # never sealed: may be half-written
+    half.close()
+    first.detach()  # as a SIGKILLed gateway leaves it
+    second = Namespace(shm_root, "n", "j", SIZE, pool=1)
+    try:
+        assert not second.adopt(half.key)
+        assert second.adopt(kept) and second.adopt(kept)
+        with second.open(kept) as r:
+            assert float(r.ndarray(np.float32)[0]) == 7.0
+        assert second.sweep() == 2
+        assert not second.exists(dropped) and not second.exists(half.key)
+        assert not second.adopt(dropped)
+        slots = second.stats()["arena_slots"]
+        for _ in range(3):  # the pool's slot and the two swept ones serve new objects
+            second.allocate().close()
+        assert second.stats()["arena_slots"] == slots
+    finally:
+        second.close()
+
+
+def test_an_arena_of_other_sizes_is_replaced_not_adopted(shm_root: Path) -> None:
+    first = Namespace(shm_root, "n", "j", SIZE)
+    key = sealed_object(first, 1.0)
+    first.detach()
+    second = Namespace(shm_root, "n", "j", 2 * SIZE)
+    try:
+        assert not second.adopt(key)
+        assert second.allocate().nbytes == 2 * SIZE
+    finally:
+        second.close()
 
 
 READER = textwrap.dedent("""
@@ -152,6 +269,10 @@ READER = textwrap.dedent("""
     w.ndarray(np.float32)[:] = 2.0
     w.close()
     c.seal(sys.argv[3])
+    print(c.arena_remaps)
+    sys.stdin.readline()  # the owner grows the arena meanwhile
+    with c.open(sys.stdin.readline().strip()) as late:
+        print(float(late.ndarray(np.float32)[0]), c.arena_remaps)
 """)
 
 
@@ -163,27 +284,36 @@ def test_another_process_reads_in_place_and_writes_only_unsealed_objects(ns: Nam
     ns.seal(src.key)
     acc = ns.allocate()
     acc.close()
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-c", READER, str(ns.path), src.key, acc.key],
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        check=True,
-        timeout=120,
     )
-    total, second, writable = out.stdout.split()
+    assert proc.stdout is not None and proc.stdin is not None
+    total, second = proc.stdout.readline().split()
     assert float(total) == float(np.arange(SIZE // 4, dtype=np.float64).sum())
-    assert float(second) == 1.0 and writable == "sealed"
+    assert float(second) == 1.0 and proc.stdout.readline().strip() == "sealed"
+    assert proc.stdout.readline().strip() == "1"  # one mapping for every object so far
     assert ns.sealed(acc.key)
     with ns.open(acc.key) as r:
         assert float(r.ndarray(np.float32)[-1]) == 2.0
+    grown = [ns.allocate() for _ in range(3)]  # past the two pre-faulted slots: the file grows
+    for g in grown:
+        g.ndarray(np.float32)[:] = 9.0
+        g.close()
+        ns.seal(g.key)
+    proc.stdin.write(f"\n{grown[-1].key}\n")
+    proc.stdin.flush()
+    value, remaps = proc.stdout.readline().split()
+    assert float(value) == 9.0 and remaps == "2"  # mapped again once, for the new slots
+    assert proc.wait(timeout=60) == 0
 
 
 @pytest.mark.integration
 def test_store_outlives_a_killed_reader_and_no_tracker_unlinks_objects(ns: Namespace) -> None:
-    obj = ns.allocate()
-    obj.close()
-    ns.seal(obj.key)
-    code = f"from fedfaas.objstore import StoreClient; r = StoreClient({str(ns.path)!r}).open({obj.key!r}); import os; os._exit(9)"
+    key = sealed_object(ns, 1.0)
+    code = f"from fedfaas.objstore import StoreClient; r = StoreClient({str(ns.path)!r}).open({key!r}); import os; os._exit(9)"
     proc = subprocess.run([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 9
-    assert obj.path.exists() and StoreClient(ns.path).exists(obj.key)
+    assert ns.exists(key) and StoreClient(ns.path).exists(key)
