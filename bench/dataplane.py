@@ -17,11 +17,17 @@ Figures, all from one run on this machine (baselines in the same process tree):
   starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the
   job). Figures: weights in client memory -> global model published (``e2e_s``); the
   server-side window only, first update bytes received on the gateway's port -> global
-  published (``server_s``); the server's peak memory as the sum of ``VmHWM`` of the gateway,
-  the replicas and Redis (reset as the window opens) read at the end. The round runs with the
-  eBPF router when ``bpf.probe()`` says it loads here (``round``, ``round_lean``) and, as its
-  peer in the same run, with the userspace router (``round_userspace``); each round records the
-  router mode it got. Two baselines, the same clients measured the same way in the same run:
+  published (``server_s``); the round's tail, last update sealed -> global published
+  (``last_update_to_published_s``); the server's peak memory with every page counted once
+  (:class:`~bench.harness.round_window.PeakMemory`: the gateway's, the replicas' and Redis's
+  private and file pages, the object store's pages once, sampled every 5 ms), beside the sum of
+  their ``VmHWM`` (reset as the window opens, read at the end; it counts the store's arena once
+  per process that maps it). The round runs with the eBPF router when ``bpf.probe()`` says it
+  loads here (``round``, ``round_lean``, ``round_one_core``: the top and the publication on one
+  thread, against the default's on the node's cores) and, as its peer in the same run, with the
+  userspace router (``round_userspace``); each round records the router mode it got. The memory
+  sweep (``memory_sweep``) runs the default round at 20, 60, 120 and 200 clients. Two
+  baselines, the same clients measured the same way in the same run:
   a real Flower server (``bench.flower_baseline``: its clients serialise inside the window too)
   and the SF round (``round_sf``, :mod:`bench.harness.sf_round`: LIFL's serverful baseline,
   long-running leaf and top aggregator processes passing whole objects over HTTP: clients POST
@@ -36,7 +42,7 @@ each table row says so. The Markdown is rendered from the JSON as written
 
 Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--quick] [--out DIR]``;
 writes ``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
-``--quick`` is a smoke run (4 clients, a 4 MB model).
+``--quick`` is a smoke run (4 clients, a 4 MB model, a sweep of 4 and 8 clients).
 """
 
 from __future__ import annotations
@@ -461,6 +467,7 @@ def bench_round_e2e(
     timeout: float = 600.0,
     tag: str = "",
     gateway: dict[str, Any] | None = None,
+    aggregator_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
     Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
@@ -470,11 +477,12 @@ def bench_round_e2e(
 
     ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
     served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
-    the same end; ``server_hwm_bytes``: summed ``VmHWM`` of the gateway, the replicas and Redis
-    (and their children), reset as the window opens, read at the end. A point the memory
+    the same end; ``server_peak_bytes``: the peak of the gateway's, the replicas' and Redis's
+    memory with the object store counted once (:class:`~bench.harness.round_window.PeakMemory`);
+    ``server_hwm_bytes``: their summed ``VmHWM`` (an upper bound). A point the memory
     guard stops, that errors or times out is a failure record (``ok`` False), not an
     exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
-    the gateway's own defaults).
+    the gateway's own defaults); ``aggregator_env``: more environment for the replicas.
     """
     import httpx
     from safetensors.numpy import save
@@ -496,6 +504,7 @@ def bench_round_e2e(
     procs: list[subprocess.Popen[bytes]] = []
     guard: rw.MemoryGuard | None = None
     first: rw.FirstBytes | None = None
+    peak: rw.PeakMemory | None = None
 
     def server_pids() -> list[int]:
         return [p for p in (redis.proc.pid if redis.proc else None, gw and gw.pid) if p] + (
@@ -522,7 +531,7 @@ def bench_round_e2e(
         )
         aggs = Replicas(gw, rdir / "aggregators")
         health = gw.health()
-        aggs.spawn(replicas, endpoints)
+        aggs.spawn(replicas, endpoints, env=aggregator_env)
         aggs.wait_registered(replicas * endpoints)
         guard = rw.MemoryGuard(
             server_pids,
@@ -584,6 +593,8 @@ def bench_round_e2e(
             time.sleep(0.01)
         idle = rw.summed_rss(server_pids())
         rw.reset_hwm(server_pids())  # the peak of the window, not of the job's creation
+        peak = rw.PeakMemory(server_pids, [gw.settings.shm_root])
+        peak.start()
         first = rw.FirstBytes(gw.settings.port)
         first.start()
         (rdir / "go").touch()
@@ -601,6 +612,7 @@ def bench_round_e2e(
                 break
             time.sleep(0.02)
         hwm = rw.summed_hwm(server_pids())  # at the end, every server process still running
+        peak.stop()
         router = gw.router()
         marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
     except Exception:
@@ -611,6 +623,8 @@ def bench_round_e2e(
     finally:
         if first is not None:
             first.stop()
+        if peak is not None:
+            peak.stop()
         if guard is not None:
             guard.stop()
         kill_all()
@@ -631,8 +645,10 @@ def bench_round_e2e(
         "method": (
             "window: first client's weights-in-memory mark (before serialisation) -> global "
             "model published; server window from the first update bytes received on the "
-            "gateway's port (kernel TCP counters); memory: summed VmHWM of gateway, aggregator "
-            "replicas and Redis, reset as the window opens, read at the end"
+            "gateway's port (kernel TCP counters); memory: peak over the window of the "
+            "gateway's, aggregator replicas' and Redis's private and file pages plus the "
+            "object store's pages once, sampled every 5 ms (beside it the summed VmHWM, which "
+            "counts the store once per process mapping it)"
         ),
         "fanout": fanout,
         "max_inflight": max_inflight,
@@ -651,6 +667,10 @@ def bench_round_e2e(
         "act_s": (lr["result_ns"] - lr["first_byte_ns"]) / 1e9,
         "ingest_s": (lr["last_update_ns"] - lr["first_byte_ns"]) / 1e9,
         "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
+        # the round's tail: the last update sealed -> the global model published (encoded)
+        "last_update_to_published_s": (lr["published_ns"] - lr["last_update_ns"]) / 1e9,
+        "server_peak_bytes": peak.peak_bytes,
+        "server_peak_samples": peak.samples,
         "server_hwm_bytes": hwm["bytes"],
         "server_processes": hwm["processes"],
         "server_idle_rss_bytes": idle,
@@ -672,7 +692,23 @@ ROUNDS = (
     ("round", "default"),
     ("round_userspace", "default"),
     ("round_lean", "lean"),
+    ("round_one_core", "default, one core for the top and the publication"),
 )
+#: clients per round of the memory sweep (ResNet-18, the default round's settings)
+SWEEP = (20, 60, 120, 200)
+QUICK_SWEEP = (4, 8)
+#: the one-core variant: the top folds and the gateway encodes on one thread each
+ONE_CORE = {
+    "gateway": {"encode_threads": 1},
+    "aggregator_env": {"FEDFAAS_AGGREGATOR_TOP_THREADS": "1"},
+}
+
+
+def _peak(x: dict[str, Any]) -> float | None:
+    """The server's peak memory with shared pages counted once; the summed VmHWM in results
+    written before that was measured."""
+    v = x.get("server_peak_bytes") or x.get("server_hwm_bytes")
+    return float(v) if v else None
 
 
 def _sf(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -774,14 +810,25 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
             f"{_vs(peers, 'server_s')} | {_ratios(peers, rnd, 'server_s', 'faster')} | | {th} |"
         )
+        mem = {"server_peak": _peak(rnd)}
+        mem_peers = [(n, x and {**x, "server_peak": _peak(x)}) for n, x in peers]
         rows.append(
-            f"| round ({cfg}): server peak memory, GB: sum of VmHWM of every server-side process "
-            f"reset as the window opens, read at the end (FedFaaS: gateway, aggregator replicas, Redis, "
-            f"{rnd['server_processes']} processes, shared pages counted in each; Flower: its "
-            f"server process; SF: its leaf servers and top) | {_gb(rnd['server_hwm_bytes'])} | "
-            f"{_vs(peers, 'server_hwm_bytes', 1e9)} | "
-            f"{_ratios(peers, rnd, 'server_hwm_bytes', 'less')} | >= 5x | {th} |"
+            f"| round ({cfg}): server peak memory, GB: every page counted once (private and "
+            f"file pages of each server-side process, the object store's pages once), sampled "
+            f"every 5 ms over the window (FedFaaS: gateway, aggregator replicas, Redis; Flower: "
+            f"its server process; SF: its leaf servers and top); FedFaaS's summed VmHWM, which "
+            f"counts the store in each process mapping it, in brackets | "
+            f"{_gb(mem['server_peak'] or 0)} ({_gb(rnd['server_hwm_bytes'])}) | "
+            f"{_vs(mem_peers, 'server_peak', 1e9)} | "
+            f"{_ratios(mem_peers, mem, 'server_peak', 'less')} | >= 5x | {th} |"
         )
+        if rnd.get("last_update_to_published_s") is not None:
+            rows.append(
+                f"| round ({cfg}), FedFaaS only: the tail, last update sealed -> global model "
+                f"published, encoded and servable (s; of which -> global sealed) | "
+                f"{rnd['last_update_to_published_s']:.3f} ({rnd['after_ingest_s']:.3f}) | | | | "
+                f"{th} |"
+            )
         if rnd.get("act_over_ingest"):
             rows.append(
                 f"| round ({cfg}), FedFaaS only: ACT / pure ingest (gateway's first byte -> "
@@ -798,6 +845,42 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{peer['e2e_s'] / rnd['e2e_s']:.2f}x; "
             f"{peer['after_ingest_s'] / rnd['after_ingest_s']:.2f}x | | {th} |"
         )
+    rows += _sweep_rows(r, peers)
+    return rows
+
+
+def _sweep_rows(r: dict[str, Any], peers: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """The memory sweep: the server's peak against clients per round, flat, and the largest
+    round's against Flower's at the default round's size."""
+    sweep = r.get("memory_sweep") or {}
+    done = {int(n): x for n, x in sweep.items() if x and x.get("ok", True)}
+    if not done:
+        return []
+    th = _threads(r)
+    cells = "; ".join(
+        f"{n}: {_gb(_peak(x) or 0)}" if n in done else f"{n}: {_side(x, '')}"
+        for n, x in sorted(((int(k), v) for k, v in sweep.items()), key=lambda kv: kv[0])
+    )
+    peaks = [_peak(x) or 0.0 for x in done.values()]
+    spread = max(peaks) / min(peaks) if min(peaks) else None
+    flower = dict(peers).get("Flower")
+    largest = done[max(done)]
+    vs = ""
+    if flower and flower.get("ok", True) and _peak(flower):
+        vs = (
+            f"Flower at {flower.get('num_clients', '?')} clients {_gb(_peak(flower) or 0)}: "
+            f"{(_peak(flower) or 0) / (_peak(largest) or 1):.2f}x FedFaaS's at {max(done)}"
+        )
+    rows = [
+        f"| memory sweep (default round settings, {largest['update_bytes'] / 1e6:.1f} MB "
+        f"updates): server peak memory (GB, every page "
+        f"once) by clients per round | {cells} | {vs} | max/min "
+        f"{'n/a' if spread is None else f'{spread:.2f}'} | within 10% (max/min <= 1.10); >= 10x "
+        f"below Flower's at 20 | {th} |",
+        "| memory sweep: the round at each size (s, server window) | "
+        + "; ".join(f"{n}: {_side(x, 'server_s')}" for n, x in sorted(done.items()))
+        + f" | | | | {th} |",
+    ]
     return rows
 
 
@@ -866,7 +949,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 4, figsize=(18, 4))
+    fig, ax = plt.subplots(1, 5, figsize=(22, 4))
     ing = r["ingest"]
     ax[0].bar(
         ["FedFaaS", "raw TCP", "uvicorn+Starlette"],
@@ -891,7 +974,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
         labels.append(lab)
         e2e.append(x["e2e_s"])
         server.append(x.get("server_s") or 0.0)
-        mem.append(x["server_hwm_bytes"] / 1e9)
+        mem.append((_peak(x) or 0.0) / 1e9)
     xs = np.arange(len(labels))
     cols = [_colour(lab) for lab in labels]
     ax[2].bar(xs - 0.2, e2e, 0.4, color=cols, label="weights in memory -> global")
@@ -900,8 +983,19 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     ax[2].legend(fontsize=7)
     ax[2].set_title("round (s): end to end; server-side only")
     ax[3].bar(labels, mem, color=cols)
-    ax[3].set_title("server peak memory: summed VmHWM (GB)")
+    ax[3].set_title("server peak memory, every page once (GB)")
     ax[3].tick_params(axis="x", labelsize=7)
+    sweep = {int(n): x for n, x in (r.get("memory_sweep") or {}).items() if x and x.get("ok")}
+    if sweep:
+        ns = sorted(sweep)
+        ax[4].plot(ns, [(_peak(sweep[n]) or 0) / 1e9 for n in ns], "o-", c="tab:green")
+        ax[4].set_ylim(bottom=0)
+        ax[4].set_xlabel("clients per round")
+        flower = r.get("flower")
+        if flower and flower.get("ok", True) and _peak(flower):
+            ax[4].axhline((_peak(flower) or 0) / 1e9, ls="--", c="tab:red", label="Flower, 20")
+            ax[4].legend(fontsize=7)
+    ax[4].set_title("FedFaaS server peak memory by clients (GB)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -994,6 +1088,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         lean = {"fanout": 4, "max_inflight": 1, **agg}
         res["round_lean"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="l", **lean)
+        res["round_one_core"] = bench_round_e2e(
+            work, layout, clients, ebpf=ebpf, tag="o", **rnd, **ONE_CORE
+        )
+        res["memory_sweep"] = {
+            str(n): res["round"]
+            if n == clients
+            else bench_round_e2e(work, layout, n, ebpf=ebpf, tag="s", **rnd)
+            for n in (QUICK_SWEEP if a.quick else SWEEP)
+        }
         res["round_sf"] = run_sf_round(
             work, layout, clients, fanout=a.fanout, leaf_servers=a.sf_leaf_servers
         )

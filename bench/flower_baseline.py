@@ -206,6 +206,7 @@ def run_flower_round(
     procs: list[subprocess.Popen[bytes]] = []
     guard: rw.MemoryGuard | None = None
     first: rw.FirstBytes | None = None
+    peak: rw.PeakMemory | None = None
     weights = Path(f"/dev/shm/fedfaas-bench-flower-{os.getpid()}-{time.monotonic_ns()}")
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
         work = Path(tmp)
@@ -263,6 +264,8 @@ def run_flower_round(
                 time.sleep(0.01)
             idle_rss = rw.summed_rss([server.pid])
             rw.reset_hwm([server.pid])  # the peak of the window, not of the model's broadcast
+            peak = rw.PeakMemory(lambda: [server.pid])
+            peak.start()
             first = rw.FirstBytes(port)
             first.start()
             (work / "go").touch()
@@ -287,6 +290,8 @@ def run_flower_round(
         finally:
             if first is not None:
                 first.stop()
+            if peak is not None:
+                peak.stop()
             if guard is not None:
                 guard.stop()
             _stop(procs)
@@ -300,13 +305,17 @@ def run_flower_round(
         "method": (
             "window: first client's weights-in-memory mark (before serialisation) -> "
             "aggregate_fit returned; server window from the server's first update bytes read "
-            "(kernel TCP counters of its port); memory: VmHWM of the server process, reset as the window opens, read at the end"
+            "(kernel TCP counters of its port); memory: peak over the window of the server "
+            "process's pages, sampled every 5 ms (beside it its VmHWM, reset as the window "
+            "opens, read at the end)"
         ),
         "e2e_s": rw.window_s(starts, end),
         "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
         "ingest_s": rw.window_s(starts, marks["t_aggregate_start_ns"]),
         "aggregate_s": (end - marks["t_aggregate_start_ns"]) / 1e9,
         "round_s": rw.window_s([marks["t_configure_ns"]], end),
+        "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
+        "server_peak_samples": peak.samples if peak is not None else 0,
         "server_hwm_bytes": int(marks["server_hwm_bytes"]),
         "server_idle_rss_bytes": idle_rss,
         "server_rss_before_round_bytes": int(marks["rss_before_round"]),

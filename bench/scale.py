@@ -13,7 +13,8 @@ clients upload through ``FLClient.upload``) and then Flower
 (:func:`bench.flower_baseline.run_flower_round`), measured alike
 (:mod:`bench.harness.round_window`): the round from the first client's weights in memory (before
 serialisation) to the global model available, the server-side window from the first update
-bytes received on the server's port, and the server's peak memory as the summed ``VmHWM`` of its
+bytes received on the server's port, and the server's peak memory with every page counted once
+(:class:`~bench.harness.round_window.PeakMemory`; results written before it hold the summed ``VmHWM`` of its
 processes, reset as the window opens, read at the end. Every client is its own process on this machine; all are released
 at once.
 
@@ -57,6 +58,14 @@ QUICK_CLIENTS = (2, 4)
 QUICK_SIZES = (1_000_000, 4_000_000)
 QUICK_SIZE_AXIS_CLIENTS = 3
 QUICK_CLIENTS_SIZE = 1_000_000
+
+
+#: a side's peak-memory key: every page once; the summed VmHWM in results stored before it
+PEAK = "server_peak_bytes"
+
+
+def _peak(rec: dict[str, Any]) -> float:
+    return float(rec.get(PEAK) or rec["server_hwm_bytes"])
 
 
 def points(quick: bool = False) -> list[dict[str, Any]]:
@@ -119,7 +128,7 @@ def _cell(x: dict[str, Any], key: str, scale: float = 1.0, *, label: bool = Fals
     column of that side) or a dash."""
     if not x.get("ok", True):
         return rw.killed_at(x) if label else "—"
-    v = x.get(key)
+    v = _peak(x) if key == PEAK else x.get(key)
     return "n/a" if v is None else f"{v / scale:.2f}"
 
 
@@ -146,7 +155,7 @@ def _rows(pts: list[dict[str, Any]], axis: str) -> list[str]:
         rows.append(
             f"| {p['clients']} | {p['update_bytes'] / 1e6:.1f} | {_cell(f, 'e2e_s', label=True)} | "
             f"{_cell(fl, 'e2e_s', label=True)} | {_cell(f, 'server_s')} | {_cell(fl, 'server_s')} | "
-            f"{_cell(f, 'server_hwm_bytes', 1e9)} | {_cell(fl, 'server_hwm_bytes', 1e9)} | "
+            f"{_cell(f, PEAK, 1e9)} | {_cell(fl, PEAK, 1e9)} | "
             f"{f.get('router', '')} | {_threads(f)} / {_threads(fl)} |"
         )
     return rows
@@ -185,7 +194,7 @@ def shape(pts: list[dict[str, Any]], side: str) -> dict[str, Any]:
         growth = {
             "from_clients": lo["clients"],
             "to_clients": hi["clients"],
-            "peak_ratio": hi[side]["server_hwm_bytes"] / lo[side]["server_hwm_bytes"],
+            "peak_ratio": _peak(hi[side]) / _peak(lo[side]),
         }
     per_gb = [
         {
@@ -230,8 +239,10 @@ def render(r: dict[str, Any]) -> str:
         "client's weights in memory as float32 arrays (before serialisation) -> global model "
         "available (FedFaaS: published by the gateway; Flower: aggregate_fit returned); "
         "**server window** = first update bytes received on the server's TCP port (kernel "
-        "counters) -> the same end; **peak** = sum of VmHWM of every server-side process, reset "
-        "to its RSS as the clients are released and read at the end (FedFaaS: gateway, aggregator replicas, Redis; Flower: its server). Every "
+        "counters) -> the same end; **peak** = the server side's memory with every page counted "
+        "once (each process's private and file pages, FedFaaS's object store once), sampled every "
+        "5 ms from the clients' release to the end (FedFaaS: gateway, aggregator replicas, Redis; "
+        "Flower: its server); results stored before this measure hold the sum of VmHWM. Every "
         "client is its own process on this machine, all released at once; FedFaaS clients "
         "serialise to safetensors and upload through FLClient.upload, Flower clients return "
         "arrays from fit and Flower serialises. BLAS/OpenMP pinned to "
@@ -289,7 +300,7 @@ def plot(r: dict[str, Any], path: Path) -> None:
                 if rec.get("ok", True):
                     xs.append(x)
                     ts.append(rec["e2e_s"])
-                    ms.append(rec["server_hwm_bytes"] / 1e9)
+                    ms.append(_peak(rec) / 1e9)
                 else:
                     at = rec.get("server_rss_bytes", 0) / 1e9
                     mem_ax.plot([x], [at], "x", color=colour, ms=10)
@@ -302,7 +313,7 @@ def plot(r: dict[str, Any], path: Path) -> None:
         ax.minorticks_off()
         ax.set_xlabel(xlabel)
         ax.set_ylabel("round: weights in memory -> global (s)")
-        mem_ax.set_ylabel("server peak, summed VmHWM (GB)")
+        mem_ax.set_ylabel("server peak, every page once (GB)")
         lines = ax.get_legend_handles_labels()
         more = mem_ax.get_legend_handles_labels()
         ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")

@@ -16,11 +16,18 @@ Two kernels, one pass over memory each, chosen by the type of the accumulator:
 
 The first fold writes with ``mul(out=)`` so accumulators need no zeroing pass. torch is
 imported only when a torch tensor is passed.
+
+The numpy kernels take ``threads``: the vectors are cut into that many coordinate ranges, folded
+at once (numpy and BLAS run without the GIL). A fold is bound by memory bandwidth, so this helps
+as far as one core cannot use the node's bandwidth alone: the top aggregator, which runs alone
+at the round's tail, uses it. The top's last fold also divides in the same pass
+(:meth:`Accumulator.merge_into` and :meth:`Accumulator.merge` with ``final=True``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -48,7 +55,39 @@ def as_tensor(x: Vector) -> Any:
         return torch.from_numpy(x)
 
 
-def accumulate(acc: Vector, update: Vector, weight: float, *, first: bool = False) -> None:
+#: coordinates below which a kernel never splits (threads cost more than they save)
+MIN_SPLIT = 1 << 18
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _split(threads: int, fn: Callable[..., None], *vecs: np.ndarray) -> None:
+    """Run ``fn`` over ``threads`` coordinate ranges of the flat ``vecs`` at once (the caller's
+    thread takes the first range); one call when ``threads`` is 1 or the vectors are small."""
+    n = vecs[0].size
+    k = max(1, min(int(threads), n // MIN_SPLIT))
+    if k == 1:
+        fn(*vecs)
+        return
+    if not _POOL or _POOL[0]._max_workers < k - 1:
+        _POOL[:] = [ThreadPoolExecutor(k - 1, thread_name_prefix="fedavg")]
+    bounds = [n * i // k for i in range(k + 1)]
+    parts = [tuple(v[bounds[i] : bounds[i + 1]] for v in vecs) for i in range(k)]
+    futures = [_POOL[0].submit(fn, *part) for part in parts[1:]]
+    fn(*parts[0])
+    for f in futures:
+        f.result()
+
+
+def _flat_np(*xs: Vector) -> list[np.ndarray]:
+    arrs = [np.asarray(x) for x in xs]
+    if len({a.shape for a in arrs}) != 1:
+        raise ValueError(f"shapes differ: {', '.join(str(a.shape) for a in arrs)}")
+    return [a.reshape(-1) for a in arrs]
+
+
+def accumulate(
+    acc: Vector, update: Vector, weight: float, *, first: bool = False, threads: int = 1
+) -> None:
     """``acc += weight * update`` in one pass (``acc = weight * update`` when ``first``)."""
     w = float(weight)
     if _is_torch(acc) or _is_torch(update):
@@ -60,12 +99,17 @@ def accumulate(acc: Vector, update: Vector, weight: float, *, first: bool = Fals
         else:
             a.add_(u, alpha=w)
         return
-    a_np, u_np = np.asarray(acc), np.asarray(update)
-    if a_np.shape != u_np.shape:
-        raise ValueError(f"shapes differ: {a_np.shape} vs {u_np.shape}")
-    a_flat, u_flat = a_np.reshape(-1), u_np.reshape(-1)
+    a_flat, u_flat = _flat_np(acc, update)
     if first:
-        np.multiply(u_flat, np.float32(w), out=a_flat)
+        _split(threads, lambda a, u: np.multiply(u, np.float32(w), out=a), a_flat, u_flat)
+        return
+    _split(threads, lambda a, u: _axpy(a, u, w), a_flat, u_flat)
+
+
+def _axpy(a_flat: np.ndarray, u_flat: np.ndarray, w: float) -> None:
+    """``a += w * u`` on flat float32 arrays: BLAS saxpy, else cache-sized blocks."""
+    if w == 1.0:
+        np.add(a_flat, u_flat, out=a_flat)
         return
     saxpy = _blas_saxpy()
     if (
@@ -89,17 +133,32 @@ def accumulate(acc: Vector, update: Vector, weight: float, *, first: bool = Fals
         np.add(blk, t, out=blk)
 
 
-def add_into(out: Vector, a: Vector, b: Vector) -> None:
-    """``out = a + b`` in one pass (``a`` and ``b`` are only read)."""
+def add_into(
+    out: Vector, a: Vector, b: Vector, *, divide_by: float | None = None, threads: int = 1
+) -> None:
+    """``out = a + b`` in one pass (``a`` and ``b`` are only read); with ``divide_by``,
+    ``out = (a + b) / divide_by`` in the same pass (cache-sized blocks)."""
     if _is_torch(out) or _is_torch(a) or _is_torch(b):
         import torch
 
-        torch.add(as_tensor(a), as_tensor(b), out=as_tensor(out))
+        o = as_tensor(out)
+        torch.add(as_tensor(a), as_tensor(b), out=o)
+        if divide_by is not None:
+            o.div_(float(divide_by))
         return
-    o, x, y = np.asarray(out), np.asarray(a), np.asarray(b)
-    if not o.shape == x.shape == y.shape:
-        raise ValueError(f"shapes differ: {o.shape}, {x.shape}, {y.shape}")
-    np.add(x, y, out=o)
+    o, x, y = _flat_np(out, a, b)
+    if divide_by is None:
+        _split(threads, lambda o_, x_, y_: np.add(x_, y_, out=o_), o, x, y)
+        return
+    d = np.float32(divide_by)
+
+    def add_divide(o_: np.ndarray, x_: np.ndarray, y_: np.ndarray) -> None:
+        for i in range(0, o_.size, BLOCK):
+            blk = o_[i : i + BLOCK]
+            np.add(x_[i : i + BLOCK], y_[i : i + BLOCK], out=blk)
+            np.divide(blk, d, out=blk)
+
+    _split(threads, add_divide, o, x, y)
 
 
 _SAXPY: list[Any] = []
@@ -122,7 +181,7 @@ def _blas_saxpy() -> Any:
     return _SAXPY[0]
 
 
-def finalize(acc: Vector, weight_sum: float, out: Vector | None = None) -> Any:
+def finalize(acc: Vector, weight_sum: float, out: Vector | None = None, *, threads: int = 1) -> Any:
     """Divide the weighted sum by the weight sum, once (in place unless ``out`` is given)."""
     if weight_sum <= 0:
         raise ValueError(f"weight sum must be positive, got {weight_sum}")
@@ -136,7 +195,9 @@ def finalize(acc: Vector, weight_sum: float, out: Vector | None = None) -> Any:
         torch.div(a, float(weight_sum), out=o)
         return o
     target = acc if out is None else out
-    np.divide(acc, np.float32(weight_sum), out=target)
+    d = np.float32(weight_sum)
+    src, dst = _flat_np(acc, target)
+    _split(threads, lambda s_, t_: np.divide(s_, d, out=t_), src, dst)
     return target
 
 
@@ -145,41 +206,71 @@ class Accumulator:
     """Eager accumulator ``(S, W, n)`` over a caller-owned float32 vector ``acc``.
 
     ``add`` folds a client update (weight = sample count); ``merge`` folds a child's partial
-    sum (already weighted); ``finalize`` divides once.
+    sum (already weighted); ``finalize`` divides once. A merge with ``final=True`` divides in
+    the same pass (the top's last fold): :attr:`final` is then set and ``finalize`` does
+    nothing more. ``threads``: coordinate ranges folded at once (see the module).
     """
 
     acc: Vector
     weight: float = 0.0
     count: int = 0
     _empty: bool = field(default=True, repr=False)
+    threads: int = 1
+    final: bool = False
+
+    def _check_open(self) -> None:
+        if self.final:
+            raise ValueError("this accumulator holds a final average; nothing more folds in")
 
     def add(self, update: Vector, weight: float) -> None:
         if not weight > 0:
             raise ValueError(f"sample count must be positive, got {weight}")
-        accumulate(self.acc, update, weight, first=self._empty)
+        self._check_open()
+        accumulate(self.acc, update, weight, first=self._empty, threads=self.threads)
         self._empty = False
         self.weight += float(weight)
         self.count += 1
 
-    def merge(self, partial_sum: Vector, weight: float, count: int) -> None:
-        accumulate(self.acc, partial_sum, 1.0, first=self._empty)
+    def merge(self, partial_sum: Vector, weight: float, count: int, *, final: bool = False) -> None:
+        self._check_open()
+        total = self.weight + float(weight)
+        if final and not self._empty:
+            add_into(self.acc, self.acc, partial_sum, divide_by=total, threads=self.threads)
+        else:
+            accumulate(self.acc, partial_sum, 1.0, first=self._empty, threads=self.threads)
+            if final:
+                finalize(self.acc, total, threads=self.threads)
         self._empty = False
-        self.weight += float(weight)
+        self.weight = total
         self.count += int(count)
+        self.final = final
 
     def merge_into(
-        self, out: Vector, partial_sum: Vector, weight: float, count: int
+        self, out: Vector, partial_sum: Vector, weight: float, count: int, *, final: bool = False
     ) -> Accumulator:
-        """A new accumulator over ``out`` holding this one plus a partial, in one pass; this
-        one's vector is only read (it may be sealed)."""
+        """A new accumulator over ``out`` holding this one plus a partial, in one pass (divided
+        by the new weight sum in the same pass when ``final``); this one's vector is only read
+        (it may be sealed)."""
+        self._check_open()
+        total = self.weight + float(weight)
         if self._empty:
-            accumulate(out, partial_sum, 1.0, first=True)
+            accumulate(out, partial_sum, 1.0, first=True, threads=self.threads)
+            if final:
+                finalize(out, total, threads=self.threads)
         else:
-            add_into(out, self.acc, partial_sum)
-        return Accumulator(out, self.weight + float(weight), self.count + int(count), _empty=False)
+            divide = total if final else None
+            add_into(out, self.acc, partial_sum, divide_by=divide, threads=self.threads)
+        return Accumulator(
+            out, total, self.count + int(count), _empty=False, threads=self.threads, final=final
+        )
 
     def finalize(self, out: Vector | None = None) -> Any:
-        return finalize(self.acc, self.weight, out)
+        if self.final:
+            if out is not None:
+                raise ValueError("the average is final already; it is not written elsewhere")
+            return self.acc
+        self.final = True
+        return finalize(self.acc, self.weight, out, threads=self.threads)
 
 
 @dataclass

@@ -632,6 +632,19 @@ def encode(
     buf: memoryview | bytearray | bytes, spec: ModelSpec, metadata: Mapping[str, str] | None = None
 ) -> bytes:
     """Encode a store object's tensors as a safetensors file in the spec's wire dtypes."""
+    return bytes(encode_view(buf, spec, metadata))
+
+
+def encode_view(
+    buf: memoryview | bytearray | bytes,
+    spec: ModelSpec,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    threads: int = 1,
+) -> memoryview:
+    """:func:`encode` into a new buffer, returned as a read-only ``memoryview`` (no final copy
+    into ``bytes``): every byte written once, the data split by element range over ``threads``
+    threads (numpy's copies and casts release the GIL, so they run on as many cores)."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
@@ -645,26 +658,64 @@ def encode(
         pos += t.wire_nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    out = bytearray(8 + len(raw) + pos)
-    struct.pack_into("<Q", out, 0, len(raw))
-    out[8 : 8 + len(raw)] = raw
     base = 8 + len(raw)
-    mv = memoryview(buf)
+    out = np.empty(base + pos, np.uint8)  # not zeroed: every byte is written below
+    struct.pack_into("<Q", out.data, 0, len(raw))
+    out[8:base] = np.frombuffer(raw, np.uint8)
+    src = memoryview(buf)
+    parts = _element_ranges(spec, max(1, threads))
+    if len(parts) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(parts) - 1) as pool:
+            done = [pool.submit(_encode_part, src, out, base, part) for part in parts[1:]]
+            _encode_part(src, out, base, parts[0])
+            for f in done:
+                f.result()
+    elif parts:
+        _encode_part(src, out, base, parts[0])
+    return out.data.toreadonly()
+
+
+def _element_ranges(spec: ModelSpec, n: int) -> list[list[tuple[TensorSpec, int, int, int]]]:
+    """``n`` lists of ``(tensor, first element, end element, wire offset of the tensor)``
+    covering every element once, in nearly equal shares of bytes written."""
+    total = spec.wire_data_nbytes
+    share = -(-total // n) if total else 1
+    parts: list[list[tuple[TensorSpec, int, int, int]]] = [[] for _ in range(n)]
+    wire_pos = done = 0
     for t in spec.tensors:
-        src = np.frombuffer(mv, dtype=np.float32, count=t.numel, offset=t.offset)
-        dst = np.frombuffer(out, dtype=DTYPES[t.dtype], count=t.numel, offset=base)
+        size = DTYPES[t.dtype].itemsize
+        lo = 0
+        while lo < t.numel:
+            k = min(done // share, n - 1)
+            room = max(1, ((k + 1) * share - done) // size) if k < n - 1 else t.numel - lo
+            hi = min(t.numel, lo + room)
+            parts[k].append((t, lo, hi, wire_pos))
+            done += (hi - lo) * size
+            lo = hi
+        wire_pos += t.wire_nbytes
+    return [p for p in parts if p]
+
+
+def _encode_part(
+    src: memoryview, out: np.ndarray, base: int, part: list[tuple[TensorSpec, int, int, int]]
+) -> None:
+    for t, lo, hi, wire_pos in part:
+        dt = DTYPES[t.dtype]
+        s = np.frombuffer(src, dtype=np.float32, count=hi - lo, offset=t.offset + 4 * lo)
+        start = base + wire_pos + dt.itemsize * lo
+        d = out[start : start + dt.itemsize * (hi - lo)].view(dt)
         if t.dtype == "F32":
-            dst[...] = src
+            d[...] = s
         elif t.dtype == "BF16":
-            u = src.view(np.uint32)
-            dst[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            u = s.view(np.uint32)
+            d[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
         elif t.dtype.startswith("F"):
-            dst[...] = src.astype(dst.dtype)
+            d[...] = s.astype(d.dtype)
         else:
-            info = np.iinfo(dst.dtype)
-            dst[...] = np.clip(np.rint(src), info.min, info.max).astype(dst.dtype)
-        base += t.wire_nbytes
-    return bytes(out)
+            info = np.iinfo(d.dtype)
+            d[...] = np.clip(np.rint(s), info.min, info.max).astype(d.dtype)
 
 
 def encode_tensors(

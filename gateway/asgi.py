@@ -142,7 +142,7 @@ class AsgiExchange(Exchange):
 
         status = 500
         headers: list[tuple[str, str]] = []
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
 
         async def send(msg: dict[str, Any]) -> None:
             nonlocal status, headers
@@ -153,7 +153,7 @@ class AsgiExchange(Exchange):
                     for k, v in msg.get("headers", [])
                 ]
             elif msg["type"] == "http.response.body":
-                chunks.append(bytes(msg.get("body", b"")))
+                chunks.append(msg.get("body", b""))  # kept as given: a model is not copied
 
         try:
             await self.app(scope, receive, send)
@@ -166,7 +166,8 @@ class AsgiExchange(Exchange):
             for k, v in headers
             if k not in ("content-length", "transfer-encoding", "connection")
         ]
-        return Response(status, b"".join(chunks), headers)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return Response(status, body, headers)
 
 
 async def receive_into(scope: Any, dst: memoryview, what: str) -> None:

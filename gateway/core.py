@@ -464,7 +464,11 @@ class Gateway:
         job.global_key = bytes.fromhex(key)
         with job.ns.open(key) as obj:
             job.model_bytes = await asyncio.to_thread(
-                wire.encode, obj.buf, job.spec, {"round": str(job.version)}
+                wire.encode_view,
+                obj.buf,
+                job.spec,
+                {"round": str(job.version)},
+                threads=self.settings.encode_threads,
             )
         log.info("job %s: resumed at version %d", job.name, job.version)
         return True
@@ -745,7 +749,11 @@ class Gateway:
         assert eng is not None
         with job.ns.open(res.key) as obj:
             data = await asyncio.to_thread(
-                wire.encode, obj.buf, job.spec, {"round": str(eng.round)}
+                wire.encode_view,
+                obj.buf,
+                job.spec,
+                {"round": str(eng.round)},
+                threads=self.settings.encode_threads,
             )
         old = job.global_key
         eng.close(keep=res.key)

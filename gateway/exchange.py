@@ -58,7 +58,7 @@ class Request:
 @dataclass
 class Response:
     status: int
-    body: bytes = b""
+    body: bytes | memoryview = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod

@@ -84,7 +84,7 @@ class Job:
     revoked: set[str] = field(default_factory=set)
     version: int = 0
     global_key: bytes | None = None
-    model_bytes: bytes = b""
+    model_bytes: bytes | memoryview = b""  # safetensors (a read-only view: no copy)
     engine: RoundEngine | None = None
     endpoint: bpf.Endpoint | None = None
     inflight: set[str] = field(default_factory=set)

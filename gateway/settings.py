@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar
 
@@ -74,6 +75,8 @@ class GatewaySettings(CommandLineSettings):
         round from the journal (a crash always leaves it; the default clean stop empties it).
     stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
         at a second signal, it logs what it abandons (threads and pending tasks) and exits 1.
+    encode_threads : threads that encode a round's global model for ``GET model`` (default: the
+        node's cores, at most 4): the copy out of the store is split by element range.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
@@ -116,6 +119,7 @@ class GatewaySettings(CommandLineSettings):
         "engine_token_file": "--engine-token-file",
         "keep_store_on_stop": "--keep-store-on-stop",
         "stop_grace": "--stop-grace",
+        "encode_threads": "--encode-threads",
     }
 
     node: str = "node0"
@@ -152,6 +156,7 @@ class GatewaySettings(CommandLineSettings):
     engine_token_file: Path | None = None
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
+    encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
 
     @field_validator("peers_service")
     @classmethod

@@ -66,12 +66,15 @@ class NodeAggregators:
         self.secrets_dir = private_folder(log_dir / "secrets")
         write_file(self.secrets_dir, TOKEN_SECRET, self.token.encode())
 
-    def spawn(self, n: int = 1, endpoints: int = 1) -> list[Replica]:
-        """Start ``n`` replicas with ``endpoints`` endpoints each."""
+    def spawn(
+        self, n: int = 1, endpoints: int = 1, env: dict[str, str] | None = None
+    ) -> list[Replica]:
+        """Start ``n`` replicas with ``endpoints`` endpoints each (``env``: more settings)."""
         env = {
             **node_env(self.node, self.router_socket),
             **PINNED_THREADS,
             "FEDFAAS_AGGREGATOR_ENDPOINTS": str(endpoints),
+            **(env or {}),
         }
         new = []
         for _ in range(n):

@@ -8,11 +8,14 @@ Both sides of a comparison use these helpers, so a row compares like with like:
   ``FIRST_BYTES_THRESHOLD`` bytes of updates, seen by :class:`FirstBytes` in the kernel's
   per-socket counters (``sock_diag`` netlink, ``tcpi_bytes_received``, polled every 2 ms), the
   same way for any server whatever its language or RPC stack;
-- **memory** (:func:`reset_hwm`, :func:`summed_hwm`): every server-side process (and child)
-  has its ``VmHWM`` reset to its current RSS as the window opens; the figure is the sum of
-  each one's ``VmHWM`` read at the end of the round, before any of them exits. A page
-  mapped by two processes (a shared-memory object in the gateway and an aggregator) counts
-  twice, so this is an upper bound of the peak;
+- **memory** (:class:`PeakMemory`, :func:`unique_rss`): the server side's memory with every
+  page counted once, sampled every 5 ms over the window, its peak: each process's private
+  and file pages (``RssAnon`` + ``RssFile``) plus the pages of a shared-memory store once
+  (tmpfs blocks of its files), not once per process that maps them. Beside it, the bound
+  :func:`reset_hwm` / :func:`summed_hwm` give: every server-side process (and child) has its
+  ``VmHWM`` reset as the window opens, and the figure is the sum of each one's ``VmHWM`` read
+  at the end; a page mapped by two processes (the store's arena in the gateway and an
+  aggregator) counts twice there, so it is an upper bound;
 - **guard** (:func:`guard_decision`, :class:`MemoryGuard`): a point is stopped when the
   server side's summed ``VmRSS`` passes a limit or the machine's ``MemAvailable`` falls under
   a floor; the point is then recorded as a failure (:func:`failure`) with the sizes seen, not
@@ -149,6 +152,65 @@ def reset_hwm(pids: Iterable[int]) -> int:
         except FileNotFoundError:  # exited meanwhile
             pass
     return n
+
+
+def tmpfs_bytes(roots: Iterable[Path]) -> int:
+    """Memory held by the files under ``roots`` on a tmpfs (allocated blocks, not sizes)."""
+    total = 0
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def unique_rss(pids: Iterable[int], store_roots: Sequence[Path] = ()) -> int:
+    """The processes' memory with every page counted once: each one's ``RssAnon`` and
+    ``RssFile``, plus :func:`tmpfs_bytes` of ``store_roots`` (the shared-memory pages every
+    process of the store maps, in their ``RssShmem``). With no roots, each process's
+    ``RssShmem`` is counted as its own."""
+    fields = ("RssAnon", "RssFile") if store_roots else ("RssAnon", "RssFile", "RssShmem")
+    total = 0
+    for pid in tree(pids):
+        total += sum(status_bytes(pid, f) for f in fields)
+    return total + tmpfs_bytes(store_roots)
+
+
+class PeakMemory(threading.Thread):
+    """The peak of :func:`unique_rss` over the server side, sampled every ``period`` s from
+    :meth:`start` to :meth:`stop` (``server_pids()`` read each time: replicas come and go)."""
+
+    def __init__(
+        self,
+        server_pids: Callable[[], Iterable[int]],
+        store_roots: Sequence[Path] = (),
+        period: float = 0.005,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.server_pids, self.store_roots, self.period = server_pids, store_roots, period
+        self.peak_bytes = 0
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def sample(self) -> int:
+        now = unique_rss(self.server_pids(), self.store_roots)
+        self.peak_bytes = max(self.peak_bytes, now)
+        self.samples += 1
+        return now
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.period)
+
+    def stop(self) -> int:
+        """Stop sampling (one last sample first); returns the peak."""
+        if self.is_alive():
+            self.sample()
+            self._halt.set()
+            self.join(5)
+        return self.peak_bytes
 
 
 def summed_rss(pids: Iterable[int]) -> int:

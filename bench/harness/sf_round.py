@@ -28,8 +28,9 @@ body is read before the request is authenticated. Bad input gets a 4xx with a JS
 :func:`run_sf_round` runs one round and returns a record with the FedFaaS round's keys:
 ``e2e_s`` (first client's weights-in-memory mark -> global available), ``server_s`` (first
 update bytes received on a leaf server's port, :class:`~bench.harness.round_window.FirstBytes`
-on each leaf port, the earliest -> the same end), ``server_hwm_bytes`` (summed ``VmHWM`` of the
-leaf servers and the top, reset as the window opens, read at the end); failures as
+on each leaf port, the earliest -> the same end), ``server_peak_bytes`` (the peak of the leaf
+servers' and the top's memory, :class:`~bench.harness.round_window.PeakMemory`),
+``server_hwm_bytes`` (their summed ``VmHWM``, reset as the window opens); failures as
 :func:`~bench.harness.round_window.point_failure` records.
 """
 
@@ -505,8 +506,8 @@ METHOD = (
     "window: first client's weights-in-memory mark (before serialisation) -> global model "
     "available (divided, encoded, servable by the top); server window from the first update "
     "bytes received on a leaf server's port (kernel TCP counters, earliest of the leaf ports); "
-    "memory: summed VmHWM of the leaf servers and the top, reset as the window opens, read at "
-    "the end"
+    "memory: peak over the window of the leaf servers' and the top's pages, sampled every 5 ms "
+    "(beside it their summed VmHWM, reset as the window opens, read at the end)"
 )
 
 
@@ -580,6 +581,7 @@ def run_sf_round(
     servers = SFServers(rdir, layout, leaves)
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     guard: rw.MemoryGuard | None = None
+    peak: rw.PeakMemory | None = None
     firsts: list[rw.FirstBytes] = []
 
     def kill_all() -> None:
@@ -622,6 +624,8 @@ def run_sf_round(
             return bad
         idle = rw.summed_rss(servers.pids())
         rw.reset_hwm(servers.pids())  # the peak of the window, not of the start-up
+        peak = rw.PeakMemory(servers.pids)
+        peak.start()
         firsts = [rw.FirstBytes(port) for port in servers.leaf_ports]
         for f in firsts:
             f.start()
@@ -631,6 +635,7 @@ def run_sf_round(
         if bad := _wait(check, lambda: servers.get("/v1/status").json()["published_ns"]):
             return bad
         hwm = rw.summed_hwm(servers.pids())  # at the end, every server process still running
+        peak.stop()
         st = servers.get("/v1/status").json()
         (rdir / "global.safetensors").write_bytes(servers.get("/v1/model").content)
         marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
@@ -642,6 +647,8 @@ def run_sf_round(
     finally:
         for f in firsts:
             f.stop()
+        if peak is not None:
+            peak.stop()
         if guard is not None:
             guard.stop()
         kill_all()
@@ -661,6 +668,8 @@ def run_sf_round(
         "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
         "server_s": rw.window_s([first_ns], end) if first_ns else None,
         "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
+        "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
+        "server_peak_samples": peak.samples if peak is not None else 0,
         "server_hwm_bytes": hwm["bytes"],
         "server_processes": hwm["processes"],
         "server_idle_rss_bytes": idle,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +24,9 @@ class AggregatorSettings(BaseSettings):
     endpoints : endpoints this replica registers (each serves one slot at a time).
     kernel : ``numpy`` (blocked axpy) or ``torch`` (fused ``add_``) accumulation.
     threads : torch threads when ``kernel`` is torch.
+    top_threads : coordinate ranges a top aggregator folds at once (numpy kernel; default: the
+        replica's cores, at most 4). The top runs alone at the round's tail, after every leaf;
+        leaves and middles fold on one thread each, side by side.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_AGGREGATOR_", extra="ignore")
@@ -32,3 +36,4 @@ class AggregatorSettings(BaseSettings):
     endpoints: int = Field(default=2, ge=1, le=64)
     kernel: Literal["numpy", "torch"] = "numpy"
     threads: int = Field(default=1, ge=1)
+    top_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)

@@ -43,7 +43,10 @@ log = logging.getLogger("fedfaas.aggregator")
 
 #: "numpy" (default: blocked axpy, ~30 MB per process) or "torch" (fused add_, ~300 MB of
 #: private memory for the CUDA-enabled torch import); see fedfaas/fedavg.py.
-KERNEL = AggregatorSettings().kernel
+_SETTINGS = AggregatorSettings()
+KERNEL = _SETTINGS.kernel
+#: the top folds its coordinates on this many threads (see AggregatorSettings.top_threads)
+TOP_THREADS = _SETTINGS.top_threads
 
 
 def _flat(obj: MappedObject) -> Any:
@@ -180,7 +183,8 @@ class EndpointWorker(threading.Thread):
             self._drop_task()
             obj = self.store.open_writable(f.key)  # the gateway allocated it for this task
             flat = _flat(obj)
-            acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat)
+            threads = TOP_THREADS if f.flags & 0xFF == Role.TOP else 1
+            acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat, threads=threads)
             self._task = _Task(
                 f.round,
                 f.seq,
@@ -245,7 +249,9 @@ class EndpointWorker(threading.Thread):
         fresh object becomes the spare the next partial is folded into."""
         base = self._open_input(t, f.key)
         fresh = t.acc_obj
-        t.acc = Accumulator(_flat(base), float(f.weight), int(f.count), _empty=False)
+        t.acc = Accumulator(
+            _flat(base), float(f.weight), int(f.count), _empty=False, threads=t.acc.threads
+        )
         t.acc_obj, t.sealed = base, True
         t.spares.append(fresh.key_bytes)
         fresh.close()
@@ -254,13 +260,17 @@ class EndpointWorker(threading.Thread):
         assert self.store is not None
         obj = self._open_input(t, f.key)
         view = _flat(obj)
+        # the top's last input: the sum and the division in one pass
+        final = t.role == Role.TOP and not t.lazy and t.acc.count + f.count >= t.goal
         if partial and t.sealed:
             # the accumulator is a sealed checkpoint: read it, write the sum into a spare
             spare = self.store.open_writable(t.spares.popleft())
             sealed_obj = t.acc_obj
-            t.acc = t.acc.merge_into(_flat(spare), view, f.weight, f.count)
+            t.acc = t.acc.merge_into(_flat(spare), view, f.weight, f.count, final=final)
             t.acc_obj, t.sealed = spare, False
             sealed_obj.close()
+        elif partial and final:
+            t.acc.merge(view, f.weight, f.count, final=True)
         elif partial:
             t.acc.merge(view, f.weight, f.count)
         else:

@@ -21,17 +21,26 @@ def _round(router: str) -> dict[str, Any]:
         "e2e_s": 2.0,
         "server_s": 1.5,
         "server_gateway_mark_s": 1.49,
-        "server_hwm_bytes": 1_000_000_000,
+        "server_peak_bytes": 1_000_000_000,
+        "server_hwm_bytes": 1_500_000_000,
         "server_processes": 4,
         "act_s": 1.4,
         "ingest_s": 1.2,
         "after_ingest_s": 0.2,
+        "last_update_to_published_s": 0.25,
         "act_over_ingest": 1.4 / 1.2,
     }
 
 
 def _flower() -> dict[str, Any]:
-    return {"ok": True, "e2e_s": 8.0, "server_s": 6.0, "server_hwm_bytes": 5_000_000_000}
+    return {
+        "ok": True,
+        "num_clients": 20,
+        "e2e_s": 8.0,
+        "server_s": 6.0,
+        "server_peak_bytes": 5_000_000_000,
+        "server_hwm_bytes": 5_100_000_000,
+    }
 
 
 def _sf() -> dict[str, Any]:
@@ -44,7 +53,8 @@ def _sf() -> dict[str, Any]:
         "update_bytes": 44_764_968,
         "e2e_s": 3.0,
         "server_s": 2.4,
-        "server_hwm_bytes": 2_000_000_000,
+        "server_peak_bytes": 2_000_000_000,
+        "server_hwm_bytes": 2_200_000_000,
         "server_processes": 3,
     }
 
@@ -63,12 +73,12 @@ def test_every_round_row_names_its_window_and_compares_like_with_like() -> None:
     rows = dataplane._round_rows(_res(_flower()))
     e2e = [r for r in rows if "weights in client memory -> global model available" in r]
     server = [r for r in rows if "server-side window only" in r]
-    mem = [r for r in rows if "sum of VmHWM" in r]
+    mem = [r for r in rows if "every page counted once" in r]
     assert len(e2e) == len(server) == len(mem) == 2  # eBPF and userspace rounds
     assert "| 2.00 | Flower 8.00; SF (not run) | 4.0x faster than Flower |" in e2e[0]
     assert "clients serialise inside the window" in e2e[0]
     assert "| 1.50 (gateway's own mark 1.49) | Flower 6.00; SF (not run) | 4.0x faster" in server[0]
-    assert "| 1.00 | Flower 5.00; SF (not run) | 5.0x less than Flower |" in mem[0]
+    assert "| 1.00 (1.50) | Flower 5.00; SF (not run) | 5.0x less than Flower |" in mem[0]
     assert all("env 1 in every process" in r for r in e2e + server + mem)
 
 
@@ -76,7 +86,7 @@ def test_every_round_row_gives_the_sf_figure_and_the_ratio_against_it() -> None:
     rows = dataplane._round_rows(_res(_flower(), _sf()))
     e2e = next(r for r in rows if "weights in client memory" in r)
     server = next(r for r in rows if "server-side window only" in r)
-    mem = next(r for r in rows if "sum of VmHWM" in r)
+    mem = next(r for r in rows if "every page counted once" in r)
     assert "| Flower 8.00; SF 3.00 | 4.0x faster than Flower; 1.5x faster than SF |" in e2e
     assert "| Flower 6.00; SF 2.40 | 4.0x faster than Flower; 1.6x faster than SF |" in server
     assert "SF: the earliest of its leaf servers' ports" in server
@@ -127,3 +137,30 @@ def test_a_result_stored_before_the_sf_round_existed_renders_it_as_not_run() -> 
     rows = dataplane._round_rows(_res(None, old))
     assert any("Flower (not run); SF (not run) |  |" in r for r in rows)
     assert not any("not run: no HTTP hand-off mode" in r for r in rows)
+
+
+def test_the_tail_row_gives_last_update_to_published_and_to_sealed() -> None:
+    rows = dataplane._round_rows(_res(_flower()))
+    tail = [r for r in rows if "the tail, last update sealed -> global model published" in r]
+    assert len(tail) == 2 and "| 0.250 (0.200) |" in tail[0]
+
+
+def test_the_memory_sweep_says_how_flat_and_how_far_below_flower() -> None:
+    res = _res(_flower())
+    res["memory_sweep"] = {
+        "20": _round("ebpf"),
+        "200": {**_round("ebpf"), "clients": 200, "server_peak_bytes": 1_050_000_000},
+        "60": rw.failure("killed", "over", server_rss_bytes=3_000_000_000),
+    }
+    rows = dataplane._round_rows(res)
+    sweep = next(r for r in rows if r.startswith("| memory sweep (default round settings"))
+    assert "20: 1.00; 60: killed at 3.00 GB; 200: 1.05 |" in sweep
+    assert "Flower at 20 clients 5.00: 4.76x FedFaaS's at 200" in sweep
+    assert "max/min 1.05 |" in sweep
+
+
+def test_a_result_stored_before_the_counted_once_peak_renders_its_vmhwm() -> None:
+    old = {k: v for k, v in _round("ebpf").items() if k != "server_peak_bytes"}
+    rows = dataplane._round_rows({**_res(_flower()), "round": old})
+    mem = next(r for r in rows if "every page counted once" in r)
+    assert "| 1.50 (1.50) |" in mem

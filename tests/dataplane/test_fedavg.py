@@ -168,3 +168,49 @@ def test_preload_imports_the_blas_kernel_before_any_fold() -> None:
         "assert 'scipy.linalg.blas' in sys.modules and fedavg._SAXPY[0] is not None"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_top_on_several_threads_with_a_fused_last_fold_equals_flat_fedavg(threads: int) -> None:
+    rng = np.random.default_rng(11)
+    n = 3 * fedavg.MIN_SPLIT + 5  # enough coordinates to be cut into ranges
+    ups, ws = make_updates(rng, 6, n)
+    want = fedavg.fedavg_reference(ups, ws)
+    # two children's partial sums, as leaves send them
+    parts = []
+    for lo, hi in ((0, 3), (3, 6)):
+        leaf = fedavg.Accumulator(np.empty(n, np.float32))
+        for u, w in zip(ups[lo:hi], ws[lo:hi], strict=True):
+            leaf.add(u, w)
+        parts.append(leaf)
+    # in place: merge, then a final merge that divides in the same pass
+    top = fedavg.Accumulator(np.empty(n, np.float32), threads=threads)
+    top.merge(parts[0].acc, parts[0].weight, parts[0].count)
+    top.merge(parts[1].acc, parts[1].weight, parts[1].count, final=True)
+    assert top.final and top.count == 6 and top.weight == sum(ws)
+    assert fedavg.rel_error(top.finalize(), want) < TOL  # finalize divides no second time
+    # into a spare (the sealed checkpoint is only read)
+    ckpt = fedavg.Accumulator(parts[0].acc.copy(), parts[0].weight, parts[0].count, _empty=False)
+    ckpt.acc.setflags(write=False)
+    spare = np.full(n, np.nan, np.float32)
+    done = ckpt.merge_into(spare, parts[1].acc, parts[1].weight, parts[1].count, final=True)
+    assert done.final and done.acc is spare
+    assert fedavg.rel_error(spare, want) < TOL
+    with pytest.raises(ValueError, match="final"):
+        done.merge(parts[1].acc, 1.0, 1)
+
+
+def test_kernels_split_into_coordinate_ranges_give_the_one_thread_result() -> None:
+    rng = np.random.default_rng(5)
+    n = 4 * fedavg.MIN_SPLIT + 17
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    for threads in (2, 4):
+        one, many = a.copy(), a.copy()
+        fedavg.accumulate(one, b, 0.25)
+        fedavg.accumulate(many, b, 0.25, threads=threads)
+        assert np.array_equal(one, many)
+        out1, outk = np.empty_like(a), np.empty_like(a)
+        fedavg.add_into(out1, a, b, divide_by=3.0)
+        fedavg.add_into(outk, a, b, divide_by=3.0, threads=threads)
+        assert np.array_equal(out1, outk)
+        np.testing.assert_allclose(out1, (a + b) / np.float32(3.0), rtol=1e-6)

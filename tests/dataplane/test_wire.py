@@ -265,3 +265,17 @@ def test_encode_tensors_and_decode_tensors_round_trip() -> None:
     np.testing.assert_array_equal(out["x"], m["x"])
     np.testing.assert_array_equal(out["n"], [3.0])
     assert st_load(wire.encode_tensors(m))["n"].dtype == np.int64
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_encode_view_on_threads_is_byte_identical_to_encode(threads: int) -> None:
+    items = [("a", "F32", (3, 5)), ("b", "BF16", (7,)), ("c", "F16", (1,)), ("d", "I64", (9, 2))]
+    spec = wire.ModelSpec.build(items)
+    buf = bytearray(spec.object_nbytes)
+    rng = np.random.default_rng(3)
+    for t in spec.tensors:
+        np.frombuffer(buf, np.float32, t.numel, t.offset)[:] = rng.normal(size=t.numel) * 50
+    want = wire.encode(buf, spec, {"round": "2"})
+    got = wire.encode_view(buf, spec, {"round": "2"}, threads=threads)
+    assert got.readonly and bytes(got) == want
+    assert wire.parse_raw_header(bytes(got), wire.DEFAULT_MAX_HEADER)[0]["a"]["shape"] == [3, 5]
