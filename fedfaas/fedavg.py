@@ -57,7 +57,7 @@ def as_tensor(x: Vector) -> Any:
 
 #: coordinates below which a kernel never splits (threads cost more than they save)
 MIN_SPLIT = 1 << 18
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}  # workers -> the pool kernels share
 
 
 def _split(threads: int, fn: Callable[..., None], *vecs: np.ndarray) -> None:
@@ -68,11 +68,12 @@ def _split(threads: int, fn: Callable[..., None], *vecs: np.ndarray) -> None:
     if k == 1:
         fn(*vecs)
         return
-    if not _POOL or _POOL[0]._max_workers < k - 1:
-        _POOL[:] = [ThreadPoolExecutor(k - 1, thread_name_prefix="fedavg")]
+    pool = _POOL.get(k - 1)
+    if pool is None:
+        pool = _POOL[k - 1] = ThreadPoolExecutor(k - 1, thread_name_prefix="fedavg")
     bounds = [n * i // k for i in range(k + 1)]
     parts = [tuple(v[bounds[i] : bounds[i + 1]] for v in vecs) for i in range(k)]
-    futures = [_POOL[0].submit(fn, *part) for part in parts[1:]]
+    futures = [pool.submit(fn, *part) for part in parts[1:]]
     fn(*parts[0])
     for f in futures:
         f.result()

@@ -641,25 +641,18 @@ def encode_view(
     metadata: Mapping[str, str] | None = None,
     *,
     threads: int = 1,
+    out: np.ndarray | None = None,
 ) -> memoryview:
-    """:func:`encode` into a new buffer, returned as a read-only ``memoryview`` (no final copy
+    """:func:`encode` into a buffer, returned as a read-only ``memoryview`` (no final copy
     into ``bytes``): every byte written once, the data split by element range over ``threads``
-    threads (numpy's copies and casts release the GIL, so they run on as many cores)."""
-    header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    pos = 0
-    for t in spec.tensors:
-        header[t.name] = {
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "data_offsets": [pos, pos + t.wire_nbytes],
-        }
-        pos += t.wire_nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    base = 8 + len(raw)
-    out = np.empty(base + pos, np.uint8)  # not zeroed: every byte is written below
+    threads (numpy's copies and casts release the GIL, so they run on as many cores). ``out``:
+    a uint8 array to write into when it is large enough (one written before has its pages in
+    place: no page faults), else a new one."""
+    raw = _safetensors_header(spec, metadata)
+    base, pos = 8 + len(raw), spec.wire_data_nbytes
+    if out is None or out.dtype != np.uint8 or out.size < base + pos:
+        out = np.empty(base + pos, np.uint8)  # not zeroed: every byte is written below
+    out = out[: base + pos]
     struct.pack_into("<Q", out.data, 0, len(raw))
     out[8:base] = np.frombuffer(raw, np.uint8)
     src = memoryview(buf)
@@ -675,6 +668,28 @@ def encode_view(
     elif parts:
         _encode_part(src, out, base, parts[0])
     return out.data.toreadonly()
+
+
+def _safetensors_header(spec: ModelSpec, metadata: Mapping[str, str] | None) -> bytes:
+    """The JSON header of :func:`encode`'s output, padded to 8 bytes."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    pos = 0
+    for t in spec.tensors:
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [pos, pos + t.wire_nbytes],
+        }
+        pos += t.wire_nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
+
+
+def encoded_nbytes(spec: ModelSpec, metadata: Mapping[str, str] | None = None) -> int:
+    """Size of :func:`encode`'s output for ``spec`` and ``metadata``."""
+    return 8 + len(_safetensors_header(spec, metadata)) + spec.wire_data_nbytes
 
 
 def _element_ranges(spec: ModelSpec, n: int) -> list[list[tuple[TensorSpec, int, int, int]]]:

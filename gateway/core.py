@@ -400,6 +400,10 @@ class Gateway:
 
     def _install(self, job: Job) -> None:
         self.jobs[job.name] = job
+        if job.root == self.settings.node:  # the root publishes the job's models
+            threading.Thread(
+                target=job.reserve_model_buffers, name=f"gw-buffers-{job.name}", daemon=True
+            ).start()
         job.endpoint = self.router.local_endpoint(job.id)
         th = threading.Thread(target=self._rx, args=(job,), name=f"gw-rx-{job.name}", daemon=True)
         th.start()
@@ -754,7 +758,9 @@ class Gateway:
                 job.spec,
                 {"round": str(eng.round)},
                 threads=self.settings.encode_threads,
+                out=job.free_model_buffer(),  # pages already in place: no faults in the tail
             )
+        job.keep_model_buffer(data)
         old = job.global_key
         eng.close(keep=res.key)
         job.global_key, job.model_bytes, job.version = res.key, data, eng.round

@@ -6,10 +6,13 @@ import asyncio
 import collections
 import hmac
 import re
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 import bpf
 from fedfaas import wire
@@ -62,6 +65,11 @@ class RoundTimes:
     published_ns: int = 0
 
 
+#: model buffers a job keeps: the one served now and the one before it (a slow download may
+#: still read it); the next model is encoded into the first one nothing reads any more
+MODEL_BUFFERS = 2
+
+
 @dataclass
 class Job:
     """One job on this node."""
@@ -85,6 +93,8 @@ class Job:
     version: int = 0
     global_key: bytes | None = None
     model_bytes: bytes | memoryview = b""  # safetensors (a read-only view: no copy)
+    #: buffers models were encoded into; one that nothing reads any more is written again
+    model_buffers: list[np.ndarray] = field(default_factory=list)
     engine: RoundEngine | None = None
     endpoint: bpf.Endpoint | None = None
     inflight: set[str] = field(default_factory=set)
@@ -103,6 +113,38 @@ class Job:
         self.client_set = set(self.clients)
         self.base_plan = self.plan  # the gateway's own plan, used when none was pushed
         self.by_token = {t: c for c, t in self.tokens.items()}
+
+    def free_model_buffer(self) -> np.ndarray | None:
+        """A buffer a model was encoded into that no view reads any more (neither
+        :attr:`model_bytes` nor a response still being sent: each holds a reference to it), to
+        encode the next model into pages already in place; None when every one is read (at
+        most :data:`MODEL_BUFFERS` are kept)."""
+        for buf in self.model_buffers:
+            # references: the list, the loop variable and getrefcount's argument; any more is
+            # a view of it still alive
+            if sys.getrefcount(buf) <= 3:
+                return buf
+        return None
+
+    def reserve_model_buffers(self) -> None:
+        """Have :data:`MODEL_BUFFERS` buffers of the model's encoded size (with room for a long
+        round number) written once, so that no round's publication waits for page faults,
+        the first ones included. Run on a job's root node when the job is installed."""
+        nbytes = wire.encoded_nbytes(self.spec, {"round": "9" * 12})
+        while len(self.model_buffers) < MODEL_BUFFERS:
+            buf = np.empty(nbytes, np.uint8)
+            buf.fill(0)  # every page faulted in now, outside any round
+            self.model_buffers.append(buf)
+
+    def keep_model_buffer(self, view: memoryview) -> None:
+        """Remember the array behind a newly encoded model's view, for :meth:`free_model_buffer`."""
+        buf: Any = view.obj
+        while isinstance(buf, np.ndarray) and buf.base is not None:
+            buf = buf.base
+        if not isinstance(buf, np.ndarray) or any(b is buf for b in self.model_buffers):
+            return
+        self.model_buffers.append(buf)
+        del self.model_buffers[:-MODEL_BUFFERS]
 
     def check_client(self, client: str, header: str | None) -> None:
         """Refuse a request of ``client`` unless ``header`` carries its token (401 otherwise)

@@ -351,8 +351,12 @@ class ArenaReader:
         self._remap()
 
     def _remap(self) -> None:
+        """Map the file again if it grew (a key past the end of a file that did not grow
+        names nothing, and costs one ``fstat``, not a mapping)."""
         size = os.fstat(self.fd).st_size
         n = self.layout.slots_in(size)
+        if self.data is not None and n <= self.nslots:
+            return
         if self.data is not None:
             self._old.append(self.data)
         self.data = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)

@@ -6,8 +6,9 @@ An endpoint registers job-agnostic and serves whatever job the node gateway gran
 frame carrying the job's store folder as a directory fd); a later grant moves the same warm
 endpoint to another job (LIFL's reuse). The job's arena (its pool of objects, one file) is
 mapped once per grant, read-only, so an update or partial named in a frame is read in place with
-no open, mmap or page fault, and folded into the task's accumulator object with one fused ``add_`` each
-(``fedfaas.fedavg``); the top divides once. Frame protocol: ``gateway/rounds.py``.
+no open, mmap or page fault, and folded into the task's accumulator object in one pass each
+(``fedfaas.fedavg``); the top divides once, in the pass of its last fold, on the replica's
+cores. Frame protocol: ``gateway/rounds.py``.
 
 A middle or top (eager) checkpoints after each child's partial it folds: it seals its
 accumulator, reports it to the gateway (CHECKPOINT) and writes nothing more until the gateway

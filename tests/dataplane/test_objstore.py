@@ -317,3 +317,19 @@ def test_store_outlives_a_killed_reader_and_no_tracker_unlinks_objects(ns: Names
     proc = subprocess.run([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 9
     assert ns.exists(key) and StoreClient(ns.path).exists(key)
+
+
+def test_a_key_past_the_end_of_an_arena_that_did_not_grow_costs_no_mapping(
+    ns: Namespace,
+) -> None:
+    key = sealed_object(ns, 1.0)
+    reader = StoreClient(ns.path)
+    try:
+        for _ in range(3):
+            with pytest.raises(ObjectNotFound):
+                reader.open("ff" + "00" * 15)  # slot 255 of a two-slot arena
+        with reader.open(key) as r:
+            assert float(r.ndarray(np.float32)[0]) == 1.0
+        assert reader.arena_remaps == 1
+    finally:
+        reader.close()
