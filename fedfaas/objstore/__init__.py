@@ -1,9 +1,12 @@
-"""Per-node, per-job shared-memory object store (plain /dev/shm files + mmap).
+"""Per-node, per-job shared-memory object store (one /dev/shm arena file per job + mmap).
 
-See :mod:`fedfaas.objstore.store` for the layout and the two sides (owner and client), and
+See :mod:`fedfaas.objstore.store` for the layout and the owner's side,
+:mod:`fedfaas.objstore.client` for the functions' side, :mod:`fedfaas.objstore.arena` for the
+one file a job's objects live in, and
 :mod:`fedfaas.objstore.root` for the default root and the check that it is private.
 """
 
+from fedfaas.objstore.client import KEY_BYTES, MappedObject, StoreClient, key_hex
 from fedfaas.objstore.errors import (
     ObjectNotFound,
     ObjectSealed,
@@ -12,7 +15,7 @@ from fedfaas.objstore.errors import (
     UnsafeStoreRoot,
 )
 from fedfaas.objstore.root import DEFAULT_ROOT, check_root, default_root
-from fedfaas.objstore.store import KEY_BYTES, MappedObject, Namespace, StoreClient, key_hex
+from fedfaas.objstore.store import Namespace
 
 __all__ = [
     "DEFAULT_ROOT",

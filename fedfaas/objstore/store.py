@@ -11,11 +11,12 @@ unlinks segments it did not create.
 
 Two sides share one folder:
 
-- :class:`Namespace` (the owner, the node gateway): allocates from pre-faulted slots, seals,
-  counts leases and frees (the slot is kept for reuse, or its pages given back past the pool
-  target), and on ``close`` leaves the root as it found it.
-- :class:`StoreClient` (aggregator functions): reads sealed objects in place, read-only, and
-  writes into unsealed objects the owner allocated for it (its accumulator), then seals them.
+- :class:`Namespace` (the owner, the node gateway; this module): allocates from pre-faulted
+  slots, seals, counts leases and frees (the slot is kept for reuse, or its pages given back
+  past the pool target), and on ``close`` leaves the root as it found it.
+- :class:`~fedfaas.objstore.client.StoreClient` (aggregator functions): reads sealed objects in
+  place, read-only, and writes into unsealed objects the owner allocated for it (its
+  accumulator), then seals them.
 """
 
 from __future__ import annotations
@@ -24,235 +25,33 @@ import contextlib
 import logging
 import mmap
 import os
-import re
-import stat
 import threading
-import warnings
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from fedfaas.objstore.arena import (
     ARENA_NAME,
     SEALED,
-    STANDALONE,
     WRITABLE,
     ArenaOwner,
-    ArenaReader,
     check_entry,
     key_slot,
     standalone_key,
+)
+from fedfaas.objstore.client import (
+    MappedObject,
+    StoreClient,
+    check_name,
+    file_sealed,
+    in_arena,
+    key_hex,
 )
 from fedfaas.objstore.errors import ObjectNotFound, ObjectSealed, StoreError, StoreFull
 from fedfaas.objstore.root import private_dir
 
 log = logging.getLogger(__name__)
 
-KEY_BYTES = 16
 #: slots of a job's arena (its table is 32 bytes a slot); objects past it are plain files
 DEFAULT_ARENA_SLOTS = 1024
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_HEX = re.compile(r"^[0-9a-f]{32}$")
-
-
-def key_hex(key: bytes | str) -> str:
-    """Validate a key (16 bytes or 32 lower-case hex chars) and return its hex form."""
-    if isinstance(key, bytes | bytearray):
-        if len(key) != KEY_BYTES:
-            raise StoreError(f"a key is {KEY_BYTES} bytes, got {len(key)}")
-        return bytes(key).hex()
-    if not _HEX.match(key):
-        raise StoreError(f"malformed object key {key!r:.40}")
-    return key
-
-
-def check_name(kind: str, name: str) -> str:
-    if not _NAME.match(name):
-        raise StoreError(f"{kind} name {name!r:.70} must match {_NAME.pattern}")
-    return name
-
-
-def in_arena(key: bytes | str) -> bool:
-    """Whether an object lives in its job's arena (else it is a plain file)."""
-    return key_slot(bytes.fromhex(key_hex(key))) != STANDALONE
-
-
-class MappedObject:
-    """One object's bytes. ``buf`` is a memoryview (read-only unless writable).
-
-    Views from :meth:`ndarray` and :meth:`tensor` share the memory (no copy). Close the object
-    when done; an object's own mapping with live views is released when the last view dies.
-    """
-
-    def __init__(
-        self, key: str, buf: memoryview, *, writable: bool, mm: mmap.mmap | None = None
-    ) -> None:
-        self.key = key
-        self.buf = buf
-        self.writable = writable
-        self.nbytes = len(buf)
-        self._mm = mm  # a mapping of this object alone, unmapped on close
-
-    @classmethod
-    def map_file(cls, path: Path, key: str, writable: bool) -> MappedObject:
-        """Map a plain-file object (read-only, or read-write), pre-faulted."""
-        flags = os.O_RDWR if writable else os.O_RDONLY
-        try:
-            fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise ObjectNotFound(key) from None
-        try:
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            mm = mmap.mmap(
-                fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot
-            )
-        finally:
-            os.close(fd)
-        return cls(key, memoryview(mm), writable=writable, mm=mm)
-
-    @property
-    def key_bytes(self) -> bytes:
-        return bytes.fromhex(self.key)
-
-    def ndarray(self, dtype: Any = np.float32, offset: int = 0, count: int = -1) -> np.ndarray:
-        """A numpy view (read-only for read mappings)."""
-        return np.frombuffer(self.buf, dtype=dtype, count=count, offset=offset)
-
-    def tensor(self, offset: int = 0, count: int = -1) -> Any:
-        """A float32 torch tensor viewing the mapping (no copy). Never write through a read map."""
-        import torch
-
-        arr = self.ndarray(np.float32, offset, count)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable numpy views
-            return torch.from_numpy(arr)
-
-    def close(self) -> None:
-        try:
-            self.buf.release()
-            if self._mm is not None:
-                self._mm.close()
-        except BufferError:
-            log.debug("object %s still has live views; unmapped when they die", self.key)
-
-    def __enter__(self) -> MappedObject:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _file_sealed(path: Path) -> bool:
-    return not (os.stat(path).st_mode & stat.S_IWUSR)
-
-
-class StoreClient:
-    """Function-side access to one namespace folder (created by the node's gateway).
-
-    The job's arena is mapped once, read-only, when the client is made (an endpoint makes one
-    per grant); :meth:`close` unmaps it.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise StoreError(f"no object store namespace at {self.path}")
-        self._reader: ArenaReader | None = None
-        if type(self) is StoreClient and (self.path / ARENA_NAME).exists():
-            self._reader = ArenaReader(self.path)
-
-    @classmethod
-    def from_dir_fd(cls, fd: int) -> StoreClient:
-        """A client of the folder open as directory ``fd`` (a grant from the node's router).
-
-        The fd is borrowed: it must stay open while the client is used.
-        """
-        return cls(Path(f"/proc/self/fd/{fd}"))
-
-    def _file(self, key: bytes | str) -> tuple[Path, str]:
-        k = key_hex(key)
-        return self.path / k, k
-
-    def _arena_reader(self, k: str) -> ArenaReader:
-        if self._reader is None:
-            raise ObjectNotFound(k)  # an arena key in a folder without an arena
-        return self._reader
-
-    def open(self, key: bytes | str) -> MappedObject:
-        """Read a sealed object in place (read-only)."""
-        k = key_hex(key)
-        if not in_arena(k):
-            return MappedObject.map_file(self.path / k, k, writable=False)
-        return MappedObject(k, self._arena_view(k), writable=False)
-
-    def _arena_view(self, k: str) -> memoryview:
-        return self._arena_reader(k).view(bytes.fromhex(k))
-
-    def open_writable(self, key: bytes | str) -> MappedObject:
-        """Map an unsealed object read-write; raises :class:`ObjectSealed` once sealed."""
-        k = key_hex(key)
-        if in_arena(k):
-            return self._arena_writable(k)
-        p = self.path / k
-        try:
-            if _file_sealed(p):
-                raise ObjectSealed(k)
-        except FileNotFoundError:
-            raise ObjectNotFound(k) from None
-        return MappedObject.map_file(p, k, writable=True)
-
-    def _arena_writable(self, k: str) -> MappedObject:
-        mm = self._arena_reader(k).map_writable(bytes.fromhex(k))
-        nbytes = self._arena_reader(k).layout.object_nbytes
-        return MappedObject(k, memoryview(mm)[:nbytes], writable=True, mm=mm)
-
-    def seal(self, key: bytes | str) -> None:
-        """Make an object read-only for everyone from now on."""
-        k = key_hex(key)
-        if in_arena(k):
-            self._arena_seal(k)
-            return
-        try:
-            os.chmod(self.path / k, 0o400)
-        except FileNotFoundError:
-            raise ObjectNotFound(k) from None
-
-    def _arena_seal(self, k: str) -> None:
-        self._arena_reader(k).seal(bytes.fromhex(k))
-
-    def sealed(self, key: bytes | str) -> bool:
-        k = key_hex(key)
-        if in_arena(k):
-            return self._arena_state(k) == SEALED
-        try:
-            return _file_sealed(self.path / k)
-        except FileNotFoundError:
-            raise ObjectNotFound(k) from None
-
-    def _arena_state(self, k: str) -> int:
-        return self._arena_reader(k).state(bytes.fromhex(k))
-
-    def exists(self, key: bytes | str) -> bool:
-        k = key_hex(key)
-        if not in_arena(k):
-            return (self.path / k).exists()
-        try:
-            self._arena_state(k)
-        except ObjectNotFound:
-            return False
-        return True
-
-    @property
-    def arena_remaps(self) -> int:
-        """How many times this client mapped the arena (1, plus one each time it grew)."""
-        return 0 if self._reader is None else self._reader.remaps
-
-    def close(self) -> None:
-        """Unmap the arena (views still alive keep their pages until they die)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
 
 
 class Namespace(StoreClient):
@@ -403,7 +202,7 @@ class Namespace(StoreClient):
             return True
         p = self.path / k
         try:
-            if not _file_sealed(p) or os.stat(p).st_size != self.object_nbytes:
+            if not file_sealed(p) or os.stat(p).st_size != self.object_nbytes:
                 return False
         except FileNotFoundError:
             return False
