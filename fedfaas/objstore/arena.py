@@ -122,10 +122,11 @@ class Layout:
 
 
 class _Table:
-    """The slot table, read and written in place through a small read-write mapping."""
+    """The slot table, read and written in place through a small read-write mapping. The one
+    place the rules of a slot's states live: only a sealed object is read in place, only a
+    writable one is mapped for writing, and only a writable one becomes sealed."""
 
     def __init__(self, fd: int, layout: Layout) -> None:
-        self.layout = layout
         self.mm = mmap.mmap(fd, layout.data_off, flags=mmap.MAP_SHARED)
 
     def get(self, slot: int) -> tuple[bytes, int, int]:
@@ -139,23 +140,39 @@ class _Table:
         struct.pack_into("<I", self.mm, off + 20, gen)
         struct.pack_into("<I", self.mm, off + 16, state)
 
-    def set_state(self, slot: int, state: int) -> None:
-        struct.pack_into("<I", self.mm, HEADER_SIZE + ENTRY_SIZE * slot + 16, state)
+    def entry(self, key: bytes, nslots: int) -> tuple[int, int]:
+        """The slot of ``key`` and its state; :class:`ObjectNotFound` unless the table holds it."""
+        slot = key_slot(key)
+        if slot >= nslots:
+            raise ObjectNotFound(key.hex())
+        k, state, _ = self.get(slot)
+        if k != key or state == FREE:
+            raise ObjectNotFound(key.hex())
+        return slot, state
+
+    def readable(self, key: bytes, nslots: int) -> int:
+        """The slot of a sealed object (:class:`StoreError` while it is still written)."""
+        slot, state = self.entry(key, nslots)
+        if state != SEALED:
+            raise StoreError(f"object {key.hex()} is not sealed yet; only sealed objects are read")
+        return slot
+
+    def writable(self, key: bytes, nslots: int) -> int:
+        """The slot of an object not sealed yet (:class:`ObjectSealed` once it is)."""
+        slot, state = self.entry(key, nslots)
+        if state != WRITABLE:
+            raise ObjectSealed(key.hex())
+        return slot
+
+    def seal(self, key: bytes, nslots: int) -> None:
+        """Mark a writable object sealed (a sealed one stays as it is)."""
+        slot, state = self.entry(key, nslots)
+        if state == WRITABLE:
+            struct.pack_into("<I", self.mm, HEADER_SIZE + ENTRY_SIZE * slot + 16, SEALED)
 
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):
             self.mm.close()
-
-
-def check_entry(table: _Table, key: bytes, nslots: int) -> tuple[int, int]:
-    """The slot of ``key`` and its state; :class:`ObjectNotFound` unless the table holds it."""
-    slot = key_slot(key)
-    if slot >= nslots:
-        raise ObjectNotFound(key.hex())
-    k, state, _ = table.get(slot)
-    if k != key or state == FREE:
-        raise ObjectNotFound(key.hex())
-    return slot, state
 
 
 class ArenaOwner:
@@ -245,38 +262,31 @@ class ArenaOwner:
     def _punch(self, slot: int) -> None:
         punch_hole(self.fd, self.layout.offset(slot), self.layout.stride)
 
-    def add_backed(self) -> int | None:
-        """A new pre-faulted free slot at the end of the file, or None when the arena is full."""
-        if self.nslots >= self.layout.max_slots:
-            return None
-        slot = self.nslots
-        os.ftruncate(self.fd, self.layout.offset(slot + 1))
-        self.maps.append(None)
+    def _grow_free(self) -> bool:
+        """Add one pre-faulted slot to the free list: a hole backed again, else a new slot at
+        the end of the file. False when the arena is full."""
+        if self.holes:
+            slot = self.holes.pop()
+        elif self.nslots < self.layout.max_slots:
+            slot = self.nslots
+            os.ftruncate(self.fd, self.layout.offset(slot + 1))
+            self.maps.append(None)
+        else:
+            return False
         self._back(slot)
         self.free.append(slot)
-        return slot
+        return True
 
     def prefault(self, n: int) -> None:
         """Have at least ``n`` free slots pre-faulted (fewer when the arena is full)."""
-        while len(self.free) < n:
-            if self.holes:
-                slot = self.holes.pop()
-                self._back(slot)
-                self.free.append(slot)
-            elif self.add_backed() is None:
-                return
+        while len(self.free) < n and self._grow_free():
+            pass
 
     def take(self) -> tuple[int, bytes] | None:
         """A slot for a new object, marked writable under a fresh key; None when full."""
-        if self.free:
-            slot = self.free.pop()
-        elif self.holes:
-            slot = self.holes.pop()
-            self._back(slot)
-        else:
-            if self.add_backed() is None:
-                return None
-            slot = self.free.pop()
+        if not self.free and not self._grow_free():
+            return None
+        slot = self.free.pop()
         _, _, gen = self.table.get(slot)
         gen = (gen + 1) & 0xFFFF_FFFF
         key = make_key(slot, gen)
@@ -363,25 +373,22 @@ class ArenaReader:
         self.nslots = n
         self.remaps += 1
 
-    def _entry(self, key: bytes) -> tuple[int, int]:
+    def _slots(self, key: bytes) -> int:
+        """Slots mapped, the file mapped again first if ``key`` is past them and it grew."""
         if key_slot(key) >= self.nslots:
             self._remap()
-        return check_entry(self.table, key, self.nslots)
+        return self.nslots
 
     def view(self, key: bytes) -> memoryview:
         """A read-only view of a sealed object: no system call once the slot is mapped."""
-        slot, state = self._entry(key)
-        if state != SEALED:
-            raise StoreError(f"object {key.hex()} is not sealed yet; only sealed objects are read")
+        slot = self.table.readable(key, self._slots(key))
         assert self.data is not None
         off = self.layout.offset(slot)
         return memoryview(self.data)[off : off + self.layout.object_nbytes]
 
     def map_writable(self, key: bytes) -> mmap.mmap:
         """A read-write mapping of an object allocated for this reader and not sealed yet."""
-        slot, state = self._entry(key)
-        if state != WRITABLE:
-            raise ObjectSealed(key.hex())
+        slot = self.table.writable(key, self._slots(key))
         return mmap.mmap(
             self.fd,
             self.layout.stride,
@@ -390,12 +397,10 @@ class ArenaReader:
         )
 
     def seal(self, key: bytes) -> None:
-        slot, state = self._entry(key)
-        if state == WRITABLE:
-            self.table.set_state(slot, SEALED)
+        self.table.seal(key, self._slots(key))
 
     def state(self, key: bytes) -> int:
-        return self._entry(key)[1]
+        return self.table.entry(key, self._slots(key))[1]
 
     def close(self) -> None:
         for mm in [*self._old, self.data]:

@@ -46,9 +46,15 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-def in_arena(key: bytes | str) -> bool:
-    """Whether an object lives in its job's arena (else it is a plain file)."""
-    return key_slot(bytes.fromhex(key_hex(key))) != STANDALONE
+def parse_key(key: bytes | str) -> tuple[bytes, str]:
+    """A key validated once, in both forms: 16 bytes and 32 hex chars."""
+    k = key_hex(key)
+    return (bytes.fromhex(k) if isinstance(key, str) else bytes(key)), k
+
+
+def in_arena(key: bytes) -> bool:
+    """Whether the object a 16-byte key names lives in its job's arena (else a plain file)."""
+    return key_slot(key) != STANDALONE
 
 
 class MappedObject:
@@ -143,30 +149,40 @@ class StoreClient:
         """
         return cls(Path(f"/proc/self/fd/{fd}"))
 
-    def _file(self, key: bytes | str) -> tuple[Path, str]:
-        k = key_hex(key)
-        return self.path / k, k
-
-    def _arena_reader(self, k: str) -> ArenaReader:
+    # -- the arena's side of each call; the owner (Namespace) reaches it its own way -----------
+    def _arena_reader(self, kb: bytes) -> ArenaReader:
         if self._reader is None:
-            raise ObjectNotFound(k)  # an arena key in a folder without an arena
+            raise ObjectNotFound(kb.hex())  # an arena key in a folder without an arena
         return self._reader
 
+    def _arena_view(self, kb: bytes) -> memoryview:
+        return self._arena_reader(kb).view(kb)
+
+    def _arena_writable(self, kb: bytes) -> tuple[memoryview, mmap.mmap | None]:
+        reader = self._arena_reader(kb)
+        mm = reader.map_writable(kb)
+        return memoryview(mm)[: reader.layout.object_nbytes], mm
+
+    def _arena_seal(self, kb: bytes) -> None:
+        self._arena_reader(kb).seal(kb)
+
+    def _arena_state(self, kb: bytes) -> int:
+        return self._arena_reader(kb).state(kb)
+
+    # -- the calls ---------------------------------------------------------------------------
     def open(self, key: bytes | str) -> MappedObject:
         """Read a sealed object in place (read-only)."""
-        k = key_hex(key)
-        if not in_arena(k):
+        kb, k = parse_key(key)
+        if not in_arena(kb):
             return MappedObject.map_file(self.path / k, k, writable=False)
-        return MappedObject(k, self._arena_view(k), writable=False)
-
-    def _arena_view(self, k: str) -> memoryview:
-        return self._arena_reader(k).view(bytes.fromhex(k))
+        return MappedObject(k, self._arena_view(kb), writable=False)
 
     def open_writable(self, key: bytes | str) -> MappedObject:
         """Map an unsealed object read-write; raises :class:`ObjectSealed` once sealed."""
-        k = key_hex(key)
-        if in_arena(k):
-            return self._arena_writable(k)
+        kb, k = parse_key(key)
+        if in_arena(kb):
+            buf, mm = self._arena_writable(kb)
+            return MappedObject(k, buf, writable=True, mm=mm)
         p = self.path / k
         try:
             if file_sealed(p):
@@ -175,43 +191,32 @@ class StoreClient:
             raise ObjectNotFound(k) from None
         return MappedObject.map_file(p, k, writable=True)
 
-    def _arena_writable(self, k: str) -> MappedObject:
-        mm = self._arena_reader(k).map_writable(bytes.fromhex(k))
-        nbytes = self._arena_reader(k).layout.object_nbytes
-        return MappedObject(k, memoryview(mm)[:nbytes], writable=True, mm=mm)
-
     def seal(self, key: bytes | str) -> None:
         """Make an object read-only for everyone from now on."""
-        k = key_hex(key)
-        if in_arena(k):
-            self._arena_seal(k)
+        kb, k = parse_key(key)
+        if in_arena(kb):
+            self._arena_seal(kb)
             return
         try:
             os.chmod(self.path / k, 0o400)
         except FileNotFoundError:
             raise ObjectNotFound(k) from None
 
-    def _arena_seal(self, k: str) -> None:
-        self._arena_reader(k).seal(bytes.fromhex(k))
-
     def sealed(self, key: bytes | str) -> bool:
-        k = key_hex(key)
-        if in_arena(k):
-            return self._arena_state(k) == SEALED
+        kb, k = parse_key(key)
+        if in_arena(kb):
+            return self._arena_state(kb) == SEALED
         try:
             return file_sealed(self.path / k)
         except FileNotFoundError:
             raise ObjectNotFound(k) from None
 
-    def _arena_state(self, k: str) -> int:
-        return self._arena_reader(k).state(bytes.fromhex(k))
-
     def exists(self, key: bytes | str) -> bool:
-        k = key_hex(key)
-        if not in_arena(k):
+        kb, k = parse_key(key)
+        if not in_arena(kb):
             return (self.path / k).exists()
         try:
-            self._arena_state(k)
+            self._arena_state(kb)
         except ObjectNotFound:
             return False
         return True

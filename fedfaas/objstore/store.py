@@ -31,9 +31,7 @@ from pathlib import Path
 from fedfaas.objstore.arena import (
     ARENA_NAME,
     SEALED,
-    WRITABLE,
     ArenaOwner,
-    check_entry,
     key_slot,
     standalone_key,
 )
@@ -44,8 +42,9 @@ from fedfaas.objstore.client import (
     file_sealed,
     in_arena,
     key_hex,
+    parse_key,
 )
-from fedfaas.objstore.errors import ObjectNotFound, ObjectSealed, StoreError, StoreFull
+from fedfaas.objstore.errors import ObjectNotFound, StoreFull
 from fedfaas.objstore.root import private_dir
 
 log = logging.getLogger(__name__)
@@ -111,32 +110,22 @@ class Namespace(StoreClient):
         self._arena.prefault(pool)
 
     # -- the owner's own access: through its per-slot mappings ------------------------------
-    def _arena_slot(self, k: str) -> tuple[int, int]:
-        return check_entry(self._arena.table, bytes.fromhex(k), self._arena.nslots)
-
-    def _arena_view(self, k: str) -> memoryview:
+    def _arena_view(self, kb: bytes) -> memoryview:
         with self._lock:
-            slot, state = self._arena_slot(k)
-            if state != SEALED:
-                raise StoreError(f"object {k} is not sealed yet; only sealed objects are read")
+            slot = self._arena.table.readable(kb, self._arena.nslots)
             return self._arena.view(slot).toreadonly()
 
-    def _arena_writable(self, k: str) -> MappedObject:
+    def _arena_writable(self, kb: bytes) -> tuple[memoryview, mmap.mmap | None]:
         with self._lock:
-            slot, state = self._arena_slot(k)
-            if state != WRITABLE:
-                raise ObjectSealed(k)
-            return MappedObject(k, self._arena.view(slot), writable=True)
+            return self._arena.view(self._arena.table.writable(kb, self._arena.nslots)), None
 
-    def _arena_seal(self, k: str) -> None:
+    def _arena_seal(self, kb: bytes) -> None:
         with self._lock:
-            slot, state = self._arena_slot(k)
-            if state == WRITABLE:
-                self._arena.table.set_state(slot, SEALED)
+            self._arena.table.seal(kb, self._arena.nslots)
 
-    def _arena_state(self, k: str) -> int:
+    def _arena_state(self, kb: bytes) -> int:
         with self._lock:
-            return self._arena_slot(k)[1]
+            return self._arena.table.entry(kb, self._arena.nslots)[1]
 
     # -- allocation ------------------------------------------------------------------------
     def allocate(self) -> MappedObject:
@@ -183,18 +172,17 @@ class Namespace(StoreClient):
         Used by a restarted gateway to recover what it had journaled. Returns False if the
         object is gone or was never sealed (an unsealed one may be half-written).
         """
-        k = key_hex(key)
-        if in_arena(k):
+        kb, k = parse_key(key)
+        if in_arena(kb):
             with self._lock:
                 try:
-                    _, state = self._arena_slot(k)
+                    slot, state = self._arena.table.entry(kb, self._arena.nslots)
                 except ObjectNotFound:
                     return False
                 if state != SEALED:
                     return False
                 if k in self._leases:
                     return True
-                slot = key_slot(bytes.fromhex(k))
                 if slot not in self._arena.existing:
                     return False
                 self._arena.existing.discard(slot)
@@ -260,9 +248,9 @@ class Namespace(StoreClient):
 
     def _recycle(self, k: str) -> None:
         """Free ``k``'s storage (called under the lock, its lease gone)."""
-        if in_arena(k):
-            slot = key_slot(bytes.fromhex(k))
-            self._arena.give_back(slot, keep=len(self._arena.free) < self.pool_target)
+        kb = bytes.fromhex(k)
+        if in_arena(kb):
+            self._arena.give_back(key_slot(kb), keep=len(self._arena.free) < self.pool_target)
             return
         mm = self._files.pop(k, None)
         try:
