@@ -27,12 +27,13 @@ at the round's tail, uses it. The top's last fold also divides in the same pass
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import partial, reduce
 from typing import Any
 
 import numpy as np
+
+from fedfaas.parallel import run_all
 
 Vector = Any  # torch.Tensor or np.ndarray (float32, same length)
 BLOCK = 1 << 15  # elements per numpy block: 128 KiB, stays in L2
@@ -57,26 +58,15 @@ def as_tensor(x: Vector) -> Any:
 
 #: coordinates below which a kernel never splits (threads cost more than they save)
 MIN_SPLIT = 1 << 18
-_POOL: dict[int, ThreadPoolExecutor] = {}  # workers -> the pool kernels share
 
 
 def _split(threads: int, fn: Callable[..., None], *vecs: np.ndarray) -> None:
-    """Run ``fn`` over ``threads`` coordinate ranges of the flat ``vecs`` at once (the caller's
-    thread takes the first range); one call when ``threads`` is 1 or the vectors are small."""
+    """Run ``fn`` over ``threads`` coordinate ranges of the flat ``vecs`` at once
+    (:func:`fedfaas.parallel.run_all`); one call when ``threads`` is 1 or the vectors are small."""
     n = vecs[0].size
     k = max(1, min(int(threads), n // MIN_SPLIT))
-    if k == 1:
-        fn(*vecs)
-        return
-    pool = _POOL.get(k - 1)
-    if pool is None:
-        pool = _POOL[k - 1] = ThreadPoolExecutor(k - 1, thread_name_prefix="fedavg")
     bounds = [n * i // k for i in range(k + 1)]
-    parts = [tuple(v[bounds[i] : bounds[i + 1]] for v in vecs) for i in range(k)]
-    futures = [pool.submit(fn, *part) for part in parts[1:]]
-    fn(*parts[0])
-    for f in futures:
-        f.result()
+    run_all([partial(fn, *(v[bounds[i] : bounds[i + 1]] for v in vecs)) for i in range(k)])
 
 
 def _flat_np(*xs: Vector) -> list[np.ndarray]:

@@ -24,9 +24,12 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
+
+from fedfaas.parallel import run_all
 
 ALIGN = 64
 HEADER_SIZE = 64
@@ -656,17 +659,9 @@ def encode_view(
     struct.pack_into("<Q", out.data, 0, len(raw))
     out[8:base] = np.frombuffer(raw, np.uint8)
     src = memoryview(buf)
-    parts = _element_ranges(spec, max(1, threads))
-    if len(parts) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(len(parts) - 1) as pool:
-            done = [pool.submit(_encode_part, src, out, base, part) for part in parts[1:]]
-            _encode_part(src, out, base, parts[0])
-            for f in done:
-                f.result()
-    elif parts:
-        _encode_part(src, out, base, parts[0])
+    run_all(
+        [partial(_encode_part, src, out, base, part) for part in _element_ranges(spec, threads)]
+    )
     return out.data.toreadonly()
 
 
@@ -696,6 +691,7 @@ def _element_ranges(spec: ModelSpec, n: int) -> list[list[tuple[TensorSpec, int,
     """``n`` lists of ``(tensor, first element, end element, wire offset of the tensor)``
     covering every element once, in nearly equal shares of bytes written."""
     total = spec.wire_data_nbytes
+    n = max(1, n)
     share = -(-total // n) if total else 1
     parts: list[list[tuple[TensorSpec, int, int, int]]] = [[] for _ in range(n)]
     wire_pos = done = 0
