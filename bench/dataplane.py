@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.harness.round_window import server_peak
 from bench.runinfo import (
     PINNED_THREADS,
     pinned_threads,
@@ -704,13 +705,6 @@ ONE_CORE = {
 }
 
 
-def _peak(x: dict[str, Any]) -> float | None:
-    """The server's peak memory with shared pages counted once; the summed VmHWM in results
-    written before that was measured."""
-    v = x.get("server_peak_bytes") or x.get("server_hwm_bytes")
-    return float(v) if v else None
-
-
 def _sf(r: dict[str, Any]) -> dict[str, Any] | None:
     """The SF round's record, or None when it was not run (results written before it existed
     stored ``{"ran": False, "reason": ...}`` under ``round_sf``)."""
@@ -810,8 +804,8 @@ def _round_rows(r: dict[str, Any]) -> list[str]:
             f"{_side(rnd, 'server_s')} (gateway's own mark {rnd['server_gateway_mark_s']:.2f}) | "
             f"{_vs(peers, 'server_s')} | {_ratios(peers, rnd, 'server_s', 'faster')} | | {th} |"
         )
-        mem = {"server_peak": _peak(rnd)}
-        mem_peers = [(n, x and {**x, "server_peak": _peak(x)}) for n, x in peers]
+        mem = {"server_peak": server_peak(rnd)}
+        mem_peers = [(n, x and {**x, "server_peak": server_peak(x)}) for n, x in peers]
         rows.append(
             f"| round ({cfg}): server peak memory, GB: every page counted once (private and "
             f"file pages of each server-side process, the object store's pages once), sampled "
@@ -858,18 +852,18 @@ def _sweep_rows(r: dict[str, Any], peers: list[tuple[str, dict[str, Any] | None]
         return []
     th = _threads(r)
     cells = "; ".join(
-        f"{n}: {_gb(_peak(x) or 0)}" if n in done else f"{n}: {_side(x, '')}"
+        f"{n}: {_gb(server_peak(x) or 0)}" if n in done else f"{n}: {_side(x, '')}"
         for n, x in sorted(((int(k), v) for k, v in sweep.items()), key=lambda kv: kv[0])
     )
-    peaks = [_peak(x) or 0.0 for x in done.values()]
+    peaks = [server_peak(x) or 0.0 for x in done.values()]
     spread = max(peaks) / min(peaks) if min(peaks) else None
     flower = dict(peers).get("Flower")
     largest = done[max(done)]
     vs = ""
-    if flower and flower.get("ok", True) and _peak(flower):
+    if flower and flower.get("ok", True) and server_peak(flower):
         vs = (
-            f"Flower at {flower.get('num_clients', '?')} clients {_gb(_peak(flower) or 0)}: "
-            f"{(_peak(flower) or 0) / (_peak(largest) or 1):.2f}x FedFaaS's at {max(done)}"
+            f"Flower at {flower.get('num_clients', '?')} clients {_gb(server_peak(flower) or 0)}: "
+            f"{(server_peak(flower) or 0) / (server_peak(largest) or 1):.2f}x FedFaaS's at {max(done)}"
         )
     rows = [
         f"| memory sweep (default round settings, {largest['update_bytes'] / 1e6:.1f} MB "
@@ -974,7 +968,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
         labels.append(lab)
         e2e.append(x["e2e_s"])
         server.append(x.get("server_s") or 0.0)
-        mem.append((_peak(x) or 0.0) / 1e9)
+        mem.append((server_peak(x) or 0.0) / 1e9)
     xs = np.arange(len(labels))
     cols = [_colour(lab) for lab in labels]
     ax[2].bar(xs - 0.2, e2e, 0.4, color=cols, label="weights in memory -> global")
@@ -988,12 +982,14 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     sweep = {int(n): x for n, x in (r.get("memory_sweep") or {}).items() if x and x.get("ok")}
     if sweep:
         ns = sorted(sweep)
-        ax[4].plot(ns, [(_peak(sweep[n]) or 0) / 1e9 for n in ns], "o-", c="tab:green")
+        ax[4].plot(ns, [(server_peak(sweep[n]) or 0) / 1e9 for n in ns], "o-", c="tab:green")
         ax[4].set_ylim(bottom=0)
         ax[4].set_xlabel("clients per round")
         flower = r.get("flower")
-        if flower and flower.get("ok", True) and _peak(flower):
-            ax[4].axhline((_peak(flower) or 0) / 1e9, ls="--", c="tab:red", label="Flower, 20")
+        if flower and flower.get("ok", True) and server_peak(flower):
+            ax[4].axhline(
+                (server_peak(flower) or 0) / 1e9, ls="--", c="tab:red", label="Flower, 20"
+            )
             ax[4].legend(fontsize=7)
     ax[4].set_title("FedFaaS server peak memory by clients (GB)")
     fig.tight_layout()

@@ -14,9 +14,9 @@ clients upload through ``FLClient.upload``) and then Flower
 (:mod:`bench.harness.round_window`): the round from the first client's weights in memory (before
 serialisation) to the global model available, the server-side window from the first update
 bytes received on the server's port, and the server's peak memory with every page counted once
-(:class:`~bench.harness.round_window.PeakMemory`; results written before it hold the summed ``VmHWM`` of its
-processes, reset as the window opens, read at the end. Every client is its own process on this machine; all are released
-at once.
+(:class:`~bench.harness.round_window.PeakMemory`; results written before it hold the summed
+``VmHWM`` of its processes, reset as the window opens, read at the end). Every client is its
+own process on this machine; all are released at once.
 
 A point that cannot finish is a result, not a crash: the memory guard stops it when the server
 side's summed RSS passes ``--server-mem-limit-gb`` or the machine's available memory falls
@@ -60,12 +60,12 @@ QUICK_SIZE_AXIS_CLIENTS = 3
 QUICK_CLIENTS_SIZE = 1_000_000
 
 
-#: a side's peak-memory key: every page once; the summed VmHWM in results stored before it
+#: a side's peak-memory key: every page once (``rw.server_peak`` reads older results too)
 PEAK = "server_peak_bytes"
 
 
 def _peak(rec: dict[str, Any]) -> float:
-    return float(rec.get(PEAK) or rec["server_hwm_bytes"])
+    return rw.server_peak(rec) or 0.0
 
 
 def points(quick: bool = False) -> list[dict[str, Any]]:

@@ -170,11 +170,9 @@ class Endpoint:
                     return grant
             if self._rx_have == 0 or self._stream:
                 ready = self._spin()
-                if ready:
-                    pass
-                elif deadline is None:
+                if not ready and deadline is None:
                     ready = self._poll.poll(-1)
-                else:
+                elif not ready:
                     ready = self._poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
                     if not ready:
                         return None

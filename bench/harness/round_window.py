@@ -213,6 +213,13 @@ class PeakMemory(threading.Thread):
         return self.peak_bytes
 
 
+def server_peak(rec: dict[str, Any]) -> float | None:
+    """A round record's server peak memory: every page once (``server_peak_bytes``), or in
+    records stored before that was measured the summed ``VmHWM``; None when it has neither."""
+    v = rec.get("server_peak_bytes") or rec.get("server_hwm_bytes")
+    return float(v) if v else None
+
+
 def summed_rss(pids: Iterable[int]) -> int:
     return sum(status_bytes(pid, "VmRSS") for pid in tree(pids))
 
