@@ -170,12 +170,13 @@ class Endpoint:
                     return grant
             if self._rx_have == 0 or self._stream:
                 ready = self._spin()
-                if not ready and deadline is None:
-                    ready = self._poll.poll(-1)
-                elif not ready:
-                    ready = self._poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
-                    if not ready:
-                        return None
+                if not ready:
+                    if deadline is None:
+                        ready = self._poll.poll(-1)
+                    else:
+                        ready = self._poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+                        if not ready:
+                            return None
                 if split and any(fd != data_fd for fd, _ in ready):
                     # a GRANT may wait there: it was sent before any frame it enables
                     grant = self._read_control()
