@@ -1,6 +1,7 @@
 # FedFaaS front door. `make demo` and `make test` do their own set-up (scripts/setup.sh).
 #   make setup            apt packages, .venv, MinIO and helm (idempotent, seconds when done)
 #   make test | test-all  pytest without / with the slow tests
+#   make test-faults      the fault campaign on the one-machine platform (bench/faults.py)
 #   make demo             the demo on a fresh platform in $(STATE)
 #   make up|status|down   the one-machine platform in $(STATE) (down leaves only logs/);
 #                         `make up WITH=all` adds the gateway, cache engine, tracker, control plane
@@ -17,6 +18,7 @@ export PATH := $(VENV)/bin:$(CACHE)/bin:$(PATH)
 STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
+FAULTS_ARGS ?=
 BENCHES := dataplane ebpf control flstore scale
 # images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag)
 ENGINE ?=
@@ -24,7 +26,7 @@ REGISTRY ?= ghcr.io/fedfaas
 TAG ?=
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all demo bench lint up down status helm chart images \
+.PHONY: setup test test-all test-faults demo bench lint up down status helm chart images \
 	$(addprefix bench-,$(BENCHES))
 
 setup:
@@ -35,6 +37,11 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the fault campaign (issue 13): faults injected into `fedfaas up --with all`, results in
+# bench/results/faults.{json,md}; exits 1 while a fault is not survived
+test-faults: setup
+	$(PY) -m bench.faults $(FAULTS_ARGS)
 
 demo: setup
 	$(VENV)/bin/fedfaas demo --state-dir $(STATE)

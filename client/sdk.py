@@ -88,10 +88,15 @@ class GlobalModel:
 
 @dataclass(frozen=True)
 class UploadReceipt:
+    """A 202: the update is sealed and journaled on the node. ``resent``: an earlier attempt's
+    answer was lost (the connection broke) and the node said it holds this client's update of
+    the round already (409 ``duplicate_client``); ``key`` is then empty."""
+
     key: str
     round: int
     client: str
     seconds: float
+    resent: bool = False
 
 
 @dataclass(frozen=True)
@@ -254,6 +259,7 @@ class FLClient:
         meta: Mapping[str, float] | None = None,
         not_open_wait: float = 30.0,
         busy_wait: float = 60.0,
+        unavailable_wait: float = 30.0,
     ) -> UploadReceipt:
         """Upload this client's full local weights for ``round``.
 
@@ -272,6 +278,10 @@ class FLClient:
         now) is retried after the wait it asks for, at most ``BUSY_RETRIES`` times and
         ``busy_wait`` s in all (each wait logged); then, or for any other 5xx,
         :class:`GatewayUnavailable`.
+        A broken connection, a refused one or a 5xx without ``Retry-After`` (a gateway that
+        restarts) is retried for up to ``unavailable_wait`` s (0: never). A retry the node
+        answers 409 ``duplicate_client`` means an earlier attempt landed and only its answer
+        was lost: the receipt then says ``resent``. The update counts once either way.
         """
         if isinstance(update, bytes | bytearray | memoryview):
             data = bytes(update) if not isinstance(update, bytes) else update
@@ -294,6 +304,7 @@ class FLClient:
         deadline = time.monotonic() + not_open_wait
         delay = 0.05
         busy, retries = 0.0, 0  # seconds waited on 503s so far, and how often
+        down_until: float | None = None  # the node is unreachable: retry until then
         while True:
             try:
                 resp = self._request(
@@ -304,6 +315,13 @@ class FLClient:
                 )
                 break
             except StaleRound as exc:
+                if exc.error == "duplicate_client" and down_until is not None:
+                    log.info(
+                        "%s: round %d upload had landed before the break", self.client_id, round
+                    )
+                    return UploadReceipt(
+                        "", int(round), self.client_id, time.perf_counter() - t0, True
+                    )
                 # The node has not opened the round yet (it follows the root node's
                 # publication); anything else (stale, future, full, duplicate) is final.
                 if exc.error not in NOT_YET_OPEN or time.monotonic() + delay > deadline:
@@ -312,7 +330,16 @@ class FLClient:
                 delay = min(delay * 2, 1.0)
             except GatewayUnavailable as exc:
                 wait = exc.retry_after
-                if wait is None or retries >= BUSY_RETRIES or busy + wait > busy_wait:
+                if wait is None:
+                    now = time.monotonic()
+                    down_until = now + unavailable_wait if down_until is None else down_until
+                    if now + delay > down_until:
+                        raise
+                    log.warning("%s: %s; retrying", self.client_id, exc.reason[:200])
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if retries >= BUSY_RETRIES or busy + wait > busy_wait:
                     raise
                 retries += 1
                 log.warning(

@@ -277,6 +277,7 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         function=settings.function,
         alpha=settings.alpha,
         health_failures=settings.health_failures,
+        node_grace_s=settings.node_grace_s,
         admin_token=token,
         scale_down_after=settings.scale_down_s,
     )

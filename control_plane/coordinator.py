@@ -20,8 +20,10 @@ With over-provisioning the plan covers every selected client, so at goal (and at
 deadline) the round is closed early on the gateways (``POST .../close``: intake stops, then
 the goals drop to the counts each node holds) and the top publishes from those updates.
 
-Node health: a gateway failing ``health_failures`` consecutive ``/healthz`` probes is taken
-out of placement. If the surviving nodes of an open round hold updates, the round is closed
+Node health: a gateway failing ``health_failures`` consecutive ``/healthz`` probes for at
+least ``node_grace_s`` seconds is taken out of placement (a gateway process that restarts,
+as the platform's supervisor or a kubelet restarts it, is back well within the grace and
+resumes its rounds from its journal and shared memory). If the surviving nodes of an open round hold updates, the round is closed
 on them: its goal drops to what reached them, the updates the dead node had accepted are
 lost with its shared memory (counted in ``lost``, logged), and the round completes with
 the exact FedAvg of the survivors' updates. If they hold none yet (or the gateways cannot
@@ -113,6 +115,7 @@ class Coordinator:
         function: str = "aggregator",
         alpha: float = 0.7,
         health_failures: int = 2,
+        node_grace_s: float = 0.0,
         auto_rounds: bool = True,
         admin_token: str | None = None,
         job_ready_timeout: float = 30.0,
@@ -133,6 +136,7 @@ class Coordinator:
         self.function = function
         self.queues = QueueEstimator(alpha)
         self.health_failures = health_failures
+        self.node_grace_s = node_grace_s
         self.auto_rounds = auto_rounds
         self.admin_token = admin_token
         self.job_ready_timeout = job_ready_timeout
@@ -574,10 +578,16 @@ class Coordinator:
                 if body is not None:
                     if not h.healthy:
                         log.info("node %s is back in placement", name)
-                    h.healthy, h.failures = True, 0
+                    h.healthy, h.failures, h.failing_since = True, 0, None
                     continue
                 h.failures += 1
-                if h.healthy and h.failures >= self.health_failures:
+                now = self.clock()
+                h.failing_since = now if h.failing_since is None else h.failing_since
+                if (
+                    h.healthy
+                    and h.failures >= self.health_failures
+                    and now - h.failing_since >= self.node_grace_s
+                ):
                     h.healthy = False
                     log.warning("node %s stopped answering /healthz: out of placement", name)
                     self.queues.forget(name)
@@ -773,6 +783,7 @@ class Coordinator:
             "completed": job.completed,
             "done": job.done,
             "policy": job.spec.policy,
+            "root": job.root,  # the node that publishes the global model and runs the top
             "round": None if rnd is None else round_view(rnd),
             "history": job.history,
         }

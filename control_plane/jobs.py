@@ -130,6 +130,8 @@ class NodeHealth:
     mc: float
     healthy: bool = True
     failures: int = 0
+    #: when the current run of failed probes began (None while it answers)
+    failing_since: float | None = None
 
 
 def round_view(rnd: RoundInfo) -> dict[str, Any]:

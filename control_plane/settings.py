@@ -51,6 +51,9 @@ class ControlPlaneSettings(CommandLineSettings):
         Control period: health probes, progress polls, deadline checks.
     health_failures
         Consecutive failed ``/healthz`` probes before a node leaves placement.
+    node_grace_s
+        ... and for at least this many seconds: a gateway that restarts (its supervisor or
+        kubelet starts it again in a second or two) keeps its place and its rounds.
     alpha
         EWMA coefficient of the queue estimate (0.7 in the paper).
     scale_down_s
@@ -84,6 +87,7 @@ class ControlPlaneSettings(CommandLineSettings):
         "mc": "--mc",
         "tick_s": "--tick",
         "health_failures": "--health-failures",
+        "node_grace_s": "--node-grace",
         "alpha": "--alpha",
         "scale_down_s": "--scale-down",
         "admin_token_file": "--admin-token-file",
@@ -104,6 +108,7 @@ class ControlPlaneSettings(CommandLineSettings):
     mc: float = 20.0
     tick_s: float = 0.5
     health_failures: int = 2
+    node_grace_s: float = Field(default=10.0, ge=0)
     alpha: float = 0.7
     scale_down_s: float = 30.0
     admin_token_file: Path | None = None

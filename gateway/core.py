@@ -510,8 +510,13 @@ class Gateway:
                     superseded=gone,
                 )
         recs = await self.journal.round_updates(job.name, eng.round)
+        me = self.settings.node
+        # a restored checkpoint or partial of a remote child names that node's clients too; only
+        # the updates accepted here count in this node's intake (its ``received``, its capacity)
+        for client in [c for c in eng.clients if recs.get(c, {}).get("node", me) != me]:
+            del eng.clients[client]
         for client, rec in sorted(recs.items(), key=lambda kv: kv[1].get("t", 0)):
-            if rec.get("node") != self.settings.node or client in eng.clients:
+            if rec.get("node") != me or client in eng.clients:
                 continue
             if not job.ns.adopt(rec["key"]):
                 log.error(

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from fedfaas.platform import credentials, ebpf, optional, procs, state
 from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
@@ -22,7 +24,7 @@ from fedfaas.platform.errors import (
     StopFailed,
 )
 from fedfaas.platform.functions import FunctionInfo, list_functions
-from fedfaas.platform.parts import PARTS, ServiceSpec, ordered
+from fedfaas.platform.parts import PARTS, SUPERVISOR, ServiceSpec, ordered
 from fedfaas.platform.state import PlatformState, ServiceRecord
 from fedfaas.services import ServiceError, free_port
 from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
@@ -107,7 +109,7 @@ class Platform:
         if parts is None:
             front = openfaas_gateway_parts.PARTS if openfaas_gateway is not None else []
             try:
-                parts = [*PARTS, *front, *optional.resolve(settings.with_parts)]
+                parts = [*PARTS, *front, *optional.resolve(settings.with_parts), SUPERVISOR]
             except KeyError as exc:
                 raise PlatformError(
                     f"unknown part {exc.args[0]!r}; choose from {', '.join(optional.OPTIONAL)} "
@@ -118,7 +120,8 @@ class Platform:
 
     def _spec(self, name: str) -> ServiceSpec | None:
         """The spec of a recorded part: one of ours, else a known core or optional part."""
-        for p in (*self.parts, *PARTS, *openfaas_gateway_parts.PARTS, *optional.OPTIONAL.values()):
+        known = (*PARTS, *openfaas_gateway_parts.PARTS, *optional.OPTIONAL.values(), SUPERVISOR)
+        for p in (*self.parts, *known):
             if p.name == name:
                 return p
         return None
@@ -229,18 +232,25 @@ class Platform:
         return chosen
 
     def _start(self, part: ServiceSpec, ctx: Context, st: PlatformState) -> None:
+        rec = self._launch(part, ctx, "fedfaas up")
+        st.services.append(rec)
+        state.save(st)
+        self._await_ready(part, ctx, rec)
+
+    def _launch(self, part: ServiceSpec, ctx: Context, why: str) -> ServiceRecord:
+        """Prepare ``part`` and start its process; the record says how to find it again."""
         log_path = ctx.log_path(part.name)
         try:
             part.prepare(ctx)
             argv = part.argv(ctx)
             env = {**os.environ, **ctx.env(), **part.env(ctx)}
             with open(log_path, "a") as f:
-                f.write(f"=== fedfaas up {time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n")
+                f.write(f"=== {why} {time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n")
             cwd = part.cwd(ctx) if part.cwd else ctx.state_dir
             pid, created = procs.spawn_daemon(argv, env=env, log_path=log_path, cwd=cwd)
         except (ServiceError, OSError) as exc:  # a binary or a folder that is not there
             raise ServiceFailed(part.name, f"cannot start: {exc}") from exc
-        rec = ServiceRecord(
+        return ServiceRecord(
             name=part.name,
             pid=pid,
             create_time=created,
@@ -249,13 +259,15 @@ class Platform:
             log=str(log_path),
             extra=part.extra(ctx),
         )
-        st.services.append(rec)
-        state.save(st)
+
+    def _await_ready(self, part: ServiceSpec, ctx: Context, rec: ServiceRecord) -> None:
+        """Poll ``part`` until it is ready, then run its ``after_start``."""
+        log_path = Path(rec.log)
         timeout = part.start_timeout or self.settings.start_timeout
         deadline = time.monotonic() + timeout
         while not part.ready(ctx):
-            if not procs.is_alive(pid, created):
-                code = procs.exit_code(pid)
+            if not procs.is_alive(rec.pid, rec.create_time):
+                code = procs.exit_code(rec.pid)
                 raise ServiceFailed(
                     part.name,
                     f"exited with code {code} before it was ready",
@@ -267,11 +279,55 @@ class Platform:
                     part.name, f"not ready after {timeout:.0f}s", log_path, procs.log_tail(log_path)
                 )
             time.sleep(0.1)
-        log.info("%s ready at %s (pid %d)", part.name, rec.address, pid)
+        log.info("%s ready at %s (pid %d)", part.name, rec.address, rec.pid)
         try:
             part.after_start(ctx)
         except PlatformError as exc:
             raise ServiceFailed(part.name, str(exc), log_path, procs.log_tail(log_path)) from exc
+
+    # --- revive (the supervisor's step) --------------------------------------------------------
+
+    def dead_parts(self) -> list[str]:
+        """Recorded parts whose process is gone, in start order (empty when nothing runs)."""
+        st = state.load(self.state_dir) if self.state_dir.is_dir() else None
+        if st is None:
+            return []
+        return [r.name for r in st.services if not procs.is_alive(r.pid, r.create_time)]
+
+    def revive(self, names: list[str]) -> list[str]:
+        """Start again those of ``names`` whose process died, on their recorded ports.
+
+        What a kubelet or systemd does for a crashed service: the part runs again with the same
+        command line, secrets and data, and recovers its own state (a node gateway from its
+        journal and shared memory, the control plane from Redis). Each restart is counted in
+        the part's ``restarts`` (shown by ``status``) and logged in its log. Parts are started
+        in their start order and each is ready before the next, as in :meth:`up`.
+
+        Returns the parts started. Nothing is done while another command holds the state folder
+        (``up`` or ``down`` at work): :class:`StateDirError` then.
+        """
+        started: list[tuple[ServiceSpec, ServiceRecord]] = []
+        with state.locked(self.state_dir):
+            st = state.load(self.state_dir)
+            if st is None:
+                return []
+            ctx = self._context(st)
+            for i, rec in enumerate(st.services):
+                if rec.name not in names or procs.is_alive(rec.pid, rec.create_time):
+                    continue
+                spec = self._spec(rec.name)
+                if spec is None:
+                    continue
+                count = int(rec.extra.get("restarts", "0")) + 1
+                new = self._launch(spec, ctx, f"restart {count} after pid {rec.pid} died:")
+                new.extra["restarts"] = str(count)
+                st.services[i] = new
+                state.save(st)
+                started.append((spec, new))
+                log.warning("%s died (pid %d); restarted as pid %d", rec.name, rec.pid, new.pid)
+        for spec, new in started:
+            self._await_ready(spec, ctx, new)
+        return [spec.name for spec, _ in started]
 
     # --- down -------------------------------------------------------------------------------
 
@@ -297,7 +353,10 @@ class Platform:
             return []
         if not self.state_dir.is_dir():
             raise StateDirError(f"state folder {self.state_dir} is not a folder")
-        with state.locked(self.state_dir):
+        # the supervisor first, and without the lock (it may hold it for a moment, reviving a
+        # part): nothing may start again while the others are stopped
+        self._stop_supervisor()
+        with state.locked(self.state_dir, wait_s=self.settings.stop_timeout):
             st = state.load(self.state_dir)
             stopped: list[str] = []
             if st is not None:
@@ -308,6 +367,14 @@ class Platform:
             if left:
                 raise PlatformError(f"could not clean {self.state_dir}: {left} remain")
             return stopped
+
+    def _stop_supervisor(self) -> None:
+        st = state.load(self.state_dir)
+        rec = None if st is None else st.record(SUPERVISOR.name)
+        # the supervisor alone: the parts it restarted are its children, and each is stopped
+        # below in its turn (reverse start order), not all at once with it
+        if rec is not None and procs.is_alive(rec.pid, rec.create_time):
+            procs.kill_all([psutil.Process(rec.pid)], self.settings.stop_timeout)
 
     def _teardown(self, st: PlatformState) -> None:
         """Stop every process of ``st``, then run the parts' cleanups (e.g. /dev/shm)."""

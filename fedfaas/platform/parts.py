@@ -18,6 +18,7 @@ Command lines come from the components' settings classes (:mod:`fedfaas.cmdline`
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,24 @@ RUNTIME = ServiceSpec(
 
 #: The parts of a node, in start order (``down`` stops them in reverse).
 PARTS: list[ServiceSpec] = [MINIO, REDIS, RUNTIME]
+
+# --- The supervisor ------------------------------------------------------------------------------
+
+#: Started last by ``fedfaas up`` (stopped first by ``down``): starts again any part whose process
+#: dies, as a kubelet does for a pod (:mod:`fedfaas.platform.supervisor`).
+SUPERVISOR = ServiceSpec(
+    name="supervisor",
+    ports=(),
+    argv=lambda ctx: [
+        sys.executable,
+        "-m",
+        "fedfaas.platform.supervisor",
+        "--state-dir",
+        str(ctx.state_dir),
+    ],
+    ready=lambda ctx: True,
+    address=lambda ctx: "-",
+)
 
 
 def ordered(parts: list[ServiceSpec]) -> list[ServiceSpec]:

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -121,16 +122,25 @@ def prepare_dir(state_dir: Path) -> None:
 
 
 @contextmanager
-def locked(state_dir: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the state folder, so two `up`/`down` never interleave."""
+def locked(state_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold an exclusive lock on the state folder, so two `up`/`down` never interleave.
+
+    ``wait_s``: how long to wait for another holder (the supervisor restarting a part holds
+    it for a moment) before :class:`StateDirError`.
+    """
     fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise StateDirError(
-                f"another fedfaas command is working on {state_dir}; wait for it to finish"
-            ) from exc
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError as exc:
+                if time.monotonic() >= deadline:
+                    raise StateDirError(
+                        f"another fedfaas command is working on {state_dir}; wait for it to finish"
+                    ) from exc
+                time.sleep(0.05)
         yield
     finally:
         os.close(fd)

@@ -331,3 +331,45 @@ def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_recor
             "http://tracker", "oort", "j", params={"k": 99}, token="t", transport=_mock(refuse)
         )
     assert (err.value.status, err.value.error) == (422, "invalid_params")
+
+
+def test_an_upload_rides_out_a_restarting_gateway_and_a_landed_upload_is_resent() -> None:
+    """The first attempt breaks (the gateway died after sealing it), the next is refused (it
+    is starting), the third hears 409 duplicate_client: the update landed once, receipt
+    ``resent``. Without a break, a duplicate is the caller's error (StaleRound)."""
+    calls: list[int] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(len(req.read()))
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("peer closed connection", request=req)
+        if len(calls) == 2:
+            raise httpx.ConnectError("connection refused", request=req)
+        return httpx.Response(409, json={"error": "duplicate_client", "detail": "already sent"})
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    receipt = c.upload(2, b"x" * 1000, 5)
+    assert receipt.resent and receipt.round == 2 and receipt.key == ""
+    assert calls == [1000, 1000, 1000], "each attempt streamed the whole body again"
+
+    calls.clear()
+    c2 = FLClient(
+        "http://gw",
+        "job",
+        "c1",
+        "tok",
+        transport=_mock(lambda r: httpx.Response(409, json={"error": "duplicate_client"})),
+    )
+    with pytest.raises(StaleRound):
+        c2.upload(2, b"x", 5)
+
+
+def test_an_upload_gives_up_after_unavailable_wait() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=req)
+
+    c = FLClient("http://gw", "job", "c1", "tok", transport=_mock(handler))
+    with pytest.raises(GatewayUnavailable):
+        c.upload(1, b"x", 1, unavailable_wait=0.3)
+    with pytest.raises(GatewayUnavailable):
+        c.upload(1, b"x", 1, unavailable_wait=0)

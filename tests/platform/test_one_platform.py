@@ -432,3 +432,55 @@ def test_the_function_scales_back_down_when_idle(platform: Platform) -> None:
     log = (p.state_dir / "logs" / "control-plane.log").read_text()
     assert "--scale-down 20.0" in log
     wait_until(lambda: len(p.replicas()) == 1, 90, "scale-down to the minimum after idling")
+
+
+def test_the_root_gateway_and_the_control_plane_killed_mid_round_restart_and_lose_nothing(
+    platform: Platform,
+) -> None:
+    """SIGKILL of the job's root gateway and of the control plane after half the round's
+    uploads: the platform's supervisor starts both again on their ports (``status`` counts the
+    restarts), the gateway resumes the round from its journal and shared memory, the control
+    plane its jobs from Redis, within the node grace (no evacuation), and the round's model is
+    the FedAvg of every acknowledged update, each once."""
+    p = platform
+    clients = [f"r{i}" for i in range(6)]
+    p.create_job("restart", clients, rounds=1)
+    p.wait_open("restart", 1)
+    sent = {c: (make_update(700 + i), i + 1) for i, c in enumerate(clients)}
+    for c in clients[:3]:
+        with p.client("restart", c) as fl:
+            fl.upload(1, save(sent[c][0]), sent[c][1])
+    cp = p.urls["control_plane"]
+    root = httpx.get(f"{cp}/v1/jobs/restart", headers=p.admin, timeout=10).json()["root"]
+    victims = {"gateway" if root == "node0" else "gateway-node1", "control-plane"}
+    st = state.load(p.state_dir)
+    assert st is not None
+    before = {r.name: r for r in st.services if r.name in victims}
+    for rec in before.values():
+        os.kill(rec.pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = state.load(p.state_dir)
+        assert now is not None
+        recs = {r.name: r for r in now.services if r.name in victims}
+        return all(
+            r.pid != before[n].pid and r.extra.get("restarts") == "1" for n, r in recs.items()
+        ) and bool(httpx.get(f"{cp}/healthz", timeout=5).status_code == 200)
+
+    wait_until(restarted, 60, "the supervisor to restart the root gateway and the control plane")
+    for c in clients[3:]:
+        with p.client("restart", c) as fl:
+            fl.upload(1, save(sent[c][0]), sent[c][1])
+    with p.root_client("restart", "r0") as fl:
+        model = fl.wait_for_version(1, timeout=120)
+    assert_fedavg(model.data, [u for u, _ in sent.values()], [w for _, w in sent.values()])
+    job = httpx.get(f"{cp}/v1/jobs/restart", headers=p.admin, timeout=10).json()
+    assert job["done"] and job["history"][0]["lost"] == 0, job
+    out = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "status", "--state-dir", str(p.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert "restarts 1" in out.stdout and "supervisor" in out.stdout, out.stdout

@@ -1,0 +1,663 @@
+"""The fault campaign (issue 13): real faults injected into the platform a user starts, at a
+random point of a round, repeated; nothing acknowledged may be lost or counted twice.
+
+    make test-faults                       # every fault, 3 runs each
+    python -m bench.faults --runs 5 --faults replica,root-gateway
+
+Each fault gets a fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`, the
+demo's own platform, supervisor included) and ``--runs`` jobs on it. A job: ``CLIENTS`` clients
+on both node gateways, ``ROUNDS`` rounds, every client uploading each round through the SDK
+(:class:`client.sdk.FLClient`, 4 at a time). The fault is injected once per job, after a random
+number of acknowledged uploads of a random round (FLStore's faults: at a random moment of a
+query). Then, for each job:
+
+- **finished**: the control plane reports the job done;
+- **exact**: each round's global model in MinIO equals the FedAvg of exactly the updates the
+  clients got a 202 for (relative error <= 1e-6), and its ``meta.json`` lists exactly them:
+  ``lost`` counts acknowledged updates missing from it, ``double`` updates counted more than
+  once or counted without an acknowledgement;
+- **checkpoints**: rounds 0..ROUNDS each have their global model and ``meta.json`` in MinIO;
+- **queries**: a Multi-Krum query on the last round answers through the request tracker;
+- **recovery**: seconds from the fault (a kill; for MinIO, the end of its outage) until every
+  part is alive and ready and every function has a ready replica again (``fedfaas status``).
+
+After the platform is taken down: is any of its shared memory or any of its processes left?
+Results: ``bench/results/faults.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from safetensors.numpy import load, save
+
+from bench.runinfo import ROOT, run_header, run_info, write_result
+from fedfaas.demo.stack import Running
+
+CLIENTS = 8
+ROUNDS = 2
+SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update
+UPLOADERS = 4
+#: seconds a job may take to finish once its uploads are in (faults included)
+JOB_TIMEOUT = 180.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the campaign: its letter in issue 13's list, what it does, and when."""
+
+    letter: str
+    name: str
+    what: str
+    inject: Callable[[Campaign, JobRun], dict[str, Any]]
+    #: "upload": during a round's uploads; "query": during an FLStore query
+    during: str = "upload"
+
+
+@dataclass
+class Campaign:
+    """What the faults act on: the running platform and the campaign's random generator."""
+
+    p: Running
+    rng: np.random.Generator
+    minio_outage_s: float = 30.0
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.p.admin_secret()}"}
+
+    def pid_of(self, part: str) -> int:
+        from fedfaas.platform import state
+
+        st = state.load(self.p.state_dir)
+        rec = None if st is None else st.record(part)
+        if rec is None:
+            raise RuntimeError(f"no part {part!r} recorded")
+        return rec.pid
+
+    def kill_part(self, part: str) -> dict[str, Any]:
+        pid = self.pid_of(part)
+        os.kill(pid, signal.SIGKILL)
+        return {"part": part, "pid": pid, "ended_at": time.monotonic()}
+
+    def kill_replica(self, function: str) -> dict[str, Any]:
+        from fedfaas.platform import credentials
+
+        r = httpx.get(
+            f"{self.p.urls['runtime']}/system/replicas/{function}",
+            auth=credentials.basic_auth(self.p.secrets),
+            timeout=10,
+        )
+        r.raise_for_status()
+        ready = [x for x in r.json() if x.get("state") == "ready"]
+        victim = ready[int(self.rng.integers(len(ready)))]
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        return {"function": function, "pid": int(victim["pid"]), "ended_at": time.monotonic()}
+
+    def root_part(self, job: str) -> str:
+        view = self.cp_get(f"/v1/jobs/{job}")
+        return "gateway" if view["root"] == "node0" else "gateway-node1"
+
+    def cp_get(self, path: str, timeout: float = 60.0, **kw: Any) -> dict[str, Any]:
+        """GET on the control plane as the admin, riding out its restarts."""
+        return _retrying(
+            lambda: httpx.get(
+                f"{self.p.urls['control_plane']}{path}", headers=self.admin, timeout=10, **kw
+            ),
+            timeout,
+        )
+
+
+def _retrying(call: Callable[[], httpx.Response], timeout: float) -> dict[str, Any]:
+    """``call`` until it answers 2xx (connection errors and 5xx retried) for ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = call()
+            if r.status_code < 300:
+                body: dict[str, Any] = r.json()
+                return body
+            if r.status_code < 500:
+                raise RuntimeError(f"{r.request.url}: {r.status_code} {r.text[:300]}")
+            why = f"{r.status_code} {r.text[:200]}"
+        except httpx.TransportError as exc:
+            why = repr(exc)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no answer after {timeout:.0f}s: {why}")
+        time.sleep(0.2)
+
+
+# --- the faults ----------------------------------------------------------------------------
+
+
+def _replica(c: Campaign, run: JobRun) -> dict[str, Any]:
+    return c.kill_replica("aggregator")
+
+
+def _gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
+    root = c.root_part(run.job)
+    return c.kill_part("gateway-node1" if root == "gateway" else "gateway")
+
+
+def _root_gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
+    return c.kill_part(c.root_part(run.job))
+
+
+def _minio(c: Campaign, run: JobRun) -> dict[str, Any]:
+    pid = c.pid_of("minio")
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(c.minio_outage_s)
+    os.kill(pid, signal.SIGCONT)
+    return {
+        "part": "minio",
+        "pid": pid,
+        "stopped_s": c.minio_outage_s,
+        "ended_at": time.monotonic(),
+    }
+
+
+def _disconnects(c: Campaign, run: JobRun, n: int = 100) -> dict[str, Any]:
+    """``n`` uploads that break off half way (headers and half the body, then the socket
+    closes), by a client whose real upload of the round waits until they are done."""
+    client = run.held
+    token = CLIENT_TOKENS[run.job][client]
+    url = _assigned(c, run.job, client)
+    body = save(make_update(0))
+    host, port = url.removeprefix("http://").split(":")
+    rnd = int(c.cp_get(f"/v1/jobs/{run.job}")["round"]["number"])
+    for _ in range(n):
+        head = (
+            f"POST /v1/jobs/{run.job}/rounds/{rnd}/updates HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {token}\r\nX-Client-Id: {client}\r\n"
+            f"X-Sample-Count: 3\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(head + body[: len(body) // 2])
+    return {"disconnects": n, "client": client, "ended_at": time.monotonic()}
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault("a", "replica", "SIGKILL of an aggregator replica", _replica),
+        Fault("b", "gateway", "SIGKILL of a non-root node gateway", _gateway),
+        Fault("c", "root-gateway", "SIGKILL of the job's root node gateway", _root_gateway),
+        Fault("d", "runtime", "SIGKILL of the runtime", lambda c, r: c.kill_part("runtime")),
+        Fault(
+            "e",
+            "control-plane",
+            "SIGKILL of the control plane",
+            lambda c, r: c.kill_part("control-plane"),
+        ),
+        Fault(
+            "f",
+            "cache-engine",
+            "SIGKILL of the cache engine mid-query",
+            lambda c, r: c.kill_part("cache-engine"),
+            during="query",
+        ),
+        Fault(
+            "g",
+            "cache-function",
+            "SIGKILL of a cache function mid-query",
+            lambda c, r: c.kill_replica("flstore"),
+            during="query",
+        ),
+        Fault(
+            "h",
+            "request-tracker",
+            "SIGKILL of the request tracker, queries in flight",
+            lambda c, r: c.kill_part("request-tracker"),
+            during="query",
+        ),
+        Fault("i", "redis", "Redis restarted (SIGKILL)", lambda c, r: c.kill_part("redis")),
+        Fault("j", "minio", "MinIO stopped (SIGSTOP) for 30 s, then back", _minio),
+        Fault("l", "disconnects", "a client disconnecting mid-upload, 100 times", _disconnects),
+    )
+}
+
+#: job -> client -> token (the control plane's answer to the job's creation)
+CLIENT_TOKENS: dict[str, dict[str, str]] = {}
+
+
+def make_update(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+
+
+# --- one job under one fault ---------------------------------------------------------------
+
+
+@dataclass
+class JobRun:
+    """What one job saw: the updates acknowledged per round, the fault, the checks."""
+
+    job: str
+    fault: str
+    acked: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)  # seed, weight
+    resent: int = 0
+    injected: dict[str, Any] = field(default_factory=dict)
+    recovery_s: float | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    #: a client whose upload waits until the fault is injected (the disconnecting one)
+    held: str = ""
+    injected_done: threading.Event = field(default_factory=threading.Event)
+
+
+def _create_job(c: Campaign, job: str) -> None:
+    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    clients = [f"c{i}" for i in range(CLIENTS)]
+    body = {
+        "job": job,
+        "rounds": ROUNDS,
+        "goal": CLIENTS,
+        "clients": clients,
+        "overprovision": 1.0,
+        "per_leaf": 2,
+        "policy": "leastconn",
+        "weights_b64": base64.b64encode(save(w0)).decode(),
+    }
+    r = httpx.post(f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=60)
+    r.raise_for_status()
+    CLIENT_TOKENS[job] = r.json()["tokens"]
+
+
+def _assigned(c: Campaign, job: str, client: str) -> str:
+    """The gateway the control plane assigns ``client`` to (asked as the client)."""
+    token = CLIENT_TOKENS[job][client]
+
+    def assignment() -> httpx.Response:
+        return httpx.get(
+            f"{c.p.urls['control_plane']}/v1/jobs/{job}/assignment",
+            params={"client": client},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    return str(_retrying(assignment, 60)["gateway_url"])
+
+
+def _upload(c: Campaign, run: JobRun, rnd: int, client: str, seed: int, weight: int) -> None:
+    from client.sdk import FLClient
+
+    token = CLIENT_TOKENS[run.job][client]
+    url = _assigned(c, run.job, client)
+    with FLClient(url, run.job, client, token, timeout=30) as fl:
+        deadline = time.monotonic() + 120
+        while True:  # the node's model of the previous round, as a client trains on it
+            with contextlib.suppress(Exception):
+                if int(fl.status()["version"]) >= rnd - 1:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{client}: no model {rnd - 1} on {url}")
+            time.sleep(0.1)
+        receipt = fl.upload(rnd, save(make_update(seed)), weight, unavailable_wait=60)
+    run.acked.setdefault(rnd, {})[client] = (seed, weight)
+    run.resent += receipt.resent
+
+
+def _wait_open(c: Campaign, job: str, rnd: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        cur = c.cp_get(f"/v1/jobs/{job}")["round"] or {}
+        if cur.get("number") == rnd and cur.get("state") == "open":
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"round {rnd} of {job} not open on the control plane: {cur}")
+        time.sleep(0.1)
+
+
+def _wait_healthy(c: Campaign, since: float, timeout: float = 120.0) -> float | None:
+    from fedfaas.platform import Platform
+    from fedfaas.settings import load_settings
+
+    plat = Platform(load_settings(state_dir=c.p.state_dir))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if plat.status(probe_ebpf=False).healthy:
+                return time.monotonic() - since
+        time.sleep(0.1)
+    return None
+
+
+def _inject(c: Campaign, fault: Fault, run: JobRun) -> None:
+    try:
+        run.injected = fault.inject(c, run)
+    except Exception as exc:  # the fault itself failed: the run says so
+        run.error = f"injecting {fault.name}: {exc!r}"
+        return
+    finally:
+        run.injected_done.set()
+    run.recovery_s = _wait_healthy(c, run.injected["ended_at"])
+    run.injected.pop("ended_at", None)
+
+
+def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
+    run = JobRun(job, fault.name)
+    _create_job(c, job)
+    at_round = int(c.rng.integers(1, ROUNDS + 1))
+    at_count = int(c.rng.integers(0, CLIENTS))
+    injector: threading.Thread | None = None
+    done = [0]  # uploads of the current round acknowledged so far
+    clients = [f"c{i}" for i in range(CLIENTS)]
+
+    def one(cl: str, rnd: int, seed: int, w: int) -> None:
+        if cl == run.held:
+            run.injected_done.wait(300)
+        _upload(c, run, rnd, cl, seed, w)
+        done[0] += 1
+
+    for rnd in range(1, ROUNDS + 1):
+        _wait_open(c, job, rnd)  # the assignments answer for this round from then on
+        order = [clients[i] for i in c.rng.permutation(CLIENTS)]
+        seeds = {cl: int(c.rng.integers(1 << 30)) for cl in clients}
+        if fault.during == "upload" and rnd == at_round and fault.name == "disconnects":
+            run.held = order[-1]
+        with ThreadPoolExecutor(UPLOADERS) as pool:
+            futs = []
+            for cl in order:
+                futs.append(pool.submit(one, cl, rnd, seeds[cl], 1 + seeds[cl] % 5))
+            if fault.during == "upload" and rnd == at_round:
+                while done[0] < at_count and not all(f.done() for f in futs):
+                    time.sleep(0.002)
+                injector = threading.Thread(target=_inject, args=(c, fault, run))
+                injector.start()
+            for f in futs:
+                f.result()
+        done[0] = 0
+    _finish(c, fault, run, injector)
+    return run
+
+
+def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread | None) -> None:
+    from client.sdk import flstore_query
+
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while True:
+        view = c.cp_get(f"/v1/jobs/{run.job}", timeout=JOB_TIMEOUT)
+        if view["done"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    run.checks["finished"] = bool(view["done"])
+    run.checks["history"] = view["history"]
+    analyst = c.p.analyst_token()
+
+    def query(kind: str, **kw: Any) -> bool:
+        t_end = time.monotonic() + 120
+        while True:
+            try:
+                flstore_query(
+                    c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=60, **kw
+                )
+                return True
+            except Exception:
+                if time.monotonic() > t_end:
+                    return False
+                time.sleep(0.5)
+
+    if fault.during == "query":
+        q = threading.Thread(
+            target=lambda: run.checks.__setitem__(
+                "query_in_flight",
+                query(
+                    "shapley", rounds=[ROUNDS], params={"method": "gtg", "max_permutations": 200}
+                ),
+            )
+        )
+        q.start()
+        time.sleep(float(c.rng.uniform(0.05, 0.5)))
+        injector = threading.Thread(target=_inject, args=(c, fault, run))
+        injector.start()
+        q.join()
+    if injector is not None:
+        injector.join()
+    run.checks["queries"] = query("multi-krum", rounds=[ROUNDS], params={"f": 1})
+    _check_checkpoints(c, run)
+
+
+def _check_checkpoints(c: Campaign, run: JobRun) -> None:
+    from fedfaas import fedavg
+    from fedfaas.checkpoints import CheckpointNotFound, CheckpointReader
+
+    endpoint, user, password = c.p.minio()
+    reader = CheckpointReader(endpoint, user, password)
+    lost = double = 0
+    exact, complete = True, True
+    rounds: dict[str, Any] = {}
+    for rnd in range(0, ROUNDS + 1):
+        deadline = time.monotonic() + 90  # MinIO's outage delays checkpoints; they must come
+        while True:
+            try:
+                meta = reader.get_meta(run.job, rnd)
+                model = load(reader.get_global(run.job, rnd))
+                break
+            except (CheckpointNotFound, Exception):
+                if time.monotonic() > deadline:
+                    meta, model = None, None
+                    break
+                time.sleep(0.5)
+        if meta is None or model is None:
+            complete = False
+            rounds[str(rnd)] = {"checkpoint": False}
+            continue
+        if rnd == 0:
+            continue
+        acked = run.acked.get(rnd, {})
+        counted = dict(meta.get("clients", {}))
+        r_lost = len(set(acked) - set(counted))
+        r_double = max(0, int(meta.get("count", 0)) - len(set(counted) & set(acked)))
+        want = {
+            k: fedavg.fedavg_reference(
+                [make_update(s)[k] for s, _ in acked.values()], [w for _, w in acked.values()]
+            )
+            for k in SHAPES
+        }
+        err = max(fedavg.rel_error(model[k], want[k]) for k in SHAPES)
+        lost += r_lost
+        double += r_double
+        exact = exact and err <= 1e-6
+        rounds[str(rnd)] = {
+            "checkpoint": True,
+            "acked": len(acked),
+            "counted": int(meta.get("count", 0)),
+            "lost": r_lost,
+            "double": r_double,
+            "max_rel_err": err,
+        }
+    run.checks.update(
+        {"rounds": rounds, "lost": lost, "double": double, "exact": exact, "checkpoints": complete}
+    )
+
+
+def survived(run: JobRun) -> bool:
+    ch = run.checks
+    return bool(
+        not run.error
+        and ch.get("finished")
+        and ch.get("exact")
+        and ch.get("checkpoints")
+        and ch.get("queries")
+        and ch.get("query_in_flight", True)
+        and ch.get("lost") == 0
+        and ch.get("double") == 0
+    )
+
+
+def leftovers(platform_id: str) -> dict[str, Any]:
+    """Shared memory and processes of a platform that is down."""
+    from fedfaas.platform import procs
+    from fedfaas.platform.context import PLATFORM_ID_VAR
+
+    shm = [str(p) for p in Path("/dev/shm").glob(f"fedfaas-{platform_id[:12]}*")]
+    left = procs.marked(PLATFORM_ID_VAR, platform_id)
+    return {"shm": shm, "processes": [p.pid for p in left]}
+
+
+def run_fault(
+    fault: Fault, runs: int, seed: int, minio_outage_s: float, keep_logs: Path | None = None
+) -> dict[str, Any]:
+    from fedfaas.demo.stack import platform
+
+    out: dict[str, Any] = {"fault": fault.name, "letter": fault.letter, "what": fault.what}
+    jobs: list[JobRun] = []
+    with tempfile.TemporaryDirectory(prefix="fedfaas-faults-") as tmp:
+        state_dir = Path(tmp) / "state"
+        with platform(state_dir, ports=_any_ports()) as p:
+            c = Campaign(p, np.random.default_rng(seed), minio_outage_s)
+            for i in range(runs):
+                job = f"{fault.name}-{i}"
+                try:
+                    jobs.append(run_job(c, fault, job))
+                except Exception as exc:
+                    jobs.append(JobRun(job, fault.name, error=repr(exc)))
+                print(f"  {job}: {'survived' if survived(jobs[-1]) else 'NOT survived'}")
+            pid = p.platform_id
+        out["leftovers"] = leftovers(pid)
+        if keep_logs is not None and not all(survived(j) for j in jobs):
+            shutil.copytree(state_dir / "logs", keep_logs / fault.name, dirs_exist_ok=True)
+    out["jobs"] = [
+        {
+            "job": j.job,
+            "survived": survived(j),
+            "acked": sum(len(a) for a in j.acked.values()),
+            "resent": j.resent,
+            "injected": j.injected,
+            "recovery_s": j.recovery_s,
+            "checks": j.checks,
+            "error": j.error,
+        }
+        for j in jobs
+    ]
+    return out
+
+
+def _any_ports() -> dict[str, int]:
+    return dict.fromkeys(
+        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+    )
+
+
+def summary(fault: dict[str, Any]) -> dict[str, Any]:
+    """One row of the table: runs, survived, acknowledged, lost, double, recovery p50/p99."""
+    jobs = fault["jobs"]
+    rec = [j["recovery_s"] for j in jobs if j["recovery_s"] is not None]
+    left = fault["leftovers"]
+    return {
+        "fault": f"({fault['letter']}) {fault['what']}",
+        "runs": len(jobs),
+        "survived": sum(1 for j in jobs if j["survived"]),
+        "acked": sum(j["acked"] for j in jobs),
+        "lost": sum(j["checks"].get("lost", 0) for j in jobs),
+        "double": sum(j["checks"].get("double", 0) for j in jobs),
+        "recovery_p50_s": float(np.percentile(rec, 50)) if rec else None,
+        "recovery_p99_s": float(np.percentile(rec, 99)) if rec else None,
+        "left_behind": bool(left["shm"] or left["processes"]),
+        "why_not": sorted({_why(j) for j in jobs if not j["survived"]}),
+    }
+
+
+def _why(job: dict[str, Any]) -> str:
+    if job["error"]:
+        return str(job["error"])[:160]
+    ch = job["checks"]
+    failed = [
+        k
+        for k in ("finished", "exact", "checkpoints", "queries", "query_in_flight")
+        if ch.get(k) is False
+    ]
+    return ", ".join(failed) or f"lost {ch.get('lost')}, double {ch.get('double')}"
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    lines = [
+        "# Fault campaign (`make test-faults`)",
+        "",
+        run_header(r["run"]),
+        "",
+        f"Each fault on a fresh `fedfaas up --with all`; {r['clients']} clients, {r['rounds']} "
+        f"rounds per job, the fault at a random point of a random round (FLStore's faults: "
+        f"during a query). `lost`/`double`: acknowledged updates missing from / counted more "
+        f"than once in the round's checkpointed `meta.json`; every round's global model "
+        f"checked against the FedAvg of exactly the acknowledged updates. Recovery: from the "
+        f"fault (for MinIO, the end of its outage) until every part and function is ready.",
+        "",
+        "| fault | runs | survived | updates acknowledged | lost | double-counted "
+        "| recovery p50 (s) | recovery p99 (s) | left behind | why not survived |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for f in r["faults"]:
+        s = summary(f)
+        p50 = "-" if s["recovery_p50_s"] is None else f"{s['recovery_p50_s']:.2f}"
+        p99 = "-" if s["recovery_p99_s"] is None else f"{s['recovery_p99_s']:.2f}"
+        lines.append(
+            f"| {s['fault']} | {s['runs']} | {s['survived']} | {s['acked']} | {s['lost']} "
+            f"| {s['double']} | {p50} | {p99} | {'yes' if s['left_behind'] else 'no'} "
+            f"| {'; '.join(s['why_not']) or '-'} |"
+        )
+    if r.get("not_run"):
+        lines += ["", "Not run:"]
+        lines += [f"- ({k}) {v}" for k, v in r["not_run"].items()]
+    return "\n".join(lines) + "\n"
+
+
+#: issue 13's faults this campaign does not inject, and why
+NOT_RUN = {
+    "k": "/dev/shm nearly full: on this machine /dev/shm is a tmpfs as large as the RAM "
+    "(24 GiB); filling it starves the machine itself. Needs a size-capped shm root.",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated fault names")
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--minio-outage-s", type=float, default=30.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument(
+        "--keep-logs", type=Path, default=None, help="copy the logs of a fault not survived here"
+    )
+    args = ap.parse_args(argv)
+    names = [n for n in args.faults.split(",") if n]
+    unknown = set(names) - set(FAULTS)
+    if unknown:
+        ap.error(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
+    run = run_info("bench.faults", argv)
+    result: dict[str, Any] = {
+        "run": run,
+        "clients": CLIENTS,
+        "rounds": ROUNDS,
+        "runs": args.runs,
+        "faults": [],
+        "not_run": NOT_RUN,
+    }
+    for i, name in enumerate(names):
+        print(f"== ({FAULTS[name].letter}) {FAULTS[name].what}")
+        result["faults"].append(
+            run_fault(FAULTS[name], args.runs, args.seed + i, args.minio_outage_s, args.keep_logs)
+        )
+    _, md = write_result(result, "faults", to_markdown, args.out)
+    print(md)
+    return 0 if all(summary(f)["survived"] == summary(f)["runs"] for f in result["faults"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
