@@ -401,11 +401,11 @@ def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread |
     analyst = c.p.analyst_token()
 
     def query(kind: str, **kw: Any) -> bool:
-        t_end = time.monotonic() + 120
+        t_end = time.monotonic() + 60  # a restarted part is back in seconds
         while True:
             try:
                 flstore_query(
-                    c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=60, **kw
+                    c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=30, **kw
                 )
                 return True
             except Exception:
