@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -355,12 +356,16 @@ class Platform:
             raise StateDirError(f"state folder {self.state_dir} is not a folder")
         # the supervisor first, and without the lock (it may hold it for a moment, reviving a
         # part): nothing may start again while the others are stopped
-        self._stop_supervisor()
+        supervised = self._stop_supervisor()
         with state.locked(self.state_dir, wait_s=self.settings.stop_timeout):
             st = state.load(self.state_dir)
             stopped: list[str] = []
             if st is not None:
-                stopped = [r.name for r in st.services if procs.is_alive(r.pid, r.create_time)]
+                stopped = [
+                    r.name
+                    for r in st.services
+                    if r.name == supervised or procs.is_alive(r.pid, r.create_time)
+                ]
                 self._teardown(st)
             state.clean(self.state_dir, keep_logs=not purge)
             left = state.leftovers(self.state_dir)
@@ -368,13 +373,16 @@ class Platform:
                 raise PlatformError(f"could not clean {self.state_dir}: {left} remain")
             return stopped
 
-    def _stop_supervisor(self) -> None:
+    def _stop_supervisor(self) -> str | None:
+        """Stop the supervisor alone (the parts it restarted are its children, and each is
+        stopped in its turn, reverse start order, not all at once with it); its name if it ran."""
         st = state.load(self.state_dir)
         rec = None if st is None else st.record(SUPERVISOR.name)
-        # the supervisor alone: the parts it restarted are its children, and each is stopped
-        # below in its turn (reverse start order), not all at once with it
-        if rec is not None and procs.is_alive(rec.pid, rec.create_time):
+        if rec is None or not procs.is_alive(rec.pid, rec.create_time):
+            return None
+        with contextlib.suppress(psutil.Error):
             procs.kill_all([psutil.Process(rec.pid)], self.settings.stop_timeout)
+        return rec.name
 
     def _teardown(self, st: PlatformState) -> None:
         """Stop every process of ``st``, then run the parts' cleanups (e.g. /dev/shm)."""

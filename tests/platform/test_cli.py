@@ -61,7 +61,7 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
 
     st = state.load(state_dir)
     assert st is not None
-    assert [r.name for r in st.services] == ["minio", "redis", "runtime"]
+    assert [r.name for r in st.services] == ["minio", "redis", "runtime", "supervisor"]
     runtime = st.record("runtime")
     assert runtime is not None
     # `up` has exited; the parts keep running as daemons
@@ -78,6 +78,7 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
         "minio",
         "redis",
         "runtime",
+        "supervisor",
     }
     assert report["ebpf_mode"] in ("ebpf", "userspace") and report["ebpf_reason"]
     assert [f["name"] for f in report["functions"]] == ["aggregator", "echo"]
@@ -104,7 +105,7 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
 
     down = fedfaas("down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
-    assert "stopped: minio, redis, runtime" in down.stdout
+    assert "stopped: minio, redis, runtime, supervisor" in down.stdout
     assert all(_gone(p.pid) for p in family)
     assert marked(PLATFORM_ID_VAR, st.platform_id) == []
     assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]

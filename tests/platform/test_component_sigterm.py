@@ -95,6 +95,9 @@ def test_every_component_stops_within_its_grace_with_work_in_flight(platform: Pl
 
     # function replicas (the runtime's stop of a replica is bounded by its 10 s stop_grace):
     # an aggregator and the cache function that answered the query
+    # the supervisor first: it would start each stopped component again (its own test is in
+    # test_one_platform.py); this test is about each component's own clean stop
+    _sigterm(_pid(p, "supervisor"), SERVICE_GRACE)
     took = {"aggregator replica": _sigterm(p.replicas()[0]["pid"], 10.0)}
     cache = p.replicas(function="flstore-cache-0")[0]["pid"]
     took["cache function replica"] = _sigterm(cache, 10.0)

@@ -206,6 +206,13 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.1)
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def make_update(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
@@ -465,7 +472,7 @@ def test_the_root_gateway_and_the_control_plane_killed_mid_round_restart_and_los
         recs = {r.name: r for r in now.services if r.name in victims}
         return all(
             r.pid != before[n].pid and r.extra.get("restarts") == "1" for n, r in recs.items()
-        ) and bool(httpx.get(f"{cp}/healthz", timeout=5).status_code == 200)
+        ) and _answers(f"{cp}/healthz")
 
     wait_until(restarted, 60, "the supervisor to restart the root gateway and the control plane")
     for c in clients[3:]:
@@ -474,8 +481,15 @@ def test_the_root_gateway_and_the_control_plane_killed_mid_round_restart_and_los
     with p.root_client("restart", "r0") as fl:
         model = fl.wait_for_version(1, timeout=120)
     assert_fedavg(model.data, [u for u, _ in sent.values()], [w for _, w in sent.values()])
-    job = httpx.get(f"{cp}/v1/jobs/restart", headers=p.admin, timeout=10).json()
-    assert job["done"] and job["history"][0]["lost"] == 0, job
+    job = wait_until(
+        lambda: (
+            (j := httpx.get(f"{cp}/v1/jobs/restart", headers=p.admin, timeout=10).json())["done"]
+            and j
+        ),
+        60,
+        "the control plane to close the round",
+    )
+    assert job["history"][0]["lost"] == 0, job
     out = subprocess.run(
         [sys.executable, "-m", "fedfaas.cli", "status", "--state-dir", str(p.state_dir)],
         capture_output=True,
