@@ -77,6 +77,8 @@ class Campaign:
     p: Running
     rng: np.random.Generator
     minio_outage_s: float = 30.0
+    #: job -> client -> token (the control plane's answer to the job's creation)
+    tokens: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def admin(self) -> dict[str, str]:
@@ -176,7 +178,7 @@ def _disconnects(c: Campaign, run: JobRun, n: int = 100) -> dict[str, Any]:
     """``n`` uploads that break off half way (headers and half the body, then the socket
     closes), by a client whose real upload of the round waits until they are done."""
     client = run.held
-    token = CLIENT_TOKENS[run.job][client]
+    token = c.tokens[run.job][client]
     url = _assigned(c, run.job, client)
     body = save(make_update(0))
     host, port = url.removeprefix("http://").split(":")
@@ -232,9 +234,6 @@ FAULTS: dict[str, Fault] = {
     )
 }
 
-#: job -> client -> token (the control plane's answer to the job's creation)
-CLIENT_TOKENS: dict[str, dict[str, str]] = {}
-
 
 def make_update(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -276,12 +275,12 @@ def _create_job(c: Campaign, job: str) -> None:
     }
     r = httpx.post(f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=60)
     r.raise_for_status()
-    CLIENT_TOKENS[job] = r.json()["tokens"]
+    c.tokens[job] = r.json()["tokens"]
 
 
 def _assigned(c: Campaign, job: str, client: str) -> str:
     """The gateway the control plane assigns ``client`` to (asked as the client)."""
-    token = CLIENT_TOKENS[job][client]
+    token = c.tokens[job][client]
 
     def assignment() -> httpx.Response:
         return httpx.get(
@@ -297,7 +296,7 @@ def _assigned(c: Campaign, job: str, client: str) -> str:
 def _upload(c: Campaign, run: JobRun, rnd: int, client: str, seed: int, weight: int) -> None:
     from client.sdk import FLClient
 
-    token = CLIENT_TOKENS[run.job][client]
+    token = c.tokens[run.job][client]
     url = _assigned(c, run.job, client)
     with FLClient(url, run.job, client, token, timeout=30) as fl:
         deadline = time.monotonic() + 120
@@ -356,14 +355,12 @@ def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
     at_round = int(c.rng.integers(1, ROUNDS + 1))
     at_count = int(c.rng.integers(0, CLIENTS))
     injector: threading.Thread | None = None
-    done = [0]  # uploads of the current round acknowledged so far
     clients = [f"c{i}" for i in range(CLIENTS)]
 
     def one(cl: str, rnd: int, seed: int, w: int) -> None:
         if cl == run.held:
             run.injected_done.wait(300)
         _upload(c, run, rnd, cl, seed, w)
-        done[0] += 1
 
     for rnd in range(1, ROUNDS + 1):
         _wait_open(c, job, rnd)  # the assignments answer for this round from then on
@@ -376,13 +373,12 @@ def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
             for cl in order:
                 futs.append(pool.submit(one, cl, rnd, seeds[cl], 1 + seeds[cl] % 5))
             if fault.during == "upload" and rnd == at_round:
-                while done[0] < at_count and not all(f.done() for f in futs):
+                while len(run.acked.get(rnd, {})) < at_count and not all(f.done() for f in futs):
                     time.sleep(0.002)
                 injector = threading.Thread(target=_inject, args=(c, fault, run))
                 injector.start()
             for f in futs:
                 f.result()
-        done[0] = 0
     _finish(c, fault, run, injector)
     return run
 
@@ -435,7 +431,7 @@ def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread |
 
 def _check_checkpoints(c: Campaign, run: JobRun) -> None:
     from fedfaas import fedavg
-    from fedfaas.checkpoints import CheckpointNotFound, CheckpointReader
+    from fedfaas.checkpoints import CheckpointReader
 
     endpoint, user, password = c.p.minio()
     reader = CheckpointReader(endpoint, user, password)
@@ -449,7 +445,7 @@ def _check_checkpoints(c: Campaign, run: JobRun) -> None:
                 meta = reader.get_meta(run.job, rnd)
                 model = load(reader.get_global(run.job, rnd))
                 break
-            except (CheckpointNotFound, Exception):
+            except Exception:  # CheckpointNotFound, or MinIO not answering yet
                 if time.monotonic() > deadline:
                     meta, model = None, None
                     break
