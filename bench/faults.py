@@ -17,7 +17,9 @@ query). Then, for each job:
   ``lost`` counts acknowledged updates missing from it, ``double`` updates counted more than
   once or counted without an acknowledgement;
 - **checkpoints**: rounds 0..ROUNDS each have their global model and ``meta.json`` in MinIO;
-- **queries**: a Multi-Krum query on the last round answers through the request tracker;
+- **queries**: a Multi-Krum query on the last round answers through the request tracker; for
+  FLStore's faults, ``ANALYSTS`` analysts send FoolsGold queries over every round back to back
+  from before the fault until a second after it, and every one of them must answer;
 - **recovery**: seconds from the fault (a kill; for MinIO, the end of its outage) until every
   part is alive and ready and every function has a ready replica again (``fedfaas status``).
 
@@ -56,6 +58,10 @@ SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update
 UPLOADERS = 4
 #: seconds a job may take to finish once its uploads are in (faults included)
 JOB_TIMEOUT = 180.0
+#: the queries in flight at FLStore's faults: FoolsGold over every round, all updates loaded,
+#: sent back to back by ANALYSTS analysts
+IN_FLIGHT = ("foolsgold", {"first_round": 1, "last_round": ROUNDS})
+ANALYSTS = 2
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,34 @@ def _root_gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
     return c.kill_part(c.root_part(run.job))
 
 
+def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """SIGKILL the cache function the in-flight query runs on: the primary holder of its
+    objects (the engine's own placement, asked as the tracker asks it)."""
+    from fedfaas.platform import credentials
+
+    engine = c.p.urls["cache_engine"]
+    auth = {"Authorization": f"Bearer {credentials.read(c.p.secrets, credentials.SERVICE_TOKEN)}"}
+    kind, params = IN_FLIGHT
+    deadline = time.monotonic() + 30
+    while True:  # the query's objects are being loaded: wait for a holder
+        plan = httpx.post(
+            f"{engine}/v1/plan",
+            json={"workload": kind, "job": run.job, "params": params},
+            headers=auth,
+            timeout=10,
+        ).json()
+        where = httpx.get(
+            f"{engine}/v1/locations", params={"ids": plan["objects"]}, headers=auth, timeout=10
+        ).json()
+        primary = where.get(plan["objects"][0]) or []
+        if primary or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not primary:
+        raise RuntimeError("no cache function holds the in-flight query's objects")
+    return c.kill_replica(primary[0])
+
+
 def _minio(c: Campaign, run: JobRun) -> dict[str, Any]:
     pid = c.pid_of("minio")
     os.kill(pid, signal.SIGSTOP)
@@ -218,7 +252,7 @@ FAULTS: dict[str, Fault] = {
             "g",
             "cache-function",
             "SIGKILL of a cache function mid-query",
-            lambda c, r: c.kill_replica("flstore"),
+            _cache_function,
             during="query",
         ),
         Fault(
@@ -253,6 +287,8 @@ class JobRun:
     resent: int = 0
     injected: dict[str, Any] = field(default_factory=dict)
     recovery_s: float | None = None
+    #: time.monotonic() of the fault (the kill; for MinIO, the end of the outage)
+    fault_at: float | None = None
     checks: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     #: a client whose upload waits until the fault is injected (the disconnecting one)
@@ -345,8 +381,8 @@ def _inject(c: Campaign, fault: Fault, run: JobRun) -> None:
         return
     finally:
         run.injected_done.set()
-    run.recovery_s = _wait_healthy(c, run.injected["ended_at"])
-    run.injected.pop("ended_at", None)
+    run.fault_at = run.injected.pop("ended_at")
+    run.recovery_s = _wait_healthy(c, run.fault_at)
 
 
 def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
@@ -396,36 +432,48 @@ def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread |
     run.checks["history"] = view["history"]
     analyst = c.p.analyst_token()
 
-    def query(kind: str, **kw: Any) -> bool:
-        t_end = time.monotonic() + 60  # a restarted part is back in seconds
-        while True:
-            try:
-                flstore_query(
-                    c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=30, **kw
-                )
-                return True
-            except Exception:
-                if time.monotonic() > t_end:
-                    return False
-                time.sleep(0.5)
+    def query(check: str, kind: str, **kw: Any) -> tuple[float, float]:
+        """One analyst query through the SDK, which asks again while a part restarts; a
+        failure (and its error) goes into ``run.checks[check]``; returns the query's span."""
+        t0 = time.monotonic()
+        try:
+            flstore_query(c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=60, **kw)
+            run.checks.setdefault(check, True)
+        except Exception as exc:
+            run.checks[check] = False
+            run.checks[f"{check}_error"] = repr(exc)[:300]
+        return t0, time.monotonic()
 
     if fault.during == "query":
-        q = threading.Thread(
-            target=lambda: run.checks.__setitem__(
-                "query_in_flight",
-                query(
-                    "shapley", rounds=[ROUNDS], params={"method": "gtg", "max_permutations": 200}
-                ),
-            )
-        )
-        q.start()
-        time.sleep(float(c.rng.uniform(0.05, 0.5)))
+        # ANALYSTS analysts query back to back from before the fault until a second after it
+        kind, params = IN_FLIGHT
+        spans: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def analyst_loop() -> None:
+            while not stop.is_set():
+                spans.append(query("query_in_flight", kind, params=params))
+
+        analysts = [threading.Thread(target=analyst_loop) for _ in range(ANALYSTS)]
+        for a in analysts:
+            a.start()
+        time.sleep(float(c.rng.uniform(0.2, 1.0)))
         injector = threading.Thread(target=_inject, args=(c, fault, run))
         injector.start()
-        q.join()
+        run.injected_done.wait(60)
+        time.sleep(1.0)
+        stop.set()
+        for a in analysts:
+            a.join()
+        injector.join()
+        at = run.fault_at
+        run.injected["queries"] = len(spans)
+        run.injected["queries_at_fault"] = sum(
+            1 for t0, t1 in spans if at is not None and t0 <= at <= t1
+        )
     if injector is not None:
         injector.join()
-    run.checks["queries"] = query("multi-krum", rounds=[ROUNDS], params={"f": 1})
+    query("queries", "multi-krum", rounds=[ROUNDS], params={"f": 1})
     _check_checkpoints(c, run)
 
 
@@ -575,7 +623,7 @@ def _why(job: dict[str, Any]) -> str:
         return str(job["error"])[:160]
     ch = job["checks"]
     failed = [
-        k
+        k + (f" ({ch[k + '_error']})" if k + "_error" in ch else "")
         for k in ("finished", "exact", "checkpoints", "queries", "query_in_flight")
         if ch.get(k) is False
     ]

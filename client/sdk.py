@@ -536,7 +536,9 @@ def flstore_query(
     ``workload`` is one of ``fedfaas.workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
     with its ``params``; ``rounds``/``clients`` fill the workload's round/client parameters.
     A round the cache engine has not ingested yet (the gateways checkpoint a round and tell
-    the engine just after publishing it) is asked again for up to ``wait`` seconds.
+    the engine just after publishing it), and a tracker or engine that is restarting (a
+    refused or broken connection, 502/503/504), are asked again for up to ``wait`` seconds;
+    a query only reads, so asking again is safe.
 
     Returns
     -------
@@ -566,7 +568,10 @@ def flstore_query(
                     headers={"Authorization": f"Bearer {token}"},
                 )
             except httpx.TransportError as exc:
-                raise QueryFailed(0, "unreachable", repr(exc), query) from exc
+                if time.monotonic() > deadline:
+                    raise QueryFailed(0, "unreachable", repr(exc), query) from exc
+                time.sleep(0.5)  # a tracker restarting: queries only read, so ask again
+                continue
             if resp.status_code == 200:
                 out: dict[str, Any] = resp.json()
                 return out
@@ -576,7 +581,8 @@ def flstore_query(
                 body = {}
             body = body if isinstance(body, dict) else {}
             error = str(body.get("error", f"http_{resp.status_code}"))
-            if error not in NOT_INGESTED or time.monotonic() > deadline:
+            again = error in NOT_INGESTED or resp.status_code in (502, 503, 504)
+            if not again or time.monotonic() > deadline:
                 detail = str(body.get("detail", resp.text[:300]))
                 raise QueryFailed(resp.status_code, error, detail, query)
             time.sleep(0.25)

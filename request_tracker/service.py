@@ -44,7 +44,8 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
 
     @app.exception_handler(TrackerError)
     async def _tracker_error(_: Request, exc: TrackerError) -> JSONResponse:
-        return JSONResponse(exc.body, status_code=exc.status)
+        retry = {"Retry-After": "1"} if exc.status == 503 else None
+        return JSONResponse(exc.body, status_code=exc.status, headers=retry)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

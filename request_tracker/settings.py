@@ -23,6 +23,9 @@ class TrackerSettings(CommandLineSettings):
         next holder (a secondary).
     attempts
         Rounds of (acquire, try every holder) before a query fails.
+    engine_wait
+        Seconds a query waits for a cache engine that refuses connections (restarting) before
+        it fails with 503 ``engine_unavailable``.
     ping_interval
         Seconds between the tracker's liveness pings of the cache functions (0 = off).
     result_ttl
@@ -53,6 +56,7 @@ class TrackerSettings(CommandLineSettings):
         "query_timeout": "--query-timeout",
         "engine_timeout": "--engine-timeout",
         "attempts": "--attempts",
+        "engine_wait": "--engine-wait",
         "ping_interval": "--ping-interval",
         "result_ttl": "--result-ttl",
         "admin_token_file": "--admin-token-file",
@@ -71,6 +75,7 @@ class TrackerSettings(CommandLineSettings):
     query_timeout: float = 30.0
     engine_timeout: float = 300.0
     attempts: int = 3
+    engine_wait: float = 15.0
     ping_interval: float = 2.0
     result_ttl: int = 86400
     admin_token_file: Path | None = None

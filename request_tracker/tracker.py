@@ -102,9 +102,7 @@ class Tracker:
     # -- validation and submission --------------------------------------------------------
     async def validate(self, body: dict[str, Any]) -> dict[str, Any]:
         """Ask the engine whether the query can be served (4xx raised as TrackerError)."""
-        r = await self.http.post(
-            f"{self.s.engine_url}/v1/plan", json=body, headers=self.engine_headers
-        )
+        r = await self._engine("/v1/plan", body)
         if r.status_code != 200:
             raise TrackerError(r.status_code, _body(r))
         out: dict[str, Any] = r.json()
@@ -148,9 +146,13 @@ class Tracker:
         recorded = False
         last: dict[str, Any] = {"error": "unavailable", "detail": "no cache function answered"}
         for attempt in range(self.s.attempts):
-            r = await self.http.post(
-                f"{self.s.engine_url}/v1/acquire", json=body, headers=self.engine_headers
-            )
+            try:
+                r = await self._engine("/v1/acquire", body)
+            except TrackerError as exc:
+                if recorded:
+                    await self._record(qid, status="failed", error=exc.body, tried=tried)
+                self.stats["failed"] += 1
+                raise
             if r.status_code != 200:
                 err = _body(r)
                 if recorded:
@@ -256,6 +258,31 @@ class Tracker:
                 "tried": tried,
             },
         )
+
+    async def _engine(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """``POST`` to the cache engine; a refused or broken connection (the engine restarting
+        under the supervisor) is tried again for ``engine_wait`` seconds, then a 503."""
+        deadline = time.monotonic() + self.s.engine_wait
+        delay = 0.1
+        while True:
+            try:
+                return await self.http.post(
+                    f"{self.s.engine_url}{path}", json=body, headers=self.engine_headers
+                )
+            except httpx.TransportError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.stats["engine_unavailable"] += 1
+                    raise TrackerError(
+                        503,
+                        {
+                            "error": "engine_unavailable",
+                            "detail": f"the cache engine at {self.s.engine_url} did not answer "
+                            f"for {self.s.engine_wait:g} s ({type(exc).__name__}); ask again",
+                        },
+                    ) from exc
+                await asyncio.sleep(min(delay, left))
+                delay = min(2 * delay, 1.0)
 
     async def _report(self, fn: str) -> None:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -331,6 +332,35 @@ def test_flstore_query_waits_for_the_round_to_be_ingested_then_returns_the_recor
             "http://tracker", "oort", "j", params={"k": 99}, token="t", transport=_mock(refuse)
         )
     assert (err.value.status, err.value.error) == (422, "invalid_params")
+
+
+def test_flstore_query_asks_again_while_the_tracker_restarts_then_gives_up() -> None:
+    """A broken connection, a refused one and a 503 are asked again (a query only reads); a
+    tracker that stays away past ``wait`` is an ``unreachable`` QueryFailed."""
+    from client.sdk import QueryFailed, flstore_query
+
+    calls: list[int] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("peer closed connection", request=req)
+        if len(calls) == 2:
+            raise httpx.ConnectError("connection refused", request=req)
+        if len(calls) == 3:
+            return httpx.Response(503, json={"error": "engine_unavailable", "detail": "later"})
+        return httpx.Response(200, json={"status": "done", "result": {"k": 2}})
+
+    rec = flstore_query("http://tracker", "kmeans", "j", token="t", transport=_mock(handler))
+    assert rec["result"] == {"k": 2} and len(calls) == 4
+
+    def away(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=req)
+
+    t0 = time.monotonic()
+    with pytest.raises(QueryFailed) as err:
+        flstore_query("http://tracker", "kmeans", "j", token="t", wait=1, transport=_mock(away))
+    assert err.value.error == "unreachable" and 1.0 <= time.monotonic() - t0 < 5.0
 
 
 def test_an_upload_rides_out_a_restarting_gateway_and_a_landed_upload_is_resent() -> None:

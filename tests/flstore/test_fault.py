@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -38,7 +39,7 @@ def slow_stack(
             "secondaries": 1,
             "function_env": {"FEDFAAS_FLSTORE_RUN_DELAY_S": "2"},
         },
-        tracker={"query_timeout": 20, "ping_interval": 0},
+        tracker={"query_timeout": 20, "ping_interval": 0, "engine_wait": 8},
     )
     try:
         write_history(cold, JOB, 3, per_round=5, pool=12, malicious=["c001"], seed=3)
@@ -120,3 +121,51 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
         f"{st.tracker_url}/v1/queries?wait=true", headers=st.auth, json=body, timeout=60
     ).json()
     assert again["status"] == "done" and again["result"]["selected"] == rec["result"]["selected"]
+
+
+def test_a_query_rides_out_a_cache_engine_restart_and_is_told_503_when_it_stays_down(
+    slow_stack: FLStoreStack,
+) -> None:
+    """The engine dies (SIGKILL): a query sent meanwhile waits for it to come back (the
+    supervisor restarts it in about 2 s) and answers; an engine that stays down longer than
+    ``engine_wait`` gets the analyst a 503 ``engine_unavailable`` with Retry-After, not a 500."""
+    st = slow_stack
+    engine = next(c for c in st.children if c.name == "engine")
+    body = {"workload": "multi-krum", "job": JOB, "rounds": [3], "params": {"f": 1}}
+
+    assert engine.proc is not None
+    os.kill(engine.proc.pid, signal.SIGKILL)
+    engine.proc.wait()
+    t0 = time.monotonic()
+    restarter = threading.Timer(0.5, engine.start)
+    restarter.start()
+    try:
+        r = httpx.post(
+            f"{st.tracker_url}/v1/queries?wait=true", headers=st.auth, json=body, timeout=60
+        )
+    finally:
+        restarter.join()
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done" and "c001" not in r.json()["result"]["selected"]
+    assert time.monotonic() - t0 >= 0.5  # it did wait for the engine
+
+    assert engine.proc is not None
+    os.kill(engine.proc.pid, signal.SIGKILL)
+    engine.proc.wait()
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(
+            f"{st.tracker_url}/v1/queries?wait=true", headers=st.auth, json=body, timeout=60
+        )
+        waited = time.monotonic() - t0
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == "engine_unavailable" and "8 s" in r.json()["detail"]
+        assert r.headers["retry-after"] == "1"
+        assert 8.0 <= waited < 20.0
+        # a query submitted in the background is refused the same way, nothing recorded
+        r = httpx.post(f"{st.tracker_url}/v1/queries", headers=st.auth, json=body, timeout=60)
+        assert r.status_code == 503 and r.json()["error"] == "engine_unavailable"
+    finally:
+        engine.start()
+    r = httpx.post(f"{st.tracker_url}/v1/queries?wait=true", headers=st.auth, json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["status"] == "done"

@@ -109,7 +109,9 @@ def test_every_component_stops_within_its_grace_with_work_in_flight(platform: Pl
     def ask() -> None:
         while not stop.is_set():
             try:
-                flstore_query(p.urls["request_tracker"], "track", JOB, params=TRACK, token=analyst)
+                flstore_query(  # a tracker that stays away: refused after 5 s
+                    p.urls["request_tracker"], "track", JOB, params=TRACK, token=analyst, wait=5
+                )
                 outcomes.append("answered")
             except QueryFailed as exc:
                 outcomes.append(exc.error)
