@@ -76,6 +76,16 @@ class JobNotFound(UpdateRejected):
     """404: the gateway does not know the job."""
 
 
+class JobFailed(ClientError):
+    """The control plane failed the job (a round short of its minimum at its deadline, or no
+    model after it closed); ``reason`` is the control plane's ``failed``."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        super().__init__(f"job {job!r} failed: {reason}")
+        self.job = job
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class GlobalModel:
     """A global model as served by the gateway."""
@@ -439,6 +449,10 @@ def submit_job(
     policy: str = "leastconn",
     per_leaf: int = 2,
     overprovision: float = 1.0,
+    deadline_s: float = 600.0,
+    min_updates: int = 1,
+    on_shortfall: str = "reopen",
+    max_reopens: int = 1,
     evaluator: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
@@ -459,6 +473,10 @@ def submit_job(
     policy : placement, ``"leastconn"`` (spread over the nodes) or ``"bestfit"`` (pack).
     per_leaf : updates per leaf aggregator.
     overprovision : clients selected per round / goal.
+    deadline_s : seconds a round may take. At its deadline a round closes with what arrived
+        if at least ``min_updates`` came; else it gets another deadline
+        (``on_shortfall="reopen"``, at most ``max_reopens`` times) or the job fails
+        (``"fail"``; the job's view then says why in ``failed``).
     evaluator : the job's validation-set evaluator for FLStore's contribution workloads
         (Shapley, leave-one-out), e.g. ``{"kind": "digits-softmax", "split_seed": 0}`` (see
         ``cache_engine.evaluators``); it travels in the weights' safetensors metadata
@@ -488,6 +506,10 @@ def submit_job(
         "policy": policy,
         "per_leaf": per_leaf,
         "overprovision": overprovision,
+        "deadline_s": deadline_s,
+        "min_updates": min_updates,
+        "on_shortfall": on_shortfall,
+        "max_reopens": max_reopens,
         "weights_b64": base64.b64encode(initial_weights).decode(),
     }
     url = control_plane_url.rstrip("/") + "/v1/jobs"

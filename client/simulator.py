@@ -21,7 +21,7 @@ import torch
 
 from client.data import ClientData, FederatedDigits
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
-from client.sdk import FLClient, StaleRound
+from client.sdk import FLClient, JobFailed, StaleRound
 from client.train import TrainConfig, evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,14 @@ class ControlPlaneAssignment:
             headers=headers,
             timeout=self.timeout,
         )
+        if r.status_code == 409 and r.json().get("error") == "job_failed":
+            raise JobFailed(self.job, str(r.json().get("detail")))
         r.raise_for_status()
         return str(r.json()["gateway_url"])
 
     def wait_round(self, number: int, timeout: float = 120.0) -> None:
-        """Until the control plane has round ``number`` (or a later one) open for clients."""
+        """Until the control plane has round ``number`` (or a later one) open for clients;
+        :class:`~client.sdk.JobFailed` when the job failed meanwhile."""
         import httpx
 
         deadline = time.monotonic() + timeout
@@ -106,6 +109,8 @@ class ControlPlaneAssignment:
                 timeout=self.timeout,
             )
             r.raise_for_status()
+            if r.json().get("failed"):
+                raise JobFailed(self.job, str(r.json()["failed"]))
             cur = r.json().get("round") or {}
             if int(cur.get("number") or 0) >= number and cur.get("state") == "open":
                 return

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,6 +66,15 @@ class JobIn(BaseModel):
     policy: str = "bestfit"
     per_leaf: int = Field(2, ge=1, le=1000)
     size: float = Field(1.0, gt=0)
+    min_updates: int = Field(
+        1, ge=1, description="a round closes at its deadline if at least this many arrived"
+    )
+    on_shortfall: Literal["reopen", "fail"] = Field(
+        "reopen",
+        description="a round short of min_updates at its deadline: another deadline "
+        "(at most max_reopens times), or the job fails",
+    )
+    max_reopens: int = Field(1, ge=0, le=100)
     weights_b64: str | None = Field(
         None,
         description="initial weights (safetensors, base64) for gateways that need them; "
@@ -190,6 +199,9 @@ def create_app(
             body.policy,
             body.per_leaf,
             body.size,
+            body.min_updates,
+            body.on_shortfall,
+            body.max_reopens,
         )
         await coord.create_job(spec, initial_weights=weights)
         return {**coord.job_view(body.job), "tokens": coord.client_tokens(body.job)}

@@ -9,9 +9,17 @@ pool, seeded by job and round; placed on healthy nodes; hierarchy planned; plan 
 gateways; aggregator function scaled) -> ``aggregating`` once the healthy gateways report
 ``goal`` accepted updates (only with gateways that report a model version; assignments now
 answer 409) -> ``closed`` when a gateway reports the round's model published (or at goal,
-for gateways without versions), or ``expired`` at the deadline. The gateways reject the
-round's late updates (their stale-round / round-full checks). With ``auto_rounds`` the next
-round opens until ``rounds`` are done.
+for gateways without versions). The gateways reject the round's late updates (their
+stale-round / round-full checks). With ``auto_rounds`` the next round opens until ``rounds``
+are done.
+
+Deadlines: at a round's deadline, if at least the job's ``min_updates`` arrived, the round is
+closed on the gateways with what arrived (``expired`` once its model is published); if fewer
+did, it gets another deadline (``on_shortfall="reopen"``, at most ``max_reopens`` times; its
+``reopened`` count is in the round's view) or the job fails: the round ends ``failed``, the
+job's ``failed`` says why, the gateways drop the job's live state (no gateway is left waiting
+on the round), and assignments answer 409 ``job_failed``. A round closed but without a
+published model a further deadline later fails the job the same way.
 
 Plans: every plan (and re-plan) goes to the gateways as a slot table (``PUT .../plan``, slot
 ids stable within a round, the top on the job's root node). Gateways that answer 404/405
@@ -57,6 +65,7 @@ from control_plane.errors import (
     ControlPlaneError,
     GatewayError,
     JobExists,
+    JobFailed,
     NoHealthyNodes,
     RoundStateError,
     TooFewClients,
@@ -344,6 +353,8 @@ class Coordinator:
             raise RoundStateError(f"round {job.current.number} of {job.spec.name!r} is still open")
         if job.done:
             raise RoundStateError(f"job {job.spec.name!r} finished all {job.spec.rounds} rounds")
+        if job.failed:
+            raise JobFailed(job.spec.name, job.failed)
         nodes = self.healthy_nodes()
         if not nodes:
             raise NoHealthyNodes()
@@ -510,6 +521,8 @@ class Coordinator:
     def assignment(self, name: str, client: str) -> tuple[int, str, str]:
         """``(round, node, gateway_url)`` for a client of the open round."""
         job = self.job(name)
+        if job.failed:
+            raise JobFailed(name, job.failed)
         if client in job.revoked:
             raise ClientRevoked(name, client)
         rnd = job.current
@@ -745,22 +758,90 @@ class Coordinator:
                     if rnd.placement == "coordinator" and versioned:
                         # the plan covers every selected client: aggregate the first `goal`
                         await self._shrink_round(job, rnd, "goal")
-                elif now >= rnd.deadline_at and rnd.closing is None:
-                    if not (
-                        rnd.placement == "coordinator"
-                        and sum(rnd.received.values()) > 0
-                        and await self._shrink_round(job, rnd, "deadline")
-                    ):
-                        await self._close(job, "expired")
+                elif now >= rnd.deadline_at and rnd.closing is None and queues:
+                    # (decided only on what gateways said in this poll: none answered, none
+                    # counted; a restarting gateway is asked again next tick)
+                    await self._at_deadline(job, rnd, now, versioned)
                 elif now >= rnd.deadline_at + job.spec.deadline_s:
-                    log.error(
-                        "job %s round %d: no model a deadline after closing (%s); giving up",
-                        job.spec.name,
-                        rnd.number,
-                        rnd.closing,
+                    await self._fail(
+                        job,
+                        f"round {rnd.number}: no global model published a deadline "
+                        f"({job.spec.deadline_s:g} s) after it was closed ({rnd.closing})",
                     )
-                    await self._close(job, "expired")
                 await self._save(job)
+
+    async def _at_deadline(
+        self, job: JobState, rnd: RoundInfo, now: float, versioned: bool
+    ) -> None:
+        """The round's deadline passed before its goal: close it with what arrived if its
+        minimum came; else give it another deadline (``on_shortfall="reopen"``, at most
+        ``max_reopens`` times) or fail the job. Never a gateway left waiting on the round.
+
+        Gateways that keep their own plan or report no model version (they cannot close a
+        round or say it published) only get the round ended here, ``expired``, as before."""
+        spec = job.spec
+        if rnd.placement != "coordinator" or not versioned:
+            await self._close(job, "expired")
+            return
+        got, least = sum(rnd.received.values()), min(spec.min_updates, rnd.goal)
+        if got >= least:
+            if not await self._shrink_round(job, rnd, "deadline"):
+                await self._fail(
+                    job,
+                    f"round {rnd.number}: {got} update(s) arrived by the deadline, but the "
+                    "gateways could not close the round on them",
+                )
+            return
+        if spec.on_shortfall == "reopen" and rnd.reopened < spec.max_reopens:
+            rnd.reopened += 1
+            rnd.deadline_at = now + spec.deadline_s
+            log.warning(
+                "job %s round %d: %d of its minimum %d update(s) by the deadline; re-opened "
+                "for another %g s (%d of %d)",
+                spec.name,
+                rnd.number,
+                got,
+                least,
+                spec.deadline_s,
+                rnd.reopened,
+                spec.max_reopens,
+            )
+            return
+        again = f", after {rnd.reopened} re-opening(s)" if rnd.reopened else ""
+        await self._fail(
+            job,
+            f"round {rnd.number}: {got} of its minimum {least} update(s) arrived by the "
+            f"deadline{again}",
+        )
+
+    async def _fail(self, job: JobState, reason: str) -> None:
+        """Fail the job: its open round ends ``failed`` and the gateways forget the job's live
+        state (its round, objects, journal), so none waits on it; the rounds it finished stay
+        checkpointed in MinIO. Clients asking for an assignment get 409 ``job_failed``."""
+        rnd = job.current
+        if rnd is not None and rnd.state in ("open", "aggregating"):
+            rnd.state, rnd.closed_at = "failed", self.clock()
+            job.history.append(
+                {
+                    "round": rnd.number,
+                    "state": "failed",
+                    "received": sum(rnd.received.values()),
+                    "lost": rnd.lost,
+                    "seconds": rnd.closed_at - rnd.opened_at,
+                    "published": rnd.published,
+                    "closing": rnd.closing,
+                    "reason": reason,
+                }
+            )
+        job.failed = reason
+        self.plans.pop(job.spec.name, None)
+        log.error("job %s failed: %s", job.spec.name, reason)
+        # the others first: the root deletes the journal that they would load it from
+        for n in sorted(self.healthy_nodes(), key=lambda x: x == job.root):
+            try:
+                await self.clients[n].delete_job(job.spec.name)
+            except ControlPlaneError as exc:
+                log.warning("job %s: not dropped on %s: %s", job.spec.name, n, exc.detail)
 
     async def run(self, interval: float) -> None:
         """Call :meth:`tick` every ``interval`` seconds until cancelled."""
@@ -782,6 +863,7 @@ class Coordinator:
             "goal": job.spec.goal,
             "completed": job.completed,
             "done": job.done,
+            "failed": job.failed or None,  # why the job failed (see Coordinator._fail)
             "policy": job.spec.policy,
             "root": job.root,  # the node that publishes the global model and runs the top
             "round": None if rnd is None else round_view(rnd),

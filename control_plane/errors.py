@@ -126,3 +126,15 @@ class TooFewClients(ControlPlaneError):
 
     code = "too_few_clients"
     status = 409
+
+
+class JobFailed(ControlPlaneError):
+    """The job failed (a round short of its minimum at the deadline, or no model after it
+    was closed); nothing more happens in it. ``reason`` says why."""
+
+    code = "job_failed"
+    status = 409
+
+    def __init__(self, job: str, reason: str) -> None:
+        super().__init__(f"job {job!r} failed: {reason}")
+        self.job, self.reason = job, reason

@@ -18,6 +18,10 @@ JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+#: what a round short of its minimum at the deadline does (see :attr:`JobSpec.on_shortfall`)
+SHORTFALL = ("reopen", "fail")
+
+
 @dataclass
 class JobSpec:
     """What a job asks for (validated by :meth:`validate`)."""
@@ -31,6 +35,12 @@ class JobSpec:
     policy: str = "bestfit"
     per_leaf: int = 2
     size: float = 1.0
+    #: a round closes at its deadline with what arrived if at least this many updates came
+    min_updates: int = 1
+    #: a round short of ``min_updates`` at its deadline: "reopen" (another deadline, at most
+    #: ``max_reopens`` times, then the job fails) or "fail" (the job fails at once)
+    on_shortfall: str = "reopen"
+    max_reopens: int = 1
 
     def validate(self) -> None:
         """Raise :class:`InvalidInput` naming the first bad field."""
@@ -65,6 +75,12 @@ class JobSpec:
             raise InvalidInput("per_leaf must be >= 1")
         if not (0 < self.size < math.inf):
             raise InvalidInput("size must be a finite number > 0")
+        if not 1 <= self.min_updates <= self.goal:
+            raise InvalidInput(f"min_updates must be in [1, goal={self.goal}]")
+        if self.on_shortfall not in SHORTFALL:
+            raise InvalidInput(f"on_shortfall must be one of {', '.join(SHORTFALL)}")
+        if not 0 <= self.max_reopens <= 100:
+            raise InvalidInput("max_reopens must be in [0, 100]")
 
 
 @dataclass
@@ -72,7 +88,7 @@ class RoundInfo:
     """State of one round."""
 
     number: int
-    state: str  # open | aggregating | closed | expired
+    state: str  # open | aggregating | closed | expired | failed
     goal: int
     selected: list[str]
     assignment: dict[str, str]
@@ -90,6 +106,8 @@ class RoundInfo:
     closing: str | None = None
     #: updates the gateways were told to aggregate after closing, per node
     closed_with: dict[str, int] = field(default_factory=dict)
+    #: times the round got another deadline because fewer than its minimum had arrived
+    reopened: int = 0
 
 
 @dataclass
@@ -110,6 +128,8 @@ class JobState:
     salt: str = ""
     #: clients revoked (never selected again; their tokens are refused)
     revoked: list[str] = field(default_factory=list)
+    #: why the job failed (a round short of its minimum, no model after closing); "" if not
+    failed: str = ""
 
     def eligible(self) -> list[str]:
         """The job's clients less the revoked ones, in the spec's order."""
@@ -155,6 +175,7 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "published": rnd.published,
         "closing": rnd.closing,
         "closed_with": dict(rnd.closed_with),
+        "reopened": rnd.reopened,
     }
 
 
@@ -186,6 +207,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "root": job.root,
         "salt": job.salt,
         "revoked": job.revoked,
+        "failed": job.failed,
     }
 
 
@@ -201,4 +223,5 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         str(raw.get("root", "")),
         str(raw.get("salt", "")),
         list(raw.get("revoked", [])),
+        str(raw.get("failed", "")),
     )

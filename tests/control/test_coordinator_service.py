@@ -207,6 +207,27 @@ def test_round_expires_at_its_deadline_with_what_arrived(gateways):
         (
             "post",
             "/v1/jobs",
+            {"job": "a", "rounds": 1, "goal": 2, "clients": 3, "min_updates": 3},
+            422,
+            "invalid_input",
+        ),
+        (
+            "post",
+            "/v1/jobs",
+            {"job": "a", "rounds": 1, "goal": 2, "clients": 3, "on_shortfall": "wait"},
+            422,
+            "invalid_request",
+        ),
+        (
+            "post",
+            "/v1/jobs",
+            {"job": "a", "rounds": 1, "goal": 2, "clients": 3, "max_reopens": -1},
+            422,
+            "invalid_request",
+        ),
+        (
+            "post",
+            "/v1/jobs",
             {"job": "dup", "rounds": 1, "goal": 1, "clients": 2},
             409,
             "job_exists",

@@ -163,3 +163,111 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
         want = sum(w * t["a"].astype(np.float64) for t, w in sent) / sum(w for _, w in sent)
         got = load(m.content)["a"]
         assert np.abs(got - want).max() / np.abs(want).max() <= 1e-6
+
+
+def _wait_view(api, job, pred, timeout=60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        view = api.get(f"/v1/jobs/{job}").json()
+        if pred(view):
+            return view
+        assert time.monotonic() < deadline, view
+        time.sleep(0.05)
+
+
+def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(real_gateways):
+    """Nothing by the first deadline: the round gets another one (``reopened`` 1), the
+    gateways stay on it; two updates in the second window meet the minimum of 2 and the round
+    closes at that deadline with exactly them (the FedAvg of the two)."""
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    w0 = {"a": np.zeros(16, np.float32)}
+    rng = np.random.default_rng(7)
+    with control_client(coord, secret, tick_s=0.05) as api:
+        r = api.post(
+            "/v1/jobs",
+            json={
+                "job": "again",
+                "rounds": 1,
+                "goal": 4,
+                "clients": 4,
+                "deadline_s": 2.0,
+                "min_updates": 2,
+                "on_shortfall": "reopen",
+                "max_reopens": 1,
+                "weights_b64": base64.b64encode(save(w0)).decode(),
+            },
+        )
+        assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
+        view = _wait_view(api, "again", lambda v: v["round"]["reopened"] == 1)
+        assert view["round"]["state"] == "open" and view["completed"] == 0 and not view["failed"]
+        sent, seen = [], set()
+        for c in ("c0", "c1", "c2", "c3"):
+            a = api.get("/v1/jobs/again/assignment", params={"client": c}).json()
+            if a["node"] in seen:
+                continue
+            seen.add(a["node"])
+            t = {"a": rng.standard_normal(16).astype(np.float32)}
+            w = int(rng.integers(1, 9))
+            assert upload(a["gateway_url"], "again", 1, c, tokens[c], t, w).status_code == 202
+            sent.append((t, w))
+        view = _wait_view(api, "again", lambda v: v["completed"] == 1)
+        h = view["history"][0]
+        assert (h["state"], h["received"], h["closing"], h["published"]) == (
+            "expired",
+            2,
+            "deadline",
+            True,
+        )
+        m = httpx.get(
+            f"{urls['n1']}/v1/jobs/again/model", headers={"Authorization": f"Bearer {secret}"}
+        )
+        want = sum(w * t["a"].astype(np.float64) for t, w in sent) / sum(w for _, w in sent)
+        assert np.abs(load(m.content)["a"] - want).max() / np.abs(want).max() <= 1e-6
+
+
+def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_gateways):
+    """``on_shortfall="fail"``: one update of a minimum of 2 by the deadline fails the job with
+    a reason; the gateways drop the job (none keeps the round open), the assignment answers
+    409 ``job_failed``, a late upload is refused, and no round opens after it."""
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    w0 = {"a": np.zeros(16, np.float32)}
+    with control_client(coord, secret, tick_s=0.05) as api:
+        r = api.post(
+            "/v1/jobs",
+            json={
+                "job": "short",
+                "rounds": 3,
+                "goal": 4,
+                "clients": 4,
+                "deadline_s": 1.5,
+                "min_updates": 2,
+                "on_shortfall": "fail",
+                "weights_b64": base64.b64encode(save(w0)).decode(),
+            },
+        )
+        assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
+        a = api.get("/v1/jobs/short/assignment", params={"client": "c0"}).json()
+        t = {"a": np.ones(16, np.float32)}
+        assert upload(a["gateway_url"], "short", 1, "c0", tokens["c0"], t, 1).status_code == 202
+        view = _wait_view(api, "short", lambda v: v["failed"])
+        assert view["failed"] == "round 1: 1 of its minimum 2 update(s) arrived by the deadline"
+        assert view["round"]["state"] == "failed" and view["completed"] == 0
+        assert view["history"][-1]["state"] == "failed" and view["history"][-1]["received"] == 1
+        admin = {"Authorization": f"Bearer {secret}"}
+        for url in urls.values():  # no gateway keeps the round open
+            assert httpx.get(f"{url}/v1/jobs/short", headers=admin).status_code == 404
+        # a late upload is refused before its body is read: the gateway no longer knows the
+        # job, so no client token of it verifies (the clear status is the control plane's)
+        r = upload(a["gateway_url"], "short", 1, "c1", tokens["c1"], t, 1)
+        assert r.status_code == 401, r.text
+        r = api.get("/v1/jobs/short/assignment", params={"client": "c1"})
+        assert r.status_code == 409 and r.json()["error"] == "job_failed"
+        assert "1 of its minimum 2" in r.json()["detail"]
+        r = api.post("/v1/jobs/short/rounds")
+        assert r.status_code == 409 and r.json()["error"] == "job_failed"
+        time.sleep(0.5)  # the control loop keeps running: no round 2 opens
+        assert api.get("/v1/jobs/short").json()["round"]["number"] == 1

@@ -272,6 +272,11 @@ def test_submit_job_posts_the_job_to_the_control_plane_with_its_evaluator() -> N
         "clients": ["a", "b"],
         "policy": "leastconn",
     }
+    # the deadline policy: the SDK's defaults are the control plane's own
+    from control_plane.api import JobIn
+
+    for k in ("deadline_s", "min_updates", "on_shortfall", "max_reopens"):
+        assert body[k] == JobIn.model_fields[k].default, k
     blob = base64.b64decode(body["weights_b64"])
     header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
     assert json.loads(header["__metadata__"]["fedfaas.evaluator"]) == {

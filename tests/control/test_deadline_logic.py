@@ -1,0 +1,91 @@
+"""A round closed at its deadline whose model never comes fails the job instead of leaving the
+gateways on it, and a failed job stays failed across a control-plane restart (issue 13, item 4).
+Pure logic: a fake clock and fake gateway answers; the real-gateway cases (re-open, fail at
+the minimum) are in test_real_gateways.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from control_plane.coordinator import Coordinator
+from control_plane.gateways import GatewayJobStatus
+from control_plane.jobs import JobSpec, JobState, RoundInfo, job_from_json, job_to_json
+from control_plane.store import MemoryStore
+
+
+def test_no_model_a_deadline_after_closing_fails_the_job_and_drops_it_on_the_gateways() -> None:
+    now = [0.0]
+    coord = Coordinator({"n1": "http://n1"}, clock=lambda: now[0], store=MemoryStore())
+    spec = JobSpec("j", rounds=3, goal=2, clients=["a", "b"], deadline_s=5.0)
+    job = JobState(spec, root="n1")
+    # closed at its deadline (t=5) on one update; the top never publishes (version stays 0)
+    job.current = RoundInfo(
+        1,
+        "aggregating",
+        2,
+        ["a", "b"],
+        {"a": "n1", "b": "n1"},
+        0.0,
+        5.0,
+        received={"n1": 1},
+        closing="deadline",
+        closed_with={"n1": 1},
+    )
+    coord.jobs["j"] = job
+    dropped: list[str] = []
+    gw = coord.clients["n1"]
+
+    async def job_status(name: str) -> GatewayJobStatus:
+        return GatewayJobStatus(round=1, received=1, version=0, queue=0.0, reports_version=True)
+
+    async def delete_job(name: str) -> bool:
+        dropped.append(name)
+        return True
+
+    gw.job_status = job_status  # type: ignore[method-assign]
+    gw.delete_job = delete_job  # type: ignore[method-assign]
+
+    now[0] = 9.9  # inside the second deadline: still waiting for the model
+    asyncio.run(coord.poll())
+    assert not job.failed and job.current.state == "aggregating" and not dropped
+    now[0] = 10.1
+    asyncio.run(coord.poll())
+    assert job.failed == (
+        "round 1: no global model published a deadline (5 s) after it was closed (deadline)"
+    )
+    assert job.current.state == "failed" and job.current.number == 1  # no round 2 opened
+    assert dropped == ["j"] and job.history[-1]["state"] == "failed"
+    view = coord.job_view("j")
+    assert view["failed"] == job.failed and not view["done"]
+    # the failure survives a restart of the control plane (its state is in the store)
+    back = job_from_json(job_to_json(job))
+    assert back.failed == job.failed and back.current is not None
+    assert back.current.state == "failed"
+
+
+def test_the_simulators_assignment_says_the_job_failed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A simulated client waiting for the next round hears JobFailed (with the control
+    plane's reason) instead of waiting out its timeout; its assignment call too."""
+    import httpx
+    import pytest
+
+    from client.sdk import JobFailed
+    from client.simulator import control_plane_assignment
+
+    reason = "round 2: 0 of its minimum 1 update(s) arrived by the deadline"
+
+    def get(url: str, **kw: object) -> httpx.Response:
+        req = httpx.Request("GET", url)
+        if url.endswith("/assignment"):
+            body = {"error": "job_failed", "detail": f"job 'j' failed: {reason}"}
+            return httpx.Response(409, json=body, request=req)
+        return httpx.Response(200, json={"failed": reason, "round": {}}, request=req)
+
+    monkeypatch.setattr(httpx, "get", get)
+    assign = control_plane_assignment("http://cp", "j", {"a": "tok"})
+    with pytest.raises(JobFailed) as err:
+        assign("a")
+    assert reason in err.value.reason
+    with pytest.raises(JobFailed) as err:
+        assign.wait_round(2, timeout=60)
+    assert err.value.reason == reason
