@@ -2,6 +2,8 @@
 #   make setup            apt packages, .venv, MinIO and helm (idempotent, seconds when done)
 #   make test | test-all  pytest without / with the slow tests
 #   make test-faults      the fault campaign on the one-machine platform (bench/faults.py)
+#   make soak             10 minutes of load on the one-machine platform, a fault halfway
+#                         (bench/soak.py, loadtests/platform.py; SOAK_ARGS)
 #   make demo             the demo on a fresh platform in $(STATE)
 #   make up|status|down   the one-machine platform in $(STATE) (down leaves only logs/);
 #                         `make up WITH=all` adds the gateway, cache engine, tracker, control plane
@@ -26,7 +28,7 @@ REGISTRY ?= ghcr.io/fedfaas
 TAG ?=
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all test-faults demo bench lint up down status helm chart images \
+.PHONY: setup test test-all test-faults soak demo bench lint up down status helm chart images \
 	$(addprefix bench-,$(BENCHES))
 
 setup:
@@ -42,6 +44,9 @@ test-all: setup
 # bench/results/faults.{json,md}; exits 1 while a fault is not survived
 test-faults: setup
 	$(PY) -m bench.faults $(FAULTS_ARGS)
+
+soak: setup
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 demo: setup
 	$(VENV)/bin/fedfaas demo --state-dir $(STATE)

@@ -359,7 +359,7 @@ def _wait_open(c: Campaign, job: str, rnd: int, timeout: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def _wait_healthy(c: Campaign, since: float, timeout: float = 120.0) -> float | None:
+def wait_healthy(c: Campaign, since: float, timeout: float = 120.0) -> float | None:
     from fedfaas.platform import Platform
     from fedfaas.settings import load_settings
 
@@ -382,7 +382,7 @@ def _inject(c: Campaign, fault: Fault, run: JobRun) -> None:
     finally:
         run.injected_done.set()
     run.fault_at = run.injected.pop("ended_at")
-    run.recovery_s = _wait_healthy(c, run.fault_at)
+    run.recovery_s = wait_healthy(c, run.fault_at)
 
 
 def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:

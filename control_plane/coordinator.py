@@ -72,7 +72,7 @@ from control_plane.errors import (
     UnknownClient,
     UnknownJob,
 )
-from control_plane.gateways import GatewayClient, plan_to_slots
+from control_plane.gateways import GatewayClient, GatewayJobStatus, plan_to_slots
 from control_plane.jobs import (
     JobSpec,
     JobState,
@@ -369,11 +369,13 @@ class Coordinator:
         now = self.clock()
         goal = min(spec.goal, len(pool))  # a forced revocation may have left fewer clients
         rnd = RoundInfo(number, "open", goal, selected, assignment, now, now + spec.deadline_s)
-        job.current = rnd
         plan = self._plan_for(job, rnd)
         self.plans[spec.name] = plan
         rnd.plan_version = plan.version
         await self._publish(job, rnd, plan)
+        # only now do assignments (which take no lock) answer for the round: a client sent to
+        # a gateway before its plan arrived there would be refused as on the "wrong node"
+        job.current = rnd
         log.info(
             "job %s round %d open: %d clients on %d nodes",
             spec.name,
@@ -474,6 +476,34 @@ class Coordinator:
             }
             rnd.placement = "gateway-static"
             self.plans[job.spec.name] = self._plan_for(job, rnd)
+
+    async def _repush(self, job: JobState, rnd: RoundInfo, node: str, st: GatewayJobStatus) -> None:
+        """Send the open round's plan again to a gateway that runs another one: it missed the
+        push (it was restarting then) and opened the round on its own plan, which would refuse
+        the clients placed on it as on the "wrong node" until the deadline."""
+        plan = self.plans.get(job.spec.name)
+        if (
+            plan is None
+            or not self.push_plans
+            or rnd.placement != "coordinator"
+            or st.plan_version == rnd.plan_version
+        ):
+            return
+        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
+        try:
+            await self.clients[node].put_plan(job.spec.name, rnd.number, slots)
+            log.warning(
+                "job %s round %d: %s ran plan v%s, not v%s; sent it again",
+                job.spec.name,
+                rnd.number,
+                node,
+                st.plan_version,
+                rnd.plan_version,
+            )
+        except ControlPlaneError as exc:
+            log.warning(
+                "plan for %s not delivered to %s again: %s", job.spec.name, node, exc.detail
+            )
 
     async def autoscale(self, reports: Mapping[str, dict[str, Any]]) -> None:
         """Scale ``function`` to what the nodes' aggregator loads ask for (see
@@ -741,6 +771,7 @@ class Coordinator:
                 versioned = versioned or st.reports_version
                 if st.round == rnd.number and st.version < rnd.number and rnd.closing is None:
                     rnd.received[n] = st.received  # after closing, the counts are fixed
+                    await self._repush(job, rnd, n, st)
                 # a gateway past this round (or holding its model) published it: goal met
                 published = published or st.round > rnd.number or st.version >= rnd.number
             self.queues.observe(queues)

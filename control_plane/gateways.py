@@ -42,7 +42,8 @@ class GatewayJobStatus:
     Read tolerantly because the gateway's answer may grow: ``round`` (current round),
     ``received``/``accepted``/``updates`` (updates accepted in that round), ``version``
     (global model version), ``queue`` (pending updates: ``k * E``), ``salt`` (the job's, which
-    the gateway shows the admin; None when absent).
+    the gateway shows the admin; None when absent), ``plan_version`` (the pushed plan the open
+    round runs; None when it runs the gateway's own plan, or the gateway does not say).
     """
 
     round: int
@@ -51,6 +52,7 @@ class GatewayJobStatus:
     queue: float
     reports_version: bool = False
     salt: str | None = None
+    plan_version: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GatewayJobStatus:
@@ -70,6 +72,11 @@ class GatewayJobStatus:
             queue=num("queue", "queue_length", "pending"),
             reports_version="version" in data or "model_version" in data,
             salt=data["salt"] if isinstance(data.get("salt"), str) else None,
+            plan_version=pv
+            if isinstance(pv := data.get("plan_version"), int)
+            and not isinstance(pv, bool)
+            and data.get("pushed_plan", True)
+            else None,
         )
 
 

@@ -19,7 +19,8 @@ has a new salt, and the tokens of the one before are refused.
   ``spec_mismatch`` / ``size_mismatch`` / ``truncated_body`` / ``bad_sample_count``,
   401 ``unauthorized`` (also for a job this node does not have), 403 ``client_revoked``,
   409 ``stale_round`` /
-  ``future_round`` /
+  ``future_round`` / ``round_not_open`` (the next round, on a node that has not followed the
+  root's publication yet: the SDK sends again) /
   ``duplicate_client`` / ``round_full`` / ``wrong_node`` / ``job_finished``, 411
   ``length_required``, 413 ``body_too_large`` / ``header_too_large``, 422 ``non_finite``.
 - ``GET /v1/jobs/{job}/model`` (a client of the job or admin bearer) -> safetensors,

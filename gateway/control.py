@@ -34,6 +34,7 @@ def push_plan(gw: Gateway, job: Job, rnd: int, data: Any) -> dict[str, Any]:
     """
     plan, version = plan_from_json(data, nodes=job.nodes, root=job.root, clients=job.client_set)
     _check_round_of_plan(job, rnd)
+    job.managed = True
     eng = job.engine
     if eng is None or eng.round != rnd:
         job.pending_plans[rnd] = (plan, version)
@@ -42,6 +43,9 @@ def push_plan(gw: Gateway, job: Job, rnd: int, data: Any) -> dict[str, Any]:
         raise PlanConflict(f"round {rnd} was closed here; it aggregates what arrived")
     restarted = eng.apply_plan(plan, version)
     job.plan = plan
+    if job.awaiting_plan:
+        job.awaiting_plan = False
+        log.info("job %s round %d: the control plane's plan v%s arrived", job.name, rnd, version)
     gw.pump(job)
     return {
         "job": job.name,
@@ -187,7 +191,16 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
         return
     rec = await gw.journal.plan(job.name, eng.round, gw.settings.node)
     if rec is None:
+        # the round's plan was pushed while this gateway was down, or not yet: if the control
+        # plane planned the round before, wait for its plan (it sends it again when it sees
+        # this node run another); uploads meanwhile would land in slots it moves
+        if await gw.journal.plan(job.name, eng.round - 1, gw.settings.node) is not None:
+            job.managed = job.awaiting_plan = True
+            log.warning(
+                "job %s: round %d resumes awaiting the control plane's plan", job.name, eng.round
+            )
         return
+    job.managed = True
     try:
         plan, version = plan_from_json(rec, nodes=job.nodes, root=job.root, clients=job.client_set)
         eng.apply_plan(plan, version)

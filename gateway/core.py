@@ -636,6 +636,7 @@ class Gateway:
         for old in [k for k in job.pending_plans if k < r]:
             del job.pending_plans[old]
         job.plan = pushed[0] if pushed is not None else job.base_plan
+        job.awaiting_plan = pushed is None and job.managed
         job.engine = RoundEngine(
             job_id=job.id,
             node=self.settings.node,
@@ -653,6 +654,8 @@ class Gateway:
         if pushed is not None:
             job.engine.plan_version = pushed[1]
             log.info("job %s round %d opens with the pushed plan v%s", job.name, r, pushed[1])
+        elif job.awaiting_plan:
+            log.info("job %s round %d opens awaiting the control plane's plan", job.name, r)
         job.times.append(RoundTimes(r))
 
     # -- the control plane's routes (bodies in gateway.control) -----------------------------

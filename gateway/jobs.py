@@ -102,6 +102,13 @@ class Job:
     times: list[RoundTimes] = field(default_factory=list)
     #: plans pushed by the control plane for rounds not open here yet (round -> plan, version)
     pending_plans: dict[int, tuple[Plan, int | None]] = field(default_factory=dict)
+    #: the control plane plans this job's rounds (it pushed a plan here, now or before a
+    #: restart): a round whose plan has not arrived opens awaiting it (:attr:`awaiting_plan`)
+    managed: bool = False
+    #: the open round runs the gateway's own plan until the control plane's arrives: uploads
+    #: get 409 ``round_not_open`` (the SDK sends again), so none lands in a slot the pushed
+    #: plan would move
+    awaiting_plan: bool = False
     #: orders the job's slot journal writes (a checkpoint never lands before an older one)
     journal_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: monotonic times of recent accepted updates (arrival rate k)
@@ -226,6 +233,16 @@ class Job:
                 client_id=client,
                 round=rnd,
             )
+        if rnd == open_r + 1 and node != self.root:
+            # the root published and opened it; this node follows in a moment (journal poll)
+            raise UpdateRejected(
+                f"round {rnd} is not open on this node yet (it follows the root node's "
+                f"publication of model version {rnd - 1}); send again in a moment",
+                status=409,
+                code="round_not_open",
+                client_id=client,
+                round=rnd,
+            )
         if rnd != open_r:
             code = "stale_round" if rnd < open_r else "future_round"
             raise UpdateRejected(
@@ -233,6 +250,15 @@ class Job:
                 f"{self.version}): fetch the model and train on it",
                 status=409,
                 code=code,
+                client_id=client,
+                round=rnd,
+            )
+        if self.awaiting_plan:
+            raise UpdateRejected(
+                f"round {rnd} is not open on this node yet: it waits for the control plane's "
+                "plan; send again in a moment",
+                status=409,
+                code="round_not_open",
                 client_id=client,
                 round=rnd,
             )

@@ -110,10 +110,17 @@ class Journal:
         return {int(k): json.loads(v) for k, v in raw.items()}
 
     async def publish(self, job: str, version: int, record: dict[str, Any]) -> None:
-        """Record a new global model version (monotonic)."""
+        """Record a new global model version (monotonic), and forget the round before the one
+        it ends: its updates, slots, checkpoints and plans. A restart resumes the next round,
+        which reads the ended round's plans (was the job planned by the control plane?), and
+        its ``meta.json`` is written from the ended round's updates; nothing reads older
+        rounds, so the journal stays the size of two rounds however long the job runs."""
         key = f"{PREFIX}job:{job}:state"
+        old = f"{PREFIX}job:{job}:round:{version - 1}"
         async with self.r.pipeline(transaction=True) as p:
             p.hset(key, mapping={"version": version, "global": json.dumps(record)})
+            if version >= 2:
+                p.delete(old, f"{old}:slots", f"{old}:checkpoints", f"{old}:plans")
             await p.execute()
 
     async def global_record(self, job: str) -> dict[str, Any] | None:

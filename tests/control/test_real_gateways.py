@@ -31,6 +31,14 @@ def real_gateways(redis_url, tmp_path):
         yield urls, secret
 
 
+def _create(api, w0, **fields):  # type: ignore[no-untyped-def]
+    """``POST /v1/jobs`` with the initial weights ``w0``; the answer (asserted 201)."""
+    body = {**fields, "weights_b64": base64.b64encode(save(w0)).decode()}
+    r = api.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r
+
+
 def upload(url, job, rnd, client, token, tensors, weight):
     return realgw.upload(url, job, rnd, client, token, tensors, weight)
 
@@ -41,17 +49,7 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
     w0 = {"a": np.zeros(64, np.float32), "b": np.zeros((3, 4), np.float32)}
     rng = np.random.default_rng(0)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = api.post(
-            "/v1/jobs",
-            json={
-                "job": "real",
-                "rounds": 2,
-                "goal": 4,
-                "clients": 8,
-                "weights_b64": base64.b64encode(save(w0)).decode(),
-            },
-        )
-        assert r.status_code == 201, r.text
+        r = _create(api, w0, job="real", rounds=2, goal=4, clients=8)
         tokens = r.json()["tokens"]
         rnd = r.json()["round"]
         assert rnd["number"] == 1 and rnd["selected"] == 6
@@ -126,18 +124,7 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
     w0 = {"a": np.zeros(32, np.float32)}
     rng = np.random.default_rng(5)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = api.post(
-            "/v1/jobs",
-            json={
-                "job": "late",
-                "rounds": 1,
-                "goal": 4,
-                "clients": 4,
-                "deadline_s": 3.0,
-                "weights_b64": base64.b64encode(save(w0)).decode(),
-            },
-        )
-        assert r.status_code == 201, r.text
+        r = _create(api, w0, job="late", rounds=1, goal=4, clients=4, deadline_s=3.0)
         tokens = r.json()["tokens"]
         assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
         sent, seen = [], set()
@@ -184,21 +171,18 @@ def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(
     w0 = {"a": np.zeros(16, np.float32)}
     rng = np.random.default_rng(7)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = api.post(
-            "/v1/jobs",
-            json={
-                "job": "again",
-                "rounds": 1,
-                "goal": 4,
-                "clients": 4,
-                "deadline_s": 2.0,
-                "min_updates": 2,
-                "on_shortfall": "reopen",
-                "max_reopens": 1,
-                "weights_b64": base64.b64encode(save(w0)).decode(),
-            },
+        r = _create(
+            api,
+            w0,
+            job="again",
+            rounds=1,
+            goal=4,
+            clients=4,
+            deadline_s=2.0,
+            min_updates=2,
+            on_shortfall="reopen",
+            max_reopens=1,
         )
-        assert r.status_code == 201, r.text
         tokens = r.json()["tokens"]
         view = _wait_view(api, "again", lambda v: v["round"]["reopened"] == 1)
         assert view["round"]["state"] == "open" and view["completed"] == 0 and not view["failed"]
@@ -235,20 +219,17 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
     coord = Coordinator(urls, mc=2.0, admin_token=secret)
     w0 = {"a": np.zeros(16, np.float32)}
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = api.post(
-            "/v1/jobs",
-            json={
-                "job": "short",
-                "rounds": 3,
-                "goal": 4,
-                "clients": 4,
-                "deadline_s": 1.5,
-                "min_updates": 2,
-                "on_shortfall": "fail",
-                "weights_b64": base64.b64encode(save(w0)).decode(),
-            },
+        r = _create(
+            api,
+            w0,
+            job="short",
+            rounds=3,
+            goal=4,
+            clients=4,
+            deadline_s=1.5,
+            min_updates=2,
+            on_shortfall="fail",
         )
-        assert r.status_code == 201, r.text
         tokens = r.json()["tokens"]
         a = api.get("/v1/jobs/short/assignment", params={"client": "c0"}).json()
         t = {"a": np.ones(16, np.float32)}
@@ -271,3 +252,66 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
         assert r.status_code == 409 and r.json()["error"] == "job_failed"
         time.sleep(0.5)  # the control loop keeps running: no round 2 opens
         assert api.get("/v1/jobs/short").json()["round"]["number"] == 1
+
+
+def test_a_gateway_that_missed_the_plan_push_gets_it_again_and_the_round_completes(
+    real_gateways,
+):
+    """Round 2's plan does not reach n2 (a gateway restarting when it was sent, as the soak
+    saw): n2 opens the round on its own plan, which refuses the clients the control plane
+    placed there (409 ``wrong_node``). The next poll sees n2 run another plan version and
+    sends it again, once; the round then completes long before its deadline."""
+    from control_plane.errors import GatewayError
+
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    pushes: list[tuple[str, int]] = []
+    real_put = coord.clients["n2"].put_plan
+
+    async def flaky_put(job: str, round_: int, slots):  # type: ignore[no-untyped-def]
+        pushes.append((job, round_))
+        if round_ == 2 and pushes.count((job, 2)) == 1:
+            raise GatewayError("n2", "connection refused (restarting)")
+        return await real_put(job, round_, slots)
+
+    coord.clients["n2"].put_plan = flaky_put  # type: ignore[method-assign]
+    w0 = {"a": np.zeros(16, np.float32)}
+    rng = np.random.default_rng(3)
+    with control_client(coord, secret, tick_s=0.05) as api:
+        r = _create(
+            api, w0, job="repush", rounds=2, goal=4, clients=4, overprovision=1.0, deadline_s=120.0
+        )
+        tokens = r.json()["tokens"]
+        t0 = time.monotonic()
+        for rnd in (1, 2):
+            _wait_view(api, "repush", lambda v, rnd=rnd: v["round"]["number"] == rnd)
+            if rnd == 2:  # n2 on round 2 without its plan: a few polls of the control plane
+                while (
+                    httpx.get(f"{urls['n2']}/v1/jobs/repush", headers=bearer(secret)).json()[
+                        "round"
+                    ]
+                    < 2
+                ):
+                    time.sleep(0.02)
+                time.sleep(0.5)
+            for c in ("c0", "c1", "c2", "c3"):
+                deadline = time.monotonic() + 30
+                while True:  # as a client that is refused asks again
+                    a = api.get("/v1/jobs/repush/assignment", params={"client": c}).json()
+                    t = {"a": rng.standard_normal(16).astype(np.float32)}
+                    res = upload(a["gateway_url"], "repush", rnd, c, tokens[c], t, 1)
+                    if res.status_code == 202:
+                        break
+                    assert res.json()["error"] in ("wrong_node", "round_not_open"), res.text
+                    assert time.monotonic() < deadline, res.text
+                    time.sleep(0.05)
+        view = _wait_view(api, "repush", lambda v: v["done"])
+        assert [h["state"] for h in view["history"]] == ["closed", "closed"]
+        assert time.monotonic() - t0 < 60  # not at the 120 s deadline
+        assert pushes.count(("repush", 2)) == 2, pushes  # the failed push, then one more
+        assert pushes.count(("repush", 1)) == 1, pushes  # a plan that arrived: never again
+        while (  # n2 follows the root's publication of round 2 a moment later
+            httpx.get(f"{urls['n2']}/v1/jobs/repush", headers=bearer(secret)).json()["version"] < 2
+        ):
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.02)

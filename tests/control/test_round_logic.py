@@ -1,7 +1,8 @@
-"""A round closed at its deadline whose model never comes fails the job instead of leaving the
-gateways on it, and a failed job stays failed across a control-plane restart (issue 13, item 4).
-Pure logic: a fake clock and fake gateway answers; the real-gateway cases (re-open, fail at
-the minimum) are in test_real_gateways.py."""
+"""Round logic of the coordinator with fake gateway answers: a round closed at its deadline
+whose model never comes fails the job instead of leaving the gateways on it, a failed job stays
+failed across a restart (issue 13, item 4), and a new round answers assignments only once its
+plan reached the gateways. The real-gateway cases (re-open, fail at the minimum) are in
+test_real_gateways.py."""
 
 from __future__ import annotations
 
@@ -89,3 +90,40 @@ def test_the_simulators_assignment_says_the_job_failed(monkeypatch) -> None:  # 
     with pytest.raises(JobFailed) as err:
         assign.wait_round(2, timeout=60)
     assert err.value.reason == reason
+
+
+def test_a_new_rounds_assignments_answer_only_once_its_plan_reached_the_gateways() -> None:
+    """The soak found it: clients asked for their assignment while the control plane was
+    still pushing the new round's plan, uploaded to a gateway still on its static plan and
+    were refused 409 ``wrong_node``. The round is visible only once the push is done."""
+    import pytest
+
+    from control_plane.errors import ClientNotSelected
+
+    coord = Coordinator({"n1": "http://n1"}, store=MemoryStore())
+    job = JobState(JobSpec("j", rounds=3, goal=2, clients=["a", "b"], overprovision=1.0))
+    job.root = "n1"
+    coord.jobs["j"] = job
+    seen: list[str] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def put_plan(name: str, rnd: int, slots: object) -> bool:
+            # while the plan travels, a client asks where to upload
+            with pytest.raises(ClientNotSelected):
+                coord.assignment("j", "a")
+            seen.append("refused while pushing")
+            await release.wait()
+            return True
+
+        coord.clients["n1"].put_plan = put_plan  # type: ignore[method-assign]
+        opening = asyncio.create_task(coord._open_round(job))
+        await asyncio.sleep(0.01)
+        assert seen == ["refused while pushing"] and job.current is None
+        release.set()
+        rnd = await opening
+        assert job.current is rnd and rnd.placement == "coordinator"
+        assert coord.assignment("j", "a") == (1, "n1", "http://n1")
+
+    asyncio.run(scenario())

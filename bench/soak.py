@@ -1,0 +1,483 @@
+"""The soak (issue 13): the whole platform under sustained load, a fault in the middle.
+
+    make soak                                    # 10 minutes, a non-root gateway killed at 5
+    python -m bench.soak --duration 120 --fault replica
+
+A fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`), one job with a round
+per ``TRAINERS`` updates and as many rounds as the time allows (``--max-rounds`` bounds the
+count), and locust (``loadtests/platform.py``, headless, one process, loopback only) for
+``--duration`` seconds: ``TRAINERS`` FL clients uploading every round through the control
+plane's assignment, ``ANALYSTS`` analysts querying FLStore, one operator reading the control
+plane's nodes and plans. Halfway through, one fault of :mod:`bench.faults` is injected.
+
+Measured, over the same window for every route: requests, throughput, p50/p99 latency and
+failures per route (locust's own statistics); every failure with its time, so each is counted
+either inside the fault window (from the fault until the platform is healthy again, plus
+``--fault-grace`` seconds) or outside it; the memory (PSS, from ``/proc/<pid>/smaps_rollup``)
+of each component every ``--sample-s`` seconds, its start being the first sample after
+``--warmup`` seconds and its end the last. Results: ``bench/results/soak.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from safetensors.numpy import save
+
+from bench.faults import FAULTS, Campaign, JobRun, wait_healthy
+from bench.runinfo import ROOT, run_header, run_info, write_result
+
+TRAINERS = 16
+ANALYSTS = 4
+OPERATORS = 1
+SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update, as the fault campaign's
+JOB = "soak"
+#: the faults of :mod:`bench.faults` a soak can inject (a kill or an outage, not a query's)
+KILLS = [n for n, f in FAULTS.items() if f.during == "upload" and n != "disconnects"]
+#: components whose memory is sampled: a part of ``fedfaas up`` or a function's replicas
+FUNCTIONS = {"aggregator replicas": "aggregator", "cache functions": "flstore-cache-"}
+
+
+def pss(pid: int) -> int:
+    """Proportional set size of ``pid`` in bytes (shared pages split among their users); 0 if
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def component_pids(c: Campaign) -> dict[str, list[int]]:
+    """Component -> its live pids: each part ``fedfaas up`` recorded (a restarted part under
+    its new pid) and the replicas of the aggregator and of the cache functions."""
+    from fedfaas.platform import credentials, state
+
+    st = state.load(c.p.state_dir)
+    out: dict[str, list[int]] = {s.name: [s.pid] for s in (st.services if st else [])}
+    try:
+        listed = httpx.get(
+            f"{c.p.urls['runtime']}/system/functions",
+            auth=credentials.basic_auth(c.p.secrets),
+            timeout=10,
+        ).json()
+        names = [str(f["name"]) for f in listed]
+        for label, prefix in FUNCTIONS.items():
+            pids: list[int] = []
+            for name in (n for n in names if n.startswith(prefix)):
+                reps = httpx.get(
+                    f"{c.p.urls['runtime']}/system/replicas/{name}",
+                    auth=credentials.basic_auth(c.p.secrets),
+                    timeout=10,
+                ).json()
+                pids += [int(r["pid"]) for r in reps if r.get("pid")]
+            out[label] = pids
+    except (httpx.HTTPError, ValueError, KeyError):
+        pass  # the runtime restarting: this sample has the parts only
+    return out
+
+
+class Sampler(threading.Thread):
+    """Every ``every`` seconds: the PSS of each component (see :func:`component_pids`)."""
+
+    def __init__(self, c: Campaign, every: float, t0: float) -> None:
+        super().__init__(daemon=True)
+        self.c, self.every, self.t0 = c, every, t0
+        self.samples: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            pids = component_pids(self.c)
+            mem = {name: sum(pss(p) for p in ps) for name, ps in pids.items()}
+            self.samples.append({"t": round(time.time() - self.t0, 1), "pss": mem})
+            self.stop.wait(self.every)
+
+
+def create_job(c: Campaign, rounds: int, deadline_s: float) -> dict[str, str]:
+    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    body = {
+        "job": JOB,
+        "rounds": rounds,
+        "goal": TRAINERS,
+        "clients": [f"c{i}" for i in range(TRAINERS)],
+        "overprovision": 1.0,
+        "deadline_s": deadline_s,
+        "policy": "leastconn",
+        "weights_b64": base64.b64encode(save(w0)).decode(),
+    }
+    r = httpx.post(f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=60)
+    r.raise_for_status()
+    tokens: dict[str, str] = r.json()["tokens"]
+    return tokens
+
+
+def _secret_file(path: Path, text: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def run_locust(
+    c: Campaign, work: Path, tokens: dict[str, str], duration: float
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start locust headless on ``loadtests/platform.py``: its process and CSV prefix."""
+    rng = np.random.default_rng(0)
+    update = work / "update.safetensors"
+    update.write_bytes(
+        save({k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()})
+    )
+    env = {
+        **os.environ,
+        "SOAK_JOB": JOB,
+        "SOAK_TOKENS": str(_secret_file(work / "tokens.json", json.dumps(tokens))),
+        "SOAK_SECRETS": str(c.p.secrets),
+        "SOAK_TRACKER": c.p.urls["request_tracker"],
+        "SOAK_UPDATE": str(update),
+        "SOAK_EVENTS": str(work / "failures.jsonl"),
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    users = TRAINERS + ANALYSTS + OPERATORS
+    argv = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / "loadtests" / "platform.py"),
+        "--headless",
+        "--only-summary",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{int(duration)}s",
+        "--stop-timeout",
+        "10",
+        "--host",
+        c.p.urls["control_plane"],
+        "--csv",
+        str(work / "soak"),
+        "--csv-full-history",
+        "--exit-code-on-error",
+        "0",
+    ]
+    log = open(work / "locust.log", "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, work / "soak"
+
+
+def read_stats(prefix: Path) -> list[dict[str, Any]]:
+    """Per route: requests, failures, requests/s, p50/p99 (ms), from locust's stats CSV."""
+    rows = []
+    with open(f"{prefix}_stats.csv") as f:
+        for row in csv.DictReader(f):
+            rows.append(
+                {
+                    "route": row["Name"],
+                    "method": row["Type"],
+                    "requests": int(row["Request Count"]),
+                    "failures": int(row["Failure Count"]),
+                    "rps": float(row["Requests/s"]),
+                    "p50_ms": float(row["50%"] or 0),
+                    "p99_ms": float(row["99%"] or 0),
+                    "mean_ms": float(row["Average Response Time"] or 0),
+                }
+            )
+    return rows
+
+
+def read_history(prefix: Path, t0: float) -> list[dict[str, float]]:
+    """Throughput and failures per second over time (locust's aggregated history)."""
+    out = []
+    path = Path(f"{prefix}_stats_history.csv")
+    if not path.exists():
+        return out
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["Name"] != "Aggregated":
+                continue
+            out.append(
+                {
+                    "t": round(float(row["Timestamp"]) - t0, 1),
+                    "rps": float(row["Requests/s"]),
+                    "fails_per_s": float(row["Failures/s"]),
+                }
+            )
+    return out
+
+
+def kind(error: str) -> str:
+    """A failure's kind: ``HTTP <status> <error code>`` or the exception's class."""
+    m = re.search(r"HTTP (\d+): \{\s*\"error\": ?\"([a-z_]+)\"", error)
+    if m:
+        return f"HTTP {m.group(1)} {m.group(2)}"
+    m = re.search(r"HTTP (\d+)", error)
+    if m:
+        return f"HTTP {m.group(1)}"
+    return error.split("(", 1)[0]
+
+
+def read_exceptions(prefix: Path) -> list[dict[str, Any]]:
+    """Exceptions raised in the load's own tasks (locust's exceptions CSV): a broken load
+    generator is an error of the run, not a quiet gap in it."""
+    path = Path(f"{prefix}_exceptions.csv")
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [
+            {"count": int(row["Count"]), "message": row["Message"][:300]}
+            for row in csv.DictReader(f)
+        ]
+
+
+def classify(failures: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, Any]:
+    """Failures inside the fault window (expected) and outside it (errors), by route and
+    kind (:func:`kind`)."""
+    inside: dict[str, int] = {}
+    outside: dict[str, int] = {}
+    examples: list[dict[str, Any]] = []
+    for f in failures:
+        where = inside if window[0] <= f["t"] <= window[1] else outside
+        key = f"{f['name']}: {kind(f['error'])}"
+        where[key] = where.get(key, 0) + 1
+        if where is outside and len(examples) < 10:
+            examples.append(f)
+    return {
+        "in_fault_window": inside,
+        "outside": outside,
+        "errors": sum(outside.values()),
+        "expected": sum(inside.values()),
+        "outside_examples": examples,
+    }
+
+
+def memory_summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, Any]:
+    """Per component: PSS at the first sample after ``warmup`` and at the last; their ratio."""
+    after = [s for s in samples if s["t"] >= warmup]
+    if not after:
+        return {}
+    first, last = after[0], samples[-1]
+    names = sorted(set(first["pss"]) | set(last["pss"]))
+    comp = {}
+    for n in names:
+        a, b = first["pss"].get(n, 0), last["pss"].get(n, 0)
+        comp[n] = {"start": a, "end": b, "ratio": (b / a) if a else None}
+    a, b = sum(first["pss"].values()), sum(last["pss"].values())
+    return {
+        "start_t": first["t"],
+        "end_t": last["t"],
+        "components": comp,
+        "total": {"start": a, "end": b, "ratio": b / a if a else None},
+    }
+
+
+def soak(args: argparse.Namespace) -> dict[str, Any]:
+    from fedfaas.demo.stack import platform
+
+    fault = FAULTS[args.fault] if args.fault != "none" else None
+    with tempfile.TemporaryDirectory(prefix="fedfaas-soak-") as tmp:
+        work = Path(tmp)
+        ports = dict.fromkeys(
+            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+        )
+        with platform(work / "state", ports=ports) as p:
+            c = Campaign(p, np.random.default_rng(args.seed))
+            tokens = create_job(c, args.max_rounds, args.deadline_s)
+            t0 = time.time()
+            sampler = Sampler(c, args.sample_s, t0)
+            sampler.start()
+            locust, prefix = run_locust(c, work, tokens, args.duration)
+            injected: dict[str, Any] = {}
+            window = (float("inf"), float("inf"))
+            if fault is not None:
+                time.sleep(max(0.0, t0 + args.duration / 2 - time.time()))
+                at_wall, at_mono = time.time(), time.monotonic()
+                injected = fault.inject(c, JobRun(JOB, fault.name))
+                ended = injected.pop("ended_at", at_mono)
+                recovery = wait_healthy(c, ended)
+                injected["recovery_s"] = recovery
+                injected["at_s"] = round(at_wall - t0, 1)
+                window = (at_wall, at_wall + (ended - at_mono) + (recovery or 0) + args.fault_grace)
+            locust.wait(args.duration + 120)
+            sampler.stop.set()
+            sampler.join(30)
+            view = c.cp_get(f"/v1/jobs/{JOB}")
+            failures = []
+            fpath = work / "failures.jsonl"
+            if fpath.exists():
+                failures = [json.loads(line) for line in fpath.read_text().splitlines() if line]
+            window = (window[0] - t0, window[1] - t0)
+            for f in failures:  # seconds into the run, as every other time of the result
+                f["t"] = round(f["t"] - t0, 2)
+            result = {
+                "duration_s": args.duration,
+                "users": {"trainers": TRAINERS, "analysts": ANALYSTS, "operators": OPERATORS},
+                "update_bytes": len(save({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})),
+                "fault": None
+                if fault is None
+                else {"name": fault.name, "letter": fault.letter, "what": fault.what, **injected},
+                "fault_window_s": None if fault is None else [round(w, 1) for w in window],
+                "rounds_completed": view["completed"],
+                "rounds_lost_updates": sum(int(h.get("lost") or 0) for h in view["history"]),
+                "job_failed": view.get("failed"),
+                "routes": read_stats(prefix),
+                "history": read_history(prefix, t0),
+                "failures": classify(failures, window),
+                "task_exceptions": read_exceptions(prefix),
+                "memory_samples": sampler.samples,
+                "memory": memory_summary(sampler.samples, args.warmup),
+                "locust_exit": locust.returncode,
+            }
+        if args.keep_logs is not None:
+            import shutil
+
+            shutil.copytree(work / "state" / "logs", args.keep_logs, dirs_exist_ok=True)
+            shutil.copy(work / "locust.log", args.keep_logs / "locust.log")
+    return result
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:.1f}"
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    f = r["fault"]
+    lines = [
+        "# Soak (`make soak`)",
+        "",
+        run_header(r["run"]),
+        "",
+        f"{r['duration_s']:.0f} s of locust (`loadtests/platform.py`) against a fresh `fedfaas up "
+        f"--with all` on loopback: {r['users']['trainers']} FL clients uploading "
+        f"{r['update_bytes'] / 1024:.0f} KiB updates every round, {r['users']['analysts']} "
+        f"analysts querying FLStore, {r['users']['operators']} operator reading the control "
+        f"plane. Rounds completed: {r['rounds_completed']} (updates lost: "
+        f"{r['rounds_lost_updates']}; job failed: {r['job_failed'] or 'no'}).",
+        "",
+    ]
+    if f:
+        lines += [
+            f"Fault at {f['at_s']:.0f} s: ({f['letter']}) {f['what']}; platform healthy again "
+            f"after {f['recovery_s'] if f['recovery_s'] is None else round(f['recovery_s'], 2)} "
+            f"s. Fault window (failures expected): {r['fault_window_s'][0]:.0f}-"
+            f"{r['fault_window_s'][1]:.0f} s.",
+            "",
+        ]
+    fl = r["failures"]
+    exc = r["task_exceptions"]
+    lines += [
+        f"**Errors outside the fault window: {fl['errors']}**; exceptions in the load's own "
+        f"tasks: {sum(e['count'] for e in exc)}; failures inside it: "
+        f"{fl['expected']} ({', '.join(f'{k}: {v}' for k, v in fl['in_fault_window'].items()) or 'none'}).",
+        "",
+        "| route | requests | req/s | p50 (ms) | p99 (ms) | failures |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["routes"]:
+        lines.append(
+            f"| {row['route']} | {row['requests']} | {row['rps']:.1f} | {row['p50_ms']:.0f} "
+            f"| {row['p99_ms']:.0f} | {row['failures']} |"
+        )
+    m = r["memory"]
+    if m:
+        lines += [
+            "",
+            f"Memory (PSS, MiB) at {m['start_t']:.0f} s (after the warm-up) and at the end "
+            f"({m['end_t']:.0f} s):",
+            "",
+            "| component | start | end | end / start |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, v in {**m["components"], "total": m["total"]}.items():
+            ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}"
+            lines.append(f"| {name} | {_mib(v['start'])} | {_mib(v['end'])} | {ratio} |")
+    if exc:
+        lines += ["", "Exceptions in the load's tasks:", ""]
+        lines += [f"- {e['count']} x {e['message']}" for e in exc]
+    if fl["outside_examples"]:
+        lines += ["", "Errors outside the fault window (first 10):", ""]
+        lines += [f"- {e['t']:.1f} s: {e['name']}: {e['error']}" for e in fl["outside_examples"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    h = r["history"]
+    a1.plot([x["t"] for x in h], [x["rps"] for x in h], label="requests/s")
+    a1.plot([x["t"] for x in h], [x["fails_per_s"] for x in h], label="failures/s")
+    a1.set_ylabel("per second")
+    a1.legend()
+    names = sorted({n for s in r["memory_samples"] for n in s["pss"]})
+    for n in names:
+        a2.plot(
+            [s["t"] for s in r["memory_samples"]],
+            [s["pss"].get(n, 0) / 2**20 for s in r["memory_samples"]],
+            label=n,
+        )
+    a2.set_ylabel("PSS (MiB)")
+    a2.set_xlabel("seconds")
+    a2.legend(fontsize=7, ncol=3)
+    if r["fault_window_s"]:
+        for ax in (a1, a2):
+            ax.axvspan(*r["fault_window_s"], color="red", alpha=0.15)
+    fig.suptitle("Soak: the whole platform under load, a fault in the middle (red)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=600.0)
+    ap.add_argument("--fault", default="gateway", choices=[*KILLS, "none"])
+    ap.add_argument("--warmup", type=float, default=60.0)
+    ap.add_argument("--sample-s", type=float, default=5.0)
+    ap.add_argument("--fault-grace", type=float, default=5.0)
+    ap.add_argument("--max-rounds", type=int, default=100000)
+    ap.add_argument("--deadline-s", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--keep-logs", type=Path, default=None, help="copy the platform's logs here")
+    args = ap.parse_args(argv)
+    run = run_info("bench.soak", argv)
+    result = {"run": run, **soak(args)}
+    stored, md = write_result(result, "soak", to_markdown, args.out)
+    plot(stored, args.out / "soak.png")
+    print(md)
+    ok = (
+        stored["failures"]["errors"] == 0
+        and not stored["task_exceptions"]
+        and not stored["job_failed"]
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
