@@ -23,6 +23,10 @@ query). Then, for each job:
 - **recovery**: seconds from the fault (a kill; for MinIO, the end of its outage) until every
   part is alive and ready and every function has a ready replica again (``fedfaas status``).
 
+Fault (k) runs its platform with the object stores on a 64 MiB tmpfs of its own (``fedfaas
+up --shm-dir``; mounting it needs root) and fills it to 256 KiB free for 5 s: uploads meanwhile
+get 503 ``store_full`` with ``Retry-After``, which the SDK waits out.
+
 After the platform is taken down: is any of its shared memory or any of its processes left?
 Results: ``bench/results/faults.{json,md}``.
 """
@@ -36,10 +40,11 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +63,9 @@ SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update
 UPLOADERS = 4
 #: seconds a job may take to finish once its uploads are in (faults included)
 JOB_TIMEOUT = 180.0
+#: fault (k): bytes left free in the platform's shm file system, and for how long
+SHM_LEFT = 256 * 1024
+SHM_FULL_S = 5.0
 #: the queries in flight at FLStore's faults: FoolsGold over every round, all updates loaded,
 #: sent back to back by ANALYSTS analysts
 IN_FLIGHT = ("foolsgold", {"first_round": 1, "last_round": ROUNDS})
@@ -74,6 +82,9 @@ class Fault:
     inject: Callable[[Campaign, JobRun], dict[str, Any]]
     #: "upload": during a round's uploads; "query": during an FLStore query
     during: str = "upload"
+    #: the platform keeps its object stores on a tmpfs of this many MiB of its own (None: the
+    #: machine's /dev/shm)
+    shm_cap_mib: int | None = None
 
 
 @dataclass
@@ -195,6 +206,53 @@ def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
     return c.kill_replica(primary[0])
 
 
+def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """Fill the platform's capped shm file system to ``SHM_LEFT`` bytes free with a ballast
+    file for ``SHM_FULL_S`` seconds, then remove it."""
+    from fedfaas.platform import state
+
+    st = state.load(c.p.state_dir)
+    assert st is not None
+    shm = Path(st.shm_dir)
+    free = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+    ballast = shm / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(0, free - SHM_LEFT))
+        left = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+        time.sleep(SHM_FULL_S)
+    finally:
+        os.close(fd)
+        ballast.unlink()
+    return {
+        "filled_mib": round((free - left) / 2**20, 1),
+        "left_kib": left // 1024,
+        "held_s": SHM_FULL_S,
+        "ended_at": time.monotonic(),
+    }
+
+
+@contextlib.contextmanager
+def capped_shm(where: Path, mib: int) -> Iterator[Path]:
+    """A tmpfs of ``mib`` MiB mounted at ``where`` (root's ``mount``), unmounted after."""
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise NotRunnable(f"cannot mount a {mib} MiB tmpfs: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+class NotRunnable(Exception):
+    """A fault this machine cannot inject (the reason is the message)."""
+
+
 def _minio(c: Campaign, run: JobRun) -> dict[str, Any]:
     pid = c.pid_of("minio")
     os.kill(pid, signal.SIGSTOP)
@@ -264,6 +322,14 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault("i", "redis", "Redis restarted (SIGKILL)", lambda c, r: c.kill_part("redis")),
         Fault("j", "minio", "MinIO stopped (SIGSTOP) for 30 s, then back", _minio),
+        Fault(
+            "k",
+            "shm-full",
+            "the object stores' memory file system nearly full (a 64 MiB tmpfs filled to "
+            "256 KiB free for 5 s)",
+            _shm_full,
+            shm_cap_mib=64,
+        ),
         Fault("l", "disconnects", "a client disconnecting mid-upload, 100 times", _disconnects),
     )
 }
@@ -545,12 +611,12 @@ def survived(run: JobRun) -> bool:
     )
 
 
-def leftovers(platform_id: str) -> dict[str, Any]:
-    """Shared memory and processes of a platform that is down."""
+def leftovers(platform_id: str, shm_dir: Path = Path("/dev/shm")) -> dict[str, Any]:
+    """Shared memory (in the platform's ``shm_dir``) and processes of a platform that is down."""
     from fedfaas.platform import procs
     from fedfaas.platform.context import PLATFORM_ID_VAR
 
-    shm = [str(p) for p in Path("/dev/shm").glob(f"fedfaas-{platform_id[:12]}*")]
+    shm = [str(p) for p in shm_dir.glob(f"fedfaas-{platform_id[:12]}*")]
     left = procs.marked(PLATFORM_ID_VAR, platform_id)
     return {"shm": shm, "processes": [p.pid for p in left]}
 
@@ -562,9 +628,15 @@ def run_fault(
 
     out: dict[str, Any] = {"fault": fault.name, "letter": fault.letter, "what": fault.what}
     jobs: list[JobRun] = []
-    with tempfile.TemporaryDirectory(prefix="fedfaas-faults-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fedfaas-faults-") as tmp, contextlib.ExitStack() as es:
         state_dir = Path(tmp) / "state"
-        with platform(state_dir, ports=_any_ports()) as p:
+        shm = Path("/dev/shm")
+        if fault.shm_cap_mib is not None:
+            try:
+                shm = es.enter_context(capped_shm(Path(tmp) / "shm", fault.shm_cap_mib))
+            except NotRunnable as exc:
+                return {**out, "not_run": str(exc), "jobs": [], "leftovers": {}}
+        with platform(state_dir, ports=_any_ports(), shm_dir=shm) as p:
             c = Campaign(p, np.random.default_rng(seed), minio_outage_s)
             for i in range(runs):
                 job = f"{fault.name}-{i}"
@@ -574,7 +646,7 @@ def run_fault(
                     jobs.append(JobRun(job, fault.name, error=repr(exc)))
                 print(f"  {job}: {'survived' if survived(jobs[-1]) else 'NOT survived'}")
             pid = p.platform_id
-        out["leftovers"] = leftovers(pid)
+        out["leftovers"] = leftovers(pid, shm)
         if keep_logs is not None and not all(survived(j) for j in jobs):
             shutil.copytree(state_dir / "logs", keep_logs / fault.name, dirs_exist_ok=True)
     out["jobs"] = [
@@ -662,11 +734,9 @@ def to_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: issue 13's faults this campaign does not inject, and why
-NOT_RUN = {
-    "k": "/dev/shm nearly full: on this machine /dev/shm is a tmpfs as large as the RAM "
-    "(24 GiB); filling it starves the machine itself. Needs a size-capped shm root.",
-}
+#: issue 13's faults this campaign does not inject, and why (none: (k) needs ``mount``, and a
+#: machine without it says so in the run's ``not_run``)
+NOT_RUN: dict[str, str] = {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -691,13 +761,16 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": ROUNDS,
         "runs": args.runs,
         "faults": [],
-        "not_run": NOT_RUN,
+        "not_run": dict(NOT_RUN),
     }
     for i, name in enumerate(names):
         print(f"== ({FAULTS[name].letter}) {FAULTS[name].what}")
-        result["faults"].append(
-            run_fault(FAULTS[name], args.runs, args.seed + i, args.minio_outage_s, args.keep_logs)
-        )
+        out = run_fault(FAULTS[name], args.runs, args.seed + i, args.minio_outage_s, args.keep_logs)
+        if "not_run" in out:  # this machine cannot inject it: said so, with the reason
+            print(f"  not run: {out['not_run']}")
+            result["not_run"][out["letter"]] = f"{out['what']}: {out['not_run']}"
+            continue
+        result["faults"].append(out)
     _, md = write_result(result, "faults", to_markdown, args.out)
     print(md)
     return 0 if all(summary(f)["survived"] == summary(f)["runs"] for f in result["faults"]) else 1

@@ -47,7 +47,11 @@ OPERATORS = 1
 SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update, as the fault campaign's
 JOB = "soak"
 #: the faults of :mod:`bench.faults` a soak can inject (a kill or an outage, not a query's)
-KILLS = [n for n, f in FAULTS.items() if f.during == "upload" and n != "disconnects"]
+KILLS = [
+    n
+    for n, f in FAULTS.items()
+    if f.during == "upload" and n != "disconnects" and f.shm_cap_mib is None
+]
 #: components whose memory is sampled: a part of ``fedfaas up`` or a function's replicas
 FUNCTIONS = {"aggregator replicas": "aggregator", "cache functions": "flstore-cache-"}
 
@@ -107,8 +111,36 @@ class Sampler(threading.Thread):
         while not self.stop.is_set():
             pids = component_pids(self.c)
             mem = {name: sum(pss(p) for p in ps) for name, ps in pids.items()}
-            self.samples.append({"t": round(time.time() - self.t0, 1), "pss": mem})
+            self.samples.append(
+                {
+                    "t": round(time.time() - self.t0, 1),
+                    "pss": mem,
+                    "replicas": {label: len(pids.get(label, [])) for label in FUNCTIONS},
+                    "cache": cache_state(self.c),
+                }
+            )
             self.stop.wait(self.every)
+
+
+def cache_state(c: Campaign) -> dict[str, int]:
+    """What the cache functions hold, as the engine counts it: objects and bytes."""
+    from fedfaas.platform import credentials
+
+    token = credentials.read(c.p.secrets, credentials.SERVICE_TOKEN)
+    try:
+        st = httpx.get(
+            f"{c.p.urls['cache_engine']}/v1/state",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        ).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    fns = st.get("functions") or {}
+    return {
+        "objects": int(st.get("objects") or 0),
+        "functions": len(fns),
+        "used_bytes": sum(int(f.get("used_bytes") or 0) for f in fns.values()),
+    }
 
 
 def create_job(c: Campaign, rounds: int, deadline_s: float) -> dict[str, str]:
@@ -290,6 +322,8 @@ def memory_summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, An
         "end_t": last["t"],
         "components": comp,
         "total": {"start": a, "end": b, "ratio": b / a if a else None},
+        "replicas": {"start": first.get("replicas"), "end": last.get("replicas")},
+        "cache": {"start": first.get("cache"), "end": last.get("cache")},
     }
 
 
@@ -413,6 +447,14 @@ def to_markdown(r: dict[str, Any]) -> str:
         for name, v in {**m["components"], "total": m["total"]}.items():
             ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}"
             lines.append(f"| {name} | {_mib(v['start'])} | {_mib(v['end'])} | {ratio} |")
+        reps, cache = m.get("replicas") or {}, m.get("cache") or {}
+        if reps.get("start") is not None:
+            lines += [
+                "",
+                f"Replicas at the start / end: {reps['start']} / {reps['end']}. What the cache "
+                f"functions hold (the engine's count) at the start / end: {cache.get('start')} "
+                f"/ {cache.get('end')}.",
+            ]
     if exc:
         lines += ["", "Exceptions in the load's tasks:", ""]
         lines += [f"- {e['count']} x {e['message']}" for e in exc]

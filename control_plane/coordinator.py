@@ -585,6 +585,9 @@ class Coordinator:
                 "round": rnd.number,
                 "state": state,
                 "received": sum(rnd.received.values()),
+                # the updates in the published model (the root's count): "received" is what
+                # the polls saw arrive, which misses a round published between two polls
+                "aggregated": rnd.aggregated,
                 "lost": rnd.lost,
                 "seconds": rnd.closed_at - rnd.opened_at,
                 "published": rnd.published,
@@ -774,6 +777,8 @@ class Coordinator:
                     await self._repush(job, rnd, n, st)
                 # a gateway past this round (or holding its model) published it: goal met
                 published = published or st.round > rnd.number or st.version >= rnd.number
+                if st.last_published is not None and st.last_published[0] == rnd.number:
+                    rnd.aggregated = st.last_published[1]
             self.queues.observe(queues)
             async with self._lock:
                 if rnd.state not in ("open", "aggregating"):

@@ -43,7 +43,8 @@ class GatewayJobStatus:
     ``received``/``accepted``/``updates`` (updates accepted in that round), ``version``
     (global model version), ``queue`` (pending updates: ``k * E``), ``salt`` (the job's, which
     the gateway shows the admin; None when absent), ``plan_version`` (the pushed plan the open
-    round runs; None when it runs the gateway's own plan, or the gateway does not say).
+    round runs; None when it runs the gateway's own plan, or the gateway does not say),
+    ``last_published`` (from ``last_round``).
     """
 
     round: int
@@ -53,6 +54,8 @@ class GatewayJobStatus:
     reports_version: bool = False
     salt: str | None = None
     plan_version: int | None = None
+    #: ``(round, updates)`` of the last round this gateway published (the root), if any
+    last_published: tuple[int, int] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GatewayJobStatus:
@@ -77,7 +80,17 @@ class GatewayJobStatus:
             and not isinstance(pv, bool)
             and data.get("pushed_plan", True)
             else None,
+            last_published=_last_published(data.get("last_round")),
         )
+
+
+def _last_published(last: Any) -> tuple[int, int] | None:
+    if not isinstance(last, dict) or not last.get("published_ns"):
+        return None
+    rnd, count = last.get("round"), last.get("count")
+    if isinstance(rnd, int) and isinstance(count, int) and count > 0:
+        return rnd, count
+    return None
 
 
 class GatewayClient:

@@ -108,6 +108,8 @@ class RoundInfo:
     closed_with: dict[str, int] = field(default_factory=dict)
     #: times the round got another deadline because fewer than its minimum had arrived
     reopened: int = 0
+    #: updates in the round's published model, as the gateway that published it says
+    aggregated: int | None = None
 
 
 @dataclass

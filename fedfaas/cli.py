@@ -39,6 +39,13 @@ def _existing_file(value: str) -> Path:
     return path.resolve()
 
 
+def _existing_dir(value: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder: {value}")
+    return path.resolve()
+
+
 def _state_dir(value: str) -> Path:
     path = Path(value).resolve()
     if path.exists() and not path.is_dir():
@@ -131,6 +138,14 @@ def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="S",
         help="seconds each part may take to become ready",
     )
+    p.add_argument(
+        "--shm-dir",
+        type=_existing_dir,
+        default=None,
+        metavar="DIR",
+        help="memory file system for the node gateways' object stores (default: "
+        "$FEDFAAS_SHM_DIR or /dev/shm); a tmpfs of its own caps their memory",
+    )
     p.set_defaults(handler=run_up)
 
 
@@ -146,6 +161,7 @@ def run_up(args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         start_timeout=args.timeout,
         with_parts=args.with_parts,
+        shm_dir=args.shm_dir,
     )
     platform = Platform(settings, openfaas_gateway=args.openfaas_gateway)
     result = platform.up()

@@ -65,6 +65,10 @@ class PlatformSettings(BaseSettings):
         and logs what it abandons; a clean stop takes a second or two.
     functions_timeout
         Seconds ``up`` waits for every function of the stack to have a ready replica.
+    shm_dir
+        The memory file system the node gateways keep their object stores in
+        (``FEDFAAS_SHM_DIR``, default ``/dev/shm``): a tmpfs of its own (``mount -t tmpfs -o
+        size=2g tmpfs DIR``) caps the memory the platform's updates may take.
 
     Binaries (``minio``, ``redis-server``) are found on PATH or in ``$FEDFAAS_CACHE/bin``
     (see :func:`fedfaas.services.find_binary`).
@@ -84,6 +88,7 @@ class PlatformSettings(BaseSettings):
     start_timeout: float = 60.0
     stop_timeout: float = 40.0
     functions_timeout: float = 60.0
+    shm_dir: Path = Path("/dev/shm")
 
     def port_setting(self, part: str) -> int | None:
         """The configured port of ``part`` (``None`` when unset).

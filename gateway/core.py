@@ -776,6 +776,7 @@ class Gateway:
             job.ns.free(old)
         if job.times:
             job.times[-1].published_ns = time.monotonic_ns()
+            job.times[-1].count = res.count
         await self.journal.publish(
             job.name, job.version, {"key": res.key.hex(), "weight": res.weight, "count": res.count}
         )

@@ -63,6 +63,8 @@ class RoundTimes:
     last_update_ns: int = 0
     result_ns: int = 0
     published_ns: int = 0
+    #: updates in the round's published model (all nodes'), known to the node that published
+    count: int = 0
 
 
 #: model buffers a job keeps: the one served now and the one before it (a slow download may
@@ -379,6 +381,7 @@ class Job:
                 "last_update_ns": last.last_update_ns,
                 "result_ns": last.result_ns,
                 "published_ns": last.published_ns,
+                "count": last.count,
                 "first_byte_to_result_s": (last.result_ns - last.first_byte_ns) / 1e9
                 if last.first_byte_ns
                 else None,

@@ -101,7 +101,8 @@ def create_app(settings: TrackerSettings | None = None) -> FastAPI:
             return JSONResponse(
                 {
                     "error": "unknown_query",
-                    "detail": f"no query {qid!r} (ids are kept for result_ttl seconds)",
+                    "detail": f"no query {qid!r} (a background query's id is kept for "
+                    "result_ttl seconds, an answered one's for answered_ttl)",
                 },
                 404,
             )

@@ -29,7 +29,12 @@ class TrackerSettings(CommandLineSettings):
     ping_interval
         Seconds between the tracker's liveness pings of the cache functions (0 = off).
     result_ttl
-        Seconds a finished query's record stays in Redis.
+        Seconds a finished background query's record stays in Redis (its answer is read with
+        ``GET /v1/queries/{id}``).
+    answered_ttl
+        Seconds the record of a query answered in its own request (``?wait=true``) stays:
+        the answer already went back, so Redis does not grow with every query of the day
+        (the soak saw it double in 10 minutes with a day's TTL).
     admin_token_file, analyst_token_file
         Secret files (0600) of the admin scope (required) and of the analyst scope (queries).
     engine_token_file
@@ -59,6 +64,7 @@ class TrackerSettings(CommandLineSettings):
         "engine_wait": "--engine-wait",
         "ping_interval": "--ping-interval",
         "result_ttl": "--result-ttl",
+        "answered_ttl": "--answered-ttl",
         "admin_token_file": "--admin-token-file",
         "analyst_token_file": "--analyst-token-file",
         "engine_token_file": "--engine-token-file",
@@ -77,7 +83,8 @@ class TrackerSettings(CommandLineSettings):
     attempts: int = 3
     engine_wait: float = 15.0
     ping_interval: float = 2.0
-    result_ttl: int = 86400
+    result_ttl: int = 3600
+    answered_ttl: int = 60
     admin_token_file: Path | None = None
     analyst_token_file: Path | None = None
     engine_token_file: Path | None = None

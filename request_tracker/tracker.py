@@ -65,6 +65,8 @@ class Tracker:
         self.stats: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10000)
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: query id -> seconds its record is kept, where not ``result_ttl`` (answered queries)
+        self._ttl: dict[str, int] = {}
         self._pinger: asyncio.Task[Any] | None = None
 
     async def start(self) -> None:
@@ -84,7 +86,7 @@ class Tracker:
         key = QUERY + qid
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=data)
-            pipe.expire(key, self.s.result_ttl)
+            pipe.expire(key, self._ttl.get(qid, self.s.result_ttl))
             await pipe.execute()
 
     async def get(self, qid: str) -> dict[str, Any] | None:
@@ -127,7 +129,12 @@ class Tracker:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
             return {"id": qid, "status": "pending"}
-        return await self.execute(qid, body)
+        # answered in this very request: its record only needs to outlive the answer briefly
+        self._ttl[qid] = self.s.answered_ttl
+        try:
+            return await self.execute(qid, body)
+        finally:
+            self._ttl.pop(qid, None)
 
     async def _run_safely(self, qid: str, body: dict[str, Any]) -> None:
         try:

@@ -28,6 +28,8 @@ class Context:
     functions_timeout: float = 60.0
     #: OpenFaaS's gateway binary (``fedfaas up --openfaas-gateway``), None without one
     openfaas_gateway: Path | None = None
+    #: the memory file system of the node gateways' object stores (``--shm-dir``)
+    shm_dir: Path = Path("/dev/shm")
 
     @property
     def secrets_dir(self) -> Path:

@@ -51,8 +51,9 @@ def _healthz(port_name: str) -> Callable[[Context], bool]:
 
 
 def shm_root(ctx: Context) -> Path:
-    """This platform's object-store root in /dev/shm (removed by ``down``)."""
-    return Path("/dev/shm") / f"fedfaas-{ctx.platform_id[:12]}"
+    """This platform's object-store root in its ``shm_dir`` (``/dev/shm`` unless ``up`` was
+    given ``--shm-dir``; removed by ``down``)."""
+    return ctx.shm_dir / f"fedfaas-{ctx.platform_id[:12]}"
 
 
 def socket_dir(ctx: Context) -> Path:

@@ -165,6 +165,7 @@ class Platform:
                 stop_timeout=self.settings.stop_timeout,
                 functions_timeout=self.settings.functions_timeout,
                 openfaas_gateway=self.openfaas_gateway,
+                shm_dir=self.settings.shm_dir,
             )
             credentials.ensure(ctx.secrets_dir)
             st = PlatformState(
@@ -174,6 +175,7 @@ class Platform:
                 stack_file=str(ctx.stack_file),
                 started_at=time.time(),
                 ports=dict(ctx.ports),
+                shm_dir=str(ctx.shm_dir),
             )
             state.save(st)
             try:
@@ -419,6 +421,7 @@ class Platform:
             ports=dict(st.ports),
             stop_timeout=self.settings.stop_timeout,
             functions_timeout=self.settings.functions_timeout,
+            shm_dir=Path(st.shm_dir),
         )
 
     # --- status -----------------------------------------------------------------------------

@@ -58,6 +58,8 @@ class PlatformState:
     ports: dict[str, int] = field(default_factory=dict)
     services: list[ServiceRecord] = field(default_factory=list)
     format: int = FORMAT
+    #: the memory file system of the gateways' object stores (``down`` removes them there)
+    shm_dir: str = "/dev/shm"
     #: ``bpf.probe()`` once the parts are up: the machine does not change while they run, and a
     #: probe compiles and loads a BPF program (seconds), too slow to repeat on every ``status``.
     ebpf: list[str] = field(default_factory=list)

@@ -72,11 +72,11 @@ def test_the_table_row_sums_runs_and_names_why_not() -> None:
             "clients": 8,
             "rounds": 2,
             "faults": [fault],
-            "not_run": NOT_RUN,
+            "not_run": {**NOT_RUN, "k": "shm nearly full: cannot mount a 64 MiB tmpfs"},
         }
     )
     assert "| (b) SIGKILL of a non-root node gateway | 3 | 2 | 48 | 2 | 0 | 2.00 |" in md
-    assert "(k) /dev/shm nearly full" in md
+    assert "Not run:\n- (k) shm nearly full: cannot mount a 64 MiB tmpfs" in md
 
 
 def test_every_fault_of_issue_13_is_run_or_said_not_run() -> None:

@@ -86,6 +86,7 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
         assert job["history"][0]["state"] == "closed" and job["history"][0]["published"]
         # 6 selected, goal 4: the gateways were told to aggregate the 4 that arrived
         assert job["history"][0]["received"] == 4 and job["history"][0]["closing"] == "goal"
+        assert job["history"][0]["aggregated"] == 4  # the root's own count of the model
         assert job["round"]["number"] == 2 and job["round"]["state"] == "open"
         m = httpx.get(
             f"{urls['n1']}/v1/jobs/real/model", headers={"Authorization": f"Bearer {secret}"}
@@ -204,6 +205,7 @@ def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(
             "deadline",
             True,
         )
+        assert h["aggregated"] == 2
         m = httpx.get(
             f"{urls['n1']}/v1/jobs/again/model", headers={"Authorization": f"Bearer {secret}"}
         )

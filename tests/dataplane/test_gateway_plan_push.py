@@ -150,3 +150,45 @@ def test_close_makes_the_round_aggregate_what_arrived(make_gw) -> None:  # type:
         assert late.status_code == 409 and late.json()["error"] == "stale_round"
     finally:
         aggs.stop()
+
+
+def test_a_round_of_a_planned_job_waits_for_its_plan_before_taking_updates(make_gw) -> None:  # type: ignore[no-untyped-def]
+    """Once the control plane planned a job here, a round that opens before its plan arrived
+    (the push missed a restarting gateway, or has not come yet) takes no update: 409
+    ``round_not_open`` (the SDK sends again) instead of updates landing in slots of the
+    gateway's own plan that the pushed one would move (the soak's stuck rounds)."""
+    gw = make_gw(pool=3)
+    clients = [f"c{i}" for i in range(4)]
+    info = create(gw, clients, 4, rounds=2)
+    aggs = Aggregators(gw)
+    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+    plan = {"slots": [slot(1, 3, 4, None), slot(2, 1, 2, 1), slot(3, 1, 2, 1)], "version": 0}
+    try:
+        aggs.spawn(3)
+        aggs.wait_registered(3)
+        st = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()
+        assert not st["pushed_plan"]  # not planned by a control plane (yet): takes updates
+        assert put(gw, 1, plan).json()["applied"]
+        for i, c in enumerate(clients):
+            upload(gw.url, info["tokens"], c, 1, 20 + i, 1 + i)
+        wait_version(gw.url, info["tokens"]["c0"], 1)
+        r = httpx.post(
+            f"{gw.url}/v1/jobs/j1/rounds/2/updates",
+            content=b"x" * 16,
+            headers={
+                "Authorization": f"Bearer {info['tokens']['c0']}",
+                "X-Client-Id": "c0",
+                "X-Sample-Count": "1",
+            },
+        )
+        assert r.status_code == 409 and r.json()["error"] == "round_not_open", r.text
+        assert "control plane's plan" in r.json()["detail"]
+        st = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()
+        assert st["round"] == 2 and not st["pushed_plan"] and st["received"] == 0
+        assert put(gw, 2, plan).json()["applied"]
+        seeds, weights = [30 + i for i in range(4)], [2 + i for i in range(4)]
+        for i, c in enumerate(clients):
+            upload(gw.url, info["tokens"], c, 2, seeds[i], weights[i])
+        assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], 2), expected(seeds, weights))
+    finally:
+        aggs.stop()

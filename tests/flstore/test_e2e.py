@@ -92,6 +92,16 @@ def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history
     assert rec["status"] == "done"
     assert "c003" not in rec["result"]["selected"]
     assert rec["tried"][-1]["outcome"] == "ok"
+    # kept for result_ttl (an hour) to be read back; an answered query's record only briefly
+    r = stack.redis.client()
+    try:
+        assert 3000 < r.ttl(f"flstore:query:{qid}") <= 3600
+        answered = _ask(
+            stack, {"workload": "multi-krum", "job": JOB, "rounds": [3], "params": {"f": 1}}
+        ).json()
+        assert 0 < r.ttl(f"flstore:query:{answered['id']}") <= 60
+    finally:
+        r.close()
 
 
 def test_every_cached_object_has_a_primary_and_a_secondary(

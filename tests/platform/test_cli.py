@@ -248,6 +248,7 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
         "cache-engine",
         "request-tracker",
         "control-plane",
+        "supervisor",
     ]
     report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
     assert report["healthy"]
@@ -264,3 +265,54 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
     assert not shm.exists()
     assert not any(s.exists() or s.parent.exists() for s in sockets)
     assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]
+
+
+@pytest.mark.integration
+def test_up_keeps_the_object_stores_in_the_shm_dir_it_is_given(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """``fedfaas up --shm-dir DIR`` (a tmpfs of its own caps the stores' memory): the node
+    gateways keep their stores under DIR, ``status`` says so, ``down`` removes them there."""
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir(mode=0o700)
+    ports = json.dumps(dict.fromkeys(("gateway", "gateway_node1"), 0))
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedfaas.cli",
+            "up",
+            "--with",
+            "gateway",
+            "--shm-dir",
+            str(shm_dir),
+            "--state-dir",
+            str(state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
+        gateways = [p for p in report["parts"] if "gateway" in p["name"]]
+        roots = {Path(p["extra"]["shm"]) for p in gateways}
+        assert len(gateways) == 2 and len(roots) == 1
+        root = next(iter(roots))
+        assert root.parent == shm_dir.resolve()
+        st = state.load(state_dir)
+        assert st is not None and st.shm_dir == str(shm_dir.resolve())
+        for part in ("gateway", "gateway-node1"):  # each gateway runs with that store root
+            rec = st.record(part)
+            assert rec is not None
+            argv = psutil.Process(rec.pid).cmdline()
+            assert argv[argv.index("--shm-root") + 1] == str(root)
+        root.mkdir(mode=0o700)  # as a gateway makes it at its first job
+    finally:
+        assert fedfaas("down", "--state-dir", str(state_dir)).returncode == 0
+    assert list(shm_dir.iterdir()) == []
+    bad = fedfaas("up", "--shm-dir", str(tmp_path / "nowhere"), "--state-dir", str(state_dir))
+    assert bad.returncode == 2 and "no such folder" in bad.stderr
