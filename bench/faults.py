@@ -24,8 +24,9 @@ query). Then, for each job:
   part is alive and ready and every function has a ready replica again (``fedfaas status``).
 
 Fault (k) runs its platform with the object stores on a 64 MiB tmpfs of its own (``fedfaas
-up --shm-dir``; mounting it needs root) and fills it to 256 KiB free for 5 s: uploads meanwhile
-get 503 ``store_full`` with ``Retry-After``, which the SDK waits out.
+up --shm-dir``; mounting it needs root) and fills it to 256 KiB free for 5 s. An upload that
+finds no room gets 503 ``store_full`` with ``Retry-After``, which the SDK waits out; each job
+counts those waits (``busy_refusals``).
 
 After the platform is taken down: is any of its shared memory or any of its processes left?
 Results: ``bench/results/faults.{json,md}``.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -451,7 +453,30 @@ def _inject(c: Campaign, fault: Fault, run: JobRun) -> None:
     run.recovery_s = wait_healthy(c, run.fault_at)
 
 
+class _Refusals(logging.Handler):
+    """Counts the SDK's "refused for now" waits (503 with Retry-After: a node out of room)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "refused for now" in record.getMessage():
+            self.count += 1
+
+
 def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
+    refusals = _Refusals()
+    logging.getLogger("client.sdk").addHandler(refusals)
+    try:
+        run = _run_job(c, fault, job)
+    finally:
+        logging.getLogger("client.sdk").removeHandler(refusals)
+    run.checks["busy_refusals"] = refusals.count
+    return run
+
+
+def _run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
     run = JobRun(job, fault.name)
     _create_job(c, job)
     at_round = int(c.rng.integers(1, ROUNDS + 1))

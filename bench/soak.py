@@ -388,6 +388,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             import shutil
 
             shutil.copytree(work / "state" / "logs", args.keep_logs, dirs_exist_ok=True)
+            functions = work / "state" / "run" / "runtime" / "functions"  # replicas' own logs
+            if functions.is_dir():
+                shutil.copytree(functions, args.keep_logs / "functions", dirs_exist_ok=True)
             shutil.copy(work / "locust.log", args.keep_logs / "locust.log")
     return result
 
