@@ -708,6 +708,7 @@ def summary(fault: dict[str, Any]) -> dict[str, Any]:
         "acked": sum(j["acked"] for j in jobs),
         "lost": sum(j["checks"].get("lost", 0) for j in jobs),
         "double": sum(j["checks"].get("double", 0) for j in jobs),
+        "busy_refusals": sum(j["checks"].get("busy_refusals", 0) for j in jobs),
         "recovery_p50_s": float(np.percentile(rec, 50)) if rec else None,
         "recovery_p99_s": float(np.percentile(rec, 99)) if rec else None,
         "left_behind": bool(left["shm"] or left["processes"]),
@@ -735,14 +736,16 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         f"Each fault on a fresh `fedfaas up --with all`; {r['clients']} clients, {r['rounds']} "
         f"rounds per job, the fault at a random point of a random round (FLStore's faults: "
-        f"during a query). `lost`/`double`: acknowledged updates missing from / counted more "
+        f"during a query). `503 waits`: uploads the SDK sent again after a 503 with "
+        f"Retry-After (a node out of room). `lost`/`double`: acknowledged updates missing "
+        f"from / counted more "
         f"than once in the round's checkpointed `meta.json`; every round's global model "
         f"checked against the FedAvg of exactly the acknowledged updates. Recovery: from the "
         f"fault (for MinIO, the end of its outage) until every part and function is ready.",
         "",
         "| fault | runs | survived | updates acknowledged | lost | double-counted "
-        "| recovery p50 (s) | recovery p99 (s) | left behind | why not survived |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| 503 waits | recovery p50 (s) | recovery p99 (s) | left behind | why not survived |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for f in r["faults"]:
         s = summary(f)
@@ -750,7 +753,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         p99 = "-" if s["recovery_p99_s"] is None else f"{s['recovery_p99_s']:.2f}"
         lines.append(
             f"| {s['fault']} | {s['runs']} | {s['survived']} | {s['acked']} | {s['lost']} "
-            f"| {s['double']} | {p50} | {p99} | {'yes' if s['left_behind'] else 'no'} "
+            f"| {s['double']} | {s['busy_refusals']} | {p50} | {p99} "
+            f"| {'yes' if s['left_behind'] else 'no'} "
             f"| {'; '.join(s['why_not']) or '-'} |"
         )
     if r.get("not_run"):
