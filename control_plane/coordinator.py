@@ -486,12 +486,14 @@ class Coordinator:
             plan is None
             or not self.push_plans
             or rnd.placement != "coordinator"
+            or not st.reports_version  # a gateway that says nothing of its plans
             or st.plan_version == rnd.plan_version
         ):
             return
         slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
         try:
-            await self.clients[node].put_plan(job.spec.name, rnd.number, slots)
+            if not await self.clients[node].put_plan(job.spec.name, rnd.number, slots):
+                return
             log.warning(
                 "job %s round %d: %s ran plan v%s, not v%s; sent it again",
                 job.spec.name,

@@ -105,12 +105,14 @@ class Gateway:
         self.metrics.registry.register(bpf.prometheus_collector(self.router))
         self._app = build_app(self)
         self.checkpoints = self._checkpoint_writer()
+        # the jobs first, then the port: a restarted gateway that listened before it had
+        # resumed its jobs answered their clients 401 (no such job here), which is final
+        await self._load_jobs()
         self.port = await self.http.start(s.host, s.port)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         if self._discovery is not None:
             watch = self._discovery.watch(s.discovery_interval, self._found_peers, self._stop)
             self._tasks.append(asyncio.create_task(watch, name="peer-discovery"))
-        await self._load_jobs()
         log.info(
             "gateway %s on %s:%d, router %s (%s)",
             s.node,

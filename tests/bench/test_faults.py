@@ -75,7 +75,7 @@ def test_the_table_row_sums_runs_and_names_why_not() -> None:
             "not_run": {**NOT_RUN, "k": "shm nearly full: cannot mount a 64 MiB tmpfs"},
         }
     )
-    assert "| (b) SIGKILL of a non-root node gateway | 3 | 2 | 48 | 2 | 0 | 2.00 |" in md
+    assert "| (b) SIGKILL of a non-root node gateway | 3 | 2 | 48 | 2 | 0 | 0 | 2.00 |" in md
     assert "Not run:\n- (k) shm nearly full: cannot mount a 64 MiB tmpfs" in md
 
 
