@@ -43,6 +43,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -768,6 +769,12 @@ def to_markdown(r: dict[str, Any]) -> str:
 NOT_RUN: dict[str, str] = {}
 
 
+def stop_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, a CI job cancelled) exits through ``SystemExit``, so the
+    ``finally`` blocks run and the platform under test is taken down, not left running."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -806,4 +813,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     raise SystemExit(main())

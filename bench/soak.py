@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 from safetensors.numpy import save
 
-from bench.faults import FAULTS, Campaign, JobRun, wait_healthy
+from bench.faults import FAULTS, Campaign, JobRun, stop_on_sigterm, wait_healthy
 from bench.runinfo import ROOT, run_header, run_info, write_result
 
 TRAINERS = 16
@@ -525,4 +525,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())
