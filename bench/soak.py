@@ -26,6 +26,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -355,6 +356,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 injected["at_s"] = round(at_wall - t0, 1)
                 window = (at_wall, at_wall + (ended - at_mono) + (recovery or 0) + args.fault_grace)
             locust.wait(args.duration + 120)
+            functions = work / "state" / "run" / "runtime" / "functions"  # gone after down
+            if args.keep_logs is not None and functions.is_dir():
+                shutil.copytree(functions, args.keep_logs / "functions", dirs_exist_ok=True)
             sampler.stop.set()
             sampler.join(30)
             view = c.cp_get(f"/v1/jobs/{JOB}")
@@ -385,12 +389,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "locust_exit": locust.returncode,
             }
         if args.keep_logs is not None:
-            import shutil
-
             shutil.copytree(work / "state" / "logs", args.keep_logs, dirs_exist_ok=True)
-            functions = work / "state" / "run" / "runtime" / "functions"  # replicas' own logs
-            if functions.is_dir():
-                shutil.copytree(functions, args.keep_logs / "functions", dirs_exist_ok=True)
+
             shutil.copy(work / "locust.log", args.keep_logs / "locust.log")
     return result
 

@@ -99,7 +99,10 @@ def _size(v: Any) -> int:
 
 
 def _used() -> int:
-    return sum(_size(v) for v in _objects.values())
+    # under the lock: /ping and /run read it while a /load or /evict in another of the
+    # watchdog's threads changes the dict (the soak saw "dictionary changed size": HTTP 500)
+    with _lock:
+        return sum(_size(v) for v in _objects.values())
 
 
 def _err(status: int, code: str, detail: str, **facts: Any) -> dict[str, Any]:
