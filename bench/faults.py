@@ -217,12 +217,12 @@ def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
     st = state.load(c.p.state_dir)
     assert st is not None
     shm = Path(st.shm_dir)
-    free = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+    free = _free_bytes(shm)
     ballast = shm / "ballast"
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, max(0, free - SHM_LEFT))
-        left = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+        left = _free_bytes(shm)
         time.sleep(SHM_FULL_S)
     finally:
         os.close(fd)
@@ -233,6 +233,11 @@ def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
         "held_s": SHM_FULL_S,
         "ended_at": time.monotonic(),
     }
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 @contextlib.contextmanager

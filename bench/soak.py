@@ -39,13 +39,20 @@ import httpx
 import numpy as np
 from safetensors.numpy import save
 
-from bench.faults import FAULTS, Campaign, JobRun, stop_on_sigterm, wait_healthy
+from bench.faults import (
+    FAULTS,
+    SHAPES,
+    Campaign,
+    JobRun,
+    make_update,
+    stop_on_sigterm,
+    wait_healthy,
+)
 from bench.runinfo import ROOT, run_header, run_info, write_result
 
 TRAINERS = 16
 ANALYSTS = 4
 OPERATORS = 1
-SHAPES = {"w": (256, 256), "b": (256,)}  # 257 KiB per update, as the fault campaign's
 JOB = "soak"
 #: the faults of :mod:`bench.faults` a soak can inject (a kill or an outage, not a query's)
 KILLS = [
@@ -173,11 +180,8 @@ def run_locust(
     c: Campaign, work: Path, tokens: dict[str, str], duration: float
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start locust headless on ``loadtests/platform.py``: its process and CSV prefix."""
-    rng = np.random.default_rng(0)
-    update = work / "update.safetensors"
-    update.write_bytes(
-        save({k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()})
-    )
+    update = work / "update.safetensors"  # the fault campaign's update (257 KiB)
+    update.write_bytes(save(make_update(0)))
     env = {
         **os.environ,
         "SOAK_JOB": JOB,
@@ -372,7 +376,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             result = {
                 "duration_s": args.duration,
                 "users": {"trainers": TRAINERS, "analysts": ANALYSTS, "operators": OPERATORS},
-                "update_bytes": len(save({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})),
+                "update_bytes": (work / "update.safetensors").stat().st_size,
                 "fault": None
                 if fault is None
                 else {"name": fault.name, "letter": fault.letter, "what": fault.what, **injected},
