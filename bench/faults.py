@@ -88,6 +88,8 @@ class Fault:
     #: the platform keeps its object stores on a tmpfs of this many MiB of its own (None: the
     #: machine's /dev/shm)
     shm_cap_mib: int | None = None
+    #: one client of the round uploads only once the fault is injected: it lands mid-round
+    holds_a_client: bool = False
 
 
 @dataclass
@@ -179,6 +181,41 @@ def _gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
 
 def _root_gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
     return c.kill_part(c.root_part(run.job))
+
+
+def _root_node(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """The job's root node lost for good: its gateway SIGKILLed while the supervisor is held
+    (SIGSTOP: nothing restarts it) and its shared memory wiped, so the global model, the top
+    aggregator and the updates it accepted are gone. Once another node has taken the job over
+    (the control plane's view names a new root), the supervisor goes on and the node comes
+    back empty, as a replacement node would, and rejoins the job as one of its nodes."""
+    from fedfaas.platform import state
+
+    node = c.cp_get(f"/v1/jobs/{run.job}")["root"]
+    part = c.root_part(run.job)
+    st = state.load(c.p.state_dir)
+    assert st is not None
+    memory = Path(st.shm_dir) / f"fedfaas-{c.p.platform_id[:12]}" / node
+    supervisor = c.pid_of("supervisor")
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        out = c.kill_part(part)
+        shutil.rmtree(memory)
+        deadline = time.monotonic() + 90
+        while (view := c.cp_get(f"/v1/jobs/{run.job}"))["root"] == node:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no node took {run.job} over from {node} in 90 s")
+            time.sleep(0.1)
+        rnd = view["round"] or {}
+        out.update(
+            node=node,
+            heir=view["root"],
+            taken_over_s=round(time.monotonic() - out["ended_at"], 2),
+            resend=len(rnd.get("resend") or {}),
+        )
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    return out
 
 
 def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
@@ -300,6 +337,14 @@ FAULTS: dict[str, Fault] = {
         Fault("a", "replica", "SIGKILL of an aggregator replica", _replica),
         Fault("b", "gateway", "SIGKILL of a non-root node gateway", _gateway),
         Fault("c", "root-gateway", "SIGKILL of the job's root node gateway", _root_gateway),
+        Fault(
+            "c2",
+            "root-node",
+            "the job's root node lost: gateway SIGKILLed, not restarted until another node "
+            "took the job over, its shared memory wiped",
+            _root_node,
+            holds_a_client=True,
+        ),
         Fault("d", "runtime", "SIGKILL of the runtime", lambda c, r: c.kill_part("runtime")),
         Fault(
             "e",
@@ -338,7 +383,13 @@ FAULTS: dict[str, Fault] = {
             _shm_full,
             shm_cap_mib=64,
         ),
-        Fault("l", "disconnects", "a client disconnecting mid-upload, 100 times", _disconnects),
+        Fault(
+            "l",
+            "disconnects",
+            "a client disconnecting mid-upload, 100 times",
+            _disconnects,
+            holds_a_client=True,
+        ),
     )
 }
 
@@ -359,6 +410,8 @@ class JobRun:
     fault: str
     acked: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)  # seed, weight
     resent: int = 0
+    #: updates sent again because the control plane said their node died with them
+    sent_again: int = 0
     injected: dict[str, Any] = field(default_factory=dict)
     recovery_s: float | None = None
     #: time.monotonic() of the fault (the kill; for MinIO, the end of the outage)
@@ -404,22 +457,61 @@ def _assigned(c: Campaign, job: str, client: str) -> str:
 
 
 def _upload(c: Campaign, run: JobRun, rnd: int, client: str, seed: int, weight: int) -> None:
-    from client.sdk import FLClient
+    """One client's update of round ``rnd`` through the SDK, to the node the control plane
+    assigns it. A node that stays unreachable, or says the client belongs elsewhere (the
+    control plane moved it off a dead node), has the client ask for its assignment again."""
+    from client.sdk import FLClient, GatewayUnavailable, StaleRound
 
     token = c.tokens[run.job][client]
-    url = _assigned(c, run.job, client)
-    with FLClient(url, run.job, client, token, timeout=30) as fl:
-        deadline = time.monotonic() + 120
-        while True:  # the node's model of the previous round, as a client trains on it
-            with contextlib.suppress(Exception):
-                if int(fl.status()["version"]) >= rnd - 1:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{client}: no model {rnd - 1} on {url}")
-            time.sleep(0.1)
-        receipt = fl.upload(rnd, save(make_update(seed)), weight, unavailable_wait=60)
+    deadline = time.monotonic() + 120
+    while True:
+        url = _assigned(c, run.job, client)
+        try:
+            with FLClient(url, run.job, client, token, timeout=30) as fl:
+                while True:  # the node's model of the previous round, as a client trains on it
+                    with contextlib.suppress(Exception):
+                        if int(fl.status()["version"]) >= rnd - 1:
+                            break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{client}: no model {rnd - 1} on {url}")
+                    time.sleep(0.1)
+                receipt = fl.upload(rnd, save(make_update(seed)), weight, unavailable_wait=15)
+            break
+        except (GatewayUnavailable, StaleRound) as exc:
+            moved = isinstance(exc, GatewayUnavailable) or exc.error == "wrong_node"
+            if not moved or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     run.acked.setdefault(rnd, {})[client] = (seed, weight)
     run.resent += receipt.resent
+
+
+def _send_again(c: Campaign, run: JobRun, rnd: int) -> None:
+    """Until round ``rnd`` is over on the control plane: each client it asks to send its
+    update again (``resend``: the node that acknowledged it died with it) sends the same
+    update again, once per takeover."""
+    done: dict[str, int] = {}
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        view = c.cp_get(f"/v1/jobs/{run.job}")
+        cur = view["round"] or {}
+        if view["done"] or view["failed"] or cur.get("number") != rnd:
+            return
+        for client, n in (cur.get("resend") or {}).items():
+            if n > done.get(client, 0):
+                seed, weight = run.acked[rnd][client]
+                _upload(c, run, rnd, client, seed, weight)
+                done[client] = n
+                run.sent_again += 1
+        time.sleep(0.1)
+
+
+def _wait_nodes(c: Campaign, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(n["healthy"] for n in c.cp_get("/v1/nodes")["nodes"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a node is still out of placement after {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def _wait_open(c: Campaign, job: str, rnd: int, timeout: float = 120.0) -> None:
@@ -484,6 +576,7 @@ def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
 
 def _run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
     run = JobRun(job, fault.name)
+    _wait_nodes(c)  # a node the last fault took out is back in placement: the job spans both
     _create_job(c, job)
     at_round = int(c.rng.integers(1, ROUNDS + 1))
     at_count = int(c.rng.integers(0, CLIENTS))
@@ -499,8 +592,8 @@ def _run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
         _wait_open(c, job, rnd)  # the assignments answer for this round from then on
         order = [clients[i] for i in c.rng.permutation(CLIENTS)]
         seeds = {cl: int(c.rng.integers(1 << 30)) for cl in clients}
-        if fault.during == "upload" and rnd == at_round and fault.name == "disconnects":
-            run.held = order[-1]
+        if fault.during == "upload" and rnd == at_round and fault.holds_a_client:
+            run.held = order[-1]  # the round cannot end before the fault
         with ThreadPoolExecutor(UPLOADERS) as pool:
             futs = []
             for cl in order:
@@ -512,6 +605,9 @@ def _run_job(c: Campaign, fault: Fault, job: str) -> JobRun:
                 injector.start()
             for f in futs:
                 f.result()
+        if injector is not None:
+            run.injected_done.wait(120)
+        _send_again(c, run, rnd)
     _finish(c, fault, run, injector)
     return run
 
@@ -686,6 +782,7 @@ def run_fault(
             "survived": survived(j),
             "acked": sum(len(a) for a in j.acked.values()),
             "resent": j.resent,
+            "sent_again": j.sent_again,
             "injected": j.injected,
             "recovery_s": j.recovery_s,
             "checks": j.checks,

@@ -12,7 +12,9 @@ Routes:
   job's gateways; see :meth:`Coordinator.revoke_client`)
 * ``POST /v1/jobs/{job}/rounds``: open the next round (when ``auto_rounds`` is off)
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
-* ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url}``
+* ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url,
+  resend}`` (``resend`` grows when the client's accepted update was lost with a dead root
+  node: it sends the update again, to ``gateway_url``)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round
 
 Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
@@ -243,8 +245,15 @@ def create_app(
         client: Annotated[str, Query(min_length=1, max_length=256)],
     ) -> dict[str, Any]:
         """Which node gateway a client uploads its update to."""
-        number, node, url = coord.assignment(job, client)
-        return {"job": job, "round": number, "client": client, "node": node, "gateway_url": url}
+        number, node, url, resend = coord.assignment(job, client)
+        return {
+            "job": job,
+            "round": number,
+            "client": client,
+            "node": node,
+            "gateway_url": url,
+            "resend": resend,
+        }
 
     @app.get("/v1/jobs/{job}/plan", dependencies=analyst)
     async def plan(job: str, coord: CoordDep) -> dict[str, Any]:

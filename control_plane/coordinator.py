@@ -37,7 +37,10 @@ lost with its shared memory (counted in ``lost``, logged), and the round complet
 the exact FedAvg of the survivors' updates. If they hold none yet (or the gateways cannot
 close rounds), the dead node's clients are placed again on the others, the plan is
 re-planned (:func:`replan`) and pushed, and the round goes on. The job's root node holds
-the global model: its loss is not survivable this way.
+the global model and the top: when it is the one lost, another node of the job first adopts
+the job (:meth:`Coordinator._take_over`, :mod:`gateway.takeover`), the clients whose updates
+died with it are told to send them again (the round's ``resend``, in their assignment), its
+other clients are placed again, and the round goes on with the top on the new root.
 
 Nodes found later: :meth:`Coordinator.update_nodes` (fed by :mod:`fedfaas.discovery` when
 the service runs with ``gateways_service``) adds new nodes to placement and points a known
@@ -550,8 +553,11 @@ class Coordinator:
             self.scale_error = exc.detail
             log.warning("autoscale of %s failed: %s", self.function, exc.detail)
 
-    def assignment(self, name: str, client: str) -> tuple[int, str, str]:
-        """``(round, node, gateway_url)`` for a client of the open round."""
+    def assignment(self, name: str, client: str) -> tuple[int, str, str, int]:
+        """``(round, node, gateway_url, resend)`` for a client of the open round. ``resend``
+        is not 0 when the client's update of this round was accepted by a root node that died
+        (:meth:`_take_over`): the client sends it again, once per takeover (the number
+        grows), to the node named."""
         job = self.job(name)
         if job.failed:
             raise JobFailed(name, job.failed)
@@ -566,7 +572,7 @@ class Coordinator:
         h = self.nodes.get(node)
         if h is None:  # a restarted service whose discovery has not found that node yet
             raise NoHealthyNodes()
-        return rnd.number, node, h.url
+        return rnd.number, node, h.url, rnd.resend.get(client, 0)
 
     async def close_round(self, name: str, state: str = "closed") -> RoundInfo:
         """Close the open round (``closed`` at goal, ``expired`` at the deadline)."""
@@ -645,11 +651,19 @@ class Coordinator:
     async def _evacuate(self, dead: str) -> None:
         nodes = self.healthy_nodes()
         for job in self.jobs.values():
+            taken = False
+            if job.root == dead and not job.failed and not job.done and nodes:
+                taken = await self._take_over(job, dead, nodes)
+                if job.failed:
+                    continue
             rnd = job.current
             if rnd is None or rnd.state not in ("open", "aggregating"):
                 continue
             lost = rnd.received.pop(dead, 0)
-            if rnd.placement == "coordinator" and nodes and rnd.closing is None:
+            if taken:
+                lost = 0  # the clients whose updates the dead root held send them again
+                await self._refresh_received(job, rnd, nodes)  # the leaves' counts, for replan
+            elif rnd.placement == "coordinator" and nodes and rnd.closing is None:
                 await self._refresh_received(job, rnd, nodes)
                 if sum(rnd.received.values()) > 0 and await self._shrink_round(
                     job, rnd, f"node_lost:{dead}", nodes
@@ -681,7 +695,15 @@ class Coordinator:
             for n in rnd.assignment.values():
                 counts[n] = counts.get(n, 0) + 1
             delivered = delivered_per_leaf(old, rnd.received)
-            plan = self._top_on_root(job, replan(old, counts, delivered))
+            # a leaf holding its whole goal has finished, or will with that goal: it keeps it
+            # (a gateway refuses a plan that changes a finished slot's goal)
+            full = [
+                f"{n.node}:leaf:{k}"
+                for n in old.nodes
+                for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True)
+                if delivered.get(f"{n.node}:leaf:{k}", 0) >= g
+            ]
+            plan = self._top_on_root(job, replan(old, counts, delivered, full))
             self.plans[job.spec.name] = plan
             rnd.plan_version = plan.version
             await self._publish(job, rnd, plan)
@@ -694,6 +716,54 @@ class Coordinator:
                 lost,
                 len(moved),
             )
+
+    async def _take_over(self, job: JobState, dead: str, nodes: list[str]) -> bool:
+        """Have a surviving node adopt ``job`` from its dead root ``dead``
+        (:mod:`gateway.takeover`): the node of the job holding most of the open round's
+        updates, else the next. The clients whose updates were lost with ``dead`` are marked
+        to send them again (:attr:`RoundInfo.resend`). False when no node could: the job
+        fails if its model is lost; gateways without the adopt route leave the round to the
+        plain evacuation of a dead node."""
+        name, rnd = job.spec.name, job.current
+        held: list[tuple[int, str]] = []
+        for n in nodes:
+            try:
+                st = await self.clients[n].job_status(name)
+            except ControlPlaneError as exc:
+                log.debug("takeover of %s: %s does not have it (%s)", name, n, exc.detail)
+                continue
+            held.append((st.received if rnd is not None and st.round == rnd.number else 0, n))
+        for _, n in sorted(held, key=lambda x: (-x[0], x[1])):
+            try:
+                ans = await self.clients[n].adopt(name, dead)
+            except GatewayError as exc:
+                if exc.error == "model_lost":
+                    await self._fail(job, f"root node {dead} died and {exc.detail}")
+                    await self._save(job)
+                    return False
+                log.warning("job %s: %s could not take it over: %s", name, n, exc.detail)
+                continue
+            job.root = n
+            if rnd is not None and ans.get("round") == rnd.number:
+                rnd.takeovers += 1
+                for c in ans["resend"]:
+                    rnd.resend[str(c)] = rnd.takeovers
+                if rnd.state == "aggregating":
+                    rnd.state = "open"  # the resent updates are still to come
+            log.warning(
+                "job %s: node %s took it over from dead root %s (model version %s); %d "
+                "client(s) send their update of round %s again",
+                name,
+                n,
+                dead,
+                ans.get("version"),
+                len(ans["resend"]),
+                ans.get("round"),
+            )
+            await self._save(job)
+            return True
+        log.error("job %s: no surviving node could take it over from %s", name, dead)
+        return False
 
     async def _refresh_received(self, job: JobState, rnd: RoundInfo, nodes: list[str]) -> None:
         for n in nodes:

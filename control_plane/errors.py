@@ -94,9 +94,11 @@ class GatewayError(ControlPlaneError):
     code = "gateway_error"
     status = 502
 
-    def __init__(self, node: str, detail: str) -> None:
+    def __init__(self, node: str, detail: str, *, error: str = "") -> None:
         super().__init__(f"node {node!r}: {detail}")
         self.node = node
+        #: the gateway's own error code, when it answered one (e.g. ``model_lost``)
+        self.error = error
 
 
 class UnknownClient(ControlPlaneError):

@@ -230,6 +230,24 @@ class GatewayClient:
         data = r.json()
         return data if isinstance(data, dict) else None
 
+    async def adopt(self, job: str, dead: str) -> dict[str, Any]:
+        """Have this gateway take ``job`` over from its dead root node ``dead``
+        (:mod:`gateway.takeover`). Returns its answer: ``version``, the open ``round`` and
+        ``resend``, the clients whose updates were lost with ``dead``.
+
+        Raises :class:`GatewayError` with the gateway's error code in ``code`` when it
+        cannot (``model_lost``, ``not_root``, ...).
+        """
+        r = await self._request("POST", f"/v1/jobs/{job}/adopt", json={"from": dead})
+        if r.status_code >= 300:
+            raise GatewayError(
+                self.node, f"adopt answered {r.status_code}: {r.text[:300]}", error=_error(r)
+            )
+        data = r.json()
+        if not isinstance(data, dict) or not isinstance(data.get("resend"), list):
+            raise GatewayError(self.node, f"adopt answered {r.text[:300]}")
+        return data
+
     async def delete_job(self, job: str) -> bool:
         """``DELETE /v1/jobs/{job}`` here (on its root, the journal goes too); False when this
         gateway does not know the job."""

@@ -110,6 +110,11 @@ class RoundInfo:
     reopened: int = 0
     #: updates in the round's published model, as the gateway that published it says
     aggregated: int | None = None
+    #: times another node took the job over from its dead root node during this round
+    takeovers: int = 0
+    #: clients whose accepted update was lost with a dead root node -> the takeover that lost
+    #: it: each sends it again once (the assignment's ``resend``), and it counts once
+    resend: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -178,6 +183,8 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "closing": rnd.closing,
         "closed_with": dict(rnd.closed_with),
         "reopened": rnd.reopened,
+        "takeovers": rnd.takeovers,
+        "resend": dict(rnd.resend),
     }
 
 

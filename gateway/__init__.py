@@ -46,6 +46,12 @@ has a new salt, and the tokens of the one before are refused.
   422 ``bad_plan`` (unknown node or client, goals not adding up, cycle, top not on the job's
   root node), 409 ``plan_conflict`` (it would drop or move updates the round holds) /
   ``stale_round`` / ``future_round``, 401.
+- ``POST /v1/jobs/{job}/adopt`` (admin bearer; body ``{"from": "<node>"}``): take the job
+  over from its dead root node (:mod:`gateway.takeover`) -> 200 ``{job, root, version, round,
+  resend}``, ``resend`` being the clients whose updates of the open round were lost with it.
+  422 ``bad_adopt``, 409 ``not_root`` (that node is not the root any more, or this one is) /
+  ``model_lost`` (the published model is neither here nor in MinIO), 503
+  ``checkpoints_unavailable``.
 - ``POST /v1/jobs/{job}/rounds/{r}/close`` (admin bearer; optional body
   ``{"received": {node: n}}``): stop the round's intake here (later uploads: 409
   ``round_closed``); with the counts (nodes left out count 0, e.g. a dead one), or when the

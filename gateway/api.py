@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from fedfaas.auth import private_app
-from gateway import auth, control
+from gateway import auth, control, takeover
 from gateway.asgi import receive_into
 from gateway.bodies import SpooledBody
 from gateway.errors import GatewayError, JobExists, Unauthorized
@@ -172,9 +172,26 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.put("/v1/jobs/{job}/rounds/{number}/plan", dependencies=ADMIN)
     async def put_plan(request: Request, j: JobDep, number: int) -> dict[str, object]:
         """Take the control plane's slot table for round ``number`` (open or next)."""
-        answer = gw.push_plan(j, number, await _json(request))
+        data = await _json(request)
+        await gw.follow_root(j)  # the plan may put the top on a node that just took over
+        answer = gw.push_plan(j, number, data)
         await control.persist_plan(gw, j, number)
         return answer
+
+    @app.post("/v1/jobs/{job}/adopt", dependencies=ADMIN)
+    async def adopt(request: Request, j: JobDep) -> dict[str, object]:
+        """Take the job over from its dead root node, ``{"from": "<node>"}``: this node
+        becomes its root (see :mod:`gateway.takeover`)."""
+        body = await _json(request)
+        dead = body.get("from") if isinstance(body, dict) else None
+        if not isinstance(dead, str) or dead not in j.nodes or dead == gw.settings.node:
+            raise GatewayError(
+                f'body must be {{"from": "<the dead root node>"}}, one of the job\'s other '
+                f"nodes {[n for n in j.nodes if n != gw.settings.node]}",
+                status=422,
+                code="bad_adopt",
+            )
+        return await takeover.adopt(gw, j, dead)
 
     @app.post("/v1/jobs/{job}/rounds/{number}/close", dependencies=ADMIN)
     async def close_round(request: Request, j: JobDep, number: int) -> dict[str, object]:

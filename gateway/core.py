@@ -29,7 +29,7 @@ from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
 from gateway.jobs import Job, RoundTimes, check_job_params
-from gateway.journal import Journal
+from gateway.journal import Journal, NotRoot
 from gateway.meta import declared_evaluator, round_meta_doc
 from gateway.metrics import Metrics
 from gateway.plan import Planner, Slot, static_plan
@@ -60,6 +60,7 @@ class Gateway:
         self.jobs: dict[str, Job] = {}
         #: (name, id) of jobs deleted here or impossible to resume: not reloaded
         self._skip: set[tuple[str, int]] = set()
+        self._creating: set[str] = set()  # jobs create_job is writing to the journal now
         #: bytes of request bodies held at once, all routes and jobs (``max_inflight_bytes``)
         self.budget = MemoryBudget(settings.max_inflight_bytes)
         self.metrics = Metrics(settings.node, self)
@@ -316,11 +317,21 @@ class Gateway:
         except wire.WireError as exc:
             job.ns.close()
             raise GatewayError(exc.detail, code=exc.code) from None
-        if not await self.journal.create_job(name, meta):
-            job.ns.close()
-            raise JobExists(f"job {name!r} exists; pick another name")
-        job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
-        await self.journal.publish(name, start, {"key": g.key, "weight": 0, "count": 0})
+        # the housekeeping loop must not load the job from the journal meanwhile: it would
+        # take it for one of this node's from before a restart, find no model, and close the
+        # namespace this job is being created in
+        self._creating.add(name)
+        try:
+            if not await self.journal.create_job(name, meta):
+                job.ns.close()
+                raise JobExists(f"job {name!r} exists; pick another name")
+            job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
+            await self.journal.publish(
+                name, start, {"key": g.key, "weight": 0, "count": 0}, root=self.settings.node
+            )
+        except BaseException:
+            self._creating.discard(name)
+            raise
         if self.checkpoints is not None and start == 0:
             # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
             # and a job that has not finished a round resumes from it
@@ -337,6 +348,7 @@ class Gateway:
             key = self.checkpoints.put_meta(name, 0, round0)
             self._notify_engine(name, 0, key)
         self._install(job)
+        self._creating.discard(name)
         return job
 
     async def _last_checkpoint(self, name: str) -> tuple[int, bytes]:
@@ -430,14 +442,29 @@ class Gateway:
         created again: a new id and salt) is forgotten here and the new one loaded.
         """
         for name, meta in (await self.journal.jobs()).items():
+            if name in self._creating:
+                continue
             incarnation = (name, int(meta["id"]))
             if name in self.jobs:
                 job = self.jobs[name]
                 if job.id == incarnation[1]:
+                    if meta["nodes"] != job.nodes:
+                        me = self.settings.node
+                        if job.root == me != meta["nodes"][0]:  # another node took it over
+                            log.error(
+                                "job %s: node %s took it over from this node; loading it again "
+                                "as one of its nodes",
+                                name,
+                                meta["nodes"][0],
+                            )
+                            self._forget(job)
+                            self._skip.discard(incarnation)
+                            continue
+                        self.move_root(job, list(meta["nodes"]))
                     if job.root != self.settings.node:
                         v = await self.journal.version(name)
                         if v > job.version:
-                            self._advance_remote(job, v)
+                            self.advance_remote(job, v)
                     continue
                 log.info("job %s was created again (id %d -> %d)", name, job.id, incarnation[1])
                 self._forget(job)
@@ -451,6 +478,8 @@ class Gateway:
                 continue
             self._install(job)
             await self._recover_round(job)
+            if job.root != self.settings.node:
+                self._prefetch(job)
         if self.jobs:
             for name, revoked in (await self.journal.revoked(list(self.jobs))).items():
                 if name in self.jobs:
@@ -541,12 +570,55 @@ class Gateway:
                 swept,
             )
 
-    def _advance_remote(self, job: Job, version: int) -> None:
+    def advance_remote(self, job: Job, version: int) -> None:
+        """A job whose root is another node published ``version``: open the next round here,
+        and fetch the new model at once (this node's clients download it next, and it is what
+        this node adopts the job from should the root die: :mod:`gateway.takeover`)."""
         if job.engine is not None:
             job.engine.close()
         job.version = version
         job.model_bytes = b""
         self._open_round(job)
+        self._prefetch(job)
+
+    def _prefetch(self, job: Job) -> None:
+        """Fetch ``job``'s current model from its root in the background (a non-root node)."""
+        if self.loop is not None and not self._stop.is_set():
+            self._tasks.append(self.loop.create_task(self._prefetch_model(job, job.version)))
+            self._tasks[:] = [t for t in self._tasks if not t.done()]
+
+    async def _prefetch_model(self, job: Job, version: int) -> None:
+        for attempt in range(5):
+            if job.version != version or job.model_bytes or self.jobs.get(job.name) is not job:
+                return
+            try:
+                await self.fetch_root_model(job)
+                return
+            except (GatewayError, httpx.HTTPError, KeyError, ValueError) as exc:
+                log.debug("job %s: prefetch of model v%d failed: %s", job.name, version, exc)
+            await asyncio.sleep(0.2 * 2**attempt)
+
+    async def follow_root(self, job: Job) -> None:
+        """Take ``job``'s node order from the journal now: a plan with the top on a new root
+        may arrive before the housekeeping loop reads it (a root this node was is left to
+        that loop, which loads the job again)."""
+        meta = await self.journal.job(job.name)
+        if (
+            meta is not None
+            and int(meta["id"]) == job.id
+            and meta["nodes"] != job.nodes
+            and job.root != self.settings.node
+        ):
+            self.move_root(job, list(meta["nodes"]))
+
+    def move_root(self, job: Job, nodes: list[str]) -> None:
+        """The journal gives ``job`` a new node order (another node took it over, see
+        :mod:`gateway.takeover`): its root is ``nodes[0]`` from now on. The open round keeps
+        its plan until the control plane pushes one with the top on the new root; later
+        rounds' own plan follows the new order."""
+        log.warning("job %s: root node %s -> %s", job.name, job.root, nodes[0])
+        job.nodes = list(nodes)
+        job.base_plan = self.planner(job.goal, job.clients, job.nodes)
 
     async def delete_job(self, name: str) -> None:
         """Forget a job on this node: its objects, endpoint and (on its root) its journal."""
@@ -779,9 +851,25 @@ class Gateway:
         if job.times:
             job.times[-1].published_ns = time.monotonic_ns()
             job.times[-1].count = res.count
-        await self.journal.publish(
-            job.name, job.version, {"key": res.key.hex(), "weight": res.weight, "count": res.count}
-        )
+        try:
+            await self.journal.publish(
+                job.name,
+                job.version,
+                {"key": res.key.hex(), "weight": res.weight, "count": res.count},
+                root=self.settings.node,
+            )
+        except NotRoot:
+            # another node took the job over while this one was cut off: its model is not the
+            # job's; forget the job and load it again as one of its nodes
+            log.error(
+                "job %s: round %d not published, node %s is not its root any more",
+                job.name,
+                eng.round,
+                self.settings.node,
+            )
+            self._forget(job)
+            self._skip.discard((job.name, job.id))
+            return
         self.metrics.rounds.inc()
         if self.checkpoints is not None:
             meta = await self._round_meta(job, eng.round, res)
@@ -813,6 +901,11 @@ class Gateway:
         eng = job.engine
         if eng is None:
             log.error("job %s: no round engine; partial of slot %d dropped", job.name, slot.id)
+            return
+        if job.root == self.settings.node:
+            # this node took the job over and the plan with the top here has not arrived yet:
+            # the partial stays here and goes to the top when it does (RoundEngine.apply_plan)
+            log.info("job %s: partial of slot %d waits for the top to move here", job.name, slot.id)
             return
         with job.ns.open(inp.key) as obj:
             body = bytes(obj.buf)
@@ -867,7 +960,7 @@ class Gateway:
         if version > job.version:
             # Open the next round too: setting only the version would leave this node on the
             # old round for good (the housekeeping loop advances only when the version grows).
-            self._advance_remote(job, version)
+            self.advance_remote(job, version)
         if version >= job.version:
             job.model_bytes = r.content
 

@@ -1,8 +1,13 @@
 """The Redis journal: jobs (with their salts), numeric job ids, accepted updates per round,
-published versions, revoked clients.
+published versions, revoked clients, and which node is each job's root.
 
 An update answered 202 has its record here (``HSETNX`` per client and round, which is also
 what refuses the same client twice across node gateways), so it counts exactly once.
+
+A job's root node is the first of its ``nodes`` in its metadata. :meth:`Journal.take_root`
+moves it (a node takes over from a dead root) with a compare-and-set, and
+:meth:`Journal.publish` is fenced by it: a root that was replaced (a partitioned gateway
+that comes back) can publish no version any more.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from fedfaas.secretfiles import async_redis_client
 
 PREFIX = "fedfaas:"
+
+
+class NotRoot(Exception):
+    """This node is not (any more) the job's root: it may not publish or take over."""
 
 
 class Journal:
@@ -109,19 +119,80 @@ class Journal:
         raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:slots")
         return {int(k): json.loads(v) for k, v in raw.items()}
 
-    async def publish(self, job: str, version: int, record: dict[str, Any]) -> None:
-        """Record a new global model version (monotonic), and forget the round before the one
-        it ends: its updates, slots, checkpoints and plans. A restart resumes the next round,
-        which reads the ended round's plans (was the job planned by the control plane?), and
-        its ``meta.json`` is written from the ended round's updates; nothing reads older
-        rounds, so the journal stays the size of two rounds however long the job runs."""
+    async def publish(self, job: str, version: int, record: dict[str, Any], *, root: str) -> None:
+        """Record a new global model version (monotonic) published by node ``root``, and
+        forget the round before the one it ends: its updates, slots, checkpoints and plans.
+        A restart resumes the next round, which reads the ended round's plans (was the job
+        planned by the control plane?), and its ``meta.json`` is written from the ended
+        round's updates; nothing reads older rounds, so the journal stays the size of two
+        rounds however long the job runs.
+
+        Raises :class:`NotRoot` when ``root`` is not the job's root node any more (another
+        node took the job over): nothing is written.
+        """
         key = f"{PREFIX}job:{job}:state"
         old = f"{PREFIX}job:{job}:round:{version - 1}"
-        async with self.r.pipeline(transaction=True) as p:
-            p.hset(key, mapping={"version": version, "global": json.dumps(record)})
-            if version >= 2:
-                p.delete(old, f"{old}:slots", f"{old}:checkpoints", f"{old}:plans")
-            await p.execute()
+        while True:
+            async with self.r.pipeline(transaction=True) as p:
+                try:
+                    await p.watch(PREFIX + "jobs")
+                    raw = await p.hget(PREFIX + "jobs", job)
+                    if raw is None or json.loads(raw)["nodes"][0] != root:
+                        raise NotRoot(f"node {root} is not the root of job {job!r}")
+                    p.multi()  # type: ignore[no-untyped-call]
+                    p.hset(key, mapping={"version": version, "global": json.dumps(record)})
+                    if version >= 2:
+                        p.delete(old, f"{old}:slots", f"{old}:checkpoints", f"{old}:plans")
+                    await p.execute()
+                    return
+                except WatchError:
+                    continue  # another job changed meanwhile: read again
+
+    async def take_root(
+        self, job: str, old: str, new: str, version: int, record: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Make ``new`` the root of ``job`` in place of ``old``, at model ``version`` whose
+        object on ``new`` is ``record`` (a compare-and-set: the root must still be ``old`` and
+        the version unchanged). Returns the job's new metadata; ``old`` stays one of its
+        nodes, last.
+
+        Raises :class:`NotRoot` when the root is not ``old`` any more, or the version moved.
+        """
+        key = f"{PREFIX}job:{job}:state"
+        while True:
+            async with self.r.pipeline(transaction=True) as p:
+                try:
+                    await p.watch(PREFIX + "jobs", key)
+                    raw = await p.hget(PREFIX + "jobs", job)
+                    have = await p.hget(key, "version")
+                    meta = None if raw is None else dict(json.loads(raw))
+                    if meta is None or meta["nodes"][0] != old or new not in meta["nodes"]:
+                        raise NotRoot(
+                            f"node {old} is not the root of job {job!r} (or {new} "
+                            "is not one of its nodes)"
+                        )
+                    if int(have or 0) != version:
+                        raise NotRoot(f"job {job!r} is at version {int(have or 0)}, not {version}")
+                    meta["nodes"] = (
+                        [new] + [n for n in meta["nodes"] if n not in (new, old)] + [old]
+                    )
+                    p.multi()  # type: ignore[no-untyped-call]
+                    p.hset(PREFIX + "jobs", job, json.dumps(meta))
+                    p.hset(key, "global", json.dumps(record))
+                    await p.execute()
+                    return meta
+                except WatchError:
+                    continue
+
+    async def forget_updates(self, job: str, round: int, node: str) -> list[str]:
+        """Drop the journal records of ``round``'s updates accepted on ``node`` (a node whose
+        memory is gone: they were never aggregated); returns their clients, who may upload
+        again (``HSETNX`` lets them)."""
+        recs = await self.round_updates(job, round)
+        gone = sorted(c for c, rec in recs.items() if rec.get("node") == node)
+        if gone:
+            await self.r.hdel(f"{PREFIX}job:{job}:round:{round}", *gone)
+        return gone
 
     async def global_record(self, job: str) -> dict[str, Any] | None:
         raw = await self.r.hget(f"{PREFIX}job:{job}:state", "global")

@@ -177,6 +177,11 @@ class RoundEngine:
         """
         self.check_plan(plan)
         old = self.slots
+        parent_node = {
+            sid: old[st.slot.parent].slot.node
+            for sid, st in old.items()
+            if st.slot.parent is not None and st.slot.parent in old
+        }
         slots: dict[int, SlotState] = {}
         restart: list[SlotState] = []
         for s in plan.slots:
@@ -201,6 +206,16 @@ class RoundEngine:
                     child.parent_ep_at_task = None
             assert st.endpoint is not None
             self._start(st, st.endpoint)
+        for sid, st in self.slots.items():
+            # a finished partial whose parent moved to another node (the root's node died
+            # and another took the job over) goes to the parent where it runs now; the
+            # parent folds each child once, so a partial that also reached the old one
+            # counts once
+            if st.done is None or st.slot.parent is None or self.result is not None:
+                continue
+            parent = self.slots[st.slot.parent]
+            if parent_node.get(sid) != parent.slot.node and (st.local or parent.local):
+                self._to_parent(st, sent_directly=False)
         log.info(
             "round %d: plan v%s applied (goal %d, %d slots here, %d restarted)",
             self.round,

@@ -180,3 +180,129 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
             total = sum(w for _, w in sent)
             want = sum(w * t["a"].astype(np.float64) for t, w in sent) / total
             assert np.abs(model["a"] - want).max() / np.abs(want).max() <= 1e-6
+
+
+def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_is_lost(
+    redis_url, tmp_path
+):
+    """The root gateway dies with the global model, the top and two accepted updates. Another
+    node adopts the job (the model it fetched, the journal), the two clients are told to send
+    again, the survivors' finished partials go to the new top, and rounds 1 and 2 are exactly
+    the FedAvg of every acknowledged update, each counted once."""
+    names = ("n1", "n2", "n3")
+    with realgw.real_gateways(redis_url, tmp_path, names) as (urls, secret, procs):
+        coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
+        w0 = {"a": np.zeros(256, np.float32), "b": np.zeros((4, 8), np.float32)}
+        rng = np.random.default_rng(11)
+
+        def update() -> tuple[dict[str, np.ndarray], int]:
+            t = {
+                "a": rng.standard_normal(256).astype(np.float32),
+                "b": rng.standard_normal((4, 8)).astype(np.float32),
+            }
+            return t, int(rng.integers(1, 50))
+
+        def fedavg(sent):  # type: ignore[no-untyped-def]
+            total = sum(w for _, w in sent)
+            return {
+                k: sum(w * t[k].astype(np.float64) for t, w in sent) / total for k in ("a", "b")
+            }
+
+        def assert_model(url, version, sent):  # type: ignore[no-untyped-def]
+            m = httpx.get(
+                f"{url}/v1/jobs/root/model", headers={"Authorization": f"Bearer {secret}"}
+            )
+            assert m.status_code == 200 and m.headers["x-model-version"] == str(version)
+            model, want = load(m.content), fedavg(sent)
+            for k in ("a", "b"):
+                assert np.abs(model[k] - want[k]).max() / np.abs(want[k]).max() <= 1e-6
+
+        with control_client(coord, secret, tick_s=0.05) as api:
+            r = api.post(
+                "/v1/jobs",
+                json={
+                    "job": "root",
+                    "rounds": 2,
+                    "goal": 9,
+                    "clients": 9,
+                    "overprovision": 1.0,
+                    "weights_b64": base64.b64encode(save(w0)).decode(),
+                },
+            )
+            assert r.status_code == 201, r.text
+            tokens = r.json()["tokens"]
+            assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
+            by_node: dict[str, list[str]] = {n: [] for n in names}
+            for c in tokens:
+                by_node[
+                    api.get("/v1/jobs/root/assignment", params={"client": c}).json()["node"]
+                ].append(c)
+            root = coord.jobs["root"].root
+            sent: dict[str, tuple[dict[str, np.ndarray], int]] = {}
+            for node in names:  # two per node: each node's first leaf finishes
+                for c in by_node[node][:2]:
+                    sent[c] = update()
+                    res = realgw.upload(urls[node], "root", 1, c, tokens[c], *sent[c])
+                    assert res.status_code == 202, res.text
+            wait_for(
+                lambda: sum(api.get("/v1/jobs/root").json()["round"]["received"].values()) == 6
+            )
+
+            realgw.kill(procs[root])
+
+            view = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["root"] != root and j)
+            heir = view["root"]
+            rnd = view["round"]
+            assert rnd["takeovers"] == 1 and rnd["state"] == "open" and rnd["lost"] == 0
+            assert rnd["resend"] == {c: 1 for c in by_node[root][:2]}
+            assert root not in rnd["clients_per_node"]
+            st = httpx.get(
+                f"{urls[heir]}/v1/jobs/root", headers={"Authorization": f"Bearer {secret}"}
+            )
+            assert st.json()["version"] == 0
+            # the two clients are told to send again, to a surviving node; then the last three
+            for c in [*by_node[root][:2], *(by_node[n][2] for n in names)]:
+                a = api.get("/v1/jobs/root/assignment", params={"client": c}).json()
+                assert a["node"] != root
+                assert a["resend"] == (1 if c in by_node[root][:2] else 0)
+                sent.setdefault(c, update())
+                res = realgw.upload(a["gateway_url"], "root", 1, c, tokens[c], *sent[c])
+                assert res.status_code == 202, res.text
+                if a["resend"]:  # counted once: a second send is a duplicate
+                    again = realgw.upload(a["gateway_url"], "root", 1, c, tokens[c], *sent[c])
+                    assert again.status_code == 409 and again.json()["error"] == "duplicate_client"
+            job = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["completed"] == 1 and j)
+            h = job["history"][0]
+            assert h["state"] == "closed" and h["published"]
+            # "received" is what the polls saw: it may miss the last updates before publication
+            assert h["aggregated"] == 9 and h["received"] <= 9 and h["lost"] == 0
+            assert_model(urls[heir], 1, list(sent.values()))
+
+            # round 2 runs on the new root from start to end
+            sent2 = {}
+            for c in tokens:
+                a = api.get("/v1/jobs/root/assignment", params={"client": c}).json()
+                assert a["round"] == 2 and a["node"] != root and a["resend"] == 0
+                sent2[c] = update()
+                until = time.monotonic() + 10
+                while True:  # that node follows the new root's publication in a moment
+                    res = realgw.upload(a["gateway_url"], "root", 2, c, tokens[c], *sent2[c])
+                    if res.status_code != 409 or res.json()["error"] != "round_not_open":
+                        break
+                    assert time.monotonic() < until
+                    time.sleep(0.05)
+                assert res.status_code == 202, res.text
+            job = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["completed"] == 2 and j)
+            assert job["done"] and job["history"][1]["aggregated"] == 9
+            assert_model(urls[heir], 2, list(sent2.values()))
+
+            # the adopt route: admin only, a body naming the dead root, once
+            other = next(n for n in names if n not in (root, heir))
+            adopt = f"{urls[other]}/v1/jobs/root/adopt"
+            assert httpx.post(adopt, json={"from": heir}).status_code == 401
+            admin = {"Authorization": f"Bearer {secret}"}
+            for bad in ({}, {"from": 3}, {"from": "n9"}, {"from": other}, [heir]):
+                res = httpx.post(adopt, json=bad, headers=admin)
+                assert res.status_code == 422 and res.json()["error"] == "bad_adopt", res.text
+            res = httpx.post(adopt, json={"from": root}, headers=admin)  # n1 is not the root now
+            assert res.status_code == 409 and res.json()["error"] == "not_root", res.text

@@ -124,6 +124,6 @@ def test_a_new_rounds_assignments_answer_only_once_its_plan_reached_the_gateways
         release.set()
         rnd = await opening
         assert job.current is rnd and rnd.placement == "coordinator"
-        assert coord.assignment("j", "a") == (1, "n1", "http://n1")
+        assert coord.assignment("j", "a") == (1, "n1", "http://n1", 0)
 
     asyncio.run(scenario())
