@@ -358,16 +358,7 @@ class Gateway:
                 status=409,
                 code="no_checkpoints",
             )
-        from fedfaas.checkpoints import CheckpointError
-
-        try:
-            found = await asyncio.to_thread(self.checkpoints.latest, name)
-        except CheckpointError as exc:
-            raise GatewayError(
-                f"MinIO cannot be read now ({exc}); try again when it is back",
-                status=503,
-                code="checkpoints_unavailable",
-            ) from None
+        found = await self.newest_checkpoint(name)
         if found is None:
             raise GatewayError(
                 f"no checkpoint of job {name!r} in MinIO bucket {self.settings.minio_bucket!r}",
@@ -377,6 +368,22 @@ class Gateway:
         rnd, data = found
         log.info("job %s: resuming from the checkpoint of round %d", name, rnd)
         return int(rnd), bytes(data)
+
+    async def newest_checkpoint(self, name: str) -> tuple[int, bytes] | None:
+        """``(round, safetensors)`` of job ``name``'s newest global model in MinIO (or queued
+        for it), None when it has none; 503 ``checkpoints_unavailable`` when MinIO cannot be
+        read. Needs ``--minio``."""
+        assert self.checkpoints is not None
+        from fedfaas.checkpoints import CheckpointError
+
+        try:
+            return await asyncio.to_thread(self.checkpoints.latest, name)
+        except CheckpointError as exc:
+            raise GatewayError(
+                f"MinIO cannot be read now ({exc}); try again when it is back",
+                status=503,
+                code="checkpoints_unavailable",
+            ) from None
 
     def _make_job(self, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
         s = self.settings

@@ -22,7 +22,6 @@ the survivors' work is neither lost nor counted twice.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -106,16 +105,7 @@ async def _model_of_version(gw: Gateway, job: Job, version: int) -> bytes:
     if job.version == version and job.model_bytes:
         return bytes(job.model_bytes)
     if gw.checkpoints is not None:
-        from fedfaas.checkpoints import CheckpointError
-
-        try:
-            found = await asyncio.to_thread(gw.checkpoints.latest, job.name)
-        except CheckpointError as exc:
-            raise GatewayError(
-                f"MinIO cannot be read now ({exc}); try again when it is back",
-                status=503,
-                code="checkpoints_unavailable",
-            ) from None
+        found = await gw.newest_checkpoint(job.name)
         if found is not None and found[0] == version:
             return bytes(found[1])
         have = "none" if found is None else f"round {found[0]}"

@@ -11,6 +11,7 @@ on exit, also when the test killed their gateway.
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from safetensors.numpy import save
@@ -133,3 +135,12 @@ def upload(url, job, rnd, client, token, tensors, weight):  # type: ignore[no-un
         },
         timeout=30,
     )
+
+
+def create_job(api: Any, w0: dict[str, Any], **fields: Any) -> httpx.Response:
+    """``POST /v1/jobs`` on the control plane client ``api`` with the initial weights ``w0``
+    and the job's ``fields``; the answer (asserted 201)."""
+    body = {**fields, "weights_b64": base64.b64encode(save(w0)).decode()}
+    r = api.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r  # type: ignore[no-any-return]

@@ -8,13 +8,12 @@ their FedAvg.
 
 from __future__ import annotations
 
-import base64
 import time
 
 import httpx
 import numpy as np
 import pytest
-from safetensors.numpy import load, save
+from safetensors.numpy import load
 
 from control_plane.coordinator import Coordinator
 from tests.control import realgw
@@ -42,18 +41,9 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
         w0 = {"a": np.zeros(256, np.float32), "b": np.zeros((4, 8), np.float32)}
         rng = np.random.default_rng(7)
         with control_client(coord, secret, tick_s=0.05) as api:
-            r = api.post(
-                "/v1/jobs",
-                json={
-                    "job": "fail",
-                    "rounds": 1,
-                    "goal": 8,
-                    "clients": 12,
-                    "overprovision": 1.125,
-                    "weights_b64": base64.b64encode(save(w0)).decode(),
-                },
+            r = realgw.create_job(
+                api, w0, job="fail", rounds=1, goal=8, clients=12, overprovision=1.125
             )
-            assert r.status_code == 201, r.text
             tokens = r.json()["tokens"]
             rnd = r.json()["round"]
             # BestFit, MC = 3: nine selected clients fill the three nodes
@@ -121,18 +111,9 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
         w0 = {"a": np.zeros(64, np.float32)}
         rng = np.random.default_rng(3)
         with control_client(coord, secret, tick_s=0.05) as api:
-            r = api.post(
-                "/v1/jobs",
-                json={
-                    "job": "move",
-                    "rounds": 1,
-                    "goal": 4,
-                    "clients": 12,
-                    "overprovision": 2.25,
-                    "weights_b64": base64.b64encode(save(w0)).decode(),
-                },
+            r = realgw.create_job(
+                api, w0, job="move", rounds=1, goal=4, clients=12, overprovision=2.25
             )
-            assert r.status_code == 201, r.text
             tokens = r.json()["tokens"]
             assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
             root = coord.jobs["move"].root
@@ -218,18 +199,9 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                 assert np.abs(model[k] - want[k]).max() / np.abs(want[k]).max() <= 1e-6
 
         with control_client(coord, secret, tick_s=0.05) as api:
-            r = api.post(
-                "/v1/jobs",
-                json={
-                    "job": "root",
-                    "rounds": 2,
-                    "goal": 9,
-                    "clients": 9,
-                    "overprovision": 1.0,
-                    "weights_b64": base64.b64encode(save(w0)).decode(),
-                },
+            r = realgw.create_job(
+                api, w0, job="root", rounds=2, goal=9, clients=9, overprovision=1.0
             )
-            assert r.status_code == 201, r.text
             tokens = r.json()["tokens"]
             assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3, "n3": 3}
             by_node: dict[str, list[str]] = {n: [] for n in names}

@@ -8,7 +8,6 @@ Two gateways share a Redis journal and an admin secret, each with replicas of th
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 
 import httpx
@@ -31,14 +30,6 @@ def real_gateways(redis_url, tmp_path):
         yield urls, secret
 
 
-def _create(api, w0, **fields):  # type: ignore[no-untyped-def]
-    """``POST /v1/jobs`` with the initial weights ``w0``; the answer (asserted 201)."""
-    body = {**fields, "weights_b64": base64.b64encode(save(w0)).decode()}
-    r = api.post("/v1/jobs", json=body)
-    assert r.status_code == 201, r.text
-    return r
-
-
 def upload(url, job, rnd, client, token, tensors, weight):
     return realgw.upload(url, job, rnd, client, token, tensors, weight)
 
@@ -49,7 +40,7 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
     w0 = {"a": np.zeros(64, np.float32), "b": np.zeros((3, 4), np.float32)}
     rng = np.random.default_rng(0)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = _create(api, w0, job="real", rounds=2, goal=4, clients=8)
+        r = realgw.create_job(api, w0, job="real", rounds=2, goal=4, clients=8)
         tokens = r.json()["tokens"]
         rnd = r.json()["round"]
         assert rnd["number"] == 1 and rnd["selected"] == 6
@@ -125,7 +116,7 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
     w0 = {"a": np.zeros(32, np.float32)}
     rng = np.random.default_rng(5)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = _create(api, w0, job="late", rounds=1, goal=4, clients=4, deadline_s=3.0)
+        r = realgw.create_job(api, w0, job="late", rounds=1, goal=4, clients=4, deadline_s=3.0)
         tokens = r.json()["tokens"]
         assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
         sent, seen = [], set()
@@ -172,7 +163,7 @@ def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(
     w0 = {"a": np.zeros(16, np.float32)}
     rng = np.random.default_rng(7)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = _create(
+        r = realgw.create_job(
             api,
             w0,
             job="again",
@@ -221,7 +212,7 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
     coord = Coordinator(urls, mc=2.0, admin_token=secret)
     w0 = {"a": np.zeros(16, np.float32)}
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = _create(
+        r = realgw.create_job(
             api,
             w0,
             job="short",
@@ -280,7 +271,7 @@ def test_a_gateway_that_missed_the_plan_push_gets_it_again_and_the_round_complet
     w0 = {"a": np.zeros(16, np.float32)}
     rng = np.random.default_rng(3)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = _create(
+        r = realgw.create_job(
             api, w0, job="repush", rounds=2, goal=4, clients=4, overprovision=1.0, deadline_s=120.0
         )
         tokens = r.json()["tokens"]
