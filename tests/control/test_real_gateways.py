@@ -78,6 +78,8 @@ def test_round_runs_through_real_gateways_and_the_model_is_flat_fedavg(real_gate
         # 6 selected, goal 4: the gateways were told to aggregate the 4 that arrived
         assert job["history"][0]["received"] == 4 and job["history"][0]["closing"] == "goal"
         assert job["history"][0]["aggregated"] == 4  # the root's own count of the model
+        # round 2 opens once its plan reached the gateways (the view shows round 1 until then)
+        job["round"] = _wait_view(api, "real", lambda v: v["round"]["number"] == 2)["round"]
         assert job["round"]["number"] == 2 and job["round"]["state"] == "open"
         m = httpx.get(
             f"{urls['n1']}/v1/jobs/real/model", headers={"Authorization": f"Bearer {secret}"}
