@@ -57,6 +57,7 @@ STATS = (
     "objects_loaded",
     "load_seconds_x1000",
     "evicted_for_room",
+    "evicted_while_loading",
     "objects_evicted",
     "functions_created",
     "functions_lost",
@@ -398,8 +399,15 @@ class CacheEngine:
             info = self.functions.get(fn)
             if info is not None:
                 info.used = int(body.get("bytes", info.used))
+            # a key the policy evicted while it loaded is not indexed (nothing would ever evict
+            # it again): it is freed after the grace, so the query that asked for it finishes
+            gone = [k for k in keys if k not in self.policy]
             for k in keys:
-                self.table.add(k, fn)
+                if k in self.policy:
+                    self.table.add(k, fn)
+        if gone:
+            self.stats["evicted_while_loading"] += len(gone)
+            self._evict_later({fn: gone})
         self.stats["objects_loaded"] += len(keys)
         self.stats["load_seconds_x1000"] += int(1000 * (time.perf_counter() - t0))
 

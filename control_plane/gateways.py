@@ -295,7 +295,7 @@ def plan_to_slots(
     """The plan as the gateway's slot table: ``{"slots": [...], "client_nodes": {...}}``.
 
     Slot ids are positive ints (top = 1, then middles, then leaves, in plan order); ``goal``
-    counts the client updates under a slot (so a middle's goal is its node's updates and the
+    counts the client updates under a slot (so a middle's goal is its leaves' updates and the
     top's the round's), ``role`` is 1 leaf / 2 middle / 3 top, ``parent`` the parent slot id.
     Pass the same ``ids`` dict (aggregator id -> slot id, updated in place) for every plan of
     a round, so a re-planned aggregator keeps its slot id and new ones get fresh ids.
@@ -321,24 +321,25 @@ def plan_to_slots(
         }
     ]
     for n in plan.nodes:
-        slots.append(
-            {
-                "id": sid(middle_id(n.node)),
-                "node": n.node,
-                "role": ROLE_CODE["middle"],
-                "goal": n.expected,
-                "parent": 1,
-            }
-        )
+        for m, (_, updates) in n.generations().items():
+            slots.append(
+                {
+                    "id": sid(middle_id(n.node, m)),
+                    "node": n.node,
+                    "role": ROLE_CODE["middle"],
+                    "goal": updates,
+                    "parent": 1,
+                }
+            )
     for n in plan.nodes:
-        for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True):
+        for k, g, m in zip(n.leaf_numbers, n.leaf_goals, n.middles, strict=True):
             slots.append(
                 {
                     "id": sid(leaf_id(n.node, k)),
                     "node": n.node,
                     "role": ROLE_CODE["leaf"],
                     "goal": g,
-                    "parent": ids[middle_id(n.node)],
+                    "parent": ids[middle_id(n.node, m)],
                 }
             )
     return {"slots": slots, "client_nodes": dict(client_nodes or {}), "version": plan.version}

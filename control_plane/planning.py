@@ -10,7 +10,8 @@ per active node. So the goals add up: leaf goals on a node sum to that node's ex
 updates, a middle's goal is its number of leaves, the top's goal is the number of active
 nodes, and every update is counted by exactly one leaf.
 
-Ids are stable strings: ``"<node>:leaf:<n>"``, ``"<node>:middle"``, ``"top"``.
+Ids are stable strings: ``"<node>:leaf:<n>"``, ``"<node>:middle"`` (``"<node>:middle:<g>"``
+for a node's later middles, rule 5 below), ``"top"``.
 
 Re-planning mid-round (:func:`replan`) never loses an update already handed to a leaf:
 
@@ -21,7 +22,11 @@ Re-planning mid-round (:func:`replan`) never loses an update already handed to a
    node's old empty leaves (kept so their routes need not change), then over new leaves with
    fresh numbers; old empty leaves not needed are removed;
 3. a node with no expected and no delivered updates loses its leaves and middle;
-4. the top stays on its node while that node is active, else moves as in :func:`plan_hierarchy`.
+4. the top stays on its node while that node is active, else moves as in :func:`plan_hierarchy`;
+5. a node whose leaves are all frozen has a middle that finished, or will with that goal, so
+   it cannot take another child: new leaves on it go under a fresh middle (generation ``g``,
+   id ``"<node>:middle:<g>"``), which the top counts as one more partial. A dead root's
+   clients moved to nodes whose updates had all arrived land this way.
 
 :func:`diff_plans` lists what changed so routes can be updated in place.
 """
@@ -45,9 +50,9 @@ def leaf_id(node: str, n: int) -> str:
     return f"{node}:leaf:{n}"
 
 
-def middle_id(node: str) -> str:
-    """Id of the middle aggregator of ``node``."""
-    return f"{node}:middle"
+def middle_id(node: str, generation: int = 0) -> str:
+    """Id of the middle aggregator of ``node`` (its ``generation``-th, rule 5 of :func:`replan`)."""
+    return f"{node}:middle" if generation == 0 else f"{node}:middle:{generation}"
 
 
 # --------------------------------------------------------------------------- EWMA
@@ -111,16 +116,37 @@ class AggregatorSpec:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """The leaves of one node; the node's middle has ``len(leaf_numbers)`` children."""
+    """The leaves of one node and the middle each reports to.
+
+    ``middles[i]`` is the generation of leaf ``leaf_numbers[i]``'s middle (empty: all 0, the
+    node's one middle); a middle's children are the leaves of its generation.
+    """
 
     node: str
     leaf_numbers: tuple[int, ...]
     leaf_goals: tuple[int, ...]
+    middles: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.middles:
+            object.__setattr__(self, "middles", (0,) * len(self.leaf_numbers))
+        if not len(self.middles) == len(self.leaf_numbers) == len(self.leaf_goals):
+            raise InvalidInput(
+                f"node {self.node!r}: leaf numbers, goals and middles differ in length"
+            )
 
     @property
     def expected(self) -> int:
         """Updates this node's leaves will take."""
         return sum(self.leaf_goals)
+
+    def generations(self) -> dict[int, tuple[int, int]]:
+        """``{generation: (children, updates)}`` of the node's middles, oldest first."""
+        out: dict[int, tuple[int, int]] = {}
+        for g, goal in sorted(zip(self.middles, self.leaf_goals, strict=True), key=lambda x: x[0]):
+            kids, ups = out.get(g, (0, 0))
+            out[g] = (kids + 1, ups + goal)
+        return out
 
 
 @dataclass(frozen=True)
@@ -139,8 +165,8 @@ class Plan:
 
     @property
     def top_goal(self) -> int:
-        """Partials the top waits for: one per active node."""
-        return len(self.nodes)
+        """Partials the top waits for: one per middle (one per active node but for rule 5)."""
+        return sum(len(n.generations()) for n in self.nodes)
 
     def node_plan(self, node: str) -> NodePlan | None:
         """The plan of ``node``, or None when it has no aggregators."""
@@ -153,14 +179,14 @@ class Plan:
         """Every aggregator, leaves first, then middles, then the top."""
         out: list[AggregatorSpec] = []
         for n in self.nodes:
-            mid = middle_id(n.node)
             out.extend(
-                AggregatorSpec(leaf_id(n.node, k), "leaf", n.node, g, mid)
-                for k, g in zip(n.leaf_numbers, n.leaf_goals, strict=True)
+                AggregatorSpec(leaf_id(n.node, k), "leaf", n.node, g, middle_id(n.node, m))
+                for k, g, m in zip(n.leaf_numbers, n.leaf_goals, n.middles, strict=True)
             )
         out.extend(
-            AggregatorSpec(middle_id(n.node), "middle", n.node, len(n.leaf_goals), TOP_ID)
+            AggregatorSpec(middle_id(n.node, m), "middle", n.node, kids, TOP_ID)
             for n in self.nodes
+            for m, (kids, _) in n.generations().items()
         )
         if self.top_node is not None:
             out.append(AggregatorSpec(TOP_ID, "top", self.top_node, self.top_goal, None))
@@ -272,15 +298,17 @@ def replan(
     for node in order:
         prev = prev_by_node.get(node)
         old_nums = () if prev is None else prev.leaf_numbers
+        old_mid = {} if prev is None else dict(zip(prev.leaf_numbers, prev.middles, strict=True))
+        gen = max(old_mid.values(), default=0)  # the node's newest middle
         got = touched.get(node, {})
-        fin = frozen.get(node, set())
+        fin = frozen.get(node, set()) | {k for k, m in old_mid.items() if m < gen}  # sealed
         if not got and not fin:  # fast path: nothing in flight on this node
             goals = _leaf_goals(expected.get(node, 0), I)
             if goals:
                 nxt = old_nums[-1] + 1 if old_nums else 0
                 extra = len(goals) - len(old_nums)
                 nums = old_nums[: len(goals)] + tuple(range(nxt, nxt + max(extra, 0)))
-                nodes.append(NodePlan(node, nums, tuple(goals)))
+                nodes.append(NodePlan(node, nums, tuple(goals), (gen,) * len(goals)))
             continue
         old_goal = (
             {} if prev is None else dict(zip(prev.leaf_numbers, prev.leaf_goals, strict=True))
@@ -288,24 +316,26 @@ def replan(
         got = {k: d for k, d in got.items() if k in old_goal}  # unknown leaves hold nothing here
         here = sum(got.values())
         left = max(expected.get(node, 0), here) - here
-        kept: list[tuple[int, int]] = []
+        kept: list[tuple[int, int, int]] = []
         for k in sorted(set(got) | (fin & old_goal.keys())):
             d = got.get(k, 0)
             if k in fin:
-                kept.append((k, max(old_goal[k], d)))
+                kept.append((k, max(old_goal[k], d), old_mid[k]))
             else:
                 more = min(max(I - d, 0), left)
                 left -= more
-                kept.append((k, d + more))
-        busy = {k for k, _ in kept}
+                kept.append((k, d + more, old_mid[k]))
+        busy = {k for k, *_ in kept}
         empty = [k for k in old_nums if k not in busy]
         goals = _leaf_goals(left, I)
-        kept.extend(zip(empty, goals, strict=False))  # old empty leaves first, in number order
+        if goals and old_nums and all(k in fin for k, m in old_mid.items() if m == gen):
+            gen += 1  # rule 5: the newest middle takes no more children
+        kept.extend((k, g, old_mid[k]) for k, g in zip(empty, goals, strict=False))
         nxt = old_nums[-1] + 1 if old_nums else 0
-        kept.extend((nxt + j, g) for j, g in enumerate(goals[len(empty) :]))
+        kept.extend((nxt + j, g, gen) for j, g in enumerate(goals[len(empty) :]))
         kept.sort()
         if kept:
-            nodes.append(NodePlan(node, tuple(k for k, _ in kept), tuple(g for _, g in kept)))
+            nodes.append(NodePlan(node, *(tuple(col) for col in zip(*kept, strict=True))))
     active = {n.node for n in nodes}
     top = old.top_node if old.top_node in active else _pick_top(nodes)
     return Plan(old.version + 1, I, tuple(nodes), top)
@@ -351,27 +381,27 @@ def diff_plans(old: Plan, new: Plan) -> PlanDiff:
         na, nb = a_nodes.get(node), b_nodes.get(node)
         if na == nb:
             continue
-        mid = middle_id(node)
         la = {} if na is None else dict(zip(na.leaf_numbers, na.leaf_goals, strict=True))
         lb = {} if nb is None else dict(zip(nb.leaf_numbers, nb.leaf_goals, strict=True))
+        ma = {} if na is None else dict(zip(na.leaf_numbers, na.middles, strict=True))
+        mb = {} if nb is None else dict(zip(nb.leaf_numbers, nb.middles, strict=True))
         for k, g in lb.items():
-            spec = AggregatorSpec(leaf_id(node, k), "leaf", node, g, mid)
+            spec = AggregatorSpec(leaf_id(node, k), "leaf", node, g, middle_id(node, mb[k]))
             if k not in la:
                 added.append(spec)
-            elif la[k] != g:
-                changed.append((AggregatorSpec(spec.id, "leaf", node, la[k], mid), spec))
+            elif la[k] != g or ma[k] != mb[k]:
+                was = AggregatorSpec(spec.id, "leaf", node, la[k], middle_id(node, ma[k]))
+                changed.append((was, spec))
         removed.extend(leaf_id(node, k) for k in la if k not in lb)
-        if na is None:
-            added.append(AggregatorSpec(mid, "middle", node, len(lb), TOP_ID))
-        elif nb is None:
-            removed.append(mid)
-        elif len(la) != len(lb):
-            changed.append(
-                (
-                    AggregatorSpec(mid, "middle", node, len(la), TOP_ID),
-                    AggregatorSpec(mid, "middle", node, len(lb), TOP_ID),
-                )
-            )
+        ga = {} if na is None else na.generations()
+        gb = {} if nb is None else nb.generations()
+        for m, (kids, _) in gb.items():
+            spec = AggregatorSpec(middle_id(node, m), "middle", node, kids, TOP_ID)
+            if m not in ga:
+                added.append(spec)
+            elif ga[m][0] != kids:
+                changed.append((AggregatorSpec(spec.id, "middle", node, ga[m][0], TOP_ID), spec))
+        removed.extend(middle_id(node, m) for m in ga if m not in gb)
     ta = (
         None
         if old.top_node is None
@@ -390,5 +420,7 @@ def diff_plans(old: Plan, new: Plan) -> PlanDiff:
         changed.append((ta, tb))
     rerouted: tuple[str, ...] = ()
     if ta is not None and tb is not None and ta.node != tb.node:
-        rerouted = tuple(middle_id(n) for n in b_nodes if n in a_nodes)
+        rerouted = tuple(
+            middle_id(n, m) for n, p in b_nodes.items() if n in a_nodes for m in p.generations()
+        )
     return PlanDiff(tuple(added), tuple(removed), tuple(changed), rerouted)

@@ -205,7 +205,17 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
         plan, version = plan_from_json(rec, nodes=job.nodes, root=job.root, clients=job.client_set)
         eng.apply_plan(plan, version)
     except GatewayError as exc:
-        log.error("job %s: journaled plan of round %d not resumed: %s", job.name, eng.round, exc)
+        # e.g. its top was here and another node took the job over meanwhile: the control
+        # plane has moved this node's clients, and uploads under a plan of our own would
+        # land in slots no plan of its aggregates. Wait for its plan, as at a round's opening.
+        job.awaiting_plan = True
+        log.error(
+            "job %s: journaled plan of round %d not resumed (%s); the round awaits the "
+            "control plane's plan",
+            job.name,
+            eng.round,
+            exc,
+        )
         return
     job.plan = plan
     eng.frozen = bool(rec.get("frozen"))

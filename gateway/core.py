@@ -523,8 +523,13 @@ class Gateway:
         from gateway.control import resume_plan
 
         await resume_plan(self, job)
-        done = await self.journal.done_slots(job.name, eng.round)
-        for sid, rec in (await self.journal.checkpoints(job.name, eng.round)).items():
+        # awaiting the control plane's plan, this node runs a plan of its own whose slot ids
+        # name other slots than the journal's: the finished partials are sent again to the
+        # pushed plan's parents (RoundEngine.apply_plan on their nodes)
+        waits = job.awaiting_plan
+        done = {} if waits else await self.journal.done_slots(job.name, eng.round)
+        saved = {} if waits else await self.journal.checkpoints(job.name, eng.round)
+        for sid, rec in saved.items():
             if sid in eng.slots and sid not in done and job.ns.adopt(rec["key"]):
                 eng.restore_checkpoint(
                     sid,

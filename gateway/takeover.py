@@ -58,6 +58,11 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
         raise GatewayError(
             f"node {me} is the root of job {job.name!r} already", status=409, code="not_root"
         )
+    meta = await gw.journal.job(job.name)
+    if meta is None or meta["nodes"][0] != dead:  # before any model is read: a cheap refusal
+        raise GatewayError(
+            f"node {dead} is not the root of job {job.name!r}", status=409, code="not_root"
+        )
     version = await gw.journal.version(job.name)
     data = await _model_of_version(gw, job, version)
     g = job.ns.allocate()

@@ -123,6 +123,24 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
+def respawn(procs: dict[str, subprocess.Popen[bytes]], node: str, log: Path) -> None:
+    """Start a killed node's gateway again with the same argv (as the platform's supervisor
+    does), appending to ``log``; returns once it listens."""
+    old = procs[node]
+    argv = [str(a) for a in old.args]  # type: ignore[union-attr]
+    with open(log, "ab") as out:
+        procs[node] = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=gateway_env(),
+        )
+    port = int(argv[argv.index("--port") + 1])
+    wait_for_port("127.0.0.1", port, 60, procs[node])
+
+
 def upload(url, job, rnd, client, token, tensors, weight):  # type: ignore[no-untyped-def]
     """Upload ``tensors`` as ``client`` with its ``token`` (from the job's creation answer)."""
     return httpx.post(

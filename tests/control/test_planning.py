@@ -114,11 +114,76 @@ def test_replan_keeps_every_delivered_update_and_meets_the_new_goals():
             np_ = new.node_plan(node)
             assert (0 if np_ is None else np_.expected) == want
             if np_ is not None:
-                assert specs[middle_id(node)].goal == len(np_.leaf_goals)
+                for m, (kids, _) in np_.generations().items():
+                    assert specs[middle_id(node, m)].goal == kids
+                    assert kids == sum(s.parent == middle_id(node, m) for s in specs.values())
         assert new.version == old.version + 1
         assert (new.top_node is None) == (not new.nodes)
         if old.top_node is not None and new.node_plan(old.top_node) is not None:
             assert new.top_node == old.top_node
+
+
+def test_a_middle_whose_leaves_all_finished_takes_no_more_children_new_leaves_get_a_new_one():
+    """Rule 5: a dead root's clients moved onto a node whose updates had all arrived (its
+    middle finished, or will with its goal) go under a second middle, which the top counts."""
+    old = plan_hierarchy({"a": 3, "b": 4}, 2)  # b: leaves 0, 1 full and finished
+    full = {leaf_id("b", 0): 2, leaf_id("b", 1): 2}
+    new = replan(old, {"b": 7}, full, full)
+    specs = {s.id: s for s in new.aggregators()}
+    assert specs[middle_id("b")].goal == 2  # unchanged: the finished middle keeps its goal
+    assert (specs[middle_id("b", 1)].goal, specs[middle_id("b", 1)].parent) == (2, TOP_ID)
+    assert [specs[leaf_id("b", k)].parent for k in range(4)] == [middle_id("b")] * 2 + [
+        middle_id("b", 1)
+    ] * 2
+    assert [specs[leaf_id("b", k)].goal for k in range(4)] == [2, 2, 2, 1]
+    assert specs[TOP_ID].goal == 2 and new.goal == 7
+    d = diff_plans(old, new)
+    assert {s.id for s in d.added} == {leaf_id("b", 2), leaf_id("b", 3), middle_id("b", 1)}
+    assert middle_id("b") not in {o.id for o, _ in d.changed}
+    # arrivals fill the old leaves first, then the new middle's
+    assert [new.leaf_for_arrival("b", j) for j in (3, 4, 6)] == [
+        leaf_id("b", 1),
+        leaf_id("b", 2),
+        leaf_id("b", 3),
+    ]
+    # a later re-plan grows the newest middle while it is open, and never the sealed one
+    again = replan(new, {"b": 8}, {**full, leaf_id("b", 2): 1})
+    sp = {s.id: s for s in again.aggregators()}
+    assert sp[middle_id("b")].goal == 2 and sp[leaf_id("b", 0)].goal == 2
+    assert sum(s.goal for s in sp.values() if s.parent == middle_id("b", 1)) == 4
+    assert middle_id("b", 2) not in sp
+
+
+def test_repeated_replans_never_change_a_sealed_middle_or_a_finished_leaf():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        names = [f"n{i}" for i in range(3)]
+        plan = plan_hierarchy({n: int(rng.integers(0, 8)) for n in names}, int(rng.integers(1, 4)))
+        sealed: dict[str, int] = {}  # middle id -> its goal once all its leaves finished
+        done: dict[str, tuple[int, str | None]] = {}
+        for _step in range(4):
+            specs = {s.id: s for s in plan.aggregators()}
+            delivered = {}
+            for s in specs.values():  # leaves that finished stay full; others fill at random
+                if s.role == "leaf":
+                    d = s.goal if s.id in done else int(rng.integers(0, s.goal + 1))
+                    if d:
+                        delivered[s.id] = d
+                    if d == s.goal and s.id not in done and rng.random() < 0.6:
+                        done[s.id] = (s.goal, s.parent)
+            for s in specs.values():
+                kids = [k for k in specs.values() if k.parent == s.id]
+                if s.role == "middle" and kids and all(k.id in done for k in kids):
+                    sealed.setdefault(s.id, s.goal)
+            more = {n: int(rng.integers(0, 10)) for n in names}
+            plan = replan(plan, more, delivered, done)
+            specs = {s.id: s for s in plan.aggregators()}
+            for lid, (g, parent) in done.items():
+                assert (specs[lid].goal, specs[lid].parent) == (g, parent)
+            for mid, g in sealed.items():
+                assert specs[mid].goal == g
+            if plan.nodes:
+                assert specs[TOP_ID].goal == sum(s.role == "middle" for s in specs.values())
 
 
 def test_replan_with_nothing_delivered_and_same_counts_changes_nothing():

@@ -32,6 +32,14 @@ def wait_for(fn, timeout=60.0):  # type: ignore[no-untyped-def]
     raise AssertionError("condition not met in time")
 
 
+def middles_done(url: str, secret: str) -> bool:
+    """True when the gateway's middle slots of job ``root`` have all finished."""
+    st = httpx.get(f"{url}/v1/jobs/root", headers={"Authorization": f"Bearer {secret}"}).json()
+    slots = (st.get("progress") or {}).get("slots", {}).values()
+    mids = [s for s in slots if s["role"] == 2 and s["node"] == st["node"]]
+    return bool(mids) and all(s["done"] for s in mids)
+
+
 def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_survivors(
     redis_url, tmp_path
 ):
@@ -163,13 +171,18 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
             assert np.abs(model["a"] - want).max() / np.abs(want).max() <= 1e-6
 
 
+@pytest.mark.parametrize("survivors_done", [False, True], ids=["leaf-done", "middle-done"])
 def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_is_lost(
-    redis_url, tmp_path
+    redis_url, tmp_path, survivors_done
 ):
     """The root gateway dies with the global model, the top and two accepted updates. Another
     node adopts the job (the model it fetched, the journal), the two clients are told to send
     again, the survivors' finished partials go to the new top, and rounds 1 and 2 are exactly
-    the FedAvg of every acknowledged update, each counted once."""
+    the FedAvg of every acknowledged update, each counted once.
+
+    ``middle-done``: every update of the surviving nodes arrived before the kill, so their
+    middles finished; the dead root's clients moved onto them go under new middles
+    (``control_plane.planning.replan`` rule 5)."""
     names = ("n1", "n2", "n3")
     with realgw.real_gateways(redis_url, tmp_path, names) as (urls, secret, procs):
         coord = Coordinator(urls, mc=3.0, admin_token=secret, health_failures=2)
@@ -211,14 +224,22 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                 ].append(c)
             root = coord.jobs["root"].root
             sent: dict[str, tuple[dict[str, np.ndarray], int]] = {}
-            for node in names:  # two per node: each node's first leaf finishes
-                for c in by_node[node][:2]:
+            early = 3 if survivors_done else 2
+            for node in names:  # each node's first leaf finishes (middle-done: its middle too)
+                for c in by_node[node][: 2 if node == root else early]:
                     sent[c] = update()
                     res = realgw.upload(urls[node], "root", 1, c, tokens[c], *sent[c])
                     assert res.status_code == 202, res.text
             wait_for(
-                lambda: sum(api.get("/v1/jobs/root").json()["round"]["received"].values()) == 6
+                lambda: (
+                    sum(api.get("/v1/jobs/root").json()["round"]["received"].values())
+                    == 2 + 2 * early
+                )
             )
+            if survivors_done:  # both middles sent their partial to the root before it dies
+                for node in names:
+                    if node != root:
+                        wait_for(lambda n=node: middles_done(urls[n], secret))
 
             realgw.kill(procs[root])
 
@@ -232,8 +253,25 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                 f"{urls[heir]}/v1/jobs/root", headers={"Authorization": f"Bearer {secret}"}
             )
             assert st.json()["version"] == 0
-            # the two clients are told to send again, to a surviving node; then the last three
-            for c in [*by_node[root][:2], *(by_node[n][2] for n in names)]:
+            # the moved clients' leaves: under a second middle where the first one finished
+            second = {f"{n}:middle:1" for n in names if n != root and survivors_done}
+            wait_for(lambda: root not in str(coord.plans["root"].aggregators()))
+            assert second == {
+                s.id for s in coord.plans["root"].aggregators() if s.id.endswith(":middle:1")
+            }
+            # the dead node comes back, empty (its supervisor restarts it): its journaled plan
+            # had the top, so it waits for the control plane's plan instead of taking uploads
+            # into slots of its own; a client that still thinks it uploads there is refused
+            # (before the fix it was acknowledged there and never aggregated)
+            realgw.respawn(procs, root, tmp_path / f"{root}.log")
+            moved = by_node[root][2]
+            stale = realgw.upload(urls[root], "root", 1, moved, tokens[moved], *update())
+            assert stale.status_code == 409, stale.text
+            assert stale.json()["error"] in ("round_not_open", "wrong_node"), stale.text
+            wait_for(lambda: coord.nodes[root].healthy)
+            # the two clients are told to send again, to a surviving node; then the last ones
+            late = [by_node[n][2] for n in names if n == root or not survivors_done]
+            for c in [*by_node[root][:2], *late]:
                 a = api.get("/v1/jobs/root/assignment", params={"client": c}).json()
                 assert a["node"] != root
                 assert a["resend"] == (1 if c in by_node[root][:2] else 0)
@@ -250,11 +288,11 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
             assert h["aggregated"] == 9 and h["received"] <= 9 and h["lost"] == 0
             assert_model(urls[heir], 1, list(sent.values()))
 
-            # round 2 runs on the new root from start to end
+            # round 2 runs on the new root from start to end, the old one a member again
             sent2 = {}
             for c in tokens:
                 a = api.get("/v1/jobs/root/assignment", params={"client": c}).json()
-                assert a["round"] == 2 and a["node"] != root and a["resend"] == 0
+                assert a["round"] == 2 and a["resend"] == 0  # n1 is back in placement
                 sent2[c] = update()
                 until = time.monotonic() + 10
                 while True:  # that node follows the new root's publication in a moment

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json as _json
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -183,4 +184,67 @@ def test_a_dead_function_is_dropped_and_its_objects_get_two_holders_again(
         assert all(victim not in eng.table.get(ObjectKey.parse(i)) for i in counts)
         assert len(prov.fns) == 3  # a new function took the dead one's share
     finally:
+        eng.stop()
+
+
+class GatedProvider(InProcessProvider):
+    """Holds the first ``/load`` until :attr:`release` is set (a load still under way)."""
+
+    def __init__(self, cold: MemoryColdStore) -> None:
+        super().__init__(cold)
+        self.loading = threading.Event()
+        self.release = threading.Event()
+        self._gated = False
+
+    def invoke(self, name: str, body: bytes | None = None, **kw: Any) -> httpx.Response:
+        if kw.get("path") == "/load" and not self._gated:
+            self._gated = True
+            self.loading.set()
+            assert self.release.wait(30)
+        return super().invoke(name, body, **kw)
+
+
+def test_objects_the_policy_evicts_while_they_load_are_freed_not_kept_forever(
+    redis_url: str, cold: MemoryColdStore
+) -> None:
+    """A query's objects evicted by a concurrent query before their load lands: the engine
+    does not index them (nothing would evict them again; the soak's cache functions grew
+    without bound this way), and the function frees them after the grace."""
+    prov = GatedProvider(cold)
+    token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
+    s = EngineSettings(
+        redis_url=redis_url,
+        ping_interval=0.1,
+        function_token_file=token_file,
+        secondaries=0,
+        capacity_objects=4,
+        evict_grace=0.2,
+    )
+    eng = CacheEngine(s, redis_url.client("cache-engine", decode_responses=True), cold, prov)  # type: ignore[arg-type]
+    eng.start()
+    try:
+        for r in range(0, 5):
+            eng.catalog.add_round("j", r, cold.client_ids("j", r))
+        first: dict[str, Any] = {}
+        t = threading.Thread(
+            target=lambda: first.update(
+                eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [1]})
+            )
+        )
+        t.start()
+        assert prov.loading.wait(30)
+        # another analyst's query needs the whole capacity: round 1's objects leave the policy
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [3]})
+        prov.release.set()
+        t.join(30)
+        assert first["holders"], first  # the first query still got its objects
+        _wait_idle(eng)
+        r1 = set(first["objects"])
+        assert r1 and not r1 & {k.id for k in eng.table.objects()}
+        assert set(eng.table.objects()) <= eng.policy.contents()
+        for f in prov.fns:
+            assert not (r1 & prov.held(f)), f"{f} still holds round 1"
+        assert eng.describe()["stats"]["evicted_while_loading"] == len(r1)
+    finally:
+        prov.release.set()
         eng.stop()
