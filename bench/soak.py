@@ -125,6 +125,7 @@ class Sampler(threading.Thread):
                     "pss": mem,
                     "replicas": {label: len(pids.get(label, [])) for label in FUNCTIONS},
                     "cache": cache_state(self.c),
+                    "redis": redis_state(self.c),
                 }
             )
             self.stop.wait(self.every)
@@ -149,6 +150,36 @@ def cache_state(c: Campaign) -> dict[str, int]:
         "functions": len(fns),
         "used_bytes": sum(int(f.get("used_bytes") or 0) for f in fns.values()),
     }
+
+
+#: Redis key families, by prefix: who writes them and what bounds them
+REDIS_FAMILIES = (
+    ("fedfaas:control:", "control plane: job state with its round history"),
+    ("fedfaas:", "gateways' journal (two rounds per job)"),
+    ("flstore:query:", "request tracker: query records (kept --result-ttl, 1 h)"),
+    ("flstore:catalog:", "cache engine: catalogue (each round's clients)"),
+    ("flstore:", "cache engine: locations and functions"),
+)
+
+
+def redis_state(c: Campaign) -> dict[str, int]:
+    """Redis's ``used_memory`` and the bytes of each key family (``MEMORY USAGE``, sampled
+    over every key), read as its admin user."""
+    from fedfaas.secretfiles import redis_client
+
+    url = c.p.urls["redis"].replace("http://", "redis://") + "/0"
+    r = redis_client(url, c.p.secrets / "redis-admin.json", decode_responses=True)
+    try:
+        out = {"used_memory": int(r.info("memory")["used_memory"]), "keys": 0}
+        for key in r.scan_iter(count=1000):
+            family = next((p for p, _ in REDIS_FAMILIES if key.startswith(p)), "other")
+            out[family] = out.get(family, 0) + int(r.memory_usage(key) or 0)
+            out["keys"] += 1
+        return out
+    except Exception:  # Redis restarting under a fault: no sample this time
+        return {}
+    finally:
+        r.close()
 
 
 def create_job(c: Campaign, rounds: int, deadline_s: float) -> dict[str, str]:
@@ -329,6 +360,7 @@ def memory_summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, An
         "total": {"start": a, "end": b, "ratio": b / a if a else None},
         "replicas": {"start": first.get("replicas"), "end": last.get("replicas")},
         "cache": {"start": first.get("cache"), "end": last.get("cache")},
+        "redis": {"start": first.get("redis"), "end": last.get("redis")},
     }
 
 
@@ -462,6 +494,23 @@ def to_markdown(r: dict[str, Any]) -> str:
                 f"functions hold (the engine's count) at the start / end: {cache.get('start')} "
                 f"/ {cache.get('end')}.",
             ]
+        red = m.get("redis") or {}
+        ra, rb = red.get("start") or {}, red.get("end") or {}
+        if ra and rb:
+            lines += [
+                "",
+                f"Redis (`used_memory` {_mib(ra['used_memory'])} -> {_mib(rb['used_memory'])} "
+                f"MiB; {ra['keys']} -> {rb['keys']} keys), by key family (`MEMORY USAGE`, KiB):",
+                "",
+                "| keys | written by | start | end |",
+                "|---|---|---:|---:|",
+            ]
+            for prefix, who in (*REDIS_FAMILIES, ("other", "-")):
+                if prefix in ra or prefix in rb:
+                    lines.append(
+                        f"| `{prefix}` | {who} | {ra.get(prefix, 0) / 1024:.0f} "
+                        f"| {rb.get(prefix, 0) / 1024:.0f} |"
+                    )
     if exc:
         lines += ["", "Exceptions in the load's tasks:", ""]
         lines += [f"- {e['count']} x {e['message']}" for e in exc]

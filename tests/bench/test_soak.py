@@ -78,5 +78,7 @@ def test_a_short_soak_on_the_platform_has_no_error_outside_the_fault(tmp_path: P
     assert any(k.startswith("tracker: ") for k in routes)
     assert r["fault"]["name"] == "replica" and r["fault"]["recovery_s"] is not None
     assert r["memory"]["total"]["start"] > 0 and r["memory"]["components"]["gateway"]["end"] > 0
+    red = r["memory"]["redis"]["end"]  # Redis by key family: who holds its memory
+    assert red["used_memory"] > 0 and red["fedfaas:control:"] > 0 and red["flstore:query:"] > 0
     assert (tmp_path / "soak.md").read_text().startswith("# Soak")
     assert (tmp_path / "soak.png").stat().st_size > 0
