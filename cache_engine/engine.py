@@ -401,10 +401,12 @@ class CacheEngine:
                 info.used = int(body.get("bytes", info.used))
             # a key the policy evicted while it loaded is not indexed (nothing would ever evict
             # it again): it is freed after the grace, so the query that asked for it finishes
-            gone = [k for k in keys if k not in self.policy]
+            gone = []
             for k in keys:
                 if k in self.policy:
                     self.table.add(k, fn)
+                else:
+                    gone.append(k)
         if gone:
             self.stats["evicted_while_loading"] += len(gone)
             self._evict_later({fn: gone})

@@ -7,8 +7,9 @@ Shape of a plan. On every node that expects updates there is one *middle* aggreg
 default 2; the last leaf takes the remainder). One *top* aggregator for the job sits on the
 node expecting the most updates (ties: first node in the given order) and takes one partial
 per active node. So the goals add up: leaf goals on a node sum to that node's expected
-updates, a middle's goal is its number of leaves, the top's goal is the number of active
-nodes, and every update is counted by exactly one leaf.
+updates, a middle's goal is its number of leaves, the top's goal is the number of middles
+(one per active node, but for rule 5 of :func:`replan`), and every update is counted by
+exactly one leaf.
 
 Ids are stable strings: ``"<node>:leaf:<n>"``, ``"<node>:middle"`` (``"<node>:middle:<g>"``
 for a node's later middles, rule 5 below), ``"top"``.

@@ -73,15 +73,7 @@ def real_gateways(
                 admin_secret_file=secret_file,
                 peers={n: u for n, u in urls.items() if n != node},
             )
-            with open(tmp_path / f"{node}.log", "wb") as log:
-                procs[node] = subprocess.Popen(
-                    settings.to_argv(),
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=gateway_env(),
-                )
+            procs[node] = _spawn(settings.to_argv(), tmp_path / f"{node}.log", "wb")
             aggs[node] = NodeAggregators(
                 node,
                 settings.socket_path(),
@@ -123,13 +115,9 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
-def respawn(procs: dict[str, subprocess.Popen[bytes]], node: str, log: Path) -> None:
-    """Start a killed node's gateway again with the same argv (as the platform's supervisor
-    does), appending to ``log``; returns once it listens."""
-    old = procs[node]
-    argv = [str(a) for a in old.args]  # type: ignore[union-attr]
-    with open(log, "ab") as out:
-        procs[node] = subprocess.Popen(
+def _spawn(argv: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
+    with open(log, mode) as out:
+        return subprocess.Popen(
             argv,
             cwd=ROOT,
             stdout=out,
@@ -137,6 +125,13 @@ def respawn(procs: dict[str, subprocess.Popen[bytes]], node: str, log: Path) -> 
             start_new_session=True,
             env=gateway_env(),
         )
+
+
+def respawn(procs: dict[str, subprocess.Popen[bytes]], node: str, log: Path) -> None:
+    """Start a killed node's gateway again with the same argv (as the platform's supervisor
+    does), appending to ``log``; returns once it listens."""
+    argv = [str(a) for a in procs[node].args]  # type: ignore[union-attr]
+    procs[node] = _spawn(argv, log, "ab")
     port = int(argv[argv.index("--port") + 1])
     wait_for_port("127.0.0.1", port, 60, procs[node])
 
