@@ -243,7 +243,14 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
 
             realgw.kill(procs[root])
 
-            view = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["root"] != root and j)
+            # the root changes first; the dead node's clients move an instant later (same step)
+            view = wait_for(
+                lambda: (
+                    (j := api.get("/v1/jobs/root").json())["root"] != root
+                    and root not in j["round"]["clients_per_node"]
+                    and j
+                )
+            )
             heir = view["root"]
             rnd = view["round"]
             assert rnd["takeovers"] == 1 and rnd["state"] == "open" and rnd["lost"] == 0
