@@ -130,7 +130,12 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
             assert up.status_code == 202, up.text
             view = _wait(
                 "round 2 closed",
-                lambda: (j := api.get("/v1/jobs/cp").json())["completed"] == 2 and j,
+                # round 3 shows once its plan reached the gateways, a moment after the close
+                lambda: (
+                    (j := api.get("/v1/jobs/cp").json())["completed"] == 2
+                    and j["round"]["number"] == 3
+                    and j
+                ),
             )
             assert view["history"][1]["received"] == 1
             # and the next rounds need the one update that can still come

@@ -56,7 +56,14 @@ def test_round_opens_assigns_selected_clients_and_closes_at_goal(gateways):
         assert sum(s["goal"] for s in plan["slots"] if s["role"] == 1) == 8
         for c, a in list(assigned.items())[:6]:
             assert upload(a["gateway_url"], "j1", 1, c).status_code == 202
-        job = wait_for(lambda: (j := api.get("/v1/jobs/j1").json())["completed"] == 1 and j)
+        # the next round shows once its plan reached the gateways, a moment after the close
+        job = wait_for(
+            lambda: (
+                (j := api.get("/v1/jobs/j1").json())["completed"] == 1
+                and j["round"]["number"] == 2
+                and j
+            )
+        )
         assert job["history"][0]["state"] == "closed" and job["history"][0]["received"] == 6
         assert job["round"]["number"] == 2 and job["round"]["state"] == "open"
         # a late update of round 1: the coordinator no longer assigns it, the gateway rejects it
