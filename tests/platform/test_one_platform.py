@@ -286,11 +286,18 @@ def test_a_round_of_20_updates_scales_the_function_up_and_a_new_replica_aggregat
     with p.root_client("scale", "s0") as fl:
         model = fl.wait_for_version(1, timeout=120)
     assert_fedavg(model.data, updates, weights)
-    reps = p.replicas()
-    assert len(reps) > 1, "the control plane scaled the function up"
+    started = p.replicas(ready=False)
+    assert len(started) > 1, "the control plane scaled the function up"
+    # A new replica registers its endpoints (and may aggregate) before the runtime's probe
+    # marks it ready, so the round can end first; it is a replica once it is ready.
+    reps = wait_until(
+        lambda: [r for r in p.replicas() if r["pid"] != first["pid"]],
+        60,
+        "the new replica ready",
+    )
     # the first round may end before the new replica registers (a loaded machine uploads
     # slowly); once its endpoints are there, the next round's work reaches it
-    new_pids = {r["pid"] for r in reps} - {first["pid"]}
+    new_pids = {r["pid"] for r in reps}
     wait_until(
         lambda: new_pids & {e["pid"] for eps in p.endpoints().values() for e in eps},
         60,
