@@ -414,7 +414,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 else {"name": fault.name, "letter": fault.letter, "what": fault.what, **injected},
                 "fault_window_s": None if fault is None else [round(w, 1) for w in window],
                 "rounds_completed": view["completed"],
-                "rounds_lost_updates": sum(int(h.get("lost") or 0) for h in view["history"]),
+                "rounds_lost_updates": int(view["totals"].get("lost", 0)),
                 "job_failed": view.get("failed"),
                 "routes": read_stats(prefix),
                 "history": read_history(prefix, t0),

@@ -588,7 +588,7 @@ class Coordinator:
             raise RoundStateError(f"job {job.spec.name!r} has no open round to close")
         rnd.state, rnd.closed_at = state, self.clock()
         job.completed += 1
-        job.history.append(
+        job.record(
             {
                 "round": rnd.number,
                 "state": state,
@@ -929,7 +929,7 @@ class Coordinator:
         rnd = job.current
         if rnd is not None and rnd.state in ("open", "aggregating"):
             rnd.state, rnd.closed_at = "failed", self.clock()
-            job.history.append(
+            job.record(
                 {
                     "round": rnd.number,
                     "state": "failed",
@@ -975,7 +975,8 @@ class Coordinator:
             "policy": job.spec.policy,
             "root": job.root,  # the node that publishes the global model and runs the top
             "round": None if rnd is None else round_view(rnd),
-            "history": job.history,
+            "history": job.history,  # the newest jobs.HISTORY_ROUNDS rounds
+            "totals": job.totals,  # over every ended round
         }
 
     async def _save(self, job: JobState) -> None:

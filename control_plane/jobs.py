@@ -21,6 +21,11 @@ CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: what a round short of its minimum at the deadline does (see :attr:`JobSpec.on_shortfall`)
 SHORTFALL = ("reopen", "fail")
 
+#: rounds a job's state keeps in ``history`` (the newest); older rounds count only in
+#: :attr:`JobState.totals`, and their published records stay in MinIO (each round's
+#: ``meta.json``). Bounds the job's record, which is rewritten on every change.
+HISTORY_ROUNDS = 100
+
 
 @dataclass
 class JobSpec:
@@ -124,7 +129,10 @@ class JobState:
     spec: JobSpec
     completed: int = 0
     current: RoundInfo | None = None
+    #: the newest :data:`HISTORY_ROUNDS` ended rounds (see :meth:`record`)
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: sums over every ended round, those dropped from ``history`` included
+    totals: dict[str, int] = field(default_factory=dict)
     #: client -> node of the gateways' own plan, used when they do not take ours
     gateway_client_nodes: dict[str, str] = field(default_factory=dict)
     #: aggregator slots (tasks) of the gateways' own plan, when they told us
@@ -137,6 +145,16 @@ class JobState:
     revoked: list[str] = field(default_factory=list)
     #: why the job failed (a round short of its minimum, no model after closing); "" if not
     failed: str = ""
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Append an ended round to ``history`` (dropping the oldest beyond
+        :data:`HISTORY_ROUNDS`) and add it to ``totals``."""
+        self.history.append(entry)
+        del self.history[:-HISTORY_ROUNDS]
+        t = self.totals
+        t["rounds"] = t.get("rounds", 0) + 1
+        for k in ("received", "aggregated", "lost"):
+            t[k] = t.get(k, 0) + int(entry.get(k) or 0)
 
     def eligible(self) -> list[str]:
         """The job's clients less the revoked ones, in the spec's order."""
@@ -210,6 +228,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "spec": asdict(job.spec),
         "completed": job.completed,
         "history": job.history,
+        "totals": job.totals,
         "current": None if job.current is None else asdict(job.current),
         "gateway_client_nodes": job.gateway_client_nodes,
         "gateway_slots": job.gateway_slots,
@@ -227,6 +246,7 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         int(raw["completed"]),
         None if cur is None else RoundInfo(**cur),
         list(raw.get("history", [])),
+        {str(k): int(v) for k, v in (raw.get("totals") or {}).items()},
         dict(raw.get("gateway_client_nodes", {})),
         int(raw.get("gateway_slots", 0)),
         str(raw.get("root", "")),

@@ -13,7 +13,8 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
   function has no MinIO user of its own: the cache engine sends, with each load, temporary
   credentials that read only the objects of each job named (see
   :meth:`cache_engine.cold_store.MinioColdStore.job_credentials`).
-- ``POST /evict`` ``{"objects": [...]}``: drop objects.
+- ``POST /evict`` ``{"objects": [...]}``: drop objects and give their memory back to the OS
+  (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held.
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
   held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators).
 
@@ -38,6 +39,7 @@ from cache_engine.cold_store import BUCKET, ColdStore, ColdStoreError, MinioCold
 from cache_engine.evaluators import EvaluatorUnavailable, build_evaluator
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_workload
+from fedfaas.memory import release_free_memory
 from fedfaas.workloads import GramCache, WorkloadError  # imported at start, not on the first query
 
 log = logging.getLogger(__name__)
@@ -249,6 +251,8 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
             with _lock:
                 gone = [k.id for k in keys if _objects.pop(k, None) is not None]
                 _stats["evictions"] += len(gone)
+            if gone:  # the heaps would keep the freed pages (see fedfaas.memory)
+                release_free_memory()
             return _ok({"evicted": gone, **_status()})
         return _run(body)
     except ValueError as exc:

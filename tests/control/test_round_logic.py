@@ -127,3 +127,27 @@ def test_a_new_rounds_assignments_answer_only_once_its_plan_reached_the_gateways
         assert coord.assignment("j", "a") == (1, "n1", "http://n1", 0)
 
     asyncio.run(scenario())
+
+
+def test_a_long_job_keeps_its_newest_rounds_and_totals_over_all_of_them() -> None:
+    """The job's record (rewritten on every change, in Redis) stays bounded however many rounds
+    the job runs: ``history`` keeps the newest HISTORY_ROUNDS, ``totals`` counts every round,
+    and both survive a restart of the control plane."""
+    from control_plane.jobs import HISTORY_ROUNDS
+
+    job = JobState(JobSpec("j", rounds=5000, goal=2, clients=["a", "b"]), root="n1")
+    n = 3 * HISTORY_ROUNDS + 7
+    for r in range(1, n + 1):
+        job.record({"round": r, "state": "closed", "received": 2, "aggregated": 2, "lost": r % 3})
+    assert [h["round"] for h in job.history] == list(range(n - HISTORY_ROUNDS + 1, n + 1))
+    assert job.totals == {
+        "rounds": n,
+        "received": 2 * n,
+        "aggregated": 2 * n,
+        "lost": sum(r % 3 for r in range(1, n + 1)),
+    }
+    back = job_from_json(job_to_json(job))
+    assert back.history == job.history and back.totals == job.totals
+    coord = Coordinator({"n1": "http://n1"}, store=MemoryStore())
+    coord.jobs["j"] = job
+    assert coord.job_view("j")["totals"]["rounds"] == n

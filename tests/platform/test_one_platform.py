@@ -505,3 +505,99 @@ def test_the_root_gateway_and_the_control_plane_killed_mid_round_restart_and_los
         cwd=REPO,
     )
     assert "restarts 1" in out.stdout and "supervisor" in out.stdout, out.stdout
+
+
+def test_a_flower_quickstart_client_trains_through_fedfaas_unchanged(platform: Platform) -> None:
+    """Issue 14, item 6: a client written for Flower (``flwr.client.NumPyClient``, as in
+    Flower's PyTorch quickstart) takes part in a FedFaaS job through ``client.flower``, the
+    launch line being the only change. Three clients, three rounds on the digits data: every
+    published model is the FedAvg (by example counts, as Flower's FedAvg) of the arrays their
+    ``fit`` returned, and the loss ``evaluate`` reports on the global model falls."""
+    from collections import OrderedDict
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from flwr.client import NumPyClient
+
+    from client.data import federated_digits
+    from client.flower import flower_arrays, flower_weights, run_numpy_client
+    from client.model import DigitsCNN
+    from client.sdk import submit_job
+
+    torch.set_num_threads(1)
+
+    class QuickstartClient(NumPyClient):  # type: ignore[misc]
+        """Flower's quickstart client, on the digits shards (no FedFaaS import in it)."""
+
+        def __init__(self, x: np.ndarray, y: np.ndarray, seed: int) -> None:
+            torch.manual_seed(seed)
+            self.net = DigitsCNN()
+            self.x, self.y = torch.tensor(x), torch.tensor(y)
+
+        def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+            return [val.cpu().numpy() for _, val in self.net.state_dict().items()]
+
+        def set_parameters(self, parameters: list[np.ndarray]) -> None:
+            params_dict = zip(self.net.state_dict().keys(), parameters, strict=True)
+            state_dict = OrderedDict({k: torch.tensor(v) for k, v in params_dict})
+            self.net.load_state_dict(state_dict, strict=True)
+
+        def fit(
+            self, parameters: list[np.ndarray], config: dict[str, Any]
+        ) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+            self.set_parameters(parameters)
+            opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+            for _ in range(5):
+                for i in range(0, len(self.y), 32):
+                    opt.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(
+                        self.net(self.x[i : i + 32]), self.y[i : i + 32]
+                    )
+                    loss.backward()
+                    opt.step()
+            return self.get_parameters(config={}), len(self.y), {}
+
+        def evaluate(
+            self, parameters: list[np.ndarray], config: dict[str, Any]
+        ) -> tuple[float, int, dict[str, Any]]:
+            self.set_parameters(parameters)
+            with torch.no_grad():
+                out = self.net(self.x)
+                loss = float(torch.nn.functional.cross_entropy(out, self.y))
+                acc = float((out.argmax(1) == self.y).float().mean())
+            return loss, len(self.y), {"accuracy": acc}
+
+    p = platform
+    data = federated_digits(3, alpha=10.0, seed=3, prefix="fl")
+    clients = {c.client_id: QuickstartClient(c.x, c.y, seed=i) for i, c in enumerate(data.clients)}
+    first = next(iter(clients.values()))
+    created = submit_job(
+        p.urls["control_plane"],
+        "flower",
+        flower_weights(first.get_parameters({})),
+        rounds=3,
+        clients=list(clients),
+        admin_token=p.admin_secret,
+    )
+    tokens = created["tokens"]
+    with ThreadPoolExecutor(len(clients)) as pool:
+        runs = {
+            c: pool.submit(
+                run_numpy_client, fl, p.urls["control_plane"], "flower", c, tokens[c], timeout=180
+            )
+            for c, fl in clients.items()
+        }
+        rounds = {c: f.result(timeout=300) for c, f in runs.items()}
+    assert all([r.round for r in rs] == [1, 2, 3] for rs in rounds.values()), rounds
+    with FLClient(p.gateways["node0"], "flower", "fl-000", tokens["fl-000"]) as fl:
+        final = fl.wait_for_version(3, timeout=60)
+    got = flower_arrays(final.data)
+    last = [rs[-1] for rs in rounds.values()]
+    fits = [flower_arrays(r.weights) for r in last]
+    for i, arr in enumerate(got):
+        want = fedavg.fedavg_reference([f[i] for f in fits], [r.fit_examples for r in last])
+        assert fedavg.rel_error(arr, want) <= 1e-6, i
+    mean_loss = [np.mean([rs[k].loss for rs in rounds.values()]) for k in range(3)]
+    assert mean_loss[2] < mean_loss[0], mean_loss
+    view = httpx.get(f"{p.urls['control_plane']}/v1/jobs/flower", headers=p.admin).json()
+    assert view["done"] and [h["aggregated"] for h in view["history"]] == [3, 3, 3], view
