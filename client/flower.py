@@ -87,6 +87,8 @@ class FlowerRound:
     fit_examples: int
     fit_metrics: dict[str, Any]
     fit_seconds: float
+    #: the update's ``X-Client-Meta``: ``duration_s`` of ``fit`` and the ``loss`` evaluated
+    meta: dict[str, float] = field(default_factory=dict)
     #: times the update was sent again to another node after its root node died
     resent: int = 0
     weights: bytes = field(default=b"", repr=False)
@@ -159,21 +161,21 @@ def _train_round(
         seconds = time.perf_counter() - t0
         if n_fit < 1:
             raise ValueError(f"fit() reported {n_fit} examples: the FedAvg weight must be >= 1")
-        weights = flower_weights(fitted)
-        meta = {"duration_s": seconds} | ({} if loss is None else {"loss": float(loss)})
-        fl.upload(rnd, weights, int(n_fit), meta=meta)
+        r = FlowerRound(
+            rnd,
+            str(a["gateway_url"]),
+            None if loss is None else float(loss),
+            int(n_eval),
+            dict(eval_metrics),
+            int(n_fit),
+            dict(fit_metrics),
+            seconds,
+            meta={"duration_s": seconds} | ({} if loss is None else {"loss": float(loss)}),
+            weights=flower_weights(fitted),
+        )
+        fl.upload(rnd, r.weights, r.fit_examples, meta=r.meta)
     log.info("%s: round %d fitted on %d examples (loss before %s)", client_id, rnd, n_fit, loss)
-    return FlowerRound(
-        rnd,
-        str(a["gateway_url"]),
-        None if loss is None else float(loss),
-        int(n_eval),
-        dict(eval_metrics),
-        int(n_fit),
-        dict(fit_metrics),
-        seconds,
-        weights=weights,
-    )
+    return r
 
 
 def _follow_resends(
@@ -191,7 +193,7 @@ def _follow_resends(
         if a is not None and int(a["round"]) == r.round and int(a.get("resend") or 0) > resend:
             resend = int(a["resend"])
             with FLClient(str(a["gateway_url"]), job, client_id, token) as fl:
-                fl.upload(r.round, r.weights, r.fit_examples, meta={"duration_s": r.fit_seconds})
+                fl.upload(r.round, r.weights, r.fit_examples, meta=r.meta)
             sent += 1
         time.sleep(0.1)
 
