@@ -421,6 +421,8 @@ def create_job(
 
 #: The safetensors ``__metadata__`` entry through which a job declares its evaluator.
 EVALUATOR_KEY = "fedfaas.evaluator"
+#: ... and its server optimizer (``fedfaas.server_opt.METADATA_KEY``).
+SERVER_OPT_KEY = "fedfaas.server_opt"
 
 
 def with_metadata(weights: bytes, metadata: Mapping[str, str]) -> bytes:
@@ -454,6 +456,7 @@ def submit_job(
     on_shortfall: str = "reopen",
     max_reopens: int = 1,
     evaluator: Mapping[str, Any] | None = None,
+    server_opt: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
 ) -> dict[str, Any]:
@@ -481,6 +484,12 @@ def submit_job(
         (Shapley, leave-one-out), e.g. ``{"kind": "digits-softmax", "split_seed": 0}`` (see
         ``cache_engine.evaluators``); it travels in the weights' safetensors metadata
         (``fedfaas.evaluator``) and the gateways write it into every round's ``meta.json``.
+    server_opt : the server optimizer the root applies to each round's FedAvg, e.g.
+        ``{"name": "fedadam", "eta": 0.01}``: ``fedavgm`` (``eta``, ``momentum``),
+        ``fedadam`` / ``fedyogi`` (``eta``, ``beta_1``, ``beta_2``, ``tau``), ``fedadagrad``
+        (``eta``, ``tau``); unnamed ones take Flower's defaults (``fedfaas.server_opt``). It
+        travels in the weights' safetensors metadata (``fedfaas.server_opt``); its state is
+        checkpointed beside each round's model.
 
     Returns
     -------
@@ -498,6 +507,9 @@ def submit_job(
     if evaluator is not None:
         spec = json.dumps(dict(evaluator), separators=(",", ":"), sort_keys=True)
         initial_weights = with_metadata(initial_weights, {EVALUATOR_KEY: spec})
+    if server_opt is not None:
+        spec = json.dumps(dict(server_opt), separators=(",", ":"), sort_keys=True)
+        initial_weights = with_metadata(initial_weights, {SERVER_OPT_KEY: spec})
     body = {
         "job": job,
         "rounds": rounds,

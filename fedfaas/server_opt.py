@@ -14,13 +14,20 @@ steps ``x`` with its own learning rate and state, element by element on the flat
 These are the rules of Flower's strategies of the same names (``flwr.server.strategy``,
 1.32), bias correction of FedAdam included, with the same defaults; ``t`` is the round.
 The state (``m``, ``v``) has the model's shape and is float32, as the model.
+
+A job names its optimizer in its initial weights' safetensors metadata (:data:`METADATA_KEY`,
+a JSON object such as ``{"name": "fedadam", "eta": 0.01}``; the SDK's
+``submit_job(server_opt=...)`` writes it). The root gateway applies it when it publishes a
+round (:mod:`gateway.server_opt`) and checkpoints the state beside the model
+(:func:`state_to_safetensors`: the spec travels with it, so a resumed job finds both).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, MutableMapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,10 @@ SETTABLE: dict[str, tuple[str, ...]] = {
     "fedyogi": ("eta", "beta_1", "beta_2", "tau"),
     "fedadagrad": ("eta", "tau"),
 }
+
+
+#: the safetensors ``__metadata__`` entry (initial weights, state checkpoints) naming the optimizer
+METADATA_KEY = "fedfaas.server_opt"
 
 
 class ServerOptError(ValueError):
@@ -87,12 +98,15 @@ class ServerOptimizer:
         for k in ("beta_1", "beta_2", "momentum"):
             if not 0 <= vals[k] < 1:
                 raise ServerOptError(f"{name}: {k} must be in [0, 1), got {vals[k]}")
-        if vals["tau"] < 0:
-            raise ServerOptError(f"{name}: tau must be >= 0")
+        if name != "fedavgm" and vals["tau"] <= 0:
+            raise ServerOptError(
+                f"{name}: tau must be > 0 (it keeps m / (sqrt(v) + tau) finite where v is 0)"
+            )
         return cls(name=str(name), **vals)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec :meth:`from_json` reads back: the name and the settable hyperparameters."""
+        return {"name": self.name, **{k: getattr(self, k) for k in SETTABLE[self.name]}}
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -101,9 +115,7 @@ class ServerOptimizer:
             return ("momentum",) if self.momentum > 0 else ()
         return ("m", "v")
 
-    def step(
-        self, x: Vector, avg: Vector, state: MutableMapping[str, Vector], t: int
-    ) -> Vector:
+    def step(self, x: Vector, avg: Vector, state: MutableMapping[str, Vector], t: int) -> Vector:
         """The next global model from ``x`` and the round's FedAvg ``avg`` at round ``t``
         (1-based); ``state`` (empty before round 1) is updated in place."""
         if t < 1:
@@ -123,7 +135,7 @@ class ServerOptimizer:
         m = np.float32(self.beta_1) * m + np.float32(1 - self.beta_1) * d
         d2 = d * d
         if self.name == "fedadam":
-            v = np.float32(self.beta_2) * v + np.float32(1 - self.beta_2) * d2
+            v = (np.float32(self.beta_2) * v + np.float32(1 - self.beta_2) * d2).astype(np.float32)
             lr = self.eta * math.sqrt(1 - self.beta_2 ** (t + 1.0)) / (1 - self.beta_1 ** (t + 1.0))
         elif self.name == "fedyogi":
             v = v - np.float32(1 - self.beta_2) * d2 * np.sign(v - d2)
@@ -133,3 +145,33 @@ class ServerOptimizer:
             lr = self.eta
         state["m"], state["v"] = m.astype(np.float32), v.astype(np.float32)
         return (x + np.float32(lr) * m / (np.sqrt(v) + np.float32(self.tau))).astype(np.float32)
+
+
+def state_to_safetensors(opt: ServerOptimizer, state: Mapping[str, Vector], round: int) -> bytes:
+    """The optimizer's spec and state after ``round`` as one safetensors file (flat float32
+    vectors named as :attr:`ServerOptimizer.state_names`), the checkpoint kept beside the
+    round's model."""
+    from safetensors.numpy import save
+
+    meta = {METADATA_KEY: json.dumps(opt.to_json(), sort_keys=True), "round": str(round)}
+    return save({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, meta)
+
+
+def state_from_safetensors(data: bytes) -> tuple[ServerOptimizer, dict[str, Vector], int]:
+    """``(optimizer, state, round)`` of a checkpoint written by :func:`state_to_safetensors`."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    try:
+        header_len = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+        opt = ServerOptimizer.from_json(json.loads(meta[METADATA_KEY]))
+        state = {k: v.astype(np.float32, copy=False) for k, v in load(data).items()}
+        rnd = int(meta["round"])
+    except (ValueError, KeyError, TypeError, SafetensorError) as exc:
+        raise ServerOptError(f"not a server optimizer checkpoint: {exc}") from None
+    if state and set(state) != set(opt.state_names):  # none: before round 1
+        raise ServerOptError(
+            f"checkpoint holds {sorted(state)}, {opt.name} keeps {list(opt.state_names)}"
+        )
+    return opt, state, rnd

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -23,7 +23,13 @@ from fedfaas import wire
 from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.objstore import Namespace, check_root
-from gateway import auth
+from fedfaas.server_opt import (
+    ServerOptError,
+    ServerOptimizer,
+    state_from_safetensors,
+    state_to_safetensors,
+)
+from gateway import auth, server_opt
 from gateway.asgi import AsgiExchange
 from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
@@ -276,6 +282,7 @@ class Gateway:
         """
         nodes = check_job_params(name, rounds, goal, clients, nodes, self.settings.node)
         start = 0
+        opt_ckpt: bytes | None = None
         if resume:
             if body:
                 raise GatewayError(
@@ -283,6 +290,7 @@ class Gateway:
                     code="body_with_resume",
                 )
             start, body = await self._last_checkpoint(name)
+            opt_ckpt = await self.server_opt_checkpoint(name, start)
             if start >= rounds:
                 raise GatewayError(
                     f"job {name!r} already finished round {start} of {rounds}; ask for more rounds",
@@ -293,6 +301,13 @@ class Gateway:
         except wire.WireError as exc:
             raise GatewayError(exc.detail, code=exc.code) from None
         evaluator = declared_evaluator(body, self.settings.max_header)
+        if opt_ckpt is not None:  # a resumed job: its optimizer is the checkpoint's
+            try:
+                opt: ServerOptimizer | None = state_from_safetensors(opt_ckpt)[0]
+            except ServerOptError as exc:
+                raise GatewayError(str(exc), status=409, code="bad_server_opt_state") from None
+        else:
+            opt = server_opt.declared(body, self.settings.max_header)
         if name in self.jobs or await self.journal.job(name) is not None:
             raise JobExists(f"job {name!r} exists; pick another name")
         meta = {
@@ -307,6 +322,8 @@ class Gateway:
         }
         if evaluator is not None:
             meta["evaluator"] = evaluator
+        if opt is not None:
+            meta["server_opt"] = opt.to_json()
         job = self._make_job(meta, spec)
         try:
             g = job.ns.allocate()
@@ -314,9 +331,15 @@ class Gateway:
             wire.write_header(g.buf, spec, kind=wire.KIND_GLOBAL, weight=0, count=0, round=start)
             g.close()
             job.ns.seal(g.key)
+            if opt_ckpt is not None:
+                state = server_opt.from_checkpoint(opt_ckpt, job, start)
+                job.opt_keys = server_opt.write_state(job, state, start)
         except wire.WireError as exc:
             job.ns.close()
             raise GatewayError(exc.detail, code=exc.code) from None
+        except GatewayError:
+            job.ns.close()
+            raise
         # the housekeeping loop must not load the job from the journal meanwhile: it would
         # take it for one of this node's from before a restart, find no model, and close the
         # namespace this job is being created in
@@ -327,7 +350,10 @@ class Gateway:
                 raise JobExists(f"job {name!r} exists; pick another name")
             job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
             await self.journal.publish(
-                name, start, {"key": g.key, "weight": 0, "count": 0}, root=self.settings.node
+                name,
+                start,
+                _global_record(g.key_bytes, 0, 0, job.opt_keys),
+                root=self.settings.node,
             )
         except BaseException:
             self._creating.discard(name)
@@ -336,6 +362,8 @@ class Gateway:
             # round 0 is the initial model: FLStore's workloads on round 1 need it (w - g0),
             # and a job that has not finished a round resumes from it
             self.checkpoints.put_global(name, 0, job.model_bytes, {"version": 0, "count": 0})
+            if opt is not None:  # a job resumed before its first round finds its optimizer
+                self.checkpoints.put_server_opt(name, 0, state_to_safetensors(opt, {}, 0))
             round0: dict[str, Any] = {
                 "job": name,
                 "round": 0,
@@ -369,6 +397,21 @@ class Gateway:
         log.info("job %s: resuming from the checkpoint of round %d", name, rnd)
         return int(rnd), bytes(data)
 
+    async def server_opt_checkpoint(self, name: str, rnd: int) -> bytes | None:
+        """The server optimizer state checkpointed after round ``rnd`` (None: the job has no
+        optimizer); 503 ``checkpoints_unavailable`` when MinIO cannot be read."""
+        assert self.checkpoints is not None
+        from fedfaas.checkpoints import CheckpointError
+
+        try:
+            return await asyncio.to_thread(self.checkpoints.server_opt, name, rnd)
+        except CheckpointError as exc:
+            raise GatewayError(
+                f"MinIO cannot be read now ({exc}); try again when it is back",
+                status=503,
+                code="checkpoints_unavailable",
+            ) from None
+
     async def newest_checkpoint(self, name: str) -> tuple[int, bytes] | None:
         """``(round, safetensors)`` of job ``name``'s newest global model in MinIO (or queued
         for it), None when it has none; 503 ``checkpoints_unavailable`` when MinIO cannot be
@@ -395,7 +438,10 @@ class Gateway:
             else plan.node_goal(s.node)
         )
         cap = max(1, s.pool_max_bytes // spec.object_nbytes)
-        pool_max = min(held + slots + 2, cap)
+        opt = ServerOptimizer.from_json(meta["server_opt"]) if meta.get("server_opt") else None
+        # at publication a server optimizer writes the next model and its next state
+        extra = 0 if opt is None else 1 + len(opt.state_names)
+        pool_max = min(held + slots + 2 + extra, cap)
         # pre-fault only what the first uploads need; the pool then grows to the real peak
         pool = s.pool if s.pool is not None else min(pool_max, (s.max_inflight or 4) + 2)
         ns = Namespace(
@@ -414,6 +460,7 @@ class Gateway:
             ns,
             s.node,
             salt=salt,
+            server_opt=opt,
             tokens={
                 c: auth.client_token(self.secret, meta["name"], salt, c) for c in meta["clients"]
             },
@@ -503,7 +550,16 @@ class Gateway:
                 job.version,
             )
             return False
-        job.global_key = bytes.fromhex(key)
+        opt = {n: bytes.fromhex(k) for n, k in (rec or {}).get("opt", {}).items()}
+        if not all(job.ns.adopt(k) for k in opt.values()):
+            log.error(
+                "job %s: the server optimizer's state of v%d is not in the store any more; "
+                "cannot resume it here",
+                job.name,
+                job.version,
+            )
+            return False
+        job.global_key, job.opt_keys = bytes.fromhex(key), opt
         with job.ns.open(key) as obj:
             job.model_bytes = await asyncio.to_thread(
                 wire.encode_view,
@@ -845,7 +901,10 @@ class Gateway:
     async def _publish(self, job: Job, res: Input) -> None:
         eng = job.engine
         assert eng is not None
-        with job.ns.open(res.key) as obj:
+        key, opt_keys = res.key, job.opt_keys
+        if job.server_opt is not None:
+            key, opt_keys = await asyncio.to_thread(server_opt.step, job, res.key, eng.round)
+        with job.ns.open(key) as obj:
             data = await asyncio.to_thread(
                 wire.encode_view,
                 obj.buf,
@@ -855,9 +914,10 @@ class Gateway:
                 out=job.free_model_buffer(),  # pages already in place: no faults in the tail
             )
         job.keep_model_buffer(data)
-        old = job.global_key
+        old, old_opt = job.global_key, job.opt_keys
         eng.close(keep=res.key)
-        job.global_key, job.model_bytes, job.version = res.key, data, eng.round
+        job.global_key, job.model_bytes, job.version = key, data, eng.round
+        job.opt_keys = opt_keys
         if old is not None and job.ns.leases(old):
             job.ns.free(old)
         if job.times:
@@ -867,7 +927,7 @@ class Gateway:
             await self.journal.publish(
                 job.name,
                 job.version,
-                {"key": res.key.hex(), "weight": res.weight, "count": res.count},
+                _global_record(key, res.weight, res.count, opt_keys),
                 root=self.settings.node,
             )
         except NotRoot:
@@ -882,12 +942,20 @@ class Gateway:
             self._forget(job)
             self._skip.discard((job.name, job.id))
             return
+        # the step's inputs are superseded only now that the journal names its outputs
+        for k in [res.key, *old_opt.values()] if key != res.key else []:
+            if job.ns.leases(k):
+                job.ns.free(k)
         self.metrics.rounds.inc()
         if self.checkpoints is not None:
             meta = await self._round_meta(job, eng.round, res)
             self.checkpoints.put_global(
                 job.name, eng.round, data, {"version": job.version, "count": res.count}
             )
+            if job.server_opt is not None:
+                self.checkpoints.put_server_opt(
+                    job.name, eng.round, server_opt.state_bytes(job, opt_keys, eng.round)
+                )
             key = self.checkpoints.put_meta(job.name, eng.round, meta)
             self._notify_engine(job.name, eng.round, key)
         log.info(
@@ -990,3 +1058,14 @@ class Gateway:
                         self.metrics.redeliveries.inc()
                 with contextlib.suppress(Exception):
                     await self._load_jobs()
+
+
+def _global_record(
+    key: bytes, weight: float, count: int, opt_keys: Mapping[str, bytes]
+) -> dict[str, Any]:
+    """The journal's record of a published model: its object, and the server optimizer's
+    state objects when the job has one (:mod:`gateway.server_opt`)."""
+    rec: dict[str, Any] = {"key": key.hex(), "weight": weight, "count": count}
+    if opt_keys:
+        rec["opt"] = {n: k.hex() for n, k in opt_keys.items()}
+    return rec

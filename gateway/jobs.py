@@ -17,6 +17,7 @@ import numpy as np
 import bpf
 from fedfaas import wire
 from fedfaas.objstore import Namespace
+from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
 from gateway.plan import Plan
@@ -94,6 +95,11 @@ class Job:
     revoked: set[str] = field(default_factory=set)
     version: int = 0
     global_key: bytes | None = None
+    #: the job's server optimizer (:mod:`gateway.server_opt`); None: the round's FedAvg is
+    #: the next model
+    server_opt: ServerOptimizer | None = None
+    #: the optimizer's state objects in the store (name -> key) on the root; none before round 1
+    opt_keys: dict[str, bytes] = field(default_factory=dict)
     model_bytes: bytes | memoryview = b""  # safetensors (a read-only view: no copy)
     #: buffers models were encoded into; one that nothing reads any more is written again
     model_buffers: list[np.ndarray] = field(default_factory=list)

@@ -10,6 +10,8 @@ adopt it. That node:
 2. writes it into its own store and becomes the root in the journal, with a compare-and-set
    on the old root and the version (:meth:`gateway.journal.Journal.take_root`), which also
    fences the old root's publications;
+   With a server optimizer, its state after that version comes from MinIO (the root
+   checkpoints it beside each model: :mod:`gateway.server_opt`); missing: 409 ``model_lost``;
 3. forgets the journal records of the open round's updates that the dead node had accepted:
    they were never aggregated and are gone with its memory. The answer lists those clients;
    the control plane tells them to upload again (their ``resend`` count in the assignment),
@@ -26,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fedfaas import wire
+from gateway import server_opt
 from gateway.errors import GatewayError
 from gateway.journal import NotRoot
 
@@ -76,17 +79,24 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
     g.close()
     job.ns.seal(g.key)
     try:
-        meta = await gw.journal.take_root(
-            job.name, dead, me, version, {"key": g.key, "weight": 0, "count": 0}
-        )
-    except NotRoot as exc:
+        opt_keys = await _server_opt_state(gw, job, version)
+    except GatewayError:
         job.ns.free(g.key)
+        raise
+    rec: dict[str, Any] = {"key": g.key, "weight": 0, "count": 0}
+    if opt_keys:
+        rec["opt"] = {n: k.hex() for n, k in opt_keys.items()}
+    try:
+        meta = await gw.journal.take_root(job.name, dead, me, version, rec)
+    except NotRoot as exc:
+        for k in [g.key_bytes, *opt_keys.values()]:
+            job.ns.free(k)
         raise GatewayError(str(exc), status=409, code="not_root") from None
     gw.move_root(job, list(meta["nodes"]))
     if job.version != version:
         gw.advance_remote(job, version)
     old = job.global_key
-    job.global_key, job.model_bytes = g.key_bytes, data
+    job.global_key, job.model_bytes, job.opt_keys = g.key_bytes, data, opt_keys
     if old is not None and old != g.key_bytes and job.ns.leases(old):
         job.ns.free(old)
     job.reserve_model_buffers()
@@ -103,6 +113,21 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
         len(resend),
     )
     return {"job": job.name, "root": me, "version": version, "round": rnd, "resend": resend}
+
+
+async def _server_opt_state(gw: Gateway, job: Job, version: int) -> dict[str, bytes]:
+    """The job's server optimizer state after ``version``, read from MinIO into this node's
+    store (its keys; none for a job without an optimizer, or before its first round)."""
+    if job.server_opt is None or version == 0 or not job.server_opt.state_names:
+        return {}
+    data = await gw.server_opt_checkpoint(job.name, version) if gw.checkpoints else None
+    if data is None:
+        raise ModelLost(
+            f"job {job.name!r}: the state of its server optimizer ({job.server_opt.name}) after "
+            f"version {version} is not in MinIO"
+            + ("" if gw.checkpoints else " (the gateway has no MinIO: --minio)")
+        )
+    return server_opt.write_state(job, server_opt.from_checkpoint(data, job, version), version)
 
 
 async def _model_of_version(gw: Gateway, job: Job, version: int) -> bytes:

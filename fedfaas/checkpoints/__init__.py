@@ -5,6 +5,7 @@ Layout (one bucket, ``fedfaas`` by default, browsable in the MinIO console)::
     <job>/rounds/<round:06d>/global.safetensors      (user metadata: the put_global meta)
     <job>/rounds/<round:06d>/clients/<client>.safetensors
     <job>/rounds/<round:06d>/meta.json
+    <job>/rounds/<round:06d>/server_opt.safetensors   (jobs with a server optimizer: its state)
 
 Rounds are zero-padded to six digits so that the console lists them in order; readers parse
 them with ``int``. :class:`CheckpointWriter` queues every object and uploads it from one
@@ -25,6 +26,7 @@ from fedfaas.checkpoints.keys import (
     make_minio,
     meta_key,
     round_prefix,
+    server_opt_key,
 )
 from fedfaas.checkpoints.reader import CheckpointReader
 from fedfaas.checkpoints.writer import CheckpointWriter
@@ -41,4 +43,5 @@ __all__ = [
     "make_minio",
     "meta_key",
     "round_prefix",
+    "server_opt_key",
 ]

@@ -56,6 +56,11 @@ def meta_key(job: str, round: int) -> str:
     return round_prefix(job, round) + "meta.json"
 
 
+def server_opt_key(job: str, round: int) -> str:
+    """The job's server optimizer state after ``round`` (see :mod:`fedfaas.server_opt`)."""
+    return round_prefix(job, round) + "server_opt.safetensors"
+
+
 def _http(connect: float = 2.0, read: float = 60.0) -> urllib3.PoolManager:
     # No urllib3-level retries: the writer's own backoff loop owns retrying.
     return urllib3.PoolManager(

@@ -20,6 +20,7 @@ from fedfaas.checkpoints.keys import (
     make_minio,
     meta_key,
     round_prefix,
+    server_opt_key,
 )
 
 
@@ -114,6 +115,10 @@ class CheckpointReader:
 
     def get_client(self, job: str, round: int, client_id: str) -> bytes:
         return self._get(client_key(job, round, client_id), job, round, f"client {client_id}")
+
+    def get_server_opt(self, job: str, round: int) -> bytes:
+        """The server optimizer's state after ``round`` (:func:`fedfaas.server_opt.state_to_safetensors`)."""
+        return self._get(server_opt_key(job, round), job, round, "server_opt")
 
     def get_meta(self, job: str, round: int) -> dict[str, Any]:
         meta: dict[str, Any] = json.loads(self._get(meta_key(job, round), job, round, "meta"))

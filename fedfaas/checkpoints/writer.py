@@ -23,12 +23,14 @@ from fedfaas.checkpoints.keys import (
     PART_SIZE,
     CheckpointClosed,
     CheckpointError,
+    CheckpointNotFound,
     _check_name,
     _user_meta,
     client_key,
     global_key,
     make_minio,
     meta_key,
+    server_opt_key,
 )
 from fedfaas.checkpoints.reader import CheckpointReader
 
@@ -190,6 +192,29 @@ class CheckpointWriter:
             key, data, "application/octet-stream", {"sha256": hashlib.sha256(data).hexdigest()}
         )
         return key
+
+    def put_server_opt(self, job: str, round: int, data: bytes) -> str:
+        """Queue the server optimizer's state after ``round``, kept beside its global model."""
+        key = server_opt_key(job, round)
+        self._put(
+            key, data, "application/octet-stream", {"sha256": hashlib.sha256(data).hexdigest()}
+        )
+        return key
+
+    def server_opt(self, job: str, round: int) -> bytes | None:
+        """The server optimizer's state after ``round`` (queued or in MinIO), None if neither.
+
+        Raises :class:`CheckpointError` when MinIO cannot be read and nothing is queued.
+        """
+        key = server_opt_key(job, round)
+        with self._cv:
+            queued = next((i for i in reversed(self._queue) if i.key == key), None)
+        if queued is not None:
+            return queued.read()
+        try:
+            return CheckpointReader.from_client(self._mc, self.bucket).get_server_opt(job, round)
+        except CheckpointNotFound:
+            return None
 
     def put_meta(self, job: str, round: int, meta: dict[str, Any]) -> str:
         """Queue the round's metadata as ``meta.json`` (replaces an earlier one)."""
