@@ -445,8 +445,8 @@ def submit_job(
     initial_weights: bytes,
     *,
     rounds: int,
-    clients: list[str],
     admin_token: str,
+    clients: list[str] | None = None,
     goal: int | None = None,
     policy: str = "leastconn",
     per_leaf: int = 2,
@@ -469,10 +469,12 @@ def submit_job(
     job : job name (``[a-z0-9][a-z0-9-]{0,39}``).
     initial_weights : the model's initial weights as safetensors bytes.
     rounds : number of rounds.
-    clients : the client ids; each uploads with its token from the answer's ``tokens``.
+    clients : clients enrolled at creation; each uploads with its token from the answer's
+        ``tokens``. Others enroll later with the answer's ``enrollment_token`` (:func:`enroll`);
+        round 1 opens once ``goal`` clients are enrolled.
     admin_token : the control plane's admin token (the gateways' admin secret, read from its
         file, e.g. ``.state/secrets/gateway-admin-secret``).
-    goal : updates that close a round (default: every client).
+    goal : updates that close a round (default: every client enrolled at creation).
     policy : placement, ``"leastconn"`` (spread over the nodes) or ``"bestfit"`` (pack).
     per_leaf : updates per leaf aggregator.
     overprovision : clients selected per round / goal.
@@ -504,6 +506,9 @@ def submit_job(
     GatewayUnavailable
         The control plane could not be reached, or answered with a 5xx.
     """
+    clients = list(clients or [])
+    if goal is None and not clients:
+        raise ValueError("a job created without clients needs its goal")
     if evaluator is not None:
         spec = json.dumps(dict(evaluator), separators=(",", ":"), sort_keys=True)
         initial_weights = with_metadata(initial_weights, {EVALUATOR_KEY: spec})
@@ -514,7 +519,7 @@ def submit_job(
         "job": job,
         "rounds": rounds,
         "goal": len(clients) if goal is None else goal,
-        "clients": list(clients),
+        "clients": clients,
         "policy": policy,
         "per_leaf": per_leaf,
         "overprovision": overprovision,
@@ -533,6 +538,52 @@ def submit_job(
     _raise_for(resp, "POST")
     out: dict[str, Any] = resp.json()
     return out
+
+
+def enroll(
+    control_plane_url: str,
+    job: str,
+    clients: list[str],
+    token: str,
+    *,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> dict[str, str]:
+    """Enroll ``clients`` in ``job`` (``POST /v1/jobs/{job}/clients``) with the job's
+    enrollment token (``submit_job``'s answer, handed out by the job's owner) or the admin
+    token; returns each client's bearer token. Enrolling again returns the same token."""
+    url = f"{control_plane_url.rstrip('/')}/v1/jobs/{job}/clients"
+    with httpx.Client(timeout=timeout, transport=transport) as http:
+        try:
+            resp = http.post(
+                url, json={"clients": clients}, headers={"Authorization": f"Bearer {token}"}
+            )
+        except httpx.TransportError as exc:
+            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
+    _raise_for(resp, "POST")
+    return {str(k): str(v) for k, v in resp.json()["tokens"].items()}
+
+
+def leave(
+    control_plane_url: str,
+    job: str,
+    client_id: str,
+    token: str,
+    *,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> None:
+    """Take ``client_id`` out of ``job`` with its own token: it is never selected again and
+    its token is refused from then on (it cannot enroll again)."""
+    url = f"{control_plane_url.rstrip('/')}/v1/jobs/{job}/clients/{client_id}"
+    with httpx.Client(timeout=timeout, transport=transport) as http:
+        try:
+            resp = http.delete(
+                url, params={"client": client_id}, headers={"Authorization": f"Bearer {token}"}
+            )
+        except httpx.TransportError as exc:
+            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
+    _raise_for(resp, "DELETE")
 
 
 #: Tracker errors that mean "the cache engine has not ingested that round yet".

@@ -5,21 +5,26 @@ Routes:
 * ``GET  /healthz``
 * ``GET  /v1/nodes``: node health and capacity (with ``gateways_service``, the nodes found so
   far: see :mod:`fedfaas.discovery`)
-* ``POST /v1/jobs``: create a job (JSON :class:`JobIn`), opens round 1; the answer carries each
-  client's bearer token (``tokens``: the only way to get them)
+* ``POST /v1/jobs``: create a job (JSON :class:`JobIn`); the answer carries the job's
+  ``enrollment_token`` and the token of each client enrolled at creation (``tokens``). Round 1
+  opens once ``goal`` clients are enrolled
+* ``POST /v1/jobs/{job}/clients``: enroll clients (``{"clients": [...]}``, the enrollment token
+  or the admin's); the answer carries their tokens
 * ``GET  /v1/jobs/{job}``, ``DELETE /v1/jobs/{job}``
-* ``DELETE /v1/jobs/{job}/clients/{id}[?force=true]``: revoke one client (forwarded to the
-  job's gateways; see :meth:`Coordinator.revoke_client`)
+* ``DELETE /v1/jobs/{job}/clients/{id}[?force=true]``: the admin revokes one client, or the
+  client leaves (its own token, ``?client=`` its id); forwarded to the job's gateways (see
+  :meth:`Coordinator.revoke_client`)
 * ``POST /v1/jobs/{job}/rounds``: open the next round (when ``auto_rounds`` is off)
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
 * ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url,
   resend}`` (``resend`` grows when the client's accepted update was lost with a dead root
   node: it sends the update again, to ``gateway_url``)
-* ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round
+* ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
 
 Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
 admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
-token, with ``?client=ID``) for its assignment and its job's round. A client token is checked
+token, with ``?client=ID``) for its assignment, its job's round and leaving; the job's
+enrollment token for enrolling. A client token is checked
 with the job's salt (drawn by its root gateway at creation), so the tokens of an earlier job of
 the same name are refused; a revoked client's assignment answers 403 ``client_revoked``.
 """
@@ -47,7 +52,14 @@ from control_plane.gateways import plan_to_slots
 from control_plane.jobs import JobSpec, round_view
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
-from fedfaas.auth import Authenticator, Scope, install, private_app, require
+from fedfaas.auth import (
+    Authenticator,
+    AuthError,
+    Scope,
+    install,
+    private_app,
+    require,
+)
 from fedfaas.discovery import Discovery
 from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
@@ -57,12 +69,13 @@ NAME = r"^[a-z0-9][a-z0-9-]{0,39}$"
 
 
 class JobIn(BaseModel):
-    """Body of ``POST /v1/jobs``. ``clients`` is a list of ids or a count (ids c0..c{n-1})."""
+    """Body of ``POST /v1/jobs``. ``clients`` (optional) enrolls clients at creation: a list
+    of ids or a count (ids c0..c{n-1}); others enroll later (``POST /v1/jobs/{job}/clients``)."""
 
     job: str = Field(pattern=NAME)
     rounds: int = Field(ge=1, le=1_000_000)
     goal: int = Field(ge=1, le=1_000_000)
-    clients: list[str] | int
+    clients: list[str] | int = Field(default_factory=list)
     overprovision: float = Field(1.3, ge=1.0, le=10.0)
     deadline_s: float = Field(600.0, gt=0, le=86400)
     policy: str = "bestfit"
@@ -180,7 +193,7 @@ def create_app(
     async def create_job(body: JobIn, coord: CoordDep) -> dict[str, Any]:
         """Create a job on every healthy gateway and open its first round."""
         if isinstance(body.clients, int):
-            if not 1 <= body.clients <= 1_000_000:
+            if not 0 <= body.clients <= 1_000_000:
                 raise InvalidInput("clients, as a count, must be in [1, 1000000]")
             clients = [f"c{i}" for i in range(body.clients)]
         else:
@@ -206,7 +219,34 @@ def create_app(
             body.max_reopens,
         )
         await coord.create_job(spec, initial_weights=weights)
-        return {**coord.job_view(body.job), "tokens": coord.client_tokens(body.job)}
+        return {
+            **coord.job_view(body.job),
+            "tokens": coord.client_tokens(body.job),
+            "enrollment_token": coord.enrollment_token(body.job),
+        }
+
+    @app.post(
+        "/v1/jobs/{job}/clients", status_code=201, dependencies=[Depends(require(Scope.ENROLL))]
+    )
+    async def enroll(job: str, request: Request, coord: CoordDep) -> dict[str, Any]:
+        """Enroll clients, ``{"clients": ["id", ...]}`` (at most 10,000 per call), with the
+        job's enrollment token or the admin's; answers each one's bearer token. The body is
+        read only once the token is checked."""
+        try:
+            raw = await request.json()
+        except ValueError:
+            raise InvalidInput('body must be JSON: {"clients": ["id", ...]}') from None
+        ids = raw.get("clients") if isinstance(raw, dict) else None
+        if (
+            not isinstance(ids, list)
+            or not 1 <= len(ids) <= MAX_ENROLL
+            or not all(isinstance(c, str) for c in ids)
+        ):
+            raise InvalidInput(
+                f'body must be {{"clients": ["id", ...]}} with 1 to {MAX_ENROLL} ids'
+            )
+        tokens = await coord.enroll(job, ids)
+        return {"job": job, "tokens": tokens, "enrolled": len(coord.job(job).spec.clients)}
 
     @app.get("/v1/jobs/{job}", dependencies=[Depends(require(Scope.ANALYST, Scope.CLIENT))])
     async def get_job(job: str, coord: CoordDep) -> dict[str, Any]:
@@ -218,11 +258,22 @@ def create_app(
         """Forget the job."""
         await coord.delete_job(job)
 
-    @app.delete("/v1/jobs/{job}/clients/{client}", dependencies=admin)
+    @app.delete("/v1/jobs/{job}/clients/{client}")
     async def revoke_client(
-        job: str, client: str, coord: CoordDep, force: Annotated[bool, Query()] = False
+        scope: Annotated[Scope, Depends(require(Scope.CLIENT))],  # first: before any lookup
+        job: str,
+        client: str,
+        coord: CoordDep,
+        request: Request,
+        force: Annotated[bool, Query()] = False,
     ) -> dict[str, Any]:
-        """Revoke one client of the job (idempotent); 409 when too few would be left."""
+        """The admin revokes one client of the job (idempotent; 409 when too few would be
+        left, unless ``force``), or a client leaves it (its own id, ``?client=`` the same):
+        it is never selected again and its token is refused from then on."""
+        if scope is Scope.CLIENT:
+            if request.query_params.get("client") != client:
+                raise AuthError(403, "a client may only take itself out of a job")
+            force = True  # leaving is never refused; the job's rounds wait for enrollments
         return await coord.revoke_client(job, client, force=force)
 
     @app.post("/v1/jobs/{job}/rounds", status_code=201, dependencies=admin)
@@ -262,9 +313,13 @@ def create_app(
         p = coord.plans.get(job)
         if p is None or state.current is None:
             raise RoundStateError(f"job {job!r} has no open round, so no plan")
-        return plan_to_slots(p, None, dict(state.current.slot_ids))
+        return plan_to_slots(p, state.current.assignment, dict(state.current.slot_ids))
 
     return app
+
+
+#: clients one ``POST /v1/jobs/{job}/clients`` enrolls at most
+MAX_ENROLL = 10_000
 
 
 def _build(settings: ControlPlaneSettings) -> Coordinator:

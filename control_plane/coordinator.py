@@ -4,8 +4,12 @@ One :class:`Coordinator` drives any number of node gateways over HTTP. Its pure 
 come from :mod:`~control_plane.placement`, :mod:`~control_plane.planning` and
 :mod:`~control_plane.reuse`; this module only keeps state and talks to the outside.
 
+Enrollment: a job's clients enroll (:meth:`Coordinator.enroll`), at its creation or later;
+round 1 opens once ``goal`` of them are enrolled. The gateways get no client list: each
+round's clients come with the round's plan, and the gateways admit them from it.
+
 Round lifecycle: ``open`` (clients selected: ``ceil(goal * overprovision)`` of the job's
-pool, seeded by job and round; placed on healthy nodes; hierarchy planned; plan sent to the
+enrolled clients less those that left or were revoked, seeded by job and round; placed on healthy nodes; hierarchy planned; plan sent to the
 gateways; aggregator function scaled) -> ``aggregating`` once the healthy gateways report
 ``goal`` accepted updates (only with gateways that report a model version; assignments now
 answer 409) -> ``closed`` when a gateway reports the round's model published (or at goal,
@@ -56,7 +60,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,6 +71,7 @@ from control_plane.errors import (
     ClientRevoked,
     ControlPlaneError,
     GatewayError,
+    InvalidInput,
     JobExists,
     JobFailed,
     NoHealthyNodes,
@@ -77,6 +82,8 @@ from control_plane.errors import (
 )
 from control_plane.gateways import GatewayClient, GatewayJobStatus, plan_to_slots
 from control_plane.jobs import (
+    CLIENT_ID,
+    MAX_CLIENTS,
     JobSpec,
     JobState,
     NodeHealth,
@@ -90,7 +97,7 @@ from control_plane.jobs import (
 from control_plane.placement import place
 from control_plane.planning import Plan, QueueEstimator, plan_hierarchy, replan
 from control_plane.store import MemoryStore, StateStore
-from fedfaas.auth import client_token
+from fedfaas.auth import client_token, enrollment_token
 from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
 
 log = logging.getLogger(__name__)
@@ -252,11 +259,14 @@ class Coordinator:
                 span = [*span, *(x for x in nodes if x not in span)]
             job.root = span[0]
             for n in span:
+                # no client list: the gateways admit each round's clients from its plan; ones
+                # that keep their own plans (push_plans off: a benchmark's baseline) need the
+                # clients enrolled at creation, and only those can take part
                 outcome, answer = await self.clients[n].create_job(
                     spec.name,
                     spec.rounds,
                     spec.goal,
-                    spec.clients,
+                    [] if self.push_plans else spec.clients,
                     nodes=span,
                     body=initial_weights,
                 )
@@ -273,10 +283,55 @@ class Coordinator:
             if not job.salt:  # attached to a job created before: its root shows the admin
                 job.salt = (await self.clients[job.root].job_status(spec.name)).salt or ""
             self.jobs[spec.name] = job
-            if open_first_round:
-                await self._open_round(job)
+            if open_first_round and len(job.eligible()) >= spec.goal:
+                await self._open_round(job)  # else at the enrollment that reaches the goal
             await self._save(job)
             return job
+
+    async def enroll(self, name: str, clients: Sequence[str]) -> dict[str, str]:
+        """Enroll ``clients`` in job ``name`` (idempotent: an enrolled one keeps its place);
+        returns each one's bearer token. Round 1 opens at the enrollment that brings the
+        job's clients to its ``goal``.
+
+        Raises :class:`InvalidInput` for an id that is not one, :class:`ClientRevoked` for
+        a client that left or was revoked (it may not come back).
+        """
+        bad = [c for c in clients if not CLIENT_ID.match(c)]
+        if bad:
+            raise InvalidInput(
+                f"client ids must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-' "
+                f"(bad: {bad[:3]})"
+            )
+        async with self._lock:
+            job = self.job(name)
+            gone = set(job.revoked).intersection(clients)
+            if gone:
+                raise ClientRevoked(name, sorted(gone)[0])
+            known = set(job.spec.clients)
+            new = [c for c in dict.fromkeys(clients) if c not in known]
+            if len(known) + len(new) > MAX_CLIENTS:
+                raise InvalidInput(f"a job has at most {MAX_CLIENTS} clients")
+            job.spec.clients.extend(new)
+            if new:
+                await self._save(job)
+            await self._open_first_round(job)
+        tokens = self.client_tokens(name, clients)
+        log.info("job %s: %d client(s) enrolled, %d in all", name, len(new), len(known) + len(new))
+        return tokens
+
+    async def _open_first_round(self, job: JobState) -> None:
+        """Open round 1 of a job waiting for its clients once ``goal`` of them enrolled (a
+        failure is logged: the control loop tries again)."""
+        if job.current is not None or job.done or job.failed or not self.auto_rounds:
+            return
+        if len(job.eligible()) < job.spec.goal:
+            return
+        try:
+            await self._open_round(job)
+        except ControlPlaneError as exc:
+            log.warning("job %s: round 1 not opened yet: %s", job.spec.name, exc.detail)
+            return
+        await self._save(job)
 
     async def delete_job(self, name: str) -> None:
         """Forget a job, and delete it on the healthy gateways: a job created again under the
@@ -299,12 +354,22 @@ class Coordinator:
         job = self.jobs.get(name)
         return job.salt if job is not None and job.salt else None
 
-    def client_tokens(self, name: str) -> dict[str, str]:
-        """Each client's bearer token (empty when the job's salt or the admin token is unknown)."""
+    def client_tokens(self, name: str, clients: Sequence[str] | None = None) -> dict[str, str]:
+        """The bearer token of each of ``clients`` (default: every eligible client); empty
+        when the job's salt or the admin token is unknown."""
         job = self.job(name)
         if not job.salt or not self.admin_token:
             return {}
-        return {c: client_token(self.admin_token, name, job.salt, c) for c in job.eligible()}
+        ids = job.eligible() if clients is None else clients
+        return {c: client_token(self.admin_token, name, job.salt, c) for c in ids}
+
+    def enrollment_token(self, name: str) -> str | None:
+        """The token the job's owner hands out to let clients enroll (``POST
+        /v1/jobs/{job}/clients``); None when the job's salt or the admin token is unknown."""
+        job = self.job(name)
+        if not job.salt or not self.admin_token:
+            return None
+        return enrollment_token(self.admin_token, name, job.salt)
 
     async def revoke_client(self, name: str, client: str, *, force: bool = False) -> dict[str, Any]:
         """Revoke one client (idempotent): every healthy gateway of the job refuses its uploads
@@ -361,6 +426,26 @@ class Coordinator:
         nodes = self.healthy_nodes()
         if not nodes:
             raise NoHealthyNodes()
+        spec = job.spec
+        rnd, plan = self.plan_round(job, nodes)
+        self.plans[spec.name] = plan
+        await self._publish(job, rnd, plan)
+        # only now do assignments (which take no lock) answer for the round: a client sent to
+        # a gateway before its plan arrived there would be refused as on the "wrong node"
+        job.current = rnd
+        log.info(
+            "job %s round %d open: %d clients on %d nodes",
+            spec.name,
+            rnd.number,
+            len(rnd.selected),
+            len(set(rnd.assignment.values())),
+        )
+        return rnd
+
+    def plan_round(self, job: JobState, nodes: list[str]) -> tuple[RoundInfo, Plan]:
+        """The job's next round, decided but not sent: its clients selected (``ceil(goal *
+        overprovision)`` of the eligible ones, seeded by job and round), placed on ``nodes``
+        and the hierarchy planned. Pure computation (``make bench-control`` times it)."""
         spec, number = job.spec, job.completed + 1
         pool = job.eligible()
         if not pool:
@@ -373,20 +458,8 @@ class Coordinator:
         goal = min(spec.goal, len(pool))  # a forced revocation may have left fewer clients
         rnd = RoundInfo(number, "open", goal, selected, assignment, now, now + spec.deadline_s)
         plan = self._plan_for(job, rnd)
-        self.plans[spec.name] = plan
         rnd.plan_version = plan.version
-        await self._publish(job, rnd, plan)
-        # only now do assignments (which take no lock) answer for the round: a client sent to
-        # a gateway before its plan arrived there would be refused as on the "wrong node"
-        job.current = rnd
-        log.info(
-            "job %s round %d open: %d clients on %d nodes",
-            spec.name,
-            number,
-            want,
-            len(set(assignment.values())),
-        )
-        return rnd
+        return rnd, plan
 
     async def _wait_known(self, name: str, nodes: list[str]) -> None:
         """Wait until every gateway of the job's span knows it (others learn it from the root's
@@ -831,7 +904,11 @@ class Coordinator:
         """Read each healthy gateway's job status; close rounds at goal or deadline."""
         for job in list(self.jobs.values()):
             rnd = job.current
-            if rnd is None or rnd.state not in ("open", "aggregating"):
+            if rnd is None:
+                async with self._lock:
+                    await self._open_first_round(job)
+                continue
+            if rnd.state not in ("open", "aggregating"):
                 continue
             queues: dict[str, float] = {}
             published = False
@@ -974,6 +1051,10 @@ class Coordinator:
             "failed": job.failed or None,  # why the job failed (see Coordinator._fail)
             "policy": job.spec.policy,
             "root": job.root,  # the node that publishes the global model and runs the top
+            "enrolled": len(job.spec.clients),
+            "eligible": len(job.eligible()),  # enrolled, less those that left or were revoked
+            # round 1 waits for enough clients to enroll
+            "waiting_for_clients": rnd is None and not job.done and not job.failed,
             "round": None if rnd is None else round_view(rnd),
             "history": job.history,  # the newest jobs.HISTORY_ROUNDS rounds
             "totals": job.totals,  # over every ended round

@@ -21,6 +21,9 @@ CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: what a round short of its minimum at the deadline does (see :attr:`JobSpec.on_shortfall`)
 SHORTFALL = ("reopen", "fail")
 
+#: clients a job may enroll
+MAX_CLIENTS = 1_000_000
+
 #: rounds a job's state keeps in ``history`` (the newest); older rounds count only in
 #: :attr:`JobState.totals`, and their published records stay in MinIO (each round's
 #: ``meta.json``). Bounds the job's record, which is rewritten on every change.
@@ -34,6 +37,8 @@ class JobSpec:
     name: str
     rounds: int
     goal: int
+    #: the enrolled clients, in enrollment order (:meth:`Coordinator.enroll`); round 1 opens
+    #: once ``goal`` of them are enrolled
     clients: list[str]
     overprovision: float = 1.3
     deadline_s: float = 600.0
@@ -64,10 +69,8 @@ class JobSpec:
             raise InvalidInput(
                 "clients must be distinct ids of 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'"
             )
-        if len(self.clients) < self.goal:
-            raise InvalidInput(
-                f"goal {self.goal} needs at least that many clients, got {len(self.clients)}"
-            )
+        if len(self.clients) > MAX_CLIENTS:
+            raise InvalidInput(f"a job has at most {MAX_CLIENTS} clients")
         if not 1.0 <= self.overprovision <= 10.0:
             raise InvalidInput(
                 "overprovision must be in [1, 10] (e.g. 1.3 selects 30% more clients)"

@@ -8,7 +8,9 @@ or environment values. Four scopes:
 * ``analyst``: read-only queries (tracker queries, control-plane reads).
 * ``client``: one client of one job; its token is :func:`client_token` of the admin secret, the
   job, the job's salt and the client, checked on routes that name the job (path ``{job}``) and
-  the client (``?client=``). The salt is drawn at random when the job is created (by its root
+  the client (``?client=``).
+* ``enroll``: one job's enrollment token (:func:`enrollment_token`), which its owner hands to
+  clients to enroll with; checked on routes that name the job. The salt is drawn at random when the job is created (by its root
   node gateway), so a job deleted and created again under the same name refuses the old
   tokens; a service admits client tokens only when it can look a job's salt up
   (``Authenticator.job_salt``).
@@ -49,6 +51,7 @@ class Scope(StrEnum):
     SERVICE = "service"
     ANALYST = "analyst"
     CLIENT = "client"
+    ENROLL = "enroll"
 
 
 class AuthConfigError(RuntimeError):
@@ -102,6 +105,14 @@ def client_token(secret: str, job: str, salt: str, client_id: str) -> str:
     return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
 
 
+def enrollment_token(secret: str, job: str, salt: str) -> str:
+    """The token with which clients enroll in one incarnation of ``job`` (its owner hands it
+    out); never any client's token (another message), and refused after the job is created
+    again (another salt)."""
+    msg = f"enroll/{job}/{salt}".encode()
+    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
 def bearer(token: str) -> dict[str, str]:
     """The ``Authorization`` header carrying ``token``."""
     return {"Authorization": f"Bearer {token}"}
@@ -149,7 +160,9 @@ class Authenticator:
     def scopes(self) -> frozenset[Scope]:
         """Scopes this service can recognise (client when it can look up jobs' salts)."""
         client = (
-            {Scope.CLIENT} if self.job_salt is not None and Scope.ADMIN in self.tokens else set()
+            {Scope.CLIENT, Scope.ENROLL}
+            if self.job_salt is not None and Scope.ADMIN in self.tokens
+            else set()
         )
         return frozenset(self.tokens) | client
 
@@ -162,12 +175,18 @@ class Authenticator:
         job = request.path_params.get("job")
         client = request.query_params.get("client")
         lookup = self.job_salt
-        if found is None and job and client and lookup is not None and Scope.ADMIN in self.tokens:
+        if found is None and job and lookup is not None and Scope.ADMIN in self.tokens:
             salt = lookup(str(job))
             if salt is not None:
-                expected = client_token(self.tokens[Scope.ADMIN], str(job), salt, client)
-                if hmac.compare_digest(token.encode(), expected.encode()):
+                admin = self.tokens[Scope.ADMIN]
+                if client and hmac.compare_digest(
+                    token.encode(), client_token(admin, str(job), salt, client).encode()
+                ):
                     found = Scope.CLIENT
+                elif hmac.compare_digest(
+                    token.encode(), enrollment_token(admin, str(job), salt).encode()
+                ):
+                    found = Scope.ENROLL
         return found
 
 

@@ -107,7 +107,7 @@ def build_app(gw: Gateway) -> FastAPI:
         job: Annotated[str, Query()],
         rounds: Annotated[int, Query()],
         goal: Annotated[int, Query()],
-        clients: Annotated[str, Query()],
+        clients: Annotated[str, Query()] = "",
         nodes: Annotated[str | None, Query()] = None,
         resume: Annotated[bool, Query()] = False,
     ) -> dict[str, object]:

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _admit(job: Job, data: Any) -> None:
+    """An enrolled job's clients are those its plans name (the control plane enrolled them)."""
+    if job.enrolled and isinstance(data, dict) and isinstance(data.get("client_nodes"), dict):
+        job.admit(list(data["client_nodes"]))
+
+
 def push_plan(gw: Gateway, job: Job, rnd: int, data: Any) -> dict[str, Any]:
     """Take the control plane's plan for round ``rnd`` (open now, or the next one).
 
@@ -32,6 +38,7 @@ def push_plan(gw: Gateway, job: Job, rnd: int, data: Any) -> dict[str, Any]:
     PlanConflict
         409: it would lose or move updates the round already holds.
     """
+    _admit(job, data)
     plan, version = plan_from_json(data, nodes=job.nodes, root=job.root, clients=job.client_set)
     _check_round_of_plan(job, rnd)
     job.managed = True
@@ -202,6 +209,7 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
         return
     job.managed = True
     try:
+        _admit(job, rec)
         plan, version = plan_from_json(rec, nodes=job.nodes, root=job.root, clients=job.client_set)
         eng.apply_plan(plan, version)
     except GatewayError as exc:

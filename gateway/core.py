@@ -34,7 +34,7 @@ from gateway.asgi import AsgiExchange
 from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
-from gateway.jobs import Job, RoundTimes, check_job_params
+from gateway.jobs import CLIENT_ID, Job, RoundTimes, check_job_params
 from gateway.journal import Journal, NotRoot
 from gateway.meta import declared_evaluator, round_meta_doc
 from gateway.metrics import Metrics
@@ -448,7 +448,12 @@ class Gateway:
             s.shm_root, s.node, meta["name"], spec.object_nbytes, pool=pool, pool_max=pool_max
         )
         salt = str(meta.get("salt", ""))
-        return Job(
+        secret, name = self.secret, meta["name"]
+
+        def mint(client: str) -> str:
+            return auth.client_token(secret, name, salt, client)
+
+        job = Job(
             meta["name"],
             int(meta["id"]),
             spec,
@@ -461,10 +466,11 @@ class Gateway:
             s.node,
             salt=salt,
             server_opt=opt,
-            tokens={
-                c: auth.client_token(self.secret, meta["name"], salt, c) for c in meta["clients"]
-            },
+            mint=mint,
+            tokens={c: mint(c) for c in meta["clients"]},
         )
+        job.managed = job.enrolled  # its rounds' clients come with the control plane's plans
+        return job
 
     def _install(self, job: Job) -> None:
         self.jobs[job.name] = job
@@ -720,7 +726,7 @@ class Gateway:
         unless ``force`` (the answer then names those nodes in ``short_nodes``). Revoking a
         revoked client again answers the same 200 (idempotent); an unknown one 404.
         """
-        if client not in job.client_set:
+        if client not in job.client_set and not (job.enrolled and CLIENT_ID.match(client)):
             raise GatewayError(
                 f"{client!r} is not a client of job {job.name!r}", status=404, code="unknown_client"
             )

@@ -8,7 +8,7 @@ import hmac
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,18 +38,23 @@ def check_job_params(
     nodes: Sequence[str] | None,
     node: str,
 ) -> list[str]:
-    """Check a new job's parameters on ``node`` (before its body is read); returns its nodes."""
+    """Check a new job's parameters on ``node`` (before its body is read); returns its nodes.
+
+    No ``clients``: the job's clients are the control plane's (enrolled there); each round's
+    come with its pushed plan (:meth:`Job.admit`).
+    """
     if not JOB_NAME.match(name):
         raise GatewayError(f"job name {name!r} must match {JOB_NAME.pattern}", code="bad_job_name")
     bad = [c for c in clients if not CLIENT_ID.match(c)]
-    if not clients or bad or len(set(clients)) != len(clients):
+    if bad or len(set(clients)) != len(clients):
         raise GatewayError(
             f"clients must be distinct ids matching {CLIENT_ID.pattern} (bad: {bad[:3]})",
             code="bad_clients",
         )
-    if not 1 <= rounds <= 100000 or not 1 <= goal <= len(clients):
+    if not 1 <= rounds <= 100000 or goal < 1 or (clients and goal > len(clients)):
         raise GatewayError(
-            f"need 1 <= rounds and 1 <= goal <= {len(clients)} clients", code="bad_job"
+            f"need 1 <= rounds and 1 <= goal <= {len(clients) or 'any number of'} clients",
+            code="bad_job",
         )
     nodes = list(nodes or [node])
     if node != nodes[0]:
@@ -91,6 +96,9 @@ class Job:
     salt: str = ""
     #: client id -> its bearer token (from the admin secret, the job and its salt)
     tokens: dict[str, str] = field(default_factory=dict)
+    #: a client's token from its id (the admin secret, the job and its salt): how an enrolled
+    #: job's clients are admitted (:meth:`admit`)
+    mint: Callable[[str], str] | None = None
     #: clients revoked by ``DELETE /v1/jobs/{job}/clients/{id}`` (here or on another node)
     revoked: set[str] = field(default_factory=set)
     version: int = 0
@@ -128,6 +136,29 @@ class Job:
         self.client_set = set(self.clients)
         self.base_plan = self.plan  # the gateway's own plan, used when none was pushed
         self.by_token = {t: c for c, t in self.tokens.items()}
+
+    @property
+    def enrolled(self) -> bool:
+        """The control plane enrolls the job's clients: it was created with none, and each
+        round's clients come with the round's plan."""
+        return not self.clients
+
+    def admit(self, clients: Sequence[str]) -> None:
+        """Let the clients an (enrolled) job's pushed plan names in: their tokens are good
+        here from now on. 422 ``bad_plan`` for an id that is not one."""
+        bad = [c for c in clients if not isinstance(c, str) or not CLIENT_ID.match(c)]
+        if bad:
+            raise GatewayError(
+                f"plan names clients that are not ids matching {CLIENT_ID.pattern}: {bad[:3]}",
+                status=422,
+                code="bad_plan",
+            )
+        assert self.mint is not None
+        for c in clients:
+            if c not in self.client_set:
+                self.client_set.add(c)
+                self.tokens[c] = t = self.mint(c)
+                self.by_token[t] = c
 
     def free_model_buffer(self) -> np.ndarray | None:
         """A buffer a model was encoded into that no view reads any more (neither
