@@ -529,13 +529,9 @@ def submit_job(
         "max_reopens": max_reopens,
         "weights_b64": base64.b64encode(initial_weights).decode(),
     }
-    url = control_plane_url.rstrip("/") + "/v1/jobs"
-    with httpx.Client(timeout=timeout, transport=transport) as http:
-        try:
-            resp = http.post(url, json=body, headers={"Authorization": f"Bearer {admin_token}"})
-        except httpx.TransportError as exc:
-            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
-    _raise_for(resp, "POST")
+    resp = _control_plane(
+        "POST", control_plane_url, "/v1/jobs", admin_token, timeout, transport, json=body
+    )
     out: dict[str, Any] = resp.json()
     return out
 
@@ -552,15 +548,15 @@ def enroll(
     """Enroll ``clients`` in ``job`` (``POST /v1/jobs/{job}/clients``) with the job's
     enrollment token (``submit_job``'s answer, handed out by the job's owner) or the admin
     token; returns each client's bearer token. Enrolling again returns the same token."""
-    url = f"{control_plane_url.rstrip('/')}/v1/jobs/{job}/clients"
-    with httpx.Client(timeout=timeout, transport=transport) as http:
-        try:
-            resp = http.post(
-                url, json={"clients": clients}, headers={"Authorization": f"Bearer {token}"}
-            )
-        except httpx.TransportError as exc:
-            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
-    _raise_for(resp, "POST")
+    resp = _control_plane(
+        "POST",
+        control_plane_url,
+        f"/v1/jobs/{job}/clients",
+        token,
+        timeout,
+        transport,
+        json={"clients": clients},
+    )
     return {str(k): str(v) for k, v in resp.json()["tokens"].items()}
 
 
@@ -575,15 +571,39 @@ def leave(
 ) -> None:
     """Take ``client_id`` out of ``job`` with its own token: it is never selected again and
     its token is refused from then on (it cannot enroll again)."""
-    url = f"{control_plane_url.rstrip('/')}/v1/jobs/{job}/clients/{client_id}"
+    _control_plane(
+        "DELETE",
+        control_plane_url,
+        f"/v1/jobs/{job}/clients/{client_id}",
+        token,
+        timeout,
+        transport,
+        params={"client": client_id},
+    )
+
+
+def _control_plane(
+    method: str,
+    base_url: str,
+    path: str,
+    token: str,
+    timeout: float,
+    transport: httpx.BaseTransport | None,
+    **kw: Any,
+) -> httpx.Response:
+    """One call of the control plane with ``token``; its errors raised as the SDK's."""
     with httpx.Client(timeout=timeout, transport=transport) as http:
         try:
-            resp = http.delete(
-                url, params={"client": client_id}, headers={"Authorization": f"Bearer {token}"}
+            resp = http.request(
+                method,
+                base_url.rstrip("/") + path,
+                headers={"Authorization": f"Bearer {token}"},
+                **kw,
             )
         except httpx.TransportError as exc:
-            raise GatewayUnavailable(control_plane_url, repr(exc)) from exc
-    _raise_for(resp, "DELETE")
+            raise GatewayUnavailable(base_url, repr(exc)) from exc
+    _raise_for(resp, method)
+    return resp
 
 
 #: Tracker errors that mean "the cache engine has not ingested that round yet".

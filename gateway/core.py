@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -43,6 +43,7 @@ from gateway.rounds import Input, RoundEngine
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 #: seconds a stop waits for the gateway's own tasks to end once cancelled and told to stop
 STOP_TASKS_S = 5.0
 
@@ -401,32 +402,14 @@ class Gateway:
         """The server optimizer state checkpointed after round ``rnd`` (None: the job has no
         optimizer); 503 ``checkpoints_unavailable`` when MinIO cannot be read."""
         assert self.checkpoints is not None
-        from fedfaas.checkpoints import CheckpointError
-
-        try:
-            return await asyncio.to_thread(self.checkpoints.server_opt, name, rnd)
-        except CheckpointError as exc:
-            raise GatewayError(
-                f"MinIO cannot be read now ({exc}); try again when it is back",
-                status=503,
-                code="checkpoints_unavailable",
-            ) from None
+        return await _read_minio(self.checkpoints.server_opt, name, rnd)
 
     async def newest_checkpoint(self, name: str) -> tuple[int, bytes] | None:
         """``(round, safetensors)`` of job ``name``'s newest global model in MinIO (or queued
         for it), None when it has none; 503 ``checkpoints_unavailable`` when MinIO cannot be
         read. Needs ``--minio``."""
         assert self.checkpoints is not None
-        from fedfaas.checkpoints import CheckpointError
-
-        try:
-            return await asyncio.to_thread(self.checkpoints.latest, name)
-        except CheckpointError as exc:
-            raise GatewayError(
-                f"MinIO cannot be read now ({exc}); try again when it is back",
-                status=503,
-                code="checkpoints_unavailable",
-            ) from None
+        return await _read_minio(self.checkpoints.latest, name)
 
     def _make_job(self, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
         s = self.settings
@@ -1064,6 +1047,21 @@ class Gateway:
                         self.metrics.redeliveries.inc()
                 with contextlib.suppress(Exception):
                     await self._load_jobs()
+
+
+async def _read_minio(read: Callable[..., T], *args: Any) -> T:
+    """``read(*args)`` (a checkpoint read) off the event loop; 503 ``checkpoints_unavailable``
+    when MinIO cannot be read."""
+    from fedfaas.checkpoints import CheckpointError
+
+    try:
+        return await asyncio.to_thread(read, *args)
+    except CheckpointError as exc:
+        raise GatewayError(
+            f"MinIO cannot be read now ({exc}); try again when it is back",
+            status=503,
+            code="checkpoints_unavailable",
+        ) from None
 
 
 def _global_record(
