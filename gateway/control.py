@@ -212,6 +212,8 @@ async def resume_plan(gw: Gateway, job: Job) -> None:
         _admit(job, rec)
         plan, version = plan_from_json(rec, nodes=job.nodes, root=job.root, clients=job.client_set)
         eng.apply_plan(plan, version)
+        # the round runs the control plane's plan again (an enrolled job opened awaiting it)
+        job.awaiting_plan = False
     except GatewayError as exc:
         # e.g. its top was here and another node took the job over meanwhile: the control
         # plane has moved this node's clients, and uploads under a plan of our own would
