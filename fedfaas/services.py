@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,9 +40,37 @@ class ServiceError(RuntimeError):
     """A backing service could not be found, started or reached."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Return a TCP port that is free on ``host`` right now, below the kernel's ephemeral range.
+
+    A port the kernel handed out itself (``bind(0)``) lies in the range it also draws the source
+    ports of outgoing connections from: between the choice and the server's own bind, any
+    connection on the machine can take it, and the server fails with EADDRINUSE (seen in CI:
+    ``fedfaas up``'s gateway lost its port to a connection made while functions deployed). A
+    port below that range is taken only by someone binding it on purpose.
+    """
+    low = _ephemeral_low()
+    first = max(1024, low - 12288)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(first, low) if low > first else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all tried were busy
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

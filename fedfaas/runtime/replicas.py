@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from fedfaas.runtime.function_auth import SECRETS_DIR_ENV
-from fedfaas.services import spawn
+from fedfaas.services import free_port, spawn
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +119,6 @@ def replica_env(
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def spawn_replica(
     *,
     python: str,
@@ -152,7 +146,9 @@ def spawn_replica(
     log_path = log_dir / f"{instance}.log"
     upstream_port = None
     if watchdog is not None:
-        port, upstream_port = _free_port(), _free_port()
+        port = upstream_port = free_port()
+        while upstream_port == port:
+            upstream_port = free_port()
         env = replica_env(function, slot, port, env_vars, env_process, secrets_dir)
         workdir = _of_watchdog_env(env, python, function_dir, log_dir / instance, upstream_port)
         proc = spawn([str(watchdog)], log_path=log_path, env=env, cwd=workdir)

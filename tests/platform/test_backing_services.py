@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import secrets
+import socket
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,14 @@ def test_redis_server_stops_and_frees_its_port(tmp_path: Path) -> None:
     server.stop()
     assert not server.alive() and pid is not None
     assert not redis_ping("127.0.0.1", port)
+
+
+def test_free_port_lies_below_the_kernels_ephemeral_range() -> None:
+    # Outgoing connections take their source port from the ephemeral range; a server port
+    # chosen there can be taken by any connection before the server binds it (a CI failure).
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(1024 <= p < low for p in ports), sorted(ports)
+    assert len(ports) > 40  # drawn at random, not the same few
+    with socket.socket() as s:  # a port it hands out can be bound
+        s.bind(("127.0.0.1", ports.pop()))
