@@ -423,6 +423,8 @@ def create_job(
 EVALUATOR_KEY = "fedfaas.evaluator"
 #: ... and its server optimizer (``fedfaas.server_opt.METADATA_KEY``).
 SERVER_OPT_KEY = "fedfaas.server_opt"
+#: ... and async mode (``fedfaas.fedbuff.METADATA_KEY``).
+ASYNC_KEY = "fedfaas.async"
 
 
 def with_metadata(weights: bytes, metadata: Mapping[str, str]) -> bytes:
@@ -457,6 +459,7 @@ def submit_job(
     max_reopens: int = 1,
     evaluator: Mapping[str, Any] | None = None,
     server_opt: Mapping[str, Any] | None = None,
+    fedbuff: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
 ) -> dict[str, Any]:
@@ -492,6 +495,13 @@ def submit_job(
         (``eta``, ``tau``); unnamed ones take Flower's defaults (``fedfaas.server_opt``). It
         travels in the weights' safetensors metadata (``fedfaas.server_opt``); its state is
         checkpointed beside each round's model.
+    fedbuff : run the job asynchronously (FedBuff; ``{}`` takes the defaults): a round is a
+        buffer of ``goal`` updates, each trained on any of the last ``max_staleness + 1``
+        versions (default 4) and weighted by its staleness (``staleness``: ``"poly"``
+        ``(1+s)^-a``, a = 0.5; ``"hinge"`` with ``a``, ``b``; ``"constant"``); a full buffer
+        moves the model by ``eta`` (default 1) times its weighted mean delta
+        (``fedfaas.fedbuff``). The clients selected per round (``overprovision``) are the
+        ones training at once. Not with ``server_opt``.
 
     Returns
     -------
@@ -515,6 +525,9 @@ def submit_job(
     if server_opt is not None:
         spec = json.dumps(dict(server_opt), separators=(",", ":"), sort_keys=True)
         initial_weights = with_metadata(initial_weights, {SERVER_OPT_KEY: spec})
+    if fedbuff is not None:
+        spec = json.dumps(dict(fedbuff), separators=(",", ":"), sort_keys=True)
+        initial_weights = with_metadata(initial_weights, {ASYNC_KEY: spec})
     body = {
         "job": job,
         "rounds": rounds,

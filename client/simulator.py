@@ -150,7 +150,7 @@ class SimulatorConfig:
     ``model`` names the architecture (:data:`client.model.MODELS`: ``"cnn"``, ``"softmax"``).
     ``malicious`` maps client ids to an attack of :data:`ATTACKS`, e.g.
     ``{"client-007": "sign-flip"}``; those clients train as usual, then upload the attack's
-    weights (and report their honest loss and duration).
+    weights (and report their honest loss and duration). ``slow`` simulates slower devices.
     """
 
     rounds: int = 5
@@ -161,6 +161,9 @@ class SimulatorConfig:
     torch_threads: int | None = 1
     model: str = "cnn"
     malicious: Mapping[str, str] = field(default_factory=dict)
+    #: client id -> how many times slower it is than it trains here: after its local
+    #: training it waits ``(factor - 1)`` times the training's duration (a slow device)
+    slow: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,7 @@ class Simulator:
         t0 = time.perf_counter()
         seed = self.config.seed * 1_000_003 + round_no * 10_007 + index
         res = train_local(model, shard.x, shard.y, self.config.train, seed=seed)
+        self._slow_down(shard.client_id, time.perf_counter() - t0)
         t1 = time.perf_counter()
         accepted = True
         attack = self.config.malicious.get(shard.client_id)
@@ -329,6 +333,11 @@ class Simulator:
             },
         )
         return out
+
+    def _slow_down(self, client: str, seconds: float) -> None:
+        factor = self.config.slow.get(client, 1.0)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * seconds)
 
     def _wait_all(self, version: int) -> bytes:
         data = b""
@@ -384,3 +393,171 @@ class Simulator:
                 self._emit("round", {**report.__dict__, "global_model": weights})
                 round_no, version = round_no + 1, version + 1
         return reports
+
+    # -- async mode (FedBuff) --------------------------------------------------------------
+
+    def run_async(self) -> list[RoundReport]:
+        """Run the clients of an async job (``submit_job(fedbuff=...)``) until it has
+        published ``config.rounds`` more versions; one report per version seen, its
+        ``seconds`` counted from the start.
+
+        Every client loops on its own thread: it fetches the newest model, trains on it
+        (slowed down as ``config.slow`` says) and uploads to round ``version + 1``. An update
+        the node cannot take now (its buffer share is full, or the version moved while it
+        uploaded) is sent again once a new version is out: it counts then, staler. One
+        trained on a model too old any more (409 ``too_stale``) is dropped, and the client
+        trains again on the newest. A client trains once per version.
+        """
+        import threading
+
+        if self.config.torch_threads is not None:
+            torch.set_num_threads(self.config.torch_threads)
+        cid, url = next(iter(self.gateway_of.items()))
+        monitor = FLClient(url, self.job, cid, self._tokens[cid])  # clients may move: its own
+        first = monitor.status()
+        start = int(first["version"])
+        last = min(int(first.get("rounds", start + self.config.rounds)), start + self.config.rounds)
+        stop = threading.Event()
+        lock = threading.Lock()
+        counts = {"accepted": 0, "dropped": 0}
+        errors: list[BaseException] = []
+
+        def client_loop(index: int, shard: ClientData) -> None:
+            base = start - 1
+            try:
+                while not stop.is_set():
+                    sdk = self._client_for(shard.client_id)
+                    glob = sdk.wait_for_version(base + 1, timeout=self.config.round_timeout)
+                    if glob.version >= last:
+                        return
+                    base = glob.version
+                    model = load_bytes_into(self._model(), glob.data)
+                    t0 = time.perf_counter()
+                    seed = self.config.seed * 1_000_003 + base * 10_007 + index
+                    res = train_local(model, shard.x, shard.y, self.config.train, seed=seed)
+                    self._slow_down(shard.client_id, time.perf_counter() - t0)
+                    payload = state_dict_to_bytes(model.state_dict())
+                    meta = {
+                        "loss": res.mean_loss,
+                        "loss_sq_mean": res.loss_sq_mean,
+                        "duration_s": time.perf_counter() - t0,
+                    }
+                    ok = self._send_async(sdk, base, payload, res.num_samples, meta, last, stop)
+                    with lock:
+                        counts["accepted" if ok else "dropped"] += 1
+                    self._emit(
+                        "upload",
+                        {
+                            "round": base + 1,
+                            "client": shard.client_id,
+                            "accepted": ok,
+                            "data": payload,
+                            "meta": meta,
+                            "num_samples": res.num_samples,
+                            "malicious": None,
+                        },
+                    )
+            except BaseException as exc:  # noqa: BLE001 - reported by run_async
+                errors.append(exc)
+                stop.set()
+
+        threads = [
+            threading.Thread(target=client_loop, args=(i, shard), name=f"fl-async-{i}", daemon=True)
+            for i, shard in enumerate(self.data.clients)
+        ]
+        t_start = time.perf_counter()
+        for th in threads:
+            th.start()
+        reports: list[RoundReport] = []
+        seen = start
+        deadline = time.monotonic() + self.config.round_timeout * max(1, last - start)
+        try:
+            while seen < last and not errors:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.job}: version {seen} of {last} at the deadline")
+                version = int(monitor.status()["version"])
+                if version <= seen:
+                    time.sleep(0.05)
+                    continue
+                glob = monitor.wait_for_version(version, timeout=self.config.round_timeout)
+                acc, loss = self.evaluate_bytes(glob.data)
+                seen = glob.version
+                with lock:
+                    accepted, dropped = counts["accepted"], counts["dropped"]
+                report = RoundReport(
+                    round=seen,
+                    version=seen,
+                    accuracy=acc,
+                    loss=loss,
+                    seconds=time.perf_counter() - t_start,
+                    accepted=accepted,
+                    late=dropped,
+                    mean_train_seconds=0.0,
+                    mean_upload_seconds=0.0,
+                )
+                log.info("version %d: accuracy %.3f at %.2fs", seen, acc, report.seconds)
+                reports.append(report)
+                self._emit("round", {**report.__dict__, "global_model": glob.data})
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(self.config.round_timeout)
+            monitor.close()
+        if errors:
+            raise errors[0]
+        return reports
+
+    def _client_for(self, client: str) -> FLClient:
+        """The client's SDK connection, to the gateway it is assigned now (asked again each
+        time with a dynamic assignment: placement may change between versions)."""
+        if self._dynamic:
+            import httpx
+
+            try:
+                url = self._resolve(client)
+            except httpx.HTTPStatusError as exc:  # no round open this instant: stay put
+                if exc.response.status_code != 409:
+                    raise
+                return self.clients[client]
+            if self.gateway_of.get(client) != url:
+                self.clients[client].close()
+                self.clients[client] = FLClient(url, self.job, client, self._tokens[client])
+                self.gateway_of[client] = url
+        return self.clients[client]
+
+    def _send_async(
+        self,
+        sdk: FLClient,
+        base: int,
+        payload: bytes,
+        samples: int,
+        meta: Mapping[str, float],
+        last: int,
+        stop: Any,
+    ) -> bool:
+        """Upload an update trained on version ``base`` until it counts (True) or is too
+        stale, or the job is done (False)."""
+        seen = base
+        while not stop.is_set():
+            try:
+                sdk.upload(base + 1, payload, samples, meta=meta)
+                return True
+            except StaleRound as exc:
+                if exc.error not in ASYNC_RETRY:
+                    log.info("%s: update on v%d dropped (%s)", sdk.client_id, base, exc.error)
+                    return False
+            version = int(sdk.status()["version"])  # send again once a new version is out
+            while version <= seen and not stop.is_set():
+                time.sleep(0.05)
+                version = int(sdk.status()["version"])
+            seen = version
+            if version >= last:
+                return False
+        return False
+
+
+#: 409s after which an async client sends the same update again once the version moved
+#: (``duplicate_client``: the open buffer holds its update on an older version already)
+ASYNC_RETRY = frozenset(
+    {"round_full", "stale_round", "round_closed", "round_not_open", "duplicate_client"}
+)

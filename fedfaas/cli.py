@@ -297,6 +297,13 @@ def register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "demo", help="run the main job: a real FL job over two node gateways, with a report"
     )
     _add_state_dir(p)
+    p.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="sync",
+        help="async: the job runs FedBuff (buffered asynchronous FL) and a third of the "
+        "clients are 5x slower",
+    )
     p.set_defaults(handler=run_demo)
 
 
@@ -304,7 +311,7 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if importlib.util.find_spec("fedfaas.demo") is not None:
         demo = importlib.import_module("fedfaas.demo")
-        code = demo.run(settings.state_dir)
+        code = demo.run(settings.state_dir, demo.DemoConfig.from_env(args.mode))
         return int(code or 0)
     from fedfaas.platform import smoke
 

@@ -22,6 +22,7 @@ import bpf
 from fedfaas import wire
 from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
+from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace, check_root
 from fedfaas.server_opt import (
     ServerOptError,
@@ -29,7 +30,7 @@ from fedfaas.server_opt import (
     state_from_safetensors,
     state_to_safetensors,
 )
-from gateway import auth, server_opt
+from gateway import auth, fedbuff, server_opt
 from gateway.asgi import AsgiExchange
 from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
@@ -309,6 +310,13 @@ class Gateway:
                 raise GatewayError(str(exc), status=409, code="bad_server_opt_state") from None
         else:
             opt = server_opt.declared(body, self.settings.max_header)
+        mode = fedbuff.declared(body, self.settings.max_header)
+        if mode is not None and opt is not None:
+            raise GatewayError(
+                "an async job applies its buffers with FedBuff's server learning rate (eta in "
+                "its async spec); a server optimizer with it is not supported: leave one out",
+                code="bad_async",
+            )
         if name in self.jobs or await self.journal.job(name) is not None:
             raise JobExists(f"job {name!r} exists; pick another name")
         meta = {
@@ -325,6 +333,9 @@ class Gateway:
             meta["evaluator"] = evaluator
         if opt is not None:
             meta["server_opt"] = opt.to_json()
+        if mode is not None:
+            meta["async"] = mode.to_json()
+            meta["since"] = start  # the models before a resumed job's checkpoint are not kept
         job = self._make_job(meta, spec)
         try:
             g = job.ns.allocate()
@@ -422,8 +433,12 @@ class Gateway:
         )
         cap = max(1, s.pool_max_bytes // spec.object_nbytes)
         opt = ServerOptimizer.from_json(meta["server_opt"]) if meta.get("server_opt") else None
-        # at publication a server optimizer writes the next model and its next state
+        mode = AsyncSpec.from_json(meta["async"]) if meta.get("async") else None
+        # at publication a server optimizer writes the next model and its next state; an
+        # async job's root keeps the models its updates may have trained on and writes the next
         extra = 0 if opt is None else 1 + len(opt.state_names)
+        if mode is not None:
+            extra += 1 + mode.max_staleness
         pool_max = min(held + slots + 2 + extra, cap)
         # pre-fault only what the first uploads need; the pool then grows to the real peak
         pool = s.pool if s.pool is not None else min(pool_max, (s.max_inflight or 4) + 2)
@@ -449,6 +464,8 @@ class Gateway:
             s.node,
             salt=salt,
             server_opt=opt,
+            fedbuff=mode,
+            since=int(meta.get("since", 0)),
             mint=mint,
             tokens={c: mint(c) for c in meta["clients"]},
         )
@@ -504,6 +521,7 @@ class Gateway:
                             self._skip.discard(incarnation)
                             continue
                         self.move_root(job, list(meta["nodes"]))
+                    job.since = int(meta.get("since", 0))  # a takeover moves it
                     if job.root != self.settings.node:
                         v = await self.journal.version(name)
                         if v > job.version:
@@ -548,13 +566,20 @@ class Gateway:
                 job.version,
             )
             return False
-        job.global_key, job.opt_keys = bytes.fromhex(key), opt
+        history = {int(v): bytes.fromhex(k) for v, k in (rec or {}).get("history", {}).items()}
+        if job.open_round is None:  # finished: freed at its last publication
+            history = {}
+        for v, k in list(history.items()):
+            if not job.ns.adopt(k):  # its updates get 409 too_stale: nothing is mixed up
+                log.warning("job %s: model v%d is not in the store any more", job.name, v)
+                del history[v]
+        job.global_key, job.opt_keys, job.history = bytes.fromhex(key), opt, history
         with job.ns.open(key) as obj:
             job.model_bytes = await asyncio.to_thread(
                 wire.encode_view,
                 obj.buf,
                 job.spec,
-                {"round": str(job.version)},
+                job.model_metadata(job.version),
                 threads=self.settings.encode_threads,
             )
         log.info("job %s: resumed at version %d", job.name, job.version)
@@ -745,6 +770,10 @@ class Gateway:
         r = job.open_round
         if r is None:
             job.engine = None
+            for k in job.history.values():  # no update will train on these now
+                if job.ns.leases(k):
+                    job.ns.free(k)
+            job.history.clear()
             job.ns.trim_pool(0)  # finished: keep only the global model
             return
         assert job.endpoint is not None
@@ -893,21 +922,29 @@ class Gateway:
         key, opt_keys = res.key, job.opt_keys
         if job.server_opt is not None:
             key, opt_keys = await asyncio.to_thread(server_opt.step, job, res.key, eng.round)
+        elif job.fedbuff is not None:
+            records = await self.journal.round_updates(job.name, eng.round)
+            key = await asyncio.to_thread(fedbuff.step, job, res.key, res.count, records)
         with job.ns.open(key) as obj:
             data = await asyncio.to_thread(
                 wire.encode_view,
                 obj.buf,
                 job.spec,
-                {"round": str(eng.round)},
+                job.model_metadata(eng.round),
                 threads=self.settings.encode_threads,
                 out=job.free_model_buffer(),  # pages already in place: no faults in the tail
             )
         job.keep_model_buffer(data)
-        old, old_opt = job.global_key, job.opt_keys
+        old, old_opt, old_version = job.global_key, job.opt_keys, job.version
         eng.close(keep=res.key)
         job.global_key, job.model_bytes, job.version = key, data, eng.round
         job.opt_keys = opt_keys
-        if old is not None and job.ns.leases(old):
+        dropped: list[bytes] = []
+        if job.fedbuff is not None and old is not None:  # kept: later updates trained on it
+            job.history[old_version] = old
+            oldest = job.version - job.fedbuff.max_staleness
+            dropped = [job.history.pop(v) for v in sorted(job.history) if v < oldest]
+        elif old is not None and job.ns.leases(old):
             job.ns.free(old)
         if job.times:
             job.times[-1].published_ns = time.monotonic_ns()
@@ -916,7 +953,7 @@ class Gateway:
             await self.journal.publish(
                 job.name,
                 job.version,
-                _global_record(key, res.weight, res.count, opt_keys),
+                _global_record(key, res.weight, res.count, opt_keys, job.history),
                 root=self.settings.node,
             )
         except NotRoot:
@@ -932,7 +969,7 @@ class Gateway:
             self._skip.discard((job.name, job.id))
             return
         # the step's inputs are superseded only now that the journal names its outputs
-        for k in [res.key, *old_opt.values()] if key != res.key else []:
+        for k in [*([res.key, *old_opt.values()] if key != res.key else []), *dropped]:
             if job.ns.leases(k):
                 job.ns.free(k)
         self.metrics.rounds.inc()
@@ -1065,11 +1102,18 @@ async def _read_minio(read: Callable[..., T], *args: Any) -> T:
 
 
 def _global_record(
-    key: bytes, weight: float, count: int, opt_keys: Mapping[str, bytes]
+    key: bytes,
+    weight: float,
+    count: int,
+    opt_keys: Mapping[str, bytes],
+    history: Mapping[int, bytes] | None = None,
 ) -> dict[str, Any]:
-    """The journal's record of a published model: its object, and the server optimizer's
-    state objects when the job has one (:mod:`gateway.server_opt`)."""
+    """The journal's record of a published model: its object, the server optimizer's state
+    objects when the job has one (:mod:`gateway.server_opt`), and an async job's older models
+    its next updates may have trained on (:mod:`gateway.fedbuff`)."""
     rec: dict[str, Any] = {"key": key.hex(), "weight": weight, "count": count}
     if opt_keys:
         rec["opt"] = {n: k.hex() for n, k in opt_keys.items()}
+    if history:
+        rec["history"] = {str(v): k.hex() for v, k in history.items()}
     return rec

@@ -178,8 +178,11 @@ class UploadExchange(Exchange):
             dec.finish(check_finite=self.gw.settings.check_finite)
         except wire.WireError as exc:
             raise _wire_reject(exc, self.client, self.rnd) from None
+        # the round it counts in and its weight: an async job's open buffer and the update's
+        # staleness weight (gateway.fedbuff), else the round and its sample count
+        rnd, weight = job.buffer_of(self.rnd, self.weight)
         wire.write_header(
-            obj.buf, job.spec, kind=wire.KIND_UPDATE, weight=self.weight, count=1, round=self.rnd
+            obj.buf, job.spec, kind=wire.KIND_UPDATE, weight=weight, count=1, round=rnd
         )
         self.dec = None
         del dec
@@ -187,14 +190,26 @@ class UploadExchange(Exchange):
         job.ns.seal(obj.key)
         key = obj.key_bytes
         # journals (with the client's metadata), routes
-        await job.accept(self.gw, self.rnd, self.client, key, self.weight, self.meta)
+        if job.fedbuff is None:
+            await job.accept(self.gw, rnd, self.client, key, weight, self.meta)
+        else:
+            await job.accept(
+                self.gw,
+                rnd,
+                self.client,
+                key,
+                weight,
+                self.meta,
+                samples=self.weight,
+                base=self.rnd - 1,
+            )
         self.obj = None  # owned by the round now
-        self.gw.checkpoint_client(job, self.rnd, self.client, key)
+        self.gw.checkpoint_client(job, rnd, self.client, key)
         self._unreserve()
         self.gw.metrics.updates.inc()
         self.gw.metrics.ingest_bytes.inc(self.req.content_length or 0)
         self.gw.metrics.ingest_seconds.observe((time.monotonic_ns() - self.t0) / 1e9)
-        return Response.json(202, {"key": key.hex(), "round": self.rnd, "client": self.client})
+        return Response.json(202, {"key": key.hex(), "round": rnd, "client": self.client})
 
     def _unreserve(self) -> None:
         hold, self.hold = self.hold, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
+import json
 import re
 import sys
 import time
@@ -16,6 +17,8 @@ import numpy as np
 
 import bpf
 from fedfaas import wire
+from fedfaas.fedbuff import METADATA_KEY as FEDBUFF_KEY
+from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
@@ -108,6 +111,13 @@ class Job:
     server_opt: ServerOptimizer | None = None
     #: the optimizer's state objects in the store (name -> key) on the root; none before round 1
     opt_keys: dict[str, bytes] = field(default_factory=dict)
+    #: async mode (:mod:`gateway.fedbuff`); None: a sync job
+    fedbuff: AsyncSpec | None = None
+    #: an async job's older models an update may have trained on (version -> key), on the root
+    history: dict[int, bytes] = field(default_factory=dict)
+    #: the oldest version an async job's update may have trained on: the version it was
+    #: resumed or taken over at (the root holds no model before it), from the job's metadata
+    since: int = 0
     model_bytes: bytes | memoryview = b""  # safetensors (a read-only view: no copy)
     #: buffers models were encoded into; one that nothing reads any more is written again
     model_buffers: list[np.ndarray] = field(default_factory=list)
@@ -160,6 +170,15 @@ class Job:
                 self.tokens[c] = t = self.mint(c)
                 self.by_token[t] = c
 
+    def model_metadata(self, version: int) -> dict[str, str]:
+        """The safetensors metadata of the model the job serves at ``version``: its round, and
+        an async job's spec (a client sees the mode; a job resumed from the checkpoint keeps
+        it)."""
+        out = {"round": str(version)}
+        if self.fedbuff is not None:
+            out[FEDBUFF_KEY] = json.dumps(self.fedbuff.to_json(), sort_keys=True)
+        return out
+
     def free_model_buffer(self) -> np.ndarray | None:
         """A buffer a model was encoded into that no view reads any more (neither
         :attr:`model_bytes` nor a response still being sent: each holds a reference to it), to
@@ -176,7 +195,7 @@ class Job:
         """Have :data:`MODEL_BUFFERS` buffers of the model's encoded size (with room for a long
         round number) written once, so that no round's publication waits for page faults,
         the first ones included. Run on a job's root node when the job is installed."""
-        nbytes = wire.encoded_nbytes(self.spec, {"round": "9" * 12})
+        nbytes = wire.encoded_nbytes(self.spec, {**self.model_metadata(0), "round": "9" * 12})
         while len(self.model_buffers) < MODEL_BUFFERS:
             buf = np.empty(nbytes, np.uint8)
             buf.fill(0)  # every page faulted in now, outside any round
@@ -282,11 +301,24 @@ class Job:
                 client_id=client,
                 round=rnd,
             )
-        if rnd != open_r:
+        oldest = max(open_r - self.fedbuff.max_staleness, self.since + 1) if self.fedbuff else 0
+        if self.fedbuff is not None and oldest <= rnd < open_r:
+            pass  # an async job takes an update trained on a recent version into its buffer
+        elif rnd != open_r:
             code = "stale_round" if rnd < open_r else "future_round"
+            if self.fedbuff is not None and rnd < open_r:
+                code = "too_stale"
             raise UpdateRejected(
                 f"round {rnd} is not open; the open round is {open_r} (model version "
-                f"{self.version}): fetch the model and train on it",
+                f"{self.version})"
+                + (
+                    f", and this async job takes updates trained on version {oldest - 1} or "
+                    f"newer (at most {self.fedbuff.max_staleness} versions old, none from "
+                    f"before version {self.since})"
+                    if code == "too_stale" and self.fedbuff is not None
+                    else ""
+                )
+                + ": fetch the model and train on it",
                 status=409,
                 code=code,
                 client_id=client,
@@ -302,7 +334,7 @@ class Job:
                 round=rnd,
             )
         want = self.plan.client_nodes.get(client, node)
-        if want != node:
+        if want != node and self.fedbuff is None:  # an async buffer takes them where they come
             raise UpdateRejected(
                 f"client {client} uploads to node {want}, not {node}",
                 status=409,
@@ -311,17 +343,17 @@ class Job:
                 round=rnd,
             )
         eng = self.engine
-        if eng is not None and eng.round == rnd and eng.frozen:
+        if eng is not None and eng.round == open_r and eng.frozen:
             raise UpdateRejected(
-                f"round {rnd} was closed by the control plane; it aggregates what arrived",
+                f"round {open_r} was closed by the control plane; it aggregates what arrived",
                 status=409,
                 code="round_closed",
                 client_id=client,
                 round=rnd,
             )
-        if eng is None or eng.round != rnd:
+        if eng is None or eng.round != open_r:
             raise UpdateRejected(
-                f"round {rnd} is not open on this node yet",
+                f"round {open_r} is not open on this node yet",
                 status=409,
                 code="round_not_open",
                 client_id=client,
@@ -329,7 +361,7 @@ class Job:
             )
         if client in eng.clients or client in self.inflight:
             raise UpdateRejected(
-                f"client {client} already sent an update for round {rnd}",
+                f"client {client} already sent an update for round {open_r}",
                 status=409,
                 code="duplicate_client",
                 client_id=client,
@@ -337,12 +369,32 @@ class Job:
             )
         if eng.accepted + len(self.inflight) >= eng.capacity:
             raise UpdateRejected(
-                f"round {rnd} already has its {eng.capacity} updates on this node",
+                f"round {open_r} already has its {eng.capacity} updates on this node"
+                + ("; send it again once the version advances" if self.fedbuff else ""),
                 status=409,
                 code="round_full",
                 client_id=client,
                 round=rnd,
             )
+
+    def buffer_of(self, rnd: int, samples: int) -> tuple[int, float]:
+        """``(round, weight)`` an update uploaded to round ``rnd`` counts in now: in a sync
+        job ``rnd`` and its sample count; in an async one the open buffer and the staleness
+        weight (:mod:`gateway.fedbuff`)."""
+        if self.fedbuff is None or self.open_round is None:
+            return rnd, float(samples)
+        buffer = self.open_round
+        if buffer - rnd > self.fedbuff.max_staleness or rnd <= self.since:  # versions moved on
+            raise UpdateRejected(
+                f"round {rnd}'s update is now {buffer - rnd} versions old; this async job "
+                f"takes updates at most {self.fedbuff.max_staleness} versions old: fetch the "
+                "model and train on it",
+                status=409,
+                code="too_stale",
+                client_id=None,
+                round=rnd,
+            )
+        return buffer, self.fedbuff.weight(max(0, buffer - rnd))
 
     async def accept(
         self,
@@ -350,13 +402,18 @@ class Job:
         rnd: int,
         client: str,
         key: bytes,
-        weight: int,
+        weight: float,
         meta: dict[str, float | int] | None = None,
+        *,
+        samples: int | None = None,
+        base: int | None = None,
     ) -> None:
         """Journal a sealed update and hand it to the round (the caller answers 202 after).
 
         ``meta`` (the client's ``X-Client-Meta``) is kept in the journal record; the round's
-        ``meta.json`` carries it as the client's metadata.
+        ``meta.json`` carries it as the client's metadata. An async job's update (round
+        ``rnd``: its buffer) also records its sample count and the ``base`` version it
+        trained on.
         """
         record: dict[str, Any] = {
             "key": key.hex(),
@@ -364,6 +421,8 @@ class Job:
             "node": gw.settings.node,
             "t": time.time(),
         }
+        if base is not None:
+            record["base"], record["samples"] = base, samples
         if meta:
             record["meta"] = meta
         ok = await gw.journal.accept(self.name, rnd, client, record)

@@ -149,12 +149,19 @@ class Journal:
                     continue  # another job changed meanwhile: read again
 
     async def take_root(
-        self, job: str, old: str, new: str, version: int, record: dict[str, Any]
+        self,
+        job: str,
+        old: str,
+        new: str,
+        version: int,
+        record: dict[str, Any],
+        *,
+        since: int | None = None,
     ) -> dict[str, Any]:
         """Make ``new`` the root of ``job`` in place of ``old``, at model ``version`` whose
         object on ``new`` is ``record`` (a compare-and-set: the root must still be ``old`` and
         the version unchanged). Returns the job's new metadata; ``old`` stays one of its
-        nodes, last.
+        nodes, last. ``since`` (an async job): the oldest version its updates may train on now.
 
         Raises :class:`NotRoot` when the root is not ``old`` any more, or the version moved.
         """
@@ -176,6 +183,8 @@ class Journal:
                     meta["nodes"] = (
                         [new] + [n for n in meta["nodes"] if n not in (new, old)] + [old]
                     )
+                    if since is not None:
+                        meta["since"] = since
                     p.multi()  # type: ignore[no-untyped-call]
                     p.hset(PREFIX + "jobs", job, json.dumps(meta))
                     p.hset(key, "global", json.dumps(record))

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fedfaas import wire
 from gateway.errors import GatewayError
+
+T = TypeVar("T")
 
 #: ``X-Client-Meta``: at most this many bytes, entries, and this key shape.
 CLIENT_META_MAX_BYTES = 1024
@@ -72,6 +75,27 @@ EVALUATOR_KEY = "fedfaas.evaluator"
 EVALUATOR_MAX_BYTES = 1024
 
 
+def declared_spec(
+    body: bytes | memoryview,
+    max_header: int,
+    key: str,
+    parse: Callable[[Any], T],
+    code: str,
+) -> T | None:
+    """``parse`` of the JSON in the initial weights' ``__metadata__[key]``, or None when it is
+    not there; 400 ``code`` with ``parse``'s message (a ``ValueError``) or the JSON's error."""
+    try:
+        raw = wire_metadata(body, max_header).get(key)
+    except wire.WireError as exc:
+        raise GatewayError(exc.detail, code=exc.code) from None
+    if raw is None:
+        return None
+    try:
+        return parse(json.loads(raw))
+    except ValueError as exc:  # the spec's own errors and JSON errors alike
+        raise GatewayError(f"__metadata__[{key!r}]: {exc}", code=code) from None
+
+
 def declared_evaluator(body: bytes | memoryview, max_header: int) -> dict[str, Any] | None:
     """The evaluator spec the initial weights declare (``__metadata__["fedfaas.evaluator"]``, a
     small JSON object with a string ``kind``), or None. The gateway writes it into the round
@@ -113,8 +137,9 @@ def round_meta_doc(
 ) -> dict[str, Any]:
     """A round's ``meta.json`` from its journaled update ``records`` (client -> record).
 
-    ``clients`` maps each client to its FedAvg weight; ``client_meta`` holds each client's own
-    metadata (its ``X-Client-Meta``) plus ``n_samples``; ``round_meta`` names the job's
+    ``clients`` maps each client to its FedAvg weight (in an async job, its staleness weight);
+    ``client_meta`` holds each client's own metadata (its ``X-Client-Meta``) plus ``n_samples``
+    (and, in an async job, ``base_version``, the model it trained on); ``round_meta`` names the job's
     evaluator when it declared one. FLStore's cold store reads this (``normalize_meta``).
     """
     doc: dict[str, Any] = {
@@ -124,10 +149,15 @@ def round_meta_doc(
         "count": count,
         "weight_sum": weight_sum,
         "clients": {c: r["weight"] for c, r in records.items()},
-        "client_meta": {
-            c: {**r.get("meta", {}), "n_samples": r["weight"]} for c, r in records.items()
-        },
+        "client_meta": {c: _client_meta(r) for c, r in records.items()},
     }
     if evaluator is not None:
         doc["round_meta"] = {"evaluator": evaluator}
     return doc
+
+
+def _client_meta(record: dict[str, Any]) -> dict[str, Any]:
+    out = {**record.get("meta", {}), "n_samples": record.get("samples", record["weight"])}
+    if "base" in record:
+        out["base_version"] = record["base"]
+    return out

@@ -15,7 +15,6 @@ it back.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,7 @@ from fedfaas.server_opt import (
     state_to_safetensors,
 )
 from gateway.errors import GatewayError
-from gateway.meta import wire_metadata
+from gateway.meta import declared_spec
 
 if TYPE_CHECKING:
     from gateway.jobs import Job
@@ -41,18 +40,9 @@ __all__ = ["declared", "from_checkpoint", "state_bytes", "step", "write_state"]
 def declared(body: bytes | memoryview, max_header: int) -> ServerOptimizer | None:
     """The server optimizer the initial weights name (``__metadata__["fedfaas.server_opt"]``),
     or None; 400 ``bad_server_opt`` saying what to change."""
-    try:
-        raw = wire_metadata(body, max_header).get(METADATA_KEY)
-    except wire.WireError as exc:
-        raise GatewayError(exc.detail, code=exc.code) from None
-    if raw is None:
-        return None
-    try:
-        return ServerOptimizer.from_json(json.loads(raw))
-    except ValueError as exc:  # ServerOptError and JSON errors alike
-        raise GatewayError(
-            f"__metadata__[{METADATA_KEY!r}]: {exc}", code="bad_server_opt"
-        ) from None
+    return declared_spec(
+        body, max_header, METADATA_KEY, ServerOptimizer.from_json, "bad_server_opt"
+    )
 
 
 def from_checkpoint(data: bytes, job: Job, round: int) -> dict[str, np.ndarray]:

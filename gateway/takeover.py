@@ -87,7 +87,10 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
     if opt_keys:
         rec["opt"] = {n: k.hex() for n, k in opt_keys.items()}
     try:
-        meta = await gw.journal.take_root(job.name, dead, me, version, rec)
+        # an async job's older models died with the old root: updates trained on them are
+        # refused from now on (too_stale), on every node (the job's metadata says so)
+        since = version if job.fedbuff is not None else None
+        meta = await gw.journal.take_root(job.name, dead, me, version, rec, since=since)
     except NotRoot as exc:
         for k in [g.key_bytes, *opt_keys.values()]:
             job.ns.free(k)
@@ -97,6 +100,7 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
         gw.advance_remote(job, version)
     old = job.global_key
     job.global_key, job.model_bytes, job.opt_keys = g.key_bytes, data, opt_keys
+    job.since, job.history = int(meta.get("since", 0)), {}
     if old is not None and old != g.key_bytes and job.ns.leases(old):
         job.ns.free(old)
     job.reserve_model_buffers()

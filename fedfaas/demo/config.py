@@ -30,16 +30,40 @@ class DemoConfig:
     hold: float = 0.0
     min_accuracy: float = 0.5  # exit code 1 below this final test accuracy
     platform: dict[str, Any] = field(default_factory=dict)
+    #: "async": the job runs FedBuff (buffers of ``clients // 4`` updates, 4 versions per
+    #: sync round's worth of updates) and a third of the clients are 5x slower
+    mode: str = "sync"
+
+    @property
+    def buffer(self) -> int:
+        """Updates per version in async mode."""
+        return max(1, self.clients // 4)
+
+    @property
+    def versions(self) -> int:
+        """Model versions the job publishes: its rounds, or (async) as many buffers as the
+        sync rounds' updates fill."""
+        return self.rounds if self.mode == "sync" else self.rounds * self.clients // self.buffer
+
+    def slow_clients(self, ids: list[str]) -> dict[str, float]:
+        """Async mode: every third client is 5x slower."""
+        return {c: 5.0 for c in ids[2::3]} if self.mode == "async" else {}
 
     @classmethod
-    def from_env(cls) -> DemoConfig:
+    def from_env(cls, mode: str = "sync") -> DemoConfig:
+        """The defaults, the environment's knobs, and the mode (async: no malicious client,
+        it would be in few buffers)."""
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be sync or async, not {mode!r}")
         env = os.environ
+        malicious = env.get("FEDFAAS_DEMO_MALICIOUS", "client-007") or None
         return cls(
             clients=int(env.get("FEDFAAS_DEMO_CLIENTS", 20)),
             rounds=int(env.get("FEDFAAS_DEMO_ROUNDS", 5)),
-            malicious=env.get("FEDFAAS_DEMO_MALICIOUS", "client-007") or None,
+            malicious=malicious if mode == "sync" else None,
             select=int(env.get("FEDFAAS_DEMO_SELECT", 10)),
             hold=float(env.get("FEDFAAS_DEMO_HOLD", 0)),
+            mode=mode,
         )
 
 

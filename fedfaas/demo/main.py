@@ -45,14 +45,18 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
     if cfg.malicious is not None and cfg.malicious not in ids:
         raise DemoError(f"malicious client {cfg.malicious!r} is not one of {ids[0]}..{ids[-1]}")
     cp = p.urls["control_plane"]
+    mode: dict[str, Any] = {}
+    if cfg.mode == "async":  # every client trains at once; buffers of cfg.buffer updates
+        mode = {"goal": cfg.buffer, "overprovision": cfg.clients / cfg.buffer, "fedbuff": {}}
     created = submit_job(
         cp,
         cfg.job,
         model_to_bytes(make_model(cfg.seed, cfg.model)),
-        rounds=cfg.rounds,
+        rounds=cfg.versions,
         clients=ids,
         admin_token=p.admin_secret(),
         evaluator=EVALUATOR,
+        **mode,
     )
     tokens: dict[str, str] = created["tokens"]  # the job's salt is in them: good for it only
     assign = control_plane_assignment(cp, cfg.job, tokens)
@@ -65,14 +69,25 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         + ", ".join(f"{n} {nodes.get(u, u)}" for u, n in result.placement.items())
         + f" (round 1), {cfg.rounds} rounds, Dirichlet alpha {cfg.alpha}, model {cfg.model}"
         + (f"; {cfg.malicious} sign-flips its update" if cfg.malicious else "")
+        + (
+            f"; async (FedBuff): {cfg.versions} versions of {cfg.buffer} updates, "
+            f"{len(cfg.slow_clients(ids))} clients 5x slower"
+            if cfg.mode == "async"
+            else ""
+        )
     )
     samples = {c.client_id: c.num_samples for c in data.clients}
     updates: dict[tuple[int, str], bytes] = {}
     checks: dict[int, float] = {}
     tty = sys.stderr.isatty()
-    bar_rounds = tqdm(total=cfg.rounds, desc="rounds ", unit="round", position=0, leave=True)
+    bar_rounds = tqdm(total=cfg.versions, desc="rounds ", unit="round", position=0, leave=True)
     bar_up = tqdm(
-        total=cfg.clients, desc="round 1", unit="update", position=1, leave=False, disable=not tty
+        total=cfg.clients if cfg.mode == "sync" else cfg.buffer,
+        desc="round 1",
+        unit="update",
+        position=1,
+        leave=False,
+        disable=not tty,
     )  # two live bars only make sense on a terminal
 
     def on_event(kind: str, info: dict[str, Any]) -> None:
@@ -81,19 +96,25 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
             bar_up.update(1)
         elif kind == "round":
             rnd = info["round"]
-            checks[rnd] = fedavg_error(
-                info["global_model"],
-                [(blob, samples[cid]) for (r, cid), blob in updates.items() if r == rnd],
-            )
+            if cfg.mode == "sync":  # an async version is no FedAvg of its buffer
+                checks[rnd] = fedavg_error(
+                    info["global_model"],
+                    [(blob, samples[cid]) for (r, cid), blob in updates.items() if r == rnd],
+                )
             bar_rounds.update(1)
             bar_rounds.set_postfix(accuracy=f"{info['accuracy']:.3f}")
-            if rnd < cfg.rounds:
+            if rnd < cfg.versions:
                 bar_up.reset()
                 bar_up.set_description(f"round {rnd + 1}")
 
     malicious = {cfg.malicious: "sign-flip"} if cfg.malicious else {}
     sim_cfg = SimulatorConfig(
-        rounds=cfg.rounds, workers=cfg.workers, seed=cfg.seed, model=cfg.model, malicious=malicious
+        rounds=cfg.versions,
+        workers=cfg.workers,
+        seed=cfg.seed,
+        model=cfg.model,
+        malicious=malicious,
+        slow=cfg.slow_clients(ids),
     )
     try:
         # Log lines go through tqdm.write so they do not tear the live bars apart.
@@ -101,7 +122,7 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
             logging_redirect_tqdm(),
             Simulator(cfg.job, data, tokens, assign, sim_cfg, on_event=on_event) as sim,
         ):
-            reports = sim.run()
+            reports = sim.run() if cfg.mode == "sync" else sim.run_async()
     finally:
         bar_up.close()
         bar_rounds.close()
@@ -192,13 +213,13 @@ def run(state_dir: Path, config: DemoConfig | None = None) -> int:
             _train(cfg, p, result)
             t = _phase(result, "training_s", t)
             _record_aggregation(p, before, result)
-            wait_for_checkpoints(p, cfg.job, cfg.rounds, result)
+            wait_for_checkpoints(p, cfg.job, cfg.versions, result)
             t = _phase(result, "checkpoints_s", t)
             say("asking FLStore (request tracker) three questions about the job ...")
             result.answers = three_questions(
                 p.urls["request_tracker"],
                 cfg.job,
-                cfg.rounds,
+                cfg.versions,
                 cfg.select,
                 cfg.malicious,
                 p.analyst_token(),
@@ -266,8 +287,10 @@ def _problems(cfg: DemoConfig, result: DemoResult) -> list[str]:
     if result.error:
         return [result.error]
     out = []
-    if len(result.rounds) != cfg.rounds:
+    if cfg.mode == "sync" and len(result.rounds) != cfg.rounds:
         out.append(f"{len(result.rounds)} of {cfg.rounds} rounds completed")
+    elif not result.rounds or result.rounds[-1]["version"] != cfg.versions:
+        out.append(f"version {cfg.versions} was not published")
     elif result.rounds[-1]["accuracy"] < cfg.min_accuracy:
         out.append(f"final accuracy {result.rounds[-1]['accuracy']:.3f} < {cfg.min_accuracy}")
     if not result.aggregation.get("tasks"):

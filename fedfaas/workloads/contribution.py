@@ -118,7 +118,8 @@ def permutation_shapley(
     v_full = v(tuple(range(n)))
     info: dict[str, Any] = {"v_empty": v_empty, "v_full": v_full, "permutations": 0}
     if abs(v_full - v_empty) <= round_trunc_threshold:
-        info["round_truncated"] = True
+        # every value is 0, exactly: nothing to converge (the answer has the same keys)
+        info.update(round_truncated=True, converged=True, truncated_marginals=0)
         return np.zeros(n), info
     cmin = max(30, n) if converge_min is None else converge_min
     records: list[NDArray[np.float64]] = []

@@ -135,3 +135,46 @@ def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path
     for line in ("which client is malicious?", "GTG-Shapley", "Oort picks 10"):
         assert line in out.stdout
     assert_nothing_left(report, tmp_path)
+
+
+def test_fedfaas_demo_mode_async_runs_fedbuff_with_slow_clients_through_the_cli(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        **ANY_PORTS_ENV,
+        "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0)),
+        "FEDFAAS_DEMO_CLIENTS": "8",  # buffers of 2 updates; 2 rounds' worth: 8 versions
+        "FEDFAAS_DEMO_ROUNDS": "2",
+        "FEDFAAS_DEMO_SELECT": "3",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedfaas.cli",
+            "demo",
+            "--mode",
+            "async",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert report["config"]["mode"] == "async"
+    assert "async (FedBuff): 8 versions of 2 updates, 2 clients 5x slower" in out.stdout
+    versions = [r["version"] for r in report["rounds"]]
+    assert versions == sorted(versions) and versions[-1] == 8
+    assert report["rounds"][-1]["accuracy"] >= 0.5
+    # every version is checkpointed in MinIO
+    assert [k.split("/rounds/")[1] for k in report["checkpoint_keys"]] == [
+        f"{r:06d}/global.safetensors" for r in range(9)
+    ]
+    assert_aggregated_by_the_function(report, 8)
+    assert_nothing_left(report, tmp_path)

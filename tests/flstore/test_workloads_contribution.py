@@ -65,6 +65,9 @@ def test_round_truncation_sets_every_value_to_zero_when_the_round_barely_helps()
         small_round().workload_data(with_evaluator=True), {"round": 1, "round_trunc_threshold": 1.0}
     )
     assert res["round_truncated"] is True and set(res["values"].values()) == {0.0}
+    # the same keys as any other answer (the demo read "converged" and failed without it)
+    full = get("shapley").run(small_round().workload_data(with_evaluator=True), {"round": 1})
+    assert set(full) <= set(res), set(full) - set(res)
 
 
 def test_exact_shapley_of_an_additive_game_is_each_players_own_value() -> None:
