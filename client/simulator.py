@@ -252,16 +252,19 @@ class Simulator:
     def _assign(self) -> None:
         """(Re)resolve every client's gateway; clients that moved get a new connection."""
         for shard in self.data.clients:
-            cid = shard.client_id
-            url = self._resolve(cid)
-            if self.gateway_of.get(cid) != url:
-                if cid in self.clients:
-                    self.clients[cid].close()
-                self.clients[cid] = FLClient(url, self.job, cid, self._tokens[cid])
-                self.gateway_of[cid] = url
+            self._connect(shard.client_id, self._resolve(shard.client_id))
         self._monitors = {
             url: self.clients[cid] for cid, url in reversed(list(self.gateway_of.items()))
         }
+
+    def _connect(self, cid: str, url: str) -> FLClient:
+        """Client ``cid``'s connection to ``url`` (a new one when it moved there)."""
+        if self.gateway_of.get(cid) != url:
+            if cid in self.clients:
+                self.clients[cid].close()
+            self.clients[cid] = FLClient(url, self.job, cid, self._tokens[cid])
+            self.gateway_of[cid] = url
+        return self.clients[cid]
 
     def close(self) -> None:
         for c in self.clients.values():
@@ -514,15 +517,10 @@ class Simulator:
             import httpx
 
             try:
-                url = self._resolve(client)
+                return self._connect(client, self._resolve(client))
             except httpx.HTTPStatusError as exc:  # no round open this instant: stay put
                 if exc.response.status_code != 409:
                     raise
-                return self.clients[client]
-            if self.gateway_of.get(client) != url:
-                self.clients[client].close()
-                self.clients[client] = FLClient(url, self.job, client, self._tokens[client])
-                self.gateway_of[client] = url
         return self.clients[client]
 
     def _send_async(

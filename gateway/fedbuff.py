@@ -50,15 +50,6 @@ def step(job: Job, mean_key: bytes, count: int, records: Mapping[str, Mapping[st
     for rec in records.values():
         b = int(rec["base"])
         base_weights[b] = base_weights.get(b, 0.0) + float(rec["weight"])
-    if len(records) != count:
-        # an update journaled but not in the buffer's result (a round closed early): the
-        # weights of the bases are the journal's, scaled to the result's total
-        log.warning(
-            "job %s: %d journaled updates, %d in the buffer; base weights scaled",
-            job.name,
-            len(records),
-            count,
-        )
     models = {**job.history, job.version: job.global_key}
     for b in sorted(set(base_weights) - set(models)):  # refused at upload: not reached
         log.error(
@@ -70,6 +61,14 @@ def step(job: Job, mean_key: bytes, count: int, records: Mapping[str, Mapping[st
         total = wire.read_header(mean_obj.buf).weight
         have = sum(base_weights.values())
         if have > 0 and abs(have - total) > 1e-9 * max(1.0, total):
+            # an update journaled but not in the buffer's result (a round closed early): the
+            # weights of the bases are the journal's, scaled to the result's total
+            log.warning(
+                "job %s: %d journaled updates, %d in the buffer; base weights scaled",
+                job.name,
+                len(records),
+                count,
+            )
             base_weights = {b: w * total / have for b, w in base_weights.items()}
         views = {
             b: wire.flat_view(es.enter_context(job.ns.open(models[b])).buf, job.spec)

@@ -190,19 +190,16 @@ class UploadExchange(Exchange):
         job.ns.seal(obj.key)
         key = obj.key_bytes
         # journals (with the client's metadata), routes
-        if job.fedbuff is None:
-            await job.accept(self.gw, rnd, self.client, key, weight, self.meta)
-        else:
-            await job.accept(
-                self.gw,
-                rnd,
-                self.client,
-                key,
-                weight,
-                self.meta,
-                samples=self.weight,
-                base=self.rnd - 1,
-            )
+        await job.accept(
+            self.gw,
+            rnd,
+            self.client,
+            key,
+            weight,
+            self.meta,
+            samples=self.weight,
+            base=self.rnd - 1,
+        )
         self.obj = None  # owned by the round now
         self.gw.checkpoint_client(job, rnd, self.client, key)
         self._unreserve()

@@ -405,15 +405,15 @@ class Job:
         weight: float,
         meta: dict[str, float | int] | None = None,
         *,
-        samples: int | None = None,
-        base: int | None = None,
+        samples: int,
+        base: int,
     ) -> None:
         """Journal a sealed update and hand it to the round (the caller answers 202 after).
 
         ``meta`` (the client's ``X-Client-Meta``) is kept in the journal record; the round's
         ``meta.json`` carries it as the client's metadata. An async job's update (round
         ``rnd``: its buffer) also records its sample count and the ``base`` version it
-        trained on.
+        trained on (a sync job's ``weight`` is its sample count, its base ``rnd - 1``).
         """
         record: dict[str, Any] = {
             "key": key.hex(),
@@ -421,7 +421,7 @@ class Job:
             "node": gw.settings.node,
             "t": time.time(),
         }
-        if base is not None:
+        if self.fedbuff is not None:
             record["base"], record["samples"] = base, samples
         if meta:
             record["meta"] = meta
