@@ -457,6 +457,7 @@ def submit_job(
     min_updates: int = 1,
     on_shortfall: str = "reopen",
     max_reopens: int = 1,
+    selection: str = "random",
     evaluator: Mapping[str, Any] | None = None,
     server_opt: Mapping[str, Any] | None = None,
     fedbuff: Mapping[str, Any] | None = None,
@@ -485,6 +486,11 @@ def submit_job(
         if at least ``min_updates`` came; else it gets another deadline
         (``on_shortfall="reopen"``, at most ``max_reopens`` times) or the job fails
         (``"fail"``; the job's view then says why in ``failed``).
+    selection : how each round's clients are chosen: ``"random"``, or ``"oort"``: from round
+        2 on, the control plane asks FLStore's request tracker for Oort's selection (utility
+        from the clients' ``loss`` and ``n_samples``, speed from their ``duration_s``, in the
+        ``meta`` of their uploads; unseen clients are explored). When the tracker cannot
+        answer, the round is random and its ``selection_note`` in the job's view says why.
     evaluator : the job's validation-set evaluator for FLStore's contribution workloads
         (Shapley, leave-one-out), e.g. ``{"kind": "digits-softmax", "split_seed": 0}`` (see
         ``cache_engine.evaluators``); it travels in the weights' safetensors metadata
@@ -540,6 +546,7 @@ def submit_job(
         "min_updates": min_updates,
         "on_shortfall": on_shortfall,
         "max_reopens": max_reopens,
+        "selection": selection,
         "weights_b64": base64.b64encode(initial_weights).decode(),
     }
     resp = _control_plane(

@@ -39,6 +39,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -50,14 +51,17 @@ from control_plane.coordinator import Coordinator
 from control_plane.errors import ControlPlaneError, InvalidInput, RoundStateError
 from control_plane.gateways import plan_to_slots
 from control_plane.jobs import JobSpec, round_view
+from control_plane.selection import OortScheduler
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
 from fedfaas.auth import (
+    AuthConfigError,
     Authenticator,
     AuthError,
     Scope,
     install,
     private_app,
+    read_token_file,
     require,
 )
 from fedfaas.discovery import Discovery
@@ -90,6 +94,11 @@ class JobIn(BaseModel):
         "(at most max_reopens times), or the job fails",
     )
     max_reopens: int = Field(1, ge=0, le=100)
+    selection: Literal["random", "oort"] = Field(
+        "random",
+        description="how each round's clients are chosen: at random, or by Oort's utility "
+        "from FLStore's scheduling workload (random when the tracker cannot answer)",
+    )
     weights_b64: str | None = Field(
         None,
         description="initial weights (safetensors, base64) for gateways that need them; "
@@ -217,6 +226,7 @@ def create_app(
             body.min_updates,
             body.on_shortfall,
             body.max_reopens,
+            body.selection,
         )
         await coord.create_job(spec, initial_weights=weights)
         return {
@@ -339,12 +349,14 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         provider = AsyncOpenFaaS(settings.provider_url, auth)
     token = None
     if settings.admin_token_file is not None:
-        try:
-            token = settings.admin_token_file.read_text().strip()
-        except OSError as exc:
-            raise InvalidInput(
-                f"cannot read admin token file {settings.admin_token_file}: {exc}"
-            ) from exc
+        token = _token_file(settings.admin_token_file, "admin token")
+    scheduler = None
+    if settings.tracker_url and settings.tracker_token_file is not None:  # both, or neither
+        scheduler = OortScheduler(
+            settings.tracker_url,
+            _token_file(settings.tracker_token_file, "tracker token"),
+            timeout_s=settings.selection_timeout_s,
+        )
     return Coordinator(
         settings.gateway_map(),
         mc=settings.mc,
@@ -356,4 +368,12 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         node_grace_s=settings.node_grace_s,
         admin_token=token,
         scale_down_after=settings.scale_down_s,
+        scheduler=scheduler,
     )
+
+
+def _token_file(path: Path, what: str) -> str:
+    try:
+        return read_token_file(path, what)
+    except AuthConfigError as exc:
+        raise InvalidInput(str(exc)) from exc

@@ -9,8 +9,10 @@ round 1 opens once ``goal`` of them are enrolled. The gateways get no client lis
 round's clients come with the round's plan, and the gateways admit them from it.
 
 Round lifecycle: ``open`` (clients selected: ``ceil(goal * overprovision)`` of the job's
-enrolled clients less those that left or were revoked, seeded by job and round; placed on healthy nodes; hierarchy planned; plan sent to the
-gateways; aggregator function scaled) -> ``aggregating`` once the healthy gateways report
+enrolled clients less those that left or were revoked, at random seeded by job and round, or
+by Oort's utility from FLStore with ``selection="oort"`` (:mod:`control_plane.selection`);
+placed on healthy nodes; hierarchy planned; plan sent to the gateways; aggregator function
+scaled) -> ``aggregating`` once the healthy gateways report
 ``goal`` accepted updates (only with gateways that report a model version; assignments now
 answer 409) -> ``closed`` when a gateway reports the round's model published (or at goal,
 for gateways without versions). The gateways reject the round's late updates (their
@@ -58,7 +60,6 @@ import asyncio
 import dataclasses
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -96,6 +97,12 @@ from control_plane.jobs import (
 )
 from control_plane.placement import place
 from control_plane.planning import Plan, QueueEstimator, plan_hierarchy, replan
+from control_plane.selection import (
+    OortScheduler,
+    SchedulerUnavailable,
+    Selection,
+    random_selection,
+)
 from control_plane.store import MemoryStore, StateStore
 from fedfaas.auth import client_token, enrollment_token
 from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
@@ -140,6 +147,7 @@ class Coordinator:
         job_ready_timeout: float = 30.0,
         push_plans: bool = True,
         scale_down_after: float = 30.0,
+        scheduler: OortScheduler | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._mc = mc
@@ -160,6 +168,7 @@ class Coordinator:
         self.admin_token = admin_token
         self.job_ready_timeout = job_ready_timeout
         self.push_plans = push_plans
+        self.scheduler = scheduler
         self.clock = clock
         self.jobs: dict[str, JobState] = {}
         self.plans: dict[str, Plan] = {}
@@ -220,6 +229,8 @@ class Coordinator:
             await c.aclose()
         if self.provider is not None:
             await self.provider.aclose()
+        if self.scheduler is not None:
+            await self.scheduler.aclose()
         await self.store.aclose()
 
     def healthy_nodes(self) -> list[str]:
@@ -427,7 +438,7 @@ class Coordinator:
         if not nodes:
             raise NoHealthyNodes()
         spec = job.spec
-        rnd, plan = self.plan_round(job, nodes)
+        rnd, plan = self.plan_round(job, nodes, await self._select(job))
         self.plans[spec.name] = plan
         await self._publish(job, rnd, plan)
         # only now do assignments (which take no lock) answer for the round: a client sent to
@@ -442,24 +453,54 @@ class Coordinator:
         )
         return rnd
 
-    def plan_round(self, job: JobState, nodes: list[str]) -> tuple[RoundInfo, Plan]:
-        """The job's next round, decided but not sent: its clients selected (``ceil(goal *
-        overprovision)`` of the eligible ones, seeded by job and round), placed on ``nodes``
-        and the hierarchy planned. Pure computation (``make bench-control`` times it)."""
+    def plan_round(
+        self, job: JobState, nodes: list[str], selection: Selection | None = None
+    ) -> tuple[RoundInfo, Plan]:
+        """The job's next round, decided but not sent: its clients (``selection``, by default
+        ``ceil(goal * overprovision)`` of the eligible ones at random, seeded by job and round)
+        placed on ``nodes`` and the hierarchy planned. Pure computation (``make bench-control``
+        times it)."""
         spec, number = job.spec, job.completed + 1
         pool = job.eligible()
         if not pool:
             raise RoundStateError(f"every client of job {spec.name!r} was revoked")
-        want = min(len(pool), math.ceil(spec.goal * spec.overprovision - 1e-9))
-        rng = random.Random(seed_of(spec.name, number))
-        selected = sorted(rng.sample(pool, want))
+        if selection is None:
+            selection = random_selection(pool, self._wanted(job), seed_of(spec.name, number))
+        selected = selection.clients
         assignment = self._place(spec, selected, nodes, {})
         now = self.clock()
         goal = min(spec.goal, len(pool))  # a forced revocation may have left fewer clients
         rnd = RoundInfo(number, "open", goal, selected, assignment, now, now + spec.deadline_s)
+        rnd.selected_by, rnd.selection_note = selection.method, selection.note
         plan = self._plan_for(job, rnd)
         rnd.plan_version = plan.version
         return rnd, plan
+
+    @staticmethod
+    def _wanted(job: JobState) -> int:
+        """Clients a round selects: ``ceil(goal * overprovision)``, at most the eligible."""
+        want = math.ceil(job.spec.goal * job.spec.overprovision - 1e-9)
+        return min(len(job.eligible()), want)
+
+    async def _select(self, job: JobState) -> Selection | None:
+        """The next round's clients when the job asks for Oort and the round has history
+        (None: random, :meth:`plan_round`'s default); random with a note when the tracker
+        cannot answer (:mod:`control_plane.selection`)."""
+        spec, number = job.spec, job.completed + 1
+        if spec.selection != "oort" or number < 2:
+            return None
+        pool, want, seed = job.eligible(), self._wanted(job), seed_of(spec.name, number)
+        if not pool:
+            return None  # plan_round says why
+        if self.scheduler is None:
+            why = "no request tracker configured (--tracker, --tracker-token-file)"
+            return random_selection(pool, want, seed, why)
+        try:
+            clients = await self.scheduler.select(spec.name, number, pool, want, seed)
+        except SchedulerUnavailable as exc:
+            log.warning("job %s round %d: oort unavailable, random: %s", spec.name, number, exc)
+            return random_selection(pool, want, seed, str(exc))
+        return Selection(clients, "oort")
 
     async def _wait_known(self, name: str, nodes: list[str]) -> None:
         """Wait until every gateway of the job's span knows it (others learn it from the root's

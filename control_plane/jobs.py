@@ -12,6 +12,7 @@ from typing import Any
 from control_plane.errors import InvalidInput
 from control_plane.placement import POLICIES
 from control_plane.planning import Plan
+from control_plane.selection import SELECTIONS
 
 #: The node gateways' rules for job names and client ids (kept identical on purpose).
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -51,6 +52,9 @@ class JobSpec:
     #: ``max_reopens`` times, then the job fails) or "fail" (the job fails at once)
     on_shortfall: str = "reopen"
     max_reopens: int = 1
+    #: how each round's clients are chosen: "random", or "oort" (Oort's utility from FLStore's
+    #: scheduling workload, :mod:`control_plane.selection`; round 1 is random)
+    selection: str = "random"
 
     def validate(self) -> None:
         """Raise :class:`InvalidInput` naming the first bad field."""
@@ -89,6 +93,8 @@ class JobSpec:
             raise InvalidInput(f"on_shortfall must be one of {', '.join(SHORTFALL)}")
         if not 0 <= self.max_reopens <= 100:
             raise InvalidInput("max_reopens must be in [0, 100]")
+        if self.selection not in SELECTIONS:
+            raise InvalidInput(f"selection must be one of {', '.join(SELECTIONS)}")
 
 
 @dataclass
@@ -123,6 +129,10 @@ class RoundInfo:
     #: clients whose accepted update was lost with a dead root node -> the takeover that lost
     #: it: each sends it again once (the assignment's ``resend``), and it counts once
     resend: dict[str, int] = field(default_factory=dict)
+    #: how the round's clients were chosen ("random" or "oort") and, when a job asking for
+    #: Oort got a random round, why
+    selected_by: str = "random"
+    selection_note: str = ""
 
 
 @dataclass
@@ -206,6 +216,8 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "reopened": rnd.reopened,
         "takeovers": rnd.takeovers,
         "resend": dict(rnd.resend),
+        "selected_by": rnd.selected_by,
+        "selection_note": rnd.selection_note,
     }
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from control_plane.errors import InvalidInput
@@ -64,6 +64,16 @@ class ControlPlaneSettings(CommandLineSettings):
         the key of the client tokens ``GET /v1/jobs/{job}/assignment`` accepts.
     analyst_token_file
         Token of the read-only analyst scope (``GET`` of nodes, jobs, plans); optional.
+    tracker_url
+        FLStore's request tracker, asked for the clients of rounds of jobs created with
+        ``selection="oort"`` (:mod:`control_plane.selection`); empty: such rounds are random,
+        and their ``selection_note`` says so.
+    tracker_token_file
+        A token the tracker accepts for queries (its analyst token file); required with
+        ``tracker_url``.
+    selection_timeout_s
+        Seconds a round's Oort selection may take (waiting for the previous round to reach
+        FLStore included) before the round is selected at random.
     stop_grace
         Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
@@ -92,6 +102,9 @@ class ControlPlaneSettings(CommandLineSettings):
         "scale_down_s": "--scale-down",
         "admin_token_file": "--admin-token-file",
         "analyst_token_file": "--analyst-token-file",
+        "tracker_url": "--tracker",
+        "tracker_token_file": "--tracker-token-file",
+        "selection_timeout_s": "--selection-timeout",
         "stop_grace": "--stop-grace",
     }
 
@@ -113,7 +126,25 @@ class ControlPlaneSettings(CommandLineSettings):
     scale_down_s: float = 30.0
     admin_token_file: Path | None = None
     analyst_token_file: Path | None = None
+    tracker_url: str = ""
+    tracker_token_file: Path | None = None
+    selection_timeout_s: float = Field(default=10.0, gt=0, le=300)
     stop_grace: float = 20.0
+
+    @field_validator("tracker_url")
+    @classmethod
+    def _tracker_address(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be http://HOST:PORT of FLStore's request tracker")
+        return value
+
+    @model_validator(mode="after")
+    def _tracker_token(self) -> Self:
+        if self.tracker_url and self.tracker_token_file is None:
+            raise ValueError(
+                "--tracker needs --tracker-token-file (a file with the tracker's analyst token)"
+            )
+        return self
 
     @field_validator("gateways_service")
     @classmethod

@@ -108,7 +108,9 @@ class CommandLineSettings(BaseSettings):
             return cls(**{k: v for k, v in ns.items() if v is not None}), log_level
         except ValidationError as exc:
             problems = "; ".join(
-                f"{cls.FLAGS.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else '?'}: {e['msg']}"
+                f"{cls.FLAGS.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
+                if e["loc"]
+                else e["msg"]  # a rule across settings: its message names the flags
                 for e in exc.errors()
             )
             p.error(problems)

@@ -23,6 +23,7 @@ from fedfaas.objstore import Namespace
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
+from gateway.journal import Accepted
 from gateway.plan import Plan
 from gateway.rounds import RoundEngine
 
@@ -425,12 +426,24 @@ class Job:
             record["base"], record["samples"] = base, samples
         if meta:
             record["meta"] = meta
-        ok = await gw.journal.accept(self.name, rnd, client, record)
-        if not ok:
+        # an async buffer applies at exactly K (its goal) updates: the journal counts them
+        # over all nodes (a node's own capacity follows the clients placed on it)
+        cap = self.goal if self.fedbuff is not None else 0
+        done = await gw.journal.accept(self.name, rnd, client, record, cap=cap)
+        if done is Accepted.DUPLICATE:
             raise UpdateRejected(
                 f"client {client} already sent an update for round {rnd}",
                 status=409,
                 code="duplicate_client",
+                client_id=client,
+                round=rnd,
+            )
+        if done is Accepted.FULL:
+            raise UpdateRejected(
+                f"buffer {rnd} already has its {cap} updates; send it again once the "
+                "version advances",
+                status=409,
+                code="round_full",
                 client_id=client,
                 round=rnd,
             )

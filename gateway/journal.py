@@ -2,7 +2,8 @@
 published versions, revoked clients, and which node is each job's root.
 
 An update answered 202 has its record here (``HSETNX`` per client and round, which is also
-what refuses the same client twice across node gateways), so it counts exactly once.
+what refuses the same client twice across node gateways), so it counts exactly once; an async
+job's buffer takes at most its ``K`` records, over all nodes.
 
 A job's root node is the first of its ``nodes`` in its metadata. :meth:`Journal.take_root`
 moves it (a node takes over from a dead root) with a compare-and-set, and
@@ -13,6 +14,7 @@ that comes back) can publish no version any more.
 from __future__ import annotations
 
 import json
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,22 @@ from redis.exceptions import WatchError
 from fedfaas.secretfiles import async_redis_client
 
 PREFIX = "fedfaas:"
+
+#: HSETNX unless the hash already holds ARGV[3] fields: 1 written, 0 duplicate, -1 full
+_ACCEPT_CAPPED = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
+class Accepted(IntEnum):
+    """What :meth:`Journal.accept` did."""
+
+    OK = 1
+    DUPLICATE = 0
+    FULL = -1
 
 
 class NotRoot(Exception):
@@ -35,6 +53,7 @@ class Journal:
         """Connect to ``url`` as the user in ``credentials_file`` (required; read now)."""
         self.url = url
         self.r: aioredis.Redis = async_redis_client(url, credentials_file)
+        self._accept_capped = self.r.register_script(_ACCEPT_CAPPED)  # EVALSHA after the first
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -72,11 +91,17 @@ class Journal:
             for job, members in zip(jobs, raw, strict=True)
         }
 
-    async def accept(self, job: str, round: int, client: str, record: dict[str, Any]) -> bool:
-        """Journal one accepted update; False if this client already has one in this round."""
-        return bool(
-            await self.r.hsetnx(f"{PREFIX}job:{job}:round:{round}", client, json.dumps(record))
-        )
+    async def accept(
+        self, job: str, round: int, client: str, record: dict[str, Any], *, cap: int = 0
+    ) -> Accepted:
+        """Journal one accepted update: :attr:`Accepted.DUPLICATE` if this client already has
+        one in this round; with ``cap`` (an async job's buffer size), :attr:`Accepted.FULL`
+        once the round holds ``cap`` updates over all nodes (checked and written in one
+        script, so concurrent uploads on several gateways never pass it)."""
+        key, value = f"{PREFIX}job:{job}:round:{round}", json.dumps(record)
+        if cap:
+            return Accepted(int(await self._accept_capped(keys=[key], args=[client, value, cap])))
+        return Accepted.OK if await self.r.hsetnx(key, client, value) else Accepted.DUPLICATE
 
     async def unaccept(self, job: str, round: int, client: str) -> None:
         await self.r.hdel(f"{PREFIX}job:{job}:round:{round}", client)

@@ -235,7 +235,8 @@ class Tracker:
                     }
                 err = _body(resp)
                 step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
-                if resp.status_code == 409:  # evicted meanwhile: fix the table, re-acquire
+                if resp.status_code == 409 and err.get("error") == "not_held":
+                    # evicted meanwhile: fix the table, re-acquire
                     last = err
                     try:
                         await self.http.post(

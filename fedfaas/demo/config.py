@@ -30,14 +30,15 @@ class DemoConfig:
     hold: float = 0.0
     min_accuracy: float = 0.5  # exit code 1 below this final test accuracy
     platform: dict[str, Any] = field(default_factory=dict)
-    #: "async": the job runs FedBuff (buffers of ``clients // 4`` updates, 4 versions per
-    #: sync round's worth of updates) and a third of the clients are 5x slower
+    #: "async": the job runs FedBuff (buffers of ``clients // 4`` updates, at least 4, so
+    #: that FLStore's Multi-Krum can judge one) and a third of the clients are 5x slower
     mode: str = "sync"
 
     @property
     def buffer(self) -> int:
-        """Updates per version in async mode."""
-        return max(1, self.clients // 4)
+        """Updates per version in async mode: ``clients // 4``, at least 4 (Multi-Krum with
+        f = 1 needs 4 updates), at most ``clients``."""
+        return min(self.clients, max(4, self.clients // 4))
 
     @property
     def versions(self) -> int:

@@ -212,6 +212,11 @@ CONTROL_PLANE = ServiceSpec(
         redis_credentials_file=redis_credentials(ctx, "control-plane"),
         provider_url=ctx.openfaas_url(),
         provider_auth_dir=ctx.secrets_dir,
+        # jobs with selection="oort" ask FLStore's tracker, when this platform runs one
+        tracker_url=ctx.url("request_tracker") if "request_tracker" in ctx.ports else "",
+        tracker_token_file=(
+            token_file(ctx, credentials.ANALYST_TOKEN) if "request_tracker" in ctx.ports else None
+        ),
     ).to_argv(),
     ready=_healthz("control_plane"),
     address=lambda ctx: ctx.url("control_plane"),

@@ -59,3 +59,21 @@ def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--tracker", "http://127.0.0.1:8092"], "--tracker needs --tracker-token-file"),
+        (["--tracker", "127.0.0.1:8092", "--tracker-token-file", "t"], "--tracker: Value error"),
+    ],
+)
+def test_a_tracker_without_its_token_file_or_url_scheme_exits_2_saying_so(flags, says):
+    r = subprocess.run(
+        [sys.executable, "-m", "control_plane", "--gateways", "n1=http://127.0.0.1:1", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and says in r.stderr, r.stderr

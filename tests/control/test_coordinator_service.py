@@ -241,6 +241,13 @@ def test_round_expires_at_its_deadline_with_what_arrived(gateways):
         (
             "post",
             "/v1/jobs",
+            {"job": "a", "rounds": 1, "goal": 2, "clients": 3, "selection": "fastest"},
+            422,
+            "invalid_request",
+        ),
+        (
+            "post",
+            "/v1/jobs",
             {"job": "dup", "rounds": 1, "goal": 1, "clients": 2},
             409,
             "job_exists",

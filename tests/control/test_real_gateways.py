@@ -8,6 +8,7 @@ Two gateways share a Redis journal and an admin secret, each with replicas of th
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import httpx
@@ -118,13 +119,14 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
     w0 = {"a": np.zeros(32, np.float32)}
     rng = np.random.default_rng(5)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = realgw.create_job(api, w0, job="late", rounds=1, goal=4, clients=4, deadline_s=3.0)
+        r = realgw.create_job(api, w0, job="late", rounds=2, goal=4, clients=4, deadline_s=3.0)
         tokens = r.json()["tokens"]
         assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
-        sent, seen = [], set()
+        sent, seen, held = [], set(), []
         for c in ("c0", "c1", "c2", "c3"):
             a = api.get("/v1/jobs/late/assignment", params={"client": c}).json()
             if a["node"] in seen:
+                held.append((c, a["gateway_url"]))
                 continue  # one update per node: the goal of 4 is never reached
             seen.add(a["node"])
             t = {"a": rng.standard_normal(32).astype(np.float32)}
@@ -138,6 +140,12 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
         h = api.get("/v1/jobs/late").json()["history"][0]
         assert h["state"] == "expired" and h["published"] and h["received"] == 2
         assert h["closing"] == "deadline"
+        # an update after the deadline is refused with a clear 409 and changes nothing
+        c, url = held[0]
+        t = {"a": rng.standard_normal(32).astype(np.float32)}
+        late = upload(url, "late", 1, c, tokens[c], t, 3)
+        assert late.status_code == 409, late.text
+        assert late.json()["error"] == "stale_round" and "round 1" in late.json()["detail"]
         m = httpx.get(
             f"{urls['n1']}/v1/jobs/late/model", headers={"Authorization": f"Bearer {secret}"}
         )
@@ -310,3 +318,63 @@ def test_a_gateway_that_missed_the_plan_push_gets_it_again_and_the_round_complet
         ):
             assert time.monotonic() - t0 < 60
             time.sleep(0.02)
+
+
+def test_an_async_buffer_applies_at_exactly_k_updates_over_both_nodes(real_gateways):
+    """FedBuff applies every K updates. The control plane selects more clients than K
+    (``overprovision``) and spreads them over both gateways, whose own capacities follow the
+    clients placed on them; six uploads racing for a buffer of K = 3 get exactly three
+    places (the journal counts them over all nodes), the others a 409 saying why, and
+    version 1 is FedBuff's step from exactly those three."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    from client.sdk import ASYNC_KEY
+
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    w0 = {"a": np.full(64, 0.5, np.float32)}
+    rng = np.random.default_rng(11)
+    updates = {f"c{i}": {"a": rng.standard_normal(64).astype(np.float32)} for i in range(6)}
+    spec = {"eta": 0.8}
+    with control_client(coord, secret, tick_s=0.05) as api:
+        r = api.post(
+            "/v1/jobs",
+            json={
+                "job": "buf",
+                "rounds": 1,
+                "goal": 3,
+                "clients": list(updates),
+                "overprovision": 2.0,
+                "policy": "leastconn",
+                "weights_b64": base64.b64encode(
+                    save(w0, metadata={ASYNC_KEY: json.dumps(spec)})
+                ).decode(),
+            },
+        )
+        assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
+        assert r.json()["round"]["clients_per_node"] == {"n1": 3, "n2": 3}
+        where = {
+            c: api.get("/v1/jobs/buf/assignment", params={"client": c}).json()["gateway_url"]
+            for c in updates
+        }
+
+        def send(c: str) -> httpx.Response:
+            return upload(where[c], "buf", 1, c, tokens[c], updates[c], 5)
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = dict(zip(updates, pool.map(send, updates), strict=True))
+        first = sorted(c for c, a in answers.items() if a.status_code == 202)
+        assert len(first) == 3, {c: a.text for c, a in answers.items()}
+        for c, a in answers.items():  # refused: the buffer was full, closing, or applied
+            if c not in first:
+                assert a.status_code == 409, a.text
+                assert a.json()["error"] in ("round_full", "round_closed", "job_finished")
+        view = _wait_view(api, "buf", lambda v: v["completed"] >= 1)
+        assert view["history"][0]["aggregated"] == 3
+        m = httpx.get(f"{urls['n1']}/v1/jobs/buf/model", headers=bearer(secret))
+        assert m.headers["X-Model-Version"] == "1", m.text
+        x = w0["a"].astype(np.float64)
+        want = x + spec["eta"] / 3 * sum(updates[c]["a"] - x for c in first)
+        assert np.abs(load(m.content)["a"] - want).max() <= 1e-5

@@ -543,3 +543,32 @@ def test_a_real_redis_with_the_rendered_acl_admits_each_component_to_its_keys_on
         assert login("admin").get("fedfaas:job:x") == b"1"
     finally:
         stop_group(proc, 10)
+
+
+@needs_helm
+def test_the_control_plane_asks_the_releases_request_tracker_for_oort_rounds() -> None:
+    """Jobs with ``selection: oort`` ask the tracker: the control plane's tracker URL is the
+    tracker's Service (name and port) and its token file is the analyst token it mounts; a
+    release without the tracker leaves both out (such jobs' rounds are then random)."""
+
+    def control_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+        spec = _pod_specs(docs)["Deployment/rel-fedfaas-control-plane"]
+        return {e["name"]: e.get("value", "") for e in spec["containers"][0].get("env", [])}
+
+    docs = _render()
+    svc = next(
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == "rel-fedfaas-request-tracker"
+    )
+    env = control_env(docs)
+    port = svc["spec"]["ports"][0]["port"]
+    assert (
+        env["FEDFAAS_CONTROL_TRACKER_URL"] == f"http://rel-fedfaas-request-tracker.openfaas:{port}"
+    )
+    token = env["FEDFAAS_CONTROL_TRACKER_TOKEN_FILE"]
+    assert _mounted_files(docs, "Deployment/rel-fedfaas-control-plane")[token][1] == "analyst-token"
+    off = control_env(_render("requestTracker.enabled=false"))
+    assert (
+        "FEDFAAS_CONTROL_TRACKER_URL" not in off and "FEDFAAS_CONTROL_TRACKER_TOKEN_FILE" not in off
+    )

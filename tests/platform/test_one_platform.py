@@ -601,3 +601,97 @@ def test_a_flower_quickstart_client_trains_through_fedfaas_unchanged(platform: P
     assert mean_loss[2] < mean_loss[0], mean_loss
     view = httpx.get(f"{p.urls['control_plane']}/v1/jobs/flower", headers=p.admin).json()
     assert view["done"] and [h["aggregated"] for h in view["history"]] == [3, 3, 3], view
+
+
+def test_an_oort_job_trains_the_clients_flstore_ranks(platform: Platform) -> None:
+    """Issue 14, item 2: a job created with ``selection="oort"`` through the SDK gets its
+    rounds' clients from FLStore's scheduling workload, which the control plane asks through
+    the request tracker (``fedfaas up`` wires them), fed by the earlier rounds' client
+    metadata in the cache. Of 8 enrolled clients, 4 train per round: round 1 is random; round
+    2 takes the 4 Oort has not seen (it explores first); in round 3, when all have been seen,
+    it exploits: the 4 with a high loss that trained fast, exactly what the tracker answers
+    the same query. A job whose clients report no ``duration_s`` gets random rounds that say
+    why, and completes."""
+    from client.sdk import QueryFailed, flstore_query, submit_job
+    from control_plane.jobs import seed_of
+
+    p = platform
+    analyst = credentials.read(p.state_dir / "secrets", credentials.ANALYST_TOKEN)
+    w0 = save({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
+    clients = [f"o{i}" for i in range(8)]
+    useful = {"o1", "o2", "o5", "o6"}  # high loss, fast; the others: low loss, slow
+
+    def run(job: str, rounds: int, meta: Callable[[str], dict[str, float]]) -> list[dict]:
+        created = submit_job(
+            p.urls["control_plane"],
+            job,
+            w0,
+            rounds=rounds,
+            goal=4,
+            clients=clients,
+            overprovision=1.0,
+            selection="oort",
+            admin_token=p.admin_secret,
+        )
+        p.tokens[job] = created["tokens"]
+        seen = []
+        for rnd in range(1, rounds + 1):
+            p.wait_open(job, rnd)
+            view = httpx.get(
+                f"{p.urls['control_plane']}/v1/jobs/{job}", headers=p.admin, timeout=10
+            ).json()["round"]
+            chosen = []
+            for c in clients:
+                a = httpx.get(
+                    f"{p.urls['control_plane']}/v1/jobs/{job}/assignment",
+                    params={"client": c},
+                    headers={"Authorization": f"Bearer {p.tokens[job][c]}"},
+                    timeout=10,
+                )
+                assert a.status_code in (200, 409), a.text
+                if a.status_code == 409:
+                    assert a.json()["error"] == "client_not_selected"
+                    continue
+                chosen.append(c)
+                with FLClient(a.json()["gateway_url"], job, c, p.tokens[job][c]) as fl:
+                    fl.wait_for_version(rnd - 1, timeout=120)
+                    fl.upload(rnd, save(make_update(rnd * 10 + int(c[1:]))), 10, meta=meta(c))
+            seen.append({**view, "clients": set(chosen)})
+        with p.root_client(job, clients[0]) as fl:
+            fl.wait_for_version(rounds, timeout=120)
+        return seen
+
+    def fast_and_useful(c: str) -> dict[str, float]:
+        good = c in useful
+        return {"loss": 2.0 + int(c[1:]) / 10 if good else 0.1, "duration_s": 0.1 if good else 5.0}
+
+    r1, r2, r3 = run("oort-job", 3, fast_and_useful)
+    assert r1["selected_by"] == "random" and len(r1["clients"]) == 4
+    assert (r2["selected_by"], r2["selection_note"]) == ("oort", "")
+    assert r2["clients"] == set(clients) - r1["clients"]  # Oort explores the unseen first
+    assert (r3["selected_by"], r3["selection_note"], r3["clients"]) == ("oort", "", useful)
+    answer = flstore_query(
+        p.urls["request_tracker"],
+        "oort",
+        "oort-job",
+        params={"round": 3, "k": 4, "candidates": clients, "seed": seed_of("oort-job", 3)},
+        token=analyst,
+    )
+    assert set(answer["result"]["selected"]) == r3["clients"]
+
+    _, fallback = run("oort-blind", 2, lambda c: {"loss": 1.0})
+    assert fallback["selected_by"] == "random"
+    assert "409 missing_data" in fallback["selection_note"], fallback["selection_note"]
+    assert "duration_s" in fallback["selection_note"]
+    # an analyst asking the same gets the workload's own answer at once (the tracker used to
+    # take it for an evicted cache function, retry, and answer 503 "no holder answered")
+    with pytest.raises(QueryFailed) as refused:
+        flstore_query(
+            p.urls["request_tracker"],
+            "oort",
+            "oort-blind",
+            params={"round": 2, "k": 4},
+            token=analyst,
+        )
+    assert (refused.value.status, refused.value.error) == (409, "missing_data")
+    assert "duration_s" in refused.value.detail

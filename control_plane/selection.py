@@ -1,0 +1,160 @@
+"""Which enrolled clients train in a round: at random, or by Oort's utility from FLStore.
+
+A job's ``selection`` is ``"random"`` (the default) or ``"oort"``. Oort (Lai et al., OSDI'21)
+ranks clients by the statistical utility of their last updates (loss and sample count) and
+penalises those slower than a preferred duration, exploring clients it has not seen yet; its
+answer is FLStore's ``oort`` workload (:mod:`fedfaas.workloads.scheduling`), computed in the
+cache function that already holds the previous rounds' client metadata. So the control plane
+asks the request tracker, as an analyst would, for round ``n``'s ``k`` clients among the
+job's eligible ones, then places them (LIFL's placement). Round 1 has no history and is
+always random.
+
+When the tracker cannot answer within the timeout (down, not configured, the previous round
+not ingested yet, client metadata without ``duration_s``), the round is selected at random
+and the round's ``selection_note`` says why: a job never stalls on its scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+#: what a job's ``selection`` may be
+SELECTIONS = ("random", "oort")
+
+#: tracker errors that mean "the cache engine has not ingested that round yet": asked again
+NOT_INGESTED = frozenset({"round_not_written", "unknown_job"})
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A round's clients and how they were chosen.
+
+    ``method`` is ``"random"`` or ``"oort"``; ``note`` says why a job that asked for Oort
+    got a random round ("" otherwise).
+    """
+
+    clients: list[str]
+    method: str = "random"
+    note: str = ""
+
+
+def random_selection(pool: Sequence[str], want: int, seed: int, note: str = "") -> Selection:
+    """``want`` of ``pool`` drawn with ``seed`` (sorted): the same job and round draw the
+    same clients."""
+    return Selection(sorted(random.Random(seed).sample(list(pool), want)), "random", note)
+
+
+class SchedulerUnavailable(Exception):
+    """The tracker gave no usable Oort answer; the message says why (it becomes the note)."""
+
+
+class _NotYet(SchedulerUnavailable):
+    """A failure that may pass: asked again until the timeout."""
+
+
+class OortScheduler:
+    """Asks FLStore's request tracker (``POST /v1/queries?wait=true``) for Oort's selection.
+
+    Parameters
+    ----------
+    tracker_url
+        The request tracker, e.g. ``http://127.0.0.1:8092``.
+    token
+        A tracker token of the analyst scope (queries only read).
+    timeout_s
+        How long one selection may take, retries on a round not ingested yet included.
+    window
+        Rounds of client metadata Oort reads (its ``R``).
+    """
+
+    def __init__(
+        self,
+        tracker_url: str,
+        token: str,
+        *,
+        timeout_s: float = 10.0,
+        window: int = 10,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = tracker_url.rstrip("/") + "/v1/queries"
+        self.timeout_s = timeout_s
+        self.window = window
+        self._http = httpx.AsyncClient(
+            transport=transport, headers={"Authorization": f"Bearer {token}"}
+        )
+
+    async def select(
+        self, job: str, number: int, pool: Sequence[str], want: int, seed: int
+    ) -> list[str]:
+        """Oort's ``want`` clients of ``pool`` for round ``number`` (>= 2) of ``job``.
+
+        Raises
+        ------
+        SchedulerUnavailable
+            No answer in time, an error answer, or an answer that is not ``want`` distinct
+            clients of ``pool``.
+        """
+        query: dict[str, Any] = {
+            "workload": "oort",
+            "job": job,
+            "params": {
+                "round": number,
+                "k": want,
+                "candidates": list(pool),
+                "window": self.window,
+                "seed": seed,
+            },
+        }
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                left = deadline - time.monotonic()
+                return self._checked(await self._ask(query, max(left, 0.5)), pool, want)
+            except _NotYet as exc:
+                if time.monotonic() + 0.25 > deadline:
+                    raise SchedulerUnavailable(str(exc)) from None
+            await asyncio.sleep(0.25)
+
+    async def _ask(self, query: dict[str, Any], timeout: float) -> list[str]:
+        """One query: Oort's selected clients. Raises :class:`_NotYet` for what may pass
+        (no connection, a round not ingested yet, a restarting service), else
+        :class:`SchedulerUnavailable`."""
+        try:
+            resp = await self._http.post(
+                self.url, params={"wait": "true"}, json=query, timeout=timeout
+            )
+        except httpx.HTTPError as exc:
+            raise _NotYet(f"request tracker unreachable at {self.url}: {exc!r}") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        body = body if isinstance(body, dict) else {}
+        if resp.status_code == 200:
+            selected = (body.get("result") or {}).get("selected")
+            if not isinstance(selected, list):
+                raise SchedulerUnavailable("the tracker's oort answer has no 'selected' list")
+            return [str(c) for c in selected]
+        error = str(body.get("error", f"http_{resp.status_code}"))
+        why = f"tracker answered {resp.status_code} {error}: {body.get('detail', '')}"
+        if error in NOT_INGESTED or resp.status_code in (502, 503, 504):
+            raise _NotYet(why)
+        raise SchedulerUnavailable(why)
+
+    @staticmethod
+    def _checked(selected: list[str], pool: Sequence[str], want: int) -> list[str]:
+        if len(selected) != want or len(set(selected)) != want or not set(selected) <= set(pool):
+            raise SchedulerUnavailable(
+                f"the tracker's oort answer is not {want} distinct eligible clients"
+            )
+        return selected
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
