@@ -714,14 +714,16 @@ class Coordinator:
                 "seconds": rnd.closed_at - rnd.opened_at,
                 "published": rnd.published,
                 "closing": rnd.closing,
+                "selected_by": rnd.selected_by,
             }
         )
         self.plans.pop(job.spec.name, None)
         log.info(
-            "job %s round %d %s with %d updates",
+            "job %s round %d %s: %s update(s) aggregated, %d seen arriving by the polls",
             job.spec.name,
             rnd.number,
             state,
+            "?" if rnd.aggregated is None else rnd.aggregated,
             sum(rnd.received.values()),
         )
         if self.auto_rounds and not job.done and self.healthy_nodes():

@@ -670,6 +670,19 @@ def test_an_oort_job_trains_the_clients_flstore_ranks(platform: Platform) -> Non
     assert (r2["selected_by"], r2["selection_note"]) == ("oort", "")
     assert r2["clients"] == set(clients) - r1["clients"]  # Oort explores the unseen first
     assert (r3["selected_by"], r3["selection_note"], r3["clients"]) == ("oort", "", useful)
+
+    def recorded() -> list[dict[str, Any]] | None:  # the control plane closes at a poll
+        view = httpx.get(
+            f"{p.urls['control_plane']}/v1/jobs/oort-job", headers=p.admin, timeout=10
+        ).json()
+        return view["history"] if view["completed"] == 3 else None
+
+    history = wait_until(recorded, 60, "the control plane to record round 3 of oort-job")
+    assert [(h["selected_by"], h["aggregated"]) for h in history] == [
+        ("random", 4),
+        ("oort", 4),
+        ("oort", 4),
+    ]
     answer = flstore_query(
         p.urls["request_tracker"],
         "oort",
