@@ -9,9 +9,12 @@ asks the request tracker, as an analyst would, for round ``n``'s ``k`` clients a
 job's eligible ones, then places them (LIFL's placement). Round 1 has no history and is
 always random.
 
-When the tracker cannot answer within the timeout (down, not configured, the previous round
-not ingested yet, client metadata without ``duration_s``), the round is selected at random
-and the round's ``selection_note`` says why: a job never stalls on its scheduler.
+When the tracker gives no answer (not configured, unreachable, an error such as client
+metadata without ``duration_s``, the previous round not ingested within the timeout), the
+round is selected at random and the round's ``selection_note`` says why: a job never stalls on
+its scheduler. Only "not ingested yet" is asked again: the coordinator waits for the answer
+before it opens the round (holding its lock), so a tracker that is down costs one refused
+connection, not the timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import httpx
 SELECTIONS = ("random", "oort")
 
 #: tracker errors that mean "the cache engine has not ingested that round yet": asked again
+#: until the timeout (the codes ``client.sdk.NOT_INGESTED`` retries too)
 NOT_INGESTED = frozenset({"round_not_written", "unknown_job"})
 
 
@@ -69,7 +73,8 @@ class OortScheduler:
     token
         A tracker token of the analyst scope (queries only read).
     timeout_s
-        How long one selection may take, retries on a round not ingested yet included.
+        How long one selection may take (asking again while the previous round is not
+        ingested yet included).
     window
         Rounds of client metadata Oort reads (its ``R``).
     """
@@ -123,15 +128,19 @@ class OortScheduler:
             await asyncio.sleep(0.25)
 
     async def _ask(self, query: dict[str, Any], timeout: float) -> list[str]:
-        """One query: Oort's selected clients. Raises :class:`_NotYet` for what may pass
-        (no connection, a round not ingested yet, a restarting service), else
-        :class:`SchedulerUnavailable`."""
+        """One query: Oort's selected clients. Raises :class:`_NotYet` when the previous
+        rounds have not reached FLStore yet (the gateways hand a round over just after
+        publishing it), else :class:`SchedulerUnavailable`."""
         try:
             resp = await self._http.post(
                 self.url, params={"wait": "true"}, json=query, timeout=timeout
             )
         except httpx.HTTPError as exc:
-            raise _NotYet(f"request tracker unreachable at {self.url}: {exc!r}") from None
+            # not asked again: the coordinator waits for this answer, and a random round
+            # is better than a control plane stalled on a tracker that is down
+            raise SchedulerUnavailable(
+                f"request tracker unreachable at {self.url}: {exc!r}"
+            ) from None
         try:
             body = resp.json()
         except ValueError:
@@ -144,9 +153,7 @@ class OortScheduler:
             return [str(c) for c in selected]
         error = str(body.get("error", f"http_{resp.status_code}"))
         why = f"tracker answered {resp.status_code} {error}: {body.get('detail', '')}"
-        if error in NOT_INGESTED or resp.status_code in (502, 503, 504):
-            raise _NotYet(why)
-        raise SchedulerUnavailable(why)
+        raise (_NotYet if error in NOT_INGESTED else SchedulerUnavailable)(why)
 
     @staticmethod
     def _checked(selected: list[str], pool: Sequence[str], want: int) -> list[str]:

@@ -79,6 +79,7 @@ def test_a_round_not_ingested_yet_is_asked_again_until_it_is() -> None:
             {"error": "missing_data", "detail": "client c3 has no duration_s"},
             "422 missing_data: client c3 has no duration_s",
         ),
+        (503, {"error": "unavailable", "detail": "no holder answered"}, "503 unavailable"),
         (200, {"result": {"ranking": []}}, "no 'selected' list"),
         (200, {"result": {"selected": ["c0", "c0", "c1"]}}, "not 3 distinct eligible"),
         (200, {"result": {"selected": ["c0", "c1", "x9"]}}, "not 3 distinct eligible"),
@@ -105,11 +106,22 @@ def test_a_round_that_never_reaches_flstore_gives_up_at_the_timeout() -> None:
         select(scheduler(answers, timeout_s=0.6))
 
 
-def test_a_tracker_nobody_listens_on_is_unavailable_and_says_where_it_was_looked_for() -> None:
+def test_a_tracker_nobody_listens_on_is_unavailable_at_once_and_says_where_it_was() -> None:
+    """Not asked again until the timeout: the coordinator holds its lock while it asks."""
     url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
-    s = OortScheduler(url, "tok", timeout_s=0.6)
+    s = OortScheduler(url, "tok", timeout_s=30.0)
     with pytest.raises(SchedulerUnavailable, match=f"unreachable at {url}/v1/queries"):
         select(s)
+    calls = []
+
+    def refuse(req: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ConnectError("connection refused", request=req)
+
+    s = OortScheduler(url, "tok", timeout_s=30.0, transport=httpx.MockTransport(refuse))
+    with pytest.raises(SchedulerUnavailable, match="unreachable"):
+        select(s)
+    assert len(calls) == 1
 
 
 def _open(coord: Coordinator, job: JobState) -> None:
