@@ -640,7 +640,7 @@ def test_an_oort_job_trains_the_clients_flstore_ranks(platform: Platform) -> Non
             view = httpx.get(
                 f"{p.urls['control_plane']}/v1/jobs/{job}", headers=p.admin, timeout=10
             ).json()["round"]
-            chosen = []
+            chosen = {}  # every assignment first: the last upload lets the next round open
             for c in clients:
                 a = httpx.get(
                     f"{p.urls['control_plane']}/v1/jobs/{job}/assignment",
@@ -652,8 +652,10 @@ def test_an_oort_job_trains_the_clients_flstore_ranks(platform: Platform) -> Non
                 if a.status_code == 409:
                     assert a.json()["error"] == "client_not_selected"
                     continue
-                chosen.append(c)
-                with FLClient(a.json()["gateway_url"], job, c, p.tokens[job][c]) as fl:
+                assert a.json()["round"] == rnd
+                chosen[c] = a.json()["gateway_url"]
+            for c, url in chosen.items():
+                with FLClient(url, job, c, p.tokens[job][c]) as fl:
                     fl.wait_for_version(rnd - 1, timeout=120)
                     fl.upload(rnd, save(make_update(rnd * 10 + int(c[1:]))), 10, meta=meta(c))
             seen.append({**view, "clients": set(chosen)})
