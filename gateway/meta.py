@@ -84,10 +84,7 @@ def declared_spec(
 ) -> T | None:
     """``parse`` of the JSON in the initial weights' ``__metadata__[key]``, or None when it is
     not there; 400 ``code`` with ``parse``'s message (a ``ValueError``) or the JSON's error."""
-    try:
-        raw = wire_metadata(body, max_header).get(key)
-    except wire.WireError as exc:
-        raise GatewayError(exc.detail, code=exc.code) from None
+    raw = _declared(body, max_header, key)
     if raw is None:
         return None
     try:
@@ -100,10 +97,7 @@ def declared_evaluator(body: bytes | memoryview, max_header: int) -> dict[str, A
     """The evaluator spec the initial weights declare (``__metadata__["fedfaas.evaluator"]``, a
     small JSON object with a string ``kind``), or None. The gateway writes it into the round
     metadata, where the FLStore cache engine finds it for contribution workloads."""
-    try:
-        raw = wire_metadata(body, max_header).get(EVALUATOR_KEY)
-    except wire.WireError as exc:
-        raise GatewayError(exc.detail, code=exc.code) from None
+    raw = _declared(body, max_header, EVALUATOR_KEY)
     if raw is None:
         return None
     try:
@@ -117,6 +111,14 @@ def declared_evaluator(body: bytes | memoryview, max_header: int) -> dict[str, A
             code="bad_evaluator",
         )
     return spec
+
+
+def _declared(body: bytes | memoryview, max_header: int, key: str) -> str | None:
+    """The initial weights' ``__metadata__[key]`` (None when absent); 400 for a bad header."""
+    try:
+        return wire_metadata(body, max_header).get(key)
+    except wire.WireError as exc:
+        raise GatewayError(exc.detail, code=exc.code) from None
 
 
 def wire_metadata(body: bytes | memoryview, max_header: int) -> dict[str, str]:

@@ -24,3 +24,17 @@ def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
     for g in made:
         g.stop()
         assert not g.settings.shm_root.exists()
+
+
+@pytest.fixture()
+def checkpoints_to(minio_server, minio_root_credentials):  # type: ignore[no-untyped-def]
+    """Gateway settings that checkpoint into a bucket of the test's own (as MinIO's root)."""
+
+    def settings(bucket: str) -> dict[str, object]:
+        return {
+            "minio_endpoint": minio_server.endpoint,
+            "minio_credentials_file": minio_root_credentials,
+            "minio_bucket": bucket,
+        }
+
+    return settings

@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from fedfaas import wire
@@ -104,3 +105,27 @@ def tiny_model(seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
 
 def tiny_bytes(seed: int = 0, scale: float = 1.0) -> bytes:
     return wire.encode_tensors(tiny_model(seed, scale))
+
+
+def resume_job(
+    gw: GatewayThread,
+    clients: list[str],
+    rounds: int,
+    *,
+    goal: int | None = None,
+    body: bytes = b"",
+) -> httpx.Response:
+    """``POST /v1/jobs?resume=true`` for job ``j1`` as the admin: the job comes back from its
+    newest MinIO checkpoint (``goal`` defaults to every client)."""
+    return httpx.post(
+        gw.url + "/v1/jobs",
+        params={
+            "job": "j1",
+            "rounds": rounds,
+            "goal": len(clients) if goal is None else goal,
+            "clients": ",".join(clients),
+            "resume": "true",
+        },
+        content=body,
+        headers={"Authorization": f"Bearer {gw.gw.secret}"},
+    )

@@ -23,7 +23,7 @@ from fedfaas import fedavg, wire
 from fedfaas.fedbuff import METADATA_KEY, AsyncSpec
 from fedfaas.services import free_port
 from tests.aggregators import Aggregators, NodeAggregators
-from tests.dataplane.gwutil import tiny_model
+from tests.dataplane.gwutil import resume_job, tiny_model
 from tests.dataplane.test_gateway_recovery import _gateway, _kill
 from tests.dataplane.test_gateway_rounds import wait_version
 
@@ -212,16 +212,8 @@ def test_a_sigkilled_root_applies_the_next_buffer_to_the_same_bases(
     assert not left
 
 
-def test_a_job_resumed_from_its_checkpoint_stays_async(
-    make_gw, minio_server, minio_root_credentials
-) -> None:  # type: ignore[no-untyped-def]
-    gw = make_gw(
-        fanout=2,
-        pool=3,
-        minio_endpoint=minio_server.endpoint,
-        minio_credentials_file=minio_root_credentials,
-        minio_bucket="async-resume",
-    )
+def test_a_job_resumed_from_its_checkpoint_stays_async(make_gw, checkpoints_to) -> None:  # type: ignore[no-untyped-def]
+    gw = make_gw(fanout=2, pool=3, **checkpoints_to("async-resume"))
     tokens = _create(gw.url, gw.gw.secret, SPEC, rounds=3).json()["tokens"]
     ref = FedBuffReference(SPEC, 3)
     aggs = Aggregators(gw)
@@ -235,17 +227,7 @@ def test_a_job_resumed_from_its_checkpoint_stays_async(
         assert gw.gw.checkpoints.flush(60)
         admin = {"Authorization": f"Bearer {gw.gw.secret}"}
         assert httpx.delete(gw.url + "/v1/jobs/j1", headers=admin).status_code == 204
-        r = httpx.post(
-            gw.url + "/v1/jobs",
-            params={
-                "job": "j1",
-                "rounds": 3,
-                "goal": 3,
-                "clients": ",".join(CLIENTS),
-                "resume": "true",
-            },
-            headers=admin,
-        )
+        r = resume_job(gw, CLIENTS, 3, goal=3)
         assert r.status_code == 201, r.text
         tokens = r.json()["tokens"]
         job = gw.gw.jobs["j1"]

@@ -7,39 +7,10 @@ import numpy as np
 import pytest
 
 from fedfaas import wire
-from tests.dataplane.gwutil import tiny_bytes, tiny_model
+from tests.dataplane.gwutil import resume_job, tiny_bytes, tiny_model
 from tests.dataplane.test_gateway_rounds import Aggregators, create, upload, wait_version
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def checkpoints_to(minio_server, minio_root_credentials):  # type: ignore[no-untyped-def]
-    """Gateway settings that checkpoint into a bucket of the test's own (as MinIO's root)."""
-
-    def settings(bucket: str) -> dict[str, object]:
-        return {
-            "minio_endpoint": minio_server.endpoint,
-            "minio_credentials_file": minio_root_credentials,
-            "minio_bucket": bucket,
-        }
-
-    return settings
-
-
-def _resume(gw, clients: list[str], rounds: int, body: bytes = b"") -> httpx.Response:  # type: ignore[no-untyped-def]
-    return httpx.post(
-        gw.url + "/v1/jobs",
-        params={
-            "job": "j1",
-            "rounds": rounds,
-            "goal": len(clients),
-            "clients": ",".join(clients),
-            "resume": "true",
-        },
-        content=body,
-        headers={"Authorization": f"Bearer {gw.gw.secret}"},
-    )
 
 
 def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_are_lost(
@@ -63,7 +34,7 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     redis_url.client().flushall()  # and the journal is gone too
 
     second = make_gw(fanout=2, pool=3, admin_secret_file=secret, **checkpoints_to("resume"))
-    r = _resume(second, clients, 3)
+    r = resume_job(second, clients, 3)
     assert r.status_code == 201, r.text
     assert r.json()["version"] == 1 and r.json()["round"] == 2
     tokens = r.json()["tokens"]
@@ -112,12 +83,12 @@ def test_initial_model_is_checkpointed_as_round_zero(make_gw, minio_server, chec
 
 def test_bad_resume_requests_get_clear_errors_and_create_nothing(make_gw, checkpoints_to) -> None:  # type: ignore[no-untyped-def]
     plain = make_gw(node="n1")  # no MinIO
-    r = _resume(plain, ["c0"], 2)
+    r = resume_job(plain, ["c0"], 2)
     assert r.status_code == 409 and r.json()["error"] == "no_checkpoints"
     gw = make_gw(node="n2", **checkpoints_to("nothing-here"))
-    r = _resume(gw, ["c0"], 2)
+    r = resume_job(gw, ["c0"], 2)
     assert r.status_code == 404 and r.json()["error"] == "no_checkpoint"
-    r = _resume(gw, ["c0"], 2, body=tiny_bytes(0))
+    r = resume_job(gw, ["c0"], 2, body=tiny_bytes(0))
     assert r.status_code == 400 and r.json()["error"] == "body_with_resume"
     for g in (plain, gw):
         assert httpx.get(

@@ -249,17 +249,11 @@ def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
 
 
 def test_round_checkpoints_global_clients_and_meta_to_minio(
-    make_gw, minio_server, minio_root_credentials
+    make_gw, minio_server, checkpoints_to
 ) -> None:  # type: ignore[no-untyped-def]
     from fedfaas.checkpoints import make_minio
 
-    gw = make_gw(  # a bucket of the test's own: as MinIO's root
-        fanout=2,
-        pool=3,
-        minio_endpoint=minio_server.endpoint,
-        minio_credentials_file=minio_root_credentials,
-        minio_bucket="dp-test",
-    )
+    gw = make_gw(fanout=2, pool=3, **checkpoints_to("dp-test"))
     clients = ["c0", "c1", "c2"]
     info = create(gw, clients, 3)
     aggs = Aggregators(gw)

@@ -21,7 +21,7 @@ from fedfaas import fedavg, wire
 from fedfaas.server_opt import METADATA_KEY, state_from_safetensors
 from fedfaas.services import free_port
 from tests.aggregators import Aggregators, NodeAggregators
-from tests.dataplane.gwutil import tiny_model
+from tests.dataplane.gwutil import resume_job, tiny_model
 from tests.dataplane.test_gateway_recovery import _gateway, _kill
 from tests.dataplane.test_gateway_rounds import upload, wait_version
 
@@ -120,17 +120,11 @@ def test_the_sdk_and_the_gateway_name_the_same_metadata_entry() -> None:
     ids=lambda s: s["name"],
 )
 def test_every_published_model_equals_flowers_strategy_and_its_state_is_checkpointed(
-    make_gw, minio_server, minio_root_credentials, spec: dict[str, object]
+    make_gw, minio_server, checkpoints_to, spec: dict[str, object]
 ) -> None:  # type: ignore[no-untyped-def]
     from fedfaas.checkpoints import make_minio
 
-    gw = make_gw(
-        fanout=2,
-        pool=3,
-        minio_endpoint=minio_server.endpoint,
-        minio_credentials_file=minio_root_credentials,
-        minio_bucket="opt-test",
-    )
+    gw = make_gw(fanout=2, pool=3, **checkpoints_to("opt-test"))
     info = _create(gw.url, gw.gw.secret, spec, rounds=3)
     twin = FlowerTwin(spec)
     aggs = Aggregators(gw)
@@ -159,17 +153,10 @@ def test_every_published_model_equals_flowers_strategy_and_its_state_is_checkpoi
 
 
 def test_a_resumed_job_continues_with_its_optimizers_checkpointed_state(
-    make_gw, minio_server, minio_root_credentials
+    make_gw, checkpoints_to
 ) -> None:  # type: ignore[no-untyped-def]
     spec = {"name": "fedadam", "eta": 0.05}
-    kw = dict(
-        fanout=2,
-        pool=3,
-        minio_endpoint=minio_server.endpoint,
-        minio_credentials_file=minio_root_credentials,
-        minio_bucket="opt-resume",
-    )
-    gw = make_gw(**kw)
+    gw = make_gw(fanout=2, pool=3, **checkpoints_to("opt-resume"))
     info = _create(gw.url, gw.gw.secret, spec, rounds=3)
     twin = FlowerTwin(spec)
     aggs = Aggregators(gw)
@@ -182,17 +169,8 @@ def test_a_resumed_job_continues_with_its_optimizers_checkpointed_state(
         assert gw.gw.checkpoints.flush(60)
         admin = {"Authorization": f"Bearer {gw.gw.secret}"}
         assert httpx.delete(gw.url + "/v1/jobs/j1", headers=admin).status_code == 204
-        r = httpx.post(  # the checkpoint holds the model and the optimizer: no body
-            gw.url + "/v1/jobs",
-            params={
-                "job": "j1",
-                "rounds": 3,
-                "goal": 3,
-                "clients": ",".join(CLIENTS),
-                "resume": "true",
-            },
-            headers=admin,
-        )
+        # the checkpoint holds the model and the optimizer: no body
+        r = resume_job(gw, CLIENTS, 3, goal=3)
         assert r.status_code == 201, r.text
         tokens = r.json()["tokens"]
         assert gw.gw.jobs["j1"].server_opt is not None and gw.gw.jobs["j1"].version == 2
@@ -203,15 +181,13 @@ def test_a_resumed_job_continues_with_its_optimizers_checkpointed_state(
 
 
 def test_a_node_taking_the_job_over_adopts_the_state_from_minio(
-    make_gw, tmp_path: Path, minio_server, minio_root_credentials
+    make_gw, tmp_path: Path, checkpoints_to
 ) -> None:  # type: ignore[no-untyped-def]
     kw = dict(
         fanout=2,
         pool=3,
         admin_secret_file=tmp_path / "admin-secret",  # node gateways share the admin secret
-        minio_endpoint=minio_server.endpoint,
-        minio_credentials_file=minio_root_credentials,
-        minio_bucket="opt-takeover",
+        **checkpoints_to("opt-takeover"),
     )
     a = make_gw(node="a", **kw)
     b = make_gw(node="b", peers={"a": a.url}, **kw)
