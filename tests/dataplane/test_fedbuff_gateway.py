@@ -22,9 +22,9 @@ from client.sdk import ASYNC_KEY, with_metadata
 from fedfaas import fedavg, wire
 from fedfaas.fedbuff import METADATA_KEY, AsyncSpec
 from fedfaas.services import free_port
-from tests.aggregators import Aggregators, NodeAggregators
+from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import resume_job, tiny_model
-from tests.dataplane.test_gateway_recovery import _gateway, _kill
+from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill
 from tests.dataplane.test_gateway_rounds import wait_version
 
 pytestmark = pytest.mark.integration
@@ -174,16 +174,7 @@ def test_a_sigkilled_root_applies_the_next_buffer_to_the_same_bases(
     assert r.status_code == 201, r.text
     tokens = r.json()["tokens"]
     ref = FedBuffReference(SPEC, 3)
-    from gateway.settings import GatewaySettings
-
-    sock = GatewaySettings(node="n1", state_dir=tmp_path / "state").socket_path()
-    aggs = NodeAggregators(
-        "n1",
-        sock,
-        tmp_path / "aggregators",
-        url,
-        admin_secret_file=tmp_path / "state" / "admin-secret",
-    )
+    aggs = _aggregators(tmp_path, url)
     aggs.spawn(2)
     try:
         aggs.wait_registered(2)

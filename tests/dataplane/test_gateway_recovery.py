@@ -49,6 +49,15 @@ def _gateway(tmp: Path, redis_url: str, port: int, shm: Path) -> subprocess.Pope
     return p
 
 
+def _aggregators(tmp: Path, url: str) -> NodeAggregators:
+    """Replicas of the aggregator function for :func:`_gateway`'s node (spawn them); they
+    register again by themselves once a restarted gateway is back."""
+    sock = GatewaySettings(node="n1", state_dir=tmp / "state").socket_path()
+    return NodeAggregators(
+        "n1", sock, tmp / "aggregators", url, admin_secret_file=tmp / "state" / "admin-secret"
+    )
+
+
 def _kill(p: subprocess.Popen[bytes], sig: int) -> None:
     if p.poll() is None:
         os.killpg(p.pid, sig)
@@ -85,14 +94,7 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
     info = r.json()
     # two replicas of the aggregator function (one endpoint each), as the runtime starts them;
     # they register again by themselves once the gateway is back
-    sock = GatewaySettings(node="n1", state_dir=tmp_path / "state").socket_path()
-    aggs = NodeAggregators(
-        "n1",
-        sock,
-        tmp_path / "aggregators",
-        url,
-        admin_secret_file=tmp_path / "state" / "admin-secret",
-    )
+    aggs = _aggregators(tmp_path, url)
     aggs.spawn(2)
     seeds, weights = [31, 32, 33, 34], [2, 3, 5, 7]
     try:

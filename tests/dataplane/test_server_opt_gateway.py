@@ -20,9 +20,9 @@ from client.sdk import SERVER_OPT_KEY, with_metadata
 from fedfaas import fedavg, wire
 from fedfaas.server_opt import METADATA_KEY, state_from_safetensors
 from fedfaas.services import free_port
-from tests.aggregators import Aggregators, NodeAggregators
+from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import resume_job, tiny_model
-from tests.dataplane.test_gateway_recovery import _gateway, _kill
+from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill
 from tests.dataplane.test_gateway_rounds import upload, wait_version
 
 pytestmark = pytest.mark.integration
@@ -250,16 +250,7 @@ def test_a_sigkilled_root_resumes_the_state_it_journaled(tmp_path: Path, redis_u
     spec = {"name": "fedadam", "eta": 0.05}
     info = _create(url, secret, spec, rounds=2)
     twin = FlowerTwin(spec)
-    from gateway.settings import GatewaySettings
-
-    sock = GatewaySettings(node="n1", state_dir=tmp_path / "state").socket_path()
-    aggs = NodeAggregators(
-        "n1",
-        sock,
-        tmp_path / "aggregators",
-        url,
-        admin_secret_file=tmp_path / "state" / "admin-secret",
-    )
+    aggs = _aggregators(tmp_path, url)
     aggs.spawn(2)
     try:
         aggs.wait_registered(2)
