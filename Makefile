@@ -21,7 +21,7 @@ STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
 FAULTS_ARGS ?=
-BENCHES := dataplane ebpf control flstore scale fedbuff
+BENCHES := dataplane ebpf control flstore scale fedbuff robust
 # images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag)
 ENGINE ?=
 REGISTRY ?= ghcr.io/fedfaas

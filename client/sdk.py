@@ -425,6 +425,8 @@ EVALUATOR_KEY = "fedfaas.evaluator"
 SERVER_OPT_KEY = "fedfaas.server_opt"
 #: ... and async mode (``fedfaas.fedbuff.METADATA_KEY``).
 ASYNC_KEY = "fedfaas.async"
+#: ... and its aggregation rule (``fedfaas.robust.METADATA_KEY``).
+AGGREGATION_KEY = "fedfaas.aggregation"
 
 
 def with_metadata(weights: bytes, metadata: Mapping[str, str]) -> bytes:
@@ -461,6 +463,7 @@ def submit_job(
     evaluator: Mapping[str, Any] | None = None,
     server_opt: Mapping[str, Any] | None = None,
     fedbuff: Mapping[str, Any] | None = None,
+    aggregation: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
 ) -> dict[str, Any]:
@@ -508,6 +511,14 @@ def submit_job(
         moves the model by ``eta`` (default 1) times its weighted mean delta
         (``fedfaas.fedbuff``). The clients selected per round (``overprovision``) are the
         ones training at once. Not with ``server_opt``.
+    aggregation : a rule against poisoned updates instead of FedAvg (``fedfaas.robust``):
+        ``{"rule": "median"}``, ``{"rule": "trimmed-mean", "beta": 0.1}``,
+        ``{"rule": "krum", "f": 2}``, ``{"rule": "multi-krum", "f": 2, "m": 6}`` or
+        ``{"rule": "fltrust", "root_client": "server"}`` (that client's update, trained on the
+        job owner's clean root data, is the trusted reference); ``"shards": S`` sets the
+        number of coordinate shards (default: one per aggregator endpoint). The root gateway
+        runs it on the round's updates in its shared memory; the job stays on that node. Not
+        with ``fedbuff``. Each round's ``meta.json`` records the decision.
 
     Returns
     -------
@@ -534,6 +545,9 @@ def submit_job(
     if fedbuff is not None:
         spec = json.dumps(dict(fedbuff), separators=(",", ":"), sort_keys=True)
         initial_weights = with_metadata(initial_weights, {ASYNC_KEY: spec})
+    if aggregation is not None:
+        spec = json.dumps(dict(aggregation), separators=(",", ":"), sort_keys=True)
+        initial_weights = with_metadata(initial_weights, {AGGREGATION_KEY: spec})
     body = {
         "job": job,
         "rounds": rounds,

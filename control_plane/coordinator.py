@@ -104,6 +104,7 @@ from control_plane.selection import (
     random_selection,
 )
 from control_plane.store import MemoryStore, StateStore
+from fedfaas import robust, wire
 from fedfaas.auth import client_token, enrollment_token
 from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
 
@@ -256,17 +257,24 @@ class Coordinator:
         which is fine). A job that already exists on a gateway is attached to.
         """
         spec.validate()
+        try:
+            rule = robust.declared(initial_weights) if initial_weights else None
+        except (robust.RuleError, wire.WireError) as exc:
+            raise InvalidInput(f"aggregation: {exc}") from None
         async with self._lock:
             if spec.name in self.jobs:
                 raise JobExists(spec.name)
             nodes = self.healthy_nodes()
             if not nodes:
                 raise NoHealthyNodes()
-            job = JobState(spec)
+            job = JobState(spec, rule="" if rule is None else rule.rule)
             span = self._job_span(spec, nodes)
-            # every healthy node learns the job (a re-plan may move clients anywhere); the
-            # busiest is its root: it must hold the job before the others hear of it
-            if self.push_plans:  # gateways with static plans spread clients over all of them
+            if job.rule:  # every update of a round on the node that reduces them
+                span = span[:1]
+            elif self.push_plans:
+                # every healthy node learns the job (a re-plan may move clients anywhere);
+                # gateways with static plans spread clients over all of them. The busiest is
+                # its root: it must hold the job before the others hear of it
                 span = [*span, *(x for x in nodes if x not in span)]
             job.root = span[0]
             for n in span:
@@ -434,7 +442,7 @@ class Coordinator:
             raise RoundStateError(f"job {job.spec.name!r} finished all {job.spec.rounds} rounds")
         if job.failed:
             raise JobFailed(job.spec.name, job.failed)
-        nodes = self.healthy_nodes()
+        nodes = self._job_nodes(job)
         if not nodes:
             raise NoHealthyNodes()
         spec = job.spec
@@ -551,6 +559,12 @@ class Coordinator:
         out.update({c: nodes[int(i)] for c, i in zip(clients, pl.assignment, strict=True)})
         return out
 
+    def _job_nodes(self, job: JobState) -> list[str]:
+        """Healthy nodes the job's rounds may use: all of them, or its root alone for a job
+        whose rule needs every update on one node (``JobState.rule``)."""
+        nodes = self.healthy_nodes()
+        return [n for n in nodes if n == job.root] if job.rule else nodes
+
     def _plan_for(self, job: JobState, rnd: RoundInfo) -> Plan:
         counts: dict[str, int] = {}
         for node in rnd.assignment.values():
@@ -574,7 +588,7 @@ class Coordinator:
         """
         slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
         taken = 0
-        for n in self.healthy_nodes() if self.push_plans else ():
+        for n in self._job_nodes(job) if self.push_plans else ():
             try:
                 taken += await self.clients[n].put_plan(job.spec.name, rnd.number, slots)
             except ControlPlaneError as exc:
@@ -901,7 +915,7 @@ class Coordinator:
         a dead one, count 0). False (nothing changed) when a gateway has no close route or
         nothing arrived anywhere.
         """
-        nodes = nodes or self.healthy_nodes()
+        nodes = nodes or self._job_nodes(job)
         name, counts = job.spec.name, {}
         for n in nodes:
             try:
@@ -1094,6 +1108,7 @@ class Coordinator:
             "failed": job.failed or None,  # why the job failed (see Coordinator._fail)
             "policy": job.spec.policy,
             "root": job.root,  # the node that publishes the global model and runs the top
+            "aggregation": job.rule or "fedavg",  # a robust rule keeps the job on its root
             "enrolled": len(job.spec.clients),
             "eligible": len(job.eligible()),  # enrolled, less those that left or were revoked
             # round 1 waits for enough clients to enroll

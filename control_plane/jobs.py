@@ -158,6 +158,9 @@ class JobState:
     revoked: list[str] = field(default_factory=list)
     #: why the job failed (a round short of its minimum, no model after closing); "" if not
     failed: str = ""
+    #: the robust rule its initial weights declare (``fedfaas.robust``), "" for FedAvg: such a
+    #: job runs on its root node alone (the rule needs every update where it reduces them)
+    rule: str = ""
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append an ended round to ``history`` (dropping the oldest beyond
@@ -251,6 +254,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "salt": job.salt,
         "revoked": job.revoked,
         "failed": job.failed,
+        "rule": job.rule,
     }
 
 
@@ -268,4 +272,5 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         str(raw.get("salt", "")),
         list(raw.get("revoked", [])),
         str(raw.get("failed", "")),
+        str(raw.get("rule", "")),
     )

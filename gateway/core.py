@@ -24,6 +24,8 @@ from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace, check_root
+from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
+from fedfaas.robust import RobustRule
 from fedfaas.server_opt import (
     ServerOptError,
     ServerOptimizer,
@@ -37,11 +39,12 @@ from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
 from gateway.jobs import CLIENT_ID, Job, RoundTimes, check_job_params
 from gateway.journal import Journal, NotRoot
-from gateway.meta import declared_evaluator, round_meta_doc
+from gateway.meta import declared_evaluator, declared_spec, round_meta_doc
 from gateway.metrics import Metrics
 from gateway.plan import Planner, Slot, static_plan
 from gateway.rounds import Input, RoundEngine
 from gateway.settings import GatewaySettings
+from gateway.sharded import ShardedRound
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -317,6 +320,21 @@ class Gateway:
                 "its async spec); a server optimizer with it is not supported: leave one out",
                 code="bad_async",
             )
+        rule = declared_spec(
+            body, self.settings.max_header, AGGREGATION_KEY, RobustRule.from_json, "bad_aggregation"
+        )
+        if rule is not None and mode is not None:
+            raise GatewayError(
+                f"{rule.rule} needs a round's updates at once; an async job applies buffers "
+                "as they fill: leave one out",
+                code="bad_aggregation",
+            )
+        if rule is not None and len(nodes) > 1:
+            raise GatewayError(
+                f"{rule.rule} needs every update of a round on the node that reduces them: "
+                f"create the job on one node, not {len(nodes)} ({', '.join(nodes)})",
+                code="bad_aggregation",
+            )
         if name in self.jobs or await self.journal.job(name) is not None:
             raise JobExists(f"job {name!r} exists; pick another name")
         meta = {
@@ -333,6 +351,8 @@ class Gateway:
             meta["evaluator"] = evaluator
         if opt is not None:
             meta["server_opt"] = opt.to_json()
+        if rule is not None:
+            meta["aggregation"] = rule.to_json()
         if mode is not None:
             meta["async"] = mode.to_json()
             meta["since"] = start  # the models before a resumed job's checkpoint are not kept
@@ -426,9 +446,11 @@ class Gateway:
         s = self.settings
         plan = self.planner(int(meta["goal"]), meta["clients"], meta["nodes"])
         slots = sum(1 for x in plan.slots if x.node == s.node)
+        # a robust rule holds the round's updates until it has them all; eager FedAvg frees
+        # each once its leaf's partial is journaled
         held = (
             min(plan.node_goal(s.node), s.max_inflight + 2 * s.fanout)
-            if s.max_inflight
+            if s.max_inflight and not meta.get("aggregation")
             else plan.node_goal(s.node)
         )
         cap = max(1, s.pool_max_bytes // spec.object_nbytes)
@@ -465,6 +487,7 @@ class Gateway:
             salt=salt,
             server_opt=opt,
             fedbuff=mode,
+            rule=RobustRule.from_json(meta["aggregation"]) if meta.get("aggregation") else None,
             since=int(meta.get("since", 0)),
             mint=mint,
             tokens={c: mint(c) for c in meta["clients"]},
@@ -797,7 +820,7 @@ class Gateway:
             del job.pending_plans[old]
         job.plan = pushed[0] if pushed is not None else job.base_plan
         job.awaiting_plan = pushed is None and job.managed
-        job.engine = RoundEngine(
+        common: dict[str, Any] = dict(
             job_id=job.id,
             node=self.settings.node,
             round=r,
@@ -809,8 +832,22 @@ class Gateway:
             forward=forward,
             persist=persist,
             checkpoint=checkpoint,
-            lazy=self.settings.lazy,
         )
+        if job.rule is not None:
+
+            def base() -> bytes:
+                assert job.global_key is not None
+                return job.global_key
+
+            job.engine = ShardedRound(
+                rule=job.rule,
+                spec=job.spec,
+                base=base,
+                width=lambda: sum(1 for i in self.router.endpoints().values() if not i.local),
+                **common,
+            )
+        else:
+            job.engine = RoundEngine(**common, lazy=self.settings.lazy)
         if pushed is not None:
             job.engine.plan_version = pushed[1]
             log.info("job %s round %d opens with the pushed plan v%s", job.name, r, pushed[1])
@@ -998,7 +1035,10 @@ class Gateway:
         """The round's ``meta.json`` (see :func:`round_meta_doc`), from the journal."""
         records = await self.journal.round_updates(job.name, rnd)
         evaluator = (await self.journal.job(job.name) or {}).get("evaluator")
-        return round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
+        doc = round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
+        if isinstance(job.engine, ShardedRound) and job.engine.round == rnd:
+            doc["aggregation"] = job.engine.decision
+        return doc
 
     def _forward(self, job: Job, slot: Slot, inp: Input) -> None:
         asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))

@@ -23,6 +23,7 @@ from control_plane.planning import AggregatorSpec
 from control_plane.reuse import AggregatorState, ReplicaState, assign_replicas
 from gateway.plan import TOP
 from gateway.rounds import RoundEngine, SlotState
+from gateway.sharded import ShardedRound
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
@@ -76,6 +77,8 @@ def assign(gw: Gateway, job: Job) -> int:
     eng = job.engine
     if eng is None:
         return 0
+    if isinstance(eng, ShardedRound):
+        return _assign_shards(gw, job, eng)
     waiting = eng.needs_endpoint()
     if not waiting:
         return 0
@@ -118,6 +121,32 @@ def assign(gw: Gateway, job: Job) -> int:
                 left.remove(st)
                 break
     return len(left) - deferred
+
+
+def _assign_shards(gw: Gateway, job: Job, eng: ShardedRound) -> int:
+    """Waiting shards of a sharded round take free endpoints, warmest first, one each;
+    returns how many still wait."""
+    if not eng.wanted():
+        return 0
+    free = free_endpoints(gw)
+    order = sorted(
+        free, key=lambda e: (0 if free[e].job == job.id else 1 if not free[e].job else 2, e)
+    )
+    granted: list[int] = []
+    for ep in order[: eng.wanted()]:
+        info = free[ep]
+        if info.job != job.id:
+            try:
+                gw.router.grant(ep, job.id, str(job.ns.path), role="aggregator")
+            except (bpf.RouterError, OSError) as exc:
+                log.warning("job %s: endpoint %d not granted: %s", job.name, ep, exc)
+                continue
+            gw.metrics.grants.inc()
+            if info.job:
+                gw.metrics.reuses.inc()
+        granted.append(ep)
+    eng.run_shards(granted)
+    return eng.wanted()
 
 
 def _waits_for_children(eng: RoundEngine, st: SlotState) -> bool:

@@ -20,6 +20,7 @@ from fedfaas import wire
 from fedfaas.fedbuff import METADATA_KEY as FEDBUFF_KEY
 from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace
+from fedfaas.robust import RobustRule
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
@@ -116,6 +117,8 @@ class Job:
     fedbuff: AsyncSpec | None = None
     #: an async job's older models an update may have trained on (version -> key), on the root
     history: dict[int, bytes] = field(default_factory=dict)
+    #: a rule that needs every update at once (:mod:`gateway.sharded`); None: eager FedAvg
+    rule: RobustRule | None = None
     #: the oldest version an async job's update may have trained on: the version it was
     #: resumed or taken over at (the root holds no model before it), from the job's metadata
     since: int = 0

@@ -128,12 +128,16 @@ class Namespace(StoreClient):
             return self._arena.table.entry(kb, self._arena.nslots)[1]
 
     # -- allocation ------------------------------------------------------------------------
-    def allocate(self) -> MappedObject:
-        """A new writable object under a fresh key, holding one lease (the caller's)."""
+    def allocate(self, nbytes: int | None = None) -> MappedObject:
+        """A new writable object under a fresh key, holding one lease (the caller's).
+
+        ``nbytes`` other than the job's object size gives a plain file of that size outside
+        the pool (a small manifest beside the model-sized objects)."""
+        odd = nbytes is not None and nbytes != self.object_nbytes
         with self._lock:
             if self.max_objects is not None and len(self._leases) >= self.max_objects:
                 raise StoreFull(self.max_objects)
-            got = self._arena.take()
+            got = None if odd else self._arena.take()
             if got is not None:
                 slot, key = got
                 k = key.hex()
@@ -142,7 +146,7 @@ class Namespace(StoreClient):
             k = standalone_key().hex()
             self._lease_new(k)
         try:  # the arena is full: a plain file, pre-faulted outside the lock
-            mm = self._new_file(self.path / k)
+            mm = self._new_file(self.path / k, nbytes if odd else None)
             with self._lock:
                 self._files[k] = mm
             return MappedObject(k, memoryview(mm), writable=True)
@@ -157,12 +161,13 @@ class Namespace(StoreClient):
         self._leases[k] = 1
         self.peak_objects = max(self.peak_objects, len(self._leases))
 
-    def _new_file(self, p: Path) -> mmap.mmap:
+    def _new_file(self, p: Path, nbytes: int | None = None) -> mmap.mmap:
+        size = nbytes or self.object_nbytes
         fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            os.posix_fallocate(fd, 0, self.object_nbytes)  # tmpfs: allocates the pages now
-            return mmap.mmap(fd, self.object_nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            os.posix_fallocate(fd, 0, size)  # tmpfs: allocates the pages now
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         finally:
             os.close(fd)
 

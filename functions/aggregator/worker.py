@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import bpf
 from bpf import Frame, Kind, Role
-from fedfaas import fedavg, wire
+from fedfaas import fedavg, robust, shards, wire
 from fedfaas.fedavg import Accumulator, LazyAccumulator
 from fedfaas.objstore import MappedObject, StoreClient
 
@@ -56,6 +57,11 @@ def _flat(obj: MappedObject) -> Any:
     if KERNEL == "torch":
         return obj.tensor(offset=wire.HEADER_SIZE, count=n)
     return obj.ndarray(np.float32, wire.HEADER_SIZE, n)
+
+
+def _floats(obj: MappedObject) -> np.ndarray:
+    """The object's data region as a float32 numpy view (the shard kernels are numpy)."""
+    return obj.ndarray(np.float32, wire.HEADER_SIZE, (obj.nbytes - wire.HEADER_SIZE) // 4)
 
 
 @dataclass
@@ -202,6 +208,9 @@ class EndpointWorker(threading.Thread):
         if f.kind == Kind.SHUTDOWN:
             self._halt.set()
             return
+        if f.kind == Kind.SHARD:
+            self._shard(ep, f)
+            return
         t = self._task
         if t is None or f.round != t.round:
             log.debug("endpoint %d: %s for round %d without a task", ep.id, f.kind.name, f.round)
@@ -223,6 +232,62 @@ class EndpointWorker(threading.Thread):
                 t.waiting.append(f)  # folded when the gateway's SPARE arrives
             else:
                 self._take_partial(ep, t, f)
+
+    def _shard(self, ep: bpf.Endpoint, f: Frame) -> None:
+        """Shard ``f.seq`` of the pass manifest ``f.key`` names: read the range of every
+        update in place, write its Gram block into the manifest or its range of the output
+        object, answer SHARD_DONE (see ``fedfaas/shards.py`` and ``gateway/sharded.py``)."""
+        assert self.store is not None
+        t0 = time.perf_counter()
+        opened: list[MappedObject] = []
+        try:
+            man = self.store.open_writable(f.key)
+            opened.append(man)
+            p = shards.read(man.buf)
+            lo, hi = p.bounds[f.seq], p.bounds[f.seq + 1]
+            ups = []
+            for k in p.inputs:
+                opened.append(self.store.open(k))
+                ups.append(_floats(opened[-1]))
+            if p.kind == shards.ORDER:
+                out = self.store.open_writable(p.out_key)
+                opened.append(out)
+                robust.reduce_order(robust.RobustRule.from_json(p.rule), ups, lo, hi, _floats(out))
+            else:
+                opened.append(self.store.open(p.global_key))
+                g = _floats(opened[-1])
+                if p.kind == shards.GRAM:
+                    shards.results(man.buf, p)[f.seq] = robust.gram_shard(ups, g, lo, hi)
+                else:
+                    out = self.store.open_writable(p.out_key)
+                    opened.append(out)
+                    coef = np.asarray(p.coef, dtype=np.float64)
+                    robust.reduce_linear(coef, ups, g, lo, hi, _floats(out))
+            del ups
+        finally:
+            for o in opened:
+                o.close()
+        self.tasks_done += 1
+        ep.send(
+            Frame(
+                dst=f.src,
+                src=0,
+                kind=Kind.SHARD_DONE,
+                flags=f.flags,
+                job=self.job_id,
+                key=f.key,
+                round=f.round,
+                seq=f.seq,
+            )
+        )
+        log.debug(
+            "endpoint %d: shard %d (%s) of round %d done in %.1f ms",
+            ep.id,
+            f.seq,
+            shards.PASSES.get(f.flags, "?"),
+            f.round,
+            (time.perf_counter() - t0) * 1e3,
+        )
 
     def _take_partial(self, ep: bpf.Endpoint, t: _Task, f: Frame) -> None:
         if f.seq == t.slot and t.checkpoints and t.acc.count == 0 and f.count < t.goal:
@@ -360,6 +425,9 @@ def start_workers(socket_path: str, n: int) -> list[EndpointWorker]:
     """Start ``n`` job-agnostic endpoints and wait until each has registered (or failed to),
     with the fold kernel loaded first."""
     fedavg.preload()
+    # each endpoint is one thread of work: BLAS (the Gram pass of a sharded round) must not
+    # start a thread per core under every endpoint
+    threadpool_limits(1, user_api="blas")
     workers = [EndpointWorker(socket_path, name=f"aggregator-{i}") for i in range(n)]
     for w in workers:
         w.start()

@@ -710,3 +710,62 @@ def test_an_oort_job_trains_the_clients_flstore_ranks(platform: Platform) -> Non
         )
     assert (refused.value.status, refused.value.error) == (409, "missing_data")
     assert "duration_s" in refused.value.detail
+
+
+def test_a_multi_krum_job_from_the_sdk_runs_sharded_in_the_function_and_drops_the_poisoned(
+    platform: Platform,
+) -> None:
+    """Issue 15: ``submit_job(aggregation=...)`` on the user's platform. The control plane
+    keeps the job on its root node, the root gateway runs Multi-Krum as coordinate shards on
+    the function's endpoints, and the model equals the numpy reference: the two poisoned
+    updates are left out and the result is near the honest mean."""
+    from client.sdk import submit_job
+    from fedfaas import robust
+
+    p = platform
+    clients = [f"k{i}" for i in range(10)]
+    poisoned = {"k2", "k7"}
+    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    spec = {"rule": "multi-krum", "f": 2, "shards": 2}
+    before = p.tasks_done()
+    made = submit_job(
+        p.urls["control_plane"],
+        "krum",
+        save(w0),
+        rounds=2,
+        admin_token=p.admin_secret,
+        clients=clients,
+        aggregation=spec,
+    )
+    p.tokens["krum"] = made["tokens"]
+    view = httpx.get(f"{p.urls['control_plane']}/v1/jobs/krum", headers=p.admin, timeout=10).json()
+    assert view["aggregation"] == "multi-krum"
+    root_url = p.gateways[view["root"]]
+    g = {k: v.astype(np.float64) for k, v in w0.items()}
+    rng = np.random.default_rng(15)
+    for rnd in (1, 2):
+        p.wait_open("krum", rnd)
+        ups, weights = [], []
+        for c in clients:
+            delta = {k: 0.1 + 0.05 * rng.standard_normal(s) for k, s in SHAPES.items()}
+            sign = -100.0 if c in poisoned else 1.0
+            u = {k: (g[k] + sign * delta[k]).astype(np.float32) for k in SHAPES}
+            with p.client("krum", c) as fl:
+                assert fl.gateway_url == root_url, "a robust job's clients all go to its root"
+                fl.wait_for_version(rnd - 1, timeout=120)
+                fl.upload(rnd, save(u), 5)
+            ups.append(u)
+            weights.append(5)
+        with FLClient(root_url, "krum", "k0", p.tokens["krum"]["k0"]) as fl:
+            got = load(fl.wait_for_version(rnd, timeout=120).data)
+        flat = [np.concatenate([u[k].ravel() for k in sorted(SHAPES)]) for u in ups]
+        base = np.concatenate([g[k].ravel() for k in sorted(SHAPES)]).astype(np.float32)
+        want = robust.reference(robust.RobustRule.from_json(spec), flat, base, weights)
+        have = np.concatenate([got[k].ravel() for k in sorted(SHAPES)])
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
+        honest = np.mean([f for c, f in zip(clients, flat, strict=True) if c not in poisoned], 0)
+        assert robust.far(have - base, honest - base) < 0.2
+        g = {k: got[k].astype(np.float64) for k in SHAPES}
+    after = p.tasks_done()
+    # 2 rounds x (2 Gram shards + 2 reducing shards), all run by replicas of the function
+    assert sum(after.get(pid, 0) - before.get(pid, 0) for pid in after) >= 8, (before, after)

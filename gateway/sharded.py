@@ -1,0 +1,311 @@
+"""A round whose rule needs every update at once, run as coordinate shards on aggregator endpoints.
+
+For a job with a robust rule (``fedfaas.robust``: median, trimmed mean, Krum, Multi-Krum,
+FLTrust) the round's updates are not folded as they arrive: they stay in the node's store,
+sealed, until the round holds its goal (or is closed with fewer). Then:
+
+1. The gateway allocates the output object and splits the data region into S coordinate ranges
+   (S: the rule's ``shards``, else one per endpoint registered here).
+2. For Krum, Multi-Krum and FLTrust, a Gram pass: each shard computes ``(u_i - g).(u_j - g)``
+   over its range and writes it into the pass's manifest; the gateway sums the S blocks and the
+   rule picks a coefficient per update (Krum's scores and selection, FLTrust's trust scores).
+3. A reducing pass: each shard writes its range of the result into the one output object (the
+   median or trimmed mean of its range, or ``g + sum_i c_i (u_i - g)``), so the result is whole
+   when the last shard answers; the gateway writes its header, seals it and publishes it.
+
+Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a shard is a pure
+function of its inputs, so one whose endpoint disconnects, or that stays silent past the stall
+limit, is sent again (to any free endpoint) and writes the same bytes. What was decided (the
+rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores) goes into the
+round's ``meta.json`` under ``aggregation``.
+
+Across nodes: a robust job runs on one node (the gateway refuses more; the control plane
+places all its clients on its root), since median and Krum need every update on the node that
+reduces them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bpf import Frame, Kind
+from fedfaas import robust, shards, wire
+from fedfaas.robust import RobustRule, RuleError
+from gateway.rounds import Input, RoundEngine, SlotState
+
+log = logging.getLogger(__name__)
+
+
+class ShardedRound(RoundEngine):
+    """:class:`~gateway.rounds.RoundEngine` whose slots only take updates; the aggregation is
+    the sharded passes above, on endpoints the gateway hands in through :meth:`run_shards`."""
+
+    def __init__(
+        self,
+        *,
+        rule: RobustRule,
+        spec: wire.ModelSpec,
+        base: Callable[[], bytes],
+        width: Callable[[], int],
+        **kw: Any,
+    ) -> None:
+        super().__init__(**kw)
+        self.rule = rule
+        self.spec = spec
+        self._base = base  # the key of the model the round started from, asked at the start
+        self._width = width  # endpoints registered here: the default number of shards
+        self.stage: int | None = None  # the running pass (shards.GRAM, ORDER, LINEAR)
+        self.manifest: bytes | None = None
+        self.out_key: bytes | None = None
+        self.inputs: list[Input] = []
+        self.base_key = b""
+        self.bounds: list[int] = []
+        self.queued: list[int] = []
+        self.running: dict[int, tuple[int, int]] = {}  # shard -> (endpoint, sent at, ns)
+        self.finished: set[int] = set()
+        self.decision: dict[str, Any] = {}
+        self.started_ns = 0
+        self._current: shards.Pass | None = None
+
+    # -- the slot machinery only takes updates ----------------------------------------------
+    def needs_endpoint(self) -> list[SlotState]:
+        return []
+
+    def busy_endpoints(self) -> set[int]:
+        return {ep for ep, _ in self.running.values()}
+
+    def add_update(self, client: str, key: bytes, weight: float) -> int:
+        sid = super().add_update(client, key, weight)
+        self._maybe_start()
+        return sid
+
+    def check_plan(self, plan: Any) -> None:
+        if self.stage is not None:
+            from gateway.replan import PlanConflict
+
+            raise PlanConflict(f"round {self.round} is aggregating its {len(self.inputs)} updates")
+        super().check_plan(plan)
+
+    def apply_plan(self, plan: Any, version: int | None = None) -> list[int]:
+        restarted = super().apply_plan(plan, version)
+        self._maybe_start()
+        return restarted
+
+    def rerun_stalled(self, stall_s: float, now_ns: int | None = None) -> list[int]:
+        """Send again every shard silent for ``stall_s`` (a lost frame; the shard is pure)."""
+        if stall_s <= 0 or self.result is not None:
+            return []
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        late = [s for s, (_, t) in self.running.items() if now - t > stall_s * 1e9]
+        for s in late:
+            ep, _ = self.running[s]
+            log.warning(
+                "round %d: shard %d silent on endpoint %d; sending it again", self.round, s, ep
+            )
+            self._send_shard(s, ep)
+        return late
+
+    def on_disconnect(self, ep: int) -> list[int]:
+        lost = sorted(s for s, (e, _) in self.running.items() if e == ep)
+        for s in lost:
+            del self.running[s]
+            self.queued.append(s)
+        if lost:
+            log.warning(
+                "round %d: endpoint %d gone, shards %s will run again", self.round, ep, lost
+            )
+        return lost
+
+    # -- shards ---------------------------------------------------------------------------
+    def pending(self) -> int:
+        """The node's queue: shards waiting for an endpoint (held updates are no work yet)."""
+        return self.wanted()
+
+    def wanted(self) -> int:
+        """Shards waiting for an endpoint."""
+        return len(self.queued) if self.result is None else 0
+
+    def run_shards(self, endpoints: list[int]) -> None:
+        """Give waiting shards these endpoints (granted this job), one shard each."""
+        while self.queued and endpoints and self.result is None:
+            self._send_shard(self.queued.pop(0), endpoints.pop(0))
+
+    def _send_shard(self, shard: int, ep: int) -> None:
+        assert self.manifest is not None and self.stage is not None
+        self.running[shard] = (ep, time.monotonic_ns())
+        self._send(
+            Frame(
+                dst=ep,
+                src=self.gateway_ep,
+                kind=Kind.SHARD,
+                flags=self.stage,
+                job=self.job_id,
+                key=self.manifest,
+                round=self.round,
+                seq=shard,
+            )
+        )
+
+    def on_frame(self, f: Frame) -> None:
+        if f.kind != Kind.SHARD_DONE:
+            return super().on_frame(f)
+        if f.round != self.round or f.key != self.manifest or f.flags != self.stage:
+            log.debug("round %d: stale SHARD_DONE for shard %d", self.round, f.seq)
+            return
+        if self.running.get(f.seq, (None, 0))[0] != f.src:
+            return  # a shard sent again elsewhere meanwhile; the other answer counts
+        del self.running[f.seq]
+        self.finished.add(f.seq)
+        if len(self.finished) == len(self.bounds) - 1:
+            self._pass_done()
+
+    # -- the passes -----------------------------------------------------------------------
+    def _maybe_start(self) -> None:
+        if self.stage is not None or self.result is not None or self.closed:
+            return
+        if self.accepted == 0 or self.accepted < self.plan.goal:
+            return
+        self.started_ns = time.monotonic_ns()
+        order = sorted(
+            (inp for st in self.intake for inp in st.updates), key=lambda i: i.client or ""
+        )
+        self.inputs = order
+        self.base_key = self._base()
+        n_coords = (self.spec.object_nbytes - wire.HEADER_SIZE) // 4
+        self.bounds = robust.shard_bounds(n_coords, self.rule.shards or max(1, self._width()))
+        obj = self.store.allocate()
+        obj.close()
+        self.out_key = obj.key_bytes
+        clients = [i.client for i in order]
+        self.decision = {
+            "rule": self.rule.to_json(),
+            "shards": len(self.bounds) - 1,
+            "clients": clients,
+        }
+        try:
+            self.rule.check_count(len(order))
+        except RuleError as exc:
+            # nothing the rule can judge: the model stays as it was, and meta.json says why
+            log.error("round %d: %s; the model stays as it was", self.round, exc)
+            self.decision["skipped"] = str(exc)
+            self._start_pass(shards.LINEAR, [0.0] * len(order))
+            return
+        if self.rule.uses_gram:
+            self._start_pass(shards.GRAM, [])
+        else:
+            self._start_pass(shards.ORDER, [])
+        log.info(
+            "round %d: %s over %d updates in %d shards",
+            self.round,
+            self.rule.rule,
+            len(order),
+            len(self.bounds) - 1,
+        )
+
+    def _start_pass(self, kind: int, coef: list[float]) -> None:
+        assert self.out_key is not None
+        p = shards.Pass(
+            kind,
+            self.rule.to_json(),
+            [i.key for i in self.inputs],
+            self.base_key,
+            self.out_key,
+            self.bounds,
+            coef,
+        )
+        obj = self.store.allocate(p.nbytes())
+        p.write(obj.buf)
+        obj.close()
+        self.manifest = obj.key_bytes
+        self.retired.append(obj.key_bytes)  # freed when the round closes
+        self.stage = kind
+        self.queued = list(range(p.shards))
+        self.running.clear()
+        self.finished.clear()
+        self._current = p
+
+    def _pass_done(self) -> None:
+        if self.stage == shards.GRAM:
+            assert self.manifest is not None
+            with self.store.open(self.manifest) as man:
+                assert self._current is not None
+                gram = shards.results(man.buf, self._current).sum(axis=0)
+            clients = self.decision["clients"]
+            root = None
+            if self.rule.rule == "fltrust":
+                root = next((i for i, c in enumerate(clients) if c == self.rule.root_client), None)
+            choice = robust.coefficients(
+                self.rule, gram, [i.weight for i in self.inputs], root=root
+            )
+            self.decision.update(_named(choice.detail, clients))
+            self._start_pass(shards.LINEAR, [float(c) for c in choice.coef])
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        assert self.out_key is not None and self._current is not None
+        coef = self._current.coef
+        used = (
+            [i for i, c in zip(self.inputs, coef, strict=True) if c != 0.0]
+            if self.stage == shards.LINEAR
+            else self.inputs
+        )
+        weight, count = float(sum(i.weight for i in used)), len(used)
+        self.decision["aggregated"] = [i.client for i in used]
+        self.decision["seconds"] = round((time.monotonic_ns() - self.started_ns) / 1e9, 6)
+        with self.store.open_writable(self.out_key) as out:
+            wire.write_object_header(
+                out.buf,
+                kind=wire.KIND_GLOBAL,
+                spec_hash=self.spec.hash,
+                data_nbytes=self.spec.object_nbytes - wire.HEADER_SIZE,
+                weight=weight,
+                count=count,
+                round=self.round,
+            )
+        self.store.seal(self.out_key)
+        self.stage = None
+        self.result = Input(self.out_key, weight, count)
+        for st in self.intake:
+            self._release_updates(st)
+        log.info(
+            "round %d: %s done in %.1f ms (%d of %d updates weigh in)",
+            self.round,
+            self.rule.rule,
+            self.decision["seconds"] * 1e3,
+            count,
+            len(self.inputs),
+        )
+        self._publish(self.result)
+
+    def progress(self) -> dict[str, object]:
+        out = super().progress()
+        out["aggregation"] = {
+            "rule": self.rule.rule,
+            "pass": shards.PASSES.get(self.stage or 0),
+            "shards": len(self.bounds) - 1 if self.bounds else None,
+            "queued": len(self.queued),
+            "running": len(self.running),
+        }
+        return out
+
+
+def _named(detail: dict[str, Any], clients: list[str | None]) -> dict[str, Any]:
+    """Krum's and FLTrust's per-input figures keyed by client name, for ``meta.json``."""
+    out: dict[str, Any] = {}
+    if "scores" in detail:
+        out["scores"] = dict(zip(clients, detail["scores"], strict=True))
+        out["selected"] = [clients[i] for i in detail["selected"]]
+    if "trust" in detail:
+        out["trust"] = {
+            c: t
+            for i, (c, t) in enumerate(zip(clients, detail["trust"], strict=True))
+            if i != detail["root"]
+        }
+        out["root"] = None if detail["root"] is None else clients[detail["root"]]
+    return {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
