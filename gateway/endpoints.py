@@ -10,7 +10,8 @@ its children's partials (``gateway/rounds.py``), so it takes any free endpoint; 
 which would wait for its children holding its endpoint, never takes the node's last free
 one. Either way rounds progress with a single endpoint.
 Slots still without an endpoint are the node's shortage, which the control plane answers by
-scaling the function.
+scaling the function. A round of a robust rule (``gateway/sharded.py``) has no slots to run:
+its coordinate shards take free endpoints, warmest first, one shard each.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def assign(gw: Gateway, job: Job) -> int:
     node = gw.settings.node
 
     def rank(info: bpf.EndpointInfo) -> int:
-        return 0 if info.job == job.id else 1 if info.job == 0 else 2
+        return _warmth(job, info)
 
     replicas = [ReplicaState(_rid(e), node, True, rank(i)) for e, i in free.items()]
     specs, states = _reuse_view(eng)
@@ -129,24 +130,30 @@ def _assign_shards(gw: Gateway, job: Job, eng: ShardedRound) -> int:
     if not eng.wanted():
         return 0
     free = free_endpoints(gw)
-    order = sorted(
-        free, key=lambda e: (0 if free[e].job == job.id else 1 if not free[e].job else 2, e)
-    )
-    granted: list[int] = []
-    for ep in order[: eng.wanted()]:
-        info = free[ep]
-        if info.job != job.id:
-            try:
-                gw.router.grant(ep, job.id, str(job.ns.path), role="aggregator")
-            except (bpf.RouterError, OSError) as exc:
-                log.warning("job %s: endpoint %d not granted: %s", job.name, ep, exc)
-                continue
-            gw.metrics.grants.inc()
-            if info.job:
-                gw.metrics.reuses.inc()
-        granted.append(ep)
+    order = sorted(free, key=lambda e: (_warmth(job, free[e]), e))
+    granted = [ep for ep in order[: eng.wanted()] if _grant(gw, job, ep, free[ep])]
     eng.run_shards(granted)
     return eng.wanted()
+
+
+def _warmth(job: Job, info: bpf.EndpointInfo) -> int:
+    """0: already granted ``job``; 1: in no job; 2: idle in another job (LIFL's reuse order)."""
+    return 0 if info.job == job.id else 1 if info.job == 0 else 2
+
+
+def _grant(gw: Gateway, job: Job, endpoint: int, info: bpf.EndpointInfo) -> bool:
+    """Grant ``job`` to a free endpoint through the router (nothing to do if it has it)."""
+    if info.job == job.id:
+        return True
+    try:
+        gw.router.grant(endpoint, job.id, str(job.ns.path), role="aggregator")
+    except (bpf.RouterError, OSError) as exc:
+        log.warning("job %s: endpoint %d not granted: %s", job.name, endpoint, exc)
+        return False
+    gw.metrics.grants.inc()
+    if info.job:
+        gw.metrics.reuses.inc()
+    return True
 
 
 def _waits_for_children(eng: RoundEngine, st: SlotState) -> bool:
@@ -162,15 +169,7 @@ def _start(
     endpoint: int,
     free: dict[int, bpf.EndpointInfo],
 ) -> bool:
-    info = free.pop(endpoint)
-    if info.job != job.id:
-        try:
-            gw.router.grant(endpoint, job.id, str(job.ns.path), role="aggregator")
-        except (bpf.RouterError, OSError) as exc:
-            log.warning("job %s: endpoint %d not granted: %s", job.name, endpoint, exc)
-            return False
-        gw.metrics.grants.inc()
-        if info.job:
-            gw.metrics.reuses.inc()
+    if not _grant(gw, job, endpoint, free.pop(endpoint)):
+        return False
     eng.assign(st.slot.id, endpoint)
     return True
