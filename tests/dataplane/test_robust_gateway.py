@@ -212,3 +212,9 @@ def test_bad_aggregation_specs_are_refused_before_anything_is_created(
     assert r.status_code == 400, r.text
     assert r.json()["error"] == "bad_aggregation" and says in r.json()["detail"], r.json()
     assert "j1" not in gw.gw.jobs
+
+
+def test_the_sdk_and_the_gateway_name_the_same_metadata_entry() -> None:
+    from client.sdk import AGGREGATION_KEY
+
+    assert AGGREGATION_KEY == METADATA_KEY
