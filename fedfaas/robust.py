@@ -42,7 +42,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedfaas import wire
-from fedfaas.workloads.robust import krum_scores
 
 METADATA_KEY = "fedfaas.aggregation"
 RULES = ("median", "trimmed-mean", "krum", "multi-krum", "fltrust")
@@ -273,6 +272,17 @@ def reduce_linear(
 
 
 # -- the global step between the two passes (run by the gateway) ---------------------------------
+
+
+def krum_scores(d2: NDArray[np.float64], f: int) -> NDArray[np.float64]:
+    """Krum score of each row: sum of its ``n - f - 2`` smallest squared distances to the others."""
+    n = d2.shape[0]
+    k = n - f - 2
+    if k < 1:
+        raise ValueError(f"Krum needs n >= f + 3; got n={n}, f={f}")
+    off = d2.copy()
+    np.fill_diagonal(off, np.inf)
+    return np.asarray(np.sort(off, axis=1)[:, :k].sum(axis=1), dtype=np.float64)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
+from fedfaas.robust import krum_scores
+
 from ._linalg import cosines, distances
 from .base import Params, RoundParams, RoundScope, invalid, round_requirements
 from .data import Requirements, WorkloadData
@@ -28,17 +30,6 @@ def cosine_to_aggregate(g: NDArray[np.float64], p: NDArray[np.float64]) -> NDArr
     with np.errstate(divide="ignore", invalid="ignore"):
         s = np.where(denom > 0, gp / np.where(denom > 0, denom, 1.0), 0.0)
     return np.asarray(np.clip(s, -1.0, 1.0), dtype=np.float64)
-
-
-def krum_scores(d2: NDArray[np.float64], f: int) -> NDArray[np.float64]:
-    """Krum score of each row: sum of its ``n - f - 2`` smallest squared distances to the others."""
-    n = d2.shape[0]
-    k = n - f - 2
-    if k < 1:
-        raise ValueError(f"Krum needs n >= f + 3; got n={n}, f={f}")
-    off = d2.copy()
-    np.fill_diagonal(off, np.inf)
-    return np.asarray(np.sort(off, axis=1)[:, :k].sum(axis=1), dtype=np.float64)
 
 
 def foolsgold_weights(cs: NDArray[np.float64]) -> NDArray[np.float64]:
