@@ -464,6 +464,7 @@ def submit_job(
     server_opt: Mapping[str, Any] | None = None,
     fedbuff: Mapping[str, Any] | None = None,
     aggregation: Mapping[str, Any] | None = None,
+    drop_flagged: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
 ) -> dict[str, Any]:
@@ -518,7 +519,17 @@ def submit_job(
         job owner's clean root data, is the trusted reference); ``"shards": S`` sets the
         number of coordinate shards (default: one per aggregator endpoint). The root gateway
         runs it on the round's updates in its shared memory; the job stays on that node. Not
-        with ``fedbuff``. Each round's ``meta.json`` records the decision.
+        with ``fedbuff``. Each round's ``meta.json`` records the decision. Central
+        differential privacy is the rule ``{"rule": "dp-fedavg", "clip": C,
+        "noise_multiplier": z, "delta": 1e-5, "epsilon": budget}`` (DP-FedAvg: each delta
+        clipped to norm ``C``, noise of std ``z C`` on their sum, divided by ``goal``); the
+        control plane accounts the epsilon spent and ends the job before a round that would
+        pass ``epsilon`` (the job's ``privacy`` and ``stopped``).
+    drop_flagged : the debugging loop: ``{"workload": "multi-krum", "params": {"f": 1}}``
+        (or ``"cosine-to-aggregate"``) has the control plane ask FLStore, after each round,
+        which clients that workload flags, and drop them from every later round before
+        aggregation (their uploads are refused; each round's ``meta.json`` names them under
+        ``excluded``). Needs the request tracker (``fedfaas up --with all`` wires it).
 
     Returns
     -------
@@ -563,6 +574,8 @@ def submit_job(
         "selection": selection,
         "weights_b64": base64.b64encode(initial_weights).decode(),
     }
+    if drop_flagged is not None:
+        body["drop_flagged"] = dict(drop_flagged)
     resp = _control_plane(
         "POST", control_plane_url, "/v1/jobs", admin_token, timeout, transport, json=body
     )

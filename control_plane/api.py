@@ -20,6 +20,8 @@ Routes:
   resend}`` (``resend`` grows when the client's accepted update was lost with a dead root
   node: it sends the update again, to ``gateway_url``)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
+* ``GET  /metrics``: Prometheus text (:func:`metrics_text`): per job its completed rounds and,
+  for a DP-FedAvg job, the epsilon spent and its budget (admin or analyst bearer)
 
 Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
 admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
@@ -44,7 +46,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, Field
 
 from control_plane.coordinator import Coordinator
@@ -99,11 +102,44 @@ class JobIn(BaseModel):
         description="how each round's clients are chosen: at random, or by Oort's utility "
         "from FLStore's scheduling workload (random when the tracker cannot answer)",
     )
+    drop_flagged: dict[str, Any] | None = Field(
+        None,
+        description='the debugging loop: {"workload": "multi-krum" or "cosine-to-aggregate", '
+        '"params": {...}} drops from later rounds, before aggregation, the clients that '
+        "FLStore's workload flags in a round",
+    )
     weights_b64: str | None = Field(
         None,
         description="initial weights (safetensors, base64) for gateways that need them; "
         "omit to attach to a job already created on the root gateway",
     )
+
+
+def metrics_text(coord: Coordinator) -> bytes:
+    """The control plane's Prometheus metrics: ``fedfaas_control_job_rounds_completed``,
+    ``fedfaas_control_job_privacy_epsilon`` (spent so far) and
+    ``fedfaas_control_job_privacy_budget`` (DP-FedAvg jobs with a budget), labelled by job."""
+    registry = CollectorRegistry()
+    done = Gauge("fedfaas_control_job_rounds_completed", "rounds ended", ["job"], registry=registry)
+    spent = Gauge(
+        "fedfaas_control_job_privacy_epsilon",
+        "epsilon spent by a DP-FedAvg job's rounds so far (at its delta)",
+        ["job"],
+        registry=registry,
+    )
+    budget = Gauge(
+        "fedfaas_control_job_privacy_budget",
+        "a DP-FedAvg job's epsilon budget",
+        ["job"],
+        registry=registry,
+    )
+    for name, job in list(coord.jobs.items()):
+        done.labels(name).set(job.completed)
+        if job.privacy:
+            spent.labels(name).set(float(job.privacy.get("spent", 0.0)))
+            if job.privacy.get("epsilon") is not None:
+                budget.labels(name).set(float(job.privacy["epsilon"]))
+    return bytes(generate_latest(registry))
 
 
 def _coordinator(request: Request) -> Coordinator:
@@ -175,6 +211,11 @@ def create_app(
         """Liveness."""
         return {"status": "ok"}
 
+    @app.get("/metrics", dependencies=analyst)
+    async def metrics(coord: CoordDep) -> Response:
+        """Prometheus text format (a scrape sends an analyst or admin bearer token)."""
+        return Response(metrics_text(coord), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/nodes", dependencies=analyst)
     async def nodes(coord: CoordDep) -> dict[str, Any]:
         """Node health, capacity and queue estimate."""
@@ -227,6 +268,7 @@ def create_app(
             body.on_shortfall,
             body.max_reopens,
             body.selection,
+            body.drop_flagged,
         )
         await coord.create_job(spec, initial_weights=weights)
         return {
@@ -323,7 +365,9 @@ def create_app(
         p = coord.plans.get(job)
         if p is None or state.current is None:
             raise RoundStateError(f"job {job!r} has no open round, so no plan")
-        return plan_to_slots(p, state.current.assignment, dict(state.current.slot_ids))
+        return plan_to_slots(
+            p, state.current.assignment, dict(state.current.slot_ids), state.current.excluded
+        )
 
     return app
 

@@ -27,6 +27,12 @@ job's ``failed`` says why, the gateways drop the job's live state (no gateway is
 on the round), and assignments answer 409 ``job_failed``. A round closed but without a
 published model a further deadline later fails the job the same way.
 
+Central DP: a job whose initial weights declare ``dp-fedavg`` (``fedfaas.robust``) is accounted
+here (:mod:`fedfaas.privacy`): before a round opens, the epsilon its clients' sampling rate
+would bring the job to is computed; past the job's budget the round does not open and the job
+ends (``stopped`` in its view, 409 ``privacy_budget_spent`` to an explicit open). The view's
+``privacy`` and ``GET /metrics`` show the epsilon spent.
+
 Plans: every plan (and re-plan) goes to the gateways as a slot table (``PUT .../plan``, slot
 ids stable within a round, the top on the job's root node). Gateways that answer 404/405
 keep their static plan and the assignment follows theirs (``placement: "gateway-static"``).
@@ -76,6 +82,7 @@ from control_plane.errors import (
     JobExists,
     JobFailed,
     NoHealthyNodes,
+    PrivacyBudgetSpent,
     RoundStateError,
     TooFewClients,
     UnknownClient,
@@ -104,7 +111,7 @@ from control_plane.selection import (
     random_selection,
 )
 from control_plane.store import MemoryStore, StateStore
-from fedfaas import robust, wire
+from fedfaas import privacy, robust, wire
 from fedfaas.auth import client_token, enrollment_token
 from fedfaas.openfaas import AsyncOpenFaaS, FunctionStatus, OpenFaaSError
 
@@ -268,6 +275,14 @@ class Coordinator:
             if not nodes:
                 raise NoHealthyNodes()
             job = JobState(spec, rule="" if rule is None else rule.rule)
+            if rule is not None and rule.rule == "dp-fedavg":
+                job.privacy = {
+                    "noise_multiplier": rule.noise_multiplier,
+                    "clip": rule.clip,
+                    "delta": rule.delta,
+                    "epsilon": rule.epsilon,
+                    "spent": 0.0,
+                }
             span = self._job_span(spec, nodes)
             if job.rule:  # every update of a round on the node that reduces them
                 span = span[:1]
@@ -303,7 +318,7 @@ class Coordinator:
                 job.salt = (await self.clients[job.root].job_status(spec.name)).salt or ""
             self.jobs[spec.name] = job
             if open_first_round and len(job.eligible()) >= spec.goal:
-                await self._open_round(job)  # else at the enrollment that reaches the goal
+                await self._open_next(job)  # else at the enrollment that reaches the goal
             await self._save(job)
             return job
 
@@ -438,6 +453,8 @@ class Coordinator:
     async def _open_round(self, job: JobState) -> RoundInfo:
         if job.current is not None and job.current.state in ("open", "aggregating"):
             raise RoundStateError(f"round {job.current.number} of {job.spec.name!r} is still open")
+        if job.stopped:
+            raise PrivacyBudgetSpent(f"job {job.spec.name!r} was stopped: {job.stopped}")
         if job.done:
             raise RoundStateError(f"job {job.spec.name!r} finished all {job.spec.rounds} rounds")
         if job.failed:
@@ -446,9 +463,15 @@ class Coordinator:
         if not nodes:
             raise NoHealthyNodes()
         spec = job.spec
+        drop_note = await self._drop_flagged(job)
         rnd, plan = self.plan_round(job, nodes, await self._select(job))
+        rnd.drop_note = drop_note
+        spend = self._privacy_of(job, rnd)  # raises PrivacyBudgetSpent past the budget
         self.plans[spec.name] = plan
         await self._publish(job, rnd, plan)
+        if spend is not None:  # the round's clients now train: its privacy is spent
+            job.privacy_rates.append(spend[0])
+            job.privacy["spent"] = spend[1]
         # only now do assignments (which take no lock) answer for the round: a client sent to
         # a gateway before its plan arrived there would be refused as on the "wrong node"
         job.current = rnd
@@ -461,6 +484,34 @@ class Coordinator:
         )
         return rnd
 
+    async def _open_next(self, job: JobState) -> None:
+        """Open the job's next round, unless its privacy budget ends the job instead."""
+        try:
+            await self._open_round(job)
+        except PrivacyBudgetSpent as exc:
+            log.warning("job %s: %s", job.spec.name, exc.detail)
+
+    def _privacy_of(self, job: JobState, rnd: RoundInfo) -> tuple[float, float] | None:
+        """A DP job's round about to open: ``(its sampling rate, the epsilon spent once it
+        has)``, or :class:`PrivacyBudgetSpent` (the job stopped) when that passes the budget.
+        The rate is the selected share of the eligible clients for a random selection, 1 for
+        any other (no amplification by sampling: :mod:`fedfaas.privacy`). None without DP."""
+        p = job.privacy
+        if not p:
+            return None
+        pool = len(job.selectable())
+        q = len(rnd.selected) / pool if job.spec.selection == "random" and pool else 1.0
+        eps = privacy.epsilon(p["noise_multiplier"], [*job.privacy_rates, q], p["delta"])
+        budget = p.get("epsilon")
+        if budget is not None and eps > budget:
+            job.stopped = (
+                f"privacy budget: round {rnd.number} would bring epsilon to {eps:.4g} "
+                f"(delta {p['delta']:g}), past the budget {budget:g}; "
+                f"{p.get('spent', 0.0):.4g} spent over {len(job.privacy_rates)} round(s)"
+            )
+            raise PrivacyBudgetSpent(f"job {job.spec.name!r} stopped: {job.stopped}")
+        return q, eps
+
     def plan_round(
         self, job: JobState, nodes: list[str], selection: Selection | None = None
     ) -> tuple[RoundInfo, Plan]:
@@ -469,9 +520,11 @@ class Coordinator:
         placed on ``nodes`` and the hierarchy planned. Pure computation (``make bench-control``
         times it)."""
         spec, number = job.spec, job.completed + 1
-        pool = job.eligible()
+        pool = job.selectable()
         if not pool:
-            raise RoundStateError(f"every client of job {spec.name!r} was revoked")
+            raise RoundStateError(
+                f"every client of job {spec.name!r} was revoked or flagged by FLStore"
+            )
         if selection is None:
             selection = random_selection(pool, self._wanted(job), seed_of(spec.name, number))
         selected = selection.clients
@@ -480,15 +533,51 @@ class Coordinator:
         goal = min(spec.goal, len(pool))  # a forced revocation may have left fewer clients
         rnd = RoundInfo(number, "open", goal, selected, assignment, now, now + spec.deadline_s)
         rnd.selected_by, rnd.selection_note = selection.method, selection.note
+        gone = set(job.revoked)
+        rnd.excluded = {c: dict(why) for c, why in job.flagged.items() if c not in gone}
         plan = self._plan_for(job, rnd)
         rnd.plan_version = plan.version
         return rnd, plan
 
     @staticmethod
     def _wanted(job: JobState) -> int:
-        """Clients a round selects: ``ceil(goal * overprovision)``, at most the eligible."""
+        """Clients a round selects: ``ceil(goal * overprovision)``, at most the selectable."""
         want = math.ceil(job.spec.goal * job.spec.overprovision - 1e-9)
-        return min(len(job.eligible()), want)
+        return min(len(job.selectable()), want)
+
+    async def _drop_flagged(self, job: JobState) -> str:
+        """The debugging loop (``drop_flagged``): before round ``n >= 2``, add the clients
+        FLStore's workload flags in round ``n - 1`` to the job's ``flagged`` (out of every
+        later round). Returns why no answer came ("" when one did, or for no such job)."""
+        spec, number = job.spec, job.completed + 1
+        d = spec.drop_flagged
+        if d is None or number < 2:
+            return ""
+        workload = str(d["workload"])
+        if self.scheduler is None:
+            return "no request tracker configured (--tracker, --tracker-token-file)"
+        try:
+            flagged = await self.scheduler.flagged(
+                spec.name, number - 1, workload, dict(d.get("params") or {})
+            )
+        except SchedulerUnavailable as exc:
+            log.warning(
+                "job %s round %d: no %s answer, no new flags: %s", spec.name, number, workload, exc
+            )
+            return str(exc)
+        known = set(spec.clients)
+        for c in flagged:
+            if c in known and c not in job.flagged:
+                job.flagged[c] = {"flagged_in": number - 1, "workload": workload}
+                log.warning(
+                    "job %s: FLStore's %s flagged %s in round %d; dropped from round %d on",
+                    spec.name,
+                    workload,
+                    c,
+                    number - 1,
+                    number,
+                )
+        return ""
 
     async def _select(self, job: JobState) -> Selection | None:
         """The next round's clients when the job asks for Oort and the round has history
@@ -497,7 +586,7 @@ class Coordinator:
         spec, number = job.spec, job.completed + 1
         if spec.selection != "oort" or number < 2:
             return None
-        pool, want, seed = job.eligible(), self._wanted(job), seed_of(spec.name, number)
+        pool, want, seed = job.selectable(), self._wanted(job), seed_of(spec.name, number)
         if not pool:
             return None  # plan_round says why
         if self.scheduler is None:
@@ -586,7 +675,7 @@ class Coordinator:
         Gateways that do not take plans keep their own static plan; then the assignment must
         follow their client -> node table or they reject uploads as "wrong node".
         """
-        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
+        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids, rnd.excluded)
         taken = 0
         for n in self._job_nodes(job) if self.push_plans else ():
             try:
@@ -621,7 +710,7 @@ class Coordinator:
             or st.plan_version == rnd.plan_version
         ):
             return
-        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids)
+        slots = plan_to_slots(plan, rnd.assignment, rnd.slot_ids, rnd.excluded)
         try:
             if not await self.clients[node].put_plan(job.spec.name, rnd.number, slots):
                 return
@@ -741,7 +830,7 @@ class Coordinator:
             sum(rnd.received.values()),
         )
         if self.auto_rounds and not job.done and self.healthy_nodes():
-            await self._open_round(job)
+            await self._open_next(job)
         return rnd
 
     # ------------------------------------------------------------------ periodic work
@@ -1106,6 +1195,10 @@ class Coordinator:
             "completed": job.completed,
             "done": job.done,
             "failed": job.failed or None,  # why the job failed (see Coordinator._fail)
+            "stopped": job.stopped or None,  # why it ended before its last round (budget)
+            "privacy": privacy_view(job),
+            "drop_flagged": job.spec.drop_flagged,
+            "flagged": job.flagged,  # dropped from the rounds after the one that flagged them
             "policy": job.spec.policy,
             "root": job.root,  # the node that publishes the global model and runs the top
             "aggregation": job.rule or "fedavg",  # a robust rule keeps the job on its root
@@ -1120,6 +1213,24 @@ class Coordinator:
 
     async def _save(self, job: JobState) -> None:
         await self.store.save(job.spec.name, job_to_json(job))
+
+
+def privacy_view(job: JobState) -> dict[str, Any] | None:
+    """A DP-FedAvg job's accounting as its view shows it (None without DP)."""
+    p = job.privacy
+    if not p:
+        return None
+    return {
+        "mechanism": "dp-fedavg",
+        "noise_multiplier": p["noise_multiplier"],
+        "clip": p["clip"],
+        "delta": p["delta"],
+        "budget": p.get("epsilon"),
+        "epsilon": p.get("spent", 0.0),  # spent by the rounds opened so far
+        "rounds": len(job.privacy_rates),
+        "sampling_rates": sorted(set(job.privacy_rates)),
+        "accountant": "dp-accounting RDP, Poisson-sampled Gaussian per round",
+    }
 
 
 def endpoints_per_replica(st: FunctionStatus) -> int:

@@ -76,6 +76,13 @@ class RoundStateError(ControlPlaneError):
     status = 409
 
 
+class PrivacyBudgetSpent(RoundStateError):
+    """A DP-FedAvg job's next round would spend more than its privacy budget: the job ends
+    instead (its view's ``stopped`` says so)."""
+
+    code = "privacy_budget_spent"
+
+
 class NoHealthyNodes(ControlPlaneError):
     """Every node gateway is marked down; nothing can be placed."""
 

@@ -291,6 +291,7 @@ def plan_to_slots(
     plan: Plan,
     client_nodes: Mapping[str, str] | None = None,
     ids: dict[str, int] | None = None,
+    excluded: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plan as the gateway's slot table: ``{"slots": [...], "client_nodes": {...}}``.
 
@@ -299,9 +300,16 @@ def plan_to_slots(
     top's the round's), ``role`` is 1 leaf / 2 middle / 3 top, ``parent`` the parent slot id.
     Pass the same ``ids`` dict (aggregator id -> slot id, updated in place) for every plan of
     a round, so a re-planned aggregator keeps its slot id and new ones get fresh ids.
+    ``excluded`` (clients dropped before aggregation, and why) travels as is.
     """
+    extra = {"excluded": dict(excluded)} if excluded else {}
     if plan.top_node is None:
-        return {"slots": [], "client_nodes": dict(client_nodes or {}), "version": plan.version}
+        return {
+            "slots": [],
+            "client_nodes": dict(client_nodes or {}),
+            "version": plan.version,
+            **extra,
+        }
     if ids is None:
         ids = {}
     ids.setdefault("top", 1)
@@ -342,4 +350,9 @@ def plan_to_slots(
                     "parent": ids[middle_id(n.node, m)],
                 }
             )
-    return {"slots": slots, "client_nodes": dict(client_nodes or {}), "version": plan.version}
+    return {
+        "slots": slots,
+        "client_nodes": dict(client_nodes or {}),
+        "version": plan.version,
+        **extra,
+    }

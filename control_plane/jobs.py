@@ -12,7 +12,7 @@ from typing import Any
 from control_plane.errors import InvalidInput
 from control_plane.placement import POLICIES
 from control_plane.planning import Plan
-from control_plane.selection import SELECTIONS
+from control_plane.selection import FLAGGING_WORKLOADS, SELECTIONS
 
 #: The node gateways' rules for job names and client ids (kept identical on purpose).
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -55,6 +55,10 @@ class JobSpec:
     #: how each round's clients are chosen: "random", or "oort" (Oort's utility from FLStore's
     #: scheduling workload, :mod:`control_plane.selection`; round 1 is random)
     selection: str = "random"
+    #: the debugging loop: ``{"workload": "multi-krum" | "cosine-to-aggregate", "params":
+    #: {...}}`` drops from later rounds, before aggregation, every client that FLStore's
+    #: workload flags in a round (:mod:`control_plane.selection`); None: no dropping
+    drop_flagged: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise :class:`InvalidInput` naming the first bad field."""
@@ -95,6 +99,17 @@ class JobSpec:
             raise InvalidInput("max_reopens must be in [0, 100]")
         if self.selection not in SELECTIONS:
             raise InvalidInput(f"selection must be one of {', '.join(SELECTIONS)}")
+        d = self.drop_flagged
+        if d is not None:
+            if not isinstance(d, dict) or d.get("workload") not in FLAGGING_WORKLOADS:
+                raise InvalidInput(
+                    'drop_flagged must be {"workload": one of '
+                    f'{", ".join(FLAGGING_WORKLOADS)}, "params": {{...}}}}'
+                )
+            if set(d) - {"workload", "params"} or not isinstance(d.get("params", {}), dict):
+                raise InvalidInput("drop_flagged takes workload and params (an object) only")
+            if "round" in d.get("params", {}):
+                raise InvalidInput("drop_flagged: params leave out round (each ended round)")
 
 
 @dataclass
@@ -133,6 +148,11 @@ class RoundInfo:
     #: Oort got a random round, why
     selected_by: str = "random"
     selection_note: str = ""
+    #: clients dropped from the round before aggregation (``drop_flagged``): client ->
+    #: ``{"flagged_in": round, "workload": name}``; and why the round has no new flags when
+    #: FLStore could not answer
+    excluded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drop_note: str = ""
 
 
 @dataclass
@@ -161,6 +181,16 @@ class JobState:
     #: the robust rule its initial weights declare (``fedfaas.robust``), "" for FedAvg: such a
     #: job runs on its root node alone (the rule needs every update where it reduces them)
     rule: str = ""
+    #: a DP-FedAvg job's accounting (:mod:`fedfaas.privacy`): its rule's ``noise_multiplier``,
+    #: ``clip``, ``delta`` and budget ``epsilon`` (None: no budget), and ``spent``; {} without DP
+    privacy: dict[str, Any] = field(default_factory=dict)
+    #: the sampling rate of each round opened so far: each spent privacy once
+    privacy_rates: list[float] = field(default_factory=list)
+    #: why the job ended before its last round ("" if it did not): its privacy budget
+    stopped: str = ""
+    #: clients FLStore flagged (``drop_flagged``), dropped from every later round: client ->
+    #: ``{"flagged_in": round, "workload": name}``
+    flagged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append an ended round to ``history`` (dropping the oldest beyond
@@ -177,9 +207,14 @@ class JobState:
         gone = set(self.revoked)
         return [c for c in self.spec.clients if c not in gone]
 
+    def selectable(self) -> list[str]:
+        """The eligible clients less those FLStore flagged (``drop_flagged``)."""
+        return [c for c in self.eligible() if c not in self.flagged]
+
     @property
     def done(self) -> bool:
-        return self.completed >= self.spec.rounds
+        """All rounds ended, or the job was stopped before (:attr:`stopped`)."""
+        return self.completed >= self.spec.rounds or bool(self.stopped)
 
 
 @dataclass
@@ -221,6 +256,8 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "resend": dict(rnd.resend),
         "selected_by": rnd.selected_by,
         "selection_note": rnd.selection_note,
+        "excluded": dict(rnd.excluded),
+        "drop_note": rnd.drop_note,
     }
 
 
@@ -255,6 +292,10 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "revoked": job.revoked,
         "failed": job.failed,
         "rule": job.rule,
+        "privacy": job.privacy,
+        "privacy_rates": job.privacy_rates,
+        "stopped": job.stopped,
+        "flagged": job.flagged,
     }
 
 
@@ -273,4 +314,8 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         list(raw.get("revoked", [])),
         str(raw.get("failed", "")),
         str(raw.get("rule", "")),
+        dict(raw.get("privacy") or {}),
+        [float(q) for q in raw.get("privacy_rates") or ()],
+        str(raw.get("stopped", "")),
+        dict(raw.get("flagged") or {}),
     )

@@ -15,6 +15,13 @@ round is selected at random and the round's ``selection_note`` says why: a job n
 its scheduler. Only "not ingested yet" is asked again: the coordinator waits for the answer
 before it opens the round (holding its lock), so a tracker that is down costs one refused
 connection, not the timeout.
+
+The same tracker answers the debugging loop: a job created with ``drop_flagged`` (a
+malicious-client workload, ``multi-krum`` or ``cosine-to-aggregate``, and its parameters) has
+the control plane ask, before each round from round 2, which clients that workload flags in
+the round just ended (:meth:`OortScheduler.flagged`); those clients are dropped from the job's
+later rounds before aggregation (the coordinator keeps them out of the selection and the
+gateways refuse their uploads; each round's ``meta.json`` names them under ``excluded``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ import httpx
 
 #: what a job's ``selection`` may be
 SELECTIONS = ("random", "oort")
+
+#: FLStore workloads whose answer names ``flagged`` clients (a job's ``drop_flagged``)
+FLAGGING_WORKLOADS = ("multi-krum", "cosine-to-aggregate")
 
 #: tracker errors that mean "the cache engine has not ingested that round yet": asked again
 #: until the timeout (the codes ``client.sdk.NOT_INGESTED`` retries too)
@@ -117,19 +127,44 @@ class OortScheduler:
                 "seed": seed,
             },
         }
+        result = await self._answer(query)
+        selected = result.get("selected")
+        if not isinstance(selected, list):
+            raise SchedulerUnavailable("the tracker's oort answer has no 'selected' list")
+        return self._checked([str(c) for c in selected], pool, want)
+
+    async def flagged(
+        self, job: str, number: int, workload: str, params: dict[str, Any]
+    ) -> list[str]:
+        """The clients FLStore's ``workload`` flags in round ``number`` of ``job`` (its
+        ``flagged`` list), asked with ``params`` and ``round``.
+
+        Raises
+        ------
+        SchedulerUnavailable
+            No answer in time, an error answer, or one without a ``flagged`` list.
+        """
+        query = {"workload": workload, "job": job, "params": {**params, "round": number}}
+        flagged = (await self._answer(query)).get("flagged")
+        if not isinstance(flagged, list):
+            raise SchedulerUnavailable(f"the tracker's {workload} answer has no 'flagged' list")
+        return [str(c) for c in flagged]
+
+    async def _answer(self, query: dict[str, Any]) -> dict[str, Any]:
+        """The workload's ``result``, asked again while its rounds are not in FLStore yet."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 left = deadline - time.monotonic()
-                return self._checked(await self._ask(query, max(left, 0.5)), pool, want)
+                return await self._ask(query, max(left, 0.5))
             except _NotYet as exc:
                 if time.monotonic() + 0.25 > deadline:
                     raise SchedulerUnavailable(str(exc)) from None
             await asyncio.sleep(0.25)
 
-    async def _ask(self, query: dict[str, Any], timeout: float) -> list[str]:
-        """One query: Oort's selected clients. Raises :class:`_NotYet` when the previous
-        rounds have not reached FLStore yet (the gateways hand a round over just after
+    async def _ask(self, query: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One query: the workload's ``result``. Raises :class:`_NotYet` when the rounds it
+        reads have not reached FLStore yet (the gateways hand a round over just after
         publishing it), else :class:`SchedulerUnavailable`."""
         try:
             resp = await self._http.post(
@@ -147,10 +182,12 @@ class OortScheduler:
             body = None
         body = body if isinstance(body, dict) else {}
         if resp.status_code == 200:
-            selected = (body.get("result") or {}).get("selected")
-            if not isinstance(selected, list):
-                raise SchedulerUnavailable("the tracker's oort answer has no 'selected' list")
-            return [str(c) for c in selected]
+            result = body.get("result")
+            if not isinstance(result, dict):
+                raise SchedulerUnavailable(
+                    f"the tracker's {query['workload']} answer has no result"
+                )
+            return result
         error = str(body.get("error", f"http_{resp.status_code}"))
         why = f"tracker answered {resp.status_code} {error}: {body.get('detail', '')}"
         raise (_NotYet if error in NOT_INGESTED else SchedulerUnavailable)(why)

@@ -1,4 +1,5 @@
-"""Robust aggregation rules, split by coordinate range so that shards run on separate endpoints.
+"""Aggregation rules that are not sums (robust rules, central DP), split by coordinate range so
+that shards run on separate endpoints.
 
 A job names its rule in its initial weights' safetensors metadata (:data:`METADATA_KEY`, a
 JSON object such as ``{"rule": "multi-krum", "f": 4}``; the SDK's ``submit_job(aggregation=...)``
@@ -17,14 +18,28 @@ from, ``d_i = u_i - g``, ``n`` updates, ``s_i`` their sample counts):
   set (Cao et al., NDSS 2021); it is not aggregated. Each other update gets the trust score
   ``TS_i = relu(cos(d_i, d_0))`` and is scaled to the root update's norm; the result is
   ``g + sum_i TS_i |d_0| / |d_i| d_i / sum_i TS_i`` (``g`` itself when every score is 0).
+- ``dp-fedavg``: central differential privacy (DP-FedAvg, McMahan et al., ICLR 2018). Each
+  delta is clipped to L2 norm ``clip`` (``C``), the clipped deltas are summed, Gaussian noise
+  ``N(0, (z C)^2)`` per coordinate is added to the sum once (``z``: ``noise_multiplier``), and
+  the sum is divided by the round's goal, the expected number of clients (a fixed denominator:
+  a round closed with fewer updates is not scaled up); sample counts are ignored. Result:
+  ``g + (sum_i min(1, C / |d_i|) d_i + N(0, (z C)^2 I)) / goal``. With equal sample counts and
+  ``goal`` updates this is Flower's ``DifferentialPrivacyServerSideFixedClipping`` around
+  FedAvg (its noise std ``z C / goal`` on the average). ``delta`` and ``epsilon`` (the budget)
+  are the control plane's: it accounts each round (:mod:`fedfaas.privacy`). ``seed`` makes
+  the noise reproducible and is recorded in ``meta.json`` (tests, audits); without it each
+  round's generator is seeded from the OS's entropy and the seed is not recorded.
 
 Median and trimmed mean need every update's slice of a coordinate range and nothing else, so a
-shard computes its range of the result alone (:func:`reduce_order`). Krum, Multi-Krum and FLTrust
-need a global view first: each shard computes the Gram matrix ``d_i . d_j`` over its range
+shard computes its range of the result alone (:func:`reduce_order`). Krum, Multi-Krum, FLTrust
+and DP-FedAvg need a global view first: each shard computes the Gram matrix ``d_i . d_j`` over its range
 (:func:`gram_shard`), the partial matrices are summed (distances and norms are sums over
 coordinates), the rule picks coefficients ``c_i`` (:func:`coefficients`), and each shard writes
-``g + sum_i c_i d_i`` over its range (:func:`reduce_linear`). Results are the same for any number
-of shards, up to float rounding of the summed Gram matrix.
+``g + sum_i c_i d_i`` over its range (:func:`reduce_linear`). DP-FedAvg needs only the norms,
+so its shards compute the Gram matrix's diagonal, and its linear pass adds the noise, each
+shard over its range from a generator keyed by the round's seed and the range's first
+coordinate (a shard sent again writes the same bytes). Results are the same for any number of
+shards, up to float rounding of the summed Gram matrix (DP's noise: a different draw).
 
 Pure functions over float32 vectors (read-only views of sealed store objects): no I/O.
 """
@@ -44,9 +59,11 @@ from numpy.typing import NDArray
 from fedfaas import wire
 
 METADATA_KEY = "fedfaas.aggregation"
-RULES = ("median", "trimmed-mean", "krum", "multi-krum", "fltrust")
+RULES = ("median", "trimmed-mean", "krum", "multi-krum", "fltrust", "dp-fedavg")
 #: rules whose result is a linear combination chosen from the Gram matrix of the deltas
-GRAM_RULES = frozenset({"krum", "multi-krum", "fltrust"})
+GRAM_RULES = frozenset({"krum", "multi-krum", "fltrust", "dp-fedavg"})
+#: DP-FedAvg's default delta (the control plane's accounting)
+DEFAULT_DELTA = 1e-5
 #: coordinates per block inside a shard: a 20-update float64 block is 10 MiB
 BLOCK = 1 << 16
 MAX_SHARDS = 64
@@ -67,14 +84,23 @@ class RobustRule:
     f: int = 0
     m: int = 0
     root_client: str = ""
+    #: DP-FedAvg: the clipping norm C, the noise multiplier z, the accountant's delta, the
+    #: budget epsilon (None: accounted, never refused) and the noise seed (None: OS entropy)
+    clip: float = 0.0
+    noise_multiplier: float = 0.0
+    delta: float = 0.0
+    epsilon: float | None = None
+    seed: int | None = None
     #: coordinate shards (tasks for aggregator endpoints); 0: one per registered endpoint
     shards: int = 0
 
     @classmethod
     def from_json(cls, raw: Any) -> RobustRule:
         """``{"rule": "trimmed-mean", "beta": 0.2}``, ``{"rule": "krum", "f": 4}``,
-        ``{"rule": "multi-krum", "f": 4, "m": 10}``, ``{"rule": "fltrust", "root_client": "c0"}``
-        or ``{"rule": "median"}``; each may add ``"shards": S``."""
+        ``{"rule": "multi-krum", "f": 4, "m": 10}``, ``{"rule": "fltrust", "root_client": "c0"}``,
+        ``{"rule": "dp-fedavg", "clip": 1.0, "noise_multiplier": 1.1, "delta": 1e-5,
+        "epsilon": 8.0, "seed": 7}`` (``delta``, ``epsilon``, ``seed`` optional) or
+        ``{"rule": "median"}``; each may add ``"shards": S``."""
         if not isinstance(raw, Mapping):
             raise RuleError("the aggregation spec must be a JSON object with a 'rule'")
         rule = raw.get("rule")
@@ -86,6 +112,7 @@ class RobustRule:
             "krum": ("f",),
             "multi-krum": ("f", "m"),
             "fltrust": ("root_client",),
+            "dp-fedavg": ("clip", "noise_multiplier", "delta", "epsilon", "seed"),
         }[rule]
         extra = set(raw) - {"rule", "shards", *takes}
         if extra:
@@ -106,7 +133,9 @@ class RobustRule:
         root = raw.get("root_client", "")
         if rule == "fltrust" and (not isinstance(root, str) or not root):
             raise RuleError("fltrust needs root_client: the client whose update is the server's")
-        return cls(str(rule), float(beta), f, m, str(root), shards)
+        if rule != "dp-fedavg":
+            return cls(str(rule), beta=float(beta), f=f, m=m, root_client=str(root), shards=shards)
+        return cls(str(rule), shards=shards, **_dp_params(raw))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.rule}
@@ -118,6 +147,12 @@ class RobustRule:
             out["m"] = self.m
         if self.rule == "fltrust":
             out["root_client"] = self.root_client
+        if self.rule == "dp-fedavg":
+            out.update(clip=self.clip, noise_multiplier=self.noise_multiplier, delta=self.delta)
+            if self.epsilon is not None:
+                out["epsilon"] = self.epsilon
+            if self.seed is not None:
+                out["seed"] = self.seed
         if self.shards:
             out["shards"] = self.shards
         return out
@@ -125,6 +160,11 @@ class RobustRule:
     @property
     def uses_gram(self) -> bool:
         return self.rule in GRAM_RULES
+
+    @property
+    def norms_only(self) -> bool:
+        """The rule reads only the Gram matrix's diagonal (the deltas' squared norms)."""
+        return self.rule == "dp-fedavg"
 
     def check_count(self, n: int) -> None:
         """Raise :class:`RuleError` when ``n`` updates are too few for the rule."""
@@ -150,6 +190,42 @@ def declared(weights: bytes | memoryview) -> RobustRule | None:
     except ValueError as exc:
         raise RuleError(f"__metadata__[{METADATA_KEY!r}] is not JSON: {exc}") from None
     return RobustRule.from_json(spec)
+
+
+def _dp_params(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """DP-FedAvg's parameters from its spec (see :meth:`RobustRule.from_json`)."""
+
+    def number(key: str, default: float | None) -> float | None:
+        v = raw.get(key, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise RuleError(f"dp-fedavg: {key} must be a finite number, got {v!r}")
+        return float(v)
+
+    if "clip" not in raw or "noise_multiplier" not in raw:
+        raise RuleError(
+            "dp-fedavg needs clip (the L2 norm each update's delta is clipped to) and "
+            "noise_multiplier (the noise's std as a multiple of clip)"
+        )
+    clip, z = number("clip", None), number("noise_multiplier", None)
+    delta, eps = number("delta", DEFAULT_DELTA), number("epsilon", None)
+    if clip is None or clip <= 0:
+        raise RuleError(f"dp-fedavg: clip must be > 0, got {clip!r}")
+    if z is None or z < 0:
+        raise RuleError(f"dp-fedavg: noise_multiplier must be >= 0, got {z!r}")
+    if delta is None or not 0 < delta < 1:
+        raise RuleError(f"dp-fedavg: delta must be in (0, 1), got {delta!r}")
+    if eps is not None and eps <= 0:
+        raise RuleError(f"dp-fedavg: epsilon (the privacy budget) must be > 0, got {eps!r}")
+    if eps is not None and z == 0:
+        raise RuleError("dp-fedavg: noise_multiplier 0 adds no noise: no epsilon budget holds")
+    seed = raw.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 128
+    ):
+        raise RuleError(f"dp-fedavg: seed must be an integer in [0, 2^128), got {seed!r}")
+    return {"clip": clip, "noise_multiplier": z, "delta": delta, "epsilon": eps, "seed": seed}
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int) -> int:
@@ -240,8 +316,11 @@ def reduce_order(
             np.mean(buf[cut : n - cut], axis=0, out=out[a:b])
 
 
-def gram_shard(updates: Sequence[Vector], g: Vector, lo: int, hi: int) -> NDArray[np.float64]:
-    """``G[i, j] = sum_{k in [lo, hi)} (u_i - g)_k (u_j - g)_k``, in float64."""
+def gram_shard(
+    updates: Sequence[Vector], g: Vector, lo: int, hi: int, *, diagonal: bool = False
+) -> NDArray[np.float64]:
+    """``G[i, j] = sum_{k in [lo, hi)} (u_i - g)_k (u_j - g)_k``, in float64; with
+    ``diagonal`` only ``G[i, i]`` (the squared norms; zeros elsewhere)."""
     n = len(updates)
     out = np.zeros((n, n), dtype=np.float64)
     block = np.empty((n, min(BLOCK, max(hi - lo, 1))), dtype=np.float64)
@@ -251,16 +330,40 @@ def gram_shard(updates: Sequence[Vector], g: Vector, lo: int, hi: int) -> NDArra
         base = g[a:b]
         for i, u in enumerate(updates):
             np.subtract(u[a:b], base, out=buf[i])
-        out += buf @ buf.T
+        if diagonal:
+            out[np.diag_indices(n)] += np.einsum("ij,ij->i", buf, buf)
+        else:
+            out += buf @ buf.T
     return out
 
 
+@dataclass(frozen=True)
+class Noise:
+    """Gaussian noise a linear pass adds: ``std`` per coordinate, drawn by each shard from
+    ``numpy.random.PCG64`` seeded with ``SeedSequence(seed, spawn_key=(first coordinate,))``."""
+
+    std: float
+    seed: int
+
+    def generator(self, lo: int) -> np.random.Generator:
+        seq = np.random.SeedSequence(self.seed, spawn_key=(lo,))
+        return np.random.Generator(np.random.PCG64(seq))
+
+
 def reduce_linear(
-    coef: NDArray[np.float64], updates: Sequence[Vector], g: Vector, lo: int, hi: int, out: Vector
+    coef: NDArray[np.float64],
+    updates: Sequence[Vector],
+    g: Vector,
+    lo: int,
+    hi: int,
+    out: Vector,
+    noise: Noise | None = None,
 ) -> None:
-    """``out[lo:hi] = g + sum_i coef_i (u_i - g)`` over the range (float64 per block)."""
+    """``out[lo:hi] = g + sum_i coef_i (u_i - g)`` over the range (float64 per block), plus
+    ``noise`` when given."""
     acc = np.empty(min(BLOCK, max(hi - lo, 1)), dtype=np.float64)
     rest = 1.0 - float(coef.sum())
+    rng = noise.generator(lo) if noise is not None and noise.std > 0 else None
     for a in range(lo, hi, BLOCK):
         b = min(a + BLOCK, hi)
         buf = acc[: b - a]
@@ -268,6 +371,9 @@ def reduce_linear(
         for c, u in zip(coef, updates, strict=True):
             if c != 0.0:
                 buf += c * u[a:b].astype(np.float64)
+        if rng is not None:
+            assert noise is not None
+            buf += noise.std * rng.standard_normal(b - a)
         out[a:b] = buf
 
 
@@ -295,15 +401,33 @@ class Choice:
 
 
 def coefficients(
-    rule: RobustRule, gram: NDArray[np.float64], samples: Sequence[float], root: int | None = None
+    rule: RobustRule,
+    gram: NDArray[np.float64],
+    samples: Sequence[float],
+    root: int | None = None,
+    expected: int = 0,
 ) -> Choice:
     """Coefficients of the deltas from their Gram matrix (see the module).
 
     ``samples`` weights Multi-Krum's average; ``root`` is the index of FLTrust's root update
-    (None when it did not arrive: every score is then 0 and the model stays as it was).
+    (None when it did not arrive: every score is then 0 and the model stays as it was);
+    ``expected`` is DP-FedAvg's denominator, the round's goal (0: the updates' count).
     """
     n = gram.shape[0]
     diag = np.clip(np.diag(gram), 0.0, None)
+    if rule.rule == "dp-fedavg":
+        norms = np.sqrt(diag)
+        scale = np.minimum(1.0, rule.clip / np.where(norms > 0, norms, np.inf))
+        denom = expected if expected > 0 else n
+        return Choice(
+            scale / denom,
+            {
+                "norms": norms.tolist(),
+                "clipped": [i for i in range(n) if norms[i] > rule.clip],
+                "denominator": denom,
+                "noise_std": rule.noise_multiplier * rule.clip / denom,
+            },
+        )
     if rule.rule in ("krum", "multi-krum"):
         d2 = np.clip(diag[:, None] + diag[None, :] - 2.0 * gram, 0.0, None)
         np.fill_diagonal(d2, 0.0)
@@ -343,8 +467,10 @@ def reference(
     g: Vector,
     samples: Sequence[float],
     root: int | None = None,
+    expected: int = 0,
 ) -> NDArray[np.float64]:
-    """The rule computed directly on stacked vectors (no shards, no Gram matrix)."""
+    """The rule computed directly on stacked vectors (no shards, no Gram matrix); DP-FedAvg's
+    without its noise."""
     x = np.stack([np.asarray(u, dtype=np.float64) for u in updates])
     n = x.shape[0]
     if rule.rule == "median":
@@ -353,6 +479,10 @@ def reference(
         cut = int(rule.beta * n)
         return np.asarray(np.sort(x, axis=0)[cut : n - cut].mean(axis=0), dtype=np.float64)
     d = x - np.asarray(g, dtype=np.float64)
+    if rule.rule == "dp-fedavg":
+        clipped = [di * min(1.0, rule.clip / float(np.linalg.norm(di) or np.inf)) for di in d]
+        total = np.sum(clipped, axis=0) / (expected or n)
+        return np.asarray(np.asarray(g, np.float64) + total, dtype=np.float64)
     if rule.rule in ("krum", "multi-krum"):
         d2 = ((d[:, None, :] - d[None, :, :]) ** 2).sum(axis=2)
         scores = [np.sort(np.delete(d2[i], i))[: n - rule.f - 2].sum() for i in range(n)]

@@ -12,7 +12,9 @@ pass reads; the SHARD frame names it, the shard's index in ``seq`` and the pass 
 The JSON names the rule, the input keys (the round's updates, in one order), the model the round
 started from (``global``), the output object (``out``: each reducing shard writes its range of it,
 so the top's stitching is an offset, not a copy), the shard boundaries (float32 coordinates of
-the data region) and, for a linear pass, the coefficients. Pure: no I/O.
+the data region) and, for a linear pass, the coefficients and DP-FedAvg's noise (its standard
+deviation and the round's seed: the manifest lives in the node's shared memory, readable by the
+job's endpoints only, and is freed with the round). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from fedfaas.robust import Noise
 
 MAGIC = b"FFSHARD1"
 _HEAD = struct.Struct("<8sQQ")
@@ -47,6 +51,8 @@ class Pass:
     out_key: bytes
     bounds: list[int]
     coef: list[float]
+    #: a linear pass's Gaussian noise (DP-FedAvg), None for none
+    noise: Noise | None = None
 
     @property
     def shards(self) -> int:
@@ -62,6 +68,9 @@ class Pass:
                 "out": self.out_key.hex(),
                 "bounds": self.bounds,
                 "coef": self.coef,
+                "noise": None
+                if self.noise is None
+                else {"std": self.noise.std, "seed": str(self.noise.seed)},
             },
             separators=(",", ":"),
         ).encode()
@@ -100,6 +109,9 @@ def read(buf: memoryview) -> Pass:
         bytes.fromhex(raw["out"]),
         [int(b) for b in raw["bounds"]],
         [float(c) for c in raw["coef"]],
+        None
+        if raw.get("noise") is None
+        else Noise(float(raw["noise"]["std"]), int(raw["noise"]["seed"])),
     )
 
 

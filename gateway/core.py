@@ -842,6 +842,7 @@ class Gateway:
             job.engine = ShardedRound(
                 rule=job.rule,
                 spec=job.spec,
+                expected=job.goal,
                 base=base,
                 width=lambda: sum(1 for i in self.router.endpoints().values() if not i.local),
                 **common,
@@ -1036,8 +1037,11 @@ class Gateway:
         records = await self.journal.round_updates(job.name, rnd)
         evaluator = (await self.journal.job(job.name) or {}).get("evaluator")
         doc = round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
-        if isinstance(job.engine, ShardedRound) and job.engine.round == rnd:
-            doc["aggregation"] = job.engine.decision
+        eng = job.engine
+        if isinstance(eng, ShardedRound) and eng.round == rnd:
+            doc["aggregation"] = eng.decision
+        if eng is not None and eng.round == rnd and eng.plan.excluded:
+            doc["excluded"] = eng.plan.excluded  # dropped before aggregation, and why
         return doc
 
     def _forward(self, job: Job, slot: Slot, inp: Input) -> None:

@@ -337,6 +337,16 @@ class Job:
                 client_id=client,
                 round=rnd,
             )
+        why = self.plan.excluded.get(client)
+        if why is not None:
+            raise UpdateRejected(
+                f"client {client} is dropped from round {rnd} before aggregation: FLStore's "
+                f"{why.get('workload', '?')} flagged it in round {why.get('flagged_in', '?')}",
+                status=403,
+                code="client_excluded",
+                client_id=client,
+                round=rnd,
+            )
         want = self.plan.client_nodes.get(client, node)
         if want != node and self.fedbuff is None:  # an async buffer takes them where they come
             raise UpdateRejected(

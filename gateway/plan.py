@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 LEAF, MIDDLE, TOP = 1, 2, 3
 
@@ -30,11 +31,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class Plan:
-    """Slots of a round plus an optional client -> leaf-slot assignment."""
+    """Slots of a round plus an optional client -> leaf-slot assignment.
+
+    ``excluded``: clients the control plane dropped before aggregation (FLStore flagged them
+    in an earlier round), each with why (``{"flagged_in": round, "workload": name}``): their
+    uploads are refused and the round's ``meta.json`` records them."""
 
     slots: tuple[Slot, ...]
     assignment: dict[str, int] = field(default_factory=dict)
     client_nodes: dict[str, str] = field(default_factory=dict)
+    excluded: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ids = [s.id for s in self.slots]
@@ -91,6 +97,7 @@ class Plan:
                 for s in self.slots
             ],
             "client_nodes": self.client_nodes,
+            **({"excluded": self.excluded} if self.excluded else {}),
         }
 
 

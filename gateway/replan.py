@@ -77,8 +77,17 @@ def plan_from_json(
             raise PlanInvalid(f"client_nodes: {c!r} is not a client of this job")
         if n not in nodes:
             raise PlanInvalid(f"client_nodes: client {c!r} on unknown node {n!r}")
+    excluded = data.get("excluded") or {}
+    if not isinstance(excluded, dict) or not all(
+        isinstance(c, str) and isinstance(why, dict) for c, why in excluded.items()
+    ):
+        raise PlanInvalid('excluded must map client ids to why: {"c7": {"flagged_in": 2, ...}}')
     try:
-        plan = Plan(tuple(slots), client_nodes={str(k): str(v) for k, v in cn.items()})
+        plan = Plan(
+            tuple(slots),
+            client_nodes={str(k): str(v) for k, v in cn.items()},
+            excluded={c: dict(why) for c, why in excluded.items()},
+        )
     except ValueError as exc:
         raise PlanInvalid(str(exc)) from None
     if plan.top.role != TOP or plan.top.node != root:
@@ -159,4 +168,4 @@ def shrink_plan(
         for s in plan.slots
         if goal.get(s.id, 0) > 0
     )
-    return Plan(kept, dict(plan.assignment), dict(plan.client_nodes))
+    return Plan(kept, dict(plan.assignment), dict(plan.client_nodes), dict(plan.excluded))

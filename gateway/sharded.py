@@ -1,7 +1,7 @@
 """A round whose rule needs every update at once, run as coordinate shards on aggregator endpoints.
 
 For a job with a robust rule (``fedfaas.robust``: median, trimmed mean, Krum, Multi-Krum,
-FLTrust) the round's updates are not folded as they arrive: they stay in the node's store,
+FLTrust) or central DP (DP-FedAvg) the round's updates are not folded as they arrive: they stay in the node's store,
 sealed, until the round holds its goal (or is closed with fewer). Then:
 
 1. The gateway allocates the output object and splits the data region into S coordinate ranges
@@ -9,15 +9,19 @@ sealed, until the round holds its goal (or is closed with fewer). Then:
 2. For Krum, Multi-Krum and FLTrust, a Gram pass: each shard computes ``(u_i - g).(u_j - g)``
    over its range and writes it into the pass's manifest; the gateway sums the S blocks and the
    rule picks a coefficient per update (Krum's scores and selection, FLTrust's trust scores).
+   DP-FedAvg's Gram pass computes the diagonal only: the deltas' norms, hence each update's
+   clipping factor over the round's goal.
 3. A reducing pass: each shard writes its range of the result into the one output object (the
-   median or trimmed mean of its range, or ``g + sum_i c_i (u_i - g)``), so the result is whole
-   when the last shard answers; the gateway writes its header, seals it and publishes it.
+   median or trimmed mean of its range, or ``g + sum_i c_i (u_i - g)``, for DP-FedAvg plus its
+   Gaussian noise), so the result is whole when the last shard answers; the gateway writes its
+   header, seals it and publishes it.
 
 Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a shard is a pure
 function of its inputs, so one whose endpoint disconnects, or that stays silent past the stall
 limit, is sent again (to any free endpoint) and writes the same bytes. What was decided (the
-rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores) goes into the
-round's ``meta.json`` under ``aggregation``.
+rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores, DP-FedAvg's
+norms, clipped clients, denominator, noise std and, when the job fixed one, its seed) goes into
+the round's ``meta.json`` under ``aggregation``.
 
 Across nodes: a robust job runs on one node (the gateway refuses more; the control plane
 places all its clients on its root), since median and Krum need every update on the node that
@@ -27,6 +31,7 @@ reduces them.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +55,7 @@ class ShardedRound(RoundEngine):
         *,
         rule: RobustRule,
         spec: wire.ModelSpec,
+        expected: int,
         base: Callable[[], bytes],
         width: Callable[[], int],
         **kw: Any,
@@ -57,6 +63,8 @@ class ShardedRound(RoundEngine):
         super().__init__(**kw)
         self.rule = rule
         self.spec = spec
+        #: the job's goal: DP-FedAvg's fixed denominator (a round closed short keeps it)
+        self.expected = expected
         self._base = base  # the key of the model the round started from, asked at the start
         self._width = width  # endpoints registered here: the default number of shards
         self.stage: int | None = None  # the running pass (shards.GRAM, ORDER, LINEAR)
@@ -207,7 +215,21 @@ class ShardedRound(RoundEngine):
             len(self.bounds) - 1,
         )
 
-    def _start_pass(self, kind: int, coef: list[float]) -> None:
+    def _noise_seed(self) -> int:
+        """The round's noise seed: from the job's ``seed`` and the round (recorded in
+        ``meta.json`` and the log), else 128 bits of OS entropy (recorded nowhere)."""
+        if self.rule.seed is None:
+            log.info("round %d: dp-fedavg noise seeded from OS entropy", self.round)
+            return secrets.randbits(128)
+        words = np.random.SeedSequence([self.rule.seed, self.round]).generate_state(4, np.uint32)
+        seed = int.from_bytes(words.astype("<u4").tobytes(), "little")
+        self.decision["noise_seed"] = str(seed)
+        log.info(
+            "round %d: dp-fedavg noise seed %d (job seed %d)", self.round, seed, self.rule.seed
+        )
+        return seed
+
+    def _start_pass(self, kind: int, coef: list[float], noise: robust.Noise | None = None) -> None:
         assert self.out_key is not None
         p = shards.Pass(
             kind,
@@ -217,6 +239,7 @@ class ShardedRound(RoundEngine):
             self.out_key,
             self.bounds,
             coef,
+            noise,
         )
         obj = self.store.allocate(p.nbytes())
         p.write(obj.buf)
@@ -240,10 +263,13 @@ class ShardedRound(RoundEngine):
             if self.rule.rule == "fltrust":
                 root = next((i for i, c in enumerate(clients) if c == self.rule.root_client), None)
             choice = robust.coefficients(
-                self.rule, gram, [i.weight for i in self.inputs], root=root
+                self.rule, gram, [i.weight for i in self.inputs], root=root, expected=self.expected
             )
             self.decision.update(_named(choice.detail, clients))
-            self._start_pass(shards.LINEAR, [float(c) for c in choice.coef])
+            noise = None
+            if self.rule.rule == "dp-fedavg":
+                noise = robust.Noise(float(choice.detail["noise_std"]), self._noise_seed())
+            self._start_pass(shards.LINEAR, [float(c) for c in choice.coef], noise)
             return
         self._finish()
 
@@ -296,8 +322,14 @@ class ShardedRound(RoundEngine):
 
 
 def _named(detail: dict[str, Any], clients: list[str | None]) -> dict[str, Any]:
-    """Krum's and FLTrust's per-input figures keyed by client name, for ``meta.json``."""
+    """Krum's, FLTrust's and DP-FedAvg's per-input figures keyed by client name, for
+    ``meta.json``."""
     out: dict[str, Any] = {}
+    if "norms" in detail:
+        out["norms"] = dict(zip(clients, detail["norms"], strict=True))
+        out["clipped"] = [clients[i] for i in detail["clipped"]]
+        out["denominator"] = detail["denominator"]
+        out["noise_std"] = detail["noise_std"]
     if "scores" in detail:
         out["scores"] = dict(zip(clients, detail["scores"], strict=True))
         out["selected"] = [clients[i] for i in detail["selected"]]

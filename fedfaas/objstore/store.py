@@ -131,9 +131,10 @@ class Namespace(StoreClient):
     def allocate(self, nbytes: int | None = None) -> MappedObject:
         """A new writable object under a fresh key, holding one lease (the caller's).
 
-        ``nbytes`` other than the job's object size gives a plain file of that size outside
-        the pool (a small manifest beside the model-sized objects)."""
-        odd = nbytes is not None and nbytes != self.object_nbytes
+        ``nbytes`` gives a plain file of that size outside the pool (a small manifest beside
+        the model-sized objects), even when it happens to equal the job's object size: a
+        pool slot is readable only once sealed, a manifest is read while it is written."""
+        odd = nbytes is not None
         with self._lock:
             if self.max_objects is not None and len(self._leases) >= self.max_objects:
                 raise StoreFull(self.max_objects)

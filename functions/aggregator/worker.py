@@ -257,12 +257,14 @@ class EndpointWorker(threading.Thread):
                 opened.append(self.store.open(p.global_key))
                 g = _floats(opened[-1])
                 if p.kind == shards.GRAM:
-                    shards.results(man.buf, p)[f.seq] = robust.gram_shard(ups, g, lo, hi)
+                    norms = robust.RobustRule.from_json(p.rule).norms_only
+                    gram = robust.gram_shard(ups, g, lo, hi, diagonal=norms)
+                    shards.results(man.buf, p)[f.seq] = gram
                 else:
                     out = self.store.open_writable(p.out_key)
                     opened.append(out)
                     coef = np.asarray(p.coef, dtype=np.float64)
-                    robust.reduce_linear(coef, ups, g, lo, hi, _floats(out))
+                    robust.reduce_linear(coef, ups, g, lo, hi, _floats(out), p.noise)
             del ups
         finally:
             for o in opened:

@@ -378,3 +378,89 @@ def test_an_async_buffer_applies_at_exactly_k_updates_over_both_nodes(real_gatew
         x = w0["a"].astype(np.float64)
         want = x + spec["eta"] / 3 * sum(updates[c]["a"] - x for c in first)
         assert np.abs(load(m.content)["a"] - want).max() <= 1e-5
+
+
+def test_a_dp_job_spends_its_budget_round_by_round_and_stops_before_passing_it(real_gateways):
+    """Issue 15, item 3: a DP-FedAvg job's epsilon, as the control plane accounts it after
+    each round (the view and ``/metrics``), is dp-accounting's own RDP computation for the
+    job's sampling rate and noise multiplier; the round that would pass the budget never
+    opens, the job ends saying why, and opening it by hand is refused."""
+    import json
+
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from client.sdk import AGGREGATION_KEY
+
+    urls, secret = real_gateways
+    coord = Coordinator(urls, mc=3.0, admin_token=secret)
+    z, delta, q = 1.0, 1e-5, 4 / 10  # 4 of 10 clients a round
+
+    def library(rounds: int) -> float:
+        acc = RdpAccountant()
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+        acc.compose(event, rounds)
+        return float(acc.get_epsilon(delta))
+
+    budget = (library(2) + library(3)) / 2  # two rounds fit, a third would not
+    spec = {
+        "rule": "dp-fedavg",
+        "clip": 1.0,
+        "noise_multiplier": z,
+        "delta": delta,
+        "epsilon": budget,
+        "shards": 2,
+    }
+    w0 = {"a": np.zeros(256, np.float32)}
+    rng = np.random.default_rng(3)
+    with control_client(coord, secret, tick_s=0.05) as api:
+        r = api.post(
+            "/v1/jobs",
+            json={
+                "job": "dp",
+                "rounds": 5,
+                "goal": 4,
+                "clients": 10,
+                "overprovision": 1.0,
+                "weights_b64": base64.b64encode(
+                    save(w0, metadata={AGGREGATION_KEY: json.dumps(spec)})
+                ).decode(),
+            },
+        )
+        assert r.status_code == 201, r.text
+        tokens = r.json()["tokens"]
+        assert r.json()["privacy"]["epsilon"] == pytest.approx(library(1), rel=1e-9)
+        for rnd in (1, 2):
+            view = _wait_view(api, "dp", lambda v, n=rnd: (v["round"] or {}).get("number") == n)
+            for c in (f"c{i}" for i in range(10)):
+                a = api.get("/v1/jobs/dp/assignment", params={"client": c})
+                if a.status_code != 200:
+                    continue
+                up = {"a": rng.standard_normal(256).astype(np.float32)}
+                res = upload(a.json()["gateway_url"], "dp", rnd, c, tokens[c], up, 5)
+                assert res.status_code == 202, res.text
+            view = _wait_view(api, "dp", lambda v, n=rnd: v["completed"] >= n)
+        view = _wait_view(api, "dp", lambda v: v["done"])
+        assert view["completed"] == 2 and not view["failed"]
+        assert view["stopped"].startswith("privacy budget: round 3 would bring epsilon to")
+        p = view["privacy"]
+        assert p["rounds"] == 2 and p["sampling_rates"] == [q] and p["budget"] == budget
+        assert p["epsilon"] == pytest.approx(library(2), rel=1e-9)
+        assert f"{library(3):.4g}" in view["stopped"]
+        refused = api.post("/v1/jobs/dp/rounds")
+        assert refused.status_code == 409 and refused.json()["error"] == "privacy_budget_spent"
+        metrics = api.get("/metrics")
+        assert metrics.status_code == 200
+        lines = dict(
+            line.rsplit(" ", 1) for line in metrics.text.splitlines() if line.startswith("fedfaas_")
+        )
+        assert float(lines['fedfaas_control_job_privacy_epsilon{job="dp"}']) == pytest.approx(
+            library(2), rel=1e-9
+        )
+        assert float(lines['fedfaas_control_job_privacy_budget{job="dp"}']) == budget
+        assert float(lines['fedfaas_control_job_rounds_completed{job="dp"}']) == 2
+        # the published models were noised by the gateway: round 2's meta says how much
+        m = httpx.get(f"{urls[view['root']]}/v1/jobs/dp/model", headers=bearer(secret))
+        assert m.headers["X-Model-Version"] == "2"
+        anonymous = api.get("/metrics", headers={"Authorization": "Bearer not-a-token"})
+        assert anonymous.status_code == 401 and anonymous.json()["error"]

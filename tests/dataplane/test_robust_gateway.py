@@ -218,3 +218,101 @@ def test_the_sdk_and_the_gateway_name_the_same_metadata_entry() -> None:
     from client.sdk import AGGREGATION_KEY
 
     assert AGGREGATION_KEY == METADATA_KEY
+
+
+def test_dp_fedavg_clips_on_the_path_and_adds_the_seeded_noise_of_the_configured_std(
+    make_gw, minio_server, checkpoints_to
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15, item 3 on a real gateway and endpoints: the Gram pass gives the norms, the
+    two poisoned updates are clipped, the published model is ``g + (sum of clipped deltas +
+    noise) / goal`` with the noise of std ``z C / goal`` drawn from the seed ``meta.json``
+    records (regenerated here bit for bit), and the same uploads without noise equal Flower's
+    ``DifferentialPrivacyServerSideFixedClipping`` around FedAvg."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+    from fedfaas.checkpoints import make_minio
+
+    clip, z, goal = 2.0, 0.8, len(CLIENTS)
+    rng = np.random.default_rng(7)
+    g = _model(np.random.default_rng(0))
+    ups = {c: _model(rng, g, bad=c in BAD) for c in CLIENTS}
+    flat = [_flat(ups[c]) for c in CLIENTS]
+    for spec, bucket in [
+        ({"rule": "dp-fedavg", "clip": clip, "noise_multiplier": z, "seed": 11}, "dp-noisy"),
+        ({"rule": "dp-fedavg", "clip": clip, "noise_multiplier": 0.0, "shards": 3}, "dp-exact"),
+    ]:
+        gw = make_gw(node=bucket.replace("-", ""), fanout=2, pool=4, **checkpoints_to(bucket))
+        made = _create(gw.url, gw.gw.secret, spec, job=bucket)
+        assert made.status_code == 201, made.text
+        tokens = made.json()["tokens"]
+        aggs = Aggregators(gw)
+        try:
+            aggs.spawn(1, endpoints=2)
+            aggs.wait_registered(2)
+            for c in CLIENTS:
+                _upload(gw.url, tokens[c], c, 1, ups[c], 10, job=bucket)
+            got = _flat(wait_version(gw.url, tokens["c1"], 1, job=bucket))
+        finally:
+            aggs.stop()
+        rule = RobustRule.from_json(spec)
+        want = robust.reference(rule, flat, _flat(g), [10] * goal, expected=goal)
+        assert gw.gw.checkpoints.flush(60)
+        mc = make_minio(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
+        agg = json.loads(mc.get_object(bucket, f"{bucket}/rounds/000001/meta.json").read())[
+            "aggregation"
+        ]
+        norms = {
+            c: float(np.linalg.norm(f.astype(np.float64) - _flat(g)))
+            for c, f in zip(CLIENTS, flat, strict=True)
+        }
+        assert agg["clipped"] == sorted(c for c in CLIENTS if norms[c] > clip)
+        assert set(agg["clipped"]) >= BAD
+        assert agg["denominator"] == goal and agg["noise_std"] == pytest.approx(
+            rule.noise_multiplier * clip / goal
+        )
+        for c in CLIENTS:
+            assert agg["norms"][c] == pytest.approx(norms[c], rel=1e-6)
+        if rule.noise_multiplier:
+            # the noise: its std, and exactly the draws of the recorded seed, shard by shard
+            noise = got.astype(np.float64) - want
+            assert abs(noise.std() / (z * clip / goal) - 1) < 0.1
+            # the shards cover the store object's data region (tensors 64-byte aligned)
+            layout = wire.ModelSpec.build([(k, "F32", v.shape) for k, v in g.items()])
+            region = np.empty(layout.data_nbytes // 4)
+            bounds = robust.shard_bounds(region.size, 2)
+            seeded = robust.Noise(z * clip / goal, int(agg["noise_seed"]))
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                draws = seeded.generator(a)
+                for lo in range(a, b, robust.BLOCK):
+                    hi = min(lo + robust.BLOCK, b)
+                    region[lo:hi] = seeded.std * draws.standard_normal(hi - lo)
+            redrawn = np.concatenate(
+                [region[(t.offset - wire.HEADER_SIZE) // 4 :][: t.numel] for t in layout.tensors]
+            )
+            np.testing.assert_allclose(
+                got, (want + redrawn).astype(np.float32), rtol=1e-6, atol=1e-6
+            )
+            continue
+        assert "noise_seed" not in agg
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        flower = DifferentialPrivacyServerSideFixedClipping(
+            FedAvg(), noise_multiplier=0.0, clipping_norm=clip, num_sampled_clients=goal
+        )
+        flower.current_round_params = [g[k] for k in sorted(g)]
+        res = [
+            (
+                None,
+                FitRes(
+                    Status(Code.OK, ""),
+                    ndarrays_to_parameters([ups[c][k] for k in sorted(g)]),
+                    10,
+                    {},
+                ),
+            )
+            for c in CLIENTS
+        ]
+        out, _ = flower.aggregate_fit(1, res, [])
+        assert out is not None
+        fl = np.concatenate([a.ravel() for a in parameters_to_ndarrays(out)])
+        np.testing.assert_allclose(got, fl, rtol=1e-5, atol=1e-6)

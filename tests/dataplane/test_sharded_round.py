@@ -28,6 +28,7 @@ def _round(tmp_path: Path, spec: dict, goal: int = 5):  # type: ignore[no-untype
     eng = ShardedRound(
         rule=RobustRule.from_json(spec),
         spec=model,
+        expected=goal,
         base=lambda: g.key_bytes,
         width=lambda: 2,
         job_id=7,

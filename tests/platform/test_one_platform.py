@@ -769,3 +769,177 @@ def test_a_multi_krum_job_from_the_sdk_runs_sharded_in_the_function_and_drops_th
     after = p.tasks_done()
     # 2 rounds x (2 Gram shards + 2 reducing shards), all run by replicas of the function
     assert sum(after.get(pid, 0) - before.get(pid, 0) for pid in after) >= 8, (before, after)
+
+
+def _meta_json(p: Platform, job: str, rnd: int) -> dict[str, Any]:
+    """Round ``rnd``'s ``meta.json`` of ``job`` in the platform's MinIO (checkpoints are
+    written just after publication: waited for)."""
+    from minio import Minio
+    from minio.error import S3Error
+
+    secrets = p.state_dir / "secrets"
+    mc = Minio(
+        p.urls["minio"].removeprefix("http://"),
+        access_key=credentials.read(secrets, credentials.MINIO_USER),
+        secret_key=credentials.read(secrets, credentials.MINIO_PASSWORD),
+        secure=False,
+    )
+
+    def read() -> dict[str, Any] | None:
+        try:
+            return dict(
+                json.loads(mc.get_object("fedfaas", f"{job}/rounds/{rnd:06d}/meta.json").read())
+            )
+        except S3Error:
+            return None
+
+    return wait_until(read, 60, f"round {rnd}'s meta.json of {job} in MinIO")  # type: ignore[no-any-return]
+
+
+def test_a_job_drops_the_clients_flstore_flagged_before_aggregating_the_next_round(
+    platform: Platform,
+) -> None:
+    """Issue 15, item 4, the debugging loop closed on the user's platform: a FedAvg job
+    created with ``drop_flagged`` (FLStore's Multi-Krum) has the control plane ask the request
+    tracker after round 1 which client the cache function flags; round 2 leaves it out (not
+    selected; an upload from it is refused 403 ``client_excluded``), aggregates the other five
+    only (exactly their FedAvg), and its ``meta.json`` records the decision."""
+    from client.sdk import UpdateRejected, submit_job
+
+    p = platform
+    clients = [f"f{i}" for i in range(6)]
+    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    made = submit_job(
+        p.urls["control_plane"],
+        "flagged",
+        save(w0),
+        rounds=2,
+        clients=clients,
+        overprovision=1.0,
+        drop_flagged={"workload": "multi-krum", "params": {"f": 1}},
+        admin_token=p.admin_secret,
+    )
+    p.tokens["flagged"] = made["tokens"]
+    rng = np.random.default_rng(16)
+    g = {k: v.astype(np.float64) for k, v in w0.items()}
+    for rnd in (1, 2):
+        p.wait_open("flagged", rnd)
+        view = httpx.get(
+            f"{p.urls['control_plane']}/v1/jobs/flagged", headers=p.admin, timeout=10
+        ).json()
+        ups, weights = [], []
+        for c in clients:
+            delta = {k: 0.1 + 0.02 * rng.standard_normal(s) for k, s in SHAPES.items()}
+            sign = -100.0 if c == "f3" else 1.0
+            u = {k: (g[k] + sign * delta[k]).astype(np.float32) for k in SHAPES}
+            if rnd == 2 and c == "f3":
+                a = httpx.get(
+                    f"{p.urls['control_plane']}/v1/jobs/flagged/assignment",
+                    params={"client": c},
+                    headers={"Authorization": f"Bearer {p.tokens['flagged'][c]}"},
+                    timeout=10,
+                )
+                assert (a.status_code, a.json()["error"]) == (409, "client_not_selected")
+                with p.root_client("flagged", c) as fl, pytest.raises(UpdateRejected) as no:
+                    fl.upload(rnd, save(u), 5)
+                assert (no.value.status, no.value.error) == (403, "client_excluded")
+                assert "multi-krum flagged it in round 1" in no.value.detail
+                continue
+            with p.client("flagged", c) as fl:
+                fl.wait_for_version(rnd - 1, timeout=120)
+                fl.upload(rnd, save(u), 5)
+            ups.append(u)
+            weights.append(5)
+        with p.root_client("flagged", "f0") as fl:
+            got = load(fl.wait_for_version(rnd, timeout=120).data)
+        for k in SHAPES:
+            want = fedavg.fedavg_reference([u[k] for u in ups], weights)
+            assert fedavg.rel_error(got[k], want) <= 1e-6, k
+        if rnd == 2:
+            assert view["round"]["excluded"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
+            assert view["round"]["selected"] == 5 and view["round"]["drop_note"] == ""
+            assert view["flagged"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
+        g = {k: got[k].astype(np.float64) for k in SHAPES}
+    meta = _meta_json(p, "flagged", 2)
+    assert meta["excluded"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
+    assert set(meta["clients"]) == set(clients) - {"f3"} and meta["count"] == 5
+    assert "excluded" not in _meta_json(p, "flagged", 1)
+
+
+def test_a_dp_job_from_the_sdk_is_noised_accounted_and_stopped_at_its_budget(
+    platform: Platform,
+) -> None:
+    """Issue 15, item 3 on the user's platform: ``submit_job(aggregation={"rule":
+    "dp-fedavg", ...})``. The root gateway clips each delta and adds the noise in the
+    function's shards (the published model minus the clipped mean has the configured std);
+    the control plane's view and ``/metrics`` carry the epsilon spent, equal to
+    dp-accounting's own figure, and the job ends before the round that would pass its
+    budget."""
+    from client.sdk import submit_job
+    from fedfaas import privacy, robust
+
+    p = platform
+    clients = [f"d{i}" for i in range(6)]
+    z, clip, goal, q = 2.0, 0.5, 3, 0.5  # 3 of 6 clients a round
+    budget = (privacy.epsilon(z, [q] * 2, 1e-5) + privacy.epsilon(z, [q] * 3, 1e-5)) / 2
+    spec = {"rule": "dp-fedavg", "clip": clip, "noise_multiplier": z, "epsilon": budget, "seed": 5}
+    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    made = submit_job(
+        p.urls["control_plane"],
+        "private",
+        save(w0),
+        rounds=4,
+        goal=goal,
+        clients=clients,
+        overprovision=1.0,
+        aggregation=spec,
+        admin_token=p.admin_secret,
+    )
+    p.tokens["private"] = made["tokens"]
+    g = np.concatenate([w0[k].ravel() for k in sorted(SHAPES)]).astype(np.float32)
+    noise = []
+    for rnd in (1, 2):
+        p.wait_open("private", rnd)
+        flat = []
+        for c in clients:
+            a = httpx.get(
+                f"{p.urls['control_plane']}/v1/jobs/private/assignment",
+                params={"client": c},
+                headers={"Authorization": f"Bearer {p.tokens['private'][c]}"},
+                timeout=10,
+            )
+            if a.status_code != 200:
+                continue
+            u = make_update(rnd * 100 + int(c[1:]))  # norm ~ 45: every delta is clipped
+            with FLClient(a.json()["gateway_url"], "private", c, p.tokens["private"][c]) as fl:
+                fl.wait_for_version(rnd - 1, timeout=120)
+                fl.upload(rnd, save(u), 10)
+            flat.append(np.concatenate([u[k].ravel() for k in sorted(SHAPES)]))
+        assert len(flat) == goal
+        with p.root_client("private", clients[0]) as fl:
+            got = load(fl.wait_for_version(rnd, timeout=120).data)
+        have = np.concatenate([got[k].ravel() for k in sorted(SHAPES)])
+        rule = robust.RobustRule.from_json(spec)
+        noise.append(have - robust.reference(rule, flat, g, [10] * goal, expected=goal))
+        g = have
+    drawn = np.concatenate(noise)
+    assert abs(drawn.std() / (z * clip / goal) - 1) < 0.1  # 4160 draws: 1.1% standard error
+    cp = p.urls["control_plane"]
+
+    def stopped() -> dict[str, Any] | None:
+        view = httpx.get(f"{cp}/v1/jobs/private", headers=p.admin, timeout=10).json()
+        return view if view["done"] else None
+
+    view = wait_until(stopped, 60, "the DP job to stop at its budget")
+    assert view["completed"] == 2 and view["stopped"].startswith("privacy budget: round 3")
+    assert view["privacy"]["epsilon"] == pytest.approx(privacy.epsilon(z, [q, q], 1e-5))
+    assert view["privacy"]["sampling_rates"] == [q]
+    analyst = credentials.read(p.state_dir / "secrets", credentials.ANALYST_TOKEN)
+    text = httpx.get(f"{cp}/metrics", headers={"Authorization": f"Bearer {analyst}"}).text
+    assert (
+        f'fedfaas_control_job_privacy_epsilon{{job="private"}} {view["privacy"]["epsilon"]!r}'
+        in text
+    )
+    meta = _meta_json(p, "private", 2)["aggregation"]
+    assert meta["rule"]["rule"] == "dp-fedavg" and len(meta["clipped"]) == goal
+    assert meta["noise_std"] == pytest.approx(z * clip / goal) and meta["noise_seed"]
