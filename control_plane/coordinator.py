@@ -778,6 +778,8 @@ class Coordinator:
         job = self.job(name)
         if job.failed:
             raise JobFailed(name, job.failed)
+        if job.stopped:  # the gateways keep its last model; no round opens again
+            raise PrivacyBudgetSpent(f"job {name!r} was stopped: {job.stopped}")
         if client in job.revoked:
             raise ClientRevoked(name, client)
         rnd = job.current

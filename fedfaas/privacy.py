@@ -24,9 +24,6 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-import dp_accounting
-from dp_accounting.rdp import RdpAccountant
-
 
 def epsilon(noise_multiplier: float, rates: Sequence[float], delta: float) -> float:
     """Epsilon spent, at ``delta``, by one sampled Gaussian mechanism per entry of ``rates``
@@ -36,6 +33,11 @@ def epsilon(noise_multiplier: float, rates: Sequence[float], delta: float) -> fl
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
+    # imported here: the library takes most of a second to import, which a control plane
+    # without DP jobs need not pay at start-up
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     acc = RdpAccountant()  # the library's default Renyi orders
     absl = logging.getLogger("absl")
     level = absl.level

@@ -23,9 +23,13 @@ rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores, 
 norms, clipped clients, denominator, noise std and, when the job fixed one, its seed) goes into
 the round's ``meta.json`` under ``aggregation``.
 
-Across nodes: a robust job runs on one node (the gateway refuses more; the control plane
-places all its clients on its root), since median and Krum need every update on the node that
-reduces them.
+Across nodes: a job with one of these rules runs on one node (the gateway refuses more; the
+control plane places all its clients on its root), so each update crosses the network once, from
+its client to the node that reduces it. Per rule, what another node could reduce before that:
+median and trimmed mean nothing short of the updates' values (or per-node sorted slices);
+Krum, Multi-Krum and FLTrust the Gram blocks of their own updates, but the cross-node dot
+products need the updates in one place; DP-FedAvg its clipped sum (norms are per update, the
+sum is a sum). None of these per-node reductions is built: the job stays on its root.
 """
 
 from __future__ import annotations

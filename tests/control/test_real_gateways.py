@@ -447,6 +447,8 @@ def test_a_dp_job_spends_its_budget_round_by_round_and_stops_before_passing_it(r
         assert p["rounds"] == 2 and p["sampling_rates"] == [q] and p["budget"] == budget
         assert p["epsilon"] == pytest.approx(library(2), rel=1e-9)
         assert f"{library(3):.4g}" in view["stopped"]
+        a = api.get("/v1/jobs/dp/assignment", params={"client": "c0"})
+        assert a.status_code == 409 and a.json()["error"] == "privacy_budget_spent"
         refused = api.post("/v1/jobs/dp/rounds")
         assert refused.status_code == 409 and refused.json()["error"] == "privacy_budget_spent"
         metrics = api.get("/metrics")
@@ -459,7 +461,7 @@ def test_a_dp_job_spends_its_budget_round_by_round_and_stops_before_passing_it(r
         )
         assert float(lines['fedfaas_control_job_privacy_budget{job="dp"}']) == budget
         assert float(lines['fedfaas_control_job_rounds_completed{job="dp"}']) == 2
-        # the published models were noised by the gateway: round 2's meta says how much
+        # the gateways keep the job's last model
         m = httpx.get(f"{urls[view['root']]}/v1/jobs/dp/model", headers=bearer(secret))
         assert m.headers["X-Model-Version"] == "2"
         anonymous = api.get("/metrics", headers={"Authorization": "Bearer not-a-token"})
