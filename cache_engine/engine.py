@@ -442,6 +442,8 @@ class CacheEngine:
             "FEDFAAS_FLSTORE_MINIO_ENDPOINT": self.s.minio_endpoint,
             "FEDFAAS_FLSTORE_BUCKET": self.s.bucket,
             "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
+            # the gateway the function calls a job's evaluator function through
+            "FEDFAAS_FLSTORE_GATEWAY_URL": self.s.runtime_url,
             # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
             # than the 30 s default on a busy 2-core machine
             "exec_timeout": f"{int(self.s.call_timeout)}s",

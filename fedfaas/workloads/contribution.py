@@ -3,6 +3,12 @@
 The utility of a coalition ``S`` of a round's clients is ``v(S) = evaluator(g_{r-1} + sum_{i in S}
 p_i^S Delta_i)`` with ``p^S`` renormalised over ``S`` (workloads.md); ``v(empty)`` is the utility of
 the round's starting model. No retraining: one aggregate per coalition, memoised.
+
+An evaluator that can evaluate several models at once (a ``map`` method: the job's evaluator
+function, ``cache_engine.evaluators``) gets the coalitions an algorithm will need in batches
+(:meth:`CoalitionUtility.prefetch`): all of them for leave-one-out and exact Shapley, the next
+prefixes of a permutation for GTG and TMC (those past a truncation are evaluated for nothing,
+and memoised). The values, hence the answers, are those of one-by-one evaluation.
 """
 
 from __future__ import annotations
@@ -43,17 +49,51 @@ class CoalitionUtility:
         """Number of distinct coalitions evaluated so far."""
         return len(self._memo)
 
+    @property
+    def width(self) -> int:
+        """Coalitions worth evaluating at once (1: the evaluator takes one at a time)."""
+        return int(getattr(self._evaluator, "parallel", 1)) if self._batched else 1
+
+    @property
+    def _batched(self) -> bool:
+        return callable(getattr(self._evaluator, "map", None))
+
+    def _params(self, key: tuple[int, ...]) -> NDArray[np.float32]:
+        row: list[tuple[float, Any]] = list(self._base)
+        if key:
+            w = self._weights[list(key)]
+            w = w / w.sum()
+            for coef, i in zip(w, key, strict=True):
+                row.extend((float(coef) * c, x) for c, x in self._deltas[i])
+        return combine(row)
+
     def __call__(self, coalition: Sequence[int]) -> float:
         key = tuple(sorted(int(i) for i in coalition))
         if key not in self._memo:
-            row: list[tuple[float, Any]] = list(self._base)
-            if key:
-                w = self._weights[list(key)]
-                w = w / w.sum()
-                for coef, i in zip(w, key, strict=True):
-                    row.extend((float(coef) * c, x) for c, x in self._deltas[i])
-            self._memo[key] = float(self._evaluator(combine(row)))
+            self._memo[key] = float(self._evaluator(self._params(key)))
         return self._memo[key]
+
+    def prefetch(self, coalitions: Sequence[Sequence[int]]) -> None:
+        """Evaluate the coalitions not memoised yet, ``width`` at a time, when the evaluator
+        takes several at once (else nothing: they are evaluated when asked)."""
+        if not self._batched:
+            return
+        keys = list(dict.fromkeys(tuple(sorted(int(i) for i in c)) for c in coalitions))
+        todo = [k for k in keys if k not in self._memo]
+        for a in range(0, len(todo), self.width):
+            chunk = todo[a : a + self.width]
+            values = self._evaluator.map([self._params(k) for k in chunk])  # type: ignore[attr-defined]
+            self._memo.update(zip(chunk, map(float, values), strict=True))
+
+
+def _prefetch(v: Callable[[Sequence[int]], float], coalitions: Sequence[Sequence[int]]) -> None:
+    ahead = getattr(v, "prefetch", None)
+    if ahead is not None:
+        ahead(coalitions)
+
+
+def _width(v: Callable[[Sequence[int]], float]) -> int:
+    return int(getattr(v, "width", 1))
 
 
 # -- pure algorithms over a utility function v(tuple_of_indices) -----------------------------------
@@ -61,6 +101,7 @@ class CoalitionUtility:
 
 def leave_one_out(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.float64]:
     """``phi_i = v(N) - v(N \\ {i})``."""
+    _prefetch(v, [tuple(range(n))] + [tuple(j for j in range(n) if j != i) for i in range(n)])
     full = v(tuple(range(n)))
     return np.array([full - v(tuple(j for j in range(n) if j != i)) for i in range(n)])
 
@@ -68,6 +109,7 @@ def leave_one_out(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.flo
 def exact_shapley(v: Callable[[Sequence[int]], float], n: int) -> NDArray[np.float64]:
     """Exact Shapley values by enumerating all ``2^n`` coalitions (bitmask-vectorised sum)."""
     masks = np.arange(1 << n)
+    _prefetch(v, [tuple(i for i in range(n) if m >> i & 1) for m in masks])
     values = np.array([v(tuple(i for i in range(n) if m >> i & 1)) for m in masks])
     sizes = np.array([bin(m).count("1") for m in masks])
     fact = np.array([math.factorial(k) for k in range(n + 1)], dtype=np.float64)
@@ -114,6 +156,8 @@ def permutation_shapley(
     or after ``max_permutations``. Deterministic for a given ``seed``.
     """
     rng = np.random.default_rng(seed)
+    _prefetch(v, [(), tuple(range(n))])
+    width = _width(v)
     v_empty = v(())
     v_full = v(tuple(range(n)))
     info: dict[str, Any] = {"v_empty": v_empty, "v_full": v_full, "permutations": 0}
@@ -139,6 +183,8 @@ def permutation_shapley(
             prev = v_empty
             for j in range(n):
                 if abs(v_full - prev) >= eps:
+                    if width > 1 and j % width == 0:  # the next prefixes, evaluated at once
+                        _prefetch(v, [tuple(perm[: k + 1]) for k in range(j, min(n, j + width))])
                     cur = v(tuple(perm[: j + 1]))
                 else:
                     cur = prev

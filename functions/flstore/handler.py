@@ -16,12 +16,15 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
 - ``POST /evict`` ``{"objects": [...]}``: drop objects and give their memory back to the OS
   (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held.
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
-  held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators).
+  held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators; a
+  ``function`` evaluator gets the models as safetensors of the job's tensors, whose names and
+  shapes this function keeps from the first model of the job it loads).
 
 Environment (no secret): ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
 ``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long),
 ``..._GRAM_MEMO`` (``0``: no inner-product memo across queries, for benchmarks that compare
-without it; default on).
+without it; default on), ``..._GATEWAY_URL`` (the OpenFaaS gateway, to call a job's evaluator
+function through; the cache engine sets it).
 """
 
 from __future__ import annotations
@@ -35,8 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from cache_engine.cold_store import BUCKET, ColdStore, ColdStoreError, MinioColdStore, ObjectMissing
-from cache_engine.evaluators import EvaluatorUnavailable, build_evaluator
+from cache_engine.cold_store import (
+    BUCKET,
+    ColdStore,
+    ColdStoreError,
+    MinioColdStore,
+    ObjectMissing,
+    decode_object,
+)
+from cache_engine.evaluators import EvaluatorUnavailable, Layout, build_evaluator, layout_of
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_workload
 from fedfaas.memory import release_free_memory
@@ -47,6 +57,8 @@ log = logging.getLogger(__name__)
 _ENV = "FEDFAAS_FLSTORE_"
 _lock = threading.RLock()
 _objects: dict[ObjectKey, Any] = {}
+# each job's tensors (names and shapes, sorted), from the first of its models loaded here
+_layouts: dict[str, Layout] = {}
 _store: ColdStore | None = None
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
@@ -152,7 +164,10 @@ def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
             if k in _objects:
                 already.append(k.id)
                 continue
-        value = _cold(k.job, grants).get(k)  # outside the lock: other requests keep running
+        data = _cold(k.job, grants).get_bytes(k)  # outside the lock: other requests keep running
+        value = decode_object(k, data)
+        if k.kind != "meta" and k.job not in _layouts:
+            _layouts[k.job] = layout_of(data)
         if isinstance(value, np.ndarray):
             value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
@@ -169,7 +184,8 @@ def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
         loaded.append(k.id)
         if k.kind == "meta" and isinstance(value, dict):
             spec = (value.get("round_meta") or {}).get("evaluator")
-            if isinstance(spec, dict):  # build the job's evaluator now, off the query path
+            if isinstance(spec, dict) and spec.get("kind") != "function":
+                # build the job's in-process evaluator now, off the query path
                 threading.Thread(target=_warm_evaluator, args=(spec,), daemon=True).start()
     return _ok({"loaded": loaded, "already": already, **_status()})
 
@@ -203,7 +219,9 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
         time.sleep(delay)
     t0 = time.perf_counter()
     try:
-        evaluator = build_evaluator(body.get("evaluator"))
+        evaluator = build_evaluator(
+            body.get("evaluator"), _layouts.get(keys[0].job) if keys else None
+        )
     except EvaluatorUnavailable as exc:
         return _err(422, "no_evaluator", str(exc))
     try:
@@ -214,6 +232,8 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
             "body": exc.to_dict(),
             "headers": {"Content-Type": "application/json"},
         }
+    except EvaluatorUnavailable as exc:  # the job's evaluator function failed mid-query
+        return _err(502, "evaluator_failed", str(exc))
     _stats["runs"] += 1
     return _ok(
         {"result": result, "compute_s": time.perf_counter() - t0, "function": _status()["function"]}

@@ -112,6 +112,7 @@ def test_the_probe_sees_what_a_handler_imports() -> None:
         "echo",
         "aggregator",
         "flstore",
+        "evaluator",
     ],
 )
 def test_function_requirements_cover_its_start_up_imports(function: str) -> None:
@@ -120,4 +121,4 @@ def test_function_requirements_cover_its_start_up_imports(function: str) -> None
 
 def test_every_function_folder_is_checked() -> None:
     folders = {p.parent.name for p in (REPO / "functions").glob("*/handler.py")}
-    assert folders == {"echo", "aggregator", "flstore"}
+    assert folders == {"echo", "aggregator", "flstore", "evaluator"}

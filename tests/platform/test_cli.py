@@ -81,7 +81,7 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
         "supervisor",
     }
     assert report["ebpf_mode"] in ("ebpf", "userspace") and report["ebpf_reason"]
-    assert [f["name"] for f in report["functions"]] == ["aggregator", "echo"]
+    assert [f["name"] for f in report["functions"]] == ["aggregator", "digits-evaluator", "echo"]
     text = fedfaas("status", "--state-dir", str(state_dir))
     assert f"eBPF: {report['ebpf_mode']}" in text.stdout
 
