@@ -143,13 +143,13 @@ class FunctionEvaluator:
             body = resp.json()
         except ValueError:
             body = None
-        if resp.status_code != 200 or not isinstance(body, dict):
+        if resp.status_code != 200:
             raise EvaluatorUnavailable(
                 f"evaluator function {self.function!r} answered {resp.status_code}: "
                 f"{resp.text[:300]}"
             )
-        utility = body.get("utility")
-        metrics = body.get("metrics") or {}
+        utility = body.get("utility") if isinstance(body, dict) else None
+        metrics = (body.get("metrics") or {}) if isinstance(body, dict) else {}
         if (
             isinstance(utility, bool)
             or not isinstance(utility, int | float)

@@ -24,7 +24,7 @@ class DemoConfig:
     seed: int = 0
     workers: int = 2
     job: str = "digits"
-    model: str = "softmax"  # what FLStore's digits-softmax evaluator scores (client.model)
+    model: str = "softmax"  # client.model's; the digits-evaluator function scores both
     malicious: str | None = "client-007"
     select: int = 10
     hold: float = 0.0

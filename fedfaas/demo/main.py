@@ -23,7 +23,7 @@ from fedfaas.demo.stack import Running, platform
 log = logging.getLogger(__name__)
 
 #: The validation-set evaluator the job declares: FLStore scores contributions with it.
-EVALUATOR = {"kind": "digits-softmax", "split_seed": 0}
+EVALUATOR = {"kind": "function", "function": "digits-evaluator"}  # stack.yml deploys it
 
 
 class DemoError(RuntimeError):

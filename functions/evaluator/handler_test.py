@@ -1,0 +1,94 @@
+"""The digits evaluator function's contract: safetensors in, ``{"utility", "metrics"}`` out,
+400 ``bad_weights`` with what was wrong for a body that is not a model it scores; and the cache
+function's side of it (``cache_engine.evaluators.FunctionEvaluator``) against an answer that
+breaks the contract."""
+
+import http.server
+import json
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from cache_engine.evaluators import EvaluatorUnavailable, FunctionEvaluator, layout_of
+from client.model import make_model, model_to_bytes
+
+from .handler import handle
+
+
+def _event(method, body=b""):
+    return SimpleNamespace(body=body, headers={}, method=method, path="/")
+
+
+@pytest.mark.parametrize("arch", ["cnn", "softmax"])
+def test_a_model_of_the_demo_gets_its_accuracy_and_loss(arch):
+    res = handle(_event("POST", model_to_bytes(make_model(0, arch))), None)
+    assert res["statusCode"] == 200, res
+    body = res["body"]
+    assert body["utility"] == body["metrics"]["accuracy"] and 0 <= body["utility"] <= 1
+    assert 350 < body["metrics"]["n"] < 370 and body["metrics"]["loss"] > 0  # 20% of each class
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"", "POST a model"),
+        (b"not safetensors at all", "not safetensors"),
+        (save({"weight": np.zeros((3, 3), np.float32)}), "do not fit"),
+    ],
+)
+def test_a_body_that_is_not_a_model_it_scores_gets_400_saying_why(body, says):
+    res = handle(_event("POST", body), None)
+    assert res["statusCode"] == 400 and res["body"]["error"] == "bad_weights"
+    assert says in res["body"]["detail"]
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    reply = b"{}"
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    "reply", [b'{"metrics": {}}', b'{"utility": "high"}', b"[1]", b'{"utility": 1, "metrics": 3}']
+)
+def test_an_answer_outside_the_contract_is_an_error_naming_it(reply):
+    _Answers.reply = reply
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        weights = model_to_bytes(make_model(0, "softmax"))
+        ev = FunctionEvaluator(
+            "bad", layout_of(weights), f"http://127.0.0.1:{server.server_port}", "t"
+        )
+        with pytest.raises(EvaluatorUnavailable, match='must answer {"utility"'):
+            ev(np.zeros(650, np.float32))
+        with pytest.raises(EvaluatorUnavailable, match="does not fit the job's tensors"):
+            ev(np.zeros(7, np.float32))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_flat_vector_goes_out_as_the_jobs_tensors():
+    weights = model_to_bytes(make_model(0, "cnn"))
+    ev = FunctionEvaluator("f", layout_of(weights), "http://127.0.0.1:1", "t")
+    from safetensors.numpy import load
+
+    tensors = load(weights)
+    flat = np.concatenate([tensors[k].ravel() for k in sorted(tensors)])
+    back = load(ev.encode(flat))
+    assert sorted(back) == sorted(tensors)
+    for k in tensors:
+        np.testing.assert_array_equal(back[k], tensors[k])
+    assert json.loads(json.dumps(ev.layout)) is not None
