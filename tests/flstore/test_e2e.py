@@ -232,3 +232,54 @@ def test_evaluator_workload_on_a_job_without_evaluator_is_a_clear_422(
 ) -> None:
     r = _ask(stack, {"workload": "leave-one-out", "job": JOB, "rounds": [2]})
     assert r.status_code == 422 and r.json()["error"] == "no_evaluator"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"workload": "track", "job": JOB, "rounds": [4], "params": {"window": 3}},
+        {"workload": "oort", "job": JOB, "params": {"round": 5, "k": 3, "seed": 1}},
+    ],
+    ids=["track", "oort"],
+)
+def test_metadata_queries_are_answered_by_the_engine_as_a_cache_function_answers_them(
+    stack: FLStoreStack, history: History, cold: MinioColdStore, body: dict
+) -> None:
+    """Issue 16, item 3: a query that reads only rounds' metadata is answered by the cache
+    engine from the metadata it read when it ingested those rounds (no hop to a cache
+    function), and the answer is the one a cache function holding the same objects gives, and
+    the direct computation's."""
+
+    def answered_here() -> int:
+        state = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth, timeout=10).json()
+        return int(state["stats"]["answered_here"])
+
+    before = answered_here()
+    r = _ask(stack, body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["function"] is None and answer["tried"] == [] and answer["hit"]
+    assert answered_here() == before + 1
+    assert answer["result"] == _direct(cold, body)
+    # the same workload in a cache function, on the same objects (the engine loads them)
+    acquired = httpx.post(
+        f"{stack.engine_url}/v1/plan", headers=stack.auth, json=body, timeout=30
+    ).json()  # the objects the query reads
+    objects = acquired["objects"]
+    assert objects and all(o.endswith("/meta") for o in objects)
+    fn = f"{stack.engine_settings.get('function_prefix', 'flstore-cache-')}0"
+    load = httpx.post(
+        f"{stack.runtime_url}/function/{fn}/load",
+        headers=stack.function_auth,
+        json={"objects": objects, "credentials": cold.job_credentials({body["job"]})},
+        timeout=60,
+    )
+    assert load.status_code == 200, load.text
+    ran = httpx.post(
+        f"{stack.runtime_url}/function/{fn}/run",
+        headers=stack.function_auth,
+        json={"workload": body["workload"], "params": acquired["params"], "objects": objects},
+        timeout=60,
+    )
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["result"] == answer["result"]
