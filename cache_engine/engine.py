@@ -226,9 +226,15 @@ class CacheEngine:
         module)."""
         t0 = time.perf_counter()
         p = self.plan(body)
-        answer = self._answer_here(p, t0)
-        if answer is not None:
-            return answer
+        result = self._answer_here(p)
+        if result is not None:
+            return {
+                **_planned(p),
+                "holders": [],
+                "result": result,
+                "hit": True,
+                "engine_s": time.perf_counter() - t0,
+            }
         spec = self.evaluators.get(p.query.job) if p.evaluator else None
         if p.evaluator and spec is None:
             raise NoEvaluator(
@@ -251,11 +257,7 @@ class CacheEngine:
             self._bg.put(("replicate", list(p.keys)))
         self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
         return {
-            "query": p.query.to_json(),
-            "workload": p.query.workload,
-            "params": p.params,
-            "policy": p.policy,
-            "objects": [k.id for k in p.keys],
+            **_planned(p),
             "holders": holders,
             "evaluator": spec,
             "hit": d.hit,
@@ -266,7 +268,7 @@ class CacheEngine:
             "engine_s": time.perf_counter() - t0,
         }
 
-    def _answer_here(self, p: Plan, t0: float) -> dict[str, Any] | None:
+    def _answer_here(self, p: Plan) -> dict[str, Any] | None:
         """The result of a metadata-only query from the metadata held here (None: not one, or
         not all of its rounds are held). Raises the workload's own errors (4xx)."""
         if p.evaluator or not p.keys or any(k.kind != "meta" for k in p.keys):
@@ -277,17 +279,7 @@ class CacheEngine:
             return None
         result = run_workload(p.query.workload, p.params, held, None)
         self.stats["answered_here"] += 1
-        return {
-            "query": p.query.to_json(),
-            "workload": p.query.workload,
-            "params": p.params,
-            "policy": p.policy,
-            "objects": [k.id for k in p.keys],
-            "holders": [],
-            "result": result,
-            "hit": True,
-            "engine_s": time.perf_counter() - t0,
-        }
+        return result
 
     def locations(self, ids: Iterable[str]) -> dict[str, list[str]]:
         keys = [ObjectKey.parse(i) for i in ids]
@@ -746,3 +738,14 @@ class CacheEngine:
                 "jobs": {j: list(self.catalog.rounds(j)) for j in self.catalog.jobs()},
                 "stats": dict(self.stats),
             }
+
+
+def _planned(p: Plan) -> dict[str, Any]:
+    """What an acquire answer says of the query's plan."""
+    return {
+        "query": p.query.to_json(),
+        "workload": p.query.workload,
+        "params": p.params,
+        "policy": p.policy,
+        "objects": [k.id for k in p.keys],
+    }

@@ -73,6 +73,23 @@ def _upload(
     assert r.status_code == 202, r.text
 
 
+def _one_round(gw, spec: object, job: str, ups: dict) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Job ``job`` with rule ``spec`` on the gateway ``gw``, round 1 uploaded by every client
+    (10 samples each), run on one replica's two endpoints: the published model."""
+    made = _create(gw.url, gw.gw.secret, spec, job=job)
+    assert made.status_code == 201, made.text
+    tokens = made.json()["tokens"]
+    aggs = Aggregators(gw)
+    try:
+        aggs.spawn(1, endpoints=2)
+        aggs.wait_registered(2)
+        for c in CLIENTS:
+            _upload(gw.url, tokens[c], c, 1, ups[c], 10, job=job)
+        return wait_version(gw.url, tokens["c1"], 1, job=job)  # type: ignore[no-any-return]
+    finally:
+        aggs.stop()
+
+
 SPECS = [
     {"rule": "median"},  # shards: one per registered endpoint (2)
     {"rule": "median", "shards": 3},
@@ -177,19 +194,7 @@ def test_median_and_krum_equal_flowers_strategies_on_the_same_uploads(make_gw) -
         ("m", {"rule": "median", "shards": 2}, FedMedian()),
         ("k", {"rule": "krum", "f": 2, "shards": 2}, Krum(num_malicious_clients=2)),
     ]:
-        gw = make_gw(node=node, fanout=2, pool=4)
-        made = _create(gw.url, gw.gw.secret, spec, job=node)
-        assert made.status_code == 201, made.text
-        tokens = made.json()["tokens"]
-        aggs = Aggregators(gw)
-        try:
-            aggs.spawn(1, endpoints=2)
-            aggs.wait_registered(2)
-            for c in CLIENTS:
-                _upload(gw.url, tokens[c], c, 1, ups[c], 10, job=node)
-            got = wait_version(gw.url, tokens["c1"], 1, job=node)
-        finally:
-            aggs.stop()
+        got = _one_round(make_gw(node=node, fanout=2, pool=4), spec, node, ups)
         want, _ = strategy.aggregate_fit(1, res, [])
         for k, w in zip(sorted(g), parameters_to_ndarrays(want), strict=True):
             np.testing.assert_array_equal(got[k], w)
@@ -243,18 +248,7 @@ def test_dp_fedavg_clips_on_the_path_and_adds_the_seeded_noise_of_the_configured
         ({"rule": "dp-fedavg", "clip": clip, "noise_multiplier": 0.0, "shards": 3}, "dp-exact"),
     ]:
         gw = make_gw(node=bucket.replace("-", ""), fanout=2, pool=4, **checkpoints_to(bucket))
-        made = _create(gw.url, gw.gw.secret, spec, job=bucket)
-        assert made.status_code == 201, made.text
-        tokens = made.json()["tokens"]
-        aggs = Aggregators(gw)
-        try:
-            aggs.spawn(1, endpoints=2)
-            aggs.wait_registered(2)
-            for c in CLIENTS:
-                _upload(gw.url, tokens[c], c, 1, ups[c], 10, job=bucket)
-            got = _flat(wait_version(gw.url, tokens["c1"], 1, job=bucket))
-        finally:
-            aggs.stop()
+        got = _flat(_one_round(gw, spec, bucket, ups))
         rule = RobustRule.from_json(spec)
         want = robust.reference(rule, flat, _flat(g), [10] * goal, expected=goal)
         assert gw.gw.checkpoints.flush(60)
