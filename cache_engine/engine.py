@@ -278,7 +278,8 @@ class CacheEngine:
         if any(v is None for v in held.values()):
             return None
         result = run_workload(p.query.workload, p.params, held, None)
-        self.stats["answered_here"] += 1
+        with self._lock:
+            self.stats["answered_here"] += 1
         return result
 
     def locations(self, ids: Iterable[str]) -> dict[str, list[str]]:

@@ -4,8 +4,8 @@ A job declares its evaluator in round 0's ``round_meta["evaluator"]`` (a small J
 code). Kinds:
 
 - ``function``: ``{"kind": "function", "function": "<name>", "parallel": 4}``: an OpenFaaS
-  function the job's owner deploys (``faas-cli deploy``; ``functions/digits-evaluator`` is the
-  demo's, and the example to start from). The cache function sends it a model as safetensors
+  function the job's owner deploys (``faas-cli deploy``; ``digits-evaluator``, in
+  ``functions/evaluator``, is the demo's, and the example to start from). The cache function sends it a model as safetensors
   (the job's tensors, names and shapes as the clients upload them) with the function token, and
   it answers ``{"utility": u, "metrics": {"loss": ..., "accuracy": ..., ...}}`` computed on the
   owner's validation data; up to ``parallel`` models are evaluated at once
@@ -18,7 +18,9 @@ code). Kinds:
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +36,8 @@ Layout = tuple[tuple[str, tuple[int, ...]], ...]
 #: where a cache function reaches the OpenFaaS gateway (the cache engine sets it at deploy)
 GATEWAY_ENV = "FEDFAAS_FLSTORE_GATEWAY_URL"
 MAX_PARALLEL = 32
+#: an OpenFaaS function name (a DNS label): nothing a URL path could climb out of
+FUNCTION_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class EvaluatorUnavailable(ValueError):
@@ -77,7 +81,8 @@ class FunctionEvaluator:
     gateway_url
         The OpenFaaS gateway, e.g. ``http://127.0.0.1:8080``.
     token
-        The function token (every FedFaaS function requires it).
+        The function token (every FedFaaS function requires it): a callable returning it, read
+        again on every call (the secret may be rotated).
     parallel
         Models evaluated at once by :meth:`map`.
     """
@@ -87,7 +92,7 @@ class FunctionEvaluator:
         function: str,
         layout: Layout,
         gateway_url: str,
-        token: str,
+        token: Callable[[], str],
         *,
         parallel: int = 4,
         timeout_s: float = 120.0,
@@ -100,9 +105,9 @@ class FunctionEvaluator:
         self.parallel = parallel
         self.calls = 0
         self._count = threading.Lock()
+        self._token = token
         self._http = httpx.Client(
             timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"},
             limits=httpx.Limits(max_keepalive_connections=parallel, max_connections=parallel),
         )
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix=f"eval-{function}")
@@ -133,7 +138,10 @@ class FunctionEvaluator:
             resp = self._http.post(
                 self.url,
                 content=self.encode(params),
-                headers={"Content-Type": "application/octet-stream"},
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Authorization": f"Bearer {self._token()}",
+                },
             )
         except httpx.HTTPError as exc:
             raise EvaluatorUnavailable(
@@ -153,6 +161,7 @@ class FunctionEvaluator:
         if (
             isinstance(utility, bool)
             or not isinstance(utility, int | float)
+            or not math.isfinite(utility)
             or not isinstance(metrics, dict)
             or not all(isinstance(v, int | float) for v in metrics.values())
         ):
@@ -248,11 +257,14 @@ def _build(spec_json: str, layout: Layout | None) -> Any:
 
 
 def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
-    from fedfaas.runtime.function_auth import token_path
+    from fedfaas.runtime.function_auth import FunctionToken, token_path
 
     name, parallel = spec.get("function"), spec.get("parallel", 4)
-    if not isinstance(name, str) or not name:
-        raise EvaluatorUnavailable("a function evaluator needs 'function': the function's name")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise EvaluatorUnavailable(
+            "a function evaluator needs 'function': the function's name (a-z, 0-9 and '-', "
+            f"as OpenFaaS names functions), not {name!r}"
+        )
     if (
         isinstance(parallel, bool)
         or not isinstance(parallel, int)
@@ -266,11 +278,14 @@ def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
         raise EvaluatorUnavailable(
             f"no OpenFaaS gateway to call {name!r} through ({GATEWAY_ENV} unset)"
         )
+    secret = FunctionToken(token_path())
     try:
-        token = token_path().read_text().strip()
+        secret.load()
     except OSError as exc:
         raise EvaluatorUnavailable(f"no function token to call {name!r} with: {exc}") from None
-    return FunctionEvaluator(name, layout, gateway, token, parallel=parallel)
+    return FunctionEvaluator(
+        name, layout, gateway, lambda: secret.load().decode(), parallel=parallel
+    )
 
 
 def build_evaluator(spec: dict[str, Any] | None, layout: Layout | None = None) -> Any:

@@ -364,7 +364,6 @@ class Coordinator:
             await self._open_round(job)
         except ControlPlaneError as exc:
             log.warning("job %s: round 1 not opened yet: %s", job.spec.name, exc.detail)
-            return
         await self._save(job)
 
     async def delete_job(self, name: str) -> None:
@@ -446,9 +445,10 @@ class Coordinator:
         """Open the job's next round; 409 while one is open or when all rounds are done."""
         async with self._lock:
             job = self.job(name)
-            rnd = await self._open_round(job)
-            await self._save(job)
-            return rnd
+            try:
+                return await self._open_round(job)
+            finally:  # a refusal may have stopped the job or recorded flags
+                await self._save(job)
 
     async def _open_round(self, job: JobState) -> RoundInfo:
         if job.current is not None and job.current.state in ("open", "aggregating"):
@@ -565,9 +565,12 @@ class Coordinator:
                 "job %s round %d: no %s answer, no new flags: %s", spec.name, number, workload, exc
             )
             return str(exc)
-        known = set(spec.clients)
+        known, kept = set(spec.clients), []
         for c in flagged:
             if c in known and c not in job.flagged:
+                if len(job.selectable()) <= spec.goal:  # never fewer than the goal
+                    kept.append(c)
+                    continue
                 job.flagged[c] = {"flagged_in": number - 1, "workload": workload}
                 log.warning(
                     "job %s: FLStore's %s flagged %s in round %d; dropped from round %d on",
@@ -577,6 +580,11 @@ class Coordinator:
                     number - 1,
                     number,
                 )
+        if kept:
+            return (
+                f"{workload} flagged {', '.join(kept)} in round {number - 1}, kept: dropping "
+                f"them would leave fewer than the goal of {spec.goal} clients"
+            )
         return ""
 
     async def _select(self, job: JobState) -> Selection | None:
@@ -1228,7 +1236,9 @@ def privacy_view(job: JobState) -> dict[str, Any] | None:
         "clip": p["clip"],
         "delta": p["delta"],
         "budget": p.get("epsilon"),
-        "epsilon": p.get("spent", 0.0),  # spent by the rounds opened so far
+        # spent by the rounds opened so far; without noise (z = 0) there is no bound: None
+        "epsilon": spent if math.isfinite(spent := float(p.get("spent", 0.0))) else None,
+        "unbounded": not math.isfinite(spent),
         "rounds": len(job.privacy_rates),
         "sampling_rates": sorted(set(job.privacy_rates)),
         "accountant": "dp-accounting RDP, Poisson-sampled Gaussian per round",

@@ -110,6 +110,12 @@ class JobSpec:
                 raise InvalidInput("drop_flagged takes workload and params (an object) only")
             if "round" in d.get("params", {}):
                 raise InvalidInput("drop_flagged: params leave out round (each ended round)")
+            from fedfaas.workloads import WorkloadError, get
+
+            try:  # the workload's own check, as FLStore makes it on each query
+                get(d["workload"]).parse({**d.get("params", {}), "round": 1})
+            except WorkloadError as exc:
+                raise InvalidInput(f"drop_flagged: {exc}") from None
 
 
 @dataclass

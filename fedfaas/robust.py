@@ -27,8 +27,10 @@ from, ``d_i = u_i - g``, ``n`` updates, ``s_i`` their sample counts):
   ``goal`` updates this is Flower's ``DifferentialPrivacyServerSideFixedClipping`` around
   FedAvg (its noise std ``z C / goal`` on the average). ``delta`` and ``epsilon`` (the budget)
   are the control plane's: it accounts each round (:mod:`fedfaas.privacy`). ``seed`` makes
-  the noise reproducible and is recorded in ``meta.json`` (tests, audits); without it each
-  round's generator is seeded from the OS's entropy and the seed is not recorded.
+  the noise reproducible and is recorded in ``meta.json`` (tests, audits): anyone reading it
+  could take the noise out again, so a job with a budget (``epsilon``) may not set one;
+  without it each round's generator is seeded from the OS's entropy and recorded nowhere.
+  ``meta.json`` says how many updates were clipped, never a client's norm.
 
 Median and trimmed mean need every update's slice of a coordinate range and nothing else, so a
 shard computes its range of the result alone (:func:`reduce_order`). Krum, Multi-Krum, FLTrust
@@ -225,6 +227,11 @@ def _dp_params(raw: Mapping[str, Any]) -> dict[str, Any]:
         isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 128
     ):
         raise RuleError(f"dp-fedavg: seed must be an integer in [0, 2^128), got {seed!r}")
+    if seed is not None and eps is not None:
+        raise RuleError(
+            "dp-fedavg: a seed makes the noise reproducible from meta.json (tests, audits), "
+            "which no privacy budget survives: set epsilon or seed, not both"
+        )
     return {"clip": clip, "noise_multiplier": z, "delta": delta, "epsilon": eps, "seed": seed}
 
 

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.jobs import CLIENT_ID
 from gateway.plan import TOP, Plan, Slot
 
 
@@ -79,7 +80,8 @@ def plan_from_json(
             raise PlanInvalid(f"client_nodes: client {c!r} on unknown node {n!r}")
     excluded = data.get("excluded") or {}
     if not isinstance(excluded, dict) or not all(
-        isinstance(c, str) and isinstance(why, dict) for c, why in excluded.items()
+        isinstance(c, str) and CLIENT_ID.match(c) and isinstance(why, dict)
+        for c, why in excluded.items()
     ):
         raise PlanInvalid('excluded must map client ids to why: {"c7": {"flagged_in": 2, ...}}')
     try:

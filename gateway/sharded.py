@@ -20,8 +20,8 @@ Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a sha
 function of its inputs, so one whose endpoint disconnects, or that stays silent past the stall
 limit, is sent again (to any free endpoint) and writes the same bytes. What was decided (the
 rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores, DP-FedAvg's
-norms, clipped clients, denominator, noise std and, when the job fixed one, its seed) goes into
-the round's ``meta.json`` under ``aggregation``.
+count of clipped updates, denominator, noise std and, when the job fixed one, its seed) goes
+into the round's ``meta.json`` under ``aggregation``.
 
 Across nodes: a job with one of these rules runs on one node (the gateway refuses more; the
 control plane places all its clients on its root), so each update crosses the network once, from
@@ -329,9 +329,8 @@ def _named(detail: dict[str, Any], clients: list[str | None]) -> dict[str, Any]:
     """Krum's, FLTrust's and DP-FedAvg's per-input figures keyed by client name, for
     ``meta.json``."""
     out: dict[str, Any] = {}
-    if "norms" in detail:
-        out["norms"] = dict(zip(clients, detail["norms"], strict=True))
-        out["clipped"] = [clients[i] for i in detail["clipped"]]
+    if "norms" in detail:  # DP: how many were clipped, never whose norm was what
+        out["clipped"] = len(detail["clipped"])
         out["denominator"] = detail["denominator"]
         out["noise_std"] = detail["noise_std"]
     if "scores" in detail:

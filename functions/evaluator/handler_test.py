@@ -60,7 +60,14 @@ class _Answers(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize(
-    "reply", [b'{"metrics": {}}', b'{"utility": "high"}', b"[1]", b'{"utility": 1, "metrics": 3}']
+    "reply",
+    [
+        b'{"metrics": {}}',
+        b'{"utility": "high"}',
+        b"[1]",
+        b'{"utility": 1, "metrics": 3}',
+        b'{"utility": NaN, "metrics": {}}',
+    ],
 )
 def test_an_answer_outside_the_contract_is_an_error_naming_it(reply):
     _Answers.reply = reply
@@ -69,7 +76,7 @@ def test_an_answer_outside_the_contract_is_an_error_naming_it(reply):
     try:
         weights = model_to_bytes(make_model(0, "softmax"))
         ev = FunctionEvaluator(
-            "bad", layout_of(weights), f"http://127.0.0.1:{server.server_port}", "t"
+            "bad", layout_of(weights), f"http://127.0.0.1:{server.server_port}", lambda: "t"
         )
         with pytest.raises(EvaluatorUnavailable, match='must answer {"utility"'):
             ev(np.zeros(650, np.float32))
@@ -82,7 +89,7 @@ def test_an_answer_outside_the_contract_is_an_error_naming_it(reply):
 
 def test_a_flat_vector_goes_out_as_the_jobs_tensors():
     weights = model_to_bytes(make_model(0, "cnn"))
-    ev = FunctionEvaluator("f", layout_of(weights), "http://127.0.0.1:1", "t")
+    ev = FunctionEvaluator("f", layout_of(weights), "http://127.0.0.1:1", lambda: "t")
     from safetensors.numpy import load
 
     tensors = load(weights)
@@ -92,3 +99,12 @@ def test_a_flat_vector_goes_out_as_the_jobs_tensors():
     for k in tensors:
         np.testing.assert_array_equal(back[k], tensors[k])
     assert json.loads(json.dumps(ev.layout)) is not None
+
+
+@pytest.mark.parametrize("name", ["../system/functions", "Evaluator", "", "a/b"])
+def test_an_evaluator_spec_names_a_function_nothing_else(name):
+    from cache_engine.evaluators import build_evaluator
+
+    weights = model_to_bytes(make_model(0, "softmax"))
+    with pytest.raises(EvaluatorUnavailable, match="the function's name"):
+        build_evaluator({"kind": "function", "function": name}, layout_of(weights))

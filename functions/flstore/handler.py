@@ -166,7 +166,7 @@ def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
                 continue
         data = _cold(k.job, grants).get_bytes(k)  # outside the lock: other requests keep running
         value = decode_object(k, data)
-        if k.kind != "meta" and k.job not in _layouts:
+        if k.kind != "meta":  # the newest model wins: a job created again may change it
             _layouts[k.job] = layout_of(data)
         if isinstance(value, np.ndarray):
             value.setflags(write=False)  # sealed: what the Gram memo relies on

@@ -188,3 +188,55 @@ def test_a_tracker_that_fails_leaves_the_round_random_with_its_error() -> None:
     rnd = job.current
     assert rnd is not None and rnd.selected_by == "random"
     assert rnd.selection_note == "tracker answered 422 missing_data: no duration_s"
+
+
+def _dropping_job(completed: int, goal: int = 3) -> JobState:
+    spec = JobSpec(
+        "j",
+        9,
+        goal,
+        list(POOL),
+        overprovision=1.0,
+        drop_flagged={"workload": "multi-krum", "params": {"f": 2}},
+    )
+    return JobState(spec, completed=completed, root="n1")
+
+
+def test_flagged_clients_leave_later_rounds_but_never_below_the_goal() -> None:
+    """The debugging loop's logic (scripted tracker answers; the real loop is the platform
+    test ``test_a_job_drops_the_clients_flstore_flagged_before_aggregating_the_next_round``):
+    the ended round's flags are asked with the job's params, the flagged leave the pool and
+    the round's plan names them, an unknown id is ignored, the pool never shrinks below the
+    goal (the round's note says who was kept), and no answer keeps the flags so far."""
+    asked: list[dict] = []
+    flags = {1: ["c2", "c5", "ghost"], 2: ["c0", "c1", "c3", "c4"], 3: None}
+
+    def answers(q: dict) -> httpx.Response:
+        asked.append({"workload": q["workload"], **q["params"]})
+        got = flags[q["params"]["round"]]
+        if got is None:
+            return httpx.Response(503, json={"error": "unavailable", "detail": "down"})
+        return httpx.Response(200, json={"result": {"flagged": got}})
+
+    coord = Coordinator({"n1": "http://n1"}, store=MemoryStore(), scheduler=scheduler(answers))
+    job = _dropping_job(1)
+    coord.jobs["j"] = job
+    _open(coord, job)
+    rnd = job.current
+    assert rnd is not None and asked == [{"workload": "multi-krum", "f": 2, "round": 1}]
+    assert set(job.flagged) == {"c2", "c5"} and rnd.drop_note == ""
+    assert rnd.excluded == {c: {"flagged_in": 1, "workload": "multi-krum"} for c in ("c2", "c5")}
+    assert not {"c2", "c5"} & set(rnd.selected) and len(rnd.selected) == 3
+    job.current, job.completed = None, 2
+    _open(coord, job)  # 6 selectable, goal 3: three of the four flagged go, one is kept
+    rnd = job.current
+    assert rnd is not None and len(job.selectable()) == 3 and len(job.flagged) == 5
+    assert "kept" in rnd.drop_note and "fewer than the goal of 3" in rnd.drop_note
+    job.current, job.completed = None, 3
+    _open(coord, job)  # the tracker is down: the flags so far stay
+    rnd = job.current
+    assert rnd is not None and len(job.flagged) == 5 and "503 unavailable" in rnd.drop_note
+    assert set(rnd.selected) == set(job.selectable())
+    back = job_from_json(job_to_json(job))  # the control plane's restart keeps them
+    assert back.flagged == job.flagged and back.current is not None
+    assert back.current.excluded == rnd.excluded

@@ -229,7 +229,8 @@ def test_dp_fedavg_clips_on_the_path_and_adds_the_seeded_noise_of_the_configured
     make_gw, minio_server, checkpoints_to
 ) -> None:  # type: ignore[no-untyped-def]
     """Issue 15, item 3 on a real gateway and endpoints: the Gram pass gives the norms, the
-    two poisoned updates are clipped, the published model is ``g + (sum of clipped deltas +
+    two poisoned updates are clipped (meta.json counts them, naming no client's norm), the
+    published model is ``g + (sum of clipped deltas +
     noise) / goal`` with the noise of std ``z C / goal`` drawn from the seed ``meta.json``
     records (regenerated here bit for bit), and the same uploads without noise equal Flower's
     ``DifferentialPrivacyServerSideFixedClipping`` around FedAvg."""
@@ -260,13 +261,12 @@ def test_dp_fedavg_clips_on_the_path_and_adds_the_seeded_noise_of_the_configured
             c: float(np.linalg.norm(f.astype(np.float64) - _flat(g)))
             for c, f in zip(CLIENTS, flat, strict=True)
         }
-        assert agg["clipped"] == sorted(c for c in CLIENTS if norms[c] > clip)
-        assert set(agg["clipped"]) >= BAD
+        clipped = sorted(c for c in CLIENTS if norms[c] > clip)
+        assert set(clipped) >= BAD and agg["clipped"] == len(clipped)  # a count, not who
+        assert "norms" not in agg and "scores" not in agg
         assert agg["denominator"] == goal and agg["noise_std"] == pytest.approx(
             rule.noise_multiplier * clip / goal
         )
-        for c in CLIENTS:
-            assert agg["norms"][c] == pytest.approx(norms[c], rel=1e-6)
         if rule.noise_multiplier:
             # the noise: its std, and exactly the draws of the recorded seed, shard by shard
             noise = got.astype(np.float64) - want

@@ -155,6 +155,10 @@ def test_the_accountant_grows_with_rounds_and_has_no_bound_without_noise():
         ({"rule": "dp-fedavg", "clip": "1", "noise_multiplier": 1}, "finite number"),
         ({"rule": "dp-fedavg", "clip": 1, "noise_multiplier": 1, "seed": -1}, "seed"),
         ({"rule": "dp-fedavg", "clip": 1, "noise_multiplier": 1, "f": 1}, "not f"),
+        (
+            {"rule": "dp-fedavg", "clip": 1, "noise_multiplier": 1, "epsilon": 8, "seed": 1},
+            "not both",
+        ),
     ],
 )
 def test_bad_dp_specs_say_what_to_change(spec, says):
@@ -173,7 +177,9 @@ def test_a_dp_spec_round_trips_with_its_defaults():
         "noise_multiplier": 1.0,
         "delta": 1e-6,
         "epsilon": 4.0,
-        "seed": 9,
         "shards": 3,
     }
     assert RobustRule.from_json(full).to_json() == full
+    seeded = {**full, "seed": 9}
+    del seeded["epsilon"]
+    assert RobustRule.from_json(seeded).to_json() == seeded
