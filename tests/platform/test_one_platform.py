@@ -799,70 +799,85 @@ def _meta_json(p: Platform, job: str, rnd: int) -> dict[str, Any]:
 def test_a_job_drops_the_clients_flstore_flagged_before_aggregating_the_next_round(
     platform: Platform,
 ) -> None:
-    """Issue 15, item 4, the debugging loop closed on the user's platform: a FedAvg job
-    created with ``drop_flagged`` (FLStore's Multi-Krum) has the control plane ask the request
-    tracker after round 1 which client the cache function flags; round 2 leaves it out (not
-    selected; an upload from it is refused 403 ``client_excluded``), aggregates the other five
-    only (exactly their FedAvg), and its ``meta.json`` records the decision."""
+    """Issue 15, item 4, the debugging loop closed on the user's platform: a FedAvg job of 6
+    clients, 5 a round, created with ``drop_flagged`` (FLStore's Multi-Krum) has the control
+    plane ask the request tracker after round 1 which client the cache function flags: the
+    one that sent a sign-flipped update. Round 2 leaves it out (not selected; an upload from
+    it is refused 403 ``client_excluded``), aggregates the other five only (exactly their
+    FedAvg), and its ``meta.json`` records the decision."""
     from client.sdk import UpdateRejected, submit_job
 
     p = platform
+    cp = p.urls["control_plane"]
     clients = [f"f{i}" for i in range(6)]
     w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     made = submit_job(
-        p.urls["control_plane"],
+        cp,
         "flagged",
         save(w0),
         rounds=2,
+        goal=5,
         clients=clients,
         overprovision=1.0,
         drop_flagged={"workload": "multi-krum", "params": {"f": 1}},
         admin_token=p.admin_secret,
     )
     p.tokens["flagged"] = made["tokens"]
+
+    def assignment(c: str) -> httpx.Response:
+        return httpx.get(
+            f"{cp}/v1/jobs/flagged/assignment",
+            params={"client": c},
+            headers={"Authorization": f"Bearer {p.tokens['flagged'][c]}"},
+            timeout=10,
+        )
+
     rng = np.random.default_rng(16)
     g = {k: v.astype(np.float64) for k, v in w0.items()}
+    bad = ""
     for rnd in (1, 2):
         p.wait_open("flagged", rnd)
-        view = httpx.get(
-            f"{p.urls['control_plane']}/v1/jobs/flagged", headers=p.admin, timeout=10
-        ).json()
-        ups, weights = [], []
+        view = httpx.get(f"{cp}/v1/jobs/flagged", headers=p.admin, timeout=10).json()
+        chosen = {}  # every assignment first: the last upload lets the next round open
         for c in clients:
-            delta = {k: 0.1 + 0.02 * rng.standard_normal(s) for k, s in SHAPES.items()}
-            sign = -100.0 if c == "f3" else 1.0
-            u = {k: (g[k] + sign * delta[k]).astype(np.float32) for k in SHAPES}
-            if rnd == 2 and c == "f3":
-                a = httpx.get(
-                    f"{p.urls['control_plane']}/v1/jobs/flagged/assignment",
-                    params={"client": c},
-                    headers={"Authorization": f"Bearer {p.tokens['flagged'][c]}"},
-                    timeout=10,
-                )
-                assert (a.status_code, a.json()["error"]) == (409, "client_not_selected")
-                with p.root_client("flagged", c) as fl, pytest.raises(UpdateRejected) as no:
-                    fl.upload(rnd, save(u), 5)
-                assert (no.value.status, no.value.error) == (403, "client_excluded")
-                assert "multi-krum flagged it in round 1" in no.value.detail
+            a = assignment(c)
+            if a.status_code == 409:
+                assert a.json()["error"] == "client_not_selected", a.text
                 continue
-            with p.client("flagged", c) as fl:
+            assert a.status_code == 200, a.text
+            chosen[c] = a.json()["gateway_url"]
+        assert len(chosen) == 5
+        bad = bad or sorted(chosen)[0]  # round 1's first selected client is the attacker
+        if rnd == 2:  # dropped before aggregation: not selected, its upload refused
+            assert bad not in chosen
+            with p.root_client("flagged", bad) as fl, pytest.raises(UpdateRejected) as no:
+                fl.wait_for_version(1, timeout=120)
+                fl.upload(rnd, save(w0), 5)
+            assert (no.value.status, no.value.error) == (403, "client_excluded")
+            assert "multi-krum flagged it in round 1" in no.value.detail
+        ups, weights = [], []
+        for c in sorted(chosen):
+            delta = {k: 0.1 + 0.02 * rng.standard_normal(s) for k, s in SHAPES.items()}
+            sign = -100.0 if c == bad else 1.0
+            u = {k: (g[k] + sign * delta[k]).astype(np.float32) for k in SHAPES}
+            with FLClient(chosen[c], "flagged", c, p.tokens["flagged"][c]) as fl:
                 fl.wait_for_version(rnd - 1, timeout=120)
                 fl.upload(rnd, save(u), 5)
             ups.append(u)
             weights.append(5)
-        with p.root_client("flagged", "f0") as fl:
+        with p.root_client("flagged", sorted(chosen)[-1]) as fl:
             got = load(fl.wait_for_version(rnd, timeout=120).data)
         for k in SHAPES:
             want = fedavg.fedavg_reference([u[k] for u in ups], weights)
             assert fedavg.rel_error(got[k], want) <= 1e-6, k
         if rnd == 2:
-            assert view["round"]["excluded"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
-            assert view["round"]["selected"] == 5 and view["round"]["drop_note"] == ""
-            assert view["flagged"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
+            why = {bad: {"flagged_in": 1, "workload": "multi-krum"}}
+            assert view["round"]["excluded"] == why and view["flagged"] == why
+            assert view["round"]["drop_note"] == ""
         g = {k: got[k].astype(np.float64) for k in SHAPES}
     meta = _meta_json(p, "flagged", 2)
-    assert meta["excluded"] == {"f3": {"flagged_in": 1, "workload": "multi-krum"}}
-    assert set(meta["clients"]) == set(clients) - {"f3"} and meta["count"] == 5
+    assert meta["excluded"] == {bad: {"flagged_in": 1, "workload": "multi-krum"}}
+    assert set(meta["clients"]) == set(clients) - {bad} and meta["count"] == 5
     assert "excluded" not in _meta_json(p, "flagged", 1)
 
 
