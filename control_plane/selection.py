@@ -21,7 +21,8 @@ malicious-client workload, ``multi-krum`` or ``cosine-to-aggregate``, and its pa
 the control plane ask, before each round from round 2, which clients that workload flags in
 the round just ended (:meth:`OortScheduler.flagged`); those clients are dropped from the job's
 later rounds before aggregation (the coordinator keeps them out of the selection and the
-gateways refuse their uploads; each round's ``meta.json`` names them under ``excluded``).
+gateways refuse their uploads; each round's ``meta.json`` names them under ``excluded``),
+though never so many that fewer than the job's goal stay selectable.
 """
 
 from __future__ import annotations
