@@ -196,8 +196,9 @@ class CacheEngine:
             self.redis.hset(EVALUATORS, job, json.dumps(spec))
         with self._lock:
             self.catalog.add_round(job, rnd, clients)
-            self.metas[ObjectKey(job, rnd, "meta")] = m
-            self.metas.move_to_end(ObjectKey(job, rnd, "meta"))
+            key = ObjectKey(job, rnd, "meta")
+            self.metas[key] = m
+            self.metas.move_to_end(key)
             while len(self.metas) > META_ROUNDS:
                 self.metas.popitem(last=False)
             pipe = self.redis.pipeline(transaction=False)

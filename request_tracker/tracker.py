@@ -168,7 +168,9 @@ class Tracker:
                 raise TrackerError(r.status_code, err)
             plan = r.json()
             if "result" in plan:  # a metadata query the engine answered from what it holds
-                return await self._answered(qid, body, plan, t0, tried)
+                return await self._done(
+                    qid, body, plan, t0, tried, plan["result"], None, None, recorded=False
+                )
             if not recorded:
                 await self._record(
                     qid,
@@ -212,29 +214,9 @@ class Tracker:
                 if resp.status_code == 200:
                     out = resp.json()
                     step["outcome"] = "ok"
-                    latency = time.perf_counter() - t0
-                    self.latencies.append(latency)
-                    self.stats["completed"] += 1
-                    self.stats["hits" if plan["hit"] else "misses"] += 1
-                    done = {
-                        "status": "done",
-                        "result": out["result"],
-                        "tried": tried,
-                        "function": fn,
-                        "latency_s": latency,
-                        "compute_s": out.get("compute_s"),
-                        "engine_s": plan.get("engine_s"),
-                        "loaded": plan.get("loaded"),
-                    }
-                    await self._record(qid, **done)
-                    return {
-                        "id": qid,
-                        "workload": plan["workload"],
-                        "job": str(body.get("job")),
-                        "query": body,
-                        "hit": plan["hit"],
-                        **done,
-                    }
+                    return await self._done(
+                        qid, body, plan, t0, tried, out["result"], fn, out.get("compute_s")
+                    )
                 err = _body(resp)
                 step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
                 if resp.status_code == 409 and err.get("error") == "not_held":
@@ -269,46 +251,42 @@ class Tracker:
             },
         )
 
-    async def _answered(
+    async def _done(
         self,
         qid: str,
         body: dict[str, Any],
         plan: dict[str, Any],
         t0: float,
         tried: list[dict[str, Any]],
+        result: Any,
+        function: str | None,
+        compute_s: float | None,
+        *,
+        recorded: bool = True,
     ) -> dict[str, Any]:
-        """The finished record of a query the cache engine answered itself (one write)."""
+        """Count a finished query, write its record and return the answer. ``function`` is
+        the cache function that answered (None: the engine answered from what it holds, and
+        nothing was recorded yet: the record is written whole, in one write)."""
         latency = time.perf_counter() - t0
         self.latencies.append(latency)
         self.stats["completed"] += 1
-        self.stats["hits"] += 1
+        self.stats["hits" if plan["hit"] else "misses"] += 1
         done = {
             "status": "done",
-            "result": plan["result"],
+            "result": result,
             "tried": tried,
-            "function": None,  # the engine answered: no cache function was called
+            "function": function,
             "latency_s": latency,
-            "compute_s": None,
+            "compute_s": compute_s,
             "engine_s": plan.get("engine_s"),
-            "loaded": 0,
+            "loaded": plan.get("loaded", 0),
         }
-        await self._record(
-            qid,
-            workload=plan["workload"],
-            job=str(body.get("job")),
-            query=body,
-            created=time.time(),
-            hit=True,
-            **done,
-        )
-        return {
-            "id": qid,
-            "workload": plan["workload"],
-            "job": str(body.get("job")),
-            "query": body,
-            "hit": True,
-            **done,
-        }
+        head = {"workload": plan["workload"], "job": str(body.get("job")), "query": body}
+        if recorded:
+            await self._record(qid, **done)
+        else:
+            await self._record(qid, **head, created=time.time(), hit=plan["hit"], **done)
+        return {"id": qid, **head, "hit": plan["hit"], **done}
 
     async def _engine(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """``POST`` to the cache engine; a refused or broken connection (the engine restarting

@@ -18,7 +18,7 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
   held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators; a
   ``function`` evaluator gets the models as safetensors of the job's tensors, whose names and
-  shapes this function keeps from the first model of the job it loads).
+  shapes this function keeps from the newest model of the job it loaded).
 
 Environment (no secret): ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
 ``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long),
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 _ENV = "FEDFAAS_FLSTORE_"
 _lock = threading.RLock()
 _objects: dict[ObjectKey, Any] = {}
-# each job's tensors (names and shapes, sorted), from the first of its models loaded here
+# each job's tensors (names and shapes, sorted), from the newest of its models loaded here
 _layouts: dict[str, Layout] = {}
 _store: ColdStore | None = None
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
