@@ -915,7 +915,7 @@ def test_a_dp_job_from_the_sdk_is_noised_accounted_and_stopped_at_its_budget(
     noise = []
     for rnd in (1, 2):
         p.wait_open("private", rnd)
-        flat = []
+        chosen = {}  # every assignment first: the last upload lets the next round open
         for c in clients:
             a = httpx.get(
                 f"{p.urls['control_plane']}/v1/jobs/private/assignment",
@@ -923,15 +923,20 @@ def test_a_dp_job_from_the_sdk_is_noised_accounted_and_stopped_at_its_budget(
                 headers={"Authorization": f"Bearer {p.tokens['private'][c]}"},
                 timeout=10,
             )
-            if a.status_code != 200:
-                continue
+            if a.status_code == 200:
+                assert a.json()["round"] == rnd, a.text
+                chosen[c] = a.json()["gateway_url"]
+        assert len(chosen) == goal
+        flat = []
+        for c, url in chosen.items():
             u = make_update(rnd * 100 + int(c[1:]))  # norm ~ 45: every delta is clipped
-            with FLClient(a.json()["gateway_url"], "private", c, p.tokens["private"][c]) as fl:
+            with FLClient(url, "private", c, p.tokens["private"][c]) as fl:
                 fl.wait_for_version(rnd - 1, timeout=120)
                 fl.upload(rnd, save(u), 10)
             flat.append(np.concatenate([u[k].ravel() for k in sorted(SHAPES)]))
-        assert len(flat) == goal
-        with p.root_client("private", clients[0]) as fl:
+        # the job lives on its root node alone, where its clients upload (node0 or node1)
+        c, root = next(iter(chosen.items()))
+        with FLClient(root, "private", c, p.tokens["private"][c]) as fl:
             got = load(fl.wait_for_version(rnd, timeout=120).data)
         have = np.concatenate([got[k].ravel() for k in sorted(SHAPES)])
         rule = robust.RobustRule.from_json(spec)
