@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -75,7 +76,29 @@ STATS = (
     "prefetched",
     "replicated",
     "answered_here",
+    "objects_handed_off",
 )
+#: rounds whose handoff (where a gateway lends their updates) the engine remembers
+HANDOFF_ROUNDS = 256
+_TICKET = re.compile(r"^[0-9a-f]{32}$")
+
+
+def handoff_problem(h: Any) -> str | None:
+    """What is wrong with a round's ``handoff`` (None: nothing): ``{"socket": absolute path
+    of the gateway's handoff socket, "ticket": 32 hex characters, "node": the gateway's
+    node}`` (:mod:`fedfaas.objstore.handoff`)."""
+    if not isinstance(h, dict):
+        return "'handoff' must be an object {socket, ticket, node}"
+    sock, ticket, node = h.get("socket"), h.get("ticket"), h.get("node")
+    if not isinstance(sock, str) or not sock.startswith("/") or len(sock) > 4096:
+        return "'handoff.socket' must be an absolute path"
+    if not isinstance(ticket, str) or not _TICKET.match(ticket):
+        return "'handoff.ticket' must be 32 lower-case hex characters"
+    if not isinstance(node, str) or not node:
+        return "'handoff.node' must name the gateway's node"
+    if set(h) - {"socket", "ticket", "node"}:
+        return f"'handoff' has unknown fields {sorted(set(h) - {'socket', 'ticket', 'node'})}"
+    return None
 
 
 class NoCapacity(EngineError):
@@ -133,6 +156,8 @@ class CacheEngine:
         self.evaluators: dict[str, dict[str, Any]] = {}
         #: the newest ingested rounds' metadata (the ``meta`` objects), for metadata queries
         self.metas: OrderedDict[ObjectKey, dict[str, Any]] = OrderedDict()
+        #: (job, round) -> where its root gateway lends its updates (newest HANDOFF_ROUNDS)
+        self.handoffs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self.stats: Counter[str] = Counter(dict.fromkeys(STATS, 0))
         self._lock = threading.RLock()
         self._inflight: dict[ObjectKey, threading.Event] = {}
@@ -176,8 +201,12 @@ class CacheEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- ingestion ------------------------------------------------------------------------
-    def ingest(self, job: str, rnd: int) -> dict[str, Any]:
-        """Round ``rnd`` of ``job`` is in the cold store: record it and cache its hot data."""
+    def ingest(self, job: str, rnd: int, handoff: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Round ``rnd`` of ``job`` is in the cold store: record it and cache its hot data.
+
+        ``handoff`` (see :func:`handoff_problem`): the round's updates are also lent by the
+        root gateway's store; loads of them pass it on, and a cache function on that node maps
+        them in place instead of reading MinIO (one on another node reads MinIO)."""
         try:
             m = self.cold.round_meta(job, rnd)
         except ObjectMissing:
@@ -190,6 +219,11 @@ class CacheEngine:
         # the update objects actually stored are the truth (a writer may list clients in
         # meta.json without storing their updates)
         clients = self.cold.client_ids(job, rnd)
+        if handoff:
+            with self._lock:
+                self.handoffs[(job, rnd)] = handoff
+                while len(self.handoffs) > HANDOFF_ROUNDS:
+                    self.handoffs.popitem(last=False)
         spec = (m.get("round_meta") or {}).get("evaluator")
         if isinstance(spec, dict):
             self.evaluators[job] = spec
@@ -425,7 +459,12 @@ class CacheEngine:
         t0 = time.perf_counter()
         # the function has no MinIO user: each load brings read credentials for its jobs only
         grants = self.cold.job_credentials({k.job for k in keys})
-        load = {"objects": [k.id for k in keys], "credentials": grants}
+        load: dict[str, Any] = {"objects": [k.id for k in keys], "credentials": grants}
+        with self._lock:
+            lent = {(k.job, k.round) for k in keys if k.kind == "update"}
+            offers = [self.handoffs[r] for r in sorted(lent) if r in self.handoffs]
+        if offers:
+            load["handoff"] = offers
         r = self._invoke(fn, "/load", load, timeout=self.s.call_timeout)
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
         if r.status_code == 404 and body.get("error") == "object_missing":
@@ -448,6 +487,7 @@ class CacheEngine:
             self.stats["evicted_while_loading"] += len(gone)
             self._evict_later({fn: gone})
         self.stats["objects_loaded"] += len(keys)
+        self.stats["objects_handed_off"] += len(body.get("mapped") or ())
         self.stats["load_seconds_x1000"] += int(1000 * (time.perf_counter() - t0))
 
     def _size(self, key: ObjectKey) -> int:

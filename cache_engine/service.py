@@ -16,9 +16,10 @@ from typing import Any
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.engine import CacheEngine
+from cache_engine.engine import CacheEngine, handoff_problem
 from cache_engine.errors import EngineError
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import Authenticator, Scope, install, private_app, require
@@ -112,9 +113,20 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         return eng(request).describe()
 
     @app.post("/v1/jobs/{job}/rounds/{rnd}/complete", dependencies=service)
-    def complete(job: str, rnd: int, request: Request) -> dict[str, Any]:
-        """A round is written to the cold store: ingest it."""
-        return eng(request).ingest(job, rnd)
+    async def complete(job: str, rnd: int, request: Request) -> Any:
+        """A round is written to the cold store: ingest it. An optional JSON body
+        ``{"handoff": {"socket", "ticket", "node"}}`` (from the job's root gateway) says where
+        this node's cache functions may claim the round's updates in place."""
+        handoff = None
+        if await request.body():
+            body = await _json(request)
+            if isinstance(body, JSONResponse):
+                return body
+            handoff = body.get("handoff")
+            problem = handoff_problem(handoff)
+            if problem:
+                return _error(400, {"error": "bad_handoff", "detail": problem})
+        return await run_in_threadpool(eng(request).ingest, job, rnd, handoff)
 
     @app.post("/v1/plan", dependencies=service)
     async def plan_(request: Request) -> Any:

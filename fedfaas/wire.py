@@ -3,10 +3,12 @@
 A job's :class:`ModelSpec` (tensor names, shapes, wire dtypes, in one canonical order: sorted by
 name) is fixed from its initial weights. Every store object of the job has the same layout::
 
-    [ 64-byte header | tensor 0 (float32) | pad | tensor 1 (float32) | pad | ... ]
+    [ 64-byte header | tensor 0 (float32) | tensor 1 (float32) | ... | zero pad to 64 bytes ]
 
-with each tensor at a 64-byte-aligned offset and zero padding between them, so aggregation is
-one flat vector operation over the data region (padding stays zero under any weighted sum).
+with the tensors back to back from the 64-byte-aligned data offset, so aggregation is one flat
+vector operation over the data region (the final padding stays zero under any weighted sum), and
+the first ``numel`` floats of the data region are the model's flat vector in sorted-name order:
+what FLStore's cache functions hold, so they can map an update in place (``gateway/handoff``).
 Whatever the wire dtype (F16, BF16, F64, integers), the store holds float32; :func:`encode`
 casts back to the wire dtypes for ``GET model``.
 
@@ -34,7 +36,7 @@ from fedfaas.parallel import run_all
 ALIGN = 64
 HEADER_SIZE = 64
 MAGIC = b"FFW1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1 padded each tensor to 64 bytes
 DEFAULT_MAX_HEADER = 1 << 20
 SCRATCH_BYTES = 1 << 20
 
@@ -156,11 +158,11 @@ class ModelSpec:
                     f"tensor {name!r}: dtype {dtype} not supported ({sorted(DTYPES)})"
                 )
             spec = TensorSpec(name, dtype, tuple(int(d) for d in shape), off)
-            off = _align(off + spec.numel * 4)
+            off += spec.numel * 4
             out.append(spec)
         canon = json.dumps([[t.name, t.dtype, list(t.shape)] for t in out], separators=(",", ":"))
         digest = hashlib.sha256(canon.encode()).digest()[:16]
-        return cls(tuple(out), off, digest)
+        return cls(tuple(out), _align(off), digest)
 
     @classmethod
     def from_safetensors(
@@ -285,7 +287,8 @@ def read_header(buf: memoryview | bytes | bytearray) -> ObjectHeader:
 
 
 def flat_view(buf: memoryview | bytearray, spec: ModelSpec) -> np.ndarray:
-    """The data region of an object as one float32 vector (no copy; padding included, zero)."""
+    """The data region of an object as one float32 vector (no copy; the final padding included,
+    zero)."""
     return np.frombuffer(buf, dtype=np.float32, count=spec.data_nbytes // 4, offset=HEADER_SIZE)
 
 

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -24,6 +25,8 @@ from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace, check_root
+from fedfaas.objstore.handoff import HandoffServer
+from fedfaas.objstore.root import private_dir
 from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
 from fedfaas.robust import RobustRule
 from fedfaas.server_opt import (
@@ -93,6 +96,9 @@ class Gateway:
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
         self.engine_headers: dict[str, str] = {}
+        #: lends published rounds' updates to this node's cache functions (``handoff_ttl_s``)
+        self.handoff: HandoffServer | None = None
+        self._made_dirs: list[Path] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Gateway:
@@ -117,6 +123,12 @@ class Gateway:
         self.metrics.registry.register(bpf.prometheus_collector(self.router))
         self._app = build_app(self)
         self.checkpoints = self._checkpoint_writer()
+        if s.engine_url and self.checkpoints is not None and s.handoff_ttl_s > 0:
+            for d in (s.shm_root, s.shm_root / s.node):
+                if not d.exists():
+                    self._made_dirs.insert(0, d)  # removed on stop, if empty, deepest first
+                private_dir(d)
+            self.handoff = HandoffServer(s.handoff_path())
         # the jobs first, then the port: a restarted gateway that listened before it had
         # resumed its jobs answered their clients 401 (no such job here), which is final
         await self._load_jobs()
@@ -151,19 +163,44 @@ class Gateway:
             spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
         )
 
-    def _notify_engine(self, job: str, rnd: int, meta_key: str) -> None:
+    def _offer_round(self, job: Job, rnd: int) -> dict[str, Any] | None:
+        """Offer round ``rnd``'s updates kept for FLStore to this node's cache functions; the
+        offer's ticket goes to the engine with the round's notice. Updates kept for earlier
+        rounds (a round that never published here) are let go."""
+        kept = job.handoff.pop(rnd, {})
+        for r in [r for r in job.handoff if r < rnd]:
+            self._drop_kept(job, job.handoff.pop(r))
+        if self.handoff is None or not kept:
+            return None
+        s = self.settings
+        ticket = self.handoff.offer(
+            job.ns, job.name, rnd, job.spec.numel, job.spec.hash.hex(), kept, s.handoff_ttl_s
+        )
+        return {"socket": str(s.handoff_path()), "ticket": ticket, "node": s.node}
+
+    @staticmethod
+    def _drop_kept(job: Job, kept: dict[str, bytes]) -> None:
+        for k in kept.values():
+            if job.ns.leases(k):
+                job.ns.release(k)
+
+    def _notify_engine(
+        self, job: str, rnd: int, meta_key: str, handoff: dict[str, Any] | None = None
+    ) -> None:
         """Tell the FLStore cache engine that round ``rnd`` is in MinIO, once it is.
 
         The engine ingests a round from the cold store, so this waits until the writer has
         sent the round's ``meta.json`` (queued last, so the round's other objects from this
         node went first; a MinIO outage delays the notice, never drops it), then retries the
-        call with backoff until the engine answers.
+        call with backoff until the engine answers. ``handoff`` (:meth:`_offer_round`) goes
+        with it: where to claim the round's updates in this node's store.
         """
         url = self.settings.engine_url
         if not url or self.checkpoints is None:
             return
         target = f"{url.rstrip('/')}/v1/jobs/{job}/rounds/{rnd}/complete"
         headers = self.engine_headers
+        body = {"handoff": handoff} if handoff else None
 
         async def run() -> None:
             while not self._stop.is_set():
@@ -172,7 +209,7 @@ class Gateway:
             delay = 0.5
             while not self._stop.is_set():
                 try:
-                    r = await self._peers.post(target, headers=headers)
+                    r = await self._peers.post(target, headers=headers, json=body)
                     if r.status_code < 500:
                         if r.status_code >= 400:
                             log.warning("cache engine refused round %s/%d: %s", job, rnd, r.text)
@@ -187,10 +224,15 @@ class Gateway:
         self._tasks.append(asyncio.get_running_loop().create_task(run()))
 
     def checkpoint_client(self, job: Job, rnd: int, client: str, key: bytes) -> None:
-        """Queue an accepted update for MinIO (encoded off the event loop; one extra lease)."""
+        """Queue an accepted update for MinIO (encoded off the event loop; one extra lease);
+        on the root with a handoff, keep it for FLStore too (one more lease, see
+        :meth:`_offer_round`)."""
         if self.checkpoints is None or not self.settings.checkpoint_clients:
             return
         job.ns.retain(key)
+        if self.handoff is not None and job.root == self.settings.node:
+            job.ns.retain(key)
+            job.handoff.setdefault(rnd, {})[client] = key
 
         async def run() -> None:
             try:
@@ -227,12 +269,17 @@ class Gateway:
             if self.checkpoints is not None:
                 await asyncio.to_thread(self.checkpoints.close, 30.0)
         finally:  # whatever failed above, /dev/shm is left as the gateway found it
+            if self.handoff is not None:  # claimers drop what they map before it goes
+                self.handoff.close()
             for job in self.jobs.values():
                 if self.settings.keep_store_on_stop:
                     job.ns.detach()
                 else:
                     job.ns.close()
             self.jobs.clear()
+            for d in self._made_dirs:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
             await self._peers.aclose()
             if self._discovery is not None:
                 await self._discovery.aclose()
@@ -741,6 +788,8 @@ class Gateway:
             job.engine.close()
         if job.endpoint is not None:
             job.endpoint.close()
+        if self.handoff is not None:
+            self.handoff.withdraw(job.ns)
         job.ns.close()
 
     async def revoke_client(self, job: Job, client: str, *, force: bool) -> dict[str, Any]:
@@ -1021,7 +1070,7 @@ class Gateway:
                     job.name, eng.round, server_opt.state_bytes(job, opt_keys, eng.round)
                 )
             key = self.checkpoints.put_meta(job.name, eng.round, meta)
-            self._notify_engine(job.name, eng.round, key)
+            self._notify_engine(job.name, eng.round, key, self._offer_round(job, eng.round))
         log.info(
             "job %s: round %d published (version %d, %d updates, weight %.0f)",
             job.name,

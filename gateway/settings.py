@@ -71,6 +71,12 @@ class GatewaySettings(CommandLineSettings):
     checkpoint_clients : also checkpoint every accepted client update (FLStore reads them).
     engine_url : the FLStore cache engine, told when each round is in MinIO (optional).
     engine_token_file : the engine's service token (a 0600 file), sent with that notice.
+    handoff_ttl_s : with an engine, the root keeps each round's accepted updates in the store
+        after aggregation and offers them to the cache functions of this node with that
+        notice (:mod:`fedfaas.objstore.handoff`, socket ``<shm_root>/<node>/handoff.sock``):
+        they map the updates in place instead of reading them back from MinIO. An offer no
+        cache function claims within this many seconds is dropped; 0 = no handoff (MinIO
+        only; the store's memory then stays bounded by the aggregation's working set).
     keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
         round from the journal (a crash always leaves it; the default clean stop empties it).
     stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
@@ -117,6 +123,7 @@ class GatewaySettings(CommandLineSettings):
         "checkpoint_clients": "--no-checkpoint-clients",
         "engine_url": "--engine",
         "engine_token_file": "--engine-token-file",
+        "handoff_ttl_s": "--handoff-ttl-s",
         "keep_store_on_stop": "--keep-store-on-stop",
         "stop_grace": "--stop-grace",
         "encode_threads": "--encode-threads",
@@ -154,6 +161,7 @@ class GatewaySettings(CommandLineSettings):
     checkpoint_clients: bool = True
     engine_url: str | None = None
     engine_token_file: Path | None = None
+    handoff_ttl_s: float = Field(default=120.0, ge=0)
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
@@ -167,6 +175,9 @@ class GatewaySettings(CommandLineSettings):
 
     def socket_path(self) -> Path:
         return self.router_socket or self.state_dir / f"router-{self.node}.sock"
+
+    def handoff_path(self) -> Path:
+        return self.shm_root / self.node / "handoff.sock"
 
     def secret_path(self) -> Path:
         return self.admin_secret_file or self.state_dir / "admin-secret"

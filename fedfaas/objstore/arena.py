@@ -126,8 +126,9 @@ class _Table:
     place the rules of a slot's states live: only a sealed object is read in place, only a
     writable one is mapped for writing, and only a writable one becomes sealed."""
 
-    def __init__(self, fd: int, layout: Layout) -> None:
-        self.mm = mmap.mmap(fd, layout.data_off, flags=mmap.MAP_SHARED)
+    def __init__(self, fd: int, layout: Layout, *, writable: bool = True) -> None:
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self.mm = mmap.mmap(fd, layout.data_off, flags=mmap.MAP_SHARED, prot=prot)
 
     def get(self, slot: int) -> tuple[bytes, int, int]:
         key, state, gen = ENTRY.unpack_from(self.mm, HEADER_SIZE + ENTRY_SIZE * slot)
@@ -342,15 +343,16 @@ class ArenaReader:
     A new object past the mapped end (the owner grew the file) maps the file again, once.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, writable: bool = True) -> None:
         path = folder / ARENA_NAME
+        mode = os.O_RDWR if writable else os.O_RDONLY  # an aggregator writes its partials
         try:
-            self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            self.fd = os.open(path, mode | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise StoreError(f"no arena in {folder}") from None
         try:
             self.layout = Layout.read(self.fd)
-            self.table = _Table(self.fd, self.layout)
+            self.table = _Table(self.fd, self.layout, writable=writable)
         except BaseException:
             os.close(self.fd)
             raise

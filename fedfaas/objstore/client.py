@@ -133,21 +133,22 @@ class StoreClient:
     per grant); :meth:`close` unmaps it.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
             raise StoreError(f"no object store namespace at {self.path}")
         self._reader: ArenaReader | None = None
         if type(self) is StoreClient and (self.path / ARENA_NAME).exists():
-            self._reader = ArenaReader(self.path)
+            self._reader = ArenaReader(self.path, writable=not read_only)
 
     @classmethod
-    def from_dir_fd(cls, fd: int) -> StoreClient:
-        """A client of the folder open as directory ``fd`` (a grant from the node's router).
+    def from_dir_fd(cls, fd: int, *, read_only: bool = False) -> StoreClient:
+        """A client of the folder open as directory ``fd`` (a grant from the node's router, or
+        a handoff's claim: ``read_only``, opening nothing for writing).
 
         The fd is borrowed: it must stay open while the client is used.
         """
-        return cls(Path(f"/proc/self/fd/{fd}"))
+        return cls(Path(f"/proc/self/fd/{fd}"), read_only=read_only)
 
     # -- the arena's side of each call; the owner (Namespace) reaches it its own way -----------
     def _arena_reader(self, kb: bytes) -> ArenaReader:

@@ -9,12 +9,19 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
 - ``GET /ping``: liveness and memory use.
 - ``GET /objects``: holdings with sizes.
 - ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...], "credentials":
-  {"<job>": {"access_key", "secret_key", "session_token", "expires"}}}``: load from MinIO. The
-  function has no MinIO user of its own: the cache engine sends, with each load, temporary
-  credentials that read only the objects of each job named (see
-  :meth:`cache_engine.cold_store.MinioColdStore.job_credentials`).
+  {"<job>": {"access_key", "secret_key", "session_token", "expires"}}, "handoff"?: [{"socket",
+  "ticket", "node"}]}``: load from MinIO. The function has no MinIO user of its own: the cache
+  engine sends, with each load, temporary credentials that read only the objects of each job
+  named (see :meth:`cache_engine.cold_store.MinioColdStore.job_credentials`). Updates of a
+  round a ``handoff`` names are first claimed from that gateway's store
+  (:mod:`fedfaas.objstore.handoff`): mapped read-only in place, no copy, each kept alive by a
+  lease until evicted here; a gateway this function cannot reach (another node) or an offer
+  gone leaves them to MinIO. The answer's ``mapped`` lists the objects mapped in place. Should
+  the gateway go away, its objects are dropped at once (a later query gets 409 ``not_held``
+  and the engine loads them again).
 - ``POST /evict`` ``{"objects": [...]}``: drop objects and give their memory back to the OS
-  (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held.
+  (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held; an object
+  mapped from a gateway's store gives its lease back.
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
   held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators; a
   ``function`` evaluator gets the models as safetensors of the job's tensors, whose names and
@@ -29,6 +36,7 @@ function through; the cache engine sets it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -50,6 +58,9 @@ from cache_engine.evaluators import EvaluatorUnavailable, Layout, build_evaluato
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_workload
 from fedfaas.memory import release_free_memory
+from fedfaas.objstore import StoreError
+from fedfaas.objstore.handoff import HandoffClient, HandoffError
+from fedfaas.wire import HEADER_SIZE, KIND_UPDATE, WireError, read_header
 from fedfaas.workloads import GramCache, WorkloadError  # imported at start, not on the first query
 
 log = logging.getLogger(__name__)
@@ -60,6 +71,10 @@ _objects: dict[ObjectKey, Any] = {}
 # each job's tensors (names and shapes, sorted), from the newest of its models loaded here
 _layouts: dict[str, Layout] = {}
 _store: ColdStore | None = None
+# connections to this node's gateways' handoff sockets, by path
+_handoffs: dict[str, HandoffClient] = {}
+# objects mapped in place from a gateway's store -> (its socket, the ticket, the client)
+_lent: dict[ObjectKey, tuple[str, str, str]] = {}
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
@@ -136,6 +151,7 @@ def _status() -> dict[str, Any]:
         "function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
         "pid": os.getpid(),
         "count": len(_objects),
+        "objects_mapped": len(_lent),
         "bytes": _used(),
         "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
         "gram_memo": _grams is not None,
@@ -154,24 +170,121 @@ def _keys(body: dict[str, Any]) -> list[ObjectKey]:
         raise ValueError(f"bad object id in 'objects': {exc}") from None
 
 
-def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
+def _offers(raw: Any) -> list[dict[str, str]]:
+    if raw is None:
+        return []
+    ok = isinstance(raw, list) and all(
+        isinstance(h, dict) and all(isinstance(h.get(f), str) for f in ("socket", "ticket"))
+        for h in raw
+    )
+    if not ok:
+        raise ValueError("'handoff' must be a list of {socket, ticket, node}, from the engine")
+    return list(raw)
+
+
+def _handoff_client(path: str) -> HandoffClient:
+    with _lock:
+        c = _handoffs.get(path)
+        if c is not None and not c.lost.is_set():
+            return c
+    c = HandoffClient(path, _gateway_lost)
+    with _lock:
+        _handoffs[path] = c
+    return c
+
+
+def _gateway_lost(client: HandoffClient) -> None:
+    """A gateway we map objects from went away (its leases with it): drop them all now."""
+    with _lock:
+        if _handoffs.get(str(client.path)) is client:
+            del _handoffs[str(client.path)]
+        gone = [k for k, (p, _, _) in _lent.items() if p == str(client.path)]
+        for k in gone:
+            del _lent[k]
+            _objects.pop(k, None)
+    log.warning("gateway handoff %s closed: dropped %d mapped objects", client.path, len(gone))
+
+
+def _map_lent(keys: list[ObjectKey], offers: list[dict[str, str]]) -> dict[ObjectKey, Any]:
+    """The updates among ``keys`` that an offer lends, mapped read-only in place; what this
+    function cannot claim (another node's gateway, an offer gone) is left to MinIO."""
+    out: dict[ObjectKey, Any] = {}
+    for h in offers:
+        try:
+            client = _handoff_client(h["socket"])
+            claim = client.claim(h["ticket"])
+        except HandoffError as exc:
+            log.info("handoff %s not claimed (%s): MinIO instead", h["socket"], exc)
+            continue
+        wanted = {
+            k.client: k
+            for k in keys
+            if k.kind == "update" and (k.job, k.round) == (claim.job, claim.round)
+        }
+        for name, key in claim.objects.items():
+            k = wanted.get(name)
+            if name not in claim.held:
+                continue  # given back before: the object may be gone, MinIO has it
+            with _lock:
+                if k is not None and _lent.get(k, ("", "", ""))[1] == claim.ticket:
+                    continue  # mapped before under this very lease
+                if k is not None and k not in _objects and k not in out:
+                    try:
+                        obj = claim.store.open(key)
+                        head = read_header(obj.buf)
+                        if head.kind != KIND_UPDATE or head.spec_hash.hex() != claim.spec_hash:
+                            raise WireError(f"object {key} is not an update of the job's spec")
+                    except (WireError, StoreError, OSError, ValueError) as exc:
+                        log.warning("handoff object %s of %s unreadable: %s", key, k.id, exc)
+                    else:
+                        x = np.frombuffer(obj.buf, np.float32, claim.numel, HEADER_SIZE)
+                        out[k] = x  # the buffer is read-only: so is the vector
+                        _lent[k] = (h["socket"], claim.ticket, name)
+                        continue
+            # not wanted here (or unreadable): its lease goes back at once
+            with contextlib.suppress(HandoffError):
+                client.release(claim.ticket, [name])
+    return out
+
+
+def _give_back(gone: list[tuple[str, str, str]]) -> None:
+    for path, ticket, name in gone:
+        with _lock:
+            client = _handoffs.get(path)
+        if client is None:
+            continue
+        try:
+            client.release(ticket, [name])
+        except HandoffError as exc:  # the gateway is gone: its leases went with it
+            log.info("handoff release of %s on %s: %s", name, path, exc)
+
+
+def _load(keys: list[ObjectKey], grants: Any, offers: list[dict[str, str]]) -> dict[str, Any]:
     if not isinstance(grants, dict):
         raise ValueError("'credentials' must be an object: job -> grant, from the cache engine")
     cap = int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0)
-    loaded, already = [], []
+    loaded: list[str] = []
+    already: list[str] = []
+    lent = _map_lent(keys, offers) if offers else {}
+    mapped = [k.id for k in lent]
     for k in keys:
         with _lock:
             if k in _objects:
                 already.append(k.id)
                 continue
-        data = _cold(k.job, grants).get_bytes(k)  # outside the lock: other requests keep running
-        value = decode_object(k, data)
-        if k.kind != "meta":  # the newest model wins: a job created again may change it
-            _layouts[k.job] = layout_of(data)
-        if isinstance(value, np.ndarray):
+        if k in lent:
+            value: Any = lent[k]
+        else:
+            data = _cold(k.job, grants).get_bytes(k)  # outside the lock: others keep running
+            value = decode_object(k, data)
+            if k.kind != "meta":  # the newest model wins: a job created again may change it
+                _layouts[k.job] = layout_of(data)
+        if isinstance(value, np.ndarray) and value.flags.writeable:
             value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
             if cap and _used() + _size(value) > cap:
+                unused = [_lent.pop(x) for x in lent if x not in _objects and x in _lent]
+                _give_back(unused)
                 return _err(
                     507,
                     "capacity_exceeded",
@@ -187,7 +300,7 @@ def _load(keys: list[ObjectKey], grants: Any) -> dict[str, Any]:
             if isinstance(spec, dict) and spec.get("kind") != "function":
                 # build the job's in-process evaluator now, off the query path
                 threading.Thread(target=_warm_evaluator, args=(spec,), daemon=True).start()
-    return _ok({"loaded": loaded, "already": already, **_status()})
+    return _ok({"loaded": loaded, "already": already, "mapped": mapped, **_status()})
 
 
 def _warm_evaluator(spec: dict[str, Any]) -> None:
@@ -265,12 +378,14 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             return _err(400, "bad_json", "the request body must be a JSON object")
         if path == "/load":
-            return _load(_keys(body), body.get("credentials", {}))
+            return _load(_keys(body), body.get("credentials", {}), _offers(body.get("handoff")))
         if path == "/evict":
             keys = _keys(body)
             with _lock:
                 gone = [k.id for k in keys if _objects.pop(k, None) is not None]
+                leases = [_lent.pop(k) for k in keys if k in _lent]
                 _stats["evictions"] += len(gone)
+            _give_back(leases)
             if gone:  # the heaps would keep the freed pages (see fedfaas.memory)
                 release_free_memory()
             return _ok({"evicted": gone, **_status()})

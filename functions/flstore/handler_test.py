@@ -205,3 +205,68 @@ def test_memory_follows_the_bytes_held_under_load_and_evict_churn(tmp_path: Path
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["held_mib"] > 30, got
     assert got["end_mib"] - got["base_mib"] <= 1.25 * got["held_mib"], got
+
+
+def test_a_handoff_maps_updates_in_place_and_gives_leases_back_on_evict_and_on_loss(
+    store: MemoryColdStore,
+) -> None:
+    """Updates a gateway lends are mapped from its store (equal to the MinIO copies); an
+    evicted one gives its lease back; a gateway gone takes the rest with it."""
+    import os
+    import time
+
+    from cache_engine.keys import ObjectKey
+    from fedfaas import wire
+    from fedfaas.objstore import Namespace
+    from fedfaas.objstore.handoff import HandoffServer
+
+    cold = {c: store.get(ObjectKey.parse(f"job/1/{c}")) for c in ("a", "b", "c")}
+    spec = wire.ModelSpec.build([("b", "F32", (3,)), ("w", "F32", (4, 3))])
+    root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    ns = Namespace(root, "n0", "job", spec.object_nbytes, pool=3)
+    server = HandoffServer(root / "n0" / "handoff.sock")
+    try:
+        keys = {}
+        for c, x in cold.items():
+            obj = ns.allocate()
+            wire.write_header(obj.buf, spec, kind=wire.KIND_UPDATE, weight=1, count=1, round=1)
+            wire.flat_view(obj.buf, spec)[:] = 0
+            wire.flat_view(obj.buf, spec)[: spec.numel] = x
+            keys[c] = obj.key_bytes
+            obj.close()
+            ns.seal(keys[c])
+        ticket = server.offer(ns, "job", 1, spec.numel, spec.hash.hex(), keys, 60)
+        offer = [{"socket": str(server.path), "ticket": ticket, "node": "n0"}]
+        ids = ["job/1/a", "job/1/b", "job/1/global"]
+        code, body = _call("POST", "/load", {"objects": ids, "handoff": offer})
+        assert code == 200, body
+        assert sorted(body["mapped"]) == ["job/1/a", "job/1/b"]  # c was not asked for
+        assert body["objects_mapped"] == 2
+        for c in ("a", "b"):
+            held = handler._objects[ObjectKey.parse(f"job/1/{c}")]
+            np.testing.assert_array_equal(held, cold[c])
+            assert not held.flags.writeable and not held.flags.owndata  # in place
+            assert ns.leases(keys[c]) == 2  # the store's own + this function's
+        assert ns.leases(keys["c"]) == 1  # claimed, not wanted: given back at once
+        code, body = _call("POST", "/evict", {"objects": ["job/1/a"]})
+        assert code == 200 and body["objects_mapped"] == 1
+        assert ns.leases(keys["a"]) == 1
+        code, body = _call("POST", "/load", {"objects": ["job/1/a"], "handoff": offer})
+        assert code == 200 and body["mapped"] == []  # its lease went back: MinIO now
+        code, body = _call(
+            "POST", "/load", {"objects": ["job/1/a"], "handoff": [{"socket": 3, "ticket": 4}]}
+        )
+        assert code == 400 and body["error"] == "bad_request"
+        server.close()  # the gateway goes: what it lent is dropped at once
+        deadline = time.monotonic() + 5
+        while ObjectKey.parse("job/1/b") in handler._objects and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ObjectKey.parse("job/1/b") not in handler._objects
+        assert ObjectKey.parse("job/1/a") in handler._objects  # MinIO's copy stays
+    finally:
+        server.close()
+        ns.close()
+        for c in list(handler._handoffs.values()):
+            c.close()
+        handler._handoffs.clear()
+        handler._lent.clear()

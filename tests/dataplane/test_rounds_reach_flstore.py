@@ -10,6 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from cache_engine.cold_store import MinioColdStore
+from cache_engine.keys import ObjectKey
+from cache_engine.queries import run_workload
 from fedfaas import wire
 from fedfaas.auth import bearer
 from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
@@ -98,8 +101,28 @@ def test_aggregated_round_flows_into_flstore_and_a_sign_flipper_is_flagged(
         rec = last.json()
         assert rec["status"] == "done" and rec["hit"] is True  # hot before the query came
         assert rec["result"]["flagged"] == ["c3"]
+        # the cache functions mapped the round's updates in the gateway's store (zero-copy
+        # handoff), each copy under its own lease, and answer as the MinIO copies do
+        stats = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()["stats"]
+        lent = stats["objects_handed_off"]
+        assert lent in (len(clients), 2 * len(clients)), stats  # the primary's, a secondary's
+        handoff = gw.gw.handoff
+        assert handoff is not None and handoff.leases() == len(clients) + lent  # + the offer's
+        cold = MinioColdStore(
+            minio_server.endpoint, minio_server.access_key, minio_server.secret_key
+        )
+        ids = httpx.post(f"{stack.engine_url}/v1/plan", json=query, headers=stack.auth)
+        held = {k: cold.get(k) for k in map(ObjectKey.parse, ids.json()["objects"])}
+        direct = run_workload(query["workload"], ids.json()["params"], held)
+        assert rec["result"]["cosine"] == pytest.approx(direct["cosine"], rel=1e-6)
+        assert rec["result"]["ranking"] == direct["ranking"]
     finally:
         stack.stop()
+    # the functions died: their leases went back with their connections
+    deadline = time.monotonic() + 10
+    while handoff.leases() > len(clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handoff.leases() == len(clients)  # the offer's own, until its ticket expires
 
 
 def _base() -> dict[str, np.ndarray]:

@@ -39,13 +39,17 @@ def decode(data: bytes, spec: wire.ModelSpec, chunk: int = 1 << 30, **kw: object
     return buf
 
 
-def test_spec_is_canonical_sorted_and_64_byte_aligned() -> None:
+def test_spec_is_canonical_sorted_back_to_back_and_64_byte_aligned() -> None:
     spec = wire.ModelSpec.from_safetensors(st_save(model()))
     names = [t.name for t in spec.tensors]
     assert names == sorted(names)
-    assert all(t.offset % 64 == 0 for t in spec.tensors)
     assert spec.tensors[0].offset == wire.HEADER_SIZE
+    # no gap between tensors: the data region starts with the flat vector FLStore holds
+    for a, b in zip(spec.tensors, spec.tensors[1:], strict=False):
+        assert b.offset == a.offset + 4 * a.numel
+    assert any(t.numel % 16 for t in spec.tensors)  # the model has sizes that used to be padded
     assert spec.object_nbytes % 64 == 0
+    assert spec.object_nbytes - 64 < wire.HEADER_SIZE + 4 * spec.numel <= spec.object_nbytes
     assert wire.ModelSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
