@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
 from redis.exceptions import RedisError, ResponseError
 from starlette.requests import Request
@@ -157,7 +158,7 @@ class AsyncCalls:
         self,
         redis: aioredis.Redis,
         provider: Provider,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         settings: RuntimeSettings,
     ) -> None:
         self.redis, self.provider, self.client, self.settings = redis, provider, client, settings
