@@ -81,6 +81,8 @@ STATS = (
 #: rounds whose handoff (where a gateway lends their updates) the engine remembers
 HANDOFF_ROUNDS = 256
 _TICKET = re.compile(r"^[0-9a-f]{32}$")
+#: a cache function's own address it may report (loopback or a host, a port, no path)
+_DIRECT = re.compile(r"^http://[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$")
 
 
 def handoff_problem(h: Any) -> str | None:
@@ -127,6 +129,8 @@ class FunctionInfo:
     alive: bool = True
     failures: int = 0
     created: float = field(default_factory=time.time)
+    #: the replica's own address, from its /ping (None: reached through the gateway only)
+    url: str | None = None
 
 
 class CacheEngine:
@@ -259,6 +263,17 @@ class CacheEngine:
         """Make sure a query's objects are cached; return the functions that hold all of them,
         or, for a metadata query whose metadata the engine holds, its ``result`` (see the
         module)."""
+        out = self._acquire(body, wait=True)
+        assert out is not None
+        return out
+
+    def acquire_held(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """:meth:`acquire` where it needs no load and no wait (a function holds every object
+        already, or the engine answers): what the service answers on its event loop. None,
+        with nothing done, for the rest."""
+        return self._acquire(body, wait=False)
+
+    def _acquire(self, body: dict[str, Any], *, wait: bool) -> dict[str, Any] | None:
         t0 = time.perf_counter()
         p = self.plan(body)
         result = self._answer_here(p)
@@ -279,6 +294,8 @@ class CacheEngine:
                 job=p.query.job,
             )
         with self._lock:
+            if not wait and not self._held_now(p.keys):
+                return None
             d = self.policy.on_request(p.keys, p.policy)
         self.stats["requests"] += 1
         self.stats["hits" if d.hit else "misses"] += 1
@@ -291,9 +308,12 @@ class CacheEngine:
         if len(holders) < 1 + self.s.secondaries:
             self._bg.put(("replicate", list(p.keys)))
         self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+        with self._lock:
+            direct = {f: u for f in holders if (u := getattr(self.functions.get(f), "url", None))}
         return {
             **_planned(p),
             "holders": holders,
+            "endpoints": direct,
             "evaluator": spec,
             "hit": d.hit,
             "misses": [k.id for k in d.misses],
@@ -302,6 +322,16 @@ class CacheEngine:
             "evict": [k.id for k in d.evict],
             "engine_s": time.perf_counter() - t0,
         }
+
+    def _held_now(self, keys: Sequence[ObjectKey]) -> bool:
+        """Whether a live function holds every key and none is being loaded (under the lock):
+        :meth:`ensure` then neither loads nor waits."""
+        if not keys or any(k in self._inflight for k in keys):
+            return False
+        common = set(self.table.get(keys[0]))
+        for k in keys[1:]:
+            common &= set(self.table.get(k))
+        return any(self.functions.get(f) is not None and self.functions[f].alive for f in common)
 
     def _answer_here(self, p: Plan) -> dict[str, Any] | None:
         """The result of a metadata-only query from the metadata held here (None: not one, or
@@ -581,6 +611,8 @@ class CacheEngine:
             back = not info.alive and info.incarnation == inc and info.failures > 0
             info.incarnation, info.alive, info.failures = inc, True, 0
             info.used = int(body.get("bytes", 0))
+            url = body.get("url")
+            info.url = url if isinstance(url, str) and _DIRECT.match(url) else None
             self.redis.hset(FUNCTIONS, name, inc)
         if changed:  # same name, new process: its memory is gone
             log.warning("cache function %s restarted (%s); its objects are lost", name, inc)

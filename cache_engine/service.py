@@ -27,6 +27,7 @@ from fedfaas.openfaas import OpenFaaS, read_basic_auth
 from fedfaas.secretfiles import read_credentials, redis_client
 
 log = logging.getLogger(__name__)
+QUERY_SHAPE = "the body must be a JSON object {workload, job, rounds, clients, params}"
 
 
 def _error(status: int, body: dict[str, Any]) -> JSONResponse:
@@ -71,13 +72,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(
-            400,
-            {
-                "error": "bad_request",
-                "detail": "the body must be a JSON object {workload, job, rounds, clients, params}",
-            },
-        )
+        return _error(400, {"error": "bad_request", "detail": QUERY_SHAPE})
 
     try:
         from fedfaas.workloads import WorkloadError
@@ -147,9 +142,18 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         return {"objects": [k.id for k in p.keys], "policy": p.policy, "params": p.params}
 
     @app.post("/v1/acquire", dependencies=service)
-    def acquire(request: Request, body: dict[str, Any]) -> dict[str, Any]:
-        """Cache a query's objects; return the functions holding all of them."""
-        return eng(request).acquire(body)
+    async def acquire(request: Request) -> Any:
+        """Cache a query's objects; return the functions holding all of them. A query whose
+        objects a function holds already is answered on the event loop; one that loads or
+        waits runs in the thread pool."""
+        body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return _error(400, {"error": "bad_request", "detail": QUERY_SHAPE})
+        e = eng(request)
+        out = e.acquire_held(body)
+        if out is None:
+            out = await run_in_threadpool(e.acquire, body)
+        return JSONResponse(out)
 
     @app.get("/v1/locations", dependencies=service)
     def locations(request: Request, ids: list[str] = Query(default=[])) -> dict[str, Any]:  # noqa: B008

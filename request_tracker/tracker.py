@@ -92,6 +92,9 @@ class Tracker:
         #: query id -> seconds its record is kept, where not ``result_ttl`` (answered queries)
         self._ttl: dict[str, int] = {}
         self._pinger: asyncio.Task[Any] | None = None
+        #: records of queries answered in their own request, written in the background
+        self._unwritten: dict[str, dict[str, Any]] = {}
+        self._writes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.http = aiohttp.ClientSession(
@@ -106,18 +109,23 @@ class Tracker:
             self._pinger.cancel()
         for t in list(self._tasks):
             t.cancel()
+        if self._writes:  # the last answers' records go out before the connection closes
+            await asyncio.wait(list(self._writes), timeout=5)
         await self.http.close()
 
     # -- records --------------------------------------------------------------------------
-    async def _record(self, qid: str, **fields: Any) -> None:
+    async def _record(self, qid: str, *, ttl: int | None = None, **fields: Any) -> None:
         data = {k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}
         key = QUERY + qid
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=data)
-            pipe.expire(key, self._ttl.get(qid, self.s.result_ttl))
+            pipe.expire(key, ttl or self._ttl.get(qid, self.s.result_ttl))
             await pipe.execute()
 
     async def get(self, qid: str) -> dict[str, Any] | None:
+        pending = self._unwritten.get(qid)
+        if pending is not None:  # answered a moment ago, its record still on its way
+            return {"id": qid, **json.loads(json.dumps(pending))}
         raw = await self.redis.hgetall(QUERY + qid)
         if not raw:
             return None
@@ -223,17 +231,16 @@ class Tracker:
                 if progress:
                     await self._record(qid, status="running", tried=tried)
                 try:
-                    resp = await self._http(
-                        "POST",
-                        f"{self.s.runtime_url}/function/{fn}/run",
+                    resp = await self._run(
+                        fn,
+                        (plan.get("endpoints") or {}).get(fn),
                         {
                             "workload": plan["workload"],
                             "params": plan["params"],
                             "objects": plan["objects"],
                             "evaluator": plan.get("evaluator"),
                         },
-                        self.function_headers,
-                        self.s.query_timeout,
+                        step,
                     )
                 except HttpError as exc:
                     step.update(
@@ -326,9 +333,22 @@ class Tracker:
         head = {"workload": plan["workload"], "job": str(body.get("job")), "query": body}
         if recorded:
             await self._record(qid, **done)
-        else:
-            await self._record(qid, **head, created=time.time(), hit=plan["hit"], **done)
+        else:  # written while the answer goes back; get() serves it from here meanwhile
+            rec = {**head, "created": time.time(), "hit": plan["hit"], **done}
+            self._unwritten[qid] = rec
+            ttl = self._ttl.get(qid, self.s.result_ttl)
+            t = asyncio.create_task(self._write(qid, rec, ttl))
+            self._writes.add(t)
+            t.add_done_callback(self._writes.discard)
         return {"id": qid, **head, "hit": plan["hit"], **done}
+
+    async def _write(self, qid: str, rec: dict[str, Any], ttl: int) -> None:
+        try:
+            await self._record(qid, ttl=ttl, **rec)
+        except Exception:
+            log.exception("record of query %s not written", qid)
+        finally:
+            self._unwritten.pop(qid, None)
 
     async def _http(
         self,
@@ -353,6 +373,32 @@ class Tracker:
             raise HttpTimeout(f"no answer from {url} within {timeout:g} s") from exc
         except aiohttp.ClientError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _run(
+        self, fn: str, direct: str | None, run: dict[str, Any], step: dict[str, Any]
+    ) -> Reply:
+        """``POST /run`` on cache function ``fn``: at its replica's own address where the
+        engine knows one (one hop less than through the gateway), else, or when that address
+        does not answer (the replica restarted elsewhere), through the gateway."""
+        if direct and self.s.direct_functions:
+            try:
+                reply = await self._http(
+                    "POST", f"{direct}/run", run, self.function_headers, self.s.query_timeout
+                )
+                step["via"] = "direct"
+                return reply
+            except HttpTimeout:
+                raise  # the function is there, and busy: the gateway would not do better
+            except HttpError as exc:
+                step["direct_failed"] = str(exc)[:200]
+        step["via"] = "gateway"
+        return await self._http(
+            "POST",
+            f"{self.s.runtime_url}/function/{fn}/run",
+            run,
+            self.function_headers,
+            self.s.query_timeout,
+        )
 
     async def _engine(self, path: str, body: dict[str, Any]) -> Reply:
         """``POST`` to the cache engine; a refused or broken connection (the engine restarting

@@ -108,6 +108,10 @@ def replica_env(
             SECRETS_DIR_ENV: str(secrets_dir),
             "HOSTNAME": f"{function}-{slot}",
             "port": str(port),
+            # where this replica answers on the machine, for a caller that addresses one
+            # function's replica directly (the FLStore request tracker; OpenFaaS's
+            # direct_functions reaches a function's Service the same way)
+            "FEDFAAS_REPLICA_URL": f"http://127.0.0.1:{port}",
             "fprocess": env_process or "python index.py",
             "mode": "http",
             "PYTHONUNBUFFERED": "1",

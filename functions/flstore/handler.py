@@ -150,6 +150,9 @@ def _status() -> dict[str, Any]:
     return {
         "function": os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache"),
         "pid": os.getpid(),
+        # this replica's own address where its platform gives one (the embedded runtime): the
+        # engine hands it to the request tracker, which then calls /run here directly
+        "url": os.environ.get("FEDFAAS_REPLICA_URL") or None,
         "count": len(_objects),
         "objects_mapped": len(_lent),
         "bytes": _used(),

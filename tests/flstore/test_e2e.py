@@ -62,6 +62,11 @@ def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
     rec = r.json()
     assert rec["status"] == "done" and rec["hit"] is True  # round 2 was hot after ingestion
     assert rec["result"]["flagged"] == ["c003"]
+    # the engine knows the replica's own address on the embedded runtime: one hop, not two
+    assert [s["via"] for s in rec["tried"]] == ["direct"], rec["tried"]
+    # the record, written while the answer went back, is there by its id
+    again = httpx.get(f"{stack.tracker_url}/v1/queries/{rec['id']}", headers=stack.auth)
+    assert again.status_code == 200 and again.json()["result"] == rec["result"]
     expected = _direct(cold, body)
     for c, v in expected["cosine"].items():
         assert rec["result"]["cosine"][c] == pytest.approx(v, rel=1e-6)

@@ -248,3 +248,32 @@ def test_objects_the_policy_evicts_while_they_load_are_freed_not_kept_forever(
     finally:
         prov.release.set()
         eng.stop()
+
+
+def test_acquire_held_answers_a_held_query_as_acquire_does_and_leaves_a_miss_untouched(
+    redis_url: str, cold: MemoryColdStore
+) -> None:
+    """The service answers a query whose objects are held on its event loop
+    (``acquire_held``); a miss gets None there and nothing changes (no request counted, no
+    load), so the thread pool's ``acquire`` does it once."""
+    eng, prov = _engine(redis_url, cold, secondaries=0)
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        held = {"workload": "multi-krum", "job": "j", "rounds": [4]}  # the latest: prefetched
+        before = dict(eng.stats)
+        out = eng.acquire_held(held)
+        assert out is not None and out["hit"] is True and out["holders"]
+        assert set(out["objects"]) <= prov.held(out["holders"][0])
+        assert eng.stats["requests"] == before["requests"] + 1
+        cold_q = {"workload": "multi-krum", "job": "j", "rounds": [1]}  # evicted by then
+        if eng.acquire_held(cold_q) is None:
+            assert eng.stats["requests"] == before["requests"] + 1  # nothing counted
+            assert eng.stats["objects_loaded"] == before["objects_loaded"]
+            plan = eng.acquire(cold_q)
+            assert plan["hit"] is False and plan["loaded"] > 0
+        else:
+            pytest.fail("round 1 should not be held after round 4's prefetch")
+    finally:
+        eng.stop()

@@ -88,6 +88,9 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
         time.sleep(0.05)
     assert rec["status"] == "done", rec
     assert rec["tried"][0]["function"] == primary and rec["tried"][0]["outcome"] != "ok"
+    # the direct call broke with the replica; the tracker tried the gateway before moving on
+    assert rec["tried"][0]["direct_failed"] and rec["tried"][0]["via"] == "gateway", rec
+
     assert rec["function"] != primary
     assert "c001" not in rec["result"]["selected"]
 
