@@ -46,7 +46,7 @@ import numpy as np
 from bench.baselines.settings import BaselineSettings
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.harness.flstore_trace import hit_table, paper_traces
-from bench.harness.round_window import status_bytes
+from bench.harness.round_window import resnet18_layout, status_bytes
 from bench.harness.synthetic import SMALL_CNN, resnet18_like, write_digits_history, write_history
 from bench.runinfo import PINNED_THREADS, pinned_threads, run_header, run_info, write_result
 from cache_engine.cold_store import MinioColdStore
@@ -556,7 +556,7 @@ def handoff(work: Path, rounds: int = 3, clients: int = 10, small: bool = False)
     from fedfaas.objstore import Namespace
     from fedfaas.objstore.handoff import HandoffServer
 
-    shapes = SMALL_CNN if small else resnet18_like()
+    shapes = SMALL_CNN if small else {n: tuple(s) for n, s in resnet18_layout()}
     spec = wire.ModelSpec.build([(n, "F32", s) for n, s in shapes.items()])
     ms = MinioServer(data_dir=work / "minio-handoff").start()
     rs = RedisServer(data_dir=work / "redis-handoff").start()
@@ -634,7 +634,9 @@ def handoff(work: Path, rounds: int = 3, clients: int = 10, small: bool = False)
                 "shared_mb": status_bytes(pid, "RssShmem") / 1e6,
             }
         return {
-            "model": "small CNN" if small else "ResNet-18-sized flat vectors",
+            "model": "small CNN"
+            if small
+            else f"ResNet-18, 10 classes: its {len(shapes)} floating-point tensors",
             "model_mb": round(model_bytes / 1e6, 1),
             "clients": clients,
             "rounds": rounds,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.flstore import MEMO_METHOD, POLICIES, markdown, with_load
+from bench.flstore import MEMO_METHOD, POLICIES, _handoff_md, handoff, markdown, with_load
 from bench.runinfo import run_info
 
 
@@ -92,3 +93,23 @@ def test_every_latency_row_names_its_memo_method_and_load_has_rows_of_its_own() 
     assert "| +75.0% | +50.0% | True | 1 |" not in md  # reductions print as signed changes
     assert "| -75.0% | -50.0% | True | 1 |" in md  # with the row's baseline threads
     assert "cache functions run with OMP_NUM_THREADS=1." in md
+
+
+@pytest.mark.integration
+def test_the_handoff_section_maps_every_update_in_place_and_times_both_paths(
+    tmp_path: Path,
+) -> None:
+    """The section really takes the handoff path (a silent fallback to MinIO would time MinIO
+    twice): every update of the shm job is mapped in place, none of the MinIO job's."""
+    hd = handoff(tmp_path, rounds=2, clients=3, small=True)
+    assert [(x["round"], x["path"]) for x in hd["rows"]] == [
+        (1, "shm"),
+        (1, "minio"),
+        (2, "shm"),
+        (2, "minio"),
+    ]
+    assert all(x["seconds"] > 0 for x in hd["rows"])
+    assert hd["handed_off"] == 2 * 3
+    assert sum(f["mapped_in_place"] for f in hd["functions"].values()) == 2 * 3
+    md = "\n".join(_handoff_md(hd))
+    assert "| shm (mapped in place) | 2 |" in md and "| MinIO (read + decode) | 2 |" in md
