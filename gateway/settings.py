@@ -75,8 +75,11 @@ class GatewaySettings(CommandLineSettings):
         after aggregation and offers them to the cache functions of this node with that
         notice (:mod:`fedfaas.objstore.handoff`, socket ``<shm_root>/<node>/handoff.sock``):
         they map the updates in place instead of reading them back from MinIO. An offer no
-        cache function claims within this many seconds is dropped; 0 = no handoff (MinIO
-        only; the store's memory then stays bounded by the aggregation's working set).
+        cache function claims within this many seconds, or by the job's next round, is
+        dropped. While the round runs, its updates stay in the store (the cache would hold the
+        round anyway; here it is the same pages). 0 = no handoff: MinIO only, and the store's
+        memory stays bounded by the aggregation's working set (the chart sets 0: faas-netes
+        gives cache functions no way to this node's store).
     keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
         round from the journal (a crash always leaves it; the default clean stop empties it).
     stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
@@ -161,7 +164,7 @@ class GatewaySettings(CommandLineSettings):
     checkpoint_clients: bool = True
     engine_url: str | None = None
     engine_token_file: Path | None = None
-    handoff_ttl_s: float = Field(default=120.0, ge=0)
+    handoff_ttl_s: float = Field(default=30.0, ge=0)
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)

@@ -162,7 +162,9 @@ class HandoffServer:
         ttl: float,
     ) -> str:
         """Offer ``objects`` (client -> key) of ``ns``; returns the ticket. Each object must
-        hold one lease taken for this offer: the offer owns it from now on."""
+        hold one lease taken for this offer: the offer owns it from now on. The job's earlier
+        offers end now (what was claimed of them stays with its claimers): a cache wants the
+        newest round, and a node must not keep a round per ``ttl`` of fast rounds."""
         ticket = secrets.token_hex(_TICKET_HEX // 2)
         o = _Offer(
             ns,
@@ -174,6 +176,8 @@ class HandoffServer:
             time.monotonic() + ttl,
         )
         with self._lock:
+            for t in [t for t, x in self._offers.items() if x.ns is ns and x.job == job]:
+                self._end_offer(t)
             self._offers[ticket] = o
             self.stats["offered"] += 1
         os.write(self._wake_w, b"x")  # its expiry may be the next deadline

@@ -163,3 +163,30 @@ def test_a_withdrawn_store_closes_its_claimers_connections(
             client.claim(ticket)
     finally:
         client.close()
+
+
+def test_a_jobs_next_offer_ends_its_earlier_one_but_not_what_was_claimed(
+    store: tuple[Namespace, HandoffServer],
+) -> None:
+    """Fast rounds must not pile up a round's updates per ttl: the job's next offer ends the
+    earlier one; a claimer keeps what it claimed."""
+    ns, server = store
+    first, keys1 = _offer(ns, server)
+    client = HandoffClient(server.path, lambda _: None)
+    try:
+        client.claim(first)
+        second, keys2 = _offer(ns, server)
+        assert all(ns.leases(k) == 2 for k in keys1.values())  # the round's + the claim's
+        assert all(ns.leases(k) == 2 for k in keys2.values())  # the round's + the offer's
+        assert server.leases() == 3 + 3
+        other = HandoffClient(server.path, lambda _: None)
+        try:
+            with pytest.raises(HandoffError, match="unknown_ticket"):
+                other.claim(first)
+            assert set(other.claim(second).objects) == set(keys2)
+        finally:
+            other.close()
+        assert client.release(first, ["c0", "c1", "c2"]) == 3  # an ended offer's claims
+        assert all(ns.leases(k) == 1 for k in keys1.values())
+    finally:
+        client.close()

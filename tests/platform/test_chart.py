@@ -572,3 +572,13 @@ def test_the_control_plane_asks_the_releases_request_tracker_for_oort_rounds() -
     assert (
         "FEDFAAS_CONTROL_TRACKER_URL" not in off and "FEDFAAS_CONTROL_TRACKER_TOKEN_FILE" not in off
     )
+
+
+def test_the_chart_turns_the_zero_copy_handoff_off_where_the_engine_is_on() -> None:
+    """faas-netes cannot mount a node's store into a cache function: a gateway that kept
+    rounds' updates for a handoff nobody claims would only hold memory."""
+    text = (CHART / "templates" / "node-gateway.yaml").read_text()
+    block = text[text.index("{{- if $engine }}") :]
+    block = block[: block.index("{{- end }}")]
+    env = re.findall(r"- name: (\S+)\s+value: (\S+)", block)
+    assert ("FEDFAAS_GATEWAY_HANDOFF_TTL_S", '"0"') in env, env
