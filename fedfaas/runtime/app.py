@@ -314,7 +314,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
             if calls is not None:
                 await calls.stop()
             await provider.stop()
-            await client.close()
+            await client.aclose()
 
     app = private_app("FedFaaS runtime", version=VERSION, lifespan=lifespan)
     app.state.settings, app.state.auth, app.state.async_calls = settings, auth, None

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx
 from redis.exceptions import RedisError, ResponseError
 from starlette.requests import Request
@@ -158,7 +157,7 @@ class AsyncCalls:
         self,
         redis: aioredis.Redis,
         provider: Provider,
-        client: aiohttp.ClientSession,
+        client: httpx.AsyncClient,
         settings: RuntimeSettings,
     ) -> None:
         self.redis, self.provider, self.client, self.settings = redis, provider, client, settings
