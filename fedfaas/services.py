@@ -155,7 +155,9 @@ def spawn(
     log_path:
         stdout and stderr are appended here (its folder is created).
     env:
-        The child's whole environment (default: this process's).
+        The child's whole environment (default: this process's), plus
+        ``PYTHONFAULTHANDLER=1`` unless it sets that: a Python child that dies of a signal
+        (a C extension's segfault) leaves its threads' tracebacks in its log.
     cwd:
         Working folder (default: this process's).
     pass_fds:
@@ -168,7 +170,7 @@ def spawn(
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(os.environ if env is None else env),
+            env={"PYTHONFAULTHANDLER": "1", **(os.environ if env is None else env)},
             cwd=cwd,
             start_new_session=True,
             close_fds=True,

@@ -85,3 +85,16 @@ def test_a_stop_that_hangs_ends_after_the_grace_or_a_second_signal(signals: int)
     why = "a second signal" if signals == 2 else f"{grace:g}s grace"
     assert f"stop not finished after {why}" in err, err
     assert "in stuck" in err, err  # the abandoned thread's stack names the stuck handler
+
+
+def test_a_child_that_segfaults_leaves_its_python_traceback_in_its_log(tmp_path: Path) -> None:
+    """Every child FedFaaS starts runs with the fault handler on: a crash in a C extension
+    (the runtime once died of one without a word) names where it happened."""
+    from fedfaas.services import spawn
+
+    log = tmp_path / "child.log"
+    code = "import ctypes\ndef boom():\n    ctypes.string_at(0)\nboom()\n"
+    proc = spawn([sys.executable, "-c", code], log_path=log)
+    assert proc.wait(30) == -11  # SIGSEGV
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text and "in boom" in text, text
