@@ -647,16 +647,22 @@ class CacheEngine:
         return False
 
     def report_missing(self, name: str, ids: Sequence[str]) -> int:
-        """Function ``name`` says it lacks objects the table gives it: believe the function."""
-        n = 0
+        """Function ``name`` says it lacks objects the table gives it: believe the function,
+        and copy those the policy keeps to ``1 + k`` holders again (a function restarted
+        under the same name answers so before the liveness loop sees its new incarnation,
+        whose restore then no longer finds them in the table)."""
+        gone: list[ObjectKey] = []
         with self._lock:
             for i in ids:
                 k = ObjectKey.parse(i)
                 if name in self.table.get(k):
                     self.table.discard(k, name)
-                    n += 1
-        self.stats["table_corrections"] += n
-        return n
+                    gone.append(k)
+            kept = [k for k in gone if k in self.policy]
+        self.stats["table_corrections"] += len(gone)
+        if kept:
+            self._bg.put(("restore", kept))
+        return len(gone)
 
     def report_failure(self, name: str) -> bool:
         """Someone (the tracker) could not reach ``name``: check it now; True if it is alive."""

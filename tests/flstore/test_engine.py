@@ -277,3 +277,28 @@ def test_acquire_held_answers_a_held_query_as_acquire_does_and_leaves_a_miss_unt
             pytest.fail("round 1 should not be held after round 4's prefetch")
     finally:
         eng.stop()
+
+
+def test_objects_a_function_says_it_lacks_get_their_copies_back(
+    redis_url: str, cold: MemoryColdStore
+) -> None:
+    """A function restarted under its name answers 409 not_held before the liveness loop sees
+    its new incarnation; the tracker reports the objects missing, and the engine copies them
+    to 1 + k holders again (the restore on the new incarnation no longer finds them)."""
+    eng, prov = _engine(redis_url, cold, secondaries=1)
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [4]})
+        _wait_idle(eng)
+        victim = plan["holders"][0]
+        prov.fns[victim]._objects.clear()  # its memory is gone
+        assert eng.report_missing(victim, plan["objects"]) == len(plan["objects"])
+        _wait_idle(eng)
+        counts = eng.replica_counts()
+        assert all(counts[o] == 2 for o in plan["objects"]), counts
+        for f in eng.locations(plan["objects"]).values():
+            assert len(f) == 2
+    finally:
+        eng.stop()
