@@ -107,6 +107,19 @@ def cold() -> MemoryColdStore:
     return c
 
 
+def _engine_with_rounds(redis_url: str, cold: MemoryColdStore, **kw: Any) -> tuple[Any, Any]:
+    """:func:`_engine` with rounds 0-4 of job ``j`` ingested and the engine idle."""
+    eng, prov = _engine(redis_url, cold, **kw)
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+    except BaseException:
+        eng.stop()
+        raise
+    return eng, prov
+
+
 def _model_bytes(cold: MemoryColdStore) -> int:
     g = cold.get(ObjectKey("j", 1, "global"))
     return int(g.nbytes)  # type: ignore[union-attr]
@@ -165,11 +178,8 @@ def test_policy_evictions_free_the_functions_memory(redis_url: str, cold: Memory
 def test_a_dead_function_is_dropped_and_its_objects_get_two_holders_again(
     redis_url: str, cold: MemoryColdStore
 ) -> None:
-    eng, prov = _engine(redis_url, cold, secondaries=1)
+    eng, prov = _engine_with_rounds(redis_url, cold, secondaries=1)
     try:
-        for r in range(0, 5):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [4]})
         victim = plan["holders"][0]
         _wait_idle(eng)
@@ -256,11 +266,8 @@ def test_acquire_held_answers_a_held_query_as_acquire_does_and_leaves_a_miss_unt
     """The service answers a query whose objects are held on its event loop
     (``acquire_held``); a miss gets None there and nothing changes (no request counted, no
     load), so the thread pool's ``acquire`` does it once."""
-    eng, prov = _engine(redis_url, cold, secondaries=0)
+    eng, prov = _engine_with_rounds(redis_url, cold, secondaries=0)
     try:
-        for r in range(0, 5):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         held = {"workload": "multi-krum", "job": "j", "rounds": [4]}  # the latest: prefetched
         before = dict(eng.stats)
         out = eng.acquire_held(held)
@@ -285,11 +292,8 @@ def test_objects_a_function_says_it_lacks_get_their_copies_back(
     """A function restarted under its name answers 409 not_held before the liveness loop sees
     its new incarnation; the tracker reports the objects missing, and the engine copies them
     to 1 + k holders again (the restore on the new incarnation no longer finds them)."""
-    eng, prov = _engine(redis_url, cold, secondaries=1)
+    eng, prov = _engine_with_rounds(redis_url, cold, secondaries=1)
     try:
-        for r in range(0, 5):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [4]})
         _wait_idle(eng)
         victim = plan["holders"][0]
