@@ -186,14 +186,13 @@ def _offers(raw: Any) -> list[dict[str, str]]:
 
 
 def _handoff_client(path: str) -> HandoffClient:
+    """The one connection to the gateway at ``path`` (made under the lock, so two loads at
+    once never open two: a second one's claims would outlive its dropped client)."""
     with _lock:
         c = _handoffs.get(path)
-        if c is not None and not c.lost.is_set():
-            return c
-    c = HandoffClient(path, _gateway_lost)
-    with _lock:
-        _handoffs[path] = c
-    return c
+        if c is None or c.lost.is_set():
+            c = _handoffs[path] = HandoffClient(path, _gateway_lost)  # a local connect
+        return c
 
 
 def _gateway_lost(client: HandoffClient) -> None:
