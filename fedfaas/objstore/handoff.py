@@ -481,11 +481,17 @@ class HandoffClient:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._watch.join(5)
         self._sock.close()
-        for c in self.claims.values():
+        self._free_claims()
+
+    def _free_claims(self) -> None:
+        """Close every claim's folder and arena (a mapping a view still uses stays until the
+        view goes)."""
+        with self._lock:
+            claims, self.claims = list(self.claims.values()), {}
+        for c in claims:
             c.store.close()
             with contextlib.suppress(OSError):
                 os.close(c.dir_fd)
-        self.claims.clear()
 
     def _call(
         self, req: dict[str, Any], *, with_fd: bool = False
@@ -523,6 +529,7 @@ class HandoffClient:
         if self._closing:
             return
         try:
-            self._on_lost(self)
+            self._on_lost(self)  # the claimer drops what it mapped first
         except Exception:
             log.exception("handoff: on_lost of %s failed", self.path)
+        self._free_claims()

@@ -155,9 +155,12 @@ def test_a_withdrawn_store_closes_its_claimers_connections(
     client = HandoffClient(server.path, lambda _: lost.set())
     try:
         client.claim(ticket)
+        fds = len(os.listdir("/proc/self/fd"))
         server.withdraw(ns)
         assert lost.wait(5)
         assert server.leases() == 0
+        _wait(lambda: not client.claims)  # the claim's folder and arena are closed
+        assert len(os.listdir("/proc/self/fd")) < fds
         assert all(ns.leases(k) == 1 for k in keys.values())
         with pytest.raises(HandoffError):
             client.claim(ticket)
