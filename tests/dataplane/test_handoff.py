@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,17 +22,10 @@ import pytest
 from fedfaas import wire
 from fedfaas.objstore import Namespace
 from fedfaas.objstore.handoff import HandoffClient, HandoffError, HandoffServer
+from tests.runtime.conftest import wait_until
 
 SPEC = wire.ModelSpec.build([("b", "F32", (10,)), ("w", "F32", (7, 3))])  # 31 floats, no gap
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _wait(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached")
-        time.sleep(0.01)
 
 
 @pytest.fixture()
@@ -92,14 +84,14 @@ def test_a_claim_reads_every_object_in_place_and_its_leases_outlive_the_owners(
         assert ns.leases(keys["c0"]) == 1 and ns.leases(keys["c1"]) == 2
     finally:
         client.close()
-    _wait(lambda: server.leases() == 3)  # the closed connection's leases went back
+    wait_until(lambda: server.leases() == 3, 5)  # the closed connection's leases went back
     assert ns.leases(keys["c1"]) == 1 and not lost  # a client's own close is not a loss
 
 
 def test_an_unclaimed_offer_ends_with_its_ticket(store: tuple[Namespace, HandoffServer]) -> None:
     ns, server = store
     ticket, keys = _offer(ns, server, ttl=0.2)
-    _wait(lambda: server.leases() == 0)
+    wait_until(lambda: server.leases() == 0, 5)
     assert all(ns.leases(k) == 1 for k in keys.values())  # only the round's own lease
     client = HandoffClient(server.path, lambda _: None)
     try:
@@ -143,7 +135,7 @@ def test_a_claimer_that_dies_gives_its_leases_back(store: tuple[Namespace, Hando
         proc.wait()
     for k in keys.values():
         ns.release(k)  # the offer ends with the round: only the dead claimer's leases left
-    _wait(lambda: all(ns.leases(k) == 1 for k in keys.values()))
+    wait_until(lambda: all(ns.leases(k) == 1 for k in keys.values()), 5)
 
 
 def test_a_withdrawn_store_closes_its_claimers_connections(
@@ -159,7 +151,7 @@ def test_a_withdrawn_store_closes_its_claimers_connections(
         server.withdraw(ns)
         assert lost.wait(5)
         assert server.leases() == 0
-        _wait(lambda: not client.claims)  # the claim's folder and arena are closed
+        wait_until(lambda: not client.claims, 5)  # the claim's folder and arena are closed
         assert len(os.listdir("/proc/self/fd")) < fds
         assert all(ns.leases(k) == 1 for k in keys.values())
         with pytest.raises(HandoffError):
