@@ -223,6 +223,7 @@ def _map_lent(keys: list[ObjectKey], offers: list[dict[str, str]]) -> dict[Objec
             for k in keys
             if k.kind == "update" and (k.job, k.round) == (claim.job, claim.round)
         }
+        unwanted: list[str] = []
         for name, key in claim.objects.items():
             k = wanted.get(name)
             if name not in claim.held:
@@ -243,9 +244,10 @@ def _map_lent(keys: list[ObjectKey], offers: list[dict[str, str]]) -> dict[Objec
                         out[k] = x  # the buffer is read-only: so is the vector
                         _lent[k] = (h["socket"], claim.ticket, name)
                         continue
-            # not wanted here (or unreadable): its lease goes back at once
+            unwanted.append(name)
+        if unwanted:  # not wanted here (or unreadable): their leases go back at once, together
             with contextlib.suppress(HandoffError):
-                client.release(claim.ticket, [name])
+                client.release(claim.ticket, unwanted)
     return out
 
 
