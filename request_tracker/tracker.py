@@ -219,7 +219,7 @@ class Tracker:
             head.update(workload=plan["workload"], hit=plan["hit"])
             if "result" in plan:  # a metadata query the engine answered from what it holds
                 return await self._done(
-                    qid, body, plan, t0, tried, plan["result"], None, None, recorded=recorded
+                    qid, head, plan, t0, tried, plan["result"], None, None, recorded=recorded
                 )
             if progress and not recorded:
                 await self._record(qid, **head, status="running", created=time.time(), tried=tried)
@@ -256,7 +256,7 @@ class Tracker:
                     step["outcome"] = "ok"
                     return await self._done(
                         qid,
-                        body,
+                        head,
                         plan,
                         t0,
                         tried,
@@ -303,7 +303,7 @@ class Tracker:
     async def _done(
         self,
         qid: str,
-        body: dict[str, Any],
+        head: dict[str, Any],
         plan: dict[str, Any],
         t0: float,
         tried: list[dict[str, Any]],
@@ -313,9 +313,10 @@ class Tracker:
         *,
         recorded: bool,
     ) -> dict[str, Any]:
-        """Count a finished query, write its record and return the answer. ``function`` is
-        the cache function that answered (None: the engine answered from what it holds);
-        where nothing was ``recorded`` yet the record is written whole, in one write."""
+        """Count a finished query, write its record and return the answer. ``head``: the
+        record's head (workload, job, query, hit); ``function`` is the cache function that
+        answered (None: the engine answered from what it holds); where nothing was
+        ``recorded`` yet the record is written whole, in one write."""
         latency = time.perf_counter() - t0
         self.latencies.append(latency)
         self.stats["completed"] += 1
@@ -330,17 +331,16 @@ class Tracker:
             "engine_s": plan.get("engine_s"),
             "loaded": plan.get("loaded", 0),
         }
-        head = {"workload": plan["workload"], "job": str(body.get("job")), "query": body}
         if recorded:
             await self._record(qid, **done)
         else:  # written while the answer goes back; get() serves it from here meanwhile
-            rec = {**head, "created": time.time(), "hit": plan["hit"], **done}
+            rec = {**head, "created": time.time(), **done}
             self._unwritten[qid] = rec
             ttl = self._ttl.get(qid, self.s.result_ttl)
             t = asyncio.create_task(self._write(qid, rec, ttl))
             self._writes.add(t)
             t.add_done_callback(self._writes.discard)
-        return {"id": qid, **head, "hit": plan["hit"], **done}
+        return {"id": qid, **head, **done}
 
     async def _write(self, qid: str, rec: dict[str, Any], ttl: int) -> None:
         try:
