@@ -16,6 +16,10 @@ Metadata-only queries (every object they read is a round's ``meta.json``, no eva
 reads anyway when it ingests a round (the newest :data:`META_ROUNDS` rounds are kept): the same
 workload code on the same dicts as a cache function, without the hop to one. The others, and
 metadata the engine no longer holds, go to the cache functions.
+
+Every change a query's plan depends on (the table, the catalog, the evaluators, the functions'
+addresses) is published on ``flstore:changes`` (:data:`cache_engine.table.CHANGES`): the request
+tracker keeps plans until then and reports the queries it answered on them (:meth:`touch`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from cache_engine.keys import ObjectKey
 from cache_engine.policies import Decision, make_policy
 from cache_engine.queries import Plan, parse_query, plan, run_workload
 from cache_engine.settings import EngineSettings
-from cache_engine.table import RedisLocationTable
+from cache_engine.table import CHANGES, RedisLocationTable
 from fedfaas.auth import AuthConfigError, bearer, read_token_file
 from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError, function_deployment
 
@@ -77,6 +81,7 @@ STATS = (
     "replicated",
     "answered_here",
     "objects_handed_off",
+    "touched",
 )
 #: rounds whose handoff (where a gateway lends their updates) the engine remembers
 HANDOFF_ROUNDS = 256
@@ -242,6 +247,7 @@ class CacheEngine:
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(JOBS, job)
             pipe.hset(CATALOG + job, str(rnd), json.dumps(clients))
+            pipe.publish(CHANGES, f"{job}/{rnd}")  # the catalog and the evaluator above
             pipe.execute()
             d = self.policy.on_round_complete(job, rnd)
         self._carry_out(d)
@@ -294,13 +300,10 @@ class CacheEngine:
                 job=p.query.job,
             )
         with self._lock:
-            if not wait and not self._held_now(p.keys):
+            if not wait and not self._live_holders(p.keys):
                 return None
             d = self.policy.on_request(p.keys, p.policy)
-        self.stats["requests"] += 1
-        self.stats["hits" if d.hit else "misses"] += 1
-        self.stats["key_hits"] += len(d.hits)
-        self.stats["key_misses"] += len(d.misses)
+        self._count(d)
         loaded0 = self.stats["objects_loaded"]
         # one complete copy on the query path; the secondaries follow in the background
         holders = self.ensure(p.keys, copies=1)
@@ -323,15 +326,46 @@ class CacheEngine:
             "engine_s": time.perf_counter() - t0,
         }
 
-    def _held_now(self, keys: Sequence[ObjectKey]) -> bool:
-        """Whether a live function holds every key and none is being loaded (under the lock):
-        :meth:`ensure` then neither loads nor waits."""
+    def touch(self, bodies: Sequence[dict[str, Any]]) -> int:
+        """Queries the request tracker answered on plans it kept, without ``/v1/acquire``: the
+        policy sees each as the request it was, and what it decides (prefetch, eviction, a
+        missing secondary) starts, as :meth:`acquire` would have started it. A query whose
+        objects are no longer all held is skipped (the policy would count as resident what
+        nothing loads). Returns how many were counted."""
+        counted = 0
+        for body in bodies:
+            try:
+                p = self.plan(body)
+            except EngineError:
+                continue
+            with self._lock:
+                holders = self._live_holders(p.keys)
+                if not holders:
+                    continue
+                d = self.policy.on_request(p.keys, p.policy)
+            self._count(d)
+            if len(holders) < 1 + self.s.secondaries:
+                self._bg.put(("replicate", list(p.keys)))
+            self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+            counted += 1
+        self.stats["touched"] += counted
+        return counted
+
+    def _count(self, d: Decision) -> None:
+        self.stats["requests"] += 1
+        self.stats["hits" if d.hit else "misses"] += 1
+        self.stats["key_hits"] += len(d.hits)
+        self.stats["key_misses"] += len(d.misses)
+
+    def _live_holders(self, keys: Sequence[ObjectKey]) -> list[str]:
+        """The live functions holding every key, none of which is being loaded (under the
+        lock); where there is one, :meth:`ensure` neither loads nor waits."""
         if not keys or any(k in self._inflight for k in keys):
-            return False
+            return []
         common = set(self.table.get(keys[0]))
         for k in keys[1:]:
             common &= set(self.table.get(k))
-        return any(self.functions.get(f) is not None and self.functions[f].alive for f in common)
+        return sorted(f for f in common if (i := self.functions.get(f)) is not None and i.alive)
 
     def _answer_here(self, p: Plan) -> dict[str, Any] | None:
         """The result of a metadata-only query from the metadata held here (None: not one, or
@@ -612,8 +646,13 @@ class CacheEngine:
             info.incarnation, info.alive, info.failures = inc, True, 0
             info.used = int(body.get("bytes", 0))
             url = body.get("url")
-            info.url = url if isinstance(url, str) and _DIRECT.match(url) else None
-            self.redis.hset(FUNCTIONS, name, inc)
+            url = url if isinstance(url, str) and _DIRECT.match(url) else None
+            moved, info.url = url != info.url, url
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(FUNCTIONS, name, inc)
+            if moved:  # plans name the functions' addresses
+                pipe.publish(CHANGES, name)
+            pipe.execute()
         if changed:  # same name, new process: its memory is gone
             log.warning("cache function %s restarted (%s); its objects are lost", name, inc)
             self._lost(name)

@@ -2,7 +2,8 @@
 
 Routes: ``GET /healthz``, ``GET /metrics``, ``GET /v1/state``, ``POST /v1/jobs/{job}/rounds/{round}/complete``
 (ingest a written round), ``POST /v1/acquire`` (a query's objects cached; returns holders),
-``POST /v1/plan`` (validate only), ``GET /v1/locations?ids=...``, ``POST /v1/functions/{name}/failed``,
+``POST /v1/touch`` (queries the tracker answered on plans it kept), ``POST /v1/plan`` (validate
+only), ``GET /v1/locations?ids=...``, ``POST /v1/functions/{name}/failed``,
 ``GET /v1/replicas``, ``GET /v1/idle``.
 """
 
@@ -28,6 +29,8 @@ from fedfaas.secretfiles import read_credentials, redis_client
 
 log = logging.getLogger(__name__)
 QUERY_SHAPE = "the body must be a JSON object {workload, job, rounds, clients, params}"
+#: the most queries one ``POST /v1/touch`` may carry
+MAX_TOUCH = 1000
 
 
 def _error(status: int, body: dict[str, Any]) -> JSONResponse:
@@ -154,6 +157,28 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         if out is None:
             out = await run_in_threadpool(e.acquire, body)
         return JSONResponse(out)
+
+    @app.post("/v1/touch", dependencies=service)
+    async def touch(request: Request) -> Any:
+        """``{"queries": [query, ...]}``: queries the request tracker answered on plans it
+        kept, without ``/v1/acquire``; the policy sees each as a request."""
+        body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        qs = body.get("queries")
+        if (
+            not isinstance(qs, list)
+            or not all(isinstance(q, dict) for q in qs)
+            or len(qs) > MAX_TOUCH
+        ):
+            return _error(
+                400,
+                {
+                    "error": "bad_touch",
+                    "detail": f"'queries' must be a list of at most {MAX_TOUCH} query objects",
+                },
+            )
+        return {"counted": await run_in_threadpool(eng(request).touch, qs)}
 
     @app.get("/v1/locations", dependencies=service)
     def locations(request: Request, ids: list[str] = Query(default=[])) -> dict[str, Any]:  # noqa: B008

@@ -6,6 +6,9 @@ restarted engine see the same table. Redis layout (one hash per job, one set per
 
     flstore:loc:<job>   field "<round>/<client|global|meta>" -> "fn-a,fn-b"
     flstore:fn:<name>   members "<job>/<round>/<client|global|meta>"
+
+Every change is also published on :data:`CHANGES`, which voids the plans the request tracker
+keeps (the engine publishes its catalog's and its functions' changes there too).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from cache_engine.keys import ObjectKey
 
 LOC_PREFIX = "flstore:loc:"
 FN_PREFIX = "flstore:fn:"
+#: Redis channel: a message after every change a query's plan depends on (the location table,
+#: the catalog of rounds, the jobs' evaluators, the functions' addresses)
+CHANGES = "flstore:changes"
 
 
 class LocationTable:
@@ -135,10 +141,14 @@ class RedisLocationTable(LocationTable):
                 pipe.sadd(FN_PREFIX + f, key.id)
             else:
                 pipe.srem(FN_PREFIX + f, key.id)
+        pipe.publish(CHANGES, key.id)
         pipe.execute()
 
     def _drop_fn(self, fn: str) -> None:
-        self.redis.delete(FN_PREFIX + fn)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(FN_PREFIX + fn)
+        pipe.publish(CHANGES, fn)
+        pipe.execute()
 
 
 def redis_lookup(redis: Any, keys: Iterable[ObjectKey]) -> dict[ObjectKey, list[str]]:

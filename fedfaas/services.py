@@ -261,13 +261,14 @@ def _secrets_folder(path: Path) -> Path:
 
 #: Redis ACL users (besides ``default``, which is off): name -> key patterns and commands.
 #: Each component reaches only its own keys and no dangerous or admin command (``CONFIG``,
-#: ``FLUSHALL``, ``ACL``, ``KEYS``, ...); ``admin`` is the launcher's and the tests'.
+#: ``FLUSHALL``, ``ACL``, ``KEYS``, ...), and no Pub/Sub channel but the cache engine's change
+#: messages, which the request tracker follows; ``admin`` is the launcher's and the tests'.
 REDIS_USERS: dict[str, str] = {
     "admin": "~* &* +@all",
     "gateway": "~fedfaas:* resetchannels +@all -@dangerous -@admin",
     "control-plane": "~fedfaas:control:* resetchannels +@all -@dangerous -@admin",
-    "cache-engine": "~flstore:* resetchannels +@all -@dangerous -@admin",
-    "request-tracker": "~flstore:* resetchannels +@all -@dangerous -@admin",
+    "cache-engine": "~flstore:* resetchannels &flstore:changes +@all -@dangerous -@admin",
+    "request-tracker": "~flstore:* resetchannels &flstore:changes +@all -@dangerous -@admin",
     "baseline": "~baseline:* resetchannels +@all -@dangerous -@admin",
     # the embedded runtime's queue of asynchronous calls (they hold callers' function tokens,
     # so the prefix is outside the gateway's fedfaas:*)

@@ -31,6 +31,11 @@ class TrackerSettings(CommandLineSettings):
         one (the embedded runtime gives each replica a loopback address; the hop through the
         gateway is about a millisecond on a 2-core machine); off, or where no address is
         known (Kubernetes: faas-netes gives none), every call goes through the gateway.
+    plan_reuse
+        Keep the engine's plans of queries whose objects are cached (and its answers to
+        metadata-only queries), and answer the same query again without asking the engine
+        (see :mod:`request_tracker.tracker`); off (``--no-plan-reuse``), every query asks the
+        engine.
     ping_interval
         Seconds between the tracker's liveness pings of the cache functions (0 = off).
     result_ttl
@@ -68,6 +73,7 @@ class TrackerSettings(CommandLineSettings):
         "attempts": "--attempts",
         "engine_wait": "--engine-wait",
         "direct_functions": "--no-direct-functions",
+        "plan_reuse": "--no-plan-reuse",
         "ping_interval": "--ping-interval",
         "result_ttl": "--result-ttl",
         "answered_ttl": "--answered-ttl",
@@ -89,6 +95,7 @@ class TrackerSettings(CommandLineSettings):
     attempts: int = 3
     engine_wait: float = 15.0
     direct_functions: bool = True
+    plan_reuse: bool = True
     ping_interval: float = 2.0
     result_ttl: int = 3600
     answered_ttl: int = 60

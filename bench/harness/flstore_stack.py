@@ -210,12 +210,24 @@ class FLStoreStack:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in paths)
 
     def wait_idle(self, timeout: float = 60.0) -> None:
-        """Wait until the engine has no background work (prefetch, eviction, restoration)."""
+        """Wait until the tracker has told the engine every query it answered on a kept plan
+        (a tracker that does not answer is not waited for), and the engine has no background
+        work (prefetch, eviction, restoration)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if httpx.get(f"{self.engine_url}/v1/idle", timeout=10, headers=self.auth).json()[
-                "idle"
-            ]:
+            try:
+                told = (
+                    "flstore_tracker_touches_pending 0\n"
+                    in httpx.get(f"{self.tracker_url}/metrics", timeout=10, headers=self.auth).text
+                )
+            except httpx.TransportError:
+                told = True
+            if (
+                told
+                and httpx.get(f"{self.engine_url}/v1/idle", timeout=10, headers=self.auth).json()[
+                    "idle"
+                ]
+            ):
                 return
             time.sleep(0.05)
         raise TimeoutError("engine still busy")

@@ -51,3 +51,45 @@ def test_redis_table_survives_an_engine_restart_and_serves_the_tracker(redis_url
     fresh.drop_function("flstore-cache-2")
     assert redis_lookup(r, keys)[keys[2]] == []
     assert r.smembers("flstore:fn:flstore-cache-0") == {keys[0].id, keys[1].id}
+
+
+@pytest.mark.integration
+def test_every_change_of_the_redis_table_is_published_for_the_tracker(redis_url: str) -> None:
+    """Each write-through also publishes on CHANGES, which the request tracker's Redis user
+    may follow (and no other channel); that voids its kept plans."""
+    import redis as redis_lib
+
+    from cache_engine.table import CHANGES
+
+    with redis_url.client("request-tracker", decode_responses=True) as tr:
+        sub = tr.pubsub()
+        sub.subscribe(CHANGES)
+        assert sub.get_message(timeout=5)["type"] == "subscribe"
+        with redis_url.client("cache-engine", decode_responses=True) as r:
+            t = RedisLocationTable(r)
+            k = update("job-p", "c1", 1)
+            t.add(k, "flstore-cache-0")
+            t.remove(k)
+            t.add(k, "flstore-cache-1")
+            t.drop_function("flstore-cache-1")
+        got = []
+        while (m := sub.get_message(timeout=2)) is not None:
+            got.append(m["data"])
+        assert got == [k.id, k.id, k.id, k.id, "flstore-cache-1"]
+        sub.close()
+        other = tr.pubsub()
+        with pytest.raises(redis_lib.exceptions.NoPermissionError):
+            other.subscribe("fedfaas:anything")
+            other.get_message(timeout=2)
+        other.close()
+    with redis_url.client("gateway") as gw, pytest.raises(redis_lib.exceptions.NoPermissionError):
+        gw.publish(CHANGES, "forged")
+
+
+def test_the_tracker_follows_the_channel_the_engine_publishes_on() -> None:
+    from cache_engine.service import MAX_TOUCH
+    from cache_engine.table import CHANGES
+    from request_tracker import tracker
+
+    assert tracker.CHANGES == CHANGES
+    assert 0 < tracker.TOUCH_BATCH <= MAX_TOUCH

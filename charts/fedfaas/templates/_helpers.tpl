@@ -121,8 +121,8 @@ fedfaas-function-token
 admin: "~* &* +@all"
 gateway: "~fedfaas:* resetchannels +@all -@dangerous -@admin"
 control-plane: "~fedfaas:control:* resetchannels +@all -@dangerous -@admin"
-cache-engine: "~flstore:* resetchannels +@all -@dangerous -@admin"
-request-tracker: "~flstore:* resetchannels +@all -@dangerous -@admin"
+cache-engine: "~flstore:* resetchannels &flstore:changes +@all -@dangerous -@admin"
+request-tracker: "~flstore:* resetchannels &flstore:changes +@all -@dangerous -@admin"
 baseline: "~baseline:* resetchannels +@all -@dangerous -@admin"
 runtime: "~runtime:async:* resetchannels +@all -@dangerous -@admin"
 {{- end -}}
