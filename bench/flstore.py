@@ -63,6 +63,8 @@ log = logging.getLogger("bench.flstore")
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ["flstore", "lru", "fifo", "lfu", "random", "static"]
 JOB, DIGITS = "bench", "digits"
+#: rounds of the digits job: each live digits row is asked once a round
+DIGITS_ROUNDS = 8
 
 
 def round_queries(job: str, r: int) -> list[tuple[str, dict[str, Any]]]:
@@ -136,7 +138,9 @@ def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             seed=0,
             keep=False,
         )
-        write_digits_history(cold, DIGITS, 3, per_round=args.clients, pool=50, flip=["c001"])
+        write_digits_history(
+            cold, DIGITS, DIGITS_ROUNDS, per_round=args.clients, pool=50, flip=["c001"]
+        )
         write_s = time.perf_counter() - t0
         log.info(
             "wrote %d rounds x %d clients of %d floats in %.1f s",
@@ -264,7 +268,7 @@ def _latency_mode(
         loads: list[dict[str, Any]] = []
         prefetch_s = 0.0
         plan = [(JOB, r, round_queries(JOB, r)) for r in range(1, args.rounds + 1)]
-        plan += [(DIGITS, r, evaluator_queries(DIGITS, r)) for r in range(1, 4)]
+        plan += [(DIGITS, r, evaluator_queries(DIGITS, r)) for r in range(1, DIGITS_ROUNDS + 1)]
         for jb, rnd, qs in plan:  # live: each round is ingested, then its queries arrive
             t0 = time.perf_counter()
             stack.ingest(jb, [rnd])
@@ -273,10 +277,15 @@ def _latency_mode(
             for wl, body in qs:
                 body = _fix_personalize(body, clients)
                 label = wl if jb == JOB else f"{wl} (digits)"
-                rows.append({**_one(client, stack, urls, label, body), "memo": memo})
+                # the systems take turns at going first; the background prefetch a query
+                # starts is not charged to the next query, whichever system asks it, but it
+                # is reported
+                row = _one(client, stack, urls, label, body, first=len(rows))
+                prefetch_s += row.pop("settle_s")
+                rows.append({**row, "memo": memo})
                 t0 = time.perf_counter()
-                stack.wait_idle(600)  # background prefetch is not charged to the next query...
-                prefetch_s += time.perf_counter() - t0  # ...but it is reported
+                stack.wait_idle(600)
+                prefetch_s += time.perf_counter() - t0
         steady = _steady(client, stack, urls)
         state = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
         after = {n: client.get(f"{u}/healthz").json() for n, u in urls.items()}
@@ -325,6 +334,9 @@ def _function_memos(stack: FLStoreStack, names: list[str]) -> dict[str, dict[str
     return out
 
 
+SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
+
+
 def _one(
     client: httpx.Client,
     stack: FLStoreStack,
@@ -332,15 +344,28 @@ def _one(
     wl: str,
     body: dict[str, Any],
     *,
+    first: int = 0,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Send one query to the three systems; latency measured at the client."""
-    row: dict[str, Any] = {"workload": wl, "query": body}
-    for system, url in (
-        ("fedfaas", f"{stack.tracker_url}/v1/queries?wait=true"),
-        ("objstore-agg", f"{urls['objstore-agg']}/v1/queries"),
-        ("cache-agg", f"{urls['cache-agg']}/v1/queries"),
-    ):
+    """Send one query to the three systems, system ``first`` (mod 3) of :data:`SYSTEMS`
+    first, then on in turn, each asking on an idle engine (the background work a FedFaaS query
+    starts is over before the next system asks: ``settle_s``, the time that took); latency
+    measured at the client."""
+    row: dict[str, Any] = {"workload": wl, "query": body, "order": []}
+    address = {
+        "fedfaas": f"{stack.tracker_url}/v1/queries?wait=true",
+        "objstore-agg": f"{urls['objstore-agg']}/v1/queries",
+        "cache-agg": f"{urls['cache-agg']}/v1/queries",
+    }
+    settle = 0.0
+    for i in range(len(SYSTEMS)):
+        system = SYSTEMS[(first + i) % len(SYSTEMS)]
+        url = address[system]
+        row["order"].append(system)
+        if i:
+            t = time.perf_counter()
+            stack.wait_idle(600)
+            settle += time.perf_counter() - t
         t = time.perf_counter()
         r = client.post(url, json=body, headers=stack.auth if system == "fedfaas" else None)
         dt = time.perf_counter() - t
@@ -352,7 +377,10 @@ def _one(
         row[system] = {"latency_s": dt, "result": res["result"], "compute_s": res.get("compute_s")}
         if system == "fedfaas":
             row[system].update(
-                hit=res.get("hit"), engine_s=res.get("engine_s"), loaded=res.get("loaded")
+                hit=res.get("hit"),
+                engine_s=res.get("engine_s"),
+                loaded=res.get("loaded"),
+                plan_kept=res.get("plan_kept"),
             )
         else:
             row[system].update(
@@ -363,8 +391,9 @@ def _one(
         and _same(row["fedfaas"]["result"], row["objstore-agg"]["result"])
         and _same(row["fedfaas"]["result"], row["cache-agg"]["result"])
     )
-    for s in ("fedfaas", "objstore-agg", "cache-agg"):
+    for s in SYSTEMS:
         row[s].pop("result")
+    row["settle_s"] = settle
     if quiet:
         return row
     log.info(
@@ -381,19 +410,23 @@ def _one(
 
 
 #: how often each small query is asked in the steady-state rows (the three systems in turn)
-STEADY_REPEATS = 20
+STEADY_REPEATS = 30
 
 
 def _steady(
     client: httpx.Client, stack: FLStoreStack, urls: dict[str, str], repeats: int = STEADY_REPEATS
 ) -> dict[str, Any]:
     """The small queries of the digits job (its last round) in steady state: each asked
-    ``repeats`` times of each system in turn, after two unmeasured askings, with the engine
-    idle before each turn. The live rows ask each once per round, right after the heavy
-    queries of the ResNet job; at a few milliseconds a query, that order, not the query
-    path, decides them (about 2 ms run to run on this 2-core machine)."""
+    ``repeats`` times of each system, the system that goes first rotating, after two
+    unmeasured askings, on an idle engine. The live rows ask each once per round, right after
+    the heavy queries of the ResNet job; at a few milliseconds a query, that order, not the
+    query path, decides them (about 2 ms run to run on this 2-core machine). Beside the means,
+    the paired difference FedFaaS - Cache-Agg (same asking) with its 95% confidence interval
+    (Student's t): a difference whose interval spans zero is not one this run can tell."""
+    from scipy import stats as st
+
     out: dict[str, Any] = {}
-    last = 3
+    last = DIGITS_ROUNDS
     small = [
         ("track", {"rounds": [last], "params": {"window": 10}}),
         ("oort", {"rounds": [last], "params": {"k": 3}}),
@@ -409,21 +442,27 @@ def _steady(
     ]
     for wl, b in small:
         body = {"workload": wl, "job": DIGITS, **b}
-        lat: dict[str, list[float]] = {"fedfaas": [], "objstore-agg": [], "cache-agg": []}
-        same = True
+        lat: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+        same, kept = True, 0
         for i in range(repeats + 2):
             stack.wait_idle(600)
-            row = _one(client, stack, urls, f"{wl} (digits, steady)", body, quiet=True)
+            row = _one(client, stack, urls, f"{wl} (digits, steady)", body, first=i, quiet=True)
             same = same and row["same_result"]
             if i >= 2:
+                kept += bool(row["fedfaas"].get("plan_kept"))
                 for s in lat:
                     lat[s].append(row[s]["latency_s"])
         mean = {s: statistics.mean(x) for s, x in lat.items()}
+        diff = [a - b for a, b in zip(lat["fedfaas"], lat["cache-agg"], strict=True)]
+        half = float(st.t.ppf(0.975, len(diff) - 1)) * statistics.stdev(diff) / len(diff) ** 0.5
         out[wl] = {
             "queries": repeats,
             "mean_s": mean,
             "median_s": {s: statistics.median(x) for s, x in lat.items()},
             "reduction_vs_cache": 1 - mean["fedfaas"] / mean["cache-agg"],
+            "diff_vs_cache_s": statistics.mean(diff),
+            "diff_vs_cache_ci95_s": [statistics.mean(diff) - half, statistics.mean(diff) + half],
+            "plans_kept": kept,
             "same_result": same,
         }
         log.info(
@@ -440,9 +479,6 @@ def _same(a: Any, b: Any, tol: float = 1e-4) -> bool:
     if isinstance(a, float) and isinstance(b, (int, float)):
         return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
     return bool(a == b)
-
-
-SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
 
 
 def _baseline_threads(rows: list[dict[str, Any]]) -> int | None:
@@ -757,10 +793,11 @@ def markdown(res: dict[str, Any]) -> str:
             f"{lt['clients_per_round']} of {lt['pool']} clients in MinIO; 1 primary + "
             f"{lt['secondaries']} secondary per object. Mean latency per query, measured "
             "at the client. Rows marked (digits) run on a second, real job (softmax "
-            "regression on load_digits, 650 floats, 3 rounds) because they need a "
-            "validation-set evaluator. Live order: each round is ingested (hot data to "
-            "the cache functions; MinIO already has it), then that round's queries "
-            "arrive. Rows '(served from memory)' keep the queries that needed no load "
+            f"regression on load_digits, 650 floats, {DIGITS_ROUNDS} rounds) because they "
+            "need a validation-set evaluator. Live order: each round is ingested (hot data "
+            "to the cache functions; MinIO already has it), then that round's queries "
+            "arrive, each asked of the three systems in turn, the one that goes first "
+            "rotating from query to query, each on an idle engine. Rows '(served from memory)' keep the queries that needed no load "
             "on the query path. The load and prefetch rows give what the timed queries leave "
             "out; 'all, load included' charges it to the queries.",
             "",
@@ -866,19 +903,29 @@ def _steady_md(tag: str, steady: dict[str, Any]) -> list[str]:
     n = next(iter(steady.values()))["queries"]
     lines = [
         f"Small queries of the digits job in steady state ({tag}): each asked {n} times of "
-        "each system in turn (after two unmeasured), the engine idle before each turn; the "
-        "live rows above ask each once a round, right after the ResNet job's heavy queries.",
+        "each system, the system that goes first rotating (after two unmeasured askings), on "
+        "an idle engine; the live rows above ask each once a round, right after the ResNet "
+        "job's heavy queries. 'FedFaaS - Cache-Agg': the mean of the paired differences, "
+        "with its 95% confidence interval (Student's t); an interval that spans 0 is a "
+        "difference this run cannot tell from noise. 'kept': FedFaaS askings the request "
+        "tracker answered on the plan it kept from an earlier asking (no call to the cache "
+        "engine; for track and oort, whose answer the engine gives from the rounds' metadata, "
+        "the kept answer itself).",
         "",
-        "| workload | queries | FedFaaS mean ms | median ms | ObjStore-Agg mean ms | "
-        "Cache-Agg mean ms | median ms | vs Cache | same answer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | queries | FedFaaS mean ms | median ms | kept | ObjStore-Agg mean ms | "
+        "Cache-Agg mean ms | median ms | vs Cache | FedFaaS - Cache-Agg ms (95% CI) | "
+        "same answer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for wl, x in steady.items():
         m, md = x["mean_s"], x["median_s"]
+        lo, hi = x["diff_vs_cache_ci95_s"]
         lines.append(
             f"| {wl} | {x['queries']} | {1e3 * m['fedfaas']:.2f} | {1e3 * md['fedfaas']:.2f} | "
-            f"{1e3 * m['objstore-agg']:.2f} | {1e3 * m['cache-agg']:.2f} | "
-            f"{1e3 * md['cache-agg']:.2f} | {_pct(x['reduction_vs_cache'])} | {x['same_result']} |"
+            f"{x.get('plans_kept', 0)} | {1e3 * m['objstore-agg']:.2f} | {1e3 * m['cache-agg']:.2f} | "
+            f"{1e3 * md['cache-agg']:.2f} | {_pct(x['reduction_vs_cache'])} | "
+            f"{1e3 * x['diff_vs_cache_s']:+.2f} ({1e3 * lo:+.2f} to {1e3 * hi:+.2f}) | "
+            f"{x['same_result']} |"
         )
     return [*lines, ""]
 
