@@ -247,7 +247,7 @@ class CacheEngine:
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(JOBS, job)
             pipe.hset(CATALOG + job, str(rnd), json.dumps(clients))
-            pipe.publish(CHANGES, f"{job}/{rnd}")  # the catalog and the evaluator above
+            pipe.publish(CHANGES, job)  # the catalog and the evaluator above
             pipe.execute()
             d = self.policy.on_round_complete(job, rnd)
         self._carry_out(d)
@@ -651,7 +651,7 @@ class CacheEngine:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hset(FUNCTIONS, name, inc)
             if moved:  # plans name the functions' addresses
-                pipe.publish(CHANGES, name)
+                pipe.publish(CHANGES, "")
             pipe.execute()
         if changed:  # same name, new process: its memory is gone
             log.warning("cache function %s restarted (%s); its objects are lost", name, inc)

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import CacheEngine, handoff_problem
 from cache_engine.errors import EngineError
+from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import Authenticator, Scope, install, private_app, require
 from fedfaas.openfaas import OpenFaaS, read_basic_auth
@@ -191,11 +192,23 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         return {"function": name, "alive": eng(request).report_failure(name)}
 
     @app.post("/v1/functions/{name}/missing", dependencies=service)
-    def missing(name: str, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def missing(name: str, request: Request, body: dict[str, Any]) -> Any:
         """Function ``name`` answered 409 not_held for these objects: fix the table."""
-        ids = body.get("objects") or []
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return {"corrected": 0}
+        ids = body.get("objects")
+        try:
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise ValueError
+            for i in ids:
+                ObjectKey.parse(i)
+        except ValueError:
+            return _error(
+                400,
+                {
+                    "error": "bad_request",
+                    "detail": "'objects' must be a list of object ids (job/round/client, "
+                    "job/round/global or job/round/meta)",
+                },
+            )
         return {"corrected": eng(request).report_missing(name, ids)}
 
     @app.get("/v1/replicas", dependencies=service)

@@ -21,7 +21,8 @@ from cache_engine.keys import ObjectKey
 LOC_PREFIX = "flstore:loc:"
 FN_PREFIX = "flstore:fn:"
 #: Redis channel: a message after every change a query's plan depends on (the location table,
-#: the catalog of rounds, the jobs' evaluators, the functions' addresses)
+#: the catalog of rounds, the jobs' evaluators, the functions' addresses). Its data is the job
+#: changed, or "" for a change that may touch any job's plans (a function gone or moved).
 CHANGES = "flstore:changes"
 
 
@@ -141,13 +142,13 @@ class RedisLocationTable(LocationTable):
                 pipe.sadd(FN_PREFIX + f, key.id)
             else:
                 pipe.srem(FN_PREFIX + f, key.id)
-        pipe.publish(CHANGES, key.id)
+        pipe.publish(CHANGES, key.job)
         pipe.execute()
 
     def _drop_fn(self, fn: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(FN_PREFIX + fn)
-        pipe.publish(CHANGES, fn)
+        pipe.publish(CHANGES, "")
         pipe.execute()
 
 

@@ -11,9 +11,10 @@ function to the engine and re-routes to the next holder (a secondary), then re-a
 kept, and the same query asked again goes straight to a holder: one call to the engine less on
 the query path (about a millisecond on a 2-core machine). The engine publishes every change a
 plan depends on (the location table, the catalog, evaluators, the functions' addresses) on the
-Redis channel :data:`CHANGES`; any message voids every kept plan, and a plan is reused only in
-the epoch (messages seen) in which it was asked for, while the tracker is subscribed, and for
-at most :data:`PLAN_TTL_S`. A plan a message has not voided yet is still safe: a function
+Redis channel :data:`CHANGES`, naming the job changed (or none, for a change that may touch any
+job: a function gone or moved); a message voids the kept plans of that job (or all), and a plan
+is reused only in the epoch (messages seen for its job, and for all jobs) in which it was asked
+for, while the tracker is subscribed, and for at most :data:`PLAN_TTL_S`. A plan a message has not voided yet is still safe: a function
 answers only when it holds every object named (else 409 ``not_held``), and the tracker then
 asks the engine as before. The queries answered on kept plans are told to the engine in
 batches (``/v1/touch``), so its policy sees every request. The answer to a metadata-only query
@@ -119,10 +120,12 @@ class Tracker:
         #: records of queries answered in their own request, written in the background
         self._unwritten: dict[str, dict[str, Any]] = {}
         self._writes: set[asyncio.Task[None]] = set()
-        #: query (canonical JSON) -> (epoch it was asked in, monotonic time, plan)
-        self._plans: dict[str, tuple[int, float, dict[str, Any]]] = {}
-        #: change messages seen since start (and subscriptions made); see the module
+        #: query (canonical JSON) -> (job, epoch it was asked in, monotonic time, plan)
+        self._plans: dict[str, tuple[str, tuple[int, int], float, dict[str, Any]]] = {}
+        #: change messages for every job seen since start (and subscriptions made), and for
+        #: each job; see the module
         self._epoch = 0
+        self._job_epochs: Counter[str] = Counter()
         #: subscribed to CHANGES: only then is a plan reused
         self._listening = False
         self._listener: asyncio.Task[None] | None = None
@@ -247,6 +250,7 @@ class Tracker:
                 )
 
         key = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        job = str(body.get("job"))
         kept = self._kept(key)
         # a kept plan is tried first, as an attempt of its own: should it be stale, every
         # attempt with a fresh plan is still there
@@ -255,7 +259,7 @@ class Tracker:
                 plan = kept
                 self.stats["plans_reused"] += 1
             else:
-                epoch = self._epoch
+                epoch = self._epoch_of(job)
                 try:
                     r = await self._engine("/v1/acquire", body)
                 except TrackerError as exc:
@@ -268,7 +272,7 @@ class Tracker:
                     self.stats["rejected" if r.status_code < 500 else "failed"] += 1
                     raise TrackerError(r.status_code, err)
                 plan = r.json()
-                self._keep(key, epoch, plan)
+                self._keep(key, job, epoch, plan)
             head.update(workload=plan["workload"], hit=plan["hit"])
             if "result" in plan:  # a metadata query the engine answered from what it holds
                 return await self._done(
@@ -411,8 +415,8 @@ class Tracker:
         entry = self._plans.get(key)
         if entry is None:
             return None
-        epoch, made, plan = entry
-        if epoch != self._epoch or time.monotonic() - made > PLAN_TTL_S:
+        job, epoch, made, plan = entry
+        if epoch != self._epoch_of(job) or time.monotonic() - made > PLAN_TTL_S:
             del self._plans[key]
             return None
         return {
@@ -426,30 +430,46 @@ class Tracker:
             "kept": True,
         }
 
-    def _keep(self, key: str, epoch: int, plan: dict[str, Any]) -> None:
-        """Keep ``plan`` (asked for in ``epoch``, and no change seen since): one that routes to
-        functions, or the answer to a metadata query the engine gave from the rounds'
-        metadata (the same query on the same rounds gives the same answer until a change)."""
-        if not self._listening or epoch != self._epoch:
+    def _epoch_of(self, job: str) -> tuple[int, int]:
+        return self._epoch, self._job_epochs[job]
+
+    def _keep(self, key: str, job: str, epoch: tuple[int, int], plan: dict[str, Any]) -> None:
+        """Keep the plan of a query of ``job`` (asked for in ``epoch``, and no change of that
+        job seen since): one that routes to functions, or the answer to a metadata query the
+        engine gave from the rounds' metadata (the same query on the same rounds gives the
+        same answer until a change)."""
+        if not self._listening or epoch != self._epoch_of(job):
             return
         if "result" not in plan and not plan.get("holders"):
             return
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        self._plans[key] = (epoch, time.monotonic(), plan)
+        self._plans[key] = (job, epoch, time.monotonic(), plan)
+
+    def _changed(self, job: str) -> None:
+        """A change of ``job`` ("": of any job): its kept plans are void."""
+        if job:
+            self._job_epochs[job] += 1
+            for k in [k for k, e in self._plans.items() if e[0] == job]:
+                del self._plans[k]
+        else:
+            self._epoch += 1
+            self._plans.clear()
 
     async def _listen(self) -> None:
-        """Follow the engine's change messages: each voids every kept plan. Plans are kept
-        only while subscribed; a broken subscription forgets them all and is made again."""
+        """Follow the engine's change messages: each voids the kept plans of its job (or
+        all). Plans are kept only while subscribed; a broken subscription forgets them all and
+        is made again."""
         while True:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(CHANGES)
                 async for msg in pubsub.listen():
-                    self._epoch += 1  # a change, or the subscription (anything may have changed)
-                    self._plans.clear()
-                    if msg.get("type") == "subscribe":
-                        self._listening = True
+                    if msg.get("type") == "message":
+                        self._changed(str(msg.get("data") or ""))
+                    else:  # subscribed (again): anything may have changed meanwhile
+                        self._changed("")
+                        self._listening = msg.get("type") == "subscribe"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

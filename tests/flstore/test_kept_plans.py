@@ -1,7 +1,8 @@
 """The request tracker's kept plans (issue 16, item 3): a query asked again goes straight to a
 cache function holding its objects, without the call to the engine; every change the engine
 publishes voids the kept plans; a plan gone stale falls back to the engine; the engine's policy
-still sees every request (``/v1/touch``). Real runtime, engine, tracker, Redis and MinIO."""
+still sees every request (``/v1/touch``); the engine routes the tracker calls check their input.
+Real runtime, engine, tracker, Redis and MinIO."""
 
 from __future__ import annotations
 
@@ -91,18 +92,17 @@ def test_a_metadata_query_asked_again_is_answered_by_the_tracker_itself(
     assert _engine_stats(stack)["answered_here"] == answered  # the engine was not asked
 
 
-def test_every_change_the_engine_publishes_voids_the_kept_plans(
+def test_a_change_the_engine_publishes_voids_the_kept_plans_of_its_job(
     stack: FLStoreStack, history: History, cold: MinioColdStore
 ) -> None:
+    """Another job's rounds leave this job's plans kept; a round of this job voids them."""
     _kept(stack, QUERY)
-    metrics = httpx.get(f"{stack.tracker_url}/metrics", headers=stack.auth, timeout=10).text
-    assert "flstore_tracker_plans_kept 0\n" not in metrics
-    # a round is written and ingested: the catalog changes, and the engine says so
     write_history(cold, f"{JOB}-other", 1, per_round=3, pool=5, seed=4)
     stack.ingest(f"{JOB}-other", [0, 1])
     stack.wait_idle()
-    metrics = httpx.get(f"{stack.tracker_url}/metrics", headers=stack.auth, timeout=10).text
-    assert "flstore_tracker_plans_kept 0\n" in metrics
+    assert _ask(stack, QUERY)["plan_kept"] is True
+    stack.ingest(JOB, [2])  # the catalog of this job is written again, and the engine says so
+    stack.wait_idle()
     assert _ask(stack, QUERY)["plan_kept"] is False
 
 
@@ -176,3 +176,15 @@ def test_without_plan_reuse_every_query_asks_the_engine(
     answers = [_ask(s, QUERY) for _ in range(3)]
     assert [a["plan_kept"] for a in answers] == [False] * 3
     assert all(a["engine_s"] is not None for a in answers)
+
+
+def test_a_report_of_missing_objects_wants_a_list_of_object_ids(
+    stack: FLStoreStack, history: History
+) -> None:
+    url = f"{stack.engine_url}/v1/functions/flstore-cache-0/missing"
+    assert httpx.post(url, json={"objects": []}).status_code == 401
+    for bad in ({}, {"objects": "kept-job/1/c000"}, {"objects": [1]}, {"objects": ["nope"]}):
+        r = httpx.post(url, headers=stack.auth, json=bad)
+        assert r.status_code == 400 and r.json()["error"] == "bad_request", r.text
+    r = httpx.post(url, headers=stack.auth, json={"objects": []})
+    assert r.status_code == 200 and r.json() == {"corrected": 0}
