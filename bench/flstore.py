@@ -922,7 +922,8 @@ def _steady_md(tag: str, steady: dict[str, Any]) -> list[str]:
         lo, hi = x["diff_vs_cache_ci95_s"]
         lines.append(
             f"| {wl} | {x['queries']} | {1e3 * m['fedfaas']:.2f} | {1e3 * md['fedfaas']:.2f} | "
-            f"{x.get('plans_kept', 0)} | {1e3 * m['objstore-agg']:.2f} | {1e3 * m['cache-agg']:.2f} | "
+            f"{x['plans_kept']} | {1e3 * m['objstore-agg']:.2f} | "
+            f"{1e3 * m['cache-agg']:.2f} | "
             f"{1e3 * md['cache-agg']:.2f} | {_pct(x['reduction_vs_cache'])} | "
             f"{1e3 * x['diff_vs_cache_s']:+.2f} ({1e3 * lo:+.2f} to {1e3 * hi:+.2f}) | "
             f"{x['same_result']} |"

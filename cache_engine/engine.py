@@ -308,9 +308,7 @@ class CacheEngine:
         # one complete copy on the query path; the secondaries follow in the background
         holders = self.ensure(p.keys, copies=1)
         loaded = self.stats["objects_loaded"] - loaded0  # approximate under concurrency
-        if len(holders) < 1 + self.s.secondaries:
-            self._bg.put(("replicate", list(p.keys)))
-        self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+        self._follow_up(p.keys, holders, d)
         with self._lock:
             direct = {f: u for f in holders if (u := getattr(self.functions.get(f), "url", None))}
         return {
@@ -344,9 +342,7 @@ class CacheEngine:
                     continue
                 d = self.policy.on_request(p.keys, p.policy)
             self._count(d)
-            if len(holders) < 1 + self.s.secondaries:
-                self._bg.put(("replicate", list(p.keys)))
-            self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+            self._follow_up(p.keys, holders, d)
             counted += 1
         self.stats["touched"] += counted
         return counted
@@ -356,6 +352,13 @@ class CacheEngine:
         self.stats["hits" if d.hit else "misses"] += 1
         self.stats["key_hits"] += len(d.hits)
         self.stats["key_misses"] += len(d.misses)
+
+    def _follow_up(self, keys: Sequence[ObjectKey], holders: list[str], d: Decision) -> None:
+        """What a request leaves to the background: the secondaries its objects lack, and the
+        policy's prefetch and evictions."""
+        if len(holders) < 1 + self.s.secondaries:
+            self._bg.put(("replicate", list(keys)))
+        self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
 
     def _live_holders(self, keys: Sequence[ObjectKey]) -> list[str]:
         """The live functions holding every key, none of which is being loaded (under the

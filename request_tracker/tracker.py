@@ -14,12 +14,12 @@ plan depends on (the location table, the catalog, evaluators, the functions' add
 Redis channel :data:`CHANGES`, naming the job changed (or none, for a change that may touch any
 job: a function gone or moved); a message voids the kept plans of that job (or all), and a plan
 is reused only in the epoch (messages seen for its job, and for all jobs) in which it was asked
-for, while the tracker is subscribed, and for at most :data:`PLAN_TTL_S`. A plan a message has not voided yet is still safe: a function
-answers only when it holds every object named (else 409 ``not_held``), and the tracker then
-asks the engine as before. The queries answered on kept plans are told to the engine in
-batches (``/v1/touch``), so its policy sees every request. The answer to a metadata-only query
-that the engine gave from the rounds' metadata (its "plan" is the result) is kept the same way:
-asked again, the tracker answers it itself.
+for, while the tracker is subscribed, and for at most :data:`PLAN_TTL_S`. A plan a message has
+not voided yet is still safe: a function answers only when it holds every object named (else
+409 ``not_held``), and the tracker then asks the engine as before. The queries answered on kept
+plans are told to the engine in batches (``/v1/touch``), so its policy sees every request. The
+answer to a metadata-only query that the engine gave from the rounds' metadata (its "plan" is
+the result) is kept the same way: asked again, the tracker answers it itself.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ class Tracker:
                 )
 
         key = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        job = str(body.get("job"))
+        job = head["job"]
         kept = self._kept(key)
         # a kept plan is tried first, as an attempt of its own: should it be stale, every
         # attempt with a fresh plan is still there

@@ -187,7 +187,15 @@ def test_each_query_rotates_which_system_asks_first_and_each_asks_on_an_idle_eng
 ) -> None:
     calls = _Calls()
     urls = {"objstore-agg": "http://objstore", "cache-agg": "http://cache"}
-    row = _one(calls, calls, urls, "oort", {"workload": "oort"}, first=first, quiet=True)  # type: ignore[arg-type]
+    row = _one(
+        calls,  # type: ignore[arg-type]
+        calls,  # type: ignore[arg-type]
+        urls,
+        "oort",
+        {"workload": "oort"},
+        first=first,
+        quiet=True,
+    )
     assert calls.log == [order[0], "idle", order[1], "idle", order[2]]
     names = {"tracker": "fedfaas", "objstore": "objstore-agg", "cache": "cache-agg"}
     assert row["order"] == [names[x] for x in order]
