@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_samples
 
-from ._linalg import Row, combine, cosines, embed
+from ._linalg import Row, cosines, embed
 from .base import RoundScope, invalid, round_requirements
 from .data import Requirements, WorkloadData
 
@@ -179,7 +179,7 @@ def personalized_model(
     """Materialise ``alpha * sum_j c_j w_j + (1 - alpha) g_r`` as a flat float32 vector."""
     mix = personalization_mixture(data, p)
     a = alpha if alpha is not None else (p.alpha if p.alpha is not None else 1.0)
-    return combine(_model_row(data, p.round, mix["peers"], a))
+    return data.combine(_model_row(data, p.round, mix["peers"], a))
 
 
 def run_personalize(data: WorkloadData, p: PersonalizeParams) -> dict[str, Any]:
@@ -188,10 +188,10 @@ def run_personalize(data: WorkloadData, p: PersonalizeParams) -> dict[str, Any]:
     alpha = p.alpha
     if alpha is None:
         ev = data.require_evaluator()
-        utilities = {
-            str(a): float(ev(combine(_model_row(data, p.round, mix["peers"], a))))
-            for a in p.alpha_grid
-        }
+        models = data.combine_many(
+            [_model_row(data, p.round, mix["peers"], a) for a in p.alpha_grid]
+        )
+        utilities = {str(a): float(ev(m)) for a, m in zip(p.alpha_grid, models, strict=True)}
         alpha = max(p.alpha_grid, key=lambda a: (utilities[str(a)], a))
     return {
         "round": p.round,

@@ -4,32 +4,129 @@ The utility of a coalition ``S`` of a round's clients is ``v(S) = evaluator(g_{r
 p_i^S Delta_i)`` with ``p^S`` renormalised over ``S`` (workloads.md); ``v(empty)`` is the utility of
 the round's starting model. No retraining: one aggregate per coalition, memoised.
 
-An evaluator that can evaluate several models at once (a ``map`` method: the job's evaluator
-function, ``cache_engine.evaluators``) gets the coalitions an algorithm will need in batches
-(:meth:`CoalitionUtility.prefetch`): all of them for leave-one-out and exact Shapley, the next
-prefixes of a permutation for GTG and TMC (those past a truncation are evaluated for nothing,
-and memoised). The values, hence the answers, are those of one-by-one evaluation.
+Sub-models are built in batches (:meth:`WorkloadData.combine_many`: on the cache functions that
+hold a round in coordinate slices, each builds its slice of every sub-model of the batch) and
+evaluated in batches where the evaluator takes several models at once (a ``map`` method: the
+job's evaluator function, ``cache_engine.evaluators``). The algorithms ask for the coalitions
+they will need together (:meth:`CoalitionUtility.prefetch`): all of them for leave-one-out and
+exact Shapley; for GTG, position by position across the permutations of a cycle (those the
+truncation rule still runs: the same evaluations as one permutation after the other); for TMC,
+the next prefixes of a permutation. A coalition larger than half the round is built from the
+round's whole aggregate minus the clients left out (leave-one-out: two vectors, not ``n``).
+Utilities already evaluated are kept across queries by a holder of the same sealed vectors
+(:class:`UtilityCache`). The values, hence the answers, are those of one-by-one evaluation.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from ._linalg import Row, combine
+from ._linalg import Row, combine, merge
 from .base import RoundParams, invalid, round_requirements
 from .data import Evaluator, Requirements, WorkloadData
 
 MAX_EXACT = 14
+#: sub-models built at once (their bytes): a batch of ResNet-18-sized models stays ~256 MiB
+BATCH_BYTES = 256 << 20
+#: below this many clients every coalition is summed directly (the aggregate costs more)
+COMPLEMENT_MIN = 8
+
+
+class UtilityCache:
+    """Utilities of sub-models already evaluated, kept across queries.
+
+    A cache function answers many contribution queries on the same round (leave-one-out,
+    Shapley, incentives, with several seeds): a coalition evaluated by one is not evaluated
+    again by the next. A sub-model is keyed by what defines it: the evaluator and the stored
+    vectors with their coefficients (``sum_{i in S} p_i^S w_i``, or ``g`` for the empty
+    coalition). Vectors are told apart by identity tokens that are never reused: an evaluated
+    sub-model of an evicted object can never answer for a new one; stale entries just age out
+    (least recently used first). Only read-only vectors (the function seals what it loads) and
+    vectors held elsewhere by id (:class:`fedfaas.workloads.sliced.VectorRef`) are keyed.
+
+    Parameters
+    ----------
+    max_entries : int
+        Utilities kept.
+    """
+
+    def __init__(self, max_entries: int = 1 << 16) -> None:
+        self.max_entries = max_entries
+        self._values: OrderedDict[Hashable, float] = OrderedDict()
+        self._tokens: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._next = 0
+        self._lock = threading.RLock()
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def token(self, x: Any) -> Hashable | None:
+        """A never-reused identity of ``x`` (None: ``x`` may change, so nothing is keyed)."""
+        ref_id = getattr(x, "ref_id", None)
+        if isinstance(ref_id, str):
+            return ref_id
+        flags = getattr(x, "flags", None)
+        if flags is not None and flags.writeable:
+            return None
+        with self._lock:
+            hit = self._tokens.get(id(x))
+            if hit is not None and hit[0]() is x:
+                return hit[1]
+            self._next += 1
+            try:
+                ref = weakref.ref(x, functools.partial(self._dead, id(x)))
+            except TypeError:
+                return None
+            self._tokens[id(x)] = (ref, self._next)
+            return self._next
+
+    def _dead(self, ident: int, ref: weakref.ref[Any]) -> None:
+        with self._lock:
+            hit = self._tokens.get(ident)
+            if hit is not None and hit[0] is ref:
+                del self._tokens[ident]
+
+    def get(self, key: Hashable) -> float | None:
+        with self._lock:
+            v = self._values.get(key)
+            if v is not None:
+                self._values.move_to_end(key)
+                self.hits += 1
+            return v
+
+    def put(self, key: Hashable, value: float) -> None:
+        with self._lock:
+            self._values[key] = value
+            self._values.move_to_end(key)
+            while len(self._values) > self.max_entries:
+                self._values.popitem(last=False)
 
 
 class CoalitionUtility:
-    """Memoised ``v(S)`` over coalitions given as sorted index tuples."""
+    """Memoised ``v(S)`` over coalitions given as sorted index tuples.
+
+    Parameters
+    ----------
+    evaluator
+        Utility of a flat model; one with ``map`` evaluates a batch at once.
+    base, deltas, weights
+        The round's starting model, each client's update (as rows) and aggregation weights.
+    combine_many
+        Materialises rows as float32 vectors (:meth:`WorkloadData.combine_many`).
+    cache
+        Utilities kept across queries (:class:`UtilityCache`), if any.
+    """
 
     def __init__(
         self,
@@ -37,53 +134,121 @@ class CoalitionUtility:
         base: Row,
         deltas: Sequence[Row],
         weights: NDArray[np.float64],
+        *,
+        combine_many: Callable[[Sequence[Row]], list[NDArray[np.float32]]] | None = None,
+        cache: UtilityCache | None = None,
     ) -> None:
         self._evaluator = evaluator
         self._base = list(base)
         self._deltas = list(deltas)
         self._weights = np.asarray(weights, dtype=np.float64)
+        self._combine = combine_many or (lambda rows: [combine(r) for r in rows])
         self._memo: dict[tuple[int, ...], float] = {}
+        self._cache = cache
+        self._full: NDArray[np.float64] | None = None
+        self._width = max(1, int(getattr(evaluator, "parallel", 1))) if self._batched else 1
+        self.reused = 0
 
     @property
     def evaluations(self) -> int:
-        """Number of distinct coalitions evaluated so far."""
+        """Number of distinct coalitions evaluated (or found evaluated) so far."""
         return len(self._memo)
 
     @property
     def width(self) -> int:
         """Coalitions worth evaluating at once (1: the evaluator takes one at a time)."""
-        return int(getattr(self._evaluator, "parallel", 1)) if self._batched else 1
+        return self._width
 
     @property
     def _batched(self) -> bool:
         return callable(getattr(self._evaluator, "map", None))
 
-    def _params(self, key: tuple[int, ...]) -> NDArray[np.float32]:
+    def _direct(self, key: tuple[int, ...]) -> Row:
+        """``base + sum_{i in S} p_i^S Delta_i``."""
         row: list[tuple[float, Any]] = list(self._base)
         if key:
             w = self._weights[list(key)]
             w = w / w.sum()
             for coef, i in zip(w, key, strict=True):
                 row.extend((float(coef) * c, x) for c, x in self._deltas[i])
-        return combine(row)
+        return row
+
+    def _row(self, key: tuple[int, ...]) -> Row:
+        """The sub-model of ``key`` as a row; a large coalition as ``base + (F - sum_{i not
+        in S} p_i Delta_i) / P_S`` with ``F = sum_i p_i Delta_i`` built once (float64)."""
+        n = len(self._deltas)
+        if n < COMPLEMENT_MIN or 2 * len(key) <= n:
+            return self._direct(key)
+        if self._full is None:
+            rows = [self._direct(tuple(range(n))), list(self._base)]
+            full, base = self._combine(rows)  # F = (sum p_i Delta_i) / P_N, the full sub-model
+            self._full = (full.astype(np.float64) - base) * float(self._weights.sum())
+        out = set(range(n)) - set(key)
+        total = float(self._weights[list(key)].sum())
+        row: list[tuple[float, Any]] = list(self._base)
+        row.append((1.0 / total, self._full))
+        for i in sorted(out):
+            row.extend((-float(self._weights[i]) / total * c, x) for c, x in self._deltas[i])
+        return row
+
+    def _cache_key(self, key: tuple[int, ...]) -> Hashable | None:
+        if self._cache is None:
+            return None
+        ev = self._cache.token(self._evaluator)
+        if ev is None:
+            return None
+        atoms = []
+        for c, x in merge(self._direct(key)):
+            coef = round(c, 12) + 0.0  # -0.0 and 0.0 alike
+            if coef == 0.0:  # the base of a non-empty coalition: its coefficients sum to 0
+                continue
+            t = self._cache.token(x)
+            if t is None:
+                return None
+            atoms.append((coef, t))
+        return (ev, tuple(sorted(atoms, key=repr)))
 
     def __call__(self, coalition: Sequence[int]) -> float:
         key = tuple(sorted(int(i) for i in coalition))
         if key not in self._memo:
-            self._memo[key] = float(self._evaluator(self._params(key)))
+            self.prefetch([key])
         return self._memo[key]
 
     def prefetch(self, coalitions: Sequence[Sequence[int]]) -> None:
-        """Evaluate the coalitions not memoised yet, ``width`` at a time, when the evaluator
-        takes several at once (else nothing: they are evaluated when asked)."""
-        if not self._batched:
-            return
+        """Evaluate the coalitions not evaluated yet: those a :class:`UtilityCache` knows are
+        taken from it, the others built and evaluated in batches of :data:`BATCH_BYTES` (all
+        at once by an evaluator with ``map``, else one by one)."""
         keys = list(dict.fromkeys(tuple(sorted(int(i) for i in c)) for c in coalitions))
-        todo = [k for k in keys if k not in self._memo]
-        for a in range(0, len(todo), self.width):
-            chunk = todo[a : a + self.width]
-            values = self._evaluator.map([self._params(k) for k in chunk])  # type: ignore[attr-defined]
-            self._memo.update(zip(chunk, map(float, values), strict=True))
+        todo: list[tuple[tuple[int, ...], Hashable | None]] = []
+        for k in keys:
+            if k in self._memo:
+                continue
+            ck = self._cache_key(k)
+            known = self._cache.get(ck) if self._cache is not None and ck is not None else None
+            if known is not None:
+                self._memo[k] = known
+                self.reused += 1
+            else:
+                todo.append((k, ck))
+        if not todo:
+            return
+        d = _dimension(self._base)
+        step = max(1, BATCH_BYTES // max(1, 4 * d))
+        for a in range(0, len(todo), step):
+            chunk = todo[a : a + step]
+            models = self._combine([self._row(k) for k, _ in chunk])
+            if self._batched:
+                values = self._evaluator.map(models)  # type: ignore[attr-defined]
+            else:
+                values = [self._evaluator(m) for m in models]
+            for (k, ck), val in zip(chunk, values, strict=True):
+                self._memo[k] = float(val)
+                if self._cache is not None and ck is not None:
+                    self._cache.put(ck, float(val))
+
+
+def _dimension(row: Row) -> int:
+    return max((int(x.shape[0]) for _, x in row), default=1)
 
 
 def _prefetch(v: Callable[[Sequence[int]], float], coalitions: Sequence[Sequence[int]]) -> None:
@@ -133,6 +298,36 @@ def _not_converged(
     return bool(np.max(errors) > tol)
 
 
+def _gtg_cycle(
+    v: Callable[[Sequence[int]], float],
+    perms: Sequence[NDArray[np.int_]],
+    v_empty: float,
+    v_full: float,
+    eps: float,
+) -> tuple[list[NDArray[np.float64]], int]:
+    """The marginals of each permutation of a GTG cycle (they do not depend on each other),
+    position by position: the prefixes still needed at position ``j`` (those of permutations
+    not truncated yet) are asked for together. Same values and truncations as one
+    permutation after the other."""
+    k = len(perms)
+    n = len(perms[0]) if k else 0
+    prev = [v_empty] * k
+    marginals = np.zeros((k, n))
+    truncations = 0
+    for j in range(n):
+        live = [p for p in range(k) if abs(v_full - prev[p]) >= eps]
+        _prefetch(v, [tuple(perms[p][: j + 1]) for p in live])
+        for p in range(k):
+            if abs(v_full - prev[p]) >= eps:
+                cur = v(tuple(perms[p][: j + 1]))
+            else:
+                cur = prev[p]
+                truncations += 1
+            marginals[p, perms[p][j]] = cur - prev[p]
+            prev[p] = cur
+    return list(marginals), truncations
+
+
 def permutation_shapley(
     v: Callable[[Sequence[int]], float],
     n: int,
@@ -153,7 +348,8 @@ def permutation_shapley(
     GTG guides sampling by cycling the first position through the clients, the rest random.
     Stops after more than ``converge_min`` permutations (default ``max(30, n)``) when the running
     means moved by less than ``converge_criteria`` (mean relative change) over the last ``last_k``,
-    or after ``max_permutations``. Deterministic for a given ``seed``.
+    or after ``max_permutations``; GTG tests this after each cycle of ``n`` permutations, TMC
+    after each permutation. Deterministic for a given ``seed``.
     """
     rng = np.random.default_rng(seed)
     _prefetch(v, [(), tuple(range(n))])
@@ -171,14 +367,21 @@ def permutation_shapley(
     while len(records) < max_permutations and _not_converged(
         records, cmin, last_k, converge_criteria
     ):
-        for first in range(n):
+        if guided:  # a cycle: the first position through every client, the rest random
+            perms = [
+                np.concatenate(
+                    ([first], rng.permutation([i for i in range(n) if i != first]))
+                ).astype(int)
+                for first in range(min(n, max_permutations - len(records)))
+            ]
+            marginals, t = _gtg_cycle(v, perms, v_empty, v_full, eps)
+            records += marginals
+            truncations += t
+            continue
+        for _ in range(n):
             if len(records) >= max_permutations:
                 break
-            if guided:
-                rest = rng.permutation([i for i in range(n) if i != first])
-                perm = np.concatenate(([first], rest)).astype(int)
-            else:
-                perm = rng.permutation(n)
+            perm = rng.permutation(n)
             marginal = np.zeros(n)
             prev = v_empty
             for j in range(n):
@@ -192,7 +395,7 @@ def permutation_shapley(
                 marginal[perm[j]] = cur - prev
                 prev = cur
             records.append(marginal)
-            if not guided and not _not_converged(records, cmin, last_k, converge_criteria):
+            if not _not_converged(records, cmin, last_k, converge_criteria):
                 break
     info.update(permutations=len(records), truncated_marginals=truncations, round_truncated=False)
     info["converged"] = not _not_converged(records, cmin, last_k, converge_criteria)
@@ -241,6 +444,8 @@ def _utility(data: WorkloadData, p: RoundParams) -> tuple[list[str], CoalitionUt
         [(1.0, data.base(p.round))],
         [data.delta(p.round, c) for c in clients],
         weights,
+        combine_many=data.combine_many,
+        cache=data.utility_cache,
     )
     return clients, v
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from ._linalg import GramCache, Row, gram
+from ._linalg import GramCache, Row, combine, gram, merge
 from .errors import DataMismatch, MissingData
 
 
@@ -101,10 +101,34 @@ class WorkloadData:
     evaluator: Evaluator | None = None
     updates_are_deltas: bool = False
     gram_cache: GramCache | None = None
+    #: utilities of sub-models already evaluated, kept across queries by a holder of the same
+    #: sealed vectors (a cache function): see :class:`fedfaas.workloads.contribution.UtilityCache`
+    utility_cache: Any = None
 
     def gram(self, rows: Sequence[Row]) -> NDArray[np.float64]:
         """Gram matrix of ``rows`` (float64), through :attr:`gram_cache` when one is plugged."""
         return gram(rows, cache=self.gram_cache)
+
+    def combine_many(self, rows: Sequence[Row]) -> list[NDArray[np.float32]]:
+        """Each row (a linear combination of vectors) materialised as a float32 vector; a row
+        that is one stored float32 vector is that vector itself (read-only: never write it)."""
+        out = []
+        for r in rows:
+            terms = merge(r)
+            one = len(terms) == 1 and terms[0][0] == 1.0 and terms[0][1].dtype == np.float32
+            out.append(np.asarray(terms[0][1]) if one else combine(r))
+        return out
+
+    def combine(self, row: Row) -> NDArray[np.float32]:
+        """One row materialised (:meth:`combine_many`)."""
+        return self.combine_many([row])[0]
+
+    def digest(self, x: NDArray[np.floating]) -> str:
+        """A 128-bit BLAKE2b digest of a stored vector's float32 bytes (provenance)."""
+        import hashlib
+
+        buf = np.ascontiguousarray(x).view(np.uint8)
+        return hashlib.blake2b(buf.data, digest_size=16).hexdigest()
 
     # -- lookups that raise MissingData with the facts ---------------------------------------
     def round_clients(self, r: int) -> list[str]:

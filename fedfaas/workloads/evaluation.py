@@ -172,15 +172,13 @@ def evaluate_requirements(p: EvaluateParams) -> Requirements:
 
 
 def run_evaluate(data: WorkloadData, p: EvaluateParams) -> dict[str, Any]:
-    from ._linalg import combine
-
     ev = data.require_evaluator()
     if p.client is None:
-        params = np.asarray(data.global_model(p.round))
+        params = data.combine([(1.0, data.global_model(p.round))])
     else:
         if p.round < 1:
             raise invalid("evaluate", "round", "a client model exists from round 1 on", p.round)
-        params = combine(data.weights(p.round, p.client))
+        params = data.combine(data.weights(p.round, p.client))
     metrics = (
         ev.metrics(params) if isinstance(ev, MetricsEvaluator) else {"utility": float(ev(params))}
     )

@@ -10,11 +10,9 @@ single client's share needs only that client's updates (P3) plus the rounds' sma
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from ._linalg import Row
@@ -59,11 +57,6 @@ def provenance_requirements(p: ProvenanceParams) -> Requirements:
 def _participants(data: WorkloadData, r: int) -> list[str]:
     meta = data.client_meta.get(r)
     return sorted(meta) if meta else data.round_clients(r)
-
-
-def _digest(x: NDArray[np.floating]) -> str:
-    buf = np.ascontiguousarray(x).view(np.uint8)
-    return hashlib.blake2b(buf.data, digest_size=16).hexdigest()
 
 
 def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
@@ -117,8 +110,8 @@ def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
             {
                 "round": r,
                 "client": c,
-                "parent_global": _digest(data.global_model(r - 1)),
-                "update": _digest(data.update(r, c)),
+                "parent_global": data.digest(data.global_model(r - 1)),
+                "update": data.digest(data.update(r, c)),
                 "n_samples": data.n_samples(r, c) if p.weighting == "samples" else None,
                 "p": weights[r][c],
             }

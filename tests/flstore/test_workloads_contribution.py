@@ -118,3 +118,114 @@ def test_contribution_workloads_need_an_evaluator() -> None:
     with pytest.raises(MissingData) as err:
         get("shapley").run(data, {"round": 1})
     assert err.value.kind == "evaluator" and err.value.workload == "shapley"
+
+
+def _gtg_one_permutation_at_a_time(v, n, *, seed=0, eps=0.001, converge_min=None, max_perms=500):  # type: ignore[no-untyped-def]
+    """GTG-Shapley as the paper's procedure reads (the code before batching): each permutation
+    of a cycle walked to its end (or truncation) before the next starts."""
+    from fedfaas.workloads.contribution import _not_converged
+
+    rng = np.random.default_rng(seed)
+    v_empty, v_full = v(()), v(tuple(range(n)))
+    if abs(v_full - v_empty) <= 0.01:
+        return np.zeros(n), 0
+    cmin = max(30, n) if converge_min is None else converge_min
+    records: list = []
+    truncations = 0
+    while len(records) < max_perms and _not_converged(records, cmin, 10, 0.05):
+        for first in range(n):
+            if len(records) >= max_perms:
+                break
+            rest = rng.permutation([i for i in range(n) if i != first])
+            perm = np.concatenate(([first], rest)).astype(int)
+            marginal, prev = np.zeros(n), v_empty
+            for j in range(n):
+                if abs(v_full - prev) >= eps:
+                    cur = v(tuple(perm[: j + 1]))
+                else:
+                    cur = prev
+                    truncations += 1
+                marginal[perm[j]] = cur - prev
+                prev = cur
+            records.append(marginal)
+    return np.mean(records, axis=0), truncations
+
+
+class _Counting:
+    """A utility that counts the coalitions it is asked for, one by one or in batches."""
+
+    def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+        self.f, self.asked, self.batches = f, set(), 0
+
+    def __call__(self, s) -> float:  # type: ignore[no-untyped-def]
+        key = tuple(sorted(int(i) for i in s))
+        self.asked.add(key)
+        return float(self.f(key))
+
+    def prefetch(self, coalitions) -> None:  # type: ignore[no-untyped-def]
+        self.batches += 1
+        for c in coalitions:
+            self(c)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_gtg_position_by_position_gives_the_values_of_one_permutation_at_a_time(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 9
+    gains = rng.normal(0.05, 0.04, n)
+    gains[3] = -0.08  # a harmful client
+
+    def accuracy(s: tuple[int, ...]) -> float:  # saturating, quantised like an accuracy
+        return round(0.1 + 0.8 * (1 - np.exp(-max(0.0, float(gains[list(s)].sum()) * 40))), 3)
+
+    want, truncations = _gtg_one_permutation_at_a_time(accuracy, n, seed=seed)
+    v = _Counting(accuracy)
+    got, info = permutation_shapley(v, n, seed=seed)
+    np.testing.assert_array_equal(got, want)
+    assert info["truncated_marginals"] == truncations > 0
+    # the prefixes of a cycle's permutations were asked for together, a position at a time
+    assert v.batches <= 1 + info["permutations"] // n * n + n
+    plain: set = set()
+    _gtg_one_permutation_at_a_time(
+        lambda s: plain.add(tuple(sorted(s))) or accuracy(s), n, seed=seed
+    )  # type: ignore[func-returns-value]
+    assert v.asked == plain  # nothing evaluated that one at a time would not evaluate
+
+
+def test_utilities_are_reused_across_queries_on_the_same_sealed_vectors() -> None:
+    from fedfaas.workloads.contribution import UtilityCache
+
+    fed = attacked_round()
+    ev = evaluator()
+    cache = UtilityCache()
+
+    def data() -> WorkloadData:
+        return WorkloadData(
+            updates=fed.updates,
+            globals=fed.globals,
+            client_meta=fed.client_meta,
+            evaluator=ev,
+            utility_cache=cache,
+        )
+
+    loo = get("leave-one-out").run(data(), {"round": 1})
+    assert len(cache) == 11 and cache.hits == 0
+    again = get("leave-one-out").run(data(), {"round": 1})
+    assert again == loo and cache.hits == 11  # nothing evaluated twice
+    shap = get("shapley").run(data(), {"round": 1, "max_permutations": 20})
+    assert shap == get("shapley").run(fed.workload_data(True), {"round": 1, "max_permutations": 20})
+    assert cache.hits >= 11 + 1  # v(N) at least came from leave-one-out
+    # a writable vector is never keyed: it may change under the same identity
+    loose = {1: {c: np.array(w) for c, w in fed.updates[1].items()}}
+    size, hits = len(cache), cache.hits
+    get("leave-one-out").run(
+        WorkloadData(
+            updates=loose,
+            globals=fed.globals,
+            client_meta=fed.client_meta,
+            evaluator=ev,
+            utility_cache=cache,
+        ),
+        {"round": 1},
+    )
+    assert (len(cache), cache.hits) == (size, hits)
