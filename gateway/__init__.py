@@ -39,7 +39,9 @@ has a new salt, and the tokens of the one before are refused.
   updates than clients are left to it, unless ``force=true`` (the round then ends only when
   closed: ``POST .../close``, which the control plane does at the round's deadline).
 - ``POST /v1/internal/jobs/{job}/rounds/{r}/partials?slot=S`` (admin bearer; body: the raw
-  store object): a partial from another node's gateway.
+  store object): a partial from another node's gateway. 409 ``stale_round`` (the round is not
+  open here), ``unknown_slot`` (S is no slot of another node in the round's plan here), 404
+  ``unknown_job``; the sender then asks the journal what happened (:mod:`gateway.forward`).
 - ``PUT /v1/jobs/{job}/rounds/{r}/plan`` (admin bearer; body: the slot table of
   :meth:`Plan.to_json` plus ``version``): the control plane's plan for the open round (applied
   in place: updates already routed to a slot stay there) or the next one (kept until it opens).
@@ -62,6 +64,10 @@ has a new salt, and the tokens of the one before are refused.
   by ``max_json_body`` (413 ``body_too_large``); the initial weights stream into shared memory;
   bodies in flight share the node's ``max_inflight_bytes`` budget: past it, 503
   ``memory_budget`` with ``Retry-After`` and nothing allocated.
+- ``GET /v1/jobs/{job}`` also reports ``dropped``: ``{updates, recent}``, the acknowledged
+  updates of this node that no published model holds (a partial the root refused for good, a
+  round the root published without them), each loss with its round, slot, clients and reason
+  (also ``fedfaas_gateway_updates_dropped_total{reason}`` in ``/metrics``).
 - ``GET /v1/jobs/{job}`` also reports the load: ``queue`` (= k * E, or the pending updates
   before any aggregator finished a task), ``k`` (updates/s), ``E_s`` (mean aggregator task
   time from the router metrics), ``pending``, ``plan_version``, ``pushed_plan``.

@@ -9,11 +9,12 @@ model) are the static ``peers`` setting over those found behind ``peers_service`
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace, check_root
+from fedfaas.objstore.arena import ARENA_NAME
 from fedfaas.objstore.handoff import HandoffServer
 from fedfaas.objstore.root import private_dir
 from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
@@ -35,16 +37,18 @@ from fedfaas.server_opt import (
     state_from_safetensors,
     state_to_safetensors,
 )
-from gateway import auth, fedbuff, server_opt
+from gateway import auth, fedbuff, forward, server_opt
 from gateway.asgi import AsgiExchange
+from gateway.background import Background, JournalRetry
 from gateway.bodies import MemoryBudget
 from gateway.errors import GatewayError, JobExists, JobNotFound
 from gateway.http import Exchange, HttpServer, Request
 from gateway.jobs import CLIENT_ID, Job, RoundTimes, check_job_params
-from gateway.journal import Journal, NotRoot
-from gateway.meta import declared_evaluator, declared_spec, round_meta_doc
+from gateway.journal import Journal
+from gateway.meta import declared_evaluator, declared_spec
 from gateway.metrics import Metrics
 from gateway.plan import Planner, Slot, static_plan
+from gateway.publish import global_record, publish_round
 from gateway.rounds import Input, RoundEngine
 from gateway.settings import GatewaySettings
 from gateway.sharded import ShardedRound
@@ -85,14 +89,19 @@ class Gateway:
         self.http = HttpServer(self.route, settings.read_timeout)
         self.port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._stop = threading.Event()
+        #: the tasks in flight (publications, forwards, journal records, ...): see
+        #: :mod:`gateway.background`
+        self.background = Background(self.metrics.task_failures)
+        #: runs a journal operation until Redis takes it (``retry_max_s``)
+        self.retry = JournalRetry(self.metrics.journal_retries, settings.retry_max_s, self._stop)
         self._threads: list[threading.Thread] = []
         self._app: Any = None
-        self._peers = httpx.AsyncClient(timeout=120)
+        #: the other node gateways (partials to a job's root, its model from there)
+        self.peers = httpx.AsyncClient(timeout=120)
         #: peers found behind ``peers_service`` (this node left out), refreshed by a task
         self.discovered: dict[str, str] = {}
-        self._discovery = Discovery(settings.peers_service) if settings.peers_service else None
+        self.discovery = Discovery(settings.peers_service) if settings.peers_service else None
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
         self.engine_headers: dict[str, str] = {}
@@ -132,11 +141,12 @@ class Gateway:
         # the jobs first, then the port: a restarted gateway that listened before it had
         # resumed its jobs answered their clients 401 (no such job here), which is final
         await self._load_jobs()
+        self._sweep_deleted_jobs()
         self.port = await self.http.start(s.host, s.port)
-        self._tasks.append(asyncio.create_task(self._housekeeping()))
-        if self._discovery is not None:
-            watch = self._discovery.watch(s.discovery_interval, self._found_peers, self._stop)
-            self._tasks.append(asyncio.create_task(watch, name="peer-discovery"))
+        self.background.spawn(self._housekeeping(), "housekeeping")
+        if self.discovery is not None:
+            watch = self.discovery.watch(s.discovery_interval, self._found_peers, self._stop)
+            self.background.spawn(watch, "peer-discovery")
         log.info(
             "gateway %s on %s:%d, router %s (%s)",
             s.node,
@@ -163,7 +173,29 @@ class Gateway:
             spool_dir=s.state_dir / f"checkpoint-spool-{s.node}",
         )
 
-    def _offer_round(self, job: Job, rnd: int) -> dict[str, Any] | None:
+    @property
+    def stopping(self) -> bool:
+        """The gateway is stopping: background work ends (the journal keeps what it did)."""
+        return self._stop.is_set()
+
+    def _sweep_deleted_jobs(self) -> None:
+        """Remove this node's store folders of jobs it does not run (deleted, or finished
+        elsewhere, while this gateway was down: a crash or ``keep_store_on_stop`` left them)."""
+        here = self.settings.shm_root / self.settings.node
+        if not here.is_dir():
+            return
+        for d in here.iterdir():
+            if d.name in self.jobs or not d.is_dir() or not (d / ARENA_NAME).exists():
+                continue
+            log.warning(
+                "store of job %s is left from a job this node no longer has; removed", d.name
+            )
+            with contextlib.suppress(OSError):
+                for f in d.iterdir():
+                    f.unlink()
+                d.rmdir()
+
+    def offer_round(self, job: Job, rnd: int) -> dict[str, Any] | None:
         """Offer round ``rnd``'s updates kept for FLStore to this node's cache functions; the
         offer's ticket goes to the engine with the round's notice. Updates kept for earlier
         rounds (a round that never published here) are let go."""
@@ -184,7 +216,7 @@ class Gateway:
             if job.ns.leases(k):
                 job.ns.release(k)
 
-    def _notify_engine(
+    def notify_engine(
         self, job: str, rnd: int, meta_key: str, handoff: dict[str, Any] | None = None
     ) -> None:
         """Tell the FLStore cache engine that round ``rnd`` is in MinIO, once it is.
@@ -209,7 +241,7 @@ class Gateway:
             delay = 0.5
             while not self._stop.is_set():
                 try:
-                    r = await self._peers.post(target, headers=headers, json=body)
+                    r = await self.peers.post(target, headers=headers, json=body)
                     if r.status_code < 500:
                         if r.status_code >= 400:
                             log.warning("cache engine refused round %s/%d: %s", job, rnd, r.text)
@@ -221,7 +253,7 @@ class Gateway:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-        self._tasks.append(asyncio.get_running_loop().create_task(run()))
+        self.background.spawn(run(), f"engine-notice:{job}/{rnd}")
 
     def checkpoint_client(self, job: Job, rnd: int, client: str, key: bytes) -> None:
         """Queue an accepted update for MinIO (encoded off the event loop; one extra lease);
@@ -248,16 +280,13 @@ class Gateway:
             finally:
                 job.ns.release(key)
 
-        asyncio.get_running_loop().create_task(run())
+        self.background.spawn(run(), f"checkpoint:{job.name}/{rnd}/{client}")
 
     async def stop(self) -> None:
         self._stop.set()
-        for t in self._tasks:
-            t.cancel()
-        if self._tasks:  # they end on the flag even where a cancel is lost (see _housekeeping)
-            _, left = await asyncio.wait(self._tasks, timeout=STOP_TASKS_S)
-            for t in left:
-                log.error("gateway task %s did not stop; left behind", t.get_name())
+        # they end on the flag even where a cancel is lost (see _housekeeping)
+        for t in await self.background.stop(STOP_TASKS_S):
+            log.error("gateway task %s did not stop; left behind", t.get_name())
         try:
             await self.http.stop()
             for job in self.jobs.values():
@@ -280,9 +309,9 @@ class Gateway:
             for d in self._made_dirs:
                 with contextlib.suppress(OSError):
                     d.rmdir()
-            await self._peers.aclose()
-            if self._discovery is not None:
-                await self._discovery.aclose()
+            await self.peers.aclose()
+            if self.discovery is not None:
+                await self.discovery.aclose()
             await self.journal.close()
         log.info("gateway %s stopped", self.settings.node)
 
@@ -431,7 +460,7 @@ class Gateway:
             await self.journal.publish(
                 name,
                 start,
-                _global_record(g.key_bytes, 0, 0, job.opt_keys),
+                global_record(g.key_bytes, 0, 0, job.opt_keys),
                 root=self.settings.node,
             )
         except BaseException:
@@ -453,7 +482,7 @@ class Gateway:
             if evaluator is not None:
                 round0["round_meta"] = {"evaluator": evaluator}
             key = self.checkpoints.put_meta(name, 0, round0)
-            self._notify_engine(name, 0, key)
+            self.notify_engine(name, 0, key)
         self._install(job)
         self._creating.discard(name)
         return job
@@ -538,6 +567,7 @@ class Gateway:
             since=int(meta.get("since", 0)),
             mint=mint,
             tokens={c: mint(c) for c in meta["clients"]},
+            times=collections.deque(maxlen=s.round_times_kept),
         )
         job.managed = job.enrolled  # its rounds' clients come with the control plane's plans
         return job
@@ -551,8 +581,9 @@ class Gateway:
         job.endpoint = self.router.local_endpoint(job.id)
         th = threading.Thread(target=self._rx, args=(job,), name=f"gw-rx-{job.name}", daemon=True)
         th.start()
-        self._threads.append(th)
-        self._open_round(job)
+        # a forgotten job's thread ends with its endpoint: only the live ones are kept
+        self._threads = [t for t in self._threads if t.is_alive()] + [th]
+        self.open_round(job)
         log.info(
             "job %s (id %d): %d rounds, goal %d, %d clients, nodes %s, %d-byte objects",
             job.name,
@@ -569,9 +600,17 @@ class Gateway:
         their revoked clients (run at start and every ~0.2 s by the housekeeping loop).
 
         A job here whose name the journal now gives to another job (deleted on its root and
-        created again: a new id and salt) is forgotten here and the new one loaded.
+        created again: a new id and salt) is forgotten here and the new one loaded; a job here
+        that the journal no longer has (deleted on its root, also while this node could not
+        be reached) is forgotten here, its objects freed.
         """
-        for name, meta in (await self.journal.jobs()).items():
+        had = dict(self.jobs)  # before the read: a job created since is not taken for deleted
+        journaled = await self.journal.jobs()
+        for name, job in had.items():
+            if name not in journaled and self.jobs.get(name) is job and name not in self._creating:
+                log.warning("job %s was deleted (the journal has it no more); forgotten", name)
+                self._forget(job)
+        for name, meta in journaled.items():
             if name in self._creating:
                 continue
             incarnation = (name, int(meta["id"]))
@@ -587,8 +626,7 @@ class Gateway:
                                 name,
                                 meta["nodes"][0],
                             )
-                            self._forget(job)
-                            self._skip.discard(incarnation)
+                            self.forget_and_reload(job)
                             continue
                         self.move_root(job, list(meta["nodes"]))
                     job.since = int(meta.get("since", 0))  # a takeover moves it
@@ -667,8 +705,9 @@ class Gateway:
         # name other slots than the journal's: the finished partials are sent again to the
         # pushed plan's parents (RoundEngine.apply_plan on their nodes)
         waits = job.awaiting_plan
-        done = {} if waits else await self.journal.done_slots(job.name, eng.round)
-        saved = {} if waits else await self.journal.checkpoints(job.name, eng.round)
+        me = self.settings.node
+        done = {} if waits else await self.journal.done_slots(job.name, eng.round, me)
+        saved = {} if waits else await self.journal.checkpoints(job.name, eng.round, me)
         for sid, rec in saved.items():
             if sid in eng.slots and sid not in done and job.ns.adopt(rec["key"]):
                 eng.restore_checkpoint(
@@ -693,7 +732,6 @@ class Gateway:
                     superseded=gone,
                 )
         recs = await self.journal.round_updates(job.name, eng.round)
-        me = self.settings.node
         # a restored checkpoint or partial of a remote child names that node's clients too; only
         # the updates accepted here count in this node's intake (its ``received``, its capacity)
         for client in [c for c in eng.clients if recs.get(c, {}).get("node", me) != me]:
@@ -725,19 +763,31 @@ class Gateway:
     def advance_remote(self, job: Job, version: int) -> None:
         """A job whose root is another node published ``version``: open the next round here,
         and fetch the new model at once (this node's clients download it next, and it is what
-        this node adopts the job from should the root die: :mod:`gateway.takeover`)."""
+        this node adopts the job from should the root die: :mod:`gateway.takeover`).
+
+        Updates of the round that ends here which no partial carried on (a slot that had not
+        finished: the root published without them) are counted as dropped
+        (:func:`gateway.forward.drop_unfinished`)."""
         if job.engine is not None:
+            forward.drop_unfinished(
+                self,
+                job,
+                job.engine,
+                f"round {job.engine.round} ended (root {job.root} published version {version}) "
+                "before the slot finished here",
+            )
             job.engine.close()
         job.version = version
         job.model_bytes = b""
-        self._open_round(job)
+        self.open_round(job)
         self._prefetch(job)
 
     def _prefetch(self, job: Job) -> None:
         """Fetch ``job``'s current model from its root in the background (a non-root node)."""
         if self.loop is not None and not self._stop.is_set():
-            self._tasks.append(self.loop.create_task(self._prefetch_model(job, job.version)))
-            self._tasks[:] = [t for t in self._tasks if not t.done()]
+            self.background.spawn(
+                self._prefetch_model(job, job.version), f"prefetch:{job.name}/{job.version}"
+            )
 
     async def _prefetch_model(self, job: Job, version: int) -> None:
         for attempt in range(5):
@@ -779,6 +829,12 @@ class Gateway:
         if job.root == self.settings.node:
             await self.journal.delete_job(name)
         log.info("job %s deleted on node %s", name, self.settings.node)
+
+    def forget_and_reload(self, job: Job) -> None:
+        """Forget ``job`` here and load it again from the journal at the next read (another
+        node took it over from this one: it comes back as one of its nodes)."""
+        self._forget(job)
+        self._skip.discard((job.name, job.id))
 
     def _forget(self, job: Job) -> None:
         """Drop ``job`` from this node (its round, endpoint, store objects); never reload it."""
@@ -838,7 +894,8 @@ class Gateway:
         return job
 
     # -- rounds --------------------------------------------------------------------------------
-    def _open_round(self, job: Job) -> None:
+    def open_round(self, job: Job) -> None:
+        """Open ``job``'s next round here (or, when it has run them all, keep only its model)."""
         r = job.open_round
         if r is None:
             job.engine = None
@@ -936,30 +993,44 @@ class Gateway:
     ) -> None:
         """Journal a slot's sealed partial (or, with ``children``, its checkpoint covering
         them), then ``release`` what it supersedes. One job's records are written in order,
-        so a later checkpoint never lands before an earlier one."""
+        so a later checkpoint never lands before an earlier one. A write Redis refuses is
+        tried again until it lands (:class:`~gateway.background.JournalRetry`); the inputs
+        stay held meanwhile. Given up only when the round is over here (nothing reads it)."""
+        me = self.settings.node
+        rec: dict[str, Any] = {
+            "key": inp.key.hex(),
+            "weight": inp.weight,
+            "count": inp.count,
+            "clients": list(inp.clients),
+        }
+
+        def still() -> bool:
+            eng = job.engine
+            return (
+                self.jobs.get(job.name) is job
+                and eng is not None
+                and eng.round == rnd
+                and not eng.closed
+            )
 
         async def run() -> None:
-            rec: dict[str, Any] = {
-                "key": inp.key.hex(),
-                "weight": inp.weight,
-                "count": inp.count,
-                "clients": list(inp.clients),
-            }
-            try:
-                async with job.journal_lock:
-                    if children is None:
-                        await self.journal.slot_done(job.name, rnd, slot, rec)
-                    else:
-                        rec["children"] = children
-                        await self.journal.slot_checkpoint(job.name, rnd, slot, rec)
-            except Exception:
-                log.exception(
-                    "job %s: journaling slot %d failed; its inputs stay held", job.name, slot
-                )
-                return
+            async with job.journal_lock:
+                if children is None:
+                    await self.retry(
+                        "slot_done",
+                        lambda: self.journal.slot_done(job.name, rnd, slot, rec, node=me),
+                        still,
+                    )
+                else:
+                    rec["children"] = children
+                    await self.retry(
+                        "slot_checkpoint",
+                        lambda: self.journal.slot_checkpoint(job.name, rnd, slot, rec, node=me),
+                        still,
+                    )
             release()
 
-        asyncio.get_running_loop().create_task(run())
+        self.background.spawn(run(), f"journal:{job.name}/{rnd}/{slot}")
 
     def pump(self, job: Job) -> None:
         """Give the job's waiting slots endpoints (granting them the job); see gateway.endpoints."""
@@ -999,148 +1070,19 @@ class Gateway:
                 self.pump(job)
 
     def _on_result(self, job: Job, res: Input) -> None:
-        if job.times:
-            job.times[-1].result_ns = time.monotonic_ns()
-        asyncio.get_running_loop().create_task(self._publish(job, res))
-
-    async def _publish(self, job: Job, res: Input) -> None:
         eng = job.engine
         assert eng is not None
-        key, opt_keys = res.key, job.opt_keys
-        if job.server_opt is not None:
-            key, opt_keys = await asyncio.to_thread(server_opt.step, job, res.key, eng.round)
-        elif job.fedbuff is not None:
-            records = await self.journal.round_updates(job.name, eng.round)
-            key = await asyncio.to_thread(fedbuff.step, job, res.key, res.count, records)
-        with job.ns.open(key) as obj:
-            data = await asyncio.to_thread(
-                wire.encode_view,
-                obj.buf,
-                job.spec,
-                job.model_metadata(eng.round),
-                threads=self.settings.encode_threads,
-                out=job.free_model_buffer(),  # pages already in place: no faults in the tail
-            )
-        job.keep_model_buffer(data)
-        old, old_opt, old_version = job.global_key, job.opt_keys, job.version
-        eng.close(keep=res.key)
-        job.global_key, job.model_bytes, job.version = key, data, eng.round
-        job.opt_keys = opt_keys
-        dropped: list[bytes] = []
-        if job.fedbuff is not None and old is not None:  # kept: later updates trained on it
-            job.history[old_version] = old
-            oldest = job.version - job.fedbuff.max_staleness
-            dropped = [job.history.pop(v) for v in sorted(job.history) if v < oldest]
-        elif old is not None and job.ns.leases(old):
-            job.ns.free(old)
         if job.times:
-            job.times[-1].published_ns = time.monotonic_ns()
-            job.times[-1].count = res.count
-        try:
-            await self.journal.publish(
-                job.name,
-                job.version,
-                _global_record(key, res.weight, res.count, opt_keys, job.history),
-                root=self.settings.node,
-            )
-        except NotRoot:
-            # another node took the job over while this one was cut off: its model is not the
-            # job's; forget the job and load it again as one of its nodes
-            log.error(
-                "job %s: round %d not published, node %s is not its root any more",
-                job.name,
-                eng.round,
-                self.settings.node,
-            )
-            self._forget(job)
-            self._skip.discard((job.name, job.id))
-            return
-        # the step's inputs are superseded only now that the journal names its outputs
-        for k in [*([res.key, *old_opt.values()] if key != res.key else []), *dropped]:
-            if job.ns.leases(k):
-                job.ns.free(k)
-        self.metrics.rounds.inc()
-        if self.checkpoints is not None:
-            meta = await self._round_meta(job, eng.round, res)
-            self.checkpoints.put_global(
-                job.name, eng.round, data, {"version": job.version, "count": res.count}
-            )
-            if job.server_opt is not None:
-                self.checkpoints.put_server_opt(
-                    job.name, eng.round, server_opt.state_bytes(job, opt_keys, eng.round)
-                )
-            key = self.checkpoints.put_meta(job.name, eng.round, meta)
-            self._notify_engine(job.name, eng.round, key, self._offer_round(job, eng.round))
-        log.info(
-            "job %s: round %d published (version %d, %d updates, weight %.0f)",
-            job.name,
-            eng.round,
-            job.version,
-            res.count,
-            res.weight,
-        )
-        self._open_round(job)
-
-    async def _round_meta(self, job: Job, rnd: int, res: Input) -> dict[str, Any]:
-        """The round's ``meta.json`` (see :func:`round_meta_doc`), from the journal."""
-        records = await self.journal.round_updates(job.name, rnd)
-        evaluator = (await self.journal.job(job.name) or {}).get("evaluator")
-        doc = round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
-        eng = job.engine
-        if isinstance(eng, ShardedRound) and eng.round == rnd:
-            doc["aggregation"] = eng.decision
-        if eng is not None and eng.round == rnd and eng.plan.excluded:
-            doc["excluded"] = eng.plan.excluded  # dropped before aggregation, and why
-        return doc
+            job.times[-1].result_ns = time.monotonic_ns()
+        self.background.spawn(publish_round(self, job, eng, res), f"publish:{job.name}/{eng.round}")
 
     def _forward(self, job: Job, slot: Slot, inp: Input) -> None:
-        asyncio.get_running_loop().create_task(self._send_partial(job, slot, inp))
-
-    async def _send_partial(self, job: Job, slot: Slot, inp: Input) -> None:
-        eng = job.engine
-        if eng is None:
-            log.error("job %s: no round engine; partial of slot %d dropped", job.name, slot.id)
-            return
-        if job.root == self.settings.node:
-            # this node took the job over and the plan with the top here has not arrived yet:
-            # the partial stays here and goes to the top when it does (RoundEngine.apply_plan)
-            log.info("job %s: partial of slot %d waits for the top to move here", job.name, slot.id)
-            return
-        with job.ns.open(inp.key) as obj:
-            body = bytes(obj.buf)
-        for attempt in range(30):
-            # looked up at each try: a discovered root may appear, or move, meanwhile
-            url = self.peer_url(job.root)
-            if url is None:
-                if self._discovery is None:
-                    log.error(
-                        "job %s: no peer URL for root node %s; partial of slot %d stays here",
-                        job.name,
-                        job.root,
-                        slot.id,
-                    )
-                    return
-                log.warning("job %s: root node %s not discovered yet; waiting", job.name, job.root)
-            else:
-                try:
-                    r = await self._peers.post(
-                        f"{url}/v1/internal/jobs/{job.name}/rounds/{eng.round}/partials",
-                        params={"slot": slot.id},
-                        content=body,
-                        headers={"Authorization": f"Bearer {self.secret}"},
-                    )
-                    if r.status_code < 500:
-                        if r.status_code >= 300:
-                            log.error(
-                                "job %s: root refused partial of slot %d: %s",
-                                job.name,
-                                slot.id,
-                                r.text,
-                            )
-                        return
-                except httpx.HTTPError as exc:
-                    log.warning("job %s: forwarding partial failed (%s), retrying", job.name, exc)
-            await asyncio.sleep(min(0.1 * 2**attempt, 5))
+        eng = job.engine  # the round whose slot finished: the task may start in a later one
+        assert eng is not None
+        self.background.spawn(
+            forward.send_partial(self, job, eng, slot, inp),
+            f"forward:{job.name}/{eng.round}/{slot.id}",
+        )
 
     async def fetch_root_model(self, job: Job) -> None:
         """Non-root nodes serve the model they fetch from the root node's gateway."""
@@ -1151,7 +1093,7 @@ class Gateway:
                 status=503,
                 code="no_peer",
             )
-        r = await self._peers.get(
+        r = await self.peers.get(
             f"{url}/v1/jobs/{job.name}/model", headers={"Authorization": f"Bearer {self.secret}"}
         )
         r.raise_for_status()
@@ -1192,21 +1134,3 @@ async def _read_minio(read: Callable[..., T], *args: Any) -> T:
             status=503,
             code="checkpoints_unavailable",
         ) from None
-
-
-def _global_record(
-    key: bytes,
-    weight: float,
-    count: int,
-    opt_keys: Mapping[str, bytes],
-    history: Mapping[int, bytes] | None = None,
-) -> dict[str, Any]:
-    """The journal's record of a published model: its object, the server optimizer's state
-    objects when the job has one (:mod:`gateway.server_opt`), and an async job's older models
-    its next updates may have trained on (:mod:`gateway.fedbuff`)."""
-    rec: dict[str, Any] = {"key": key.hex(), "weight": weight, "count": count}
-    if opt_keys:
-        rec["opt"] = {n: k.hex() for n, k in opt_keys.items()}
-    if history:
-        rec["history"] = {str(v): k.hex() for v, k in history.items()}
-    return rec

@@ -19,6 +19,7 @@ from gateway.meta import parse_client_meta
 if TYPE_CHECKING:
     from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.rounds import RoundEngine
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,19 @@ class UploadExchange(Exchange):
         self._unreserve()
 
 
+def _check_remote_child(engine: RoundEngine, slot: int) -> None:
+    """409 ``unknown_slot`` unless ``slot`` is a child on another node in the round's plan
+    here (the sender's plan and this node's differ: a new one is on its way to one of them)."""
+    st = engine.slots.get(slot)
+    if st is None or st.local:
+        raise UpdateRejected(
+            f"slot {slot} is not a slot of another node in round {engine.round}'s plan here "
+            f"(plan version {engine.plan_version}); send it again once the plans agree",
+            status=409,
+            code="unknown_slot",
+        )
+
+
 class PartialExchange(Exchange):
     """``POST /v1/internal/jobs/{job}/rounds/{r}/partials?slot=S``: a partial from another node.
 
@@ -273,6 +287,7 @@ class PartialExchange(Exchange):
             raise UpdateRejected(
                 f"round {self.rnd} is not open here", status=409, code="stale_round"
             )
+        _check_remote_child(job.engine, self.slot)
         self.job = job
         self.hold = self.gw.budget.reserve(
             job.spec.object_nbytes, f"a partial of job {job.name} (round {self.rnd})"
@@ -308,6 +323,11 @@ class PartialExchange(Exchange):
                 f"round {self.rnd} closed meanwhile", status=409, code="stale_round"
             )
         self._release()
+        try:
+            _check_remote_child(engine, self.slot)  # a plan may have arrived meanwhile
+        except UpdateRejected:
+            job.ns.free(key)
+            raise
         engine.add_remote_partial(self.slot, key, h.weight, h.count)
         self.gw.pump(job)
         return Response.json(202, {"key": key.hex(), "round": self.rnd, "slot": self.slot})

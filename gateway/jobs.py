@@ -78,6 +78,9 @@ class RoundTimes:
     count: int = 0
 
 
+#: losses a job's status lists (the count of dropped updates covers them all)
+DROPS_KEPT = 32
+
 #: model buffers a job keeps: the one served now and the one before it (a slow download may
 #: still read it); the next model is encoded into the first one nothing reads any more
 MODEL_BUFFERS = 2
@@ -132,7 +135,17 @@ class Job:
     endpoint: bpf.Endpoint | None = None
     inflight: set[str] = field(default_factory=set)
     admission: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
-    times: list[RoundTimes] = field(default_factory=list)
+    #: the last rounds' times (the gateway's ``round_times_kept`` of them)
+    times: collections.deque[RoundTimes] = field(
+        default_factory=lambda: collections.deque(maxlen=16)
+    )
+    #: acknowledged updates of this node that no published model holds, in all (a partial
+    #: the root could not take, a round that ended without them): see :meth:`note_dropped`
+    dropped_updates: int = 0
+    #: the last such losses, each with its round, slot, clients and reason
+    dropped: collections.deque[dict[str, Any]] = field(
+        default_factory=lambda: collections.deque(maxlen=DROPS_KEPT)
+    )
     #: plans pushed by the control plane for rounds not open here yet (round -> plan, version)
     pending_plans: dict[int, tuple[Plan, int | None]] = field(default_factory=dict)
     #: the control plane plans this job's rounds (it pushed a plan here, now or before a
@@ -479,6 +492,22 @@ class Job:
             self.times[-1].last_update_ns = time.monotonic_ns()
         gw.pump(self)
 
+    def note_dropped(
+        self, rnd: int, slot: int, clients: Sequence[str], count: int, reason: str
+    ) -> None:
+        """Record that ``count`` acknowledged updates of round ``rnd`` (slot ``slot``, from
+        ``clients``) are in no published model, and why: the job's status shows it."""
+        self.dropped_updates += count
+        self.dropped.append(
+            {
+                "round": rnd,
+                "slot": slot,
+                "updates": count,
+                "clients": list(clients),
+                "reason": reason,
+            }
+        )
+
     def status(self) -> dict[str, Any]:
         eng = self.engine
         t = self.times[-1] if self.times else None
@@ -497,6 +526,7 @@ class Job:
             "store": str(self.ns.path),
             "store_stats": self.ns.stats(),
             "progress": eng.progress() if eng else None,
+            "dropped": {"updates": self.dropped_updates, "recent": list(self.dropped)},
             "current_round_first_byte_ns": t.first_byte_ns if t else 0,
             "last_round": None
             if last is None

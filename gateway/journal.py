@@ -5,6 +5,16 @@ An update answered 202 has its record here (``HSETNX`` per client and round, whi
 what refuses the same client twice across node gateways), so it counts exactly once; an async
 job's buffer takes at most its ``K`` records, over all nodes.
 
+A round's slot records (finished partials, checkpoints) are kept per node, ``<node>/<slot>``:
+a slot's partial is journaled by the node that ran it and again by the root that received it,
+each naming an object of its own store. The root's record is also how a node learns that the
+root had its partial (:mod:`gateway.forward`).
+
+A job exists while ``fedfaas:jobs`` holds its record: :meth:`Journal.delete_job` (the root's
+``DELETE``) removes it, and every node that still has the job forgets it, and frees its
+objects, at its next read of the journal (every ~0.2 s, and when it starts), also a node that
+could not be reached when the job was deleted.
+
 A job's root node is the first of its ``nodes`` in its metadata. :meth:`Journal.take_root`
 moves it (a node takes over from a dead root) with a compare-and-set, and
 :meth:`Journal.publish` is fenced by it: a root that was replaced (a partitioned gateway
@@ -110,21 +120,27 @@ class Journal:
         raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}")
         return {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
 
-    async def slot_done(self, job: str, round: int, slot: int, record: dict[str, Any]) -> None:
-        """Journal a finished slot's sealed partial (and the clients it covers)."""
-        await self.r.hset(f"{PREFIX}job:{job}:round:{round}:slots", str(slot), json.dumps(record))
+    async def slot_done(
+        self, job: str, round: int, slot: int, record: dict[str, Any], *, node: str
+    ) -> None:
+        """Journal a finished slot's sealed partial (and the clients it covers) as ``node``
+        holds it: the node that ran the slot, or the root that received it from there (each
+        node's record names an object of its own store, so each has its own field)."""
+        await self.r.hset(
+            f"{PREFIX}job:{job}:round:{round}:slots", f"{node}/{slot}", json.dumps(record)
+        )
 
     async def slot_checkpoint(
-        self, job: str, round: int, slot: int, record: dict[str, Any]
+        self, job: str, round: int, slot: int, record: dict[str, Any], *, node: str
     ) -> None:
         """Journal an unfinished slot's latest sealed checkpoint (and the children it covers)."""
         await self.r.hset(
-            f"{PREFIX}job:{job}:round:{round}:checkpoints", str(slot), json.dumps(record)
+            f"{PREFIX}job:{job}:round:{round}:checkpoints", f"{node}/{slot}", json.dumps(record)
         )
 
-    async def checkpoints(self, job: str, round: int) -> dict[int, dict[str, Any]]:
-        raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:checkpoints")
-        return {int(k): json.loads(v) for k, v in raw.items()}
+    async def checkpoints(self, job: str, round: int, node: str) -> dict[int, dict[str, Any]]:
+        """``node``'s journaled slot checkpoints of ``round``: slot id -> record."""
+        return _of_node(await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:checkpoints"), node)
 
     async def save_plan(
         self, job: str, round: int, node: str, record: dict[str, Any] | None
@@ -140,9 +156,9 @@ class Journal:
         raw = await self.r.hget(f"{PREFIX}job:{job}:round:{round}:plans", node)
         return None if raw is None else dict(json.loads(raw))
 
-    async def done_slots(self, job: str, round: int) -> dict[int, dict[str, Any]]:
-        raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:slots")
-        return {int(k): json.loads(v) for k, v in raw.items()}
+    async def done_slots(self, job: str, round: int, node: str) -> dict[int, dict[str, Any]]:
+        """``node``'s journaled finished slots of ``round``: slot id -> record."""
+        return _of_node(await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}:slots"), node)
 
     async def publish(self, job: str, version: int, record: dict[str, Any], *, root: str) -> None:
         """Record a new global model version (monotonic) published by node ``root``, and
@@ -243,3 +259,13 @@ class Journal:
     async def version(self, job: str) -> int:
         raw = await self.r.hget(f"{PREFIX}job:{job}:state", "version")
         return int(raw) if raw is not None else 0
+
+
+def _of_node(raw: dict[Any, Any], node: str) -> dict[int, dict[str, Any]]:
+    """The ``<node>/<slot>`` fields of a slot hash that are ``node``'s, by slot id."""
+    out: dict[int, dict[str, Any]] = {}
+    for k, v in raw.items():
+        owner, _, slot = (k.decode() if isinstance(k, bytes) else k).partition("/")
+        if owner == node:
+            out[int(slot)] = json.loads(v)
+    return out

@@ -87,6 +87,31 @@ class Metrics:
             "grants that moved a warm endpoint from one job to another (no restart)",
             registry=r,
         )
+        self.journal_retries = Counter(
+            "fedfaas_gateway_journal_retries",
+            "journal operations Redis refused or did not answer, tried again (by operation)",
+            ["op"],
+            registry=r,
+        )
+        self.task_failures = Counter(
+            "fedfaas_gateway_task_failures",
+            "background tasks that ended by an exception (by task kind; each one logged)",
+            ["task"],
+            registry=r,
+        )
+        self.partial_retries = Counter(
+            "fedfaas_gateway_partial_retries",
+            "forwards of a partial to the job's root node tried again (no answer, 5xx, or the "
+            "root not caught up with the round)",
+            registry=r,
+        )
+        self.dropped_updates = Counter(
+            "fedfaas_gateway_updates_dropped",
+            "acknowledged updates of this node that no published model holds (by reason; each "
+            "logged and listed in the job's status)",
+            ["reason"],
+            registry=r,
+        )
         r.register(_StoreCollector(gw))
 
     def render(self) -> bytes:

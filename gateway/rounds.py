@@ -125,6 +125,9 @@ class RoundEngine:
         self.plan_version: int | None = None
         self.retired: list[bytes] = []  # accumulators of slots a re-plan restarted or removed
         self.released: set[bytes] = set()  # objects freed before the round's end
+        #: slot id -> how its partial's forward to another node ended ("delivered",
+        #: "dropped"): set once, by the first forward that knows (:mod:`gateway.forward`)
+        self.forwarded: dict[int, str] = {}
         self._done_count = 0
 
     # -- intake --------------------------------------------------------------------------------
@@ -600,7 +603,8 @@ class RoundEngine:
         st.done = self.result
         self._done_count += 1
         st.done_seq = self._done_count
-        self._release_updates(st)  # a lone top's; partials stay until the round closes
+        # a lone top's updates, like every input, stay until the round closes: the result is
+        # in no journal until it is published, and a restart before that runs the round again
         self._publish(self.result)
 
     def _release_inputs(self, st: SlotState) -> None:
@@ -618,6 +622,23 @@ class RoundEngine:
         st.updates = []
 
     # -- end -----------------------------------------------------------------------------------
+    def unfinished(self) -> dict[int, tuple[str, ...]]:
+        """Local slots that have not finished, with the clients whose updates they hold (in
+        updates, in children's partials, in a checkpoint): at the round's end on a node that
+        does not publish it, these updates are in no partial sent on, so in no model."""
+        out: dict[int, tuple[str, ...]] = {}
+        for sid, st in self.slots.items():
+            if not st.local or st.done is not None:
+                continue
+            clients = {i.client for i in st.updates if i.client is not None}
+            for p in st.partials.values():
+                clients.update(p.clients)
+            if st.ckpt is not None:
+                clients.update(st.ckpt.clients)
+            if clients:
+                out[sid] = tuple(sorted(clients))
+        return out
+
     def close(self, keep: bytes | None = None) -> None:
         """Free every object of the round this node still holds, except ``keep``."""
         self.closed = True

@@ -86,6 +86,11 @@ class GatewaySettings(CommandLineSettings):
         at a second signal, it logs what it abandons (threads and pending tasks) and exits 1.
     encode_threads : threads that encode a round's global model for ``GET model`` (default: the
         node's cores, at most 4): the copy out of the store is split by element range.
+    retry_max_s : the longest wait between two tries of a journal write that Redis refused or
+        did not answer, or of a partial's forward to the job's root node (the waits double from
+        50 ms up to it); neither is ever given up while its round is open here.
+    round_times_kept : rounds whose times (first byte, result, publication) a job keeps for its
+        status; older ones are dropped, so a job's memory does not grow with its rounds.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
@@ -130,6 +135,8 @@ class GatewaySettings(CommandLineSettings):
         "keep_store_on_stop": "--keep-store-on-stop",
         "stop_grace": "--stop-grace",
         "encode_threads": "--encode-threads",
+        "retry_max_s": "--retry-max-s",
+        "round_times_kept": "--round-times-kept",
     }
 
     node: str = "node0"
@@ -168,6 +175,8 @@ class GatewaySettings(CommandLineSettings):
     keep_store_on_stop: bool = False
     stop_grace: float = 20.0
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
+    retry_max_s: float = Field(default=5.0, gt=0)
+    round_times_kept: int = Field(default=16, ge=1)
 
     @field_validator("peers_service")
     @classmethod

@@ -301,8 +301,8 @@ class ShardedRound(RoundEngine):
         self.store.seal(self.out_key)
         self.stage = None
         self.result = Input(self.out_key, weight, count)
-        for st in self.intake:
-            self._release_updates(st)
+        # the updates stay until the round closes, once its result is journaled as the next
+        # model (gateway.publish): a restart before that reduces them again
         log.info(
             "round %d: %s done in %.1f ms (%d of %d updates weigh in)",
             self.round,

@@ -119,7 +119,7 @@ def test_killed_gateway_resumes_the_round_from_its_journal(
         # the top folded the finished leaf's partial and checkpointed: the partial is freed,
         # so the restart must resume the top from its checkpoint
         r_client = redis_url.server.client()  # type: ignore[attr-defined]
-        raw = r_client.hget("fedfaas:job:j1:round:1:checkpoints", "1")
+        raw = r_client.hget("fedfaas:job:j1:round:1:checkpoints", "n1/1")
         r_client.close()
         assert raw is not None and json.loads(raw)["children"] == [5 if pushed else 2]
         _kill(gw, signal.SIGKILL)

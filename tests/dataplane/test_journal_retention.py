@@ -16,16 +16,19 @@ def test_publishing_a_version_forgets_the_round_before_the_one_it_ends(redis_url
         j = Journal(str(redis_url), redis_url.credentials_file("gateway"))
         try:
             await j.create_job("j", {"name": "j", "nodes": ["n1"]})
+            rec = {"key": "00", "weight": 1.0, "count": 1}
             for rnd in (1, 2, 3):
                 await j.accept("j", rnd, "c1", {"key": "00", "weight": 1.0, "node": "n1"})
-                await j.slot_done("j", rnd, 1, {"key": "00", "weight": 1.0, "count": 1})
-                await j.slot_checkpoint("j", rnd, 2, {"key": "00", "weight": 1.0, "count": 1})
+                await j.slot_done("j", rnd, 1, rec, node="n1")
+                await j.slot_checkpoint("j", rnd, 2, rec, node="n1")
                 await j.save_plan("j", rnd, "n1", {"slots": [], "version": 0})
                 await j.publish("j", rnd, {"key": "00", "weight": 1.0, "count": 1}, root="n1")
             assert await j.version("j") == 3
             assert await j.round_updates("j", 3) and await j.plan("j", 3, "n1")
             assert not await j.round_updates("j", 2) and await j.plan("j", 2, "n1") is None
-            assert not await j.done_slots("j", 1) and not await j.checkpoints("j", 2)
+            assert not await j.done_slots("j", 1, "n1") and not await j.checkpoints("j", 2, "n1")
+            assert await j.done_slots("j", 3, "n1") == {1: rec}
+            assert await j.checkpoints("j", 3, "n1") == {2: rec}
             found = [k async for k in j.r.scan_iter(match=f"{PREFIX}job:j:*")]
             return sorted(k.decode() if isinstance(k, bytes) else k for k in found)
         finally:

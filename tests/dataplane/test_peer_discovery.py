@@ -71,7 +71,7 @@ def test_static_peers_win_over_discovered_ones_and_the_node_itself_is_left_out(t
             await gw._found_peers({"n2": "http://10.9.0.2:81"})  # n3 gone from the name
             assert gw.peer_url("n3") is None
         finally:
-            await gw._peers.aclose()
-            await gw._discovery.aclose()  # type: ignore[union-attr]
+            await gw.peers.aclose()
+            await gw.discovery.aclose()  # type: ignore[union-attr]
 
     asyncio.run(run())

@@ -480,27 +480,44 @@ def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None
     """A later checkpoint must never land before an earlier one (it would be overwritten by
     the older): ``Gateway._persist`` writes one job's records one at a time, in order."""
     import asyncio
+    import threading
     from types import SimpleNamespace
 
+    from prometheus_client import CollectorRegistry, Counter
+
+    from gateway.background import Background, JournalRetry
     from gateway.core import Gateway
 
     written: list[int] = []
     released: list[int] = []
 
     class SlowFirstJournal:
-        async def slot_checkpoint(self, job: str, rnd: int, slot: int, rec: dict) -> None:  # type: ignore[type-arg]
+        async def slot_checkpoint(
+            self, job: str, rnd: int, slot: int, rec: dict, *, node: str
+        ) -> None:  # type: ignore[type-arg]
             await asyncio.sleep(0.05 if rec["count"] == 2 else 0)  # the first write is slow
             written.append(rec["count"])
 
     async def run() -> None:
-        gw = SimpleNamespace(journal=SlowFirstJournal())
-        job = SimpleNamespace(name="j", journal_lock=asyncio.Lock())
+        reg = CollectorRegistry()
+        job = SimpleNamespace(
+            name="j",
+            journal_lock=asyncio.Lock(),
+            engine=SimpleNamespace(round=1, closed=False),
+        )
+        gw = SimpleNamespace(
+            journal=SlowFirstJournal(),
+            settings=SimpleNamespace(node="n1"),
+            jobs={"j": job},
+            background=Background(Counter("f", "f", ["task"], registry=reg)),
+            retry=JournalRetry(Counter("r", "r", ["op"], registry=reg), 1.0, threading.Event()),
+        )
         for count in (2, 4):
             inp = Input(bytes(16), float(count), count)
             Gateway._persist(  # type: ignore[arg-type]
                 gw, job, 1, 1, inp, lambda c=count: released.append(c), children=[2]
             )
-        await asyncio.sleep(0.2)
+        await asyncio.gather(*gw.background.tasks)
 
     asyncio.run(run())
     assert written == [2, 4] and released == [2, 4]
