@@ -3,13 +3,20 @@
 A job declares its evaluator in round 0's ``round_meta["evaluator"]`` (a small JSON spec, never
 code). Kinds:
 
-- ``function``: ``{"kind": "function", "function": "<name>", "parallel": 4}``: an OpenFaaS
-  function the job's owner deploys (``faas-cli deploy``; ``digits-evaluator``, in
-  ``functions/evaluator``, is the demo's, and the example to start from). The cache function sends it a model as safetensors
-  (the job's tensors, names and shapes as the clients upload them) with the function token, and
-  it answers ``{"utility": u, "metrics": {"loss": ..., "accuracy": ..., ...}}`` computed on the
-  owner's validation data; up to ``parallel`` models are evaluated at once
-  (:meth:`FunctionEvaluator.map`), over kept-alive connections.
+- ``function``: ``{"kind": "function", "function": "<name>", "parallel": 4, "batch": 32,
+  "replicas": n}``: an OpenFaaS function the job's owner deploys (``faas-cli deploy``;
+  ``digits-evaluator``, in ``functions/evaluator``, is the demo's, and the example to start
+  from). The cache function sends it a model as safetensors (the job's tensors, names and shapes
+  as the clients upload them) with the function token, and it answers ``{"utility": u,
+  "metrics": {"loss": ..., "accuracy": ..., ...}}`` computed on the owner's validation data.
+  Many models go in one request (:meth:`FunctionEvaluator.map`): up to ``batch`` models (and
+  :data:`REQUEST_BYTES`) stacked along a new first dimension of each tensor, the safetensors
+  metadata ``{"fedfaas.batch": "<k>"}`` saying so, answered ``{"utilities": [u, ...],
+  "metrics": [{...}, ...]}`` (:func:`classifier_handler` does both); up to ``parallel`` requests
+  at once, over kept-alive connections, which the cache engine spreads over ``replicas``
+  replicas of the function (default ``min(parallel, cores)``: it scales the function up to that
+  when it learns the spec, never down). A function that refuses batches (an older handler's 400)
+  gets one model per request from then on, and ``"batch": 1`` asks for that from the start.
 - ``digits-softmax``: softmax regression (``bias`` (10), ``weight`` (10 x 64), sorted-name order)
   on the held-out part of scikit-learn's bundled ``load_digits`` (no download); utility =
   accuracy. In process: a fixture for tests and benchmarks of the workloads themselves.
@@ -18,6 +25,7 @@ code). Kinds:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -30,18 +38,32 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+log = logging.getLogger(__name__)
 #: a job's tensors in the flat vectors' order: ``((name, shape), ...)``, sorted by name
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
 
 #: where a cache function reaches the OpenFaaS gateway (the cache engine sets it at deploy)
 GATEWAY_ENV = "FEDFAAS_FLSTORE_GATEWAY_URL"
 MAX_PARALLEL = 32
+MAX_BATCH = 1024
+#: the safetensors metadata key of a request that carries a batch of models
+BATCH_KEY = "fedfaas.batch"
+#: the most bytes of models one request carries (a batch of ResNet-18s is cut at 64 MiB)
+REQUEST_BYTES = 64 << 20
 #: an OpenFaaS function name (a DNS label): nothing a URL path could climb out of
 FUNCTION_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class EvaluatorUnavailable(ValueError):
     """The spec names no evaluator this build knows, or the evaluator cannot answer."""
+
+
+class _Refused(EvaluatorUnavailable):
+    """The evaluator function answered with an error status."""
+
+    def __init__(self, detail: str, status: int) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 def digits_split(
@@ -84,7 +106,9 @@ class FunctionEvaluator:
         The function token (every FedFaaS function requires it): a callable returning it, read
         again on every call (the secret may be rotated).
     parallel
-        Models evaluated at once by :meth:`map`.
+        Requests at once by :meth:`map`.
+    batch
+        Models in one request (at most; :data:`REQUEST_BYTES` also bounds it).
     """
 
     def __init__(
@@ -95,6 +119,7 @@ class FunctionEvaluator:
         token: Callable[[], str],
         *,
         parallel: int = 4,
+        batch: int = 32,
         timeout_s: float = 120.0,
     ) -> None:
         import httpx
@@ -103,6 +128,9 @@ class FunctionEvaluator:
         self.layout = layout
         self.url = f"{gateway_url.rstrip('/')}/function/{function}"
         self.parallel = parallel
+        self.batch = batch
+        #: requests sent, and models evaluated
+        self.requests = 0
         self.calls = 0
         self._count = threading.Lock()
         self._token = token
@@ -112,10 +140,7 @@ class FunctionEvaluator:
         )
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix=f"eval-{function}")
 
-    def encode(self, params: NDArray[np.float32]) -> bytes:
-        """``params`` (flat, sorted-name order) as the job's safetensors."""
-        from safetensors.numpy import save
-
+    def _tensors(self, params: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
         sizes = [int(np.prod(s)) for _, s in self.layout]
         if params.ndim != 1 or params.shape[0] != sum(sizes):
             raise EvaluatorUnavailable(
@@ -124,20 +149,32 @@ class FunctionEvaluator:
             )
         out, off = {}, 0
         for (name, shape), size in zip(self.layout, sizes, strict=True):
-            out[name] = np.ascontiguousarray(params[off : off + size], dtype=np.float32).reshape(
-                shape
-            )
+            out[name] = np.asarray(params[off : off + size], dtype=np.float32).reshape(shape)
             off += size
-        return bytes(save(out))
+        return out
 
-    def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
-        """The function's answer for ``params``: its ``metrics`` and its ``utility``."""
+    def encode(self, params: NDArray[np.float32]) -> bytes:
+        """``params`` (flat, sorted-name order) as the job's safetensors."""
+        from safetensors.numpy import save
+
+        return bytes(save({k: np.ascontiguousarray(v) for k, v in self._tensors(params).items()}))
+
+    def encode_batch(self, many: Sequence[NDArray[np.float32]]) -> bytes:
+        """``many`` models in one safetensors: each tensor stacked along a new first
+        dimension, the metadata ``{"fedfaas.batch": "<k>"}``."""
+        from safetensors.numpy import save
+
+        each = [self._tensors(p) for p in many]
+        stacked = {name: np.stack([t[name] for t in each]) for name, _ in self.layout}
+        return bytes(save(stacked, metadata={BATCH_KEY: str(len(many))}))
+
+    def _post(self, body: bytes) -> Any:
         import httpx
 
         try:
             resp = self._http.post(
                 self.url,
-                content=self.encode(params),
+                content=body,
                 headers={
                     "Content-Type": "application/octet-stream",
                     "Authorization": f"Bearer {self._token()}",
@@ -147,17 +184,21 @@ class FunctionEvaluator:
             raise EvaluatorUnavailable(
                 f"evaluator function {self.function!r} unreachable at {self.url}: {exc!r}"
             ) from None
+        with self._count:
+            self.requests += 1
         try:
-            body = resp.json()
+            answer = resp.json()
         except ValueError:
-            body = None
+            answer = None
         if resp.status_code != 200:
-            raise EvaluatorUnavailable(
+            raise _Refused(
                 f"evaluator function {self.function!r} answered {resp.status_code}: "
-                f"{resp.text[:300]}"
+                f"{resp.text[:300]}",
+                resp.status_code,
             )
-        utility = body.get("utility") if isinstance(body, dict) else None
-        metrics = (body.get("metrics") or {}) if isinstance(body, dict) else {}
+        return answer
+
+    def _checked(self, utility: Any, metrics: Any, answer: Any) -> dict[str, float]:
         if (
             isinstance(utility, bool)
             or not isinstance(utility, int | float)
@@ -168,18 +209,82 @@ class FunctionEvaluator:
             raise EvaluatorUnavailable(
                 f"evaluator function {self.function!r} must answer "
                 '{"utility": <number>, "metrics": {<name>: <number>, ...}}, '
-                f"not {json.dumps(body)[:200]}"
+                f"not {json.dumps(answer)[:200]}"
             )
         with self._count:
             self.calls += 1
         return {**{str(k): float(v) for k, v in metrics.items()}, "utility": float(utility)}
 
+    def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
+        """The function's answer for ``params``: its ``metrics`` and its ``utility``."""
+        try:
+            body = self._post(self.encode(params))
+        except _Refused as exc:
+            raise EvaluatorUnavailable(str(exc)) from None
+        utility = body.get("utility") if isinstance(body, dict) else None
+        metrics = (body.get("metrics") or {}) if isinstance(body, dict) else {}
+        return self._checked(utility, metrics, body)
+
+    def metrics_batch(self, many: Sequence[NDArray[np.float32]]) -> list[dict[str, float]]:
+        """The function's answers for ``many`` models sent in one request (see the module);
+        one model per request should the function refuse batches."""
+        if self.batch > 1 and len(many) > 1:
+            try:
+                body = self._post(self.encode_batch(many))
+            except _Refused as exc:
+                if exc.status != 400:
+                    raise EvaluatorUnavailable(str(exc)) from None
+                body = None
+            utilities = body.get("utilities") if isinstance(body, dict) else None
+            metrics = body.get("metrics") if isinstance(body, dict) else None
+            if (
+                isinstance(utilities, list)
+                and isinstance(metrics, list)
+                and len(utilities) == len(metrics) == len(many)
+            ):
+                return [self._checked(u, m, body) for u, m in zip(utilities, metrics, strict=True)]
+            log.warning(
+                "evaluator function %s does not take batches of models: one per request",
+                self.function,
+            )
+            self.batch = 1
+        return [self.metrics(p) for p in many]
+
     def __call__(self, params: NDArray[np.float32]) -> float:
         return self.metrics(params)["utility"]
 
     def map(self, many: Sequence[NDArray[np.float32]]) -> list[float]:
-        """Utilities of ``many`` models, up to ``parallel`` requests at once."""
-        return list(self._pool.map(self, many))
+        """Utilities of ``many`` models: in batches of up to ``batch`` models (and
+        :data:`REQUEST_BYTES`), spread over up to ``parallel`` requests at once."""
+        if not many:
+            return []
+        size = max(1, 4 * int(many[0].shape[0]))
+        per = max(1, min(self.batch, REQUEST_BYTES // size))
+        n = max(-(-len(many) // per), min(self.parallel, len(many)))
+        cuts = [len(many) * i // n for i in range(n + 1)]
+        chunks = [list(many[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+        out: list[float] = []
+        for answers in self._pool.map(self.metrics_batch, chunks):
+            out += [a["utility"] for a in answers]
+        return out
+
+
+def _batch_size(body: bytes) -> int | None:
+    """The number of models a safetensors body carries (its ``fedfaas.batch`` metadata), or
+    None for one model; ValueError for a header that does not parse."""
+    if len(body) < 8:
+        raise ValueError("shorter than a safetensors header")
+    n = int.from_bytes(body[:8], "little")
+    if n > len(body) - 8 or n > 100 << 20:
+        raise ValueError("the header length runs past the body")
+    meta = json.loads(body[8 : 8 + n]).get("__metadata__") or {}
+    raw = meta.get(BATCH_KEY) if isinstance(meta, dict) else None
+    if raw is None:
+        return None
+    k = int(raw)
+    if not 1 <= k <= MAX_BATCH:
+        raise ValueError(f"{BATCH_KEY} must be 1..{MAX_BATCH}, not {raw!r}")
+    return k
 
 
 def classifier_handler(
@@ -192,8 +297,11 @@ def classifier_handler(
     job's clients train; a new one per request, as requests run at once); ``validation()``
     returns the validation inputs and integer labels as tensors (called once). The handler
     loads the posted safetensors into the module and answers ``{"utility": accuracy,
-    "metrics": {"accuracy", "loss", "n"}}``; 400 ``bad_weights`` for a body that is no
-    safetensors or does not fit the module. ``functions/evaluator/handler.py`` uses it."""
+    "metrics": {"accuracy", "loss", "n"}}``; a batch of models (the metadata
+    ``{"fedfaas.batch": "<k>"}``, each tensor stacked along a new first dimension) is answered
+    ``{"utilities": [...], "metrics": [...]}``, one entry per model in order. 400
+    ``bad_weights`` for a body that is no safetensors or does not fit the module.
+    ``functions/evaluator/handler.py`` uses it."""
     cached: list[tuple[Any, Any]] = []
 
     def bad(detail: str) -> dict[str, Any]:
@@ -203,22 +311,10 @@ def classifier_handler(
             "headers": {"Content-Type": "application/json"},
         }
 
-    def handle(event: Any, context: Any) -> dict[str, Any]:
+    def score(model: Any, state: dict[str, Any]) -> dict[str, float]:
         import torch
-        from safetensors import SafetensorError
-        from safetensors.torch import load as st_load
 
-        if event.method != "POST" or not event.body:
-            return bad("POST a model's weights as safetensors")
-        try:
-            state = st_load(bytes(event.body))
-        except (SafetensorError, ValueError) as exc:
-            return bad(f"the body is not safetensors: {exc}")
-        model = build(state)
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
-            return bad(f"the weights do not fit the model: {exc}")
+        model.load_state_dict(state)
         if not cached:
             cached.append(validation())
         x, y = cached[0]
@@ -227,12 +323,36 @@ def classifier_handler(
             logits = model(x)
             loss = float(torch.nn.functional.cross_entropy(logits, y))
             accuracy = int((logits.argmax(dim=1) == y).sum()) / int(y.shape[0])
+        return {"accuracy": accuracy, "loss": loss, "n": float(y.shape[0])}
+
+    def handle(event: Any, context: Any) -> dict[str, Any]:
+        from safetensors import SafetensorError
+        from safetensors.torch import load as st_load
+
+        if event.method != "POST" or not event.body:
+            return bad("POST a model's weights as safetensors")
+        body = bytes(event.body)
+        try:
+            k = _batch_size(body)
+            state = st_load(body)
+        except (SafetensorError, ValueError) as exc:
+            return bad(f"the body is not safetensors: {exc}")
+        if k is not None and any(t.ndim == 0 or t.shape[0] != k for t in state.values()):
+            return bad(f"a batch of {k} models stacks each tensor along a first dimension of {k}")
+        states = [state] if k is None else [{n: t[i] for n, t in state.items()} for i in range(k)]
+        model = build(states[0])
+        try:
+            metrics = [score(model, s) for s in states]
+        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
+            return bad(f"the weights do not fit the model: {exc}")
+        answer: dict[str, Any] = (
+            {"utility": metrics[0]["accuracy"], "metrics": metrics[0]}
+            if k is None
+            else {"utilities": [m["accuracy"] for m in metrics], "metrics": metrics}
+        )
         return {
             "statusCode": 200,
-            "body": {
-                "utility": accuracy,
-                "metrics": {"accuracy": accuracy, "loss": loss, "n": float(y.shape[0])},
-            },
+            "body": answer,
             "headers": {"Content-Type": "application/json"},
         }
 
@@ -256,21 +376,46 @@ def _build(spec_json: str, layout: Layout | None) -> Any:
     raise EvaluatorUnavailable(f"unknown evaluator kind {kind!r}; known: function, digits-softmax")
 
 
-def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
-    from fedfaas.runtime.function_auth import FunctionToken, token_path
+def _bounded(spec: dict[str, Any], field: str, default: int, top: int) -> int:
+    v = spec.get(field, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+        raise EvaluatorUnavailable(f"{field!r} must be an integer in 1..{top}")
+    return v
 
-    name, parallel = spec.get("function"), spec.get("parallel", 4)
+
+def function_spec_problem(spec: dict[str, Any]) -> str | None:
+    """What is wrong with a ``function`` evaluator spec (None: nothing)."""
+    name = spec.get("function")
     if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise EvaluatorUnavailable(
+        return (
             "a function evaluator needs 'function': the function's name (a-z, 0-9 and '-', "
             f"as OpenFaaS names functions), not {name!r}"
         )
-    if (
-        isinstance(parallel, bool)
-        or not isinstance(parallel, int)
-        or not 1 <= parallel <= MAX_PARALLEL
-    ):
-        raise EvaluatorUnavailable(f"'parallel' must be an integer in 1..{MAX_PARALLEL}")
+    try:
+        _bounded(spec, "parallel", 4, MAX_PARALLEL)
+        _bounded(spec, "batch", 32, MAX_BATCH)
+        _bounded(spec, "replicas", 1, MAX_PARALLEL)
+    except EvaluatorUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def evaluator_replicas(spec: dict[str, Any]) -> int:
+    """Replicas of a ``function`` evaluator the cache engine scales it up to: the spec's
+    ``replicas``, else ``min(parallel, cores of this machine)``."""
+    parallel = _bounded(spec, "parallel", 4, MAX_PARALLEL)
+    return _bounded(spec, "replicas", min(parallel, os.cpu_count() or 1), MAX_PARALLEL)
+
+
+def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
+    from fedfaas.runtime.function_auth import FunctionToken, token_path
+
+    problem = function_spec_problem(spec)
+    if problem:
+        raise EvaluatorUnavailable(problem)
+    name = str(spec["function"])
+    parallel = _bounded(spec, "parallel", 4, MAX_PARALLEL)
+    batch = _bounded(spec, "batch", 32, MAX_BATCH)
     if layout is None:
         raise EvaluatorUnavailable("the job's tensors are not known here yet (no model held)")
     gateway = os.environ.get(GATEWAY_ENV, "")
@@ -284,7 +429,7 @@ def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
     except OSError as exc:
         raise EvaluatorUnavailable(f"no function token to call {name!r} with: {exc}") from None
     return FunctionEvaluator(
-        name, layout, gateway, lambda: secret.load().decode(), parallel=parallel
+        name, layout, gateway, lambda: secret.load().decode(), parallel=parallel, batch=batch
     )
 
 

@@ -108,3 +108,73 @@ def test_an_evaluator_spec_names_a_function_nothing_else(name):
     weights = model_to_bytes(make_model(0, "softmax"))
     with pytest.raises(EvaluatorUnavailable, match="the function's name"):
         build_evaluator({"kind": "function", "function": name}, layout_of(weights))
+
+
+def test_a_batch_of_models_in_one_request_gets_each_models_own_answer():
+    models = [model_to_bytes(make_model(seed, "softmax")) for seed in range(3)]
+    ev = FunctionEvaluator("f", layout_of(models[0]), "http://127.0.0.1:1", lambda: "t")
+    from safetensors.numpy import load
+
+    flats = []
+    for m in models:
+        t = load(m)
+        flats.append(np.concatenate([t[k].ravel() for k in sorted(t)]))
+    res = handle(_event("POST", ev.encode_batch(flats)), None)
+    assert res["statusCode"] == 200, res
+    singles = [handle(_event("POST", m), None)["body"] for m in models]
+    assert res["body"]["utilities"] == [s["utility"] for s in singles]
+    assert res["body"]["metrics"] == [s["metrics"] for s in singles]
+    lying = save(
+        {k: np.stack([load(m)[k] for m in models]) for k in sorted(load(models[0]))},
+        metadata={"fedfaas.batch": "4"},
+    )
+    res = handle(_event("POST", lying), None)
+    assert res["statusCode"] == 400 and "batch of 4" in res["body"]["detail"]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """The real handler behind HTTP, counting requests; ``batches=False`` plays an evaluator
+    written before batches (it answers one model, and refuses a batch as a bad body)."""
+
+    requests = 0
+    batched = 0
+    batches = True
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).requests += 1
+        type(self).batched += b"fedfaas.batch" in body[:4096]
+        if not self.batches and b"fedfaas.batch" in body[:4096]:
+            res = {"statusCode": 400, "body": {"error": "bad_weights", "detail": "no"}}
+        else:
+            res = handle(_event("POST", body), None)
+        self.send_response(res["statusCode"])
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(res["body"]).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_map_sends_batches_over_parallel_requests_or_one_model_each(batches):
+    _Handler.requests, _Handler.batched, _Handler.batches = 0, 0, batches
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        weights = model_to_bytes(make_model(0, "softmax"))
+        url = f"http://127.0.0.1:{server.server_port}"
+        ev = FunctionEvaluator("f", layout_of(weights), url, lambda: "t", parallel=2, batch=8)
+        rng = np.random.default_rng(0)
+        models = [rng.normal(0, 0.1, 650).astype(np.float32) for _ in range(20)]
+        got = ev.map(models)
+        assert got == [ev(m) for m in models]
+        if batches:  # 20 models of at most 8: 3 requests, then 20 single ones for the check
+            assert _Handler.requests == 3 + 20 and ev.calls == 40
+        else:  # refused (by one or both of the first two requests, sent at once): one model
+            # per request from then on
+            assert ev.batch == 1 and _Handler.requests - _Handler.batched == 20 + 20
+    finally:
+        server.shutdown()
+        server.server_close()
