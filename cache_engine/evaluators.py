@@ -380,7 +380,7 @@ def _bounded(spec: dict[str, Any], field: str, default: int, top: int) -> int:
     v = spec.get(field, default)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
         raise EvaluatorUnavailable(f"{field!r} must be an integer in 1..{top}")
-    return v
+    return int(v)
 
 
 def function_spec_problem(spec: dict[str, Any]) -> str | None:
