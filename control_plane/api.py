@@ -18,7 +18,10 @@ Routes:
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
 * ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url,
   resend}`` (``resend`` grows when the client's accepted update was lost with a dead root
-  node: it sends the update again, to ``gateway_url``)
+  node: it sends the update again, to ``gateway_url``); once the job is done, the job's root
+  node, which holds the final model (``done``: true)
+* ``POST /v1/jobs/{job}/rounds/{r}/failures?client=ID``: the client leaves the open round
+  without an update, its training having failed (:mod:`control_plane.client_rounds`)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
 * ``GET  /metrics``: Prometheus text (:func:`metrics_text`): per job its completed rounds and,
   for a DP-FedAvg job, the epsilon spent and its budget (admin or analyst bearer)
@@ -50,6 +53,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, Field
 
+from control_plane import client_rounds
 from control_plane.coordinator import Coordinator
 from control_plane.errors import ControlPlaneError, InvalidInput, RoundStateError
 from control_plane.gateways import plan_to_slots
@@ -347,7 +351,11 @@ def create_app(
         coord: CoordDep,
         client: Annotated[str, Query(min_length=1, max_length=256)],
     ) -> dict[str, Any]:
-        """Which node gateway a client uploads its update to."""
+        """Which node gateway a client uploads its update to (once the job is done: the one
+        holding the final model)."""
+        final = client_rounds.final_assignment(coord, job, client)
+        if final is not None:
+            return final
         number, node, url, resend = coord.assignment(job, client)
         return {
             "job": job,
@@ -357,6 +365,8 @@ def create_app(
             "gateway_url": url,
             "resend": resend,
         }
+
+    client_rounds.add_routes(app)
 
     @app.get("/v1/jobs/{job}/plan", dependencies=analyst)
     async def plan(job: str, coord: CoordDep) -> dict[str, Any]:

@@ -828,6 +828,7 @@ class Coordinator:
                 "published": rnd.published,
                 "closing": rnd.closing,
                 "selected_by": rnd.selected_by,
+                "failures": dict(rnd.failures),
             }
         )
         self.plans.pop(job.spec.name, None)
@@ -1172,6 +1173,7 @@ class Coordinator:
                     "published": rnd.published,
                     "closing": rnd.closing,
                     "reason": reason,
+                    "failures": dict(rnd.failures),
                 }
             )
         job.failed = reason

@@ -159,6 +159,9 @@ class RoundInfo:
     #: FLStore could not answer
     excluded: dict[str, dict[str, Any]] = field(default_factory=dict)
     drop_note: str = ""
+    #: selected clients that left the round without an update, their training having failed
+    #: (``POST .../rounds/{r}/failures``, :mod:`control_plane.client_rounds`) -> their error
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -264,6 +267,7 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "selection_note": rnd.selection_note,
         "excluded": dict(rnd.excluded),
         "drop_note": rnd.drop_note,
+        "failures": dict(rnd.failures),
     }
 
 
