@@ -1,7 +1,10 @@
-"""FedFaaS FL client: SDK for the node gateway, non-IID digits data, model, simulator.
+"""FedFaaS FL client: the SDK (a job's handle, the node gateway's client, typed errors), the
+Flower adapter, non-IID digits data, a model and a simulator.
 
-Names backed by PyTorch (model, training, simulator) load lazily, so ``client.sdk`` and
-``client.data`` stay importable without paying for ``import torch``.
+Names backed by PyTorch (model, training, simulator) load lazily: ``client``, ``client.sdk``,
+``client.flower`` and ``client.data`` need only the light distribution (``pip install
+fedfaas-client``); the others need its ``[torch]`` extra (and ``client.data``'s digits need
+scikit-learn, in that extra too).
 """
 
 from __future__ import annotations
@@ -11,20 +14,37 @@ from typing import Any
 
 from client.data import ClientData, FederatedDigits, client_ids, federated_digits
 from client.sdk import (
+    Assignment,
     ClientError,
+    ClientExcluded,
+    ClientNotSelected,
+    ClientRevoked,
+    Conflict,
     FLClient,
     GatewayUnavailable,
     GlobalModel,
+    InvalidQuery,
+    InvalidRequest,
+    Job,
     JobCreated,
     JobFailed,
     JobNotFound,
+    MissingData,
+    NotFound,
+    PrivacyBudgetSpent,
     QueryFailed,
+    RoundClient,
+    RoundNotWritten,
     StaleRound,
     Unauthorized,
     UpdateRejected,
     UploadReceipt,
+    attach_job,
     create_job,
+    enroll,
     flstore_query,
+    leave,
+    report_failure,
     submit_job,
 )
 
@@ -45,24 +65,41 @@ _LAZY = {
 }
 
 __all__ = [
+    "Assignment",
     "ClientData",
     "ClientError",
+    "ClientExcluded",
+    "ClientNotSelected",
+    "ClientRevoked",
+    "Conflict",
     "FLClient",
     "FederatedDigits",
     "GatewayUnavailable",
     "GlobalModel",
+    "InvalidQuery",
+    "InvalidRequest",
+    "Job",
     "JobCreated",
     "JobFailed",
     "JobNotFound",
+    "MissingData",
+    "NotFound",
+    "PrivacyBudgetSpent",
     "QueryFailed",
+    "RoundClient",
+    "RoundNotWritten",
     "StaleRound",
     "Unauthorized",
     "UpdateRejected",
     "UploadReceipt",
+    "attach_job",
     "client_ids",
     "create_job",
+    "enroll",
     "federated_digits",
     "flstore_query",
+    "leave",
+    "report_failure",
     "submit_job",
     *_LAZY,
 ]

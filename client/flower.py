@@ -35,7 +35,16 @@ import numpy as np
 from numpy.typing import NDArray
 from safetensors.numpy import load, save
 
-from client.sdk import FLClient, GatewayUnavailable, JobFailed, _raise_for
+from client.control import report_failure
+from client.errors import (
+    ClientError,
+    ClientNotSelected,
+    GatewayUnavailable,
+    JobFailed,
+    from_response,
+    raise_for,
+)
+from client.node import FLClient
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,9 @@ class FlowerRound:
     #: times the update was sent again to another node after its root node died
     resent: int = 0
     weights: bytes = field(default=b"", repr=False)
+    #: what ``evaluate`` or ``fit`` raised: the client left the round without an update (the
+    #: control plane was told, and the round went on without it); None when it trained
+    error: BaseException | None = None
 
 
 def run_numpy_client(
@@ -107,10 +119,17 @@ def run_numpy_client(
     poll: float = 0.1,
 ) -> list[FlowerRound]:
     """Take part in ``job`` as ``client_id`` until the job is done; returns the rounds this
-    client trained in (a round it was not selected for is waited out).
+    client was in (a round it was not selected for is waited out).
 
-    Raises :class:`~client.sdk.JobFailed` when the job fails, :class:`TimeoutError` when no
-    round opens for this client within ``timeout`` seconds, and the SDK's errors for refusals.
+    A round whose ``evaluate`` or ``fit`` raised is returned with the exception in its
+    ``error``: the adapter told the control plane that the client leaves that round, which
+    goes on with the other clients under the job's ``min_updates`` (as Flower's
+    ``accept_failures``) instead of waiting for its deadline; this client goes on with the
+    job's later rounds.
+
+    Raises :class:`~client.errors.JobFailed` when the job fails, :class:`TimeoutError` when
+    no round opens for this client within ``timeout`` seconds, and the SDK's errors
+    (:mod:`client.errors`) for refusals.
     """
     cp = _ControlPlane(control_plane_url, job, client_id, token)
     done: list[FlowerRound] = []
@@ -133,7 +152,10 @@ def run_numpy_client(
             r = _train_round(client, a, job, client_id, token, config_fn, evaluate)
             done.append(r)
             last = rnd
-            r.resent = _follow_resends(cp, r, int(a.get("resend") or 0), job, client_id, token)
+            if r.error is None:
+                r.resent = _follow_resends(cp, r, int(a.get("resend") or 0), job, client_id, token)
+            else:
+                _leave_round(cp, r, token)
             deadline = time.monotonic() + timeout
     finally:
         cp.close()
@@ -148,34 +170,64 @@ def _train_round(
     config_fn: Callable[[int], Mapping[str, Any]] | None,
     evaluate: bool,
 ) -> FlowerRound:
+    """Fetch the round's model, evaluate and fit on it, upload the fit. What the client's own
+    code raises is the round's ``error`` (nothing uploaded); the SDK's errors propagate."""
     rnd = int(a["round"])
     config: Config = {"server_round": rnd, **(config_fn(rnd) if config_fn else {})}
     with FLClient(str(a["gateway_url"]), job, client_id, token) as fl:
         model = fl.wait_for_version(rnd - 1)
-        params = flower_arrays(model.data)
-        loss, n_eval, eval_metrics = (
-            client.evaluate(params, dict(config)) if evaluate else (None, 0, {})
-        )
         t0 = time.perf_counter()
-        fitted, n_fit, fit_metrics = client.fit(params, dict(config))
-        seconds = time.perf_counter() - t0
-        if n_fit < 1:
-            raise ValueError(f"fit() reported {n_fit} examples: the FedAvg weight must be >= 1")
-        r = FlowerRound(
-            rnd,
-            str(a["gateway_url"]),
-            None if loss is None else float(loss),
-            int(n_eval),
-            dict(eval_metrics),
-            int(n_fit),
-            dict(fit_metrics),
-            seconds,
-            meta={"duration_s": seconds} | ({} if loss is None else {"loss": float(loss)}),
-            weights=flower_weights(fitted),
-        )
+        try:
+            r = _fit(client, flower_arrays(model.data), config, evaluate)
+        except Exception as exc:  # noqa: BLE001 - the client's training failed: it leaves
+            log.warning("%s: round %d: training raised %r; leaving the round", client_id, rnd, exc)
+            return FlowerRound(
+                rnd, str(a["gateway_url"]), None, 0, {}, 0, {}, time.perf_counter() - t0, error=exc
+            )
+        r.round, r.gateway_url = rnd, str(a["gateway_url"])
         fl.upload(rnd, r.weights, r.fit_examples, meta=r.meta)
-    log.info("%s: round %d fitted on %d examples (loss before %s)", client_id, rnd, n_fit, loss)
+    log.info(
+        "%s: round %d fitted on %d examples (loss before %s)",
+        client_id,
+        rnd,
+        r.fit_examples,
+        r.loss,
+    )
     return r
+
+
+def _fit(
+    client: NumPyClientLike, params: list[NDArray[Any]], config: Config, evaluate: bool
+) -> FlowerRound:
+    """The client's ``evaluate`` then ``fit`` on ``params``: the round's update, not sent."""
+    loss, n_eval, eval_metrics = (
+        client.evaluate(params, dict(config)) if evaluate else (None, 0, {})
+    )
+    t0 = time.perf_counter()
+    fitted, n_fit, fit_metrics = client.fit(params, dict(config))
+    seconds = time.perf_counter() - t0
+    if n_fit < 1:
+        raise ValueError(f"fit() reported {n_fit} examples: the FedAvg weight must be >= 1")
+    return FlowerRound(
+        0,
+        "",
+        None if loss is None else float(loss),
+        int(n_eval),
+        dict(eval_metrics),
+        int(n_fit),
+        dict(fit_metrics),
+        seconds,
+        meta={"duration_s": seconds} | ({} if loss is None else {"loss": float(loss)}),
+        weights=flower_weights(fitted),
+    )
+
+
+def _leave_round(cp: _ControlPlane, r: FlowerRound, token: str) -> None:
+    """Tell the control plane that the client leaves round ``r`` (its training raised)."""
+    try:
+        report_failure(cp.url, cp.job, r.round, cp.client_id, r.error or "failed", token)
+    except ClientError as exc:  # the round ended meanwhile: there is nothing left to leave
+        log.warning("%s: round %d failure not recorded: %s", cp.client_id, r.round, exc)
 
 
 def _follow_resends(
@@ -203,7 +255,7 @@ class _ControlPlane:
     plane that restarts (refused connection, 5xx) is asked again for up to ``down_s``."""
 
     def __init__(self, url: str, job: str, client_id: str, token: str, down_s: float = 30) -> None:
-        self.job, self.client_id, self.down_s = job, client_id, down_s
+        self.url, self.job, self.client_id, self.down_s = url, job, client_id, down_s
         self.http = httpx.Client(
             base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
@@ -222,26 +274,24 @@ class _ControlPlane:
             except httpx.TransportError as exc:
                 why = repr(exc)
             if time.monotonic() > until:
-                raise GatewayUnavailable(str(self.http.base_url), why)
+                raise GatewayUnavailable(0, "unreachable", why, method="GET", url=path)
             time.sleep(0.5)
 
     def job_view(self) -> dict[str, Any]:
         r = self._get(f"/v1/jobs/{self.job}", client=self.client_id)  # whose token it is
-        _raise_for(r, "GET")
+        raise_for(r)
         body: dict[str, Any] = r.json()
         if body.get("failed"):
-            raise JobFailed(self.job, str(body["failed"]))
+            raise JobFailed.of(self.job, str(body["failed"]))
         return body
 
     def assignment(self) -> dict[str, Any] | None:
         """This client's place in the open round, or None when it is not in it."""
         r = self._get(f"/v1/jobs/{self.job}/assignment", client=self.client_id)
-        if r.status_code == 409:
-            err = r.json().get("error")
-            if err == "job_failed":
-                raise JobFailed(self.job, str(r.json().get("detail")))
-            if err in ("client_not_selected", "round_state"):
+        if r.status_code >= 400:
+            err = from_response(r)
+            if isinstance(err, ClientNotSelected) or err.error == "round_state":
                 return None
-        _raise_for(r, "GET")
+            raise err
         body: dict[str, Any] = r.json()
-        return body
+        return None if body.get("done") else body  # the job ended meanwhile

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from client.data import ClientData, FederatedDigits
+from client.errors import ClientNotSelected, JobFailed, StaleRound, raise_for, unreachable
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
-from client.sdk import FLClient, JobFailed, StaleRound
+from client.node import FLClient
 from client.train import TrainConfig, evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -78,40 +79,36 @@ class ControlPlaneAssignment:
         token = cred if isinstance(cred, str) else cred[client_id]
         return {"client": client_id}, {"Authorization": f"Bearer {token}"}
 
-    def __call__(self, client_id: str) -> str:
+    def _get(self, path: str, params: dict[str, str], headers: dict[str, str]) -> Any:
         import httpx
 
+        try:
+            r = httpx.get(
+                f"{self.base}{path}", params=params, headers=headers, timeout=self.timeout
+            )
+        except httpx.TransportError as exc:
+            raise unreachable(f"{self.base}{path}", exc, "GET") from exc
+        raise_for(r)
+        return r.json()
+
+    def __call__(self, client_id: str) -> str:
+        """The gateway URL of ``client_id`` for the open round (once the job is done: of the
+        node holding the final model); :class:`~client.errors.JobFailed` when the job failed,
+        :class:`~client.errors.ClientNotSelected` when the client is not in the round."""
         self._client = client_id
         params, headers = self._auth(client_id)
-        r = httpx.get(
-            f"{self.base}/v1/jobs/{self.job}/assignment",
-            params=params,
-            headers=headers,
-            timeout=self.timeout,
-        )
-        if r.status_code == 409 and r.json().get("error") == "job_failed":
-            raise JobFailed(self.job, str(r.json().get("detail")))
-        r.raise_for_status()
-        return str(r.json()["gateway_url"])
+        return str(self._get(f"/v1/jobs/{self.job}/assignment", params, headers)["gateway_url"])
 
     def wait_round(self, number: int, timeout: float = 120.0) -> None:
         """Until the control plane has round ``number`` (or a later one) open for clients;
-        :class:`~client.sdk.JobFailed` when the job failed meanwhile."""
-        import httpx
-
+        :class:`~client.errors.JobFailed` when the job failed meanwhile."""
         deadline = time.monotonic() + timeout
         params, headers = self._auth(None if isinstance(self._credential, str) else self._client)
         while True:
-            r = httpx.get(
-                f"{self.base}/v1/jobs/{self.job}",
-                params=params,
-                headers=headers,
-                timeout=self.timeout,
-            )
-            r.raise_for_status()
-            if r.json().get("failed"):
-                raise JobFailed(self.job, str(r.json()["failed"]))
-            cur = r.json().get("round") or {}
+            view = self._get(f"/v1/jobs/{self.job}", params, headers)
+            if view.get("failed"):
+                raise JobFailed.of(self.job, str(view["failed"]))
+            cur = view.get("round") or {}
             if int(cur.get("number") or 0) >= number and cur.get("state") == "open":
                 return
             if time.monotonic() > deadline:
@@ -514,13 +511,10 @@ class Simulator:
         """The client's SDK connection, to the gateway it is assigned now (asked again each
         time with a dynamic assignment: placement may change between versions)."""
         if self._dynamic:
-            import httpx
-
             try:
                 return self._connect(client, self._resolve(client))
-            except httpx.HTTPStatusError as exc:  # no round open this instant: stay put
-                if exc.response.status_code != 409:
-                    raise
+            except ClientNotSelected:  # no round open this instant: stay put
+                pass
         return self.clients[client]
 
     def _send_async(

@@ -17,9 +17,12 @@ import pytest
 
 from client.model import make_model, model_to_bytes
 from client.sdk import (
+    Conflict,
     FLClient,
     GatewayUnavailable,
+    InvalidRequest,
     JobNotFound,
+    NotFound,
     StaleRound,
     Unauthorized,
     UpdateRejected,
@@ -49,26 +52,31 @@ def test_a_409_becomes_stale_round_carrying_the_servers_json_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "cls"),
+    ("status", "code", "cls"),
     [
-        (401, Unauthorized),
-        (403, Unauthorized),
-        (404, JobNotFound),
-        (400, UpdateRejected),
-        (413, UpdateRejected),
+        (401, "e", Unauthorized),
+        (403, "e", Unauthorized),
+        (404, "e", NotFound),
+        (404, "unknown_job", JobNotFound),
+        (409, "e", Conflict),
+        (400, "e", InvalidRequest),
+        (413, "e", UpdateRejected),
     ],
 )
-def test_each_4xx_maps_to_its_typed_error(status: int, cls: type[UpdateRejected]) -> None:
+def test_a_4xx_maps_to_its_codes_class_else_to_its_statuses(
+    status: int, code: str, cls: type[UpdateRejected]
+) -> None:
     c = FLClient(
         "http://gw",
         "job",
         "c1",
         "tok",
-        transport=_mock(lambda r: httpx.Response(status, json={"error": "e", "detail": "d"})),
+        transport=_mock(lambda r: httpx.Response(status, json={"error": code, "detail": "d"})),
     )
     with pytest.raises(cls) as ei:
         c.status()
-    assert ei.value.status == status and ei.value.error == "e"
+    assert type(ei.value) is cls and isinstance(ei.value, UpdateRejected)
+    assert (ei.value.status, ei.value.error, ei.value.detail) == (status, code, "d")
 
 
 def test_a_4xx_without_json_still_gives_a_readable_error() -> None:
