@@ -194,6 +194,9 @@ class Gateway:
                 for f in d.iterdir():
                     f.unlink()
                 d.rmdir()
+        for empty in (here, self.settings.shm_root):  # as a namespace's close leaves them
+            with contextlib.suppress(OSError):
+                empty.rmdir()
 
     def offer_round(self, job: Job, rnd: int) -> dict[str, Any] | None:
         """Offer round ``rnd``'s updates kept for FLStore to this node's cache functions; the

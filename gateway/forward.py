@@ -159,7 +159,7 @@ async def _settle(
         eng.forwarded.setdefault(sid, GONE)
         return None
     if verdict == DELIVERED:
-        log.info(
+        log.warning(
             "job %s round %d: root %s holds slot %d's partial (%s; an answer was lost)",
             job.name,
             eng.round,

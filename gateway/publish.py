@@ -10,7 +10,9 @@ from it (a server optimizer's step, an async job's buffer applied: :mod:`gateway
 2. only then frees what the new version supersedes: the round's objects (updates, partials,
    checkpoints), the previous model, an optimizer's previous state, an async job's models no
    update may train on any more;
-3. serves the new model, checkpoints it to MinIO, tells the cache engine, opens the next round.
+3. serves the new model, checkpoints it to MinIO (its ``meta.json`` read from the journal
+   before step 1), tells the cache engine, opens the next round, with nothing awaited in
+   between: no upload sees the new version served and its round not open yet.
 
 So until the journal names the new version, everything the round was made from is still in the
 store and still journaled: a gateway killed at any point before (or a Redis that is down for a
@@ -79,6 +81,9 @@ async def publish_round(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> 
         oldest = rnd - job.fedbuff.max_staleness
         dropped = [history.pop(v) for v in sorted(history) if v < oldest]
     record = global_record(key, res.weight, res.count, opt_keys, history)
+    # read before the write: from the write to the next round's opening nothing awaits, so
+    # no upload finds the new version served and the round it opens not open yet
+    meta = await round_meta(gw, job, eng, res) if gw.checkpoints is not None else None
     try:
         await gw.retry(
             "publish",
@@ -122,8 +127,7 @@ async def publish_round(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> 
         job.times[-1].published_ns = time.monotonic_ns()
         job.times[-1].count = res.count
     gw.metrics.rounds.inc()
-    if gw.checkpoints is not None:
-        meta = await round_meta(gw, job, eng, res)
+    if gw.checkpoints is not None and meta is not None:
         gw.checkpoints.put_global(job.name, rnd, data, {"version": rnd, "count": res.count})
         if job.server_opt is not None:
             gw.checkpoints.put_server_opt(job.name, rnd, server_opt.state_bytes(job, opt_keys, rnd))
@@ -153,7 +157,7 @@ async def round_meta(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> dic
     )
     meta = await gw.retry("job", lambda: gw.journal.job(job.name), still)
     evaluator = (meta or {}).get("evaluator")
-    doc = round_meta_doc(job.name, rnd, job.version, res.count, res.weight, records, evaluator)
+    doc = round_meta_doc(job.name, rnd, rnd, res.count, res.weight, records, evaluator)
     if isinstance(eng, ShardedRound):
         doc["aggregation"] = eng.decision
     if eng.plan.excluded:

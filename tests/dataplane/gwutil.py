@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -76,6 +79,19 @@ class GatewayThread:
 
 async def _wrap(fn, *args):  # type: ignore[no-untyped-def]
     return fn(*args)
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``cond`` every 50 ms until it is true (returned); AssertionError naming ``what``
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def settings(tmp: Path, redis_url: str, node: str = "n1", **kw: object) -> GatewaySettings:
