@@ -89,3 +89,11 @@ chart: helm
 # Builds images only; pushing them (or `kind load docker-image`) is up to you.
 images:
 	ENGINE="$(ENGINE)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" bash scripts/images.sh
+
+# The container tier (issue 34): the images (`make images`, then deploy/faasd/images.sh: MinIO,
+# Redis, NATS Streaming, the queue worker), then tests/containers: the images run under podman,
+# and the FL platform in containers under faasd 0.19.0, in a namespace of its own (root; slow)
+.PHONY: test-containers
+test-containers: setup images
+	FEDFAAS_CACHE="$(CACHE)" bash deploy/faasd/images.sh
+	$(PY) -m pytest tests/containers $(PYTEST_ARGS)
