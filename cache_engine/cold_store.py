@@ -118,6 +118,82 @@ def decode_object(key: ObjectKey, data: bytes) -> NDArray[np.float32] | dict[str
     return flatten(st_load(data))
 
 
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+}
+
+
+class TensorIndex:
+    """Where the tensors of a safetensors object lie, in the flat vector and in the file.
+
+    Parameters
+    ----------
+    tensors
+        ``(name, dtype, first byte, end byte)`` in :func:`flatten`'s order (sorted names),
+        byte offsets from the start of the file.
+    shapes
+        Each tensor's shape, in the same order.
+    """
+
+    def __init__(
+        self,
+        tensors: list[tuple[str, np.dtype[Any], int, int]],
+        shapes: list[tuple[int, ...]] | None = None,
+    ) -> None:
+        self.tensors = tensors
+        self.shapes = shapes or [((hi - lo) // dt.itemsize,) for _, dt, lo, hi in tensors]
+        sizes = [(hi - lo) // dt.itemsize for _, dt, lo, hi in tensors]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    @property
+    def numel(self) -> int:
+        return int(self.starts[-1])
+
+    def layout(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The tensors' names and shapes (``cache_engine.evaluators.Layout``)."""
+        return tuple((t[0], s) for t, s in zip(self.tensors, self.shapes, strict=True))
+
+    @classmethod
+    def parse(cls, header: bytes, data_offset: int) -> TensorIndex:
+        try:
+            doc = json.loads(header)
+            out = []
+            shapes = []
+            for name in sorted(k for k in doc if k != "__metadata__"):
+                t = doc[name]
+                dtype = _DTYPES.get(t["dtype"])
+                if dtype is None:  # BF16 and the rest: :func:`flatten` reads those whole
+                    raise ColdStoreError(f"tensor {name}: no ranged reads of {t['dtype']}")
+                lo, hi = (int(x) for x in t["data_offsets"])
+                out.append((name, dtype, data_offset + lo, data_offset + hi))
+                shapes.append(tuple(int(d) for d in t["shape"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ColdStoreError(f"not a safetensors header: {exc}") from None
+        return cls(out, shapes)
+
+    def pieces(self, start: int, stop: int) -> list[tuple[int, int, int, np.dtype[Any]]]:
+        """``(first byte, end byte, position in the output, dtype)`` of every tensor span that
+        covers coordinates ``[start, stop)``."""
+        if not 0 <= start <= stop <= self.numel:
+            raise ColdStoreError(f"range [{start}, {stop}) outside a {self.numel}-float model")
+        out = []
+        for i, (_, dtype, lo, _) in enumerate(self.tensors):
+            a, b = int(self.starts[i]), int(self.starts[i + 1])
+            x, y = max(a, start), min(b, stop)
+            if x < y:
+                out.append(
+                    (lo + (x - a) * dtype.itemsize, lo + (y - a) * dtype.itemsize, x - start, dtype)
+                )
+        return out
+
+
 def encode_model(tensors: Mapping[str, NDArray[Any]]) -> bytes:
     """Safetensors bytes of ``tensors`` (never pickle)."""
     return st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
@@ -154,6 +230,34 @@ class ColdStore(ABC):
         """Temporary credentials that read only ``job``'s objects, by job, for a cache function
         to load them with (:class:`MinioColdStore`); none for a store without users."""
         return {}
+
+    def get_bytes_range(self, key: ObjectKey, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``key``'s object from ``offset`` (a ranged read)."""
+        return self.get_bytes(key)[offset : offset + length]
+
+    def header(self, key: ObjectKey) -> TensorIndex:
+        """Where each tensor of a model's safetensors object lies (two small ranged reads)."""
+        head = self.get_bytes_range(key, 0, 8)
+        if len(head) < 8:
+            raise ColdStoreError(f"{object_path(key)} is shorter than a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n > 100 << 20:
+            raise ColdStoreError(f"{object_path(key)}: a safetensors header of {n} bytes")
+        return TensorIndex.parse(self.get_bytes_range(key, 8, n), 8 + n)
+
+    def read_range(
+        self, key: ObjectKey, start: int, stop: int, index: TensorIndex | None = None
+    ) -> NDArray[np.float32]:
+        """Coordinates ``[start, stop)`` of a model's flat vector (:func:`flatten`'s order),
+        read by ranges: only those bytes leave the store (``index``: its :meth:`header`)."""
+        index = index or self.header(key)
+        out = np.empty(max(0, stop - start), dtype=np.float32)
+        for lo, hi, dst, dtype in index.pieces(start, stop):
+            raw = self.get_bytes_range(key, lo, hi - lo)
+            if len(raw) != hi - lo:
+                raise ColdStoreError(f"{object_path(key)} ended early (a ranged read)")
+            out[dst : dst + (hi - lo) // dtype.itemsize] = np.frombuffer(raw, dtype)
+        return out
 
     def get(self, key: ObjectKey) -> NDArray[np.float32] | dict[str, Any]:
         """Decoded object (see :func:`decode_object`)."""
@@ -250,6 +354,24 @@ class MinioColdStore(ColdStore):
             if exc.code in ("NoSuchKey", "NoSuchBucket"):
                 raise ObjectMissing(path) from None
             raise ColdStoreError(f"minio get {path}: {exc.code}") from exc
+        try:
+            return bytes(resp.read())
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def get_bytes_range(self, key: ObjectKey, offset: int, length: int) -> bytes:
+        from minio.error import S3Error
+
+        path = object_path(key)
+        if length <= 0:
+            return b""
+        try:
+            resp = self.client.get_object(self.bucket, path, offset=offset, length=length)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                raise ObjectMissing(path) from None
+            raise ColdStoreError(f"minio get {path} [{offset}+{length}]: {exc.code}") from exc
         try:
             return bytes(resp.read())
         finally:

@@ -160,17 +160,7 @@ def plan(q: Query, catalog: Catalog) -> Plan:
     return Plan(q, list(dict.fromkeys(keys)), req.policy, params, bool(req.evaluator))
 
 
-def workload_data(
-    objects: Mapping[ObjectKey, Any], evaluator: Any = None, gram_cache: Any = None
-) -> Any:
-    """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
-
-    ``gram_cache`` (a ``fedfaas.workloads.GramCache``) is for holders that keep the same sealed
-    vectors across queries (cache functions); a server that decodes fresh objects per query
-    gains nothing from one.
-    """
-    from fedfaas.workloads import WorkloadData
-
+def _fields(objects: Mapping[ObjectKey, Any]) -> dict[str, Any]:
     updates: dict[int, dict[str, Any]] = {}
     globals_: dict[int, Any] = {}
     client_meta: dict[int, dict[str, Any]] = {}
@@ -183,13 +173,34 @@ def workload_data(
         else:
             client_meta[k.round] = dict(v.get("client_meta", {}))
             round_meta[k.round] = dict(v.get("round_meta", {}))
+    return {
+        "updates": updates,
+        "globals": globals_,
+        "client_meta": client_meta,
+        "round_meta": round_meta,
+    }
+
+
+def workload_data(
+    objects: Mapping[ObjectKey, Any],
+    evaluator: Any = None,
+    gram_cache: Any = None,
+    utility_cache: Any = None,
+) -> Any:
+    """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
+
+    ``gram_cache`` (a ``fedfaas.workloads.GramCache``) and ``utility_cache`` (a
+    ``fedfaas.workloads.contribution.UtilityCache``) are for holders that keep the same sealed
+    vectors across queries (cache functions); a server that decodes fresh objects per query
+    gains nothing from them.
+    """
+    from fedfaas.workloads import WorkloadData
+
     return WorkloadData(
-        updates=updates,
-        globals=globals_,
-        client_meta=client_meta,
-        round_meta=round_meta,
+        **_fields(objects),
         evaluator=evaluator,
         gram_cache=gram_cache,
+        utility_cache=utility_cache,
     )
 
 
@@ -199,11 +210,36 @@ def run_workload(
     objects: Mapping[ObjectKey, Any],
     evaluator: Any = None,
     gram_cache: Any = None,
+    utility_cache: Any = None,
 ) -> dict[str, Any]:
     """Run workload ``name`` on ``objects`` (the same code in functions and baselines)."""
     res: dict[str, Any] = _workload(name).run(
-        workload_data(objects, evaluator, gram_cache), dict(params)
+        workload_data(objects, evaluator, gram_cache, utility_cache), dict(params)
     )
+    return res
+
+
+def run_sliced(
+    name: str,
+    params: Mapping[str, Any],
+    models: Sequence[ObjectKey],
+    dim: int,
+    metas: Mapping[ObjectKey, Any],
+    evaluator: Any,
+    parts: Any,
+    utility_cache: Any = None,
+) -> dict[str, Any]:
+    """Run workload ``name`` as the reducer of a query over models held in coordinate parts
+    (``fedfaas.workloads.sliced``): ``models`` (whole keys, ``dim`` floats each) stand in as
+    references, ``parts`` does their math where the parts are; ``metas`` are held here."""
+    from fedfaas.workloads.sliced import SlicedData, VectorRef
+
+    objects: dict[ObjectKey, Any] = {k: VectorRef(k.id, dim) for k in models}
+    objects.update(metas)
+    data = SlicedData(
+        **_fields(objects), evaluator=evaluator, utility_cache=utility_cache, parts=parts
+    )
+    res: dict[str, Any] = _workload(name).run(data, dict(params))
     return res
 
 

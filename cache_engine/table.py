@@ -13,7 +13,8 @@ keeps (the engine publishes its catalog's and its functions' changes there too).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from cache_engine.keys import ObjectKey
@@ -32,6 +33,42 @@ class LocationTable:
     def __init__(self) -> None:
         self._loc: dict[ObjectKey, list[str]] = {}
         self._by_fn: dict[str, set[ObjectKey]] = {}
+        #: whole model -> the parts of it held somewhere (``ObjectKey.parts``)
+        self._parts: dict[ObjectKey, set[ObjectKey]] = {}
+        #: keys changed inside :meth:`batch`, written at its end
+        self._pending: set[ObjectKey] | None = None
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Write the changes made inside at its end, together (a round's parts are hundreds
+        of entries: one round trip, not one each)."""
+        if self._pending is not None:  # nested: the outer one writes
+            yield
+            return
+        self._pending = set()
+        try:
+            yield
+        finally:
+            keys, self._pending = self._pending, None
+            if keys:
+                self._flush(sorted(keys))
+
+    def parts_of(self, whole: ObjectKey) -> set[ObjectKey]:
+        """The parts of ``whole`` held somewhere (any number of parts)."""
+        return set(self._parts.get(whole, ()))
+
+    def _index(self, key: ObjectKey) -> None:
+        """Keep :meth:`parts_of` in step with ``key``'s entry."""
+        if not key.parts:
+            return
+        if key in self._loc:
+            self._parts.setdefault(key.whole, set()).add(key)
+        else:
+            held = self._parts.get(key.whole)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._parts[key.whole]
 
     def __len__(self) -> int:
         return len(self._loc)
@@ -60,6 +97,7 @@ class LocationTable:
         if fn not in fns:
             fns.append(fn)
             self._by_fn.setdefault(fn, set()).add(key)
+            self._index(key)
             self._write(key)
 
     def discard(self, key: ObjectKey, fn: str) -> None:
@@ -70,6 +108,7 @@ class LocationTable:
             self._by_fn.get(fn, set()).discard(key)
             if not fns:
                 del self._loc[key]
+            self._index(key)
             self._write(key)
 
     def remove(self, key: ObjectKey) -> list[str]:
@@ -77,6 +116,7 @@ class LocationTable:
         fns = self._loc.pop(key, [])
         for f in fns:
             self._by_fn.get(f, set()).discard(key)
+        self._index(key)
         self._write(key)
         return fns
 
@@ -89,13 +129,20 @@ class LocationTable:
                 fns.remove(fn)
             if not fns:
                 self._loc.pop(key, None)
+            self._index(key)
             out[key] = list(fns)
             self._write(key)
         self._drop_fn(fn)
         return out
 
-    # write-through hooks (no-ops in memory)
     def _write(self, key: ObjectKey) -> None:
+        if self._pending is not None:
+            self._pending.add(key)
+        else:
+            self._flush([key])
+
+    # write-through hooks (no-ops in memory)
+    def _flush(self, keys: Sequence[ObjectKey]) -> None:
         pass
 
     def _drop_fn(self, fn: str) -> None:
@@ -119,6 +166,7 @@ class RedisLocationTable(LocationTable):
         """Read the whole table from Redis (engine restart); return the number of objects."""
         self._loc.clear()
         self._by_fn.clear()
+        self._parts.clear()
         for hkey in self.redis.scan_iter(match=LOC_PREFIX + "*", count=1000):
             job = hkey[len(LOC_PREFIX) :]
             for field, val in self.redis.hgetall(hkey).items():
@@ -126,23 +174,26 @@ class RedisLocationTable(LocationTable):
                 fns = [f for f in val.split(",") if f]
                 if fns:
                     self._loc[key] = fns
+                    self._index(key)
                     for f in fns:
                         self._by_fn.setdefault(f, set()).add(key)
         return len(self._loc)
 
-    def _write(self, key: ObjectKey) -> None:
-        fns = self._loc.get(key)
+    def _flush(self, keys: Sequence[ObjectKey]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        if fns:
-            pipe.hset(LOC_PREFIX + key.job, key.field, ",".join(fns))
-        else:
-            pipe.hdel(LOC_PREFIX + key.job, key.field)
-        for f, ks in self._by_fn.items():
-            if key in ks:
-                pipe.sadd(FN_PREFIX + f, key.id)
+        for key in keys:
+            fns = self._loc.get(key)
+            if fns:
+                pipe.hset(LOC_PREFIX + key.job, key.field, ",".join(fns))
             else:
-                pipe.srem(FN_PREFIX + f, key.id)
-        pipe.publish(CHANGES, key.job)
+                pipe.hdel(LOC_PREFIX + key.job, key.field)
+            for f, ks in self._by_fn.items():
+                if key in ks:
+                    pipe.sadd(FN_PREFIX + f, key.id)
+                else:
+                    pipe.srem(FN_PREFIX + f, key.id)
+        for job in sorted({k.job for k in keys}):
+            pipe.publish(CHANGES, job)
         pipe.execute()
 
     def _drop_fn(self, fn: str) -> None:

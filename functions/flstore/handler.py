@@ -22,21 +22,30 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
 - ``POST /evict`` ``{"objects": [...]}``: drop objects and give their memory back to the OS
   (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held; an object
   mapped from a gateway's store gives its lease back.
-- ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?}``: run a workload on
-  held objects (``evaluator``: the job's validation-set spec, see cache_engine.evaluators; a
-  ``function`` evaluator gets the models as safetensors of the job's tensors, whose names and
-  shapes this function keeps from the newest model of the job it loaded).
+- ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?, "slices"?,
+  "layout"?}``: run a workload on held objects (``evaluator``: the job's validation-set spec,
+  see cache_engine.evaluators; a ``function`` evaluator gets the models as safetensors of the
+  job's tensors, whose names and shapes this function keeps from the newest model of the job it
+  loaded, or the plan's ``layout``). With ``slices`` (a round too large for one function: the
+  engine's plan, :mod:`cache_engine.parts`) this function is the query's reducer: it holds the
+  query's metadata, and the models are held in coordinate parts by the functions the slices
+  name, each asked for its part (``POST /part``, :mod:`.parts`).
+- ``POST /part``: a part of a query over a round held in parts (see :mod:`.parts`).
+
+Objects may be models' parts (``<id>~<s>.<S>``, :mod:`cache_engine.keys`): a load reads only that
+slice (from the cold store by ranged reads, or as a view of the update mapped in place).
 
 Environment (no secret): ``FEDFAAS_FLSTORE_MINIO_ENDPOINT``, ``..._BUCKET`` (default ``fedfaas``), ``..._CAPACITY_BYTES`` (refuse loads beyond it; 0 = none),
 ``..._RUN_DELAY_S`` (fault injection in tests: hold every ``/run`` this long),
 ``..._GRAM_MEMO`` (``0``: no inner-product memo across queries, for benchmarks that compare
-without it; default on), ``..._GATEWAY_URL`` (the OpenFaaS gateway, to call a job's evaluator
-function through; the cache engine sets it).
+without it; default on), ``..._UTILITY_MEMO`` (``0``: no memo of evaluated sub-models across
+queries; default on), ``..._GATEWAY_URL`` (the OpenFaaS gateway, to call a job's evaluator
+function and the other cache functions through; the cache engine sets it),
+``..._CALL_TIMEOUT_S`` (a reducer's wait for another function's part, default 120).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -56,12 +65,14 @@ from cache_engine.cold_store import (
 )
 from cache_engine.evaluators import EvaluatorUnavailable, Layout, build_evaluator, layout_of
 from cache_engine.keys import ObjectKey
-from cache_engine.queries import run_workload
+from cache_engine.queries import run_sliced, run_workload
 from fedfaas.memory import release_free_memory
-from fedfaas.objstore import StoreError
-from fedfaas.objstore.handoff import HandoffClient, HandoffError
-from fedfaas.wire import HEADER_SIZE, KIND_UPDATE, WireError, read_header
 from fedfaas.workloads import GramCache, WorkloadError  # imported at start, not on the first query
+from fedfaas.workloads.contribution import UtilityCache
+from fedfaas.workloads.sliced import part_bounds
+
+from .lending import Lending
+from .parts import Holdings, NotHeld, RemoteParts, serve
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +82,10 @@ _objects: dict[ObjectKey, Any] = {}
 # each job's tensors (names and shapes, sorted), from the newest of its models loaded here
 _layouts: dict[str, Layout] = {}
 _store: ColdStore | None = None
-# connections to this node's gateways' handoff sockets, by path
-_handoffs: dict[str, HandoffClient] = {}
-# objects mapped in place from a gateway's store -> (its socket, the ticket, the client)
-_lent: dict[ObjectKey, tuple[str, str, str]] = {}
+# updates mapped in place from this node's gateways' stores, and their leases
+_lending = Lending(_lock, _objects)
+_handoffs = _lending.handoffs
+_lent = _lending.lent
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
@@ -83,6 +94,11 @@ _stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
 _grams: GramCache | None = (
     None if os.environ.get(_ENV + "GRAM_MEMO", "1").strip() == "0" else GramCache()
 )
+# utilities of sub-models evaluated here, kept across queries (contribution workloads)
+_utilities: UtilityCache | None = (
+    None if os.environ.get(_ENV + "UTILITY_MEMO", "1").strip() == "0" else UtilityCache()
+)
+_holdings = Holdings(lambda k: _held(k), lambda job, grants: _cold(job, grants), _grams)
 
 
 def _cold(job: str, grants: dict[str, Any]) -> ColdStore:
@@ -134,6 +150,24 @@ def _used() -> int:
         return sum(_size(v) for v in _objects.values())
 
 
+def _held(key: ObjectKey) -> Any:
+    with _lock:
+        return _objects.get(key)
+
+
+def _private_bytes() -> int:
+    """This process's private memory (RssAnon): what the node's memory budget counts for a
+    cache function (the updates it maps from the store are the store's pages)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return _used()
+
+
 def _err(status: int, code: str, detail: str, **facts: Any) -> dict[str, Any]:
     return {
         "statusCode": status,
@@ -156,9 +190,15 @@ def _status() -> dict[str, Any]:
         "count": len(_objects),
         "objects_mapped": len(_lent),
         "bytes": _used(),
+        "private_bytes": _private_bytes(),
+        "mapped_bytes": _lending.mapped_bytes(),
         "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
         "gram_memo": _grams is not None,
         "gram_pairs": len(_grams) if _grams is not None else 0,
+        "utility_memo": _utilities is not None,
+        "utilities_kept": len(_utilities) if _utilities is not None else 0,
+        "utilities_reused": _utilities.hits if _utilities is not None else 0,
+        **_holdings.stats,
         **_stats,
     }
 
@@ -185,82 +225,19 @@ def _offers(raw: Any) -> list[dict[str, str]]:
     return list(raw)
 
 
-def _handoff_client(path: str) -> HandoffClient:
-    """The one connection to the gateway at ``path`` (made under the lock, so two loads at
-    once never open two: a second one's claims would outlive its dropped client)."""
-    with _lock:
-        c = _handoffs.get(path)
-        if c is None or c.lost.is_set():
-            c = _handoffs[path] = HandoffClient(path, _gateway_lost)  # a local connect
-        return c
-
-
-def _gateway_lost(client: HandoffClient) -> None:
-    """A gateway we map objects from went away (its leases with it): drop them all now."""
-    with _lock:
-        if _handoffs.get(str(client.path)) is client:
-            del _handoffs[str(client.path)]
-        gone = [k for k, (p, _, _) in _lent.items() if p == str(client.path)]
-        for k in gone:
-            del _lent[k]
-            _objects.pop(k, None)
-    log.warning("gateway handoff %s closed: dropped %d mapped objects", client.path, len(gone))
-
-
-def _map_lent(keys: list[ObjectKey], offers: list[dict[str, str]]) -> dict[ObjectKey, Any]:
-    """The updates among ``keys`` that an offer lends, mapped read-only in place; what this
-    function cannot claim (another node's gateway, an offer gone) is left to MinIO."""
-    out: dict[ObjectKey, Any] = {}
-    for h in offers:
-        try:
-            client = _handoff_client(h["socket"])
-            claim = client.claim(h["ticket"])
-        except HandoffError as exc:
-            log.info("handoff %s not claimed (%s): MinIO instead", h["socket"], exc)
-            continue
-        wanted = {
-            k.client: k
-            for k in keys
-            if k.kind == "update" and (k.job, k.round) == (claim.job, claim.round)
-        }
-        unwanted: list[str] = []
-        for name, key in claim.objects.items():
-            k = wanted.get(name)
-            if name not in claim.held:
-                continue  # given back before: the object may be gone, MinIO has it
-            with _lock:
-                if k is not None and _lent.get(k, ("", "", ""))[1] == claim.ticket:
-                    continue  # mapped before under this very lease
-                if k is not None and k not in _objects and k not in out:
-                    try:
-                        obj = claim.store.open(key)
-                        head = read_header(obj.buf)
-                        if head.kind != KIND_UPDATE or head.spec_hash.hex() != claim.spec_hash:
-                            raise WireError(f"object {key} is not an update of the job's spec")
-                    except (WireError, StoreError, OSError, ValueError) as exc:
-                        log.warning("handoff object %s of %s unreadable: %s", key, k.id, exc)
-                    else:
-                        x = np.frombuffer(obj.buf, np.float32, claim.numel, HEADER_SIZE)
-                        out[k] = x  # the buffer is read-only: so is the vector
-                        _lent[k] = (h["socket"], claim.ticket, name)
-                        continue
-            unwanted.append(name)
-        if unwanted:  # not wanted here (or unreadable): their leases go back at once, together
-            with contextlib.suppress(HandoffError):
-                client.release(claim.ticket, unwanted)
-    return out
-
-
-def _give_back(gone: list[tuple[str, str, str]]) -> None:
-    for path, ticket, name in gone:
-        with _lock:
-            client = _handoffs.get(path)
-        if client is None:
-            continue
-        try:
-            client.release(ticket, [name])
-        except HandoffError as exc:  # the gateway is gone: its leases went with it
-            log.info("handoff release of %s on %s: %s", name, path, exc)
+def _read(k: ObjectKey, grants: dict[str, Any]) -> Any:
+    """``k`` from the cold store: a whole object, or a model's part by ranged reads."""
+    store = _cold(k.job, grants)  # outside the lock: others keep running
+    if k.parts:
+        index = store.header(k.whole)
+        a, b = part_bounds(index.numel, k.parts)[k.part]
+        _layouts[k.job] = index.layout()
+        return store.read_range(k.whole, a, b, index)
+    data = store.get_bytes(k)
+    value = decode_object(k, data)
+    if k.kind != "meta":  # the newest model wins: a job created again may change it
+        _layouts[k.job] = layout_of(data)
+    return value
 
 
 def _load(keys: list[ObjectKey], grants: Any, offers: list[dict[str, str]]) -> dict[str, Any]:
@@ -269,35 +246,34 @@ def _load(keys: list[ObjectKey], grants: Any, offers: list[dict[str, str]]) -> d
     cap = int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0)
     loaded: list[str] = []
     already: list[str] = []
-    lent = _map_lent(keys, offers) if offers else {}
+    lent = _lending.map(keys, offers) if offers else {}
     mapped = [k.id for k in lent]
     for k in keys:
         with _lock:
             if k in _objects:
                 already.append(k.id)
                 continue
-        if k in lent:
-            value: Any = lent[k]
-        else:
-            data = _cold(k.job, grants).get_bytes(k)  # outside the lock: others keep running
-            value = decode_object(k, data)
-            if k.kind != "meta":  # the newest model wins: a job created again may change it
-                _layouts[k.job] = layout_of(data)
+        value = lent[k] if k in lent else _read(k, grants)
         if isinstance(value, np.ndarray) and value.flags.writeable:
             value.setflags(write=False)  # sealed: what the Gram memo relies on
         with _lock:
             if cap and _used() + _size(value) > cap:
-                unused = [_lent.pop(x) for x in lent if x not in _objects and x in _lent]
-                _give_back(unused)
-                return _err(
-                    507,
-                    "capacity_exceeded",
-                    f"loading {k.id} would exceed this function's capacity of {cap} "
-                    "bytes; evict objects first or use another function",
-                    loaded=loaded,
-                )
-            _objects[k] = value
-            _stats["loads"] += 1
+                unused = [x for x in lent if x not in _objects]
+                leases = _lending.forget(unused)
+                over = True
+            else:
+                _objects[k] = value
+                _stats["loads"] += 1
+                over = False
+        if over:
+            _lending.give_back(leases)
+            return _err(
+                507,
+                "capacity_exceeded",
+                f"loading {k.id} would exceed this function's capacity of {cap} "
+                "bytes; evict objects first or use another function",
+                loaded=loaded,
+            )
         loaded.append(k.id)
         if k.kind == "meta" and isinstance(value, dict):
             spec = (value.get("round_meta") or {}).get("evaluator")
@@ -314,15 +290,121 @@ def _warm_evaluator(spec: dict[str, Any]) -> None:
         log.warning("cannot build evaluator %s: %s", spec, exc)
 
 
+def _name() -> str:
+    return os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache")
+
+
+class PartFailed(RuntimeError):
+    """Another function did not give its part of a query."""
+
+    def __init__(self, function: str, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"{function} /part: HTTP {status} {body.get('detail', '')}"[:300])
+        self.function, self.status, self.body = function, status, body
+
+
+_http_lock = threading.Lock()
+_http: list[Any] = []
+
+
+def _remote_part(function: str, endpoint: str | None, body: dict[str, Any]) -> bytes:
+    """``POST /part`` on another cache function: at its own address where the plan gives one,
+    else through the gateway; with the function token (the secret every function has)."""
+    import httpx
+
+    from fedfaas.runtime.function_auth import FunctionToken, token_path
+
+    with _http_lock:
+        if not _http:
+            timeout = float(os.environ.get(_ENV + "CALL_TIMEOUT_S", "120") or 120)
+            _http.append(httpx.Client(timeout=timeout))
+        client = _http[0]
+    gateway = os.environ.get(_ENV + "GATEWAY_URL", "").rstrip("/")
+    url = f"{endpoint}/part" if endpoint else f"{gateway}/function/{function}/part"
+    token = FunctionToken(token_path()).load().decode()
+    try:
+        r = client.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
+    except httpx.HTTPError as exc:
+        raise PartFailed(function, 502, {"detail": f"unreachable: {exc!r}"}) from None
+    if r.status_code != 200:
+        try:
+            err = r.json()
+        except ValueError:
+            err = {"detail": r.text[:200]}
+        raise PartFailed(function, r.status_code, err if isinstance(err, dict) else {})
+    return bytes(r.content)
+
+
+def _evaluator(body: dict[str, Any], job: str | None) -> Any:
+    layout = body.get("layout")
+    if layout is not None:
+        if not isinstance(layout, list) or not all(
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], str) for t in layout
+        ):
+            raise ValueError("'layout' must be [[tensor name, shape], ...], from the engine")
+        return build_evaluator(
+            body.get("evaluator"), tuple((str(n), tuple(int(d) for d in sh)) for n, sh in layout)
+        )
+    return build_evaluator(body.get("evaluator"), _layouts.get(job) if job else None)
+
+
+def _slices(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]], dict[str, Any] | None]:
+    sl = body.get("slices")
+    ranges = sl.get("ranges") if isinstance(sl, dict) else None
+    dim = sl.get("dim") if isinstance(sl, dict) else None
+    ok = (
+        isinstance(dim, int)
+        and dim > 0
+        and isinstance(ranges, list)
+        and ranges
+        and all(
+            isinstance(r, dict)
+            and isinstance(r.get("function"), str)
+            and isinstance(r.get("bounds"), list)
+            and len(r["bounds"]) == 2
+            for r in ranges
+        )
+    )
+    if not ok:
+        raise ValueError(
+            "'slices' must be {dim, ranges: [{bounds, part, function, endpoint}], source}, "
+            "from the cache engine"
+        )
+    source = sl.get("source") if isinstance(sl.get("source"), dict) else None
+    return int(dim), list(ranges), source  # type: ignore[arg-type]
+
+
+def _compute(
+    name: str, params: dict[str, Any], keys: list[ObjectKey], body: dict[str, Any], evaluator: Any
+) -> Any:
+    """The workload's result: on held objects, or (with ``slices``) as the reducer."""
+    if body.get("slices") is None:
+        with _lock:
+            held = {k: _objects[k] for k in keys if k in _objects}
+        return run_workload(name, params, held, evaluator, _grams, _utilities)
+    dim, ranges, source = _slices(body)
+    models = [k for k in keys if k.kind != "meta"]
+    with _lock:
+        metas = {k: _objects[k] for k in keys if k.kind == "meta"}
+    parts = RemoteParts(
+        ranges,
+        [k.id for k in models],
+        source,
+        _name(),
+        lambda b: serve(b, _holdings),
+        _remote_part,
+    )
+    return run_sliced(name, params, models, dim, metas, evaluator, parts, _utilities)
+
+
 def _run(body: dict[str, Any]) -> dict[str, Any]:
     name = body.get("workload")
     params = body.get("params") or {}
     if not isinstance(name, str) or not isinstance(params, dict):
         return _err(400, "bad_request", "'workload' must be a string and 'params' an object")
     keys = _keys(body)
+    here = keys if body.get("slices") is None else [k for k in keys if k.kind == "meta"]
     with _lock:
-        missing = [k.id for k in keys if k not in _objects]
-        held = {k: _objects[k] for k in keys if k in _objects}
+        missing = [k.id for k in here if k not in _objects]
     if missing:
         return _err(
             409,
@@ -330,19 +412,18 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
             "this function does not hold every object of the query; "
             "ask the cache engine to load them",
             missing=missing,
+            function=_name(),
         )
     delay = float(os.environ.get(_ENV + "RUN_DELAY_S", "0") or 0)
     if delay > 0:  # fault injection for tests: keeps a query in flight
         time.sleep(delay)
     t0 = time.perf_counter()
     try:
-        evaluator = build_evaluator(
-            body.get("evaluator"), _layouts.get(keys[0].job) if keys else None
-        )
+        evaluator = _evaluator(body, keys[0].job if keys else None)
     except EvaluatorUnavailable as exc:
         return _err(422, "no_evaluator", str(exc))
     try:
-        result = run_workload(name, params, held, evaluator, _grams)
+        result = _compute(name, params, keys, body, evaluator)
     except WorkloadError as exc:
         return {
             "statusCode": int(getattr(exc, "status", 400)),
@@ -351,10 +432,32 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
         }
     except EvaluatorUnavailable as exc:  # the job's evaluator function failed mid-query
         return _err(502, "evaluator_failed", str(exc))
+    except NotHeld as exc:  # this function's own part
+        return _err(409, "not_held", str(exc), missing=exc.missing, function=_name())
+    except PartFailed as exc:  # another function's part
+        if exc.status == 409 and exc.body.get("error") == "not_held":
+            return _err(
+                409,
+                "not_held",
+                str(exc),
+                missing=exc.body.get("missing", []),
+                function=exc.function,
+            )
+        return _err(502, "part_failed", str(exc), function=exc.function)
     _stats["runs"] += 1
-    return _ok(
-        {"result": result, "compute_s": time.perf_counter() - t0, "function": _status()["function"]}
-    )
+    return _ok({"result": result, "compute_s": time.perf_counter() - t0, "function": _name()})
+
+
+def _part(body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        raw = serve(body, _holdings)
+    except NotHeld as exc:
+        return _err(409, "not_held", str(exc), missing=exc.missing, function=_name())
+    return {
+        "statusCode": 200,
+        "body": raw,
+        "headers": {"Content-Type": "application/octet-stream"},
+    }
 
 
 def handle(event: Any, context: Any) -> dict[str, Any]:
@@ -368,12 +471,12 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
             with _lock:
                 objs = [{"id": k.id, "bytes": _size(v)} for k, v in _objects.items()]
             return _ok({"objects": objs, **_status()})
-        if method != "POST" or path not in ("/load", "/evict", "/run"):
+        if method != "POST" or path not in ("/load", "/evict", "/run", "/part"):
             return _err(
                 404,
                 "no_route",
                 f"no route {method} {path}; routes: GET /ping, "
-                "GET /objects, POST /load, POST /evict, POST /run",
+                "GET /objects, POST /load, POST /evict, POST /run, POST /part",
             )
         try:
             body = json.loads(event.body or b"{}")
@@ -387,12 +490,14 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
             keys = _keys(body)
             with _lock:
                 gone = [k.id for k in keys if _objects.pop(k, None) is not None]
-                leases = [_lent.pop(k) for k in keys if k in _lent]
+                leases = _lending.forget(keys)
                 _stats["evictions"] += len(gone)
-            _give_back(leases)
+            _lending.give_back(leases)  # as soon as no key held here maps the update
             if gone:  # the heaps would keep the freed pages (see fedfaas.memory)
                 release_free_memory()
             return _ok({"evicted": gone, **_status()})
+        if path == "/part":
+            return _part(body)
         return _run(body)
     except ValueError as exc:
         return _err(400, "bad_request", str(exc))

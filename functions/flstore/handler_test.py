@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +12,7 @@ import pytest
 
 from cache_engine.cold_store import MemoryColdStore
 
-_spec = importlib.util.spec_from_file_location(
-    "flstore_cache_handler", Path(__file__).with_name("handler.py")
-)
-assert _spec and _spec.loader
-handler = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(handler)
+from . import handler
 
 
 def _call(method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
@@ -119,13 +113,12 @@ def test_run_executes_a_registered_workload_on_held_data(store: MemoryColdStore)
 
 
 _CHURN = r"""
-import importlib.util, json, os, sys, threading
+import importlib, json, os, sys, threading
 from types import SimpleNamespace
 import numpy as np
 from cache_engine.cold_store import MemoryColdStore
 
-spec = importlib.util.spec_from_file_location("h", sys.argv[1])
-h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h)
+h = importlib.import_module("functions.flstore.handler")
 if sys.argv[2] == "no-release":
     h.release_free_memory = lambda: False
 
@@ -270,3 +263,231 @@ def test_a_handoff_maps_updates_in_place_and_gives_leases_back_on_evict_and_on_l
             c.close()
         handler._handoffs.clear()
         handler._lent.clear()
+
+
+def _part_ids(c: str, parts: int) -> list[str]:
+    return [f"job/1/{c}~{s}.{parts}" for s in range(parts)]
+
+
+def test_parts_load_by_ranged_reads_and_answer_gram_and_combine() -> None:
+    from cache_engine.keys import ObjectKey
+
+    s = MemoryColdStore()
+    rng = np.random.default_rng(2)
+    ups = {
+        c: {"w": rng.normal(size=(40,)).astype(np.float32), "b": rng.normal(size=(9,))}
+        for c in "ab"
+    }
+    s.write_round("job", 1, ups, None, {c: {"n_samples": 1} for c in ups}, {})
+    handler.set_cold_store(s)
+    handler._objects.clear()
+    try:
+        whole = {c: s.get(ObjectKey.parse(f"job/1/{c}")) for c in "ab"}
+        code, body = _call("POST", "/load", {"objects": _part_ids("a", 3) + _part_ids("b", 3)})
+        assert code == 200, body
+        for c in "ab":
+            got = np.concatenate([handler._objects[ObjectKey.parse(i)] for i in _part_ids(c, 3)])
+            np.testing.assert_array_equal(got, whole[c])  # float64 "b" read as float32 too
+        assert _call("POST", "/load", {"objects": ["job/1/a~0.9"]})[0] == 400  # 49 floats: 3 parts
+        rows = [[[1.0, "job/1/a"], [-1.0, "job/1/b"]], [[2.0, "job/1/b"]]]
+        req = {
+            "op": "gram",
+            "bounds": [16, 32],
+            "part": [1, 3],
+            "objects": ["job/1/a", "job/1/b"],
+            "rows": rows,
+        }
+        raw = handler.handle(
+            SimpleNamespace(
+                method="POST", path="/part", body=json.dumps(req).encode(), headers={}, query={}
+            ),
+            None,
+        )
+        assert raw["statusCode"] == 200, raw
+        a64, b64 = (whole[c][16:32].astype(np.float64) for c in "ab")
+        x = np.stack([a64 - b64, 2 * b64])
+        np.testing.assert_allclose(np.frombuffer(raw["body"]).reshape(2, 2), x @ x.T, rtol=1e-12)
+        req["op"] = "combine"
+        raw = handler.handle(
+            SimpleNamespace(
+                method="POST", path="/part", body=json.dumps(req).encode(), headers={}, query={}
+            ),
+            None,
+        )
+        np.testing.assert_array_equal(
+            np.frombuffer(raw["body"], np.float32).reshape(2, 16), x.astype(np.float32)
+        )
+    finally:
+        handler.set_cold_store(None)
+        handler._objects.clear()
+
+
+def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cache_engine.keys import ObjectKey
+    from cache_engine.queries import run_workload
+
+    from .parts import Holdings, NotHeld, serve
+
+    s = MemoryColdStore()
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(64,)).astype(np.float32)
+    ups = {c: {"w": (g + rng.normal(0, 0.1, 64)).astype(np.float32)} for c in "abcde"}
+    ups["e"] = {"w": (g - 3 * (ups["a"]["w"] - g)).astype(np.float32)}  # the odd one out
+    s.write_round("job", 0, {}, {"w": g}, {}, {})
+    s.write_round("job", 1, ups, {"w": g}, {c: {"n_samples": 10} for c in ups}, {})
+    handler.set_cold_store(s)
+    handler._objects.clear()
+    try:
+        mine = [f"job/1/{c}~0.2" for c in "abcde"] + ["job/0/global~0.2", "job/1/meta"]
+        assert _call("POST", "/load", {"objects": mine})[0] == 200
+        other = {  # the other function holds part 1 of every model
+            ObjectKey.parse(i): v[32:]
+            for i, v in ((f"job/1/{c}~1.2", s.get(ObjectKey.parse(f"job/1/{c}"))) for c in "abcde")
+        }
+        g_key = ObjectKey.parse("job/0/global~1.2")
+        other[g_key] = s.get(ObjectKey.parse("job/0/global"))[32:]
+        asked: list[str] = []
+
+        def remote(function: str, endpoint: str | None, body: dict[str, Any]) -> bytes:
+            """Another function's /part, as _remote_part gets it over HTTP."""
+            asked.append(function)
+            try:
+                return serve(body, Holdings(other.get))
+            except NotHeld as exc:
+                err = {"error": "not_held", "missing": exc.missing}
+                raise handler.PartFailed(function, 409, err) from None
+
+        monkeypatch.setattr(handler, "_remote_part", remote)
+        models = [f"job/1/{c}" for c in "abcde"] + ["job/0/global"]
+        slices = {
+            "dim": 64,
+            "ranges": [
+                {"bounds": [0, 32], "part": [0, 2], "function": "flstore-cache"},
+                {"bounds": [32, 64], "part": [1, 2], "function": "flstore-cache-9"},
+            ],
+        }
+        for name, params in (("cosine-to-aggregate", {"round": 1}), ("multi-krum", {"f": 1})):
+            params = {"round": 1, **params}
+            code, body = _call(
+                "POST",
+                "/run",
+                {
+                    "workload": name,
+                    "params": params,
+                    "objects": models + ["job/1/meta"],
+                    "slices": slices,
+                },
+            )
+            assert code == 200, body
+            want = run_workload(
+                name, params, {k: s.get(k) for k in map(ObjectKey.parse, models + ["job/1/meta"])}
+            )
+            assert body["result"]["flagged"] == want["flagged"]
+            score = "cosine" if name == "cosine-to-aggregate" else "scores"
+            assert body["result"][score] == pytest.approx(want[score], rel=1e-9)
+        assert set(asked) == {"flstore-cache-9"}  # its own part was computed here
+        # the other function lost its part: the reducer says which function lacks what
+        other.clear()
+        code, body = _call(
+            "POST",
+            "/run",
+            {
+                "workload": "multi-krum",
+                "params": {"round": 1},
+                "objects": models + ["job/1/meta"],
+                "slices": slices,
+            },
+        )
+        assert code == 409 and body["function"] == "flstore-cache-9"
+        assert "job/1/a" in body["missing"]
+        # past the budget, a part is read from the cold store: nothing kept
+        before = dict(handler._objects)
+        code, body = _call(
+            "POST",
+            "/run",
+            {
+                "workload": "multi-krum",
+                "params": {"round": 1},
+                "objects": models + ["job/1/meta"],
+                "slices": {
+                    **slices,
+                    "ranges": [{"bounds": [0, 64], "part": None, "function": "flstore-cache"}],
+                    "source": {"credentials": {}},
+                },
+            },
+        )
+        assert code == 200, body
+        assert body["result"]["scores"] == pytest.approx(want["scores"], rel=1e-9)
+        assert handler._objects == before
+    finally:
+        handler.set_cold_store(None)
+        handler._objects.clear()
+
+
+def test_part_requests_that_make_no_sense_get_400() -> None:
+    for bad in (
+        {"op": "sum"},
+        {"op": "gram", "bounds": [4, 2]},
+        {"op": "gram", "bounds": [0, 2], "objects": ["job/1/a"], "rows": []},
+        {"op": "gram", "bounds": [0, 2], "objects": ["job/1/a"], "rows": [[[1.0, "job/1/b"]]]},
+        {
+            "op": "gram",
+            "bounds": [0, 2],
+            "objects": ["job/1/a"],
+            "rows": [[[float("nan"), "job/1/a"]]],
+        },
+    ):
+        code, body = _call("POST", "/part", bad)
+        assert code == 400 and body["error"] == "bad_request", (bad, body)
+    code, body = _call(
+        "POST",
+        "/part",
+        {"op": "gram", "bounds": [0, 2], "objects": ["job/1/a"], "rows": [[[1.0, "job/1/a"]]]},
+    )
+    assert code == 409 and body["missing"] == ["job/1/a"]
+
+
+def test_parts_mapped_in_place_share_one_lease_given_back_with_the_last_part() -> None:
+    import os
+
+    from cache_engine.keys import ObjectKey
+    from fedfaas import wire
+    from fedfaas.objstore import Namespace
+    from fedfaas.objstore.handoff import HandoffServer
+
+    spec = wire.ModelSpec.build([("w", "F32", (40,))])
+    root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    ns = Namespace(root, "n0", "job", spec.object_nbytes, pool=2)
+    server = HandoffServer(root / "n0" / "handoff.sock")
+    handler._objects.clear()
+    try:
+        obj = ns.allocate()
+        wire.write_header(obj.buf, spec, kind=wire.KIND_UPDATE, weight=1, count=1, round=1)
+        x = np.arange(40, dtype=np.float32)
+        wire.flat_view(obj.buf, spec)[:] = 0
+        wire.flat_view(obj.buf, spec)[:40] = x
+        key = obj.key_bytes
+        obj.close()
+        ns.seal(key)
+        ticket = server.offer(ns, "job", 1, spec.numel, spec.hash.hex(), {"a": key}, 60)
+        offer = [{"socket": str(server.path), "ticket": ticket, "node": "n0"}]
+        code, body = _call("POST", "/load", {"objects": _part_ids("a", 2), "handoff": offer})
+        assert code == 200 and sorted(body["mapped"]) == _part_ids("a", 2), body
+        p0, p1 = (handler._objects[ObjectKey.parse(i)] for i in _part_ids("a", 2))
+        np.testing.assert_array_equal(np.concatenate([p0, p1]), x)
+        assert not p0.flags.owndata and not p0.flags.writeable  # views of the store's pages
+        assert ns.leases(key) == 2 and body["mapped_bytes"] == 160  # one lease, 40 floats
+        _call("POST", "/evict", {"objects": _part_ids("a", 2)[:1]})
+        assert ns.leases(key) == 2  # part 1 still maps it
+        _call("POST", "/evict", {"objects": _part_ids("a", 2)[1:]})
+        assert ns.leases(key) == 1  # no part left here: the lease went back at once
+    finally:
+        server.close()
+        ns.close()
+        for c in list(handler._handoffs.values()):
+            c.close()
+        handler._handoffs.clear()
+        handler._lent.clear()
+        handler._objects.clear()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from cache_engine.cold_store import MinioColdStore
+from cache_engine.cold_store import ColdStoreError, MinioColdStore
 from cache_engine.keys import global_model, meta, update
 from fedfaas.checkpoints import CheckpointWriter
 from fedfaas.services import MinioServer
@@ -44,3 +44,25 @@ def test_rounds_written_by_the_checkpoint_writer_are_read_as_flat_vectors_and_me
     m = cold.get(meta("job", 1))
     assert m["client_meta"]["c1"]["n_samples"] == 12.0  # type: ignore[index]
     assert cold.size(update("job", "c1", 1)) > 0
+
+
+def test_ranged_reads_give_slices_of_the_flat_vector(minio_server: MinioServer) -> None:
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    cold = MinioColdStore(
+        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
+    )
+    rng = np.random.default_rng(0)
+    tensors = {
+        "z.weight": rng.normal(size=(7, 5)).astype(np.float32),
+        "a.bias": np.arange(11, dtype=np.float16),
+        "m.weight": rng.normal(size=(40,)).astype(np.float64),
+    }
+    key = update("job", "c1", 1)
+    cold.put_bytes(key, save(tensors))
+    whole = cold.get(key)
+    assert isinstance(whole, np.ndarray) and whole.shape == (86,)
+    index = cold.header(key)
+    for a, b in ((0, 86), (0, 11), (5, 60), (50, 51), (11, 51), (30, 30)):
+        np.testing.assert_array_equal(cold.read_range(key, a, b, index), whole[a:b])
+    with pytest.raises(ColdStoreError, match="outside"):
+        cold.read_range(key, 80, 90, index)

@@ -5,20 +5,19 @@ another thread inserts an object in the middle of the status' sum."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
-from pathlib import Path
 
 import numpy as np
+import pytest
 
-HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
+from functions.flstore import handler as h
 
 
-def test_the_status_sum_is_not_torn_by_a_load_in_another_thread() -> None:
-    spec = importlib.util.spec_from_file_location("flstore_handler_threads", HANDLER)
-    assert spec is not None and spec.loader is not None
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
+def test_the_status_sum_is_not_torn_by_a_load_in_another_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(h, "_objects", {})
+    monkeypatch.setattr(h._lending, "objects", h._objects)
     for i in range(4):
         h._objects[f"k{i}"] = np.zeros(8, np.float32)
     size = h._size
@@ -37,7 +36,7 @@ def test_the_status_sum_is_not_torn_by_a_load_in_another_thread() -> None:
         return int(size(v))
 
     threads: dict[str, threading.Thread] = {}
-    h._size = size_then_race
+    monkeypatch.setattr(h, "_size", size_then_race)
     assert h._used() == 4 * 32  # the sum over the objects it started with, not torn
     threads["racer"].join(5)
     assert inserted.is_set() and h._used() == 5 * 32  # the load landed right after

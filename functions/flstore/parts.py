@@ -1,0 +1,301 @@
+"""A cache function's side of queries over rounds held in coordinate parts.
+
+A query whose models do not fit one function runs across functions (the math:
+:mod:`fedfaas.workloads.sliced`). The cache engine's plan names, for each coordinate range
+``[a, b)`` of the models, the function that computes it (``slices``); one of them, the reducer,
+gets the query's ``/run`` and runs the workload on a :class:`~fedfaas.workloads.sliced.SlicedData`
+whose :class:`RemoteParts` asks every range's function for its part (``POST /part``; its own
+part it computes in process) and sums or joins the answers.
+
+``POST /part`` ``{"op": "gram" | "combine", "bounds": [a, b], "part": [s, S] | null,
+"objects": [ids], "rows": [[[coefficient, id], ...], ...], "source"?: {"credentials": {job:
+grant}}}``: each id is read over ``[a, b)`` from what the function holds: part ``s`` of ``S``
+of it, or the whole object; without either, from the cold store by ranged reads when the plan
+gives a ``source`` (the engine does so past the node's memory budget: nothing is kept, and at
+most :data:`STREAM_BYTES` of objects are read at a time), else 409 ``not_held``. The answer is
+raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the range, or the
+float32 ``k x (b - a)`` slices of the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cache_engine.cold_store import ColdStore, TensorIndex
+from cache_engine.keys import ObjectKey
+from fedfaas.workloads import GramCache
+from fedfaas.workloads._linalg import gram
+from fedfaas.workloads.sliced import RowSpec, part_combine, part_gram
+
+log = logging.getLogger(__name__)
+
+#: the most bytes of objects a streamed ``/part`` reads from the cold store at a time
+STREAM_BYTES = 64 << 20
+#: ranged reads under way at once while streaming
+READERS = 4
+#: a part answer larger than this is refused (a reducer asks for fewer rows at a time)
+MAX_ANSWER = 1 << 30
+
+
+class NotHeld(LookupError):
+    """Objects a ``/part`` needs that this function neither holds nor may read."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(f"objects not held here: {missing[:5]}")
+        self.missing = missing
+
+
+@dataclass
+class PartRequest:
+    """A parsed ``POST /part`` body (see the module)."""
+
+    op: str
+    bounds: tuple[int, int]
+    part: tuple[int, int] | None
+    objects: list[str]
+    rows: list[RowSpec]
+    source: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> PartRequest:
+        """Raises ValueError saying what is wrong."""
+        op = body.get("op")
+        if op not in ("gram", "combine"):
+            raise ValueError("'op' must be 'gram' or 'combine'")
+        bounds = body.get("bounds")
+        if (
+            not isinstance(bounds, list)
+            or len(bounds) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in bounds)
+            or not 0 <= bounds[0] < bounds[1]
+        ):
+            raise ValueError("'bounds' must be [a, b] with 0 <= a < b")
+        part = body.get("part")
+        if part is not None and (
+            not isinstance(part, list)
+            or len(part) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in part)
+            or not 0 <= part[0] < part[1]
+        ):
+            raise ValueError("'part' must be [s, S] with 0 <= s < S, or null")
+        objects = body.get("objects")
+        if not isinstance(objects, list) or not all(isinstance(x, str) for x in objects):
+            raise ValueError("'objects' must be a list of object ids")
+        known = set(objects)
+        rows = body.get("rows")
+        if not isinstance(rows, list) or not rows:
+            raise ValueError("'rows' must be a non-empty list of rows [[coefficient, id], ...]")
+        parsed: list[RowSpec] = []
+        for row in rows:
+            if not isinstance(row, list) or not row:
+                raise ValueError("each row must be a non-empty list of [coefficient, id]")
+            terms: RowSpec = []
+            for t in row:
+                ok = (
+                    isinstance(t, list)
+                    and len(t) == 2
+                    and isinstance(t[0], int | float)
+                    and not isinstance(t[0], bool)
+                    and np.isfinite(t[0])
+                    and t[1] in known
+                )
+                if not ok:
+                    raise ValueError("a term must be [finite coefficient, id of one of 'objects']")
+                terms.append((float(t[0]), str(t[1])))
+            parsed.append(terms)
+        n = len(parsed)
+        size = 8 * n * n if op == "gram" else 4 * n * (bounds[1] - bounds[0])
+        if size > MAX_ANSWER:
+            raise ValueError(f"an answer of {size} bytes (at most {MAX_ANSWER}): fewer rows")
+        source = body.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise ValueError("'source' must be an object {credentials}, from the cache engine")
+        return cls(
+            op,
+            (bounds[0], bounds[1]),
+            None if part is None else (part[0], part[1]),
+            list(objects),
+            parsed,
+            source,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "op": self.op,
+            "bounds": list(self.bounds),
+            "part": None if self.part is None else list(self.part),
+            "objects": self.objects,
+            "rows": [[[c, i] for c, i in r] for r in self.rows],
+        }
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+
+@dataclass
+class Holdings:
+    """What a ``/part`` reads from: the function's objects, and the cold store past them."""
+
+    #: the held object under a key (a part or a whole), None when not held
+    held: Callable[[ObjectKey], NDArray[np.floating] | None]
+    #: a cold store reading a job's objects with the engine's grant (``source``)
+    cold: Callable[[str, Mapping[str, Any]], ColdStore] | None = None
+    gram_cache: GramCache | None = None
+    #: objects streamed from the cold store, for the function's status
+    stats: dict[str, int] = field(default_factory=lambda: {"streamed_reads": 0})
+
+    def view(self, req: PartRequest, ident: str) -> NDArray[np.floating] | None:
+        """Coordinates ``req.bounds`` of object ``ident`` as held here (no copy), or None."""
+        key = ObjectKey.parse(ident)
+        a, b = req.bounds
+        if req.part is not None:
+            x = self.held(key.with_part(*req.part))
+            if x is not None:
+                if x.shape[0] != b - a:
+                    raise ValueError(
+                        f"part {req.part} of {ident} has {x.shape[0]} floats, not {b - a}"
+                    )
+                return x
+        x = self.held(key)
+        if x is not None:
+            if x.shape[0] < b:
+                raise ValueError(f"{ident} has {x.shape[0]} floats: no range [{a}, {b})")
+            return x[a:b]
+        return None
+
+
+def serve(body: Mapping[str, Any], h: Holdings) -> bytes:
+    """Answer one ``POST /part`` (see the module). Raises ValueError (400), :class:`NotHeld`
+    (409) or the cold store's errors."""
+    req = PartRequest.parse(body)
+    ids = sorted({i for row in req.rows for _, i in row})
+    views = {i: h.view(req, i) for i in ids}
+    missing = [i for i, v in views.items() if v is None]
+    if not missing:
+        held = {i: v for i, v in views.items() if v is not None}
+        if req.op == "gram":
+            return part_gram(req.rows, held.__getitem__, h.gram_cache).tobytes()
+        return b"".join(x.tobytes() for x in part_combine(req.rows, held.__getitem__))
+    if req.source is None or h.cold is None:
+        raise NotHeld(missing)
+    return _stream(req, views, missing, h)
+
+
+def _stream(
+    req: PartRequest,
+    views: Mapping[str, NDArray[np.floating] | None],
+    missing: list[str],
+    h: Holdings,
+) -> bytes:
+    """The part answer with the objects not held here read from the cold store a chunk of
+    coordinates at a time (at most :data:`STREAM_BYTES` of them at once), nothing kept."""
+    assert h.cold is not None and req.source is not None
+    grants = req.source.get("credentials") or {}
+    keys = {i: ObjectKey.parse(i) for i in missing}
+    stores = {i: h.cold(k.job, grants) for i, k in keys.items()}
+    with ThreadPoolExecutor(READERS, thread_name_prefix="part-read") as pool:
+        indexes: dict[str, TensorIndex] = dict(
+            zip(missing, pool.map(lambda i: stores[i].header(keys[i]), missing), strict=True)
+        )
+        a, b = req.bounds
+        step = max(1024, STREAM_BYTES // (4 * len(missing)))
+        n = len(req.rows)
+        acc = np.zeros((n, n)) if req.op == "gram" else None
+        out = None if req.op == "gram" else np.empty((n, b - a), dtype=np.float32)
+        for c0 in range(a, b, step):
+            c1 = min(b, c0 + step)
+
+            def read(i: str, c0: int = c0, c1: int = c1) -> NDArray[np.float32]:
+                return stores[i].read_range(keys[i], c0, c1, indexes[i])
+
+            chunk: dict[str, NDArray[np.floating]] = dict(
+                zip(missing, pool.map(read, missing), strict=True)
+            )
+            h.stats["streamed_reads"] += len(missing)
+            for i, v in views.items():
+                if v is not None:
+                    chunk[i] = v[c0 - a : c1 - a]
+            rows = [[(c, chunk[i]) for c, i in row] for row in req.rows]
+            if acc is not None:
+                acc += gram(rows)
+            else:
+                assert out is not None
+                for r, x in enumerate(part_combine(req.rows, chunk.__getitem__)):
+                    out[r, c0 - a : c1 - a] = x
+    return (acc if acc is not None else out).tobytes()  # type: ignore[union-attr]
+
+
+@dataclass
+class RemoteParts:
+    """The reducer's :class:`~fedfaas.workloads.sliced.Parts`: each range of the plan's
+    ``slices`` from the function that computes it.
+
+    Parameters
+    ----------
+    slices
+        ``[{"bounds": [a, b], "part": [s, S] | null, "function": name, "endpoint": url |
+        null}, ...]`` covering the models in order.
+    objects
+        The query's model ids.
+    source
+        The plan's ``source`` (ranges past the node's memory budget read from the cold
+        store), or None.
+    me
+        This function's name: its own ranges are computed here.
+    local
+        Answers a ``/part`` body here (:func:`serve` on this function's holdings).
+    remote
+        ``remote(function, endpoint, body) -> bytes``: a ``/part`` on another function
+        (raises on failure).
+    """
+
+    slices: Sequence[Mapping[str, Any]]
+    objects: list[str]
+    source: dict[str, Any] | None
+    me: str
+    local: Callable[[dict[str, Any]], bytes]
+    remote: Callable[[str, str | None, dict[str, Any]], bytes]
+
+    def _ask(self, op: str, rows: Sequence[RowSpec]) -> list[bytes]:
+        bodies = []
+        for s in self.slices:
+            req = PartRequest(
+                op,
+                (int(s["bounds"][0]), int(s["bounds"][1])),
+                None if s.get("part") is None else (int(s["part"][0]), int(s["part"][1])),
+                self.objects,
+                [list(r) for r in rows],
+                self.source,
+            )
+            bodies.append((s, req.to_json()))
+
+        def one(item: tuple[Mapping[str, Any], dict[str, Any]]) -> bytes:
+            s, body = item
+            if s["function"] == self.me:
+                return self.local(body)
+            return self.remote(str(s["function"]), s.get("endpoint"), body)
+
+        with ThreadPoolExecutor(max(1, len(bodies)), thread_name_prefix="part-ask") as pool:
+            return list(pool.map(one, bodies))
+
+    def gram(self, rows: Sequence[RowSpec]) -> NDArray[np.float64]:
+        n = len(rows)
+        out = np.zeros((n, n))
+        for raw in self._ask("gram", rows):
+            out += np.frombuffer(raw, dtype="<f8").reshape(n, n)
+        return out
+
+    def combine(self, rows: Sequence[RowSpec]) -> list[NDArray[np.float32]]:
+        n = len(rows)
+        pieces = [
+            np.frombuffer(raw, dtype="<f4").reshape(n, -1) for raw in self._ask("combine", rows)
+        ]
+        whole = np.concatenate(pieces, axis=1)
+        return [whole[i] for i in range(n)]
