@@ -29,7 +29,7 @@ TAG ?=
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
 .PHONY: setup test test-all test-faults soak demo bench lint up down status helm chart images \
-	$(addprefix bench-,$(BENCHES))
+	k8s-binaries $(addprefix bench-,$(BENCHES))
 
 setup:
 	@bash scripts/setup.sh
@@ -89,6 +89,12 @@ chart: helm
 # Builds images only; pushing them (or `kind load docker-image`) is up to you.
 images:
 	ENGINE="$(ENGINE)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" bash scripts/images.sh
+
+# Kubernetes server binaries built from the Go module proxy into $(CACHE)/k8s/<version>/
+# (about 5 minutes each on 2 cores, skipped once cached) and Debian's etcd, for tests/k8s.
+K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager
+k8s-binaries:
+	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-binaries.sh $(K8S_BINARIES)
 
 # The container tier (issue 34): the images (`make images`, then deploy/faasd/images.sh: MinIO,
 # Redis, NATS Streaming, the queue worker), then tests/containers: the images run under podman,
