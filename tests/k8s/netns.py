@@ -4,9 +4,8 @@ network, and everything it runs dies with it.
 ``unshare --mount --net --pid --fork --mount-proc`` starts the namespace's init (a Python loop
 that only reaps); loopback comes up with one more address, :data:`NODE_IP`, which stands for
 the node's IP (Kubernetes refuses loopback addresses in Endpoints, so the API server cannot
-advertise 127.0.0.1). Programs start inside with ``nsenter`` (:meth:`PrivateNamespace.spawn`,
-:meth:`PrivateNamespace.run`, or :meth:`PrivateNamespace.wrapper` for a client program such as
-helm or faas-cli); this process reaches the namespace's network from a thread of its own that
+advertise 127.0.0.1). Programs start inside with ``nsenter`` (:meth:`PrivateNamespace.spawn`, or
+:meth:`PrivateNamespace.wrapper` for a client program such as helm or faas-cli); this process reaches the namespace's network from a thread of its own that
 entered it (:meth:`PrivateNamespace.call`: a network namespace is per thread, and a socket
 stays in the namespace it was made in). Files are the host's: the mount namespace only keeps
 mounts made inside (``/proc`` of the new pid namespace) from leaking out.
@@ -157,26 +156,6 @@ class PrivateNamespace:
         proc = spawn([*self._enter(cwd), *argv], log_path=log_path, env=env, cwd=cwd)
         self._children.append(proc)
         return proc
-
-    def run(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        timeout: float = 120.0,
-        stdin: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` inside to its end; output as text (not checked)."""
-        return subprocess.run(
-            [*self._enter(cwd), *argv],
-            env=dict(os.environ if env is None else env),
-            cwd=cwd,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
 
     def wrapper(self, name: str, binary: Path | str) -> Path:
         """An executable ``bin/<name>`` that runs ``binary`` (its arguments, environment and
