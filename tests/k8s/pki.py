@@ -2,24 +2,21 @@
 certificates (the API server towards etcd, the admin, the controller manager), the service
 account signing key and the kubeconfigs that use them; all files in one folder of the test.
 
-Made with ``cryptography`` (EC P-256 certificates, an RSA service-account key, as kubeadm
-makes), valid for a day: a test cluster lives for minutes.
+Made with the ``openssl`` command (Debian's; ca-certificates depends on it): EC P-256
+certificates and an RSA service-account key, as kubeadm makes them, valid for a day (a test
+cluster lives for minutes).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-_VALID = dt.timedelta(days=1)
+_DAYS = "1"
+_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 
 @dataclass(frozen=True)
@@ -30,22 +27,16 @@ class KeyPair:
     key: Path
 
 
-def _name(cn: str, org: str | None = None) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    if org:
-        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-    return x509.Name(attrs)
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+def _openssl(*args: str, cwd: Path) -> None:
+    res = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
     )
-    path.chmod(0o600)
+    if res.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args)}: {res.stderr.strip()}")
+
+
+def _subject(cn: str, org: str | None) -> str:
+    return f"/CN={cn}" + (f"/O={org}" if org else "")
 
 
 class Pki:
@@ -60,37 +51,16 @@ class Pki:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self._ca_key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        name = _name("fedfaas-test-cluster-ca")
-        self._ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALID)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self._ca_key, hashes.SHA256())
-        )
+        folder.chmod(0o700)
         self.ca = KeyPair(folder / "ca.crt", folder / "ca.key")
-        self.ca.cert.write_bytes(self._ca_cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(self.ca.key, self._ca_key)
+        _openssl(
+            "req", "-x509", *_EC, "-days", _DAYS,
+            "-subj", _subject("fedfaas-test-cluster-ca", None),
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
+            "-keyout", str(self.ca.key), "-out", str(self.ca.cert),
+            cwd=folder,
+        )  # fmt: skip
 
     def issue(
         self,
@@ -106,42 +76,37 @@ class Pki:
         """A certificate ``name.crt`` (and ``name.key``) for ``cn`` (the user name a client
         certificate authenticates as) in group ``org``, for TLS serving (with the
         ``ips``/``dns`` names) and/or client authentication."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
-        usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, org))
-            .issuer_name(self._ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALID)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        )
-        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        sans += [x509.DNSName(d) for d in dns]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self._ca_key, hashes.SHA256())
         pair = KeyPair(self.folder / f"{name}.crt", self.folder / f"{name}.key")
-        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(pair.key, key)
+        csr, ext = self.folder / f"{name}.csr", self.folder / f"{name}.ext"
+        usages = ["serverAuth"] * server + ["clientAuth"] * client
+        lines = ["basicConstraints=critical,CA:FALSE", f"extendedKeyUsage={','.join(usages)}"]
+        sans = [f"IP:{i}" for i in ips] + [f"DNS:{d}" for d in dns]
+        if sans:
+            lines.append(f"subjectAltName={','.join(sans)}")
+        ext.write_text("\n".join(lines) + "\n")
+        _openssl(
+            "req", "-new", *_EC, "-subj", _subject(cn, org),
+            "-keyout", str(pair.key), "-out", str(csr),
+            cwd=self.folder,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", str(csr), "-days", _DAYS,
+            "-CA", str(self.ca.cert), "-CAkey", str(self.ca.key), "-CAcreateserial",
+            "-extfile", str(ext), "-out", str(pair.cert),
+            cwd=self.folder,
+        )  # fmt: skip
         return pair
 
     def service_account_keys(self) -> KeyPair:
         """The key that signs service-account tokens (``sa.key``) and its public half
         (``sa.pub``, in :attr:`KeyPair.cert`)."""
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         pair = KeyPair(self.folder / "sa.pub", self.folder / "sa.key")
-        _write_key(pair.key, key)
-        pair.cert.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
+        _openssl(
+            "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+            "-out", str(pair.key),
+            cwd=self.folder,
+        )  # fmt: skip
+        _openssl("pkey", "-in", str(pair.key), "-pubout", "-out", str(pair.cert), cwd=self.folder)
         return pair
 
     def kubeconfig(
