@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,6 @@ from tests.openfaas.conftest import wait_for
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO / "scripts" / "k8s-binaries.sh"
 #: the version scripts/k8s-binaries.sh builds (the same variable, the same default)
 K8S_VERSION = os.environ.get("FEDFAAS_K8S_VERSION", "v1.34.12")
 API_PORT = 6443
@@ -47,12 +45,6 @@ CONTROLLERS = "*,-node-lifecycle-controller"
 def k8s_dir() -> Path:
     """Where scripts/k8s-binaries.sh caches the binaries of :data:`K8S_VERSION`."""
     return CACHE_DIR / "k8s" / K8S_VERSION
-
-
-def build_binaries(names: Sequence[str]) -> None:
-    """Run scripts/k8s-binaries.sh for ``names`` (about 5 minutes a binary on 2 cores; etcd
-    is an apt-get install)."""
-    subprocess.run(["bash", str(BUILD_SCRIPT), *names], check=True, timeout=3600)
 
 
 def binary(name: str) -> Path | None:

@@ -4,8 +4,7 @@ and faas-cli running inside it, and OpenFaaS (faas-netes + gateway) in front of 
 What they need: root (namespaces), ``unshare``/``nsenter``, helm (``make setup``), Debian's etcd
 and kube-apiserver + kube-controller-manager (``make k8s-binaries``), and OpenFaaS's faas-netes,
 gateway and faas-cli (``$FEDFAAS_OPENFAAS_BIN``). Where one is missing the tests skip, naming
-it; under CI (``CI`` or ``FEDFAAS_OPENFAAS_BIN`` set) they fail instead, and the Kubernetes
-binaries are built (scripts/k8s-binaries.sh, about 10 minutes once, then cached).
+it; under CI (``CI`` or ``FEDFAAS_OPENFAAS_BIN`` set) they fail instead.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedfaas.services import CACHE_DIR, find_binary
-from tests.k8s.cluster import Cluster, binary, build_binaries, k8s_dir
+from tests.k8s.cluster import Cluster, binary, k8s_dir
 from tests.k8s.faas_netes import OpenFaaSOnCluster, install_openfaas_objects
 from tests.openfaas.conftest import BIN_ENV, FaasCli, require_binary, text, under_ci
 
@@ -37,13 +36,11 @@ def _missing(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def k8s_binaries() -> dict[str, Path]:
-    """etcd, kube-apiserver and kube-controller-manager; built under CI where missing."""
+    """etcd, kube-apiserver and kube-controller-manager (``make k8s-binaries``: built once,
+    outside the tests, whose time limit a 10-minute build would overrun)."""
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
         _missing("the Kubernetes tests need root, unshare and nsenter (private namespaces)")
     missing = [n for n in CONTROL_PLANE if binary(n) is None]
-    if missing and under_ci():
-        build_binaries(missing)
-        missing = [n for n in CONTROL_PLANE if binary(n) is None]
     if missing:
         _missing(
             f"{', '.join(missing)} missing from {k8s_dir()} (or etcd from PATH): "
