@@ -4,12 +4,14 @@ v1.34 built from the Go module proxy, Debian's etcd), in a private namespace
 
 - ``helm install`` with the defaults, with eBPF on and with basic auth off: every object of the
   release is accepted and stored (server-side validation and admission: RBAC, NetworkPolicy,
-  Secrets, projected volumes, probes, the privileged eBPF container). Helm's hook, the MinIO
-  provisioning Job, would make ``helm install`` wait for the Job to complete, which needs a
-  kubelet: the release is installed with ``--no-hooks`` and the hook objects (``helm get
-  hooks``) are then created through the API, so they are accepted too; none of them runs.
+  Secrets, projected volumes, probes, the privileged eBPF container). Every rendered object also
+  passes the server's strict validation first (a plain create only warns about an unknown field
+  and drops it; helm then succeeds), and helm gets no warning from the server. Helm's hook,
+  the MinIO provisioning Job, would make ``helm install`` wait for the Job to complete, which
+  needs a kubelet: the release is installed with ``--no-hooks`` and the hook objects (``helm
+  get hooks``) are then created through the API, so they are accepted too; none of them runs.
 - The controller manager makes every workload's pods: each Deployment's ReplicaSet and its
-  Pods, the StatefulSet's Pod, the DaemonSet's Pod on the Node registered by hand, the hook
+  Pods, the StatefulSets' Pods, the DaemonSet's Pod on the Node registered by hand, the hook
   Job's Pod. All stay Pending (no scheduler binds them, no kubelet runs them).
 - ``helm uninstall`` removes the release and keeps the Secrets the chart marks
   ``helm.sh/resource-policy: keep``; a new install takes them back unchanged.
