@@ -22,7 +22,8 @@ OUT=$CACHE/k8s/$VERSION
 log() { printf '[k8s-binaries] %s\n' "$*" >&2; }
 die() { printf '[k8s-binaries] error: %s\n' "$*" >&2; exit 1; }
 
-[[ $VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "FEDFAAS_K8S_VERSION=$VERSION is not vMAJOR.MINOR.PATCH (e.g. v1.34.12)"
+[[ $VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
+  || die "FEDFAAS_K8S_VERSION=$VERSION is not vMAJOR.MINOR.PATCH (e.g. v1.34.12)"
 MINOR=${BASH_REMATCH[1]}
 STAGING_VERSION="v0.${MINOR}.${BASH_REMATCH[2]}"
 [ $# -gt 0 ] || set -- kube-apiserver kube-controller-manager

@@ -101,7 +101,8 @@ class KubeApi:
         meta = obj["metadata"]
         res = self.resource(obj["apiVersion"], obj["kind"])
         r = self.request("POST", res.path(meta.get("namespace")), json=obj)
-        return self._ok(r, f"create {obj['kind']} {meta.get('namespace')}/{meta['name']}")  # type: ignore[no-any-return]
+        what = f"create {obj['kind']} {meta.get('namespace')}/{meta['name']}"
+        return self._ok(r, what)  # type: ignore[no-any-return]
 
     def validate(self, obj: dict[str, Any]) -> None:
         """Have the server validate ``obj`` strictly without storing it: a server-side apply

@@ -4,10 +4,11 @@ network, and everything it runs dies with it.
 ``unshare --mount --net --pid --fork --mount-proc`` starts the namespace's init (a Python loop
 that only reaps); loopback comes up with one more address, :data:`NODE_IP`, which stands for
 the node's IP (Kubernetes refuses loopback addresses in Endpoints, so the API server cannot
-advertise 127.0.0.1). Programs start inside with ``nsenter`` (:meth:`PrivateNamespace.spawn`, or
-:meth:`PrivateNamespace.wrapper` for a client program such as helm or faas-cli); this process reaches the namespace's network from a thread of its own that
-entered it (:meth:`PrivateNamespace.call`: a network namespace is per thread, and a socket
-stays in the namespace it was made in). Files are the host's: the mount namespace only keeps
+advertise 127.0.0.1). Programs start inside with ``nsenter`` (:meth:`PrivateNamespace.spawn`,
+or :meth:`PrivateNamespace.wrapper` for a client program such as helm or faas-cli); this
+process reaches the namespace's network from a thread of its own that entered it
+(:meth:`PrivateNamespace.call`: a network namespace is per thread, and a socket stays in the
+namespace it was made in). Files are the host's: the mount namespace only keeps
 mounts made inside (``/proc`` of the new pid namespace) from leaking out.
 
 :meth:`PrivateNamespace.stop` kills the init; the kernel then kills every process of the pid
