@@ -26,7 +26,6 @@ from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.fedbuff import AsyncSpec
 from fedfaas.objstore import Namespace, check_root
-from fedfaas.objstore.arena import ARENA_NAME
 from fedfaas.objstore.handoff import HandoffServer
 from fedfaas.objstore.root import private_dir
 from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
@@ -37,7 +36,7 @@ from fedfaas.server_opt import (
     state_from_safetensors,
     state_to_safetensors,
 )
-from gateway import auth, fedbuff, forward, server_opt
+from gateway import auth, fedbuff, forward, recovery, server_opt
 from gateway.asgi import AsgiExchange
 from gateway.background import Background, JournalRetry
 from gateway.bodies import MemoryBudget
@@ -141,7 +140,7 @@ class Gateway:
         # the jobs first, then the port: a restarted gateway that listened before it had
         # resumed its jobs answered their clients 401 (no such job here), which is final
         await self._load_jobs()
-        self._sweep_deleted_jobs()
+        recovery.sweep_deleted_jobs(self)
         self.port = await self.http.start(s.host, s.port)
         self.background.spawn(self._housekeeping(), "housekeeping")
         if self.discovery is not None:
@@ -177,26 +176,6 @@ class Gateway:
     def stopping(self) -> bool:
         """The gateway is stopping: background work ends (the journal keeps what it did)."""
         return self._stop.is_set()
-
-    def _sweep_deleted_jobs(self) -> None:
-        """Remove this node's store folders of jobs it does not run (deleted, or finished
-        elsewhere, while this gateway was down: a crash or ``keep_store_on_stop`` left them)."""
-        here = self.settings.shm_root / self.settings.node
-        if not here.is_dir():
-            return
-        for d in here.iterdir():
-            if d.name in self.jobs or not d.is_dir() or not (d / ARENA_NAME).exists():
-                continue
-            log.warning(
-                "store of job %s is left from a job this node no longer has; removed", d.name
-            )
-            with contextlib.suppress(OSError):
-                for f in d.iterdir():
-                    f.unlink()
-                d.rmdir()
-        for empty in (here, self.settings.shm_root):  # as a namespace's close leaves them
-            with contextlib.suppress(OSError):
-                empty.rmdir()
 
     def offer_round(self, job: Job, rnd: int) -> dict[str, Any] | None:
         """Offer round ``rnd``'s updates kept for FLStore to this node's cache functions; the
@@ -644,124 +623,20 @@ class Gateway:
                 continue
             job = self._make_job(meta, wire.ModelSpec.from_json(meta["spec"]))
             job.version = await self.journal.version(name)
-            if meta["nodes"][0] == self.settings.node and not await self._recover(job):
+            if meta["nodes"][0] == self.settings.node and not await recovery.recover_model(
+                self, job
+            ):
                 job.ns.close()
                 self._skip.add(incarnation)
                 continue
             self._install(job)
-            await self._recover_round(job)
+            await recovery.recover_round(self, job)
             if job.root != self.settings.node:
                 self._prefetch(job)
         if self.jobs:
             for name, revoked in (await self.journal.revoked(list(self.jobs))).items():
                 if name in self.jobs:
                     self.jobs[name].revoked |= revoked
-
-    async def _recover(self, job: Job) -> bool:
-        """A job of ours from before a restart: adopt its global model from the store."""
-        rec = await self.journal.global_record(job.name)
-        key = rec.get("key") if rec else None
-        if not key or not job.ns.adopt(key):
-            log.error(
-                "job %s: global model v%d is not in the store any more; cannot resume it here",
-                job.name,
-                job.version,
-            )
-            return False
-        opt = {n: bytes.fromhex(k) for n, k in (rec or {}).get("opt", {}).items()}
-        if not all(job.ns.adopt(k) for k in opt.values()):
-            log.error(
-                "job %s: the server optimizer's state of v%d is not in the store any more; "
-                "cannot resume it here",
-                job.name,
-                job.version,
-            )
-            return False
-        history = {int(v): bytes.fromhex(k) for v, k in (rec or {}).get("history", {}).items()}
-        if job.open_round is None:  # finished: freed at its last publication
-            history = {}
-        for v, k in list(history.items()):
-            if not job.ns.adopt(k):  # its updates get 409 too_stale: nothing is mixed up
-                log.warning("job %s: model v%d is not in the store any more", job.name, v)
-                del history[v]
-        job.global_key, job.opt_keys, job.history = bytes.fromhex(key), opt, history
-        with job.ns.open(key) as obj:
-            job.model_bytes = await asyncio.to_thread(
-                wire.encode_view,
-                obj.buf,
-                job.spec,
-                job.model_metadata(job.version),
-                threads=self.settings.encode_threads,
-            )
-        log.info("job %s: resumed at version %d", job.name, job.version)
-        return True
-
-    async def _recover_round(self, job: Job) -> None:
-        """Re-queue the open round's journaled updates (202 was sent: they must count once)."""
-        eng = job.engine
-        if eng is None:
-            return
-        from gateway.control import resume_plan
-
-        await resume_plan(self, job)
-        # awaiting the control plane's plan, this node runs a plan of its own whose slot ids
-        # name other slots than the journal's: the finished partials are sent again to the
-        # pushed plan's parents (RoundEngine.apply_plan on their nodes)
-        waits = job.awaiting_plan
-        me = self.settings.node
-        done = {} if waits else await self.journal.done_slots(job.name, eng.round, me)
-        saved = {} if waits else await self.journal.checkpoints(job.name, eng.round, me)
-        for sid, rec in saved.items():
-            if sid in eng.slots and sid not in done and job.ns.adopt(rec["key"]):
-                eng.restore_checkpoint(
-                    sid,
-                    bytes.fromhex(rec["key"]),
-                    float(rec["weight"]),
-                    int(rec["count"]),
-                    list(rec["clients"]),
-                    [int(c) for c in rec["children"]],
-                )
-        for sid, rec in done.items():
-            if sid not in eng.slots:
-                continue
-            gone = eng.superseded(sid, done)
-            if gone or job.ns.adopt(rec["key"]):
-                eng.restore_done(
-                    sid,
-                    bytes.fromhex(rec["key"]),
-                    float(rec["weight"]),
-                    int(rec["count"]),
-                    list(rec["clients"]),
-                    superseded=gone,
-                )
-        recs = await self.journal.round_updates(job.name, eng.round)
-        # a restored checkpoint or partial of a remote child names that node's clients too; only
-        # the updates accepted here count in this node's intake (its ``received``, its capacity)
-        for client in [c for c in eng.clients if recs.get(c, {}).get("node", me) != me]:
-            del eng.clients[client]
-        for client, rec in sorted(recs.items(), key=lambda kv: kv[1].get("t", 0)):
-            if rec.get("node") != me or client in eng.clients:
-                continue
-            if not job.ns.adopt(rec["key"]):
-                log.error(
-                    "job %s: journaled update of %s (round %d) is lost; it may upload again",
-                    job.name,
-                    client,
-                    eng.round,
-                )
-                await self.journal.unaccept(job.name, eng.round, client)
-                continue
-            eng.add_update(client, bytes.fromhex(rec["key"]), float(rec["weight"]))
-        swept = job.ns.sweep()
-        self.pump(job)
-        if recs:
-            log.info(
-                "job %s: round %d resumed with %d journaled updates (%d stale objects removed)",
-                job.name,
-                eng.round,
-                eng.accepted,
-                swept,
-            )
 
     def advance_remote(self, job: Job, version: int) -> None:
         """A job whose root is another node published ``version``: open the next round here,

@@ -17,7 +17,7 @@ from it (a server optimizer's step, an async job's buffer applied: :mod:`gateway
 So until the journal names the new version, everything the round was made from is still in the
 store and still journaled: a gateway killed at any point before (or a Redis that is down for a
 while) loses nothing, and a restart runs the round again from the journal
-(:meth:`gateway.core.Gateway._recover_round`) to the same model. A root that another node took
+(:func:`gateway.recovery.recover_round`) to the same model. A root that another node took
 over meanwhile (:class:`~gateway.journal.NotRoot`) forgets the job and loads it again as one of
 its nodes.
 """
