@@ -32,6 +32,9 @@ from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
 
 log = logging.getLogger(__name__)
 
+#: passes of ``down``'s sweep for the platform's processes left once its parts are stopped
+SWEEPS = 3
+
 
 @dataclass
 class PartStatus:
@@ -140,7 +143,7 @@ class Platform:
         with state.locked(self.state_dir):
             existing = state.load(self.state_dir)
             if existing is not None:
-                alive = [r.name for r in existing.services if procs.is_alive(r.pid, r.create_time)]
+                alive = [r.name for r in existing.services if r.alive()]
                 dead = [r.name for r in existing.services if r.name not in alive]
                 missing = [p.name for p in self.parts if existing.record(p.name) is None]
                 if alive and not dead and not missing:
@@ -250,13 +253,14 @@ class Platform:
             with open(log_path, "a") as f:
                 f.write(f"=== {why} {time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n")
             cwd = part.cwd(ctx) if part.cwd else ctx.state_dir
-            pid, created = procs.spawn_daemon(argv, env=env, log_path=log_path, cwd=cwd)
+            pid, created, ticks = procs.spawn_daemon(argv, env=env, log_path=log_path, cwd=cwd)
         except (ServiceError, OSError) as exc:  # a binary or a folder that is not there
             raise ServiceFailed(part.name, f"cannot start: {exc}") from exc
         return ServiceRecord(
             name=part.name,
             pid=pid,
             create_time=created,
+            start_ticks=ticks,
             ports={p.name: ctx.ports[p.name] for p in part.ports},
             address=part.address(ctx),
             log=str(log_path),
@@ -269,7 +273,7 @@ class Platform:
         timeout = part.start_timeout or self.settings.start_timeout
         deadline = time.monotonic() + timeout
         while not part.ready(ctx):
-            if not procs.is_alive(rec.pid, rec.create_time):
+            if not rec.alive():
                 code = procs.exit_code(rec.pid)
                 raise ServiceFailed(
                     part.name,
@@ -295,7 +299,7 @@ class Platform:
         st = state.load(self.state_dir) if self.state_dir.is_dir() else None
         if st is None:
             return []
-        return [r.name for r in st.services if not procs.is_alive(r.pid, r.create_time)]
+        return [r.name for r in st.services if not r.alive()]
 
     def revive(self, names: list[str]) -> list[str]:
         """Start again those of ``names`` whose process died, on their recorded ports.
@@ -316,7 +320,7 @@ class Platform:
                 return []
             ctx = self._context(st)
             for i, rec in enumerate(st.services):
-                if rec.name not in names or procs.is_alive(rec.pid, rec.create_time):
+                if rec.name not in names or rec.alive():
                     continue
                 spec = self._spec(rec.name)
                 if spec is None:
@@ -363,11 +367,7 @@ class Platform:
             st = state.load(self.state_dir)
             stopped: list[str] = []
             if st is not None:
-                stopped = [
-                    r.name
-                    for r in st.services
-                    if r.name == supervised or procs.is_alive(r.pid, r.create_time)
-                ]
+                stopped = [r.name for r in st.services if r.name == supervised or r.alive()]
                 self._teardown(st)
             state.clean(self.state_dir, keep_logs=not purge)
             left = state.leftovers(self.state_dir)
@@ -380,7 +380,7 @@ class Platform:
         stopped in its turn, reverse start order, not all at once with it); its name if it ran."""
         st = state.load(self.state_dir)
         rec = None if st is None else st.record(SUPERVISOR.name)
-        if rec is None or not procs.is_alive(rec.pid, rec.create_time):
+        if rec is None or not rec.alive():
             return None
         with contextlib.suppress(psutil.Error):
             procs.kill_all([psutil.Process(rec.pid)], self.settings.stop_timeout)
@@ -396,21 +396,34 @@ class Platform:
                 spec.cleanup(ctx)
 
     def _stop(self, st: PlatformState) -> None:
-        leftover: list[int] = []
+        """Stop every recorded part, reverse start order, with all it started; then sweep the
+        platform's processes left (:func:`procs.marked`: its id in their environment, or a
+        working folder of its own), pass after pass, for processes started meanwhile (a
+        replica the runtime started again as it stopped). Returns once none is left."""
+        stuck: list[int] = []  # survived SIGKILL (a process in uninterruptible sleep)
         for rec in reversed(st.services):
-            if procs.is_alive(rec.pid, rec.create_time):
+            if rec.alive():
                 log.info("stopping %s (pid %d)", rec.name, rec.pid)
-            leftover += procs.stop_tree(rec.pid, rec.create_time, self.settings.stop_timeout)
-        stray = procs.marked(PLATFORM_ID_VAR, st.platform_id)
-        if stray:
+            stuck += procs.stop_tree(
+                rec.pid, rec.create_time, self.settings.stop_timeout, rec.start_ticks
+            )
+        ctx = self._context(st)
+        folders = [ctx.state_dir / "data", ctx.state_dir / "run"]
+        for sweep in range(1, SWEEPS + 1):
+            stray = procs.marked(PLATFORM_ID_VAR, st.platform_id, folders)
+            if not stray:
+                break
             log.warning(
-                "stopping %d stray process(es) of this platform: %s",
+                "stopping %d stray process(es) of this platform (sweep %d): %s",
                 len(stray),
+                sweep,
                 [p.pid for p in stray],
             )
-            leftover += procs.kill_all(stray, self.settings.stop_timeout)
-        if leftover:
-            raise StopFailed(sorted(set(leftover)))
+            procs.kill_all(stray, self.settings.stop_timeout)
+        left = {p.pid for p in procs.marked(PLATFORM_ID_VAR, st.platform_id, folders)}
+        left.update(pid for pid in stuck if procs.is_alive(pid))
+        if left:
+            raise StopFailed(sorted(left))
 
     def _context(self, st: PlatformState) -> Context:
         return Context(
@@ -437,7 +450,7 @@ class Platform:
         report.running = True
         ctx = self._context(st)
         for rec in st.services:
-            alive = procs.is_alive(rec.pid, rec.create_time)
+            alive = rec.alive()
             spec = self._spec(rec.name)
             ready = alive and (spec.ready(ctx) if spec is not None else True)
             report.parts.append(

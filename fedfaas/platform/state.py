@@ -44,6 +44,15 @@ class ServiceRecord:
     address: str
     log: str
     extra: dict[str, str] = field(default_factory=dict)
+    #: the kernel's start of the process (:func:`fedfaas.platform.procs.start_ticks`), which no
+    #: clock change moves; 0 in records written before it was kept
+    start_ticks: int = 0
+
+    def alive(self) -> bool:
+        """The recorded process runs (the same one: its PID was not reused)."""
+        from fedfaas.platform.procs import is_alive
+
+        return is_alive(self.pid, self.create_time, self.start_ticks)
 
 
 @dataclass

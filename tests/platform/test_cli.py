@@ -316,3 +316,132 @@ def test_up_keeps_the_object_stores_in_the_shm_dir_it_is_given(
     assert list(shm_dir.iterdir()) == []
     bad = fedfaas("up", "--shm-dir", str(tmp_path / "nowhere"), "--state-dir", str(state_dir))
     assert bad.returncode == 2 and "no such folder" in bad.stderr
+
+
+def _family(st: state.PlatformState) -> list[psutil.Process]:
+    """Every process the platform started and that runs now: its recorded parts, all their
+    descendants (function replicas, their children), and the processes that carry its id."""
+    found: dict[int, psutil.Process] = {}
+    for rec in st.services:
+        try:
+            p = psutil.Process(rec.pid)
+            found[p.pid] = p
+            found.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    found.update((p.pid, p) for p in marked(PLATFORM_ID_VAR, st.platform_id))
+    return list(found.values())
+
+
+def _running(procs: list[psutil.Process]) -> list[str]:
+    """Those of ``procs`` still running (the same process: ``is_running`` checks its start)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+@pytest.mark.integration
+def test_down_stops_every_part_when_the_clock_moved_their_recorded_start_by_a_second(
+    state_dir: Path,
+) -> None:
+    """The wall-clock start psutil gives a process is its start since boot plus /proc/stat's
+    boot time, a whole second that moves when the clock is adjusted: a part's recorded start
+    then seems a second off. ``down`` (and the supervisor) must still know its parts: it took
+    them all for dead, stopped none by its records, and redis-server (its environment wiped
+    by its process title, so not found by the platform's id either) outlived ``down``."""
+    up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))
+    assert up.returncode == 0, up.stdout + up.stderr
+    with state.locked(state_dir, wait_s=30):
+        st = state.load(state_dir)
+        assert st is not None
+        for rec in st.services:
+            rec.create_time += 1.0  # as after a one-second step of /proc/stat's btime
+        state.save(st)
+    started = _family(st)
+    assert any("redis-server" in " ".join(p.cmdline()) for p in started)
+    down = fedfaas("down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped: minio, redis, runtime, supervisor" in down.stdout
+    assert _running(started) == []
+
+
+@pytest.mark.integration
+def test_the_sweep_of_down_finds_a_process_that_wiped_its_environment_by_its_folder(
+    tmp_path: Path,
+) -> None:
+    """``down``'s last sweep takes the platform's processes by the id in their environment, and
+    one whose environment is wiped (redis-server's, under its process title) by its working
+    folder in the platform's own; a process with an environment in that folder is not taken."""
+    from fedfaas.services import RedisServer
+
+    data = tmp_path / "state" / "data"
+    redis = RedisServer(data_dir=data / "redis").start()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], cwd=data / "redis"
+    )
+    try:
+        found = {p.pid for p in marked(PLATFORM_ID_VAR, "no-such-platform", [data])}
+        assert redis.pid in found and other.pid not in found
+        assert marked(PLATFORM_ID_VAR, "no-such-platform") == []
+    finally:
+        other.kill()
+        other.wait()
+        redis.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # fedfaas up --with all and a round of 120 ResNet-18-sized updates
+def test_down_after_a_round_of_120_resnet18_updates_leaves_no_process_it_started(
+    state_dir: Path,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from client.sdk import FLClient, create_job
+    from tests.dataplane.test_gateway_sigterm import bodies
+
+    ports = json.dumps(
+        dict.fromkeys(
+            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+        )
+    )
+    up = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    st = state.load(state_dir)
+    assert st is not None
+    gw = st.record("gateway")
+    assert gw is not None
+    secret = (state_dir / "secrets" / "gateway-admin-secret").read_text().strip()
+    ups = bodies(4)
+    clients = [f"c{i}" for i in range(120)]
+    job = create_job(gw.address, secret, "big", ups[0], rounds=2, goal=120, clients=clients)
+    fl = [FLClient(gw.address, "big", c, job.tokens[c], timeout=300) for c in clients]
+
+    def upload(i: int) -> None:
+        assert fl[i].upload(1, ups[i % len(ups)], 10 + i).round == 1
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(upload, range(len(clients))))
+    assert fl[0].wait_for_version(1, timeout=600).version == 1
+    for c in fl:
+        c.close()
+    st = state.load(state_dir)  # as it is now (the supervisor may have restarted a part)
+    assert st is not None
+    started = _family(st)
+    replicas = [p for p in started if "fedfaas.runtime.watchdog" in " ".join(p.cmdline())]
+    assert replicas, "the function replicas are among the processes down must stop"
+    down = fedfaas("down", "--state-dir", str(state_dir), timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert _running(started) == []
+    assert marked(PLATFORM_ID_VAR, st.platform_id, [state_dir]) == []
