@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -40,6 +42,21 @@ pytestmark = pytest.mark.integration
 
 CLIENTS = ["c0", "c1", "c2", "c3"]
 SEEDS, WEIGHTS = [51, 52, 53, 54], [2, 3, 5, 7]
+
+
+@contextmanager
+def _one_node(make_gw, rounds: int) -> Iterator[tuple]:  # type: ignore[no-untyped-def,type-arg]
+    """A gateway (publication retried every 0.1 s at most), job ``j1`` of :data:`CLIENTS`
+    (goal 4, ``rounds``), two aggregator replicas: ``(gateway, creation answer, job)``."""
+    gw = make_gw(fanout=2, pool=3, retry_max_s=0.1)
+    info = create(gw, CLIENTS, 4, rounds=rounds)
+    aggs = Aggregators(gw)
+    try:
+        aggs.spawn(2)
+        aggs.wait_registered(2)
+        yield gw, info, gw.gw.jobs["j1"]
+    finally:
+        aggs.stop()
 
 
 def _retries(gw, op: str) -> float:  # type: ignore[no-untyped-def]
@@ -69,14 +86,8 @@ def _published(redis_url: str, job: str = "j1") -> dict:  # type: ignore[type-ar
 def test_a_publication_redis_refuses_is_tried_again_and_frees_nothing_until_it_lands(
     make_gw, redis_url
 ) -> None:  # type: ignore[no-untyped-def]
-    gw = make_gw(fanout=2, pool=3, retry_max_s=0.1)
-    info = create(gw, CLIENTS, 4, rounds=2)
-    job = gw.gw.jobs["j1"]
-    g0 = job.global_key
-    aggs = Aggregators(gw)
-    try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+    with _one_node(make_gw, rounds=2) as (gw, info, job):
+        g0 = job.global_key
         with publish_refused(redis_url, "j1"):
             for c, s, w in zip(CLIENTS, SEEDS, WEIGHTS, strict=True):
                 upload(gw.url, info["tokens"], c, 1, s, w)
@@ -104,20 +115,12 @@ def test_a_publication_redis_refuses_is_tried_again_and_frees_nothing_until_it_l
         assert_fedavg(got, expected([s + 1 for s in SEEDS], WEIGHTS))
         assert job.ns.keys() == [job.global_key.hex()]  # nothing left behind
         assert _task_failures(gw) == 0
-    finally:
-        aggs.stop()
 
 
 def test_slot_records_redis_refuses_are_tried_again_and_the_round_publishes_exact(
     make_gw, redis_url
 ) -> None:  # type: ignore[no-untyped-def]
-    gw = make_gw(fanout=2, pool=3, retry_max_s=0.1)
-    info = create(gw, CLIENTS, 4, rounds=1)
-    job = gw.gw.jobs["j1"]
-    aggs = Aggregators(gw)
-    try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+    with _one_node(make_gw, rounds=1) as (gw, info, job):
         with slot_records_refused(redis_url, "j1"):
             for c, s, w in zip(CLIENTS[:2], SEEDS[:2], WEIGHTS[:2], strict=True):
                 upload(gw.url, info["tokens"], c, 1, s, w)
@@ -132,8 +135,6 @@ def test_slot_records_redis_refuses_are_tried_again_and_the_round_publishes_exac
         assert_fedavg(got, expected(SEEDS, WEIGHTS))
         assert job.ns.keys() == [job.global_key.hex()]
         assert _task_failures(gw) == 0
-    finally:
-        aggs.stop()
 
 
 def test_a_gateway_killed_while_its_publication_waits_for_redis_recovers_the_round(

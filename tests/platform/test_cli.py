@@ -44,6 +44,24 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def up_with_all(state_dir: Path) -> None:
+    """``fedfaas up --with all`` in ``state_dir``, every part on a free port; asserts it is up."""
+    ports = json.dumps(
+        dict.fromkeys(
+            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
+        )
+    )
+    up = subprocess.run(
+        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+
+
 @pytest.fixture()
 def state_dir(tmp_path: Path) -> Iterator[Path]:
     d = tmp_path / "state"
@@ -218,24 +236,7 @@ def test_down_and_status_with_nothing_running(
 @pytest.mark.integration
 @pytest.mark.slow  # runs the other components' servers too; in `make test-all`
 def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: Path) -> None:
-    ports = json.dumps(
-        dict.fromkeys(
-            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
-        )
-    )
-    up = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "FEDFAAS_PORTS": ports,
-            **ANY_PORTS_ENV,
-        },
-    )
-    assert up.returncode == 0, up.stdout + up.stderr
+    up_with_all(state_dir)
     st = state.load(state_dir)
     assert st is not None
     names = [r.name for r in st.services]
@@ -404,20 +405,7 @@ def test_down_after_a_round_of_120_resnet18_updates_leaves_no_process_it_started
     from client.sdk import FLClient, create_job
     from tests.dataplane.test_gateway_sigterm import bodies
 
-    ports = json.dumps(
-        dict.fromkeys(
-            ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
-        )
-    )
-    up = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
-    )
-    assert up.returncode == 0, up.stdout + up.stderr
+    up_with_all(state_dir)
     st = state.load(state_dir)
     assert st is not None
     gw = st.record("gateway")
