@@ -21,16 +21,19 @@
 #   /etc/hosts                   /var/lib/faasd/hosts: the services' names (faasd writes them),
 #                                so that a process entering the namespace resolves them too
 #   network                      loopback and faasd's bridge openfaas0 (10.62.0.0/16) only
-# containerd runs with its root in RUN_DIR/containerd and its socket where faasd expects it
+# containerd runs with its root in RUN_DIR/containerd (or $FEDFAAS_FAASD_CONTAINERD_ROOT, kept
+# from run to run: its images are imported once) and its socket where faasd expects it
 # (/run/containerd/containerd.sock). Each line "NAMESPACE IMAGE" of RUN_DIR/images.list is
 # copied from podman's store (scripts/containers-env.sh) into that containerd namespace
-# (`openfaas` for compose services, `openfaas-fn` for functions) before faasd starts. Logs:
+# (`openfaas` for compose services, `openfaas-fn` for functions) before faasd starts, unless
+# that root already holds the same image (podman's image id). Logs:
 # RUN_DIR/logs/{containerd,faasd-up,faasd-provider}.log. RUN_DIR/started appears once faasd
 # and its provider run. faasd names its containers' cgroups /openfaas/<name> and
 # /openfaas-fn/<name> under each controller: run one at a time per machine, and rmdir them after.
 #
 # Environment: FEDFAAS_FAASD (faasd binary; default ~/.cache/fedfaas/bin/faasd, unpacked by
-# tests/containers/faasd_harness.py from ../shared/openfaas/bin/faasd.xz).
+# tests/containers/faasd_harness.py from ../shared/openfaas/bin/faasd.xz),
+# FEDFAAS_FAASD_CONTAINERD_ROOT (see above; one run at a time may use a root).
 set -euo pipefail
 
 [ $# -eq 1 ] || { echo "usage: $0 RUN_DIR" >&2; exit 2; }
@@ -52,14 +55,16 @@ die() { log "$*"; exit 1; }
 for tool in containerd ctr runc podman ip; do
     command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it)"
 done
-[ -d /usr/lib/cni ] || die "no CNI plugins in /usr/lib/cni (apt-get install containernetworking-plugins)"
+[ -d /usr/lib/cni ] ||
+    die "no CNI plugins in /usr/lib/cni (apt-get install containernetworking-plugins)"
 [ -f "$RUN/ovl/var-lib/upper/faasd/docker-compose.yaml" ] ||
     die "no $RUN/ovl/var-lib/upper/faasd/docker-compose.yaml: run deploy/faasd/prepare.py first"
 
 # --- private file system ----------------------------------------------------------------------
 overlay() {  # overlay DIR NAME: DIR as it is, with every write going to RUN/ovl/NAME/upper
     mkdir -p "$RUN/ovl/$2/upper" "$RUN/ovl/$2/work"
-    mount -t overlay "ovl-$2" -o "lowerdir=$1,upperdir=$RUN/ovl/$2/upper,workdir=$RUN/ovl/$2/work" "$1"
+    mount -t overlay "ovl-$2" \
+        -o "lowerdir=$1,upperdir=$RUN/ovl/$2/upper,workdir=$RUN/ovl/$2/work" "$1"
 }
 bind_dir() {  # bind_dir SOURCE TARGET: TARGET shows SOURCE (made in an overlay if missing)
     local parent
@@ -98,10 +103,11 @@ chmod 0755 /usr/local/bin/faasd
 ip link set lo up
 
 # --- containerd --------------------------------------------------------------------------------
-mkdir -p "$RUN/containerd"
+ROOT_DIR=${FEDFAAS_FAASD_CONTAINERD_ROOT:-$RUN/containerd}
+mkdir -p "$ROOT_DIR"
 cat >"$RUN/containerd.toml" <<EOF
 version = 2
-root = "$RUN/containerd"
+root = "$ROOT_DIR"
 state = "/run/containerd"
 disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
@@ -117,16 +123,32 @@ done
 ctr version >/dev/null 2>&1 || die "containerd did not answer in 30 s; see $LOG/containerd.log"
 
 # --- images --------------------------------------------------------------------------------------
+# A containerd root kept from an earlier run (FEDFAAS_FAASD_CONTAINERD_ROOT) holds that run's
+# containers (their tasks died with it): removed, so that faasd and its provider start from none.
+for ns in openfaas openfaas-fn; do
+    ctr -n "$ns" containers ls -q 2>/dev/null |
+        xargs -r ctr -n "$ns" containers rm >/dev/null 2>&1 || true
+done
 # shellcheck source=scripts/containers-env.sh
 . "$HERE/containers-env.sh"
 if [ -f "$RUN/images.list" ]; then
-    while read -r ns image; do
+    mkdir -p "$ROOT_DIR/fedfaas-imported"
+    while read -r ns image <&9; do
         [ -n "$ns" ] || continue
+        id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null) ||
+            die "image $image is not in podman's store (run \`make images\`)"
+        stamp=$ROOT_DIR/fedfaas-imported/$ns--${image//[\/:]/_}
+        if [ "$(cat "$stamp" 2>/dev/null)" = "$id" ] &&
+            ctr -n "$ns" images ls -q | grep -qxF "$image"; then
+            continue  # the same image as podman's, imported by an earlier run
+        fi
         log "importing $image into containerd namespace $ns"
         podman save --format oci-archive "$image" 2>"$LOG/podman-save.log" |
             ctr -n "$ns" images import --all-platforms - >>"$LOG/ctr-import.log" 2>&1 ||
-            die "could not copy $image into containerd ($ns): see $LOG/podman-save.log and $LOG/ctr-import.log"
-    done <"$RUN/images.list"
+            die "could not copy $image into containerd ($ns): see $LOG/podman-save.log" \
+                "and $LOG/ctr-import.log"
+        echo "$id" >"$stamp"
+    done 9<"$RUN/images.list"
 fi
 ctr namespaces create openfaas-fn 2>/dev/null || true
 ctr namespaces label openfaas-fn openfaas=true

@@ -25,7 +25,8 @@ cd "$ROOT"
 . scripts/containers-env.sh
 CACHE=${FEDFAAS_CACHE:-$HOME/.cache/fedfaas}
 HERE=deploy/faasd/images
-TAG=${TAG:-$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}[[:space:]]*$/\1/p' \
+TAG=${TAG:-$(sed -n \
+    's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}[[:space:]]*$/\1/p' \
     charts/fedfaas/Chart.yaml)}
 NATS_VERSION=v0.25.6
 
@@ -46,7 +47,8 @@ build() {  # build IMAGE DOCKERFILE NETWORK [BINARY]: the context holds BINARY o
     mkdir -p "$ctx"
     [ -z "$binary" ] || cp "$binary" "$ctx/"
     log "$image ($dockerfile)"
-    if ! podman build --network "$network" -t "$image" -f "$dockerfile" "$ctx" >"$WORK/build.log" 2>&1; then
+    if ! podman build --network "$network" -t "$image" -f "$dockerfile" "$ctx" \
+        >"$WORK/build.log" 2>&1; then
         step=$(grep -o 'STEP [0-9]*/[0-9]*: .*' "$WORK/build.log" | tail -n 1)
         tail -n 20 "$WORK/build.log" >&2
         fail "$image: failed at ${step:-its first step}"
@@ -83,10 +85,12 @@ if worker=$(found queue-worker); then
 else
     why=$(GOFLAGS=-mod=mod go list -m -versions github.com/openfaas/nats-queue-worker 2>&1 |
         head -n 1 || true)
-    log "ghcr.io/openfaas/queue-worker:0.14.1 not built: no queue-worker binary, and the Go module" \
-        "proxy does not serve it (${why:-no answer}); faasd runs without asynchronous invocations"
+    log "ghcr.io/openfaas/queue-worker:0.14.1 not built: no queue-worker binary, and the Go" \
+        "module proxy does not serve it (${why:-no answer}); faasd runs without asynchronous" \
+        "invocations"
 fi
 
-podman images --format '{{.Repository}}:{{.Tag}}\t{{.Size}}' |
-    grep -E '^(localhost/fedfaas/(minio|redis)|docker.io/library/nats-streaming|ghcr.io/openfaas/queue-worker):' |
-    sort | sed 's/^/faasd-images:   /'
+BUILT='^(localhost/fedfaas/(minio|redis)|docker.io/library/nats-streaming'
+BUILT+='|ghcr.io/openfaas/queue-worker):'
+podman images --format '{{.Repository}}:{{.Tag}}\t{{.Size}}' | grep -E "$BUILT" | sort |
+    sed 's/^/faasd-images:   /'

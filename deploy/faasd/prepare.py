@@ -43,6 +43,8 @@ HERE = Path(__file__).resolve().parent
 #: the uid (and gid) every FedFaaS service runs as: the ``user`` of docker-compose.yaml
 UID = 12000
 NODES = ("node0", "node1")
+#: Redis's data folder inside its container (docker-compose.yaml's mount of fedfaas/redis)
+REDIS_DATA = "/data"
 ADMIN_SECRET = "gateway-admin-secret"
 #: the OpenFaaS secret every function requires, as the aggregator replicas find it
 FUNCTION_SECRET = "fedfaas-function-token"
@@ -143,7 +145,10 @@ def write_secrets(workdir: Path) -> Path:
     redis_dir = _owned_dir(workdir / "fedfaas" / "redis")
     redis = RedisServer(data_dir=redis_dir, host="0.0.0.0", port=6379, secrets_dir=master)
     redis.prepare()
-    os.chown(redis.config_path, UID, UID)
+    # the configuration names its data folder as the container sees it (the bind mount's target)
+    conf = redis.config_path.read_text().splitlines()
+    conf = [f'dir "{REDIS_DATA}"' if line.startswith("dir ") else line for line in conf]
+    _write(redis.config_path, ("\n".join(conf) + "\n").encode(), 0o600, UID)
     load_or_create_secret(master / ADMIN_SECRET)
     for service, files in SERVICE_SECRETS.items():
         folder = workdir / "fedfaas" / "secrets" / service

@@ -41,7 +41,9 @@ def _env(service: str) -> dict[str, str]:
 
 def _app_version() -> str:
     text = (REPO / "charts" / "fedfaas" / "Chart.yaml").read_text()
-    return re.search(r'^appVersion:\s*"?([^"\s]+)"?', text, re.M).group(1)  # type: ignore[union-attr]
+    found = re.search(r'^appVersion:\s*"?([^"\s]+)"?', text, re.M)
+    assert found, "no appVersion in Chart.yaml"
+    return found.group(1)
 
 
 @pytest.mark.parametrize("service", sorted(SETTINGS))
@@ -140,6 +142,7 @@ def test_prepare_gives_each_service_only_its_own_secret_files_and_keeps_them(
             if src.startswith("./fedfaas/"):
                 assert (tmp_path / src).exists(), (service, src)
     conf = (tmp_path / "fedfaas" / "redis" / "redis.conf").read_text()
+    assert 'dir "/data"' in conf  # the container's folder (docker-compose.yaml's mount)
     for user in ("gateway", "cache-engine", "request-tracker", "control-plane"):
         password = json.loads((platform / f"redis-{user}.json").read_text())["password"]
         assert password not in conf and f"user {user} on #" in conf

@@ -15,6 +15,7 @@ containerd, runc, faasd, faas-cli or an image is missing it skips, saying what; 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -30,12 +31,14 @@ from tests.containers.faasd_harness import (
     REPO,
     Faasd,
     FaasdError,
-    async_images_built,
-    faasd_binary,
-    function_images,
     job_result,
     leftover_cgroups,
     openfaas_bin,
+)
+from tests.containers.faasd_start import (
+    async_images_built,
+    faasd_binary,
+    function_images,
     start,
 )
 from tests.openfaas.conftest import under_ci
@@ -84,7 +87,8 @@ def faasd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faasd]:
 
 
 def _same(got: Any, want: Any, where: str = "") -> None:
-    """``got`` equals ``want``: the same structure, numbers within 1e-9 absolute or 1e-6 relative."""
+    """``got`` equals ``want``: the same structure, numbers within 1e-9 absolute or 1e-6
+    relative."""
     if isinstance(want, dict):
         assert isinstance(got, dict) and set(got) == set(want), (where, got, want)
         for k in want:
@@ -131,6 +135,17 @@ def test_a_readme_job_trains_on_both_containerised_gateways_and_flstore_answers_
         assert res["here"]["global_sha"][str(r["round"])] == r["global_sha"], r
     for workload in res["asked"]:
         _same(res["tracker"][workload]["result"], res["here"][workload], workload)
+    # the aggregation ran in the aggregator containers, on both nodes: their own status
+    token = {"Authorization": f"Bearer {faasd.secret('function-token')}"}
+    for node in ("node0", "node1"):
+        status, body = faasd.http(f"http://aggregator-{node}:8080/", headers=token)
+        assert status == 200, body
+        replica = json.loads(body)
+        assert replica["node"] == node, replica
+        assert sum(e["tasks_done"] for e in replica["endpoints"]) > 0, replica
+        assert {e["endpoint"] for e in replica["endpoints"]} <= {
+            e["id"] for e in faasd.endpoints(node)
+        }, replica
     shapley = res["tracker"]["shapley"]["result"]["values"]
     assert set(shapley) == set(res["job"]["clients"]) and any(shapley.values())
     listed = faasd.faas_cli("list").stdout
