@@ -103,3 +103,10 @@ k8s-binaries:
 test-containers: setup images
 	FEDFAAS_CACHE="$(CACHE)" bash deploy/faasd/images.sh
 	$(PY) -m pytest tests/containers $(PYTEST_ARGS)
+
+# The client SDK's API reference from its docstrings (Sphinx autodoc, docs/api) in
+# build/docs-api; any warning fails the build. Sphinx goes into the venv when it is missing.
+.PHONY: docs-api
+docs-api: setup
+	@$(PY) -c "import sphinx" 2>/dev/null || $(PY) -m pip install -q "sphinx>=8.1,<9.1"
+	$(PY) -m sphinx -W --keep-going -q -b html docs/api $(CURDIR)/build/docs-api

@@ -1,4 +1,4 @@
-"""The node gateway's client: one FL client's model reads and uploads (:class:`FLClient`).
+"""The node gateway's client: one FL client's model reads and uploads (:class:`FLClient`)::
 
     client = FLClient("http://127.0.0.1:8081", "digits", "client-000", token)
     model = client.fetch_model()                  # ETag-aware: 304 reuses the cached bytes

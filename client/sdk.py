@@ -1,4 +1,4 @@
-"""FL client SDK: the names a practitioner uses, in one place.
+"""FL client SDK: the names a practitioner uses, in one place::
 
     job = submit_job(control_plane_url, "digits", weights, rounds=5, goal=10, admin_token=secret)
     tokens = job.enroll(client_ids)
