@@ -2,9 +2,9 @@
 Flower adapter, non-IID digits data, a model and a simulator.
 
 Names backed by PyTorch (model, training, simulator) load lazily: ``client``, ``client.sdk``,
-``client.flower`` and ``client.data`` need only the light distribution (``pip install
-fedfaas-client``); the others need its ``[torch]`` extra (and ``client.data``'s digits need
-scikit-learn, in that extra too).
+``client.flower`` and ``client.data`` need only the light distribution ``fedfaas-client``
+(``pip install ./client``); the others need its ``[torch]`` extra (and ``client.data``'s
+digits need scikit-learn, in that extra too).
 """
 
 from __future__ import annotations
@@ -12,41 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from client import sdk
 from client.data import ClientData, FederatedDigits, client_ids, federated_digits
-from client.sdk import (
-    Assignment,
-    ClientError,
-    ClientExcluded,
-    ClientNotSelected,
-    ClientRevoked,
-    Conflict,
-    FLClient,
-    GatewayUnavailable,
-    GlobalModel,
-    InvalidQuery,
-    InvalidRequest,
-    Job,
-    JobCreated,
-    JobFailed,
-    JobNotFound,
-    MissingData,
-    NotFound,
-    PrivacyBudgetSpent,
-    QueryFailed,
-    RoundClient,
-    RoundNotWritten,
-    StaleRound,
-    Unauthorized,
-    UpdateRejected,
-    UploadReceipt,
-    attach_job,
-    create_job,
-    enroll,
-    flstore_query,
-    leave,
-    report_failure,
-    submit_job,
-)
+from client.sdk import *  # noqa: F403 - the SDK's names (client.sdk.__all__)
 
 _LAZY = {
     "DigitsCNN": "client.model",
@@ -65,42 +33,11 @@ _LAZY = {
 }
 
 __all__ = [
-    "Assignment",
+    *sdk.__all__,
     "ClientData",
-    "ClientError",
-    "ClientExcluded",
-    "ClientNotSelected",
-    "ClientRevoked",
-    "Conflict",
-    "FLClient",
     "FederatedDigits",
-    "GatewayUnavailable",
-    "GlobalModel",
-    "InvalidQuery",
-    "InvalidRequest",
-    "Job",
-    "JobCreated",
-    "JobFailed",
-    "JobNotFound",
-    "MissingData",
-    "NotFound",
-    "PrivacyBudgetSpent",
-    "QueryFailed",
-    "RoundClient",
-    "RoundNotWritten",
-    "StaleRound",
-    "Unauthorized",
-    "UpdateRejected",
-    "UploadReceipt",
-    "attach_job",
     "client_ids",
-    "create_job",
-    "enroll",
     "federated_digits",
-    "flstore_query",
-    "leave",
-    "report_failure",
-    "submit_job",
     *_LAZY,
 ]
 

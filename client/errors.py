@@ -107,6 +107,7 @@ class GatewayUnavailable(ClientError):
         "capacity_exceeded",
         "cold_store",
         "evaluator_failed",
+        "part_failed",
     )
 
     @property
@@ -225,6 +226,7 @@ class Conflict(UpdateRejected):
 
     codes: ClassVar[tuple[str, ...]] = (
         "job_exists",
+        "job_being_deleted",
         "too_few_clients",
         "plan_conflict",
         "not_root",

@@ -78,22 +78,21 @@ def _upload(
     return t, w
 
 
+def _four_clients(api: Any, job: str, min_updates: int) -> dict[str, str]:
+    """A job of 2 rounds of all its 4 clients, 600 s deadlines; the clients' tokens."""
+    r = realgw.create_job(
+        api, W0, job=job, rounds=2, goal=4, clients=4, overprovision=1.0,
+        min_updates=min_updates, deadline_s=600.0,
+    )  # fmt: skip
+    tokens: dict[str, str] = r.json()["tokens"]
+    return tokens
+
+
 def test_a_failed_client_leaves_its_round_which_closes_with_the_others_at_once(
     api: Any, gateways: tuple[dict[str, str], str]
 ) -> None:
     urls, secret = gateways
-    r = realgw.create_job(
-        api,
-        W0,
-        job="leaves",
-        rounds=2,
-        goal=4,
-        clients=4,
-        overprovision=1.0,
-        min_updates=3,
-        deadline_s=600.0,
-    )
-    tokens = r.json()["tokens"]
+    tokens = _four_clients(api, "leaves", min_updates=3)
     sent = [_upload(api, "leaves", 1, c, tokens, seed) for seed, c in enumerate(("c0", "c1"))]
     ans = _fail(api, "leaves", 1, "c3", tokens["c3"])  # its own token
     assert ans.status_code == 200, ans.text
@@ -128,18 +127,7 @@ def test_a_failure_that_leaves_fewer_than_the_minimum_fails_the_job_at_once(
     api: Any, gateways: tuple[dict[str, str], str]
 ) -> None:
     urls, secret = gateways
-    r = realgw.create_job(
-        api,
-        W0,
-        job="toofew",
-        rounds=2,
-        goal=4,
-        clients=4,
-        overprovision=1.0,
-        min_updates=4,
-        deadline_s=600.0,
-    )
-    tokens = r.json()["tokens"]
+    tokens = _four_clients(api, "toofew", min_updates=4)
     ans = _fail(api, "toofew", 1, "c1", tokens["c1"])
     assert ans.status_code == 200, ans.text
     reason = (
