@@ -16,6 +16,13 @@ global model from that gateway, calls ``evaluate`` on it (its loss goes with the
 client's ``loss`` metadata, which FLStore's Oort reads) and then ``fit``, and uploads the fitted
 arrays with their example count, which is the FedAvg weight, as in Flower's FedAvg.
 
+When ``evaluate`` or ``fit`` raises, the adapter tells the control plane that the client leaves
+the round (``POST /v1/jobs/{job}/rounds/{round}/failures``): the round goes on with the other
+clients under the job's ``min_updates``, as Flower's server goes on within
+``accept_failures``, and closes once their updates are in instead of at its deadline. The
+exception comes back to the caller in that round's :attr:`FlowerRound.error`; the client takes
+part in the job's later rounds.
+
 The job's model is the list of arrays, stored as safetensors tensors named by their index
 (:func:`flower_weights`; create the job with ``flower_weights(client.get_parameters({}))``).
 Flower's ``config`` dict carries ``server_round`` (the FedFaaS round number) and whatever
