@@ -230,6 +230,15 @@ def test_the_job_body_streams_into_shared_memory_as_it_arrives(make_gw) -> None:
 def test_past_the_budget_an_upload_is_503_with_retry_after_and_allocates_nothing(make_gw) -> None:  # type: ignore[no-untyped-def]
     nbytes = wire.ModelSpec.from_safetensors(tiny_bytes(0)).object_nbytes
     gw = make_gw(max_inflight_bytes=nbytes + nbytes // 2, max_inflight=0)
+    # a job of two nodes too: its slots on n2 send their partials here (n2 need not run)
+    two = httpx.post(
+        gw.url + "/v1/jobs",
+        params={"job": "j2", "rounds": 1, "goal": 2, "clients": "d0,d1", "nodes": "n1,n2"},
+        content=tiny_bytes(0),
+        headers=admin(gw),
+    )
+    assert two.status_code == 201, two.text
+    remote = next(x["id"] for x in two.json()["plan"]["slots"] if x["node"] == "n2")
     tokens = create(gw)
     job = gw.gw.jobs["j1"]
     url = gw.url + "/v1/jobs/j1/rounds/1/updates"
@@ -260,8 +269,8 @@ def test_past_the_budget_an_upload_is_503_with_retry_after_and_allocates_nothing
         assert r.json()["error"] == "memory_budget"
         # so does a partial from another node's gateway
         r = httpx.post(
-            gw.url + "/v1/internal/jobs/j1/rounds/1/partials",
-            params={"slot": 1},
+            gw.url + "/v1/internal/jobs/j2/rounds/1/partials",
+            params={"slot": remote},
             content=b"\0" * nbytes,
             headers=admin(gw),
         )
@@ -305,3 +314,31 @@ def test_the_budget_and_the_json_bound_are_settings_with_flags(tmp_path: Path) -
     assert (back.max_inflight_bytes, back.max_json_body) == (123456, 4096)
     defaults = GatewaySettings(state_dir=tmp_path)
     assert defaults.max_json_body == 1 << 20 and defaults.max_inflight_bytes == 4 << 30
+
+
+def test_a_partial_this_node_cannot_take_is_refused_from_its_head_with_what_is_wrong(
+    make_gw,
+) -> None:  # type: ignore[no-untyped-def]
+    """A partial for a slot that is not another node's in the round's plan here (its sender
+    runs another plan), for a round not open here, or of a job not here: 409 ``unknown_slot``
+    / ``stale_round``, 404 ``unknown_job``, each before a byte of the body is read."""
+    gw = make_gw()
+    create(gw)
+    job = gw.gw.jobs["j1"]
+    nbytes = job.spec.object_nbytes
+    keys = job.ns.keys()
+    for target, slot, status, code in [
+        ("j1/rounds/1", 1, 409, "unknown_slot"),  # the top, on this node
+        ("j1/rounds/1", 999, 409, "unknown_slot"),
+        ("j1/rounds/2", 1, 409, "stale_round"),
+        ("nope/rounds/1", 1, 404, "unknown_job"),
+    ]:
+        r = httpx.post(
+            f"{gw.url}/v1/internal/jobs/{target}/partials",
+            params={"slot": slot},
+            content=b"\0" * nbytes,
+            headers=admin(gw),
+        )
+        assert (r.status_code, r.json()["error"]) == (status, code), r.text
+        assert r.json()["detail"]
+    assert job.ns.keys() == keys and gw.gw.budget.used == 0
