@@ -107,7 +107,7 @@ async def report_failure(
     not the open round or its gateways were told to close it already (its updates are
     fixed), :class:`ClientRevoked` and :class:`ClientNotSelected` for a client not in it.
     """
-    async with coord._lock:  # the coordinator's round state changes only under its lock
+    async with coord.job_lock(name):  # the job's round state changes only under its lock
         job = coord.job(name)
         if job.failed:
             raise JobFailed(name, job.failed)

@@ -54,6 +54,21 @@ class JobExists(ControlPlaneError):
         self.job = job
 
 
+class JobBeingDeleted(ControlPlaneError):
+    """A job of that name was deleted, but its root node, which still holds its journal, has
+    not been told yet (it does not answer): the name is free once it has."""
+
+    code = "job_being_deleted"
+    status = 409
+
+    def __init__(self, job: str, root: str) -> None:
+        super().__init__(
+            f"job {job!r} was deleted, but its root node {root} has not answered since and "
+            "still holds it; create it again once that node is back (or pick another name)"
+        )
+        self.job, self.root = job, root
+
+
 class ClientNotSelected(ControlPlaneError):
     """The client is not selected for the job's open round (or there is no open round)."""
 

@@ -181,10 +181,13 @@ class GatewayClient:
             raise GatewayError(self.node, f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
         return "created", data
 
-    async def has_job(self, job: str) -> bool:
-        """True when ``GET /v1/jobs/{job}`` answers 200."""
+    async def job_known(self, job: str) -> tuple[bool, str]:
+        """``(True, "")`` when ``GET /v1/jobs/{job}`` answers 200, else ``(False, what it
+        answered)``."""
         r = await self._request("GET", f"/v1/jobs/{job}")
-        return r.status_code == 200
+        if r.status_code == 200:
+            return True, ""
+        return False, f"HTTP {r.status_code} {r.text[:200]}"
 
     async def job_status(self, job: str) -> GatewayJobStatus:
         """``GET /v1/jobs/{job}``."""
@@ -217,7 +220,8 @@ class GatewayClient:
         """Close the round's intake (and with ``received``, aggregate those updates).
 
         Returns the gateway's answer (``received`` = its accepted updates), or None when the
-        gateway has no close route.
+        gateway has no close route. Raises :class:`GatewayError` with the gateway's error
+        code in ``error`` (``stale_round``: the round is over there) when it refuses.
         """
         kw: dict[str, Any] = {}
         if received is not None:
@@ -226,7 +230,9 @@ class GatewayClient:
         if r.status_code in (404, 405) and _error(r) != "unknown_job":
             return None
         if r.status_code >= 300:
-            raise GatewayError(self.node, f"close answered {r.status_code}: {r.text[:300]}")
+            raise GatewayError(
+                self.node, f"close answered {r.status_code}: {r.text[:300]}", error=_error(r)
+            )
         data = r.json()
         return data if isinstance(data, dict) else None
 

@@ -141,6 +141,8 @@ class RoundInfo:
     closing: str | None = None
     #: updates the gateways were told to aggregate after closing, per node
     closed_with: dict[str, int] = field(default_factory=dict)
+    #: when every gateway took the early close (the clock's; 0: not closed early)
+    closing_at: float = 0.0
     #: times the round got another deadline because fewer than its minimum had arrived
     reopened: int = 0
     #: updates in the round's published model, as the gateway that published it says
@@ -162,6 +164,21 @@ class RoundInfo:
     #: selected clients that left the round without an update, their training having failed
     #: (``POST .../rounds/{r}/failures``, :mod:`control_plane.client_rounds`) -> their error
     failures: dict[str, str] = field(default_factory=dict)
+    #: a close of the round on its gateways under way (why: "goal", "deadline",
+    #: "node_lost:<n>"), not taken by every gateway yet; None when none is pending
+    close_pending: str | None = None
+    #: updates each node held when it stopped its intake (step 1 of a close), so far
+    close_counts: dict[str, int] = field(default_factory=dict)
+    #: the counts every node is told to aggregate (step 2), once step 1 is done everywhere
+    close_final: dict[str, int] = field(default_factory=dict)
+    #: nodes that took step 2
+    close_applied: list[str] = field(default_factory=list)
+    #: failed attempts of the pending close (and of the round's last close, once done)
+    close_attempts: int = 0
+    #: why the last attempt failed, per node
+    close_error: str = ""
+    #: not tried again before this time (the clock's)
+    close_retry_at: float = 0.0
 
 
 @dataclass
@@ -268,6 +285,30 @@ def round_view(rnd: RoundInfo) -> dict[str, Any]:
         "excluded": dict(rnd.excluded),
         "drop_note": rnd.drop_note,
         "failures": dict(rnd.failures),
+        "close_pending": rnd.close_pending,
+        "frozen": sorted(rnd.close_counts),  # nodes that stopped their intake for the close
+        "close_attempts": rnd.close_attempts,
+        "close_error": rnd.close_error,
+    }
+
+
+def privacy_view(job: JobState) -> dict[str, Any] | None:
+    """A DP-FedAvg job's accounting as its view shows it (None without DP)."""
+    p = job.privacy
+    if not p:
+        return None
+    return {
+        "mechanism": "dp-fedavg",
+        "noise_multiplier": p["noise_multiplier"],
+        "clip": p["clip"],
+        "delta": p["delta"],
+        "budget": p.get("epsilon"),
+        # spent by the rounds opened so far; without noise (z = 0) there is no bound: None
+        "epsilon": spent if math.isfinite(spent := float(p.get("spent", 0.0))) else None,
+        "unbounded": not math.isfinite(spent),
+        "rounds": len(job.privacy_rates),
+        "sampling_rates": sorted(set(job.privacy_rates)),
+        "accountant": "dp-accounting RDP, Poisson-sampled Gaussian per round",
     }
 
 

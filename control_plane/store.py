@@ -1,6 +1,7 @@
 """Where the coordinator keeps job and round state: in memory, or in Redis (survives restarts).
 
-State is plain JSON (never pickle). One Redis key per job: ``<prefix>job:<name>``.
+State is plain JSON (never pickle). One Redis key per job: ``<prefix>job:<name>``; records
+that are not a job's (the gateways still to be told of a deletion) under ``<prefix>meta:<key>``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ class StateStore(ABC):
     @abstractmethod
     async def delete(self, name: str) -> None: ...
 
+    @abstractmethod
+    async def save_record(self, key: str, state: dict[str, Any]) -> None:
+        """Keep a record that is not a job's (e.g. ``deletions``) under ``key``."""
+
+    @abstractmethod
+    async def load_record(self, key: str) -> dict[str, Any] | None:
+        """The record kept under ``key`` (None: none)."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default: nothing to release
         """Release connections."""
 
@@ -32,6 +41,7 @@ class MemoryStore(StateStore):
 
     def __init__(self) -> None:
         self._data: dict[str, str] = {}
+        self._records: dict[str, str] = {}
 
     async def save(self, name: str, state: dict[str, Any]) -> None:
         self._data[name] = json.dumps(state)
@@ -41,6 +51,13 @@ class MemoryStore(StateStore):
 
     async def delete(self, name: str) -> None:
         self._data.pop(name, None)
+
+    async def save_record(self, key: str, state: dict[str, Any]) -> None:
+        self._records[key] = json.dumps(state)
+
+    async def load_record(self, key: str) -> dict[str, Any] | None:
+        raw = self._records.get(key)
+        return None if raw is None else dict(json.loads(raw))
 
 
 class RedisStore(StateStore):
@@ -67,6 +84,13 @@ class RedisStore(StateStore):
 
     async def delete(self, name: str) -> None:
         await self._r.delete(f"{self._prefix}job:{name}")
+
+    async def save_record(self, key: str, state: dict[str, Any]) -> None:
+        await self._r.set(f"{self._prefix}meta:{key}", json.dumps(state))
+
+    async def load_record(self, key: str) -> dict[str, Any] | None:
+        raw = await self._r.get(f"{self._prefix}meta:{key}")
+        return None if raw is None else dict(json.loads(raw))
 
     async def aclose(self) -> None:
         await self._r.aclose()

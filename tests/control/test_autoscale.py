@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
-from control_plane.coordinator import node_load
+from control_plane.scaling import node_load
 
 BOUNDS = ScaleBounds(1, 20)
 
@@ -178,7 +178,7 @@ def test_node_load_of_a_gateway_without_a_readable_block_is_zero(body):
     ids=["deployed", "default", "garbage"],
 )
 def test_endpoints_per_replica_come_from_the_deployed_function(env, per):
-    from control_plane.coordinator import endpoints_per_replica
+    from control_plane.scaling import endpoints_per_replica
     from fedfaas.openfaas import FunctionStatus
 
     st = FunctionStatus.from_json({"name": "aggregator", "replicas": 1, "envVars": env}, "x")

@@ -115,11 +115,12 @@ def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(real_gateways)
 
 def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real_gateways):
     urls, secret = real_gateways
-    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    offset = [0.0]  # the deadline passes when the test moves the control plane's clock
+    coord = Coordinator(urls, mc=2.0, admin_token=secret, clock=lambda: time.time() + offset[0])
     w0 = {"a": np.zeros(32, np.float32)}
     rng = np.random.default_rng(5)
     with control_client(coord, secret, tick_s=0.05) as api:
-        r = realgw.create_job(api, w0, job="late", rounds=2, goal=4, clients=4, deadline_s=3.0)
+        r = realgw.create_job(api, w0, job="late", rounds=2, goal=4, clients=4, deadline_s=60.0)
         tokens = r.json()["tokens"]
         assert r.json()["round"]["clients_per_node"] == {"n1": 2, "n2": 2}
         sent, seen, held = [], set(), []
@@ -133,6 +134,8 @@ def test_a_round_past_its_deadline_aggregates_what_arrived_on_real_gateways(real
             w = int(rng.integers(1, 9))
             assert upload(a["gateway_url"], "late", 1, c, tokens[c], t, w).status_code == 202
             sent.append((t, w))
+        _wait_view(api, "late", lambda v: sum(v["round"]["received"].values()) == 2)
+        offset[0] += 61.0
         deadline = time.monotonic() + 60
         while api.get("/v1/jobs/late").json()["completed"] < 1:
             assert time.monotonic() < deadline
@@ -167,9 +170,12 @@ def _wait_view(api, job, pred, timeout=60.0):  # type: ignore[no-untyped-def]
 def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(real_gateways):
     """Nothing by the first deadline: the round gets another one (``reopened`` 1), the
     gateways stay on it; two updates in the second window meet the minimum of 2 and the round
-    closes at that deadline with exactly them (the FedAvg of the two)."""
+    closes at that deadline with exactly them (the FedAvg of the two). The deadlines pass
+    when the test moves the control plane's clock, so a loaded machine cannot make the
+    uploads miss their window."""
     urls, secret = real_gateways
-    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    offset = [0.0]
+    coord = Coordinator(urls, mc=2.0, admin_token=secret, clock=lambda: time.time() + offset[0])
     w0 = {"a": np.zeros(16, np.float32)}
     rng = np.random.default_rng(7)
     with control_client(coord, secret, tick_s=0.05) as api:
@@ -180,12 +186,13 @@ def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(
             rounds=1,
             goal=4,
             clients=4,
-            deadline_s=2.0,
+            deadline_s=60.0,
             min_updates=2,
             on_shortfall="reopen",
             max_reopens=1,
         )
         tokens = r.json()["tokens"]
+        offset[0] += 61.0  # the first deadline passes with nothing
         view = _wait_view(api, "again", lambda v: v["round"]["reopened"] == 1)
         assert view["round"]["state"] == "open" and view["completed"] == 0 and not view["failed"]
         sent, seen = [], set()
@@ -198,6 +205,8 @@ def test_a_round_short_of_its_minimum_is_reopened_then_closes_with_what_arrived(
             w = int(rng.integers(1, 9))
             assert upload(a["gateway_url"], "again", 1, c, tokens[c], t, w).status_code == 202
             sent.append((t, w))
+        _wait_view(api, "again", lambda v: sum(v["round"]["received"].values()) == 2)
+        offset[0] += 61.0  # the second deadline passes with the minimum
         view = _wait_view(api, "again", lambda v: v["completed"] == 1)
         h = view["history"][0]
         assert (h["state"], h["received"], h["closing"], h["published"]) == (
@@ -219,7 +228,8 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
     a reason; the gateways drop the job (none keeps the round open), the assignment answers
     409 ``job_failed``, a late upload is refused, and no round opens after it."""
     urls, secret = real_gateways
-    coord = Coordinator(urls, mc=2.0, admin_token=secret)
+    offset = [0.0]  # the deadline passes when the test moves the control plane's clock
+    coord = Coordinator(urls, mc=2.0, admin_token=secret, clock=lambda: time.time() + offset[0])
     w0 = {"a": np.zeros(16, np.float32)}
     with control_client(coord, secret, tick_s=0.05) as api:
         r = realgw.create_job(
@@ -229,7 +239,7 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
             rounds=3,
             goal=4,
             clients=4,
-            deadline_s=1.5,
+            deadline_s=60.0,
             min_updates=2,
             on_shortfall="fail",
         )
@@ -237,6 +247,8 @@ def test_a_round_short_of_its_minimum_fails_the_job_and_no_gateway_waits(real_ga
         a = api.get("/v1/jobs/short/assignment", params={"client": "c0"}).json()
         t = {"a": np.ones(16, np.float32)}
         assert upload(a["gateway_url"], "short", 1, "c0", tokens["c0"], t, 1).status_code == 202
+        _wait_view(api, "short", lambda v: sum(v["round"]["received"].values()) == 1)
+        offset[0] += 61.0
         view = _wait_view(api, "short", lambda v: v["failed"])
         assert view["failed"] == "round 1: 1 of its minimum 2 update(s) arrived by the deadline"
         assert view["round"]["state"] == "failed" and view["completed"] == 0
