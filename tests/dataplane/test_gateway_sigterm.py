@@ -221,7 +221,7 @@ def test_a_cancel_lost_in_a_journal_call_does_not_keep_the_gateway_alive(make_gw
 
     g.call(patch)
     assert inside.wait(10)
-    tasks = list(gw._tasks)
+    tasks = list(gw.background.tasks)
     t0 = time.monotonic()
     g.stop()
     took = time.monotonic() - t0
