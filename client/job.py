@@ -88,6 +88,9 @@ class RoundClient(FLClient):
         self._uploaded = self._uploaded or int(round) == self.round
         return receipt
 
+    def __enter__(self) -> RoundClient:
+        return self
+
     def __exit__(self, *info: object) -> None:
         exc = info[1] if len(info) > 1 else None
         try:
