@@ -65,7 +65,7 @@ async def send_partial(gw: Gateway, job: Job, eng: RoundEngine, slot: Slot, inp:
     delay = FIRST_DELAY_S
     body: bytes | None = None
     tries = 0
-    while sid not in eng.forwarded:
+    while (sid, job.root) not in eng.delivered and sid not in eng.dropped:
         if gw.stopping or gw.jobs.get(job.name) is not job:
             return  # the journal keeps it: a restart sends it again; a deleted job needs none
         if job.root == gw.settings.node:
@@ -120,7 +120,7 @@ async def _try_once(
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     if r.status_code < 300:
-        eng.forwarded.setdefault(sid, DELIVERED)
+        eng.delivered.add((sid, job.root))
         return None
     code, detail = _error_of(r)
     if r.status_code >= 500:
@@ -156,7 +156,7 @@ async def _settle(
     verdict = await _verdict(gw, job, eng.round, sid)
     if verdict == GONE:
         log.info("job %s was deleted: partial of slot %d not sent", job.name, sid)
-        eng.forwarded.setdefault(sid, GONE)
+        eng.dropped.add(sid)  # nothing to count: the job and its rounds are gone
         return None
     if verdict == DELIVERED:
         log.warning(
@@ -167,7 +167,7 @@ async def _settle(
             sid,
             cause,
         )
-        eng.forwarded.setdefault(sid, DELIVERED)
+        eng.delivered.add((sid, job.root))
         return None
     if verdict == RETRY and not final:
         return f"{cause}; root {job.root} has not opened round {eng.round} yet"
@@ -228,9 +228,9 @@ def drop(
 ) -> None:
     """Count, list and log ``count`` acknowledged updates of slot ``sid`` (from ``clients``)
     that no published model holds; once per slot and round."""
-    if sid in eng.forwarded:
+    if sid in eng.dropped:
         return
-    eng.forwarded[sid] = DROPPED
+    eng.dropped.add(sid)
     job.note_dropped(eng.round, sid, clients, count, why)
     gw.metrics.dropped_updates.labels(reason=reason).inc(count)
     log.error(

@@ -125,9 +125,12 @@ class RoundEngine:
         self.plan_version: int | None = None
         self.retired: list[bytes] = []  # accumulators of slots a re-plan restarted or removed
         self.released: set[bytes] = set()  # objects freed before the round's end
-        #: slot id -> how its partial's forward to another node ended ("delivered",
-        #: "dropped"): set once, by the first forward that knows (:mod:`gateway.forward`)
-        self.forwarded: dict[int, str] = {}
+        #: (slot id, root node) of partials that root has (:mod:`gateway.forward`): one the
+        #: old root had goes again to a root that took the job over
+        self.delivered: set[tuple[int, str]] = set()
+        #: slots whose partial's forward is over undelivered: counted as dropped, once
+        #: (:func:`gateway.forward.drop`), or its job deleted
+        self.dropped: set[int] = set()
         self._done_count = 0
 
     # -- intake --------------------------------------------------------------------------------
