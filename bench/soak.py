@@ -15,17 +15,24 @@ failures per route (locust's own statistics); every failure with its time, so ea
 either inside the fault window (from the fault until the platform is healthy again, plus
 ``--fault-grace`` seconds) or outside it; the memory (PSS, from ``/proc/<pid>/smaps_rollup``)
 of each component every ``--sample-s`` seconds, its start being the first sample after
-``--warmup`` seconds and its end the last. Results: ``bench/results/soak.{json,md,png}``.
+``--warmup`` seconds and its end the last.
+
+Checked from the clients' side (:func:`check_models`): each trainer uploads its own update of
+each round (:mod:`loadtests.updates`) and records every acknowledgement (a 202, or 409
+``duplicate_client`` after an attempt whose answer was lost). Every published round's model
+(MinIO's checkpoint) must equal the FedAvg of exactly the updates acknowledged in that round;
+an acknowledged update that no published model holds is **lost**, one a model holds without
+an acknowledgement is counted **unacknowledged**; the round still open when the load stops
+holds **pending** ones. No server counter goes into these numbers.
+Results: ``bench/results/soak.{json,md,png}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import csv
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -37,28 +44,26 @@ from typing import Any
 
 import httpx
 import numpy as np
-from safetensors.numpy import save
+from safetensors.numpy import load, save
 
-from bench.faults import (
-    FAULTS,
-    SHAPES,
-    Campaign,
-    JobRun,
-    make_update,
-    stop_on_sigterm,
-    wait_healthy,
-)
+from bench.fault_checks import ReadRound, check_rounds
+from bench.fault_kinds import FAULTS
+from bench.fault_platform import Campaign, JobRun
+from bench.faults import stop_on_sigterm, wait_healthy
 from bench.runinfo import ROOT, run_header, run_info, write_result
+from bench.soak_stats import classify, read_exceptions, read_history, read_stats
+from loadtests.updates import MODEL, read_ack_file, seed_of, update_of, weight_of
 
 TRAINERS = 16
 ANALYSTS = 4
 OPERATORS = 1
 JOB = "soak"
-#: the faults of :mod:`bench.faults` a soak can inject (a kill or an outage, not a query's)
+#: the faults of :mod:`bench.fault_kinds` a soak can inject: a kill or an outage, not a query's,
+#: none that times itself by holding a client back
 KILLS = [
     n
     for n, f in FAULTS.items()
-    if f.during == "upload" and n != "disconnects" and f.shm_cap_mib is None
+    if f.during == "upload" and f.shm_cap_mib is None and f.holds in ("", "root")
 ]
 #: components whose memory is sampled: a part of ``fedfaas up`` or a function's replicas
 FUNCTIONS = {"aggregator replicas": "aggregator", "cache functions": "flstore-cache-"}
@@ -183,7 +188,7 @@ def redis_state(c: Campaign) -> dict[str, int]:
 
 
 def create_job(c: Campaign, rounds: int, deadline_s: float) -> dict[str, str]:
-    w0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    w0 = MODEL.zeros()
     body = {
         "job": JOB,
         "rounds": rounds,
@@ -211,16 +216,14 @@ def run_locust(
     c: Campaign, work: Path, tokens: dict[str, str], duration: float
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start locust headless on ``loadtests/platform.py``: its process and CSV prefix."""
-    update = work / "update.safetensors"  # the fault campaign's update (257 KiB)
-    update.write_bytes(save(make_update(0)))
     env = {
         **os.environ,
         "SOAK_JOB": JOB,
         "SOAK_TOKENS": str(_secret_file(work / "tokens.json", json.dumps(tokens))),
         "SOAK_SECRETS": str(c.p.secrets),
         "SOAK_TRACKER": c.p.urls["request_tracker"],
-        "SOAK_UPDATE": str(update),
         "SOAK_EVENTS": str(work / "failures.jsonl"),
+        "SOAK_ACKS": str(work / "acks.jsonl"),
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "PYTHONPATH": str(ROOT),
@@ -256,89 +259,42 @@ def run_locust(
     return proc, work / "soak"
 
 
-def read_stats(prefix: Path) -> list[dict[str, Any]]:
-    """Per route: requests, failures, requests/s, p50/p99 (ms), from locust's stats CSV."""
-    rows = []
-    with open(f"{prefix}_stats.csv") as f:
-        for row in csv.DictReader(f):
-            rows.append(
-                {
-                    "route": row["Name"],
-                    "method": row["Type"],
-                    "requests": int(row["Request Count"]),
-                    "failures": int(row["Failure Count"]),
-                    "rps": float(row["Requests/s"]),
-                    "p50_ms": float(row["50%"] or 0),
-                    "p99_ms": float(row["99%"] or 0),
-                    "mean_ms": float(row["Average Response Time"] or 0),
-                }
-            )
-    return rows
-
-
-def read_history(prefix: Path, t0: float) -> list[dict[str, float]]:
-    """Throughput and failures per second over time (locust's aggregated history)."""
-    out = []
-    path = Path(f"{prefix}_stats_history.csv")
-    if not path.exists():
-        return out
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["Name"] != "Aggregated":
-                continue
-            out.append(
-                {
-                    "t": round(float(row["Timestamp"]) - t0, 1),
-                    "rps": float(row["Requests/s"]),
-                    "fails_per_s": float(row["Failures/s"]),
-                }
-            )
+def check_models(
+    acks: dict[int, dict[str, str]], read: ReadRound, completed: int, patience: float = 60.0
+) -> dict[str, Any]:
+    """The clients' check of rounds ``1..completed`` (see the module and
+    :func:`bench.fault_checks.check_rounds`): ``lost``, ``double`` (counted twice or without
+    an acknowledgement), ``exact``, the rounds whose model is ``wrong`` or ``missing``, and
+    ``pending`` (acknowledged in a round after ``completed``)."""
+    acked = {
+        r: {c: (seed_of(c, r), weight_of(c)) for c in a} for r, a in acks.items() if r <= completed
+    }
+    out = check_rounds(MODEL, acked, read, completed, patience)
+    out["missing"] = [r for r in out["missing"] if r > 0]  # round 0 holds no client's update
+    out["exact"] = out["exact"] and not out["missing"]
+    out["rounds_checked"] = completed - len(out["missing"])
+    out["acked"] = sum(len(a) for a in acked.values())
+    out["acked_via_duplicate"] = sum(
+        1 for r, a in acks.items() if r <= completed for h in a.values() if h == "duplicate"
+    )
+    out["pending"] = sum(len(a) for r, a in acks.items() if r > completed)
     return out
 
 
-def kind(error: str) -> str:
-    """A failure's kind: ``HTTP <status> <error code>`` or the exception's class."""
-    m = re.search(r"HTTP (\d+): \{\s*\"error\": ?\"([a-z_]+)\"", error)
-    if m:
-        return f"HTTP {m.group(1)} {m.group(2)}"
-    m = re.search(r"HTTP (\d+)", error)
-    if m:
-        return f"HTTP {m.group(1)}"
-    return error.split("(", 1)[0]
+def minio_rounds(c: Campaign, job: str) -> ReadRound:
+    """:data:`~bench.fault_checks.ReadRound` of ``job`` from the platform's MinIO."""
+    from fedfaas.checkpoints import CheckpointReader
 
+    endpoint, user, password = c.p.minio()
+    reader = CheckpointReader(endpoint, user, password)
 
-def read_exceptions(prefix: Path) -> list[dict[str, Any]]:
-    """Exceptions raised in the load's own tasks (locust's exceptions CSV): a broken load
-    generator is an error of the run, not a quiet gap in it."""
-    path = Path(f"{prefix}_exceptions.csv")
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return [
-            {"count": int(row["Count"]), "message": row["Message"][:300]}
-            for row in csv.DictReader(f)
-        ]
+    def read(rnd: int) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+        try:
+            return reader.get_meta(job, rnd), load(reader.get_global(job, rnd))
+        except Exception:  # CheckpointNotFound: not (yet) written
+            return None
 
-
-def classify(failures: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, Any]:
-    """Failures inside the fault window (expected) and outside it (errors), by route and
-    kind (:func:`kind`)."""
-    inside: dict[str, int] = {}
-    outside: dict[str, int] = {}
-    examples: list[dict[str, Any]] = []
-    for f in failures:
-        where = inside if window[0] <= f["t"] <= window[1] else outside
-        key = f"{f['name']}: {kind(f['error'])}"
-        where[key] = where.get(key, 0) + 1
-        if where is outside and len(examples) < 10:
-            examples.append(f)
-    return {
-        "in_fault_window": inside,
-        "outside": outside,
-        "errors": sum(outside.values()),
-        "expected": sum(inside.values()),
-        "outside_examples": examples,
-    }
+    return read
 
 
 def memory_summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, Any]:
@@ -398,6 +354,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             sampler.stop.set()
             sampler.join(30)
             view = c.cp_get(f"/v1/jobs/{JOB}")
+            checked = check_models(
+                read_ack_file(work / "acks.jsonl"), minio_rounds(c, JOB), int(view["completed"])
+            )
             failures = []
             fpath = work / "failures.jsonl"
             if fpath.exists():
@@ -408,13 +367,14 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             result = {
                 "duration_s": args.duration,
                 "users": {"trainers": TRAINERS, "analysts": ANALYSTS, "operators": OPERATORS},
-                "update_bytes": (work / "update.safetensors").stat().st_size,
+                "update_bytes": len(save(update_of("c0", 1))),
                 "fault": None
                 if fault is None
                 else {"name": fault.name, "letter": fault.letter, "what": fault.what, **injected},
                 "fault_window_s": None if fault is None else [round(w, 1) for w in window],
                 "rounds_completed": view["completed"],
-                "rounds_lost_updates": int(view["totals"].get("lost", 0)),
+                "clients_check": {k: v for k, v in checked.items() if k != "rounds"},
+                "round_checks": checked["rounds"],
                 "job_failed": view.get("failed"),
                 "routes": read_stats(prefix),
                 "history": read_history(prefix, t0),
@@ -446,8 +406,31 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"--with all` on loopback: {r['users']['trainers']} FL clients uploading "
         f"{r['update_bytes'] / 1024:.0f} KiB updates every round, {r['users']['analysts']} "
         f"analysts querying FLStore, {r['users']['operators']} operator reading the control "
-        f"plane. Rounds completed: {r['rounds_completed']} (updates lost: "
-        f"{r['rounds_lost_updates']}; job failed: {r['job_failed'] or 'no'}).",
+        f"plane. Rounds completed: {r['rounds_completed']} (job failed: "
+        f"{r['job_failed'] or 'no'}).",
+        "",
+    ]
+    ch = r["clients_check"]
+    wrong = ", ".join(str(x) for x in ch["wrong"][:10]) or "none"
+    missing = ", ".join(str(x) for x in ch["missing"][:10]) or "none"
+    lines += [
+        "The clients' check (their own acknowledgements against MinIO's checkpoints; no server "
+        "counter):",
+        "",
+        "| check | value |",
+        "|---|---:|",
+        f"| rounds whose published model was checked against the FedAvg of exactly the "
+        f"updates acknowledged in it | {ch['rounds_checked']} of {r['rounds_completed']} |",
+        f"| ... the model is that FedAvg (max relative error {ch['max_rel_err']:.1e}) "
+        f"| {'yes' if ch['exact'] else 'NO'} |",
+        f"| rounds whose model is not (first 10) | {wrong} |",
+        f"| rounds without a checkpoint (first 10) | {missing} |",
+        f"| updates acknowledged in those rounds | {ch['acked']} |",
+        f"| ... acknowledged by 409 duplicate_client after a lost answer "
+        f"| {ch['acked_via_duplicate']} |",
+        f"| **lost** (acknowledged, in no published model) | **{ch['lost']}** |",
+        f"| counted twice or without an acknowledgement | {ch['double']} |",
+        f"| pending (acknowledged in the round open when the load stopped) | {ch['pending']} |",
         "",
     ]
     if f:
@@ -569,10 +552,14 @@ def main(argv: list[str] | None = None) -> int:
     stored, md = write_result(result, "soak", to_markdown, args.out)
     plot(stored, args.out / "soak.png")
     print(md)
+    ch = stored["clients_check"]
     ok = (
         stored["failures"]["errors"] == 0
         and not stored["task_exceptions"]
         and not stored["job_failed"]
+        and ch["exact"]
+        and ch["lost"] == 0
+        and ch["double"] == 0
     )
     return 0 if ok else 1
 

@@ -2,19 +2,22 @@
 the control plane plan. ``bench/soak.py`` (``make soak``) runs it against ``fedfaas up --with
 all`` and injects a fault in the middle; by hand::
 
-    locust -f loadtests/platform.py --headless -u 22 -r 22 -t 600s --host CONTROL_PLANE_URL
+    python -m locust -f loadtests/platform.py --headless -u 22 -r 22 -t 600s --host URL
 
 Environment (paths only, never a token value): ``SOAK_JOB`` (a job created with one client
 per :class:`Trainer`, ``c0``.. ``c{n-1}``), ``SOAK_TOKENS`` (a 0600 JSON file: client id -> its
 bearer token, the job creation's ``tokens``), ``SOAK_SECRETS`` (the platform's secrets folder:
-``analyst-token``), ``SOAK_TRACKER`` (the request tracker's URL), ``SOAK_UPDATE`` (a
-safetensors file: the update every client uploads), ``SOAK_EVENTS`` (a JSON-lines file where
-every failed request is appended with its wall-clock time, for the fault window).
+``analyst-token``), ``SOAK_TRACKER`` (the request tracker's URL), ``SOAK_EVENTS`` (a JSON-lines
+file where every failed request is appended with its wall-clock time, for the fault window),
+``SOAK_ACKS`` (a JSON-lines file where every update a gateway acknowledged is appended:
+:func:`loadtests.updates.ack_line`).
 
 - :class:`Trainer` (weight 16): one FL client of the job. It asks the control plane for its
-  assignment in the open round, and in a round it has not sent to yet uploads its update to
-  the node gateway named; 409 ``duplicate_client`` after a failed attempt is a landed upload
-  (as the SDK counts it).
+  assignment in the open round, and in a round it has not sent to yet, once the node gateway
+  named holds the round's base model, uploads its own update of that round
+  (:func:`loadtests.updates.update_of`, with its fixed sample count) there. A 202 is an
+  acknowledgement, recorded; so is 409 ``duplicate_client`` after an attempt whose answer was
+  lost (that upload was taken: the same bytes). Any other refusal is a failure.
 - :class:`Analyst` (weight 4): FLStore queries on the job's recent rounds through the tracker
   (Multi-Krum, cosine, track, Oort), each synchronous.
 - :class:`Operator` (weight 1): the control plane's nodes, the job's plan and view.
@@ -32,10 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from locust import HttpUser, between, events, task
+from safetensors.numpy import save
+
+from loadtests.updates import ack_line, update_of, weight_of
 
 JOB = os.environ.get("SOAK_JOB", "soak")
 TRACKER = os.environ.get("SOAK_TRACKER", "http://127.0.0.1:8092").rstrip("/")
 _events_path = os.environ.get("SOAK_EVENTS", "")
+_acks_path = os.environ.get("SOAK_ACKS", "")
 _events_lock = threading.Lock()
 _ids = itertools.count()
 
@@ -51,7 +58,6 @@ def _tokens() -> dict[str, str]:
 
 TOKENS = _tokens()
 ANALYST = _read(str(Path(os.environ.get("SOAK_SECRETS", ".state/secrets")) / "analyst-token"))
-UPDATE = Path(os.environ["SOAK_UPDATE"]).read_bytes() if os.environ.get("SOAK_UPDATE") else b""
 
 
 @events.request.add_listener
@@ -64,6 +70,14 @@ def _record_failure(
     line = json.dumps({"t": time.time(), "name": name, "error": repr(exception)[:300]})
     with _events_lock, open(_events_path, "a") as f:
         f.write(line + "\n")
+
+
+def _record_ack(client: str, rnd: int, how: str) -> None:
+    """An update a gateway acknowledged, into ``SOAK_ACKS`` (the soak's loss count and model
+    check read them)."""
+    if _acks_path:
+        with _events_lock, open(_acks_path, "a") as f:
+            f.write(ack_line(client, rnd, how) + "\n")
 
 
 def _latest(view: dict[str, Any]) -> int:
@@ -82,7 +96,7 @@ class Trainer(HttpUser):
         self.cid = f"c{next(_ids)}"
         self.auth = {"Authorization": f"Bearer {TOKENS[self.cid]}"}
         self.sent = 0  # the last round this client's update landed in
-        self.broke = False  # the last upload attempt failed: a 409 duplicate then means landed
+        self.broke = 0  # a round whose last upload attempt got no answer (0: none)
 
     @task
     def train(self) -> None:
@@ -102,14 +116,29 @@ class Trainer(HttpUser):
                 r.failure(_why(r))
                 return
             a = r.json()
-        if int(a["round"]) > self.sent:
-            self._upload(str(a["gateway_url"]).rstrip("/"), int(a["round"]))
+        number = int(a["round"])
+        if number > self.sent and self._base_model_there(str(a["gateway_url"]), number):
+            self._upload(str(a["gateway_url"]).rstrip("/"), number)
+
+    def _base_model_there(self, gateway: str, number: int) -> bool:
+        """The node holds the model round ``number`` trains on (the one before): a client
+        uploads only then, as the SDK does; before, the node would answer "not open yet"."""
+        with self.client.get(
+            f"{gateway.rstrip('/')}/v1/jobs/{JOB}",
+            headers=self.auth,
+            name="gateway: job status",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 200:
+                r.failure(_why(r))
+                return False
+            return int(r.json().get("version", -1)) >= number - 1
 
     def _upload(self, gateway: str, number: int) -> None:
         headers = {
             **self.auth,
             "X-Client-Id": self.cid,
-            "X-Sample-Count": str(1 + int(self.cid[1:]) % 5),
+            "X-Sample-Count": str(weight_of(self.cid)),
             # what Oort's scheduling reads (loss, duration_s), as a training client reports it
             "X-Client-Meta": json.dumps(
                 {"loss": round(random.uniform(0.1, 2.0), 4), "duration_s": 1 + random.random()}
@@ -118,19 +147,23 @@ class Trainer(HttpUser):
         }
         with self.client.post(
             f"{gateway}/v1/jobs/{JOB}/rounds/{number}/updates",
-            data=UPDATE,
+            data=save(update_of(self.cid, number)),
             headers=headers,
             name="gateway: upload",
             catch_response=True,
         ) as r:
             err = _error(r)
-            if r.status_code == 202 or (err == "duplicate_client" and self.broke):
+            if r.status_code == 202:
                 r.success()
-                self.sent, self.broke = number, False
-            elif r.status_code == 409 and err in ("stale_round", "round_not_open"):
-                r.success()  # the round moved on between the view and the upload: ask again
-            else:
-                self.broke = True
+                _record_ack(self.cid, number, "202")
+                self.sent = number
+            elif r.status_code == 409 and err == "duplicate_client" and self.broke == number:
+                r.success()  # the attempt whose answer was lost was taken: the same update
+                _record_ack(self.cid, number, "duplicate")
+                self.sent = number
+            else:  # not taken (a duplicate without a lost answer is an error too)
+                if r.status_code == 0:
+                    self.broke = number  # sent, maybe taken: a duplicate answer will say
                 r.failure(_why(r))
 
 

@@ -7,10 +7,13 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.faults import FAULTS
-from bench.soak import KILLS, classify, main, memory_summary, pss
+from bench.soak import KILLS, check_models, main, memory_summary, pss
+from bench.soak_stats import classify
+from loadtests.updates import MODEL, ack_line, read_acks, update_of, weight_of
 
 
 def test_failures_inside_the_fault_window_are_expected_and_the_others_are_errors() -> None:
@@ -64,6 +67,69 @@ def test_the_soak_injects_only_kills_and_outages() -> None:
     assert {"gateway", "root-gateway", "replica", "redis", "minio"} <= set(KILLS)
 
 
+def _published(counted: dict[int, list[str]], tamper: dict[int, float] | None = None):  # type: ignore[no-untyped-def]
+    """Rounds as a gateway that counted ``counted`` publishes them (the exact FedAvg of
+    those clients' updates, in float32; round 0 the initial model), each model scaled by
+    ``tamper[round]`` if given."""
+
+    def read(rnd: int):  # type: ignore[no-untyped-def]
+        if rnd == 0:
+            return {"clients": {}, "count": 0}, MODEL.zeros()
+        if rnd not in counted:
+            return None
+        ups = [(update_of(c, rnd), weight_of(c)) for c in counted[rnd]]
+        total = sum(w for _, w in ups)
+        scale = (tamper or {}).get(rnd, 1.0)
+        model = {
+            k: (scale * sum(w * u[k].astype(np.float64) for u, w in ups) / total).astype(np.float32)
+            for k in ups[0][0]
+        }
+        return {"clients": {c: {} for c in counted[rnd]}, "count": len(counted[rnd])}, model
+
+    return read
+
+
+def _acks(rounds: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
+    """Through the ack file's own format, as the load writes it."""
+    return read_acks(ack_line(c, r, how) for r, a in rounds.items() for c, how in a.items())
+
+
+def test_the_clients_update_is_the_campaigns_small_model_drawn_from_its_names() -> None:
+    u = update_of("c3", 7)
+    assert list(u) == ["w", "b"] and u["w"].shape == (256, 256) and u["w"].dtype == np.float32
+    assert np.array_equal(u["w"], update_of("c3", 7)["w"])  # the same in every process
+    assert not np.array_equal(u["w"], update_of("c3", 8)["w"])
+    assert (weight_of("c0"), weight_of("c7")) == (1, 3)
+
+
+def test_the_clients_check_passes_the_exact_fedavg_of_what_they_got_acknowledged() -> None:
+    acks = _acks(
+        {1: {"c0": "202", "c1": "202"}, 2: {"c0": "202", "c1": "duplicate"}, 3: {"c1": "202"}}
+    )
+    out = check_models(acks, _published({1: ["c0", "c1"], 2: ["c0", "c1"]}), 2, patience=0)
+    assert out["exact"] and out["rounds_checked"] == 2 and out["max_rel_err"] <= 1e-6
+    assert (out["acked"], out["acked_via_duplicate"], out["lost"], out["pending"]) == (4, 1, 0, 1)
+    assert out["double"] == 0
+
+
+def test_the_clients_check_catches_a_wrong_model_a_lost_update_and_an_unacknowledged_one() -> None:
+    acks = _acks({1: {"c0": "202", "c1": "202"}, 2: {"c0": "202", "c1": "202"}, 3: {"c2": "202"}})
+    counted = {1: ["c0", "c1"], 2: ["c0", "c1"]}
+    # round 1's model is off by 1e-5 (a weight or an update wrong): caught
+    off = check_models(acks, _published(counted, {1: 1 + 1e-5}), 2, patience=0)
+    assert not off["exact"] and off["wrong"] == [1] and off["lost"] == 0
+    # round 2 published without c1's acknowledged update: lost, and the model is not the
+    # FedAvg of what was acknowledged
+    dropped = check_models(acks, _published({**counted, 2: ["c0"]}), 2, patience=0)
+    assert dropped["lost"] == 1 and dropped["wrong"] == [2] and not dropped["exact"]
+    # c3 counted in round 3 without the client's acknowledgement
+    extra = check_models(acks, _published({**counted, 3: ["c2", "c3"]}), 3, patience=0)
+    assert extra["double"] == 1 and extra["wrong"] == [3]
+    # a round that has no checkpoint: its acknowledged updates count as lost
+    gone = check_models(acks, _published({1: ["c0", "c1"]}), 2, patience=0)
+    assert gone["missing"] == [2] and gone["lost"] == 2 and not gone["exact"]
+
+
 @pytest.mark.slow
 def test_a_short_soak_on_the_platform_has_no_error_outside_the_fault(tmp_path: Path) -> None:
     """40 s of the whole load on ``fedfaas up --with all``, an aggregator replica killed at
@@ -72,6 +138,9 @@ def test_a_short_soak_on_the_platform_has_no_error_outside_the_fault(tmp_path: P
     r = json.loads((tmp_path / "soak.json").read_text())
     assert rc == 0, r["failures"]
     assert r["rounds_completed"] >= 2 and not r["job_failed"]
+    ch = r["clients_check"]  # every round's model checked from the clients' side
+    assert ch["exact"] and ch["rounds_checked"] == r["rounds_completed"]
+    assert ch["lost"] == 0 and ch["double"] == 0 and ch["acked"] >= 2 * 16
     routes = {x["route"]: x for x in r["routes"]}
     for name in ("control plane: assignment", "gateway: upload", "Aggregated"):
         assert routes[name]["requests"] > 0, routes

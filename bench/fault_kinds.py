@@ -1,0 +1,570 @@
+"""The faults of the campaign (:mod:`bench.faults`): how each is injected into ``fedfaas up
+--with all``, and the evidence that it hit work in flight.
+
+Each :class:`Fault` has an injector (it returns what it did and saw, the fault's time in
+``ended_at``) and an ``evidence`` verdict over the finished :class:`JobRun`: ``(hit, what)``.
+A row counts only runs whose fault is shown to have reached the work it names: a replica
+killed while it ran a slot, a gateway killed holding accepted updates of the open round, a
+publication Redis refused, a partial that could not reach its root, uploads refused while
+the store was full, queries answering across the kill of the part they ran on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from safetensors.numpy import save
+
+from bench.fault_platform import Campaign, JobRun, assigned, free_bytes
+
+#: the job every fault acts on: clients (goal and selection), rounds
+CLIENTS = 20
+ROUNDS = 2
+#: the queries in flight at FLStore's faults: FoolsGold over every round, all updates loaded
+IN_FLIGHT = ("foolsgold", {"first_round": 1, "last_round": ROUNDS})
+
+#: fault (k): bytes left free in the platform's shm file system (less than one update), and
+#: for how long, at each of its two fills
+SHM_LEFT = 8 * 2**20
+SHM_FULL_S = 5.0
+#: fault (m): the longest a publication is refused once Redis refused it the first time
+REDIS_REFUSAL_S = 3.0
+
+
+# --- the injectors ---------------------------------------------------------------------------
+
+
+def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any]:
+    """A slot of ``job`` that an aggregator endpoint is running now (granted, not done),
+    its node and the pid of the replica that holds the endpoint (the router's record)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for node, url in c.nodes().items():
+            st = c.job_status(url, job)
+            slots = ((st.get("progress") or {}).get("slots") or {}).items()
+            busy = [
+                (sid, s)
+                for sid, s in slots
+                if s.get("endpoint") is not None and not s.get("done") and s.get("node") == node
+            ]
+            if not busy:
+                continue
+            r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10)
+            pids = {int(e["id"]): int(e["pid"]) for e in r.json()["endpoints"] if not e["local"]}
+            for sid, s in busy:
+                pid = pids.get(int(s["endpoint"]))
+                if pid is not None:
+                    role = {1: "leaf", 2: "middle", 3: "top"}.get(int(s["role"]), str(s["role"]))
+                    return {
+                        "node": node,
+                        "slot": int(sid),
+                        "role": role,
+                        "updates": int(s.get("updates", 0)),
+                        "endpoint": int(s["endpoint"]),
+                        "pid": pid,
+                    }
+        time.sleep(0.01)
+    raise RuntimeError(f"no slot of {job} was running on an aggregator endpoint in {timeout} s")
+
+
+def _replica(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """SIGKILL the aggregator replica (its process group) that runs one of the job's slots."""
+    slot = _busy_slot(c, run.job)
+    with contextlib.suppress(ProcessLookupError):  # the replica's whole process group
+        os.killpg(os.getpgid(slot["pid"]), signal.SIGKILL)
+    return {**slot, "ended_at": time.monotonic()}
+
+
+def _replica_evidence(run: JobRun) -> tuple[bool, str]:
+    i = run.injected
+    if "slot" not in i:
+        return False, "no busy slot found"
+    again = run.grew("fedfaas_gateway_redeliveries", i["node"])
+    return again >= 1, (
+        f"pid {i['pid']} ran {i['role']} slot {i['slot']} on {i['node']} "
+        f"({i['updates']} update(s) in it); slots re-run there: {again:g}"
+    )
+
+
+def _kill_gateway(c: Campaign, run: JobRun, node: str, timeout: float = 60.0) -> dict[str, Any]:
+    """SIGKILL ``node``'s gateway once it holds an accepted update of a round it has not
+    published (uploads go on meanwhile; at most ``timeout`` s); what it held just before."""
+    url, deadline = c.nodes()[node], time.monotonic() + timeout
+    while True:
+        st = c.job_status(url, run.job)
+        version, rnd = st.get("version"), st.get("round")
+        in_flight = isinstance(version, int) and isinstance(rnd, int) and version < rnd
+        if (in_flight and (st.get("received") or 0) >= 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    out = c.kill_part(c.part_of(node))
+    out.update(
+        node=node,
+        round=st.get("round"),
+        version=st.get("version"),
+        received=st.get("received"),
+    )
+    return out
+
+
+def _gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
+    root = c.cp_get(f"/v1/jobs/{run.job}")["root"]
+    return _kill_gateway(c, run, next(n for n in c.nodes() if n != root))
+
+
+def _root_gateway(c: Campaign, run: JobRun) -> dict[str, Any]:
+    return _kill_gateway(c, run, c.cp_get(f"/v1/jobs/{run.job}")["root"])
+
+
+def _held_updates_evidence(run: JobRun) -> tuple[bool, str]:
+    """A gateway killed holding accepted updates of a round it had not published."""
+    i = run.injected
+    rnd, version, got = i.get("round"), i.get("version"), i.get("received") or 0
+    hit = isinstance(rnd, int) and isinstance(version, int) and version < rnd and got >= 1
+    return hit, (
+        f"{i.get('node')} killed holding {got} accepted update(s) of round {rnd} "
+        f"(its model version {version})"
+    )
+
+
+def _root_node(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """The job's root node lost for good: its gateway SIGKILLed while the supervisor is held
+    (SIGSTOP: nothing restarts it) and its shared memory wiped, so the global model, the top
+    aggregator and the updates it accepted are gone. Once another node has taken the job over
+    (the control plane's view names a new root), the supervisor goes on and the node comes
+    back empty, as a replacement node would, and rejoins the job as one of its nodes."""
+    from fedfaas.platform import state
+
+    node = c.cp_get(f"/v1/jobs/{run.job}")["root"]
+    st = state.load(c.p.state_dir)
+    assert st is not None
+    memory = Path(st.shm_dir) / f"fedfaas-{c.p.platform_id[:12]}" / node
+    supervisor = c.pid_of("supervisor")
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        out = _kill_gateway(c, run, node)
+        shutil.rmtree(memory)
+        deadline = time.monotonic() + 90
+        while (view := c.cp_get(f"/v1/jobs/{run.job}"))["root"] == node:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no node took {run.job} over from {node} in 90 s")
+            time.sleep(0.1)
+        rnd = view["round"] or {}
+        out.update(
+            heir=view["root"],
+            taken_over_s=round(time.monotonic() - out["ended_at"], 2),
+            resend=len(rnd.get("resend") or {}),
+        )
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    return out
+
+
+def _root_node_evidence(run: JobRun) -> tuple[bool, str]:
+    hit, what = _held_updates_evidence(run)
+    i = run.injected
+    return hit and "heir" in i, (
+        f"{what}; {i.get('heir')} took the job over, {i.get('resend')} client(s) sent again"
+    )
+
+
+def _round_open_evidence(run: JobRun) -> tuple[bool, str]:
+    """A platform part killed while a round had some but not all of its updates."""
+    i = run.injected
+    k, n = i.get("acked_at_fault", 0), i.get("clients", 0)
+    return 0 < k < n, f"{i.get('part')} killed with {k} of {n} updates of round {i.get('round')} in"
+
+
+def _redis_evidence(run: JobRun) -> tuple[bool, str]:
+    hit, what = _round_open_evidence(run)
+    tries = sum(v for d in run.counters.values() for k, v in d.items() if "journal_retries" in k)
+    return hit, f"{what}; journal writes the gateways retried: {tries:g}"
+
+
+def _minio(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """MinIO SIGSTOPped for ``minio_outage_s``: checkpoints of rounds published meanwhile wait."""
+    pid = c.pid_of("minio")
+    view0 = c.cp_get(f"/v1/jobs/{run.job}")
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(c.minio_outage_s)
+    view1 = c.cp_get(f"/v1/jobs/{run.job}")
+    os.kill(pid, signal.SIGCONT)
+    return {
+        "part": "minio",
+        "pid": pid,
+        "stopped_s": c.minio_outage_s,
+        "published_while_stopped": int(view1["completed"]) - int(view0["completed"]),
+        "ended_at": time.monotonic(),
+    }
+
+
+def _minio_evidence(run: JobRun) -> tuple[bool, str]:
+    n = run.injected.get("published_while_stopped", 0)
+    return n >= 1, f"{n} round(s) published while MinIO was stopped: their checkpoints waited"
+
+
+def _query_evidence(run: JobRun) -> tuple[bool, str]:
+    i = run.injected
+    n = i.get("queries_at_fault", 0)
+    return n >= 1, f"{n} of {i.get('queries', 0)} queries in flight at the kill answered"
+
+
+def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """SIGKILL the cache function the in-flight query runs on: the primary holder of its
+    objects (the engine's own placement, asked as the tracker asks it)."""
+    from fedfaas.platform import credentials
+
+    engine = c.p.urls["cache_engine"]
+    auth = {"Authorization": f"Bearer {credentials.read(c.p.secrets, credentials.SERVICE_TOKEN)}"}
+    kind, params = IN_FLIGHT
+    deadline = time.monotonic() + 30
+    while True:  # the query's objects are being loaded: wait for a holder
+        plan = httpx.post(
+            f"{engine}/v1/plan",
+            json={"workload": kind, "job": run.job, "params": params},
+            headers=auth,
+            timeout=10,
+        ).json()
+        where = httpx.get(
+            f"{engine}/v1/locations", params={"ids": plan["objects"]}, headers=auth, timeout=10
+        ).json()
+        primary = where.get(plan["objects"][0]) or []
+        if primary or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not primary:
+        raise RuntimeError("no cache function holds the in-flight query's objects")
+    return c.kill_replica(primary[0])
+
+
+def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
+    """Fill the platform's capped shm file system to :data:`SHM_LEFT` bytes free with a
+    ballast file for :data:`SHM_FULL_S` seconds, then remove it."""
+    from fedfaas.platform import state
+
+    st = state.load(c.p.state_dir)
+    assert st is not None
+    shm = Path(st.shm_dir)
+    free = free_bytes(shm)
+    ballast = shm / f"ballast-{phase}"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    t0 = time.monotonic()
+    try:
+        os.posix_fallocate(fd, 0, max(0, free - SHM_LEFT))
+        left = free_bytes(shm)
+        time.sleep(SHM_FULL_S)
+    finally:
+        os.close(fd)
+        ballast.unlink()
+        run.full_windows.append((t0, time.monotonic()))
+    return {
+        f"{phase}_filled_mib": round((free - left) / 2**20, 1),
+        f"{phase}_left_kib": left // 1024,
+        "ended_at": time.monotonic(),
+    }
+
+
+def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
+    return fill_shm(c, run, "mid_round")
+
+
+def _shm_evidence(run: JobRun) -> tuple[bool, str]:
+    """Uploads refused (503) and retried inside each fill: the one at the job's creation and
+    the one mid round."""
+    per = [sum(1 for t, _ in run.refusals if t0 <= t <= t1 + 1.0) for t0, t1 in run.full_windows]
+    full = run.grew("fedfaas_gateway_updates_rejected{code=store_full}")
+    hit = len(per) == 2 and all(n >= 1 for n in per)
+    return hit, (
+        f"uploads refused and sent again while full: {per[0] if per else 0} at the job's "
+        f"creation, {per[1] if len(per) > 1 else 0} mid round; 503 store_full answered: {full:g}"
+    )
+
+
+def _disconnects(c: Campaign, run: JobRun, n: int = 100) -> dict[str, Any]:
+    """``n`` uploads that break off half way (headers and half the body, then the socket
+    closes), by a client whose real upload of the round waits until they are done."""
+    assert run.model is not None
+    client = run.held
+    token = c.tokens[run.job][client]
+    _, url = assigned(c, run.job, client)
+    body = save(run.model.update(0))
+    host, port = url.removeprefix("http://").split(":")
+    rnd = int(c.cp_get(f"/v1/jobs/{run.job}")["round"]["number"])
+    answers: dict[str, int] = {}
+    for _ in range(n):
+        head = (
+            f"POST /v1/jobs/{run.job}/rounds/{rnd}/updates HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {token}\r\nX-Client-Id: {client}\r\n"
+            f"X-Sample-Count: 3\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(head + body[: len(body) // 2])
+            s.shutdown(socket.SHUT_WR)  # the client goes: the gateway sees the body end early
+            code = _answer_code(s)
+        answers[code] = answers.get(code, 0) + 1
+    return {
+        "disconnects": n,
+        "client": client,
+        "bytes_each": len(body) // 2,
+        "answers": answers,
+        "ended_at": time.monotonic(),
+    }
+
+
+def _answer_code(s: socket.socket) -> str:
+    """The error code of the gateway's answer on ``s`` (read to its close), or ``none``."""
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head:
+        return "none"
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return str(json.loads(body)["error"])
+    return head.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def _disconnects_evidence(run: JobRun) -> tuple[bool, str]:
+    i = run.injected
+    n, cut = i.get("disconnects", 0), (i.get("answers") or {}).get("truncated_body", 0)
+    return cut >= n > 0, (
+        f"{n} uploads of {i.get('client')} broken off after {i.get('bytes_each', 0) / 2**20:.1f}"
+        f" MiB, each while the gateway received it into the store: answered {i.get('answers')}"
+    )
+
+
+@contextlib.contextmanager
+def _gateway_writes_refused(c: Campaign, writable: list[str]) -> Iterator[None]:
+    """While inside, Redis refuses the ``gateway`` user's writes to every FedFaaS key but
+    ``writable`` (globs): ``NOPERM``, as an ACL change makes it. The platform's rule is put
+    back on the way out."""
+    from fedfaas.secretfiles import redis_client
+    from fedfaas.services import REDIS_USERS
+
+    keys = next(r for r in REDIS_USERS["gateway"].split() if r.startswith("~"))
+    url = c.p.urls["redis"].replace("http://", "redis://") + "/0"
+    admin = redis_client(url, c.p.secrets / "redis-admin.json")
+    try:
+        rules = ["%R~fedfaas:*", *(f"%RW~{w}" for w in writable)]
+        admin.execute_command("ACL", "SETUSER", "gateway", "resetkeys", *rules)  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        admin.execute_command("ACL", "SETUSER", "gateway", "resetkeys", keys)  # type: ignore[no-untyped-call]
+        admin.close()
+
+
+def _redis_publish(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """Redis refuses the job's publication (its state key turns read-only for the gateways)
+    from just before the round's last update until the root has seen it refused, and
+    :data:`REDIS_REFUSAL_S` more: the publication is retried, nothing is freed before it
+    lands."""
+    job = run.job
+    writable = ["fedfaas:jobs", "fedfaas:job-id", f"fedfaas:job:{job}:round:*"]
+    writable.append(f"fedfaas:job:{job}:revoked")
+    root = c.cp_get(f"/v1/jobs/{job}")["root"]
+    url = c.nodes()[root]
+    from bench.fault_checks import gateway_counters
+
+    name = "fedfaas_gateway_journal_retries{op=publish}"
+    before = gateway_counters(url, c.admin).get(name, 0.0)
+    with _gateway_writes_refused(c, writable):
+        run.injected_done.set()  # the held client uploads the round's last update now
+        deadline = time.monotonic() + 60
+        while gateway_counters(url, c.admin).get(name, 0.0) <= before:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        refused_at = time.monotonic()
+        time.sleep(REDIS_REFUSAL_S)
+    return {
+        "root": root,
+        "publish_refused_for_s": round(time.monotonic() - refused_at, 2),
+        "ended_at": time.monotonic(),
+    }
+
+
+def _redis_publish_evidence(run: JobRun) -> tuple[bool, str]:
+    root = run.injected.get("root")
+    tries = run.grew("fedfaas_gateway_journal_retries{op=publish}", root)
+    return tries >= 1, f"the publication on {root} refused by Redis and retried {tries:g} time(s)"
+
+
+def _partial_undeliverable(c: Campaign, run: JobRun) -> dict[str, Any]:
+    """The root's gateway SIGKILLed just before the held client's update completes the other
+    node's subtree: that node's partial is forwarded while the root is down (the supervisor
+    restarts it) and must be retried until the root takes it."""
+    out = _root_gateway(c, run)
+    run.injected_done.set()  # the held client (on the other node) uploads now
+    return out
+
+
+def _partial_evidence(run: JobRun) -> tuple[bool, str]:
+    root = run.injected.get("node")
+    tries = sum(
+        v
+        for n, d in run.counters.items()
+        if n != root
+        for k, v in d.items()
+        if k == "fedfaas_gateway_partial_retries"
+    )
+    return tries >= 1, f"root {root} down; partial forwards to it retried: {tries:g}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the campaign: its letter in issue 13's list (35's for m, n), what it
+    does, when, and the evidence it hit work in flight."""
+
+    letter: str
+    name: str
+    what: str
+    inject: Callable[[Campaign, JobRun], dict[str, Any]]
+    evidence: Callable[[JobRun], tuple[bool, str]]
+    #: "upload": during a round's uploads; "query": during an FLStore query
+    during: str = "upload"
+    #: the platform keeps its object stores on a tmpfs of this many MiB of its own (None: the
+    #: machine's /dev/shm)
+    shm_cap_mib: int | None = None
+    #: a client of the round uploads only once the fault is injected (``holds``: one on the
+    #: job's root node, or on another node)
+    holds: str = ""
+    #: the fault goes in once this share of the round's updates are in (None: at random)
+    at_share: float | None = None
+    #: the model's layout: ResNet-18's (the data path) or 257 KiB (FLStore's queries)
+    small_model: bool = False
+    #: gateway settings of this fault's platform (environment of ``fedfaas up``)
+    env: tuple[tuple[str, str], ...] = ()
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "a",
+            "replica",
+            "SIGKILL of an aggregator replica running a slot",
+            _replica,
+            _replica_evidence,
+        ),
+        Fault(
+            "b", "gateway", "SIGKILL of a non-root node gateway", _gateway, _held_updates_evidence
+        ),
+        Fault(
+            "c",
+            "root-gateway",
+            "SIGKILL of the job's root node gateway",
+            _root_gateway,
+            _held_updates_evidence,
+        ),
+        Fault(
+            "c2",
+            "root-node",
+            "the job's root node lost: gateway SIGKILLed, not restarted until another node "
+            "took the job over, its shared memory wiped",
+            _root_node,
+            _root_node_evidence,
+            holds="root",
+        ),
+        Fault(
+            "d",
+            "runtime",
+            "SIGKILL of the runtime",
+            lambda c, r: c.kill_part("runtime"),
+            _round_open_evidence,
+        ),
+        Fault(
+            "e",
+            "control-plane",
+            "SIGKILL of the control plane",
+            lambda c, r: c.kill_part("control-plane"),
+            _round_open_evidence,
+        ),
+        Fault(
+            "f",
+            "cache-engine",
+            "SIGKILL of the cache engine mid-query",
+            lambda c, r: c.kill_part("cache-engine"),
+            _query_evidence,
+            during="query",
+            small_model=True,
+        ),
+        Fault(
+            "g",
+            "cache-function",
+            "SIGKILL of a cache function mid-query",
+            _cache_function,
+            _query_evidence,
+            during="query",
+            small_model=True,
+        ),
+        Fault(
+            "h",
+            "request-tracker",
+            "SIGKILL of the request tracker, queries in flight",
+            lambda c, r: c.kill_part("request-tracker"),
+            _query_evidence,
+            during="query",
+            small_model=True,
+        ),
+        Fault(
+            "i",
+            "redis",
+            "Redis restarted (SIGKILL)",
+            lambda c, r: c.kill_part("redis"),
+            _redis_evidence,
+        ),
+        Fault("j", "minio", "MinIO stopped (SIGSTOP) for 30 s, then back", _minio, _minio_evidence),
+        Fault(
+            "k",
+            "shm-full",
+            "the object stores' memory file system nearly full (a 4 GiB tmpfs filled to 8 MiB "
+            "free for 5 s, at the job's creation and mid round; gateways keep one spare "
+            "buffer, so each upload needs new pages)",
+            _shm_full,
+            _shm_evidence,
+            shm_cap_mib=4096,
+            at_share=0.5,
+            env=(("FEDFAAS_GATEWAY_POOL_MAX_BYTES", "1"),),
+        ),
+        Fault(
+            "l",
+            "disconnects",
+            "a client disconnecting mid-upload, 100 times",
+            _disconnects,
+            _disconnects_evidence,
+            holds="any",
+        ),
+        Fault(
+            "m",
+            "redis-publish",
+            "Redis refusing the round's publication (the gateways' ACL loses the job's state "
+            "key) from its last update until the root retried it, then 3 s more",
+            _redis_publish,
+            _redis_publish_evidence,
+            holds="any",
+            at_share=1.0,
+        ),
+        Fault(
+            "n",
+            "partial-undeliverable",
+            "a partial undeliverable at the root: the root gateway SIGKILLed just before "
+            "another node's last update completes that node's partial",
+            _partial_undeliverable,
+            _partial_evidence,
+            holds="other",
+            at_share=1.0,
+        ),
+    )
+}
