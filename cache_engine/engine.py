@@ -38,15 +38,19 @@ from typing import Any
 
 import httpx
 
+from cache_engine.budget import MemoryBudget, OverBudget, default_budget
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import ColdStore, ObjectMissing, object_path
 from cache_engine.errors import EngineError
+from cache_engine.evaluators import evaluator_replicas, function_spec_problem
 from cache_engine.keys import ObjectKey
+from cache_engine.parts import PartPlanner, parts_needed
 from cache_engine.policies import Decision, make_policy
 from cache_engine.queries import Plan, parse_query, plan, run_workload
 from cache_engine.settings import EngineSettings
 from cache_engine.table import CHANGES, RedisLocationTable
 from fedfaas.auth import AuthConfigError, bearer, read_token_file
+from fedfaas.objstore.handoff import HandoffError, end_offer
 from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError, function_deployment
 
 log = logging.getLogger(__name__)
@@ -82,9 +86,20 @@ STATS = (
     "answered_here",
     "objects_handed_off",
     "touched",
+    "loads_failed",
+    "over_budget",
+    "evicted_for_budget",
+    "queries_in_parts",
+    "queries_streamed",
+    "parts_placed",
+    "offers_ended",
+    "evaluators_scaled",
 )
 #: rounds whose handoff (where a gateway lends their updates) the engine remembers
 HANDOFF_ROUNDS = 256
+#: how long an offer the engine cannot end is counted against the budget (the gateway's
+#: default ``handoff_ttl_s``)
+OFFER_TTL_GUESS_S = 30.0
 _TICKET = re.compile(r"^[0-9a-f]{32}$")
 #: a cache function's own address it may report (loopback or a host, a port, no path)
 _DIRECT = re.compile(r"^http://[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$")
@@ -136,6 +151,13 @@ class FunctionInfo:
     created: float = field(default_factory=time.time)
     #: the replica's own address, from its /ping (None: reached through the gateway only)
     url: str | None = None
+    #: bytes of loads under way to it (set aside by :meth:`CacheEngine.ensure`)
+    reserved: int = 0
+
+    @property
+    def taken(self) -> int:
+        """Bytes it holds, as it last said, and those on their way to it."""
+        return self.used + self.reserved
 
 
 class CacheEngine:
@@ -175,6 +197,13 @@ class CacheEngine:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-load")
         self._threads: list[threading.Thread] = []
+        #: the node's memory budget for FLStore (``cache_engine.budget``)
+        self.budget = MemoryBudget(
+            settings.memory_budget_bytes or default_budget(settings.memory_budget_fraction)
+        )
+        #: whole update -> the functions that map it (or parts of it) in place
+        self.mapped: dict[ObjectKey, set[str]] = {}
+        self.parts = PartPlanner(self)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -190,7 +219,7 @@ class CacheEngine:
         for name in list(self.functions):
             self._check(name)
         for key in self.table.objects():  # the policy learns what is resident
-            self.policy.on_request([key])
+            self.policy.on_request([key.whole])
         for target in (self._ping_loop, self._worker):
             t = threading.Thread(target=target, daemon=True, name=target.__name__)
             t.start()
@@ -208,6 +237,7 @@ class CacheEngine:
         for t in self._threads:
             t.join(5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.parts.close()
 
     # -- ingestion ------------------------------------------------------------------------
     def ingest(self, job: str, rnd: int, handoff: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -233,8 +263,15 @@ class CacheEngine:
                 self.handoffs[(job, rnd)] = handoff
                 while len(self.handoffs) > HANDOFF_ROUNDS:
                     self.handoffs.popitem(last=False)
+            # the offer keeps the round's updates in the store until it ends
+            self.budget.lease(
+                (f"offer:{handoff['ticket']}:{c}", self._size(ObjectKey(job, rnd, "update", c)))
+                for c in clients
+            )
         spec = (m.get("round_meta") or {}).get("evaluator")
         if isinstance(spec, dict):
+            if self.evaluators.get(job) != spec and spec.get("kind") == "function":
+                self._bg.put(("scale", spec))
             self.evaluators[job] = spec
             self.redis.hset(EVALUATORS, job, json.dumps(spec))
         with self._lock:
@@ -251,6 +288,8 @@ class CacheEngine:
             pipe.execute()
             d = self.policy.on_round_complete(job, rnd)
         self._carry_out(d)
+        if handoff:  # after the round's prefetch has claimed what it keeps (one worker, FIFO)
+            self._bg.put(("end_offer", (handoff, clients)))
         self.stats["rounds_ingested"] += 1
         return {
             "job": job,
@@ -305,16 +344,30 @@ class CacheEngine:
             d = self.policy.on_request(p.keys, p.policy)
         self._count(d)
         loaded0 = self.stats["objects_loaded"]
-        # one complete copy on the query path; the secondaries follow in the background
-        holders = self.ensure(p.keys, copies=1)
+        if self.parts.too_big(p.keys):  # in coordinate parts across functions
+            routed = self.parts.acquire(p)
+            self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+        else:
+            try:  # one complete copy on the query path; the secondaries follow in the background
+                holders = self.ensure(p.keys, copies=1)
+            except (OverBudget, NoCapacity) as exc:  # the cold store can still serve it
+                models = [k for k in p.keys if k.kind != "meta"]
+                metas = [k for k in p.keys if k.kind == "meta"]
+                if not models:
+                    raise
+                dim = self.parts.dim(p.query.job, models[0])
+                routed = self.parts.stream(p, models, metas, dim, str(exc))
+            else:
+                self._follow_up(p.keys, holders, d)
+                with self._lock:
+                    direct = {
+                        f: u for f in holders if (u := getattr(self.functions.get(f), "url", None))
+                    }
+                routed = {"holders": holders, "endpoints": direct}
         loaded = self.stats["objects_loaded"] - loaded0  # approximate under concurrency
-        self._follow_up(p.keys, holders, d)
-        with self._lock:
-            direct = {f: u for f in holders if (u := getattr(self.functions.get(f), "url", None))}
         return {
             **_planned(p),
-            "holders": holders,
-            "endpoints": direct,
+            **routed,
             "evaluator": spec,
             "hit": d.hit,
             "misses": [k.id for k in d.misses],
@@ -359,6 +412,22 @@ class CacheEngine:
         if len(holders) < 1 + self.s.secondaries:
             self._bg.put(("replicate", list(keys)))
         self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+
+    def _kept(self, key: ObjectKey) -> bool:
+        """Whether the policy keeps ``key`` (a part: the whole object it is part of)."""
+        return key.whole in self.policy
+
+    def _unmapped(self, fn: str, keys: Iterable[ObjectKey]) -> None:
+        """``fn`` gave up ``keys``: an update it maps no part of any more is no longer kept in
+        the store by it (under the lock)."""
+        on_fn = {k.whole for k in self.table.keys_on(fn)}
+        for whole in {k.whole for k in keys} - on_fn:
+            fns = self.mapped.get(whole)
+            if fns is not None:
+                fns.discard(fn)
+                if not fns:
+                    del self.mapped[whole]
+                    self.budget.unlease([f"mapped:{whole.id}"])
 
     def _live_holders(self, keys: Sequence[ObjectKey]) -> list[str]:
         """The live functions holding every key, none of which is being loaded (under the
@@ -413,20 +482,30 @@ class CacheEngine:
             primary = self.table.get(keys[0]) if keys else []
             full.sort(key=lambda f: primary.index(f) if f in primary else len(primary))
             chosen: list[str] = []
+            #: bytes set aside on each chosen function until its load answers
+            booked: dict[str, int] = {}
             if len(full) < n:
                 cands = sorted(
                     (f for f in alive if f not in full),
-                    key=lambda f: (-len(held[f]), self.functions[f].used),
+                    key=lambda f: (-len(held[f]), self.functions[f].taken),
                 )
                 for f in cands:
                     extra = sum(self._size(k) for k in keys if k not in held[f])
-                    if self.functions[f].used + extra <= self.s.function_capacity_bytes:
+                    if self.functions[f].taken + extra <= self.s.function_capacity_bytes:
                         chosen.append(f)
-                        self.functions[f].used += extra  # reserved; corrected on load
+                        booked[f] = extra
+                        self.functions[f].reserved += extra
                         if len(full) + len(chosen) == n:
                             break
             missing_fns = n - len(full) - len(chosen)
             todo = {f: [k for k in keys if k not in held.get(f, set())] for f in chosen}
+            reserved = sum(self._predicted(ks) for ks in todo.values())
+            reserved += max(0, missing_fns) * self._predicted(keys)
+            try:  # the node's budget: checked before any load starts
+                self.budget.reserve(reserved)
+            except OverBudget:
+                self._unbook(booked)
+                raise
             for ks in todo.values():
                 for k in ks:
                     self._inflight.setdefault(k, threading.Event())
@@ -437,17 +516,21 @@ class CacheEngine:
                 except NoCapacity:
                     if _room_tries <= 0 or not self._make_room(keys):
                         raise
+                    self.budget.unreserve(reserved)
+                    reserved = 0
                     for ks in todo.values():  # give back reservations, then place again
                         for k in ks:
                             done = self._inflight.pop(k, None)
                             if done is not None:
                                 done.set()
                     with self._lock:
-                        for f2, ks in todo.items():
-                            if f2 in self.functions:
-                                self.functions[f2].used -= sum(self._size(k) for k in ks)
+                        self._unbook(booked)
+                    booked = {}
                     todo = {}
                     return self.ensure(keys, copies, _room_tries=_room_tries - 1)
+                with self._lock:
+                    booked[f] = sum(self._size(k) for k in keys)
+                    self.functions[f].reserved += booked[f]
                 chosen.append(f)
                 todo[f] = list(keys)
             futs = {f: self._pool.submit(self._load, f, ks) for f, ks in todo.items() if ks}
@@ -459,7 +542,9 @@ class CacheEngine:
                     errors.append((f, exc))
                     chosen.remove(f)
         finally:
+            self.budget.unreserve(reserved)  # the functions' own reports count them now
             with self._lock:
+                self._unbook(booked)
                 for ks in todo.values():
                     for k in ks:
                         done = self._inflight.pop(k, None)
@@ -473,9 +558,135 @@ class CacheEngine:
                 f"could not load the query's objects on any function: {err0}", function=f0
             )
         for f1, err1 in errors:
-            log.warning("load on %s failed: %s", f1, err1)
+            self.stats["loads_failed"] += 1
+            log.warning("load on %s failed: %s", f1, _one_line(err1))
             self.report_failure(f1)
         return full + chosen
+
+    def _unbook(self, booked: dict[str, int]) -> None:
+        """Give back what :meth:`ensure` set aside on functions (under the lock)."""
+        for f, nbytes in booked.items():
+            info = self.functions.get(f)
+            if info is not None:
+                info.reserved = max(0, info.reserved - nbytes)
+
+    def _predicted(self, keys: Sequence[ObjectKey]) -> int:
+        """Private bytes a function would take to load ``keys``: nothing for an update its
+        round's gateway lends (mapped in place: the offer counts it already)."""
+        with self._lock:
+            return sum(
+                self._size(k)
+                for k in keys
+                if not (k.kind == "update" and (k.job, k.round) in self.handoffs)
+            )
+
+    def make_budget_room(self, nbytes: int, keep: Sequence[ObjectKey]) -> None:
+        """Evict, in the policy's order, what the budget needs for ``nbytes`` more (never
+        ``keep``); :class:`OverBudget` when even that is not enough (nothing is evicted)."""
+        room = self.budget.room()
+        if nbytes <= room:
+            return
+        spare = {k.whole for k in keep}
+        with self._lock:
+            held = {k.whole for k in self.table.objects()} - spare
+            order = self.policy.eviction_order(held)
+            victims: list[ObjectKey] = []
+            freed = 0
+            for k in order:
+                if room + freed >= nbytes:
+                    break
+                private = [x for x in [k, *self.table.parts_of(k)] if x in self.table.objects()]
+                freed += sum(
+                    self._size(x) * len(self.table.get(x))
+                    for x in private
+                    if not (x.kind == "update" and (x.job, x.round) in self.handoffs)
+                )
+                victims.append(k)
+            if room + freed < nbytes:
+                self.stats["over_budget"] += 1
+                raise OverBudget(
+                    f"{nbytes} bytes do not fit the node's memory budget "
+                    f"({self.budget.used()} of {self.budget.limit} bytes used, "
+                    f"{freed} more could be evicted)"
+                )
+            self.policy.forget(victims)
+            targets = self._unplace(victims)
+        self.stats["evicted_for_budget"] += len(victims)
+        self._evict(targets)  # synchronously: the memory is needed now
+
+    def _unplace(self, wholes: Sequence[ObjectKey]) -> dict[str, list[ObjectKey]]:
+        """Forget ``wholes`` and every part of them in the table (under the lock); the keys
+        to evict, by function."""
+        targets: dict[str, list[ObjectKey]] = {}
+        for k in wholes:
+            for x in [k, *sorted(self.table.parts_of(k))]:
+                for f in self.table.remove(x):
+                    targets.setdefault(f, []).append(x)
+        return targets
+
+    def place(self, keys: Sequence[ObjectKey], *, restore: bool = False) -> None:
+        """Place objects the policy keeps (a prefetch, a restoration): together on ``1 + k``
+        functions, or, too big for one function, in parts (one copy: ``cache_engine.parts``);
+        lost parts go back one group per part."""
+        if any(k.parts for k in keys):
+            by_part: dict[tuple[int, int], list[ObjectKey]] = {}
+            for k in keys:
+                by_part.setdefault((k.part, k.parts), []).append(k)
+            for group in by_part.values():
+                self.ensure(group, copies=1)
+            return
+        if not self.parts.too_big(keys):
+            self.ensure(keys)
+            return
+        models = [k for k in keys if k.kind != "meta"]
+        metas = [k for k in keys if k.kind == "meta"]
+        dim = self.parts.dim(models[0].job, models[0])
+        n = parts_needed(len(models), self._size(models[0]), self.s.function_capacity_bytes, dim)
+        self.parts.place(models, metas, n)
+
+    def _scale_evaluator(self, spec: dict[str, Any]) -> None:
+        """Scale a job's evaluator function up to the replicas its spec asks for (never down:
+        another job may share it)."""
+        problem = function_spec_problem(spec)
+        if problem:
+            log.warning("evaluator not scaled: %s", problem)
+            return
+        name = str(spec["function"])
+        status = self.openfaas.function(name)
+        if status is None:
+            log.info("evaluator function %s is not deployed (yet): not scaled", name)
+            return
+        want = min(evaluator_replicas(spec), status.scale_bounds()[1])
+        if status.replicas < want:
+            self.openfaas.scale(name, want)
+            self.stats["evaluators_scaled"] += 1
+            log.info("evaluator function %s scaled to %d replicas", name, want)
+
+    def _end_offer(self, handoff: dict[str, Any], clients: Sequence[str]) -> None:
+        """The round's placement has claimed what it keeps: end the gateway's offer now, so
+        the updates nobody claimed leave the store (where the engine reaches the node's
+        socket; otherwise at the ticket's expiry, about ``handoff_ttl_s``)."""
+        ticket = str(handoff["ticket"])
+        try:
+            end_offer(handoff["socket"], ticket)
+            self.stats["offers_ended"] += 1
+            delay = 0.0
+        except HandoffError as exc:
+            log.info("handoff offer of %s not ended here (%s)", handoff.get("node"), exc)
+            delay = OFFER_TTL_GUESS_S
+        ids = [f"offer:{ticket}:{c}" for c in clients]
+        if delay <= 0:
+            self.budget.unlease(ids)
+        else:
+            t = threading.Timer(delay, self.budget.unlease, (ids,))
+            t.daemon = True
+            t.start()
+
+    def any_function(self) -> str:
+        """A live cache function (one is created when there is none)."""
+        with self._lock:
+            alive = sorted(f for f, i in self.functions.items() if i.alive)
+        return alive[0] if alive else self._new_function()
 
     def _make_room(self, keys: Sequence[ObjectKey]) -> bool:
         """Free one function for ``keys``: evict what it holds, in policy order, sparing
@@ -490,21 +701,20 @@ class CacheEngine:
             def missing(f: str) -> int:
                 return sum(self._size(k) for k in keys if f not in self.table.get(k))
 
-            f = max(alive, key=lambda f: cap - self.functions[f].used - missing(f))
-            need = self.functions[f].used + missing(f) - cap
+            f = max(alive, key=lambda f: cap - self.functions[f].taken - missing(f))
+            need = self.functions[f].taken + missing(f) - cap
+            on_f = self.table.keys_on(f)
             victims: list[ObjectKey] = []
-            for k in self.policy.eviction_order(self.table.keys_on(f) - want):
+            spare = {k.whole for k in want}
+            for k in self.policy.eviction_order({x.whole for x in on_f} - spare):
                 if need <= 0:
                     break
                 victims.append(k)
-                need -= self._size(k)
+                need -= sum(self._size(x) for x in on_f if x.whole == k)
             if not victims or need > 0:
                 return False
             self.policy.forget(victims)
-            targets: dict[str, list[ObjectKey]] = {}
-            for k in victims:
-                for g in self.table.remove(k):
-                    targets.setdefault(g, []).append(k)
+            targets = self._unplace(victims)
         self.stats["evicted_for_room"] += len(victims)
         self._evict(targets)  # synchronously: the space is needed now
         return True
@@ -542,14 +752,21 @@ class CacheEngine:
             info = self.functions.get(fn)
             if info is not None:
                 info.used = int(body.get("bytes", info.used))
+            self.budget.report(fn, int(body.get("private_bytes", body.get("bytes", 0))))
+            for ident in body.get("mapped") or ():
+                whole = ObjectKey.parse(ident).whole
+                if whole not in self.mapped:
+                    self.budget.lease([(f"mapped:{whole.id}", self._size(whole))])
+                self.mapped.setdefault(whole, set()).add(fn)
             # a key the policy evicted while it loaded is not indexed (nothing would ever evict
             # it again): it is freed after the grace, so the query that asked for it finishes
             gone = []
-            for k in keys:
-                if k in self.policy:
-                    self.table.add(k, fn)
-                else:
-                    gone.append(k)
+            with self.table.batch():
+                for k in keys:
+                    if self._kept(k):
+                        self.table.add(k, fn)
+                    else:
+                        gone.append(k)
         if gone:
             self.stats["evicted_while_loading"] += len(gone)
             self._evict_later({fn: gone})
@@ -558,15 +775,21 @@ class CacheEngine:
         self.stats["load_seconds_x1000"] += int(1000 * (time.perf_counter() - t0))
 
     def _size(self, key: ObjectKey) -> int:
-        """Bytes ``key`` takes in a function (models of a job all have one size)."""
-        kind = "meta" if key.kind == "meta" else "model"
+        """Bytes ``key`` takes in a function (models of a job all have one size; a part of
+        ``S`` a ``1/S`` share)."""
+        if key.parts:
+            return -(-self._size(key.whole) // key.parts)
+        # a round's metadata grows with its clients: each is sized on its own
+        kind = key.id if key.kind == "meta" else "model"
         s = self.sizes.get((key.job, kind))
         if s is None:
             try:
                 s = self.cold.size(key)
             except Exception:
-                return 4096 if kind == "meta" else 1 << 20  # unknown yet; learned on load
+                return 4096 if key.kind == "meta" else 1 << 20  # unknown yet; learned on load
             self.sizes[(key.job, kind)] = s
+            while len(self.sizes) > 1 << 16:  # metadata of long-gone rounds
+                self.sizes.pop(next(iter(self.sizes)))
         return s
 
     def _new_function(self) -> str:
@@ -589,8 +812,9 @@ class CacheEngine:
             # the gateway the function calls a job's evaluator function through
             "FEDFAAS_FLSTORE_GATEWAY_URL": self.s.runtime_url,
             # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
-            # than the 30 s default on a busy 2-core machine
-            "exec_timeout": f"{int(self.s.call_timeout)}s",
+            # than the 30 s default on a busy 2-core machine, and a contribution query over a
+            # round of hundreds of them takes minutes (the tracker's long_query_timeout)
+            "exec_timeout": f"{int(max(self.s.call_timeout, self.s.run_timeout))}s",
             **self.s.function_env,
         }
         try:
@@ -648,6 +872,7 @@ class CacheEngine:
             back = not info.alive and info.incarnation == inc and info.failures > 0
             info.incarnation, info.alive, info.failures = inc, True, 0
             info.used = int(body.get("bytes", 0))
+            self.budget.report(name, int(body.get("private_bytes", info.used)))
             url = body.get("url")
             url = url if isinstance(url, str) and _DIRECT.match(url) else None
             moved, info.url = url != info.url, url
@@ -694,13 +919,16 @@ class CacheEngine:
         under the same name answers so before the liveness loop sees its new incarnation,
         whose restore then no longer finds them in the table)."""
         gone: list[ObjectKey] = []
-        with self._lock:
+        with self._lock, self.table.batch():
             for i in ids:
                 k = ObjectKey.parse(i)
-                if name in self.table.get(k):
-                    self.table.discard(k, name)
-                    gone.append(k)
-            kept = [k for k in gone if k in self.policy]
+                # a function asked for a part of a model names the model
+                for x in [k, *(self.table.parts_of(k) if not k.parts else ())]:
+                    if name in self.table.get(x):
+                        self.table.discard(x, name)
+                        gone.append(x)
+            self._unmapped(name, gone)
+            kept = [k for k in gone if self._kept(k)]
         self.stats["table_corrections"] += len(gone)
         if kept:
             self._bg.put(("restore", kept))
@@ -713,14 +941,17 @@ class CacheEngine:
 
     def _lost(self, name: str) -> None:
         with self._lock:
-            left = self.table.drop_function(name)
+            with self.table.batch():
+                left = self.table.drop_function(name)
             info = self.functions.get(name)
             if info is not None:
                 info.used = 0
+            self.budget.forget_function(name)
+            self._unmapped(name, left)
         self.stats["functions_lost"] += 1
         groups: dict[tuple[str, ...], list[ObjectKey]] = {}
         for k, holders in left.items():
-            if k in self.policy:
+            if self._kept(k):
                 groups.setdefault(tuple(holders), []).append(k)
         for ks in groups.values():
             self._bg.put(("restore", ks))
@@ -728,7 +959,9 @@ class CacheEngine:
     def replica_counts(self) -> dict[str, int]:
         """Number of holders of every cached object (resident by policy or in the table)."""
         with self._lock:
-            keys = set(self.table.objects()) | set(self.policy.contents())
+            parts = {k.whole for k in self.table.objects() if k.parts}
+            keys = {k for k in self.table.objects() if not k.parts}
+            keys |= set(self.policy.contents()) - parts
             return {k.id: len(self.table.get(k)) for k in keys}
 
     def _ping_loop(self) -> None:
@@ -750,9 +983,9 @@ class CacheEngine:
             try:
                 if what in ("restore", "prefetch", "replicate"):
                     with self._lock:
-                        ks = [k for k in arg if k in self.policy]
+                        ks = [k for k in arg if self._kept(k)]
                     if ks:
-                        self.ensure(ks)
+                        self.place(ks, restore=what == "restore")
                         self.stats[
                             {
                                 "restore": "restored",
@@ -760,6 +993,10 @@ class CacheEngine:
                                 "replicate": "replicated",
                             }[what]
                         ] += len(ks)
+                elif what == "scale":
+                    self._scale_evaluator(arg)
+                elif what == "end_offer":
+                    self._end_offer(*arg)
                 elif what == "evict":
                     self._evict(arg)
                 elif what == "flush":
@@ -770,8 +1007,9 @@ class CacheEngine:
                     stale = [ObjectKey.parse(i) for i in ids if i not in held]
                     if stale:
                         self._evict({arg: stale})
-            except NoCapacity as exc:
-                log.warning("background %s skipped: %s", what, exc.detail)
+            except (EngineError, OverBudget, OpenFaaSError) as exc:  # one line each, no traceback
+                self.stats["loads_failed"] += what in ("restore", "prefetch", "replicate")
+                log.warning("background %s skipped: %s", what, _one_line(exc))
             except Exception:
                 log.exception("background %s failed", what)
             finally:
@@ -780,11 +1018,8 @@ class CacheEngine:
     # -- carrying out policy decisions ----------------------------------------------------
     def _carry_out(self, d: Decision) -> None:
         if d.evict:
-            with self._lock:
-                targets: dict[str, list[ObjectKey]] = {}
-                for k in d.evict:
-                    for f in self.table.remove(k):
-                        targets.setdefault(f, []).append(k)
+            with self._lock, self.table.batch():
+                targets = self._unplace(d.evict)
             self._evict_later(targets)
         groups: dict[tuple[str, int], list[ObjectKey]] = {}
         for k in d.prefetch:  # a global model is the base of the next round's updates
@@ -826,11 +1061,14 @@ class CacheEngine:
             try:
                 r = self._invoke(f, "/evict", {"objects": [k.id for k in ks]}, timeout=10)
                 if r.status_code == 200:
+                    body = r.json()
                     with self._lock:
                         if f in self.functions:
-                            self.functions[f].used = int(r.json().get("bytes", 0))
+                            self.functions[f].used = int(body.get("bytes", 0))
+                        self.budget.report(f, int(body.get("private_bytes", 0)))
+                        self._unmapped(f, ks)
             except Exception as exc:
-                log.warning("evict on %s failed: %s", f, exc)
+                log.warning("evict on %s failed: %s", f, _one_line(exc))
         self.stats["objects_evicted"] += sum(len(v) for v in targets.values())
 
     def idle(self) -> bool:
@@ -858,8 +1096,15 @@ class CacheEngine:
                     for f, i in self.functions.items()
                 },
                 "jobs": {j: list(self.catalog.rounds(j)) for j in self.catalog.jobs()},
+                "memory_budget": self.budget.describe(),
                 "stats": dict(self.stats),
             }
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one log line (no traceback): its class and its first line."""
+    text = str(getattr(exc, "detail", "") or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def _planned(p: Plan) -> dict[str, Any]:

@@ -39,6 +39,11 @@ class EngineSettings(CommandLineSettings):
         ``k``: copies of every object beyond the primary.
     max_functions
         Upper bound on cache functions.
+    memory_budget_bytes, memory_budget_fraction
+        The node's memory budget for FLStore (:mod:`cache_engine.budget`): the cache functions'
+        private memory and the store objects kept for them; ``memory_budget_bytes`` (0: unset)
+        fixes it, else it is ``memory_budget_fraction`` of the node's memory (default 0.5).
+        Past it nothing more is loaded: queries read their models from MinIO.
     function_image
         Image of the cache functions: ``flstore`` in ``stack.platform.yml``, which ``make images``
         builds under this name (the chart sets it from ``cacheEngine.functionImage``).
@@ -46,6 +51,10 @@ class EngineSettings(CommandLineSettings):
         Seconds between liveness pings of each function.
     evict_grace
         Seconds between a policy eviction and freeing the memory (in-flight queries finish).
+    call_timeout, run_timeout
+        Seconds the engine waits for a cache function's load; the longest a query may run in
+        one (its watchdog's ``exec_timeout``: a contribution query over a large round takes
+        minutes).
     ping_timeout, dead_after
         A ping that times out counts as one failure; ``dead_after`` in a row mark the function
         dead (a refused connection or a gateway 5xx marks it dead at once).
@@ -79,11 +88,14 @@ class EngineSettings(CommandLineSettings):
         "function_capacity_bytes": "--function-capacity-bytes",
         "secondaries": "--secondaries",
         "max_functions": "--max-functions",
+        "memory_budget_bytes": "--memory-budget-bytes",
+        "memory_budget_fraction": "--memory-budget-fraction",
         "ping_interval": "--ping-interval",
         "ping_timeout": "--ping-timeout",
         "dead_after": "--dead-after",
         "evict_grace": "--evict-grace",
         "call_timeout": "--call-timeout",
+        "run_timeout": "--run-timeout",
         "function_prefix": "--function-prefix",
         "function_image": "--function-image",
         "handler_dir": "--handler-dir",
@@ -108,11 +120,14 @@ class EngineSettings(CommandLineSettings):
     function_capacity_bytes: int = 1 << 30
     secondaries: int = Field(default=1, ge=0)
     max_functions: int = 8
+    memory_budget_bytes: int = Field(default=0, ge=0)
+    memory_budget_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     ping_interval: float = 1.0
     ping_timeout: float = 2.0
     dead_after: int = 3
     evict_grace: float = 2.0
     call_timeout: float = 120.0
+    run_timeout: float = 1800.0
     function_prefix: str = "flstore-cache-"
     function_image: str = "ghcr.io/fedfaas/flstore:0.1.0"
     handler_dir: str = str(_REPO / "functions" / "flstore")

@@ -21,6 +21,10 @@ class TrackerSettings(CommandLineSettings):
     query_timeout
         Seconds a cache function gets to answer a query before the tracker re-routes it to the
         next holder (a secondary).
+    long_query_timeout
+        The same for a query that evaluates models on a validation set or runs over a round
+        held in parts (its plan has ``slices``): it may rightly take minutes (GTG-Shapley on a
+        round of 200 ResNet-18 updates), and asking again would run it twice at once.
     attempts
         Rounds of (acquire, try every holder) before a query fails.
     engine_wait
@@ -69,6 +73,7 @@ class TrackerSettings(CommandLineSettings):
         "engine_url": "--engine",
         "runtime_url": "--runtime",
         "query_timeout": "--query-timeout",
+        "long_query_timeout": "--long-query-timeout",
         "engine_timeout": "--engine-timeout",
         "attempts": "--attempts",
         "engine_wait": "--engine-wait",
@@ -91,6 +96,7 @@ class TrackerSettings(CommandLineSettings):
     engine_url: str = "http://127.0.0.1:8091"
     runtime_url: str = "http://127.0.0.1:8080"
     query_timeout: float = 30.0
+    long_query_timeout: float = 1800.0
     engine_timeout: float = 300.0
     attempts: int = 3
     engine_wait: float = 15.0

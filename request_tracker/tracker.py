@@ -289,17 +289,19 @@ class Tracker:
                 tried.append(step)
                 if progress:
                     await self._record(qid, status="running", tried=tried)
+                run = {
+                    "workload": plan["workload"],
+                    "params": plan["params"],
+                    "objects": plan["objects"],
+                    "evaluator": plan.get("evaluator"),
+                }
+                if plan.get("slices") is not None:  # a round in parts: fn is the reducer
+                    run.update(slices=plan["slices"], layout=plan.get("layout"))
+                long = plan.get("slices") is not None or plan.get("evaluator") is not None
+                timeout = self.s.long_query_timeout if long else self.s.query_timeout
                 try:
                     resp = await self._run(
-                        fn,
-                        (plan.get("endpoints") or {}).get(fn),
-                        {
-                            "workload": plan["workload"],
-                            "params": plan["params"],
-                            "objects": plan["objects"],
-                            "evaluator": plan.get("evaluator"),
-                        },
-                        step,
+                        fn, (plan.get("endpoints") or {}).get(fn), run, step, timeout
                     )
                 except HttpError as exc:
                     step.update(
@@ -331,18 +333,20 @@ class Tracker:
                 step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
                 self._plans.pop(key, None)
                 if resp.status_code == 409 and err.get("error") == "not_held":
-                    # evicted meanwhile: fix the table, re-acquire
+                    # evicted meanwhile: fix the table, re-acquire (a reducer names the
+                    # function whose part was missing)
                     last = err
+                    lacking = err.get("function") if isinstance(err.get("function"), str) else fn
                     try:
                         await self._http(
                             "POST",
-                            f"{self.s.engine_url}/v1/functions/{fn}/missing",
+                            f"{self.s.engine_url}/v1/functions/{lacking}/missing",
                             {"objects": err.get("missing", [])},
                             self.engine_headers,
                             10,
                         )
                     except HttpError as exc:
-                        log.warning("could not report missing objects on %s: %s", fn, exc)
+                        log.warning("could not report missing objects on %s: %s", lacking, exc)
                     continue
                 if 400 <= resp.status_code < 500 and resp.status_code not in (404, 429):
                     # the workload rejected its input: a property of the query, not of the function
@@ -545,7 +549,12 @@ class Tracker:
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _run(
-        self, fn: str, direct: str | None, run: dict[str, Any], step: dict[str, Any]
+        self,
+        fn: str,
+        direct: str | None,
+        run: dict[str, Any],
+        step: dict[str, Any],
+        timeout: float,
     ) -> Reply:
         """``POST /run`` on cache function ``fn``: at its replica's own address where the
         engine knows one (one hop less than through the gateway), else, or when that address
@@ -553,7 +562,7 @@ class Tracker:
         if direct and self.s.direct_functions:
             try:
                 reply = await self._http(
-                    "POST", f"{direct}/run", run, self.function_headers, self.s.query_timeout
+                    "POST", f"{direct}/run", run, self.function_headers, timeout
                 )
                 step["via"] = "direct"
                 return reply
@@ -567,7 +576,7 @@ class Tracker:
             f"{self.s.runtime_url}/function/{fn}/run",
             run,
             self.function_headers,
-            self.s.query_timeout,
+            timeout,
         )
 
     async def _engine(self, path: str, body: dict[str, Any]) -> Reply:

@@ -10,11 +10,15 @@ store (:meth:`~fedfaas.objstore.store.Namespace.retain`) until the claimer relea
 connection closes (the process died): the owner never recycles an object a claimer still maps.
 An offer nobody claims is dropped when its ticket expires.
 
+Whoever was given the ticket may also end the offer early (:func:`end_offer`: the cache
+engine does so once the round's placement has claimed what it keeps, so the updates nobody
+claimed leave the store at once instead of at the ticket's expiry); what was claimed stays.
+
 Protocol: ``AF_UNIX`` stream socket in the node's store folder (private to the store's user; the
 server also checks the peer's uid, ``SO_PEERCRED``). Each message is a 4-byte little-endian
-length and a JSON object; requests ``{"op": "claim", "ticket"}`` and
-``{"op": "release", "ticket", "clients": [...]}``; answers ``{"ok": true, ...}`` or
-``{"ok": false, "error", "detail"}``. A claim's answer carries ``job``, ``round``, ``numel``
+length and a JSON object; requests ``{"op": "claim", "ticket"}``,
+``{"op": "release", "ticket", "clients": [...]}`` and ``{"op": "end", "ticket"}``; answers
+``{"ok": true, ...}`` or ``{"ok": false, "error", "detail"}``. A claim's answer carries ``job``, ``round``, ``numel``
 (floats of the model), ``spec_hash`` and ``objects`` (client -> key), and the directory fd.
 """
 
@@ -134,7 +138,14 @@ class HandoffServer:
         #: offers past their ticket's life that a connection still holds claims of
         self._ended: dict[str, _Offer] = {}
         self._peers: dict[int, _Peer] = {}
-        self.stats = {"offered": 0, "claimed": 0, "released": 0, "expired": 0, "refused": 0}
+        self.stats = {
+            "offered": 0,
+            "claimed": 0,
+            "released": 0,
+            "expired": 0,
+            "ended": 0,
+            "refused": 0,
+        }
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -296,12 +307,20 @@ class HandoffServer:
                     conn.setblocking(False)
 
     def _answer(self, peer: _Peer, msg: Any) -> None:
-        if not isinstance(msg, dict) or msg.get("op") not in ("claim", "release"):
-            _send(peer.sock, _refusal("bad_request", "op must be 'claim' or 'release'"))
+        if not isinstance(msg, dict) or msg.get("op") not in ("claim", "release", "end"):
+            _send(peer.sock, _refusal("bad_request", "op must be 'claim', 'release' or 'end'"))
             return
         ticket = msg.get("ticket")
         if not isinstance(ticket, str) or len(ticket) != _TICKET_HEX:
             _send(peer.sock, _refusal("bad_request", "ticket must be 32 hex characters"))
+            return
+        if msg["op"] == "end":
+            with self._lock:
+                ended = ticket in self._offers
+                if ended:
+                    self._end_offer(ticket)
+                    self.stats["ended"] += 1
+            _send(peer.sock, {"ok": True, "ended": ended})
             return
         if msg["op"] == "release":
             clients = msg.get("clients")
@@ -390,6 +409,25 @@ class HandoffServer:
             log.warning(
                 "handoff: object %s of %s round %d was freed under a lease", key, o.job, o.round
             )
+
+
+def end_offer(path: str | Path, ticket: str, timeout: float = 5.0) -> bool:
+    """End the offer ``ticket`` of the gateway at ``path`` now (what was claimed of it stays
+    claimed); True when it was still open. Raises :class:`HandoffError` when the socket
+    cannot be reached (another node) or the server refuses."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+        _send(sock, {"op": "end", "ticket": ticket})
+        msg, _ = _recv(sock)
+    except OSError as exc:
+        raise HandoffError(f"cannot reach the handoff socket {path}: {exc}") from exc
+    finally:
+        sock.close()
+    if not msg.get("ok"):
+        raise HandoffError(f"{msg.get('error')}: {msg.get('detail')}")
+    return bool(msg.get("ended"))
 
 
 def _refusal(code: str, detail: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ job's canonical tensor order), with no pickle: each floating-point entry takes t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,10 @@ class TorchEvaluator:
         Evaluation batch size.
     utility : {"accuracy", "neg_loss"}
         What ``__call__`` returns.
+
+    One evaluation at a time (a lock): the module's weights are shared, and a cache function
+    runs queries in several threads (two queries loading weights into one module at once
+    scored each other's models).
     """
 
     def __init__(
@@ -129,20 +134,21 @@ class TorchEvaluator:
             raise ValueError("utility must be 'accuracy' or 'neg_loss'")
         self.utility = utility
         self.calls = 0
+        self._lock = threading.Lock()
 
     def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
         """Load ``params`` and return ``{"accuracy", "loss", "n"}`` on the validation set."""
         torch = _torch()
-        load_flat(self.module, params, self.names)
-        self.module.eval()
         correct, loss, n = 0, 0.0, int(self.y.shape[0])
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
+            load_flat(self.module, params, self.names)
+            self.module.eval()
             for start in range(0, n, self.batch_size):
                 logits = self.module(self.x[start : start + self.batch_size])
                 target = self.y[start : start + self.batch_size]
                 loss += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
                 correct += int((logits.argmax(dim=1) == target).sum())
-        self.calls += 1
+            self.calls += 1
         return {"accuracy": correct / max(n, 1), "loss": loss / max(n, 1), "n": float(n)}
 
     def __call__(self, params: NDArray[np.float32]) -> float:

@@ -384,7 +384,10 @@ def _compute(
     dim, ranges, source = _slices(body)
     models = [k for k in keys if k.kind != "meta"]
     with _lock:
-        metas = {k: _objects[k] for k in keys if k.kind == "meta"}
+        metas = {k: _objects[k] for k in keys if k.kind == "meta" and k in _objects}
+    for k in keys:  # past the budget nothing is kept: the metadata is read like the models
+        if k.kind == "meta" and k not in metas and source is not None:
+            metas[k] = _cold(k.job, source.get("credentials") or {}).get(k)
     parts = RemoteParts(
         ranges,
         [k.id for k in models],
@@ -402,7 +405,10 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(name, str) or not isinstance(params, dict):
         return _err(400, "bad_request", "'workload' must be a string and 'params' an object")
     keys = _keys(body)
-    here = keys if body.get("slices") is None else [k for k in keys if k.kind == "meta"]
+    sl = body.get("slices")
+    here = keys if sl is None else [k for k in keys if k.kind == "meta"]
+    if isinstance(sl, dict) and sl.get("source") is not None:
+        here = []  # read from the cold store
     with _lock:
         missing = [k.id for k in here if k not in _objects]
     if missing:

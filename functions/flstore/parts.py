@@ -20,6 +20,7 @@ float32 ``k x (b - a)`` slices of the rows.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ STREAM_BYTES = 64 << 20
 READERS = 4
 #: a part answer larger than this is refused (a reducer asks for fewer rows at a time)
 MAX_ANSWER = 1 << 30
+#: how long a streamed object's tensor index is reused (objects of a round never change; a
+#: job created again under its name may rewrite them)
+INDEX_TTL_S = 60.0
 
 
 class NotHeld(LookupError):
@@ -150,6 +154,20 @@ class Holdings:
     gram_cache: GramCache | None = None
     #: objects streamed from the cold store, for the function's status
     stats: dict[str, int] = field(default_factory=lambda: {"streamed_reads": 0})
+    #: objects' tensor indexes, read once per :data:`INDEX_TTL_S` (a query streams an object
+    #: many times: once per batch of sub-models)
+    indexes: dict[str, tuple[TensorIndex, float]] = field(default_factory=dict)
+
+    def index(self, store: ColdStore, key: ObjectKey) -> TensorIndex:
+        now = time.monotonic()
+        hit = self.indexes.get(key.id)
+        if hit is not None and now - hit[1] < INDEX_TTL_S:
+            return hit[0]
+        index = store.header(key)
+        if len(self.indexes) >= 4096:
+            self.indexes.clear()
+        self.indexes[key.id] = (index, now)
+        return index
 
     def view(self, req: PartRequest, ident: str) -> NDArray[np.floating] | None:
         """Coordinates ``req.bounds`` of object ``ident`` as held here (no copy), or None."""
@@ -202,7 +220,7 @@ def _stream(
     stores = {i: h.cold(k.job, grants) for i, k in keys.items()}
     with ThreadPoolExecutor(READERS, thread_name_prefix="part-read") as pool:
         indexes: dict[str, TensorIndex] = dict(
-            zip(missing, pool.map(lambda i: stores[i].header(keys[i]), missing), strict=True)
+            zip(missing, pool.map(lambda i: h.index(stores[i], keys[i]), missing), strict=True)
         )
         a, b = req.bounds
         step = max(1024, STREAM_BYTES // (4 * len(missing)))

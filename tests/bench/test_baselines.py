@@ -82,7 +82,8 @@ def _handler(monkeypatch: pytest.MonkeyPatch, memo: str | None) -> ModuleType:
         monkeypatch.delenv("FEDFAAS_FLSTORE_GRAM_MEMO", raising=False)
     else:
         monkeypatch.setenv("FEDFAAS_FLSTORE_GRAM_MEMO", memo)
-    spec = importlib.util.spec_from_file_location(f"flstore_handler_memo_{memo}", HANDLER)
+    # a module of the handler's package: its siblings are imported relatively
+    spec = importlib.util.spec_from_file_location(f"functions.flstore.handler_memo_{memo}", HANDLER)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

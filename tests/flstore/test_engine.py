@@ -45,7 +45,10 @@ class InProcessProvider:
     def deploy(self, body: dict[str, Any], **_: Any) -> DeployResult:
         name = str(body["service"])
         assert body["secrets"] == [FUNCTION_TOKEN_SECRET]  # the functions check the token
-        spec = importlib.util.spec_from_file_location(f"flstore_handler_{name}", HANDLER)
+        # a module of the handler's package (its siblings are imported relatively), one per
+        # function
+        module = f"functions.flstore.handler_{name.replace('-', '_')}"
+        spec = importlib.util.spec_from_file_location(module, HANDLER)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

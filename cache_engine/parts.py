@@ -1,0 +1,202 @@
+"""Queries whose models do not fit one cache function: placed and run in coordinate parts.
+
+A query whose models (a round's updates and its base model, or a window of rounds) take more
+than one function's capacity is placed as ``S`` parts (:func:`parts_needed`): function ``f_s``
+holds part ``s`` of every model of the query (``ObjectKey.with_part``), one group per part,
+placed like any objects (:meth:`~cache_engine.engine.CacheEngine.ensure`, one copy; the cold
+store holds everything, so a lost part is read again). The functions on the node of a round's
+root gateway map the parts in place from its store. The group of part 0 also holds the query's
+metadata: its function is the query's reducer (``functions/flstore/parts.py``).
+
+The policy still sees whole objects (P1-P4 carry over): the engine places the parts of what it
+prefetches, and an object it evicts goes with all of its parts.
+
+Past the node's memory budget (:mod:`cache_engine.budget`), or when no function can take a
+part, the query is not refused: the plan names live functions for coordinate ranges with a
+``source`` (a read grant of the job), and each reads its range of every model from the cold
+store a chunk at a time, keeping nothing (``/part``, streamed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from cache_engine.budget import OverBudget
+from cache_engine.errors import EngineError
+from cache_engine.keys import ObjectKey
+from cache_engine.queries import Plan
+from fedfaas.workloads.sliced import max_parts, part_bounds
+
+if TYPE_CHECKING:
+    from cache_engine.engine import CacheEngine
+
+log = logging.getLogger(__name__)
+
+#: the share of a function's capacity one part of a query's models may take (two groups fit)
+FILL = 0.5
+#: functions that stream a query's ranges from the cold store at most
+STREAM_WORKERS = 4
+#: what one streaming function holds of the models at a time (``functions/flstore/parts.py``)
+STREAM_BYTES = 64 << 20
+
+
+def parts_needed(models: int, model_bytes: int, capacity: int, dim: int) -> int:
+    """The fewest parts, a power of two (so that the parts of two queries of one round
+    coincide), for which one part of ``models`` models takes at most :data:`FILL` of a
+    function's ``capacity``; at most :func:`max_parts` of ``dim``."""
+    want = max(1, math.ceil(models * model_bytes / max(1.0, FILL * capacity)))
+    return min(1 << (want - 1).bit_length(), max_parts(dim))
+
+
+def groups(models: Sequence[ObjectKey], parts: int) -> list[list[ObjectKey]]:
+    """Part ``s`` of every model, for each ``s``."""
+    return [[k.with_part(s, parts) for k in models] for s in range(parts)]
+
+
+class PartPlanner:
+    """The engine's placement and plans of queries over parts (see the module)."""
+
+    def __init__(self, engine: CacheEngine) -> None:
+        self.e = engine
+        #: per job: the models' length in floats, and their tensors (names, shapes)
+        self.dims: dict[str, int] = {}
+        self.layouts: dict[str, list[list[Any]]] = {}
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="engine-parts")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def too_big(self, keys: Sequence[ObjectKey]) -> bool:
+        """Whether ``keys`` together take more than one function's capacity."""
+        return sum(self.e._size(k) for k in keys) > self.e.s.function_capacity_bytes
+
+    def dim(self, job: str, model: ObjectKey) -> int:
+        """The job's models' length in floats (read once from a model's header)."""
+        if job not in self.dims:
+            index = self.e.cold.header(model.whole)
+            self.dims[job] = index.numel
+            self.layouts[job] = [[n, list(s)] for n, s in index.layout()]
+        return self.dims[job]
+
+    def covered(self, models: Sequence[ObjectKey]) -> int | None:
+        """A number of parts in which every model of the query is held, each part's group on
+        one live function (under the engine's lock); None when there is none."""
+        if not models:
+            return None
+        counts = {k.parts for k in self.e.table.parts_of(models[0].whole)}
+        for n in sorted(counts):
+            if all(self._holder(g) for g in groups(models, n)):
+                return n
+        return None
+
+    def _holder(self, group: Sequence[ObjectKey]) -> str | None:
+        live = self.e._live_holders(group)
+        return live[0] if live else None
+
+    # -- acquiring ----------------------------------------------------------------------
+    def acquire(self, p: Plan) -> dict[str, Any]:
+        """A plan over parts for ``p``: placed now (or already), else streamed."""
+        models = [k for k in p.keys if k.kind != "meta"]
+        metas = [k for k in p.keys if k.kind == "meta"]
+        job = p.query.job
+        dim = self.dim(job, models[0])
+        with self.e._lock:
+            n = self.covered(models)
+        if n is None:
+            n = parts_needed(
+                len(models), self.e._size(models[0].whole), self.e.s.function_capacity_bytes, dim
+            )
+            try:
+                self.place(models, metas, n)
+            except (OverBudget, EngineError) as exc:
+                return self.stream(p, models, metas, dim, f"{type(exc).__name__}: {exc}")
+        gs = groups(models, n)
+        reducer = self.e.ensure(gs[0] + metas, copies=1)[0] if metas else None
+        with self.e._lock:
+            holders = [self._holder(g) for g in gs]
+        if any(h is None for h in holders):  # a part lost meanwhile: read it from MinIO
+            return self.stream(p, models, metas, dim, "a part was lost while placing")
+        reducer = reducer or holders[0]
+        bounds = part_bounds(dim, n)
+        ranges = [
+            {"bounds": list(b), "part": [s, n], "function": h}
+            for s, (b, h) in enumerate(zip(bounds, holders, strict=True))
+        ]
+        self.e.stats["queries_in_parts"] += 1
+        return self._plan(job, str(reducer), dim, ranges, None)
+
+    def place(self, models: Sequence[ObjectKey], metas: Sequence[ObjectKey], n: int) -> None:
+        """Place part ``s`` of every model on a function, for each ``s`` (the metadata with
+        part 0): the whole placement must fit the node's memory budget, checked before any
+        load starts (:class:`OverBudget` otherwise)."""
+        gs = groups(models, n)
+        gs[0] = gs[0] + list(metas)
+        need = sum(self.e._predicted(g) for g in gs)
+        self.e.make_budget_room(need, [k for g in gs for k in g])
+        first = self._pool.submit(self.e.ensure, gs[0], 1)
+        rest = [self._pool.submit(self.e.ensure, g, 1) for g in gs[1:]]
+        for fut in [first, *rest]:
+            fut.result()
+        self.e.stats["parts_placed"] += sum(len(g) for g in gs)
+
+    def stream(
+        self,
+        p: Plan,
+        models: Sequence[ObjectKey],
+        metas: Sequence[ObjectKey],
+        dim: int,
+        why: str,
+    ) -> dict[str, Any]:
+        """A plan whose functions read their ranges of the models from the cold store."""
+        log.info(
+            "query %s on %s reads its models from the cold store (%s)",
+            p.query.workload,
+            p.query.job,
+            why,
+        )
+        self.e.stats["queries_streamed"] += 1
+        try:  # the metadata is small: held by the reducer where the budget allows
+            reducer = self.e.ensure(list(metas), copies=1)[0] if metas else None
+        except (OverBudget, EngineError):
+            reducer = None  # it reads it from the cold store too
+        reducer = reducer or self.e.any_function()
+        with self.e._lock:
+            alive = sorted(
+                (f for f, i in self.e.functions.items() if i.alive and f != reducer),
+                key=lambda f: self.e.budget.private.get(f, 0),
+            )
+        room = self.e.budget.room()
+        workers = [reducer] + alive[: max(0, min(STREAM_WORKERS, room // STREAM_BYTES) - 1)]
+        bounds = part_bounds(dim, min(len(workers), max_parts(dim)))
+        ranges = [
+            {"bounds": list(b), "part": None, "function": f}
+            for b, f in zip(bounds, workers, strict=False)
+        ]
+        grant = self.e.cold.job_credentials({p.query.job})
+        return self._plan(p.query.job, reducer, dim, ranges, {"credentials": grant})
+
+    def _plan(
+        self,
+        job: str,
+        reducer: str,
+        dim: int,
+        ranges: list[dict[str, Any]],
+        source: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        with self.e._lock:
+            urls = {f: i.url for f, i in self.e.functions.items() if i.url}
+        for r in ranges:
+            r["endpoint"] = urls.get(r["function"])
+        slices: dict[str, Any] = {"dim": dim, "ranges": ranges}
+        if source is not None:
+            slices["source"] = source
+        return {
+            "holders": [reducer],
+            "endpoints": {reducer: urls[reducer]} if reducer in urls else {},
+            "slices": slices,
+            "layout": self.layouts.get(job),
+        }
