@@ -332,9 +332,13 @@ class RoundClosing(RoundOpening):
     async def _fail(self, job: JobState, reason: str) -> None:
         """Fail the job: its open round ends ``failed`` and the gateways forget the job's live
         state (its round, objects, journal), so none waits on it; the rounds it finished stay
-        checkpointed in MinIO. Clients asking for an assignment get 409 ``job_failed``. A
-        gateway that cannot be reached now is told once it answers again
-        (:mod:`control_plane.deletions`). Call it holding the job's lock."""
+        checkpointed in MinIO. Clients asking for an assignment get 409 ``job_failed``. The
+        gateways are told first, so a view that says the job failed finds it gone from every
+        gateway that answers; one that cannot be reached now is told once it answers again
+        (:mod:`control_plane.deletions`, the view's ``deleting_on``). Call it holding the
+        job's lock."""
+        log.error("job %s failed: %s", job.spec.name, reason)
+        await self.delete_on_gateways(job.spec.name, job.root)
         rnd = job.current
         if rnd is not None and rnd.state in ("open", "aggregating"):
             rnd.state, rnd.closed_at = "failed", self.clock()
@@ -353,5 +357,3 @@ class RoundClosing(RoundOpening):
             job.record(entry)
         job.failed = reason
         self.plans.pop(job.spec.name, None)
-        log.error("job %s failed: %s", job.spec.name, reason)
-        await self.delete_on_gateways(job.spec.name, job.root)
