@@ -118,7 +118,7 @@ from types import SimpleNamespace
 import numpy as np
 from cache_engine.cold_store import MemoryColdStore
 
-h = importlib.import_module("functions.flstore.handler")
+h = importlib.import_module(sys.argv[1])
 if sys.argv[2] == "no-release":
     h.release_free_memory = lambda: False
 
@@ -183,11 +183,14 @@ def test_memory_follows_the_bytes_held_under_load_and_evict_churn(tmp_path: Path
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    # the handler as this test's package has it: `flstore` in the repo (functions/ on the
+    # path), `function` in the image the template builds (/home/app)
+    package = __package__ or "flstore"
+    root = Path(__file__).resolve().parents[len(package.split("."))]
     script = tmp_path / "churn.py"
     script.write_text(_CHURN)
     out = subprocess.run(
-        [sys.executable, str(script), str(Path(__file__).with_name("handler.py")), "release"],
+        [sys.executable, str(script), f"{package}.handler", "release"],
         capture_output=True,
         text=True,
         timeout=300,
