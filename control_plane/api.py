@@ -420,6 +420,7 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         alpha=settings.alpha,
         health_failures=settings.health_failures,
         node_grace_s=settings.node_grace_s,
+        close_retries=settings.close_retries,
         admin_token=token,
         scale_down_after=settings.scale_down_s,
         scheduler=scheduler,

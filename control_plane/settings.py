@@ -54,6 +54,9 @@ class ControlPlaneSettings(CommandLineSettings):
     node_grace_s
         ... and for at least this many seconds: a gateway that restarts (its supervisor or
         kubelet starts it again in a second or two) keeps its place and its rounds.
+    close_retries
+        Failed attempts at closing a round on its gateways after its deadline (one gateway
+        down, refusing, timing out; tried again with a growing pause) before the job fails.
     alpha
         EWMA coefficient of the queue estimate (0.7 in the paper).
     scale_down_s
@@ -98,6 +101,7 @@ class ControlPlaneSettings(CommandLineSettings):
         "tick_s": "--tick",
         "health_failures": "--health-failures",
         "node_grace_s": "--node-grace",
+        "close_retries": "--close-retries",
         "alpha": "--alpha",
         "scale_down_s": "--scale-down",
         "admin_token_file": "--admin-token-file",
@@ -122,6 +126,7 @@ class ControlPlaneSettings(CommandLineSettings):
     tick_s: float = 0.5
     health_failures: int = 2
     node_grace_s: float = Field(default=10.0, ge=0)
+    close_retries: int = Field(default=6, ge=0)
     alpha: float = 0.7
     scale_down_s: float = 30.0
     admin_token_file: Path | None = None

@@ -151,3 +151,64 @@ def test_a_long_job_keeps_its_newest_rounds_and_totals_over_all_of_them() -> Non
     coord = Coordinator({"n1": "http://n1"}, store=MemoryStore())
     coord.jobs["j"] = job
     assert coord.job_view("j")["totals"]["rounds"] == n
+
+
+def test_a_close_that_keeps_failing_after_the_deadline_fails_the_job_after_close_retries() -> None:
+    """Round logic with fake gateway answers: at the deadline, n2 keeps refusing the close
+    (n1 stops its intake). Each poll past the retry pause tries n2 again; the job fails only
+    at the ``close_retries``-th failed attempt, naming n2's error, and is dropped on both."""
+    from control_plane.errors import GatewayError
+
+    now = [0.0]
+    coord = Coordinator(
+        {"n1": "http://n1", "n2": "http://n2"},
+        clock=lambda: now[0],
+        store=MemoryStore(),
+        close_retries=3,
+    )
+    spec = JobSpec("j", rounds=1, goal=4, clients=["a", "b", "c", "d"], deadline_s=5.0)
+    job = JobState(spec, root="n1")
+    assignment = {"a": "n1", "b": "n1", "c": "n2", "d": "n2"}
+    job.current = RoundInfo(1, "open", 4, list(assignment), assignment, 0.0, 5.0)
+    coord.jobs["j"] = job
+    calls: list[tuple[str, object]] = []
+    dropped: list[str] = []
+    for node in ("n1", "n2"):
+        gw = coord.clients[node]
+
+        async def job_status(name: str, node: str = node) -> GatewayJobStatus:
+            return GatewayJobStatus(round=1, received=1, version=0, queue=0.0, reports_version=True)
+
+        async def close_round(name: str, rnd: int, received: object, node: str = node) -> dict:
+            calls.append((node, received))
+            if node == "n2":
+                raise GatewayError("n2", "close answered 503: busy", error="busy")
+            return {"received": 1}
+
+        async def delete_job(name: str, node: str = node) -> bool:
+            dropped.append(node)
+            return True
+
+        gw.job_status = job_status  # type: ignore[method-assign]
+        gw.close_round = close_round  # type: ignore[method-assign,assignment]
+        gw.delete_job = delete_job  # type: ignore[method-assign]
+
+    now[0] = 5.1  # the deadline passes with the minimum (1) in: close with what arrived
+    asyncio.run(coord.poll())
+    rnd = job.current
+    assert rnd.close_pending == "deadline" and rnd.close_attempts == 1 and not job.failed
+    assert (
+        sorted(rnd.close_counts) == ["n1"]
+        and "n2: node 'n2': close answered 503" in rnd.close_error
+    )
+    asyncio.run(coord.poll())  # within the pause: n2 is not asked again
+    assert rnd.close_attempts == 1 and calls.count(("n2", None)) == 1
+    now[0] += 10.0
+    asyncio.run(coord.poll())
+    assert rnd.close_attempts == 2 and not job.failed
+    assert calls.count(("n1", None)) == 1  # n1 stopped its intake once: it is not asked again
+    now[0] += 10.0
+    asyncio.run(coord.poll())
+    assert job.failed.startswith("round 1: 2 update(s) arrived by the deadline, but the gateways")
+    assert "in 3 attempts: n2: node 'n2': close answered 503: busy" in job.failed
+    assert sorted(dropped) == ["n1", "n2"] and job.current.state == "failed"
