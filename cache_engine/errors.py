@@ -1,4 +1,4 @@
-"""The cache engine's one error base; ``status`` and ``code`` go to the HTTP layer."""
+"""The cache engine's errors (one base; ``status`` and ``code`` go to the HTTP layer)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,25 @@ class EngineError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": self.code, "detail": self.detail, **self.facts}
+
+
+class NoCapacity(EngineError):
+    status, code = 507, "no_capacity"
+
+
+class LoadFailed(EngineError):
+    status, code = 502, "load_failed"
+
+
+class RoundMissing(EngineError):
+    status, code = 404, "round_not_written"
+
+
+class NoEvaluator(EngineError):
+    status, code = 422, "no_evaluator"
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one log line (no traceback): its class and its first line."""
+    text = str(getattr(exc, "detail", "") or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

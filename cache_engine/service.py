@@ -136,7 +136,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         e = eng(request)
         p = e.plan(body)
         if p.evaluator and p.query.job not in e.evaluators:
-            from cache_engine.engine import NoEvaluator
+            from cache_engine.errors import NoEvaluator
 
             raise NoEvaluator(
                 f"workload {p.query.workload!r} needs a validation-set evaluator "
