@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -429,7 +430,9 @@ def test_down_after_a_round_of_120_resnet18_updates_leaves_no_process_it_started
     started = _family(st)
     replicas = [p for p in started if "fedfaas.runtime.watchdog" in " ".join(p.cmdline())]
     assert replicas, "the function replicas are among the processes down must stop"
+    t0 = time.monotonic()
     down = fedfaas("down", "--state-dir", str(state_dir), timeout=600)
+    print(f"down took {time.monotonic() - t0:.1f}s for {len(started)} processes")
     assert down.returncode == 0, down.stdout + down.stderr
     assert _running(started) == []
     assert marked(PLATFORM_ID_VAR, st.platform_id, [state_dir]) == []
