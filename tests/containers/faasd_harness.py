@@ -189,7 +189,7 @@ class Faasd:
 
     def deploy(self, stack: Path, functions: Sequence[str], health_timeout: float = 180) -> None:
         """``faas-cli deploy -f stack --filter F`` for each of ``functions``, then each must
-        answer its health check through the gateway (of-watchdog's ``/_/health``).
+        pass its health check (:meth:`wait_healthy`).
 
         Raises
         ------
@@ -220,33 +220,42 @@ class Faasd:
             self.wait_healthy(f, health_timeout)
 
     def wait_healthy(self, function: str, timeout: float) -> None:
-        """Until ``GET /function/<function>/_/health`` answers 200 through the gateway.
+        """Until the function's own process answers through the gateway: ``GET
+        /function/<function>`` with the function token, answered with anything but a 5xx.
+
+        of-watchdog's ``/_/health`` is no such check: it answers 200 once the watchdog has
+        written its lock file, before the function's process listens and after it has exited
+        (of-watchdog keeps running then, and the gateway keeps routing to it).
 
         Raises
         ------
         FaasdError
-            It did not within ``timeout`` seconds, or the function's container stopped.
+            No answer within ``timeout`` seconds, the function's process exited (its watchdog
+            logs "Forked function has terminated"), or its container stopped; the message
+            names the function and ends with its output, which says why.
         """
+        token = {"Authorization": f"Bearer {self.secret('function-token')}"}
         deadline = time.monotonic() + timeout
-        last: tuple[int, str] = (0, "")
         while True:
-            last = self.http(f"{GATEWAY}/function/{function}/_/health")
-            if last[0] == 200:
+            status, body = self.http(f"{GATEWAY}/function/{function}", headers=token)
+            if 0 < status < 500:
                 return
             state = self.tasks("openfaas-fn").get(function, "no task")
-            if state != "RUNNING" or time.monotonic() > deadline:
-                why = (
-                    f"its container is {state}"
-                    if state != "RUNNING"
-                    else f"no answer 200 in {timeout:.0f}s"
-                )
-                raise FaasdError(
-                    f"function {function} failed its health check "
-                    f"(GET /function/{function}/_/health "
-                    f"answered {last[0] or 'nothing'}: {last[1].strip()[:200]}); {why}; its output "
-                    f"ends:\n{self.container_log('openfaas-fn', function)}"
-                )
-            time.sleep(0.5)
+            output = self.container_log("openfaas-fn", function)
+            if state != "RUNNING":
+                why = f"its container is {state}"
+            elif "Forked function has terminated" in output:
+                why = "its process exited"
+            elif time.monotonic() > deadline:
+                why = f"it gave no other answer in {timeout:.0f}s"
+            else:
+                time.sleep(0.5)
+                continue
+            said = f"{status}: {body.strip()[:200]}" if status else "nothing"
+            raise FaasdError(
+                f"function {function} failed its health check (GET /function/{function} with "
+                f"its token answered {said}); {why}; its output ends:\n{output}"
+            )
 
     # -- the end -----------------------------------------------------------------------------------
     def stop(self, timeout: float = 60) -> None:

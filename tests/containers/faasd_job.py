@@ -128,8 +128,6 @@ def computed_here(
 ) -> dict[str, Any]:
     """The same questions with the same workload code on the objects read from MinIO, and the
     checkpointed global models' digests."""
-    import torch
-
     from cache_engine.catalog import MemoryCatalog
     from cache_engine.cold_store import MinioColdStore
     from cache_engine.queries import parse_query, plan, run_workload
@@ -149,8 +147,7 @@ def computed_here(
     # digits-evaluator's validation data (functions/evaluator/handler.py, DIGITS_SPLIT_SEED=0)
     x, y = load_digits_arrays()
     _, held_out = stratified_test_split(y, 0.2, np.random.default_rng(0))
-    with torch.random.fork_rng(devices=[]):
-        module = make_model(0, "softmax")
+    module = make_model(0, "softmax")
     here = TorchEvaluator(module, x[held_out], y[held_out], names=sorted(module.state_dict()))
     out: dict[str, Any] = {}
     for workload, params in asked.items():

@@ -83,6 +83,13 @@ def function_images() -> dict[str, str]:
     return {fn: stack_images(REPO / stack)[fn] for fn, stack in FUNCTION_STACKS.items()}
 
 
+def required_images(compose: Path) -> list[tuple[str, str]]:
+    """``(containerd namespace, image)`` of every image a run needs: the compose file's
+    services in ``openfaas``, the functions of :data:`FUNCTION_STACKS` in ``openfaas-fn``."""
+    services = {("openfaas", ref) for ref in _compose_images(compose).values()}
+    return sorted(services | {("openfaas-fn", ref) for ref in function_images().values()})
+
+
 def async_images_built() -> bool:
     """Whether the stand-ins of NATS Streaming and the queue worker are in podman's store
     (``deploy/faasd/images.sh`` builds them where their binaries could be built)."""
@@ -158,14 +165,13 @@ def _start(run_dir: Path, with_async: bool, timeout: float, faasd: Path, lock: I
     )
     if prep.returncode != 0:
         raise FaasdError(f"deploy/faasd/prepare.py failed: {prep.stderr}")
-    images = {f"openfaas {ref}" for ref in _compose_images(work / "docker-compose.yaml").values()}
-    images |= {f"openfaas-fn {ref}" for ref in function_images().values()}
-    missing = sorted(i.split()[1] for i in images if not image_exists(i.split()[1]))
+    images = required_images(work / "docker-compose.yaml")
+    missing = sorted(ref for _, ref in images if not image_exists(ref))
     if missing:
         raise FaasdError(
             f"images not built: {', '.join(missing)} (run `make images` and deploy/faasd/images.sh)"
         )
-    (run_dir / "images.list").write_text("".join(f"{i}\n" for i in sorted(images)))
+    (run_dir / "images.list").write_text("".join(f"{ns} {ref}\n" for ns, ref in images))
     remove_cgroups()  # a run that was killed may have left empty ones
     # containerd's root in the cache: an image podman has not changed is imported once
     env = {
