@@ -46,34 +46,33 @@ REDIS_REFUSAL_S = 3.0
 
 
 def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any]:
-    """A slot of ``job`` that an aggregator endpoint is running now (granted, not done),
+    """A slot of ``job`` that an aggregator endpoint is running now, holding folded work
+    (granted, not done; a top or middle with a partial in it before a leaf with an update),
     its node and the pid of the replica that holds the endpoint (the router's record)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        found = []
         for node, url in c.nodes().items():
             st = c.job_status(url, job)
-            slots = ((st.get("progress") or {}).get("slots") or {}).items()
-            busy = [
-                (sid, s)
-                for sid, s in slots
-                if s.get("endpoint") is not None and not s.get("done") and s.get("node") == node
-            ]
-            if not busy:
-                continue
+            for sid, s in ((st.get("progress") or {}).get("slots") or {}).items():
+                work = int(s.get("partials", 0)) + int(s.get("updates", 0))
+                running = s.get("endpoint") is not None and not s.get("done")
+                if running and work and s.get("node") == node:
+                    found.append((-int(s["role"]), node, url, int(sid), s))
+        for _, node, url, sid, s in sorted(found, key=lambda x: x[:2]):
             r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10)
             pids = {int(e["id"]): int(e["pid"]) for e in r.json()["endpoints"] if not e["local"]}
-            for sid, s in busy:
-                pid = pids.get(int(s["endpoint"]))
-                if pid is not None:
-                    role = {1: "leaf", 2: "middle", 3: "top"}.get(int(s["role"]), str(s["role"]))
-                    return {
-                        "node": node,
-                        "slot": int(sid),
-                        "role": role,
-                        "updates": int(s.get("updates", 0)),
-                        "endpoint": int(s["endpoint"]),
-                        "pid": pid,
-                    }
+            pid = pids.get(int(s["endpoint"]))
+            if pid is not None:
+                return {
+                    "node": node,
+                    "slot": sid,
+                    "role": {1: "leaf", 2: "middle", 3: "top"}.get(int(s["role"]), str(s["role"])),
+                    "updates": int(s.get("updates", 0)),
+                    "partials": int(s.get("partials", 0)),
+                    "endpoint": int(s["endpoint"]),
+                    "pid": pid,
+                }
         time.sleep(0.01)
     raise RuntimeError(f"no slot of {job} was running on an aggregator endpoint in {timeout} s")
 
@@ -92,8 +91,8 @@ def _replica_evidence(run: JobRun) -> tuple[bool, str]:
         return False, "no busy slot found"
     again = run.grew("fedfaas_gateway_redeliveries", i["node"])
     return again >= 1, (
-        f"pid {i['pid']} ran {i['role']} slot {i['slot']} on {i['node']} "
-        f"({i['updates']} update(s) in it); slots re-run there: {again:g}"
+        f"pid {i['pid']} ran {i['role']} slot {i['slot']} on {i['node']} ({i['updates']} "
+        f"update(s), {i.get('partials', 0)} partial(s) in it); slots re-run there: {again:g}"
     )
 
 
@@ -249,8 +248,9 @@ def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
 
 
 def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
-    """Fill the platform's capped shm file system to :data:`SHM_LEFT` bytes free with a
-    ballast file for :data:`SHM_FULL_S` seconds, then remove it."""
+    """Keep the platform's capped shm file system at :data:`SHM_LEFT` bytes free with a
+    ballast file for :data:`SHM_FULL_S` seconds (the ballast grows whenever the platform
+    frees pages meanwhile), then remove it."""
     from fedfaas.platform import state
 
     st = state.load(c.p.state_dir)
@@ -259,20 +259,35 @@ def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
     free = free_bytes(shm)
     ballast = shm / f"ballast-{phase}"
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    t0 = time.monotonic()
+    t0, size, least = time.monotonic(), 0, free
     try:
-        os.posix_fallocate(fd, 0, max(0, free - SHM_LEFT))
-        left = free_bytes(shm)
-        time.sleep(SHM_FULL_S)
+        while time.monotonic() - t0 < SHM_FULL_S:
+            size = _grow_ballast(fd, size, shm)
+            least = min(least, free_bytes(shm))
+            time.sleep(0.05)
     finally:
         os.close(fd)
         ballast.unlink()
         run.full_windows.append((t0, time.monotonic()))
     return {
-        f"{phase}_filled_mib": round((free - left) / 2**20, 1),
-        f"{phase}_left_kib": left // 1024,
+        f"{phase}_ballast_mib": round(size / 2**20, 1),
+        f"{phase}_least_free_kib": least // 1024,
         "ended_at": time.monotonic(),
     }
+
+
+def _grow_ballast(fd: int, size: int, shm: Path) -> int:
+    """Grow the ballast file ``fd`` (``size`` bytes) until ``shm`` has :data:`SHM_LEFT` bytes
+    free (the platform allocates at the same time: a refused step is tried smaller)."""
+    step = free_bytes(shm) - SHM_LEFT
+    while step >= 2**20:
+        try:
+            os.posix_fallocate(fd, size, step)
+            size += step
+            step = free_bytes(shm) - SHM_LEFT
+        except OSError:  # ENOSPC: someone took pages meanwhile
+            step //= 2
+    return size
 
 
 def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:

@@ -415,6 +415,11 @@ def run_fault(
             for i in range(runs):
                 run = run_job(c, fault, f"{fault.name}-{i}")
                 jobs.append(run)
+                functions = state_dir / "run" / "runtime" / "functions"  # gone after down
+                bad = not survived(run) or not run.checks.get("hit")
+                if keep_logs is not None and bad and functions.is_dir():
+                    dest = keep_logs / fault.name / f"functions-{run.job}"
+                    shutil.copytree(functions, dest, dirs_exist_ok=True)
                 verdict = "survived" if survived(run) else "NOT survived"
                 hit = "hit in flight" if run.checks.get("hit") else "NOT shown to hit"
                 print(f"  {run.job}: {verdict}, {hit}: {run.checks.get('evidence')}")

@@ -124,11 +124,12 @@ def test_a_restarted_gateways_counter_counts_from_zero() -> None:
 
 def test_a_replica_kill_is_evidence_only_when_its_slot_was_run_again() -> None:
     run = JobRun("j", "replica")
-    run.injected = {"node": "node1", "slot": 7, "role": "middle", "updates": 3, "pid": 42}
+    run.injected = {"node": "node1", "slot": 7, "role": "middle", "updates": 0, "pid": 42}
+    run.injected["partials"] = 2
     assert not FAULTS["replica"].evidence(run)[0]
     run.counters = {"node1": {"fedfaas_gateway_redeliveries": 1.0}}
     hit, what = FAULTS["replica"].evidence(run)
-    assert hit and "pid 42 ran middle slot 7 on node1 (3 update(s) in it)" in what
+    assert hit and "pid 42 ran middle slot 7 on node1 (0 update(s), 2 partial(s) in it)" in what
 
 
 def test_a_gateway_kill_is_evidence_only_when_it_held_updates_of_an_open_round() -> None:
