@@ -9,7 +9,11 @@
 #                         `make up WITH=all` adds the gateway, cache engine, tracker, control plane
 #   make chart            helm lint + helm template of charts/fedfaas
 #   make images           the services and function images with docker, podman or buildah
-#                         (scripts/images.sh; ENGINE=, REGISTRY=ghcr.io/fedfaas, TAG=appVersion)
+#                         (scripts/images.sh; ENGINE=, REGISTRY=ghcr.io/fedfaas, TAG=appVersion,
+#                         IMAGES="fedfaas echo ..." a subset, CA_BUNDLE= the CA bundle pip trusts,
+#                         NO_CACHE=1 every step built again)
+#   make base-images      the upstream base images, pulled or made here without a registry
+#                         (scripts/base-images.sh; `make images` runs it with podman or buildah)
 #   make bench | bench-X  benchmarks (bench/results/)
 #   make lint             ruff, ruff format --check, mypy
 SHELL := /bin/bash
@@ -22,10 +26,14 @@ WITH ?=
 PYTEST_ARGS ?=
 FAULTS_ARGS ?=
 BENCHES := dataplane ebpf control flstore scale fedbuff robust
-# images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag)
+# images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag,
+# every image); CA_BUNDLE defaults to the system bundle (empty: none)
 ENGINE ?=
 REGISTRY ?= ghcr.io/fedfaas
 TAG ?=
+IMAGES ?=
+NO_CACHE ?=
+CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
 .PHONY: setup test test-all test-faults soak demo bench lint up down status helm chart images \
@@ -88,7 +96,13 @@ chart: helm
 
 # Builds images only; pushing them (or `kind load docker-image`) is up to you.
 images:
-	ENGINE="$(ENGINE)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" bash scripts/images.sh
+	ENGINE="$(ENGINE)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" IMAGES="$(IMAGES)" \
+	  NO_CACHE="$(NO_CACHE)" CA_BUNDLE="$(CA_BUNDLE)" FEDFAAS_CACHE="$(CACHE)" \
+	  bash scripts/images.sh
+
+.PHONY: base-images
+base-images:
+	FEDFAAS_CACHE="$(CACHE)" bash scripts/base-images.sh
 
 # Kubernetes server binaries built from the Go module proxy into $(CACHE)/k8s/<version>/
 # (about 5 minutes each on 2 cores, skipped once cached) and Debian's etcd, for tests/k8s.

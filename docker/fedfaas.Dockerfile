@@ -2,8 +2,11 @@
 # image holds the core library; each chart component runs its own module
 # (`python -m gateway|control_plane|cache_engine|request_tracker|fedfaas.provision_minio`).
 # Built from the repository root: `make images`, or
-#   docker build -f docker/fedfaas.Dockerfile -t ghcr.io/fedfaas/fedfaas:0.1.0 .
+#   podman build --network host --secret id=ca,src=<CA bundle> \
+#       -f docker/fedfaas.Dockerfile -t ghcr.io/fedfaas/fedfaas:0.1.0 .
 # (the function images come from template/python3-http through faas-cli; scripts/images.sh).
+# The secret `ca` (optional) is the CA bundle pip trusts instead of its own, for a
+# TLS-intercepting proxy: mounted for the pip steps only, it is in no layer.
 # Here, not at the root, so that the root holds no Dockerfile a reader could take for a
 # function's; the context is still the root, and /.dockerignore keeps .git, .venv, .state,
 # bench/results and build/ out of it.
@@ -11,16 +14,32 @@
 # Debian bookworm: the node gateway's eBPF router uses bcc, whose Python bindings are Debian's
 # python3-bpfcc, built for Debian's python3 (3.11, which pyproject.toml's requires-python
 # admits). The venv sees them through --system-site-packages.
+#
+# No torch: no service imports it (tests/test_images.py checks that the services start without
+# it); pyproject.toml's `torch` extra, which this image leaves out, has it for the code paths
+# that need it (torch-format objects in fedfaas.objstore, the torch FedAvg kernel,
+# cache_engine's in-process evaluators).
 FROM debian:bookworm-slim AS base
 RUN apt-get update -qy \
-    && apt-get install -qy --no-install-recommends python3 python3-venv python3-bpfcc ca-certificates \
+    && apt-get install -qy --no-install-recommends python3 python3-bpfcc ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 FROM base AS build
+RUN apt-get update -qy \
+    && apt-get install -qy --no-install-recommends python3-venv \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# The dependencies first, read from pyproject.toml: a change to the sources does not download
+# them again.
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=ca,mode=0444 \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && python3 -m venv --system-site-packages /opt/fedfaas \
+    && python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+       >/tmp/requirements.txt \
+    && /opt/fedfaas/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 # What `pip install .` needs: pyproject.toml and the packages it lists
 # ([tool.setuptools.packages.find] include; tests/test_images.py holds the two together).
-COPY pyproject.toml ./
 COPY fedfaas ./fedfaas
 COPY gateway ./gateway
 COPY bpf ./bpf
@@ -28,16 +47,11 @@ COPY cache_engine ./cache_engine
 COPY request_tracker ./request_tracker
 COPY control_plane ./control_plane
 COPY client ./client
-# torch: no service imports it when it starts (gateway, control_plane, cache_engine and
-# request_tracker import numpy, safetensors and the web stack), but some code paths do, lazily
-# (torch-format objects in fedfaas.objstore, the torch FedAvg kernel, cache_engine.evaluators),
-# so it stays a dependency; the CPU-only wheels (download.pytorch.org/whl/cpu, versions
-# `+cpu`, which pip prefers to PyPI's CUDA builds of the same version) leave the CUDA
-# libraries out of the image, and no service runs on a GPU (tests/test_images.py checks that
-# the services start without importing torch).
-RUN python3 -m venv --system-site-packages /opt/fedfaas \
-    && /opt/fedfaas/bin/pip install --no-cache-dir \
-       --extra-index-url https://download.pytorch.org/whl/cpu .
+# pip, setuptools and wheel leave with the build: the services never install anything.
+RUN --mount=type=secret,id=ca,mode=0444 \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && /opt/fedfaas/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/fedfaas/bin/pip uninstall -qy pip setuptools wheel
 
 FROM base
 COPY --from=build /opt/fedfaas /opt/fedfaas

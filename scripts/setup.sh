@@ -3,7 +3,10 @@
 # Idempotent: each step checks first, so a second run takes a few seconds.
 #   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv,
 #          python3-bpfcc + kernel headers (+ the link bcc looks for)
-#   .venv: the Python dependencies (torch and torchvision from PyPI), the project in editable mode
+#   apt:   the container tools (podman buildah skopeo debootstrap containerd runc CNI plugins
+#          fuse-overlayfs slirp4netns uidmap xz-utils): `make images`, tests/containers
+#   .venv: the Python dependencies (with the `torch` extra: torch and torchvision from PyPI), the
+#          project in editable mode
 #   MinIO: built with `go install github.com/minio/minio@latest` into a cache folder, unless on PATH
 #   helm:  built the same way (about 3 minutes on 2 cores; FEDFAAS_SKIP_HELM=1 skips it; only the
 #          chart's lint/template tests need it)
@@ -56,6 +59,18 @@ if ! installed prometheus; then
     $SUDO update-rc.d prometheus disable >/dev/null 2>&1 || true
   fi
 fi
+# Containers (`make images`, tests/containers): Debian's engines and runtimes, used through
+# scripts/containers-env.sh (configuration and storage of FedFaaS's own). containerd and runc
+# are left alone where a binary is already there: Docker's containerd.io package provides both
+# and conflicts with Debian's.
+containers="podman buildah skopeo debootstrap containernetworking-plugins fuse-overlayfs"
+containers="$containers slirp4netns uidmap xz-utils"
+for p in containerd runc; do
+  command -v "$p" >/dev/null && ! installed "$p" || containers="$containers $p"
+done
+# shellcheck disable=SC2086
+apt_install $containers \
+  || warn "could not install the container tools; make images and tests/containers need them"
 # eBPF is optional: without bcc or headers the userspace router takes over.
 apt_install python3-bpfcc bpfcc-tools "linux-headers-$ARCH" \
   || warn "could not install bcc or kernel headers; eBPF falls back to the userspace router"
@@ -104,7 +119,7 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   log "installing Python dependencies (first run downloads torch: several minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
+  "$VENV/bin/python" -m pip install -q -e ".[dev,bench,torch]"
   echo "$want" >"$STAMP"
 fi
 # bcc's Python bindings come from Debian (ctypes over libbcc); expose only that package.

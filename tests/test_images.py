@@ -1,5 +1,6 @@
-"""The container images: no engine runs here, so the Dockerfiles are read and ``make images`` is
-run with a recording stand-in for the engine (the test is about the commands it gets).
+"""The container images, statically: the Dockerfiles are read and ``make images`` is run with a
+recording stand-in for the engine (the test is about the commands it gets). tests/containers
+builds and runs the images for real.
 
 What is checked against what: the services Dockerfile copies only what the repo has and
 ``.dockerignore`` lets through, and installs every package the chart's commands run; both
@@ -32,8 +33,12 @@ SERVICES_DOCKERFILE = ROOT / "docker" / "fedfaas.Dockerfile"
 TEMPLATE_DOCKERFILE = ROOT / "template" / "python3-http" / "Dockerfile"
 CHART = ROOT / "charts" / "fedfaas"
 STACKS = ("stack.yml", "stack.platform.yml")
-#: what the recipe and scripts/images.sh run, besides the engine and faas-cli
-TOOLS = ("bash", "sed", "awk", "dirname", "basename", "env")
+#: what the recipe, scripts/images.sh, containers-env.sh and base-images.sh run, besides the
+#: engine and faas-cli (no `id`: containers-env.sh then writes no wrapper for the stand-ins)
+TOOLS = (
+    "bash", "sed", "awk", "dirname", "basename", "env", "cat", "mkdir", "mv", "chmod", "rm",
+    "mktemp", "flock", "tee", "tr", "tail", "cut", "head", "timeout", "grep",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ helpers
@@ -187,6 +192,31 @@ def engine_calls(tmp_path: Path) -> list[list[str]]:
     )
 
 
+def build_calls(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    """The engine's ``build`` calls by image (``-t``): its Dockerfile, context (the last
+    argument), network, secrets, build arguments and flags."""
+    builds: dict[str, dict[str, Any]] = {}
+    for call in engine_calls(tmp_path):
+        if call[1] != "build":
+            continue
+        args, seen = call[2:-1], {"engine": call[0], "context": call[-1], "secrets": []}
+        seen["build_args"], seen["flags"] = [], []
+        i = 0
+        while i < len(args):
+            flag = args[i]
+            if flag in ("-t", "-f", "--network", "--format"):
+                seen[flag.lstrip("-")], i = args[i + 1], i + 2
+            elif flag in ("--secret", "--build-arg"):
+                seen["secrets" if flag == "--secret" else "build_args"].append(args[i + 1])
+                i += 2
+            else:
+                seen["flags"].append(flag)
+                i += 1
+        assert seen["t"] not in builds, f"{seen['t']} built twice"
+        builds[seen["t"]] = seen
+    return builds
+
+
 def repo_copy(tmp_path: Path) -> Path:
     """The repo without dot folders, tests and build output: faas-cli writes build/ in it."""
     tree = tmp_path / "repo"
@@ -218,7 +248,7 @@ def test_services_dockerfile_copies_what_the_context_has_and_installs_every_char
     assert "pyproject.toml" in copied and packages <= copied, packages - copied
     run = [" ".join(w) for w in instructions(SERVICES_DOCKERFILE) if w[0].upper() == "RUN"]
     assert any("venv --system-site-packages /opt/fedfaas" in r for r in run), run
-    assert any("/opt/fedfaas/bin/pip install" in r and r.endswith(" .") for r in run), run
+    assert any("/opt/fedfaas/bin/pip install --no-cache-dir --no-deps . " in r for r in run), run
     assert any("python3-bpfcc" in r for r in run), "bcc's Python bindings"
     env = " ".join(" ".join(w) for w in instructions(SERVICES_DOCKERFILE) if w[0] == "ENV")
     assert "PATH=/opt/fedfaas/bin:$PATH" in env, "`python` must be the venv's"
@@ -296,17 +326,28 @@ def test_make_images_builds_exactly_the_images_the_chart_engine_and_stacks_name(
     assert res.returncode == 0, res.stdout + res.stderr
     calls = engine_calls(tmp_path)
     assert {c[0] for c in calls} == {"docker"}, "docker comes first"
-    assert all(c[1] == "build" and c[2] == "-t" and c[4] == "-f" for c in calls), calls
-    built = {c[3]: (c[5], c[6]) for c in calls}
-    assert len(built) == len(calls), "an image built twice"
+    built = build_calls(tmp_path)
+    # then only for the size of each image built (the table at the end)
+    rest = calls[len(built) :]
+    assert [c[1] for c in calls[: len(built)]] == ["build"] * len(built)
+    assert sorted(c[-1] for c in rest) == sorted(built)
+    assert all(c[1:5] == ["image", "inspect", "--format", "{{.Size}}"] for c in rest), rest
+    system_ca = "/etc/ssl/certs/ca-certificates.crt"
+    for call in built.values():
+        # downloads on the host's network (never an engine's bridge), the CA bundle as a
+        # secret (none when the host has no bundle), docker's own image format
+        assert call["network"] == "host" and "format" not in call, call
+        assert call["secrets"] == ([f"id=ca,src={system_ca}"] if Path(system_ca).is_file() else [])
+        assert call["flags"] == [], call
 
     # the services image: the chart's, from docker/ with the repo as context
     images = chart_images(docs)
     services = images["rel-fedfaas-node-gateway/node-gateway"]
     for part in ("control-plane", "cache-engine", "request-tracker"):
         assert images[f"rel-fedfaas-{part}/{part}"] == services
-    assert built[services] == ("docker/fedfaas.Dockerfile", ".")
-    # the functions: as the stack files name them, from faas-cli's contexts
+    assert (built[services]["f"], built[services]["context"]) == ("docker/fedfaas.Dockerfile", ".")
+    assert built[services]["build_args"] == []
+    # the functions: as the stack files name them, from faas-cli's contexts, on Python 3.11
     functions = stack_images()
     assert set(built) == {services, *functions.values()}
     assert functions["aggregator"] == images["aggregator/aggregator"]
@@ -318,11 +359,19 @@ def test_make_images_builds_exactly_the_images_the_chart_engine_and_stacks_name(
     assert functions["flstore"] == EngineSettings.model_fields["function_image"].default
     template = TEMPLATE_DOCKERFILE.read_text()
     for fn, image in functions.items():
-        assert built[image] == (f"build/{fn}/Dockerfile", f"build/{fn}")
+        assert (built[image]["f"], built[image]["context"]) == (
+            f"build/{fn}/Dockerfile",
+            f"build/{fn}",
+        )
+        assert built[image]["build_args"] == ["PYTHON_VERSION=3.11"]
         assert (tree / "build" / fn / "Dockerfile").read_text() == template
         assert (tree / "build" / fn / "function" / "handler.py").is_file()
+        # one template for both stack files: each context holds everything it copies
+        for source in copy_sources(TEMPLATE_DOCKERFILE):
+            assert (tree / "build" / fn / source).exists(), f"{fn}: no {source} in its context"
 
-    # ENGINE, REGISTRY and TAG are passed on: to the services image and to faas-cli's names
+    # ENGINE, REGISTRY, TAG, IMAGES, CA_BUNDLE and NO_CACHE are passed on: to the services
+    # image and to faas-cli's names; podman gets the base images first and docker's format
     (tmp_path / "engine.log").unlink()
     res = make_images(
         tree,
@@ -331,15 +380,48 @@ def test_make_images_builds_exactly_the_images_the_chart_engine_and_stacks_name(
         "ENGINE=podman",
         "REGISTRY=reg.example:5000/ff",
         "TAG=9.9.9",
+        "CA_BUNDLE=",
         openfaas_bin=faas_cli.parent,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     calls = engine_calls(tmp_path)
     assert {c[0] for c in calls} == {"podman"}
-    assert {c[3] for c in calls} == {
+    built = build_calls(tmp_path)
+    assert set(built) == {
         "reg.example:5000/ff/fedfaas:9.9.9",
         *stack_images("reg.example:5000/ff", "9.9.9").values(),
     }
+    assert all(b["secrets"] == [] and b["format"] == "docker" for b in built.values())
+    # scripts/base-images.sh asked for the bases before the first build (the stand-in has them)
+    first_build = next(i for i, c in enumerate(calls) if c[1] == "build")
+    asked = {c[3] for c in calls[:first_build] if c[1:3] == ["image", "exists"]}
+    assert {
+        "docker.io/library/debian:bookworm-slim",
+        "ghcr.io/openfaas/of-watchdog:0.11.3",
+    } <= asked
+
+    (tmp_path / "engine.log").unlink()
+    res = make_images(
+        tree,
+        tmp_path,
+        tmp_path / "bin",
+        "ENGINE=podman",
+        "IMAGES=fedfaas echo",
+        f"CA_BUNDLE={TEMPLATE_DOCKERFILE}",
+        "NO_CACHE=1",
+        openfaas_bin=faas_cli.parent,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    built = build_calls(tmp_path)
+    assert set(built) == {f"ghcr.io/fedfaas/fedfaas:{app_version()}", stack_images()["echo"]}
+    assert all(b["secrets"] == [f"id=ca,src={TEMPLATE_DOCKERFILE}"] for b in built.values())
+    assert all(b["flags"] == ["--no-cache"] for b in built.values())
+
+    res = make_images(
+        tree, tmp_path, tmp_path / "bin", "ENGINE=podman", "CA_BUNDLE=/nonexistent/ca.crt"
+    )
+    assert res.returncode != 0
+    assert "images: CA_BUNDLE=/nonexistent/ca.crt is not a file" in res.stderr
 
 
 def test_the_default_tag_is_the_chart_app_version_for_every_image() -> None:
@@ -350,8 +432,8 @@ def test_the_default_tag_is_the_chart_app_version_for_every_image() -> None:
 
 
 def test_the_services_start_without_importing_torch() -> None:
-    """docker/fedfaas.Dockerfile installs the CPU-only torch wheels on this ground: no module the
-    chart runs from the services image imports torch when it starts (some paths do, later)."""
+    """docker/fedfaas.Dockerfile leaves torch out (pyproject.toml's `torch` extra) on this
+    ground: no module the chart runs from the services image imports torch when it starts."""
     modules = [
         "gateway",
         "control_plane",
@@ -378,3 +460,63 @@ def test_the_services_start_without_importing_torch() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_the_services_image_installs_no_torch_and_no_unreachable_index() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    core = {
+        re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0] for d in pyproject["project"]["dependencies"]
+    }
+    assert not core & {"torch", "torchvision"}, "torch is the `torch` extra's"
+    extra = pyproject["project"]["optional-dependencies"]["torch"]
+    assert {re.split(r"[<>=]", d, maxsplit=1)[0] for d in extra} == {"torch", "torchvision"}
+    text = SERVICES_DOCKERFILE.read_text()
+    code = "\n".join(" ".join(w) for w in instructions(SERVICES_DOCKERFILE))
+    assert "index-url" not in code and "download.pytorch.org" not in code
+    # the dependencies come from pyproject.toml's core list, not `pip install .[torch]`
+    assert '["project"]["dependencies"]' in text and "[torch]" not in code
+    # make setup keeps the dev venv as it was
+    assert '-e ".[dev,bench,torch]"' in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "dockerfile", [SERVICES_DOCKERFILE, TEMPLATE_DOCKERFILE], ids=lambda p: p.parent.name
+)
+def test_every_pip_step_reads_the_ca_bundle_from_a_secret_mount_only(dockerfile: Path) -> None:
+    """A build secret is mounted for its step and is in no layer (tests/containers checks the
+    layers of a real build); a build argument, ENV or COPY of the bundle would be in one."""
+    steps = instructions(dockerfile)
+    pip = [w for w in steps if w[0] == "RUN" and any("pip" in x for x in w) and "install" in w]
+    assert pip, "no pip step"
+    for words in pip:
+        step = " ".join(words)
+        assert words[1] == "--mount=type=secret,id=ca,mode=0444", step
+        assert "if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi" in step
+    for words in steps:
+        if words[0] in ("ARG", "ENV", "COPY", "ADD"):
+            assert not any("ca-certificates" in w or "CERT" in w or "/secrets/" in w for w in words)
+
+
+def test_the_aggregator_image_has_no_torch_and_its_torch_kernel_says_so() -> None:
+    requirements = (ROOT / "functions" / "aggregator" / "requirements.txt").read_text()
+    lines = [ln.split("#")[0].strip() for ln in requirements.splitlines()]
+    assert not [ln for ln in lines if ln.startswith("torch")]
+    platform = yaml.safe_load((ROOT / "stack.platform.yml").read_text())
+    assert (
+        platform["functions"]["aggregator"]["environment"]["FEDFAAS_AGGREGATOR_KERNEL"] == "numpy"
+    )
+    # without torch (as in the image), the torch kernel refuses to start, saying why
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.path.insert(0, 'functions')\n"
+        "from aggregator.settings import AggregatorSettings\n"
+        "assert AggregatorSettings(kernel='numpy').kernel == 'numpy'\n"
+        "AggregatorSettings(kernel='torch')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert res.returncode == 1
+    assert "FEDFAAS_AGGREGATOR_KERNEL=torch, but this image has no torch" in res.stderr
+    assert "functions/aggregator/requirements.txt" in res.stderr

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fedfaas.settings import ROUTER_SOCKET_ENV
@@ -37,3 +38,15 @@ class AggregatorSettings(BaseSettings):
     kernel: Literal["numpy", "torch"] = "numpy"
     threads: int = Field(default=1, ge=1)
     top_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
+
+    @field_validator("kernel")
+    @classmethod
+    def _torch_installed(cls, value: str) -> str:
+        # the aggregator's image installs numpy, not torch (functions/aggregator/requirements.txt)
+        if value == "torch" and importlib.util.find_spec("torch") is None:
+            raise ValueError(
+                "FEDFAAS_AGGREGATOR_KERNEL=torch, but this image has no torch (the aggregator's "
+                "image installs numpy only): use the numpy kernel, or add torch to "
+                "functions/aggregator/requirements.txt and rebuild the image"
+            )
+        return value

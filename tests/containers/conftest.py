@@ -35,8 +35,9 @@ from tests.runtime.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = REPO / "scripts" / "containers-env.sh"
-#: the variables containers-env.sh exports
+#: the variables containers-env.sh exports (PATH: its wrappers of podman, buildah and skopeo)
 ENV_NAMES = (
+    "PATH",
     "FEDFAAS_CONTAINERS",
     "CONTAINERS_CONF",
     "CONTAINERS_STORAGE_CONF",
@@ -72,9 +73,10 @@ def container_env(cache_dir: Path | None = None) -> dict[str, str]:
 
 
 def require_tool(name: str) -> Path:
-    """The program ``name`` on PATH; skips the test where it is missing, fails under CI
-    (``make setup`` installs the container packages: a CI run must not pass without them)."""
-    found = shutil.which(name)
+    """The program ``name`` on the PATH of :func:`container_env` (podman, buildah and skopeo:
+    containers-env.sh's wrappers); skips the test where it is missing, fails under CI (``make
+    setup`` installs the container packages: a CI run must not pass without them)."""
+    found = shutil.which(name, path=container_env()["PATH"])
     if found:
         return Path(found)
     reason = f"{name} is not installed (scripts/setup.sh installs the container packages)"
