@@ -38,6 +38,7 @@ IN_FLIGHT = ("foolsgold", {"first_round": 1, "last_round": ROUNDS})
 #: for how long, at each of its two fills
 SHM_LEFT = 8 * 2**20
 SHM_FULL_S = 5.0
+SHM_HOLD_MAX_S = 60.0
 #: fault (m): the longest a publication is refused once Redis refused it the first time
 REDIS_REFUSAL_S = 3.0
 
@@ -45,19 +46,21 @@ REDIS_REFUSAL_S = 3.0
 # --- the injectors ---------------------------------------------------------------------------
 
 
-def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any]:
-    """A slot of ``job`` that an aggregator endpoint is running now, holding folded work
-    (granted, not done; a top or middle with a partial in it before a leaf with an update),
-    its node and the pid of the replica that holds the endpoint (the router's record)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] | None:
+    """A slot of ``job`` that an aggregator endpoint is running now (granted, not done),
+    preferring one holding folded work (a top or middle with a partial in it before a leaf
+    with an update; after ``timeout / 6`` s any running slot), its node and the pid of the
+    replica that holds the endpoint (the router's record). None when none was seen."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        need_work = time.monotonic() - t0 < timeout / 6
         found = []
         for node, url in c.nodes().items():
             st = c.job_status(url, job)
             for sid, s in ((st.get("progress") or {}).get("slots") or {}).items():
                 work = int(s.get("partials", 0)) + int(s.get("updates", 0))
                 running = s.get("endpoint") is not None and not s.get("done")
-                if running and work and s.get("node") == node:
+                if running and (work or not need_work) and s.get("node") == node:
                     found.append((-int(s["role"]), node, url, int(sid), s))
         for _, node, url, sid, s in sorted(found, key=lambda x: x[:2]):
             r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10)
@@ -73,13 +76,17 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any]:
                     "endpoint": int(s["endpoint"]),
                     "pid": pid,
                 }
-        time.sleep(0.01)
-    raise RuntimeError(f"no slot of {job} was running on an aggregator endpoint in {timeout} s")
+        time.sleep(0.005)
+    return None
 
 
 def _replica(c: Campaign, run: JobRun) -> dict[str, Any]:
-    """SIGKILL the aggregator replica (its process group) that runs one of the job's slots."""
+    """SIGKILL the aggregator replica (its process group) that runs one of the job's slots;
+    a ready replica at random when no slot was seen running (tiny updates fold in
+    microseconds: the soak's)."""
     slot = _busy_slot(c, run.job)
+    if slot is None:
+        return {**c.kill_replica("aggregator"), "no_slot_seen": True}
     with contextlib.suppress(ProcessLookupError):  # the replica's whole process group
         os.killpg(os.getpgid(slot["pid"]), signal.SIGKILL)
     return {**slot, "ended_at": time.monotonic()}
@@ -249,8 +256,9 @@ def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
 
 def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
     """Keep the platform's capped shm file system at :data:`SHM_LEFT` bytes free with a
-    ballast file for :data:`SHM_FULL_S` seconds (the ballast grows whenever the platform
-    frees pages meanwhile), then remove it."""
+    ballast file for :data:`SHM_FULL_S` seconds and until an upload was refused (at most
+    :data:`SHM_HOLD_MAX_S`; the ballast grows whenever the platform frees pages meanwhile),
+    then remove it."""
     from fedfaas.platform import state
 
     st = state.load(c.p.state_dir)
@@ -260,8 +268,13 @@ def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
     ballast = shm / f"ballast-{phase}"
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     t0, size, least = time.monotonic(), 0, free
+
+    def held() -> bool:  # SHM_FULL_S, and until an upload was refused (at most a minute)
+        refused = any(t >= t0 for t, _ in run.refusals)
+        return time.monotonic() - t0 < (SHM_FULL_S if refused else SHM_HOLD_MAX_S)
+
     try:
-        while time.monotonic() - t0 < SHM_FULL_S:
+        while held():
             size = _grow_ballast(fd, size, shm)
             least = min(least, free_bytes(shm))
             time.sleep(0.05)
@@ -544,9 +557,9 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "k",
             "shm-full",
-            "the object stores' memory file system nearly full (a 4 GiB tmpfs filled to 8 MiB "
-            "free for 5 s, at the job's creation and mid round; gateways keep one spare "
-            "buffer, so each upload needs new pages)",
+            "the object stores' memory file system nearly full (a 4 GiB tmpfs kept at 8 MiB "
+            "free for 5 s and until an upload is refused, at the job's creation and mid round; "
+            "gateways keep one spare buffer, so each upload needs new pages)",
             _shm_full,
             _shm_evidence,
             shm_cap_mib=4096,
