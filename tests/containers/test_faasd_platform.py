@@ -137,6 +137,7 @@ def test_a_readme_job_trains_on_both_containerised_gateways_and_flstore_answers_
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     res = job_result(out.stdout)
+    (faasd.run_dir / "job.json").write_text(json.dumps(res, indent=1))  # for a reader
     rounds = res["job"]["rounds"]
     assert [r["version"] for r in rounds] == [1, 2, 3]
     for r in rounds:
@@ -294,9 +295,9 @@ def test_an_async_invocation_runs_through_nats_and_the_queue_worker(faasd: Faasd
             "echo",
             "--async",
             "--header",
-            f"Authorization=Bearer {token}",
+            f"Authorization: Bearer {token}",
             "--header",
-            f"X-Callback-Url=http://10.62.0.1:{port}/done",
+            f"X-Callback-Url: http://10.62.0.1:{port}/done",
             input="later, through NATS",
         )
         assert sent.returncode == 0, sent.stdout + sent.stderr
