@@ -1,7 +1,8 @@
 """FLStore benchmark: query latency vs ObjStore-Agg and Cache-Agg, policy hit rates, overhead.
 
 ``python -m bench.flstore [--quick] [--small] [--rounds N] [--clients N] [--memo both|on|off]
-[--skip-latency] [--skip-handoff] [--out DIR]``
+[--skip-latency] [--skip-handoff] [--skip-shapley] [--big-rounds N,N] [--budget-gb X]
+[--out DIR]``
 
 1. **Latency.** Rounds are written to a real MinIO (ResNet-18-sized updates: 11,181,642 float32,
    44.7 MB each; ``--small`` uses a small CNN). The same queries go, in one run, to FedFaaS
@@ -21,8 +22,15 @@
 2. **Zero-copy handoff** (:func:`handoff`): round notice -> every update of a round of 10
    ResNet-18 updates resident in a cache function, mapped from the node's store against read
    from MinIO.
-3. **Policies.** Hit rates of all policies on the paper-shaped traces (bench.harness.flstore_trace).
-4. **Overhead.** Location-table lookups (in memory and in Redis) and tracker records at 1,000 and
+3. **GTG-Shapley as the demo asks it** (:mod:`bench.flstore_shapley`): 20 clients, 200
+   permutations, through the ``digits-evaluator`` function; batches of models against one
+   model per request, same values.
+4. **Rounds of 120 and 200 ResNet-18-sized updates** (:mod:`bench.flstore_rounds`, with
+   ``--big-rounds``): the queries over coordinate parts across cache functions, or from MinIO
+   past the node's memory budget, against ObjStore-Agg and Cache-Agg, answers compared with the
+   in-process computation, the cache functions' memory against the budget.
+5. **Policies.** Hit rates of all policies on the paper-shaped traces (bench.harness.flstore_trace).
+6. **Overhead.** Location-table lookups (in memory and in Redis) and tracker records at 1,000 and
    100,000 entries: p99 latency and memory.
 
 The process and every process it starts run with BLAS/OpenMP pools pinned to one thread
@@ -49,6 +57,10 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
+from bench.flstore_rounds import big_rounds, same_answer
+from bench.flstore_rounds import markdown as rounds_md
+from bench.flstore_shapley import markdown as shapley_md
+from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.harness.flstore_trace import hit_table, paper_traces
 from bench.harness.round_window import resnet18_layout, status_bytes
@@ -388,8 +400,8 @@ def _one(
             )
     row["same_result"] = (
         row["fedfaas"]["result"] is not None
-        and _same(row["fedfaas"]["result"], row["objstore-agg"]["result"])
-        and _same(row["fedfaas"]["result"], row["cache-agg"]["result"])
+        and same_answer(row["fedfaas"]["result"], row["objstore-agg"]["result"])
+        and same_answer(row["fedfaas"]["result"], row["cache-agg"]["result"])
     )
     for s in SYSTEMS:
         row[s].pop("result")
@@ -469,16 +481,6 @@ def _steady(
             "steady %s: fedfaas %.4f s, cache-agg %.4f s", wl, mean["fedfaas"], mean["cache-agg"]
         )
     return out
-
-
-def _same(a: Any, b: Any, tol: float = 1e-4) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k], tol) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y, tol) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, (int, float)):
-        return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
-    return bool(a == b)
 
 
 def _baseline_threads(rows: list[dict[str, Any]]) -> int | None:
@@ -863,6 +865,10 @@ def markdown(res: dict[str, Any]) -> str:
         ]
     if "handoff" in res:
         lines += _handoff_md(res["handoff"])
+    if "shapley" in res:
+        lines += shapley_md(res["shapley"])
+    if "big_rounds" in res:
+        lines += rounds_md(res["big_rounds"])
     lines += [
         "## Policy hit rates (capacity 64 objects)",
         "",
@@ -1023,6 +1029,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-handoff", action="store_true")
+    ap.add_argument("--skip-shapley", action="store_true")
+    ap.add_argument(
+        "--big-rounds",
+        default="",
+        help="sizes of the ResNet-18-sized rounds to run, e.g. 120,200 (none by default: "
+        "they write 15 GB to MinIO and take the machine for a while; make bench-flstore "
+        "passes them)",
+    )
+    ap.add_argument(
+        "--budget-gb",
+        type=float,
+        default=6.0,
+        help="the node's memory budget for the big rounds, in GB (below a 200-update round)",
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -1047,6 +1067,11 @@ def main(argv: list[str] | None = None) -> None:
                 res["latency"] = latency(args, work)
             if not args.skip_handoff:
                 res["handoff"] = handoff(work, small=args.small)
+            if not args.skip_shapley:
+                res["shapley"] = shapley(work)
+            if args.big_rounds:
+                sizes = [int(x) for x in args.big_rounds.split(",") if x]
+                res["big_rounds"] = big_rounds(work, sizes, int(args.budget_gb * 1e9))
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")
     sys.stdout.write(md)

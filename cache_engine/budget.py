@@ -7,7 +7,9 @@ The budget covers, on the cache engine's node:
 - the store pages FLStore keeps alive: the updates a gateway offers for a round until the
   offer ends, and those a cache function maps in place (its lease keeps them in the store):
   each update counted once, however many functions map it or parts of it;
-- loads under way (reserved before they start, so two loads at once never pass it together).
+- loads under way (reserved before they start, so two loads at once never pass it together);
+- room kept for the queries' own working memory (``query_memory_bytes``: a reducer's batch of
+  sub-models, the chunks a function streams from the cold store), never filled by loads.
 
 A load that would pass the budget does not start: the engine frees room by its policy's
 eviction order, and failing that the query reads its models from the cold store through the
@@ -64,9 +66,12 @@ class MemoryBudget:
     ----------
     limit
         Bytes FLStore may use on the node.
+    keep
+        Bytes of it loads never take: the queries' working memory.
     """
 
     limit: int
+    keep: int = 0
     #: each cache function's private memory, as it last reported it
     private: dict[str, int] = field(default_factory=dict)
     #: store objects kept for FLStore (an offered or mapped update) -> their bytes
@@ -84,18 +89,20 @@ class MemoryBudget:
         return sum(self.private.values()) + sum(self.leased.values()) + self.reserved
 
     def room(self) -> int:
-        """Bytes still free under the budget (0 when past it)."""
+        """Bytes loads may still take (0 when past it): the budget less what is used and
+        the queries' working memory."""
         with self._lock:
-            return max(0, self.limit - self._used())
+            return max(0, self.limit - self.keep - self._used())
 
     def reserve(self, nbytes: int) -> None:
         """Count a load of ``nbytes`` before it starts; :class:`OverBudget` if it does not
         fit. Give it back with :meth:`unreserve` once the function reported its memory."""
         with self._lock:
-            if nbytes > 0 and self._used() + nbytes > self.limit:
+            if nbytes > 0 and self._used() + nbytes > self.limit - self.keep:
                 raise OverBudget(
                     f"{nbytes} bytes more would pass the node's memory budget "
-                    f"({self._used()} of {self.limit} bytes used)"
+                    f"({self._used()} of {self.limit} bytes used, {self.keep} kept for "
+                    "queries' working memory)"
                 )
             self.reserved += max(0, nbytes)
 
@@ -127,6 +134,7 @@ class MemoryBudget:
         with self._lock:
             return {
                 "limit_bytes": self.limit,
+                "kept_for_queries_bytes": self.keep,
                 "used_bytes": self._used(),
                 "functions_bytes": sum(self.private.values()),
                 "leased_bytes": sum(self.leased.values()),

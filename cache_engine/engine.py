@@ -167,7 +167,8 @@ class CacheEngine(Placement, Liveness, Background):
         self._threads: list[threading.Thread] = []
         #: the node's memory budget for FLStore (``cache_engine.budget``)
         self.budget = MemoryBudget(
-            settings.memory_budget_bytes or default_budget(settings.memory_budget_fraction)
+            settings.memory_budget_bytes or default_budget(settings.memory_budget_fraction),
+            keep=settings.query_memory_bytes,
         )
         #: whole update -> the functions that map it (or parts of it) in place
         self.mapped: dict[ObjectKey, set[str]] = {}

@@ -3,7 +3,7 @@
 A job declares its evaluator in round 0's ``round_meta["evaluator"]`` (a small JSON spec, never
 code). Kinds:
 
-- ``function``: ``{"kind": "function", "function": "<name>", "parallel": 4, "batch": 32,
+- ``function``: ``{"kind": "function", "function": "<name>", "parallel": 4, "batch": 64,
   "replicas": n}``: an OpenFaaS function the job's owner deploys (``faas-cli deploy``;
   ``digits-evaluator``, in ``functions/evaluator``, is the demo's, and the example to start
   from). The cache function sends it a model as safetensors (the job's tensors, names and shapes
@@ -19,7 +19,9 @@ code). Kinds:
   gets one model per request from then on, and ``"batch": 1`` asks for that from the start.
 - ``digits-softmax``: softmax regression (``bias`` (10), ``weight`` (10 x 64), sorted-name order)
   on the held-out part of scikit-learn's bundled ``load_digits`` (no download); utility =
-  accuracy. In process: a fixture for tests and benchmarks of the workloads themselves.
+  accuracy. In process: a fixture for tests and benchmarks of the workloads themselves. With
+  ``"head": true`` it scores the first 650 floats of a longer model (the benchmark's
+  ResNet-18-sized objects lead with the classifier's tensors; the rest is not scored).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ Layout = tuple[tuple[str, tuple[int, ...]], ...]
 GATEWAY_ENV = "FEDFAAS_FLSTORE_GATEWAY_URL"
 MAX_PARALLEL = 32
 MAX_BATCH = 1024
+#: models in one request unless the spec says otherwise
+DEFAULT_BATCH = 64
 #: the safetensors metadata key of a request that carries a batch of models
 BATCH_KEY = "fedfaas.batch"
 #: the most bytes of models one request carries (a batch of ResNet-18s is cut at 64 MiB)
@@ -119,7 +123,7 @@ class FunctionEvaluator:
         token: Callable[[], str],
         *,
         parallel: int = 4,
-        batch: int = 32,
+        batch: int = DEFAULT_BATCH,
         timeout_s: float = 120.0,
     ) -> None:
         import httpx
@@ -300,7 +304,8 @@ def classifier_handler(
     "metrics": {"accuracy", "loss", "n"}}``; a batch of models (the metadata
     ``{"fedfaas.batch": "<k>"}``, each tensor stacked along a new first dimension) is answered
     ``{"utilities": [...], "metrics": [...]}``, one entry per model in order. 400
-    ``bad_weights`` for a body that is no safetensors or does not fit the module.
+    ``bad_weights`` for a body that is no safetensors or does not fit the module. PyTorch runs
+    on one thread per request: the parallelism is the requests at once and the replicas.
     ``functions/evaluator/handler.py`` uses it."""
     cached: list[tuple[Any, Any]] = []
 
@@ -311,13 +316,16 @@ def classifier_handler(
             "headers": {"Content-Type": "application/json"},
         }
 
+    def data() -> tuple[Any, Any]:
+        if not cached:
+            cached.append(validation())
+        return cached[0]
+
     def score(model: Any, state: dict[str, Any]) -> dict[str, float]:
         import torch
 
         model.load_state_dict(state)
-        if not cached:
-            cached.append(validation())
-        x, y = cached[0]
+        x, y = data()
         model.eval()
         with torch.no_grad():
             logits = model(x)
@@ -326,8 +334,12 @@ def classifier_handler(
         return {"accuracy": accuracy, "loss": loss, "n": float(y.shape[0])}
 
     def handle(event: Any, context: Any) -> dict[str, Any]:
+        import torch
         from safetensors import SafetensorError
         from safetensors.torch import load as st_load
+
+        if not cached:  # requests run at once and replicas side by side: one thread each
+            torch.set_num_threads(1)
 
         if event.method != "POST" or not event.body:
             return bad("POST a model's weights as safetensors")
@@ -341,7 +353,7 @@ def classifier_handler(
             return bad(f"a batch of {k} models stacks each tensor along a first dimension of {k}")
         states = [state] if k is None else [{n: t[i] for n, t in state.items()} for i in range(k)]
         model = build(states[0])
-        try:
+        try:  # one model at a time: the same numbers as one model per request, to the bit
             metrics = [score(model, s) for s in states]
         except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
             return bad(f"the weights do not fit the model: {exc}")
@@ -359,6 +371,21 @@ def classifier_handler(
     return handle
 
 
+class _Head:
+    """An evaluator of the first ``n`` floats of a longer model (``digits-softmax`` with
+    ``"head": true``: its tensors ``bias`` and ``weight`` sort before the rest)."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self.inner, self.n = inner, n
+
+    def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
+        out: dict[str, float] = self.inner.metrics(params[: self.n])
+        return out
+
+    def __call__(self, params: NDArray[np.float32]) -> float:
+        return float(self.inner(params[: self.n]))
+
+
 @lru_cache(maxsize=8)
 def _build(spec_json: str, layout: Layout | None) -> Any:
     spec = json.loads(spec_json)
@@ -370,7 +397,8 @@ def _build(spec_json: str, layout: Layout | None) -> Any:
 
         _, _, xv, yv = digits_split(int(spec.get("split_seed", 0)))
         module = torch.nn.Linear(64, 10)
-        return TorchEvaluator(module, xv, yv, names=["bias", "weight"])
+        ev = TorchEvaluator(module, xv, yv, names=["bias", "weight"])
+        return _Head(ev, 650) if spec.get("head") else ev
     if kind == "function":
         return _function(spec, layout)
     raise EvaluatorUnavailable(f"unknown evaluator kind {kind!r}; known: function, digits-softmax")
@@ -393,7 +421,7 @@ def function_spec_problem(spec: dict[str, Any]) -> str | None:
         )
     try:
         _bounded(spec, "parallel", 4, MAX_PARALLEL)
-        _bounded(spec, "batch", 32, MAX_BATCH)
+        _bounded(spec, "batch", DEFAULT_BATCH, MAX_BATCH)
         _bounded(spec, "replicas", 1, MAX_PARALLEL)
     except EvaluatorUnavailable as exc:
         return str(exc)
@@ -415,7 +443,7 @@ def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
         raise EvaluatorUnavailable(problem)
     name = str(spec["function"])
     parallel = _bounded(spec, "parallel", 4, MAX_PARALLEL)
-    batch = _bounded(spec, "batch", 32, MAX_BATCH)
+    batch = _bounded(spec, "batch", DEFAULT_BATCH, MAX_BATCH)
     if layout is None:
         raise EvaluatorUnavailable("the job's tensors are not known here yet (no model held)")
     gateway = os.environ.get(GATEWAY_ENV, "")

@@ -169,7 +169,9 @@ class PartPlanner:
                 (f for f, i in self.e.functions.items() if i.alive and f != reducer),
                 key=lambda f: self.e.budget.private.get(f, 0),
             )
-        room = self.e.budget.room()
+        # each streaming function reads STREAM_BYTES at a time: as many as the queries'
+        # working memory (and what loads left of the budget) holds, the reducer at least
+        room = self.e.budget.room() + self.e.budget.keep
         workers = [reducer] + alive[: max(0, min(STREAM_WORKERS, room // STREAM_BYTES) - 1)]
         bounds = part_bounds(dim, min(len(workers), max_parts(dim)))
         ranges = [

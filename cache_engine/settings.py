@@ -44,6 +44,9 @@ class EngineSettings(CommandLineSettings):
         private memory and the store objects kept for them; ``memory_budget_bytes`` (0: unset)
         fixes it, else it is ``memory_budget_fraction`` of the node's memory (default 0.5).
         Past it nothing more is loaded: queries read their models from MinIO.
+    query_memory_bytes
+        Of the budget, what loads never take: the queries' working memory (a reducer's
+        batch of sub-models, chunks streamed from MinIO); default 512 MiB.
     function_image
         Image of the cache functions: ``flstore`` in ``stack.platform.yml``, which ``make images``
         builds under this name (the chart sets it from ``cacheEngine.functionImage``).
@@ -90,6 +93,7 @@ class EngineSettings(CommandLineSettings):
         "max_functions": "--max-functions",
         "memory_budget_bytes": "--memory-budget-bytes",
         "memory_budget_fraction": "--memory-budget-fraction",
+        "query_memory_bytes": "--query-memory-bytes",
         "ping_interval": "--ping-interval",
         "ping_timeout": "--ping-timeout",
         "dead_after": "--dead-after",
@@ -122,6 +126,7 @@ class EngineSettings(CommandLineSettings):
     max_functions: int = 8
     memory_budget_bytes: int = Field(default=0, ge=0)
     memory_budget_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    query_memory_bytes: int = Field(default=512 << 20, ge=0)
     ping_interval: float = 1.0
     ping_timeout: float = 2.0
     dead_after: int = 3

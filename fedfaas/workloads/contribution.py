@@ -10,8 +10,9 @@ evaluated in batches where the evaluator takes several models at once (a ``map``
 job's evaluator function, ``cache_engine.evaluators``). The algorithms ask for the coalitions
 they will need together (:meth:`CoalitionUtility.prefetch`): all of them for leave-one-out and
 exact Shapley; for GTG, position by position across the permutations of a cycle (those the
-truncation rule still runs: the same evaluations as one permutation after the other); for TMC,
-the next prefixes of a permutation. A coalition larger than half the round is built from the
+truncation rule still runs: the same evaluations as one permutation after the other), or, for
+small models and an evaluator function, every prefix of the cycle at once (a request costs more
+than evaluating what truncation would skip); for TMC, the next prefixes of a permutation. A coalition larger than half the round is built from the
 round's whole aggregate minus the clients left out (leave-one-out: two vectors, not ``n``).
 Utilities already evaluated are kept across queries by a holder of the same sealed vectors
 (:class:`UtilityCache`). The values, hence the answers, are those of one-by-one evaluation.
@@ -36,8 +37,8 @@ from .base import RoundParams, invalid, round_requirements
 from .data import Evaluator, Requirements, WorkloadData
 
 MAX_EXACT = 14
-#: sub-models built at once (their bytes): a batch of ResNet-18-sized models stays ~256 MiB
-BATCH_BYTES = 256 << 20
+#: sub-models built at once (their bytes): two ResNet-18-sized models, a cycle of 20 small ones
+BATCH_BYTES = 128 << 20
 #: below this many clients every coalition is summed directly (the aggregate costs more)
 COMPLEMENT_MIN = 8
 
@@ -162,6 +163,16 @@ class CoalitionUtility:
     @property
     def _batched(self) -> bool:
         return callable(getattr(self._evaluator, "map", None))
+
+    @property
+    def ahead(self) -> bool:
+        """Whether a GTG cycle's prefixes are worth evaluating all at once, ahead of the
+        truncation rule: the evaluator takes batches (a function: a request costs far more
+        than a small model's evaluation) and the ``n^2`` sub-models of a cycle fit one batch
+        of :data:`BATCH_BYTES`. The values stay those of the rule (it still decides which
+        utilities count); only sub-models it would skip are evaluated too."""
+        n = len(self._deltas)
+        return self._batched and n * n * 4 * _dimension(self._base) <= BATCH_BYTES
 
     def _direct(self, key: tuple[int, ...]) -> Row:
         """``base + sum_{i in S} p_i^S Delta_i``."""
@@ -314,6 +325,8 @@ def _gtg_cycle(
     prev = [v_empty] * k
     marginals = np.zeros((k, n))
     truncations = 0
+    if getattr(v, "ahead", False):  # small models, evaluated in batches: the whole cycle
+        _prefetch(v, [tuple(p[: j + 1]) for p in perms for j in range(n)])
     for j in range(n):
         live = [p for p in range(k) if abs(v_full - prev[p]) >= eps]
         _prefetch(v, [tuple(perms[p][: j + 1]) for p in live])

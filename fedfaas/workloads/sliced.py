@@ -59,6 +59,25 @@ def part_bounds(d: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+#: coordinates a local term is added over at a time (bounded float64 scratch)
+CHUNK = 1 << 20
+
+
+def _length(terms: Sequence[tuple[float, Any]]) -> int:
+    return int(np.asarray(terms[0][1]).shape[0])
+
+
+def _add_local(row: NDArray[np.float32], terms: Sequence[tuple[float, Any]], base: bool) -> None:
+    """``row += sum c x`` in place, in float64 a chunk at a time, rounded to float32 once
+    (``base``: ``row`` holds the stored vectors' part of the sum; else it starts at 0)."""
+    for a in range(0, row.shape[0], CHUNK):
+        b = min(row.shape[0], a + CHUNK)
+        acc = row[a:b].astype(np.float64) if base else np.zeros(b - a)
+        for c, x in terms:
+            acc += c * np.asarray(x[a:b], dtype=np.float64)
+        row[a:b] = acc
+
+
 class VectorRef:
     """A stored vector held elsewhere in parts, standing in for it in rows.
 
@@ -184,12 +203,11 @@ class SlicedData(WorkloadData):
             if not mine:
                 out.append(got[i])
                 continue
-            acc = got[i].astype(np.float64) if i in got else None
-            for c, x in mine:
-                term = np.asarray(x, dtype=np.float64) * c
-                acc = term if acc is None else acc + term
-            assert acc is not None
-            out.append(acc.astype(np.float32))
+            row = got.get(i)
+            if row is None or not row.flags.writeable:
+                row = np.zeros(_length(mine), np.float32) if row is None else row.copy()
+            _add_local(row, mine, i in got)
+            out.append(row)
         return out
 
     def digest(self, x: Any) -> str:

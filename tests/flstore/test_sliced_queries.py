@@ -67,7 +67,9 @@ def test_a_round_larger_than_a_function_is_answered_across_functions_as_in_proce
     assert st["stats"]["queries_in_parts"] >= 1
 
 
-def test_the_parts_stay_for_the_next_query_and_failed_loads_are_one_line_each(parts_stack: FLStoreStack) -> None:
+def test_the_parts_stay_for_the_next_query_and_failed_loads_are_one_line_each(
+    parts_stack: FLStoreStack,
+) -> None:
     body = QUERIES[1]
     ask(parts_stack, body)
     before = state(parts_stack)["stats"]

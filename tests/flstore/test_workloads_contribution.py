@@ -190,6 +190,13 @@ def test_gtg_position_by_position_gives_the_values_of_one_permutation_at_a_time(
         lambda s: plain.add(tuple(sorted(s))) or accuracy(s), n, seed=seed
     )  # type: ignore[func-returns-value]
     assert v.asked == plain  # nothing evaluated that one at a time would not evaluate
+    # small models through an evaluator function: a cycle's prefixes at once, same values
+    ahead = _Counting(accuracy)
+    ahead.ahead = True  # type: ignore[attr-defined]
+    got, info = permutation_shapley(ahead, n, seed=seed)
+    np.testing.assert_array_equal(got, want)
+    assert info["truncated_marginals"] == truncations and ahead.asked > plain
+    assert ahead.batches <= 1 + 2 * info["permutations"] // n * n
 
 
 def test_utilities_are_reused_across_queries_on_the_same_sealed_vectors() -> None:

@@ -1,0 +1,393 @@
+"""bench-flstore section: rounds of 120 and 200 ResNet-18-sized updates (issue 36).
+
+Each size is a job of its own in MinIO: round 0 (the initial model) and round 1, whose
+``n`` clients each sent 11,181,642 float32 (44.7 MB, ResNet-18 with 10 classes). Every model
+leads with a real classifier, softmax regression on digits (tensors ``bias`` and ``weight``,
+650 floats, trained by each client on its shard for one epoch), followed by synthetic
+ResNet-18-sized tensors (honest clients step along a shared direction plus noise, as
+:func:`bench.harness.synthetic.write_history` does). Client ``c001`` is malicious: it trains
+on flipped labels and sends the opposite step. The job's evaluator is ``digits-softmax`` with
+``"head": true`` (accuracy of the leading classifier), so leave-one-out and Shapley values mean
+something at this size; cosine, Multi-Krum and FoolsGold see the whole vectors.
+
+For each size, one system at a time (their memory would not fit this machine together):
+
+1. **FedFaaS** on a fresh stack (runtime, engine, tracker) whose node memory budget is
+   ``budget`` bytes: below the 200-update round (8.9 GB), above the 120-update one. The round
+   is ingested (the policy's prefetch places it in coordinate parts across cache functions when
+   the budget allows), then the queries are asked through the tracker; a sampler reads the
+   cache functions' private memory (``RssAnon``) all along, and the engine's budget account.
+2. **ObjStore-Agg**: the same queries, each reading the round from MinIO and computing in
+   process on the whole vectors (the direct in-process computation the answers are compared
+   with).
+3. **Cache-Agg**: the same, from Redis (the round mirrored there first, not timed), where the
+   machine's free memory holds the mirror and the server's copy (skipped otherwise, said so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from numpy.typing import NDArray
+
+from bench.baselines.settings import BaselineSettings
+from bench.harness.flstore_stack import Child, FLStoreStack
+from bench.runinfo import PINNED_THREADS
+from cache_engine.cold_store import MinioColdStore, encode_model
+from cache_engine.evaluators import digits_split
+from cache_engine.keys import ObjectKey
+from fedfaas.services import MinioServer, RedisServer, free_port
+
+log = logging.getLogger("bench.flstore")
+RESNET18 = 11_181_642
+HEAD = 650
+FILLER_PARTS = 4
+#: GTG-Shapley at this size: one permutation costs up to n sub-models of 44.7 MB each
+GTG_PARAMS = {"method": "gtg", "max_permutations": 10}
+
+
+def same_answer(a: Any, b: Any, tol: float = 1e-4) -> bool:
+    """Two answers alike: the same keys and lists, numbers within ``tol`` (relative)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_answer(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_answer(x, y, tol) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+    return bool(a == b)
+
+
+def _filler_shapes() -> dict[str, tuple[int, ...]]:
+    total = RESNET18 - HEAD
+    each = total // FILLER_PARTS
+    out = {f"z{i}.weight": (each,) for i in range(FILLER_PARTS - 1)}
+    out[f"z{FILLER_PARTS - 1}.weight"] = (total - each * (FILLER_PARTS - 1),)
+    return out
+
+
+def _split(flat: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
+    out = {"bias": flat[:10], "weight": flat[10:HEAD].reshape(10, 64)}
+    off = HEAD
+    for name, shape in sorted(_filler_shapes().items()):
+        out[name] = flat[off : off + shape[0]]
+        off += shape[0]
+    return out
+
+
+def write_job(cold: MinioColdStore, job: str, n: int, seed: int = 0) -> list[str]:
+    """Rounds 0 and 1 of ``job`` with ``n`` clients (see the module); the clients."""
+    xt, yt, _, _ = digits_split(seed)
+    rng = np.random.default_rng(seed)
+    d = RESNET18 - HEAD
+    g = np.zeros(RESNET18, np.float32)
+    g[HEAD:] = rng.normal(0, 0.1, d)
+    direction = rng.normal(0, 1, d).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    evaluator = {"kind": "digits-softmax", "split_seed": seed, "head": True}
+    cold.write_round(job, 0, {}, _split(g), {}, {"evaluator": evaluator, "note": "initial"})
+    clients = [f"c{i:03d}" for i in range(n)]
+    shards = np.array_split(rng.permutation(len(yt)), n)
+    acc = np.zeros(RESNET18, np.float64)
+    total = 0
+    meta: dict[str, dict[str, Any]] = {}
+    for c, idx in zip(clients, shards, strict=True):
+        x, y = xt[idx], yt[idx]
+        bad = c == "c001"
+        if bad:
+            y = 9 - y
+        w, b = np.zeros((10, 64), np.float32), np.zeros(10, np.float32)
+        for bi in np.array_split(rng.permutation(len(y)), max(1, len(y) // 4)):
+            z = x[bi] @ w.T + b
+            z -= z.max(axis=1, keepdims=True)
+            p = np.exp(z)
+            p /= p.sum(axis=1, keepdims=True)
+            p[np.arange(len(bi)), y[bi]] -= 1
+            w -= 0.5 * (p.T @ x[bi]) / len(bi)
+            b -= 0.5 * p.mean(axis=0)
+        step = 0.05 * direction + rng.normal(0, 0.03 / np.sqrt(d), d).astype(np.float32)
+        flat = np.empty(RESNET18, np.float32)
+        flat[:10], flat[10:HEAD] = b, w.ravel()
+        flat[HEAD:] = g[HEAD:] + (-step if bad else step)
+        cold.put_bytes(ObjectKey(job, 1, "update", c), encode_model(_split(flat)))
+        acc += len(y) * flat
+        total += len(y)
+        meta[c] = {"n_samples": len(y), "loss": 1.0, "duration_s": 1.0}
+    new_global = (acc / total).astype(np.float32)
+    cold.put_bytes(ObjectKey(job, 1, "global"), encode_model(_split(new_global)))
+    doc = {"round": 1, "clients": clients, "client_meta": meta, "round_meta": {"lr": 0.5}}
+    cold.put_bytes(ObjectKey(job, 1, "meta"), json.dumps(doc).encode())
+    return clients
+
+
+def queries(job: str) -> list[tuple[str, dict[str, Any]]]:
+    """The issue's queries on round 1 of ``job``."""
+    return [
+        (w, {"workload": w, "job": job, **b})
+        for w, b in (
+            ("cosine-to-aggregate", {"rounds": [1], "params": {"bottom_k": 1}}),
+            ("multi-krum", {"rounds": [1], "params": {"f": 2}}),
+            ("foolsgold", {"params": {"first_round": 1, "last_round": 1}}),
+            ("leave-one-out", {"rounds": [1]}),
+            ("shapley", {"rounds": [1], "params": GTG_PARAMS}),
+        )
+    ]
+
+
+class _Sampler:
+    """The cache functions' private memory (``RssAnon`` of their processes, summed), read
+    every 0.2 s from ``/proc`` (the functions are local processes; their pids from ``/ping``),
+    and the engine's budget account."""
+
+    def __init__(self, stack: FLStoreStack) -> None:
+        self.stack = stack
+        self.peak_private = 0
+        self.peak_accounted = 0
+        self._stop = threading.Event()
+        self._pids: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _pids_now(self) -> dict[str, int]:
+        st = httpx.get(f"{self.stack.engine_url}/v1/state", headers=self.stack.auth, timeout=10)
+        body = st.json()
+        self.peak_accounted = max(self.peak_accounted, body["memory_budget"]["used_bytes"])
+        for name in body["functions"]:
+            if name not in self._pids:
+                r = httpx.get(
+                    f"{self.stack.runtime_url}/function/{name}/ping",
+                    headers=self.stack.function_auth,
+                    timeout=10,
+                )
+                if r.status_code == 200:
+                    self._pids[name] = int(r.json()["pid"])
+        return self._pids
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                total = 0
+                for pid in self._pids_now().values():
+                    total += _rss_anon(pid)
+                self.peak_private = max(self.peak_private, total)
+            except (httpx.HTTPError, OSError, ValueError, KeyError):
+                continue
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join(5)
+        return {
+            "peak_private_bytes": self.peak_private,
+            "peak_accounted_bytes": self.peak_accounted,
+        }
+
+
+def _rss_anon(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _ask(client: httpx.Client, url: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    r = client.post(url, json=body, **kw)
+    dt = time.perf_counter() - t0
+    if r.status_code != 200:
+        return {"latency_s": dt, "error": f"HTTP {r.status_code} {r.text[:300]}"}
+    res = r.json()
+    return {"latency_s": dt, "result": res["result"], "compute_s": res.get("compute_s")}
+
+
+def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int) -> dict[str, Any]:
+    stack = FLStoreStack(
+        work / f"stack-{job}",
+        rs,
+        ms,
+        engine_settings={
+            "memory_budget_bytes": budget,
+            "max_functions": 16,
+            "secondaries": 1,
+            "function_env": PINNED_THREADS,
+            "call_timeout": 600,
+        },
+        tracker_settings={"query_timeout": 600},
+    ).start()
+    sampler = _Sampler(stack)
+    try:
+        client = httpx.Client(timeout=3600)
+        t0 = time.perf_counter()
+        stack.ingest(job, [0, 1])
+        stack.wait_idle(3600)
+        ingest_s = time.perf_counter() - t0
+        rows = {}
+        for wl, body in queries(job):
+            rows[wl] = _ask(
+                client, f"{stack.tracker_url}/v1/queries?wait=true", body, headers=stack.auth
+            )
+            log.info("big %s fedfaas %s: %.1f s", job, wl, rows[wl]["latency_s"])
+        state = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
+        return {
+            "ingest_and_prefetch_s": ingest_s,
+            "queries": rows,
+            "memory": sampler.stop(),
+            "budget": state["memory_budget"],
+            "stats": {
+                k: state["stats"][k]
+                for k in ("queries_in_parts", "queries_streamed", "loads_failed", "over_budget")
+            },
+            "functions": len(state["functions"]),
+        }
+    finally:
+        sampler.stop()
+        stack.stop()
+
+
+def _baseline(
+    work: Path, name: str, ms: MinioServer, rs: RedisServer | None, job: str
+) -> dict[str, Any]:
+    s = BaselineSettings(
+        backend="minio" if rs is None else "redis",
+        port=free_port(),
+        minio_endpoint=ms.endpoint,
+        minio_credentials_file=ms.credentials_file("cache-engine"),
+        redis_url=rs.url if rs is not None else "redis://127.0.0.1:1/0",
+        redis_credentials_file=rs.credentials_file("baseline") if rs is not None else None,
+    )
+    child = Child(name, s.to_argv(log_level="warning"), work / "logs" / f"{name}-{job}.log", s.port)
+    child.env = dict(PINNED_THREADS)
+    child.start()
+    try:
+        client = httpx.Client(timeout=3600)
+        url = f"http://{s.host}:{s.port}"
+        mirror_s = None
+        if rs is not None:
+            t0 = time.perf_counter()
+            client.post(f"{url}/admin/mirror/{job}").raise_for_status()
+            mirror_s = time.perf_counter() - t0
+        rows = {}
+        for wl, body in queries(job):
+            rows[wl] = _ask(client, f"{url}/v1/queries", body)
+            log.info("big %s %s %s: %.1f s", job, name, wl, rows[wl]["latency_s"])
+        return {"queries": rows, "mirror_s": mirror_s}
+    finally:
+        child.stop()
+
+
+def _available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def big_rounds(work: Path, sizes: list[int], budget: int) -> dict[str, Any]:
+    """Every size of ``sizes`` (see the module); answers compared with ObjStore-Agg's."""
+    ms = MinioServer(data_dir=work / "big-minio").start()
+    out: dict[str, Any] = {"budget_bytes": budget, "gtg_params": GTG_PARAMS, "sizes": {}}
+    try:
+        cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
+        for n in sizes:
+            job = f"big{n}"
+            t0 = time.perf_counter()
+            write_job(cold, job, n)
+            log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
+            round_bytes = (n + 1) * RESNET18 * 4
+            rs = RedisServer(data_dir=work / f"big-redis-{n}").start()
+            try:
+                fed = _fedfaas(work, rs, ms, job, budget)
+            finally:
+                rs.stop()
+            obj = _baseline(work, "objstore-agg", ms, None, job)
+            cache: dict[str, Any] | None = None
+            need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
+            if _available() > need:
+                crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
+                try:
+                    cache = _baseline(work, "cache-agg", ms, crs, job)
+                finally:
+                    crs.stop()
+            else:
+                log.warning(
+                    "Cache-Agg not run at %d updates: %d bytes free, %d needed",
+                    n,
+                    _available(),
+                    need,
+                )
+            same = {
+                wl: "result" in fed["queries"][wl]
+                and "result" in obj["queries"][wl]
+                and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
+                for wl, _ in queries(job)
+            }
+            out["sizes"][str(n)] = {
+                "updates": n,
+                "round_bytes": round_bytes,
+                "fedfaas": fed,
+                "objstore-agg": obj,
+                "cache-agg": cache,
+                "cache_agg_skipped_need_bytes": None if cache is not None else need,
+                "same_answer": same,
+            }
+            for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
+                for q in (row or {}).get("queries", {}).values():
+                    q.pop("result", None)
+    finally:
+        ms.stop()
+    return out
+
+
+def markdown(big: dict[str, Any]) -> list[str]:
+    """The section's table."""
+    gb = big["budget_bytes"] / 1e9
+    lines = [
+        "## Rounds of 120 and 200 ResNet-18-sized updates",
+        "",
+        f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
+        "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
+        "leave-one-out and Shapley). One system at a time per size; 'same answer': FedFaaS's "
+        "answer equals ObjStore-Agg's (the in-process computation on the whole vectors). "
+        f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`.",
+        "",
+        "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
+        "vs Cache | same answer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, row in big["sizes"].items():
+        for wl, f in row["fedfaas"]["queries"].items():
+            o = row["objstore-agg"]["queries"][wl]
+            c = (row["cache-agg"] or {}).get("queries", {}).get(wl)
+            cs = f"{c['latency_s']:.1f}" if c else "not run"
+            vc = f"{f['latency_s'] / c['latency_s']:.2f}x" if c else ""
+            lines.append(
+                f"| {n} | {wl} | {f['latency_s']:.1f} | {o['latency_s']:.1f} | {cs} | "
+                f"{f['latency_s'] / o['latency_s']:.2f}x | {vc} | {row['same_answer'][wl]} |"
+            )
+    lines += [
+        "",
+        "| updates | round GB | budget GB | cache functions' peak private GB | "
+        "engine's peak account GB | queries in parts | streamed from MinIO | "
+        "ingest + prefetch s | Cache-Agg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, row in big["sizes"].items():
+        f = row["fedfaas"]
+        skipped = row["cache_agg_skipped_need_bytes"]
+        lines.append(
+            f"| {n} | {row['round_bytes'] / 1e9:.1f} | {gb:.1f} | "
+            f"{f['memory']['peak_private_bytes'] / 1e9:.2f} | "
+            f"{f['memory']['peak_accounted_bytes'] / 1e9:.2f} | "
+            f"{f['stats']['queries_in_parts']} | {f['stats']['queries_streamed']} | "
+            f"{f['ingest_and_prefetch_s']:.0f} | "
+            f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} |"
+        )
+    return lines + [""]
