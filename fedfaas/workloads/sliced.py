@@ -203,11 +203,11 @@ class SlicedData(WorkloadData):
             if not mine:
                 out.append(got[i])
                 continue
-            row = got.get(i)
-            if row is None or not row.flags.writeable:
-                row = np.zeros(_length(mine), np.float32) if row is None else row.copy()
-            _add_local(row, mine, i in got)
-            out.append(row)
+            vec = got.get(i)
+            if vec is None or not vec.flags.writeable:
+                vec = np.zeros(_length(mine), np.float32) if vec is None else vec.copy()
+            _add_local(vec, mine, i in got)
+            out.append(vec)
         return out
 
     def digest(self, x: Any) -> str:
