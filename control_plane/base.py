@@ -93,6 +93,8 @@ class CoordinatorBase:
         self._busy_at = clock()
         self._reports: dict[str, dict[str, Any]] = {}
         self._job_locks: dict[str, asyncio.Lock] = {}
+        #: nodes whose address answers as another node (:meth:`NodeFailover._own_answer`)
+        self._impostors: set[str] = set()
         #: job -> {"root": its root node, "nodes": the nodes not told of its deletion yet}
         #: (:mod:`control_plane.deletions`)
         self.deletions: dict[str, dict[str, Any]] = {}

@@ -237,6 +237,14 @@ class Coordinator(NodeFailover, Autoscaling):
                     nodes=span,
                     body=initial_weights,
                 )
+                if n == job.root and outcome == "not_root":
+                    # the gateway at the root's address says another node is the root: it is
+                    # not that node (an address two nodes share); the job is on no gateway
+                    raise GatewayError(
+                        n,
+                        f"the gateway at {self.nodes[n].url} refused to create job "
+                        f"{spec.name!r} as its root node {n}: {answer.get('detail', answer)}",
+                    )
                 if n == job.root and isinstance(answer.get("salt"), str):
                     job.salt = answer["salt"]
                 plan = answer.get("plan")

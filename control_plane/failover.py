@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from control_plane.closing import CANNOT, DONE, RoundClosing
 from control_plane.errors import ControlPlaneError, GatewayError
@@ -38,7 +39,12 @@ class NodeFailover(RoundClosing):
     async def check_health(self) -> dict[str, bool]:
         """Probe every gateway's /healthz; take failing ones out, bring recovered ones back."""
         clients = dict(self.clients)  # update_nodes may add or move nodes meanwhile
-        results = await asyncio.gather(*(c.healthz() for c in clients.values()))
+        results = [
+            self._own_answer(n, body)
+            for n, body in zip(
+                clients, await asyncio.gather(*(c.healthz() for c in clients.values())), strict=True
+            )
+        ]
         self._reports = {n: r for n, r in zip(clients, results, strict=True) if r is not None}
         lost: list[str] = []
         for name, body in zip(clients, results, strict=True):
@@ -65,6 +71,26 @@ class NodeFailover(RoundClosing):
         for dead in lost:
             await self._evacuate(dead)
         return {n: h.healthy for n, h in self.nodes.items()}
+
+    def _own_answer(self, node: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``node``'s health answer, or None when the gateway at its address says it is
+        another node (two nodes configured at one address, a port taken by another node's
+        gateway): that address does not reach ``node``, whose jobs must not go there."""
+        said = None if body is None else body.get("node")
+        if isinstance(said, str) and said != node:
+            if node not in self._impostors:
+                log.error(
+                    "node %s: the gateway at %s answers as node %s; out of placement until "
+                    "%s itself answers there",
+                    node,
+                    self.nodes[node].url if node in self.nodes else "?",
+                    said,
+                    node,
+                )
+            self._impostors.add(node)
+            return None
+        self._impostors.discard(node)
+        return body
 
     async def _evacuate(self, dead: str) -> None:
         """Evacuate every job from ``dead``, each under its own lock, all at once."""

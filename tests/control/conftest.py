@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import free_port, wait_for_port
+from fedfaas.services import wait_for_port
+from tests.control.realgw import distinct_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,7 @@ class GatewayProc:
 def _start(tmp_path: Path) -> Iterator[list[GatewayProc]]:
     procs: list[GatewayProc] = []
     try:
-        for i in range(3):
-            port = free_port()
+        for i, port in enumerate(distinct_ports(3)):
             log = open(tmp_path / f"gw{i}.log", "wb")  # noqa: SIM115 - handed to the child
             p = subprocess.Popen(
                 [sys.executable, "-m", "tests.control.gateway_standin", "--port", str(port)],

@@ -53,7 +53,7 @@ def real_gateways(
     secret_file = tmp_path / "secret"
     secret_file.write_text(secret)
     secret_file.chmod(0o600)
-    ports = {n: free_port() for n in names}
+    ports = dict(zip(names, distinct_ports(len(names)), strict=True))
     urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
     shm = Path("/dev/shm") / f"fedfaas-cp-{os.urandom(4).hex()}"
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -81,12 +81,42 @@ def real_gateways(
                 urls[node],
                 admin_secret_file=secret_file,
             )
-            aggs[node].spawn(REPLICAS, ENDPOINTS)  # they register once the socket is there
         for node, port in ports.items():
             wait_for_port("127.0.0.1", port, 60, procs[node])
+        # the replicas draw their own ports: only once every gateway holds its own
+        for a in aggs.values():
+            a.spawn(REPLICAS, ENDPOINTS)
         for a in aggs.values():
             a.wait_registered(REPLICAS * ENDPOINTS)
+        check_identities(urls, procs)
         yield urls, secret, procs
+
+
+def distinct_ports(n: int) -> list[int]:
+    """``n`` different free ports (:func:`free_port` draws each at random: two draws can be
+    the same port, and then one server takes both nodes' address)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+def check_identities(urls: dict[str, str], procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Every gateway started is alive and its address answers as its own node.
+
+    A gateway that lost its port (EADDRINUSE at its bind, its last start step) exits, while
+    the process that took the port answers in its place: the tests would talk to the wrong
+    node (a job created on no gateway, "not known there 30 s after creation").
+    """
+    for node, url in urls.items():
+        code = procs[node].poll()
+        if code is not None:
+            raise RuntimeError(f"gateway {node} exited with code {code} after it started")
+        said = httpx.get(f"{url}/healthz", timeout=10).json().get("node")
+        if said != node:
+            raise RuntimeError(f"the address of gateway {node} ({url}) answers as node {said}")
 
 
 def _stop_all(procs: dict[str, subprocess.Popen[bytes]], aggs: dict[str, NodeAggregators]) -> None:
