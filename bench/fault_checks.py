@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 #: the FLStore faults' model: 257 KiB
 SMALL = (("w", (256, 256)), ("b", (256,)))
@@ -176,6 +175,11 @@ COUNTERS = (
 def gateway_counters(url: str, admin: Mapping[str, str]) -> dict[str, float]:
     """``name{label=value}`` -> value of :data:`COUNTERS` on the gateway at ``url`` (empty
     when it does not answer)."""
+    # imported here: the soak's locustfile (``loadtests/platform.py``, whose folder locust
+    # puts first on the path) imports this module, and the client's import of the stdlib's
+    # ``platform`` would find that file instead
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         r = httpx.get(f"{url}/metrics", headers=dict(admin), timeout=10)
         r.raise_for_status()

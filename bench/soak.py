@@ -348,6 +348,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 injected["at_s"] = round(at_wall - t0, 1)
                 window = (at_wall, at_wall + (ended - at_mono) + (recovery or 0) + args.fault_grace)
             locust.wait(args.duration + 120)
+            if not Path(f"{prefix}_stats.csv").exists():  # the load never ran: say why
+                tail = (work / "locust.log").read_text()[-2000:]
+                raise RuntimeError(f"locust wrote no statistics (exit {locust.returncode}): {tail}")
             functions = work / "state" / "run" / "runtime" / "functions"  # gone after down
             if args.keep_logs is not None and functions.is_dir():
                 shutil.copytree(functions, args.keep_logs / "functions", dirs_exist_ok=True)
