@@ -261,6 +261,7 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 s = http.server.HTTPServer(("10.62.0.1", int(sys.argv[1])), H)
 s.timeout = 180
+print("listening", flush=True)
 s.handle_request()
 """
 
@@ -289,6 +290,8 @@ def test_an_async_invocation_runs_through_nats_and_the_queue_worker(faasd: Faasd
         text=True,
     )
     try:
+        # the queue worker posts the answer once: the receiver must listen before the call
+        assert receiver.stdout is not None and receiver.stdout.readline() == "listening\n"
         token = faasd.secret("function-token")
         sent = faasd.faas_cli(
             "invoke",
