@@ -376,6 +376,7 @@ def bench_ingest(
         for p in procs:
             _stop(p)
         gw.stop()
+        shutil.rmtree(gw.settings.shm_root, ignore_errors=True)  # a stop keeps the stores
     for k in ("fedfaas", "tcp", "starlette"):
         out[f"{k}_gbps"] = size / float(np.median(out[f"{k}_s"])) / 1e9
         out[f"{k}_best_gbps"] = size / float(np.min(out[f"{k}_s"])) / 1e9

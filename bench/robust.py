@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -193,6 +194,7 @@ def fedfaas_side(
     finally:
         aggs.stop()
         stop_group(gw, 20)
+        shutil.rmtree(s.shm_root, ignore_errors=True)  # a stopped gateway keeps its stores
         redis.stop()
     return rows
 

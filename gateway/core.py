@@ -279,14 +279,16 @@ class Gateway:
             self.router.stop()
             if self.checkpoints is not None:
                 await asyncio.to_thread(self.checkpoints.close, 30.0)
-        finally:  # whatever failed above, /dev/shm is left as the gateway found it
+        finally:
             if self.handoff is not None:  # claimers drop what they map before it goes
                 self.handoff.close()
+            # a stop is not a deletion: every job's store stays for the gateway's next start,
+            # as after a crash (its model, the open round's acknowledged updates, partials and
+            # checkpoints: what the journal names, gateway.recovery; the rest is swept then).
+            # A store goes with its job (DELETE, seen at any later start too) or with the
+            # deployment (``fedfaas down`` removes the platform's store root).
             for job in self.jobs.values():
-                if self.settings.keep_store_on_stop:
-                    job.ns.detach()
-                else:
-                    job.ns.close()
+                job.ns.detach()
             self.jobs.clear()
             for d in self._made_dirs:
                 with contextlib.suppress(OSError):

@@ -142,7 +142,7 @@ async def recover_round(gw: Gateway, job: Job) -> None:
 
 def sweep_deleted_jobs(gw: Gateway) -> None:
     """Remove this node's store folders of jobs it does not run (deleted, or finished
-    elsewhere, while this gateway was down: a crash or ``keep_store_on_stop`` left them)."""
+    elsewhere, while this gateway was down: every stop leaves the stores)."""
     here = gw.settings.shm_root / gw.settings.node
     if not here.is_dir():
         return

@@ -26,7 +26,10 @@ class GatewaySettings(CommandLineSettings):
     redis_url : the journal.
     redis_credentials_file : the gateway's Redis user (a 0600 credentials file, see
         :mod:`fedfaas.secretfiles`); required.
-    shm_root : object-store root.
+    shm_root : object-store root. A stop (SIGTERM, a crash) leaves every job's store in it: a
+        restart resumes each job from the journal and the objects it names (the model, the
+        open round's acknowledged updates); a job's store is removed with the job. Whoever
+        made the root removes it with the deployment (``fedfaas down`` does).
     router_socket : registration socket of the embedded router (default
         ``<state_dir>/router-<node>.sock``); ``FEDFAAS_GATEWAY_ROUTER_SOCKET``, the same setting
         the ``aggregator`` function's replicas read to find this node's router.
@@ -80,8 +83,6 @@ class GatewaySettings(CommandLineSettings):
         round anyway; here it is the same pages). 0 = no handoff: MinIO only, and the store's
         memory stays bounded by the aggregation's working set (the chart sets 0: faas-netes
         gives cache functions no way to this node's store).
-    keep_store_on_stop : leave the store folder on a clean stop so a restart resumes the open
-        round from the journal (a crash always leaves it; the default clean stop empties it).
     stop_grace : seconds a SIGTERM (or SIGINT) leaves the gateway to stop cleanly; past them, or
         at a second signal, it logs what it abandons (threads and pending tasks) and exits 1.
     encode_threads : threads that encode a round's global model for ``GET model`` (default: the
@@ -132,7 +133,6 @@ class GatewaySettings(CommandLineSettings):
         "engine_url": "--engine",
         "engine_token_file": "--engine-token-file",
         "handoff_ttl_s": "--handoff-ttl-s",
-        "keep_store_on_stop": "--keep-store-on-stop",
         "stop_grace": "--stop-grace",
         "encode_threads": "--encode-threads",
         "retry_max_s": "--retry-max-s",
@@ -172,7 +172,6 @@ class GatewaySettings(CommandLineSettings):
     engine_url: str | None = None
     engine_token_file: Path | None = None
     handoff_ttl_s: float = Field(default=30.0, ge=0)
-    keep_store_on_stop: bool = False
     stop_grace: float = 20.0
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
     retry_max_s: float = Field(default=5.0, gt=0)

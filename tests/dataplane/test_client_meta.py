@@ -6,6 +6,7 @@ declares in its initial weights reaches the round metadata."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,7 @@ def gw(tmp_path: Path, redis_url: str) -> Iterator[GatewayThread]:
         yield g
     finally:
         g.stop()
+        shutil.rmtree(g.settings.shm_root, ignore_errors=True)  # a stop keeps the stores
 
 
 def _job(gw: GatewayThread, name: str = "meta", body: bytes | None = None) -> dict[str, str]:

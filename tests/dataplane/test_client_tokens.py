@@ -56,7 +56,7 @@ def _error(r: httpx.Response) -> tuple[int, str]:
 def test_a_job_created_again_refuses_the_old_tokens_also_after_a_restart(
     tmp_path: Path, redis_url: str
 ) -> None:
-    with gateway_process(tmp_path, redis_url, keep_store_on_stop=True) as (gw, admin):
+    with gateway_process(tmp_path, redis_url) as (gw, admin):
         made = dict(rounds=1, goal=1, clients=["c0", "c1"])
         old = create_job(gw.url, admin, "again", tiny_bytes(0), **made).tokens  # type: ignore[arg-type]
         assert httpx.delete(f"{gw.url}/v1/jobs/again", headers=_auth(admin)).status_code == 204

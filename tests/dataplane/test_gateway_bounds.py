@@ -82,8 +82,8 @@ def test_a_job_deleted_on_its_root_alone_is_forgotten_by_its_other_node(
 def test_a_job_deleted_while_its_node_was_down_leaves_no_store_there(
     make_gw, tmp_path: Path, redis_url: str
 ) -> None:  # type: ignore[no-untyped-def]
-    a, b, store = _two(make_gw, tmp_path, keep_store_on_stop=True)
-    b.stop()  # its store stays, as after a crash
+    a, b, store = _two(make_gw, tmp_path)
+    b.stop()  # its store stays for its next start, as after a crash
     assert store.is_dir()
     _delete_on(a)
     again = GatewayThread(
