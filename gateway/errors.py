@@ -55,7 +55,8 @@ class JobExists(GatewayError):
 
 
 class UpdateRejected(GatewayError):
-    """An upload refused; ``client_id`` and ``round`` say whose and which."""
+    """An upload refused; ``client_id`` and ``round`` say whose and which; ``retry_after``
+    (seconds, a 503's ``Retry-After``): nothing is wrong with it, send it again then."""
 
     def __init__(
         self,
@@ -65,10 +66,15 @@ class UpdateRejected(GatewayError):
         code: str = "bad_update",
         client_id: str | None = None,
         round: int | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(detail, status=status, code=code)
         self.client_id = client_id
         self.round = round
+        self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [] if self.retry_after is None else [("retry-after", str(self.retry_after))]
 
 
 class NotFound(GatewayError):

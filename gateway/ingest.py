@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fedfaas import wire
 from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
+from gateway.acceptance import Unresolved
 from gateway.bodies import RETRY_AFTER_S, Hold
 from gateway.errors import JobNotFound, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
@@ -41,10 +42,8 @@ class StoreUnavailable(UpdateRejected):
             code="store_full",
             client_id=client_id,
             round=round,
+            retry_after=RETRY_AFTER_S,
         )
-
-    def headers(self) -> list[tuple[str, str]]:
-        return [("retry-after", str(RETRY_AFTER_S))]
 
 
 def allocate(
@@ -191,16 +190,29 @@ class UploadExchange(Exchange):
         job.ns.seal(obj.key)
         key = obj.key_bytes
         # journals (with the client's metadata), routes
-        await job.accept(
-            self.gw,
-            rnd,
-            self.client,
-            key,
-            weight,
-            self.meta,
-            samples=self.weight,
-            base=self.rnd - 1,
-        )
+        try:
+            await job.accept(
+                self.gw,
+                rnd,
+                self.client,
+                key,
+                weight,
+                self.meta,
+                samples=self.weight,
+                base=self.rnd - 1,
+            )
+        except Unresolved as exc:
+            # a record may name it: the object stays in the store, where the journal decides
+            # (the job's end frees it; a restart adopts it if its record is there, else sweeps)
+            self.obj = None
+            raise UpdateRejected(
+                f"{exc}; whether the update counts is not known yet: send it again once the "
+                "gateway answers (409 duplicate_client then means it counts)",
+                status=503,
+                code="journal_unavailable",
+                client_id=self.client,
+                round=rnd,
+            ) from None
         self.obj = None  # owned by the round now
         self.gw.checkpoint_client(job, rnd, self.client, key)
         self._unreserve()

@@ -23,6 +23,8 @@ from fedfaas.objstore import Namespace
 from fedfaas.robust import RobustRule
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
+from gateway.acceptance import journal_update, withdraw
+from gateway.bodies import RETRY_AFTER_S
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
 from gateway.journal import Accepted
 from gateway.plan import Plan
@@ -389,13 +391,24 @@ class Job:
                 client_id=client,
                 round=rnd,
             )
-        if client in eng.clients or client in self.inflight:
+        if client in eng.clients:
             raise UpdateRejected(
                 f"client {client} already sent an update for round {open_r}",
                 status=409,
                 code="duplicate_client",
                 client_id=client,
                 round=rnd,
+            )
+        if client in self.inflight:  # it may still fail: a 409 would say it counts
+            raise UpdateRejected(
+                f"an update of client {client} for round {open_r} is still being received or "
+                f"journaled here; send again after {RETRY_AFTER_S} s (409 duplicate_client "
+                "then, if it counts)",
+                status=503,
+                code="upload_in_flight",
+                client_id=client,
+                round=rnd,
+                retry_after=RETRY_AFTER_S,
             )
         if eng.accepted + len(self.inflight) >= eng.capacity:
             raise UpdateRejected(
@@ -444,6 +457,8 @@ class Job:
         ``meta.json`` carries it as the client's metadata. An async job's update (round
         ``rnd``: its buffer) also records its sample count and the ``base`` version it
         trained on (a sync job's ``weight`` is its sample count, its base ``rnd - 1``).
+        A journal write whose answer was lost is resolved first (:mod:`gateway.acceptance`:
+        :class:`~gateway.acceptance.JournalRefused`, :class:`~gateway.acceptance.Unresolved`).
         """
         record: dict[str, Any] = {
             "key": key.hex(),
@@ -458,7 +473,7 @@ class Job:
         # an async buffer applies at exactly K (its goal) updates: the journal counts them
         # over all nodes (a node's own capacity follows the clients placed on it)
         cap = self.goal if self.fedbuff is not None else 0
-        done = await gw.journal.accept(self.name, rnd, client, record, cap=cap)
+        done = await journal_update(gw, self, rnd, client, record, cap)
         if done is Accepted.DUPLICATE:
             raise UpdateRejected(
                 f"client {client} already sent an update for round {rnd}",
@@ -478,7 +493,7 @@ class Job:
             )
         eng = self.engine
         if eng is None or eng.round != rnd or eng.full():
-            await gw.journal.unaccept(self.name, rnd, client)
+            await withdraw(gw, self, rnd, client, record["key"])
             raise UpdateRejected(
                 f"round {rnd} closed while the update was uploading",
                 status=409,

@@ -1,9 +1,12 @@
 """The Redis journal: jobs (with their salts), numeric job ids, accepted updates per round,
 published versions, revoked clients, and which node is each job's root.
 
-An update answered 202 has its record here (``HSETNX`` per client and round, which is also
-what refuses the same client twice across node gateways), so it counts exactly once; an async
-job's buffer takes at most its ``K`` records, over all nodes.
+An update answered 202 has its record here (one per client and round, which is also what
+refuses the same client twice across node gateways), so it counts exactly once; an async job's
+buffer takes at most its ``K`` records, over all nodes. A record names its update's object
+(``key``, unguessable), so writing it is idempotent: the same write again, after a try whose
+answer was lost (the connection broke after Redis took it), answers written, not duplicate. :meth:`Journal.unaccept` removes a record only
+while it names the object it is given.
 
 A round's slot records (finished partials, checkpoints) are kept per node, ``<node>/<slot>``:
 a slot's partial is journaled by the node that ran it and again by the root that received it,
@@ -35,12 +38,28 @@ from fedfaas.secretfiles import async_redis_client
 
 PREFIX = "fedfaas:"
 
-#: HSETNX unless the hash already holds ARGV[3] fields: 1 written, 0 duplicate, -1 full
-_ACCEPT_CAPPED = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+#: client ARGV[1]'s record ARGV[2] (naming object ARGV[4]) unless it has one: 1 written, or
+#: this very record is there already (a try whose answer was lost); 0 another record is there
+#: (a duplicate); -1 the round holds ARGV[3] records already (ARGV[3] > 0: an async buffer)
+_ACCEPT = """
+local have = redis.call('HGET', KEYS[1], ARGV[1])
+if have then
+  if cjson.decode(have)['key'] == ARGV[4] then return 1 end
+  return 0
+end
+local cap = tonumber(ARGV[3])
+if cap > 0 and redis.call('HLEN', KEYS[1]) >= cap then return -1 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
+"""
+
+#: client ARGV[1]'s record, only while it names object ARGV[2]: 1 removed, 0 not there
+_UNACCEPT = """
+local have = redis.call('HGET', KEYS[1], ARGV[1])
+if have and cjson.decode(have)['key'] == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
 """
 
 
@@ -63,7 +82,8 @@ class Journal:
         """Connect to ``url`` as the user in ``credentials_file`` (required; read now)."""
         self.url = url
         self.r: aioredis.Redis = async_redis_client(url, credentials_file)
-        self._accept_capped = self.r.register_script(_ACCEPT_CAPPED)  # EVALSHA after the first
+        self._accept = self.r.register_script(_ACCEPT)  # EVALSHA after the first
+        self._unaccept = self.r.register_script(_UNACCEPT)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -104,17 +124,26 @@ class Journal:
     async def accept(
         self, job: str, round: int, client: str, record: dict[str, Any], *, cap: int = 0
     ) -> Accepted:
-        """Journal one accepted update: :attr:`Accepted.DUPLICATE` if this client already has
-        one in this round; with ``cap`` (an async job's buffer size), :attr:`Accepted.FULL`
-        once the round holds ``cap`` updates over all nodes (checked and written in one
-        script, so concurrent uploads on several gateways never pass it)."""
-        key, value = f"{PREFIX}job:{job}:round:{round}", json.dumps(record)
-        if cap:
-            return Accepted(int(await self._accept_capped(keys=[key], args=[client, value, cap])))
-        return Accepted.OK if await self.r.hsetnx(key, client, value) else Accepted.DUPLICATE
+        """Journal one accepted update, ``record`` (its object's ``key`` among its fields):
+        :attr:`Accepted.DUPLICATE` if this client already has another record in this round;
+        with ``cap`` (an async job's buffer size), :attr:`Accepted.FULL` once the round holds
+        ``cap`` updates over all nodes (checked and written in one script, so concurrent
+        uploads on several gateways never pass it). Idempotent: the same record again, after
+        a try whose answer was lost, is :attr:`Accepted.OK`."""
+        key = f"{PREFIX}job:{job}:round:{round}"
+        args = [client, json.dumps(record), cap, record["key"]]
+        return Accepted(int(await self._accept(keys=[key], args=args)))
 
-    async def unaccept(self, job: str, round: int, client: str) -> None:
-        await self.r.hdel(f"{PREFIX}job:{job}:round:{round}", client)
+    async def unaccept(self, job: str, round: int, client: str, key: str) -> bool:
+        """Remove ``client``'s record of ``round`` if it names object ``key`` (hex); whether
+        it did. Idempotent, and never removes a record another upload wrote meanwhile."""
+        got = await self._unaccept(keys=[f"{PREFIX}job:{job}:round:{round}"], args=[client, key])
+        return bool(got)
+
+    async def round_record(self, job: str, round: int, client: str) -> dict[str, Any] | None:
+        """``client``'s record of ``round`` (None: it has none)."""
+        raw = await self.r.hget(f"{PREFIX}job:{job}:round:{round}", client)
+        return None if raw is None else dict(json.loads(raw))
 
     async def round_updates(self, job: str, round: int) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(f"{PREFIX}job:{job}:round:{round}")

@@ -125,7 +125,7 @@ async def recover_round(gw: Gateway, job: Job) -> None:
                 client,
                 eng.round,
             )
-            await gw.journal.unaccept(job.name, eng.round, client)
+            await gw.journal.unaccept(job.name, eng.round, client, rec["key"])
             continue
         eng.add_update(client, bytes.fromhex(rec["key"]), float(rec["weight"]))
     swept = job.ns.sweep()
