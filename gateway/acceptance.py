@@ -33,7 +33,7 @@ from redis.exceptions import ResponseError
 
 from gateway.background import JOURNAL_ERRORS, Abandoned
 from gateway.bodies import RETRY_AFTER_S
-from gateway.errors import UpdateRejected
+from gateway.errors import RetryLater
 from gateway.journal import Accepted
 
 if TYPE_CHECKING:
@@ -43,22 +43,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["JournalRefused", "Unresolved", "journal_update", "withdraw"]
+__all__ = ["JournalRefused", "UploadInFlight", "Unresolved", "journal_update", "withdraw"]
 
 
-class JournalRefused(UpdateRejected):
+class JournalRefused(RetryLater):
     """503 + ``Retry-After``: Redis refused the update's record and holds none of this client
     for the round; nothing of the upload is kept, the client sends it again later."""
 
-    def __init__(self, detail: str, *, client_id: str, round: int) -> None:
-        super().__init__(
-            f"{detail}; retry after {RETRY_AFTER_S} s",
-            status=503,
-            code="journal_unavailable",
-            client_id=client_id,
-            round=round,
-            retry_after=RETRY_AFTER_S,
-        )
+    code = "journal_unavailable"
+
+
+class UploadInFlight(RetryLater):
+    """503 + ``Retry-After``: an upload of the same client and round is still being received
+    or journaled on this node, and may yet fail: a 409 ``duplicate_client`` would tell the
+    client it counts. Asked again later, the node knows."""
+
+    code = "upload_in_flight"
 
 
 class Unresolved(Exception):
@@ -109,7 +109,10 @@ async def journal_update(
             "job %s: Redis refused %s's update of round %d: %s", job.name, client, rnd, refused
         )
         raise JournalRefused(
-            f"the journal refused the update's record ({refused})", client_id=client, round=rnd
+            f"the journal refused the update's record ({refused})",
+            retry_after=RETRY_AFTER_S,
+            client_id=client,
+            round=rnd,
         )
     return Accepted.OK if have.get("key") == record["key"] else Accepted.DUPLICATE
 

@@ -77,6 +77,28 @@ class UpdateRejected(GatewayError):
         return [] if self.retry_after is None else [("retry-after", str(self.retry_after))]
 
 
+class RetryLater(UpdateRejected):
+    """503 + ``Retry-After``: the node cannot take the upload now and keeps nothing of it; the
+    client sends it again after ``retry_after`` seconds. Subclasses name the ``code``."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        retry_after: int,
+        client_id: str | None = None,
+        round: int | None = None,
+    ) -> None:
+        super().__init__(
+            f"{detail}; retry after {retry_after} s",
+            status=503,
+            code=self.code,
+            client_id=client_id,
+            round=round,
+            retry_after=retry_after,
+        )
+
+
 class NotFound(GatewayError):
     status = 404
     code = "not_found"

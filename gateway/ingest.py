@@ -13,7 +13,7 @@ from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
 from gateway.acceptance import Unresolved
 from gateway.bodies import RETRY_AFTER_S, Hold
-from gateway.errors import JobNotFound, Unauthorized, UpdateRejected
+from gateway.errors import JobNotFound, RetryLater, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
 from gateway.meta import parse_client_meta
 
@@ -28,22 +28,12 @@ UPLOAD = re.compile(r"^/v1/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/updat
 PARTIAL = re.compile(r"^/v1/internal/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/partials$")
 
 
-class StoreUnavailable(UpdateRejected):
+class StoreUnavailable(RetryLater):
     """503 + ``Retry-After``: this node's store cannot take one more object now (it holds its
     most objects, or the system refused the memory or a file: ``/dev/shm`` full, out of file
     descriptors). Nothing is held for the request; the client retries later."""
 
-    def __init__(
-        self, detail: str, *, client_id: str | None = None, round: int | None = None
-    ) -> None:
-        super().__init__(
-            f"{detail}; retry after {RETRY_AFTER_S} s",
-            status=503,
-            code="store_full",
-            client_id=client_id,
-            round=round,
-            retry_after=RETRY_AFTER_S,
-        )
+    code = "store_full"
 
 
 def allocate(
@@ -55,12 +45,17 @@ def allocate(
         return job.ns.allocate()
     except StoreFull as exc:
         hold.release()
-        raise StoreUnavailable(f"{what}: {exc}", client_id=client, round=rnd) from None
+        raise StoreUnavailable(
+            f"{what}: {exc}", retry_after=RETRY_AFTER_S, client_id=client, round=rnd
+        ) from None
     except OSError as exc:
         hold.release()
         log.warning("job %s: no store object for %s: %s", job.name, what, exc)
         raise StoreUnavailable(
-            f"{what}: the object store could not allocate: {exc}", client_id=client, round=rnd
+            f"{what}: the object store could not allocate: {exc}",
+            retry_after=RETRY_AFTER_S,
+            client_id=client,
+            round=rnd,
         ) from None
 
 

@@ -23,7 +23,7 @@ from fedfaas.objstore import Namespace
 from fedfaas.robust import RobustRule
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
-from gateway.acceptance import journal_update, withdraw
+from gateway.acceptance import UploadInFlight, journal_update, withdraw
 from gateway.bodies import RETRY_AFTER_S
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
 from gateway.journal import Accepted
@@ -400,15 +400,12 @@ class Job:
                 round=rnd,
             )
         if client in self.inflight:  # it may still fail: a 409 would say it counts
-            raise UpdateRejected(
+            raise UploadInFlight(
                 f"an update of client {client} for round {open_r} is still being received or "
-                f"journaled here; send again after {RETRY_AFTER_S} s (409 duplicate_client "
-                "then, if it counts)",
-                status=503,
-                code="upload_in_flight",
+                "journaled here (409 duplicate_client then, if it counts)",
+                retry_after=RETRY_AFTER_S,
                 client_id=client,
                 round=rnd,
-                retry_after=RETRY_AFTER_S,
             )
         if eng.accepted + len(self.inflight) >= eng.capacity:
             raise UpdateRejected(

@@ -10,9 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.stack import GatewayProc, Replicas, start_gateway
+from fedfaas import wire
 from fedfaas.services import free_port
 from gateway.settings import GatewaySettings
+from tests.dataplane.gwutil import tiny_model
 
 
 def gateway_settings(tmp_path: Path, redis_url: str, **settings: Any) -> GatewaySettings:
@@ -30,6 +34,42 @@ def gateway_settings(tmp_path: Path, redis_url: str, **settings: Any) -> Gateway
     )
 
 
+def admin_settings(
+    tmp_path: Path, redis_url: str, **settings: Any
+) -> tuple[GatewaySettings, dict[str, str]]:
+    """:func:`gateway_settings` with an admin secret of the test's own (``tmp_path/gw``, 0600),
+    and the admin's bearer header: a gateway the test may stop and start again on the same
+    state, store and Redis."""
+    state = tmp_path / "gw"
+    state.mkdir()
+    secret = os.urandom(16).hex()
+    (state / "admin-secret").write_text(secret + "\n")
+    os.chmod(state / "admin-secret", 0o600)
+    s = gateway_settings(tmp_path, redis_url, admin_secret_file=state / "admin-secret", **settings)
+    return s, {"Authorization": f"Bearer {secret}"}
+
+
+def post_job(
+    url: str, admin: dict[str, str], clients: list[str], *, goal: int, rounds: int
+) -> dict[str, str]:
+    """``POST /v1/jobs`` of job ``j1`` (``tiny_model(0)``) as the admin: its clients' tokens."""
+    r = httpx.post(
+        url + "/v1/jobs",
+        params={"job": "j1", "rounds": rounds, "goal": goal, "clients": ",".join(clients)},
+        content=wire.encode_tensors(tiny_model(0)),
+        headers=admin,
+    )
+    assert r.status_code == 201, r.text
+    return dict(r.json()["tokens"])
+
+
+def journal_retries(url: str, admin: dict[str, str], op: str) -> float:
+    """The gateway's ``fedfaas_gateway_journal_retries_total{op}``, read from its /metrics."""
+    text = httpx.get(url + "/metrics", headers=admin).text
+    line = f'fedfaas_gateway_journal_retries_total{{op="{op}"}} '
+    return next((float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
 @contextmanager
 def gateway_process(
     tmp_path: Path, redis_url: str, *, endpoints: int = 2, **settings: Any
@@ -37,12 +77,8 @@ def gateway_process(
     """Yield ``(gateway, admin secret)``: node ``n1``, userspace router, a private store root,
     one replica with ``endpoints`` endpoints registered; ``settings`` are more of its settings.
     Everything is stopped and the store root removed afterwards."""
-    state = tmp_path / "gw"
-    state.mkdir()
-    admin = os.urandom(16).hex()
-    (state / "admin-secret").write_text(admin + "\n")
-    os.chmod(state / "admin-secret", 0o600)
-    s = gateway_settings(tmp_path, redis_url, admin_secret_file=state / "admin-secret", **settings)
+    s, header = admin_settings(tmp_path, redis_url, **settings)
+    admin = header["Authorization"].removeprefix("Bearer ")
     shm = s.shm_root
     gw = start_gateway(s, tmp_path / "gateway.log")
     aggs = Replicas(gw, tmp_path / "aggregators")

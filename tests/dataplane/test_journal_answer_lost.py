@@ -30,6 +30,7 @@ import shutil
 import signal
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -39,8 +40,9 @@ import pytest
 from bench.stack import Replicas, start_gateway
 from client.sdk import FLClient
 from fedfaas import wire
+from gateway.jobs import Job
 from tests.aggregators import Aggregators
-from tests.dataplane.gwproc import gateway_settings
+from tests.dataplane.gwproc import admin_settings, journal_retries, post_job
 from tests.dataplane.gwutil import GatewayThread, settings, tiny_model, wait_until
 from tests.dataplane.journalfaults import writes_refused
 from tests.dataplane.redisrelay import ALL, RedisRelay
@@ -93,11 +95,6 @@ def _published_count(redis_url) -> int:  # type: ignore[no-untyped-def]
         r.close()
 
 
-def _retries(gw, op: str) -> float:  # type: ignore[no-untyped-def]
-    v = gw.gw.metrics.registry.get_sample_value("fedfaas_gateway_journal_retries_total", {"op": op})
-    return v or 0.0
-
-
 def _send(url: str, token: str, client: str, body: bytes, weight: int) -> httpx.Response:
     return httpx.post(
         f"{url}/v1/jobs/j1/rounds/1/updates",
@@ -123,18 +120,26 @@ def relayed_gw(tmp_path: Path, redis_url, relay: RedisRelay) -> Iterator[Gateway
         shutil.rmtree(s.shm_root, ignore_errors=True)
 
 
+@contextmanager
+def _job(gw: GatewayThread) -> Iterator[tuple[dict[str, str], Job]]:
+    """Job ``j1`` of :data:`CLIENTS` (goal 4, one round) on ``gw``, with two aggregator
+    replicas: ``(tokens, the gateway's job)``."""
+    info = create(gw, CLIENTS, 4, rounds=1)
+    aggs = Aggregators(gw)
+    try:
+        aggs.spawn(2)
+        aggs.wait_registered(2)
+        yield info["tokens"], gw.gw.jobs["j1"]
+    finally:
+        aggs.stop()
+
+
 @pytest.mark.parametrize("lost", [1, ALL], ids=["lost-once", "lost-until-the-gateway-retries"])
 def test_an_update_whose_journal_answer_is_lost_is_acknowledged_and_counted_once(
     relayed_gw: GatewayThread, redis_url, relay: RedisRelay, lost: int
 ) -> None:  # type: ignore[no-untyped-def]
     gw = relayed_gw
-    info = create(gw, CLIENTS, 4, rounds=1)
-    tokens = info["tokens"]
-    job = gw.gw.jobs["j1"]
-    aggs = Aggregators(gw)
-    try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+    with _job(gw) as (tokens, job):
         for i in (0, 1):
             upload(gw.url, tokens, CLIENTS[i], 1, SEEDS[i], WEIGHTS[i])
         relay.lose(lost)
@@ -144,7 +149,12 @@ def test_an_update_whose_journal_answer_is_lost_is_acknowledged_and_counted_once
         ):
             sent: Future = pool.submit(fl.upload, 1, _body(2), WEIGHTS[2])
             if lost == ALL:
-                wait_until(lambda: _retries(gw, "accept") >= 1, 120, "the gateway's own retry")
+                admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+                wait_until(
+                    lambda: journal_retries(gw.url, admin, "accept") >= 1,
+                    120,
+                    "the gateway's retry",
+                )
                 again = _send(gw.url, tokens["c2"], "c2", _body(2), WEIGHTS[2])
                 assert again.status_code == 503, again.text
                 assert again.json()["error"] == "upload_in_flight"
@@ -160,52 +170,28 @@ def test_an_update_whose_journal_answer_is_lost_is_acknowledged_and_counted_once
         got = wait_version(gw.url, tokens["c0"], 1)
         assert_fedavg(got, expected(SEEDS, WEIGHTS))
         assert _published_count(redis_url) == 4  # each update once
-    finally:
-        aggs.stop()
 
 
 def test_a_gateway_stopped_before_the_answer_came_counts_the_update_after_its_restart(
     tmp_path: Path, redis_url, relay: RedisRelay
 ) -> None:  # type: ignore[no-untyped-def]
-    state = tmp_path / "gw"
-    state.mkdir()
-    secret = os.urandom(16).hex()
-    (state / "admin-secret").write_text(secret)
-    (state / "admin-secret").chmod(0o600)
-    s = gateway_settings(
-        tmp_path,
-        redis_url,
-        admin_secret_file=state / "admin-secret",
-        fanout=2,
-        pool=3,
-        retry_max_s=0.1,
-    ).model_copy(update={"redis_url": relay.url})
-    admin = {"Authorization": f"Bearer {secret}"}
+    s, admin = admin_settings(tmp_path, redis_url, fanout=2, pool=3, retry_max_s=0.1)
+    s = s.model_copy(update={"redis_url": relay.url})
     gw = start_gateway(s, tmp_path / "gateway.log")
     aggs = Replicas(gw, tmp_path / "aggregators")  # they register again after the restart
     try:
         aggs.spawn(1, endpoints=2)
         aggs.wait_registered(2)
-        r = httpx.post(
-            gw.url + "/v1/jobs",
-            params={"job": "j1", "rounds": 1, "goal": 4, "clients": ",".join(CLIENTS)},
-            content=wire.encode_tensors(tiny_model(0)),
-            headers=admin,
-        )
-        assert r.status_code == 201, r.text
-        tokens = r.json()["tokens"]
+        tokens = post_job(gw.url, admin, CLIENTS, goal=4, rounds=1)
         for i in (0, 1):
             upload(gw.url, tokens, CLIENTS[i], 1, SEEDS[i], WEIGHTS[i])
-
-        def accept_retries() -> float:
-            text = httpx.get(gw.url + "/metrics", headers=admin).text
-            line = 'fedfaas_gateway_journal_retries_total{op="accept"} '
-            return next((float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)), 0)
 
         relay.lose(ALL)
         with ThreadPoolExecutor(1) as pool:
             first: Future = pool.submit(_send, gw.url, tokens["c2"], "c2", _body(2), WEIGHTS[2])
-            wait_until(lambda: accept_retries() >= 1, 120, "the gateway's own retry")
+            wait_until(
+                lambda: journal_retries(gw.url, admin, "accept") >= 1, 120, "the gateway's retry"
+            )
             assert relay.lost >= 1 and "c2" in _records(redis_url)  # it landed, unanswered
             os.kill(gw.pid, signal.SIGTERM)
             assert gw.proc.wait(s.stop_grace + 10) == 0  # a clean stop
@@ -232,13 +218,7 @@ def test_a_gateway_stopped_before_the_answer_came_counts_the_update_after_its_re
 
 def test_a_record_redis_refuses_is_answered_503_and_keeps_nothing(make_gw, redis_url) -> None:  # type: ignore[no-untyped-def]
     gw = make_gw(fanout=2, pool=3, retry_max_s=0.1)
-    info = create(gw, CLIENTS, 4, rounds=1)
-    tokens = info["tokens"]
-    job = gw.gw.jobs["j1"]
-    aggs = Aggregators(gw)
-    try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+    with _job(gw) as (tokens, job):
         upload(gw.url, tokens, "c0", 1, SEEDS[0], WEIGHTS[0])
         before = sorted(job.ns.keys())
         with writes_refused(redis_url, ["fedfaas:jobs", "fedfaas:job:j1:state"]):
@@ -255,5 +235,3 @@ def test_a_record_redis_refuses_is_answered_503_and_keeps_nothing(make_gw, redis
         got = wait_version(gw.url, tokens["c0"], 1)
         assert_fedavg(got, expected(SEEDS, WEIGHTS))
         assert _published_count(redis_url) == 4
-    finally:
-        aggs.stop()

@@ -27,7 +27,7 @@ import pytest
 from bench.stack import Replicas, start_gateway
 from fedfaas import wire
 from tests.aggregators import Aggregators
-from tests.dataplane.gwproc import gateway_settings
+from tests.dataplane.gwproc import admin_settings, journal_retries, post_job
 from tests.dataplane.gwutil import tiny_model, wait_until
 from tests.dataplane.journalfaults import publish_refused, slot_records_refused
 from tests.dataplane.test_gateway_rounds import (
@@ -140,43 +140,22 @@ def test_slot_records_redis_refuses_are_tried_again_and_the_round_publishes_exac
 def test_a_gateway_killed_while_its_publication_waits_for_redis_recovers_the_round(
     tmp_path: Path, redis_url: str
 ) -> None:
-    state = tmp_path / "gw"
-    state.mkdir()
-    secret = os.urandom(16).hex()
-    (state / "admin-secret").write_text(secret)
-    (state / "admin-secret").chmod(0o600)
-    s = gateway_settings(
-        tmp_path,
-        redis_url,
-        admin_secret_file=state / "admin-secret",
-        fanout=2,
-        pool=3,
-        retry_max_s=0.1,
-    )
-    admin = {"Authorization": f"Bearer {secret}"}
+    s, admin = admin_settings(tmp_path, redis_url, fanout=2, pool=3, retry_max_s=0.1)
     gw = start_gateway(s, tmp_path / "gateway.log")
     aggs = Replicas(gw, tmp_path / "aggregators")  # they register again after the restart
     try:
         aggs.spawn(1, endpoints=2)
         aggs.wait_registered(2)
-        r = httpx.post(
-            gw.url + "/v1/jobs",
-            params={"job": "j1", "rounds": 2, "goal": 4, "clients": ",".join(CLIENTS)},
-            content=wire.encode_tensors(tiny_model(0)),
-            headers=admin,
-        )
-        assert r.status_code == 201, r.text
-        tokens = r.json()["tokens"]
-
-        def publish_retries() -> float:
-            text = httpx.get(gw.url + "/metrics", headers=admin).text
-            line = 'fedfaas_gateway_journal_retries_total{op="publish"} '
-            return next((float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)), 0)
+        tokens = post_job(gw.url, admin, CLIENTS, goal=4, rounds=2)
 
         with publish_refused(redis_url, "j1"):
             for c, seed, w in zip(CLIENTS, SEEDS, WEIGHTS, strict=True):
                 upload(gw.url, tokens, c, 1, seed, w)
-            wait_until(lambda: publish_retries() >= 2, 60, "the publication refused")
+            wait_until(
+                lambda: journal_retries(gw.url, admin, "publish") >= 2,
+                60,
+                "the publication refused",
+            )
             os.killpg(gw.pid, signal.SIGKILL)  # between the round's result and its journal
             gw.proc.wait(15)
         gw = start_gateway(s, tmp_path / "gateway.log")  # the same state, store and Redis
