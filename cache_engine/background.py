@@ -129,7 +129,7 @@ class Background(EngineState):
                     body = r.json()
                     with self._lock:
                         if f in self.functions:
-                            self.functions[f].used = int(body.get("bytes", 0))
+                            self.functions[f].said(body)
                         self.budget.report(f, int(body.get("private_bytes", 0)))
                         self._unmapped(f, ks)
             except Exception as exc:

@@ -57,7 +57,9 @@ class Liveness(EngineState):
             changed = bool(info.incarnation) and info.incarnation != inc
             back = not info.alive and info.incarnation == inc and info.failures > 0
             info.incarnation, info.alive, info.failures = inc, True, 0
-            info.used = int(body.get("bytes", 0))
+            if changed:  # a new process counts its loads from 0
+                info.seq = -1
+            info.said(body)
             self.budget.report(name, int(body.get("private_bytes", info.used)))
             url = body.get("url")
             url = url if isinstance(url, str) and _DIRECT.match(url) else None
@@ -131,7 +133,7 @@ class Liveness(EngineState):
                 left = self.table.drop_function(name)
             info = self.functions.get(name)
             if info is not None:
-                info.used = 0
+                info.used, info.seq = 0, -1
             self.budget.forget_function(name)
             self._unmapped(name, left)
         self.stats["functions_lost"] += 1

@@ -12,6 +12,7 @@ when too big for one function (:mod:`cache_engine.parts`).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -46,10 +47,22 @@ class FunctionInfo:
     #: bytes of loads under way to it (set aside by :meth:`Placement.ensure`)
     reserved: int = 0
 
+    #: the loads and evictions it had done when it last said what it holds
+    seq: int = -1
+
     @property
     def taken(self) -> int:
         """Bytes it holds, as it last said, and those on their way to it."""
         return self.used + self.reserved
+
+    def said(self, body: dict[str, Any]) -> None:
+        """The function's own word on what it holds (a load's, an eviction's or a ping's
+        answer): taken unless an answer already seen was newer (answers to loads at once
+        arrive in any order; an older one would undercount)."""
+        seq = int(body.get("loads", 0)) + int(body.get("evictions", 0))
+        if seq >= self.seq:
+            self.seq = seq
+            self.used = int(body.get("bytes", self.used))
 
 
 class Placement(EngineState):
@@ -102,12 +115,19 @@ class Placement(EngineState):
             reserved += max(0, missing_fns) * self._predicted(keys)
             try:  # the node's budget: checked before any load starts
                 self.budget.reserve(reserved)
+                over = False
             except OverBudget:
                 self._unbook(booked)
-                raise
-            for ks in todo.values():
-                for k in ks:
-                    self._inflight.setdefault(k, threading.Event())
+                if _room_tries <= 0:
+                    raise
+                over = True
+            if not over:
+                for ks in todo.values():
+                    for k in ks:
+                        self._inflight.setdefault(k, threading.Event())
+        if over:  # room by the policy's order (never these keys), then place again
+            self.make_budget_room(reserved, keys)
+            return self.ensure(keys, copies, _room_tries=_room_tries - 1)
         try:
             for _ in range(max(0, missing_fns)):
                 try:
@@ -312,7 +332,7 @@ class Placement(EngineState):
         with self._lock:
             info = self.functions.get(fn)
             if info is not None:
-                info.used = int(body.get("bytes", info.used))
+                info.said(body)
             self.budget.report(fn, int(body.get("private_bytes", body.get("bytes", 0))))
             for ident in body.get("mapped") or ():
                 whole = ObjectKey.parse(ident).whole
@@ -340,6 +360,9 @@ class Placement(EngineState):
         ``S`` a ``1/S`` share)."""
         if key.parts:
             return -(-self._size(key.whole) // key.parts)
+        held = self.metas.get(key) if key.kind == "meta" else None
+        if held is not None:  # what the function holds: the normalized document, as JSON
+            return len(json.dumps(held))
         # a round's metadata grows with its clients: each is sized on its own
         kind = key.id if key.kind == "meta" else "model"
         s = self.sizes.get((key.job, kind))

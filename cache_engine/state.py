@@ -44,6 +44,8 @@ class EngineState:
     #: (job, "model" or a metadata object's id) -> bytes in a function
     sizes: dict[tuple[str, str], int]
     evaluators: dict[str, dict[str, Any]]
+    #: the newest ingested rounds' metadata (normalized), by its key
+    metas: OrderedDict[ObjectKey, dict[str, Any]]
     #: (job, round) -> where its root gateway lends its updates
     handoffs: OrderedDict[tuple[str, int], dict[str, Any]]
     stats: Counter[str]

@@ -400,6 +400,15 @@ def _compute(
 
 
 def _run(body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return _run_query(body)
+    finally:
+        if body.get("slices") is not None or body.get("evaluator") is not None:
+            # sub-models, streamed chunks: the heaps would keep their pages (fedfaas.memory)
+            release_free_memory()
+
+
+def _run_query(body: dict[str, Any]) -> dict[str, Any]:
     name = body.get("workload")
     params = body.get("params") or {}
     if not isinstance(name, str) or not isinstance(params, dict):
@@ -459,6 +468,8 @@ def _part(body: dict[str, Any]) -> dict[str, Any]:
         raw = serve(body, _holdings)
     except NotHeld as exc:
         return _err(409, "not_held", str(exc), missing=exc.missing, function=_name())
+    if body.get("source") is not None or len(raw) > 16 << 20:
+        release_free_memory()  # the chunks streamed, the rows built (see _run)
     return {
         "statusCode": 200,
         "body": raw,

@@ -1,0 +1,250 @@
+"""The cache engine's placement in coordinate parts, its memory budget, the offers it ends and
+the evaluator functions it scales.
+
+Real Redis; the cache functions are real handler modules called in process (the provider
+double of ``test_engine.py``), each reporting the bytes it holds as its private memory (they
+share this process, whose own ``RssAnon`` would say nothing about any one of them).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.harness.synthetic import write_history
+from cache_engine.cold_store import MemoryColdStore
+from cache_engine.engine import CacheEngine
+from cache_engine.keys import ObjectKey
+from cache_engine.settings import EngineSettings
+from fedfaas.auth import write_token_file
+from fedfaas.openfaas import DeployResult, FunctionStatus
+
+from .test_engine import FUNCTION_TOKEN, InProcessProvider, _model_bytes, _wait_idle
+
+pytestmark = pytest.mark.integration
+
+
+class Provider(InProcessProvider):
+    """The double, with each function's memory its held bytes, and a deployed evaluator."""
+
+    def __init__(self, cold: MemoryColdStore) -> None:
+        super().__init__(cold)
+        self.scaled: list[tuple[str, int]] = []
+        self.evaluator_replicas = 1
+
+    def deploy(self, body: dict[str, Any], **kw: Any) -> DeployResult:
+        res = super().deploy(body, **kw)
+        mod = self.fns[str(body["service"])]
+        mod._private_bytes = mod._used
+        return res
+
+    def function(self, name: str) -> FunctionStatus | None:
+        if name != "ev":
+            return None
+        n = self.evaluator_replicas
+        return FunctionStatus(name, n, n, {"com.openfaas.scale.max": "8"})
+
+    def scale(self, name: str, replicas: int) -> None:
+        self.scaled.append((name, replicas))
+        self.evaluator_replicas = replicas
+
+
+def _start(redis_url: Any, cold: MemoryColdStore, **kw: Any) -> tuple[CacheEngine, Provider]:
+    """An engine on :class:`Provider` (``test_engine._engine``'s settings)."""
+    prov = Provider(cold)
+    token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
+    s = EngineSettings(redis_url=redis_url, ping_interval=0.1, function_token_file=token_file, **kw)
+    eng = CacheEngine(s, redis_url.client("cache-engine", decode_responses=True), cold, prov)  # type: ignore[arg-type]
+    eng.start()
+    return eng, prov
+
+
+@pytest.fixture()
+def cold() -> MemoryColdStore:
+    c = MemoryColdStore()
+    write_history(c, "j", 4, per_round=4, pool=10, seed=5)
+    return c
+
+
+def _parts_on(prov: Provider, name: str) -> set[str]:
+    return {i for i in prov.held(name) if "~" in i}
+
+
+def test_a_round_too_big_for_a_function_is_placed_in_parts_one_copy_each(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    cap = 4 * _model_bytes(cold)  # a round (4 updates + its base) takes 5 models
+    eng, prov = _start(redis_url, cold, function_capacity_bytes=cap, max_functions=12)
+    try:
+        for r in range(0, 3):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
+        ranges = plan["slices"]["ranges"]
+        parts = ranges[0]["part"][1]
+        assert len({r["function"] for r in ranges}) >= 2 and len(ranges) == parts
+        assert plan["holders"] == [ranges[0]["function"]]
+        for s, r in enumerate(ranges):  # part s of every model on the function of range s
+            ids = {f"{o}~{s}.{parts}" for o in plan["objects"] if not o.endswith("/meta")}
+            assert ids <= prov.held(r["function"])
+            locs = eng.locations(sorted(ids))
+            assert all(v == [r["function"]] for v in locs.values()), locs  # one copy
+        for name, mod in prov.fns.items():
+            assert mod._used() <= cap, name
+        assert eng.stats["queries_in_parts"] == 1
+        again = eng.acquire({"workload": "cosine-to-aggregate", "job": "j", "rounds": [2]})
+        assert again["slices"]["ranges"] == ranges and again["loaded"] == 0  # shared
+    finally:
+        eng.stop()
+
+
+def test_an_object_the_policy_evicts_goes_with_every_part_and_a_lost_part_comes_back(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    cap = 4 * _model_bytes(cold)
+    eng, prov = _start(
+        redis_url, cold, function_capacity_bytes=cap, max_functions=12, evict_grace=0
+    )
+    try:
+        for r in range(0, 5):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [1]})
+        _wait_idle(eng)
+        r1 = {f"j/1/{c}" for c in eng.catalog.clients("j", 1)}
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [3]})
+        _wait_idle(eng)
+        for f in prov.fns:  # P2 dropped round 1: its updates' parts went too
+            assert not {i.split("~")[0] for i in _parts_on(prov, f)} & r1, f
+        assert not [k for k in eng.table.objects() if k.whole.id in r1]
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [3]})
+        victim = plan["slices"]["ranges"][-1]["function"]
+        prov.dead.add(victim)
+        assert eng.report_failure(victim) is False
+        _wait_idle(eng)
+        again = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [3]})
+        assert victim not in {r["function"] for r in again["slices"]["ranges"]}
+        for s, r in enumerate(again["slices"]["ranges"]):
+            n = r["part"][1]
+            ids = {f"{o}~{s}.{n}" for o in again["objects"] if not o.endswith("/meta")}
+            assert ids <= prov.held(r["function"])
+    finally:
+        eng.stop()
+
+
+def test_past_the_budget_nothing_is_loaded_and_the_plan_reads_minio(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    eng, prov = _start(redis_url, cold, memory_budget_bytes=1, query_memory_bytes=0)
+    try:
+        for r in range(0, 3):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
+        assert plan["slices"]["source"]["credentials"] == {}  # the memory store has no users
+        assert [r["part"] for r in plan["slices"]["ranges"]] == [None]
+        assert eng.stats["queries_streamed"] == 1 and eng.stats["loads_failed"] >= 1
+        for f in prov.fns:
+            assert not [i for i in prov.held(f) if not i.endswith("/meta")], f
+    finally:
+        eng.stop()
+
+
+def test_the_budget_evicts_in_the_policys_order_before_it_streams(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    model = _model_bytes(cold)
+    eng, prov = _start(
+        redis_url,
+        cold,
+        memory_budget_bytes=int(7.5 * model),  # one round (4 updates, base, meta), not two
+        query_memory_bytes=0,
+        secondaries=0,
+        evict_grace=0,
+    )
+    try:
+        eng.ingest("j", 0)
+        eng.ingest("j", 1)
+        _wait_idle(eng)
+        eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [1]})
+        eng.ingest("j", 2)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
+        assert "slices" not in plan  # placed whole, after evicting round 1 for room
+        assert eng.stats["evicted_for_budget"] >= 1
+        assert eng.budget.used() <= eng.budget.limit
+    finally:
+        eng.stop()
+
+
+def test_an_offer_ends_once_the_rounds_placement_has_claimed_what_it_keeps(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    from fedfaas import wire
+    from fedfaas.objstore import Namespace
+    from fedfaas.objstore.handoff import HandoffServer
+
+    g = cold.get(ObjectKey("j", 1, "global"))
+    assert isinstance(g, np.ndarray)
+    spec = wire.ModelSpec.build([("w", "F32", (g.shape[0],))])
+    root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
+    ns = Namespace(root, "n0", "j", spec.object_nbytes, pool=4)
+    server = HandoffServer(root / "n0" / "handoff.sock")
+    eng, prov = _start(redis_url, cold, secondaries=0)
+    try:
+        for r in range(0, 2):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        keys = {}
+        for c in eng.catalog.clients("j", 2):
+            obj = ns.allocate()
+            wire.write_header(obj.buf, spec, kind=wire.KIND_UPDATE, weight=1, count=1, round=2)
+            wire.flat_view(obj.buf, spec)[:] = 0
+            wire.flat_view(obj.buf, spec)[: spec.numel] = cold.get(ObjectKey("j", 2, "update", c))
+            keys[c] = obj.key_bytes
+            obj.close()
+            ns.seal(keys[c])
+        ticket = server.offer(ns, "j", 2, spec.numel, spec.hash.hex(), keys, 300)
+        eng.ingest("j", 2, {"socket": str(server.path), "ticket": ticket, "node": "n0"})
+        _wait_idle(eng)
+        deadline = time.monotonic() + 10
+        while server.stats["ended"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.stats["ended"] == 1 and eng.stats["offers_ended"] == 1
+        assert eng.stats["objects_handed_off"] == len(keys)  # the prefetch mapped them all
+        for k in keys.values():  # the offer's lease is gone; the one holder's stays
+            assert ns.leases(k) == 2
+        accounted = eng.budget.describe()
+        assert accounted["leased_bytes"] == len(keys) * eng._size(ObjectKey("j", 2, "update", "x"))
+        assert not [i for i in eng.budget.leased if i.startswith("offer:")]
+    finally:
+        eng.stop()
+        for mod in prov.fns.values():
+            for c in list(mod._handoffs.values()):
+                c.close()
+        server.close()
+        ns.close()
+
+
+def test_a_jobs_evaluator_function_is_scaled_up_to_its_replicas(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    import json
+
+    doc = json.loads(cold.get_bytes(ObjectKey("j", 0, "meta")))
+    doc["round_meta"]["evaluator"] = {"kind": "function", "function": "ev", "replicas": 3}
+    cold.put_bytes(ObjectKey("j", 0, "meta"), json.dumps(doc).encode())
+    eng, prov = _start(redis_url, cold)
+    try:
+        eng.ingest("j", 0)
+        eng.ingest("j", 1)
+        _wait_idle(eng)
+        assert prov.scaled == [("ev", 3)] and eng.stats["evaluators_scaled"] == 1
+    finally:
+        eng.stop()
