@@ -99,6 +99,7 @@ STATS = (
     "over_budget",
     "evicted_for_budget",
     "queries_in_parts",
+    "queries_partly_streamed",
     "queries_streamed",
     "parts_placed",
     "offers_ended",

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cache_engine.budget import OverBudget
-from cache_engine.errors import EngineError
+from cache_engine.errors import EngineError, one_line
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import Plan
 from fedfaas.workloads.sliced import max_parts, part_bounds
@@ -83,15 +83,17 @@ class PartPlanner:
         return self.dims[job]
 
     def covered(self, models: Sequence[ObjectKey]) -> int | None:
-        """A number of parts in which every model of the query is held, each part's group on
-        one live function (under the engine's lock); None when there is none."""
+        """The number of parts in which most of the query's parts are held, each held part's
+        group on one live function (under the engine's lock); None when no group is held."""
         if not models:
             return None
         counts = {k.parts for k in self.e.table.parts_of(models[0].whole)}
+        best, most = None, 0
         for n in sorted(counts):
-            if all(self._holder(g) for g in groups(models, n)):
-                return n
-        return None
+            held = sum(self._holder(g) is not None for g in groups(models, n))
+            if held > most:
+                best, most = n, held
+        return best
 
     def _holder(self, group: Sequence[ObjectKey]) -> str | None:
         live = self.e._live_holders(group)
@@ -99,7 +101,9 @@ class PartPlanner:
 
     # -- acquiring ----------------------------------------------------------------------
     def acquire(self, p: Plan) -> dict[str, Any]:
-        """A plan over parts for ``p``: placed now (or already), else streamed."""
+        """A plan over parts for ``p``: its parts placed where the budget allows (now, or
+        already), each range beyond read from the cold store by a live function; all of it
+        streamed when no part could be placed."""
         models = [k for k in p.keys if k.kind != "meta"]
         metas = [k for k in p.keys if k.kind == "meta"]
         job = p.query.job
@@ -110,38 +114,67 @@ class PartPlanner:
             n = parts_needed(
                 len(models), self.e._size(models[0].whole), self.e.s.function_capacity_bytes, dim
             )
-            try:
-                self.place(models, metas, n)
-            except (OverBudget, EngineError) as exc:
-                return self.stream(p, models, metas, dim, f"{type(exc).__name__}: {exc}")
         gs = groups(models, n)
-        reducer = self.e.ensure(gs[0] + metas, copies=1)[0] if metas else None
+        with self.e._lock:
+            missing = [s for s, g in enumerate(gs) if self._holder(g) is None]
+        why = self.place(models, metas, n, missing) if missing else ""
         with self.e._lock:
             holders = [self._holder(g) for g in gs]
-        if any(h is None for h in holders):  # a part lost meanwhile: read it from MinIO
-            return self.stream(p, models, metas, dim, "a part was lost while placing")
-        reducer = reducer or holders[0]
+        if not any(holders):
+            return self.stream(p, models, metas, dim, why or "every part was lost")
+        try:  # the reducer: part 0's holder, with the metadata
+            reducer = self.e.ensure(gs[0] + metas, copies=1)[0] if holders[0] else None
+        except (OverBudget, EngineError):
+            reducer = None
+        reducer = reducer or next(h for h in holders if h)
+        unplaced = [s for s, h in enumerate(holders) if h is None]
+        if unplaced:  # past the budget: those ranges from the cold store
+            log.info(
+                "query %s on %s reads %d of %d parts from the cold store (%s)",
+                p.query.workload,
+                job,
+                len(unplaced),
+                n,
+                why,
+            )
+            with self.e._lock:
+                alive = sorted(f for f, i in self.e.functions.items() if i.alive)
+            for i, s in enumerate(unplaced):
+                holders[s] = alive[i % len(alive)]
+            self.e.stats["queries_partly_streamed"] += 1
+        else:
+            self.e.stats["queries_in_parts"] += 1
         bounds = part_bounds(dim, n)
         ranges = [
             {"bounds": list(b), "part": [s, n], "function": h}
             for s, (b, h) in enumerate(zip(bounds, holders, strict=True))
         ]
-        self.e.stats["queries_in_parts"] += 1
-        return self._plan(job, str(reducer), dim, ranges, None)
+        source = {"credentials": self.e.cold.job_credentials({job})} if unplaced else None
+        return self._plan(job, str(reducer), dim, ranges, source)
 
-    def place(self, models: Sequence[ObjectKey], metas: Sequence[ObjectKey], n: int) -> None:
-        """Place part ``s`` of every model on a function, for each ``s`` (the metadata with
-        part 0): the whole placement must fit the node's memory budget, checked before any
-        load starts (:class:`OverBudget` otherwise)."""
+    def place(
+        self,
+        models: Sequence[ObjectKey],
+        metas: Sequence[ObjectKey],
+        n: int,
+        only: Sequence[int] | None = None,
+    ) -> str:
+        """Place part ``s`` of every model on a function, for each ``s`` (of ``only``; the
+        metadata with part 0), each group as the node's memory budget allows (checked before
+        its load starts; the policy's order frees room first). Returns why a group was not
+        placed ("" when all were)."""
         gs = groups(models, n)
         gs[0] = gs[0] + list(metas)
-        need = sum(self.e._predicted(g) for g in gs)
-        self.e.make_budget_room(need, [k for g in gs for k in g])
-        first = self._pool.submit(self.e.ensure, gs[0], 1)
-        rest = [self._pool.submit(self.e.ensure, g, 1) for g in gs[1:]]
-        for fut in [first, *rest]:
-            fut.result()
-        self.e.stats["parts_placed"] += sum(len(g) for g in gs)
+        todo = [gs[s] for s in (range(n) if only is None else only)]
+        futs = [self._pool.submit(self.e.ensure, g, 1) for g in todo]
+        why = ""
+        for fut in futs:
+            try:
+                fut.result()
+                self.e.stats["parts_placed"] += 1
+            except (OverBudget, EngineError) as exc:
+                why = why or one_line(exc)
+        return why
 
     def stream(
         self,

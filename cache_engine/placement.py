@@ -261,7 +261,15 @@ class Placement(EngineState):
         metas = [k for k in keys if k.kind == "meta"]
         dim = self.parts.dim(models[0].job, models[0])
         n = parts_needed(len(models), self._size(models[0]), self.s.function_capacity_bytes, dim)
-        self.parts.place(models, metas, n)
+        why = self.parts.place(models, metas, n)
+        if why:  # what the budget or the functions did not take is read from MinIO
+            self.stats["loads_failed"] += 1
+            log.warning(
+                "placing the parts of %s round %d partly skipped: %s",
+                models[0].job,
+                models[0].round,
+                why,
+            )
 
     def any_function(self) -> str:
         """A live cache function (one is created when there is none)."""

@@ -357,7 +357,7 @@ def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
             """Another function's /part, as _remote_part gets it over HTTP."""
             asked.append(function)
             try:
-                return serve(body, Holdings(other.get))
+                return serve(body, Holdings(other.get, lambda job, grants: s))
             except NotHeld as exc:
                 err = {"error": "not_held", "missing": exc.missing}
                 raise handler.PartFailed(function, 409, err) from None
@@ -424,6 +424,19 @@ def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
         assert code == 200, body
         assert body["result"]["scores"] == pytest.approx(want["scores"], rel=1e-9)
         assert handler._objects == before
+        # part 0 held here, part 1 past the budget: the other function streams its range
+        code, body = _call(
+            "POST",
+            "/run",
+            {
+                "workload": "multi-krum",
+                "params": {"round": 1},
+                "objects": models + ["job/1/meta"],
+                "slices": {**slices, "source": {"credentials": {}}},
+            },
+        )
+        assert code == 200, body
+        assert body["result"]["scores"] == pytest.approx(want["scores"], rel=1e-9)
     finally:
         handler.set_cold_store(None)
         handler._objects.clear()

@@ -248,3 +248,34 @@ def test_a_jobs_evaluator_function_is_scaled_up_to_its_replicas(
         assert prov.scaled == [("ev", 3)] and eng.stats["evaluators_scaled"] == 1
     finally:
         eng.stop()
+
+
+def test_parts_past_the_budget_are_read_from_minio_the_others_held(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    model = _model_bytes(cold)
+    eng, prov = _start(
+        redis_url,
+        cold,
+        function_capacity_bytes=4 * model,  # a round (5 models) goes in 4 parts
+        memory_budget_bytes=int(2.8 * model),  # two of them, not four
+        query_memory_bytes=0,
+        secondaries=0,
+        max_functions=12,
+    )
+    try:
+        for r in range(0, 3):
+            eng.ingest("j", r)
+        _wait_idle(eng)
+        plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
+        ranges = plan["slices"]["ranges"]
+        held = []
+        for s, r in enumerate(ranges):
+            n = r["part"][1]
+            ids = {f"{o}~{s}.{n}" for o in plan["objects"] if not o.endswith("/meta")}
+            held.append(ids <= prov.held(r["function"]))
+        assert any(held) and not all(held), held
+        assert "source" in plan["slices"] and eng.stats["queries_partly_streamed"] == 1
+        assert eng.budget.used() <= eng.budget.limit
+    finally:
+        eng.stop()
