@@ -1032,10 +1032,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-shapley", action="store_true")
     ap.add_argument(
         "--big-rounds",
-        default="",
-        help="sizes of the ResNet-18-sized rounds to run, e.g. 120,200 (none by default: "
-        "they write 15 GB to MinIO and take the machine for a while; make bench-flstore "
-        "passes them)",
+        default="120,200",
+        help="sizes of the ResNet-18-sized rounds to run (default 120,200: they write 15 GB "
+        "to MinIO and take the machine for about an hour; '' for none)",
     )
     ap.add_argument(
         "--budget-gb",
@@ -1046,12 +1045,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: --small, 2 rounds, lookup overhead at 1,000 entries only",
+        help="smoke run: --small, 2 rounds, lookup overhead at 1,000 entries only, no big rounds",
     )
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files")
     args = ap.parse_args(argv)
     if args.quick:
-        args.small, args.rounds = True, 2
+        args.small, args.rounds, args.big_rounds = True, 2, ""
     args.memo = ["on", "off"] if args.memo == "both" else [args.memo]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

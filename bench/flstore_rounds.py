@@ -50,7 +50,7 @@ RESNET18 = 11_181_642
 HEAD = 650
 FILLER_PARTS = 4
 #: GTG-Shapley at this size: one permutation costs up to n sub-models of 44.7 MB each
-GTG_PARAMS = {"method": "gtg", "max_permutations": 10}
+GTG_PARAMS = {"method": "gtg", "max_permutations": 5}
 
 
 def same_answer(a: Any, b: Any, tol: float = 1e-4) -> bool:
@@ -149,6 +149,10 @@ class _Sampler:
         self.stack = stack
         self.peak_private = 0
         self.peak_accounted = 0
+        #: each function's own peak, and the query running at each peak
+        self.peaks: dict[str, int] = {}
+        self.query = ""
+        self.peak_query = ""
         self._stop = threading.Event()
         self._pids: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -173,9 +177,12 @@ class _Sampler:
         while not self._stop.wait(0.2):
             try:
                 total = 0
-                for pid in self._pids_now().values():
-                    total += _rss_anon(pid)
-                self.peak_private = max(self.peak_private, total)
+                for name, pid in self._pids_now().items():
+                    rss = _rss_anon(pid)
+                    self.peaks[name] = max(self.peaks.get(name, 0), rss)
+                    total += rss
+                if total > self.peak_private:
+                    self.peak_private, self.peak_query = total, self.query
             except (httpx.HTTPError, OSError, ValueError, KeyError):
                 continue
 
@@ -185,6 +192,8 @@ class _Sampler:
         return {
             "peak_private_bytes": self.peak_private,
             "peak_accounted_bytes": self.peak_accounted,
+            "peak_during": self.peak_query,
+            "peaks_by_function": dict(self.peaks),
         }
 
 
@@ -226,11 +235,13 @@ def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int
     try:
         client = httpx.Client(timeout=3600)
         t0 = time.perf_counter()
+        sampler.query = "ingest and prefetch"
         stack.ingest(job, [0, 1])
         stack.wait_idle(3600)
         ingest_s = time.perf_counter() - t0
         rows = {}
         for wl, body in queries(job):
+            sampler.query = wl
             rows[wl] = _ask(
                 client, f"{stack.tracker_url}/v1/queries?wait=true", body, headers=stack.auth
             )

@@ -403,6 +403,10 @@ class Placement(EngineState):
             "FEDFAAS_FLSTORE_CAPACITY_BYTES": str(self.s.function_capacity_bytes),
             # the gateway the function calls a job's evaluator function through
             "FEDFAAS_FLSTORE_GATEWAY_URL": self.s.runtime_url,
+            # a query's large transient buffers (sub-models, streamed chunks, parts' answers)
+            # are mapped and given back at once, not kept in per-thread heaps: the node's
+            # memory budget counts the functions' private memory
+            "MALLOC_MMAP_THRESHOLD_": str(1 << 20),
             # of-watchdog's exec_timeout: loads and workloads on 44.7 MB updates take longer
             # than the 30 s default on a busy 2-core machine, and a contribution query over a
             # round of hundreds of them takes minutes (the tracker's long_query_timeout)

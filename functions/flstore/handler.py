@@ -46,6 +46,7 @@ function and the other cache functions through; the cache engine sets it),
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -404,7 +405,9 @@ def _run(body: dict[str, Any]) -> dict[str, Any]:
         return _run_query(body)
     finally:
         if body.get("slices") is not None or body.get("evaluator") is not None:
-            # sub-models, streamed chunks: the heaps would keep their pages (fedfaas.memory)
+            # sub-models, streamed chunks: what a reference cycle still holds goes now, and
+            # the heaps would keep the pages (fedfaas.memory)
+            gc.collect()
             release_free_memory()
 
 
@@ -469,7 +472,8 @@ def _part(body: dict[str, Any]) -> dict[str, Any]:
     except NotHeld as exc:
         return _err(409, "not_held", str(exc), missing=exc.missing, function=_name())
     if body.get("source") is not None or len(raw) > 16 << 20:
-        release_free_memory()  # the chunks streamed, the rows built (see _run)
+        gc.collect()  # the chunks streamed, the rows built (see _run)
+        release_free_memory()
     return {
         "statusCode": 200,
         "body": raw,
