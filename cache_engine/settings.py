@@ -46,7 +46,8 @@ class EngineSettings(CommandLineSettings):
         Past it nothing more is loaded: queries read their models from MinIO.
     query_memory_bytes
         Of the budget, what loads never take: the queries' working memory (a reducer's
-        batch of sub-models, chunks streamed from MinIO); default 512 MiB.
+        batch of sub-models and their parts' answers, chunks streamed from MinIO: about
+        1 GiB with ResNet-18-sized models); default 1 GiB.
     function_image
         Image of the cache functions: ``flstore`` in ``stack.platform.yml``, which ``make images``
         builds under this name (the chart sets it from ``cacheEngine.functionImage``).
@@ -126,7 +127,7 @@ class EngineSettings(CommandLineSettings):
     max_functions: int = 8
     memory_budget_bytes: int = Field(default=0, ge=0)
     memory_budget_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
-    query_memory_bytes: int = Field(default=512 << 20, ge=0)
+    query_memory_bytes: int = Field(default=1 << 30, ge=0)
     ping_interval: float = 1.0
     ping_timeout: float = 2.0
     dead_after: int = 3
