@@ -13,7 +13,8 @@ something at this size; cosine, Multi-Krum and FoolsGold see the whole vectors.
 For each size, one system at a time (their memory would not fit this machine together):
 
 1. **FedFaaS** on a fresh stack (runtime, engine, tracker) whose node memory budget is
-   ``budget`` bytes: below the 200-update round (8.9 GB), above the 120-update one. The round
+   ``budget`` bytes: below the 200-update round (8.9 GB), above the 120-update one (5.4 GB,
+   with the functions' own memory and 1 GiB kept for the queries' working memory). The round
    is ingested (the policy's prefetch places it in coordinate parts across cache functions when
    the budget allows), then the queries are asked through the tracker; a sampler reads the
    cache functions' private memory (``RssAnon``) all along, and the engine's budget account.
