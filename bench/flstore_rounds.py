@@ -255,7 +255,13 @@ def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int
             "budget": state["memory_budget"],
             "stats": {
                 k: state["stats"][k]
-                for k in ("queries_in_parts", "queries_streamed", "loads_failed", "over_budget")
+                for k in (
+                    "queries_in_parts",
+                    "queries_partly_streamed",
+                    "queries_streamed",
+                    "loads_failed",
+                    "over_budget",
+                )
             },
             "functions": len(state["functions"]),
         }
@@ -398,7 +404,8 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"| {n} | {row['round_bytes'] / 1e9:.1f} | {gb:.1f} | "
             f"{f['memory']['peak_private_bytes'] / 1e9:.2f} | "
             f"{f['memory']['peak_accounted_bytes'] / 1e9:.2f} | "
-            f"{f['stats']['queries_in_parts']} | {f['stats']['queries_streamed']} | "
+            f"{f['stats']['queries_in_parts']} | {f['stats'].get('queries_partly_streamed', 0)} | "
+            f"{f['stats']['queries_streamed']} | "
             f"{f['ingest_and_prefetch_s']:.0f} | "
             f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} |"
         )

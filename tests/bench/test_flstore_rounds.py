@@ -1,0 +1,122 @@
+"""bench-flstore's sections on issue 36: the big rounds and GTG-Shapley as the demo asks it.
+
+Fast: the jobs the big rounds write, and the tables rendered from a result. Slow (CI's slow
+tier): the big-round section end to end at ResNet-18 size with a budget below the round, and
+the demo's GTG-Shapley in both evaluator forms, on the real runtime, engine, tracker, cache
+functions, evaluator function, MinIO and Redis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.flstore_rounds import HEAD, RESNET18, big_rounds, same_answer, write_job
+from bench.flstore_rounds import markdown as rounds_md
+from bench.flstore_shapley import markdown as shapley_md
+from bench.flstore_shapley import shapley
+from cache_engine.cold_store import MemoryColdStore
+from cache_engine.keys import ObjectKey
+
+
+def test_a_big_rounds_job_leads_each_model_with_a_trained_classifier() -> None:
+    cold = MemoryColdStore()
+    clients = write_job(cold, "big3", 3)  # type: ignore[arg-type]
+    assert clients == ["c000", "c001", "c002"]
+    g = cold.get(ObjectKey("big3", 0, "global"))
+    ups = {c: cold.get(ObjectKey("big3", 1, "update", c)) for c in clients}
+    assert isinstance(g, np.ndarray) and g.shape == (RESNET18,)
+    assert not g[:HEAD].any()  # the classifier starts at zero
+    for w in ups.values():
+        assert isinstance(w, np.ndarray) and w[:HEAD].any()  # trained
+    step = {c: w[HEAD:].astype(np.float64) - g[HEAD:] for c, w in ups.items()}
+    cos = step["c000"] @ step["c002"] / np.linalg.norm(step["c000"]) / np.linalg.norm(step["c002"])
+    bad = step["c000"] @ step["c001"] / np.linalg.norm(step["c000"]) / np.linalg.norm(step["c001"])
+    assert cos > 0.5 and bad < -0.5  # c001 sends the opposite step (noise aside)
+    meta = cold.round_meta("big3", 0)["round_meta"]
+    assert meta["evaluator"] == {"kind": "digits-softmax", "split_seed": 0, "head": True}
+
+
+def test_answers_are_the_same_within_the_tolerance_and_not_beyond() -> None:
+    assert same_answer({"a": [1.0, "x"], "b": 2}, {"a": [1.0 + 1e-6, "x"], "b": 2})
+    assert not same_answer({"a": [1.0]}, {"a": [1.1]})
+    assert not same_answer({"a": 1}, {"b": 1})
+
+
+def _query(latency: float) -> dict[str, Any]:
+    return {"latency_s": latency, "compute_s": latency / 2}
+
+
+def test_the_big_rounds_table_shows_every_size_query_and_the_memory_against_the_budget() -> None:
+    wls = ["cosine-to-aggregate", "multi-krum", "foolsgold", "leave-one-out", "shapley"]
+    size = {
+        "updates": 200,
+        "round_bytes": 201 * RESNET18 * 4,
+        "fedfaas": {
+            "queries": {w: _query(2.0) for w in wls},
+            "memory": {"peak_private_bytes": 7.5e9, "peak_accounted_bytes": 7.2e9},
+            "stats": {"queries_in_parts": 0, "queries_streamed": 1, "loads_failed": 1},
+            "ingest_and_prefetch_s": 60.0,
+        },
+        "objstore-agg": {"queries": {w: _query(4.0) for w in wls}},
+        "cache-agg": None,
+        "cache_agg_skipped_need_bytes": 20e9,
+        "same_answer": dict.fromkeys(wls, True),
+    }
+    md = "\n".join(rounds_md({"budget_bytes": 8e9, "gtg_params": {"x": 1}, "sizes": {"200": size}}))
+    assert "| 200 | multi-krum | 2.0 | 4.0 | not run | 0.50x |  | True |" in md
+    assert "| 200 | 9.0 | 8.0 | 7.50 | 7.20 | 0 | 0 | 1 | 60 | not run (needs 20 GB free) |" in md
+
+
+def test_the_shapley_table_says_both_forms_and_whether_their_values_agree() -> None:
+    form = {
+        "first_s": 3.0,
+        "second_s": 0.1,
+        "permutations": 200,
+        "evaluations": 3000,
+        "evaluator_replicas": 2,
+    }
+    md = "\n".join(
+        shapley_md(
+            {
+                "clients": 20,
+                "params": {"method": "gtg"},
+                "forms": {"batched": form, "one model per request": {**form, "first_s": 9.0}},
+                "same_values": True,
+                "speedup": 3.0,
+            }
+        )
+    )
+    assert "| batched | 3.00 | 0.100 | 200 | 3000 | 2 |" in md
+    assert "Same values in both forms: True. One model per request / batched: 3.0x." in md
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_round_of_resnet18_sized_updates_above_the_budget_is_answered_as_in_process(
+    tmp_path: Path,
+) -> None:
+    """48 updates (2.2 GB) and a budget of 2.5 GB, 1 GiB of it kept for queries: the
+    functions' own memory leaves room for a part of the round; the rest is read from MinIO.
+    Every answer equals ObjStore-Agg's (the in-process computation on the whole vectors)."""
+    res = big_rounds(tmp_path, [48], int(2.5e9))
+    row = res["sizes"]["48"]
+    assert all(row["same_answer"].values()), row["same_answer"]
+    stats = row["fedfaas"]["stats"]
+    assert stats["queries_streamed"] + stats.get("queries_partly_streamed", 0) >= 1
+    assert row["fedfaas"]["memory"]["peak_accounted_bytes"] <= res["budget_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_demos_gtg_shapley_gives_the_same_values_batched_and_one_model_per_request(
+    tmp_path: Path,
+) -> None:
+    res = shapley(tmp_path)
+    assert res["same_values"] is True
+    for form in res["forms"].values():
+        assert form["permutations"] == 200 and form["same_on_second_asking"]
+        assert form["evaluator_replicas"] >= 1
