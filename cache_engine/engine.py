@@ -320,7 +320,7 @@ class CacheEngine(Placement, Liveness, Background):
         else:
             try:  # one complete copy on the query path; the secondaries follow in the background
                 holders = self.ensure(p.keys, copies=1)
-            except (OverBudget, NoCapacity) as exc:  # the cold store can still serve it
+            except (OverBudget, NoCapacity, LoadFailed) as exc:  # the cold store can serve it
                 models = [k for k in p.keys if k.kind != "meta"]
                 metas = [k for k in p.keys if k.kind == "meta"]
                 if not models:
@@ -359,13 +359,18 @@ class CacheEngine(Placement, Liveness, Background):
                 p = self.plan(body)
             except EngineError:
                 continue
+            models = [k for k in p.keys if k.kind != "meta"]
             with self._lock:
                 holders = self._live_holders(p.keys)
-                if not holders:
+                in_parts = not holders and self.parts.covered(models) is not None
+                if not holders and not in_parts:
                     continue
                 d = self.policy.on_request(p.keys, p.policy)
             self._count(d)
-            self._follow_up(p.keys, holders, d)
+            if in_parts:  # one copy of each part: no secondaries to add
+                self._carry_out(Decision(prefetch=d.prefetch, evict=d.evict))
+            else:
+                self._follow_up(p.keys, holders, d)
             counted += 1
         self.stats["touched"] += counted
         return counted

@@ -100,6 +100,10 @@ def test_a_round_too_big_for_a_function_is_placed_in_parts_one_copy_each(
         assert eng.stats["queries_in_parts"] == 1
         again = eng.acquire({"workload": "cosine-to-aggregate", "job": "j", "rounds": [2]})
         assert again["slices"]["ranges"] == ranges and again["loaded"] == 0  # shared
+        # asked again on the tracker's kept plan: the policy still sees the request
+        requests = eng.stats["requests"]
+        assert eng.touch([{"workload": "multi-krum", "job": "j", "rounds": [2]}]) == 1
+        assert eng.stats["requests"] == requests + 1
     finally:
         eng.stop()
 
