@@ -223,7 +223,7 @@ def _minio_evidence(run: JobRun) -> tuple[bool, str]:
 def _query_evidence(run: JobRun) -> tuple[bool, str]:
     i = run.injected
     n = i.get("queries_at_fault", 0)
-    return n >= 1, f"{n} of {i.get('queries', 0)} queries in flight at the kill answered"
+    return n >= 1, f"{n} queries in flight at the kill (of {i.get('queries', 0)} sent), answered"
 
 
 def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
