@@ -345,33 +345,23 @@ class MinioColdStore(ColdStore):
                     raise ColdStoreError(f"cannot create bucket {bucket}: {exc}") from exc
 
     def get_bytes(self, key: ObjectKey) -> bytes:
-        from minio.error import S3Error
-
-        path = object_path(key)
-        try:
-            resp = self.client.get_object(self.bucket, path)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchBucket"):
-                raise ObjectMissing(path) from None
-            raise ColdStoreError(f"minio get {path}: {exc.code}") from exc
-        try:
-            return bytes(resp.read())
-        finally:
-            resp.close()
-            resp.release_conn()
+        return self._get(key)
 
     def get_bytes_range(self, key: ObjectKey, offset: int, length: int) -> bytes:
+        return self._get(key, offset, length) if length > 0 else b""
+
+    def _get(self, key: ObjectKey, offset: int = 0, length: int = 0) -> bytes:
+        """The object's bytes (``length`` of them from ``offset``; 0: to the end)."""
         from minio.error import S3Error
 
         path = object_path(key)
-        if length <= 0:
-            return b""
         try:
             resp = self.client.get_object(self.bucket, path, offset=offset, length=length)
         except S3Error as exc:
             if exc.code in ("NoSuchKey", "NoSuchBucket"):
                 raise ObjectMissing(path) from None
-            raise ColdStoreError(f"minio get {path} [{offset}+{length}]: {exc.code}") from exc
+            where = f" [{offset}+{length}]" if length else ""
+            raise ColdStoreError(f"minio get {path}{where}: {exc.code}") from exc
         try:
             return bytes(resp.read())
         finally:

@@ -371,21 +371,18 @@ def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
                 {"bounds": [32, 64], "part": [1, 2], "function": "flstore-cache-9"},
             ],
         }
-        for name, params in (("cosine-to-aggregate", {"round": 1}), ("multi-krum", {"f": 1})):
-            params = {"round": 1, **params}
-            code, body = _call(
-                "POST",
-                "/run",
-                {
-                    "workload": name,
-                    "params": params,
-                    "objects": models + ["job/1/meta"],
-                    "slices": slices,
-                },
-            )
+        objects = models + ["job/1/meta"]
+
+        def reduce(name: str, sl: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            """The query's /run here, the reducer of the ranges ``sl`` names."""
+            body = {"workload": name, "params": {"round": 1}, "objects": objects, "slices": sl}
+            return _call("POST", "/run", body)
+
+        for name in ("cosine-to-aggregate", "multi-krum"):
+            code, body = reduce(name, slices)
             assert code == 200, body
             want = run_workload(
-                name, params, {k: s.get(k) for k in map(ObjectKey.parse, models + ["job/1/meta"])}
+                name, {"round": 1}, {k: s.get(k) for k in map(ObjectKey.parse, objects)}
             )
             assert body["result"]["flagged"] == want["flagged"]
             score = "cosine" if name == "cosine-to-aggregate" else "scores"
@@ -393,48 +390,20 @@ def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
         assert set(asked) == {"flstore-cache-9"}  # its own part was computed here
         # the other function lost its part: the reducer says which function lacks what
         other.clear()
-        code, body = _call(
-            "POST",
-            "/run",
-            {
-                "workload": "multi-krum",
-                "params": {"round": 1},
-                "objects": models + ["job/1/meta"],
-                "slices": slices,
-            },
-        )
+        code, body = reduce("multi-krum", slices)
         assert code == 409 and body["function"] == "flstore-cache-9"
         assert "job/1/a" in body["missing"]
         # past the budget, a part is read from the cold store: nothing kept
         before = dict(handler._objects)
-        code, body = _call(
-            "POST",
-            "/run",
-            {
-                "workload": "multi-krum",
-                "params": {"round": 1},
-                "objects": models + ["job/1/meta"],
-                "slices": {
-                    **slices,
-                    "ranges": [{"bounds": [0, 64], "part": None, "function": "flstore-cache"}],
-                    "source": {"credentials": {}},
-                },
-            },
+        streamed = {"bounds": [0, 64], "part": None, "function": "flstore-cache"}
+        code, body = reduce(
+            "multi-krum", {**slices, "ranges": [streamed], "source": {"credentials": {}}}
         )
         assert code == 200, body
         assert body["result"]["scores"] == pytest.approx(want["scores"], rel=1e-9)
         assert handler._objects == before
         # part 0 held here, part 1 past the budget: the other function streams its range
-        code, body = _call(
-            "POST",
-            "/run",
-            {
-                "workload": "multi-krum",
-                "params": {"round": 1},
-                "objects": models + ["job/1/meta"],
-                "slices": {**slices, "source": {"credentials": {}}},
-            },
-        )
+        code, body = reduce("multi-krum", {**slices, "source": {"credentials": {}}})
         assert code == 200, body
         assert body["result"]["scores"] == pytest.approx(want["scores"], rel=1e-9)
     finally:

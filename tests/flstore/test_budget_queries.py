@@ -22,11 +22,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cold(minio_server: MinioServer) -> MinioColdStore:
-    return MinioColdStore(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
-
-
-@pytest.fixture(scope="module")
 def tight_stack(
     tmp_path_factory: pytest.TempPathFactory,
     redis_server: RedisServer,

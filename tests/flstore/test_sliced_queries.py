@@ -27,11 +27,6 @@ CAPACITY = 64 << 10
 
 
 @pytest.fixture(scope="module")
-def cold(minio_server: MinioServer) -> MinioColdStore:
-    return MinioColdStore(minio_server.endpoint, minio_server.access_key, minio_server.secret_key)
-
-
-@pytest.fixture(scope="module")
 def parts_stack(
     tmp_path_factory: pytest.TempPathFactory,
     redis_server: RedisServer,
