@@ -94,6 +94,8 @@ class GatewayUnavailable(ClientError):
         "internal",
         "memory_budget",
         "store_full",
+        "journal_unavailable",
+        "upload_in_flight",
         "no_peer",
         "checkpoints_unavailable",
         "http_version",

@@ -125,7 +125,7 @@ def test_the_walk_finds_the_codes_of_every_kind_of_source() -> None:
     found = server_codes()
     for code, where in {
         "client_not_selected": "control_plane/errors.py",  # code = "..."
-        "round_not_written": "cache_engine/engine.py",  # status, code = 404, "..."
+        "round_not_written": "cache_engine/errors.py",  # status, code = 404, "..."
         "wrong_node": "gateway/jobs.py",  # code="..."
         "bad_client_meta": "gateway/ingest.py",  # self._reject(detail, 400, "...")
         "bad_async": "gateway/fedbuff.py",  # declared_spec(..., "bad_async")
