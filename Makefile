@@ -1,6 +1,11 @@
 # FedFaaS front door. `make demo` and `make test` do their own set-up (scripts/setup.sh).
 #   make setup            apt packages, .venv, MinIO and helm (idempotent, seconds when done)
-#   make test | test-all  pytest without / with the slow tests
+#   make test             the default tier: pytest without the slow tests (under 10 minutes)
+#   make test-all         the full run, as CI runs it (.ci/run): test, test-slow,
+#                         test-containers and test-k8s, each whatever the others did
+#   make test-slow        the slow tier outside the container and Kubernetes tiers
+#   make test-containers  the images, then tests/containers (podman, faasd; root)
+#   make test-k8s         the Kubernetes binaries, then tests/k8s (the chart on an API server)
 #   make test-faults      the fault campaign on the one-machine platform (bench/faults.py)
 #   make soak             10 minutes of load on the one-machine platform, a fault halfway
 #                         (bench/soak.py, loadtests/platform.py; SOAK_ARGS)
@@ -36,7 +41,7 @@ NO_CACHE ?=
 CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all test-faults soak demo bench lint up down status helm chart images \
+.PHONY: setup test test-all test-slow test-k8s test-faults soak demo bench lint up down status helm chart images \
 	k8s-binaries $(addprefix bench-,$(BENCHES))
 
 setup:
@@ -45,8 +50,15 @@ setup:
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+# every tier, each run even when one before it failed (scripts/test-all.sh; TIERS= a subset)
+test-all:
+	bash scripts/test-all.sh
+
+test-slow: setup
+	$(PY) -m pytest -m slow --ignore=tests/containers --ignore=tests/k8s $(PYTEST_ARGS)
+
+test-k8s: setup k8s-binaries
+	$(PY) -m pytest tests/k8s $(PYTEST_ARGS)
 
 # the fault campaign (issue 13): faults injected into `fedfaas up --with all`, results in
 # bench/results/faults.{json,md}; exits 1 while a fault is not survived
@@ -119,8 +131,7 @@ test-containers: setup images
 	$(PY) -m pytest tests/containers $(PYTEST_ARGS)
 
 # The client SDK's API reference from its docstrings (Sphinx autodoc, docs/api) in
-# build/docs-api; any warning fails the build. Sphinx goes into the venv when it is missing.
+# build/docs-api; any warning fails the build (Sphinx: the dev extra, which setup installs).
 .PHONY: docs-api
 docs-api: setup
-	@$(PY) -c "import sphinx" 2>/dev/null || $(PY) -m pip install -q "sphinx>=8.1,<9.1"
 	$(PY) -m sphinx -W --keep-going -q -b html docs/api $(CURDIR)/build/docs-api

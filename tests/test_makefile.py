@@ -149,3 +149,21 @@ def test_every_bench_the_makefile_lists_is_a_module_with_a_recipe() -> None:
         res = dry_run(f"bench-{name}")
         assert recipe_problem(res) is None
         assert f"-m bench.{name}" in res.stdout
+
+
+def test_test_all_runs_every_tier_even_after_one_fails_and_names_the_failed(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "make"  # a `make` that records its tier and fails test-slow
+    fake.write_text(f'#!/bin/sh\necho "$2" >> {tmp_path}/ran\n[ "$2" != test-slow ]\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in PARENT_MAKE_VARS and k != "TIERS"}
+    env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test-all.sh")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1
+    ran = (tmp_path / "ran").read_text().split()
+    assert ran == ["test", "test-slow", "test-containers", "test-k8s"]
+    assert "test-all: failed: test-slow" in out.stderr

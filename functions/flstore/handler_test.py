@@ -89,11 +89,9 @@ def test_run_refuses_objects_it_does_not_hold(store: MemoryColdStore) -> None:
 
 
 def test_run_executes_a_registered_workload_on_held_data(store: MemoryColdStore) -> None:
-    wl = pytest.importorskip("fedfaas.workloads")
-    if not hasattr(wl, "WORKLOADS"):
-        pytest.skip("workload registry not written yet")
     from cache_engine.catalog import MemoryCatalog
     from cache_engine.queries import Query, plan
+    from fedfaas import workloads as wl
 
     cat = MemoryCatalog()
     for r in store.rounds("job"):

@@ -18,7 +18,7 @@ import pytest
 import bpf
 from bpf import Frame, Kind, protocol
 
-from .conftest import join
+from .conftest import BACKENDS, join
 
 pytestmark = pytest.mark.integration
 
@@ -296,11 +296,11 @@ def test_grant_written_on_the_registration_socket_grants_nothing(
         b.close()
 
 
+# eBPF only: in userspace mode the data socket is the registration socket (the router's own)
+@pytest.mark.parametrize("backend", [BACKENDS[1]], indirect=True)
 def test_grant_arriving_on_the_data_socket_is_discarded_by_the_endpoint(
     router: bpf.RouterServer,
 ) -> None:
-    if router.mode != "ebpf":
-        pytest.skip("userspace mode: the data socket is the registration socket (router only)")
     ep = join(router, 1)
     gw = router.local_endpoint(1)
     try:

@@ -1,7 +1,5 @@
 """The practitioner's side on ``fedfaas up --with all`` (issue 42), one platform for the module:
 
-* the README's job, rewritten around the job handle (:data:`SNIPPET`, the text proposed for
-  README's "Run your own job"), run as written with only the edits a second platform needs;
 * a job run to its end through the handle: the final model read after the end equals the last
   round's FedAvg, from the handle and from a client's assignment; a query through the handle;
 * four Flower clients, one raising in ``fit`` in round 2: round 2 closes at once with the
@@ -11,10 +9,8 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -39,59 +35,6 @@ from tests.platform.conftest import ANY_PORTS_ENV
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-#: The README's "Run your own job" block with the job handle (the lead pastes it into README;
-#: tests/platform/test_readme_job.py then runs README's copy the same way).
-SNIPPET = """\
-.venv/bin/fedfaas up --with all     # or: make up WITH=all
-.venv/bin/python - <<'EOF'
-import time
-from pathlib import Path
-
-from client.data import federated_digits
-from client.model import load_bytes_into, make_model, model_to_bytes
-from client.sdk import submit_job
-from client.train import TrainConfig, train_local
-
-CONTROL_PLANE, TRACKER, JOB = "http://127.0.0.1:8070", "http://127.0.0.1:8092", "mine"
-SECRETS = Path(".state/secrets")  # 0600 files; no secret on a command line or in the env
-secret = (SECRETS / "gateway-admin-secret").read_text().strip()  # the platform's admin
-analyst = (SECRETS / "analyst-token").read_text().strip()  # read-only FLStore queries
-data = federated_digits(6, seed=1)  # 6 clients, non-IID shards of the digits
-job = submit_job(  # the control plane creates the job on both node gateways
-    CONTROL_PLANE,
-    JOB,
-    model_to_bytes(make_model(0, "softmax")),
-    rounds=2,
-    goal=6,  # round 1 opens once 6 clients have enrolled
-    admin_token=secret,
-    # FLStore scores contributions (Shapley) with this function, deployed from stack.yml
-    evaluator={"kind": "function", "function": "digits-evaluator"},
-    tracker_url=TRACKER,  # where job.query asks FLStore
-    analyst_token=analyst,
-)
-# each client enrolls (here all at once) and gets its own token, good for this job only
-job.enroll([c.client_id for c in data.clients])
-for rnd in (1, 2):
-    for c in data.clients:
-        # waits for the round to open: the client's node gateway, with its own token (a
-        # client whose block raises leaves the round; the others go on, under min_updates)
-        with job.client(c.client_id, round=rnd) as fl:
-            t0 = time.perf_counter()
-            model = load_bytes_into(make_model(0, "softmax"), fl.wait_for_version(rnd - 1).data)
-            res = train_local(model, c.x, c.y, TrainConfig())
-            meta = {"loss": res.mean_loss, "duration_s": time.perf_counter() - t0}
-            fl.upload(rnd, model.state_dict(), res.num_samples, meta=meta)
-job.wait()  # until the last round's model is published
-print("rounds:", [(r["round"], r["state"]) for r in job.history()])
-print("final model version:", job.model().version)  # from the node holding it
-shapley = job.query("shapley", rounds=[2], params={"method": "gtg"})
-print("contributions:", shapley["result"]["values"])
-oort = job.query("oort", params={"round": 3, "k": 3})
-print("next round:", oort["result"]["selected"])
-EOF
-.venv/bin/fedfaas down      # or: make down
-"""
 
 PORTS = ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane")
 
@@ -126,36 +69,6 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield Platform(state_dir, urls, env)
     finally:
         _fedfaas(["down", "--state-dir", str(state_dir)], env)
-
-
-def test_the_snippet_with_the_job_handle_runs_as_written(platform: Platform) -> None:
-    lines = [ln.split("#")[0].strip() for ln in SNIPPET.splitlines() if ln.startswith(".venv/")]
-    assert lines[0].split()[1:] == ["up", "--with", "all"] and lines[-1].split()[1:] == ["down"]
-    found = re.search(r"<<'EOF'\n(.*?)\nEOF\n", SNIPPET, re.S)
-    assert found is not None
-    code = found.group(1)
-    edits = {  # what a second platform on this machine needs: its ports and its state folder
-        "http://127.0.0.1:8070": platform.urls["control_plane"],
-        "http://127.0.0.1:8092": platform.urls["request_tracker"],
-        '".state/secrets"': f'"{platform.state_dir}/secrets"',
-    }
-    for old, new in edits.items():
-        assert code.count(old) == 1, f"{old!r} appears {code.count(old)} times in the snippet"
-        code = code.replace(old, new)
-    py = REPO / ".venv" / "bin" / "python"
-    exe = str(py) if py.exists() else sys.executable
-    out = subprocess.run(
-        [exe, "-"], input=code, capture_output=True, text=True, timeout=600, cwd=REPO,
-        env=platform.env,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    said = dict(ln.split(": ", 1) for ln in out.stdout.splitlines() if ": " in ln)
-    assert ast.literal_eval(said["rounds"]) == [(1, "closed"), (2, "closed")]
-    assert said["final model version"] == "2"
-    values = ast.literal_eval(said["contributions"])
-    assert len(values) == 6 and all(isinstance(v, float) for v in values.values())
-    selected = ast.literal_eval(said["next round"])
-    assert len(selected) == 3 and set(selected) <= set(values)
 
 
 SHAPES = {"w": (32, 8), "b": (8,)}

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("with_binaries", [True, False])
-def test_ci_run_exports_the_openfaas_bin_folder_when_it_exists(
+def test_ci_run_runs_every_tier_under_ci_with_the_openfaas_bin_folder_when_it_exists(
     tmp_path: Path, with_binaries: bool
 ) -> None:
     repo = tmp_path / "checkout"
@@ -24,21 +24,23 @@ def test_ci_run_exports_the_openfaas_bin_folder_when_it_exists(
     shutil.copy2(REPO / ".ci" / "run", repo / ".ci" / "run")
     if with_binaries:
         (tmp_path / "shared" / "openfaas" / "bin").mkdir(parents=True)
-    # a `make` that reports what `exec make test` would have seen
+    # a `make` that reports what `exec make test-all` would have seen
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    (fake / "make").write_text('#!/bin/sh\necho "$* bin=${FEDFAAS_OPENFAAS_BIN:-unset}"\n')
+    (fake / "make").write_text(
+        '#!/bin/sh\necho "$* ci=${CI:-unset} bin=${FEDFAAS_OPENFAAS_BIN:-unset}"\n'
+    )
     (fake / "make").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k != "FEDFAAS_OPENFAAS_BIN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDFAAS_OPENFAAS_BIN", "CI")}
     env["PATH"] = f"{fake}:{env.get('PATH', '/usr/bin:/bin')}"
     out = subprocess.run(
         ["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, env=env, check=True
     )
     if with_binaries:
-        exported = out.stdout.strip().removeprefix("test bin=")
+        exported = out.stdout.strip().removeprefix("test-all ci=true bin=")
         assert Path(exported).resolve() == (tmp_path / "shared" / "openfaas" / "bin").resolve()
     else:
-        assert out.stdout.strip() == "test bin=unset"
+        assert out.stdout.strip() == "test-all ci=true bin=unset"
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,8 @@ def test_the_readme_job_runs_and_flstore_answers(tmp_path: Path) -> None:
         )
         assert out.returncode == 0, out.stdout + out.stderr
         lines = dict(ln.split(": ", 1) for ln in out.stdout.splitlines() if ": " in ln)
+        assert ast.literal_eval(lines["rounds"]) == [(1, "closed"), (2, "closed")]
+        assert lines["final model version"] == "2"
         values = ast.literal_eval(lines["contributions"])
         assert len(values) == 6 and all(isinstance(v, float) for v in values.values())
         selected = ast.literal_eval(lines["next round"])
