@@ -69,6 +69,8 @@ from bench.fault_platform import (
 from bench.fault_table import passed, summary, to_markdown
 from bench.runinfo import ROOT, run_info, write_result
 
+log = logging.getLogger(__name__)
+
 UPLOADERS = 4
 #: seconds a job may take to finish once its uploads are in (faults included)
 JOB_TIMEOUT = 300.0
@@ -88,7 +90,16 @@ def _create_job(c: Campaign, job: str, model: Model) -> None:
         "policy": "leastconn",
         "weights_b64": base64.b64encode(save(model.zeros())).decode(),
     }
-    r = httpx.post(f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=300)
+    deadline = time.monotonic() + 180
+    while True:  # 503 + Retry-After (a node's store full): nothing was kept, ask again
+        r = httpx.post(
+            f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=300
+        )
+        after = r.headers.get("retry-after", "")
+        if r.status_code != 503 or not after.isdigit() or time.monotonic() > deadline:
+            break
+        log.info("job %s not created yet (%s); again in %s s", job, r.text[:200], after)
+        time.sleep(int(after))
     r.raise_for_status()
     c.tokens[job] = r.json()["tokens"]
 

@@ -198,7 +198,11 @@ def create_app(
 
     @app.exception_handler(ControlPlaneError)
     async def cp_error(request: Request, exc: ControlPlaneError) -> JSONResponse:
-        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+        return JSONResponse(
+            {"error": exc.code, "detail": exc.detail},
+            status_code=exc.status,
+            headers=exc.headers(),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -24,6 +24,10 @@ class ControlPlaneError(Exception):
         super().__init__(detail)
         self.detail = detail
 
+    def headers(self) -> dict[str, str]:
+        """Extra headers of the HTTP answer (a 503's ``Retry-After``)."""
+        return {}
+
 
 class InvalidInput(ControlPlaneError):
     """An argument is out of range or malformed (sizes, capacities, goals, names)."""
@@ -121,6 +125,22 @@ class GatewayError(ControlPlaneError):
         self.node = node
         #: the gateway's own error code, when it answered one (e.g. ``model_lost``)
         self.error = error
+
+
+class GatewayBusy(GatewayError):
+    """A node gateway answered 503 with a ``Retry-After``: it cannot do it now (its object
+    store full, ``error`` ``store_full``) and keeps nothing of the request; the caller sends it
+    again after ``retry_after`` seconds, which the answer passes on."""
+
+    code = "gateway_busy"
+    status = 503
+
+    def __init__(self, node: str, detail: str, *, error: str = "", retry_after: int = 1) -> None:
+        super().__init__(node, f"{detail}; retry after {retry_after} s", error=error)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class UnknownClient(ControlPlaneError):

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from control_plane.errors import GatewayError
+from control_plane.errors import GatewayBusy, GatewayError
 from control_plane.planning import Plan, leaf_id, middle_id
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,13 @@ class GatewayClient:
         if r.status_code >= 300:
             if data.get("error") == "wrong_node":
                 return "not_root", data
-            raise GatewayError(self.node, f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
+            what = f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}"
+            after = r.headers.get("retry-after", "")
+            if r.status_code == 503 and after.isdigit():  # e.g. store_full: nothing kept
+                raise GatewayBusy(
+                    self.node, what, error=str(data.get("error", "")), retry_after=int(after)
+                )
+            raise GatewayError(self.node, what, error=str(data.get("error", "")))
         return "created", data
 
     async def job_known(self, job: str) -> tuple[bool, str]:

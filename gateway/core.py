@@ -25,7 +25,7 @@ from fedfaas import wire
 from fedfaas.auth import bearer, read_token_file
 from fedfaas.discovery import Discovery
 from fedfaas.fedbuff import AsyncSpec
-from fedfaas.objstore import Namespace, check_root
+from fedfaas.objstore import Namespace, StoreFull, check_root
 from fedfaas.objstore.handoff import HandoffServer
 from fedfaas.objstore.root import private_dir
 from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
@@ -39,8 +39,8 @@ from fedfaas.server_opt import (
 from gateway import auth, fedbuff, forward, recovery, server_opt
 from gateway.asgi import AsgiExchange
 from gateway.background import Background, JournalRetry
-from gateway.bodies import MemoryBudget
-from gateway.errors import GatewayError, JobExists, JobNotFound
+from gateway.bodies import RETRY_AFTER_S, MemoryBudget
+from gateway.errors import GatewayError, JobExists, JobNotFound, StoreUnavailable
 from gateway.http import Exchange, HttpServer, Request
 from gateway.jobs import CLIENT_ID, Job, RoundTimes, check_job_params
 from gateway.journal import Journal
@@ -103,6 +103,7 @@ class Gateway:
         self.discovery = Discovery(settings.peers_service) if settings.peers_service else None
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
+        self._pump_failing: set[str] = set()  # jobs whose last pump raised (logged once)
         self.engine_headers: dict[str, str] = {}
         #: lends published rounds' updates to this node's cache functions (``handoff_ttl_s``)
         self.handoff: HandoffServer | None = None
@@ -416,9 +417,20 @@ class Gateway:
         if mode is not None:
             meta["async"] = mode.to_json()
             meta["since"] = start  # the models before a resumed job's checkpoint are not kept
-        job = self._make_job(meta, spec)
+        job: Job | None = None
         try:
+            job = self._make_job(meta, spec)
             g = job.ns.allocate()
+        except (StoreFull, OSError) as exc:  # /dev/shm full: the job is on no node yet
+            if job is not None:
+                job.ns.close()
+            log.warning("job %s not created: no store object for its model: %s", name, exc)
+            raise StoreUnavailable(
+                f"job {name!r} not created: this node's object store has no room for its "
+                f"model now ({exc})",
+                retry_after=RETRY_AFTER_S,
+            ) from None
+        try:
             wire.decode_into(body, spec, g.buf, self.settings.max_header, check_finite=True)
             wire.write_header(g.buf, spec, kind=wire.KIND_GLOBAL, weight=0, count=0, round=start)
             g.close()
@@ -818,6 +830,7 @@ class Gateway:
             forward=forward,
             persist=persist,
             checkpoint=checkpoint,
+            refused=lambda _exc: self.metrics.store_refusals.inc(),
         )
         if job.rule is not None:
 
@@ -913,10 +926,23 @@ class Gateway:
         self.background.spawn(run(), f"journal:{job.name}/{rnd}/{slot}")
 
     def pump(self, job: Job) -> None:
-        """Give the job's waiting slots endpoints (granting them the job); see gateway.endpoints."""
+        """Give the job's waiting slots endpoints (granting them the job); see gateway.endpoints.
+
+        Never raises: its callers have already acknowledged what they hand the round (an
+        upload journaled, a frame taken), and the housekeeping loop, which pumps every job
+        every few milliseconds, must go on. A failure leaves the slots waiting for the next
+        pump; it is logged (once in a row per job) and counted as a ``pump`` task failure."""
         from gateway.endpoints import assign
 
-        short = assign(self, job)
+        try:
+            short = assign(self, job)
+        except Exception:
+            self.metrics.task_failures.labels(task="pump").inc()
+            if job.name not in self._pump_failing:
+                self._pump_failing.add(job.name)
+                log.exception("job %s: giving its slots endpoints failed; tried again", job.name)
+            return
+        self._pump_failing.discard(job.name)
         if short:
             self.shortage[job.name] = short
         else:

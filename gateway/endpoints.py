@@ -171,5 +171,6 @@ def _start(
 ) -> bool:
     if not _grant(gw, job, endpoint, free.pop(endpoint)):
         return False
-    eng.assign(st.slot.id, endpoint)
-    return True
+    # False: the store refused the slot's accumulator (it is full); the slot waits, and the
+    # endpoint, granted this job but running nothing, stays free for the next pump
+    return eng.assign(st.slot.id, endpoint)

@@ -99,6 +99,14 @@ class RetryLater(UpdateRejected):
         )
 
 
+class StoreUnavailable(RetryLater):
+    """503 + ``Retry-After``: this node's store cannot take one more object now (it holds its
+    most objects, or the system refused the memory or a file: ``/dev/shm`` full, out of file
+    descriptors). Nothing is held for the request; the client retries later."""
+
+    code = "store_full"
+
+
 class NotFound(GatewayError):
     status = 404
     code = "not_found"

@@ -13,7 +13,7 @@ from fedfaas.objstore import MappedObject, StoreFull
 from gateway import auth
 from gateway.acceptance import Unresolved
 from gateway.bodies import RETRY_AFTER_S, Hold
-from gateway.errors import JobNotFound, RetryLater, Unauthorized, UpdateRejected
+from gateway.errors import JobNotFound, StoreUnavailable, Unauthorized, UpdateRejected
 from gateway.http import Deferred, Exchange, Request, Response
 from gateway.meta import parse_client_meta
 
@@ -28,35 +28,30 @@ UPLOAD = re.compile(r"^/v1/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/updat
 PARTIAL = re.compile(r"^/v1/internal/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1,9})/partials$")
 
 
-class StoreUnavailable(RetryLater):
-    """503 + ``Retry-After``: this node's store cannot take one more object now (it holds its
-    most objects, or the system refused the memory or a file: ``/dev/shm`` full, out of file
-    descriptors). Nothing is held for the request; the client retries later."""
-
-    code = "store_full"
-
-
 def allocate(
-    job: Job, hold: Hold, what: str, *, client: str | None = None, rnd: int | None = None
+    gw: Gateway,
+    job: Job,
+    hold: Hold,
+    what: str,
+    *,
+    client: str | None = None,
+    rnd: int | None = None,
 ) -> MappedObject:
     """A new object in ``job``'s store for ``what``, or :class:`StoreUnavailable` (``hold``,
-    the request's share of the memory budget, is then given back)."""
+    the request's share of the memory budget, is then given back, and the refusal counted in
+    ``fedfaas_gateway_updates_rejected{code="store_full"}``)."""
     try:
         return job.ns.allocate()
     except StoreFull as exc:
-        hold.release()
-        raise StoreUnavailable(
-            f"{what}: {exc}", retry_after=RETRY_AFTER_S, client_id=client, round=rnd
-        ) from None
+        why = str(exc)
     except OSError as exc:
-        hold.release()
         log.warning("job %s: no store object for %s: %s", job.name, what, exc)
-        raise StoreUnavailable(
-            f"{what}: the object store could not allocate: {exc}",
-            retry_after=RETRY_AFTER_S,
-            client_id=client,
-            round=rnd,
-        ) from None
+        why = f"the object store could not allocate: {exc}"
+    hold.release()
+    gw.metrics.rejected.labels(StoreUnavailable.code).inc()
+    raise StoreUnavailable(
+        f"{what}: {why}", retry_after=RETRY_AFTER_S, client_id=client, round=rnd
+    ) from None
 
 
 def _wire_reject(exc: wire.WireError, client: str | None, rnd: int) -> UpdateRejected:
@@ -138,7 +133,7 @@ class UploadExchange(Exchange):
             job.spec.object_nbytes, f"an update of job {job.name} (client {self.client})"
         )
         self.obj = allocate(
-            job, hold, f"an update of client {self.client}", client=self.client, rnd=self.rnd
+            gw, job, hold, f"an update of client {self.client}", client=self.client, rnd=self.rnd
         )
         job.inflight.add(self.client)
         self.reserved, self.hold = True, hold
@@ -299,7 +294,7 @@ class PartialExchange(Exchange):
         self.hold = self.gw.budget.reserve(
             job.spec.object_nbytes, f"a partial of job {job.name} (round {self.rnd})"
         )
-        self.obj = allocate(job, self.hold, f"a partial of round {self.rnd}")
+        self.obj = allocate(self.gw, job, self.hold, f"a partial of round {self.rnd}")
 
     def get_buffer(self) -> memoryview:
         assert self.obj is not None

@@ -105,6 +105,12 @@ class Metrics:
             "root not caught up with the round)",
             registry=r,
         )
+        self.store_refusals = Counter(
+            "fedfaas_gateway_accumulators_refused",
+            "accumulators the store refused a slot (its memory file system full): the slot "
+            "waited without an endpoint and was started again once the store had room",
+            registry=r,
+        )
         self.dropped_updates = Counter(
             "fedfaas_gateway_updates_dropped",
             "acknowledged updates of this node that no published model holds (by reason; each "

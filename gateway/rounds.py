@@ -35,6 +35,12 @@ a few objects per running slot, however many leaves a middle or the top has.
 An endpoint that disconnects before acking loses its slot: the slot gets a fresh
 accumulator and the next idle endpoint, and every input is delivered again. Accumulators of
 abandoned attempts are kept until the round ends (a parent may be reading one).
+
+A fresh accumulator the store refuses (``/dev/shm`` full: ``OSError``, or
+:class:`~fedfaas.objstore.StoreFull`) changes nothing about the slot: it keeps waiting without
+an endpoint (a parking middle parks), the refusal is logged and counted (``refused``), and the
+next pump (the gateway's housekeeping pumps every few milliseconds) asks the store again. No
+slot is left on an endpoint without a TASK, and a refused attempt holds no object.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bpf import FLAG_LAZY, Frame, Kind
-from fedfaas.objstore import Namespace, key_hex
+from fedfaas.objstore import Namespace, StoreFull, key_hex
 from gateway.plan import Plan, Slot
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,7 @@ class SlotState:
     covered: frozenset[int] = frozenset()  # children folded into ``ckpt``
     pinned: list[bytes] = field(default_factory=list)  # checkpoints not freed yet, oldest first
     heard_ns: int = 0  # last TASK to, or valid frame from, its endpoint (monotonic)
+    refusals: int = 0  # accumulators the store refused it in a row (logged on the first)
 
 
 class RoundEngine:
@@ -102,6 +109,7 @@ class RoundEngine:
         persist: Callable[[int, Input, Callable[[], None]], None] | None = None,
         checkpoint: Callable[[int, Input, list[int], Callable[[], None]], None] | None = None,
         lazy: bool = False,
+        refused: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.node = node
@@ -114,6 +122,9 @@ class RoundEngine:
         self._forward = forward
         self._persist = persist or (lambda _sid, _inp, release: release())
         self._checkpoint = checkpoint or (lambda _sid, _inp, _kids, release: release())
+        self._refused = refused or (lambda _exc: None)
+        #: accumulators the store refused this round (each slot waited and was tried again)
+        self.store_refusals = 0
         self.closed = False
         self.lazy = lazy
         self.slots = {s.id: SlotState(s, s.node == node) for s in plan.slots}
@@ -341,22 +352,58 @@ class RoundEngine:
         for st in self.needs_endpoint():
             if not idle:
                 return
-            self._start(st, idle.pop(0))
+            if not self._start(st, idle[0]):
+                return  # the store is full: the next pump asks again
+            idle.pop(0)
 
-    def assign(self, slot_id: int, ep: int) -> None:
+    def assign(self, slot_id: int, ep: int) -> bool:
         """Run local slot ``slot_id`` on endpoint ``ep`` (granted this job): sends the TASK
-        and (re)delivers every input the slot holds."""
+        and (re)delivers every input the slot holds. False when the store refused the slot's
+        accumulator: nothing changed, the slot still waits for an endpoint."""
         st = self.slots[slot_id]
         if not st.local or st.done is not None or st.endpoint is not None:
             raise ValueError(f"slot {slot_id} does not need an endpoint")
-        self._start(st, ep)
+        return self._start(st, ep)
 
-    def _start(self, st: SlotState, ep: int) -> None:
+    def _new_object(self, st: SlotState, what: str) -> bytes | None:
+        """A fresh writable object for slot ``st`` (an accumulator), or None when the store
+        refuses it now (its memory file system full, or its object cap reached): logged on
+        the slot's first refusal in a row, counted, and reported to ``refused``."""
+        try:
+            obj = self.store.allocate()
+        except (StoreFull, OSError) as exc:
+            self.store_refusals += 1
+            st.refusals += 1
+            if st.refusals == 1:
+                log.warning(
+                    "round %d: slot %d waits: the store refused its %s (%s); asked again at "
+                    "the next pump",
+                    self.round,
+                    st.slot.id,
+                    what,
+                    exc,
+                )
+            self._refused(exc)
+            return None
+        obj.close()
+        if st.refusals:
+            log.info(
+                "round %d: slot %d got its %s after %d refusal(s)",
+                self.round,
+                st.slot.id,
+                what,
+                st.refusals,
+            )
+            st.refusals = 0
+        return obj.key_bytes
+
+    def _start(self, st: SlotState, ep: int) -> bool:
+        acc = self._new_object(st, "accumulator")
+        if acc is None:
+            return False
         if st.acc is not None:
             st.abandoned.append(st.acc)
-        obj = self.store.allocate()
-        obj.close()
-        st.acc = obj.key_bytes
+        st.acc = acc
         st.endpoint = ep
         st.attempts += 1
         st.heard_ns = time.monotonic_ns()
@@ -397,6 +444,7 @@ class RoundEngine:
         for inp in st.partials.values():
             if inp.child not in st.covered:
                 self._deliver_partial(st, inp)
+        return True
 
     def parks(self, st: SlotState) -> bool:
         """Eager slots with children checkpoint after each child's partial and park when no
@@ -410,11 +458,14 @@ class RoundEngine:
             return True
         return st.ckpt is not None and st.ckpt.count >= st.slot.goal
 
-    def _send_spare(self, st: SlotState) -> None:
-        obj = self.store.allocate()
-        obj.close()
-        st.acc = obj.key_bytes  # the endpoint's next accumulator
-        self._send_to(st, Kind.SPARE, obj.key_bytes)
+    def _send_spare(self, st: SlotState) -> bool:
+        """Send the endpoint its next accumulator; False when the store refused one."""
+        acc = self._new_object(st, "spare accumulator")
+        if acc is None:
+            return False
+        st.acc = acc  # the endpoint's next accumulator
+        self._send_to(st, Kind.SPARE, acc)
+        return True
 
     def _deliver_update(self, st: SlotState, inp: Input) -> None:
         self._send_to(st, Kind.UPDATE, inp.key, weight=inp.weight, count=1)
@@ -474,7 +525,15 @@ class RoundEngine:
             st.endpoint,
             why,
         )
-        self._start(st, st.endpoint)
+        ep = st.endpoint
+        st.endpoint = None  # its acc is abandoned at the next start: the endpoint may write it
+        if not self._start(st, ep):
+            log.warning(
+                "round %d: slot %d leaves endpoint %d until the store has room",
+                self.round,
+                st.slot.id,
+                ep,
+            )
 
     def on_disconnect(self, ep: int) -> list[int]:
         """An endpoint is gone: its unfinished slots lose it. Returns the affected slot ids."""
@@ -537,9 +596,9 @@ class RoundEngine:
         )
         st.ckpt, st.covered = ck, covered
         st.pinned.append(f.key)
-        if self.has_work(st):
-            self._send_spare(st)
-        else:  # park: the endpoint writes nothing more for this slot and is free again
+        if not (self.has_work(st) and self._send_spare(st)):
+            # park (no spare when the store refused one: a pump runs it again from here):
+            # the endpoint writes nothing more for this slot and is free again
             st.acc, st.endpoint = None, None
         self._checkpoint(
             st.slot.id, ck, sorted(covered), lambda: self._release_covered(st, ck.key, covered)
@@ -683,6 +742,7 @@ class RoundEngine:
                 for sid, s in self.slots.items()
             },
             "done": self.result is not None,
+            "store_refusals": self.store_refusals,
             "frozen": self.frozen,
             "plan_version": self.plan_version,
         }

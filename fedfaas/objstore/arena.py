@@ -274,12 +274,21 @@ class ArenaOwner:
             self.maps.append(None)
         else:
             return False
-        self._back(slot)
+        try:
+            self._back(slot)
+        except OSError:  # ENOSPC (the file system is full): the slot stays a hole, no pages
+            with contextlib.suppress(OSError):
+                self._punch(slot)
+            self.holes.append(slot)
+            raise
         self.free.append(slot)
         return True
 
     def prefault(self, n: int) -> None:
-        """Have at least ``n`` free slots pre-faulted (fewer when the arena is full)."""
+        """Have at least ``n`` free slots pre-faulted (fewer when the arena is full).
+
+        Raises the system's ``OSError`` (``ENOSPC``: the memory file system is full) with
+        the slots faulted so far kept."""
         while len(self.free) < n and self._grow_free():
             pass
 

@@ -67,7 +67,8 @@ class Namespace(StoreClient):
     object_nbytes : int
         Size of every object of the job.
     pool : int
-        Slots pre-faulted now.
+        Slots pre-faulted now, as many as the memory file system has room for (a full one
+        is logged, not raised: :meth:`allocate` then raises its ``OSError``).
     pool_max : int or None
         Freed slots kept pre-faulted for reuse, up to this many (default ``pool``); past it a
         freed slot's pages go back to the system. The pool grows to the job's real peak
@@ -106,8 +107,19 @@ class Namespace(StoreClient):
         self._leases: dict[str, int] = {}
         self.peak_objects = 0
         self._files: dict[str, mmap.mmap] = {}  # plain-file objects' writable maps
-        self._arena = ArenaOwner.open(path, self.object_nbytes, arena_slots or DEFAULT_ARENA_SLOTS)
-        self._arena.prefault(pool)
+        try:
+            self._arena = ArenaOwner.open(
+                path, self.object_nbytes, arena_slots or DEFAULT_ARENA_SLOTS
+            )
+        except OSError:  # e.g. ENOSPC writing its table: leave the root as it was found
+            self._remove_folders()
+            raise
+        try:
+            self._arena.prefault(pool)
+        except OSError as exc:  # /dev/shm full: the pool grows as allocations find room
+            log.warning(
+                "%s: %d of %d pool slots pre-faulted: %s", path, len(self._arena.free), pool, exc
+            )
 
     # -- the owner's own access: through its per-slot mappings ------------------------------
     def _arena_view(self, kb: bytes) -> memoryview:
@@ -316,6 +328,9 @@ class Namespace(StoreClient):
             for p in self.path.iterdir():
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
+        self._remove_folders()
+
+    def _remove_folders(self) -> None:
         # each folder goes only if empty: another job or node may still live there
         for d in (self.path, self.path.parent, self.root):
             with contextlib.suppress(OSError):
