@@ -121,7 +121,7 @@ class JobIn(BaseModel):
 
 def metrics_text(coord: Coordinator) -> bytes:
     """The control plane's Prometheus metrics: ``fedfaas_control_job_rounds_completed``,
-    ``fedfaas_control_job_privacy_epsilon`` (spent so far) and
+    ``fedfaas_control_job_updates_lost``, ``fedfaas_control_job_privacy_epsilon`` (spent so far) and
     ``fedfaas_control_job_privacy_budget`` (DP-FedAvg jobs with a budget), labelled by job."""
     registry = CollectorRegistry()
     done = Gauge("fedfaas_control_job_rounds_completed", "rounds ended", ["job"], registry=registry)
@@ -137,8 +137,16 @@ def metrics_text(coord: Coordinator) -> bytes:
         ["job"],
         registry=registry,
     )
+    lost = Gauge(
+        "fedfaas_control_job_updates_lost",
+        "acknowledged updates in no published model (a dead node's, and those the gateways "
+        "report dropped), over the job's rounds so far",
+        ["job"],
+        registry=registry,
+    )
     for name, job in list(coord.jobs.items()):
         done.labels(name).set(job.completed)
+        lost.labels(name).set(job.lost())
         if job.privacy:
             spent.labels(name).set(float(job.privacy.get("spent", 0.0)))
             if job.privacy.get("epsilon") is not None:

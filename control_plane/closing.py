@@ -15,6 +15,13 @@ tried again on the gateways still owed it, with a growing pause (:data:`RETRY_PA
 no node stays frozen waiting for a round that never closes. After the deadline a close that
 failed ``close_retries`` times fails the job (which drops its live state on the gateways);
 before it, at the goal, the close is retried until the deadline takes over.
+
+Every status read also carries the acknowledged updates a gateway reports in no published
+model (its ``dropped``: a partial its root published without, a slot unfinished when the
+round ended there): each slot's are counted once in its round's ``lost``
+(:meth:`~control_plane.jobs.JobState.count_dropped`). A node learns that only once the round's
+model is out, so a job's gateways are still read for it for :data:`DROP_WATCH_S` after its
+round ended while no other round of it is open.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ MAX_RETRY_PAUSE_S = 10.0
 #: what :meth:`RoundClosing._shrink_round` returns: the round closed on every gateway; a
 #: gateway still owes a step (tried again later); the round cannot be closed this way
 DONE, PENDING, CANNOT = "done", "pending", "cannot"
+
+#: seconds after a job's round ended that its gateways are still read for the updates they
+#: report dropped, while no other round of the job is open (whose polls read them)
+DROP_WATCH_S = 60.0
 
 
 class RoundClosing(RoundOpening):
@@ -109,7 +120,23 @@ class RoundClosing(RoundOpening):
                     await self._open_first_round(job)
             return
         if rnd.state not in ("open", "aggregating"):
+            if rnd.closed_at is not None and self.clock() - rnd.closed_at < DROP_WATCH_S:
+                statuses = await self._read_statuses(name)
+                async with lock:
+                    if any([self._count_dropped(job, n, st) for n, st in statuses.items()]):
+                        await self._save(job)
             return
+        statuses = await self._read_statuses(name)
+        async with lock:
+            if not self.still_current(job, rnd):  # another step ended the round meanwhile
+                return
+            for n, st in statuses.items():
+                self._count_dropped(job, n, st)
+            await self._apply_statuses(job, rnd, statuses)
+            await self._save(job)
+
+    async def _read_statuses(self, name: str) -> dict[str, GatewayJobStatus]:
+        """Job ``name``'s status on each healthy gateway that answered."""
         read = await self.on_nodes(self.healthy_nodes(), lambda c: c.job_status(name))
         statuses: dict[str, GatewayJobStatus] = {}
         for n, st in read.items():
@@ -117,11 +144,26 @@ class RoundClosing(RoundOpening):
                 log.debug("poll %s: %s", n, st.detail)
             else:
                 statuses[n] = st
-        async with lock:
-            if not self.still_current(job, rnd):  # another step ended the round meanwhile
-                return
-            await self._apply_statuses(job, rnd, statuses)
-            await self._save(job)
+        return statuses
+
+    @staticmethod
+    def _count_dropped(job: JobState, node: str, st: GatewayJobStatus) -> int:
+        """Count, once per slot, the updates ``node`` reports dropped (in the rounds' ``lost``)."""
+        got = 0
+        for rnd, slot, updates in st.dropped:
+            n = job.count_dropped(node, rnd, slot, updates)
+            if n:
+                log.error(
+                    "job %s round %d: node %s reports %d acknowledged update(s) of slot %d in "
+                    "no published model; counted lost",
+                    job.spec.name,
+                    rnd,
+                    node,
+                    n,
+                    slot,
+                )
+            got += n
+        return got
 
     async def _apply_statuses(
         self, job: JobState, rnd: RoundInfo, statuses: dict[str, GatewayJobStatus]

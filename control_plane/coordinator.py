@@ -454,6 +454,9 @@ class Coordinator(NodeFailover, Autoscaling):
             "round": None if rnd is None else round_view(rnd),
             "history": job.history,  # the newest jobs.HISTORY_ROUNDS rounds
             "totals": job.totals,  # over every ended round
+            # acknowledged updates in no published model, the open round's included: a dead
+            # node's, and those the gateways report dropped (``JobState.count_dropped``)
+            "lost": job.lost(),
             # gateways not told of the job's deletion yet (a failed job's live state)
             "deleting_on": list(self.deletions.get(name, {}).get("nodes", [])),
         }

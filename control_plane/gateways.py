@@ -44,7 +44,8 @@ class GatewayJobStatus:
     (global model version), ``queue`` (pending updates: ``k * E``), ``salt`` (the job's, which
     the gateway shows the admin; None when absent), ``plan_version`` (the pushed plan the open
     round runs; None when it runs the gateway's own plan, or the gateway does not say),
-    ``last_published`` (from ``last_round``).
+    ``last_published`` (from ``last_round``), ``dropped`` (acknowledged updates in no
+    published model, from ``dropped.recent``).
     """
 
     round: int
@@ -56,6 +57,9 @@ class GatewayJobStatus:
     plan_version: int | None = None
     #: ``(round, updates)`` of the last round this gateway published (the root), if any
     last_published: tuple[int, int] | None = None
+    #: ``(round, slot, updates)`` of the acknowledged updates this gateway reports in no
+    #: published model (its ``dropped.recent``)
+    dropped: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GatewayJobStatus:
@@ -81,7 +85,19 @@ class GatewayJobStatus:
             and data.get("pushed_plan", True)
             else None,
             last_published=_last_published(data.get("last_round")),
+            dropped=_dropped(data.get("dropped")),
         )
+
+
+def _dropped(dropped: Any) -> tuple[tuple[int, int, int], ...]:
+    recent = dropped.get("recent") if isinstance(dropped, dict) else None
+    out: list[tuple[int, int, int]] = []
+    for d in recent if isinstance(recent, list) else ():
+        vals = [d.get(k) for k in ("round", "slot", "updates")] if isinstance(d, dict) else []
+        ints = [v for v in vals if isinstance(v, int) and not isinstance(v, bool)]
+        if len(ints) == 3:
+            out.append((ints[0], ints[1], ints[2]))
+    return tuple(out)
 
 
 def _last_published(last: Any) -> tuple[int, int] | None:

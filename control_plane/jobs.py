@@ -217,6 +217,35 @@ class JobState:
     #: clients FLStore flagged (``drop_flagged``), dropped from every later round: client ->
     #: ``{"flagged_in": round, "workload": name}``
     flagged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: acknowledged updates a node gateway reports in no published model (its job status's
+    #: ``dropped``), per ``node/round/slot``: each counted once in its round's ``lost``
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def count_dropped(self, node: str, rnd: int, slot: int, updates: int) -> int:
+        """Count ``updates`` acknowledged updates of slot ``slot`` that node ``node`` reports
+        dropped in round ``rnd``, once: in the round's ``lost`` (the current round's, and, for
+        an ended round, its ``history`` entry and ``totals``). Returns the updates newly
+        counted (0 when that slot's drop was counted before)."""
+        key = f"{node}/{rnd}/{slot}"
+        if key in self.dropped or updates <= 0:
+            return 0
+        self.dropped[key] = updates
+        cur = self.current
+        if cur is not None and cur.number == rnd:
+            cur.lost += updates
+        if cur is None or cur.number != rnd or cur.closed_at is not None:  # ended: recorded
+            for entry in self.history:
+                if entry.get("round") == rnd:
+                    entry["lost"] = int(entry.get("lost") or 0) + updates
+            self.totals["lost"] = self.totals.get("lost", 0) + updates
+        return updates
+
+    def lost(self) -> int:
+        """Acknowledged updates in no published model over the job so far (its ended rounds'
+        and the open one's)."""
+        cur = self.current
+        open_ = cur.lost if cur is not None and cur.closed_at is None else 0
+        return self.totals.get("lost", 0) + open_
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append an ended round to ``history`` (dropping the oldest beyond
@@ -347,6 +376,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "privacy_rates": job.privacy_rates,
         "stopped": job.stopped,
         "flagged": job.flagged,
+        "dropped": job.dropped,
     }
 
 
@@ -369,4 +399,5 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         [float(q) for q in raw.get("privacy_rates") or ()],
         str(raw.get("stopped", "")),
         dict(raw.get("flagged") or {}),
+        {str(k): int(v) for k, v in (raw.get("dropped") or {}).items()},
     )
