@@ -38,9 +38,10 @@ abandoned attempts are kept until the round ends (a parent may be reading one).
 
 A fresh accumulator the store refuses (``/dev/shm`` full: ``OSError``, or
 :class:`~fedfaas.objstore.StoreFull`) changes nothing about the slot: it keeps waiting without
-an endpoint (a parking middle parks), the refusal is logged and counted (``refused``), and the
-next pump (the gateway's housekeeping pumps every few milliseconds) asks the store again. No
-slot is left on an endpoint without a TASK, and a refused attempt holds no object.
+an endpoint (a parking middle parks), the refusal is logged and counted (``refused``), and a
+pump (the gateway's housekeeping pumps every few milliseconds) asks the store again after
+:data:`STORE_RETRY_S`. No slot is left on an endpoint without a TASK, and a refused attempt
+holds no object.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ from fedfaas.objstore import Namespace, StoreFull, key_hex
 from gateway.plan import Plan, Slot
 
 log = logging.getLogger(__name__)
+
+#: seconds a slot whose accumulator the store refused waits before the store is asked again
+STORE_RETRY_S = 0.2
 
 
 @dataclass
@@ -89,6 +93,7 @@ class SlotState:
     pinned: list[bytes] = field(default_factory=list)  # checkpoints not freed yet, oldest first
     heard_ns: int = 0  # last TASK to, or valid frame from, its endpoint (monotonic)
     refusals: int = 0  # accumulators the store refused it in a row (logged on the first)
+    retry_ns: int = 0  # no store allocation tried for it before this time (monotonic)
 
 
 class RoundEngine:
@@ -369,9 +374,13 @@ class RoundEngine:
         """A fresh writable object for slot ``st`` (an accumulator), or None when the store
         refuses it now (its memory file system full, or its object cap reached): logged on
         the slot's first refusal in a row, counted, and reported to ``refused``."""
+        now = time.monotonic_ns()
+        if now < st.retry_ns:  # refused a moment ago: no page churn on a full file system
+            return None
         try:
             obj = self.store.allocate()
         except (StoreFull, OSError) as exc:
+            st.retry_ns = now + int(STORE_RETRY_S * 1e9)
             self.store_refusals += 1
             st.refusals += 1
             if st.refusals == 1:
