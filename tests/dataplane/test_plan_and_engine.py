@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from bpf import Frame, Kind
@@ -44,8 +46,11 @@ class FakeStore:
     def __init__(self) -> None:
         self.held: dict[bytes, int] = {}
         self.n = 0
+        self.full = False  # allocate raises as Namespace does on a full /dev/shm
 
     def allocate(self):  # type: ignore[no-untyped-def]
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
         self.n += 1
         key = self.n.to_bytes(16, "big")
         self.held[key] = 1
@@ -521,3 +526,67 @@ def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None
 
     asyncio.run(run())
     assert written == [2, 4] and released == [2, 4]
+
+
+def test_an_accumulator_the_store_refuses_leaves_the_slot_waiting_and_it_starts_later() -> None:
+    eng, sent, _, store = engine()
+    refused: list[BaseException] = []
+    eng._refused = refused.append
+    store.held[update_key(0)] = 1
+    eng.add_update("c0", update_key(0), 3)
+    store.full = True
+    assert eng.assign(2, 5) is False  # no TASK, no endpoint, no object, the input kept
+    st = eng.slots[2]
+    assert sent == [] and st.endpoint is None and st.acc is None and st.attempts == 0
+    assert set(store.held) == {update_key(0)} and len(refused) == 1 and eng.store_refusals == 1
+    eng.pump([5])  # asked again too soon: the store is not asked
+    assert sent == [] and len(refused) == 1
+    st.retry_ns = 0  # the pause is over
+    eng.pump([5])
+    assert sent == [] and len(refused) == 2 and st.endpoint is None
+    store.full, st.retry_ns = False, 0
+    eng.pump([5])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE] and st.endpoint == 5
+    assert st.refusals == 0 and eng.progress()["store_refusals"] == 2
+
+
+def test_a_rerun_the_store_refuses_frees_the_endpoint_and_makes_no_object() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    for i in range(2):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.assign(a, 5)
+    first = eng.slots[a].acc
+    now = eng.slots[a].heard_ns
+    store.full = True
+    sent.clear()
+    held = set(store.held)
+    for k in range(1, 4):  # silent, again and again, while the store is full
+        eng.rerun_stalled(10, now + k * 11 * 10**9)
+        eng.slots[a].retry_ns = 0
+    st = eng.slots[a]
+    assert sent == [] and st.endpoint is None and set(store.held) == held  # no new object
+    assert st.acc == first and st.abandoned == []  # abandoned once, at the next start
+    store.full = False
+    eng.pump([6])
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE, Kind.UPDATE] and sent[0].dst == 6
+    assert st.abandoned == [first]
+
+
+def test_a_spare_the_store_refuses_parks_the_slot_which_runs_again_from_its_checkpoint() -> None:
+    eng, sent, _, store = engine(goal=6)
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    pa = _finish_leaf(eng, store, sent, a, 5)
+    pb = _finish_leaf(eng, store, sent, b, 5)
+    sent.clear()
+    eng.assign(1, 7)
+    acc = sent[0].key
+    sent.clear()
+    store.full = True
+    eng.on_frame(_checkpoint(acc, 7, 1, a, 2))
+    assert sent == [] and eng.slots[1].endpoint is None and eng.slots[1].acc is None
+    store.full, eng.slots[1].retry_ns = False, 0
+    eng.pump([7])  # it runs again from its checkpoint with b's partial
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.PARTIAL, Kind.PARTIAL]
+    assert sent[1].key == acc and sent[2].key == pb and pa != pb
