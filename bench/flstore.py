@@ -1044,6 +1044,12 @@ def main(argv: list[str] | None = None) -> None:
         "8.9 GB; above a 120-update one, 5.4 GB, with the functions' own memory)",
     )
     ap.add_argument(
+        "--big-repeats",
+        type=int,
+        default=3,
+        help="askings of each query of each system at each big-round size (default 3)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: --small, 2 rounds, lookup overhead at 1,000 entries only, no big rounds",
@@ -1071,7 +1077,8 @@ def main(argv: list[str] | None = None) -> None:
                 res["shapley"] = shapley(work)
             if args.big_rounds:
                 sizes = [int(x) for x in args.big_rounds.split(",") if x]
-                res["big_rounds"] = big_rounds(work, sizes, int(args.budget_gb * 1e9))
+                budget = int(args.budget_gb * 1e9)
+                res["big_rounds"] = big_rounds(work, sizes, budget, args.big_repeats)
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")
     sys.stdout.write(md)

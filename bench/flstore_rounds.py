@@ -10,25 +10,35 @@ on flipped labels and sends the opposite step. The job's evaluator is ``digits-s
 ``"head": true`` (accuracy of the leading classifier), so leave-one-out and Shapley values mean
 something at this size; cosine, Multi-Krum and FoolsGold see the whole vectors.
 
-For each size, one system at a time (their memory would not fit this machine together):
+Each size runs on a fresh ``fedfaas up --with all`` (:class:`bench.flstore_platform.UpWithAll`)
+whose node memory budget is ``budget`` bytes: below the 200-update round (8.9 GB), above the
+120-update one (5.4 GB, with the functions' own memory and 1 GiB kept for the queries' working
+memory). The job is written to the platform's MinIO, which the baselines read too; ``fedfaas
+down`` removes it before the next size (the two sizes' 14.5 GB would not fit this machine's
+disk beside Redis's append-only file). One system at a time (their memory would not fit this
+machine together), each query asked ``repeats`` times in a row of each system (the median and
+the spread of the askings in the table). The memos across queries are off on all three (the
+cache functions' inner-product and utility memos, the baselines' inner-product memo), so that
+every asking does the whole work and the askings are alike; within one query, GTG-Shapley
+still evaluates each sub-model once.
 
-1. **FedFaaS** on a fresh stack (runtime, engine, tracker) whose node memory budget is
-   ``budget`` bytes: below the 200-update round (8.9 GB), above the 120-update one (5.4 GB,
-   with the functions' own memory and 1 GiB kept for the queries' working memory). The round
-   is ingested (the policy's prefetch places it in coordinate parts across cache functions when
-   the budget allows), then the queries are asked through the tracker; a sampler reads the
-   cache functions' private memory (``RssAnon``) all along, and the engine's budget account.
-2. **ObjStore-Agg**: the same queries, each reading the round from MinIO and computing in
-   process on the whole vectors (the direct in-process computation the answers are compared
-   with).
-3. **Cache-Agg**: the same, from Redis (the round mirrored there first, not timed), where the
+1. **ObjStore-Agg**: the queries, each reading the round from MinIO and computing in process
+   on the whole vectors (the direct in-process computation FedFaaS's answers are compared
+   with), while FLStore holds nothing of the job.
+2. **Cache-Agg**: the same, from Redis (the round mirrored there first, not timed), where the
    machine's free memory holds the mirror and the server's copy (skipped otherwise, said so).
+3. **FedFaaS**: the round is ingested (the policy's prefetch places it in coordinate parts
+   across cache functions as the budget allows), then the queries are asked through the
+   platform's request tracker; a sampler reads the cache functions' private memory
+   (``RssAnon``) all along, and the engine's budget account; the engine's log is searched for
+   tracebacks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -39,6 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench.baselines.settings import BaselineSettings
+from bench.flstore_platform import UpWithAll
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.runinfo import PINNED_THREADS
 from cache_engine.cold_store import MinioColdStore, encode_model
@@ -52,6 +63,8 @@ HEAD = 650
 FILLER_PARTS = 4
 #: GTG-Shapley at this size: one permutation costs up to n sub-models of 44.7 MB each
 GTG_PARAMS = {"method": "gtg", "max_permutations": 5}
+#: no memo across queries in the cache functions (see the module)
+NO_MEMOS = {"FEDFAAS_FLSTORE_GRAM_MEMO": "0", "FEDFAAS_FLSTORE_UTILITY_MEMO": "0"}
 
 
 def same_answer(a: Any, b: Any, tol: float = 1e-4) -> bool:
@@ -68,7 +81,7 @@ def same_answer(a: Any, b: Any, tol: float = 1e-4) -> bool:
 def _filler_shapes() -> dict[str, tuple[int, ...]]:
     total = RESNET18 - HEAD
     each = total // FILLER_PARTS
-    out = {f"z{i}.weight": (each,) for i in range(FILLER_PARTS - 1)}
+    out: dict[str, tuple[int, ...]] = {f"z{i}.weight": (each,) for i in range(FILLER_PARTS - 1)}
     out[f"z{FILLER_PARTS - 1}.weight"] = (total - each * (FILLER_PARTS - 1),)
     return out
 
@@ -187,7 +200,7 @@ class _Sampler:
             except (httpx.HTTPError, OSError, ValueError, KeyError):
                 continue
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join(5)
         return {
@@ -208,30 +221,50 @@ def _rss_anon(pid: int) -> int:
     return 0
 
 
-def _ask(client: httpx.Client, url: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    r = client.post(url, json=body, **kw)
-    dt = time.perf_counter() - t0
-    if r.status_code != 200:
-        return {"latency_s": dt, "error": f"HTTP {r.status_code} {r.text[:300]}"}
-    res = r.json()
-    return {"latency_s": dt, "result": res["result"], "compute_s": res.get("compute_s")}
+def _ask(
+    client: httpx.Client, url: str, body: dict[str, Any], repeats: int, **kw: Any
+) -> dict[str, Any]:
+    """``body`` asked ``repeats`` times: each asking's latency, their median, the first
+    answer and whether every asking answered it; the first error stops the askings."""
+    lat: list[float] = []
+    first: Any = None
+    alike = True
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        r = client.post(url, json=body, **kw)
+        lat.append(time.perf_counter() - t0)
+        if r.status_code != 200:
+            return {
+                "latency_s": float(np.median(lat)),
+                "latencies_s": lat,
+                "error": f"HTTP {r.status_code} {r.text[:300]}",
+            }
+        res = r.json()["result"]
+        if i == 0:
+            first = res
+        else:
+            alike = alike and same_answer(res, first)
+    return {
+        "latency_s": float(np.median(lat)),
+        "latencies_s": lat,
+        "result": first,
+        "same_each_asking": alike,
+    }
 
 
-def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int) -> dict[str, Any]:
-    stack = FLStoreStack(
-        work / f"stack-{job}",
-        rs,
-        ms,
-        engine_settings={
-            "memory_budget_bytes": budget,
-            "max_functions": 16,
-            "secondaries": 1,
-            "function_env": PINNED_THREADS,
-            "call_timeout": 600,
-        },
-        tracker_settings={"query_timeout": 600},
-    ).start()
+def _engine_settings(budget: int) -> dict[str, Any]:
+    """The cache engine's settings in this section (the platform's defaults otherwise)."""
+    return {
+        "memory_budget_bytes": budget,
+        "max_functions": 16,
+        "function_env": {**PINNED_THREADS, **NO_MEMOS},
+        "call_timeout": 600,
+    }
+
+
+def _fedfaas(stack: FLStoreStack, job: str, repeats: int) -> dict[str, Any]:
+    """The round ingested (the policy's prefetch places it as the budget allows), then the
+    queries asked through the tracker of ``stack`` (started), its functions' memory sampled."""
     sampler = _Sampler(stack)
     try:
         client = httpx.Client(timeout=3600)
@@ -244,7 +277,11 @@ def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int
         for wl, body in queries(job):
             sampler.query = wl
             rows[wl] = _ask(
-                client, f"{stack.tracker_url}/v1/queries?wait=true", body, headers=stack.auth
+                client,
+                f"{stack.tracker_url}/v1/queries?wait=true",
+                body,
+                repeats,
+                headers=stack.auth,
             )
             log.info("big %s fedfaas %s: %.1f s", job, wl, rows[wl]["latency_s"])
         state = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
@@ -267,11 +304,10 @@ def _fedfaas(work: Path, rs: RedisServer, ms: MinioServer, job: str, budget: int
         }
     finally:
         sampler.stop()
-        stack.stop()
 
 
 def _baseline(
-    work: Path, name: str, ms: MinioServer, rs: RedisServer | None, job: str
+    work: Path, name: str, ms: MinioServer, rs: RedisServer | None, job: str, repeats: int
 ) -> dict[str, Any]:
     s = BaselineSettings(
         backend="minio" if rs is None else "redis",
@@ -280,6 +316,7 @@ def _baseline(
         minio_credentials_file=ms.credentials_file("cache-engine"),
         redis_url=rs.url if rs is not None else "redis://127.0.0.1:1/0",
         redis_credentials_file=rs.credentials_file("baseline") if rs is not None else None,
+        gram_memo=False,
     )
     child = Child(name, s.to_argv(log_level="warning"), work / "logs" / f"{name}-{job}.log", s.port)
     child.env = dict(PINNED_THREADS)
@@ -294,7 +331,7 @@ def _baseline(
             mirror_s = time.perf_counter() - t0
         rows = {}
         for wl, body in queries(job):
-            rows[wl] = _ask(client, f"{url}/v1/queries", body)
+            rows[wl] = _ask(client, f"{url}/v1/queries", body, repeats)
             log.info("big %s %s %s: %.1f s", job, name, wl, rows[wl]["latency_s"])
         return {"queries": rows, "mirror_s": mirror_s}
     finally:
@@ -308,60 +345,77 @@ def _available() -> int:
     return 0
 
 
-def big_rounds(work: Path, sizes: list[int], budget: int) -> dict[str, Any]:
-    """Every size of ``sizes`` (see the module); answers compared with ObjStore-Agg's."""
-    ms = MinioServer(data_dir=work / "big-minio").start()
-    out: dict[str, Any] = {"budget_bytes": budget, "gtg_params": GTG_PARAMS, "sizes": {}}
-    try:
-        cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
-        for n in sizes:
-            job = f"big{n}"
-            t0 = time.perf_counter()
-            write_job(cold, job, n)
-            log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
-            round_bytes = (n + 1) * RESNET18 * 4
-            rs = RedisServer(data_dir=work / f"big-redis-{n}").start()
-            try:
-                fed = _fedfaas(work, rs, ms, job, budget)
-            finally:
-                rs.stop()
-            obj = _baseline(work, "objstore-agg", ms, None, job)
-            cache: dict[str, Any] | None = None
-            need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
-            if _available() > need:
-                crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
-                try:
-                    cache = _baseline(work, "cache-agg", ms, crs, job)
-                finally:
-                    crs.stop()
-            else:
-                log.warning(
-                    "Cache-Agg not run at %d updates: %d bytes free, %d needed",
-                    n,
-                    _available(),
-                    need,
-                )
-            same = {
-                wl: "result" in fed["queries"][wl]
-                and "result" in obj["queries"][wl]
-                and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
-                for wl, _ in queries(job)
-            }
-            out["sizes"][str(n)] = {
-                "updates": n,
-                "round_bytes": round_bytes,
-                "fedfaas": fed,
-                "objstore-agg": obj,
-                "cache-agg": cache,
-                "cache_agg_skipped_need_bytes": None if cache is not None else need,
-                "same_answer": same,
-            }
-            for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
-                for q in (row or {}).get("queries", {}).values():
-                    q.pop("result", None)
-    finally:
-        ms.stop()
+def big_rounds(work: Path, sizes: list[int], budget: int, repeats: int = 3) -> dict[str, Any]:
+    """Every size of ``sizes`` (see the module) on a fresh ``fedfaas up --with all`` each, each
+    query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's."""
+    out: dict[str, Any] = {
+        "budget_bytes": budget,
+        "gtg_params": GTG_PARAMS,
+        "repeats": repeats,
+        "memos": "off",
+        "platform": "fedfaas up --with all",
+        "sizes": {},
+    }
+    for n in sizes:
+        out["sizes"][str(n)] = _one_size(work, n, budget, repeats)
     return out
+
+
+def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
+    job = f"big{n}"
+    up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
+    try:
+        ms = up.minio
+        cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
+        t0 = time.perf_counter()
+        write_job(cold, job, n)
+        log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
+        round_bytes = (n + 1) * RESNET18 * 4
+        # the baselines first, while FLStore holds nothing of the job
+        obj = _baseline(work, "objstore-agg", ms, None, job, repeats)
+        cache: dict[str, Any] | None = None
+        need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
+        if _available() > need:
+            crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
+            try:
+                cache = _baseline(work, "cache-agg", ms, crs, job, repeats)
+            finally:
+                crs.stop()
+                shutil.rmtree(crs.data_dir, ignore_errors=True)  # its append-only file
+        else:
+            log.warning(
+                "Cache-Agg not run at %d updates: %d bytes free, %d needed", n, _available(), need
+            )
+        fed = _fedfaas(up, job, repeats)
+        fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
+    finally:
+        up.stop()
+    same = {
+        wl: "result" in fed["queries"][wl]
+        and "result" in obj["queries"][wl]
+        and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
+        for wl, _ in queries(job)
+    }
+    for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
+        for q in (row or {}).get("queries", {}).values():
+            q.pop("result", None)
+    return {
+        "updates": n,
+        "round_bytes": round_bytes,
+        "fedfaas": fed,
+        "objstore-agg": obj,
+        "cache-agg": cache,
+        "cache_agg_skipped_need_bytes": None if cache is not None else need,
+        "same_answer": same,
+    }
+
+
+def _spread(q: dict[str, Any]) -> str:
+    """A query's median latency and, over several askings, their range: ``12.3 (11.9-13.0)``."""
+    lat = q.get("latencies_s") or [q["latency_s"]]
+    med = f"{q['latency_s']:.1f}"
+    failed = " failed" if "error" in q else ""
+    return med + failed if len(lat) < 2 else f"{med} ({min(lat):.1f}-{max(lat):.1f}){failed}"
 
 
 def markdown(big: dict[str, Any]) -> list[str]:
@@ -372,9 +426,13 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "",
         f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
         "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
-        "leave-one-out and Shapley). One system at a time per size; 'same answer': FedFaaS's "
+        "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "
+        "at a time; 'same answer': FedFaaS's "
         "answer equals ObjStore-Agg's (the in-process computation on the whole vectors). "
-        f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`.",
+        f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`. Each query asked "
+        f"{big.get('repeats', 1)} times of each system in a row, memos across queries "
+        f"{big.get('memos', 'on')}: the median latency in seconds, the range of the askings "
+        "in brackets; 'vs': the medians' ratio.",
         "",
         "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
         "vs Cache | same answer |",
@@ -384,18 +442,18 @@ def markdown(big: dict[str, Any]) -> list[str]:
         for wl, f in row["fedfaas"]["queries"].items():
             o = row["objstore-agg"]["queries"][wl]
             c = (row["cache-agg"] or {}).get("queries", {}).get(wl)
-            cs = f"{c['latency_s']:.1f}" if c else "not run"
+            cs = _spread(c) if c else "not run"
             vc = f"{f['latency_s'] / c['latency_s']:.2f}x" if c else ""
             lines.append(
-                f"| {n} | {wl} | {f['latency_s']:.1f} | {o['latency_s']:.1f} | {cs} | "
+                f"| {n} | {wl} | {_spread(f)} | {_spread(o)} | {cs} | "
                 f"{f['latency_s'] / o['latency_s']:.2f}x | {vc} | {row['same_answer'][wl]} |"
             )
     lines += [
         "",
         "| updates | round GB | budget GB | cache functions' peak private GB | "
-        "engine's peak account GB | queries in parts | streamed from MinIO | "
-        "ingest + prefetch s | Cache-Agg |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "engine's peak account GB | queries in parts | partly from MinIO | wholly from MinIO | "
+        "ingest + prefetch s | Cache-Agg | tracebacks in the engine's log |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, row in big["sizes"].items():
         f = row["fedfaas"]
@@ -407,6 +465,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"{f['stats']['queries_in_parts']} | {f['stats'].get('queries_partly_streamed', 0)} | "
             f"{f['stats']['queries_streamed']} | "
             f"{f['ingest_and_prefetch_s']:.0f} | "
-            f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} |"
+            f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} | "
+            f"{f.get('engine_log_tracebacks', '')} |"
         )
     return lines + [""]

@@ -56,19 +56,28 @@ def test_the_big_rounds_table_shows_every_size_query_and_the_memory_against_the_
         "updates": 200,
         "round_bytes": 201 * RESNET18 * 4,
         "fedfaas": {
-            "queries": {w: _query(2.0) for w in wls},
+            "queries": {
+                **{w: _query(2.0) for w in wls},
+                "foolsgold": {**_query(2.0), "latencies_s": [2.4, 1.9, 2.0]},
+            },
             "memory": {"peak_private_bytes": 7.5e9, "peak_accounted_bytes": 7.2e9},
             "stats": {"queries_in_parts": 0, "queries_streamed": 1, "loads_failed": 1},
             "ingest_and_prefetch_s": 60.0,
+            "engine_log_tracebacks": 0,
         },
         "objstore-agg": {"queries": {w: _query(4.0) for w in wls}},
         "cache-agg": None,
         "cache_agg_skipped_need_bytes": 20e9,
         "same_answer": dict.fromkeys(wls, True),
     }
-    md = "\n".join(rounds_md({"budget_bytes": 8e9, "gtg_params": {"x": 1}, "sizes": {"200": size}}))
+    big = {"budget_bytes": 8e9, "gtg_params": {"x": 1}, "repeats": 3, "sizes": {"200": size}}
+    md = "\n".join(rounds_md(big))
     assert "| 200 | multi-krum | 2.0 | 4.0 | not run | 0.50x |  | True |" in md
-    assert "| 200 | 9.0 | 8.0 | 7.50 | 7.20 | 0 | 0 | 1 | 60 | not run (needs 20 GB free) |" in md
+    assert "| 200 | foolsgold | 2.0 (1.9-2.4) | 4.0 | not run | 0.50x |  | True |" in md
+    assert "asked 3 times of each system" in md
+    assert (
+        "| 200 | 9.0 | 8.0 | 7.50 | 7.20 | 0 | 0 | 1 | 60 | not run (needs 20 GB free) | 0 |" in md
+    )
 
 
 def test_the_shapley_table_says_both_forms_and_whether_their_values_agree() -> None:
@@ -99,15 +108,20 @@ def test_the_shapley_table_says_both_forms_and_whether_their_values_agree() -> N
 def test_a_round_of_resnet18_sized_updates_above_the_budget_is_answered_as_in_process(
     tmp_path: Path,
 ) -> None:
-    """48 updates (2.2 GB) and a budget of 2.5 GB, 1 GiB of it kept for queries: the
+    """On ``fedfaas up --with all``, 48 updates (2.2 GB) and a budget of 2.5 GB, 1 GiB of it
+    kept for queries: the
     functions' own memory leaves room for a part of the round; the rest is read from MinIO.
-    Every answer equals ObjStore-Agg's (the in-process computation on the whole vectors)."""
-    res = big_rounds(tmp_path, [48], int(2.5e9))
+    Every answer equals ObjStore-Agg's (the in-process computation on the whole vectors), on
+    each of two askings."""
+    res = big_rounds(tmp_path, [48], int(2.5e9), repeats=2)
     row = res["sizes"]["48"]
     assert all(row["same_answer"].values()), row["same_answer"]
+    for q in row["fedfaas"]["queries"].values():
+        assert len(q["latencies_s"]) == 2 and q["same_each_asking"], q
     stats = row["fedfaas"]["stats"]
     assert stats["queries_streamed"] + stats.get("queries_partly_streamed", 0) >= 1
     assert row["fedfaas"]["memory"]["peak_accounted_bytes"] <= res["budget_bytes"]
+    assert row["fedfaas"]["engine_log_tracebacks"] == 0
 
 
 @pytest.mark.slow
