@@ -12,7 +12,7 @@ import pytest
 
 from bench import flstore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 WORKLOADS = {
     "cosine-to-aggregate",

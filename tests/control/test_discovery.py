@@ -147,6 +147,7 @@ def test_the_control_plane_needs_gateways_or_a_gateways_service():
     assert r.returncode == 2 and "--peers-service" in r.stderr and "HOST:PORT" in r.stderr
 
 
+@pytest.mark.slow  # over 10 s: `make test-slow`
 @pytest.mark.integration
 def test_gateways_entries_win_over_discovered_ones(redis_url, tmp_path):
     with gateway_process(tmp_path, redis_url) as (gw, _secret):

@@ -24,7 +24,7 @@ from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
 REPO = Path(__file__).resolve().parents[2]
 OPTIONAL_PORTS = ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane")
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 
 def assert_nothing_left(report: dict[str, Any], state: Path) -> None:
@@ -108,7 +108,6 @@ def test_a_demo_that_fails_still_stops_the_platform(tmp_path: Path) -> None:
     assert_nothing_left(report, tmp_path)
 
 
-@pytest.mark.slow
 def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path: Path) -> None:
     env = {
         **os.environ,

@@ -126,6 +126,7 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     assert again["status"] == "done" and again["result"]["selected"] == rec["result"]["selected"]
 
 
+@pytest.mark.slow  # over 10 s: `make test-slow`
 def test_a_query_rides_out_a_cache_engine_restart_and_is_told_503_when_it_stays_down(
     slow_stack: FLStoreStack,
 ) -> None:

@@ -22,7 +22,7 @@ from fedfaas.services import MinioServer, RedisServer
 from .conftest import start_stack
 from .rounds import DIGITS, JOB, QUERIES, ask, direct, engine_log, same, state, write_jobs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 CAPACITY = 64 << 10
 
 

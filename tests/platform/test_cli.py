@@ -70,6 +70,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     fedfaas("down", "--state-dir", str(d))  # whatever the test left running
 
 
+@pytest.mark.slow  # over 10 s: `make test-slow`
 @pytest.mark.integration
 def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> None:
     up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK))

@@ -25,7 +25,7 @@ from fedfaas.platform import state
 from gateway.journal import Journal
 from tests.platform.test_one_platform import SHAPES, Platform, platform_up, run_round
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 JOB = "sigterm"
 CLIENTS = [f"c{i}" for i in range(4)]

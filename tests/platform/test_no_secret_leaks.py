@@ -28,7 +28,7 @@ from fedfaas.platform.context import PLATFORM_ID_VAR
 from tests.platform.conftest import ANY_PORTS_ENV
 from tests.platform.test_one_platform import _fedfaas
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 JOB = "leaks"
 

@@ -34,7 +34,7 @@ from tests.platform.conftest import ANY_PORTS_ENV
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"w": (64, 32), "b": (32,)}
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 
 def _fedfaas(*args: str, env: dict[str, str], timeout: float = 300) -> None:

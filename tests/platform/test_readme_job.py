@@ -22,7 +22,7 @@ from tests.platform.conftest import ANY_PORTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
 
 def readme_job() -> tuple[list[str], str]:

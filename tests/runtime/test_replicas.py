@@ -181,6 +181,7 @@ def test_no_replica_outlives_the_runtime(tmp_path: Path, sig: signal.Signals) ->
         rt.stop()
 
 
+@pytest.mark.slow  # over 10 s: `make test-slow`
 def test_hung_replica_is_marked_unready_then_replaced(tmp_path: Path) -> None:
     env = {
         "FEDFAAS_RUNTIME_HEALTH_TIMEOUT": "0.3",
