@@ -1050,6 +1050,12 @@ def main(argv: list[str] | None = None) -> None:
         help="askings of each query of each system at each big-round size (default 3)",
     )
     ap.add_argument(
+        "--big-gtg-permutations",
+        type=int,
+        default=5,
+        help="GTG-Shapley's max_permutations at the big-round sizes (default 5)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: --small, 2 rounds, lookup overhead at 1,000 entries only, no big rounds",
@@ -1078,7 +1084,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.big_rounds:
                 sizes = [int(x) for x in args.big_rounds.split(",") if x]
                 budget = int(args.budget_gb * 1e9)
-                res["big_rounds"] = big_rounds(work, sizes, budget, args.big_repeats)
+                res["big_rounds"] = big_rounds(
+                    work, sizes, budget, args.big_repeats, args.big_gtg_permutations
+                )
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")
     sys.stdout.write(md)

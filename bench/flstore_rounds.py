@@ -17,10 +17,10 @@ memory). The job is written to the platform's MinIO, which the baselines read to
 down`` removes it before the next size (the two sizes' 14.5 GB would not fit this machine's
 disk beside Redis's append-only file). One system at a time (their memory would not fit this
 machine together), each query asked ``repeats`` times in a row of each system (the median and
-the spread of the askings in the table). The memos across queries are off on all three (the
-cache functions' inner-product and utility memos, the baselines' inner-product memo), so that
-every asking does the whole work and the askings are alike; within one query, GTG-Shapley
-still evaluates each sub-model once.
+the spread of the askings in the table; GTG-Shapley :data:`GTG_REPEATS` times). The memos
+across queries are off on all three (the cache functions' inner-product and utility memos, the
+baselines' inner-product memo), so that every asking does the whole work and the askings are
+alike; within one query, GTG-Shapley still evaluates each sub-model once.
 
 1. **ObjStore-Agg**: the queries, each reading the round from MinIO and computing in process
    on the whole vectors (the direct in-process computation FedFaaS's answers are compared
@@ -62,7 +62,9 @@ RESNET18 = 11_181_642
 HEAD = 650
 FILLER_PARTS = 4
 #: GTG-Shapley at this size: one permutation costs up to n sub-models of 44.7 MB each
-GTG_PARAMS = {"method": "gtg", "max_permutations": 5}
+GTG_PERMUTATIONS = 5
+#: askings of GTG-Shapley at these sizes (one takes minutes in each system): one
+GTG_REPEATS = 1
 #: no memo across queries in the cache functions (see the module)
 NO_MEMOS = {"FEDFAAS_FLSTORE_GRAM_MEMO": "0", "FEDFAAS_FLSTORE_UTILITY_MEMO": "0"}
 
@@ -140,7 +142,12 @@ def write_job(cold: MinioColdStore, job: str, n: int, seed: int = 0) -> list[str
     return clients
 
 
-def queries(job: str) -> list[tuple[str, dict[str, Any]]]:
+def gtg_params(permutations: int = GTG_PERMUTATIONS) -> dict[str, Any]:
+    """GTG-Shapley's parameters in this section."""
+    return {"method": "gtg", "max_permutations": permutations}
+
+
+def queries(job: str, gtg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The issue's queries on round 1 of ``job``."""
     return [
         (w, {"workload": w, "job": job, **b})
@@ -149,7 +156,7 @@ def queries(job: str) -> list[tuple[str, dict[str, Any]]]:
             ("multi-krum", {"rounds": [1], "params": {"f": 2}}),
             ("foolsgold", {"params": {"first_round": 1, "last_round": 1}}),
             ("leave-one-out", {"rounds": [1]}),
-            ("shapley", {"rounds": [1], "params": GTG_PARAMS}),
+            ("shapley", {"rounds": [1], "params": gtg}),
         )
     ]
 
@@ -262,7 +269,7 @@ def _engine_settings(budget: int) -> dict[str, Any]:
     }
 
 
-def _fedfaas(stack: FLStoreStack, job: str, repeats: int) -> dict[str, Any]:
+def _fedfaas(stack: FLStoreStack, job: str, repeats: int, gtg: dict[str, Any]) -> dict[str, Any]:
     """The round ingested (the policy's prefetch places it as the budget allows), then the
     queries asked through the tracker of ``stack`` (started), its functions' memory sampled."""
     sampler = _Sampler(stack)
@@ -274,13 +281,13 @@ def _fedfaas(stack: FLStoreStack, job: str, repeats: int) -> dict[str, Any]:
         stack.wait_idle(3600)
         ingest_s = time.perf_counter() - t0
         rows = {}
-        for wl, body in queries(job):
+        for wl, body in queries(job, gtg):
             sampler.query = wl
             rows[wl] = _ask(
                 client,
                 f"{stack.tracker_url}/v1/queries?wait=true",
                 body,
-                repeats,
+                GTG_REPEATS if wl == "shapley" else repeats,
                 headers=stack.auth,
             )
             log.info("big %s fedfaas %s: %.1f s", job, wl, rows[wl]["latency_s"])
@@ -307,7 +314,13 @@ def _fedfaas(stack: FLStoreStack, job: str, repeats: int) -> dict[str, Any]:
 
 
 def _baseline(
-    work: Path, name: str, ms: MinioServer, rs: RedisServer | None, job: str, repeats: int
+    work: Path,
+    name: str,
+    ms: MinioServer,
+    rs: RedisServer | None,
+    job: str,
+    repeats: int,
+    gtg: dict[str, Any],
 ) -> dict[str, Any]:
     s = BaselineSettings(
         backend="minio" if rs is None else "redis",
@@ -330,8 +343,9 @@ def _baseline(
             client.post(f"{url}/admin/mirror/{job}").raise_for_status()
             mirror_s = time.perf_counter() - t0
         rows = {}
-        for wl, body in queries(job):
-            rows[wl] = _ask(client, f"{url}/v1/queries", body, repeats)
+        for wl, body in queries(job, gtg):
+            n = GTG_REPEATS if wl == "shapley" else repeats
+            rows[wl] = _ask(client, f"{url}/v1/queries", body, n)
             log.info("big %s %s %s: %.1f s", job, name, wl, rows[wl]["latency_s"])
         return {"queries": rows, "mirror_s": mirror_s}
     finally:
@@ -345,23 +359,30 @@ def _available() -> int:
     return 0
 
 
-def big_rounds(work: Path, sizes: list[int], budget: int, repeats: int = 3) -> dict[str, Any]:
+def big_rounds(
+    work: Path,
+    sizes: list[int],
+    budget: int,
+    repeats: int = 3,
+    gtg_permutations: int = GTG_PERMUTATIONS,
+) -> dict[str, Any]:
     """Every size of ``sizes`` (see the module) on a fresh ``fedfaas up --with all`` each, each
     query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's."""
     out: dict[str, Any] = {
         "budget_bytes": budget,
-        "gtg_params": GTG_PARAMS,
+        "gtg_params": gtg_params(gtg_permutations),
         "repeats": repeats,
+        "gtg_repeats": GTG_REPEATS,
         "memos": "off",
         "platform": "fedfaas up --with all",
         "sizes": {},
     }
     for n in sizes:
-        out["sizes"][str(n)] = _one_size(work, n, budget, repeats)
+        out["sizes"][str(n)] = _one_size(work, n, budget, repeats, out["gtg_params"])
     return out
 
 
-def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
+def _one_size(work: Path, n: int, budget: int, repeats: int, gtg: dict[str, Any]) -> dict[str, Any]:
     job = f"big{n}"
     up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
     try:
@@ -372,13 +393,13 @@ def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
         log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
         round_bytes = (n + 1) * RESNET18 * 4
         # the baselines first, while FLStore holds nothing of the job
-        obj = _baseline(work, "objstore-agg", ms, None, job, repeats)
+        obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg)
         cache: dict[str, Any] | None = None
         need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
         if _available() > need:
             crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
             try:
-                cache = _baseline(work, "cache-agg", ms, crs, job, repeats)
+                cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg)
             finally:
                 crs.stop()
                 shutil.rmtree(crs.data_dir, ignore_errors=True)  # its append-only file
@@ -386,7 +407,7 @@ def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
             log.warning(
                 "Cache-Agg not run at %d updates: %d bytes free, %d needed", n, _available(), need
             )
-        fed = _fedfaas(up, job, repeats)
+        fed = _fedfaas(up, job, repeats, gtg)
         fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
     finally:
         up.stop()
@@ -394,7 +415,7 @@ def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
         wl: "result" in fed["queries"][wl]
         and "result" in obj["queries"][wl]
         and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
-        for wl, _ in queries(job)
+        for wl, _ in queries(job, gtg)
     }
     for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
         for q in (row or {}).get("queries", {}).values():
@@ -408,6 +429,22 @@ def _one_size(work: Path, n: int, budget: int, repeats: int) -> dict[str, Any]:
         "cache_agg_skipped_need_bytes": None if cache is not None else need,
         "same_answer": same,
     }
+
+
+def section_run(section: dict[str, Any]) -> list[str]:
+    """The line naming the run of a section stored from another run than the result's own
+    (its ``run`` block: when it started, at which commit), or none."""
+    run = section.get("run")
+    if not isinstance(run, dict):
+        return []
+    commit = run.get("commit") or {}
+    sha = str(commit.get("sha") or "unknown")[:12]
+    dirty = " with uncommitted changes" if commit.get("dirty") else ""
+    return [
+        f"This section is from its own run: `{run.get('command', '')}`, started "
+        f"{run.get('started')}, commit {sha}{dirty}.",
+        "",
+    ]
 
 
 def _spread(q: dict[str, Any]) -> str:
@@ -424,13 +461,15 @@ def markdown(big: dict[str, Any]) -> list[str]:
     lines = [
         "## Rounds of 120 and 200 ResNet-18-sized updates",
         "",
+        *section_run(big),
         f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
         "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
         "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "
         "at a time; 'same answer': FedFaaS's "
         "answer equals ObjStore-Agg's (the in-process computation on the whole vectors). "
         f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`. Each query asked "
-        f"{big.get('repeats', 1)} times of each system in a row, memos across queries "
+        f"{big.get('repeats', 1)} times of each system in a row (GTG-Shapley "
+        f"{big.get('gtg_repeats', 1)}), memos across queries "
         f"{big.get('memos', 'on')}: the median latency in seconds, the range of the askings "
         "in brackets; 'vs': the medians' ratio.",
         "",

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench.flstore_rounds import section_run
 from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import write_digits_history
 from cache_engine.cold_store import MinioColdStore
@@ -150,6 +151,7 @@ def markdown(sh: dict[str, Any]) -> list[str]:
     lines = [
         "## GTG-Shapley as the demo asks it",
         "",
+        *section_run(sh),
         f"{sh['clients']} clients (digits, softmax regression: 650 floats), params "
         f"`{json.dumps(sh['params'])}`, through the `{EVALUATOR}` function on the embedded "
         "runtime; each form on a job of its own, asked twice (the second asking finds every "
