@@ -15,7 +15,8 @@
 # files (default: stack.yml stack.platform.yml, and then the services image too) whose image
 # the engine does not have.
 #
-# ENGINE    docker, podman or buildah (default: the first of them on PATH). With podman or
+# ENGINE    docker, podman or buildah (default: the first of them on PATH that works: docker
+#           only when `docker info` reaches a daemon). With podman or
 #           buildah, scripts/containers-env.sh sets their configuration and storage (under
 #           $FEDFAAS_CACHE, never the host's), and scripts/base-images.sh first pulls or makes
 #           the base images the Dockerfiles name (no registry needed).
@@ -75,10 +76,15 @@ if [ -n "${ENGINE:-}" ]; then
     command -v "$ENGINE" >/dev/null || fail "ENGINE=$ENGINE is not on PATH"
 else
     for candidate in docker podman buildah; do
-        if command -v "$candidate" >/dev/null; then
-            ENGINE=$candidate
-            break
+        command -v "$candidate" >/dev/null || continue
+        # a docker client without a daemon it can reach (a machine image may ship the client
+        # alone) cannot build: the next engine is taken
+        if [ "$candidate" = docker ] && ! docker info >/dev/null 2>&1; then
+            echo "images: docker is on PATH but reaches no Docker daemon; trying podman, buildah" >&2
+            continue
         fi
+        ENGINE=$candidate
+        break
     done
     [ -n "${ENGINE:-}" ] || fail "none of docker, podman or buildah was found on PATH" \
         "(set ENGINE=...); it would build $SERVICES and $REGISTRY/<fn>:$TAG for each" \

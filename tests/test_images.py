@@ -314,6 +314,26 @@ def test_make_images_without_an_engine_says_so_in_one_line_and_fails(tmp_path: P
     assert res.returncode != 0 and "images: ENGINE=nerdctl is not on PATH" in res.stderr
 
 
+def test_a_docker_client_that_reaches_no_daemon_is_passed_over_for_podman(tmp_path: Path) -> None:
+    """A machine image may ship the docker client alone (these machines do): ``docker build``
+    would fail at once, so podman builds."""
+    faas_cli = require_binary("faas-cli")
+    tree = repo_copy(tmp_path)
+    folder = tools_folder(tmp_path, "podman")
+    (folder / "docker").write_text(
+        f"#!/bin/sh\nprintf '%s\\t' docker \"$@\" >> '{tmp_path}/engine.log'\n"
+        f"echo >> '{tmp_path}/engine.log'\n"
+        'echo "Cannot connect to the Docker daemon" >&2; exit 1\n'
+    )
+    (folder / "docker").chmod(0o755)
+    res = make_images(tree, tmp_path, folder, "IMAGES=echo", openfaas_bin=faas_cli.parent)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "docker is on PATH but reaches no Docker daemon" in res.stderr
+    calls = engine_calls(tmp_path)
+    assert [c[:2] for c in calls if c[0] == "docker"] == [["docker", "info"]]
+    assert set(build_calls(tmp_path)) == {stack_images("ghcr.io/fedfaas", app_version())["echo"]}
+
+
 def test_make_images_builds_exactly_the_images_the_chart_engine_and_stacks_name(
     tmp_path: Path,
 ) -> None:
@@ -326,6 +346,8 @@ def test_make_images_builds_exactly_the_images_the_chart_engine_and_stacks_name(
     assert res.returncode == 0, res.stdout + res.stderr
     calls = engine_calls(tmp_path)
     assert {c[0] for c in calls} == {"docker"}, "docker comes first"
+    assert calls[0][1] == "info", "a docker that reaches a daemon"
+    calls = calls[1:]
     built = build_calls(tmp_path)
     # then only for the size of each image built (the table at the end)
     rest = calls[len(built) :]
