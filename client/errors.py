@@ -95,6 +95,7 @@ class GatewayUnavailable(ClientError):
         "memory_budget",
         "store_full",
         "journal_unavailable",
+        "gateway_busy",
         "upload_in_flight",
         "no_peer",
         "checkpoints_unavailable",
