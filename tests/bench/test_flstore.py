@@ -104,6 +104,7 @@ def test_every_latency_row_names_its_memo_method_and_load_has_rows_of_its_own() 
     assert "cache functions run with OMP_NUM_THREADS=1." in md
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 @pytest.mark.integration
 def test_the_handoff_section_maps_every_update_in_place_and_times_both_paths(
     tmp_path: Path,

@@ -202,6 +202,7 @@ def test_a_close_refused_by_one_gateway_is_retried_and_no_node_stays_frozen(two_
         _assert_fedavg(_model(urls["n1"], "j", secret), sent)
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 def test_a_gateway_paused_at_the_deadline_has_the_close_retried_not_the_job_failed(
     redis_url, tmp_path
 ):  # type: ignore[no-untyped-def]

@@ -115,6 +115,7 @@ def updates() -> list[bytes]:
     return bodies(4)
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 def test_gateway_exits_cleanly_on_sigterm_after_a_resnet18_round(
     tmp_path: Path, redis_url: str, updates: list[bytes]
 ) -> None:

@@ -18,7 +18,7 @@ from fedfaas.auth import bearer
 from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 from tests.flstore.conftest import start_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 JOB = "lifl2fls"
 
 

@@ -18,7 +18,7 @@ from fedfaas.services import MinioServer, RedisServer
 from .conftest import start_stack
 from .rounds import DIGITS, JOB, QUERIES, ask, bodies, direct, engine_log, same, state, write_jobs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 
 
 @pytest.fixture(scope="module")

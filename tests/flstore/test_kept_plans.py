@@ -18,7 +18,7 @@ from cache_engine.cold_store import MinioColdStore
 from fedfaas.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 JOB = "kept-job"
 QUERY = {"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"f": 1}}
 

@@ -22,7 +22,7 @@ from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 
 from .conftest import start_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 JOB = "parts-in-place"
 SIZE = 8 * 40 + 8  # floats of the model: 1.3 KB
 

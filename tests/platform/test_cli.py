@@ -270,6 +270,7 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
     assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 @pytest.mark.integration
 def test_up_keeps_the_object_stores_in_the_shm_dir_it_is_given(
     state_dir: Path, tmp_path: Path
