@@ -9,6 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from client.errors import CODES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +25,7 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 def test_make_docs_api_documents_the_sdk_without_a_warning() -> None:
     out = _make("docs-api")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -148,6 +148,7 @@ async def _available(p: Provider, name: str, n: int, timeout: float = 60.0):  # 
     raise AssertionError(f"{name} never reached {n} available replicas")
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 @pytest.mark.integration
 def test_coordinator_scales_the_function_by_the_demand_the_gateways_report(
     runtime, gateways, tmp_path

@@ -171,6 +171,7 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
             assert np.abs(model["a"] - want).max() / np.abs(want).max() <= 1e-6
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 @pytest.mark.parametrize("survivors_done", [False, True], ids=["leaf-done", "middle-done"])
 def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_is_lost(
     redis_url, tmp_path, survivors_done

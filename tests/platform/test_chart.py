@@ -496,6 +496,7 @@ def test_redis_starts_with_the_acl_file_and_is_probed_without_a_user() -> None:
     assert "NOAUTH" in " ".join(redis["readinessProbe"]["exec"]["command"])
 
 
+@pytest.mark.slow  # over 5 s: `make test-slow`
 @needs_helm
 @pytest.mark.integration
 def test_a_real_redis_with_the_rendered_acl_admits_each_component_to_its_keys_only(
