@@ -177,7 +177,10 @@ def test_bad_queries_get_a_clear_4xx_and_change_nothing(
     after = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
     assert after["objects"] == before["objects"]
     assert after["stats"].get("requests") == before["stats"].get("requests")
-    assert set(r.scan_iter("flstore:query:*")) == queries_before
+    # no record of this query: a key new since is an earlier test's answered query, whose
+    # record is written just after its answer went back
+    for key in set(r.scan_iter("flstore:query:*")) - queries_before:
+        assert r.hget(key, "status") == "done", (key, r.hgetall(key))
 
 
 def test_malformed_body_is_400(stack: FLStoreStack) -> None:
