@@ -319,13 +319,9 @@ def test_a_docker_client_that_reaches_no_daemon_is_passed_over_for_podman(tmp_pa
     would fail at once, so podman builds."""
     faas_cli = require_binary("faas-cli")
     tree = repo_copy(tmp_path)
-    folder = tools_folder(tmp_path, "podman")
-    (folder / "docker").write_text(
-        f"#!/bin/sh\nprintf '%s\\t' docker \"$@\" >> '{tmp_path}/engine.log'\n"
-        f"echo >> '{tmp_path}/engine.log'\n"
-        'echo "Cannot connect to the Docker daemon" >&2; exit 1\n'
-    )
-    (folder / "docker").chmod(0o755)
+    folder = tools_folder(tmp_path, "podman", "docker")
+    with (folder / "docker").open("a") as docker:  # the recording stand-in, then no daemon
+        docker.write('echo "Cannot connect to the Docker daemon" >&2; exit 1\n')
     res = make_images(tree, tmp_path, folder, "IMAGES=echo", openfaas_bin=faas_cli.parent)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "docker is on PATH but reaches no Docker daemon" in res.stderr
