@@ -250,7 +250,9 @@ def test_real_faas_cli_secret_create_list_update_remove_and_invoke_with_the_toke
     auth_runtime: RuntimeProcess, tmp_path: Path
 ) -> None:
     cli = _faas_cli()
-    env = {**os.environ, "HOME": str(tmp_path)}  # faas-cli keeps its login in ~/.openfaas
+    # faas-cli keeps its login in ~/.openfaas, but in ./.openfaas (here: the repo) when CI is
+    # set; OPENFAAS_CONFIG names its folder either way
+    env = {**os.environ, "HOME": str(tmp_path), "OPENFAAS_CONFIG": str(tmp_path / ".openfaas")}
 
     def faas(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
