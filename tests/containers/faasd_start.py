@@ -98,14 +98,19 @@ def async_images_built() -> bool:
 
 
 def _init_pid(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    """The namespace's PID 1: the child ``unshare --fork`` made (after the script's exec)."""
+    """The namespace's PID 1: the child ``unshare --fork`` made (after the script's exec).
+
+    A child counts only once it lives in another pid namespace than this process: before its
+    exec the script forks short-lived subshells (``$(realpath ...)``) that are children too,
+    and taking one of those for PID 1 (seen once under CI) leaves a pid that is gone."""
     deadline = time.monotonic() + timeout
     path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    ours = os.readlink("/proc/self/ns/pid")
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            kids = path.read_text().split()
-            if kids:
-                return int(kids[0])
+            for kid in path.read_text().split():
+                if os.readlink(f"/proc/{kid}/ns/pid") != ours:
+                    return int(kid)
         if proc.poll() is not None:
             break
         time.sleep(0.05)
