@@ -10,4 +10,6 @@
   (window marks, first bytes on the server's port, summed VmHWM, the memory guard, failure
   records, the clients' shared weights).
 - :mod:`bench.harness.sdk_client`: one benchmark FL client as a light process (SDK upload).
+- :mod:`bench.harness.cgroups`: cgroup v1 groups for each side of a benchmark (its processes
+  born in them, pinned to a cpuset; the group's memory peak, CPU-seconds and threads).
 """
