@@ -126,7 +126,8 @@ def assign(gw: Gateway, job: Job) -> int:
 
 def _assign_shards(gw: Gateway, job: Job, eng: ShardedRound) -> int:
     """Waiting shards of a sharded round take free endpoints, warmest first, one each;
-    returns how many still wait."""
+    returns how many still wait. A start the store refused is asked again first."""
+    eng.start_if_ready()
     if not eng.wanted():
         return 0
     free = free_endpoints(gw)

@@ -50,7 +50,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bpf import FLAG_LAZY, Frame, Kind
 from fedfaas.objstore import Namespace, StoreFull, key_hex
@@ -72,6 +72,13 @@ class Input:
     child: int = 0  # child slot id for partials
     client: str | None = None
     clients: tuple[str, ...] = ()  # clients a partial covers (local ones)
+
+
+class StoreWait(Protocol):
+    """Whoever waits for a store object the store refused (a slot, a sharded aggregation)."""
+
+    refusals: int  # refused in a row (logged on the first)
+    retry_ns: int  # the store is not asked again for it before this time (monotonic)
 
 
 @dataclass
@@ -372,38 +379,43 @@ class RoundEngine:
 
     def _new_object(self, st: SlotState, what: str) -> bytes | None:
         """A fresh writable object for slot ``st`` (an accumulator), or None when the store
-        refuses it now (its memory file system full, or its object cap reached): logged on
-        the slot's first refusal in a row, counted, and reported to ``refused``."""
+        refuses it now: see :meth:`_allocate`."""
+        return self._allocate(st, f"slot {st.slot.id}", what)
+
+    def _allocate(
+        self, wait: StoreWait, who: str, what: str, nbytes: int | None = None
+    ) -> bytes | None:
+        """A fresh writable object (closed: its key) for ``who``'s ``what``, or None when the
+        store refuses it now (its memory file system full, or its object cap reached): logged
+        on the first refusal in a row, counted, reported to ``refused``, and not asked again
+        for ``who`` before :data:`STORE_RETRY_S`. ``nbytes``: a plain file of that size
+        (:meth:`~fedfaas.objstore.Namespace.allocate`)."""
         now = time.monotonic_ns()
-        if now < st.retry_ns:  # refused a moment ago: no page churn on a full file system
+        if now < wait.retry_ns:  # refused a moment ago: no page churn on a full file system
             return None
         try:
-            obj = self.store.allocate()
+            obj = self.store.allocate() if nbytes is None else self.store.allocate(nbytes)
         except (StoreFull, OSError) as exc:
-            st.retry_ns = now + int(STORE_RETRY_S * 1e9)
+            wait.retry_ns = now + int(STORE_RETRY_S * 1e9)
             self.store_refusals += 1
-            st.refusals += 1
-            if st.refusals == 1:
+            wait.refusals += 1
+            if wait.refusals == 1:
                 log.warning(
-                    "round %d: slot %d waits: the store refused its %s (%s); asked again at "
+                    "round %d: %s waits: the store refused its %s (%s); asked again at "
                     "the next pump",
                     self.round,
-                    st.slot.id,
+                    who,
                     what,
                     exc,
                 )
             self._refused(exc)
             return None
         obj.close()
-        if st.refusals:
+        if wait.refusals:
             log.info(
-                "round %d: slot %d got its %s after %d refusal(s)",
-                self.round,
-                st.slot.id,
-                what,
-                st.refusals,
+                "round %d: %s got its %s after %d refusal(s)", self.round, who, what, wait.refusals
             )
-            st.refusals = 0
+            wait.refusals = 0
         return obj.key_bytes
 
     def _start(self, st: SlotState, ep: int) -> bool:

@@ -16,6 +16,13 @@ sealed, until the round holds its goal (or is closed with fewer). Then:
    Gaussian noise), so the result is whole when the last shard answers; the gateway writes its
    header, seals it and publishes it.
 
+A start the store refuses (``/dev/shm`` full: the output object or a pass's manifest) changes
+nothing, as for a slot's accumulator (``gateway/rounds.py``): no object is held for it, the
+refusal is logged and counted, and a pump (:meth:`ShardedRound.start_if_ready`, called at every
+pump by ``gateway/endpoints.py``) asks the store again after
+:data:`~gateway.rounds.STORE_RETRY_S`; before its first pass the round stays open to a new plan
+(a close with fewer), after the Gram pass its coefficients wait for the second pass's manifest.
+
 Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a shard is a pure
 function of its inputs, so one whose endpoint disconnects, or that stays silent past the stall
 limit, is sent again (to any free endpoint) and writes the same bytes. What was decided (the
@@ -38,6 +45,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,6 +56,17 @@ from fedfaas.robust import RobustRule, RuleError
 from gateway.rounds import Input, RoundEngine, SlotState
 
 log = logging.getLogger(__name__)
+
+#: a pass to run: its kind, its coefficients (LINEAR) and DP-FedAvg's noise
+PassSpec = tuple[int, list[float], robust.Noise | None]
+
+
+@dataclass
+class _StoreWait:
+    """The aggregation's store refusals in a row (:class:`gateway.rounds.StoreWait`)."""
+
+    refusals: int = 0
+    retry_ns: int = 0
 
 
 class ShardedRound(RoundEngine):
@@ -83,6 +102,10 @@ class ShardedRound(RoundEngine):
         self.decision: dict[str, Any] = {}
         self.started_ns = 0
         self._current: shards.Pass | None = None
+        self._next: PassSpec | None = None  # decided, waiting for the store's room
+        # refusals of the output object and of a pass's manifest, counted apart: the output
+        # given back after a refused manifest is no end of the manifest's refusals
+        self._out_wait, self._pass_wait = _StoreWait(), _StoreWait()
 
     # -- the slot machinery only takes updates ----------------------------------------------
     def needs_endpoint(self) -> list[SlotState]:
@@ -93,7 +116,7 @@ class ShardedRound(RoundEngine):
 
     def add_update(self, client: str, key: bytes, weight: float) -> int:
         sid = super().add_update(client, key, weight)
-        self._maybe_start()
+        self.start_if_ready()
         return sid
 
     def check_plan(self, plan: Any) -> None:
@@ -105,7 +128,7 @@ class ShardedRound(RoundEngine):
 
     def apply_plan(self, plan: Any, version: int | None = None) -> list[int]:
         restarted = super().apply_plan(plan, version)
-        self._maybe_start()
+        self.start_if_ready()
         return restarted
 
     def rerun_stalled(self, stall_s: float, now_ns: int | None = None) -> list[int]:
@@ -177,10 +200,20 @@ class ShardedRound(RoundEngine):
             self._pass_done()
 
     # -- the passes -----------------------------------------------------------------------
-    def _maybe_start(self) -> None:
-        if self.stage is not None or self.result is not None or self.closed:
+    def start_if_ready(self) -> None:
+        """Start the aggregation once the round holds its goal, or the pass the store
+        refused room for (see the module docstring). Never raises for a full store."""
+        if self.result is not None or self.closed:
             return
-        if self.accepted == 0 or self.accepted < self.plan.goal:
+        if self._next is not None:
+            self._start_pass(*self._next)
+            return
+        if self.stage is not None or self.accepted == 0 or self.accepted < self.plan.goal:
+            return
+        if time.monotonic_ns() < self._pass_wait.retry_ns:
+            return  # its manifest was refused a moment ago: no output taken and given back
+        out = self._allocate(self._out_wait, "the aggregation", "output object")
+        if out is None:
             return
         self.started_ns = time.monotonic_ns()
         order = sorted(
@@ -190,27 +223,30 @@ class ShardedRound(RoundEngine):
         self.base_key = self._base()
         n_coords = (self.spec.object_nbytes - wire.HEADER_SIZE) // 4
         self.bounds = robust.shard_bounds(n_coords, self.rule.shards or max(1, self._width()))
-        obj = self.store.allocate()
-        obj.close()
-        self.out_key = obj.key_bytes
+        self.out_key = out
         clients = [i.client for i in order]
         self.decision = {
             "rule": self.rule.to_json(),
             "shards": len(self.bounds) - 1,
             "clients": clients,
         }
+        skipped: str | None = None
+        kind = shards.GRAM if self.rule.uses_gram else shards.ORDER
         try:
             self.rule.check_count(len(order))
-        except RuleError as exc:
-            # nothing the rule can judge: the model stays as it was, and meta.json says why
-            log.error("round %d: %s; the model stays as it was", self.round, exc)
-            self.decision["skipped"] = str(exc)
-            self._start_pass(shards.LINEAR, [0.0] * len(order))
+        except RuleError as exc:  # nothing the rule can judge: a pass that keeps the model
+            skipped, kind = str(exc), shards.LINEAR
+        if not self._start_pass(kind, [0.0] * len(order) if skipped else []):
+            # no manifest: the output goes back too, so a refused start holds no object
+            self._next, self.out_key = None, None
+            self.store.release(out)
             return
-        if self.rule.uses_gram:
-            self._start_pass(shards.GRAM, [])
-        else:
-            self._start_pass(shards.ORDER, [])
+        self.retired.append(out)  # freed at the round's close unless published
+        if skipped is not None:
+            # the model stays as it was, and meta.json says why
+            log.error("round %d: %s; the model stays as it was", self.round, skipped)
+            self.decision["skipped"] = skipped
+            return
         log.info(
             "round %d: %s over %d updates in %d shards",
             self.round,
@@ -233,7 +269,9 @@ class ShardedRound(RoundEngine):
         )
         return seed
 
-    def _start_pass(self, kind: int, coef: list[float], noise: robust.Noise | None = None) -> None:
+    def _start_pass(self, kind: int, coef: list[float], noise: robust.Noise | None = None) -> bool:
+        """Write pass ``kind``'s manifest and queue its shards; False when the store refused
+        the manifest (the pass stays in ``_next``, asked again by :meth:`start_if_ready`)."""
         assert self.out_key is not None
         p = shards.Pass(
             kind,
@@ -245,16 +283,21 @@ class ShardedRound(RoundEngine):
             coef,
             noise,
         )
-        obj = self.store.allocate(p.nbytes())
-        p.write(obj.buf)
-        obj.close()
-        self.manifest = obj.key_bytes
-        self.retired.append(obj.key_bytes)  # freed when the round closes
+        key = self._allocate(self._pass_wait, "the aggregation", "pass manifest", p.nbytes())
+        if key is None:
+            self._next = (kind, coef, noise)
+            return False
+        with self.store.open_writable(key) as obj:
+            p.write(obj.buf)
+        self.manifest = key
+        self.retired.append(key)  # freed when the round closes
+        self._next = None
         self.stage = kind
         self.queued = list(range(p.shards))
         self.running.clear()
         self.finished.clear()
         self._current = p
+        return True
 
     def _pass_done(self) -> None:
         if self.stage == shards.GRAM:
