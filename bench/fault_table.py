@@ -1,8 +1,13 @@
 """The fault campaign's table (:mod:`bench.faults`): one row per fault, and whether it
-passes (every run survived with evidence that its fault hit work in flight)."""
+passes (every run survived with evidence that its fault hit work in flight). A run of some
+faults is merged into the stored result (:func:`merge_results`): each row keeps the record of
+the run it came from, and the table names that run's commit."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +50,83 @@ def passed(row: dict[str, Any]) -> bool:
     )
 
 
+def merge_results(
+    stored: dict[str, Any] | None, new: dict[str, Any], order: Sequence[str]
+) -> dict[str, Any]:
+    """The campaign's result once ``new`` (a run of some faults) lands on ``stored`` (the
+    result as stored before, or None).
+
+    The faults ``new`` tried (a row, or a "not run" line) lose what ``stored`` said of them;
+    every other row and "not run" line of ``stored`` is kept. Each row carries the record of
+    the run that made it (``run``: commit, start, command, machine; ``clients``, ``rounds``),
+    a row of an older result without one gets its result's. Rows come in the campaign's
+    ``order`` of letters. ``run``, ``clients``, ``rounds`` and ``runs`` at the top are
+    ``new``'s. Neither argument is changed.
+    """
+    tried = {f["letter"] for f in new["faults"]} | set(new.get("not_run") or {})
+    rows: dict[str, dict[str, Any]] = {}
+    not_run: dict[str, str] = {}
+    for result, fresh in ((stored, False), (new, True)):
+        if not result:
+            continue
+        made = {k: result.get(k) for k in ("run", "clients", "rounds")}
+        for f in result.get("faults") or []:
+            if fresh or f["letter"] not in tried:
+                rows[f["letter"]] = {**made, **f}  # a row's own record wins
+        for letter, why in (result.get("not_run") or {}).items():
+            if fresh or letter not in tried:
+                not_run[letter] = why
+    rank = {letter: i for i, letter in enumerate(order)}
+
+    def place(letter: str) -> tuple[int, str]:
+        return (rank.get(letter, len(rank)), letter)
+
+    return {
+        **{k: new.get(k) for k in ("run", "clients", "rounds", "runs")},
+        "faults": [rows[k] for k in sorted(rows, key=place)],
+        "not_run": {k: not_run[k] for k in sorted(not_run, key=place)},
+    }
+
+
+def stored_result(path: Path) -> dict[str, Any] | None | str:
+    """The stored result a run merges into (None: none yet), or why it cannot be one (read
+    before the campaign starts, not after it ran for an hour)."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path} is not a fault campaign result ({exc}); move it away to start afresh"
+    if not isinstance(stored, dict) or not isinstance(stored.get("faults"), list):
+        return f"{path} is not a fault campaign result (no faults list); move it away"
+    return stored
+
+
+def _run_cell(row: dict[str, Any], top: dict[str, Any]) -> str:
+    """Which run made ``row``: its commit and start (and its size when not the table's)."""
+    run = row.get("run") or top.get("run") or {}
+    c = run.get("commit") or {}
+    cell = f"{(c.get('sha') or 'unknown')[:7]}{' dirty' if c.get('dirty') else ''}"
+    started = run.get("started") or run.get("time")
+    if started:
+        cell += f" {str(started)[:16].replace('T', ' ')}"
+    size = (row.get("clients", top["clients"]), row.get("rounds", top["rounds"]))
+    if size != (top["clients"], top["rounds"]):
+        cell += f" ({size[0]} clients, {size[1]} rounds)"
+    return cell
+
+
+def _older_runs(r: dict[str, Any]) -> list[str]:
+    """One line per run other than the latest that made a row of ``r``."""
+    latest = r["run"]
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for f in r["faults"]:
+        run = f.get("run")
+        if run and run != latest:
+            seen.setdefault((run.get("started"), str(run.get("commit"))), run)
+    return [f"- {run_header(run)}" for run in seen.values()]
+
+
 def _why(job: dict[str, Any]) -> str:
     if job["error"]:
         return str(job["error"])[:160]
@@ -75,12 +157,13 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"round's global model checked against the FedAvg of exactly the acknowledged updates. "
         f"`hit`: runs whose fault is shown to have reached work in flight (the evidence column "
         f"gives one run's). Recovery: from the fault (for MinIO, the end of its outage) until "
-        f"every part and function is ready.",
+        f"every part and function is ready. `run`: the commit and start of the run that made "
+        f"the row (a run of some faults keeps the other rows of the runs before).",
         "",
         "| fault | model | runs | survived | hit | updates acknowledged | lost | double-counted "
         "| 503 waits | recovery p50 (s) | recovery p99 (s) | left behind | evidence "
-        "| why not |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "| why not | run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|",
     ]
     for f in r["faults"]:
         s = summary(f)
@@ -90,8 +173,11 @@ def to_markdown(r: dict[str, Any]) -> str:
             f"| {s['fault']} | {s['model']} | {s['runs']} | {s['survived']} | {s['hit']} "
             f"| {s['acked']} | {s['lost']} | {s['double']} | {s['busy_refusals']} | {p50} "
             f"| {p99} | {'yes' if s['left_behind'] else 'no'} | {s['evidence'] or '-'} "
-            f"| {'; '.join(s['why_not']) or '-'} |"
+            f"| {'; '.join(s['why_not']) or '-'} | {_run_cell(f, r)} |"
         )
+    older = _older_runs(r)
+    if older:
+        lines += ["", "Rows made by earlier runs:", *older]
     if r.get("not_run"):
         lines += ["", "Not run:"]
         lines += [f"- ({k}) {v}" for k, v in r["not_run"].items()]

@@ -5,6 +5,10 @@ twice, and each fault must be shown to have hit the work it names.
     make test-faults                       # every fault, 3 runs each
     python -m bench.faults --runs 5 --faults replica,root-gateway
 
+A run of some faults (``--faults``) merges its rows into the stored results: the rows it ran
+are replaced, every other row is kept with the record of the run that made it, and the table
+names each row's commit (:func:`bench.fault_table.merge_results`).
+
 Each fault gets a fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`, the
 demo's own platform, supervisor included) and ``--runs`` jobs on it. A job: ``CLIENTS``
 clients on both node gateways, ``ROUNDS`` rounds, every client uploading each round through
@@ -66,7 +70,7 @@ from bench.fault_platform import (
     counters_grown,
     snapshot_counters,
 )
-from bench.fault_table import passed, summary, to_markdown
+from bench.fault_table import merge_results, passed, stored_result, summary, to_markdown
 from bench.runinfo import ROOT, run_info, write_result
 
 log = logging.getLogger(__name__)
@@ -479,7 +483,13 @@ def stop_on_sigterm() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated fault names")
+    ap.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help="comma-separated fault names (default: all). The rows run are merged into "
+        "OUT/faults.json and faults.md: they replace those faults' rows, every other row is "
+        "kept with its own run record (commit, start), and the table names each row's commit",
+    )
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--minio-outage-s", type=float, default=30.0)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -491,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(FAULTS)
     if unknown:
         ap.error(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
+    stored = stored_result(args.out / "faults.json")
+    if isinstance(stored, str):
+        ap.error(stored)
     run = run_info("bench.faults", argv)
     result: dict[str, Any] = {
         "run": run,
@@ -508,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             result["not_run"][out["letter"]] = f"{out['what']}: {out['not_run']}"
             continue
         result["faults"].append(out)
-    _, md = write_result(result, "faults", to_markdown, args.out)
+    merged = merge_results(stored, result, [f.letter for f in FAULTS.values()])
+    _, md = write_result(merged, "faults", to_markdown, args.out)
     print(md)
     return 0 if all(passed(summary(f)) for f in result["faults"]) else 1
 
