@@ -2,6 +2,20 @@
 
 Figures, all from one run on this machine (baselines in the same process tree):
 
+- the same-CPUs comparison (``compare``, :mod:`bench.harness.compare`), first: the round of
+  every system (FedFaaS, :mod:`bench.harness.fedfaas_round`; Flower; SF) ``--repeats`` times
+  (default 5) for each CPU set of ``--cpus`` (default ``0``, then every CPU), the systems
+  alternating run by run, each run in fresh cgroups (:mod:`bench.harness.cgroups`): the server
+  side (FedFaaS: gateway, aggregator replicas, Redis; Flower: its server; SF: its leaf servers
+  and top) born in a group pinned to the CPU set, the clients in another. Per system: median
+  and min-max of both windows, each group's peak memory (``memory.max_usage_in_bytes``, reset
+  as the window opens: every page charged once, shared memory included), the server group's
+  CPU-seconds in the round (``cpuacct.usage``) and the threads it ran; the sampled per-process
+  peak as a secondary column with its sample rate; FedFaaS's design floor beside its peak;
+  FedFaaS's ratios to each baseline as ratios of medians. File pages already in the page cache
+  when a run starts (shared libraries an earlier run read) stay charged to the group that read
+  them first, so a group's peak is its anonymous and shared memory plus the file pages it read
+  first;
 - ingest: one 44.8 MB ResNet-18 update over loopback into the store, client in its own process,
   timed from the first byte sent to the response: the FedFaaS gateway (``python -m gateway``)
   against raw loopback TCP into an mmap'd /dev/shm buffer and a plain uvicorn+Starlette
@@ -40,15 +54,16 @@ Every process runs with BLAS/OpenMP pinned to one thread (``bench.runinfo.pinned
 each table row says so. The Markdown is rendered from the JSON as written
 (``bench.runinfo.write_result``).
 
-Usage: ``python -m bench.dataplane [--clients 20] [--skip-flower] [--quick] [--out DIR]``;
-writes ``bench/results/dataplane.{json,md,png}`` (or under ``--out``) and prints the table.
-``--quick`` is a smoke run (4 clients, a 4 MB model, a sweep of 4 and 8 clients).
+Usage: ``python -m bench.dataplane [--clients 20] [--repeats 5] [--cpus 0 --cpus 0-1]
+[--compare-only] [--skip-flower] [--quick] [--out DIR]``; writes
+``bench/results/dataplane.{json,md,png}`` (or under ``--out``; no plot with
+``--compare-only``) and prints the table. ``--quick`` is a smoke run (4 clients, a 4 MB model,
+a sweep of 4 and 8 clients).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -63,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.harness.fedfaas_round import bench_round_e2e, create_job, start_bench_gateway
 from bench.harness.round_window import server_peak
 from bench.runinfo import (
     PINNED_THREADS,
@@ -72,8 +88,6 @@ from bench.runinfo import (
     run_info,
     write_result,
 )
-from bench.stack import GatewayProc, Replicas, start_gateway
-from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from fedfaas.services import RedisServer
@@ -259,39 +273,6 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait(5)
 
 
-def _gateway(work: Path, rs: RedisServer, node: str, *, ebpf: bool, **extra: Any) -> GatewayProc:
-    """A ``python -m gateway`` whose command line ``GatewaySettings.to_argv`` renders."""
-    from fedfaas.services import free_port
-
-    settings = GatewaySettings(
-        node=node,
-        port=free_port(),
-        state_dir=work / f"gw-{node}",
-        redis_url=rs.url,
-        redis_credentials_file=rs.credentials_file("gateway"),
-        shm_root=Path(f"/dev/shm/fedfaas-bench-{os.getpid()}-{node}"),
-        prefer_ebpf=ebpf,
-        **extra,
-    )
-    return start_gateway(settings, work / f"gw-{node}.log")
-
-
-def _create_job(
-    port: int, secret: str, job: str, clients: list[str], goal: int, body: bytes
-) -> dict[str, Any]:
-    import httpx
-
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/v1/jobs",
-        content=body,
-        timeout=120,
-        params={"job": job, "rounds": 1, "goal": goal, "clients": ",".join(clients)},
-        headers={"Authorization": f"Bearer {secret}"},
-    )
-    r.raise_for_status()
-    return dict(r.json())
-
-
 # ----------------------------------------------------------------------------- parts
 def bench_ingest(
     work: Path, rs: RedisServer, body_path: Path, reps: int, *, ebpf: bool
@@ -304,12 +285,12 @@ def bench_ingest(
     out: dict[str, Any] = {"update_bytes": size, "reps": reps}
     procs: list[subprocess.Popen[bytes]] = []
     # FedFaaS gateway: a job whose clients each upload once; the pool holds every object
-    gw = _gateway(work, rs, "ingest", ebpf=ebpf, pool=reps + 2, max_inflight=0)
+    gw = start_bench_gateway(work, rs, "ingest", ebpf=ebpf, pool=reps + 2, max_inflight=0)
     try:
         out["router"] = gw.health()["router"]
         port = gw.settings.port
         clients = [f"i{k}" for k in range(reps)]
-        info = _create_job(port, gw.secret(), "ingest", clients, reps, body_path.read_bytes())
+        info = create_job(port, gw.secret(), "ingest", clients, reps, body_path.read_bytes())
         tport = free_port()
         procs.append(
             _start(
@@ -450,241 +431,6 @@ def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
     for k, v in best.items():
         out[f"{k}_s"] = v
         out[f"{k}_gbps"] = total / v / 1e9
-    return out
-
-
-# ----------------------------------------------------------------------------- the round, end to end
-def bench_round_e2e(
-    work: Path,
-    layout: list[tuple[str, list[int]]],
-    clients: int,
-    *,
-    ebpf: bool,
-    fanout: int = 2,
-    max_inflight: int = 4,
-    replicas: int = 1,
-    endpoints: int = 2,
-    mem_limit_bytes: int = 0,
-    floor_bytes: int | None = None,
-    timeout: float = 600.0,
-    tag: str = "",
-    gateway: dict[str, Any] | None = None,
-    aggregator_env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
-    Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
-    released at once, each serialising its weights and uploading them through the SDK
-    (:mod:`bench.harness.sdk_client`) to one node gateway (its own Redis) whose round warm
-    ``aggregator`` replicas aggregate.
-
-    ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
-    served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
-    the same end; ``server_peak_bytes``: the peak of the gateway's, the replicas' and Redis's
-    memory with the object store counted once (:class:`~bench.harness.round_window.PeakMemory`);
-    ``server_hwm_bytes``: their summed ``VmHWM`` (an upper bound). A point the memory
-    guard stops, that errors or times out is a failure record (``ok`` False), not an
-    exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
-    the gateway's own defaults); ``aggregator_env``: more environment for the replicas.
-    """
-    import httpx
-    from safetensors.numpy import save
-
-    from bench.harness import round_window as rw
-    from fedfaas.services import RedisServer
-
-    floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
-    size = rw.layout_bytes(layout)
-    node = f"e2e{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
-    base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
-    rdir = work / f"round-{node}"
-    rdir.mkdir(parents=True)
-    (rdir / "layout.json").write_text(json.dumps(layout))
-    weights = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")
-    redis = RedisServer(data_dir=rdir / "redis").start()
-    gw: GatewayProc | None = None
-    aggs: Replicas | None = None
-    procs: list[subprocess.Popen[bytes]] = []
-    guard: rw.MemoryGuard | None = None
-    first: rw.FirstBytes | None = None
-    peak: rw.PeakMemory | None = None
-
-    def server_pids() -> list[int]:
-        return [p for p in (redis.proc.pid if redis.proc else None, gw and gw.pid) if p] + (
-            aggs.pids() if aggs else []
-        )
-
-    def kill_all() -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for pid in rw.tree(server_pids()):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-    try:
-        gw = _gateway(
-            rdir,
-            redis,
-            node,
-            ebpf=ebpf,
-            fanout=fanout,
-            max_inflight=max_inflight,
-            **(gateway or {}),
-        )
-        aggs = Replicas(gw, rdir / "aggregators")
-        health = gw.health()
-        aggs.spawn(replicas, endpoints, env=aggregator_env)
-        aggs.wait_registered(replicas * endpoints)
-        guard = rw.MemoryGuard(
-            server_pids,
-            kill_all,
-            client_pids=lambda: [p.pid for p in procs],
-            limit_bytes=mem_limit_bytes,
-            floor_bytes=floor,
-        )
-        guard.start()
-        names = [f"c{k}" for k in range(clients)]
-        job = f"e2e-{node}"
-        init = save({n: np.zeros(s, np.float32) for n, s in layout})
-        info = _create_job(gw.settings.port, gw.secret(), job, names, clients, init)
-        del init
-        rw.write_weights(weights, layout)
-        for k, name in enumerate(names):
-            sp = rdir / f"client-{k}.json"
-            sp.write_text(
-                json.dumps(
-                    {
-                        "work": str(rdir),
-                        "weights": str(weights),
-                        "url": gw.url,
-                        "job": job,
-                        "client": name,
-                        "token": info["tokens"][name],
-                        "samples": 100 + k,
-                    }
-                )
-            )
-            argv = [sys.executable, "-m", "bench.harness.sdk_client"]
-            with open(rdir / f"client-{k}.log", "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [*argv, "--spec", str(sp), "--out", str(rdir / f"client-{k}.out")],
-                        cwd=ROOT,
-                        env={**os.environ, **PINNED_THREADS, "PYTHONPATH": str(ROOT)},
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-        deadline = time.monotonic() + timeout
-
-        def check() -> dict[str, Any] | None:
-            assert gw is not None
-            return rw.point_failure(
-                guard,
-                ("gateway", gw.proc, gw.log_path),
-                [(c, rdir / f"client-{k}.log") for k, c in enumerate(procs)],
-                deadline,
-                f"no global model in {timeout:.0f} s",
-                server_may_finish=False,
-                **base,
-            )
-
-        while len(list(rdir.glob("ready-*"))) < clients:
-            if (bad := check()) is not None:
-                return bad
-            time.sleep(0.01)
-        idle = rw.summed_rss(server_pids())
-        rw.reset_hwm(server_pids())  # the peak of the window, not of the job's creation
-        peak = rw.PeakMemory(server_pids, [gw.settings.shm_root])
-        peak.start()
-        first = rw.FirstBytes(gw.settings.port)
-        first.start()
-        (rdir / "go").touch()
-        # the uploads first: no status request touches the gateway's port before they are in
-        while any(p.poll() is None for p in procs):
-            if (bad := check()) is not None:
-                return bad
-            time.sleep(0.02)
-        auth = {"Authorization": f"Bearer {gw.secret()}"}
-        while True:
-            if (bad := check()) is not None:
-                return bad
-            st = httpx.get(f"{gw.url}/v1/jobs/{job}", headers=auth, timeout=30).json()
-            if st["last_round"] and st["last_round"]["published_ns"]:
-                break
-            time.sleep(0.02)
-        hwm = rw.summed_hwm(server_pids())  # at the end, every server process still running
-        peak.stop()
-        router = gw.router()
-        marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
-    except Exception:
-        # a request to a server the guard has just stopped: the guard's record is the result
-        if guard is not None and guard.tripped is not None:
-            return guard.failure(**base)
-        raise
-    finally:
-        if first is not None:
-            first.stop()
-        if peak is not None:
-            peak.stop()
-        if guard is not None:
-            guard.stop()
-        kill_all()
-        if aggs is not None:
-            aggs.stop()
-        if gw is not None:
-            gw.stop()
-            # the store the gateway leaves (the global model; every object if it was killed)
-            shutil.rmtree(gw.settings.shm_root, ignore_errors=True)
-        redis.stop()
-        weights.unlink(missing_ok=True)
-    lr = st["last_round"]
-    end = lr["published_ns"]
-    function_eps = [e for e in router["endpoints"] if not e["local"]]
-    out = {
-        "ok": True,
-        **base,
-        "method": (
-            "window: first client's weights-in-memory mark (before serialisation) -> global "
-            "model published; server window from the first update bytes received on the "
-            "gateway's port (kernel TCP counters); memory: peak over the window of the "
-            "gateway's, aggregator replicas' and Redis's private and file pages plus the "
-            "object store's pages once, sampled every 5 ms (beside it the summed VmHWM, which "
-            "counts the store once per process mapping it)"
-        ),
-        "fanout": fanout,
-        "max_inflight": max_inflight,
-        "router": router["mode"],
-        "router_reason": health["router_reason"],
-        "aggregator_replicas": replicas,
-        "endpoints_per_replica": endpoints,
-        "endpoints_granted": sum(1 for e in function_eps if e["job"] == info["id"]),
-        "router_frames": sum((e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]),
-        "router_drops": router["drops"],
-        "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
-        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
-        # the gateway's own first-byte mark, a cross-check of ``server_s``
-        "server_gateway_mark_s": rw.window_s([lr["first_byte_ns"]], end),
-        "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
-        "act_s": (lr["result_ns"] - lr["first_byte_ns"]) / 1e9,
-        "ingest_s": (lr["last_update_ns"] - lr["first_byte_ns"]) / 1e9,
-        "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
-        # the round's tail: the last update sealed -> the global model published (encoded)
-        "last_update_to_published_s": (lr["published_ns"] - lr["last_update_ns"]) / 1e9,
-        "server_peak_bytes": peak.peak_bytes,
-        "server_peak_samples": peak.samples,
-        "server_hwm_bytes": hwm["bytes"],
-        "server_processes": hwm["processes"],
-        "server_idle_rss_bytes": idle,
-        "server_rss_sampled_bytes": guard.peak_server_rss if guard else 0,
-        "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
-        # BLAS/OpenMP pools a client measured at the end (threadpoolctl); the gateway and the
-        # replicas are started with the pinned environment (``threads_env``)
-        "thread_pools": {"client": marks[0]["thread_pools"]},
-        "threads_env": dict(PINNED_THREADS),
-        "store": st["store_stats"],
-    }
-    out["act_over_ingest"] = out["act_s"] / out["ingest_s"] if out["ingest_s"] else None
     return out
 
 
@@ -880,12 +626,23 @@ def _sweep_rows(r: dict[str, Any], peers: list[tuple[str, dict[str, Any] | None]
 
 
 def _table(r: dict[str, Any]) -> str:
-    ing, agg = r["ingest"], r["aggregation"]
-    mb = ing["update_bytes"] / 1e6
-    th = _threads(r)
+    from bench.harness.compare import compare_rows
+
     rows = [
         "| figure | FedFaaS | baseline(s) | ratio | target | threads |",
         "|---|---|---|---|---|---|",
+        *compare_rows(r.get("compare") or {}),
+        *(_part_rows(r) if "ingest" in r else []),
+    ]
+    return _table_head(r) + "\n\n" + "\n".join(rows)
+
+
+def _part_rows(r: dict[str, Any]) -> list[str]:
+    """The rows of the single-run parts: ingest, fold, round variants, sweep."""
+    ing, agg = r["ingest"], r["aggregation"]
+    mb = ing["update_bytes"] / 1e6
+    th = _threads(r)
+    return [
         f"| ingest {mb:.1f} MB over loopback HTTP into shm, pre-encoded body, raw-socket client "
         f"(GB/s, median of {ing['reps']}; best) | "
         f"{ing['fedfaas_gbps']:.2f}; {ing['fedfaas_best_gbps']:.2f} | raw TCP {ing['tcp_gbps']:.2f}; "
@@ -897,9 +654,22 @@ def _table(r: dict[str, Any]) -> str:
         f"{agg['torch_gbps'] / agg['flower_gbps']:.1f}x Flower | >= 4 GB/s | {th} |",
         *_round_rows(r),
     ]
+
+
+def _first_run(r: dict[str, Any], system: str) -> dict[str, Any]:
+    """The first finished run of ``system`` in the comparison ({} when none)."""
+    for block in (r.get("compare") or {}).get("by_cpus", {}).values():
+        for rec in block["runs"].get(system, []):
+            if rec.get("ok", True):
+                return dict(rec)
+    return {}
+
+
+def _table_head(r: dict[str, Any]) -> str:
+    """The machine, the round's settings and the run record, above the table."""
     m = r["machine"]
     probe = r.get("router_probe") or {"mode": "userspace", "reason": "not recorded"}
-    rnd = r.get("round") or {}
+    rnd = r.get("round") or _first_run(r, "FedFaaS")
     head = (
         f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} "
         f"(shared with other work: figures are ratios within one run); round updates = ResNet-18 "
@@ -910,7 +680,7 @@ def _table(r: dict[str, Any]) -> str:
         f"replica(s) of {rnd.get('endpoints_per_replica', '?')} endpoint(s), granted the job by "
         f"the gateway; router probe: {probe['mode']} ({probe['reason']})."
     )
-    sf = _sf(r)
+    sf = _sf(r) or _first_run(r, "SF")
     if sf and sf.get("ok", True):
         head += (
             f" SF round (HTTP between aggregators): {sf['leaves']} leaves (I={sf['fanout']}) on "
@@ -922,7 +692,7 @@ def _table(r: dict[str, Any]) -> str:
     run = r.get("run")
     if run:
         head += "\n\n" + run_header(run)
-    return head + "\n\n" + "\n".join(rows)
+    return head
 
 
 def _render(stored: dict[str, Any]) -> str:
@@ -944,6 +714,8 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if "ingest" not in r:  # a comparison alone (--compare-only): its table is the figure
+        return
     fig, ax = plt.subplots(1, 5, figsize=(22, 4))
     ing = r["ingest"]
     ax[0].bar(
@@ -1015,6 +787,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--skip-flower", action="store_true")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="the same-CPUs comparison: runs of each system per CPU set, interleaved",
+    )
+    p.add_argument(
+        "--cpus",
+        action="append",
+        help="a CPU set (cpuset syntax, e.g. 0 or 0-1) for every system's server side in the "
+        "comparison; repeat for more rows (default: 0, then every CPU this process may use)",
+    )
+    p.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="run only the same-CPUs comparison (no ingest, fold, round variants or sweep)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 4 clients, rounds of a 4 MB model, 2 ingest reps, 3 fold updates",
@@ -1036,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import bpf
     from bench.harness import round_window as rw
+    from bench.harness.cgroups import parse_cpus
+    from bench.harness.compare import Runner, run_compare
     from bench.harness.sf_round import run_sf_round
     from fedfaas.services import RedisServer
 
@@ -1046,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
     layout = rw.resnet18_layout()
     if a.quick:
         layout = rw.scaled_layout(layout, 4_000_000)
+    cpus_sets = a.cpus or ["0", _cpu_list(sorted(os.sched_getaffinity(0)))]
+    for cpus in cpus_sets:
+        parse_cpus(cpus)  # a bad set fails now, not after an hour of rounds
     with (
         pinned_threads(1) as threads,
         tempfile.TemporaryDirectory(prefix="fedfaas-bench-dp-") as tmp,
@@ -1068,6 +862,30 @@ def main(argv: list[str] | None = None) -> int:
                 "sf_leaf_servers": a.sf_leaf_servers,
             },
         }
+        agg = {"replicas": a.replicas, "endpoints": a.endpoints}
+        rnd = {"fanout": a.fanout, "max_inflight": a.max_inflight, **agg}
+        runners: dict[str, Runner] = {
+            "FedFaaS": lambda groups, tag: bench_round_e2e(
+                work, layout, clients, ebpf=ebpf, tag=tag, groups=groups, **rnd
+            ),
+        }
+        if not a.skip_flower:
+            from bench.flower_baseline import run_flower_round
+
+            runners["Flower"] = lambda groups, tag: run_flower_round(clients, layout, groups=groups)
+        runners["SF"] = lambda groups, tag: run_sf_round(
+            work,
+            layout,
+            clients,
+            fanout=a.fanout,
+            leaf_servers=a.sf_leaf_servers,
+            groups=groups,
+            tag=tag,
+        )
+        res["compare"] = run_compare(runners, cpus_sets=cpus_sets, repeats=a.repeats)
+        if a.compare_only:
+            _write(res, out_dir)
+            return 0
         redis = RedisServer(data_dir=work / "redis").start()
         try:
             body = _write_bodies(work, 1)[0]
@@ -1075,8 +893,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             redis.stop()
         res["aggregation"] = bench_aggregation(3 if a.quick else 8)
-        agg = {"replicas": a.replicas, "endpoints": a.endpoints}
-        rnd = {"fanout": a.fanout, "max_inflight": a.max_inflight, **agg}
         res["round"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="d", **rnd)
         # the same round with the userspace router: the peer of the eBPF run (when the probe
         # says eBPF cannot load, ``round`` is already this; it is not run twice)
@@ -1103,6 +919,11 @@ def main(argv: list[str] | None = None) -> int:
             res["flower"] = run_flower_round(clients, layout)
     _write(res, out_dir)
     return 0
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """``[0, 1, 3]`` -> ``"0,1,3"`` (cpuset syntax)."""
+    return ",".join(str(c) for c in cpus)
 
 
 def _write(res: dict[str, Any], out_dir: Path) -> None:

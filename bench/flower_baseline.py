@@ -47,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from bench.runinfo import (
     thread_counts,
     write_result,
 )
+
+if TYPE_CHECKING:
+    from bench.harness.cgroups import RoundGroups
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +171,17 @@ def run_flower_round(
     timeout: float = 600.0,
     mem_limit_bytes: int = 0,
     floor_bytes: int = rw.DEFAULT_FLOOR_BYTES,
+    groups: RoundGroups | None = None,
 ) -> dict[str, Any]:
     """One FedAvg round with a real Flower server and ``num_clients`` client processes.
 
     ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
     floating-point state dict (:func:`bench.harness.round_window.resnet18_layout`, 44.8 MB).
     ``mem_limit_bytes`` (0: none) and ``floor_bytes``: the memory guard's limit on the server's
-    RSS and floor on the machine's available memory.
+    RSS and floor on the machine's available memory. ``groups``: the round's cgroups; the
+    server is born in ``groups.server``, the clients in ``groups.clients``, and the record has
+    ``cgroup`` (each group's peak memory, CPU-seconds and threads from the clients' release
+    to the server's exit, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
 
     Returns ``{"ok": True, "e2e_s", "server_s", "ingest_s", "aggregate_s", "round_s",
     "server_hwm_bytes", "server_idle_rss_bytes", "client_hwm_bytes", "server_rss_sampled_bytes",
@@ -183,6 +190,7 @@ def run_flower_round(
     """
     import flwr
 
+    from bench.harness.cgroups import born_in
     from fedfaas.services import ServiceError, free_port, wait_for_port
 
     layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
@@ -215,8 +223,9 @@ def run_flower_round(
             rw.write_weights(weights, layout, seed)
             (work / "weights.path").write_text(str(weights))
 
-            def spawn(args: list[str], logname: str) -> subprocess.Popen[bytes]:
-                with open(work / logname, "wb") as logf:
+            def spawn(args: list[str], logname: str, side: str) -> subprocess.Popen[bytes]:
+                group = getattr(groups, side) if groups is not None else None
+                with open(work / logname, "wb") as logf, born_in(group):
                     p = subprocess.Popen(
                         [*me, *args, "--port", str(port), "--work", str(work)],
                         cwd=ROOT,
@@ -227,7 +236,9 @@ def run_flower_round(
                 procs.append(p)
                 return p
 
-            server = spawn(["--role", "server", "--clients", str(num_clients)], "server.log")
+            server = spawn(
+                ["--role", "server", "--clients", str(num_clients)], "server.log", "server"
+            )
             guard = rw.MemoryGuard(
                 lambda: [server.pid],
                 lambda: _stop(procs),
@@ -256,7 +267,7 @@ def run_flower_round(
             except ServiceError as exc:
                 return check() or rw.failure("error", f"server did not listen: {exc}", **base)
             for cid in range(num_clients):
-                spawn(["--role", "client", "--cid", str(cid)], f"client-{cid}.log")
+                spawn(["--role", "client", "--cid", str(cid)], f"client-{cid}.log", "clients")
             # every client has the model and waits: release them at once
             while len(list(work.glob("ready-*"))) < num_clients:
                 if (bad := check()) is not None:
@@ -264,6 +275,8 @@ def run_flower_round(
                 time.sleep(0.01)
             idle_rss = rw.summed_rss([server.pid])
             rw.reset_hwm([server.pid])  # the peak of the window, not of the model's broadcast
+            if groups is not None:
+                groups.open_window()
             peak = rw.PeakMemory(lambda: [server.pid])
             peak.start()
             first = rw.FirstBytes(port)
@@ -273,6 +286,7 @@ def run_flower_round(
                 if (bad := check()) is not None:
                     return bad
                 time.sleep(0.05)
+            acct = groups.close_window() if groups is not None else None
             if (bad := check()) is not None:
                 return bad
             for p in procs[1:]:
@@ -299,7 +313,7 @@ def run_flower_round(
     starts = [c["t_start_ns"] for c in clients]
     end = marks["t_aggregate_end_ns"]
     assert first is not None and guard is not None
-    return {
+    out = {
         "ok": True,
         **base,
         "method": (
@@ -325,6 +339,9 @@ def run_flower_round(
         # BLAS/OpenMP pools as the processes measured them at the end (threadpoolctl)
         "thread_pools": {"server": marks["thread_pools"], "client": clients[0]["thread_pools"]},
     }
+    if acct is not None:
+        out["cgroup"] = acct
+    return out
 
 
 def _table(res: dict[str, Any]) -> str:

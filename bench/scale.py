@@ -7,7 +7,7 @@ against the number of clients and against the model's size.
   other than ResNet-18's are its 102 tensors with every size scaled
   (:func:`bench.harness.round_window.scaled_layout`).
 
-Each point runs FedFaaS (:func:`bench.dataplane.bench_round_e2e`: one node gateway, warm
+Each point runs FedFaaS (:func:`bench.harness.fedfaas_round.bench_round_e2e`: one node gateway, warm
 ``aggregator`` replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace;
 clients upload through ``FLClient.upload``) and then Flower
 (:func:`bench.flower_baseline.run_flower_round`), measured alike
@@ -102,8 +102,8 @@ def run_point(
     work: Path, p: dict[str, Any], *, ebpf: bool, limit: int, floor: int, timeout: float
 ) -> dict[str, Any]:
     """FedFaaS then Flower at one point of the grid."""
-    from bench.dataplane import bench_round_e2e
     from bench.flower_baseline import run_flower_round
+    from bench.harness.fedfaas_round import bench_round_e2e
 
     layout = rw.scaled_layout(rw.resnet18_layout(), p["update_bytes"])
     guard = {"mem_limit_bytes": limit, "floor_bytes": floor, "timeout": timeout}

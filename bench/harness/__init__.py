@@ -12,4 +12,8 @@
 - :mod:`bench.harness.sdk_client`: one benchmark FL client as a light process (SDK upload).
 - :mod:`bench.harness.cgroups`: cgroup v1 groups for each side of a benchmark (its processes
   born in them, pinned to a cpuset; the group's memory peak, CPU-seconds and threads).
+- :mod:`bench.harness.fedfaas_round`: one FedFaaS round measured as the baselines' are, and
+  the design's memory floor from its settings.
+- :mod:`bench.harness.compare`: every system's round repeated, interleaved, on the same CPUs;
+  medians, ranges and ratios of medians.
 """

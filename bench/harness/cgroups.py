@@ -353,3 +353,52 @@ class Window:
             "thread_sample_period_s": self.threads.period,
             "cpus": self.group.cpus,
         }
+
+
+# ----------------------------------------------------------------------------- one round's sides
+@contextlib.contextmanager
+def born_in(group: Cgroup | None) -> Iterator[None]:
+    """Processes started in the block are born in ``group`` (nothing changes for None)."""
+    if group is None:
+        yield
+        return
+    with group.spawning():
+        yield
+
+
+class RoundGroups:
+    """The two groups of one system's round: ``server`` (every server-side process, pinned to
+    ``cpus``) and ``clients`` (the client processes, on the parent's CPUs), named
+    ``<prefix>-server`` and ``<prefix>-clients``. :meth:`open_window` starts a :class:`Window`
+    on both; :meth:`close_window` returns ``{"server": ..., "clients": ...}``; :meth:`close`
+    removes both groups (also on leaving a ``with`` block)."""
+
+    def __init__(self, prefix: str, cpus: str | None = None) -> None:
+        self.server = Cgroup(f"{prefix}-server", cpus=cpus)
+        try:
+            self.clients = Cgroup(f"{prefix}-clients")
+        except BaseException:
+            self.server.close()
+            raise
+        self._windows: dict[str, Window] = {}
+
+    def open_window(self) -> None:
+        self._windows = {
+            "server": Window(self.server).start(),
+            "clients": Window(self.clients).start(),
+        }
+
+    def close_window(self) -> dict[str, Any]:
+        return {side: w.stop() for side, w in self._windows.items()}
+
+    def close(self) -> None:
+        try:
+            self.server.close()
+        finally:
+            self.clients.close()
+
+    def __enter__(self) -> RoundGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

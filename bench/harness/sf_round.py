@@ -51,10 +51,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.harness import round_window as rw
+from bench.harness.cgroups import born_in
 from bench.runinfo import PINNED_THREADS, ROOT
+
+if TYPE_CHECKING:
+    from bench.harness.cgroups import RoundGroups
 
 
 # ----------------------------------------------------------------------------- the tree (pure)
@@ -555,26 +559,31 @@ def run_sf_round(
     floor_bytes: int | None = None,
     timeout: float = 600.0,
     distinct_weights: bool = False,
+    groups: RoundGroups | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
-    """One SF round (module docstring), measured as ``bench.dataplane.bench_round_e2e``
+    """One SF round (module docstring), measured as ``bench.harness.fedfaas_round.bench_round_e2e``
     measures FedFaaS's: ``clients`` client processes released at once, ``ceil(clients /
     fanout)`` leaves on ``leaf_servers`` leaf server processes, one top.
 
     Every client sends the same weights (one file on /dev/shm, as in the FedFaaS round);
     ``distinct_weights`` gives client ``k`` its own (``write_weights`` with seed ``k``) so that
     a test can check the weighting. The served global model is left in
-    ``<work>/sf-<clients>c/global.safetensors``. A point the memory guard stops, that errors or
-    times out is a failure record (``ok`` False), not an exception.
+    ``<work>/sf-<tag><clients>c/global.safetensors``. A point the memory guard stops, that errors or
+    times out is a failure record (``ok`` False), not an exception. ``groups``: the round's
+    cgroups; the leaf servers and the top are born in ``groups.server``, the clients in
+    ``groups.clients``, and the record has ``cgroup`` (each group's peak memory, CPU-seconds
+    and threads over the window, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
+    ``tag`` tells runs in the same ``work`` apart (its folder is ``sf-<tag><clients>c``).
     """
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
     size = rw.layout_bytes(layout)
     base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
-    rdir = work / f"sf-{clients}c"
+    rdir = work / f"sf-{tag}{clients}c"
     rdir.mkdir(parents=True)
     (rdir / "layout.json").write_text(json.dumps(layout))
-    tag = f"{os.getpid()}-sf{clients}c"
     weights = [
-        Path(f"/dev/shm/fedfaas-bench-weights-{tag}-{k}")
+        Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-sf{tag}{clients}c-{k}")
         for k in range(clients if distinct_weights else 1)
     ]
     leaves = plan_leaves(clients, fanout, leaf_servers)
@@ -607,8 +616,10 @@ def run_sf_round(
                 return bad
         return None
 
+    acct: dict[str, Any] | None = None
     try:
-        servers.start()
+        with born_in(groups.server if groups else None):
+            servers.start()
         guard = rw.MemoryGuard(
             servers.pids,
             kill_all,
@@ -619,11 +630,14 @@ def run_sf_round(
         guard.start()
         for k, path in enumerate(weights):
             rw.write_weights(path, layout, seed=k)
-        procs = _start_clients(rdir, servers, weights, clients)
+        with born_in(groups.clients if groups else None):
+            procs = _start_clients(rdir, servers, weights, clients)
         if bad := _wait(check, lambda: len(list(rdir.glob("ready-*"))) >= clients):
             return bad
         idle = rw.summed_rss(servers.pids())
         rw.reset_hwm(servers.pids())  # the peak of the window, not of the start-up
+        if groups is not None:
+            groups.open_window()
         peak = rw.PeakMemory(servers.pids)
         peak.start()
         firsts = [rw.FirstBytes(port) for port in servers.leaf_ports]
@@ -635,6 +649,7 @@ def run_sf_round(
         if bad := _wait(check, lambda: servers.get("/v1/status").json()["published_ns"]):
             return bad
         hwm = rw.summed_hwm(servers.pids())  # at the end, every server process still running
+        acct = groups.close_window() if groups is not None else None
         peak.stop()
         st = servers.get("/v1/status").json()
         (rdir / "global.safetensors").write_bytes(servers.get("/v1/model").content)
@@ -657,7 +672,7 @@ def run_sf_round(
             path.unlink(missing_ok=True)
     end = st["published_ns"]
     first_ns = min((f.t_ns for f in firsts if f.t_ns), default=0)
-    return {
+    out = {
         "ok": True,
         **base,
         "method": METHOD,
@@ -678,6 +693,9 @@ def run_sf_round(
         "thread_pools": {"client": marks[0]["thread_pools"]},
         "threads_env": dict(PINNED_THREADS),
     }
+    if acct is not None:
+        out["cgroup"] = acct
+    return out
 
 
 if __name__ == "__main__":

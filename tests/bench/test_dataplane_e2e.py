@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.dataplane import bench_round_e2e
 from bench.harness import round_window as rw
+from bench.harness.fedfaas_round import bench_round_e2e
 
 pytestmark = pytest.mark.integration
 
