@@ -21,7 +21,9 @@ code). Kinds:
   on the held-out part of scikit-learn's bundled ``load_digits`` (no download); utility =
   accuracy. In process: a fixture for tests and benchmarks of the workloads themselves. With
   ``"head": true`` it scores the first 650 floats of a longer model (the benchmark's
-  ResNet-18-sized objects lead with the classifier's tensors; the rest is not scored).
+  ResNet-18-sized objects lead with the classifier's tensors; the rest is not scored), and says
+  so (``span = (0, 650)``): contribution workloads then build only those 650 floats of each
+  sub-model (``fedfaas.workloads.contribution``).
 """
 
 from __future__ import annotations
@@ -373,10 +375,13 @@ def classifier_handler(
 
 class _Head:
     """An evaluator of the first ``n`` floats of a longer model (``digits-softmax`` with
-    ``"head": true``: its tensors ``bias`` and ``weight`` sort before the rest)."""
+    ``"head": true``: its tensors ``bias`` and ``weight`` sort before the rest). It scores a
+    model cut to them the same (``span``)."""
 
     def __init__(self, inner: Any, n: int) -> None:
         self.inner, self.n = inner, n
+        #: the coordinates it reads (``fedfaas.workloads.contribution``)
+        self.span = (0, n)
 
     def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
         out: dict[str, float] = self.inner.metrics(params[: self.n])

@@ -185,6 +185,7 @@ def _products(
     chunk: int,
     *,
     square: bool,
+    length: int | None = None,
 ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
     """Inner products in float64, one pass over the columns of the rows involved.
 
@@ -196,7 +197,7 @@ def _products(
     from threadpoolctl import threadpool_limits
 
     sel = [rows[i] for i in [*left, *others]]
-    f32 = _float32_ok(sel, d)
+    f32 = _float32_ok(sel, length or d)
     blocks = _Blocks(
         sel, min(chunk, F32_CHUNK) if f32 else chunk, np.float32 if f32 else np.float64
     )
@@ -216,7 +217,11 @@ def _products(
 
 
 def gram(
-    rows: Sequence[Row], *, chunk: int = CHUNK, cache: GramCache | None = None
+    rows: Sequence[Row],
+    *,
+    chunk: int = CHUNK,
+    cache: GramCache | None = None,
+    length: int | None = None,
 ) -> NDArray[np.float64]:
     """Gram matrix ``G[a, b] = <row_a, row_b>`` of linear combinations of vectors, in float64.
 
@@ -229,6 +234,9 @@ def gram(
     cache : GramCache, optional
         Memo of inner products between rows over read-only vectors (a cache function's): only the
         pairs it does not hold are computed, reading only the rows they involve.
+    length : int, optional
+        The length of the whole vectors when ``rows`` are over a range of them (a part, a
+        chunk): float32 or float64 is chosen on it, as for the whole vectors.
 
     Returns
     -------
@@ -248,7 +256,7 @@ def gram(
     inleft = set(left)
     others = sorted({i for p in missing for i in p} - inleft)
     square = any(a in inleft and b in inleft for a, b in missing)
-    sq, cross = _products(rows, left, others, d, chunk, square=square)
+    sq, cross = _products(rows, left, others, d, chunk, square=square, length=length)
     if not (np.all(np.isfinite(cross)) and (sq is None or np.all(np.isfinite(sq)))):
         raise DataMismatch("parameter vectors contain non-finite values (NaN or inf)")
     if sq is not None:

@@ -16,6 +16,14 @@ than evaluating what truncation would skip); for TMC, the next prefixes of a per
 round's whole aggregate minus the clients left out (leave-one-out: two vectors, not ``n``).
 Utilities already evaluated are kept across queries by a holder of the same sealed vectors
 (:class:`UtilityCache`). The values, hence the answers, are those of one-by-one evaluation.
+
+An evaluator whose utility depends on a coordinate range of the model alone says so with a
+``span`` attribute ``(a, b)`` (``cache_engine.evaluators``: a classifier that leads a longer
+model) and is given only those coordinates of each sub-model. Then the range of every vector
+of the round is read once (on vectors held in coordinate parts: from the parts it overlaps,
+one request) and every sub-model is built from it here, as its coefficients over the round's
+vectors times that ``k x (b - a)`` slice (float64, rounded to float32 once, as
+:func:`~fedfaas.workloads._linalg.combine` does).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pydantic import Field
 from ._linalg import Row, combine, merge
 from .base import RoundParams, invalid, round_requirements
 from .data import Evaluator, Requirements, WorkloadData
+from .errors import DataMismatch
 
 MAX_EXACT = 14
 #: sub-models built at once (their bytes): two ResNet-18-sized models, a cycle of 20 small ones
@@ -148,6 +157,9 @@ class CoalitionUtility:
         self._cache = cache
         self._full: NDArray[np.float64] | None = None
         self._width = max(1, int(getattr(evaluator, "parallel", 1))) if self._batched else 1
+        self._span = _span(evaluator, _dimension(self._base))
+        #: with a span: each vector's index (by identity) and their slices, read once
+        self._sliced: tuple[dict[int, int], NDArray[np.float64]] | None = None
         self.reused = 0
 
     @property
@@ -172,7 +184,12 @@ class CoalitionUtility:
         of :data:`BATCH_BYTES`. The values stay those of the rule (it still decides which
         utilities count); only sub-models it would skip are evaluated too."""
         n = len(self._deltas)
-        return self._batched and n * n * 4 * _dimension(self._base) <= BATCH_BYTES
+        return self._batched and n * n * 4 * self._length <= BATCH_BYTES
+
+    @property
+    def _length(self) -> int:
+        """Floats of one sub-model as the evaluator gets it."""
+        return _dimension(self._base) if self._span is None else self._span[1] - self._span[0]
 
     def _direct(self, key: tuple[int, ...]) -> Row:
         """``base + sum_{i in S} p_i^S Delta_i``."""
@@ -201,6 +218,30 @@ class CoalitionUtility:
         for i in sorted(out):
             row.extend((-float(self._weights[i]) / total * c, x) for c, x in self._deltas[i])
         return row
+
+    def _models(self, keys: Sequence[tuple[int, ...]]) -> list[NDArray[np.float32]]:
+        """The sub-models of ``keys``, as the evaluator gets them (see the module)."""
+        if self._span is None:
+            return self._combine([self._row(k) for k in keys])
+        index, slices = self._slices()
+        coefs = np.zeros((len(keys), len(index)))
+        for r, k in enumerate(keys):
+            for c, x in merge(self._direct(k)):
+                coefs[r, index[id(x)]] += c
+        return list((coefs @ slices).astype(np.float32))
+
+    def _slices(self) -> tuple[dict[int, int], NDArray[np.float64]]:
+        """The round's vectors by identity, and their ``span`` (read once)."""
+        if self._sliced is None:
+            assert self._span is not None
+            a, b = self._span
+            vectors: dict[int, Any] = {}
+            for _, x in [*self._base, *(t for row in self._deltas for t in row)]:
+                vectors.setdefault(id(x), x)
+            got = self._combine([[(1.0, x[a:b])] for x in vectors.values()])
+            index = {ident: i for i, ident in enumerate(vectors)}
+            self._sliced = index, np.asarray(np.stack(got), dtype=np.float64)
+        return self._sliced
 
     def _cache_key(self, key: tuple[int, ...]) -> Hashable | None:
         if self._cache is None:
@@ -243,11 +284,10 @@ class CoalitionUtility:
                 todo.append((k, ck))
         if not todo:
             return
-        d = _dimension(self._base)
-        step = max(1, BATCH_BYTES // max(1, 4 * d))
+        step = max(1, BATCH_BYTES // max(1, 4 * self._length))
         for a in range(0, len(todo), step):
             chunk = todo[a : a + step]
-            models = self._combine([self._row(k) for k, _ in chunk])
+            models = self._models([k for k, _ in chunk])
             if self._batched:
                 values = self._evaluator.map(models)  # type: ignore[attr-defined]
             else:
@@ -260,6 +300,18 @@ class CoalitionUtility:
 
 def _dimension(row: Row) -> int:
     return max((int(x.shape[0]) for _, x in row), default=1)
+
+
+def _span(evaluator: Any, d: int) -> tuple[int, int] | None:
+    """The coordinates ``[a, b)`` ``evaluator`` reads of a ``d``-float model (its ``span``),
+    or None when it reads all of them."""
+    span = getattr(evaluator, "span", None)
+    if span is None:
+        return None
+    a, b = (int(x) for x in span)
+    if not 0 <= a < b <= d:
+        raise DataMismatch(f"the evaluator reads coordinates [{a}, {b}) of a {d}-float model")
+    return None if (a, b) == (0, d) else (a, b)
 
 
 def _prefetch(v: Callable[[Sequence[int]], float], coalitions: Sequence[Sequence[int]]) -> None:

@@ -12,6 +12,11 @@ combination of vectors), :meth:`WorkloadData.combine_many` (rows materialised) a
   leave-one-out and Shapley (which the evaluator then gets whole), personalised models;
 - a digest is that of the vector assembled from its slices.
 
+A row may be materialised over a coordinate range only (``x[a:b]`` of a :class:`VectorRef` is
+a reference to that range): only the parts that overlap it are asked, and only for the
+overlap (a contribution workload whose evaluator reads a model's head: its sub-models need
+those coordinates alone, :class:`~fedfaas.workloads.contribution.CoalitionUtility`).
+
 :class:`SlicedData` is the :class:`WorkloadData` a reducer runs a workload on: its vectors are
 :class:`VectorRef` stand-ins (an object id and a length) and its :class:`Parts` backend does the
 math on the parts where they are held; :func:`part_gram` and :func:`part_combine` are what each
@@ -87,28 +92,54 @@ class VectorRef:
         The object's id (what the holders of its parts know it by).
     size : int
         Its length in floats.
+
+    offset : int
+        Where this reference starts in the object (a reference to a range, ``x[a:b]``).
     """
 
     ndim = 1
     dtype = np.dtype(np.float32)
 
-    def __init__(self, ref_id: str, size: int) -> None:
+    def __init__(self, ref_id: str, size: int, offset: int = 0) -> None:
         self.ref_id = ref_id
         self.size = size
+        self.offset = offset
         self.shape = (size,)
 
+    @property
+    def span(self) -> tuple[int, int]:
+        """The object's coordinates ``[a, b)`` this reference stands for."""
+        return self.offset, self.offset + self.size
+
+    def __getitem__(self, key: slice) -> VectorRef:
+        """``x[a:b]``: a reference to that range (a step is refused)."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("a VectorRef takes a contiguous range x[a:b] only")
+        a, b, _ = key.indices(self.size)
+        return VectorRef(self.ref_id, max(0, b - a), self.offset + a)
+
     def __repr__(self) -> str:
-        return f"VectorRef({self.ref_id!r}, {self.size})"
+        tail = f", offset={self.offset}" if self.offset else ""
+        return f"VectorRef({self.ref_id!r}, {self.size}{tail})"
 
 
 def row_spec(row: Row) -> RowSpec:
     """``row`` (over :class:`VectorRef` s only) as sent to the holders of parts."""
     out: RowSpec = []
     for c, x in merge(row):
-        if not isinstance(x, VectorRef):
-            raise DataMismatch("a row sent to the holders of parts may only name stored vectors")
+        if not isinstance(x, VectorRef) or x.offset:
+            raise DataMismatch(
+                "a Gram row sent to the holders of parts may only name whole stored vectors"
+            )
         out.append((float(c), x.ref_id))
     return out
+
+
+def _common_span(refs: Sequence[VectorRef]) -> tuple[int, int]:
+    spans = {x.span for x in refs}
+    if len(spans) != 1:
+        raise DataMismatch(f"rows over different coordinate ranges in one batch: {sorted(spans)}")
+    return spans.pop()
 
 
 class Parts(Protocol):
@@ -118,8 +149,10 @@ class Parts(Protocol):
         """Gram matrix of ``rows`` over the whole length."""
         ...
 
-    def combine(self, rows: Sequence[RowSpec]) -> list[NDArray[np.float32]]:
-        """Each row materialised over the whole length."""
+    def combine(
+        self, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
+    ) -> list[NDArray[np.float32]]:
+        """Each row materialised over the whole length, or over coordinates ``span``."""
         ...
 
 
@@ -133,10 +166,12 @@ def part_gram(
     rows: Sequence[RowSpec],
     vector: Callable[[str], NDArray[np.floating]],
     cache: GramCache | None = None,
+    length: int | None = None,
 ) -> NDArray[np.float64]:
     """One part's Gram matrix of ``rows``; ``vector(id)`` is this part's slice of an object
-    (a ``KeyError`` for one not held here)."""
-    return gram(_resolve(rows, vector), cache=cache)
+    (a ``KeyError`` for one not held here); ``length``: the whole vectors' (float32 or
+    float64 products as over them, :func:`~fedfaas.workloads._linalg.gram`)."""
+    return gram(_resolve(rows, vector), cache=cache, length=length)
 
 
 def part_combine(
@@ -153,10 +188,22 @@ class LocalParts:
     parts: Sequence[Mapping[str, NDArray[np.floating]]]
 
     def gram(self, rows: Sequence[RowSpec]) -> NDArray[np.float64]:
-        return np.asarray(sum(part_gram(rows, p.__getitem__) for p in self.parts), dtype=np.float64)
+        d = sum(int(next(iter(p.values())).shape[0]) for p in self.parts)
+        grams = (part_gram(rows, p.__getitem__, length=d) for p in self.parts)
+        return np.asarray(sum(grams), dtype=np.float64)
 
-    def combine(self, rows: Sequence[RowSpec]) -> list[NDArray[np.float32]]:
-        pieces = [part_combine(rows, p.__getitem__) for p in self.parts]
+    def combine(
+        self, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
+    ) -> list[NDArray[np.float32]]:
+        pieces = []
+        start = 0
+        for p in self.parts:
+            stop = start + int(next(iter(p.values())).shape[0])
+            lo, hi = (start, stop) if span is None else (max(start, span[0]), min(stop, span[1]))
+            if lo < hi:
+                cut = {i: x[lo - start : hi - start] for i, x in p.items()}
+                pieces.append(part_combine(rows, cut.__getitem__))
+            start = stop
         return [np.concatenate([pc[i] for pc in pieces]) for i in range(len(rows))]
 
     @classmethod
@@ -186,18 +233,21 @@ class SlicedData(WorkloadData):
         vectors are then added here (in float64, rounded to float32 once)."""
         remote: list[RowSpec] = []
         local: list[list[tuple[float, Any]]] = []
+        refs: list[VectorRef] = []
         for row in rows:
             spec: RowSpec = []
             mine: list[tuple[float, Any]] = []
             for c, x in merge(row):
                 if isinstance(x, VectorRef):
                     spec.append((float(c), x.ref_id))
+                    refs.append(x)
                 else:
                     mine.append((float(c), x))
             remote.append(spec)
             local.append(mine)
         asked = [i for i, spec in enumerate(remote) if spec]
-        got = dict(zip(asked, self._parts().combine([remote[i] for i in asked]), strict=True))
+        span = _common_span(refs) if refs else None
+        got = dict(zip(asked, self._parts().combine([remote[i] for i in asked], span), strict=True))
         out: list[NDArray[np.float32]] = []
         for i, mine in enumerate(local):
             if not mine:

@@ -138,6 +138,7 @@ def set_cold_store(store: ColdStore | None) -> None:
     """Use ``store`` for every job instead of MinIO with the engine's grants (handler tests)."""
     global _store
     _store = store
+    _holdings.indexes.clear()  # the objects' tensor indexes were read from the other store
 
 
 def _size(v: Any) -> int:

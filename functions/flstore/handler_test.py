@@ -318,6 +318,31 @@ def test_parts_load_by_ranged_reads_and_answer_gram_and_combine() -> None:
         np.testing.assert_array_equal(
             np.frombuffer(raw["body"], np.float32).reshape(2, 16), x.astype(np.float32)
         )
+        # a span within the bounds: only those coordinates, of what is held and of what is
+        # read from the cold store alike
+        for part in ([1, 3], None):
+            code, body = _call("POST", "/evict", {"objects": ["job/1/b~1.3"]})
+            assert code == 200, body
+            narrow: dict[str, Any] = {
+                **req,
+                "span": [20, 27],
+                "part": part,
+                "source": {"credentials": {}},
+            }
+            raw = handler.handle(
+                SimpleNamespace(
+                    method="POST",
+                    path="/part",
+                    body=json.dumps(narrow).encode(),
+                    headers={},
+                    query={},
+                ),
+                None,
+            )
+            assert raw["statusCode"] == 200, raw
+            np.testing.assert_array_equal(
+                np.frombuffer(raw["body"], np.float32).reshape(2, 7), x[:, 4:11].astype(np.float32)
+            )
     finally:
         handler.set_cold_store(None)
         handler._objects.clear()
@@ -354,6 +379,7 @@ def test_a_round_in_parts_is_reduced_here_from_this_and_another_functions_parts(
         def remote(function: str, endpoint: str | None, body: dict[str, Any]) -> bytes:
             """Another function's /part, as _remote_part gets it over HTTP."""
             asked.append(function)
+            assert body["dim"] == 64  # the models' length: products chosen as over them
             try:
                 return serve(body, Holdings(other.get, lambda job, grants: s))
             except NotHeld as exc:
@@ -421,6 +447,16 @@ def test_part_requests_that_make_no_sense_get_400() -> None:
             "objects": ["job/1/a"],
             "rows": [[[float("nan"), "job/1/a"]]],
         },
+        *(
+            {
+                "op": "combine",
+                "bounds": [4, 8],
+                "span": span,
+                "objects": ["job/1/a"],
+                "rows": [[[1.0, "job/1/a"]]],
+            }
+            for span in ([2, 6], [5, 9], [6, 6], [5], "all")
+        ),
     ):
         code, body = _call("POST", "/part", bad)
         assert code == 400 and body["error"] == "bad_request", (bad, body)

@@ -8,13 +8,15 @@ whose :class:`RemoteParts` asks every range's function for its part (``POST /par
 part it computes in process) and sums or joins the answers.
 
 ``POST /part`` ``{"op": "gram" | "combine", "bounds": [a, b], "part": [s, S] | null,
-"objects": [ids], "rows": [[[coefficient, id], ...], ...], "source"?: {"credentials": {job:
-grant}}}``: each id is read over ``[a, b)`` from what the function holds: part ``s`` of ``S``
+"span"?: [a', b'], "dim"?: d, "objects": [ids], "rows": [[[coefficient, id], ...], ...], "source"?:
+{"credentials": {job: grant}}}``: each id is read over ``[a, b)`` (only over ``[a', b')``
+within it, given a ``span``; ``dim``: the models' length, on which a Gram matrix's
+float32 or float64 products are chosen as over the whole vectors) from what the function holds: part ``s`` of ``S``
 of it, or the whole object; without either, from the cold store by ranged reads when the plan
 gives a ``source`` (the engine does so past the node's memory budget: nothing is kept, and at
 most :data:`STREAM_BYTES` of objects are read at a time), else 409 ``not_held``. The answer is
 raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the range, or the
-float32 ``k x (b - a)`` slices of the rows.
+float32 ``k x (b - a)`` slices of the rows (``b' - a'`` given a ``span``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ class PartRequest:
     objects: list[str]
     rows: list[RowSpec]
     source: dict[str, Any] | None = None
+    #: the coordinates computed, within ``bounds`` (None: all of ``bounds``)
+    span: tuple[int, int] | None = None
+    #: the models' whole length (None: unknown)
+    dim: int | None = None
+
+    @property
+    def cols(self) -> tuple[int, int]:
+        """The coordinates ``[a, b)`` this request computes."""
+        return self.span or self.bounds
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> PartRequest:
@@ -89,6 +100,19 @@ class PartRequest:
             or not 0 <= part[0] < part[1]
         ):
             raise ValueError("'part' must be [s, S] with 0 <= s < S, or null")
+        span = body.get("span")
+        if span is not None and (
+            not isinstance(span, list)
+            or len(span) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+            or not bounds[0] <= span[0] < span[1] <= bounds[1]
+        ):
+            raise ValueError("'span' must be [a', b'] with a <= a' < b' <= b of 'bounds', or null")
+        dim = body.get("dim")
+        if dim is not None and (
+            not isinstance(dim, int) or isinstance(dim, bool) or dim < bounds[1]
+        ):
+            raise ValueError("'dim' must be the models' length (at least the end of 'bounds')")
         objects = body.get("objects")
         if not isinstance(objects, list) or not all(isinstance(x, str) for x in objects):
             raise ValueError("'objects' must be a list of object ids")
@@ -115,7 +139,8 @@ class PartRequest:
                 terms.append((float(t[0]), str(t[1])))
             parsed.append(terms)
         n = len(parsed)
-        size = 8 * n * n if op == "gram" else 4 * n * (bounds[1] - bounds[0])
+        lo, hi = span or bounds
+        size = 8 * n * n if op == "gram" else 4 * n * (hi - lo)
         if size > MAX_ANSWER:
             raise ValueError(f"an answer of {size} bytes (at most {MAX_ANSWER}): fewer rows")
         source = body.get("source")
@@ -128,6 +153,8 @@ class PartRequest:
             list(objects),
             parsed,
             source,
+            None if span is None else (span[0], span[1]),
+            dim,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -140,6 +167,10 @@ class PartRequest:
         }
         if self.source is not None:
             out["source"] = self.source
+        if self.span is not None:
+            out["span"] = list(self.span)
+        if self.dim is not None:
+            out["dim"] = self.dim
         return out
 
 
@@ -194,12 +225,13 @@ def serve(body: Mapping[str, Any], h: Holdings) -> bytes:
     (409) or the cold store's errors."""
     req = PartRequest.parse(body)
     ids = sorted({i for row in req.rows for _, i in row})
-    views = {i: h.view(req, i) for i in ids}
+    lo, hi = (c - req.bounds[0] for c in req.cols)
+    views = {i: None if v is None else v[lo:hi] for i, v in ((i, h.view(req, i)) for i in ids)}
     missing = [i for i, v in views.items() if v is None]
     if not missing:
         held = {i: v for i, v in views.items() if v is not None}
         if req.op == "gram":
-            return part_gram(req.rows, held.__getitem__, h.gram_cache).tobytes()
+            return part_gram(req.rows, held.__getitem__, h.gram_cache, req.dim).tobytes()
         return b"".join(x.tobytes() for x in part_combine(req.rows, held.__getitem__))
     if req.source is None or h.cold is None:
         raise NotHeld(missing)
@@ -213,7 +245,8 @@ def _stream(
     h: Holdings,
 ) -> bytes:
     """The part answer with the objects not held here read from the cold store a chunk of
-    coordinates at a time (at most :data:`STREAM_BYTES` of them at once), nothing kept."""
+    coordinates at a time (at most :data:`STREAM_BYTES` of them at once), nothing kept
+    (``views``: the held objects over ``req.cols``)."""
     assert h.cold is not None and req.source is not None
     grants = req.source.get("credentials") or {}
     keys = {i: ObjectKey.parse(i) for i in missing}
@@ -222,7 +255,7 @@ def _stream(
         indexes: dict[str, TensorIndex] = dict(
             zip(missing, pool.map(lambda i: h.index(stores[i], keys[i]), missing), strict=True)
         )
-        a, b = req.bounds
+        a, b = req.cols
         step = max(1024, STREAM_BYTES // (4 * len(missing)))
         n = len(req.rows)
         acc = np.zeros((n, n)) if req.op == "gram" else None
@@ -242,7 +275,7 @@ def _stream(
                     chunk[i] = v[c0 - a : c1 - a]
             rows = [[(c, chunk[i]) for c, i in row] for row in req.rows]
             if acc is not None:
-                acc += gram(rows)
+                acc += gram(rows, length=req.dim)
             else:
                 assert out is not None
                 for r, x in enumerate(part_combine(req.rows, chunk.__getitem__)):
@@ -281,16 +314,26 @@ class RemoteParts:
     local: Callable[[dict[str, Any]], bytes]
     remote: Callable[[str, str | None, dict[str, Any]], bytes]
 
-    def _ask(self, op: str, rows: Sequence[RowSpec]) -> list[bytes]:
+    def _ask(
+        self, op: str, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
+    ) -> list[bytes]:
+        """Each range's answer, in order; given a ``span``, only the ranges that overlap it,
+        each over the overlap."""
         bodies = []
         for s in self.slices:
+            a, b = int(s["bounds"][0]), int(s["bounds"][1])
+            lo, hi = (a, b) if span is None else (max(a, span[0]), min(b, span[1]))
+            if lo >= hi:
+                continue
             req = PartRequest(
                 op,
-                (int(s["bounds"][0]), int(s["bounds"][1])),
+                (a, b),
                 None if s.get("part") is None else (int(s["part"][0]), int(s["part"][1])),
                 self.objects,
                 [list(r) for r in rows],
                 self.source,
+                None if (lo, hi) == (a, b) else (lo, hi),
+                max(int(r["bounds"][1]) for r in self.slices),
             )
             bodies.append((s, req.to_json()))
 
@@ -310,10 +353,13 @@ class RemoteParts:
             out += np.frombuffer(raw, dtype="<f8").reshape(n, n)
         return out
 
-    def combine(self, rows: Sequence[RowSpec]) -> list[NDArray[np.float32]]:
+    def combine(
+        self, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
+    ) -> list[NDArray[np.float32]]:
         n = len(rows)
         pieces = [
-            np.frombuffer(raw, dtype="<f4").reshape(n, -1) for raw in self._ask("combine", rows)
+            np.frombuffer(raw, dtype="<f4").reshape(n, -1)
+            for raw in self._ask("combine", rows, span)
         ]
         whole = np.concatenate(pieces, axis=1)
         return [whole[i] for i in range(n)]

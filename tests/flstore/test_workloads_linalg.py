@@ -41,6 +41,20 @@ def test_float32_products_on_model_sized_updates_stay_within_1e6_of_float64() ->
     assert rel.max() <= 1e-5
 
 
+def test_a_range_of_model_sized_vectors_is_computed_as_the_whole_vectors_are() -> None:
+    """A part of a long model (``length``) takes float32 products like the whole model; the
+    same range on its own (a short vector) is done in float64."""
+    base, ws = _realistic_round(5, 6000)
+    a, b = 1000, 5000
+    ref = _reference(base[a:b], [w[a:b] for w in ws])
+    rows = [[(1.0, w[a:b]), (-1.0, base[a:b])] for w in ws]
+    short = gram(rows)
+    np.testing.assert_allclose(short, ref, rtol=1e-12)
+    part = gram(rows, length=F32_MIN_DIM + 6000)
+    err = np.abs(part - ref).max() / np.abs(ref).max()
+    assert 1e-12 < err <= 1e-6  # float32 products: close, and not the float64 ones
+
+
 def test_weighted_rows_on_long_vectors_are_still_computed_in_float64() -> None:
     base, ws = _realistic_round(3, F32_MIN_DIM + 7)
     rows = [[(0.3, ws[0]), (-0.3, base)], [(0.5, ws[1]), (0.25, ws[2]), (-0.75, base)]]

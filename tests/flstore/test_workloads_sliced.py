@@ -8,6 +8,7 @@ pure math of :mod:`fedfaas.workloads.sliced`; the cache functions run the same c
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -138,3 +139,57 @@ def test_whole_data_combine_hands_back_a_stored_vector_itself() -> None:
     g = three_rounds().globals[1]
     (same,) = WorkloadData().combine_many([[(1.0, g)]])
     assert same is g or np.shares_memory(same, g)
+
+
+class _Reads:
+    """Scores coordinates ``[a, b)`` of a model with ``inner``; ``told``: says so (``span``)
+    and then must be given exactly those coordinates."""
+
+    def __init__(self, inner: Any, a: int, b: int, told: bool) -> None:
+        self.inner, self.a, self.b = inner, a, b
+        self.lengths: set[int] = set()
+        if told:
+            self.span = (a, b)
+
+    def __call__(self, x: np.ndarray) -> float:
+        self.lengths.add(int(x.shape[0]))
+        cut = x if hasattr(self, "span") else x[self.a : self.b]
+        assert cut.shape[0] == self.b - self.a
+        return float(self.inner(cut))
+
+
+def _padded(fed: Federation, before: int, after: int) -> Federation:
+    """``fed`` with every vector between ``before`` and ``after`` random floats (its model
+    at coordinates ``[before, before + 650)`` of a longer vector)."""
+    rng = np.random.default_rng(5)
+    pre, post = rng.normal(size=before), rng.normal(size=after)
+
+    def pad(x: np.ndarray) -> np.ndarray:
+        y = np.concatenate([pre + rng.normal(size=before) * 0.1, x, post]).astype(np.float32)
+        y.setflags(write=False)
+        return y
+
+    return dataclasses.replace(
+        fed,
+        updates={r: {c: pad(w) for c, w in u.items()} for r, u in fed.updates.items()},
+        globals={v: pad(g) for v, g in fed.globals.items()},
+    )
+
+
+def test_an_evaluator_of_a_range_gets_only_that_range_of_each_sub_model_same_values() -> None:
+    fed = _padded(attacked_round(), 1000, 3000)
+    a, b = 1000, 1650
+    for name, params in (
+        ("leave-one-out", {"round": 1}),
+        ("shapley", {"round": 1, "seed": 3, "max_permutations": 40}),
+    ):
+        whole = fed.workload_data(False)
+        whole.evaluator = want_ev = _Reads(evaluator(), a, b, told=False)
+        want = get(name).run(whole, params)
+        assert want_ev.lengths == {4650}  # the whole sub-models, as before
+        for data in (fed.workload_data(False), sliced(fed, 5)):
+            ev = _Reads(evaluator(), a, b, told=True)
+            data.evaluator = ev
+            got = get(name).run(data, params)
+            assert ev.lengths == {b - a}, name  # the evaluator's range alone
+            assert _flat(got) == pytest.approx(_flat(want), abs=1e-9), name
