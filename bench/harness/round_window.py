@@ -526,7 +526,7 @@ def map_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]]) -> dict[
     return out
 
 
-def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], None]) -> None:
+def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], object]) -> None:
     """One benchmark client's round, the same for every system measured: map the weights
     (:func:`map_weights`, named in ``spec``), say ready (``ready-<client>`` in the spec's
     ``work`` folder), wait for the ``go`` file, mark ``t_start_ns``, serialise to safetensors

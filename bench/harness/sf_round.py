@@ -369,11 +369,11 @@ def _client_main(spec_path: Path, out: Path) -> None:
     spec = json.loads(spec_path.read_text())
     headers = {"Authorization": f"Bearer {spec['token']}", "X-Sample-Count": str(spec["samples"])}
     with httpx.Client(timeout=600) as c:
-        rw.client_round(
-            spec,
-            out,
-            lambda data: c.post(spec["url"], content=data, headers=headers).raise_for_status(),
-        )
+
+        def send(data: bytes) -> None:
+            c.post(spec["url"], content=data, headers=headers).raise_for_status()
+
+        rw.client_round(spec, out, send)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import dataplane
+from bench import dataplane_report as report
 from bench.harness import round_window as rw
 
 
@@ -70,7 +70,7 @@ def _res(flower: dict[str, Any] | None, sf: dict[str, Any] | None = None) -> dic
 
 
 def test_every_round_row_names_its_window_and_compares_like_with_like() -> None:
-    rows = dataplane._round_rows(_res(_flower()))
+    rows = report.round_rows(_res(_flower()))
     e2e = [r for r in rows if "weights in client memory -> global model available" in r]
     server = [r for r in rows if "server-side window only" in r]
     mem = [r for r in rows if "every page counted once" in r]
@@ -83,7 +83,7 @@ def test_every_round_row_names_its_window_and_compares_like_with_like() -> None:
 
 
 def test_every_round_row_gives_the_sf_figure_and_the_ratio_against_it() -> None:
-    rows = dataplane._round_rows(_res(_flower(), _sf()))
+    rows = report.round_rows(_res(_flower(), _sf()))
     e2e = next(r for r in rows if "weights in client memory" in r)
     server = next(r for r in rows if "server-side window only" in r)
     mem = next(r for r in rows if "every page counted once" in r)
@@ -114,33 +114,33 @@ def test_the_table_head_describes_the_sf_round_it_compares_with() -> None:
             "flower_gbps": 1.0,
         },
     }
-    head = dataplane._table(res).split("\n\n")[0]
+    head = report.table(res).split("\n\n")[0]
     assert "SF round (HTTP between aggregators): 10 leaves (I=2) on 2" in head
 
 
 def test_a_killed_flower_point_shows_its_size_not_a_ratio() -> None:
     killed = rw.failure("killed", "over", server_rss_bytes=16_000_000_000)
-    rows = dataplane._round_rows(_res(killed))
+    rows = report.round_rows(_res(killed))
     e2e = next(r for r in rows if "weights in client memory" in r)
     assert "Flower killed at 16.00 GB; SF (not run) |  |" in e2e
 
 
 def test_a_killed_sf_point_shows_its_size_and_flower_keeps_its_ratio() -> None:
     killed = rw.failure("killed", "over", server_rss_bytes=9_000_000_000)
-    rows = dataplane._round_rows(_res(_flower(), killed))
+    rows = report.round_rows(_res(_flower(), killed))
     e2e = next(r for r in rows if "weights in client memory" in r)
     assert "| Flower 8.00; SF killed at 9.00 GB | 4.0x faster than Flower |" in e2e
 
 
 def test_a_result_stored_before_the_sf_round_existed_renders_it_as_not_run() -> None:
     old = {"ran": False, "reason": "not run: no HTTP hand-off mode"}
-    rows = dataplane._round_rows(_res(None, old))
+    rows = report.round_rows(_res(None, old))
     assert any("Flower (not run); SF (not run) |  |" in r for r in rows)
     assert not any("not run: no HTTP hand-off mode" in r for r in rows)
 
 
 def test_the_tail_row_gives_last_update_to_published_and_to_sealed() -> None:
-    rows = dataplane._round_rows(_res(_flower()))
+    rows = report.round_rows(_res(_flower()))
     tail = [r for r in rows if "the tail, last update sealed -> global model published" in r]
     assert len(tail) == 2 and "| 0.250 (0.200) |" in tail[0]
 
@@ -152,7 +152,7 @@ def test_the_memory_sweep_says_how_flat_and_how_far_below_flower() -> None:
         "200": {**_round("ebpf"), "clients": 200, "server_peak_bytes": 1_050_000_000},
         "60": rw.failure("killed", "over", server_rss_bytes=3_000_000_000),
     }
-    rows = dataplane._round_rows(res)
+    rows = report.round_rows(res)
     sweep = next(r for r in rows if r.startswith("| memory sweep (default round settings"))
     assert "20: 1.00; 60: killed at 3.00 GB; 200: 1.05 |" in sweep
     assert "Flower at 20 clients 5.00: 4.76x FedFaaS's at 200" in sweep
@@ -161,6 +161,6 @@ def test_the_memory_sweep_says_how_flat_and_how_far_below_flower() -> None:
 
 def test_a_result_stored_before_the_counted_once_peak_renders_its_vmhwm() -> None:
     old = {k: v for k, v in _round("ebpf").items() if k != "server_peak_bytes"}
-    rows = dataplane._round_rows({**_res(_flower()), "round": old})
+    rows = report.round_rows({**_res(_flower()), "round": old})
     mem = next(r for r in rows if "every page counted once" in r)
     assert "| 1.50 (1.50) |" in mem
