@@ -106,8 +106,12 @@ def summarise(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- running
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text).lower()
+def run_tag(system: int, cpus: str, repeat: int) -> str:
+    """A run's tag: letters and digits only, short (it names the run's job, folders, store and
+    router socket, an AF_UNIX path), unique per system index, CPU set and repeat
+    (``run_tag(0, "0-1", 4) == "x0c0t1r4"``)."""
+    cpu = "".join({"-": "t", ",": "p"}.get(c, c) for c in cpus if c.isalnum() or c in "-,")
+    return f"x{system}c{cpu}r{repeat}"
 
 
 def run_compare(
@@ -127,8 +131,7 @@ def run_compare(
     for cpus in cpus_sets:
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for rep, system in interleaved(systems, repeats):
-            # short: it names the run's folders, its store and its router socket (AF_UNIX)
-            tag = f"x{systems.index(system)}c{_slug(cpus)}r{rep}"
+            tag = run_tag(systems.index(system), cpus, rep)
             log.info("compare: %s on CPUs %s, repeat %d", system, cpus, rep)
             with RoundGroups(f"fedfaas-bench-{os.getpid()}-{tag}", cpus) as groups:
                 try:

@@ -105,7 +105,8 @@ def create_job(
         params={"job": job, "rounds": 1, "goal": goal, "clients": ",".join(clients)},
         headers={"Authorization": f"Bearer {secret}"},
     )
-    r.raise_for_status()
+    if r.is_error:  # the gateway's JSON error says what was wrong
+        raise RuntimeError(f"creating job {job} answered {r.status_code}: {r.text[:500]}")
     return dict(r.json())
 
 

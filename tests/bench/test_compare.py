@@ -15,7 +15,14 @@ import pytest
 from bench.harness import cgroups
 from bench.harness import round_window as rw
 from bench.harness.cgroups import RoundGroups
-from bench.harness.compare import compare_rows, interleaved, run_compare, spread, summarise
+from bench.harness.compare import (
+    compare_rows,
+    interleaved,
+    run_compare,
+    run_tag,
+    spread,
+    summarise,
+)
 
 
 def _rec(e2e: float, peak: float, cpu: float, **more: Any) -> dict[str, Any]:
@@ -44,6 +51,15 @@ def test_the_systems_alternate_run_by_run() -> None:
     ]
     with pytest.raises(ValueError, match="repeats"):
         interleaved(["FedFaaS"], 0)
+
+
+def test_a_run_tag_is_letters_and_digits_and_tells_cpu_sets_apart() -> None:
+    # a job name takes no '-' or '_' (a tag with one was refused 400 at job creation)
+    tags = {
+        run_tag(s, cpus, r) for s in (0, 2) for cpus in ("0", "0-1", "0,1", "01") for r in (0, 1)
+    }
+    assert len(tags) == 16 and all(t.isalnum() for t in tags)
+    assert run_tag(0, "0-1", 4) == "x0c0t1r4"
 
 
 def test_a_spread_is_the_median_and_range_of_the_values_there_are() -> None:
