@@ -15,7 +15,7 @@ Function side::
 
 from bpf.endpoint import Endpoint, connect
 from bpf.errors import EbpfUnavailable, EndpointClosed, FrameError, RegistrationRefused, RouterError
-from bpf.frame import FLAG_LAZY, FRAME_SIZE, KEY_SIZE, Frame, Kind, Role
+from bpf.frame import FLAG_LAZY, FRAME_SIZE, KEY_SIZE, Failure, Frame, Kind, Role
 from bpf.metrics import DropReason, EndpointInfo, EndpointMetrics
 from bpf.probe import probe
 from bpf.prometheus import prometheus_collector
@@ -31,6 +31,7 @@ __all__ = [
     "EndpointClosed",
     "EndpointInfo",
     "EndpointMetrics",
+    "Failure",
     "Frame",
     "FrameError",
     "Kind",

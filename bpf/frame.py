@@ -66,6 +66,29 @@ class Kind(enum.IntEnum):
     SHARD = 11
     #: endpoint -> gateway: shard ``seq`` of manifest ``key`` is written
     SHARD_DONE = 12
+    #: endpoint -> gateway: a frame could not be acted on, for want of an object it named:
+    #: ``key`` is that object, ``count`` why (:class:`Failure`), ``flags`` the failed frame's
+    #: kind, ``seq`` the slot (or shard) it was for, ``round`` its round
+    FAILED = 13
+
+
+class Failure(enum.IntEnum):
+    """Why an endpoint could not use an object (a FAILED frame's ``count``)."""
+
+    #: no object with that key in the job's store
+    MISSING = 1
+    #: the object is there but cannot be read as one (truncated, no valid header)
+    UNREADABLE = 2
+    #: the object holds another model (its spec or size) than the task's
+    OTHER_MODEL = 3
+
+    def describe(self) -> str:
+        """What happened to the object, as a sentence's end."""
+        return {
+            Failure.MISSING: "is not in the store",
+            Failure.UNREADABLE: "cannot be read (truncated or corrupt)",
+            Failure.OTHER_MODEL: "holds another model than the task's",
+        }[self]
 
 
 class Role(enum.IntEnum):

@@ -17,6 +17,13 @@ Protocol (frames carry the slot id in ``seq``):
 - ``ACK`` (child -> gateway, after sealing its partial and sending it to its parent): the
   gateway frees the child's inputs and forwards the partial if the parent changed meanwhile.
 - ``RESULT`` (top -> gateway): the sealed global model.
+- ``FAILED`` (endpoint -> gateway): a frame's work was not done, for want of the object it
+  names (``key``; why in ``count``, :class:`bpf.Failure`: not in the store, unreadable, another
+  model). Logged at ERROR with the key, counted (``endpoint_failures``, the latest in
+  ``last_failure``, both in :meth:`RoundEngine.progress`, hence the job's status). The endpoint
+  says nothing more for that work, so the slot (a shard: ``gateway/sharded.py``) runs again once
+  silent for the stall limit, as after any endpoint error, and fails that way again, visibly,
+  while the object stays unusable.
 - ``CHECKPOINT`` (middle or top -> gateway, eager): after folding a child's partial the slot
   sealed its accumulator (``key``, ``weight``, ``count`` so far; child slot in ``parent``) and
   writes nothing until the gateway answers. Once the checkpoint is journaled, the gateway
@@ -52,7 +59,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bpf import FLAG_LAZY, Frame, Kind
+from bpf import FLAG_LAZY, Failure, Frame, Kind
 from fedfaas.objstore import Namespace, StoreFull, key_hex
 from gateway.plan import Plan, Slot
 
@@ -137,6 +144,9 @@ class RoundEngine:
         self._refused = refused or (lambda _exc: None)
         #: accumulators the store refused this round (each slot waited and was tried again)
         self.store_refusals = 0
+        #: FAILED frames this round (an endpoint could not use an object), and the latest
+        self.endpoint_failures = 0
+        self.last_failure = ""
         self.closed = False
         self.lazy = lazy
         self.slots = {s.id: SlotState(s, s.node == node) for s in plan.slots}
@@ -572,6 +582,9 @@ class RoundEngine:
         if f.round != self.round:
             log.debug("round %d: ignoring %s for round %d", self.round, f.kind.name, f.round)
             return
+        if f.kind == Kind.FAILED:
+            self._on_failed(f)
+            return
         st = self.slots.get(f.seq)
         if f.kind == Kind.PARTIAL:
             return  # a child's direct send to us (parent had no endpoint); its ACK carries the same
@@ -591,6 +604,28 @@ class RoundEngine:
             self._on_result(st, f)
         elif f.kind == Kind.CHECKPOINT:
             self._on_checkpoint(st, f)
+
+    #: what a FAILED frame's ``seq`` names
+    work_unit = "slot"
+
+    def _on_failed(self, f: Frame) -> None:
+        """An endpoint could not use an object a frame named (see the module docstring): the
+        work waits for the stall limit's re-run; said and counted here."""
+        try:
+            why, kind = Failure(f.count).describe(), Kind(f.flags).name
+        except ValueError:
+            why, kind = f"failed (reason {f.count})", f"kind-{f.flags}"
+        self.endpoint_failures += 1
+        self.last_failure = (
+            f"endpoint {f.src}, {self.work_unit} {f.seq}, {kind} frame: object "
+            f"{key_hex(f.key)} {why}"
+        )
+        log.error(
+            "round %d: %s not done: %s; run again once silent for the stall limit",
+            self.round,
+            f"{self.work_unit} {f.seq}",
+            self.last_failure,
+        )
 
     def _on_checkpoint(self, st: SlotState, f: Frame) -> None:
         if st.done is not None or f.parent not in st.partials or f.parent in st.covered:
@@ -764,6 +799,8 @@ class RoundEngine:
             },
             "done": self.result is not None,
             "store_refusals": self.store_refusals,
+            "endpoint_failures": self.endpoint_failures,
+            "last_failure": self.last_failure,
             "frozen": self.frozen,
             "plan_version": self.plan_version,
         }

@@ -186,6 +186,8 @@ class ShardedRound(RoundEngine):
             )
         )
 
+    work_unit = "shard"  # a FAILED frame's seq: a shard, re-sent once silent (rerun_stalled)
+
     def on_frame(self, f: Frame) -> None:
         if f.kind != Kind.SHARD_DONE:
             return super().on_frame(f)

@@ -17,6 +17,11 @@ sends a spare object (SPARE), into which it folds the next partial in the same s
 checkpoint first and reads it in place the same way. So the gateway can free every partial a
 journaled checkpoint covers, and a node's memory does not grow with its leaves.
 
+An object a frame names that the endpoint cannot use (not in the store, truncated, another
+model: :class:`bpf.Failure`) is never skipped in silence: the endpoint logs it at ERROR with
+the key and answers the gateway a FAILED frame naming it (``gateway/rounds.py`` says what the
+gateway does then); the frame's work is not done.
+
 Runs inside the ``aggregator`` function (``handler.py`` starts the endpoints on import).
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -34,10 +40,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 import bpf
-from bpf import Frame, Kind, Role
+from bpf import Failure, Frame, Kind, Role
 from fedfaas import fedavg, robust, shards, wire
 from fedfaas.fedavg import Accumulator, LazyAccumulator
-from fedfaas.objstore import MappedObject, StoreClient
+from fedfaas.objstore import MappedObject, ObjectNotFound, StoreClient, StoreError
 
 from .settings import AggregatorSettings
 
@@ -62,6 +68,15 @@ def _flat(obj: MappedObject) -> Any:
 def _floats(obj: MappedObject) -> np.ndarray:
     """The object's data region as a float32 numpy view (the shard kernels are numpy)."""
     return obj.ndarray(np.float32, wire.HEADER_SIZE, (obj.nbytes - wire.HEADER_SIZE) // 4)
+
+
+class UnusableObject(Exception):
+    """An object a frame names cannot be used: ``key`` (its 16 bytes), ``why`` (a
+    :class:`bpf.Failure`), ``detail`` (what was found)."""
+
+    def __init__(self, key: bytes, why: Failure, detail: str = "") -> None:
+        self.key, self.why, self.detail = key, why, detail
+        super().__init__(f"object {key.hex()} {why.describe()}" + (f": {detail}" if detail else ""))
 
 
 @dataclass
@@ -158,6 +173,8 @@ class EndpointWorker(threading.Thread):
                     self._handle(ep, f)
                 except bpf.EndpointClosed:
                     raise
+                except UnusableObject as exc:
+                    self._report(ep, f, exc)
                 except Exception as exc:  # keep serving: one bad frame must not kill the endpoint
                     self.last_error = repr(exc)
                     log.exception("aggregator endpoint %d: %s frame failed", ep.id, f.kind.name)
@@ -166,6 +183,48 @@ class EndpointWorker(threading.Thread):
         finally:
             self._drop_task()
             ep.close()
+
+    def _report(self, ep: bpf.Endpoint, f: Frame, exc: UnusableObject) -> None:
+        """Tell the gateway (and the log) that ``f``'s work was not done, naming the object."""
+        t = self._task
+        # TASK and SHARD come from the gateway; a PARTIAL may come from a child endpoint
+        dst = f.src if t is None or f.kind in (Kind.TASK, Kind.SHARD) else t.gateway_ep
+        slot = f.parent if f.kind == Kind.PARTIAL else f.seq
+        self.last_error = str(exc)
+        log.error(
+            "aggregator endpoint %d: %s frame of job %d round %d (slot or shard %d) not done: "
+            "%s; reported to endpoint %d",
+            ep.id,
+            f.kind.name,
+            self.job_id,
+            f.round,
+            slot,
+            exc,
+            dst,
+        )
+        ep.send(
+            Frame(
+                dst=dst,
+                src=0,
+                kind=Kind.FAILED,
+                flags=int(f.kind),
+                job=self.job_id,
+                key=exc.key,
+                round=f.round,
+                count=int(exc.why),
+                seq=slot,
+            )
+        )
+
+    def _open(self, key: bytes, *, writable: bool = False) -> MappedObject:
+        """Map object ``key`` of the granted job's store, or :class:`UnusableObject`."""
+        assert self.store is not None
+        try:
+            return self.store.open_writable(key) if writable else self.store.open(key)
+        except ObjectNotFound:
+            raise UnusableObject(key, Failure.MISSING) from None
+        except (StoreError, OSError, ValueError) as exc:  # ValueError: an empty file's mmap
+            raise UnusableObject(key, Failure.UNREADABLE, str(exc)) from None
 
     # -- frames --------------------------------------------------------------------------------
     def _take_grant(self, job: int, store_fd: int | None) -> None:
@@ -188,7 +247,7 @@ class EndpointWorker(threading.Thread):
             return
         if f.kind == Kind.TASK:
             self._drop_task()
-            obj = self.store.open_writable(f.key)  # the gateway allocated it for this task
+            obj = self._open(f.key, writable=True)  # the gateway allocated it for this task
             flat = _flat(obj)
             threads = TOP_THREADS if f.flags & 0xFF == Role.TOP else 1
             acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat, threads=threads)
@@ -241,27 +300,37 @@ class EndpointWorker(threading.Thread):
         t0 = time.perf_counter()
         opened: list[MappedObject] = []
         try:
-            man = self.store.open_writable(f.key)
+            man = self._open(f.key, writable=True)
             opened.append(man)
-            p = shards.read(man.buf)
+            try:
+                p = shards.read(man.buf)
+            except (ValueError, struct.error) as exc:
+                raise UnusableObject(f.key, Failure.UNREADABLE, str(exc)) from None
             lo, hi = p.bounds[f.seq], p.bounds[f.seq + 1]
+            base = self._open(p.global_key)  # the job's model: every input is its size
+            opened.append(base)
             ups = []
             for k in p.inputs:
-                opened.append(self.store.open(k))
+                opened.append(self._open(k))
+                if opened[-1].nbytes != base.nbytes:
+                    raise UnusableObject(
+                        k,
+                        Failure.UNREADABLE,
+                        f"{opened[-1].nbytes} bytes, the model's {base.nbytes}",
+                    )
                 ups.append(_floats(opened[-1]))
             if p.kind == shards.ORDER:
-                out = self.store.open_writable(p.out_key)
+                out = self._open(p.out_key, writable=True)
                 opened.append(out)
                 robust.reduce_order(robust.RobustRule.from_json(p.rule), ups, lo, hi, _floats(out))
             else:
-                opened.append(self.store.open(p.global_key))
-                g = _floats(opened[-1])
+                g = _floats(base)
                 if p.kind == shards.GRAM:
                     norms = robust.RobustRule.from_json(p.rule).norms_only
                     gram = robust.gram_shard(ups, g, lo, hi, diagonal=norms)
                     shards.results(man.buf, p)[f.seq] = gram
                 else:
-                    out = self.store.open_writable(p.out_key)
+                    out = self._open(p.out_key, writable=True)
                     opened.append(out)
                     coef = np.asarray(p.coef, dtype=np.float64)
                     robust.reduce_linear(coef, ups, g, lo, hi, _floats(out), p.noise)
@@ -302,14 +371,24 @@ class EndpointWorker(threading.Thread):
             self._checkpoint(ep, t, child=f.seq)
 
     def _open_input(self, t: _Task, key: bytes) -> MappedObject:
-        assert self.store is not None
-        obj = self.store.open(key)
-        h = wire.read_header(obj.buf)
+        """A sealed update, partial or checkpoint of task ``t``, checked: a store object of
+        the task's size and model spec, or :class:`UnusableObject`."""
+        obj = self._open(key)
+        try:
+            h = wire.read_header(obj.buf)
+        except (wire.WireError, struct.error) as exc:
+            obj.close()
+            raise UnusableObject(key, Failure.UNREADABLE, str(exc)) from None
+        if obj.nbytes != t.acc_obj.nbytes:
+            obj.close()
+            raise UnusableObject(
+                key, Failure.UNREADABLE, f"{obj.nbytes} bytes, the task's are {t.acc_obj.nbytes}"
+            )
         if t.spec_hash is None:
             t.spec_hash = h.spec_hash
-        if h.spec_hash != t.spec_hash or obj.nbytes != t.acc_obj.nbytes:
+        if h.spec_hash != t.spec_hash:
             obj.close()
-            raise ValueError(f"object {obj.key} has another model spec than this task")
+            raise UnusableObject(key, Failure.OTHER_MODEL, "its spec hash differs")
         return obj
 
     def _start_from_checkpoint(self, t: _Task, f: Frame) -> None:
@@ -332,7 +411,7 @@ class EndpointWorker(threading.Thread):
         final = t.role == Role.TOP and not t.lazy and t.acc.count + f.count >= t.goal
         if partial and t.sealed:
             # the accumulator is a sealed checkpoint: read it, write the sum into a spare
-            spare = self.store.open_writable(t.spares.popleft())
+            spare = self._open(t.spares.popleft(), writable=True)
             sealed_obj = t.acc_obj
             t.acc = t.acc.merge_into(_flat(spare), view, f.weight, f.count, final=final)
             t.acc_obj, t.sealed = spare, False

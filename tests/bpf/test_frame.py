@@ -49,7 +49,7 @@ def test_fields_sit_at_the_offsets_of_the_shared_contract() -> None:
 
 
 def test_kind_numbers_match_the_contract() -> None:
-    assert [k.value for k in Kind] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert [k.value for k in Kind] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
     assert [k.name for k in Kind] == [
         "UPDATE",
         "TASK",
@@ -63,6 +63,7 @@ def test_kind_numbers_match_the_contract() -> None:
         "SPARE",
         "SHARD",
         "SHARD_DONE",
+        "FAILED",
     ]
 
 
