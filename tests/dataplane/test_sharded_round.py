@@ -65,6 +65,15 @@ def _done(eng: ShardedRound, f: Frame, src: int | None = None) -> None:
     )
 
 
+def answer_gram(ns: Namespace, f: Frame) -> None:
+    """What the endpoint would write for Krum's Gram pass (one shard) of 5 updates: c3 is
+    central."""
+    with ns.open_writable(f.key) as man:
+        p = shards.read(man.buf)
+        x = np.array([0.0, 1.0, 2.0, 1.1, 9.0])
+        shards.results(man.buf, p)[0] = np.outer(x, x)
+
+
 def test_shards_wait_for_the_goal_then_take_one_endpoint_each(tmp_path: Path) -> None:
     eng, ns, sent, published = _round(tmp_path, {"rule": "median"})
     for i in range(4):
@@ -123,10 +132,7 @@ def test_krum_runs_a_gram_pass_then_a_linear_one_with_the_chosen_coefficients(
         eng.add_update(f"c{i}", _update(ns), 1.0)
     assert eng.stage == shards.GRAM
     eng.run_shards([1])
-    with ns.open_writable(sent[0].key) as man:  # what the endpoint would write: c3 is central
-        p = shards.read(man.buf)
-        x = np.array([0.0, 1.0, 2.0, 1.1, 9.0])
-        shards.results(man.buf, p)[0] = np.outer(x, x)
+    answer_gram(ns, sent[0])
     _done(eng, sent[0])
     assert eng.stage == shards.LINEAR and eng.decision["selected"] == ["c3"]
     with ns.open(eng.manifest or b"") as man:

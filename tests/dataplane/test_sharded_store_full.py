@@ -25,18 +25,18 @@ import httpx
 import numpy as np
 import pytest
 
-from bpf import Frame, Kind
 from client.sdk import with_metadata
 from fedfaas import robust, shards, wire
 from fedfaas.objstore import MappedObject, Namespace
 from fedfaas.robust import METADATA_KEY, RobustRule
-from gateway.plan import static_plan
-from gateway.rounds import Input
+from gateway.replan import PlanConflict
 from gateway.sharded import ShardedRound
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, wait_until
 from tests.dataplane.test_gateway_rounds import wait_version
 from tests.dataplane.test_robust_gateway import _flat, _model
+from tests.dataplane.test_sharded_round import _done, _update, answer_gram
+from tests.dataplane.test_sharded_round import _round as sharded_round
 from tests.dataplane.test_store_full import Ballast, small_fs  # noqa: F401 (a fixture)
 
 CLIENTS = [f"c{i}" for i in range(5)]
@@ -44,67 +44,30 @@ SPEC = {"rule": "median", "shards": 2}
 
 
 # -- the round alone ------------------------------------------------------------------------
-class RefusingNamespace(Namespace):
-    """A real store whose allocations fail as a full memory file system makes them fail."""
+class Refusals:
+    """Makes a real store's allocations fail as a full memory file system makes them fail
+    (``full``; ``files_only``: only plain files, such as a pass's manifest)."""
 
-    full = False
+    def __init__(self, ns: Namespace) -> None:
+        self.full = self.files_only = False
+        real = ns.allocate
 
-    def allocate(self, nbytes: int | None = None) -> MappedObject:
-        if self.full:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return super().allocate(nbytes)
+        def allocate(nbytes: int | None = None) -> MappedObject:
+            if self.full and (nbytes is not None or not self.files_only):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(nbytes)
+
+        ns.allocate = allocate  # type: ignore[method-assign]
 
 
-def _round(tmp_path: Path, spec: dict, goal: int = 5):  # type: ignore[no-untyped-def]
-    model = wire.ModelSpec.build([("w", "F32", (100,))])
-    ns = RefusingNamespace(tmp_path / "shm", "n", "j", model.object_nbytes, pool=goal + 3)
-    g = ns.allocate()
-    g.close()
-    ns.seal(g.key)
-    sent: list[Frame] = []
-    published: list[Input] = []
+def _round(tmp_path: Path, spec: dict):  # type: ignore[no-untyped-def]
+    """test_sharded_round's round of goal 5 holding 4 updates, its store's refusals in hand."""
+    eng, ns, sent, published = sharded_round(tmp_path, spec)
     refused: list[BaseException] = []
-    eng = ShardedRound(
-        rule=RobustRule.from_json(spec),
-        spec=model,
-        expected=goal,
-        base=lambda: g.key_bytes,
-        width=lambda: 2,
-        job_id=7,
-        node="n",
-        round=1,
-        plan=static_plan(goal, [f"c{i}" for i in range(goal)], ["n"], 2),
-        store=ns,
-        gateway_ep=100,
-        send=sent.append,
-        publish=published.append,
-        refused=refused.append,
-    )
-    for i in range(goal - 1):
-        eng.add_update(f"c{i}", _sealed(ns), 1.0)
-    return eng, ns, sent, published, refused
-
-
-def _sealed(ns: Namespace) -> bytes:
-    o = ns.allocate()
-    o.close()
-    ns.seal(o.key)
-    return o.key_bytes
-
-
-def _done(eng: ShardedRound, f: Frame) -> None:
-    eng.on_frame(
-        Frame(
-            dst=100,
-            src=f.dst,
-            kind=Kind.SHARD_DONE,
-            flags=f.flags,
-            job=7,
-            key=f.key,
-            round=1,
-            seq=f.seq,
-        )
-    )
+    eng._refused = refused.append
+    for i in range(4):
+        eng.add_update(f"c{i}", _update(ns), 1.0)
+    return eng, ns, sent, published, refused, Refusals(ns)
 
 
 def _pause_over(eng: ShardedRound) -> None:
@@ -114,10 +77,10 @@ def _pause_over(eng: ShardedRound) -> None:
 def test_a_refused_output_leaves_the_round_waiting_with_no_object_until_there_is_room(
     tmp_path: Path,
 ) -> None:
-    eng, ns, sent, published, refused = _round(tmp_path, SPEC)
-    last = _sealed(ns)
+    eng, ns, sent, published, refused, store = _round(tmp_path, SPEC)
+    last = _update(ns)
     held = ns.stats()["objects"]
-    ns.full = True
+    store.full = True
     eng.add_update("c4", last, 1.0)  # the goal: the start is refused, nothing raised
     assert eng.stage is None and eng.out_key is None and eng.wanted() == 0 and sent == []
     assert len(refused) == 1 and eng.store_refusals == 1 and ns.stats()["objects"] == held
@@ -126,7 +89,7 @@ def test_a_refused_output_leaves_the_round_waiting_with_no_object_until_there_is
     _pause_over(eng)
     eng.start_if_ready()
     assert len(refused) == 2 and eng.stage is None
-    ns.full = False
+    store.full = False
     _pause_over(eng)
     eng.start_if_ready()  # what every pump calls (gateway.endpoints)
     assert eng.stage == shards.ORDER and eng.wanted() == 2
@@ -139,44 +102,36 @@ def test_a_refused_output_leaves_the_round_waiting_with_no_object_until_there_is
 
 
 def test_a_refused_manifest_gives_the_output_back(tmp_path: Path) -> None:
-    eng, ns, sent, published, refused = _round(tmp_path, SPEC)
+    eng, ns, sent, published, refused, store = _round(tmp_path, SPEC)
     held = ns.stats()["objects"]
-    real_allocate = Namespace.allocate
-
-    def no_manifest(nbytes: int | None = None) -> MappedObject:
-        if nbytes is not None:  # a plain file: the manifest
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_allocate(ns, nbytes)
-
-    ns.allocate = no_manifest  # type: ignore[method-assign]
-    eng.add_update("c4", _sealed(ns), 1.0)
+    store.full = store.files_only = True  # the output finds room, its manifest none
+    eng.add_update("c4", _update(ns), 1.0)
     assert eng.stage is None and eng.out_key is None and len(refused) == 1
     assert ns.stats()["objects"] == held + 1  # c4's update; the output was given back
     eng.start_if_ready()  # the manifest's pause holds the whole start: no output taken
     assert ns.stats()["objects"] == held + 1 and len(refused) == 1
-    del ns.allocate
+    store.full = False
     _pause_over(eng)
     eng.start_if_ready()
     assert eng.stage == shards.ORDER and eng.out_key is not None
 
 
 def test_krums_second_pass_waits_for_its_manifest_with_its_coefficients(tmp_path: Path) -> None:
-    eng, ns, sent, published, refused = _round(tmp_path, {"rule": "krum", "f": 1, "shards": 1})
-    eng.add_update("c4", _sealed(ns), 1.0)
+    eng, ns, sent, published, refused, store = _round(
+        tmp_path, {"rule": "krum", "f": 1, "shards": 1}
+    )
+    eng.add_update("c4", _update(ns), 1.0)
     assert eng.stage == shards.GRAM
     eng.run_shards([1])
-    with ns.open_writable(sent[0].key) as man:  # what the endpoint would write: c3 is central
-        p = shards.read(man.buf)
-        x = np.array([0.0, 1.0, 2.0, 1.1, 9.0])
-        shards.results(man.buf, p)[0] = np.outer(x, x)
+    answer_gram(ns, sent[0])
     gram_manifest = eng.manifest
-    ns.full = True
+    store.full = True
     _done(eng, sent[0])  # the Gram pass is done; the linear pass's manifest is refused
     assert eng.stage == shards.GRAM and eng.manifest == gram_manifest and eng.wanted() == 0
     assert eng.decision["selected"] == ["c3"] and len(refused) == 1
-    with pytest.raises(Exception, match="Plan|aggregating"):
+    with pytest.raises(PlanConflict, match="aggregating"):
         eng.check_plan(eng.plan)  # still aggregating: no new plan
-    ns.full = False
+    store.full = False
     _pause_over(eng)
     eng.start_if_ready()
     assert eng.stage == shards.LINEAR and eng.manifest != gram_manifest and eng.wanted() == 1
