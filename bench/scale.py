@@ -7,16 +7,18 @@ against the number of clients and against the model's size.
   other than ResNet-18's are its 102 tensors with every size scaled
   (:func:`bench.harness.round_window.scaled_layout`).
 
-Each point runs FedFaaS (:func:`bench.harness.fedfaas_round.bench_round_e2e`: one node gateway, warm
-``aggregator`` replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace;
+Each point runs FedFaaS (:func:`bench.harness.fedfaas_round.bench_round_e2e`: one node
+gateway, warm ``aggregator`` replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace;
 clients upload through ``FLClient.upload``) and then Flower
 (:func:`bench.flower_baseline.run_flower_round`), measured alike
 (:mod:`bench.harness.round_window`): the round from the first client's weights in memory (before
 serialisation) to the global model available, the server-side window from the first update
-bytes received on the server's port, and the server's peak memory with every page counted once
-(:class:`~bench.harness.round_window.PeakMemory`; results written before it hold the summed
-``VmHWM`` of its processes, reset as the window opens, read at the end). Every client is its
-own process on this machine; all are released at once.
+bytes received on the server's port; and by cgroup (:mod:`bench.harness.cgroups`: each side's
+server processes born in a group of their own, pinned to ``--cpus``, its clients in another)
+the server side's peak memory (``memory.max_usage_in_bytes``, reset as the clients are
+released: every page charged once) and its CPU-seconds in the round (``cpuacct.usage``).
+Results written before the cgroups hold a sampled peak or the summed ``VmHWM``. Every client
+is its own process on this machine; all are released at once.
 
 A point that cannot finish is a result, not a crash: the memory guard stops it when the server
 side's summed RSS passes ``--server-mem-limit-gb`` or the machine's available memory falls
@@ -24,7 +26,7 @@ under ``--floor-gb`` ("killed at N GB", with the server's and the clients' RSS t
 under test errors (e.g. a gRPC message limit) or it times out. Results are written after every
 point.
 
-Usage: ``python -m bench.scale [--quick] [--out DIR]``; writes ``bench/results/scale.{json,md,png}``
+Usage: ``python -m bench.scale [--quick] [--cpus 0-1] [--out DIR]``; writes ``bench/results/scale.{json,md,png}``
 and prints the tables. ``--quick`` is a smoke run (2 and 4 clients of a 1 MB model; 1 MB and
 4 MB with 3 clients).
 """
@@ -32,6 +34,7 @@ and prints the tables. ``--quick`` is a smoke run (2 and 4 clients of a 1 MB mod
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -60,12 +63,30 @@ QUICK_SIZE_AXIS_CLIENTS = 3
 QUICK_CLIENTS_SIZE = 1_000_000
 
 
-#: a side's peak-memory key: every page once (``rw.server_peak`` reads older results too)
+#: a side's peak-memory key: its server cgroup's peak (older results: their sampled peak or
+#: summed VmHWM, which ``rw.server_peak`` reads)
 PEAK = "server_peak_bytes"
+#: a side's server CPU-seconds in the round, from its server cgroup
+CPU = "server_cpu_s"
+
+
+def _server_group(rec: dict[str, Any]) -> dict[str, Any]:
+    return dict((rec.get("cgroup") or {}).get("server") or {})
 
 
 def _peak(rec: dict[str, Any]) -> float:
-    return rw.server_peak(rec) or 0.0
+    """The server side's peak: its cgroup's (every page charged once), else what an older
+    result stored."""
+    return float(_server_group(rec).get("peak_bytes") or rw.server_peak(rec) or 0.0)
+
+
+def _value(rec: dict[str, Any], key: str) -> float | None:
+    if key == PEAK:
+        return _peak(rec)
+    if key == CPU:
+        return _server_group(rec).get("cpu_s")
+    v = rec.get(key)
+    return None if v is None else float(v)
 
 
 def points(quick: bool = False) -> list[dict[str, Any]]:
@@ -99,23 +120,43 @@ def guarded(fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
 
 
 def run_point(
-    work: Path, p: dict[str, Any], *, ebpf: bool, limit: int, floor: int, timeout: float
+    work: Path,
+    p: dict[str, Any],
+    *,
+    ebpf: bool,
+    limit: int,
+    floor: int,
+    timeout: float,
+    cpus: str | None = None,
 ) -> dict[str, Any]:
-    """FedFaaS then Flower at one point of the grid."""
+    """FedFaaS then Flower at one point of the grid, each side's server processes and clients
+    in cgroups of their own (:class:`~bench.harness.cgroups.RoundGroups`), the server side
+    pinned to ``cpus`` (None: every CPU this process may use)."""
     from bench.flower_baseline import run_flower_round
+    from bench.harness.cgroups import RoundGroups
     from bench.harness.fedfaas_round import bench_round_e2e
 
     layout = rw.scaled_layout(rw.resnet18_layout(), p["update_bytes"])
     guard = {"mem_limit_bytes": limit, "floor_bytes": floor, "timeout": timeout}
     out = dict(p)
     out["num_tensors"] = len(layout)
+    name = f"fedfaas-bench-{os.getpid()}-scale-{p['axis'][0]}{p['clients']}c{p['update_bytes']}b"
     t = time.monotonic()
-    out["fedfaas"] = guarded(
-        bench_round_e2e, work, layout, p["clients"], ebpf=ebpf, tag=p["axis"][0], **guard
-    )
+    with RoundGroups(f"{name}-fedfaas", cpus) as groups:
+        out["fedfaas"] = guarded(
+            bench_round_e2e,
+            work,
+            layout,
+            p["clients"],
+            ebpf=ebpf,
+            tag=p["axis"][0],
+            groups=groups,
+            **guard,
+        )
     out["fedfaas"]["wall_s"] = time.monotonic() - t
     t = time.monotonic()
-    out["flower"] = guarded(run_flower_round, p["clients"], layout, **guard)
+    with RoundGroups(f"{name}-flower", cpus) as groups:
+        out["flower"] = guarded(run_flower_round, p["clients"], layout, groups=groups, **guard)
     out["flower"]["wall_s"] = time.monotonic() - t
     for side in ("fedfaas", "flower"):  # what every process of the point was started with
         out[side]["threads_env"] = dict(PINNED_THREADS)
@@ -128,7 +169,7 @@ def _cell(x: dict[str, Any], key: str, scale: float = 1.0, *, label: bool = Fals
     column of that side) or a dash."""
     if not x.get("ok", True):
         return rw.killed_at(x) if label else "—"
-    v = _peak(x) if key == PEAK else x.get(key)
+    v = _value(x, key)
     return "n/a" if v is None else f"{v / scale:.2f}"
 
 
@@ -144,9 +185,9 @@ def _threads(x: dict[str, Any]) -> str:
 def _rows(pts: list[dict[str, Any]], axis: str) -> list[str]:
     rows = [
         "| clients | MB | FedFaaS round s | Flower round s | FedFaaS server-window s | "
-        "Flower server-window s | FedFaaS peak GB | Flower peak GB | router | threads (BLAS/OpenMP, "
-        "every process) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Flower server-window s | FedFaaS peak GB | Flower peak GB | FedFaaS server CPU-s | "
+        "Flower server CPU-s | router | threads (BLAS/OpenMP, every process) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in pts:
         if p["axis"] != axis:
@@ -155,7 +196,7 @@ def _rows(pts: list[dict[str, Any]], axis: str) -> list[str]:
         rows.append(
             f"| {p['clients']} | {p['update_bytes'] / 1e6:.1f} | {_cell(f, 'e2e_s', label=True)} | "
             f"{_cell(fl, 'e2e_s', label=True)} | {_cell(f, 'server_s')} | {_cell(fl, 'server_s')} | "
-            f"{_cell(f, PEAK, 1e9)} | {_cell(fl, PEAK, 1e9)} | "
+            f"{_cell(f, PEAK, 1e9)} | {_cell(fl, PEAK, 1e9)} | {_cell(f, CPU)} | {_cell(fl, CPU)} | "
             f"{f.get('router', '')} | {_threads(f)} / {_threads(fl)} |"
         )
     return rows
@@ -239,10 +280,13 @@ def render(r: dict[str, Any]) -> str:
         "client's weights in memory as float32 arrays (before serialisation) -> global model "
         "available (FedFaaS: published by the gateway; Flower: aggregate_fit returned); "
         "**server window** = first update bytes received on the server's TCP port (kernel "
-        "counters) -> the same end; **peak** = the server side's memory with every page counted "
-        "once (each process's private and file pages, FedFaaS's object store once), sampled every "
-        "5 ms from the clients' release to the end (FedFaaS: gateway, aggregator replicas, Redis; "
-        "Flower: its server); results stored before this measure hold the sum of VmHWM. Every "
+        "counters) -> the same end; **peak** = the peak of the server side's cgroup "
+        "(memory.max_usage_in_bytes, reset as the clients are released: every page charged once, "
+        "shared memory included; FedFaaS: gateway, aggregator replicas, Redis; Flower: its "
+        "server), its clients in a cgroup of their own; **server CPU-s** = the server cgroup's "
+        "CPU-seconds (cpuacct) over the same window; server side pinned to CPUs "
+        f"{cfg.get('server_cpus') or 'all'}. Results stored before the cgroups hold a sampled "
+        "peak or the sum of VmHWM. Every "
         "client is its own process on this machine, all released at once; FedFaaS clients "
         "serialise to safetensors and upload through FLClient.upload, Flower clients return "
         "arrays from fit and Flower serialises. BLAS/OpenMP pinned to "
@@ -347,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per side and point")
     p.add_argument(
+        "--cpus",
+        help="the CPUs both sides' server processes are pinned to (cpuset syntax, e.g. 0-1; "
+        "default: every CPU this process may use)",
+    )
+    p.add_argument(
         "--from-json", action="store_true", help="re-render scale.md/png from scale.json"
     )
     a = p.parse_args(argv)
@@ -372,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 "server_mem_limit_bytes": limit,
                 "floor_bytes": floor,
                 "timeout_s": a.timeout,
+                "server_cpus": a.cpus,
                 "model": "ResNet-18 (10 classes) floating-point state dict, float32; other sizes "
                 "scale every tensor",
             },
@@ -380,7 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         for pt in points(a.quick):
             res["points"].append(
                 run_point(
-                    Path(tmp), pt, ebpf=mode == "ebpf", limit=limit, floor=floor, timeout=a.timeout
+                    Path(tmp),
+                    pt,
+                    ebpf=mode == "ebpf",
+                    limit=limit,
+                    floor=floor,
+                    timeout=a.timeout,
+                    cpus=a.cpus,
                 )
             )
             md = _write(res, out_dir)  # after every point: a run cut short keeps what it did

@@ -251,7 +251,7 @@ def test_the_report_shows_a_killed_point_with_its_size(tmp_path: Path) -> None:
     md = scale.render(res)
     assert "## Against clients" in md and "## Against model size" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| 20 | 1000.0 |"))
-    assert row.count("killed at 16.20 GB") == 1 and row.count("| — |") == 2
+    assert row.count("killed at 16.20 GB") == 1 and row.count("| — |") == 3
     assert "| 2.50 |" in row and "| 1 / 1 |" in row
     assert "- flower, 20 clients x 1000.0 MB: killed (server_rss_bytes 16.20 GB" in md
     scale.plot(res, tmp_path / "scale.png")
@@ -302,6 +302,20 @@ def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> No
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_peak_and_cpu_columns_are_the_server_cgroups_when_measured() -> None:
+    res = _result()
+    first = res["points"][0]
+    first["fedfaas"] = dict(
+        first["fedfaas"], cgroup={"server": {"peak_bytes": 700_000_000, "cpu_s": 1.25}}
+    )
+    md = scale.render(res)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 10 | 44.8 |"))
+    # FedFaaS: its cgroup's peak and CPU-seconds; Flower's record has no cgroup (stored
+    # before them): its summed VmHWM, and no CPU figure
+    assert "| 0.70 | 1.50 | 1.25 | n/a |" in row
+    assert "cgroup" in md and "server CPU-s" in md
 
 
 def test_shape_reports_peak_growth_over_clients_and_seconds_per_gb() -> None:
