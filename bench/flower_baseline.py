@@ -330,6 +330,7 @@ def run_flower_round(
         "round_s": rw.window_s([marks["t_configure_ns"]], end),
         "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
         "server_peak_samples": peak.samples if peak is not None else 0,
+        "server_peak_sample_hz": peak.rate_hz if peak is not None else None,
         "server_hwm_bytes": int(marks["server_hwm_bytes"]),
         "server_idle_rss_bytes": idle_rss,
         "server_rss_before_round_bytes": int(marks["rss_before_round"]),

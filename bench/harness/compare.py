@@ -70,7 +70,9 @@ def figures(rec: Mapping[str, Any]) -> dict[str, float | None]:
         "threads_ran": server.get("threads_ran"),
         "threads_max": server.get("threads_max"),
         "sampled_peak_bytes": rec.get("server_peak_bytes"),
-        "sample_hz": samples / window if samples and window else None,
+        # older records: the samples over the round's window, near the sampler's own span
+        "sample_hz": rec.get("server_peak_sample_hz")
+        or (samples / window if samples and window else None),
         "floor_bytes": floor,
         "peak_over_floor": peak / floor if peak and floor else None,
     }

@@ -348,6 +348,7 @@ def bench_round_e2e(
         "last_update_to_published_s": (lr["published_ns"] - lr["last_update_ns"]) / 1e9,
         "server_peak_bytes": peak.peak_bytes,
         "server_peak_samples": peak.samples,
+        "server_peak_sample_hz": peak.rate_hz,
         "server_hwm_bytes": hwm["bytes"],
         "server_processes": hwm["processes"],
         "server_idle_rss_bytes": idle,

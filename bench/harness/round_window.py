@@ -179,7 +179,9 @@ def unique_rss(pids: Iterable[int], store_roots: Sequence[Path] = ()) -> int:
 
 class PeakMemory(threading.Thread):
     """The peak of :func:`unique_rss` over the server side, sampled every ``period`` s from
-    :meth:`start` to :meth:`stop` (``server_pids()`` read each time: replicas come and go)."""
+    :meth:`start` to :meth:`stop` (``server_pids()`` read each time: replicas come and go).
+    :attr:`rate_hz`: the samples it took per second (each sample walks every process, so it
+    falls short of ``1 / period`` on a busy machine)."""
 
     def __init__(
         self,
@@ -191,10 +193,22 @@ class PeakMemory(threading.Thread):
         self.server_pids, self.store_roots, self.period = server_pids, store_roots, period
         self.peak_bytes = 0
         self.samples = 0
+        self._t0_ns = 0
+        self._t1_ns = 0
         self._halt = threading.Event()
+
+    @property
+    def rate_hz(self) -> float | None:
+        """Samples per second between the first and the last (None before two)."""
+        if self.samples < 2 or self._t1_ns <= self._t0_ns:
+            return None
+        return (self.samples - 1) / ((self._t1_ns - self._t0_ns) / 1e9)
 
     def sample(self) -> int:
         now = unique_rss(self.server_pids(), self.store_roots)
+        self._t1_ns = time.monotonic_ns()
+        if not self.samples:
+            self._t0_ns = self._t1_ns
         self.peak_bytes = max(self.peak_bytes, now)
         self.samples += 1
         return now

@@ -685,6 +685,7 @@ def run_sf_round(
         "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
         "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
         "server_peak_samples": peak.samples if peak is not None else 0,
+        "server_peak_sample_hz": peak.rate_hz if peak is not None else None,
         "server_hwm_bytes": hwm["bytes"],
         "server_processes": hwm["processes"],
         "server_idle_rss_bytes": idle,

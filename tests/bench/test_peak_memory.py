@@ -67,9 +67,11 @@ def test_a_store_mapped_by_two_processes_counts_once_not_twice(store: Path) -> N
         without_store = rw.unique_rss(pids)  # no store named: each one's RssShmem is its own
         assert without_store >= private + 2 * SIZE - 8 * MB
         peak = rw.PeakMemory(lambda: pids, [store], period=0.001)
+        assert peak.rate_hz is None  # no samples yet
         peak.start()
         time.sleep(0.05)
         assert peak.stop() == pytest.approx(once, abs=4 * MB) and peak.samples >= 2
+        assert peak.rate_hz is not None and peak.rate_hz > 0  # the rate it sampled at
     finally:
         for p in procs:
             p.kill()
