@@ -29,8 +29,8 @@ A point that fails (the memory guard stops it, a client or the server errors, e.
 message limit, or it times out) is returned as a failure record
 (:func:`bench.harness.round_window.failure`) with the sizes seen, not raised.
 
-Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--out DIR]`` prints a
-Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
+Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--cpus 0] [--out DIR]``
+(the server in a cgroup pinned to ``--cpus``, the clients in another) prints a Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
 ``bench.dataplane`` and ``bench.scale`` call :func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
 """
 
@@ -363,11 +363,31 @@ def _table(res: dict[str, Any]) -> str:
         ("  of which aggregate_fit", f"{res['aggregate_s']:.2f} s"),
         ("round (model sent -> aggregated)", f"{res['round_s']:.2f} s"),
         ("server peak memory in the window (VmHWM)", f"{res['server_hwm_bytes'] / mb:.0f} MB"),
+        *_cgroup_rows(res.get("cgroup")),
         ("server RSS idle, before the uploads", f"{res['server_idle_rss_bytes'] / mb:.0f} MB"),
     ]
     lines = ["| Flower " + res["flwr_version"] + " | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+def _cgroup_rows(cg: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The server's and the clients' cgroup figures (none in results stored before them)."""
+    if not cg:
+        return []
+    server, clients = cg["server"], cg["clients"]
+    return [
+        (
+            f"server cgroup peak memory (CPUs {server['cpus']})",
+            f"{server['peak_bytes'] / 1e6:.0f} MB",
+        ),
+        ("server cgroup CPU-seconds in the round", f"{server['cpu_s']:.2f} s"),
+        (
+            "server threads that ran (most at once)",
+            f"{server['threads_ran']} ({server['threads_max']})",
+        ),
+        ("clients' cgroup peak memory", f"{clients['peak_bytes'] / 1e6:.0f} MB"),
+    ]
 
 
 def _render(stored: dict[str, Any]) -> str:
@@ -386,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    ap.add_argument(
+        "--cpus", help="CPUs the server is pinned to (cpuset syntax; default: every CPU)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.role == "server":
@@ -398,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     layout = rw.resnet18_layout()
     if args.mb is not None:
         layout = rw.scaled_layout(layout, int(args.mb * 1e6))
-    res = {"run": run, **run_flower_round(args.clients, layout, seed=args.seed)}
+    from bench.harness.cgroups import RoundGroups
+
+    with RoundGroups(f"fedfaas-bench-{os.getpid()}-flower", args.cpus) as groups:
+        res = {"run": run, **run_flower_round(args.clients, layout, seed=args.seed, groups=groups)}
     _, md = write_result(res, "flower_baseline", _render, args.out)
     print(md)
     return 0
