@@ -35,6 +35,8 @@ from safetensors.numpy import save as st_save
 from cache_engine.keys import ObjectKey
 
 log = logging.getLogger(__name__)
+#: what :meth:`ColdStore.header` reads of an object at first (a model's header fits)
+HEAD_BYTES = 64 << 10
 
 BUCKET = "fedfaas"
 
@@ -236,14 +238,16 @@ class ColdStore(ABC):
         return self.get_bytes(key)[offset : offset + length]
 
     def header(self, key: ObjectKey) -> TensorIndex:
-        """Where each tensor of a model's safetensors object lies (two small ranged reads)."""
-        head = self.get_bytes_range(key, 0, 8)
+        """Where each tensor of a model's safetensors object lies: one ranged read of its
+        first :data:`HEAD_BYTES` (a second one for a header longer than that)."""
+        head = self.get_bytes_range(key, 0, HEAD_BYTES)
         if len(head) < 8:
             raise ColdStoreError(f"{object_path(key)} is shorter than a safetensors header")
-        n = int.from_bytes(head, "little")
+        n = int.from_bytes(head[:8], "little")
         if n > 100 << 20:
             raise ColdStoreError(f"{object_path(key)}: a safetensors header of {n} bytes")
-        return TensorIndex.parse(self.get_bytes_range(key, 8, n), 8 + n)
+        doc = head[8 : 8 + n] if 8 + n <= len(head) else self.get_bytes_range(key, 8, n)
+        return TensorIndex.parse(doc, 8 + n)
 
     def read_range(
         self, key: ObjectKey, start: int, stop: int, index: TensorIndex | None = None

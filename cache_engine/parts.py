@@ -14,7 +14,11 @@ prefetches, and an object it evicts goes with all of its parts.
 Past the node's memory budget (:mod:`cache_engine.budget`), or when no function can take a
 part, the query is not refused: the plan names live functions for coordinate ranges with a
 ``source`` (a read grant of the job), and each reads its range of every model from the cold
-store a chunk at a time, keeping nothing (``/part``, streamed).
+store a chunk at a time, keeping nothing (``/part``, streamed). The parts not held are joined
+into at most :data:`STREAM_WORKERS` contiguous ranges, one function each: the queries' working
+memory (``query_memory_bytes``) is shared among those few, so each reads large chunks
+(``chunk_bytes``: fewer, larger ranged reads of every model) rather than many functions small
+ones.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ log = logging.getLogger(__name__)
 FILL = 0.5
 #: functions that stream a query's ranges from the cold store at most
 STREAM_WORKERS = 4
-#: what one streaming function holds of the models at a time (``functions/flstore/parts.py``)
+#: what one streaming function holds of the models at a time (``functions/flstore/parts.py``),
+#: at least, and at most
 STREAM_BYTES = 64 << 20
+MAX_STREAM_BYTES = 512 << 20
 
 
 def parts_needed(models: int, model_bytes: int, capacity: int, dim: int) -> int:
@@ -55,6 +61,23 @@ def parts_needed(models: int, model_bytes: int, capacity: int, dim: int) -> int:
 def groups(models: Sequence[ObjectKey], parts: int) -> list[list[ObjectKey]]:
     """Part ``s`` of every model, for each ``s``."""
     return [[k.with_part(s, parts) for k in models] for s in range(parts)]
+
+
+def _consecutive(items: Sequence[int], k: int) -> list[list[int]]:
+    """``items`` in ``k`` consecutive groups of near-equal size."""
+    cuts = [len(items) * i // k for i in range(k + 1)]
+    return [list(items[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def _runs(items: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``items`` as runs of consecutive numbers: ``[(first, last), ...]``."""
+    out: list[tuple[int, int]] = []
+    for i in items:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
 
 
 class PartPlanner:
@@ -128,6 +151,13 @@ class PartPlanner:
             reducer = None
         reducer = reducer or next(h for h in holders if h)
         unplaced = [s for s, h in enumerate(holders) if h is None]
+        bounds = part_bounds(dim, n)
+        ranges: list[dict[str, Any]] = [
+            {"bounds": list(b), "part": [s, n], "function": h}
+            for s, (b, h) in enumerate(zip(bounds, holders, strict=True))
+            if h is not None
+        ]
+        source: dict[str, Any] | None = None
         if unplaced:  # past the budget: those ranges from the cold store
             log.info(
                 "query %s on %s reads %d of %d parts from the cold store (%s)",
@@ -137,20 +167,38 @@ class PartPlanner:
                 n,
                 why,
             )
-            with self.e._lock:
-                alive = sorted(f for f, i in self.e.functions.items() if i.alive)
-            for i, s in enumerate(unplaced):
-                holders[s] = alive[i % len(alive)]
+            workers, each = self._streamers(None)
+            workers = workers or [str(reducer)]
+            k = min(len(workers), len(unplaced))
+            for w, some in zip(workers, _consecutive(unplaced, k), strict=False):
+                for first, last in _runs(some):
+                    ranges.append(
+                        {
+                            "bounds": [bounds[first][0], bounds[last][1]],
+                            "part": None,
+                            "function": w,
+                        }
+                    )
+            ranges.sort(key=lambda r: r["bounds"][0])
+            source = {"credentials": self.e.cold.job_credentials({job}), "chunk_bytes": each}
             self.e.stats["queries_partly_streamed"] += 1
         else:
             self.e.stats["queries_in_parts"] += 1
-        bounds = part_bounds(dim, n)
-        ranges = [
-            {"bounds": list(b), "part": [s, n], "function": h}
-            for s, (b, h) in enumerate(zip(bounds, holders, strict=True))
-        ]
-        source = {"credentials": self.e.cold.job_credentials({job})} if unplaced else None
         return self._plan(job, str(reducer), dim, ranges, source)
+
+    def _streamers(self, first: str | None) -> tuple[list[str], int]:
+        """Live functions to read ranges from the cold store (``first`` first), as many as the
+        queries' working memory (and what loads left of the budget) gives :data:`STREAM_BYTES`
+        each, at most :data:`STREAM_WORKERS`; and the bytes each reads at a time (that memory
+        shared among them). The same functions query after query (by name): each keeps the
+        models' tensor indexes it read."""
+        room = self.e.budget.room() + self.e.budget.keep
+        with self.e._lock:
+            alive = sorted(f for f, i in self.e.functions.items() if i.alive and f != first)
+        workers = ([first] if first else []) + alive
+        workers = workers[: max(1, min(STREAM_WORKERS, room // STREAM_BYTES))]
+        each = min(MAX_STREAM_BYTES, max(STREAM_BYTES, room // max(1, len(workers))))
+        return workers, each
 
     def place(
         self,
@@ -197,22 +245,15 @@ class PartPlanner:
         except (OverBudget, EngineError):
             reducer = None  # it reads it from the cold store too
         reducer = reducer or self.e.any_function()
-        with self.e._lock:
-            alive = sorted(
-                (f for f, i in self.e.functions.items() if i.alive and f != reducer),
-                key=lambda f: self.e.budget.private.get(f, 0),
-            )
-        # each streaming function reads STREAM_BYTES at a time: as many as the queries'
-        # working memory (and what loads left of the budget) holds, the reducer at least
-        room = self.e.budget.room() + self.e.budget.keep
-        workers = [reducer] + alive[: max(0, min(STREAM_WORKERS, room // STREAM_BYTES) - 1)]
+        workers, each = self._streamers(reducer)
         bounds = part_bounds(dim, min(len(workers), max_parts(dim)))
         ranges = [
             {"bounds": list(b), "part": None, "function": f}
             for b, f in zip(bounds, workers, strict=False)
         ]
         grant = self.e.cold.job_credentials({p.query.job})
-        return self._plan(p.query.job, reducer, dim, ranges, {"credentials": grant})
+        source = {"credentials": grant, "chunk_bytes": each}
+        return self._plan(p.query.job, reducer, dim, ranges, source)
 
     def _plan(
         self,

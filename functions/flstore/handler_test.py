@@ -327,7 +327,7 @@ def test_parts_load_by_ranged_reads_and_answer_gram_and_combine() -> None:
                 **req,
                 "span": [20, 27],
                 "part": part,
-                "source": {"credentials": {}},
+                "source": {"credentials": {}, "chunk_bytes": 1 << 20},
             }
             raw = handler.handle(
                 SimpleNamespace(
@@ -456,6 +456,16 @@ def test_part_requests_that_make_no_sense_get_400() -> None:
                 "rows": [[[1.0, "job/1/a"]]],
             }
             for span in ([2, 6], [5, 9], [6, 6], [5], "all")
+        ),
+        *(
+            {
+                "op": "gram",
+                "bounds": [0, 2],
+                "objects": ["job/1/a"],
+                "rows": [[[1.0, "job/1/a"]]],
+                "source": {"credentials": {}, "chunk_bytes": chunk},
+            }
+            for chunk in (5, 2 << 30, "64 MiB", True)
         ),
     ):
         code, body = _call("POST", "/part", bad)

@@ -14,7 +14,8 @@ within it, given a ``span``; ``dim``: the models' length, on which a Gram matrix
 float32 or float64 products are chosen as over the whole vectors) from what the function holds: part ``s`` of ``S``
 of it, or the whole object; without either, from the cold store by ranged reads when the plan
 gives a ``source`` (the engine does so past the node's memory budget: nothing is kept, and at
-most :data:`STREAM_BYTES` of objects are read at a time), else 409 ``not_held``. The answer is
+most the source's ``chunk_bytes`` (default :data:`STREAM_BYTES`) of objects are read at a
+time), else 409 ``not_held``. The answer is
 raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the range, or the
 float32 ``k x (b - a)`` slices of the rows (``b' - a'`` given a ``span``).
 """
@@ -39,15 +40,17 @@ from fedfaas.workloads.sliced import RowSpec, part_combine, part_gram
 
 log = logging.getLogger(__name__)
 
-#: the most bytes of objects a streamed ``/part`` reads from the cold store at a time
+#: the most bytes of objects a streamed ``/part`` reads from the cold store at a time, unless
+#: the source says otherwise (``chunk_bytes``, within :data:`CHUNK_BYTES_RANGE`)
 STREAM_BYTES = 64 << 20
+CHUNK_BYTES_RANGE = (1 << 20, 1 << 30)
 #: ranged reads under way at once while streaming
 READERS = 4
 #: a part answer larger than this is refused (a reducer asks for fewer rows at a time)
 MAX_ANSWER = 1 << 30
 #: how long a streamed object's tensor index is reused (objects of a round never change; a
 #: job created again under its name may rewrite them)
-INDEX_TTL_S = 60.0
+INDEX_TTL_S = 300.0
 
 
 class NotHeld(LookupError):
@@ -146,6 +149,12 @@ class PartRequest:
         source = body.get("source")
         if source is not None and not isinstance(source, dict):
             raise ValueError("'source' must be an object {credentials}, from the cache engine")
+        lo_b, hi_b = CHUNK_BYTES_RANGE
+        chunk = None if source is None else source.get("chunk_bytes")
+        if chunk is not None and (
+            not isinstance(chunk, int) or isinstance(chunk, bool) or not lo_b <= chunk <= hi_b
+        ):
+            raise ValueError(f"'source.chunk_bytes' must be an integer in {lo_b}..{hi_b}")
         return cls(
             op,
             (bounds[0], bounds[1]),
@@ -245,8 +254,9 @@ def _stream(
     h: Holdings,
 ) -> bytes:
     """The part answer with the objects not held here read from the cold store a chunk of
-    coordinates at a time (at most :data:`STREAM_BYTES` of them at once), nothing kept
-    (``views``: the held objects over ``req.cols``)."""
+    coordinates at a time (at most the source's ``chunk_bytes`` of them at once: one chunk is
+    let go before the next is read), nothing kept (``views``: the held objects over
+    ``req.cols``)."""
     assert h.cold is not None and req.source is not None
     grants = req.source.get("credentials") or {}
     keys = {i: ObjectKey.parse(i) for i in missing}
@@ -256,14 +266,14 @@ def _stream(
             zip(missing, pool.map(lambda i: h.index(stores[i], keys[i]), missing), strict=True)
         )
         a, b = req.cols
-        step = max(1024, STREAM_BYTES // (4 * len(missing)))
+        at_once = int(req.source.get("chunk_bytes") or STREAM_BYTES)
+        step = max(1024, at_once // (4 * len(missing)))
         n = len(req.rows)
         acc = np.zeros((n, n)) if req.op == "gram" else None
         out = None if req.op == "gram" else np.empty((n, b - a), dtype=np.float32)
-        for c0 in range(a, b, step):
-            c1 = min(b, c0 + step)
 
-            def read(i: str, c0: int = c0, c1: int = c1) -> NDArray[np.float32]:
+        def one(c0: int, c1: int) -> None:
+            def read(i: str) -> NDArray[np.float32]:
                 return stores[i].read_range(keys[i], c0, c1, indexes[i])
 
             chunk: dict[str, NDArray[np.floating]] = dict(
@@ -273,13 +283,17 @@ def _stream(
             for i, v in views.items():
                 if v is not None:
                     chunk[i] = v[c0 - a : c1 - a]
-            rows = [[(c, chunk[i]) for c, i in row] for row in req.rows]
             if acc is not None:
-                acc += gram(rows, length=req.dim)
+                acc[...] += gram(
+                    [[(c, chunk[i]) for c, i in row] for row in req.rows], length=req.dim
+                )
             else:
                 assert out is not None
                 for r, x in enumerate(part_combine(req.rows, chunk.__getitem__)):
                     out[r, c0 - a : c1 - a] = x
+
+        for c0 in range(a, b, step):
+            one(c0, min(b, c0 + step))
     return (acc if acc is not None else out).tobytes()  # type: ignore[union-attr]
 
 

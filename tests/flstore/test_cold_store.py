@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from cache_engine.cold_store import ColdStoreError, MinioColdStore
-from cache_engine.keys import global_model, meta, update
+from cache_engine.cold_store import HEAD_BYTES, ColdStoreError, MinioColdStore
+from cache_engine.keys import ObjectKey, global_model, meta, update
 from fedfaas.checkpoints import CheckpointWriter
 from fedfaas.services import MinioServer
 
@@ -66,3 +66,28 @@ def test_ranged_reads_give_slices_of_the_flat_vector(minio_server: MinioServer) 
         np.testing.assert_array_equal(cold.read_range(key, a, b, index), whole[a:b])
     with pytest.raises(ColdStoreError, match="outside"):
         cold.read_range(key, 80, 90, index)
+
+
+def test_a_header_is_one_ranged_read_and_a_longer_one_two(minio_server: MinioServer) -> None:
+    cold = MinioColdStore(
+        minio_server.endpoint,
+        minio_server.access_key,
+        minio_server.secret_key,
+        bucket=f"t-{uuid.uuid4().hex[:12]}",
+    )
+    reads: list[tuple[int, int]] = []
+    plain = cold.get_bytes_range
+
+    def counted(key: ObjectKey, offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return plain(key, offset, length)
+
+    cold.get_bytes_range = counted  # type: ignore[method-assign]
+    tensors = {"b": np.arange(3, dtype=np.float32), "a": np.ones(4, np.float32)}
+    for i, extra in enumerate((None, {"note": "x" * (HEAD_BYTES + 10)})):
+        key = update("job", f"c{i}", 1)
+        cold.put_bytes(key, save(tensors, metadata=extra))
+        reads.clear()
+        index = cold.header(key)
+        assert len(reads) == (1 if extra is None else 2)
+        np.testing.assert_array_equal(cold.read_range(key, 2, 6, index), [1, 1, 0, 1])

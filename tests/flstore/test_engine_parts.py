@@ -21,9 +21,11 @@ from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
+from cache_engine.parts import STREAM_BYTES, STREAM_WORKERS
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import write_token_file
 from fedfaas.openfaas import DeployResult, FunctionStatus
+from fedfaas.workloads.sliced import part_bounds
 
 from .test_engine import FUNCTION_TOKEN, InProcessProvider, _model_bytes, _wait_idle
 
@@ -273,13 +275,23 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
         _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
         ranges = plan["slices"]["ranges"]
-        held = []
-        for s, r in enumerate(ranges):
-            n = r["part"][1]
+        edges = [b for r in ranges for b in r["bounds"]]  # the ranges cover the models in order
+        assert edges[0] == 0 and edges[-1] == plan["slices"]["dim"]
+        assert edges[1:-1:2] == edges[2:-1:2]
+        held = [r for r in ranges if r["part"] is not None]
+        streamed = [r for r in ranges if r["part"] is None]
+        assert held and streamed
+        for r in held:  # part s of every model on the function of its range
+            s, n = r["part"]
             ids = {f"{o}~{s}.{n}" for o in plan["objects"] if not o.endswith("/meta")}
-            held.append(ids <= prov.held(r["function"]))
-        assert any(held) and not all(held), held
+            assert ids <= prov.held(r["function"])
+            assert list(part_bounds(plan["slices"]["dim"], n)[s]) == r["bounds"]
+        # the parts not held are joined into contiguous ranges, read by a few functions
+        assert len({r["function"] for r in streamed}) <= STREAM_WORKERS
+        for x, y in zip(ranges, ranges[1:], strict=False):
+            assert not (x["part"] is y["part"] is None and x["function"] == y["function"])
         assert "source" in plan["slices"] and eng.stats["queries_partly_streamed"] == 1
+        assert plan["slices"]["source"]["chunk_bytes"] >= STREAM_BYTES
         assert eng.budget.used() <= eng.budget.limit
     finally:
         eng.stop()
