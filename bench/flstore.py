@@ -2,7 +2,7 @@
 
 ``python -m bench.flstore [--quick] [--small] [--rounds N] [--clients N] [--memo both|on|off]
 [--skip-latency] [--skip-handoff] [--skip-shapley] [--big-rounds N,N] [--budget-gb X]
-[--out DIR]``
+[--big-queries W,W] [--out DIR]``
 
 1. **Latency.** Rounds are written to a real MinIO (ResNet-18-sized updates: 11,181,642 float32,
    44.7 MB each; ``--small`` uses a small CNN). The same queries go, in one run, to FedFaaS
@@ -57,7 +57,7 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
-from bench.flstore_rounds import big_rounds, same_answer
+from bench.flstore_rounds import WORKLOADS, big_rounds, same_answer
 from bench.flstore_rounds import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
@@ -1060,8 +1060,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="smoke run: --small, 2 rounds, lookup overhead at 1,000 entries only, no big rounds",
     )
+    ap.add_argument(
+        "--big-queries",
+        default=",".join(WORKLOADS),
+        help="the big rounds' queries to ask, by workload (default all: "
+        + ",".join(WORKLOADS)
+        + ")",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files")
     args = ap.parse_args(argv)
+    only = [x for x in args.big_queries.split(",") if x]
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"--big-queries: unknown {unknown}; known: {', '.join(WORKLOADS)}")
     if args.quick:
         args.small, args.rounds, args.big_rounds = True, 2, ""
     args.memo = ["on", "off"] if args.memo == "both" else [args.memo]
@@ -1085,7 +1096,7 @@ def main(argv: list[str] | None = None) -> None:
                 sizes = [int(x) for x in args.big_rounds.split(",") if x]
                 budget = int(args.budget_gb * 1e9)
                 res["big_rounds"] = big_rounds(
-                    work, sizes, budget, args.big_repeats, args.big_gtg_permutations
+                    work, sizes, budget, args.big_repeats, args.big_gtg_permutations, only
                 )
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")

@@ -41,6 +41,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,15 @@ def gtg_params(permutations: int = GTG_PERMUTATIONS) -> dict[str, Any]:
     return {"method": "gtg", "max_permutations": permutations}
 
 
-def queries(job: str, gtg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The issue's queries on round 1 of ``job``."""
-    return [
+#: the issue's queries, by workload
+WORKLOADS = ("cosine-to-aggregate", "multi-krum", "foolsgold", "leave-one-out", "shapley")
+
+
+def queries(
+    job: str, gtg: dict[str, Any], only: Sequence[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The issue's queries on round 1 of ``job`` (``only``: those workloads)."""
+    every = [
         (w, {"workload": w, "job": job, **b})
         for w, b in (
             ("cosine-to-aggregate", {"rounds": [1], "params": {"bottom_k": 1}}),
@@ -159,6 +166,7 @@ def queries(job: str, gtg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             ("shapley", {"rounds": [1], "params": gtg}),
         )
     ]
+    return [q for q in every if only is None or q[0] in only]
 
 
 class _Sampler:
@@ -269,7 +277,13 @@ def _engine_settings(budget: int) -> dict[str, Any]:
     }
 
 
-def _fedfaas(stack: FLStoreStack, job: str, repeats: int, gtg: dict[str, Any]) -> dict[str, Any]:
+def _fedfaas(
+    stack: FLStoreStack,
+    job: str,
+    repeats: int,
+    gtg: dict[str, Any],
+    only: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The round ingested (the policy's prefetch places it as the budget allows), then the
     queries asked through the tracker of ``stack`` (started), its functions' memory sampled."""
     sampler = _Sampler(stack)
@@ -281,7 +295,7 @@ def _fedfaas(stack: FLStoreStack, job: str, repeats: int, gtg: dict[str, Any]) -
         stack.wait_idle(3600)
         ingest_s = time.perf_counter() - t0
         rows = {}
-        for wl, body in queries(job, gtg):
+        for wl, body in queries(job, gtg, only):
             sampler.query = wl
             rows[wl] = _ask(
                 client,
@@ -321,6 +335,7 @@ def _baseline(
     job: str,
     repeats: int,
     gtg: dict[str, Any],
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     s = BaselineSettings(
         backend="minio" if rs is None else "redis",
@@ -343,7 +358,7 @@ def _baseline(
             client.post(f"{url}/admin/mirror/{job}").raise_for_status()
             mirror_s = time.perf_counter() - t0
         rows = {}
-        for wl, body in queries(job, gtg):
+        for wl, body in queries(job, gtg, only):
             n = GTG_REPEATS if wl == "shapley" else repeats
             rows[wl] = _ask(client, f"{url}/v1/queries", body, n)
             log.info("big %s %s %s: %.1f s", job, name, wl, rows[wl]["latency_s"])
@@ -365,9 +380,11 @@ def big_rounds(
     budget: int,
     repeats: int = 3,
     gtg_permutations: int = GTG_PERMUTATIONS,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Every size of ``sizes`` (see the module) on a fresh ``fedfaas up --with all`` each, each
-    query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's."""
+    query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's
+    (``only``: those of :data:`WORKLOADS`)."""
     out: dict[str, Any] = {
         "budget_bytes": budget,
         "gtg_params": gtg_params(gtg_permutations),
@@ -378,11 +395,18 @@ def big_rounds(
         "sizes": {},
     }
     for n in sizes:
-        out["sizes"][str(n)] = _one_size(work, n, budget, repeats, out["gtg_params"])
+        out["sizes"][str(n)] = _one_size(work, n, budget, repeats, out["gtg_params"], only)
     return out
 
 
-def _one_size(work: Path, n: int, budget: int, repeats: int, gtg: dict[str, Any]) -> dict[str, Any]:
+def _one_size(
+    work: Path,
+    n: int,
+    budget: int,
+    repeats: int,
+    gtg: dict[str, Any],
+    only: Sequence[str] | None = None,
+) -> dict[str, Any]:
     job = f"big{n}"
     up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
     try:
@@ -393,13 +417,13 @@ def _one_size(work: Path, n: int, budget: int, repeats: int, gtg: dict[str, Any]
         log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
         round_bytes = (n + 1) * RESNET18 * 4
         # the baselines first, while FLStore holds nothing of the job
-        obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg)
+        obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg, only)
         cache: dict[str, Any] | None = None
         need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
         if _available() > need:
             crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
             try:
-                cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg)
+                cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg, only)
             finally:
                 crs.stop()
                 shutil.rmtree(crs.data_dir, ignore_errors=True)  # its append-only file
@@ -407,7 +431,7 @@ def _one_size(work: Path, n: int, budget: int, repeats: int, gtg: dict[str, Any]
             log.warning(
                 "Cache-Agg not run at %d updates: %d bytes free, %d needed", n, _available(), need
             )
-        fed = _fedfaas(up, job, repeats, gtg)
+        fed = _fedfaas(up, job, repeats, gtg, only)
         fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
     finally:
         up.stop()
@@ -415,7 +439,7 @@ def _one_size(work: Path, n: int, budget: int, repeats: int, gtg: dict[str, Any]
         wl: "result" in fed["queries"][wl]
         and "result" in obj["queries"][wl]
         and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
-        for wl, _ in queries(job, gtg)
+        for wl, _ in queries(job, gtg, only)
     }
     for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
         for q in (row or {}).get("queries", {}).values():

@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.flstore_rounds import HEAD, RESNET18, big_rounds, same_answer, write_job
+from bench.flstore_rounds import (
+    HEAD,
+    RESNET18,
+    WORKLOADS,
+    big_rounds,
+    gtg_params,
+    queries,
+    same_answer,
+    write_job,
+)
 from bench.flstore_rounds import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
@@ -44,6 +53,14 @@ def test_answers_are_the_same_within_the_tolerance_and_not_beyond() -> None:
     assert same_answer({"a": [1.0, "x"], "b": 2}, {"a": [1.0 + 1e-6, "x"], "b": 2})
     assert not same_answer({"a": [1.0]}, {"a": [1.1]})
     assert not same_answer({"a": 1}, {"b": 1})
+
+
+def test_the_big_rounds_ask_the_issues_queries_or_those_named() -> None:
+    gtg = gtg_params(2)
+    assert [w for w, _ in queries("j", gtg)] == list(WORKLOADS)
+    picked = queries("j", gtg, ["shapley", "multi-krum"])
+    assert [w for w, _ in picked] == ["multi-krum", "shapley"]
+    assert picked[1][1] == {"workload": "shapley", "job": "j", "rounds": [1], "params": gtg}
 
 
 def _query(latency: float) -> dict[str, Any]:
