@@ -21,7 +21,7 @@ from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
-from cache_engine.parts import STREAM_BYTES, STREAM_WORKERS
+from cache_engine.parts import MAX_STREAM_BYTES, STREAM_BYTES, STREAM_WORKERS
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import write_token_file
 from fedfaas.openfaas import DeployResult, FunctionStatus
@@ -155,6 +155,7 @@ def test_past_the_budget_nothing_is_loaded_and_the_plan_reads_minio(
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
         assert plan["slices"]["source"]["credentials"] == {}  # the memory store has no users
         assert [r["part"] for r in plan["slices"]["ranges"]] == [None]
+        assert STREAM_BYTES <= plan["slices"]["source"]["chunk_bytes"] <= MAX_STREAM_BYTES
         assert eng.stats["queries_streamed"] == 1 and eng.stats["loads_failed"] >= 1
         for f in prov.fns:
             assert not [i for i in prov.held(f) if not i.endswith("/meta")], f
@@ -291,7 +292,7 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
         for x, y in zip(ranges, ranges[1:], strict=False):
             assert not (x["part"] is y["part"] is None and x["function"] == y["function"])
         assert "source" in plan["slices"] and eng.stats["queries_partly_streamed"] == 1
-        assert plan["slices"]["source"]["chunk_bytes"] >= STREAM_BYTES
+        assert STREAM_BYTES <= plan["slices"]["source"]["chunk_bytes"] <= MAX_STREAM_BYTES
         assert eng.budget.used() <= eng.budget.limit
     finally:
         eng.stop()
