@@ -90,6 +90,7 @@ def _server_main(port: int, num_clients: int, work: Path) -> None:
             marks["failure_detail"] = [repr(f)[:300] for f in failures[:3]]
             res = super().aggregate_fit(server_round, results, failures)
             marks["t_aggregate_end_ns"] = time.monotonic_ns()
+            (work / "aggregated").touch()  # the harness closes its cgroup window now
             return res
 
     # The model sent to the clients before the round carries no tensors: the clients ignore it
@@ -181,7 +182,7 @@ def run_flower_round(
     RSS and floor on the machine's available memory. ``groups``: the round's cgroups; the
     server is born in ``groups.server``, the clients in ``groups.clients``, and the record has
     ``cgroup`` (each group's peak memory, CPU-seconds and threads from the clients' release
-    to the server's exit, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
+    to ``aggregate_fit`` returned, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
 
     Returns ``{"ok": True, "e2e_s", "server_s", "ingest_s", "aggregate_s", "round_s",
     "server_hwm_bytes", "server_idle_rss_bytes", "client_hwm_bytes", "server_rss_sampled_bytes",
@@ -282,11 +283,17 @@ def run_flower_round(
             first = rw.FirstBytes(port)
             first.start()
             (work / "go").touch()
+            while server.poll() is None and not (work / "aggregated").exists():
+                if (bad := check()) is not None:
+                    return bad
+                time.sleep(0.02)
+            # the window ends as the global model is available, as on the other sides (not
+            # at the server's exit, after it has said goodbye to its clients)
+            acct = groups.close_window() if groups is not None else None
             while server.poll() is None:
                 if (bad := check()) is not None:
                     return bad
                 time.sleep(0.05)
-            acct = groups.close_window() if groups is not None else None
             if (bad := check()) is not None:
                 return bad
             for p in procs[1:]:

@@ -93,6 +93,15 @@ def unavailable(root: Path = ROOT) -> str | None:
     return None
 
 
+def groups_named(prefix: str, root: Path = ROOT) -> list[Path]:
+    """The folders of groups under this process's own whose names start with ``prefix``, in
+    every hierarchy of :data:`CONTROLLERS` (what a run left behind, if anything)."""
+    own = own_paths()
+    return sorted(
+        path for c in CONTROLLERS for path in (root / c / own[c].lstrip("/")).glob(f"{prefix}*")
+    )
+
+
 def _write(path: Path, value: str) -> None:
     try:
         path.write_text(value)

@@ -346,13 +346,7 @@ def bench_round_e2e(
         "after_ingest_s": (lr["result_ns"] - lr["last_update_ns"]) / 1e9,
         # the round's tail: the last update sealed -> the global model published (encoded)
         "last_update_to_published_s": (lr["published_ns"] - lr["last_update_ns"]) / 1e9,
-        "server_peak_bytes": peak.peak_bytes,
-        "server_peak_samples": peak.samples,
-        "server_peak_sample_hz": peak.rate_hz,
-        "server_hwm_bytes": hwm["bytes"],
-        "server_processes": hwm["processes"],
-        "server_idle_rss_bytes": idle,
-        "server_rss_sampled_bytes": guard.peak_server_rss if guard else 0,
+        **rw.sampled_memory(peak, hwm, idle, guard),
         "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
         # BLAS/OpenMP pools a client measured at the end (threadpoolctl); the gateway and the
         # replicas are started with the pinned environment (``threads_env``)

@@ -227,6 +227,23 @@ class PeakMemory(threading.Thread):
         return self.peak_bytes
 
 
+def sampled_memory(
+    peak: PeakMemory | None, hwm: dict[str, Any], idle_bytes: int, guard: MemoryGuard | None
+) -> dict[str, Any]:
+    """A round record's sampled memory figures, alike for every system: the sampled peak with
+    its sample count and rate, the summed ``VmHWM`` (:func:`summed_hwm`) and its process
+    count, the server's RSS before the window and the guard's highest RSS sample."""
+    return {
+        "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
+        "server_peak_samples": peak.samples if peak is not None else 0,
+        "server_peak_sample_hz": peak.rate_hz if peak is not None else None,
+        "server_hwm_bytes": hwm["bytes"],
+        "server_processes": hwm["processes"],
+        "server_idle_rss_bytes": idle_bytes,
+        "server_rss_sampled_bytes": guard.peak_server_rss if guard is not None else 0,
+    }
+
+
 def server_peak(rec: dict[str, Any]) -> float | None:
     """A round record's server peak memory: every page once (``server_peak_bytes``), or in
     records stored before that was measured the summed ``VmHWM``; None when it has neither."""

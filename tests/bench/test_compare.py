@@ -124,14 +124,7 @@ def _spin(groups: RoundGroups, side: str, seconds: float) -> None:
 
 
 def _leftover_groups() -> list[Path]:
-    own = cgroups.own_paths()
-    return [
-        path
-        for ctrl in cgroups.CONTROLLERS
-        for path in (cgroups.ROOT / ctrl / own[ctrl].lstrip("/")).glob(
-            f"fedfaas-bench-{os.getpid()}-*"
-        )
-    ]
+    return cgroups.groups_named(f"fedfaas-bench-{os.getpid()}-")
 
 
 @pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))

@@ -23,14 +23,7 @@ pytestmark = [
 
 
 def _leftover_groups() -> list[Path]:
-    own = cgroups.own_paths()
-    return [
-        path
-        for ctrl in cgroups.CONTROLLERS
-        for path in (cgroups.ROOT / ctrl / own[ctrl].lstrip("/")).glob(
-            f"fedfaas-bench-{os.getpid()}-*"
-        )
-    ]
+    return cgroups.groups_named(f"fedfaas-bench-{os.getpid()}-")
 
 
 def test_every_system_is_measured_by_cgroup_on_the_same_cpu(tmp_path: Path) -> None:
