@@ -556,7 +556,13 @@ def main(argv: list[str] | None = None) -> int:
             groups=groups,
             tag=tag,
         )
-        res["compare"] = run_compare(runners, cpus_sets=cpus_sets, repeats=a.repeats)
+        res["compare"] = run_compare(
+            runners,
+            cpus_sets=cpus_sets,
+            repeats=a.repeats,
+            # written after every run: a run cut short keeps what it did
+            after_run=lambda cmp: _write({**res, "compare": cmp}, out_dir, quiet=True),
+        )
         if a.compare_only:
             _write(res, out_dir)
             return 0
@@ -600,10 +606,11 @@ def _cpu_list(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
-def _write(res: dict[str, Any], out_dir: Path) -> None:
+def _write(res: dict[str, Any], out_dir: Path, *, quiet: bool = False) -> None:
     stored, md = write_result(res, "dataplane", report.render, out_dir)
     report.plot(stored, out_dir / "dataplane.png")
-    print(md)
+    if not quiet:
+        print(md)
 
 
 if __name__ == "__main__":

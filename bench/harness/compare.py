@@ -117,12 +117,18 @@ def run_tag(system: int, cpus: str, repeat: int) -> str:
 
 
 def run_compare(
-    runners: Mapping[str, Runner], *, cpus_sets: Sequence[str], repeats: int
+    runners: Mapping[str, Runner],
+    *,
+    cpus_sets: Sequence[str],
+    repeats: int,
+    after_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every system of ``runners`` (FedFaaS first), ``repeats`` times per CPU set of
     ``cpus_sets``, interleaved; each run in fresh cgroups named after the run, removed after
     it whatever happened. A run that raises is a failure record. Returns ``{"systems",
-    "repeats", "order", "by_cpus": {cpus: {"runs": {system: [records]}, "summary"}}}``."""
+    "repeats", "order", "by_cpus": {cpus: {"runs": {system: [records]}, "summary"}}}``;
+    ``after_run`` gets that result as it stands after every run (summaries of the runs so
+    far), so a benchmark cut short keeps what it did."""
     systems = list(runners)
     out: dict[str, Any] = {
         "systems": systems,
@@ -143,7 +149,9 @@ def run_compare(
                     rec = rw.failure("error", f"{type(exc).__name__}: {exc}"[:2000])
             rec["repeat"] = rep
             runs[system].append(rec)
-        out["by_cpus"][cpus] = {"runs": runs, "summary": summarise(runs)}
+            out["by_cpus"][cpus] = {"runs": runs, "summary": summarise(runs)}
+            if after_run is not None:
+                after_run(out)
     return out
 
 

@@ -145,7 +145,17 @@ def test_every_run_has_fresh_groups_on_the_cpus_asked_and_none_is_left() -> None
 
         return run
 
-    out = run_compare({"A": runner("A"), "B": runner("B")}, cpus_sets=["0"], repeats=2)
+    seen: list[int] = []
+
+    def after_run(so_far: dict[str, Any]) -> None:
+        runs = so_far["by_cpus"]["0"]["runs"]
+        seen.append(sum(len(r) for r in runs.values()))
+        assert so_far["by_cpus"]["0"]["summary"]["systems"]["A"]["runs"] == len(runs["A"])
+
+    out = run_compare(
+        {"A": runner("A"), "B": runner("B")}, cpus_sets=["0"], repeats=2, after_run=after_run
+    )
+    assert seen == [1, 2, 3, 4]  # told after every run
     assert [(n, c) for n, _, c in calls] == [("A", "0"), ("B", "0")] * 2
     assert len({t for _, t, _ in calls}) == 4  # a tag of its own for every run
     runs = out["by_cpus"]["0"]["runs"]
