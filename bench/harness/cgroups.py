@@ -225,36 +225,40 @@ class Cgroup:
         """Empty the group and remove its folders (safe to call twice).
 
         ``kill``: SIGKILL every process still in it (a benchmark's processes are stopped by
-        then; one left over is a leak); else move them back to the parent group. Waits up to
-        ``timeout`` s for the group to empty; raises :class:`CgroupError` if a folder
-        cannot be removed."""
+        then; one left over is a leak); else move them back to the parent group. Tries for up
+        to ``timeout`` s (a killed process leaves its group once it has exited; a folder is
+        busy until then); raises :class:`CgroupError` if a folder cannot be removed by then."""
         if self._closed:
             return
         deadline = time.monotonic() + timeout
-        while pids := self.pids():
-            for pid in pids:
+        left = dict(self.dirs)
+        while True:
+            for pid in sorted({p for path in left.values() for p in _ids(path / "cgroup.procs")}):
                 with contextlib.suppress(ProcessLookupError, CgroupError):
                     if kill:
                         os.kill(pid, signal.SIGKILL)
                     else:
                         for path in self.dirs.values():
                             _write(path.parent / "cgroup.procs", str(pid))
-            if time.monotonic() > deadline:
+            errors = {}
+            for ctrl, path in list(left.items()):
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    errors[ctrl] = f"{path}: {exc}"
+                    continue
+                del left[ctrl]
+            if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        if pids:
-            log.warning("group %s: processes %s still in it after %.0f s", self.name, pids, timeout)
-        errors = []
-        for path in self.dirs.values():
-            try:
-                path.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                errors.append(f"{path}: {exc}")
         self._closed = True
         if errors:
-            raise CgroupError("could not remove " + "; ".join(errors))
+            raise CgroupError(
+                f"could not remove {'; '.join(errors.values())} (processes still in it: "
+                f"{self.pids()})"
+            )
 
     def __enter__(self) -> Cgroup:
         return self
@@ -400,11 +404,12 @@ class RoundGroups:
     def close_window(self) -> dict[str, Any]:
         return {side: w.stop() for side, w in self._windows.items()}
 
-    def close(self) -> None:
+    def close(self, timeout: float = 15.0) -> None:
+        """Remove both groups (:meth:`Cgroup.close`, each given ``timeout`` s)."""
         try:
-            self.server.close()
+            self.server.close(timeout=timeout)
         finally:
-            self.clients.close()
+            self.clients.close(timeout=timeout)
 
     def __enter__(self) -> RoundGroups:
         return self

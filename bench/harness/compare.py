@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bench.harness import round_window as rw
-from bench.harness.cgroups import RoundGroups
+from bench.harness.cgroups import CgroupError, RoundGroups
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,16 @@ def run_compare(
     cpus_sets: Sequence[str],
     repeats: int,
     after_run: Callable[[dict[str, Any]], None] | None = None,
+    close_timeout: float = 15.0,
 ) -> dict[str, Any]:
     """Every system of ``runners`` (FedFaaS first), ``repeats`` times per CPU set of
     ``cpus_sets``, interleaved; each run in fresh cgroups named after the run, removed after
-    it whatever happened. A run that raises is a failure record. Returns ``{"systems",
+    it whatever happened (a group that cannot be removed is named in the run's record,
+    ``cgroup_left``). A run that raises is a failure record. Returns ``{"systems",
     "repeats", "order", "by_cpus": {cpus: {"runs": {system: [records]}, "summary"}}}``;
     ``after_run`` gets that result as it stands after every run (summaries of the runs so
-    far), so a benchmark cut short keeps what it did."""
+    far), so a benchmark cut short keeps what it did. ``close_timeout``: seconds a run's
+    groups may take to empty after it."""
     systems = list(runners)
     out: dict[str, Any] = {
         "systems": systems,
@@ -141,12 +144,21 @@ def run_compare(
         for rep, system in interleaved(systems, repeats):
             tag = run_tag(systems.index(system), cpus, rep)
             log.info("compare: %s on CPUs %s, repeat %d", system, cpus, rep)
-            with RoundGroups(f"fedfaas-bench-{os.getpid()}-{tag}", cpus) as groups:
+            groups = RoundGroups(f"fedfaas-bench-{os.getpid()}-{tag}", cpus)
+            left = None
+            try:
+                rec = dict(runners[system](groups, tag))
+            except Exception as exc:  # noqa: BLE001 - recorded as the run's result
+                log.exception("compare: %s, repeat %d failed", system, rep)
+                rec = rw.failure("error", f"{type(exc).__name__}: {exc}"[:2000])
+            finally:
                 try:
-                    rec = dict(runners[system](groups, tag))
-                except Exception as exc:  # noqa: BLE001 - recorded as the run's result
-                    log.exception("compare: %s, repeat %d failed", system, rep)
-                    rec = rw.failure("error", f"{type(exc).__name__}: {exc}"[:2000])
+                    groups.close(close_timeout)
+                except CgroupError as exc:  # a process outlived its run: said in the record
+                    log.error("compare: %s, repeat %d: %s", system, rep, exc)
+                    left = str(exc)
+            if left is not None:
+                rec["cgroup_left"] = left
             rec["repeat"] = rep
             runs[system].append(rec)
             out["by_cpus"][cpus] = {"runs": runs, "summary": summarise(runs)}

@@ -166,3 +166,25 @@ def test_every_run_has_fresh_groups_on_the_cpus_asked_and_none_is_left() -> None
         assert server["cpus"] == "0" and server["cpu_s"] > 0.05
         assert rec["cgroup"]["clients"]["cpu_s"] < server["cpu_s"]
     assert not _leftover_groups()
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+def test_a_group_that_cannot_be_removed_is_named_in_its_runs_record() -> None:
+    held: list[Path] = []
+
+    def run(groups: RoundGroups, tag: str) -> dict[str, Any]:
+        sub = groups.server.dirs["memory"] / "held"  # a child group: its parent stays busy
+        sub.mkdir()
+        held.append(sub)
+        return {"ok": True, "e2e_s": 1.0}
+
+    try:
+        out = run_compare({"A": run}, cpus_sets=["0"], repeats=1, close_timeout=0.2)
+        (rec,) = out["by_cpus"]["0"]["runs"]["A"]
+        assert rec["ok"] and "could not remove" in rec["cgroup_left"]
+        assert str(held[0].parent) in rec["cgroup_left"]
+    finally:
+        for sub in held:
+            sub.rmdir()
+            sub.parent.rmdir()
+    assert not _leftover_groups()

@@ -34,7 +34,9 @@ def work() -> Iterator[Path]:
 
 def test_both_sides_of_a_point_are_measured_by_cgroup(work: Path) -> None:
     point = {"axis": "clients", "clients": 2, "update_bytes": 1_000_000}
-    out = scale.run_point(work, point, ebpf=False, limit=0, floor=1 << 30, timeout=120, cpus="0")
+    # no memory guard (limit 0, floor 0): this test is about the cgroups, and the machine's
+    # available memory is other work's to move
+    out = scale.run_point(work, point, ebpf=False, limit=0, floor=0, timeout=300, cpus="0")
     for side in ("fedfaas", "flower"):
         rec = out[side]
         assert rec["ok"], (side, rec)
@@ -46,8 +48,8 @@ def test_both_sides_of_a_point_are_measured_by_cgroup(work: Path) -> None:
             "config": {
                 "threads": {"requested": 1},
                 "server_mem_limit_bytes": 0,
-                "floor_bytes": 1 << 30,
-                "timeout_s": 120.0,
+                "floor_bytes": 0,
+                "timeout_s": 300.0,
                 "server_cpus": "0",
                 "router_probe": {"mode": "userspace", "reason": "test"},
             },
