@@ -32,11 +32,12 @@ Figures, all from one run on this machine (baselines in the same process tree):
   job). Figures: weights in client memory -> global model published (``e2e_s``); the
   server-side window only, first update bytes received on the gateway's port -> global
   published (``server_s``); the round's tail, last update sealed -> global published
-  (``last_update_to_published_s``); the server's peak memory with every page counted once
-  (:class:`~bench.harness.round_window.PeakMemory`: the gateway's, the replicas' and Redis's
-  private and file pages, the object store's pages once, sampled every 5 ms), beside the sum of
-  their ``VmHWM`` (reset as the window opens, read at the end; it counts the store's arena once
-  per process that maps it). The round runs with the eBPF router when ``bpf.probe()`` says it
+  (``last_update_to_published_s``); the server's peak memory with every page counted once:
+  every single run too has its server side and clients in cgroups of their own (on every CPU),
+  and the peak is the server cgroup's, beside the sampled per-process peak
+  (:class:`~bench.harness.round_window.PeakMemory`, with its sample rate) and the sum of their
+  ``VmHWM`` (reset as the window opens, read at the end; it counts the store's arena once per
+  process that maps it). The round runs with the eBPF router when ``bpf.probe()`` says it
   loads here (``round``, ``round_lean``, ``round_one_core``: the top and the publication on one
   thread, against the default's on the node's cores) and, as its peer in the same run, with the
   userspace router (``round_userspace``); each round records the router mode it got. The memory
@@ -73,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +91,7 @@ from bench.runinfo import (
 )
 
 if TYPE_CHECKING:
+    from bench.harness.cgroups import RoundGroups
     from fedfaas.services import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -573,32 +576,57 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             redis.stop()
         res["aggregation"] = bench_aggregation(3 if a.quick else 8)
-        res["round"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="d", **rnd)
+
+        # the single runs below: each in cgroups of its own too, on every CPU
+        def fed(n: int, tag: str, router_ebpf: bool, **kw: Any) -> OneRun:
+            return lambda g: bench_round_e2e(
+                work, layout, n, ebpf=router_ebpf, tag=tag, groups=g, **kw
+            )
+
+        res["round"] = _grouped("round", fed(clients, "d", ebpf, **rnd))
         # the same round with the userspace router: the peer of the eBPF run (when the probe
         # says eBPF cannot load, ``round`` is already this; it is not run twice)
         res["round_userspace"] = (
-            bench_round_e2e(work, layout, clients, ebpf=False, tag="d", **rnd) if ebpf else None
+            _grouped("round_userspace", fed(clients, "d", False, **rnd)) if ebpf else None
         )
         lean = {"fanout": 4, "max_inflight": 1, **agg}
-        res["round_lean"] = bench_round_e2e(work, layout, clients, ebpf=ebpf, tag="l", **lean)
-        res["round_one_core"] = bench_round_e2e(
-            work, layout, clients, ebpf=ebpf, tag="o", **rnd, **ONE_CORE
+        res["round_lean"] = _grouped("round_lean", fed(clients, "l", ebpf, **lean))
+        res["round_one_core"] = _grouped(
+            "round_one_core", fed(clients, "o", ebpf, **rnd, **ONE_CORE)
         )
         res["memory_sweep"] = {
             str(n): res["round"]
             if n == clients
-            else bench_round_e2e(work, layout, n, ebpf=ebpf, tag="s", **rnd)
+            else _grouped(f"sweep{n}", fed(n, "s", ebpf, **rnd))
             for n in (QUICK_SWEEP if a.quick else SWEEP)
         }
-        res["round_sf"] = run_sf_round(
-            work, layout, clients, fanout=a.fanout, leaf_servers=a.sf_leaf_servers
+        res["round_sf"] = _grouped(
+            "round_sf",
+            lambda g: run_sf_round(
+                work, layout, clients, fanout=a.fanout, leaf_servers=a.sf_leaf_servers, groups=g
+            ),
         )
         if not a.skip_flower:
             from bench.flower_baseline import run_flower_round
 
-            res["flower"] = run_flower_round(clients, layout)
+            res["flower"] = _grouped(
+                "flower", lambda g: run_flower_round(clients, layout, groups=g)
+            )
     _write(res, out_dir)
     return 0
+
+
+#: one single run's round, given its cgroups
+OneRun = Callable[["RoundGroups"], dict[str, Any]]
+
+
+def _grouped(name: str, run: OneRun) -> dict[str, Any]:
+    """One single-run round (``name``) with its server side and clients in cgroups of their
+    own (on every CPU), removed after it."""
+    from bench.harness.cgroups import RoundGroups
+
+    with RoundGroups(f"fedfaas-bench-{os.getpid()}-{name}") as groups:
+        return dict(run(groups))
 
 
 def _cpu_list(cpus: list[int]) -> str:

@@ -92,6 +92,15 @@ def _measured(x: dict[str, Any] | None, name: str) -> str:
     )
 
 
+def _secondary(rnd: dict[str, Any]) -> str:
+    """The bracketed memory figure of a round row: the sampled peak and its rate beside a
+    cgroup peak; the summed VmHWM beside the sampled peak of a result stored before."""
+    if not rnd.get("cgroup"):
+        return _gb(rnd["server_hwm_bytes"])
+    hz = rnd.get("server_peak_sample_hz")
+    return f"sampled {_gb(rnd.get('server_peak_bytes') or 0)}" + (f" at {hz:.0f}/s" if hz else "")
+
+
 def round_rows(r: dict[str, Any]) -> list[str]:
     peers = _baselines(r)
     rows = []
@@ -127,12 +136,12 @@ def round_rows(r: dict[str, Any]) -> list[str]:
         mem = {"server_peak": server_peak(rnd)}
         mem_peers = [(n, x and {**x, "server_peak": server_peak(x)}) for n, x in peers]
         rows.append(
-            f"| round ({cfg}): server peak memory, GB: every page counted once (private and "
-            f"file pages of each server-side process, the object store's pages once), sampled "
-            f"every 5 ms over the window (FedFaaS: gateway, aggregator replicas, Redis; Flower: "
-            f"its server process; SF: its leaf servers and top); FedFaaS's summed VmHWM, which "
-            f"counts the store in each process mapping it, in brackets | "
-            f"{_gb(mem['server_peak'] or 0)} ({_gb(rnd['server_hwm_bytes'])}) | "
+            f"| round ({cfg}): server peak memory, GB: every page counted once, the peak of the "
+            f"server side's cgroup (memory.max_usage_in_bytes, reset as the window opens; "
+            f"FedFaaS: gateway, aggregator replicas, Redis; Flower: its server process; SF: its "
+            f"leaf servers and top), in brackets FedFaaS's sampled per-process peak and its "
+            f"sample rate (results stored before the cgroups: the sampled peak, in brackets "
+            f"the summed VmHWM) | {_gb(mem['server_peak'] or 0)} ({_secondary(rnd)}) | "
             f"{_vs(mem_peers, 'server_peak', 1e9)} | "
             f"{_ratios(mem_peers, mem, 'server_peak', 'less')} | >= 5x | {th} |"
         )
@@ -188,7 +197,7 @@ def sweep_rows(r: dict[str, Any], peers: list[tuple[str, dict[str, Any] | None]]
     rows = [
         f"| memory sweep (default round settings, {largest['update_bytes'] / 1e6:.1f} MB "
         f"updates): server peak memory (GB, every page "
-        f"once) by clients per round | {cells} | {vs} | max/min "
+        f"once: the server cgroup's peak where measured) by clients per round | {cells} | {vs} | max/min "
         f"{'n/a' if spread is None else f'{spread:.2f}'} | within 10% (max/min <= 1.10); >= 10x "
         f"below Flower's at 20 | {th} |",
         "| memory sweep: the round at each size (s, server window) | "

@@ -75,9 +75,9 @@ def _server_group(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _peak(rec: dict[str, Any]) -> float:
-    """The server side's peak: its cgroup's (every page charged once), else what an older
-    result stored."""
-    return float(_server_group(rec).get("peak_bytes") or rw.server_peak(rec) or 0.0)
+    """The server side's peak (:func:`~bench.harness.round_window.server_peak`: its cgroup's,
+    else what an older result stored)."""
+    return rw.server_peak(rec) or 0.0
 
 
 def _value(rec: dict[str, Any], key: str) -> float | None:

@@ -245,9 +245,12 @@ def sampled_memory(
 
 
 def server_peak(rec: dict[str, Any]) -> float | None:
-    """A round record's server peak memory: every page once (``server_peak_bytes``), or in
-    records stored before that was measured the summed ``VmHWM``; None when it has neither."""
-    v = rec.get("server_peak_bytes") or rec.get("server_hwm_bytes")
+    """A round record's server peak memory: its server cgroup's peak where the round was
+    measured by cgroup (``cgroup.server.peak_bytes``), else the sampled peak with every page
+    once (``server_peak_bytes``), or in records stored before that the summed ``VmHWM``;
+    None when it has none."""
+    group = (rec.get("cgroup") or {}).get("server") or {}
+    v = group.get("peak_bytes") or rec.get("server_peak_bytes") or rec.get("server_hwm_bytes")
     return float(v) if v else None
 
 

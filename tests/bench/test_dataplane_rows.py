@@ -164,3 +164,19 @@ def test_a_result_stored_before_the_counted_once_peak_renders_its_vmhwm() -> Non
     rows = report.round_rows({**_res(_flower()), "round": old})
     mem = next(r for r in rows if "every page counted once" in r)
     assert "| 1.50 (1.50) |" in mem
+
+
+def test_a_round_measured_by_cgroup_shows_the_cgroup_peak_and_the_sampled_one_beside() -> None:
+    rnd = dict(
+        _round("ebpf"),
+        cgroup={"server": {"peak_bytes": 800_000_000}},
+        server_peak_sample_hz=40.4,
+    )
+    flower = dict(_flower(), cgroup={"server": {"peak_bytes": 4_000_000_000}})
+    rows = report.round_rows({**_res(flower), "round": rnd})
+    mem = next(r for r in rows if "every page counted once" in r)
+    # the cgroup peaks compared (4.0 / 0.8), the sampled 1.00 GB at its rate in brackets
+    assert (
+        "| 0.80 (sampled 1.00 at 40/s) | Flower 4.00; SF (not run) | 5.0x less than Flower |" in mem
+    )
+    assert "memory.max_usage_in_bytes" in mem
