@@ -158,9 +158,11 @@ def bench_round_e2e(
 
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
     size = rw.layout_bytes(layout)
-    node = f"e2e{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
+    # short: the node names the round's folder, its gateway's folder under it and its router
+    # socket in that (an AF_UNIX path: 107 bytes at most)
+    node = f"n{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
     base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
-    rdir = work / f"round-{node}"
+    rdir = work / node
     rdir.mkdir(parents=True)
     (rdir / "layout.json").write_text(json.dumps(layout))
     weights = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")

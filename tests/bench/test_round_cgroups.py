@@ -26,10 +26,13 @@ def _leftover_groups() -> list[Path]:
     return cgroups.groups_named(f"fedfaas-bench-{os.getpid()}-")
 
 
-def test_every_system_is_measured_by_cgroup_on_the_same_cpu(tmp_path: Path) -> None:
-    argv = ["--quick", "--compare-only", "--repeats", "1", "--cpus", "0", "--out", str(tmp_path)]
+def test_every_system_is_measured_by_cgroup_on_the_same_cpus(tmp_path: Path) -> None:
+    # the default CPU sets: CPU 0, then every CPU (once, on a one-CPU machine)
+    argv = ["--quick", "--compare-only", "--repeats", "1", "--out", str(tmp_path)]
     assert dataplane.main(argv) == 0
     res = json.loads((tmp_path / "dataplane.json").read_text())
+    every = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert list(res["compare"]["by_cpus"]) == list(dict.fromkeys(["0", every]))
     block = res["compare"]["by_cpus"]["0"]
     assert list(block["runs"]) == ["FedFaaS", "Flower", "SF"]
     for system, (rec,) in block["runs"].items():
@@ -47,6 +50,10 @@ def test_every_system_is_measured_by_cgroup_on_the_same_cpu(tmp_path: Path) -> N
     floor = fedfaas["design_floor"]
     assert floor["idle_processes"] == fedfaas["server_baseline_bytes"] > 0
     assert floor["bytes"] > floor["idle_processes"]
+    for system, (rec,) in res["compare"]["by_cpus"][every]["runs"].items():
+        assert rec["ok"], (system, rec)  # its runs' longer tags name folders that work too
+        got = rec["cgroup"]["server"]["cpus"]  # as the kernel writes it: 0-1 for 0,1
+        assert cgroups.parse_cpus(got) == cgroups.parse_cpus(every)
     summary = block["summary"]
     assert summary["ratios"]["Flower"]["server_cpu_s"] > 0
     md = (tmp_path / "dataplane.md").read_text()
