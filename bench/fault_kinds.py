@@ -258,7 +258,9 @@ def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
     """Keep the platform's capped shm file system at :data:`SHM_LEFT` bytes free with a
     ballast file for :data:`SHM_FULL_S` seconds and until an upload was refused (at most
     :data:`SHM_HOLD_MAX_S`; the ballast grows whenever the platform frees pages meanwhile),
-    then remove it."""
+    then remove it. Mid round, the held client uploads once the ballast is in place: the
+    other uploads still to come may all be in flight already, their objects allocated before
+    the fill (one campaign run saw no refusal mid round that way)."""
     from fedfaas.platform import state
 
     st = state.load(c.p.state_dir)
@@ -277,6 +279,8 @@ def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
         while held():
             size = _grow_ballast(fd, size, shm)
             least = min(least, free_bytes(shm))
+            if phase == "mid_round":
+                run.injected_done.set()  # the held client uploads into the full store now
             time.sleep(0.05)
     finally:
         os.close(fd)
@@ -562,6 +566,7 @@ FAULTS: dict[str, Fault] = {
             "gateways keep one spare buffer, so each upload needs new pages)",
             _shm_full,
             _shm_evidence,
+            holds="any",
             shm_cap_mib=4096,
             at_share=0.5,
             env=(("FEDFAAS_GATEWAY_POOL_MAX_BYTES", "1"),),
