@@ -22,6 +22,14 @@ class NoCapacity(EngineError):
     status, code = 507, "no_capacity"
 
 
+class FunctionsUnavailable(NoCapacity):
+    """No room for a query on the cache functions that answer, while some of the engine's
+    functions do not answer now (restarted with the runtime, or still deploying): the query
+    may fit once they are back, so it is asked again (503), not refused for good (507)."""
+
+    status, code = 503, "functions_unavailable"
+
+
 class LoadFailed(EngineError):
     status, code = 502, "load_failed"
 

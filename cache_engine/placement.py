@@ -23,7 +23,13 @@ from typing import Any
 import httpx
 
 from cache_engine.budget import OverBudget
-from cache_engine.errors import EngineError, LoadFailed, NoCapacity, one_line
+from cache_engine.errors import (
+    EngineError,
+    FunctionsUnavailable,
+    LoadFailed,
+    NoCapacity,
+    one_line,
+)
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import parts_needed
 from cache_engine.state import EngineState
@@ -387,6 +393,15 @@ class Placement(EngineState):
     def _new_function(self) -> str:
         with self._lock:
             if len(self.functions) >= self.s.max_functions:
+                down = sorted(f for f, i in self.functions.items() if not i.alive)
+                if down:  # the runtime restarting them (its SIGKILL takes every replica)
+                    raise FunctionsUnavailable(
+                        f"{len(down)} of the {self.s.max_functions} cache functions do not "
+                        f"answer now ({', '.join(down[:4])}{', ...' if len(down) > 4 else ''}); "
+                        "ask again",
+                        functions=len(self.functions),
+                        down=len(down),
+                    )
                 raise NoCapacity(
                     f"all {self.s.max_functions} cache functions are full; raise "
                     "FEDFAAS_ENGINE_MAX_FUNCTIONS or function_capacity_bytes",

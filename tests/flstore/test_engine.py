@@ -22,6 +22,7 @@ import pytest
 from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
+from cache_engine.errors import FunctionsUnavailable
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
 from fedfaas.auth import bearer, write_token_file
@@ -196,6 +197,37 @@ def test_a_dead_function_is_dropped_and_its_objects_get_two_holders_again(
         assert all(n == 2 for n in counts.values()), counts
         assert all(victim not in eng.table.get(ObjectKey.parse(i)) for i in counts)
         assert len(prov.fns) == 3  # a new function took the dead one's share
+    finally:
+        eng.stop()
+
+
+def test_a_query_while_the_functions_restart_is_asked_again_not_refused_for_good(
+    redis_url: str, cold: MemoryColdStore
+) -> None:
+    """Every cache function down at once (the runtime's SIGKILL takes all its replicas) with
+    the engine at its function cap: a query is answered 503 ``functions_unavailable`` (the SDK
+    asks again), not 507 ``no_capacity`` (fault (d) of the campaign failed a query so), and is
+    answered once the functions are back."""
+    eng, prov = _engine_with_rounds(redis_url, cold, secondaries=0, max_functions=1)
+    query = {"workload": "multi-krum", "job": "j", "rounds": [4]}
+    try:
+        assert len(prov.fns) == 1
+        (fn,) = prov.fns
+        prov.dead.add(fn)
+        assert eng.report_failure(fn) is False
+        with pytest.raises(FunctionsUnavailable) as err:
+            eng.acquire(query)
+        assert err.value.status == 503 and err.value.to_dict()["down"] == 1
+        assert fn in err.value.detail
+        prov.dead.clear()  # back: the liveness loop sees it answer again
+        deadline = time.monotonic() + 30
+        while not eng.functions[fn].alive:
+            assert time.monotonic() < deadline, "the function was not seen alive again"
+            time.sleep(0.05)
+        _wait_idle(eng)
+        plan = eng.acquire(query)
+        assert plan["holders"] == [fn]
+        assert set(plan["objects"]) <= prov.held(fn)
     finally:
         eng.stop()
 
