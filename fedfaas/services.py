@@ -460,6 +460,7 @@ def provision_minio(
     """
     from minio import Minio
     from minio.credentials.providers import StaticProvider
+    from minio.error import MinioAdminException
     from minio.minioadmin import MinioAdmin
 
     from fedfaas.secretfiles import read_credentials
@@ -479,9 +480,20 @@ def provision_minio(
     )
     for user, policy in policies.items():
         c = users[user]
-        admin.policy_add(f"fedfaas-{user}", policy=policy)
-        admin.user_add(c.username, c.password)
-        admin.policy_set(f"fedfaas-{user}", user=c.username)
+        # MinIO loads its IAM state in the background after it starts answering: a policy
+        # added meanwhile can be gone when it is attached (404 XMinioAdminNoSuchPolicy, seen
+        # once under CI). Each step is idempotent, so the three are done again until it holds.
+        deadline = time.monotonic() + 60
+        while True:
+            admin.policy_add(f"fedfaas-{user}", policy=policy)
+            admin.user_add(c.username, c.password)
+            try:
+                admin.policy_set(f"fedfaas-{user}", user=c.username)
+                break
+            except MinioAdminException as exc:
+                if "NoSuchPolicy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 @dataclass

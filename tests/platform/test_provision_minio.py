@@ -178,3 +178,48 @@ def test_the_entry_point_makes_each_user_with_its_policy_only(
     assert engine.get_object(bucket, "job/1/global").read() == b"w" * 8
     with pytest.raises(S3Error, match="AccessDenied"):
         engine.put_object(bucket, "job/1/other", io.BytesIO(b"x"), 1)
+
+
+@pytest.mark.integration
+def test_a_policy_minio_lost_before_it_was_attached_is_added_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MinIO loads its IAM state in the background after it answers: a policy added meanwhile
+    was gone at its attachment once (404 XMinioAdminNoSuchPolicy under CI). Here the first
+    policy added is really removed before it is attached: provisioning adds it again."""
+    bucket = f"lost-{secrets.token_hex(3)}"
+    users = _users_dir(tmp_path / "users", f"lost{secrets.token_hex(2)}")
+    real_add, removed = MinioAdmin.policy_add, []
+
+    def add_then_lose(self: MinioAdmin, name: str, *args: object, **kw: object) -> str:
+        out = real_add(self, name, *args, **kw)  # type: ignore[arg-type]
+        if not removed:
+            removed.append(name)
+            self.policy_remove(name)
+        return out
+
+    # a bare MinIO of its own (not provisioned by its start): no user holds the policies yet,
+    # so MinIO lets one be removed
+    with monkeypatch.context() as m:
+        m.setattr(MinioServer, "provision", lambda self: None)
+        server = MinioServer(data_dir=tmp_path / "data", secrets_dir=tmp_path / "secrets")
+        server.start()
+    try:
+        monkeypatch.setattr(MinioAdmin, "policy_add", add_then_lose)
+        provision_minio(
+            server.endpoint,
+            Credentials(server.access_key, server.secret_key),
+            {u: minio_user_file(users, u) for u in minio_policies(bucket)},
+            bucket,
+        )
+        assert removed
+        admin = MinioAdmin(
+            endpoint=server.endpoint,
+            credentials=StaticProvider(server.access_key, server.secret_key),
+            secure=False,
+        )
+        for user in minio_policies(bucket):
+            c = read_credentials(minio_user_file(users, user), "MinIO")
+            assert json.loads(admin.user_info(c.username))["policyName"] == f"fedfaas-{user}"
+    finally:
+        server.stop()
