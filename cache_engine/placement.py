@@ -33,7 +33,7 @@ from cache_engine.errors import (
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import parts_needed
 from cache_engine.state import EngineState
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, function_deployment
+from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError, function_deployment
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +390,36 @@ class Placement(EngineState):
                 self.sizes.pop(next(iter(self.sizes)))
         return s
 
+    def _forget_undeployed(self) -> None:
+        """At the cap, forget the functions that died and that the provider no longer has (a
+        runtime restarted: its functions do not survive it, and no one deploys the engine's
+        again), so that their places go to new ones. Their objects left the location table
+        when they died. The provider is asked outside the lock."""
+        with self._lock:
+            if len(self.functions) < self.s.max_functions:
+                return
+            # not alive, once alive (a function still deploying has no incarnation yet)
+            down = [f for f, i in self.functions.items() if not i.alive and i.incarnation]
+        gone = []
+        for f in down:
+            try:
+                if self.openfaas.function(f) is None:
+                    gone.append(f)
+            except OpenFaaSError:  # the provider does not answer: nothing is known
+                return
+        with self._lock:
+            gone = [f for f in gone if f in self.functions and not self.functions[f].alive]
+            for f in gone:
+                del self.functions[f]
+        if gone:
+            log.warning(
+                "cache functions %s are no longer deployed (the runtime restarted without "
+                "them): their places go to new functions",
+                ", ".join(gone),
+            )
+
     def _new_function(self) -> str:
+        self._forget_undeployed()
         with self._lock:
             if len(self.functions) >= self.s.max_functions:
                 down = sorted(f for f, i in self.functions.items() if not i.alive)

@@ -84,6 +84,11 @@ class InProcessProvider:
     def held(self, name: str) -> set[str]:
         return {k.id for k in self.fns[name]._objects}
 
+    def function(self, name: str) -> object | None:
+        """Whether ``name`` is deployed (its status stands in as an object), as the real
+        client's ``function``."""
+        return SimpleNamespace(name=name) if name in self.fns else None
+
 
 def _engine(
     redis_url: str, cold: MemoryColdStore, **kw: Any
@@ -228,6 +233,29 @@ def test_a_query_while_the_functions_restart_is_asked_again_not_refused_for_good
         plan = eng.acquire(query)
         assert plan["holders"] == [fn]
         assert set(plan["objects"]) <= prov.held(fn)
+    finally:
+        eng.stop()
+
+
+def test_functions_a_restarted_runtime_no_longer_has_give_their_places_to_new_ones(
+    redis_url: str, cold: MemoryColdStore
+) -> None:
+    """The runtime's functions do not survive its restart: the engine's dead functions that
+    the provider no longer has are forgotten at the cap, and a query gets a new function
+    (fault (d) of the campaign: after three runtime SIGKILLs every query was refused)."""
+    eng, prov = _engine_with_rounds(redis_url, cold, secondaries=0, max_functions=1)
+    query = {"workload": "multi-krum", "job": "j", "rounds": [4]}
+    try:
+        (fn,) = prov.fns
+        prov.dead.add(fn)
+        assert eng.report_failure(fn) is False
+        del prov.fns[fn]  # the runtime restarted without it
+        prov.dead.clear()
+        plan = eng.acquire(query)
+        assert len(plan["holders"]) == 1
+        (new,) = plan["holders"]
+        assert set(plan["objects"]) <= prov.held(new)
+        assert list(eng.functions) == [new]
     finally:
         eng.stop()
 
