@@ -104,6 +104,7 @@ class GatewayUnavailable(ClientError):
         "gateway_error",
         "unavailable",
         "engine_unavailable",
+        "functions_unavailable",
         "engine_error",
         "load_failed",
         "no_capacity",
