@@ -233,6 +233,16 @@ def _replicas(cluster: Cluster) -> int:
     return int(d["spec"]["replicas"])
 
 
+def _settled(cluster: Cluster) -> bool:
+    """The deployment controller has observed the aggregator's last change and counted its
+    replicas (it writes nothing more until the next change)."""
+    d = cluster.api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
+    assert d is not None
+    status = d.get("status") or {}
+    observed = status.get("observedGeneration") == d["metadata"].get("generation")
+    return observed and status.get("replicas") == int(d["spec"]["replicas"])
+
+
 def _provider_replicas(openfaas: OpenFaaSOnCluster) -> int:
     """The aggregator's replicas as the gateway reports them (faas-netes' informer cache)."""
     r = openfaas.http("GET", "/system/function/aggregator")
@@ -299,6 +309,10 @@ def test_faas_netes_and_the_gateway_scale_the_charts_aggregator(
         deployment = cluster.api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
         assert deployment is not None
         wait_for(lambda: len(_pods_of(cluster, deployment)) == 3, "the controllers made 3 pods", 60)
+        # faas-netes reads, then updates the Deployment with no retry on a conflict: the next
+        # scale waits until the controller has written the status of this one (a 500 "unable
+        # to update function deployment" once under CI when it did not)
+        wait_for(lambda: _settled(cluster), "the Deployment's status is written", 30)
 
         # OpenFaaS CE's faas-netes caps a function at 5 replicas (MaxReplicas): asked for 8
         # through the gateway, the Deployment gets 5
