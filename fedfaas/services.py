@@ -611,9 +611,13 @@ class MinioServer(_Server):
         self.console_port = self.console_port or free_port(self.host)
         self.prepare()
         self._start(self.command(), env=self.environment())
-        wait_for_port(self.host, self.port, timeout, self.proc)
-        self._wait_ready(timeout)
-        self.provision()
+        try:
+            wait_for_port(self.host, self.port, timeout, self.proc)
+            self._wait_ready(timeout)
+            self.provision()
+        except BaseException:  # a start that failed leaves no server behind (one did in CI)
+            self.stop()
+            raise
         log.info("minio on %s (console %s, pid %s)", self.url, self.console_url, self.pid)
         return self
 

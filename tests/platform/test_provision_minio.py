@@ -223,3 +223,26 @@ def test_a_policy_minio_lost_before_it_was_attached_is_added_again(
             assert json.loads(admin.user_info(c.username))["policyName"] == f"fedfaas-{user}"
     finally:
         server.stop()
+
+
+@pytest.mark.integration
+def test_a_start_whose_provisioning_fails_leaves_no_server_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MinIO whose provisioning raised once stayed alive after its test (seen after a CI
+    failure): the start stops it before the error goes up."""
+
+    pids: list[int] = []
+
+    def refuse(self: MinioServer) -> None:
+        assert self.proc is not None
+        pids.append(self.proc.pid)
+        raise RuntimeError("provisioning refused")
+
+    monkeypatch.setattr(MinioServer, "provision", refuse)
+    server = MinioServer(data_dir=tmp_path / "data", secrets_dir=tmp_path / "secrets")
+    with pytest.raises(RuntimeError, match="provisioning refused"):
+        server.start()
+    (pid,) = pids
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(pid, 0)
