@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,9 +238,44 @@ class _Server(ChildProcess):
     host: str = "127.0.0.1"
     port: int = 0
 
-    def _start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def _start(
+        self, argv: list[str], ready: Callable[[], None], env: dict[str, str] | None = None
+    ) -> None:
+        """Spawn ``argv``, then ``ready()`` (it raises unless the server serves); a start that
+        fails there (its port taken, not ready in time, a bad configuration, Ctrl-C) stops the
+        server before the error goes up, so it leaves no process behind (one did in CI)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn(argv, self.data_dir / "server.log", env)
+        self._spawn(argv, self.log_path, env)
+        try:
+            ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, name: str, probe: Callable[[], bool], timeout: float) -> None:
+        """Poll ``probe`` until it holds; :class:`ServiceError` when the server exits first
+        (with the end of its log, which says why) or ``timeout`` s pass."""
+        deadline = time.monotonic() + timeout
+        while not probe():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServiceError(
+                    f"{name} exited with code {self.proc.returncode}: "
+                    f"{self._log_tail()} (see {self.log_path})"
+                )
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{name} on {self.host}:{self.port} not ready after {timeout}s")
+            time.sleep(0.1)
+
+    def _log_tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "no log"
+        return " | ".join(ln.strip() for ln in text.splitlines()[-lines:] if ln.strip())
 
 
 def _write_once(path: Path, value: str) -> None:
@@ -357,8 +392,8 @@ class RedisServer(_Server):
     def start(self, timeout: float = 20.0) -> RedisServer:
         self.port = self.port or free_port(self.host)
         self.prepare()
-        self._start(self.command())
-        wait_for_port(self.host, self.port, timeout, self.proc)
+        # a PING answered, not a port that accepts: a port someone else listens on accepts too
+        self._start(self.command(), lambda: self._wait_ready("redis-server", self.ping, timeout))
         log.info("redis on %s:%d (pid %s)", self.host, self.port, self.pid)
         return self
 
@@ -610,29 +645,14 @@ class MinioServer(_Server):
         self.port = self.port or free_port(self.host)
         self.console_port = self.console_port or free_port(self.host)
         self.prepare()
-        self._start(self.command(), env=self.environment())
-        try:
-            wait_for_port(self.host, self.port, timeout, self.proc)
-            self._wait_ready(timeout)
+
+        def ready() -> None:
+            self._wait_ready("minio", self.ready, timeout)
             self.provision()
-        except BaseException:  # a start that failed leaves no server behind (one did in CI)
-            self.stop()
-            raise
+
+        self._start(self.command(), ready, env=self.environment())
         log.info("minio on %s (console %s, pid %s)", self.url, self.console_url, self.pid)
         return self
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready():
-                return
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ServiceError(
-                    f"minio exited with code {self.proc.returncode}; see "
-                    f"{self.data_dir / 'server.log'}"
-                )
-            time.sleep(0.1)
-        raise ServiceError(f"minio at {self.url} not ready after {timeout:.0f}s")
 
 
 @dataclass
@@ -711,16 +731,6 @@ class PrometheusServer(_Server):
     def start(self, timeout: float = 30.0) -> PrometheusServer:
         self.port = self.port or free_port(self.host)
         self.prepare()
-        self._start(self.command())
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ServiceError(
-                    f"prometheus exited with code {self.proc.returncode}; see "
-                    f"{self.data_dir / 'server.log'}"
-                )
-            if time.monotonic() > deadline:
-                raise ServiceError(f"prometheus at {self.url} not ready after {timeout:.0f}s")
-            time.sleep(0.1)
+        self._start(self.command(), lambda: self._wait_ready("prometheus", self.ready, timeout))
         log.info("prometheus on %s scraping %s (pid %s)", self.url, self.targets, self.pid)
         return self

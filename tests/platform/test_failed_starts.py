@@ -1,0 +1,106 @@
+"""A backing server whose start fails leaves no process behind, and the error says why.
+
+Regression: MinIO's start stopped its server on a failure (c705e46), Redis' and Prometheus'
+did not: a readiness timeout left the real server running after the error went up, and a
+Redis whose port someone else listened on was taken as started (that port accepted). Each test
+starts the real binary, makes its start fail, and checks by PID that the process is gone
+(stopped and reaped).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedfaas import services
+from fedfaas.services import PrometheusServer, RedisServer, ServiceError, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """The processes the servers spawn during the test (the real ``spawn``, recorded)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    real = services.spawn
+
+    def record(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kw)
+        procs.append(proc)
+        return proc
+
+    monkeypatch.setattr(services, "spawn", record)
+    return procs
+
+
+@pytest.fixture()
+def taken_port() -> Iterator[int]:
+    """A loopback port this test listens on (it accepts connections and answers nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", free_port()))
+        s.listen(16)
+        yield int(s.getsockname()[1])
+
+
+def _gone(procs: list[subprocess.Popen[bytes]]) -> None:
+    (proc,) = procs
+    assert proc.returncode is not None  # reaped by the start, not left a zombie or running
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
+
+
+def test_a_redis_whose_port_is_taken_fails_saying_so_and_leaves_no_process(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]], taken_port: int
+) -> None:
+    server = RedisServer(data_dir=tmp_path / "redis", port=taken_port)
+    with pytest.raises(ServiceError, match="redis-server exited") as err:
+        server.start()
+    assert "Address already in use" in str(err.value), err.value
+    _gone(spawned)
+    assert server.proc is None
+
+
+def test_a_redis_not_ready_in_time_is_stopped_before_the_error_goes_up(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RedisServer, "ping", lambda self, timeout=1.0: False)
+    server = RedisServer(data_dir=tmp_path / "redis")
+    with pytest.raises(ServiceError, match=r"redis-server on 127\.0\.0\.1:\d+ not ready after 1"):
+        server.start(timeout=1)
+    _gone(spawned)
+
+
+def test_a_prometheus_whose_port_is_taken_fails_saying_so_and_leaves_no_process(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]], taken_port: int
+) -> None:
+    server = PrometheusServer(data_dir=tmp_path / "prom", port=taken_port)
+    with pytest.raises(ServiceError, match="prometheus exited") as err:
+        server.start()
+    assert "address already in use" in str(err.value), err.value
+    _gone(spawned)
+
+
+def test_a_prometheus_with_a_bad_configuration_fails_saying_so_and_leaves_no_process(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    server = PrometheusServer(data_dir=tmp_path / "prom", scrape_interval="not-a-duration")
+    with pytest.raises(ServiceError, match="prometheus exited") as err:
+        server.start()
+    assert "not-a-duration" in str(err.value), err.value
+    _gone(spawned)
+
+
+def test_a_prometheus_not_ready_in_time_is_stopped_before_the_error_goes_up(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PrometheusServer, "ready", lambda self, timeout=1.0: False)
+    server = PrometheusServer(data_dir=tmp_path / "prom")
+    with pytest.raises(ServiceError, match=r"prometheus on 127\.0\.0\.1:\d+ not ready after 1"):
+        server.start(timeout=1)
+    _gone(spawned)
