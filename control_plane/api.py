@@ -24,7 +24,8 @@ Routes:
   without an update, its training having failed (:mod:`control_plane.client_rounds`)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
 * ``GET  /metrics``: Prometheus text (:func:`metrics_text`): per job its completed rounds and,
-  for a DP-FedAvg job, the epsilon spent and its budget (admin or analyst bearer)
+  for a DP-FedAvg job, the epsilon spent and its budget; the autoscale decisions that failed
+  (admin or analyst bearer)
 
 Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
 admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
@@ -50,7 +51,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
 
 from control_plane import client_rounds
@@ -122,8 +123,15 @@ class JobIn(BaseModel):
 def metrics_text(coord: Coordinator) -> bytes:
     """The control plane's Prometheus metrics: ``fedfaas_control_job_rounds_completed``,
     ``fedfaas_control_job_updates_lost``, ``fedfaas_control_job_privacy_epsilon`` (spent so far) and
-    ``fedfaas_control_job_privacy_budget`` (DP-FedAvg jobs with a budget), labelled by job."""
+    ``fedfaas_control_job_privacy_budget`` (DP-FedAvg jobs with a budget), labelled by job;
+    ``fedfaas_control_autoscale_failures_total``: scale decisions the provider refused or did not
+    answer (after retrying a 5xx or no answer)."""
     registry = CollectorRegistry()
+    Counter(
+        "fedfaas_control_autoscale_failures",
+        "autoscale decisions the provider refused or did not answer, after its retries",
+        registry=registry,
+    ).inc(coord.scale_failures)
     done = Gauge("fedfaas_control_job_rounds_completed", "rounds ended", ["job"], registry=registry)
     spent = Gauge(
         "fedfaas_control_job_privacy_epsilon",
@@ -252,6 +260,7 @@ def create_app(
                 "function": coord.function,
                 "replicas": coord.last_scale,
                 "error": coord.scale_error,
+                "failures": coord.scale_failures,
             },
         }
 

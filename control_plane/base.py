@@ -89,6 +89,8 @@ class CoordinatorBase:
         self.plans: dict[str, Plan] = {}
         self.last_scale: int | None = None
         self.scale_error: str | None = None
+        #: autoscale decisions the provider refused or did not answer (after its retries)
+        self.scale_failures = 0
         self.scale_down_after = scale_down_after
         self._busy_at = clock()
         self._reports: dict[str, dict[str, Any]] = {}

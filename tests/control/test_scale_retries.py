@@ -1,0 +1,205 @@
+"""The control plane's scale calls to the provider retry what may pass, and the loop survives
+what does not.
+
+faas-netes answers 500 "unable to update function deployment" when its Deployment write meets
+another writer's (seen in CI, 540cca6). A 5xx or no answer is asked again (three tries over
+about 1.5 s); a 4xx is not; a call that still fails is logged, counted (``scale_failures``,
+the metric ``fedfaas_control_autoscale_failures_total``) and shown (``scale_error``), and the
+control loop goes on and scales once the provider answers again.
+
+The provider here is a small HTTP server on loopback that answers the two OpenFaaS routes the
+autoscaler calls with scripted statuses: it stands in for the provider's HTTP API; the logic
+under test is the client's retrying and the loop's survival. The nodes are the control tests'
+gateway stand-ins, whose reported aggregator load asks for one more replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from control_plane.api import metrics_text
+from control_plane.coordinator import Coordinator
+from fedfaas.openfaas import AsyncOpenFaaS
+from fedfaas.services import free_port
+from tests.control.conftest import GatewayProc
+
+pytestmark = pytest.mark.integration
+
+FUNCTION = "agg"
+
+
+class Provider:
+    """``GET /system/function/agg`` (1 replica of at most 5) and ``POST
+    /system/scale-function/agg`` answered with the next of :attr:`script` (then 200)."""
+
+    def __init__(self) -> None:
+        self.script: list[int] = []
+        self.scales: list[dict[str, Any]] = []  # the bodies of every scale request, in order
+        self.replicas = 1
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _answer(self, status: int, doc: Any) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path.split("?")[0] != f"/system/function/{FUNCTION}":
+                    return self._answer(404, {"error": "no such function"})
+                n = provider.replicas
+                self._answer(
+                    200,
+                    {
+                        "name": FUNCTION,
+                        "replicas": n,
+                        "availableReplicas": n,
+                        "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "5"},
+                    },
+                )
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                provider.scales.append(body)
+                status = provider.script.pop(0) if provider.script else 200
+                if status == 200:
+                    provider.replicas = int(body["replicas"])
+                    return self._answer(200, {})
+                self._answer(status, {"error": "unable to update function deployment"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def provider() -> Iterator[Provider]:
+    p = Provider()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture()
+def busy_node(gateways: list[GatewayProc]) -> Iterator[GatewayProc]:
+    """node1 reports its 2 endpoints busy and a slot waiting: the autoscaler wants 2 replicas."""
+    g = gateways[0]
+    load = {"endpoints": 2, "free_endpoints": 0, "waiting_slots": 1, "queue": 0.0}
+    assert httpx.put(f"{g.url}/_standin/aggregators", json=load).status_code == 200
+    try:
+        yield g
+    finally:
+        httpx.put(f"{g.url}/_standin/aggregators", json={**load, "waiting_slots": 0})
+
+
+def _coordinator(url: str, node: GatewayProc) -> Coordinator:
+    return Coordinator(
+        {node.name: node.url}, provider=AsyncOpenFaaS(url, ("admin", "pw")), function=FUNCTION
+    )
+
+
+async def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not seen in {timeout:.0f}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_a_500_is_asked_again_and_the_scale_lands(provider: Provider, busy_node) -> None:  # type: ignore[no-untyped-def]
+    provider.script = [500]
+
+    async def go() -> Coordinator:
+        coord = _coordinator(provider.url, busy_node)
+        try:
+            await coord.tick()
+            return coord
+        finally:
+            await coord.stop()
+
+    coord = asyncio.run(go())
+    assert [b["replicas"] for b in provider.scales] == [2, 2]  # the 500, then the 200
+    assert (coord.last_scale, coord.scale_error, coord.scale_failures) == (2, None, 0)
+    assert provider.replicas == 2
+
+
+def test_a_4xx_is_not_asked_again_and_is_shown(provider: Provider, busy_node) -> None:  # type: ignore[no-untyped-def]
+    provider.script = [403]
+
+    async def go() -> Coordinator:
+        coord = _coordinator(provider.url, busy_node)
+        try:
+            await coord.tick()
+            return coord
+        finally:
+            await coord.stop()
+
+    coord = asyncio.run(go())
+    assert len(provider.scales) == 1
+    assert coord.scale_failures == 1 and coord.last_scale is None
+    assert coord.scale_error is not None and "answered 403" in coord.scale_error
+    assert "tries" not in coord.scale_error
+    assert "fedfaas_control_autoscale_failures_total 1.0" in metrics_text(coord).decode()
+
+
+def test_a_provider_that_keeps_failing_leaves_the_loop_running_and_saying_so(
+    provider: Provider,
+    busy_node,  # type: ignore[no-untyped-def]
+) -> None:
+    provider.script = [500] * 1000
+
+    async def go() -> None:
+        coord = _coordinator(provider.url, busy_node)
+        loop = asyncio.create_task(coord.run(0.05))
+        try:
+            await _until(lambda: coord.scale_failures >= 2, "two ticks' scales failed")
+            assert not loop.done()  # the loop survived both
+            assert coord.scale_error is not None
+            assert "answered 500" in coord.scale_error and "(3 tries)" in coord.scale_error
+            assert len(provider.scales) >= 6  # three tries each
+            provider.script.clear()  # the provider answers again: the same loop scales
+            await _until(lambda: coord.last_scale == 2, "the scale once the provider answers")
+            assert coord.scale_error is None and provider.replicas == 2
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            await coord.stop()
+
+    asyncio.run(go())
+
+
+def test_a_provider_that_does_not_answer_is_asked_three_times(busy_node) -> None:  # type: ignore[no-untyped-def]
+    async def go() -> Coordinator:
+        coord = _coordinator(f"http://127.0.0.1:{free_port()}", busy_node)  # nobody listens
+        try:
+            await coord.tick()
+            return coord
+        finally:
+            await coord.stop()
+
+    coord = asyncio.run(go())
+    assert coord.scale_failures == 1 and coord.scale_error is not None
+    assert "cannot reach" in coord.scale_error and "(3 tries)" in coord.scale_error
