@@ -831,6 +831,7 @@ class Gateway:
             persist=persist,
             checkpoint=checkpoint,
             refused=lambda _exc: self.metrics.store_refusals.inc(),
+            failed=self.metrics.aggregator_failures.inc,
         )
         if job.rule is not None:
 

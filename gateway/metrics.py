@@ -118,6 +118,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.aggregator_failures = Counter(
+            "fedfaas_gateway_aggregator_failures",
+            "FAILED frames from aggregator endpoints: a slot's or shard's work not done for "
+            "want of an object (missing, unreadable, another model); each logged at ERROR and "
+            "the slot run again once silent for the stall limit",
+            registry=r,
+        )
         r.register(_StoreCollector(gw))
 
     def render(self) -> bytes:

@@ -20,10 +20,12 @@ Protocol (frames carry the slot id in ``seq``):
 - ``FAILED`` (endpoint -> gateway): a frame's work was not done, for want of the object it
   names (``key``; why in ``count``, :class:`bpf.Failure`: not in the store, unreadable, another
   model). Logged at ERROR with the key, counted (``endpoint_failures``, the latest in
-  ``last_failure``, both in :meth:`RoundEngine.progress`, hence the job's status). The endpoint
-  says nothing more for that work, so the slot (a shard: ``gateway/sharded.py``) runs again once
-  silent for the stall limit, as after any endpoint error, and fails that way again, visibly,
-  while the object stays unusable.
+  ``last_failure``, both in :meth:`RoundEngine.progress`, hence the job's status; and the
+  ``failed`` callback: the gateway's ``fedfaas_gateway_aggregator_failures_total``). The
+  endpoint says nothing more for that work, so the slot (a shard: ``gateway/sharded.py``) runs
+  again once silent for the stall limit, as after any endpoint error, and fails that way again,
+  visibly, while the object stays unusable. A lazy round re-runs no slot for silence alone (a
+  lazy slot is silent until its last input), but a slot that failed so is re-run the same way.
 - ``CHECKPOINT`` (middle or top -> gateway, eager): after folding a child's partial the slot
   sealed its accumulator (``key``, ``weight``, ``count`` so far; child slot in ``parent``) and
   writes nothing until the gateway answers. Once the checkpoint is journaled, the gateway
@@ -108,6 +110,7 @@ class SlotState:
     heard_ns: int = 0  # last TASK to, or valid frame from, its endpoint (monotonic)
     refusals: int = 0  # accumulators the store refused it in a row (logged on the first)
     retry_ns: int = 0  # no store allocation tried for it before this time (monotonic)
+    failed: bool = False  # its endpoint answered FAILED since its last start: it runs again
 
 
 class RoundEngine:
@@ -129,6 +132,7 @@ class RoundEngine:
         checkpoint: Callable[[int, Input, list[int], Callable[[], None]], None] | None = None,
         lazy: bool = False,
         refused: Callable[[BaseException], None] | None = None,
+        failed: Callable[[], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.node = node
@@ -142,6 +146,7 @@ class RoundEngine:
         self._persist = persist or (lambda _sid, _inp, release: release())
         self._checkpoint = checkpoint or (lambda _sid, _inp, _kids, release: release())
         self._refused = refused or (lambda _exc: None)
+        self._failed = failed or (lambda: None)
         #: accumulators the store refused this round (each slot waited and was tried again)
         self.store_refusals = 0
         #: FAILED frames this round (an endpoint could not use an object), and the latest
@@ -437,6 +442,7 @@ class RoundEngine:
         st.acc = acc
         st.endpoint = ep
         st.attempts += 1
+        st.failed = False
         st.heard_ns = time.monotonic_ns()
         parent = self.slots.get(st.slot.parent) if st.slot.parent is not None else None
         if (
@@ -531,13 +537,18 @@ class RoundEngine:
     def rerun_stalled(self, stall_s: float, now_ns: int | None = None) -> list[int]:
         """Run again, on the same endpoint, every eager slot that holds all it needs to go on
         and has not been heard of for ``stall_s`` seconds: a frame lost between the gateway
-        and an endpoint (seen, rarely, with the eBPF router) costs that, not the round."""
-        if stall_s <= 0 or self.lazy or self.result is not None:
+        and an endpoint (seen, rarely, with the eBPF router) costs that, not the round. In a
+        lazy round only a slot whose endpoint answered FAILED: a lazy slot says nothing until
+        its last input, so its silence alone proves nothing, but after a FAILED frame its
+        endpoint will never finish it."""
+        if stall_s <= 0 or self.result is not None:
             return []
         now = time.monotonic_ns() if now_ns is None else now_ns
         out = []
         for st in self.slots.values():
             if not st.local or st.endpoint is None or st.done is not None:
+                continue
+            if self.lazy and not st.failed:
                 continue
             ready = bool(self.plan.children(st.slot.id)) or st.assigned >= st.slot.goal
             if ready and self.has_work(st) and now - st.heard_ns > stall_s * 1e9:
@@ -616,6 +627,10 @@ class RoundEngine:
         except ValueError:
             why, kind = f"failed (reason {f.count})", f"kind-{f.flags}"
         self.endpoint_failures += 1
+        self._failed()
+        st = self.slots.get(f.seq) if self.work_unit == "slot" else None
+        if st is not None and st.local and st.endpoint == f.src and st.done is None:
+            st.failed = True  # re-run once silent for the stall limit, lazy or not
         self.last_failure = (
             f"endpoint {f.src}, {self.work_unit} {f.seq}, {kind} frame: object "
             f"{key_hex(f.key)} {why}"

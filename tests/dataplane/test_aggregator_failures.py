@@ -8,8 +8,10 @@ serving. A real replica of the ``aggregator`` function (its own process, as the 
 it) registers with a real router, and the test plays the gateway on a real store.
 
 With a real gateway: an acknowledged update whose object vanished from the store (freed behind
-the gateway's back) fails its slot visibly, in the gateway's log and in the job's status (the
-key named), each time the slot is run again.
+the gateway's back) fails its slot visibly, in the gateway's log, in the job's status (the
+key named) and in ``fedfaas_gateway_aggregator_failures_total``, each time the slot is run
+again. Eager or lazy: a lazy round re-runs no slot for silence alone, and once re-ran no slot
+after a FAILED frame either, so its round waited for good after the first failure.
 """
 
 from __future__ import annotations
@@ -171,10 +173,11 @@ def test_a_truncated_object_and_a_missing_accumulator_or_manifest_each_come_back
     assert f"object {cut.key} cannot be read (truncated or corrupt)" in log_text
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 def test_a_vanished_update_fails_its_slot_visibly_in_the_gateways_log_and_the_job_status(
-    make_gw, caplog: pytest.LogCaptureFixture
+    make_gw, caplog: pytest.LogCaptureFixture, lazy: bool
 ) -> None:  # type: ignore[no-untyped-def]
-    gw: GatewayThread = make_gw(stall_s=1.0)
+    gw: GatewayThread = make_gw(stall_s=1.0, lazy=lazy)
     clients = ["c0"]
     r = httpx.post(
         gw.url + "/v1/jobs",
@@ -209,6 +212,15 @@ def test_a_vanished_update_fails_its_slot_visibly_in_the_gateways_log_and_the_jo
         failure = status["progress"]["last_failure"]
         assert f"object {key.hex()} is not in the store" in failure and "UPDATE frame" in failure
         assert status["progress"]["endpoint_failures"] >= 2
+        metrics = httpx.get(
+            gw.url + "/metrics", headers={"Authorization": f"Bearer {gw.gw.secret}"}
+        ).text
+        [line] = [
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith("fedfaas_gateway_aggregator_failures_total ")
+        ]
+        assert float(line.split()[1]) >= 2, line
         said = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
         assert any(key.hex() in m and "not done" in m for m in said), said
         assert eng.result is None  # nothing published without the update
