@@ -12,7 +12,8 @@ code). Kinds:
   Many models go in one request (:meth:`FunctionEvaluator.map`): up to ``batch`` models (and
   :data:`REQUEST_BYTES`) stacked along a new first dimension of each tensor, the safetensors
   metadata ``{"fedfaas.batch": "<k>"}`` saying so, answered ``{"utilities": [u, ...],
-  "metrics": [{...}, ...]}`` (:func:`classifier_handler` does both); up to ``parallel`` requests
+  "metrics": [{...}, ...]}`` (``cache_engine.evaluator_function.classifier_handler`` does
+  both); up to ``parallel`` requests
   at once, over kept-alive connections, which the cache engine spreads over ``replicas``
   replicas of the function (default ``min(parallel, cores)``: it scales the function up to that
   when it learns the spec, never down). A function that refuses batches (an older handler's 400)
@@ -273,104 +274,6 @@ class FunctionEvaluator:
         for answers in self._pool.map(self.metrics_batch, chunks):
             out += [a["utility"] for a in answers]
         return out
-
-
-def _batch_size(body: bytes) -> int | None:
-    """The number of models a safetensors body carries (its ``fedfaas.batch`` metadata), or
-    None for one model; ValueError for a header that does not parse."""
-    if len(body) < 8:
-        raise ValueError("shorter than a safetensors header")
-    n = int.from_bytes(body[:8], "little")
-    if n > len(body) - 8 or n > 100 << 20:
-        raise ValueError("the header length runs past the body")
-    meta = json.loads(body[8 : 8 + n]).get("__metadata__") or {}
-    raw = meta.get(BATCH_KEY) if isinstance(meta, dict) else None
-    if raw is None:
-        return None
-    k = int(raw)
-    if not 1 <= k <= MAX_BATCH:
-        raise ValueError(f"{BATCH_KEY} must be 1..{MAX_BATCH}, not {raw!r}")
-    return k
-
-
-def classifier_handler(
-    build: Callable[[dict[str, Any]], Any],
-    validation: Callable[[], tuple[Any, Any]],
-) -> Callable[[Any, Any], dict[str, Any]]:
-    """The ``handle(event, context)`` of an evaluator function for a PyTorch classifier.
-
-    ``build(state)`` returns a new module for the state dict ``state`` (the architecture the
-    job's clients train; a new one per request, as requests run at once); ``validation()``
-    returns the validation inputs and integer labels as tensors (called once). The handler
-    loads the posted safetensors into the module and answers ``{"utility": accuracy,
-    "metrics": {"accuracy", "loss", "n"}}``; a batch of models (the metadata
-    ``{"fedfaas.batch": "<k>"}``, each tensor stacked along a new first dimension) is answered
-    ``{"utilities": [...], "metrics": [...]}``, one entry per model in order. 400
-    ``bad_weights`` for a body that is no safetensors or does not fit the module. PyTorch runs
-    on one thread per request: the parallelism is the requests at once and the replicas.
-    ``functions/evaluator/handler.py`` uses it."""
-    cached: list[tuple[Any, Any]] = []
-
-    def bad(detail: str) -> dict[str, Any]:
-        return {
-            "statusCode": 400,
-            "body": {"error": "bad_weights", "detail": detail[:500]},
-            "headers": {"Content-Type": "application/json"},
-        }
-
-    def data() -> tuple[Any, Any]:
-        if not cached:
-            cached.append(validation())
-        return cached[0]
-
-    def score(model: Any, state: dict[str, Any]) -> dict[str, float]:
-        import torch
-
-        model.load_state_dict(state)
-        x, y = data()
-        model.eval()
-        with torch.no_grad():
-            logits = model(x)
-            loss = float(torch.nn.functional.cross_entropy(logits, y))
-            accuracy = int((logits.argmax(dim=1) == y).sum()) / int(y.shape[0])
-        return {"accuracy": accuracy, "loss": loss, "n": float(y.shape[0])}
-
-    def handle(event: Any, context: Any) -> dict[str, Any]:
-        import torch
-        from safetensors import SafetensorError
-        from safetensors.torch import load as st_load
-
-        if not cached:  # requests run at once and replicas side by side: one thread each
-            torch.set_num_threads(1)
-
-        if event.method != "POST" or not event.body:
-            return bad("POST a model's weights as safetensors")
-        body = bytes(event.body)
-        try:
-            k = _batch_size(body)
-            state = st_load(body)
-        except (SafetensorError, ValueError) as exc:
-            return bad(f"the body is not safetensors: {exc}")
-        if k is not None and any(t.ndim == 0 or t.shape[0] != k for t in state.values()):
-            return bad(f"a batch of {k} models stacks each tensor along a first dimension of {k}")
-        states = [state] if k is None else [{n: t[i] for n, t in state.items()} for i in range(k)]
-        model = build(states[0])
-        try:  # one model at a time: the same numbers as one model per request, to the bit
-            metrics = [score(model, s) for s in states]
-        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
-            return bad(f"the weights do not fit the model: {exc}")
-        answer: dict[str, Any] = (
-            {"utility": metrics[0]["accuracy"], "metrics": metrics[0]}
-            if k is None
-            else {"utilities": [m["accuracy"] for m in metrics], "metrics": metrics}
-        )
-        return {
-            "statusCode": 200,
-            "body": answer,
-            "headers": {"Content-Type": "application/json"},
-        }
-
-    return handle
 
 
 class _Head:

@@ -497,6 +497,22 @@ def test_the_services_image_installs_no_torch_and_no_unreachable_index() -> None
     assert '-e ".[dev,bench,torch]"' in (ROOT / "scripts" / "setup.sh").read_text()
 
 
+def test_no_function_image_installs_torch() -> None:
+    """README: no image installs PyTorch (its PyPI wheels bring CUDA's libraries, gigabytes):
+    the demo's digits-evaluator scores with numpy. The template's and every stack function's
+    requirements leave torch out (tests/openfaas/test_function_requirements.py checks that
+    they cover what each handler imports; the handler's tests run in the build, without it)."""
+    files = [TEMPLATE_DOCKERFILE.parent / "requirements.txt"]
+    for stack in STACKS:
+        for fn in yaml.safe_load((ROOT / stack).read_text())["functions"].values():
+            files.append(ROOT / fn["handler"] / "requirements.txt")
+    assert len(files) == 1 + len(stack_images())
+    for path in files:
+        lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
+        names = {re.split(r"[<>=!~\[; ]", ln, maxsplit=1)[0].lower() for ln in lines if ln}
+        assert not names & {"torch", "torchvision"}, path
+
+
 @pytest.mark.parametrize(
     "dockerfile", [SERVICES_DOCKERFILE, TEMPLATE_DOCKERFILE], ids=lambda p: p.parent.name
 )

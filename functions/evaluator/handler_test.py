@@ -1,7 +1,9 @@
 """The digits evaluator function's contract: safetensors in, ``{"utility", "metrics"}`` out,
 400 ``bad_weights`` with what was wrong for a body that is not a model it scores; and the cache
 function's side of it (``cache_engine.evaluators.FunctionEvaluator``) against an answer that
-breaks the contract."""
+breaks the contract. These run in the image build too, where there is no PyTorch: the models
+are random weights of the demo's shapes (``tests/flstore/test_digits_evaluator.py`` compares
+the forward passes with ``client.model``'s)."""
 
 import http.server
 import json
@@ -13,9 +15,24 @@ import pytest
 from safetensors.numpy import save
 
 from cache_engine.evaluators import EvaluatorUnavailable, FunctionEvaluator, layout_of
-from client.model import make_model, model_to_bytes
 
-from .handler import handle
+from .handler import SHAPES, handle
+
+
+def make_model(seed, arch):
+    """Random weights of the demo model ``arch``, as ``client.model.make_model`` gives them:
+    uniform in +-1/sqrt(fan_in)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in SHAPES[arch].items():
+        weight = SHAPES[arch][name.rsplit(".", 1)[0] + ".weight" if "." in name else "weight"]
+        bound = 1 / np.sqrt(np.prod(weight[1:]))
+        out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+def model_to_bytes(state):
+    return save(state)
 
 
 def _event(method, body=b""):
@@ -37,6 +54,11 @@ def test_a_model_of_the_demo_gets_its_accuracy_and_loss(arch):
         (b"", "POST a model"),
         (b"not safetensors at all", "not safetensors"),
         (save({"weight": np.zeros((3, 3), np.float32)}), "do not fit"),
+        (save({"weight": np.zeros((10, 64), np.float32)}), "missing: bias"),
+        (
+            save({"weight": np.zeros((10, 64), np.float32), "bias": np.zeros(9, np.float32)}),
+            "bias (9,) (the model's is (10,))",
+        ),
     ],
 )
 def test_a_body_that_is_not_a_model_it_scores_gets_400_saying_why(body, says):

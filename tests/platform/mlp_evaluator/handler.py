@@ -1,13 +1,13 @@
-"""An evaluator function for a model that is not the demo's: an MLP (64 -> 32 -> 10) on the
-digits, written from ``functions/evaluator/handler.py`` as its docstring says (the model and
-the validation data changed). ``tests/platform/test_one_platform.py`` deploys it with
-``fedfaas deploy -f`` on a running platform and scores a job's clients with it."""
+"""An evaluator function for a model that is not the demo's: a PyTorch MLP (64 -> 32 -> 10) on
+the digits, written from ``functions/evaluator/handler.py`` as its docstring says (the model,
+through ``torch_logits``, and the validation data changed). ``tests/platform/test_one_platform.py``
+deploys it with ``fedfaas deploy -f`` on a running platform and scores a job's clients with it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cache_engine.evaluators import classifier_handler
+from cache_engine.evaluator_function import classifier_handler, torch_logits
 
 
 def mlp() -> Any:
@@ -19,12 +19,10 @@ def mlp() -> Any:
 
 
 def _validation() -> tuple[Any, Any]:
-    import torch
-
     from cache_engine.evaluators import digits_split
 
     _, _, x, y = digits_split(seed=4)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    return x, y
 
 
-handle = classifier_handler(lambda state: mlp(), _validation)
+handle = classifier_handler(torch_logits(lambda state: mlp()), _validation)
