@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -178,6 +179,22 @@ def upload(url, job, rnd, client, token, tensors, weight):  # type: ignore[no-un
         },
         timeout=30,
     )
+
+
+def wait_round_open(url: str, job: str, rnd: int, secret: str, timeout: float = 60.0) -> None:
+    """Wait until the gateway at ``url`` has round ``rnd`` (or a later one) open.
+
+    A node that is not the job's root opens the next round when it learns of the root's
+    publication (its journal poll), a moment after the control plane shows the round open:
+    asked before, it answers 409 ``round_not_open``, which the SDK asks again and a raw
+    :func:`upload` does not (seen under CI in test_partial_forwarding, c84ddc8)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(f"{url}/v1/jobs/{job}", headers={"Authorization": f"Bearer {secret}"})
+        if r.status_code == 200 and int(r.json()["round"] or 0) >= rnd:
+            return
+        assert time.monotonic() < deadline, f"round {rnd} of {job} not open at {url}: {r.text}"
+        time.sleep(0.05)
 
 
 def create_job(api: Any, w0: dict[str, Any], **fields: Any) -> httpx.Response:

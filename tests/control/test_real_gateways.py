@@ -449,6 +449,9 @@ def test_a_dp_job_spends_its_budget_round_by_round_and_stops_before_passing_it(r
                 if a.status_code != 200:
                     continue
                 up = {"a": rng.standard_normal(256).astype(np.float32)}
+                # round 2 shows open once the root published; a node that follows it opens
+                # it at its next journal poll (a raw upload before then: round_not_open)
+                realgw.wait_round_open(a.json()["gateway_url"], "dp", rnd, secret)
                 res = upload(a.json()["gateway_url"], "dp", rnd, c, tokens[c], up, 5)
                 assert res.status_code == 202, res.text
             view = _wait_view(api, "dp", lambda v, n=rnd: v["completed"] >= n)
