@@ -121,6 +121,20 @@ def _coordinator(url: str, node: GatewayProc) -> Coordinator:
     )
 
 
+def _one_tick(url: str, node: GatewayProc) -> Coordinator:
+    """One control tick of a coordinator scaling through the provider at ``url``."""
+
+    async def go() -> Coordinator:
+        coord = _coordinator(url, node)
+        try:
+            await coord.tick()
+            return coord
+        finally:
+            await coord.stop()
+
+    return asyncio.run(go())
+
+
 async def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():
@@ -132,15 +146,7 @@ async def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
 def test_a_500_is_asked_again_and_the_scale_lands(provider: Provider, busy_node) -> None:  # type: ignore[no-untyped-def]
     provider.script = [500]
 
-    async def go() -> Coordinator:
-        coord = _coordinator(provider.url, busy_node)
-        try:
-            await coord.tick()
-            return coord
-        finally:
-            await coord.stop()
-
-    coord = asyncio.run(go())
+    coord = _one_tick(provider.url, busy_node)
     assert [b["replicas"] for b in provider.scales] == [2, 2]  # the 500, then the 200
     assert (coord.last_scale, coord.scale_error, coord.scale_failures) == (2, None, 0)
     assert provider.replicas == 2
@@ -149,15 +155,7 @@ def test_a_500_is_asked_again_and_the_scale_lands(provider: Provider, busy_node)
 def test_a_4xx_is_not_asked_again_and_is_shown(provider: Provider, busy_node) -> None:  # type: ignore[no-untyped-def]
     provider.script = [403]
 
-    async def go() -> Coordinator:
-        coord = _coordinator(provider.url, busy_node)
-        try:
-            await coord.tick()
-            return coord
-        finally:
-            await coord.stop()
-
-    coord = asyncio.run(go())
+    coord = _one_tick(provider.url, busy_node)
     assert len(provider.scales) == 1
     assert coord.scale_failures == 1 and coord.last_scale is None
     assert coord.scale_error is not None and "answered 403" in coord.scale_error
@@ -192,14 +190,6 @@ def test_a_provider_that_keeps_failing_leaves_the_loop_running_and_saying_so(
 
 
 def test_a_provider_that_does_not_answer_is_asked_three_times(busy_node) -> None:  # type: ignore[no-untyped-def]
-    async def go() -> Coordinator:
-        coord = _coordinator(f"http://127.0.0.1:{free_port()}", busy_node)  # nobody listens
-        try:
-            await coord.tick()
-            return coord
-        finally:
-            await coord.stop()
-
-    coord = asyncio.run(go())
+    coord = _one_tick(f"http://127.0.0.1:{free_port()}", busy_node)  # nobody listens there
     assert coord.scale_failures == 1 and coord.scale_error is not None
     assert "cannot reach" in coord.scale_error and "(3 tries)" in coord.scale_error
