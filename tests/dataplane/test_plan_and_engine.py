@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 import pytest
 
-from bpf import Frame, Kind
+from bpf import Failure, Frame, Kind
 from gateway.plan import LEAF, MIDDLE, TOP, Plan, Slot, static_plan
 from gateway.rounds import Input, RoundEngine
 
@@ -78,7 +79,7 @@ class FakeStore:
 
 
 def engine(
-    goal: int = 4, fanout: int = 2
+    goal: int = 4, fanout: int = 2, **more: Any
 ) -> tuple[RoundEngine, list[Frame], list[Input], FakeStore]:
     sent: list[Frame] = []
     published: list[Input] = []
@@ -93,6 +94,7 @@ def engine(
         gateway_ep=100,  # type: ignore[arg-type]
         send=sent.append,
         publish=published.append,
+        **more,
     )
     return eng, sent, published, store
 
@@ -462,6 +464,49 @@ def test_a_slot_silent_with_all_its_inputs_runs_again_on_its_endpoint() -> None:
     assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE, Kind.UPDATE]
     assert sent[0].dst == 5 and sent[0].key != first and eng.slots[a].attempts == 2
     assert eng.rerun_stalled(0, now + 100 * 10**9) == []  # 0 turns it off
+
+
+def test_a_lazy_slot_runs_again_once_its_endpoint_answered_failed_and_only_then() -> None:
+    """A lazy slot says nothing until its last input, so silence alone re-runs none; after a
+    FAILED frame from its endpoint (an object it could not use) that endpoint will never
+    finish it: it runs again once silent for the stall limit (it waited for good before), and
+    each FAILED frame is counted (the gateway's ``..._aggregator_failures_total``)."""
+    failures: list[int] = []
+    eng, sent, _, store = engine(goal=6, lazy=True, failed=lambda: failures.append(1))
+    a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
+    for i in range(4):
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+    eng.assign(a, 5)
+    eng.assign(b, 6)
+    first = eng.slots[a].acc
+    now = eng.slots[a].heard_ns
+    assert eng.rerun_stalled(10, now + 11 * 10**9) == []  # lazy: silence proves nothing
+
+    def failed(src: int, seq: int) -> Frame:
+        return Frame(
+            dst=100,
+            src=src,
+            kind=Kind.FAILED,
+            flags=int(Kind.UPDATE),
+            job=7,
+            key=update_key(0),
+            round=1,
+            count=int(Failure.MISSING),
+            seq=seq,
+        )
+
+    eng.on_frame(failed(9, a))  # from an endpoint that no longer runs slot a: counted only
+    assert eng.rerun_stalled(10, now + 11 * 10**9) == []
+    eng.on_frame(failed(5, a))
+    assert failures == [1, 1] and eng.endpoint_failures == 2
+    assert update_key(0).hex() in eng.last_failure
+    sent.clear()
+    assert eng.rerun_stalled(10, now + 9 * 10**9) == []  # not silent long enough
+    assert eng.rerun_stalled(10, now + 11 * 10**9) == [a]
+    assert [f.kind for f in sent] == [Kind.TASK, Kind.UPDATE, Kind.UPDATE]
+    assert sent[0].dst == 5 and sent[0].key != first and eng.slots[a].attempts == 2
+    assert eng.rerun_stalled(10, now + 100 * 10**9) == []  # the re-run has not failed (yet)
 
 
 def test_a_checkpoint_or_ack_with_the_wrong_count_runs_the_slot_again() -> None:
