@@ -267,7 +267,9 @@ class _Server(ChildProcess):
                     f"{self._log_tail()} (see {self.log_path})"
                 )
             if time.monotonic() > deadline:
-                raise ServiceError(f"{name} on {self.host}:{self.port} not ready after {timeout}s")
+                raise ServiceError(
+                    f"{name} on {self.host}:{self.port} not ready after {timeout:g}s"
+                )
             time.sleep(0.1)
 
     def _log_tail(self, lines: int = 3) -> str:
