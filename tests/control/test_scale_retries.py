@@ -4,8 +4,9 @@ what does not.
 faas-netes answers 500 "unable to update function deployment" when its Deployment write meets
 another writer's (seen in CI, 540cca6). A 5xx or no answer is asked again (three tries over
 about 1.5 s); a 4xx is not; a call that still fails is logged, counted (``scale_failures``,
-the metric ``fedfaas_control_autoscale_failures_total``) and shown (``scale_error``), and the
-control loop goes on and scales once the provider answers again.
+``GET /v1/nodes``' ``autoscale.failures``, the metric
+``fedfaas_control_autoscale_failures_total``) and shown (``scale_error``, ``autoscale.error``),
+and the control loop goes on and scales once the provider answers again.
 
 The provider here is a small HTTP server on loopback that answers the two OpenFaaS routes the
 autoscaler calls with scripted statuses: it stands in for the provider's HTTP API; the logic
@@ -30,6 +31,8 @@ from control_plane.coordinator import Coordinator
 from fedfaas.openfaas import AsyncOpenFaaS
 from fedfaas.services import free_port
 from tests.control.conftest import GatewayProc
+from tests.dataplane.gwutil import wait_until
+from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
@@ -135,14 +138,6 @@ def _one_tick(url: str, node: GatewayProc) -> Coordinator:
     return asyncio.run(go())
 
 
-async def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not seen in {timeout:.0f}s: {what}")
-        await asyncio.sleep(0.05)
-
-
 def test_a_500_is_asked_again_and_the_scale_lands(provider: Provider, busy_node) -> None:  # type: ignore[no-untyped-def]
     provider.script = [500]
 
@@ -167,26 +162,29 @@ def test_a_provider_that_keeps_failing_leaves_the_loop_running_and_saying_so(
     provider: Provider,
     busy_node,  # type: ignore[no-untyped-def]
 ) -> None:
+    """The control plane's own loop (its app, ticking every 0.05 s) survives tick after tick
+    of 500s, says so in ``GET /v1/nodes`` and ``GET /metrics``, and scales once the provider
+    answers again."""
     provider.script = [500] * 1000
+    coord = _coordinator(provider.url, busy_node)
+    with control_client(coord, tick_s=0.05) as api:
 
-    async def go() -> None:
-        coord = _coordinator(provider.url, busy_node)
-        loop = asyncio.create_task(coord.run(0.05))
-        try:
-            await _until(lambda: coord.scale_failures >= 2, "two ticks' scales failed")
-            assert not loop.done()  # the loop survived both
-            assert coord.scale_error is not None
-            assert "answered 500" in coord.scale_error and "(3 tries)" in coord.scale_error
-            assert len(provider.scales) >= 6  # three tries each
-            provider.script.clear()  # the provider answers again: the same loop scales
-            await _until(lambda: coord.last_scale == 2, "the scale once the provider answers")
-            assert coord.scale_error is None and provider.replicas == 2
-        finally:
-            loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)
-            await coord.stop()
+        def autoscale() -> dict[str, Any]:
+            view: dict[str, Any] = api.get("/v1/nodes").json()["autoscale"]
+            return view
 
-    asyncio.run(go())
+        view = wait_until(lambda: (v := autoscale())["failures"] >= 2 and v, 60, "2 failures")
+        assert "answered 500" in view["error"] and "(3 tries)" in view["error"], view
+        assert len(provider.scales) >= 6  # three tries a tick
+        [line] = [
+            ln
+            for ln in api.get("/metrics").text.splitlines()
+            if ln.startswith("fedfaas_control_autoscale_failures_total ")
+        ]
+        assert float(line.split()[1]) >= 2, line
+        provider.script.clear()  # the provider answers again: the same loop scales
+        view = wait_until(lambda: (v := autoscale())["replicas"] == 2 and v, 60, "the scale")
+        assert view["error"] is None and provider.replicas == 2
 
 
 def test_a_provider_that_does_not_answer_is_asked_three_times(busy_node) -> None:  # type: ignore[no-untyped-def]
