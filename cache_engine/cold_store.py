@@ -250,12 +250,22 @@ class ColdStore(ABC):
         return TensorIndex.parse(doc, 8 + n)
 
     def read_range(
-        self, key: ObjectKey, start: int, stop: int, index: TensorIndex | None = None
+        self,
+        key: ObjectKey,
+        start: int,
+        stop: int,
+        index: TensorIndex | None = None,
+        out: NDArray[np.float32] | None = None,
     ) -> NDArray[np.float32]:
         """Coordinates ``[start, stop)`` of a model's flat vector (:func:`flatten`'s order),
-        read by ranges: only those bytes leave the store (``index``: its :meth:`header`)."""
+        read by ranges: only those bytes leave the store (``index``: its :meth:`header`;
+        ``out``: a float32 buffer of ``stop - start`` to fill, reused by a caller that streams
+        chunk after chunk; a new array otherwise)."""
         index = index or self.header(key)
-        out = np.empty(max(0, stop - start), dtype=np.float32)
+        if out is None:
+            out = np.empty(max(0, stop - start), dtype=np.float32)
+        elif out.shape != (max(0, stop - start),) or out.dtype != np.float32:
+            raise ValueError(f"out must be {stop - start} float32, not {out.shape} {out.dtype}")
         for lo, hi, dst, dtype in index.pieces(start, stop):
             raw = self.get_bytes_range(key, lo, hi - lo)
             if len(raw) != hi - lo:

@@ -13,16 +13,18 @@ part it computes in process) and sums or joins the answers.
 within it, given a ``span``; ``dim``: the models' length, on which a Gram matrix's
 float32 or float64 products are chosen as over the whole vectors) from what the function holds: part ``s`` of ``S``
 of it, or the whole object; without either, from the cold store by ranged reads when the plan
-gives a ``source`` (the engine does so past the node's memory budget: nothing is kept, and at
-most the source's ``chunk_bytes`` (default :data:`STREAM_BYTES`) of objects are read at a
-time), else 409 ``not_held``. The answer is
-raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the range, or the
-float32 ``k x (b - a)`` slices of the rows (``b' - a'`` given a ``span``).
+gives a ``source`` (the engine does so past the node's memory budget: nothing is kept, one
+streamed ``/part`` runs at a time on a function, and it holds at most the source's
+``chunk_bytes`` (default :data:`STREAM_BYTES`) of objects at a time), else 409 ``not_held``.
+The answer is raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the
+range, or the float32 ``k x (b - a)`` slices of the rows (``b' - a'`` given a ``span``). A
+reducer asks the functions at once, and each function's ranges one after the other.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -197,6 +199,9 @@ class Holdings:
     #: objects' tensor indexes, read once per :data:`INDEX_TTL_S` (a query streams an object
     #: many times: once per batch of sub-models)
     indexes: dict[str, tuple[TensorIndex, float]] = field(default_factory=dict)
+    #: held while a ``/part`` streams from the cold store: one stream at a time, so that the
+    #: function holds one ``chunk_bytes`` of streamed objects, as the engine's plan counts it
+    streaming: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def index(self, store: ColdStore, key: ObjectKey) -> TensorIndex:
         now = time.monotonic()
@@ -254,31 +259,39 @@ def _stream(
     h: Holdings,
 ) -> bytes:
     """The part answer with the objects not held here read from the cold store a chunk of
-    coordinates at a time (at most the source's ``chunk_bytes`` of them at once: one chunk is
-    let go before the next is read), nothing kept (``views``: the held objects over
-    ``req.cols``)."""
+    coordinates at a time, nothing kept (``views``: the held objects over ``req.cols``).
+
+    The chunk is one buffer of at most the source's ``chunk_bytes``, allocated once and
+    refilled chunk after chunk, and this function streams one ``/part`` at a time
+    (:attr:`Holdings.streaming`): the cache engine gives each streaming function
+    ``chunk_bytes`` of the queries' working memory, however many of a query's ranges, or
+    queries, it is sent at once."""
     assert h.cold is not None and req.source is not None
     grants = req.source.get("credentials") or {}
     keys = {i: ObjectKey.parse(i) for i in missing}
     stores = {i: h.cold(k.job, grants) for i, k in keys.items()}
-    with ThreadPoolExecutor(READERS, thread_name_prefix="part-read") as pool:
+    with h.streaming, ThreadPoolExecutor(READERS, thread_name_prefix="part-read") as pool:
         indexes: dict[str, TensorIndex] = dict(
             zip(missing, pool.map(lambda i: h.index(stores[i], keys[i]), missing), strict=True)
         )
         a, b = req.cols
         at_once = int(req.source.get("chunk_bytes") or STREAM_BYTES)
-        step = max(1024, at_once // (4 * len(missing)))
+        step = min(b - a, max(1024, at_once // (4 * len(missing))))
+        buf = np.empty((len(missing), step), dtype=np.float32)
+        h.stats["streamed_buffer_bytes"] = max(h.stats.get("streamed_buffer_bytes", 0), buf.nbytes)
         n = len(req.rows)
         acc = np.zeros((n, n)) if req.op == "gram" else None
         out = None if req.op == "gram" else np.empty((n, b - a), dtype=np.float32)
 
         def one(c0: int, c1: int) -> None:
-            def read(i: str) -> NDArray[np.float32]:
-                return stores[i].read_range(keys[i], c0, c1, indexes[i])
+            def read(row: int) -> None:
+                i = missing[row]
+                stores[i].read_range(keys[i], c0, c1, indexes[i], out=buf[row, : c1 - c0])
 
-            chunk: dict[str, NDArray[np.floating]] = dict(
-                zip(missing, pool.map(read, missing), strict=True)
-            )
+            list(pool.map(read, range(len(missing))))
+            chunk: dict[str, NDArray[np.floating]] = {
+                i: buf[row, : c1 - c0] for row, i in enumerate(missing)
+            }
             h.stats["streamed_reads"] += len(missing)
             for i, v in views.items():
                 if v is not None:
@@ -357,8 +370,21 @@ class RemoteParts:
                 return self.local(body)
             return self.remote(str(s["function"]), s.get("endpoint"), body)
 
-        with ThreadPoolExecutor(max(1, len(bodies)), thread_name_prefix="part-ask") as pool:
-            return list(pool.map(one, bodies))
+        # the functions at once, each function's ranges one after the other: a function that
+        # streams several ranges from the cold store holds one chunk at a time
+        by_function: dict[str, list[int]] = {}
+        for k, (s, _) in enumerate(bodies):
+            by_function.setdefault(str(s["function"]), []).append(k)
+        answers: list[bytes] = [b""] * len(bodies)
+
+        def in_turn(ks: list[int]) -> None:
+            for k in ks:
+                answers[k] = one(bodies[k])
+
+        workers = max(1, len(by_function))
+        with ThreadPoolExecutor(workers, thread_name_prefix="part-ask") as pool:
+            list(pool.map(in_turn, by_function.values()))
+        return answers
 
     def gram(self, rows: Sequence[RowSpec]) -> NDArray[np.float64]:
         n = len(rows)
