@@ -869,40 +869,52 @@ def markdown(res: dict[str, Any]) -> str:
         lines += shapley_md(res["shapley"])
     if "big_rounds" in res:
         lines += rounds_md(res["big_rounds"])
-    lines += [
+    if "policies" in res:
+        lines += _policies_md(res["policies"])
+    if "overhead" in res:
+        lines += _overhead_md(res["overhead"])
+    return "\n".join(lines) + "\n"
+
+
+def _policies_md(policies: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "## Policy hit rates (capacity 64 objects)",
         "",
         "| trace | " + " | ".join(POLICIES) + " |",
         "|---|" + "---|" * len(POLICIES),
     ]
-    by = {(p["trace"], p["policy"]): p for p in res["policies"]}
-    for t in dict.fromkeys(p["trace"] for p in res["policies"]):
+    by = {(p["trace"], p["policy"]): p for p in policies}
+    for t in dict.fromkeys(p["trace"] for p in policies):
         cells = [f"{100 * by[(t, p)]['hit_rate']:.2f}%" for p in POLICIES]
         lines.append(f"| {t} ({by[(t, 'flstore')]['requests']} req) | " + " | ".join(cells) + " |")
-    lines += [
+    return lines + [
         "",
         "Request-level hit rate (a request hits when all its objects are resident). "
         "Traces: "
         + "; ".join(
             f"{t}: {by[(t, 'flstore')]['note']}"
-            for t in dict.fromkeys(p["trace"] for p in res["policies"])
+            for t in dict.fromkeys(p["trace"] for p in policies)
         ),
         "",
+    ]
+
+
+def _overhead_md(overhead: dict[str, Any]) -> list[str]:
+    lines = [
         "## Lookup overhead",
         "",
         "| entries | engine lookup p99 us | engine table MB | Redis lookup p99 us | "
         "Redis table MB | tracker record GET p99 us | tracker records MB |",
         "|---|---|---|---|---|---|---|",
     ]
-    for n, o in res["overhead"].items():
+    for n, o in overhead.items():
         lines.append(
             f"| {int(n):,} | {o['engine_table_lookup_p99_us']:.2f} | "
             f"{o['engine_table_memory_mb']:.2f} | {o['redis_table_lookup_p99_us']:.1f} | "
             f"{o['redis_table_memory_mb']:.2f} | {o['tracker_record_get_p99_us']:.1f} | "
             f"{o['tracker_records_memory_mb']:.2f} |"
         )
-    lines += ["", "Target: lookup <= 100 us p99."]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "Target: lookup <= 100 us p99."]
 
 
 def _steady_md(tag: str, steady: dict[str, Any]) -> list[str]:
@@ -1003,8 +1015,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
         axes[0].set_yscale("log")
         axes[0].set_ylabel("mean latency per query (s)")
         axes[0].legend()
-    by = {(p["trace"], p["policy"]): p["hit_rate"] for p in res["policies"]}
-    traces = list(dict.fromkeys(p["trace"] for p in res["policies"]))
+    by = {(p["trace"], p["policy"]): p["hit_rate"] for p in res.get("policies", [])}
+    traces = list(dict.fromkeys(p["trace"] for p in res.get("policies", [])))
     x = np.arange(len(traces))
     for i, p in enumerate(POLICIES):
         axes[1].bar(x + (i - 2.5) * 0.13, [100 * by[(t, p)] for t in traces], 0.13, label=p)
@@ -1030,6 +1042,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-handoff", action="store_true")
     ap.add_argument("--skip-shapley", action="store_true")
+    ap.add_argument(
+        "--skip-policies-and-overhead",
+        action="store_true",
+        help="no policy hit rates, no lookup overhead (a part of the benchmark that "
+        "bench.flstore_merge adds to a result that has them)",
+    )
     ap.add_argument(
         "--big-rounds",
         default="120,200",
@@ -1084,8 +1102,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         with tempfile.TemporaryDirectory(prefix="bench-flstore-") as tmp:
             work = Path(tmp)
-            res["policies"] = policies()
-            res["overhead"] = overhead(work, (1000,) if args.quick else (1000, 100_000))
+            if not args.skip_policies_and_overhead:
+                res["policies"] = policies()
+                res["overhead"] = overhead(work, (1000,) if args.quick else (1000, 100_000))
             if not args.skip_latency:
                 res["latency"] = latency(args, work)
             if not args.skip_handoff:

@@ -455,9 +455,11 @@ def _one_size(
     }
 
 
-def section_run(section: dict[str, Any]) -> list[str]:
-    """The line naming the run of a section stored from another run than the result's own
-    (its ``run`` block: when it started, at which commit), or none."""
+def section_run(
+    section: dict[str, Any], what: str = "This section is from its own run"
+) -> list[str]:
+    """The line naming the run of a section (or of ``what``) stored from another run than the
+    result's own (its ``run`` block: when it started, at which commit), or none."""
     run = section.get("run")
     if not isinstance(run, dict):
         return []
@@ -465,8 +467,7 @@ def section_run(section: dict[str, Any]) -> list[str]:
     sha = str(commit.get("sha") or "unknown")[:12]
     dirty = " with uncommitted changes" if commit.get("dirty") else ""
     return [
-        f"This section is from its own run: `{run.get('command', '')}`, started "
-        f"{run.get('started')}, commit {sha}{dirty}.",
+        f"{what}: `{run.get('command', '')}`, started {run.get('started')}, commit {sha}{dirty}.",
         "",
     ]
 
@@ -486,6 +487,11 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "## Rounds of 120 and 200 ResNet-18-sized updates",
         "",
         *section_run(big),
+        *(
+            line
+            for n, row in big["sizes"].items()
+            for line in section_run(row, f"The rows of {n} updates are from their own run")
+        ),
         f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
         "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
         "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "

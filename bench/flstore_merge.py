@@ -1,0 +1,106 @@
+"""bench-flstore's result from several runs: ``python -m bench.flstore_merge BASE OTHER...``.
+
+The whole benchmark takes longer than one sitting of a shared machine allows (the rounds of
+120 and 200 ResNet-18-sized updates alone take most of an hour), so it can be run in parts,
+each ``python -m bench.flstore ... --out DIR`` writing a complete result of its own, and the
+parts merged: ``BASE/flstore.json`` keeps its ``run`` block, its live latency, handoff, policies
+and lookup overhead; every other folder's sections (the demo's GTG-Shapley, the big rounds)
+replace BASE's, each stamped with the ``run`` block of the run it came from, which the Markdown
+names (a live latency or handoff section of another run is refused). Big-round sizes from several runs are joined when their setup (the
+budget, GTG-Shapley's parameters, the askings, the memos, the platform) is the same, each size
+stamped with its run; a different setup is refused. The merged ``flstore.json`` goes to
+``--out`` (default ``bench/results``) and ``flstore.md`` and ``.png`` are rendered from it as
+written (:func:`bench.runinfo.rerender`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.flstore import RESULTS, markdown, plot
+from bench.runinfo import rerender
+
+#: the sections a part of the benchmark adds, those whose Markdown names the run they came from
+#: (the live latency, the handoff, the policies and the overhead are BASE's)
+SECTIONS = ("shapley", "big_rounds")
+#: sections only BASE may hold
+BASE_ONLY = ("latency", "handoff")
+#: what the big rounds of two runs must share to stand in one table
+SETUP = ("budget_bytes", "gtg_params", "repeats", "gtg_repeats", "memos", "platform")
+
+
+class MergeRefused(ValueError):
+    """Two parts that cannot stand in one result."""
+
+
+def merge(base: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the sections of each of ``others`` (see the module); nothing is changed in
+    place."""
+    out = copy.deepcopy(base)
+    for other in others:
+        run = other["run"]
+        extra = [k for k in BASE_ONLY if k in other]
+        if extra:
+            raise MergeRefused(f"{', '.join(extra)}: only the base result may hold them")
+        for key in SECTIONS:
+            if key not in other:
+                continue
+            section = copy.deepcopy(other[key])
+            if key == "big_rounds":  # each size names its run
+                held = out.get(key) or {**section, "sizes": {}}
+                out[key] = _join_sizes(held, section, run)
+            else:
+                out[key] = {**section, "run": run}
+    return out
+
+
+def _join_sizes(held: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    differ = [k for k in SETUP if held.get(k) != new.get(k)]
+    if differ:
+        raise MergeRefused(
+            "the big rounds of the two runs differ in "
+            + ", ".join(f"{k} ({held.get(k)!r} vs {new.get(k)!r})" for k in differ)
+        )
+    sizes: dict[str, Any] = {}
+    for n, row in held["sizes"].items():
+        came_from = row.get("run") or held.get("run")
+        sizes[n] = {**row, "run": came_from} if came_from else row
+    for n, row in new["sizes"].items():
+        sizes[n] = {**row, "run": run}
+    joined = {k: v for k, v in held.items() if k != "run"}
+    joined["sizes"] = {n: sizes[n] for n in sorted(sizes, key=int)}
+    return joined
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.flstore_merge", description=__doc__)
+    ap.add_argument(
+        "base",
+        type=Path,
+        help="folder of the result whose run, policies and overhead the merged result keeps",
+    )
+    ap.add_argument(
+        "others",
+        type=Path,
+        nargs="+",
+        help="folders of the results whose sections are added, in order",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the merged files")
+    args = ap.parse_args(argv)
+    read = [json.loads((d / "flstore.json").read_text()) for d in (args.base, *args.others)]
+    try:
+        merged = merge(read[0], *read[1:])
+    except MergeRefused as exc:
+        ap.error(str(exc))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "flstore.json").write_text(json.dumps(merged, indent=1) + "\n")
+    sys.stdout.write(rerender("flstore", markdown, plot, args.out))
+
+
+if __name__ == "__main__":
+    main()

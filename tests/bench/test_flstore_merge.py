@@ -1,0 +1,121 @@
+"""bench-flstore's result merged from several runs (``bench.flstore_merge``): each part keeps
+the run it came from, and the Markdown names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.flstore_merge import MergeRefused, main, merge
+from bench.flstore_rounds import RESNET18, WORKLOADS
+
+
+def _run(command: str, sha: str) -> dict[str, Any]:
+    return {
+        "command": command,
+        "started": "2026-11-27T00:20:00+00:00",
+        "finished": "2026-11-27T00:30:00+00:00",
+        "commit": {"sha": sha, "dirty": False},
+    }
+
+
+def _size(n: int, latency: float) -> dict[str, Any]:
+    q = {"latency_s": latency, "latencies_s": [latency, latency]}
+    return {
+        "updates": n,
+        "round_bytes": (n + 1) * RESNET18 * 4,
+        "fedfaas": {
+            "queries": dict.fromkeys(WORKLOADS, q),
+            "memory": {"peak_private_bytes": 7.5e9, "peak_accounted_bytes": 7.2e9},
+            "stats": {"queries_in_parts": 0, "queries_streamed": 1},
+            "ingest_and_prefetch_s": 60.0,
+            "engine_log_tracebacks": 0,
+        },
+        "objstore-agg": {"queries": dict.fromkeys(WORKLOADS, q)},
+        "cache-agg": None,
+        "cache_agg_skipped_need_bytes": 20e9,
+        "same_answer": dict.fromkeys(WORKLOADS, True),
+    }
+
+
+def _big(*sizes: int, repeats: int = 2) -> dict[str, Any]:
+    return {
+        "budget_bytes": 8e9,
+        "gtg_params": {"method": "gtg", "max_permutations": 5},
+        "repeats": repeats,
+        "gtg_repeats": 1,
+        "memos": "off",
+        "platform": "fedfaas up --with all",
+        "sizes": {str(n): _size(n, float(n)) for n in sizes},
+    }
+
+
+BASE = {
+    "run": _run("python -m bench.flstore --big-rounds ''", "a" * 40),
+    "policies": [],
+    "overhead": {},
+}
+
+
+def test_big_rounds_from_two_runs_stand_in_one_table_each_naming_its_run() -> None:
+    r120 = {
+        "run": _run("python -m bench.flstore --big-rounds 120", "b" * 40),
+        "big_rounds": _big(120),
+    }
+    r200 = {
+        "run": _run("python -m bench.flstore --big-rounds 200", "b" * 40),
+        "big_rounds": _big(200),
+    }
+    out = merge(BASE, r200, r120)
+    assert out["run"] == BASE["run"] and "big_rounds" not in BASE  # nothing changed in place
+    sizes = out["big_rounds"]["sizes"]
+    assert list(sizes) == ["120", "200"]
+    assert sizes["120"]["run"] == r120["run"] and sizes["200"]["run"] == r200["run"]
+    from bench.flstore import markdown
+
+    md = markdown(out)
+    assert "The rows of 120 updates are from their own run: `python -m bench.flstore " in md
+    assert "The rows of 200 updates are from their own run: `python -m bench.flstore " in md
+    assert "| 120 | multi-krum | 120.0 (120.0-120.0) | 120.0 (120.0-120.0) | not run |" in md
+    assert "| 200 | multi-krum | 200.0 (200.0-200.0) |" in md
+    # a size run again replaces the older row, the other keeps its run
+    again = {
+        "run": _run("python -m bench.flstore --big-rounds 200", "c" * 40),
+        "big_rounds": _big(200),
+    }
+    out2 = merge(out, again)
+    assert out2["big_rounds"]["sizes"]["200"]["run"]["commit"]["sha"] == "c" * 40
+    assert out2["big_rounds"]["sizes"]["120"]["run"] == r120["run"]
+
+
+def test_parts_that_cannot_stand_in_one_result_are_refused() -> None:
+    with_big = merge(BASE, {"run": _run("x", "b" * 40), "big_rounds": _big(120)})
+    other = {"run": _run("y", "b" * 40), "big_rounds": _big(200, repeats=3)}
+    with pytest.raises(MergeRefused, match="repeats"):
+        merge(with_big, other)
+    with pytest.raises(MergeRefused, match="latency"):
+        merge(BASE, {"run": _run("z", "b" * 40), "latency": {}})
+
+
+def test_the_merge_writes_the_json_and_renders_the_markdown_from_it(tmp_path: Path) -> None:
+    parts = {
+        "base": BASE,
+        "p200": {
+            "run": _run("python -m bench.flstore --big-rounds 200", "b" * 40),
+            "big_rounds": _big(200),
+        },
+    }
+    for name, res in parts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "flstore.json").write_text(json.dumps(res))
+    out = tmp_path / "out"
+    main([str(tmp_path / "base"), str(tmp_path / "p200"), "--out", str(out)])
+    stored = json.loads((out / "flstore.json").read_text())
+    assert stored["run"] == BASE["run"]  # the base run's times, not stamped again
+    assert stored["big_rounds"]["sizes"]["200"]["run"]["command"].endswith("--big-rounds 200")
+    md = (out / "flstore.md").read_text()
+    assert "The rows of 200 updates are from their own run" in md
+    assert (out / "flstore.png").stat().st_size > 0
