@@ -182,6 +182,9 @@ class _Sampler:
         self.peaks: dict[str, int] = {}
         self.query = ""
         self.peak_query = ""
+        #: the bytes of objects each function holds (the engine's table), now and at the peak
+        self._held: dict[str, int] = {}
+        self.held_at_peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._pids: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -191,6 +194,7 @@ class _Sampler:
         st = httpx.get(f"{self.stack.engine_url}/v1/state", headers=self.stack.auth, timeout=10)
         body = st.json()
         self.peak_accounted = max(self.peak_accounted, body["memory_budget"]["used_bytes"])
+        self._held = {n: int(f.get("used_bytes") or 0) for n, f in body["functions"].items()}
         for name in body["functions"]:
             if name not in self._pids:
                 r = httpx.get(
@@ -212,6 +216,7 @@ class _Sampler:
                     total += rss
                 if total > self.peak_private:
                     self.peak_private, self.peak_query = total, self.query
+                    self.held_at_peak = dict(self._held)
             except (httpx.HTTPError, OSError, ValueError, KeyError):
                 continue
 
@@ -223,6 +228,7 @@ class _Sampler:
             "peak_accounted_bytes": self.peak_accounted,
             "peak_during": self.peak_query,
             "peaks_by_function": dict(self.peaks),
+            "held_at_peak_bytes": dict(self.held_at_peak),
         }
 
 
@@ -537,4 +543,20 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} | "
             f"{f.get('engine_log_tracebacks', '')} |"
         )
-    return lines + [""]
+    lines += [""]
+    for n, row in big["sizes"].items():
+        mem = row["fedfaas"]["memory"]
+        if "held_at_peak_bytes" in mem:
+            held = sum(mem["held_at_peak_bytes"].values())
+            lines += [
+                f"At {n} updates the cache functions' private memory peaked during "
+                f"{mem.get('peak_during') or 'the run'}, when they held {held / 1e9:.2f} GB of "
+                "objects (the engine's table); the rest was their interpreters and the "
+                "queries' working memory. Each function's own peak, GB: "
+                + ", ".join(
+                    f"{k} {v / 1e9:.2f}" for k, v in sorted(mem["peaks_by_function"].items())
+                )
+                + ".",
+                "",
+            ]
+    return lines

@@ -77,7 +77,13 @@ def test_the_big_rounds_table_shows_every_size_query_and_the_memory_against_the_
                 **{w: _query(2.0) for w in wls},
                 "foolsgold": {**_query(2.0), "latencies_s": [2.4, 1.9, 2.0]},
             },
-            "memory": {"peak_private_bytes": 7.5e9, "peak_accounted_bytes": 7.2e9},
+            "memory": {
+                "peak_private_bytes": 7.5e9,
+                "peak_accounted_bytes": 7.2e9,
+                "peak_during": "multi-krum",
+                "peaks_by_function": {"flstore-cache-1": 1.2e9, "flstore-cache-0": 2.1e9},
+                "held_at_peak_bytes": {"flstore-cache-0": 1.5e9, "flstore-cache-1": 0.5e9},
+            },
             "stats": {"queries_in_parts": 0, "queries_streamed": 1, "loads_failed": 1},
             "ingest_and_prefetch_s": 60.0,
             "engine_log_tracebacks": 0,
@@ -94,6 +100,12 @@ def test_the_big_rounds_table_shows_every_size_query_and_the_memory_against_the_
     assert "asked 3 times of each system" in md
     assert (
         "| 200 | 9.0 | 8.0 | 7.50 | 7.20 | 0 | 0 | 1 | 60 | not run (needs 20 GB free) | 0 |" in md
+    )
+    assert (
+        "At 200 updates the cache functions' private memory peaked during multi-krum, when "
+        "they held 2.00 GB of objects (the engine's table); the rest was their interpreters "
+        "and the queries' working memory. Each function's own peak, GB: flstore-cache-0 2.10, "
+        "flstore-cache-1 1.20." in md
     )
 
 
