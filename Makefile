@@ -47,15 +47,16 @@ HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 setup:
 	@bash scripts/setup.sh
 
+# --durations: the slowest tests, so that a tier that grows past its time says where
 test: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" --durations=25 $(PYTEST_ARGS)
 
 # every tier, each run even when one before it failed (scripts/test-all.sh; TIERS= a subset)
 test-all:
 	bash scripts/test-all.sh
 
 test-slow: setup
-	$(PY) -m pytest -m slow --ignore=tests/containers --ignore=tests/k8s $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow --ignore=tests/containers --ignore=tests/k8s --durations=25 $(PYTEST_ARGS)
 
 test-k8s: setup k8s-binaries
 	$(PY) -m pytest tests/k8s $(PYTEST_ARGS)
