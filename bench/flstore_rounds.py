@@ -387,10 +387,12 @@ def big_rounds(
     repeats: int = 3,
     gtg_permutations: int = GTG_PERMUTATIONS,
     only: Sequence[str] | None = None,
+    no_cache_agg: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Every size of ``sizes`` (see the module) on a fresh ``fedfaas up --with all`` each, each
     query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's
-    (``only``: those of :data:`WORKLOADS`)."""
+    (``only``: those of :data:`WORKLOADS`; ``no_cache_agg``: sizes at which Cache-Agg is not
+    asked, said so in the table)."""
     out: dict[str, Any] = {
         "budget_bytes": budget,
         "gtg_params": gtg_params(gtg_permutations),
@@ -401,7 +403,9 @@ def big_rounds(
         "sizes": {},
     }
     for n in sizes:
-        out["sizes"][str(n)] = _one_size(work, n, budget, repeats, out["gtg_params"], only)
+        out["sizes"][str(n)] = _one_size(
+            work, n, budget, repeats, out["gtg_params"], only, n not in no_cache_agg
+        )
     return out
 
 
@@ -412,6 +416,7 @@ def _one_size(
     repeats: int,
     gtg: dict[str, Any],
     only: Sequence[str] | None = None,
+    with_cache_agg: bool = True,
 ) -> dict[str, Any]:
     job = f"big{n}"
     up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
@@ -426,7 +431,9 @@ def _one_size(
         obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg, only)
         cache: dict[str, Any] | None = None
         need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
-        if _available() > need:
+        if not with_cache_agg:
+            log.warning("Cache-Agg not asked at %d updates (as told)", n)
+        elif _available() > need:
             crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
             try:
                 cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg, only)
@@ -456,7 +463,8 @@ def _one_size(
         "fedfaas": fed,
         "objstore-agg": obj,
         "cache-agg": cache,
-        "cache_agg_skipped_need_bytes": None if cache is not None else need,
+        "cache_agg_skipped_need_bytes": None if cache is not None or not with_cache_agg else need,
+        "cache_agg_not_asked": not with_cache_agg,
         "same_answer": same,
     }
 
@@ -533,6 +541,13 @@ def markdown(big: dict[str, Any]) -> list[str]:
     for n, row in big["sizes"].items():
         f = row["fedfaas"]
         skipped = row["cache_agg_skipped_need_bytes"]
+        cache_agg = (
+            "not asked in this run"
+            if row.get("cache_agg_not_asked")
+            else "run"
+            if skipped is None
+            else f"not run (needs {skipped / 1e9:.0f} GB free)"
+        )
         lines.append(
             f"| {n} | {row['round_bytes'] / 1e9:.1f} | {gb:.1f} | "
             f"{f['memory']['peak_private_bytes'] / 1e9:.2f} | "
@@ -540,7 +555,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"{f['stats']['queries_in_parts']} | {f['stats'].get('queries_partly_streamed', 0)} | "
             f"{f['stats']['queries_streamed']} | "
             f"{f['ingest_and_prefetch_s']:.0f} | "
-            f"{'run' if skipped is None else f'not run (needs {skipped / 1e9:.0f} GB free)'} | "
+            f"{cache_agg} | "
             f"{f.get('engine_log_tracebacks', '')} |"
         )
     lines += [""]

@@ -183,3 +183,25 @@ def test_the_demos_gtg_shapley_gives_the_same_values_batched_and_one_model_per_r
     for form in res["forms"].values():
         assert form["permutations"] == 200 and form["same_on_second_asking"]
         assert form["evaluator_replicas"] >= 1
+
+
+def test_a_size_at_which_cache_agg_was_not_asked_says_so() -> None:
+    q = {"latency_s": 2.0}
+    size = {
+        "updates": 200,
+        "round_bytes": 201 * RESNET18 * 4,
+        "fedfaas": {
+            "queries": {"multi-krum": q},
+            "memory": {"peak_private_bytes": 7.5e9, "peak_accounted_bytes": 7.2e9},
+            "stats": {"queries_in_parts": 0, "queries_streamed": 1},
+            "ingest_and_prefetch_s": 60.0,
+        },
+        "objstore-agg": {"queries": {"multi-krum": q}},
+        "cache-agg": None,
+        "cache_agg_skipped_need_bytes": None,
+        "cache_agg_not_asked": True,
+        "same_answer": {"multi-krum": True},
+    }
+    md = "\n".join(rounds_md({"budget_bytes": 8e9, "gtg_params": {}, "sizes": {"200": size}}))
+    assert "| 200 | multi-krum | 2.0 | 2.0 | not run | 1.00x |  | True |" in md
+    assert "| 7.50 | 7.20 | 0 | 0 | 1 | 60 | not asked in this run |" in md
