@@ -20,6 +20,13 @@ from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
+from fedfaas.platform.nodes import (
+    PORT_OF,
+    gateway_nodes,
+    router_socket,
+    shm_root,
+    socket_dir,
+)
 from fedfaas.platform.parts import PortSpec, ServiceSpec, minio_credentials, redis_credentials
 from fedfaas.services import http_ok
 from gateway.settings import GatewaySettings
@@ -33,9 +40,6 @@ OPTIONAL_PORTS = {
     "request_tracker": 8092,
     "control_plane": 8070,
 }
-#: The nodes of ``--with gateway``: one node gateway each, with the port named in ``PORT_OF``.
-NODES = ("node0", "node1")
-PORT_OF = {"node0": "gateway", "node1": "gateway_node1"}
 
 
 def _redis_url(ctx: Context) -> str:
@@ -50,23 +54,6 @@ def _healthz(port_name: str) -> Callable[[Context], bool]:
     return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
 
 
-def shm_root(ctx: Context) -> Path:
-    """This platform's object-store root in its ``shm_dir`` (``/dev/shm`` unless ``up`` was
-    given ``--shm-dir``; removed by ``down``)."""
-    return ctx.shm_dir / f"fedfaas-{ctx.platform_id[:12]}"
-
-
-def socket_dir(ctx: Context) -> Path:
-    """Where the node gateways' router sockets live (short: a socket path has 108 bytes)."""
-    return Path("/tmp") / f"fedfaas-{ctx.platform_id[:12]}"
-
-
-def router_socket(ctx: Context, node: str) -> Path:
-    """The router socket of ``node``'s gateway: the ``aggregator`` replicas placed on ``node``
-    get it as ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` from the runtime."""
-    return socket_dir(ctx) / f"{node}.sock"
-
-
 def admin_secret(ctx: Context) -> Path:
     """The admin secret every node gateway shares (client tokens verify on any node) and the
     control plane sends; created by the first gateway."""
@@ -76,11 +63,6 @@ def admin_secret(ctx: Context) -> Path:
 def token_file(ctx: Context, name: str) -> Path:
     """The path of bearer-token secret ``name`` (``credentials.ADMIN_TOKEN``, ...)."""
     return ctx.secrets_dir / name
-
-
-def gateway_nodes(ctx: Context) -> dict[str, str]:
-    """The node gateways of this platform, node name -> URL (empty without ``--with gateway``)."""
-    return {n: ctx.url(PORT_OF[n]) for n in NODES if PORT_OF[n] in ctx.ports}
 
 
 def _cleanup_node_files(ctx: Context) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fedfaas.platform import functions
 from fedfaas.platform.context import Context
+from fedfaas.platform.nodes import gateway_nodes, router_socket
 from fedfaas.runtime.settings import RuntimeSettings
 from fedfaas.services import MinioServer, RedisServer, http_ok, redis_ping
 from fedfaas.settings import DEFAULT_PORTS, PLATFORM_STACK
@@ -172,8 +173,6 @@ def _runtime_argv(ctx: Context) -> list[str]:
     """The runtime's command line; with node gateways up (``--with gateway``) it places each
     function replica on one of their nodes (``RuntimeSettings.nodes``). Its asynchronous calls
     are queued in the platform's Redis, as its ACL user ``runtime``."""
-    from fedfaas.platform import optional  # the optional parts build on this module
-
     return RuntimeSettings(
         host=ctx.host,
         port=ctx.ports["runtime"],
@@ -181,7 +180,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         platform_stack=PLATFORM_STACK,
         state_dir=ctx.run_dir("runtime"),
         auth_dir=ctx.secrets_dir,
-        nodes={n: optional.router_socket(ctx, n) for n in optional.gateway_nodes(ctx)},
+        nodes={n: router_socket(ctx, n) for n in gateway_nodes(ctx)},
         redis_url=f"{ctx.url('redis', 'redis')}/0",
         redis_credentials_file=redis_credentials(ctx, "runtime"),
         behind_gateway=ctx.openfaas_gateway is not None,
