@@ -84,6 +84,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy fedfaas
+	$(VENV)/bin/lint-imports
 
 up: setup
 	$(VENV)/bin/fedfaas up --state-dir $(STATE) $(if $(WITH),--with $(WITH))

@@ -1,0 +1,63 @@
+"""The layering contracts in pyproject.toml (``[tool.importlinter]``, run by ``make lint``):
+they hold on the repository, they cover every module of the FL core, and an upward import
+breaks them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+LINT = Path(sys.executable).with_name("lint-imports")
+#: fedfaas's product shell: the rest of fedfaas is the core
+SHELL = {"cli", "platform", "demo", "deploy", "provision_minio"}
+
+
+def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(cwd / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cwd)},
+    )
+
+
+def test_the_repository_keeps_its_layering_contracts():
+    res = _lint(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(CONFIG['contracts'])} kept, 0 broken" in res.stdout
+
+
+def test_the_core_contract_names_every_fedfaas_module_that_is_not_the_shells():
+    modules = {
+        p.stem if p.is_file() else p.name
+        for p in (ROOT / "fedfaas").iterdir()
+        if (p.suffix == ".py" and p.stem not in {"__init__", "__main__"})
+        or (p.is_dir() and (p / "__init__.py").is_file())
+    }
+    core = next(c for c in CONFIG["contracts"] if c["name"].startswith("The FL core"))
+    assert {m.removeprefix("fedfaas.") for m in core["source_modules"]} == modules - SHELL
+    assert {f"fedfaas.{m}" for m in SHELL} <= set(core["forbidden_modules"])
+
+
+def test_an_upward_import_breaks_the_contracts(tmp_path):
+    for package in CONFIG["root_packages"]:
+        shutil.copytree(
+            ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("results", "__pycache__", "*.json", "*.png"),
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    assert _lint(tmp_path).returncode == 0
+    wire = tmp_path / "fedfaas" / "wire.py"
+    wire.write_text(wire.read_text() + "\nfrom gateway.settings import GatewaySettings  # noqa\n")
+    res = _lint(tmp_path)
+    assert res.returncode != 0
+    assert "The FL core imports no component and not the product shell BROKEN" in res.stdout
+    assert "fedfaas.wire -> gateway.settings" in res.stdout
