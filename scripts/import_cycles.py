@@ -9,7 +9,8 @@ still ties the two modules). ``from pkg import name`` counts as importing ``pkg.
 that is a module, else ``pkg``. Prints each strongly connected component of more than one
 module (an import circle: each of its modules reaches every other), the largest first, and a
 summary line ``cycles: N components, M modules``. ``--all`` also lists the edges inside each
-component. Exit status 0 either way: it measures (issue 38 asks for the count before and after
+component; ``--runtime`` leaves out the imports under ``if TYPE_CHECKING:`` (for the type
+checker only: they tie the modules' types, not their loading). Exit status 0 either way: it measures (issue 38 asks for the count before and after
 the layout work), ``make lint``'s import contracts enforce.
 """
 
@@ -58,12 +59,34 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The first-party modules ``module`` imports (itself left out)."""
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _nodes(tree: ast.AST, runtime: bool) -> Iterable[ast.AST]:
+    """Every node of ``tree``; with ``runtime``, none under ``if TYPE_CHECKING:``."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if runtime and _type_checking(child):
+                todo += getattr(child, "orelse", [])
+                continue
+            todo.append(child)
+
+
+def imports_of(module: str, path: Path, known: dict[str, Path], runtime: bool = False) -> set[str]:
+    """The first-party modules ``module`` imports (itself left out); with ``runtime``, only
+    the imports that run (those under ``if TYPE_CHECKING:`` are for the type checker)."""
     is_package = path.name == "__init__.py"
     here = module.split(".") if is_package else module.split(".")[:-1]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(ast.parse(path.read_text(), str(path)), runtime):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -80,10 +103,10 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
-def graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the first-party modules it imports."""
+def graph(root: Path, runtime: bool = False) -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports (``runtime``: :func:`imports_of`)."""
     known = modules(root, packages(root))
-    return {m: imports_of(m, p, known) for m, p in known.items()}
+    return {m: imports_of(m, p, known, runtime) for m, p in known.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -139,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--all", action="store_true", help="list the edges inside each cycle")
+    parser.add_argument(
+        "--runtime", action="store_true", help="leave out imports under `if TYPE_CHECKING:`"
+    )
     args = parser.parse_args(argv)
-    edges = graph(args.root)
+    edges = graph(args.root, args.runtime)
     found = cycles(edges)
     for component in found:
         print(f"{len(component)} modules: {' '.join(component)}")

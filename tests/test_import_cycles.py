@@ -43,6 +43,14 @@ def test_circles_of_every_import_form_are_found_and_a_layered_package_has_none(t
     assert "tests.test_x" not in edges  # tests are no part of the layout
     assert ic.cycles(edges) == [["app.api", "app.state"]]  # app/__init__ is imported by none
     assert ic.cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    # a type-only import ties the types, not the loading
+    (root / "app" / "state.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.api import build\n"
+        "else:\n    import core.wire\n"
+    )
+    assert ic.cycles(ic.graph(root)) == [["app.api", "app.state"]]
+    assert ic.graph(root, runtime=True)["app.state"] == {"core.wire"}
+    assert ic.cycles(ic.graph(root, runtime=True)) == []
 
 
 def test_the_script_prints_a_summary_line_for_this_repository():
