@@ -37,6 +37,12 @@ The process and every process it starts run with BLAS/OpenMP pools pinned to one
 (:func:`bench.runinfo.pinned_threads`). Writes flstore.json, .md (rendered from the .json) and
 .png to DIR (default bench/results) and prints the Markdown. ``--quick`` is a smoke run (small
 CNN, 2 rounds, overhead at 1,000 entries).
+
+The whole run takes over an hour. In parts (no part over 15 minutes on a shared 2-core machine):
+``--big-rounds ''`` for sections 1-3, 5 and 6, then each size alone with ``--skip-latency
+--skip-handoff --skip-shapley --skip-policies-and-overhead --big-rounds N --big-repeats 2`` (and
+``--big-no-cache-agg 200`` at 200), each to a folder of its own, joined by
+:mod:`bench.flstore_merge` (each size names the run it came from).
 """
 
 from __future__ import annotations
