@@ -70,15 +70,40 @@ GTG_REPEATS = 1
 NO_MEMOS = {"FEDFAAS_FLSTORE_GRAM_MEMO": "0", "FEDFAAS_FLSTORE_UTILITY_MEMO": "0"}
 
 
-def same_answer(a: Any, b: Any, tol: float = 1e-4) -> bool:
-    """Two answers alike: the same keys and lists, numbers within ``tol`` (relative)."""
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def same_answer(a: Any, b: Any, rtol: float = 1e-4) -> bool:
+    """Two answers alike: the same keys, lists and strings, integers equal, and floats within
+    ``rtol`` relative to their scale. The numbers of one list or of one dict's values are one
+    vector whose scale is its largest magnitude on either side (a Shapley value of 1e-3 in a
+    vector whose largest is 5e-3 must be within 5e-7; near-zero entries of a vector are not
+    compared to themselves); a lone float is compared to its own magnitude."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_answer(a[k], b[k], tol) for k in a)
+        if a.keys() != b.keys():
+            return False
+        keys = sorted(a)
+        if keys and all(_number(a[k]) and _number(b[k]) for k in keys):
+            return _same_vector([a[k] for k in keys], [b[k] for k in keys], rtol)
+        return all(same_answer(a[k], b[k], rtol) for k in keys)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_answer(x, y, tol) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, (int, float)):
-        return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+        if len(a) != len(b):
+            return False
+        if a and all(_number(x) and _number(y) for x, y in zip(a, b, strict=True)):
+            return _same_vector(a, b, rtol)
+        return all(same_answer(x, y, rtol) for x, y in zip(a, b, strict=True))
+    if _number(a) and _number(b):
+        return _same_vector([a], [b], rtol)
     return bool(a == b)
+
+
+def _same_vector(a: list[Any], b: list[Any], rtol: float) -> bool:
+    """Integers equal; floats within ``rtol`` times the vector's largest magnitude."""
+    if any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a, b, strict=True)):
+        return False
+    scale = max(max(abs(float(x)) for x in a), max(abs(float(y)) for y in b))
+    return all(abs(float(x) - float(y)) <= rtol * scale for x, y in zip(a, b, strict=True))
 
 
 def _filler_shapes() -> dict[str, tuple[int, ...]]:

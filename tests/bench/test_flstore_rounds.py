@@ -53,6 +53,20 @@ def test_answers_are_the_same_within_the_tolerance_and_not_beyond() -> None:
     assert same_answer({"a": [1.0, "x"], "b": 2}, {"a": [1.0 + 1e-6, "x"], "b": 2})
     assert not same_answer({"a": [1.0]}, {"a": [1.1]})
     assert not same_answer({"a": 1}, {"b": 1})
+    assert not same_answer({"selected": [3, 7]}, {"selected": [3, 8]})
+    # float rounding of a real answer passes: relative to the vector's scale
+    phi = {"c000": 4.8e-3, "c001": -1.2e-3, "c002": 2.0e-7}
+    assert same_answer(phi, {k: v * (1 + 3e-6) + 1e-10 for k, v in phi.items()})
+
+
+def test_a_wrong_answer_of_small_values_is_caught() -> None:
+    """Issue 37: the old check (within 1e-4 absolute below 1) took Shapley values 9% off, or a
+    wrong sign on a small one, for the same answer."""
+    phi = {"c000": 1.0e-3, "c001": 5.0e-3, "c002": -2.0e-4}
+    assert not same_answer(phi, {**phi, "c000": 1.09e-3})
+    assert not same_answer(phi, {**phi, "c002": 2.0e-4})
+    assert not same_answer([0.91, 0.12], [0.91, 0.1201 + 1e-4])
+    assert not same_answer(1.0e-3, 1.05e-3)
 
 
 def test_the_big_rounds_ask_the_issues_queries_or_those_named() -> None:
