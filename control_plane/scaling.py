@@ -4,27 +4,15 @@ provider)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
 from control_plane.base import CoordinatorBase
 from fedfaas.openfaas import FunctionStatus, OpenFaaSError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-#: seconds between the tries of one provider call that failed for a reason that may pass (a
-#: 5xx, no answer): three tries over about 1.5 s. faas-netes answers 500 "unable to update
-#: function deployment" when its Deployment write meets another writer's (seen in CI).
-PROVIDER_RETRY_DELAYS_S = (0.5, 1.0)
-
-
-def transient(exc: OpenFaaSError) -> bool:
-    """Whether asking again may succeed: a 5xx or no answer (``status`` 0), not a 4xx."""
-    return exc.status == 0 or exc.status >= 500
 
 
 class Autoscaling(CoordinatorBase):
@@ -41,8 +29,8 @@ class Autoscaling(CoordinatorBase):
         if not loads or not all(x.idle for x in loads):  # no report is no evidence of idling
             self._busy_at = now
         try:
-            provider = self.provider
-            st = await self._provider_call(lambda: provider.function(self.function))
+            # the provider client asks again on a 5xx or no answer (fedfaas.openfaas)
+            st = await self.provider.function(self.function)
             if st is None:
                 raise OpenFaaSError(f"function {self.function!r} is not deployed", 404)
             lo, hi = st.scale_bounds()
@@ -56,7 +44,7 @@ class Autoscaling(CoordinatorBase):
                 idle_s=self.scale_down_after,
             )
             if want != st.replicas:
-                await self._provider_call(lambda: provider.scale(self.function, want))
+                await self.provider.scale(self.function, want)
                 log.info(
                     "%s: %d -> %d replicas (short of %s endpoints; per node endpoints/free/"
                     "waiting slots/queue %s)",
@@ -74,25 +62,6 @@ class Autoscaling(CoordinatorBase):
             self.scale_error = exc.detail
             self.scale_failures += 1
             log.warning("autoscale of %s failed: %s", self.function, exc.detail)
-
-    async def _provider_call(self, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, tried again after each of :data:`PROVIDER_RETRY_DELAYS_S` while it fails
-        transiently (:func:`transient`); a 4xx goes up at once, the last try's error saying how
-        many tries were made."""
-        for delay in PROVIDER_RETRY_DELAYS_S:
-            try:
-                return await call()
-            except OpenFaaSError as exc:
-                if not transient(exc):
-                    raise
-                log.info("provider call failed (%s); again in %.1f s", exc.detail, delay)
-                await asyncio.sleep(delay)
-        try:
-            return await call()
-        except OpenFaaSError as exc:
-            if transient(exc):
-                exc.detail = f"{exc.detail} ({len(PROVIDER_RETRY_DELAYS_S) + 1} tries)"
-            raise
 
 
 def endpoints_per_replica(st: FunctionStatus) -> int:

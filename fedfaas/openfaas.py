@@ -6,6 +6,13 @@ functions) and the control plane (scaling ``aggregator``) all use it. Both class
 requests (:class:`Call`, built once below) and read the answers the same way; they differ only
 in how they wait.
 
+A read (``GET``) or a scale to a set number of replicas is asked again when it fails for a
+reason that may pass, a 5xx or no answer (:func:`transient`): three tries over about 1.5 s
+(:data:`RETRY_DELAYS_S`); the last error says how many tries were made. faas-netes answers 500
+"unable to update function deployment" when its Deployment write meets another writer's (seen
+in CI). A 4xx, a deploy, a removal or a secret goes up at once; an invocation is never sent
+twice.
+
 ``/system/*`` takes HTTP basic auth (credentials are files: :func:`read_basic_auth`); without
 credentials an empty Bearer token is sent, as faas-cli does. ``/function/<name>`` never gets the
 gateway's credentials: only the ``Authorization`` header the caller passes to ``invoke``, which
@@ -15,9 +22,11 @@ every function is deployed with and checks; :mod:`fedfaas.runtime.function_auth`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +46,10 @@ except Exception:  # running from a source tree
 USER_AGENT = f"fedfaas-cli/{_VERSION} (faas-cli compatible)"
 T = TypeVar("T")
 
+#: seconds between the tries of a call that may be sent again (:attr:`Call.retry`) and failed
+#: transiently: three tries over about 1.5 s
+RETRY_DELAYS_S = (0.5, 1.0)
+
 
 class OpenFaaSError(RuntimeError):
     """The gateway refused a call (``status``: its HTTP status) or could not be reached (0;
@@ -47,6 +60,11 @@ class OpenFaaSError(RuntimeError):
         self.detail = detail
         self.status = status
         self.timed_out = timed_out
+
+
+def transient(exc: OpenFaaSError) -> bool:
+    """Whether asking again may succeed: a 5xx or no answer (``status`` 0), not a 4xx."""
+    return exc.status == 0 or exc.status >= 500
 
 
 @dataclass(frozen=True)
@@ -164,13 +182,15 @@ def auth_header(auth: tuple[str, str] | None) -> str:
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
-    """One request and how its answer is read."""
+    """One request and how its answer is read; ``retry``: sending it again changes nothing
+    (a read, a scale to a set number), so a transient failure is tried again."""
 
     method: str
     path: str
     read: Callable[[httpx.Response], T]
     params: dict[str, str] | None = None
     json: Any = None
+    retry: bool = False
 
 
 def _fail(r: httpx.Response, what: str) -> OpenFaaSError:
@@ -193,7 +213,7 @@ def _list(namespace: str) -> Call[list[dict[str, Any]]]:
             raise _fail(r, "GET /system/functions")
         return list(r.json())
 
-    return Call("GET", "/system/functions", read, _ns(namespace))
+    return Call("GET", "/system/functions", read, _ns(namespace), retry=True)
 
 
 def _function(name: str, namespace: str) -> Call[FunctionStatus | None]:
@@ -204,7 +224,7 @@ def _function(name: str, namespace: str) -> Call[FunctionStatus | None]:
             raise _fail(r, f"GET /system/function/{name}")
         return FunctionStatus.from_json(r.json(), name)
 
-    return Call("GET", f"/system/function/{name}", read, _ns(namespace, usage="1"))
+    return Call("GET", f"/system/function/{name}", read, _ns(namespace, usage="1"), retry=True)
 
 
 def _scale(name: str, replicas: int, namespace: str) -> Call[None]:
@@ -214,7 +234,7 @@ def _scale(name: str, replicas: int, namespace: str) -> Call[None]:
         log.info("scaled %s to %d replicas (HTTP %d)", name, replicas, r.status_code)
 
     body = {"serviceName": name, "replicas": int(replicas), "namespace": namespace}  # as faas-cli
-    return Call("POST", f"/system/scale-function/{name}", read, json=body)
+    return Call("POST", f"/system/scale-function/{name}", read, json=body, retry=True)
 
 
 def _remove(name: str, namespace: str) -> Call[bool]:
@@ -236,7 +256,7 @@ def _logs(name: str, tail: int | None, namespace: str) -> Call[list[dict[str, An
         return [json.loads(line) for line in r.text.splitlines() if line.strip()]
 
     params = {"name": name, "follow": "false", **({"tail": str(tail)} if tail is not None else {})}
-    return Call("GET", "/system/logs", read, _ns(namespace, **params))
+    return Call("GET", "/system/logs", read, _ns(namespace, **params), retry=True)
 
 
 def _deploy(body: dict[str, Any], method: str) -> Call[DeployResult]:
@@ -270,9 +290,11 @@ class _Client:
         auth: tuple[str, str] | None,
         namespace: str,
         timeout: float,
+        retry_delays_s: tuple[float, ...],
     ) -> None:
         self.url = url.rstrip("/")
         self.namespace = namespace
+        self.retry_delays_s = retry_delays_s
         self._options: dict[str, Any] = {
             "base_url": self.url,
             "timeout": timeout,
@@ -309,6 +331,22 @@ class _Client:
             timed_out=isinstance(exc, httpx.TimeoutException),
         )
 
+    def _delays(self, call: Call[Any]) -> tuple[float, ...]:
+        return self.retry_delays_s if call.retry else ()
+
+    def _again(self, call: Call[Any], exc: OpenFaaSError, tries: int, delays: int) -> bool:
+        """Whether ``call``, failed with ``exc`` on its ``tries``-th try, is sent again; on the
+        last try of a transient failure the error says how many tries were made."""
+        if not transient(exc) or not call.retry:
+            return False
+        if tries > delays:
+            if tries > 1:
+                exc.detail = f"{exc.detail} ({tries} tries)"
+                exc.args = (exc.detail,)
+            return False
+        log.info("%s %s failed (%s); asked again", call.method, call.path, exc.detail)
+        return True
+
 
 class OpenFaaS(_Client):
     """Synchronous client (``fedfaas deploy``, ``fedfaas up``, the cache engine).
@@ -321,6 +359,7 @@ class OpenFaaS(_Client):
     timeout : seconds per request (an invocation can pass its own).
     max_connections : connection pool size (concurrent invocations).
     transport : an httpx transport (tests of request shapes only).
+    retry_delays_s : seconds before each new try of a call that may be sent again.
     """
 
     def __init__(
@@ -332,8 +371,9 @@ class OpenFaaS(_Client):
         timeout: float = 60.0,
         max_connections: int = 64,
         transport: httpx.BaseTransport | None = None,
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
     ) -> None:
-        super().__init__(url, auth, namespace, timeout)
+        super().__init__(url, auth, namespace, timeout, retry_delays_s)
         self._http = httpx.Client(
             **self._options,
             limits=httpx.Limits(max_connections=max_connections),
@@ -350,6 +390,17 @@ class OpenFaaS(_Client):
         self.close()
 
     def _do(self, call: Call[T]) -> T:
+        delays = self._delays(call)
+        for tries in range(1, len(delays) + 2):
+            try:
+                return self._once(call)
+            except OpenFaaSError as exc:
+                if not self._again(call, exc, tries, len(delays)):
+                    raise
+                time.sleep(delays[tries - 1])
+        raise AssertionError("unreachable")  # the last try returns or raises
+
+    def _once(self, call: Call[T]) -> T:
         try:
             r = self._http.request(call.method, call.path, params=call.params, json=call.json)
         except httpx.HTTPError as exc:
@@ -451,8 +502,9 @@ class AsyncOpenFaaS(_Client):
         namespace: str = "",
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
     ) -> None:
-        super().__init__(url, auth, namespace, timeout)
+        super().__init__(url, auth, namespace, timeout, retry_delays_s)
         self._http = httpx.AsyncClient(**self._options, transport=transport)
 
     async def aclose(self) -> None:
@@ -465,6 +517,17 @@ class AsyncOpenFaaS(_Client):
         await self.aclose()
 
     async def _do(self, call: Call[T]) -> T:
+        delays = self._delays(call)
+        for tries in range(1, len(delays) + 2):
+            try:
+                return await self._once(call)
+            except OpenFaaSError as exc:
+                if not self._again(call, exc, tries, len(delays)):
+                    raise
+                await asyncio.sleep(delays[tries - 1])
+        raise AssertionError("unreachable")  # the last try returns or raises
+
+    async def _once(self, call: Call[T]) -> T:
         try:
             r = await self._http.request(call.method, call.path, params=call.params, json=call.json)
         except httpx.HTTPError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -21,7 +22,10 @@ from tests.runtime.conftest import FN_AUTH, PASSWORD, STACK, USER, wait_until
 
 
 class _Recorder(ThreadingHTTPServer):
-    def __init__(self, replies: dict[str, int]) -> None:
+    """Answers each method with its status, or with its list's statuses in turn (the last one
+    again once the list is used up)."""
+
+    def __init__(self, replies: dict[str, int | list[int]]) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.replies = replies
         self.seen: list[dict[str, Any]] = []
@@ -45,7 +49,10 @@ class _Handler(BaseHTTPRequestHandler):
                 "body": json.loads(body) if body else None,
             }
         )
-        self.send_response(self.server.replies.get(self.command, 500))
+        reply = self.server.replies.get(self.command, 500)
+        if isinstance(reply, list):
+            reply = reply.pop(0) if len(reply) > 1 else reply[0]
+        self.send_response(reply)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -227,3 +234,50 @@ def test_deploy_needs_credentials_and_rejects_unknown_images(
             http.request("DELETE", "/system/functions", json={"functionName": "echo"}).status_code
             == 202
         )
+
+
+FAST = (0.01, 0.02)  # retry delays short enough for a unit test
+
+
+@pytest.mark.parametrize("recorder", [{"GET": [503, 502, 404], "PUT": 500}], indirect=True)
+def test_a_read_failing_transiently_is_asked_again_and_a_deploy_is_not(recorder: _Recorder) -> None:
+    with OpenFaaS(recorder.url, retry_delays_s=FAST) as gw:
+        assert gw.function("echo") is None  # 503, 502, then the 404 that says "not deployed"
+        assert gw.deploy({"service": "echo", "image": "echo:1"}).status == 500
+    assert [r["method"] for r in recorder.seen] == ["GET", "GET", "GET", "PUT"]
+
+
+@pytest.mark.parametrize("recorder", [{"POST": 500}], indirect=True)
+def test_a_scale_failing_every_time_says_how_many_tries_were_made(recorder: _Recorder) -> None:
+    with OpenFaaS(recorder.url, retry_delays_s=FAST) as gw, pytest.raises(OpenFaaSError) as err:
+        gw.scale("evaluator", 3)
+    assert err.value.status == 500 and "(3 tries)" in err.value.detail
+    assert [r["path"] for r in recorder.seen] == ["/system/scale-function/evaluator"] * 3
+
+
+@pytest.mark.parametrize("recorder", [{"POST": 403}], indirect=True)
+def test_a_refused_scale_is_not_asked_again(recorder: _Recorder) -> None:
+    with OpenFaaS(recorder.url, retry_delays_s=FAST) as gw, pytest.raises(OpenFaaSError) as err:
+        gw.scale("evaluator", 3)
+    assert err.value.status == 403 and "tries" not in err.value.detail
+    assert len(recorder.seen) == 1
+
+
+def test_a_provider_that_does_not_answer_is_asked_three_times() -> None:
+    with OpenFaaS("http://127.0.0.1:9", retry_delays_s=FAST) as gw:  # discard port: refused
+        with pytest.raises(OpenFaaSError) as err:
+            gw.function("evaluator")
+        assert err.value.status == 0 and "(3 tries)" in err.value.detail
+        with pytest.raises(OpenFaaSError) as once:  # an invocation is never sent twice
+            gw.invoke("evaluator", b"{}")
+        assert "tries" not in once.value.detail
+
+
+@pytest.mark.parametrize("recorder", [{"POST": [500, 202]}], indirect=True)
+def test_the_async_client_asks_a_scale_again_after_a_500(recorder: _Recorder) -> None:
+    async def scale() -> None:
+        async with AsyncOpenFaaS(recorder.url, retry_delays_s=FAST) as gw:
+            await gw.scale("aggregator", 2)
+
+    asyncio.run(scale())
+    assert [r["body"]["replicas"] for r in recorder.seen] == [2, 2]
