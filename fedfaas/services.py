@@ -391,11 +391,27 @@ class RedisServer(_Server):
         """True when the server answers a ``PING`` right now (see :func:`redis_ping`)."""
         return redis_ping(self.host, self.port, timeout)
 
+    def serving(self, timeout: float = 1.0) -> bool:
+        """True when *this* server answers: a ``PING`` answered, then the admin's ``INFO``
+        naming this process. A Redis already on the port answers ``PING`` too while ours
+        exits with "Address already in use"."""
+        if not self.ping(timeout):
+            return False
+        import redis
+
+        try:
+            with self.client(socket_timeout=timeout) as r:
+                pid = int(r.info("server")["process_id"])
+        except (redis.RedisError, OSError, KeyError, ValueError):
+            return False  # not ours (our users unknown there) or not up yet
+        return pid == self.pid
+
     def start(self, timeout: float = 20.0) -> RedisServer:
         self.port = self.port or free_port(self.host)
         self.prepare()
-        # a PING answered, not a port that accepts: a port someone else listens on accepts too
-        self._start(self.command(), lambda: self._wait_ready("redis-server", self.ping, timeout))
+        # our process answering, not a port that accepts or a PING: another listener on the
+        # port accepts, another Redis there answers PING
+        self._start(self.command(), lambda: self._wait_ready("redis-server", self.serving, timeout))
         log.info("redis on %s:%d (pid %s)", self.host, self.port, self.pid)
         return self
 

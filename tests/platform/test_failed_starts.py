@@ -2,7 +2,8 @@
 
 Regression: MinIO's start stopped its server on a failure (c705e46), Redis' and Prometheus'
 did not: a readiness timeout left the real server running after the error went up, and a
-Redis whose port someone else listened on was taken as started (that port accepted). Each test
+Redis whose port someone else listened on was taken as started (that port accepted, and
+another Redis there answers PING). Each test
 starts the real binary, makes its start fail, and checks by PID that the process is gone
 (stopped and reaped).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,47 @@ def test_a_server_whose_port_is_taken_fails_saying_so_and_leaves_no_process(
     assert said in str(err.value), err.value  # the end of the server's own log says why
     _gone(spawned)
     assert s.proc is None
+
+
+@pytest.fixture()
+def other_redis(tmp_path: Path) -> Iterator[int]:
+    """Someone else's Redis (no users, answers PING) on a loopback port."""
+    binary = services.find_binary("redis-server")
+    assert binary is not None
+    port = free_port()
+    argv = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not services.redis_ping("127.0.0.1", port):
+            assert proc.poll() is None and time.monotonic() < deadline, "the other Redis"
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_a_redis_whose_port_another_redis_serves_fails_and_leaves_no_process(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]], other_redis: int
+) -> None:
+    """The other Redis answers PING; ours exits: the start fails saying why, not "started"."""
+    s = RedisServer(data_dir=tmp_path / "data", port=other_redis)
+    with pytest.raises(ServiceError, match="exited with code") as err:
+        s.start()
+    assert "Address already in use" in str(err.value), err.value
+    _gone(spawned)
+    assert services.redis_ping("127.0.0.1", other_redis)  # the other one is left alone
 
 
 def test_a_prometheus_with_a_bad_configuration_fails_saying_so_and_leaves_no_process(
