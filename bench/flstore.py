@@ -40,9 +40,10 @@ CNN, 2 rounds, overhead at 1,000 entries).
 
 The whole run takes over an hour. In parts (no part over 15 minutes on a shared 2-core machine):
 ``--big-rounds ''`` for sections 1-3, 5 and 6, then each size alone with ``--skip-latency
---skip-handoff --skip-shapley --skip-policies-and-overhead --big-rounds N --big-repeats 2`` (and
-``--big-no-cache-agg 200`` at 200), each to a folder of its own, joined by
-:mod:`bench.flstore_merge` (each size names the run it came from).
+--skip-handoff --skip-shapley --skip-policies-and-overhead --big-rounds N`` (at 200 in two
+runs: ``--big-systems fedfaas,objstore-agg``, then ``--big-systems cache-agg``), each to a
+folder of its own, joined by :mod:`bench.flstore_merge` (each size, and each system of a size,
+names the run it came from).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
-from bench.flstore_rounds import WORKLOADS, big_rounds, same_answer
+from bench.flstore_rounds import SYSTEMS, WORKLOADS, big_rounds, same_answer
 from bench.flstore_rounds import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
@@ -350,9 +351,6 @@ def _function_memos(stack: FLStoreStack, names: list[str]) -> dict[str, dict[str
             st = r.json()
             out[name] = {"gram_memo": st.get("gram_memo"), "gram_pairs": st.get("gram_pairs")}
     return out
-
-
-SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
 
 
 def _one(
@@ -1080,10 +1078,12 @@ def main(argv: list[str] | None = None) -> None:
         help="GTG-Shapley's max_permutations at the big-round sizes (default 5)",
     )
     ap.add_argument(
-        "--big-no-cache-agg",
-        default="",
-        help="big-round sizes at which Cache-Agg is not asked (its askings at 200 updates take "
-        "about 7 minutes beside the other systems'; the table says so)",
+        "--big-systems",
+        default=",".join(SYSTEMS),
+        help="the systems asked at the big-round sizes (default all: "
+        + ",".join(SYSTEMS)
+        + "; at 200 updates the three take longer than 15 minutes: run them in parts, joined "
+        "by bench.flstore_merge)",
     )
     ap.add_argument(
         "--quick",
@@ -1103,6 +1103,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         ap.error(f"--big-queries: unknown {unknown}; known: {', '.join(WORKLOADS)}")
+    systems = [x for x in args.big_systems.split(",") if x]
+    if not systems or set(systems) - set(SYSTEMS):
+        ap.error(f"--big-systems: some of {', '.join(SYSTEMS)}, not {args.big_systems!r}")
     if args.quick:
         args.small, args.rounds, args.big_rounds = True, 2, ""
     args.memo = ["on", "off"] if args.memo == "both" else [args.memo]
@@ -1133,7 +1136,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.big_repeats,
                     args.big_gtg_permutations,
                     only,
-                    [int(x) for x in args.big_no_cache_agg.split(",") if x],
+                    systems,
                 )
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")

@@ -6,9 +6,12 @@ each ``python -m bench.flstore ... --out DIR`` writing a complete result of its 
 parts merged: ``BASE/flstore.json`` keeps its ``run`` block, its live latency, handoff, policies
 and lookup overhead; every other folder's sections (the demo's GTG-Shapley, the big rounds)
 replace BASE's, each stamped with the ``run`` block of the run it came from, which the Markdown
-names (a live latency or handoff section of another run is refused). Big-round sizes from several runs are joined when their setup (the
-budget, GTG-Shapley's parameters, the askings, the memos, the platform) is the same, each size
-stamped with its run; a different setup is refused. The merged ``flstore.json`` goes to
+names (a live latency or handoff section of another run is refused). Big-round sizes from
+several runs are joined when their setup (the budget, GTG-Shapley's parameters, the askings,
+the memos, the platform) is the same, each size stamped with its run; a different setup is
+refused (``--drop big_rounds`` leaves BASE's out, for a setup run again otherwise). The systems
+of one size may come from several runs (``--big-systems``): a run's systems replace those of an
+earlier run of that size, the others are kept, and each names its run. The merged ``flstore.json`` goes to
 ``--out`` (default ``bench/results``) and ``flstore.md`` and ``.png`` are rendered from it as
 written (:func:`bench.runinfo.rerender`).
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.flstore import RESULTS, markdown, plot
+from bench.flstore_rounds import SYSTEMS
 from bench.runinfo import rerender
 
 #: the sections a part of the benchmark adds, those whose Markdown names the run they came from
@@ -71,10 +75,42 @@ def _join_sizes(held: dict[str, Any], new: dict[str, Any], run: dict[str, Any]) 
         came_from = row.get("run") or held.get("run")
         sizes[n] = {**row, "run": came_from} if came_from else row
     for n, row in new["sizes"].items():
-        sizes[n] = {**row, "run": run}
+        sizes[n] = _join_systems(sizes.get(n), row, run)
     joined = {k: v for k, v in held.items() if k != "run"}
     joined["sizes"] = {n: sizes[n] for n in sorted(sizes, key=int)}
     return joined
+
+
+def _asked(row: dict[str, Any]) -> list[str]:
+    """The systems a size's run was to ask (a row without ``systems``: all)."""
+    return list(row.get("systems") or SYSTEMS)
+
+
+def _join_systems(
+    held: dict[str, Any] | None, new: dict[str, Any], run: dict[str, Any]
+) -> dict[str, Any]:
+    """A size's row of ``new``'s run (``run``), with the systems it did not ask kept from
+    ``held``; each system's run in ``runs``. FedFaaS's answers are compared with
+    ObjStore-Agg's only within one run: where one of them comes from another, 'same answer'
+    is not known."""
+    mine = _asked(new)
+    if held is None or set(_asked(held)) <= set(mine):
+        return {**new, "run": run, "runs": dict.fromkeys(mine, run)}
+    before = held.get("runs") or dict.fromkeys(_asked(held), held.get("run"))
+    kept = [x for x in _asked(held) if x not in mine]
+    out = {**held, **{x: new[x] for x in mine}}
+    out["systems"] = [x for x in SYSTEMS if x in mine or x in kept]
+    out["runs"] = {x: run if x in mine else before.get(x) for x in out["systems"]}
+    out["run"] = run
+    compared = {"fedfaas", "objstore-agg"}
+    if compared <= set(mine):
+        out["same_answer"] = new.get("same_answer")
+    elif compared & set(mine):
+        out["same_answer"] = None
+    if "cache-agg" in mine:
+        out["cache_agg_skipped_need_bytes"] = new.get("cache_agg_skipped_need_bytes")
+        out["cache_agg_not_asked"] = False
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,9 +126,18 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         help="folders of the results whose sections are added, in order",
     )
+    ap.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        choices=SECTIONS,
+        help="a section of BASE to leave out (its setup run again otherwise); repeatable",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the merged files")
     args = ap.parse_args(argv)
     read = [json.loads((d / "flstore.json").read_text()) for d in (args.base, *args.others)]
+    for section in args.drop:
+        read[0].pop(section, None)
     try:
         merged = merge(read[0], *read[1:])
     except MergeRefused as exc:

@@ -17,7 +17,10 @@ memory). The job is written to the platform's MinIO, which the baselines read to
 down`` removes it before the next size (the two sizes' 14.5 GB would not fit this machine's
 disk beside Redis's append-only file). One system at a time (their memory would not fit this
 machine together), each query asked ``repeats`` times in a row of each system (the median and
-the spread of the askings in the table; GTG-Shapley :data:`GTG_REPEATS` times). The memos
+the spread of the askings in the table). A run may ask some of the systems only
+(:data:`SYSTEMS`; at 200 updates the three take longer than one sitting of a shared machine):
+:mod:`bench.flstore_merge` joins the systems of one size from several runs, each naming its
+run. The memos
 across queries are off on all three (the cache functions' inner-product and utility memos, the
 baselines' inner-product memo), so that every asking does the whole work and the askings are
 alike; within one query, GTG-Shapley still evaluates each sub-model once.
@@ -64,8 +67,8 @@ HEAD = 650
 FILLER_PARTS = 4
 #: GTG-Shapley at this size: one permutation costs up to n sub-models of 44.7 MB each
 GTG_PERMUTATIONS = 5
-#: askings of GTG-Shapley at these sizes (one takes minutes in each system): one
-GTG_REPEATS = 1
+#: the systems asked, as a run names them (``--big-systems``)
+SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
 #: no memo across queries in the cache functions (see the module)
 NO_MEMOS = {"FEDFAAS_FLSTORE_GRAM_MEMO": "0", "FEDFAAS_FLSTORE_UTILITY_MEMO": "0"}
 
@@ -332,7 +335,7 @@ def _fedfaas(
                 client,
                 f"{stack.tracker_url}/v1/queries?wait=true",
                 body,
-                GTG_REPEATS if wl == "shapley" else repeats,
+                repeats,
                 headers=stack.auth,
             )
             log.info("big %s fedfaas %s: %.1f s", job, wl, rows[wl]["latency_s"])
@@ -390,8 +393,7 @@ def _baseline(
             mirror_s = time.perf_counter() - t0
         rows = {}
         for wl, body in queries(job, gtg, only):
-            n = GTG_REPEATS if wl == "shapley" else repeats
-            rows[wl] = _ask(client, f"{url}/v1/queries", body, n)
+            rows[wl] = _ask(client, f"{url}/v1/queries", body, repeats)
             log.info("big %s %s %s: %.1f s", job, name, wl, rows[wl]["latency_s"])
         return {"queries": rows, "mirror_s": mirror_s}
     finally:
@@ -412,25 +414,26 @@ def big_rounds(
     repeats: int = 3,
     gtg_permutations: int = GTG_PERMUTATIONS,
     only: Sequence[str] | None = None,
-    no_cache_agg: Sequence[int] = (),
+    systems: Sequence[str] = SYSTEMS,
 ) -> dict[str, Any]:
     """Every size of ``sizes`` (see the module) on a fresh ``fedfaas up --with all`` each, each
-    query asked ``repeats`` times of each system; answers compared with ObjStore-Agg's
-    (``only``: those of :data:`WORKLOADS`; ``no_cache_agg``: sizes at which Cache-Agg is not
-    asked, said so in the table)."""
+    query asked ``repeats`` times of each system of ``systems`` (of :data:`SYSTEMS`); FedFaaS's
+    answers compared with ObjStore-Agg's where both are asked (``only``: those of
+    :data:`WORKLOADS`)."""
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems:
+        raise ValueError(f"systems must be some of {SYSTEMS}, not {list(systems)}")
     out: dict[str, Any] = {
         "budget_bytes": budget,
         "gtg_params": gtg_params(gtg_permutations),
         "repeats": repeats,
-        "gtg_repeats": GTG_REPEATS,
+        "gtg_repeats": repeats,
         "memos": "off",
         "platform": "fedfaas up --with all",
         "sizes": {},
     }
     for n in sizes:
-        out["sizes"][str(n)] = _one_size(
-            work, n, budget, repeats, out["gtg_params"], only, n not in no_cache_agg
-        )
+        out["sizes"][str(n)] = _one_size(work, n, budget, repeats, out["gtg_params"], only, systems)
     return out
 
 
@@ -441,10 +444,14 @@ def _one_size(
     repeats: int,
     gtg: dict[str, Any],
     only: Sequence[str] | None = None,
-    with_cache_agg: bool = True,
+    systems: Sequence[str] = SYSTEMS,
 ) -> dict[str, Any]:
     job = f"big{n}"
     up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
+    obj: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None
+    fed: dict[str, Any] | None = None
+    need = None
     try:
         ms = up.minio
         cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
@@ -453,43 +460,52 @@ def _one_size(
         log.info("wrote %s: %d updates in %.0f s", job, n, time.perf_counter() - t0)
         round_bytes = (n + 1) * RESNET18 * 4
         # the baselines first, while FLStore holds nothing of the job
-        obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg, only)
-        cache: dict[str, Any] | None = None
-        need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
-        if not with_cache_agg:
-            log.warning("Cache-Agg not asked at %d updates (as told)", n)
-        elif _available() > need:
-            crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
-            try:
-                cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg, only)
-            finally:
-                crs.stop()
-                shutil.rmtree(crs.data_dir, ignore_errors=True)  # its append-only file
-        else:
-            log.warning(
-                "Cache-Agg not run at %d updates: %d bytes free, %d needed", n, _available(), need
-            )
-        fed = _fedfaas(up, job, repeats, gtg, only)
-        fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
+        if "objstore-agg" in systems:
+            obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg, only)
+        if "cache-agg" in systems:
+            need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
+            if _available() > need:
+                crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
+                try:
+                    cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg, only)
+                    need = None
+                finally:
+                    crs.stop()
+                    shutil.rmtree(crs.data_dir, ignore_errors=True)  # its append-only file
+            else:
+                log.warning(
+                    "Cache-Agg not run at %d updates: %d bytes free, %d needed",
+                    n,
+                    _available(),
+                    need,
+                )
+        if "fedfaas" in systems:
+            fed = _fedfaas(up, job, repeats, gtg, only)
+            fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
     finally:
         up.stop()
-    same = {
-        wl: "result" in fed["queries"][wl]
-        and "result" in obj["queries"][wl]
-        and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
-        for wl, _ in queries(job, gtg, only)
-    }
+    same = (
+        {
+            wl: "result" in fed["queries"][wl]
+            and "result" in obj["queries"][wl]
+            and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
+            for wl, _ in queries(job, gtg, only)
+        }
+        if fed is not None and obj is not None
+        else None
+    )
     for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
         for q in (row or {}).get("queries", {}).values():
             q.pop("result", None)
     return {
         "updates": n,
         "round_bytes": round_bytes,
+        "systems": list(systems),
         "fedfaas": fed,
         "objstore-agg": obj,
         "cache-agg": cache,
-        "cache_agg_skipped_need_bytes": None if cache is not None or not with_cache_agg else need,
-        "cache_agg_not_asked": not with_cache_agg,
+        "cache_agg_skipped_need_bytes": need,
+        "cache_agg_not_asked": "cache-agg" not in systems,
         "same_answer": same,
     }
 
@@ -519,6 +535,54 @@ def _spread(q: dict[str, Any]) -> str:
     return med + failed if len(lat) < 2 else f"{med} ({min(lat):.1f}-{max(lat):.1f}){failed}"
 
 
+#: the systems as the table names them
+SYSTEM_NAMES = {"fedfaas": "FedFaaS", "objstore-agg": "ObjStore-Agg", "cache-agg": "Cache-Agg"}
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    commit = run.get("commit") or {}
+    sha = str(commit.get("sha") or "unknown")[:12]
+    dirty = " with uncommitted changes" if commit.get("dirty") else ""
+    return f"`{run.get('command', '')}`, started {run.get('started')}, commit {sha}{dirty}"
+
+
+def size_runs(n: str, row: dict[str, Any]) -> list[str]:
+    """The line naming the run of a size's rows, or, where its systems came from several runs
+    (``runs``: the run of each, :mod:`bench.flstore_merge`), each system's run."""
+    runs = row.get("runs")
+    if (
+        not isinstance(runs, dict)
+        or len({json.dumps(r, sort_keys=True) for r in runs.values()}) < 2
+    ):
+        return section_run(row, f"The rows of {n} updates are from their own run")
+    groups: dict[str, list[str]] = {}
+    for system in SYSTEMS:
+        if isinstance(runs.get(system), dict):
+            groups.setdefault(json.dumps(runs[system], sort_keys=True), []).append(system)
+    parts = [
+        " and ".join(SYSTEM_NAMES[x] for x in names) + " from " + _run_line(json.loads(run))
+        for run, names in groups.items()
+    ]
+    return [f"At {n} updates, " + "; ".join(parts) + ".", ""]
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    return f"{a['latency_s'] / b['latency_s']:.2f}x" if a and b else ""
+
+
+def _queries(row: dict[str, Any], system: str) -> dict[str, Any]:
+    return dict((row.get(system) or {}).get("queries") or {})
+
+
+def _not_run(row: dict[str, Any], system: str) -> str:
+    asked = row.get("systems")
+    if asked is not None and system not in asked:
+        return "not asked in this run"
+    if system == "cache-agg" and row.get("cache_agg_not_asked"):
+        return "not asked in this run"
+    return "not run"
+
+
 def markdown(big: dict[str, Any]) -> list[str]:
     """The section's table."""
     gb = big["budget_bytes"] / 1e9
@@ -526,11 +590,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "## Rounds of 120 and 200 ResNet-18-sized updates",
         "",
         *section_run(big),
-        *(
-            line
-            for n, row in big["sizes"].items()
-            for line in section_run(row, f"The rows of {n} updates are from their own run")
-        ),
+        *(line for n, row in big["sizes"].items() for line in size_runs(n, row)),
         f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
         "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
         "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "
@@ -547,14 +607,19 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, row in big["sizes"].items():
-        for wl, f in row["fedfaas"]["queries"].items():
-            o = row["objstore-agg"]["queries"][wl]
-            c = (row["cache-agg"] or {}).get("queries", {}).get(wl)
-            cs = _spread(c) if c else "not run"
-            vc = f"{f['latency_s'] / c['latency_s']:.2f}x" if c else ""
+        asked = {x: _queries(row, x) for x in SYSTEMS}
+        same = row.get("same_answer") or {}
+        for wl in WORKLOADS:
+            f, o, c = (asked[x].get(wl) for x in SYSTEMS)
+            if not (f or o or c):
+                continue
+            cells = [
+                _spread(q) if q else _not_run(row, x)
+                for x, q in zip(SYSTEMS, (f, o, c), strict=True)
+            ]
             lines.append(
-                f"| {n} | {wl} | {_spread(f)} | {_spread(o)} | {cs} | "
-                f"{f['latency_s'] / o['latency_s']:.2f}x | {vc} | {row['same_answer'][wl]} |"
+                f"| {n} | {wl} | {' | '.join(cells)} | {_ratio(f, o)} | {_ratio(f, c)} | "
+                f"{same.get(wl, 'not compared')} |"
             )
     lines += [
         "",
@@ -565,13 +630,15 @@ def markdown(big: dict[str, Any]) -> list[str]:
     ]
     for n, row in big["sizes"].items():
         f = row["fedfaas"]
+        if not f:
+            continue
         skipped = row["cache_agg_skipped_need_bytes"]
         cache_agg = (
-            "not asked in this run"
-            if row.get("cache_agg_not_asked")
-            else "run"
-            if skipped is None
+            "run"
+            if row.get("cache-agg")
             else f"not run (needs {skipped / 1e9:.0f} GB free)"
+            if skipped
+            else _not_run(row, "cache-agg")
         )
         lines.append(
             f"| {n} | {row['round_bytes'] / 1e9:.1f} | {gb:.1f} | "
@@ -585,7 +652,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
         )
     lines += [""]
     for n, row in big["sizes"].items():
-        mem = row["fedfaas"]["memory"]
+        mem = (row["fedfaas"] or {}).get("memory") or {}
         if "held_at_peak_bytes" in mem:
             held = sum(mem["held_at_peak_bytes"].values())
             lines += [

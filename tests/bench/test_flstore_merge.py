@@ -119,3 +119,91 @@ def test_the_merge_writes_the_json_and_renders_the_markdown_from_it(tmp_path: Pa
     md = (out / "flstore.md").read_text()
     assert "The rows of 200 updates are from their own run" in md
     assert (out / "flstore.png").stat().st_size > 0
+
+
+def _systems(n: int, latency: float, systems: list[str]) -> dict[str, Any]:
+    row = _size(n, latency)
+    for x in ("fedfaas", "objstore-agg", "cache-agg"):
+        if x not in systems:
+            row[x] = None
+    if "cache-agg" in systems:
+        row["cache-agg"] = {"queries": dict.fromkeys(WORKLOADS, {"latency_s": latency})}
+        row["cache_agg_skipped_need_bytes"] = None
+    if not {"fedfaas", "objstore-agg"} <= set(systems):
+        row["same_answer"] = None
+    return {**row, "systems": systems, "cache_agg_not_asked": "cache-agg" not in systems}
+
+
+def test_the_systems_of_one_size_from_two_runs_stand_in_one_row_each_naming_its_run() -> None:
+    first = {
+        "run": _run("python -m bench.flstore --big-systems fedfaas,objstore-agg", "b" * 40),
+        "big_rounds": {
+            **_big(),
+            "sizes": {"200": _systems(200, 20.0, ["fedfaas", "objstore-agg"])},
+        },
+    }
+    second = {
+        "run": _run("python -m bench.flstore --big-systems cache-agg", "c" * 40),
+        "big_rounds": {**_big(), "sizes": {"200": _systems(200, 30.0, ["cache-agg"])}},
+    }
+    row = merge(BASE, first, second)["big_rounds"]["sizes"]["200"]
+    assert row["systems"] == ["fedfaas", "objstore-agg", "cache-agg"]
+    assert row["fedfaas"]["queries"]["multi-krum"]["latency_s"] == 20.0
+    assert row["cache-agg"]["queries"]["multi-krum"]["latency_s"] == 30.0
+    assert row["same_answer"] == dict.fromkeys(WORKLOADS, True)  # from the run of both
+    assert row["runs"]["fedfaas"] == row["runs"]["objstore-agg"] == first["run"]
+    assert row["runs"]["cache-agg"] == second["run"]
+    from bench.flstore import markdown
+
+    md = markdown(merge(BASE, first, second))
+    assert (
+        "At 200 updates, FedFaaS and ObjStore-Agg from `python -m bench.flstore --big-systems fedfaas,objstore-agg`"
+        in md
+    )
+    assert "; Cache-Agg from `python -m bench.flstore --big-systems cache-agg`" in md
+    assert (
+        "| 200 | multi-krum | 20.0 (20.0-20.0) | 20.0 (20.0-20.0) | 30.0 | 1.00x | 0.67x | True |"
+        in md
+    )
+    # FedFaaS asked again alone: its answers were not compared with ObjStore-Agg's in its run
+    again = {
+        "run": _run("python -m bench.flstore --big-systems fedfaas", "d" * 40),
+        "big_rounds": {**_big(), "sizes": {"200": _systems(200, 10.0, ["fedfaas"])}},
+    }
+    row2 = merge(BASE, first, second, again)["big_rounds"]["sizes"]["200"]
+    assert row2["same_answer"] is None and row2["runs"]["fedfaas"] == again["run"]
+    assert row2["runs"]["cache-agg"] == second["run"]
+    # a run of all three replaces the row whole
+    whole = {
+        "run": _run("python -m bench.flstore --big-rounds 200", "e" * 40),
+        "big_rounds": _big(200),
+    }
+    row3 = merge(BASE, first, second, whole)["big_rounds"]["sizes"]["200"]
+    assert row3["cache-agg"] is None and row3["run"] == whole["run"]
+
+
+def test_a_section_of_the_base_can_be_left_out(tmp_path: Path) -> None:
+    """A base whose big rounds ran at another budget: refused, unless ``--drop big_rounds``."""
+    base = {**BASE, "big_rounds": {**_big(120), "budget_bytes": 8e9}}
+    new = {
+        "run": _run("python -m bench.flstore --budget-gb 4", "b" * 40),
+        "big_rounds": {**_big(200), "budget_bytes": 4e9},
+    }
+    for name, res in {"base": base, "new": new}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "flstore.json").write_text(json.dumps(res))
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "base"), str(tmp_path / "new"), "--out", str(tmp_path / "x")])
+    main(
+        [
+            str(tmp_path / "base"),
+            str(tmp_path / "new"),
+            "--drop",
+            "big_rounds",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    stored = json.loads((tmp_path / "out" / "flstore.json").read_text())
+    assert list(stored["big_rounds"]["sizes"]) == ["200"]
+    assert stored["big_rounds"]["budget_bytes"] == 4e9

@@ -171,12 +171,12 @@ def test_a_round_of_resnet18_sized_updates_above_the_budget_is_answered_as_in_pr
     kept for queries: the
     functions' own memory leaves room for a part of the round; the rest is read from MinIO.
     Every answer equals ObjStore-Agg's (the in-process computation on the whole vectors), on
-    each of two askings (GTG-Shapley: one)."""
+    each of two askings."""
     res = big_rounds(tmp_path, [48], int(2.5e9), repeats=2, gtg_permutations=2)
     row = res["sizes"]["48"]
     assert all(row["same_answer"].values()), row["same_answer"]
-    for wl, q in row["fedfaas"]["queries"].items():
-        assert len(q["latencies_s"]) == (1 if wl == "shapley" else 2), q
+    for q in row["fedfaas"]["queries"].values():
+        assert len(q["latencies_s"]) == 2, q
         assert q["same_each_asking"], q
     stats = row["fedfaas"]["stats"]
     assert stats["queries_streamed"] + stats.get("queries_partly_streamed", 0) >= 1
@@ -217,5 +217,26 @@ def test_a_size_at_which_cache_agg_was_not_asked_says_so() -> None:
         "same_answer": {"multi-krum": True},
     }
     md = "\n".join(rounds_md({"budget_bytes": 8e9, "gtg_params": {}, "sizes": {"200": size}}))
-    assert "| 200 | multi-krum | 2.0 | 2.0 | not run | 1.00x |  | True |" in md
+    assert "| 200 | multi-krum | 2.0 | 2.0 | not asked in this run | 1.00x |  | True |" in md
     assert "| 7.50 | 7.20 | 0 | 0 | 1 | 60 | not asked in this run |" in md
+
+
+def test_a_run_of_cache_agg_alone_shows_its_rows_and_no_comparison() -> None:
+    q = {"latency_s": 3.0, "latencies_s": [3.0, 2.0, 4.0]}
+    size = {
+        "updates": 200,
+        "round_bytes": 201 * RESNET18 * 4,
+        "systems": ["cache-agg"],
+        "fedfaas": None,
+        "objstore-agg": None,
+        "cache-agg": {"queries": {"multi-krum": q}},
+        "cache_agg_skipped_need_bytes": None,
+        "cache_agg_not_asked": False,
+        "same_answer": None,
+    }
+    md = "\n".join(rounds_md({"budget_bytes": 4e9, "gtg_params": {}, "sizes": {"200": size}}))
+    assert (
+        "| 200 | multi-krum | not asked in this run | not asked in this run | 3.0 (2.0-4.0) "
+        "|  |  | not compared |" in md
+    )
+    assert "| 200 | 9.0 |" not in md  # no memory row without FedFaaS
