@@ -137,3 +137,9 @@ test-containers: setup images
 .PHONY: docs-api
 docs-api: setup
 	$(PY) -m sphinx -W --keep-going -q -b html docs/api $(CURDIR)/build/docs-api
+
+# The architecture picture of the README (docs/architecture.svg), drawn from its source
+# (scripts/architecture_diagram.py; tests/docs/test_architecture_diagram.py holds the two equal).
+.PHONY: docs-diagram
+docs-diagram: setup
+	$(PY) scripts/architecture_diagram.py docs/architecture.svg
