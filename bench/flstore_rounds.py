@@ -260,6 +260,49 @@ class _Sampler:
         }
 
 
+#: a cache function's profile fields (``functions.flstore.parts.PROFILE``, and its queries'
+#: time as a reducer, ``run_s``), summed over the functions and divided by the askings
+PROFILE_COLUMNS = (
+    ("run_s", "queries' /run s"),
+    ("reducer_parts_s", "reducer waiting for parts s"),
+    ("part_held_s", "parts on held data s"),
+    ("stream_wait_s", "streams waiting for the stream s"),
+    ("stream_index_s", "tensor indexes s"),
+    ("stream_read_s", "MinIO ranged reads s"),
+    ("stream_compute_s", "products on streamed chunks s"),
+    ("streamed_bytes", "GB streamed"),
+    ("streamed_requests", "ranged reads"),
+)
+
+
+def _profiles(stack: FLStoreStack) -> dict[str, dict[str, float]]:
+    """Each cache function's profile counters (its ``/ping``; see :data:`PROFILE_COLUMNS`)."""
+    st = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth, timeout=30).json()
+    out = {}
+    for name in st["functions"]:
+        r = httpx.get(
+            f"{stack.runtime_url}/function/{name}/ping", headers=stack.function_auth, timeout=30
+        )
+        if r.status_code == 200:
+            body = r.json()
+            out[name] = {k: float(body.get(k) or 0) for k, _ in PROFILE_COLUMNS}
+    return out
+
+
+def _profile_delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """What each function spent between two :func:`_profiles` (functions that did nothing
+    left out)."""
+    out = {}
+    for name, now in after.items():
+        was = before.get(name, {})
+        spent = {k: v - was.get(k, 0.0) for k, v in now.items()}
+        if any(spent.values()):
+            out[name] = spent
+    return out
+
+
 def _rss_anon(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -331,6 +374,8 @@ def _fedfaas(
         rows = {}
         for wl, body in queries(job, gtg, only):
             sampler.query = wl
+            before = _profiles(stack)
+            counted = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
             rows[wl] = _ask(
                 client,
                 f"{stack.tracker_url}/v1/queries?wait=true",
@@ -338,6 +383,13 @@ def _fedfaas(
                 repeats,
                 headers=stack.auth,
             )
+            rows[wl]["profile"] = _profile_delta(before, _profiles(stack))
+            now = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
+            rows[wl]["engine_stats"] = {  # what the engine did meanwhile (loads, evictions)
+                k: v - counted["stats"].get(k, 0)
+                for k, v in now["stats"].items()
+                if v != counted["stats"].get(k, 0)
+            }
             log.info("big %s fedfaas %s: %.1f s", job, wl, rows[wl]["latency_s"])
         state = client.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
         return {
@@ -650,7 +702,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"{cache_agg} | "
             f"{f.get('engine_log_tracebacks', '')} |"
         )
-    lines += [""]
+    lines += ["", *_profile_table(big)]
     for n, row in big["sizes"].items():
         mem = (row["fedfaas"] or {}).get("memory") or {}
         if "held_at_peak_bytes" in mem:
@@ -667,3 +719,45 @@ def markdown(big: dict[str, Any]) -> list[str]:
                 "",
             ]
     return lines
+
+
+def _profile_table(big: dict[str, Any]) -> list[str]:
+    """Where FedFaaS's time went, per query: the cache functions' profiles summed over the
+    functions, per asking (none for rows measured before the profile existed)."""
+    rows = []
+    for n, row in big["sizes"].items():
+        for wl, q in _queries(row, "fedfaas").items():
+            prof = q.get("profile")
+            if prof is None:
+                continue
+            askings = max(1, len(q.get("latencies_s") or [0]))
+            total = {
+                k: sum(f.get(k, 0.0) for f in prof.values()) / askings for k, _ in PROFILE_COLUMNS
+            }
+            streaming = sum(1 for f in prof.values() if f.get("streamed_bytes"))
+            cells = [
+                f"{total[k] / 1e9:.2f}"
+                if k == "streamed_bytes"
+                else f"{total[k]:.0f}"
+                if k == "streamed_requests"
+                else f"{total[k]:.1f}"
+                for k, _ in PROFILE_COLUMNS
+            ]
+            rows.append(
+                f"| {n} | {wl} | {q['latency_s']:.1f} | {' | '.join(cells)} | {len(prof)} | "
+                f"{streaming} |"
+            )
+    if not rows:
+        return []
+    return [
+        "Where FedFaaS's time went: each cache function's profile (its `/ping`), summed over "
+        "the functions and divided by the askings; the functions work at once on 2 cores, so "
+        "their seconds add up past the latency.",
+        "",
+        "| updates | workload | latency s | "
+        + " | ".join(name for _, name in PROFILE_COLUMNS)
+        + " | functions | streaming |",
+        "|---|---|---|" + "---|" * (len(PROFILE_COLUMNS) + 2),
+        *rows,
+        "",
+    ]

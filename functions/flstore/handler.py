@@ -89,7 +89,7 @@ _handoffs = _lending.handoffs
 _lent = _lending.lent
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
-_stats = {"loads": 0, "evictions": 0, "runs": 0, "started": time.time()}
+_stats = {"loads": 0, "evictions": 0, "runs": 0, "run_s": 0.0, "started": time.time()}
 # inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
 # round share its Gram matrix; entries go with the vectors they were computed from
 _grams: GramCache | None = (
@@ -397,6 +397,7 @@ def _compute(
         _name(),
         lambda b: serve(b, _holdings),
         _remote_part,
+        _holdings.stats,
     )
     return run_sliced(name, params, models, dim, metas, evaluator, parts, _utilities)
 
@@ -481,8 +482,10 @@ def _run_query(body: dict[str, Any]) -> dict[str, Any]:
                 function=exc.function,
             )
         return _err(502, "part_failed", str(exc), function=exc.function)
+    spent = time.perf_counter() - t0
     _stats["runs"] += 1
-    return _ok({"result": result, "compute_s": time.perf_counter() - t0, "function": _name()})
+    _stats["run_s"] += spent
+    return _ok({"result": result, "compute_s": spent, "function": _name()})
 
 
 def _part(body: dict[str, Any]) -> dict[str, Any]:

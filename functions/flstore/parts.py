@@ -55,6 +55,25 @@ MAX_ANSWER = 1 << 30
 INDEX_TTL_S = 300.0
 
 
+#: the function's ``/part`` profile (its status, summed since it started): answers given;
+#: seconds computing on held objects; for streamed answers, seconds waiting for the stream
+#: (another streamed ``/part`` running here), reading tensor indexes, reading ranges from the
+#: cold store and computing on the chunks read; bytes and ranged reads from the cold store,
+#: objects' chunks streamed; as a reducer, seconds waiting for the parts' answers
+PROFILE = (
+    "part_answers",
+    "part_held_s",
+    "stream_wait_s",
+    "stream_index_s",
+    "stream_read_s",
+    "stream_compute_s",
+    "streamed_bytes",
+    "streamed_requests",
+    "streamed_reads",
+    "reducer_parts_s",
+)
+
+
 class NotHeld(LookupError):
     """Objects a ``/part`` needs that this function neither holds nor may read."""
 
@@ -194,8 +213,9 @@ class Holdings:
     #: a cold store reading a job's objects with the engine's grant (``source``)
     cold: Callable[[str, Mapping[str, Any]], ColdStore] | None = None
     gram_cache: GramCache | None = None
-    #: objects streamed from the cold store, for the function's status
-    stats: dict[str, int] = field(default_factory=lambda: {"streamed_reads": 0})
+    #: what the ``/part`` answers cost, summed since the function started (its status;
+    #: :data:`PROFILE`)
+    stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PROFILE, 0))
     #: objects' tensor indexes, read once per :data:`INDEX_TTL_S` (a query streams an object
     #: many times: once per batch of sub-models)
     indexes: dict[str, tuple[TensorIndex, float]] = field(default_factory=dict)
@@ -242,14 +262,19 @@ def serve(body: Mapping[str, Any], h: Holdings) -> bytes:
     lo, hi = (c - req.bounds[0] for c in req.cols)
     views = {i: None if v is None else v[lo:hi] for i, v in ((i, h.view(req, i)) for i in ids)}
     missing = [i for i, v in views.items() if v is None]
-    if not missing:
-        held = {i: v for i, v in views.items() if v is not None}
-        if req.op == "gram":
-            return part_gram(req.rows, held.__getitem__, h.gram_cache, req.dim).tobytes()
-        return b"".join(x.tobytes() for x in part_combine(req.rows, held.__getitem__))
-    if req.source is None or h.cold is None:
+    if missing and (req.source is None or h.cold is None):
         raise NotHeld(missing)
-    return _stream(req, views, missing, h)
+    h.stats["part_answers"] += 1
+    if missing:
+        return _stream(req, views, missing, h)
+    t0 = time.perf_counter()
+    held = {i: v for i, v in views.items() if v is not None}
+    if req.op == "gram":
+        out = part_gram(req.rows, held.__getitem__, h.gram_cache, req.dim).tobytes()
+    else:
+        out = b"".join(x.tobytes() for x in part_combine(req.rows, held.__getitem__))
+    h.stats["part_held_s"] += time.perf_counter() - t0
+    return out
 
 
 def _stream(
@@ -270,10 +295,15 @@ def _stream(
     grants = req.source.get("credentials") or {}
     keys = {i: ObjectKey.parse(i) for i in missing}
     stores = {i: h.cold(k.job, grants) for i, k in keys.items()}
+    t0 = time.perf_counter()
     with h.streaming, ThreadPoolExecutor(READERS, thread_name_prefix="part-read") as pool:
+        t1 = time.perf_counter()
         indexes: dict[str, TensorIndex] = dict(
             zip(missing, pool.map(lambda i: h.index(stores[i], keys[i]), missing), strict=True)
         )
+        t2 = time.perf_counter()
+        h.stats["stream_wait_s"] += t1 - t0
+        h.stats["stream_index_s"] += t2 - t1
         a, b = req.cols
         at_once = int(req.source.get("chunk_bytes") or STREAM_BYTES)
         step = min(b - a, max(1024, at_once // (4 * len(missing))))
@@ -288,7 +318,12 @@ def _stream(
                 i = missing[row]
                 stores[i].read_range(keys[i], c0, c1, indexes[i], out=buf[row, : c1 - c0])
 
+            r0 = time.perf_counter()
             list(pool.map(read, range(len(missing))))
+            r1 = time.perf_counter()
+            h.stats["stream_read_s"] += r1 - r0
+            h.stats["streamed_bytes"] += 4 * len(missing) * (c1 - c0)
+            h.stats["streamed_requests"] += sum(len(indexes[i].pieces(c0, c1)) for i in missing)
             chunk: dict[str, NDArray[np.floating]] = {
                 i: buf[row, : c1 - c0] for row, i in enumerate(missing)
             }
@@ -304,6 +339,7 @@ def _stream(
                 assert out is not None
                 for r, x in enumerate(part_combine(req.rows, chunk.__getitem__)):
                     out[r, c0 - a : c1 - a] = x
+            h.stats["stream_compute_s"] += time.perf_counter() - r1
 
         for c0 in range(a, b, step):
             one(c0, min(b, c0 + step))
@@ -332,6 +368,8 @@ class RemoteParts:
     remote
         ``remote(function, endpoint, body) -> bytes``: a ``/part`` on another function
         (raises on failure).
+    stats
+        The function's profile (:data:`PROFILE`), to which the wait for the parts is added.
     """
 
     slices: Sequence[Mapping[str, Any]]
@@ -340,6 +378,8 @@ class RemoteParts:
     me: str
     local: Callable[[dict[str, Any]], bytes]
     remote: Callable[[str, str | None, dict[str, Any]], bytes]
+    #: the function's profile (:data:`PROFILE`), or None
+    stats: dict[str, float] | None = None
 
     def _ask(
         self, op: str, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
@@ -382,8 +422,11 @@ class RemoteParts:
                 answers[k] = one(bodies[k])
 
         workers = max(1, len(by_function))
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(workers, thread_name_prefix="part-ask") as pool:
             list(pool.map(in_turn, by_function.values()))
+        if self.stats is not None:
+            self.stats["reducer_parts_s"] += time.perf_counter() - t0
         return answers
 
     def gram(self, rows: Sequence[RowSpec]) -> NDArray[np.float64]:

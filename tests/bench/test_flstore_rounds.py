@@ -240,3 +240,38 @@ def test_a_run_of_cache_agg_alone_shows_its_rows_and_no_comparison() -> None:
         "|  |  | not compared |" in md
     )
     assert "| 200 | 9.0 |" not in md  # no memory row without FedFaaS
+
+
+def test_the_table_says_where_fedfaas_time_went_per_query() -> None:
+    prof = {
+        "flstore-cache-0": {"run_s": 10.0, "reducer_parts_s": 9.0, "part_held_s": 2.0},
+        "flstore-cache-1": {
+            "stream_read_s": 12.0,
+            "stream_compute_s": 4.0,
+            "streamed_bytes": 6e9,
+            "streamed_requests": 3000.0,
+        },
+    }
+    q = {"latency_s": 10.5, "latencies_s": [10.5, 10.0], "profile": prof}
+    size = {
+        "updates": 200,
+        "round_bytes": 201 * RESNET18 * 4,
+        "systems": ["fedfaas"],
+        "fedfaas": {
+            "queries": {"multi-krum": q},
+            "memory": {"peak_private_bytes": 3.5e9, "peak_accounted_bytes": 3.2e9},
+            "stats": {"queries_in_parts": 0, "queries_streamed": 1},
+            "ingest_and_prefetch_s": 60.0,
+        },
+        "objstore-agg": None,
+        "cache-agg": None,
+        "cache_agg_skipped_need_bytes": None,
+        "same_answer": None,
+    }
+    md = "\n".join(rounds_md({"budget_bytes": 4e9, "gtg_params": {}, "sizes": {"200": size}}))
+    assert "MinIO ranged reads s" in md
+    # per asking (2), summed over the functions: 2 functions, 1 of them streaming
+    assert (
+        "| 200 | multi-krum | 10.5 | 5.0 | 4.5 | 1.0 | 0.0 | 0.0 | 6.0 | 2.0 | 3.00 | 1500 | 2 | 1 |"
+        in md
+    )
