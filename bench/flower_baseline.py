@@ -1,37 +1,41 @@
-"""Flower baseline: one FedAvg round of a real Flower server and N real clients on loopback.
+"""Flower baseline: one round of a real Flower deployment and N real clients on loopback.
 
-The peer FedFaaS's data plane is measured against (DESIGN.md, "What fast means here").
-A Flower server (legacy ``start_server``, gRPC on loopback, one fit worker per client so every
-client uploads at once) and ``num_clients`` client processes (``start_client``) run one round of
-``FedAvg``. Every client's "trained weights" are float32 numpy arrays laid out like ResNet-18's
-floating-point state dict (or that layout scaled to another size,
-:func:`bench.harness.round_window.scaled_layout`), mapped from one file on /dev/shm that all
-clients share (so N clients do not hold N private copies before they serialise), every page
-touched before the round. The model the server sends the clients before the round carries no
-tensors (the clients return their own weights; FedFaaS's clients in the same benchmark do not
-download one either), so neither side's clients hold a received model.
+The peer FedFaaS's data plane is measured against (DESIGN.md, "What fast means here"), run the
+way Flower's documentation recommends today: Flower 1.42 (the newest the package registry
+serves here, in its own environment, :mod:`bench.harness.flower_env`), its Deployment Runtime
+(a ``flower-superlink`` and ``num_clients`` ``flower-supernode`` processes on loopback, the run
+started with ``flwr run``), and a ``ServerApp`` and ``ClientApp`` on the Message API
+(:mod:`bench.harness.flower_app`): the strategy (``FedAvg``; ``FedMedian`` or ``Krum`` for the
+robust rows) runs one round through its ``start`` method. Every client's "trained weights"
+are float32 numpy arrays laid out like ResNet-18's floating-point state dict (or that layout
+scaled to another size, :func:`bench.harness.round_window.scaled_layout`), mapped from one file
+on /dev/shm that all clients share (or one file per client), every page touched before the
+round. The model the ServerApp sends the clients carries no tensors (they return their own
+weights; FedFaaS's clients in the same benchmark download none either).
 
+The server side is the SuperLink and what it starts (its SuperExec and the ``flwr-serverapp``
+process that runs the strategy); the clients' side the SuperNodes and their ClientApps.
 Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
 
-- ``e2e_s``: from the first client's "weights in memory as arrays" mark (in ``fit``, after a
-  barrier that releases all clients at once, before Flower serialises anything) to the end of
-  the server's ``aggregate_fit`` (global model aggregated and serialised as ``Parameters``).
-  Flower's client-side serialisation (``ndarrays_to_parameters``, protobuf) is inside it;
-- ``server_s``: from the first update bytes received on the server's port (the kernel's TCP
+- ``e2e_s``: from the first client's "weights in memory as arrays" mark (in ``train``, after a
+  barrier that releases all clients at once, before Flower serialises anything) to the
+  strategy's ``aggregate_train`` returned (the global ``ArrayRecord`` sealed). Flower's
+  serialisation (``ArrayRecord``), the SuperNodes' push to the SuperLink and the ServerApp's
+  pull from it are inside it;
+- ``server_s``: from the first update bytes received on the SuperLink's port (the kernel's TCP
   counters, :class:`bench.harness.round_window.FirstBytes`) to the same end;
-- ``ingest_s`` / ``aggregate_s``: the e2e window split at the moment the server has every
-  result (Flower aggregates only then);
-- ``server_hwm_bytes``: the server process's ``VmHWM``, reset as the clients are released
-  (so the model's broadcast before is not in it) and read at the end of the round (the server
-  side is that one process); ``client_hwm_bytes``: the clients' summed ``VmHWM``.
+- ``ingest_s`` / ``aggregate_s``: the e2e window split at ``aggregate_train``'s entry (the
+  strategy has every reply then);
+- memory: with ``groups``, the server group's cgroup peak over the window; beside it the
+  server processes' summed ``VmHWM`` (reset as the clients are released) and a sampled peak.
 
-A point that fails (the memory guard stops it, a client or the server errors, e.g. gRPC's
-message limit, or it times out) is returned as a failure record
-(:func:`bench.harness.round_window.failure`) with the sizes seen, not raised.
+A point that fails (the memory guard stops it, a process errors, or it times out) is returned as
+a failure record (:func:`bench.harness.round_window.failure`) with the sizes seen, not raised.
 
-Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--cpus 0] [--out DIR]``
-(the server in a cgroup pinned to ``--cpus``, the clients in another) prints a Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
-``bench.dataplane`` and ``bench.scale`` call :func:`run_flower_round`. Pinned: ``flwr==1.32.1`` (1.33+ pins fastapi<0.139).
+Usage: ``python -m bench.flower_baseline [--clients 20] [--mb 44.8] [--rule fedavg] [--cpus 0]
+[--out DIR]`` (the server side in a cgroup pinned to ``--cpus``, the clients in another) prints a
+Markdown table and writes ``bench/results/flower_baseline.{json,md}`` (or under ``--out``).
+``bench.dataplane``, ``bench.scale`` and ``bench.robust`` call :func:`run_flower_round`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,14 +58,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.harness import round_window as rw
-from bench.runinfo import (
-    PINNED_THREADS,
-    ROOT,
-    run_header,
-    run_info,
-    thread_counts,
-    write_result,
-)
+from bench.harness.flower_env import FLOWER_VERSION, flower_python
+from bench.runinfo import PINNED_THREADS, ROOT, run_header, run_info, write_result
 
 if TYPE_CHECKING:
     from bench.harness.cgroups import RoundGroups
@@ -67,98 +67,65 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
+APP = Path(__file__).resolve().parent / "harness" / "flower_app.py"
+#: the strategies of :mod:`bench.harness.flower_app` (its run config's ``rule``)
+RULES = ("fedavg", "median", "krum")
+
+#: the Flower App's ``pyproject.toml``: its components and run config (``flwr run`` sets them)
+APP_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedfaas-bench-flower"
+version = "1.0.0"
+description = "FedFaaS's benchmark peer: one round of a Flower strategy"
+license = "Apache-2.0"
+dependencies = ["flwr=={version}", "numpy"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedfaas"
+
+[tool.flwr.app.components]
+serverapp = "flower_app:server"
+clientapp = "flower_app:client"
+
+[tool.flwr.app.config]
+work = ""
+num-clients = 2
+rule = "fedavg"
+"""
 
 
-# --------------------------------------------------------------------------- roles (subprocesses)
-def _server_main(port: int, num_clients: int, work: Path) -> None:
-    import flwr as fl
-    from flwr.common import ndarrays_to_parameters
-    from flwr.server.strategy import FedAvg
-
-    marks: dict[str, Any] = {}
-
-    class TimedFedAvg(FedAvg):
-        def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
-            res = super().configure_fit(server_round, parameters, client_manager)
-            marks["rss_before_round"] = rw.status_bytes(os.getpid(), "VmRSS")
-            marks["t_configure_ns"] = time.monotonic_ns()
-            return res
-
-        def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
-            marks["t_aggregate_start_ns"] = time.monotonic_ns()
-            marks["results"], marks["failures"] = len(results), len(failures)
-            marks["failure_detail"] = [repr(f)[:300] for f in failures[:3]]
-            res = super().aggregate_fit(server_round, results, failures)
-            marks["t_aggregate_end_ns"] = time.monotonic_ns()
-            (work / "aggregated").touch()  # the harness closes its cgroup window now
-            return res
-
-    # The model sent to the clients before the round carries no tensors: the clients ignore it
-    # (they return their own weights), and FedFaaS's clients in the same benchmark do not
-    # download one either, so neither side's clients hold a received model (the broadcast is
-    # outside the window on both sides)
-    strategy = TimedFedAvg(
-        fraction_fit=1.0,
-        fraction_evaluate=0.0,
-        min_fit_clients=num_clients,
-        min_evaluate_clients=0,
-        min_available_clients=num_clients,
-        initial_parameters=ndarrays_to_parameters([]),
-        accept_failures=False,
+def _app(root: Path, port: int) -> tuple[Path, Path]:
+    """The Flower App folder (``flower_app.py`` and its ``pyproject.toml``) and a Flower home
+    whose configuration names the SuperLink at ``port`` (``bench``, insecure: loopback)."""
+    app, home = root / "app", root / "flwr-home"
+    app.mkdir()
+    home.mkdir()
+    shutil.copy(APP, app / "flower_app.py")
+    (app / "pyproject.toml").write_text(APP_PYPROJECT.format(version=FLOWER_VERSION))
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    # Flower's default fit pool has min(32, cores + 4) threads; give every client one so that
-    # all of them upload concurrently, as in the FedFaaS measurement.
-    server = fl.server.Server(client_manager=fl.server.SimpleClientManager(), strategy=strategy)
-    server.set_max_workers(num_clients)
-    fl.server.start_server(
-        server_address=f"127.0.0.1:{port}",
-        server=server,
-        config=fl.server.ServerConfig(num_rounds=1),
-    )
-    marks["server_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
-    marks["thread_pools"] = thread_counts()
-    (work / "server.json").write_text(json.dumps(marks))
-
-
-def _wait_go(work: Path, cid: int, timeout: float = 600.0) -> None:
-    """Say this client is ready (``ready-<cid>``) and wait for the parent's ``go`` file."""
-    (work / f"ready-{cid}").touch()
-    deadline = time.monotonic() + timeout
-    while not (work / "go").exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"client {cid}: no go in {timeout}s")
-        time.sleep(0.002)
-
-
-def _client_main(server: str, cid: int, work: Path) -> None:
-    import flwr as fl
-
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    weights = rw.map_weights(Path((work / "weights.path").read_text()), layout)
-    update = [weights[n].view(np.ndarray) for n, _ in layout]
-    n_samples = 100 + cid
-    marks: dict[str, Any] = {"cid": cid}
-
-    class FixedClient(fl.client.NumPyClient):
-        def get_parameters(self, config: Any) -> list[np.ndarray]:
-            return update
-
-        def fit(self, parameters: Any, config: Any) -> tuple[list[np.ndarray], int, dict[str, Any]]:
-            _wait_go(work, cid)
-            marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
-            return update, n_samples, {}
-
-    fl.client.start_client(server_address=server, client=FixedClient().to_client(), insecure=True)
-    marks["client_hwm_bytes"] = rw.status_bytes(os.getpid(), "VmHWM")
-    marks["thread_pools"] = thread_counts()
-    (work / f"client-{cid}.json").write_text(json.dumps(marks))
+    return app, home
 
 
 # --------------------------------------------------------------------------- orchestration
 def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Kill every process started (each leads its own session) and what it started."""
+    pids = rw.tree([p.pid for p in procs if p.poll() is None])
     for p in procs:
         if p.poll() is None:
-            p.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(10)
@@ -173,75 +140,102 @@ def run_flower_round(
     mem_limit_bytes: int = 0,
     floor_bytes: int = rw.DEFAULT_FLOOR_BYTES,
     groups: RoundGroups | None = None,
+    rule: str = "fedavg",
+    weights: Sequence[Path] | None = None,
+    keep_model: bool = False,
 ) -> dict[str, Any]:
-    """One FedAvg round with a real Flower server and ``num_clients`` client processes.
+    """One round of Flower's strategy ``rule`` (:data:`RULES`) with a real SuperLink and
+    ``num_clients`` SuperNodes.
 
     ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
     floating-point state dict (:func:`bench.harness.round_window.resnet18_layout`, 44.8 MB).
-    ``mem_limit_bytes`` (0: none) and ``floor_bytes``: the memory guard's limit on the server's
-    RSS and floor on the machine's available memory. ``groups``: the round's cgroups; the
-    server is born in ``groups.server``, the clients in ``groups.clients``, and the record has
-    ``cgroup`` (each group's peak memory, CPU-seconds and threads from the clients' release
-    to ``aggregate_fit`` returned, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
+    ``weights``: one file per client in :func:`~bench.harness.round_window.write_weights`'s
+    layout (None: one file of ``seed`` that every client shares). ``mem_limit_bytes`` (0:
+    none) and ``floor_bytes``: the memory guard's limit on the server side's RSS and floor on
+    the machine's available memory. ``groups``: the round's cgroups; the SuperLink (and so
+    its ServerApp) is born in ``groups.server``, the SuperNodes (and their ClientApps) in
+    ``groups.clients``, and the record has ``cgroup`` (each group's peak memory, CPU-seconds
+    and threads from the clients' release to ``aggregate_train`` returned,
+    :meth:`~bench.harness.cgroups.RoundGroups.close_window`). ``keep_model``: the record's
+    ``model`` is the published global model as one flat float32 vector (not JSON).
 
     Returns ``{"ok": True, "e2e_s", "server_s", "ingest_s", "aggregate_s", "round_s",
-    "server_hwm_bytes", "server_idle_rss_bytes", "client_hwm_bytes", "server_rss_sampled_bytes",
-    "num_clients", "update_bytes", "num_tensors", "flwr_version", "method"}`` or a failure record
-    (``{"ok": False, "failure": "killed" | "error" | "timeout", "detail", ...}``).
+    "server_hwm_bytes", "server_idle_rss_bytes", "server_peak_bytes", "num_clients",
+    "update_bytes", "num_tensors", "flwr_version", "api", "rule", "method", ...}`` or a failure
+    record (``{"ok": False, "failure": "killed" | "error" | "timeout", "detail", ...}``).
     """
-    import flwr
-
     from bench.harness.cgroups import born_in
     from fedfaas.services import ServiceError, free_port, wait_for_port
 
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, not {rule!r}")
+    if weights is not None and len(weights) != num_clients:
+        raise ValueError(f"{len(weights)} weight files for {num_clients} clients")
     layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
     size = rw.layout_bytes(layout)
     base = {
-        "flwr_version": flwr.__version__,
+        "flwr_version": FLOWER_VERSION,
+        "api": "Message API (ServerApp + ClientApp), Deployment Runtime (SuperLink, "
+        "SuperNodes, flwr run)",
+        "rule": rule,
         "num_clients": num_clients,
         "update_bytes": size,
         "num_tensors": len(layout),
     }
+    python = flower_python()
     port = free_port()
-    env = {
-        **os.environ,
-        **PINNED_THREADS,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "GRPC_VERBOSITY": "ERROR",
-        "FLWR_TELEMETRY_ENABLED": "0",
-    }
-    me = [sys.executable, "-m", "bench.flower_baseline"]
     procs: list[subprocess.Popen[bytes]] = []
     guard: rw.MemoryGuard | None = None
     first: rw.FirstBytes | None = None
+    last: rw.FirstBytes | None = None
     peak: rw.PeakMemory | None = None
-    weights = Path(f"/dev/shm/fedfaas-bench-flower-{os.getpid()}-{time.monotonic_ns()}")
+    acct: dict[str, Any] | None = None
+    shared = Path(f"/dev/shm/fedfaas-bench-flower-{os.getpid()}-{time.monotonic_ns()}")
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
-        work = Path(tmp)
+        root = Path(tmp)
+        work = root / "work"
+        work.mkdir()
+        app, home = _app(root, port)
+        env = {
+            **os.environ,
+            **PINNED_THREADS,
+            "PATH": f"{python.parent}:{os.environ.get('PATH', '')}",
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+        }
         try:
             (work / "layout.json").write_text(json.dumps(layout))
-            rw.write_weights(weights, layout, seed)
-            (work / "weights.path").write_text(str(weights))
+            if weights is None:
+                rw.write_weights(shared, layout, seed)
+                (work / "weights.path").write_text(str(shared))
+            else:
+                for k, path in enumerate(weights):
+                    (work / f"weights-{k}.path").write_text(str(path))
 
-            def spawn(args: list[str], logname: str, side: str) -> subprocess.Popen[bytes]:
-                group = getattr(groups, side) if groups is not None else None
-                with open(work / logname, "wb") as logf, born_in(group):
+            def spawn(argv: list[str], logname: str, side: str | None) -> subprocess.Popen[bytes]:
+                group = getattr(groups, side) if groups is not None and side else None
+                with open(root / logname, "wb") as logf, born_in(group):
                     p = subprocess.Popen(
-                        [*me, *args, "--port", str(port), "--work", str(work)],
-                        cwd=ROOT,
+                        [str(python.parent / argv[0]), *argv[1:]],
+                        cwd=root,
                         env=env,
                         stdout=logf,
                         stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     )
                 procs.append(p)
                 return p
 
-            server = spawn(
-                ["--role", "server", "--clients", str(num_clients)], "server.log", "server"
-            )
+            superlink = spawn(
+                ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+                 "--disable-runtime-dependency-installation"],
+                "superlink.log",
+                "server",
+            )  # fmt: skip
             guard = rw.MemoryGuard(
-                lambda: [server.pid],
+                lambda: [superlink.pid],
                 lambda: _stop(procs),
                 client_pids=lambda: [p.pid for p in procs[1:]],
                 limit_bytes=mem_limit_bytes,
@@ -249,74 +243,98 @@ def run_flower_round(
             )
             guard.start()
             deadline = time.monotonic() + timeout
-            idle_rss = 0
+            nodes: list[subprocess.Popen[bytes]] = []
 
             def check() -> dict[str, Any] | None:
                 """A failure record when the point cannot finish, else None."""
                 return rw.point_failure(
                     guard,
-                    ("server", server, work / "server.log"),
-                    [(c, work / f"client-{k}.log") for k, c in enumerate(procs[1:])],
+                    ("superlink", superlink, root / "superlink.log"),
+                    [(c, root / f"supernode-{k}.log") for k, c in enumerate(nodes)],
                     deadline,
                     f"no aggregated model in {timeout:.0f} s",
-                    server_may_finish=True,  # Flower's server ends once its rounds are done
+                    server_may_finish=False,
                     **base,
                 )
 
             try:
-                wait_for_port("127.0.0.1", port, 120, server)
+                wait_for_port("127.0.0.1", port, 120, superlink)
             except ServiceError as exc:
-                return check() or rw.failure("error", f"server did not listen: {exc}", **base)
+                return check() or rw.failure("error", f"superlink did not listen: {exc}", **base)
             for cid in range(num_clients):
-                spawn(["--role", "client", "--cid", str(cid)], f"client-{cid}.log", "clients")
-            # every client has the model and waits: release them at once
+                node = spawn(
+                    ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                     "--host", "127.0.0.1", "--port", str(free_port()),
+                     "--node-config", f"cid={cid}"],
+                    f"supernode-{cid}.log",
+                    "clients",
+                )  # fmt: skip
+                nodes.append(node)
+            config = f"work='{work}' num-clients={num_clients} rule='{rule}'"
+            submit = subprocess.run(
+                [str(python.parent / "flwr"), "run", str(app), "bench", "--run-config", config],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if submit.returncode != 0:
+                return rw.failure(
+                    "error", f"flwr run exited {submit.returncode}: {submit.stdout[-1500:]}"
+                    f"{submit.stderr[-1500:]}", **base,
+                )  # fmt: skip
+            # every ClientApp has its weights in memory and waits: release them at once
             while len(list(work.glob("ready-*"))) < num_clients:
                 if (bad := check()) is not None:
                     return bad
                 time.sleep(0.01)
-            idle_rss = rw.summed_rss([server.pid])
-            rw.reset_hwm([server.pid])  # the peak of the window, not of the model's broadcast
+            idle_rss = rw.summed_rss([superlink.pid])
+            rw.reset_hwm([superlink.pid])  # the peak of the window, not of the set-up
             if groups is not None:
                 groups.open_window()
-            peak = rw.PeakMemory(lambda: [server.pid])
+            peak = rw.PeakMemory(lambda: [superlink.pid])
             peak.start()
             first = rw.FirstBytes(port)
             first.start()
+            # and when (nearly) every update's bytes are in: the rest of the server window is
+            # the ServerApp's wait for its next poll of the SuperLink (every 3 s in Flower
+            # 1.42), its pull of the replies and aggregate_train
+            last = rw.FirstBytes(port, threshold=int(0.99 * num_clients * size))
+            last.start()
             (work / "go").touch()
-            while server.poll() is None and not (work / "aggregated").exists():
+            while not (work / "aggregated").exists():
                 if (bad := check()) is not None:
                     return bad
                 time.sleep(0.02)
-            # the window ends as the global model is available, as on the other sides (not
-            # at the server's exit, after it has said goodbye to its clients)
+            # the window ends as the global model is sealed, as on the other sides
             acct = groups.close_window() if groups is not None else None
-            while server.poll() is None:
+            hwm = rw.summed_hwm([superlink.pid])
+            peak.stop()
+            while not (work / "server.json").exists():  # the ServerApp ends its run
                 if (bad := check()) is not None:
                     return bad
-                time.sleep(0.05)
-            if (bad := check()) is not None:
-                return bad
-            for p in procs[1:]:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(60)
+                time.sleep(0.02)
             marks = json.loads((work / "server.json").read_text())
             if marks.get("results") != num_clients or marks.get("failures"):
                 return rw.failure(
                     "error",
                     f"round incomplete: {marks.get('results')} results, failures "
-                    f"{marks.get('failure_detail')}",
+                    f"{marks.get('failures')}",
                     **base,
                 )
             clients = [json.loads(p.read_text()) for p in work.glob("client-*.json")]
+            model = np.load(work / "global.npy") if keep_model else None
         finally:
-            if first is not None:
-                first.stop()
+            for watcher in (first, last):
+                if watcher is not None:
+                    watcher.stop()
             if peak is not None:
                 peak.stop()
             if guard is not None:
                 guard.stop()
             _stop(procs)
-            weights.unlink(missing_ok=True)
+            shared.unlink(missing_ok=True)
     starts = [c["t_start_ns"] for c in clients]
     end = marks["t_aggregate_end_ns"]
     assert first is not None and guard is not None
@@ -325,30 +343,31 @@ def run_flower_round(
         **base,
         "method": (
             "window: first client's weights-in-memory mark (before serialisation) -> "
-            "aggregate_fit returned; server window from the server's first update bytes read "
-            "(kernel TCP counters of its port); memory: peak over the window of the server "
-            "process's pages, sampled every 5 ms (beside it its VmHWM, reset as the window "
-            "opens, read at the end)"
+            "aggregate_train returned in the ServerApp; server window from the first update "
+            "bytes received on the SuperLink's port (kernel TCP counters); memory: the server "
+            "group's cgroup peak (SuperLink, SuperExec, ServerApp) over the window, beside it "
+            "their summed VmHWM (reset as the window opens) and a peak sampled every 5 ms"
         ),
         "e2e_s": rw.window_s(starts, end),
         "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
         "ingest_s": rw.window_s(starts, marks["t_aggregate_start_ns"]),
+        # the SuperLink has 99 % of the updates' bytes -> aggregate_train's entry: the
+        # ServerApp's poll wait and its pull (deserialisation included)
+        "all_bytes_to_aggregate_s": (marks["t_aggregate_start_ns"] - last.t_ns) / 1e9
+        if last is not None and last.t_ns
+        else None,
         "aggregate_s": (end - marks["t_aggregate_start_ns"]) / 1e9,
         "round_s": rw.window_s([marks["t_configure_ns"]], end),
-        "server_peak_bytes": peak.peak_bytes if peak is not None else 0,
-        "server_peak_samples": peak.samples if peak is not None else 0,
-        "server_peak_sample_hz": peak.rate_hz if peak is not None else None,
-        "server_hwm_bytes": int(marks["server_hwm_bytes"]),
-        "server_idle_rss_bytes": idle_rss,
-        "server_rss_before_round_bytes": int(marks["rss_before_round"]),
-        "server_rss_sampled_bytes": guard.peak_server_rss,
-        "client_hwm_bytes": sum(int(c["client_hwm_bytes"]) for c in clients),
-        "server_processes": 1,
-        # BLAS/OpenMP pools as the processes measured them at the end (threadpoolctl)
+        "serialise_s_max": max(c["t_serialised_ns"] - c["t_start_ns"] for c in clients) / 1e9,
+        **rw.sampled_memory(peak, hwm, idle_rss, guard),
+        # BLAS/OpenMP pools as the apps measured them (threadpoolctl)
         "thread_pools": {"server": marks["thread_pools"], "client": clients[0]["thread_pools"]},
+        "threads_env": dict(PINNED_THREADS),
     }
     if acct is not None:
         out["cgroup"] = acct
+    if model is not None:
+        out["model"] = model
     return out
 
 
@@ -369,11 +388,15 @@ def _table(res: dict[str, Any]) -> str:
         ("  of which ingest (all results in)", f"{res['ingest_s']:.2f} s"),
         ("  of which aggregate_fit", f"{res['aggregate_s']:.2f} s"),
         ("round (model sent -> aggregated)", f"{res['round_s']:.2f} s"),
-        ("server peak memory in the window (VmHWM)", f"{res['server_hwm_bytes'] / mb:.0f} MB"),
+        (
+            "server processes' summed peak in the window (VmHWM)",
+            f"{res['server_hwm_bytes'] / mb:.0f} MB",
+        ),
         *_cgroup_rows(res.get("cgroup")),
         ("server RSS idle, before the uploads", f"{res['server_idle_rss_bytes'] / mb:.0f} MB"),
     ]
-    lines = ["| Flower " + res["flwr_version"] + " | value |", "| --- | --- |"]
+    head = f"Flower {res['flwr_version']}, {res.get('api', 'start_server/start_client')}"
+    lines = [f"| {head} | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
 
@@ -405,25 +428,16 @@ def _render(stored: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--role", choices=["bench", "server", "client"], default="bench")
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
-    ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--cid", type=int, default=0)
+    ap.add_argument("--rule", choices=RULES, default="fedavg", help="Flower's strategy")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     ap.add_argument(
         "--cpus", help="CPUs the server is pinned to (cpuset syntax; default: every CPU)"
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.role == "server":
-        _server_main(args.port, args.clients, args.work)
-        return 0
-    if args.role == "client":
-        _client_main(f"127.0.0.1:{args.port}", args.cid, args.work)
-        return 0
     run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
     layout = rw.resnet18_layout()
     if args.mb is not None:
@@ -431,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.harness.cgroups import RoundGroups
 
     with RoundGroups(f"fedfaas-bench-{os.getpid()}-flower", args.cpus) as groups:
-        res = {"run": run, **run_flower_round(args.clients, layout, seed=args.seed, groups=groups)}
-    _, md = write_result(res, "flower_baseline", _render, args.out)
+        res = run_flower_round(args.clients, layout, seed=args.seed, groups=groups, rule=args.rule)
+    _, md = write_result({"run": run, **res}, "flower_baseline", _render, args.out)
     print(md)
     return 0
 

@@ -1,12 +1,12 @@
-"""The Flower peer of the round benchmark (bench.flower_baseline), on a small payload."""
+"""The Flower peer of the round benchmark (bench.flower_baseline), on a small payload: Flower
+1.42 in its own environment (bench.harness.flower_env, made on first use), its Deployment
+Runtime and Message API."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-
-pytest.importorskip("flwr", reason="flwr (the benchmark's peer) is not installed")
 
 
 @pytest.mark.integration
