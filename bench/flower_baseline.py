@@ -356,6 +356,7 @@ def run_flower_round(
         "all_bytes_to_aggregate_s": (marks["t_aggregate_start_ns"] - last.t_ns) / 1e9
         if last is not None and last.t_ns
         else None,
+        **_pull_split(marks["pulls"], last.t_ns if last is not None else 0),
         "aggregate_s": (end - marks["t_aggregate_start_ns"]) / 1e9,
         "round_s": rw.window_s([marks["t_configure_ns"]], end),
         "serialise_s_max": max(c["t_serialised_ns"] - c["t_start_ns"] for c in clients) / 1e9,
@@ -369,6 +370,18 @@ def run_flower_round(
     if model is not None:
         out["model"] = model
     return out
+
+
+def _pull_split(pulls: Sequence[Sequence[int]], all_bytes_ns: int) -> dict[str, Any]:
+    """The ServerApp's last pull that brought replies: its duration (``last_pull_s``) and how
+    long after the SuperLink had every update's bytes it began (``poll_wait_s``: the rest of
+    the grid's 3 s poll interval); None when unknown."""
+    fruitful = [p for p in pulls if p[2] > 0]
+    if not fruitful:
+        return {"last_pull_s": None, "poll_wait_s": None, "pulls": len(pulls)}
+    start, end, _ = fruitful[-1]
+    wait = max(0, start - all_bytes_ns) / 1e9 if all_bytes_ns else None
+    return {"last_pull_s": (end - start) / 1e9, "poll_wait_s": wait, "pulls": len(pulls)}
 
 
 def _table(res: dict[str, Any]) -> str:
@@ -386,7 +399,8 @@ def _table(res: dict[str, Any]) -> str:
             f"{res['server_s'] or 0:.2f} s",
         ),
         ("  of which ingest (all results in)", f"{res['ingest_s']:.2f} s"),
-        ("  of which aggregate_fit", f"{res['aggregate_s']:.2f} s"),
+        ("  of which aggregate (aggregate_train / aggregate_fit)", f"{res['aggregate_s']:.2f} s"),
+        *_split_rows(res),
         ("round (model sent -> aggregated)", f"{res['round_s']:.2f} s"),
         (
             "server processes' summed peak in the window (VmHWM)",
@@ -399,6 +413,19 @@ def _table(res: dict[str, Any]) -> str:
     lines = [f"| {head} | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+def _split_rows(res: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the server window went (results stored before the split have none)."""
+    if res.get("poll_wait_s") is None:
+        return []
+    return [
+        (
+            "  the ServerApp's wait for its next poll after every update's bytes were in",
+            f"{res['poll_wait_s']:.2f} s",
+        ),
+        ("  its last pull of the replies from the SuperLink", f"{res['last_pull_s']:.2f} s"),
+    ]
 
 
 def _cgroup_rows(cg: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -421,9 +448,65 @@ def _cgroup_rows(cg: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def _render(stored: dict[str, Any]) -> str:
-    return (
-        "# bench: flower_baseline\n\n" + run_header(stored["run"]) + "\n\n" + _table(stored) + "\n"
-    )
+    from bench.harness.compare import compare_rows
+
+    out = ["# bench: flower_baseline", "", run_header(stored["run"]), ""]
+    if stored.get("compare"):
+        cfg = stored["config"]
+        out += [
+            f"{cfg['clients']} clients x {cfg['update_bytes'] / 1e6:.1f} MB ({cfg['model']}), "
+            f"rule {cfg['rule']}; FedFaaS: one node gateway (userspace router), "
+            f"{cfg['fedfaas']}; {', '.join(cfg['peers'])}. Each system's round "
+            f"{stored['compare']['repeats']} times, interleaved, the server side of each in a "
+            "cgroup pinned to the same CPUs.",
+            "",
+            "| figure | FedFaaS | baseline(s) | ratio | target | threads |",
+            "|---|---|---|---|---|---|",
+            *compare_rows(stored["compare"]),
+            "",
+            "Where Flower's server window goes (median over the runs; Flower 1.42's ServerApp "
+            "polls the SuperLink every 3 s and moves each array as its own HTTP request):",
+            "",
+            "| system | server window (s) | first -> 99 % of the update bytes in (s) | "
+            "poll wait (s) | last pull (s) | aggregate (s) |",
+            "|---|---:|---:|---:|---:|---:|",
+            *_split_table(stored["compare"]),
+        ]
+    if stored.get("ok") is not None:  # a single round (--single)
+        out.append(_table(stored))
+    return "\n".join(out) + "\n"
+
+
+def _split_table(cmp: dict[str, Any]) -> list[str]:
+    import statistics
+
+    rows = []
+    for cpus, block in cmp["by_cpus"].items():
+        for system, recs in block["runs"].items():
+            done = [r for r in recs if r.get("ok", True)]
+            if not done or system == "FedFaaS":
+                continue
+
+            def med(key: str, done: list[dict[str, Any]] = done) -> str:
+                vals = [r[key] for r in done if r.get(key) is not None]
+                return f"{statistics.median(vals):.2f}" if vals else "n/a"
+
+            bytes_in = [
+                r["server_s"] - r["all_bytes_to_aggregate_s"] - r["aggregate_s"]
+                for r in done
+                if r.get("all_bytes_to_aggregate_s") is not None and r.get("server_s")
+            ]
+            rows.append(
+                f"| {system} (CPUs {cpus}) | {med('server_s')} | "
+                f"{f'{statistics.median(bytes_in):.2f}' if bytes_in else 'n/a'} | "
+                f"{med('poll_wait_s')} | {med('last_pull_s')} | {med('aggregate_s')} |"
+            )
+    return rows
+
+
+#: the systems of the comparison: FedFaaS, Flower today, Flower's legacy path
+LEGACY = "Flower 1.32.1 legacy"
+CURRENT = f"Flower {FLOWER_VERSION}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,22 +514,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
     ap.add_argument("--rule", choices=RULES, default="fedavg", help="Flower's strategy")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per system, interleaved")
+    ap.add_argument("--seed", type=int, default=0, help="the shared weights' seed (--single)")
+    ap.add_argument("--cpus", default="0-1", help="the server sides' CPUs (cpuset syntax)")
+    ap.add_argument("--no-legacy", action="store_true", help="leave out Flower 1.32.1's row")
     ap.add_argument(
-        "--cpus", help="CPUs the server is pinned to (cpuset syntax; default: every CPU)"
+        "--single", action="store_true", help="one round of Flower 1.42 alone, no comparison"
     )
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
     layout = rw.resnet18_layout()
     if args.mb is not None:
         layout = rw.scaled_layout(layout, int(args.mb * 1e6))
     from bench.harness.cgroups import RoundGroups
 
-    with RoundGroups(f"fedfaas-bench-{os.getpid()}-flower", args.cpus) as groups:
-        res = run_flower_round(args.clients, layout, seed=args.seed, groups=groups, rule=args.rule)
-    _, md = write_result({"run": run, **res}, "flower_baseline", _render, args.out)
+    if args.single:
+        with RoundGroups(f"fedfaas-bench-{os.getpid()}-flower", args.cpus) as groups:
+            res = run_flower_round(
+                args.clients, layout, seed=args.seed, groups=groups, rule=args.rule
+            )
+        _, md = write_result({"run": run, **res}, "flower_baseline", _render, args.out)
+        print(md)
+        return 0
+    from bench.harness.compare import run_compare
+    from bench.harness.fedfaas_round import bench_round_e2e
+    from bench.harness.flower_legacy import run_legacy_round
+
+    n = args.clients
+    runners: dict[str, Any] = {
+        "FedFaaS": lambda groups, tag: bench_round_e2e(
+            work, layout, n, ebpf=False, tag=tag, groups=groups
+        ),
+        CURRENT: lambda groups, tag: run_flower_round(n, layout, groups=groups, rule=args.rule),
+    }
+    if not args.no_legacy:
+        runners[LEGACY] = lambda groups, tag: run_legacy_round(
+            n, layout, groups=groups, rule=args.rule
+        )
+    res: dict[str, Any] = {
+        "run": run,
+        "config": {
+            "model": "resnet18 (10 classes)" if args.mb is None else f"scaled to {args.mb} MB",
+            "clients": n,
+            "update_bytes": rw.layout_bytes(layout),
+            "rule": args.rule,
+            "fedfaas": "1 aggregator replica x 2 endpoints, fanout 2, max_inflight 4",
+            "peers": [
+                f"{CURRENT}: ServerApp/ClientApp (Message API) on a SuperLink and "
+                f"{n} SuperNodes, started with flwr run",
+                *([] if args.no_legacy else [f"{LEGACY}: start_server/start_client (gRPC)"]),
+            ],
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="flower-compare-") as d:
+        work = Path(d)
+        res["compare"] = run_compare(
+            runners,
+            cpus_sets=[args.cpus],
+            repeats=args.repeats,
+            after_run=lambda cmp: write_result(
+                {**res, "compare": cmp}, "flower_baseline", _render, args.out
+            ),
+        )
+    _, md = write_result(res, "flower_baseline", _render, args.out)
     print(md)
     return 0
 

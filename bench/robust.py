@@ -1,56 +1,60 @@
-"""Robust aggregation benchmark (issue 15): 20 ResNet-18 updates, 4 of them poisoned.
+"""Robust aggregation benchmark (issues 15, 37): 20 ResNet-18 updates, 4 of them poisoned.
 
-One run, this machine, both sides on the same 20 updates (ResNet-18's floating-point state,
-44.7 MB float32 each; honest ones are ``g + common + noise``, two are sign-flipped
-``g - delta`` and two scaled ``g + 100 delta``):
+Both sides on the same 20 updates (ResNet-18's floating-point state, 44.7 MB float32 each;
+honest ones are ``g + common + noise``, two are sign-flipped ``g - delta`` and two scaled
+``g + 100 delta``), each client its own process holding its update (one file on /dev/shm per
+client, mapped, every page resident), released at once, uploading over loopback:
 
-- FedFaaS: a node gateway (``python -m gateway``, userspace router) and one replica of the
-  ``aggregator`` function with two endpoints (this machine's two cores). For each rule a job is
-  created with that rule and two shards, the 20 updates are uploaded over HTTP, and the round is
-  run as coordinate shards on the endpoints. Figures: ``shards_s``, the gateway's own time from
-  the round holding its 20 updates to the result sealed (its log line); ``to_model_s``, the last
-  upload's 202 to the published model seen by a client polling every 2 ms; ``server_peak``: the
-  server's memory from the first upload to the published model, every page once (the gateway's
-  and the replica's private and file pages, the store's shared memory holding the 20 updates
-  once; ``bench.harness.round_window.PeakMemory``, sampled every 5 ms).
-- Flower 1.32.1: ``FedMedian`` and ``Krum`` (``num_malicious_clients=4``) ``aggregate_fit`` on
-  the same 20 updates as ``FitRes`` with serialized ``Parameters`` (what a Flower server holds
-  when the round's results are in), each in its own fresh process: time of ``aggregate_fit``
-  (deserialization included, as Flower does it) and the process's peak RSS during it (``VmHWM``
-  reset just before; the 20 serialized updates it holds are in it, as the store is in ours).
-- Distances: for FedAvg (the sample-weighted mean) and for each rule's published model, ``|x -
-  h| / |h - g|`` with ``h`` the honest updates' mean: how far the model moved from where the
-  honest clients would take it, relative to their step.
+- FedFaaS: one node gateway (its Redis) and one ``aggregator`` replica with two endpoints; the
+  job's initial model is ``g`` and names the rule (two coordinate shards);
+  :func:`bench.harness.fedfaas_round.bench_round_e2e`.
+- Flower 1.42: a SuperLink, 20 SuperNodes and the ServerApp running ``FedMedian`` or ``Krum``
+  (``num_malicious_nodes=4``) on the Message API; :func:`bench.flower_baseline.run_flower_round`.
+- Flower 1.32.1 on its legacy ``start_server`` / ``start_client`` path (gRPC), the same
+  strategies (:func:`bench.harness.flower_legacy.run_legacy_round`; ``--no-legacy`` leaves it
+  out): the two Flowers move updates differently, so both are peers.
 
-BLAS and OpenMP pinned to one thread per process (``bench.runinfo.pinned_threads``); the
-replica's two endpoints are its parallelism. Usage: ``python -m bench.robust [--out DIR]``;
-writes ``bench/results/robust.{json,md,png}``.
+Equal windows: ``server_s`` is, on both sides, from the first update bytes received on the
+server's port (the kernel's TCP counters) to the result sealed (FedFaaS: the global model
+published, encoded as the body ``GET model`` serves; Flower: the strategy's ``aggregate_train``
+returned its ``ArrayRecord``): receiving, decoding and aggregating the 20 updates are inside
+it on both sides. ``e2e_s`` starts earlier, at the first client's weights-in-memory mark
+(serialising is inside). The server side of both is in a cgroup pinned to the same CPUs
+(``--cpus``; :class:`bench.harness.cgroups.RoundGroups`), the clients in another; the
+cgroups give the server side's peak memory and CPU-seconds over the window. Each rule's rounds
+are repeated (``--repeats``), the systems alternating
+(:func:`bench.harness.compare.run_compare`); the table gives medians with [min-max] and ratios
+of medians.
+
+Distances: for each rule's published model, ``|x - h| / |h - g|`` with ``h`` the honest
+updates' mean: how far the model moved from where the honest clients would take it, relative
+to their step; ``same model``: the largest difference between FedFaaS's and Flower's model.
+FedFaaS's other rules (no Flower peer: FedAvg, trimmed mean, Multi-Krum, FLTrust, DP-FedAvg)
+run once each on the same CPUs with ``--all-rules``, for their distances.
+
+BLAS and OpenMP pinned to one thread per process (``bench.runinfo.pinned_threads``). Usage:
+``python -m bench.robust [--repeats 3] [--cpus 0-1] [--all-rules] [--out DIR]``; writes
+``bench/results/robust.{json,md,png}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import re
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
-from bench.harness.aggregators import NodeAggregators
-from bench.harness.round_window import PeakMemory
+from bench.flower_baseline import CURRENT, LEGACY
+from bench.harness.compare import run_compare, spread
 from bench.runinfo import pinned_threads, run_header, run_info, write_result
-from client.sdk import AGGREGATION_KEY, with_metadata
-from fedfaas import wire
-from fedfaas.services import RedisServer, free_port, stop_group, wait_for_port
-from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
 
 N, BAD_FLIP, BAD_SCALE = 20, ("c00", "c01"), ("c02", "c03")
 RULES = [
@@ -96,185 +100,164 @@ def flat(m: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([m[k].ravel() for k in sorted(m)])
 
 
-def _gateway(tmp: Path, redis: RedisServer) -> tuple[subprocess.Popen[bytes], GatewaySettings]:
-    s = GatewaySettings(
-        node="n1",
-        port=free_port(),
-        state_dir=tmp / "state",
-        redis_url=redis.url,
-        redis_credentials_file=redis.credentials_file("gateway"),
-        shm_root=Path("/dev/shm") / f"fedfaas-bench-robust-{os.getpid()}",
-        prefer_ebpf=False,
-        pool=N + 4,
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_GATEWAY_")}
-    log = open(tmp / "gateway.log", "ab")  # noqa: SIM115 (the child writes it until stopped)
-    p = subprocess.Popen(
-        s.to_argv(log_level="INFO"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-    )
-    wait_for_port("127.0.0.1", s.port, 60, p)
-    return p, s
+#: the rules Flower has, as each side names them: FedFaaS's spec, Flower's strategy
+PEERS = {"median": ({"rule": "median"}, "median"), "krum": ({"rule": "krum", "f": 4}, "krum")}
 
 
-def fedfaas_side(
-    tmp: Path, g: dict[str, np.ndarray], ups: dict[str, dict[str, np.ndarray]]
-) -> dict[str, Any]:
-    redis = RedisServer(data_dir=tmp / "redis").start()
-    gw, s = _gateway(tmp, redis)
-    url = f"http://127.0.0.1:{s.port}"
-    secret = (s.state_dir / "admin-secret").read_text().strip()
-    aggs = NodeAggregators(
-        "n1",
-        s.socket_path(),
-        tmp / "aggregators",
-        url,
-        admin_secret_file=s.state_dir / "admin-secret",
-    )
-    bodies = {c: wire.encode_tensors(u) for c, u in ups.items()}
-    clients = sorted(ups)
-    rows = {}
-    try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
-        for spec in [{"rule": "fedavg"}, *RULES]:
-            name = spec["rule"]
-            body = wire.encode_tensors(g)
-            if name != "fedavg":
-                body = with_metadata(body, {AGGREGATION_KEY: json.dumps({**spec, "shards": 2})})
-            r = httpx.post(
-                url + "/v1/jobs",
-                params={"job": name, "rounds": 1, "goal": N, "clients": ",".join(clients)},
-                content=body,
-                headers={"Authorization": f"Bearer {secret}"},
-                timeout=60,
-            )
-            r.raise_for_status()
-            tokens = r.json()["tokens"]
-            peak = PeakMemory(lambda: [gw.pid, *aggs.pids()], [s.shm_root])
-            peak.start()
-            with httpx.Client(timeout=60) as h:
-                for c in clients:
-                    a = h.post(
-                        f"{url}/v1/jobs/{name}/rounds/1/updates",
-                        content=bodies[c],
-                        headers={
-                            "Authorization": f"Bearer {tokens[c]}",
-                            "X-Client-Id": c,
-                            "X-Sample-Count": "10",
-                        },
-                    )
-                    a.raise_for_status()
-                t_last = time.perf_counter()
-                while True:
-                    m = h.get(
-                        f"{url}/v1/jobs/{name}/model",
-                        headers={"Authorization": f"Bearer {tokens['c05']}"},
-                    )
-                    if int(m.headers["x-model-version"]) >= 1:
-                        break
-                    time.sleep(0.002)
-                to_model = time.perf_counter() - t_last
-                server_peak = peak.stop()
-                h.delete(f"{url}/v1/jobs/{name}", headers={"Authorization": f"Bearer {secret}"})
-            rows[name] = {
-                "model": flat(wire.decode_tensors(m.content)),
-                "to_model_s": to_model,
-                "server_peak_bytes": server_peak,
-            }
-        log = (tmp / "gateway.log").read_text()
-        for name in rows:
-            if name == "fedavg":
-                continue
-            hit = re.findall(rf"round 1: {re.escape(name)} done in ([0-9.]+) ms", log)
-            rows[name]["shards_s"] = float(hit[-1]) / 1e3 if hit else None
-    finally:
-        aggs.stop()
-        stop_group(gw, 20)
-        shutil.rmtree(s.shm_root, ignore_errors=True)  # a stopped gateway keeps its stores
-        redis.stop()
-    return rows
-
-
-_FLOWER = r"""
-import json, resource, sys, time
-import numpy as np
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.server.strategy import FedMedian, Krum
-data = np.load(sys.argv[2])
-names = sorted({k.split("/", 1)[1] for k in data.files})
-clients = sorted({k.split("/", 1)[0] for k in data.files})
-res = [(None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([data[f"{c}/{n}"] for n in names]), 10, {})) for c in clients]
-del data
-with open("/proc/self/clear_refs", "w") as f:  # VmHWM from here: the aggregation's own peak
-    f.write("5")
-s = FedMedian() if sys.argv[1] == "median" else Krum(num_malicious_clients=4)
-t = time.perf_counter()
-out, _ = s.aggregate_fit(1, res, [])
-dt = time.perf_counter() - t
-from flwr.common import parameters_to_ndarrays
-np.save(sys.argv[3], np.concatenate([a.ravel() for a in parameters_to_ndarrays(out)]))
-hwm = [int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmHWM:")][0]
-print(json.dumps({"aggregate_fit_s": dt, "peak_rss_bytes": hwm}))
-"""
-
-
-def flower_side(tmp: Path, ups: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
-    path = tmp / "updates.npz"
-    np.savez(path, **{f"{c}/{k}": v for c, u in ups.items() for k, v in u.items()})
-    out = {}
-    for rule in ("median", "krum"):
-        res = subprocess.run(
-            [sys.executable, "-c", _FLOWER, rule, str(path), str(tmp / f"flower-{rule}.npy")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-        row["model"] = np.load(tmp / f"flower-{rule}.npy")
-        out[rule] = row
+def write_updates(
+    ups: dict[str, dict[str, np.ndarray]], layout: list[tuple[str, list[int]]], folder: Path
+) -> list[Path]:
+    """Each client's update as one file of float32 values in ``layout``'s order (the format
+    :func:`bench.harness.round_window.map_weights` maps), clients in sorted order."""
+    out = []
+    for c in sorted(ups):
+        path = folder / f"update-{c}"
+        with open(path, "wb") as f:
+            for name, _ in layout:
+                f.write(np.ascontiguousarray(ups[c][name], np.float32).tobytes())
+        out.append(path)
     return out
 
 
+def _fedfaas(
+    spec: dict[str, Any],
+    g: dict[str, np.ndarray],
+    files: list[Path],
+    layout: list[tuple[str, list[int]]],
+    work: Path,
+) -> Callable[[Any, str], dict[str, Any]]:
+    from bench.harness.fedfaas_round import bench_round_e2e
+    from client.sdk import AGGREGATION_KEY, with_metadata
+    from fedfaas import wire
+
+    body = wire.encode_tensors(g)
+    if spec["rule"] != "fedavg":
+        body = with_metadata(body, {AGGREGATION_KEY: json.dumps({**spec, "shards": 2})})
+
+    def run(groups: Any, tag: str) -> dict[str, Any]:
+        return bench_round_e2e(
+            work, layout, N, ebpf=False, tag=tag, groups=groups, weights=files,
+            initial=body, keep_model=True, gateway={"pool": N + 4},
+        )  # fmt: skip
+
+    return run
+
+
+def _flower(
+    rule: str, files: list[Path], layout: list[tuple[str, list[int]]], legacy: bool
+) -> Callable[[Any, str], dict[str, Any]]:
+    from bench.flower_baseline import run_flower_round
+    from bench.harness.flower_legacy import run_legacy_round
+
+    round_of = run_legacy_round if legacy else run_flower_round
+
+    def run(groups: Any, tag: str) -> dict[str, Any]:
+        return round_of(N, layout, groups=groups, rule=rule, weights=files, keep_model=True)
+
+    return run
+
+
+def _with_distance(
+    runner: Callable[[Any, str], dict[str, Any]],
+    honest: np.ndarray,
+    gf: np.ndarray,
+    step: float,
+    models: list[np.ndarray],
+) -> Callable[[Any, str], dict[str, Any]]:
+    """``runner`` whose record has the model's ``distance`` instead of the model (kept, the
+    first one, in ``models`` for the same-model check)."""
+
+    def run(groups: Any, tag: str) -> dict[str, Any]:
+        rec = runner(groups, tag)
+        model = rec.pop("model", None)
+        if model is not None:
+            rec["distance"] = float(np.linalg.norm(model.astype(np.float64) - honest) / step)
+            if not models:
+                models.append(model)
+            rec["max_abs_diff_to_first"] = float(np.abs(model - models[0]).max())
+        return rec
+
+    return run
+
+
+def _cell(sp: dict[str, float] | None, scale: float = 1.0, digits: int = 2) -> str:
+    if not sp:
+        return "n/a"
+    f = f"{{:.{digits}f}}"
+    lo, mid, hi = (f.format(sp[k] / scale) for k in ("min", "median", "max"))
+    return f"{mid} [{lo}-{hi}]"
+
+
+#: the compared rows: label, figure of bench.harness.compare.figures, scale, the ratio's word
+ROWS = (
+    ("server window: first update bytes received -> result sealed (s)", "server_s", 1.0,
+     "faster"),
+    ("round: first client's weights in memory -> result sealed (s)", "e2e_s", 1.0, "faster"),
+    ("server side's CPU-seconds in the round (cgroup)", "server_cpu_s", 1.0, "less"),
+    ("server side's peak memory (cgroup, GB)", "server_peak_bytes", 1e9, "less"),
+)  # fmt: skip
+
+
 def render(r: dict[str, Any]) -> str:
+    cpus = r["cpus"]
     lines = [
         "# Robust aggregation: 20 ResNet-18 updates, 4 poisoned",
         "",
         run_header(r["run"]),
         "",
         f"Poisoned: {', '.join(r['poisoned']['sign_flipped'])} sign-flipped, "
-        f"{', '.join(r['poisoned']['scaled_100x'])} scaled by 100. Distance: |x - h| / |h - g| "
-        "(h: the honest updates' mean, g: the round's starting model).",
+        f"{', '.join(r['poisoned']['scaled_100x'])} scaled by 100. Each client its own process "
+        "uploading over loopback. Equal windows: first update bytes received on the server's "
+        "port -> result sealed (FedFaaS: the model published; Flower: aggregate_train "
+        "returned), receiving and decoding the updates inside on both sides. The server side "
+        f"of both in a cgroup pinned to CPUs {cpus}; {r['repeats']} repeats per rule, FedFaaS "
+        "and Flower alternating; median [min-max], ratios of medians. Distance: |x - h| / "
+        "|h - g| (h: the honest updates' mean, g: the round's starting model).",
         "",
-        "| rule | distance from the honest mean | FedFaaS shards (gateway) | last upload -> model | server peak memory |",
-        "|---|---:|---:|---:|---:|",
+        "| rule | figure | FedFaaS | peers: median [min-max] | peer / FedFaaS (medians) | target |",
+        "|---|---|---:|---|---|---|",
     ]
-    for name, row in r["fedfaas"].items():
-        sh = row.get("shards_s")
+    for rule, block in r["rules"].items():
+        summ = block["compare"]["by_cpus"][cpus]["summary"]
+        me = summ["systems"].get("FedFaaS") or {}
+        peers = {s: x for s, x in summ["systems"].items() if s != "FedFaaS"}
+        for label, key, scale, word in ROWS:
+            theirs = "; ".join(f"{s}: {_cell(x.get(key), scale)}" for s, x in peers.items())
+            ratio = "; ".join(
+                f"{s}: {v:.2f}x {word}"
+                for s, rr in summ["ratios"].items()
+                if (v := rr.get(key)) is not None
+            )
+            target = ">= 3x faster than Flower" if key == "server_s" else ""
+            lines.append(
+                f"| {rule} | {label} | {_cell(me.get(key), scale)} | {theirs} | {ratio or 'n/a'}"
+                f" | {target} |"
+            )
+        dist = block["distance"]
         lines.append(
-            f"| {name} | {row['distance']:.4f} | {'-' if sh is None else f'{sh:.3f} s'} | "
-            f"{row['to_model_s']:.3f} s | {row['server_peak_bytes'] / 2**20:.0f} MiB |"
+            f"| {rule} | distance from the honest mean | {_cell(dist.get('FedFaaS'), digits=4)}"
+            f" | {'; '.join(f'{s}: {_cell(dist.get(s), digits=4)}' for s in peers)} | "
+            f"same model: largest abs difference {block['same_model_max_abs_diff']:.2e} | |"
         )
-    lines += [
-        "",
-        "Against Flower 1.32.1 on the same updates (each in a fresh process; its time includes "
-        "deserializing the 20 `Parameters`, as its server does):",
-        "",
-        "| rule | Flower aggregate_fit | FedFaaS shards | speed-up | Flower peak RSS | FedFaaS server peak | memory ratio | same model |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for name, fl in r["flower"].items():
-        ff = r["fedfaas"][name]
-        mem = ff["server_peak_bytes"]
-        lines.append(
-            f"| {name} | {fl['aggregate_fit_s']:.3f} s | {ff['shards_s']:.3f} s | "
-            f"{fl['aggregate_fit_s'] / ff['shards_s']:.2f}x | {fl['peak_rss_bytes'] / 2**20:.0f} MiB | "
-            f"{mem / 2**20:.0f} MiB | {fl['peak_rss_bytes'] / mem:.2f}x | "
-            f"{fl['max_abs_diff_to_fedfaas'] == 0.0} (max abs diff {fl['max_abs_diff_to_fedfaas']:.2e}) |"
+        done = "; ".join(
+            f"{s} {x.get('ok', 0)}/{x.get('runs', 0)}" for s, x in summ["systems"].items()
         )
+        lines.append(f"| {rule} | runs finished | {done} | | | |")
+    if r.get("fedfaas_only"):
+        lines += [
+            "",
+            "FedFaaS's rules without a Flower peer, once each on the same CPUs:",
+            "",
+            "| rule | distance from the honest mean | server window (s) | round (s) |",
+            "|---|---:|---:|---:|",
+        ]
+        for rule, rec in r["fedfaas_only"].items():
+            if not rec.get("ok", True):
+                lines.append(f"| {rule} | failed: {rec.get('failure')} | | |")
+                continue
+            lines.append(
+                f"| {rule} | {rec['distance']:.4f} | {rec['server_s']:.3f} | {rec['e2e_s']:.3f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -284,51 +267,107 @@ def plot(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(r["fedfaas"])
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    ax[0].bar(names, [r["fedfaas"][n]["distance"] for n in names])
-    ax[0].set_yscale("log")
-    ax[0].set_title("distance from the honest mean (log)")
-    fl = list(r["flower"])
-    x = np.arange(len(fl))
-    ax[1].bar(x - 0.2, [r["flower"][n]["aggregate_fit_s"] for n in fl], 0.4, label="Flower")
-    ax[1].bar(x + 0.2, [r["fedfaas"][n]["shards_s"] for n in fl], 0.4, label="FedFaaS, 2 shards")
-    ax[1].set_xticks(x, fl)
-    ax[1].set_ylabel("seconds")
-    ax[1].legend()
+    rules = list(r["rules"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(rules))
+    systems = list(r["rules"][rules[0]]["compare"]["systems"]) if rules else []
+    width = 0.8 / max(1, len(systems))
+    for i, system in enumerate(systems):
+        off = (i - (len(systems) - 1) / 2) * width
+        cells = [
+            r["rules"][k]["compare"]["by_cpus"][r["cpus"]]["summary"]["systems"][system].get(
+                "server_s"
+            )
+            or {"median": 0, "min": 0, "max": 0}
+            for k in rules
+        ]
+        med = [c["median"] for c in cells]
+        err = [[m - c["min"] for m, c in zip(med, cells, strict=True)],
+               [c["max"] - m for m, c in zip(med, cells, strict=True)]]  # fmt: skip
+        ax.bar(x + off, med, width, yerr=err, capsize=4, label=system)
+    ax.set_xticks(x, rules)
+    ax.set_ylabel("server window (s): first update byte -> result sealed")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per rule and system")
+    ap.add_argument("--cpus", default="0-1", help="the server side's CPUs (cpuset), both sides")
+    ap.add_argument("--rules", default="median,krum", help="rules with a Flower peer")
+    ap.add_argument(
+        "--all-rules", action="store_true", help="FedFaaS's other rules once, for distances"
+    )
+    ap.add_argument("--no-legacy", action="store_true", help="leave out Flower 1.32.1")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with pinned_threads(1) as threads:
         info = run_info("bench.robust", argv)
         info["threads"] = threads
         g = resnet18()
         ups = updates(g)
+        layout = [(k, list(g[k].shape)) for k in sorted(g)]
         gf = flat(g)
         honest = np.mean([flat(u) for c, u in ups.items() if c not in BAD_FLIP + BAD_SCALE], axis=0)
-        step = np.linalg.norm(honest - gf)
-        with tempfile.TemporaryDirectory(prefix="bench-robust-") as d:
+        step = float(np.linalg.norm(honest - gf))
+        result: dict[str, Any] = {
+            "run": info,
+            "clients": N,
+            "poisoned": {"sign_flipped": list(BAD_FLIP), "scaled_100x": list(BAD_SCALE)},
+            "cpus": args.cpus,
+            "repeats": args.repeats,
+            "rules": {},
+            "fedfaas_only": {},
+        }
+        with tempfile.TemporaryDirectory(prefix="bench-robust-", dir="/dev/shm") as d:
             tmp = Path(d)
-            ff = fedfaas_side(tmp, g, ups)
-            fl = flower_side(tmp, ups)
-    for name, row in fl.items():  # Flower's model against FedFaaS's published one
-        m = row.pop("model")
-        row["distance"] = float(np.linalg.norm(m - honest) / step)
-        row["max_abs_diff_to_fedfaas"] = float(np.abs(m - ff[name]["model"]).max())
-    for row in ff.values():
-        row["distance"] = float(np.linalg.norm(row.pop("model") - honest) / step)
-    result = {
-        "run": info,
-        "clients": N,
-        "poisoned": {"sign_flipped": list(BAD_FLIP), "scaled_100x": list(BAD_SCALE)},
-        "fedfaas": ff,
-        "flower": fl,
-    }
+            files = write_updates(ups, layout, tmp)
+            del ups
+            for rule in args.rules.split(","):
+                spec, strategy = PEERS[rule]
+                models: list[np.ndarray] = []
+                runners = {
+                    "FedFaaS": _with_distance(
+                        _fedfaas(spec, g, files, layout, tmp / rule), honest, gf, step, models
+                    ),
+                    CURRENT: _with_distance(
+                        _flower(strategy, files, layout, False), honest, gf, step, models
+                    ),
+                }
+                if not args.no_legacy:
+                    runners[LEGACY] = _with_distance(
+                        _flower(strategy, files, layout, True), honest, gf, step, models
+                    )
+                (tmp / rule).mkdir()
+                cmp = run_compare(runners, cpus_sets=[args.cpus], repeats=args.repeats)
+                runs = cmp["by_cpus"][args.cpus]["runs"]
+                result["rules"][rule] = {
+                    "compare": cmp,
+                    "distance": {
+                        s: spread([x.get("distance") for x in recs]) for s, recs in runs.items()
+                    },
+                    "same_model_max_abs_diff": max(
+                        (x.get("max_abs_diff_to_first", np.inf) for recs in runs.values()
+                         for x in recs if x.get("ok", True)),
+                        default=float("inf"),
+                    ),
+                }  # fmt: skip
+            if args.all_rules:
+                from bench.harness.cgroups import RoundGroups
+
+                for spec in [{"rule": "fedavg"}, *RULES]:
+                    if spec["rule"] in PEERS:
+                        continue
+                    run = _with_distance(
+                        _fedfaas(spec, g, files, layout, tmp / spec["rule"]), honest, gf, step, []
+                    )
+                    (tmp / spec["rule"]).mkdir()
+                    tag = f"o{len(result['fedfaas_only'])}"
+                    with RoundGroups(f"fedfaas-bench-{os.getpid()}-{tag}", args.cpus) as groups:
+                        result["fedfaas_only"][spec["rule"]] = run(groups, tag)
     stored, md = write_result(result, "robust", render, args.out)
     plot(stored, args.out / "robust.png")
     print(md)

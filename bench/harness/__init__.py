@@ -15,7 +15,8 @@
 - :mod:`bench.harness.fedfaas_round`: one FedFaaS round measured as the baselines' are, and
   the design's memory floor from its settings.
 - :mod:`bench.harness.flower_env`: Flower's own environment (the newest Flower), made once and
-  cached; :mod:`bench.harness.flower_app`: the ServerApp and ClientApp the Flower baseline runs.
+  cached; :mod:`bench.harness.flower_app`: the ServerApp and ClientApp the Flower baseline runs;
+  :mod:`bench.harness.flower_legacy`: Flower 1.32.1's ``start_server``/``start_client`` round.
 - :mod:`bench.harness.compare`: every system's round repeated, interleaved, on the same CPUs;
   medians, ranges and ratios of medians.
 """

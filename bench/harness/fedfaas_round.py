@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,9 @@ def bench_round_e2e(
     gateway: dict[str, Any] | None = None,
     aggregator_env: dict[str, str] | None = None,
     groups: RoundGroups | None = None,
+    weights: Sequence[Path] | None = None,
+    initial: bytes | None = None,
+    keep_model: bool = False,
 ) -> dict[str, Any]:
     """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
     Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
@@ -142,6 +146,11 @@ def bench_round_e2e(
     guard stops, that errors or times out is a failure record (``ok`` False), not an
     exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
     the gateway's own defaults); ``aggregator_env``: more environment for the replicas.
+    ``weights``: one file per client in :func:`~bench.harness.round_window.write_weights`'s
+    layout (None: one random file every client shares); ``initial``: the job's initial model
+    as the body ``POST /v1/jobs`` takes (safetensors, its metadata may name an aggregation
+    rule; None: zeros); ``keep_model``: the record's ``model`` is the published global model
+    as one flat float32 vector in the layout's order (not JSON).
 
     ``groups``: the round's cgroups. The gateway, the replicas and Redis are born in
     ``groups.server``, the clients in ``groups.clients``; the record then has ``cgroup``
@@ -165,7 +174,7 @@ def bench_round_e2e(
     rdir = work / node
     rdir.mkdir(parents=True)
     (rdir / "layout.json").write_text(json.dumps(layout))
-    weights = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")
+    shared = Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-{node}")
     server_group = groups.server if groups else None
     with born_in(server_group):
         redis = RedisServer(data_dir=rdir / "redis").start()
@@ -216,17 +225,20 @@ def bench_round_e2e(
         guard.start()
         names = [f"c{k}" for k in range(clients)]
         job = f"e2e-{node}"
-        init = save({n: np.zeros(s, np.float32) for n, s in layout})
+        init = initial or save({n: np.zeros(s, np.float32) for n, s in layout})
         info = create_job(gw.settings.port, gw.secret(), job, names, clients, init)
         del init
-        rw.write_weights(weights, layout)
+        if weights is None:
+            rw.write_weights(shared, layout)
+        if weights is not None and len(weights) != clients:
+            raise ValueError(f"{len(weights)} weight files for {clients} clients")
         for k, name in enumerate(names):
             sp = rdir / f"client-{k}.json"
             sp.write_text(
                 json.dumps(
                     {
                         "work": str(rdir),
-                        "weights": str(weights),
+                        "weights": str(shared if weights is None else weights[k]),
                         "url": gw.url,
                         "job": job,
                         "client": name,
@@ -293,6 +305,7 @@ def bench_round_e2e(
         acct = groups.close_window() if groups is not None else None
         peak.stop()
         router = gw.router()
+        model = _published(gw, job, layout) if keep_model else None
         marks = [json.loads((rdir / f"client-{k}.out").read_text()) for k in range(clients)]
     except Exception:
         # a request to a server the guard has just stopped: the guard's record is the result
@@ -314,7 +327,7 @@ def bench_round_e2e(
             # the store the gateway leaves (the global model; every object if it was killed)
             shutil.rmtree(gw.settings.shm_root, ignore_errors=True)
         redis.stop()
-        weights.unlink(missing_ok=True)
+        shared.unlink(missing_ok=True)
     lr = st["last_round"]
     end = lr["published_ns"]
     function_eps = [e for e in router["endpoints"] if not e["local"]]
@@ -368,4 +381,21 @@ def bench_round_e2e(
             idle_bytes=baseline,
         )
     out["act_over_ingest"] = out["act_s"] / out["ingest_s"] if out["ingest_s"] else None
+    if model is not None:
+        out["model"] = model
     return out
+
+
+def _published(gw: GatewayProc, job: str, layout: list[tuple[str, list[int]]]) -> Any:
+    """The job's published global model as one flat float32 vector in ``layout``'s order."""
+    import httpx
+    from safetensors.numpy import load
+
+    r = httpx.get(
+        f"{gw.url}/v1/jobs/{job}/model",
+        headers={"Authorization": f"Bearer {gw.secret()}"},
+        timeout=120,
+    )
+    r.raise_for_status()
+    tensors = load(r.content)
+    return np.concatenate([tensors[n].ravel() for n, _ in layout]).astype(np.float32)

@@ -15,9 +15,9 @@ and runs it, and reads the marks the apps leave in the run config's ``work`` fol
   ``ready-<cid>``, waits for the harness's ``go``, marks ``t_start_ns`` (weights in memory,
   nothing serialised yet) in ``client-<cid>.json``, and only then builds the ``ArrayRecord``
   (Flower serialises each array as it is added): serialisation is inside the window;
-- the ServerApp marks the strategy's ``aggregate_train`` entry and return (the global
-  ``ArrayRecord``, serialised, is then sealed), touches ``aggregated`` as it returns, and
-  writes ``server.json``.
+- the ServerApp marks each pull of replies from the SuperLink (start, end, replies) and the
+  strategy's ``aggregate_train`` entry and return (the global ``ArrayRecord``, serialised, is
+  then sealed), touches ``aggregated`` as it returns, and writes ``server.json``.
 
 Imported only by Flower's processes (Flower's own environment, this repository on
 ``PYTHONPATH``), never by the platform.
@@ -97,7 +97,18 @@ def main(grid: Grid, context: Context) -> None:
     work = Path(str(context.run_config["work"]))
     n = int(context.run_config["num-clients"])
     base, extra = STRATEGIES[str(context.run_config["rule"])]
-    marks: dict[str, Any] = {"pid": os.getpid()}
+    marks: dict[str, Any] = {"pid": os.getpid(), "pulls": []}
+    # each pull of replies from the SuperLink (Flower's grid polls every 3 s): start, end and
+    # the replies it brought, to split the server window into its parts
+    pull = grid.pull_messages
+
+    def timed_pull(message_ids: Any) -> Any:
+        t0 = time.monotonic_ns()
+        got = list(pull(message_ids))
+        marks["pulls"].append([t0, time.monotonic_ns(), len(got)])
+        return got
+
+    grid.pull_messages = timed_pull  # type: ignore[method-assign]
 
     class Timed(base):  # type: ignore[misc, valid-type]
         def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:

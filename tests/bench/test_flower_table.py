@@ -43,3 +43,16 @@ def test_the_table_gives_the_cgroup_figures_when_measured() -> None:
     assert "| server threads that ran (most at once) | 19 (17) |" in table
     assert "| clients' cgroup peak memory | 246 MB |" in table
     assert "cgroup" not in flower_baseline._table(_res())
+
+
+def test_the_server_window_is_split_at_the_servers_last_fruitful_pull() -> None:
+    """Flower 1.42's ServerApp polls the SuperLink: the pull that brought the last replies
+    began ``poll_wait_s`` after every update's bytes were in, and took ``last_pull_s``."""
+    s = 1_000_000_000
+    pulls = [[0, s // 10, 0], [3 * s, 3 * s + s // 10, 12], [6 * s, 8 * s, 8]]
+    split = flower_baseline._pull_split(pulls, all_bytes_ns=5 * s)
+    assert split == {"last_pull_s": 2.0, "poll_wait_s": 1.0, "pulls": 3}
+    assert flower_baseline._pull_split([[0, 1, 0]], 5)["last_pull_s"] is None
+    table = flower_baseline._table(_res(**split))
+    assert "| the ServerApp's wait for its next poll" in table.replace("|   ", "| ")
+    assert "| 1.00 s |" in table and "| 2.00 s |" in table
