@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import flower_baseline
+from bench import flower_baseline, flower_report
 
 
 def _res(**more: Any) -> dict[str, Any]:
@@ -37,12 +37,12 @@ def test_the_table_gives_the_cgroup_figures_when_measured() -> None:
         },
         "clients": {"peak_bytes": 246e6},
     }
-    table = flower_baseline._table(_res(cgroup=cg))
+    table = flower_report.table(_res(cgroup=cg))
     assert "| server cgroup peak memory (CPUs 0) | 56 MB |" in table
     assert "| server cgroup CPU-seconds in the round | 0.17 s |" in table
     assert "| server threads that ran (most at once) | 19 (17) |" in table
     assert "| clients' cgroup peak memory | 246 MB |" in table
-    assert "cgroup" not in flower_baseline._table(_res())
+    assert "cgroup" not in flower_report.table(_res())
 
 
 def test_the_server_window_is_split_at_the_servers_last_fruitful_pull() -> None:
@@ -53,6 +53,6 @@ def test_the_server_window_is_split_at_the_servers_last_fruitful_pull() -> None:
     split = flower_baseline._pull_split(pulls, all_bytes_ns=5 * s)
     assert split == {"last_pull_s": 2.0, "poll_wait_s": 1.0, "pulls": 3}
     assert flower_baseline._pull_split([[0, 1, 0]], 5)["last_pull_s"] is None
-    table = flower_baseline._table(_res(**split))
+    table = flower_report.table(_res(**split))
     assert "| the ServerApp's wait for its next poll" in table.replace("|   ", "| ")
     assert "| 1.00 s |" in table and "| 2.00 s |" in table
