@@ -205,6 +205,20 @@ def render(r: dict[str, Any]) -> str:
         "",
         run_header(r["run"]),
         "",
+        *(
+            [
+                "This result merges runs (each rule names its own): "
+                + "; ".join(
+                    f"`{x.get('command')}` at {(x.get('commit') or {}).get('sha', '?')[:12]}"
+                    f"{' (dirty tree)' if (x.get('commit') or {}).get('dirty') else ''}, "
+                    f"started {x.get('started')}"
+                    for x in r["runs"]
+                ),
+                "",
+            ]
+            if r.get("runs")
+            else []
+        ),
         f"Poisoned: {', '.join(r['poisoned']['sign_flipped'])} sign-flipped, "
         f"{', '.join(r['poisoned']['scaled_100x'])} scaled by 100. Each client its own process "
         "uploading over loopback. Equal windows: first update bytes received on the server's "
@@ -242,7 +256,7 @@ def render(r: dict[str, Any]) -> str:
         done = "; ".join(
             f"{s} {x.get('ok', 0)}/{x.get('runs', 0)}" for s, x in summ["systems"].items()
         )
-        lines.append(f"| {rule} | runs finished | {done} | | | |")
+        lines.append(f"| {rule} | runs finished | {done} | {block.get('run', '')} | | |")
     if r.get("fedfaas_only"):
         lines += [
             "",
@@ -292,6 +306,28 @@ def plot(r: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+def _appended(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``result`` with the rules of the result stored at ``path`` that it did not run (a
+    stored result of other CPUs or repeats is refused: its rows would not compare)."""
+    if not path.exists():
+        return result
+    old = json.loads(path.read_text())
+    if (old.get("cpus"), old.get("repeats")) != (result["cpus"], result["repeats"]):
+        raise SystemExit(
+            f"{path}: CPUs {old.get('cpus')} x {old.get('repeats')} repeats, this run "
+            f"{result['cpus']} x {result['repeats']}: not appended"
+        )
+    rules = {**{k: v for k, v in old["rules"].items() if k not in result["rules"]}}
+    rules.update(result["rules"])
+    runs = [*old.get("runs", [old["run"]]), result["run"]]
+    return {
+        **result,
+        "rules": rules,
+        "fedfaas_only": result["fedfaas_only"] or old.get("fedfaas_only", {}),
+        "runs": runs,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
@@ -302,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         "--all-rules", action="store_true", help="FedFaaS's other rules once, for distances"
     )
     ap.add_argument("--no-legacy", action="store_true", help="leave out Flower 1.32.1")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the other rules of the stored robust.json (same --cpus and --repeats): "
+        "one rule per run, each rule naming its run",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with pinned_threads(1) as threads:
@@ -345,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmp = run_compare(runners, cpus_sets=[args.cpus], repeats=args.repeats)
                 runs = cmp["by_cpus"][args.cpus]["runs"]
                 result["rules"][rule] = {
+                    "run": info["command"],
                     "compare": cmp,
                     "distance": {
                         s: spread([x.get("distance") for x in recs]) for s, recs in runs.items()
@@ -368,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                     tag = f"o{len(result['fedfaas_only'])}"
                     with RoundGroups(f"fedfaas-bench-{os.getpid()}-{tag}", args.cpus) as groups:
                         result["fedfaas_only"][spec["rule"]] = run(groups, tag)
+    if args.append:
+        result = _appended(result, args.out / "robust.json")
     stored, md = write_result(result, "robust", render, args.out)
     plot(stored, args.out / "robust.png")
     print(md)

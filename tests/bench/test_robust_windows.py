@@ -93,3 +93,21 @@ def test_the_table_gives_medians_ranges_and_ratios_of_medians() -> None:
     assert f"{CURRENT}: 10.00 [9.00-11.00]" in row
     assert f"{CURRENT}: 10.00x faster" in row  # 10.0 / 1.0, the medians' ratio
     assert ">= 3x faster than Flower" in row
+
+
+def test_a_rule_run_alone_is_appended_to_the_stored_result_of_the_same_setup(
+    tmp_path: Path,
+) -> None:
+    stored = _stored()
+    (tmp_path / "robust.json").write_text(json.dumps(stored))
+    krum = {**stored, "run": {**stored["run"], "command": "python -m bench.robust --rules krum"}}
+    krum["rules"] = {"krum": stored["rules"]["median"]}
+    merged = robust._appended(krum, tmp_path / "robust.json")
+    assert list(merged["rules"]) == ["median", "krum"]
+    assert [x.get("command") for x in merged["runs"]] == [
+        None,
+        "python -m bench.robust --rules krum",
+    ]
+    assert "This result merges runs" in robust.render(merged)
+    with pytest.raises(SystemExit, match="not appended"):
+        robust._appended({**krum, "cpus": "0"}, tmp_path / "robust.json")
