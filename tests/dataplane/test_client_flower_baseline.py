@@ -1,6 +1,7 @@
 """The Flower peer of the round benchmark (bench.flower_baseline), on a small payload: Flower
 1.42 in its own environment (bench.harness.flower_env, made on first use), its Deployment
-Runtime and Message API."""
+Runtime and Message API. Slow: a Flower 1.42 deployment starts three processes per client and
+its ServerApp polls every 3 s (about 30 s for this round)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_real_flower_round_reports_its_windows_and_server_memory() -> None:
     from bench.flower_baseline import run_flower_round
