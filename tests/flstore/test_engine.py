@@ -251,6 +251,11 @@ def test_functions_a_restarted_runtime_no_longer_has_give_their_places_to_new_on
         assert eng.report_failure(fn) is False
         del prov.fns[fn]  # the runtime restarted without it
         prov.dead.clear()
+        # the loss queued a restore of the function's objects: it forgets the dead function and
+        # deploys a new one in the background; a query during that deploy is answered 503
+        # functions_unavailable (test above), so the query waits for the background to settle
+        # (in CI the query raced the deploy and got the 503)
+        _wait_idle(eng)
         plan = eng.acquire(query)
         assert len(plan["holders"]) == 1
         (new,) = plan["holders"]
