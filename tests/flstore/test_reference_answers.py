@@ -194,3 +194,21 @@ def test_wrong_names_and_labels_are_caught() -> None:
     bad["selected"] = bad["selected"][::-1]
     bad["krum"] = bad["selected"][0]
     assert set(agrees(bad, ref, RTOL)) == {"selected", "krum"}
+
+
+def test_the_reference_does_not_import_the_workloads_it_checks() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from bench.flstore_reference import reference_answer\n"
+        "u = {1: {'a': np.ones(4, np.float32), 'b': -np.ones(4, np.float32),"
+        " 'c': np.arange(4, dtype=np.float32)}}\n"
+        "reference_answer('multi-krum', {'round': 1, 'f': 0}, u, {0: np.zeros(4, np.float32)})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fedfaas'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
