@@ -180,6 +180,21 @@ class TensorIndex:
             raise ColdStoreError(f"not a safetensors header: {exc}") from None
         return cls(out, shapes)
 
+    def flat_start(self) -> int | None:
+        """The file's byte of coordinate 0 where every tensor is float32 and follows the one
+        before it in the file (coordinate ``c`` at byte ``flat_start() + 4 c``), else None."""
+        end = self.tensors[0][2] if self.tensors else None
+        for _, dtype, lo, hi in self.tensors:
+            if dtype != np.float32 or lo != end:
+                return None
+            end = hi
+        return self.tensors[0][2] if self.tensors else None
+
+    def reads(self, start: int, stop: int) -> int:
+        """The ranged reads :meth:`ColdStore.read_range` makes for coordinates
+        ``[start, stop)``."""
+        return len(_joined(self.pieces(start, stop)))
+
     def pieces(self, start: int, stop: int) -> list[tuple[int, int, int, np.dtype[Any]]]:
         """``(first byte, end byte, position in the output, dtype)`` of every tensor span that
         covers coordinates ``[start, stop)``."""
@@ -194,6 +209,22 @@ class TensorIndex:
                     (lo + (x - a) * dtype.itemsize, lo + (y - a) * dtype.itemsize, x - start, dtype)
                 )
         return out
+
+
+def _joined(
+    pieces: list[tuple[int, int, int, np.dtype[Any]]],
+) -> list[tuple[int, int, int, np.dtype[Any]]]:
+    """Tensor spans of :meth:`TensorIndex.pieces` that follow each other in the file and in the
+    output, with one dtype, as one span (one ranged read instead of several)."""
+    out: list[tuple[int, int, int, np.dtype[Any]]] = []
+    for lo, hi, dst, dtype in pieces:
+        if out:
+            plo, phi, pdst, pdtype = out[-1]
+            if pdtype == dtype and phi == lo and pdst + (phi - plo) // dtype.itemsize == dst:
+                out[-1] = (plo, hi, pdst, dtype)
+                continue
+        out.append((lo, hi, dst, dtype))
+    return out
 
 
 def encode_model(tensors: Mapping[str, NDArray[Any]]) -> bytes:
@@ -264,14 +295,31 @@ class ColdStore(ABC):
         index = index or self.header(key)
         if out is None:
             out = np.empty(max(0, stop - start), dtype=np.float32)
-        elif out.shape != (max(0, stop - start),) or out.dtype != np.float32:
-            raise ValueError(f"out must be {stop - start} float32, not {out.shape} {out.dtype}")
-        for lo, hi, dst, dtype in index.pieces(start, stop):
+        elif (
+            out.shape != (max(0, stop - start),)
+            or out.dtype != np.float32
+            or not out.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"out must be {stop - start} contiguous float32, not {out.shape} {out.dtype}"
+            )
+        for lo, hi, dst, dtype in _joined(index.pieces(start, stop)):
+            n = (hi - lo) // dtype.itemsize
+            if dtype == np.float32:  # straight into the output, no copy in between
+                self.read_into(key, lo, out[dst : dst + n].data.cast("B"))
+                continue
             raw = self.get_bytes_range(key, lo, hi - lo)
             if len(raw) != hi - lo:
                 raise ColdStoreError(f"{object_path(key)} ended early (a ranged read)")
-            out[dst : dst + (hi - lo) // dtype.itemsize] = np.frombuffer(raw, dtype)
+            out[dst : dst + n] = np.frombuffer(raw, dtype)
         return out
+
+    def read_into(self, key: ObjectKey, offset: int, out: memoryview) -> None:
+        """``len(out)`` bytes of ``key``'s object from ``offset``, written into ``out``."""
+        raw = self.get_bytes_range(key, offset, len(out))
+        if len(raw) != len(out):
+            raise ColdStoreError(f"{object_path(key)} ended early (a ranged read)")
+        out[:] = raw
 
     def get(self, key: ObjectKey) -> NDArray[np.float32] | dict[str, Any]:
         """Decoded object (see :func:`decode_object`)."""
@@ -363,6 +411,29 @@ class MinioColdStore(ColdStore):
 
     def get_bytes_range(self, key: ObjectKey, offset: int, length: int) -> bytes:
         return self._get(key, offset, length) if length > 0 else b""
+
+    def read_into(self, key: ObjectKey, offset: int, out: memoryview) -> None:
+        from minio.error import S3Error
+
+        path = object_path(key)
+        if not len(out):
+            return
+        try:
+            resp = self.client.get_object(self.bucket, path, offset=offset, length=len(out))
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                raise ObjectMissing(path) from None
+            raise ColdStoreError(f"minio get {path} [{offset}+{len(out)}]: {exc.code}") from exc
+        try:
+            got = 0
+            while got < len(out):
+                n = resp.readinto(out[got:])
+                if not n:
+                    raise ColdStoreError(f"{path} ended early (a ranged read)")
+                got += n
+        finally:
+            resp.close()
+            resp.release_conn()
 
     def _get(self, key: ObjectKey, offset: int = 0, length: int = 0) -> bytes:
         """The object's bytes (``length`` of them from ``offset``; 0: to the end)."""

@@ -17,8 +17,8 @@ part, the query is not refused: the plan names live functions for coordinate ran
 store a chunk at a time, keeping nothing (``/part``, streamed). The parts not held are joined
 into at most :data:`STREAM_WORKERS` contiguous ranges, one function each: the queries' working
 memory (``query_memory_bytes``) is shared among those few, so each reads large chunks
-(``chunk_bytes``: fewer, larger ranged reads of every model) rather than many functions small
-ones.
+(``chunk_bytes``: fewer, larger ranged reads of every model, on MinIO's blocks) rather than
+many functions small ones.
 """
 
 from __future__ import annotations
@@ -42,12 +42,18 @@ log = logging.getLogger(__name__)
 
 #: the share of a function's capacity one part of a query's models may take (two groups fit)
 FILL = 0.5
-#: functions that stream a query's ranges from the cold store at most
-STREAM_WORKERS = 4
+#: functions that stream a query's ranges from the cold store at most: two, so that one
+#: computes on its chunk while the other reads (on a node of 2 cores, MinIO's among them);
+#: more would share the queries' working memory in smaller chunks, each a ranged read per model
+#: (at 200 ResNet-18-sized updates, four functions read 667 KB at a time: 10,000 reads a query)
+STREAM_WORKERS = 2
 #: what one streaming function holds of the models at a time (``functions/flstore/parts.py``),
 #: at least, and at most
 STREAM_BYTES = 64 << 20
 MAX_STREAM_BYTES = 512 << 20
+#: the share of its part of the queries' working memory a streaming function fills with its
+#: chunk; the rest is for the products' blocks and the allocator's slack
+STREAM_FILL = 7 / 8
 
 
 def parts_needed(models: int, model_bytes: int, capacity: int, dim: int) -> int:
@@ -189,17 +195,17 @@ class PartPlanner:
     def _streamers(self, first: str | None) -> tuple[list[str], int]:
         """Live functions to read ranges from the cold store (``first`` first), as many as the
         queries' working memory (and what loads left of the budget) gives :data:`STREAM_BYTES`
-        each, at most :data:`STREAM_WORKERS`; and the bytes each reads at a time: half its
-        share of that memory (the other half for what reading and the products take beside
-        the chunk: buffers, the allocator's slack; at 200 ResNet-18-sized updates a whole
-        share took the node 0.3 GB past an 8 GB budget). The same functions query after query
-        (by name): each keeps the models' tensor indexes it read."""
+        each, at most :data:`STREAM_WORKERS`; and the bytes each reads at a time:
+        :data:`STREAM_FILL` of its share of that memory (a function reads its ranged reads
+        straight into one chunk it reuses, ``functions/flstore/parts.py``). The same functions
+        query after query (by name): each keeps the models' tensor indexes it read."""
         room = self.e.budget.room() + self.e.budget.keep
         with self.e._lock:
             alive = sorted(f for f, i in self.e.functions.items() if i.alive and f != first)
         workers = ([first] if first else []) + alive
         workers = workers[: max(1, min(STREAM_WORKERS, room // STREAM_BYTES))]
-        each = min(MAX_STREAM_BYTES, max(STREAM_BYTES, room // (2 * max(1, len(workers)))))
+        share = room // max(1, len(workers))
+        each = min(MAX_STREAM_BYTES, max(STREAM_BYTES, int(share * STREAM_FILL)))
         return workers, each
 
     def place(

@@ -18,12 +18,14 @@ streamed ``/part`` runs at a time on a function, and it holds at most the source
 ``chunk_bytes`` (default :data:`STREAM_BYTES`) of objects at a time), else 409 ``not_held``.
 The answer is raw little-endian bytes: the float64 ``n x n`` Gram matrix of the rows over the
 range, or the float32 ``k x (b - a)`` slices of the rows (``b' - a'`` given a ``span``). A
-reducer asks the functions at once, and each function's ranges one after the other.
+reducer asks a few functions at once (:data:`PARTS_AT_ONCE`, those that stream first), and each
+function's ranges one after the other.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +50,11 @@ STREAM_BYTES = 64 << 20
 CHUNK_BYTES_RANGE = (1 << 20, 1 << 30)
 #: ranged reads under way at once while streaming
 READERS = 4
+#: MinIO reads an object's bytes in blocks of this size (its erasure block), each whole
+STORE_BLOCK = 1 << 20
+#: functions a reducer asks for their parts at once: the node's cores, and one more (so that
+#: a core is busy while a function waits on its reads)
+PARTS_AT_ONCE = len(os.sched_getaffinity(0)) + 1
 #: a part answer larger than this is refused (a reducer asks for fewer rows at a time)
 MAX_ANSWER = 1 << 30
 #: how long a streamed object's tensor index is reused (objects of a round never change; a
@@ -277,6 +284,22 @@ def serve(body: Mapping[str, Any], h: Holdings) -> bytes:
     return out
 
 
+def chunks(a: int, b: int, step: int, index: TensorIndex) -> list[int]:
+    """Where coordinates ``[a, b)`` are cut into the chunks a stream reads: ``[a, c1, ..., b]``,
+    each chunk at most ``step`` floats (at least 1024). Where a chunk holds whole
+    :data:`STORE_BLOCK` s and the object's floats lie in one float32 run, the cuts fall on the
+    blocks of the object's bytes: MinIO reads an object a whole block at a time, so a ranged
+    read that starts or ends inside a block reads (and checks) bytes it does not send."""
+    step = max(1024, step)
+    block = STORE_BLOCK // 4
+    start = index.flat_start()
+    if step < block or start is None or start % 4:
+        return [*range(a, b, step), b]
+    step = step // block * block
+    first = a + (-(start + 4 * a) % STORE_BLOCK) // 4  # the first cut on a block
+    return [a, *range(first, b, step)[first == a :], b] if first < b else [a, b]
+
+
 def _stream(
     req: PartRequest,
     views: Mapping[str, NDArray[np.floating] | None],
@@ -306,7 +329,8 @@ def _stream(
         h.stats["stream_index_s"] += t2 - t1
         a, b = req.cols
         at_once = int(req.source.get("chunk_bytes") or STREAM_BYTES)
-        step = min(b - a, max(1024, at_once // (4 * len(missing))))
+        cuts = chunks(a, b, at_once // (4 * len(missing)), indexes[missing[0]])
+        step = max(y - x for x, y in zip(cuts, cuts[1:], strict=False))
         buf = np.empty((len(missing), step), dtype=np.float32)
         h.stats["streamed_buffer_bytes"] = max(h.stats.get("streamed_buffer_bytes", 0), buf.nbytes)
         n = len(req.rows)
@@ -323,7 +347,7 @@ def _stream(
             r1 = time.perf_counter()
             h.stats["stream_read_s"] += r1 - r0
             h.stats["streamed_bytes"] += 4 * len(missing) * (c1 - c0)
-            h.stats["streamed_requests"] += sum(len(indexes[i].pieces(c0, c1)) for i in missing)
+            h.stats["streamed_requests"] += sum(indexes[i].reads(c0, c1) for i in missing)
             chunk: dict[str, NDArray[np.floating]] = {
                 i: buf[row, : c1 - c0] for row, i in enumerate(missing)
             }
@@ -341,8 +365,8 @@ def _stream(
                     out[r, c0 - a : c1 - a] = x
             h.stats["stream_compute_s"] += time.perf_counter() - r1
 
-        for c0 in range(a, b, step):
-            one(c0, min(b, c0 + step))
+        for c0, c1 in zip(cuts, cuts[1:], strict=False):
+            one(c0, c1)
     return (acc if acc is not None else out).tobytes()  # type: ignore[union-attr]
 
 
@@ -370,6 +394,8 @@ class RemoteParts:
         (raises on failure).
     stats
         The function's profile (:data:`PROFILE`), to which the wait for the parts is added.
+    at_once
+        Functions asked at once, at most (default :data:`PARTS_AT_ONCE`).
     """
 
     slices: Sequence[Mapping[str, Any]]
@@ -380,6 +406,8 @@ class RemoteParts:
     remote: Callable[[str, str | None, dict[str, Any]], bytes]
     #: the function's profile (:data:`PROFILE`), or None
     stats: dict[str, float] | None = None
+    #: functions asked at once, at most
+    at_once: int = field(default_factory=lambda: PARTS_AT_ONCE)
 
     def _ask(
         self, op: str, rows: Sequence[RowSpec], span: tuple[int, int] | None = None
@@ -410,21 +438,26 @@ class RemoteParts:
                 return self.local(body)
             return self.remote(str(s["function"]), s.get("endpoint"), body)
 
-        # the functions at once, each function's ranges one after the other: a function that
-        # streams several ranges from the cold store holds one chunk at a time
+        # each function's ranges one after the other (a function that streams several ranges
+        # from the cold store holds one chunk at a time), and at most ``at_once`` functions at
+        # a time, those that stream first (they take longest): the parts' products share the
+        # node's cores, and ten functions computing at once on two took each several times
+        # longer than one after the other (their blocks evicting each other from the caches)
         by_function: dict[str, list[int]] = {}
         for k, (s, _) in enumerate(bodies):
             by_function.setdefault(str(s["function"]), []).append(k)
+        streams = {str(s["function"]) for s, _ in bodies if s.get("part") is None}
+        order = sorted(by_function, key=lambda f: f not in streams)
         answers: list[bytes] = [b""] * len(bodies)
 
         def in_turn(ks: list[int]) -> None:
             for k in ks:
                 answers[k] = one(bodies[k])
 
-        workers = max(1, len(by_function))
+        workers = max(1, min(self.at_once, len(by_function)))
         t0 = time.perf_counter()
         with ThreadPoolExecutor(workers, thread_name_prefix="part-ask") as pool:
-            list(pool.map(in_turn, by_function.values()))
+            list(pool.map(in_turn, [by_function[f] for f in order]))
         if self.stats is not None:
             self.stats["reducer_parts_s"] += time.perf_counter() - t0
         return answers

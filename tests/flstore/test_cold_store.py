@@ -91,3 +91,50 @@ def test_a_header_is_one_ranged_read_and_a_longer_one_two(minio_server: MinioSer
         index = cold.header(key)
         assert len(reads) == (1 if extra is None else 2)
         np.testing.assert_array_equal(cold.read_range(key, 2, 6, index), [1, 1, 0, 1])
+
+
+def test_float32_tensors_next_to_each_other_are_one_ranged_read_into_the_buffer(
+    minio_server: MinioServer,
+) -> None:
+    """A stream's chunk of a model whose float32 tensors follow each other in the file is one
+    ranged read per chunk, written straight into the stream's buffer (one read per tensor
+    before: a chunk across a tensor boundary was two, each copied through bytes)."""
+    cold = MinioColdStore(
+        minio_server.endpoint,
+        minio_server.access_key,
+        minio_server.secret_key,
+        bucket=f"t-{uuid.uuid4().hex[:12]}",
+    )
+    gets: list[tuple[int, int]] = []
+    plain = cold.client.get_object
+
+    def counted(bucket: str, name: str, offset: int = 0, length: int = 0) -> object:
+        gets.append((offset, length))
+        return plain(bucket, name, offset=offset, length=length)
+
+    cold.client.get_object = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(1)
+    tensors = {n: rng.normal(size=s).astype(np.float32) for n, s in (("a", 30), ("b", (4, 5)))}
+    tensors["c"] = rng.normal(size=50).astype(np.float32)
+    key = update("job", "c1", 1)
+    cold.put_bytes(key, save(tensors))
+    whole = cold.get(key)
+    assert isinstance(whole, np.ndarray)
+    index = cold.header(key)
+    assert index.flat_start() is not None  # float32 from end to end
+    buf = np.full(100, np.nan, np.float32)
+    for a, b in ((0, 100), (25, 60), (31, 32)):
+        gets.clear()
+        got = cold.read_range(key, a, b, index, out=buf[: b - a])
+        assert np.shares_memory(got, buf)
+        np.testing.assert_array_equal(buf[: b - a], whole[a:b])
+        assert len(gets) == index.reads(a, b) == 1, gets
+    # tensors of other dtypes between them: one read per run of float32, values unchanged
+    mixed = {**tensors, "b": tensors["b"].astype(np.float16)}
+    cold.put_bytes(key, save(mixed))
+    index = cold.header(key)
+    assert index.flat_start() is None
+    gets.clear()
+    got = cold.read_range(key, 0, 100, index)
+    assert len(gets) == index.reads(0, 100) == 3
+    np.testing.assert_array_equal(got, cold.get(key))

@@ -175,5 +175,5 @@ def test_a_ranged_read_fills_the_buffer_it_is_given() -> None:
     assert np.shares_memory(got, buf)
     np.testing.assert_array_equal(buf[:200], whole["b"][100:300])
     assert np.isnan(buf[200:]).all()
-    with pytest.raises(ValueError, match="out must be 200 float32"):
+    with pytest.raises(ValueError, match="out must be 200 contiguous float32"):
         store.read_range(key, 100, 300, out=np.empty(199, np.float32))
