@@ -26,24 +26,53 @@ not (:mod:`gateway.recovery`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import ResponseError
 
-from gateway.background import JOURNAL_ERRORS, Abandoned
+from gateway.background import JOURNAL_ERRORS, Abandoned, JournalRetry
 from gateway.bodies import RETRY_AFTER_S
 from gateway.errors import RetryLater
-from gateway.journal import Accepted
-
-if TYPE_CHECKING:
-    from gateway.core import Gateway
-    from gateway.jobs import Job
+from gateway.journal import Accepted, Journal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["JournalRefused", "UploadInFlight", "Unresolved", "journal_update", "withdraw"]
+__all__ = [
+    "Acceptor",
+    "JournalRefused",
+    "NamedJob",
+    "UploadInFlight",
+    "Unresolved",
+    "journal_update",
+    "withdraw",
+]
+
+
+class NamedJob(Protocol):
+    """The job an acceptance is for: its name, and itself (is it still the node's job?)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Acceptor(Protocol):
+    """What an acceptance needs of its node gateway: the journal, the retry that runs a journal
+    write until Redis answers, whether the gateway stops, and its jobs (is the job still
+    there?)."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def retry(self) -> JournalRetry: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def jobs(self) -> Mapping[str, object]: ...
 
 
 class JournalRefused(RetryLater):
@@ -68,7 +97,7 @@ class Unresolved(Exception):
 
 
 async def journal_update(
-    gw: Gateway, job: Job, rnd: int, client: str, record: dict[str, Any], cap: int
+    gw: Acceptor, job: NamedJob, rnd: int, client: str, record: dict[str, Any], cap: int
 ) -> Accepted:
     """Write ``client``'s ``record`` of round ``rnd`` (:meth:`gateway.journal.Journal.accept`)
     and return what Redis did, resolved when its answer was lost (see the module docstring).
@@ -117,7 +146,7 @@ async def journal_update(
     return Accepted.OK if have.get("key") == record["key"] else Accepted.DUPLICATE
 
 
-async def withdraw(gw: Gateway, job: Job, rnd: int, client: str, key: str) -> None:
+async def withdraw(gw: Acceptor, job: NamedJob, rnd: int, client: str, key: str) -> None:
     """Take back ``client``'s record of round ``rnd`` if it names object ``key`` (a round that
     closed while the update was uploading), tried again until Redis answers.
 
@@ -131,7 +160,9 @@ async def withdraw(gw: Gateway, job: Job, rnd: int, client: str, key: str) -> No
     )
 
 
-async def _until_answered(gw: Gateway, job: Job, op: str, call: Callable[[], Awaitable[T]]) -> T:
+async def _until_answered(
+    gw: Acceptor, job: NamedJob, op: str, call: Callable[[], Awaitable[T]]
+) -> T:
     try:
         return await gw.retry(op, call, lambda: gw.jobs.get(job.name) is job)
     except Abandoned:

@@ -29,7 +29,7 @@ from gateway.errors import GatewayError, JobExists, Unauthorized
 from gateway.jobs import check_job_params
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
+    from gateway.node import Node
 
 
 def _admin(request: Request) -> None:
@@ -65,7 +65,7 @@ JobDep = Annotated[Any, Depends(_job_of)]  # on admin routes: the admin check ru
 ReadJobDep = Annotated[Any, Depends(_job_for_reader)]
 
 
-def build_app(gw: Gateway) -> FastAPI:
+def build_app(gw: Node) -> FastAPI:
     app = private_app("FedFaaS node gateway", version="1")
     app.state.gateway = gw
 
@@ -143,7 +143,7 @@ def build_app(gw: Gateway) -> FastAPI:
     async def revoke_client(
         j: JobDep, client: str, force: Annotated[bool, Query()] = False
     ) -> dict[str, object]:
-        """Revoke one client of the job (idempotent): see :meth:`Gateway.revoke_client`."""
+        """Revoke one client of the job (idempotent): see :func:`gateway.membership.revoke_client`."""
         return await gw.revoke_client(j, client, force=force)
 
     @app.get("/v1/jobs", dependencies=ADMIN)
@@ -236,9 +236,7 @@ def build_app(gw: Gateway) -> FastAPI:
 
 
 @contextlib.asynccontextmanager
-async def job_body(
-    gw: Gateway, request: Request, job: str, resume: bool
-) -> AsyncIterator[memoryview]:
+async def job_body(gw: Node, request: Request, job: str, resume: bool) -> AsyncIterator[memoryview]:
     """The job-creation body, received straight into shared memory (freed on exit).
 
     Checked before a byte is read: its size (``max_job_body``), no body with ``resume``, a

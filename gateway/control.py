@@ -3,7 +3,7 @@
 ``PUT /v1/jobs/{job}/rounds/{r}/plan`` (:func:`push_plan`), ``POST .../close``
 (:func:`close_round`) and the queue length reported in ``GET /v1/jobs/{job}`` (:func:`load`).
 The checks and plan arithmetic are pure (:mod:`gateway.replan`); this module applies them to
-a running :class:`~gateway.core.Gateway` on its event loop.
+a running node gateway (:class:`~gateway.node.Node`) on its event loop.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from gateway.errors import GatewayError
 from gateway.replan import PlanConflict, plan_from_json, shrink_plan
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
     from gateway.rounds import RoundEngine
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def _admit(job: Job, data: Any) -> None:
         job.admit(list(data["client_nodes"]))
 
 
-def push_plan(gw: Gateway, job: Job, rnd: int, data: Any) -> dict[str, Any]:
+def push_plan(gw: Node, job: Job, rnd: int, data: Any) -> dict[str, Any]:
     """Take the control plane's plan for round ``rnd`` (open now, or the next one).
 
     Raises
@@ -81,7 +81,7 @@ def _check_round_of_plan(job: Job, rnd: int) -> None:
         )
 
 
-def close_round(gw: Gateway, job: Job, rnd: int, received: dict[str, int] | None) -> dict[str, Any]:
+def close_round(gw: Node, job: Job, rnd: int, received: dict[str, int] | None) -> dict[str, Any]:
     """Stop taking updates for ``rnd`` here and, when the counts are known, aggregate them.
 
     Without ``received`` only this node's intake closes, unless the plan takes updates on
@@ -142,7 +142,7 @@ def close_round(gw: Gateway, job: Job, rnd: int, received: dict[str, int] | None
     return {**answer, "applied": True, "goal": plan.goal}
 
 
-def load(gw: Gateway, job: Job) -> dict[str, Any]:
+def load(gw: Node, job: Job) -> dict[str, Any]:
     """Queue length ``Q = k * E`` from the arrival rate and the router's exec times."""
     eng = job.engine
     k = job.arrival_rate()
@@ -166,7 +166,7 @@ def load(gw: Gateway, job: Job) -> dict[str, Any]:
     }
 
 
-def endpoint_load(gw: Gateway) -> dict[str, int]:
+def endpoint_load(gw: Node) -> dict[str, int]:
     """This node's ``aggregator`` endpoints: registered, free (no open slot) and busy."""
     from gateway.endpoints import free_endpoints
 
@@ -178,7 +178,7 @@ def endpoint_load(gw: Gateway) -> dict[str, int]:
     return {"endpoints": total, "free_endpoints": free}
 
 
-async def persist_plan(gw: Gateway, job: Job, rnd: int) -> None:
+async def persist_plan(gw: Node, job: Job, rnd: int) -> None:
     """Journal the plan this node runs (or will run) for ``rnd``, and whether it is closed."""
     eng = job.engine
     if eng is not None and eng.round == rnd and (job.plan is not job.base_plan or eng.frozen):
@@ -191,7 +191,7 @@ async def persist_plan(gw: Gateway, job: Job, rnd: int) -> None:
     await gw.journal.save_plan(job.name, rnd, gw.settings.node, rec)
 
 
-async def resume_plan(gw: Gateway, job: Job) -> None:
+async def resume_plan(gw: Node, job: Job) -> None:
     """After a restart: run the open round's journaled plan again (before its updates return)."""
     eng = job.engine
     if eng is None:
@@ -250,7 +250,7 @@ def open_tasks(eng: RoundEngine) -> int:
     return n
 
 
-def node_load(gw: Gateway) -> dict[str, Any]:
+def node_load(gw: Node) -> dict[str, Any]:
     """This node's aggregator load for the control plane's autoscaler (``/healthz``).
 
     ``queue`` sums each open round's ``k * E``, at most its :func:`open_tasks` (the tasks

@@ -23,12 +23,13 @@ import bpf
 from control_plane.planning import AggregatorSpec
 from control_plane.reuse import AggregatorState, ReplicaState, assign_replicas
 from gateway.plan import TOP
-from gateway.rounds import RoundEngine, SlotState
+from gateway.rounds import RoundEngine
 from gateway.sharded import ShardedRound
+from gateway.slots import SlotState
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _reuse_view(eng: RoundEngine) -> tuple[list[AggregatorSpec], dict[str, Aggre
     return specs, states
 
 
-def free_endpoints(gw: Gateway) -> dict[int, bpf.EndpointInfo]:
+def free_endpoints(gw: Node) -> dict[int, bpf.EndpointInfo]:
     """Function endpoints registered here that no open round of any job is using."""
     busy: set[int] = set()
     for job in gw.jobs.values():
@@ -71,7 +72,7 @@ def free_endpoints(gw: Gateway) -> dict[int, bpf.EndpointInfo]:
     }
 
 
-def assign(gw: Gateway, job: Job) -> int:
+def assign(gw: Node, job: Job) -> int:
     """Give endpoints to the job's waiting slots; returns how many still wait for want of one
     (the node's shortage). A middle or top left to wait for its children is not short: it runs
     once they are done, on whatever endpoint is free then."""
@@ -124,7 +125,7 @@ def assign(gw: Gateway, job: Job) -> int:
     return len(left) - deferred
 
 
-def _assign_shards(gw: Gateway, job: Job, eng: ShardedRound) -> int:
+def _assign_shards(gw: Node, job: Job, eng: ShardedRound) -> int:
     """Waiting shards of a sharded round take free endpoints, warmest first, one each;
     returns how many still wait. A start the store refused is asked again first."""
     eng.start_if_ready()
@@ -142,7 +143,7 @@ def _warmth(job: Job, info: bpf.EndpointInfo) -> int:
     return 0 if info.job == job.id else 1 if info.job == 0 else 2
 
 
-def _grant(gw: Gateway, job: Job, endpoint: int, info: bpf.EndpointInfo) -> bool:
+def _grant(gw: Node, job: Job, endpoint: int, info: bpf.EndpointInfo) -> bool:
     """Grant ``job`` to a free endpoint through the router (nothing to do if it has it)."""
     if info.job == job.id:
         return True
@@ -163,7 +164,7 @@ def _waits_for_children(eng: RoundEngine, st: SlotState) -> bool:
 
 
 def _start(
-    gw: Gateway,
+    gw: Node,
     job: Job,
     eng: RoundEngine,
     st: SlotState,

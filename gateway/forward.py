@@ -36,10 +36,11 @@ import httpx
 from gateway.background import FIRST_DELAY_S
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
     from gateway.plan import Slot
-    from gateway.rounds import Input, RoundEngine
+    from gateway.rounds import RoundEngine
+    from gateway.slots import Input
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ GONE, RETRY, DELIVERED, DROPPED, UNCONFIRMED = (
 )
 
 
-async def send_partial(gw: Gateway, job: Job, eng: RoundEngine, slot: Slot, inp: Input) -> None:
+async def send_partial(gw: Node, job: Job, eng: RoundEngine, slot: Slot, inp: Input) -> None:
     """Deliver the partial ``inp`` of ``slot`` (round ``eng.round``) to ``job``'s root node
     (see the module docstring). Returns once it is delivered, known dropped (and counted), or
     no longer this node's to send (the job gone, the gateway stopping, this node the root)."""
@@ -100,7 +101,7 @@ async def send_partial(gw: Gateway, job: Job, eng: RoundEngine, slot: Slot, inp:
 
 
 async def _try_once(
-    gw: Gateway, job: Job, eng: RoundEngine, sid: int, inp: Input, body: bytes
+    gw: Node, job: Job, eng: RoundEngine, sid: int, inp: Input, body: bytes
 ) -> str | None:
     """One post of the partial to the root: None when it is settled, else why not yet."""
     url = gw.peer_url(job.root)
@@ -141,7 +142,7 @@ async def _try_once(
 
 
 async def _settle(
-    gw: Gateway,
+    gw: Node,
     job: Job,
     eng: RoundEngine,
     sid: int,
@@ -189,7 +190,7 @@ async def _settle(
     return None
 
 
-async def _verdict(gw: Gateway, job: Job, rnd: int, sid: int) -> str:
+async def _verdict(gw: Node, job: Job, rnd: int, sid: int) -> str:
     """What the journal says of slot ``sid``'s partial of round ``rnd``: the job deleted
     (:data:`GONE`), another root or the root behind (:data:`RETRY`), the root holds it
     (:data:`DELIVERED`), the root published the round without it (:data:`DROPPED`), or the
@@ -217,7 +218,7 @@ async def _verdict(gw: Gateway, job: Job, rnd: int, sid: int) -> str:
 
 
 def drop(
-    gw: Gateway,
+    gw: Node,
     job: Job,
     eng: RoundEngine,
     sid: int,
@@ -244,7 +245,7 @@ def drop(
     )
 
 
-def drop_unfinished(gw: Gateway, job: Job, eng: RoundEngine, why: str) -> None:
+def drop_unfinished(gw: Node, job: Job, eng: RoundEngine, why: str) -> None:
     """The round ends here (the root published it) while local slots still hold updates that
     no partial carried on: each such slot's updates are dropped (:func:`drop`)."""
     for sid, clients in eng.unfinished().items():

@@ -18,8 +18,8 @@ from gateway.http import Deferred, Exchange, Request, Response
 from gateway.meta import parse_client_meta
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
     from gateway.rounds import RoundEngine
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ PARTIAL = re.compile(r"^/v1/internal/jobs/([a-z0-9][a-z0-9-]{0,39})/rounds/(\d{1
 
 
 def allocate(
-    gw: Gateway,
+    gw: Node,
     job: Job,
     hold: Hold,
     what: str,
@@ -62,7 +62,7 @@ def _wire_reject(exc: wire.WireError, client: str | None, rnd: int) -> UpdateRej
 class UploadExchange(Exchange):
     """``POST /v1/jobs/{job}/rounds/{round}/updates``: validate, stream, seal, journal, route."""
 
-    def __init__(self, gw: Gateway, req: Request, job_name: str, rnd: int) -> None:
+    def __init__(self, gw: Node, req: Request, job_name: str, rnd: int) -> None:
         self.gw, self.req, self.job_name, self.rnd = gw, req, job_name, rnd
         self.job: Job | None = None
         self.client = req.header("x-client-id") or ""
@@ -253,7 +253,7 @@ class PartialExchange(Exchange):
     Authenticated with the admin secret shared by the node gateways.
     """
 
-    def __init__(self, gw: Gateway, req: Request, job_name: str, rnd: int) -> None:
+    def __init__(self, gw: Node, req: Request, job_name: str, rnd: int) -> None:
         self.gw, self.req, self.job_name, self.rnd = gw, req, job_name, rnd
         self.obj: MappedObject | None = None
         self.fill = 0

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,18 +23,25 @@ from fedfaas.objstore import Namespace
 from fedfaas.robust import RobustRule
 from fedfaas.server_opt import ServerOptimizer
 from gateway import auth
-from gateway.acceptance import UploadInFlight, journal_update, withdraw
+from gateway.acceptance import Acceptor, UploadInFlight, journal_update, withdraw
 from gateway.bodies import RETRY_AFTER_S
 from gateway.errors import GatewayError, Unauthorized, UpdateRejected
 from gateway.journal import Accepted
-from gateway.plan import Plan
+from gateway.plan import CLIENT_ID, Plan
 from gateway.rounds import RoundEngine
-
-if TYPE_CHECKING:
-    from gateway.core import Gateway
+from gateway.settings import GatewaySettings
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class UploadNode(Acceptor, Protocol):
+    """What :meth:`Job.accept` needs of its node gateway: an acceptance's (journal, retry),
+    the node's name, and the pump that gives the round's slots endpoints."""
+
+    @property
+    def settings(self) -> GatewaySettings: ...
+
+    def pump(self, job: Job) -> None: ...
 
 
 def check_job_params(
@@ -438,7 +445,7 @@ class Job:
 
     async def accept(
         self,
-        gw: Gateway,
+        gw: UploadNode,
         rnd: int,
         client: str,
         key: bytes,

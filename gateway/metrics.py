@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
+    import bpf
+    from gateway.bodies import MemoryBudget
+    from gateway.jobs import Job
 
 
 class _StoreCollector:
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    def __init__(
+        self,
+        jobs: Mapping[str, Job],
+        budget: MemoryBudget,
+        router: Callable[[], bpf.RouterServer | None],
+    ) -> None:
+        self.jobs, self.budget, self.router = jobs, budget, router
 
     def collect(self) -> Any:
         objs = GaugeMetricFamily(
@@ -29,16 +37,16 @@ class _StoreCollector:
         eps = GaugeMetricFamily(
             "fedfaas_gateway_endpoints", "registered router endpoints", labels=["mode"]
         )
-        for job in list(self.gw.jobs.values()):
+        for job in list(self.jobs.values()):
             st = job.ns.stats()
             objs.add_metric([job.name], st["objects"])
             byts.add_metric([job.name], st["bytes"])
             ver.add_metric([job.name], job.version)
-        router = getattr(self.gw, "router", None)
+        router = self.router()
         if router is not None:
             with contextlib.suppress(Exception):  # router not started yet
                 eps.add_metric([router.mode], len(router.endpoints()))
-        budget = self.gw.budget
+        budget = self.budget
         held = GaugeMetricFamily(
             "fedfaas_gateway_body_bytes_held",
             "request-body bytes held now, against max_inflight_bytes",
@@ -53,7 +61,15 @@ class _StoreCollector:
 
 
 class Metrics:
-    def __init__(self, node: str, gw: Gateway) -> None:
+    def __init__(
+        self,
+        node: str,
+        jobs: Mapping[str, Job],
+        budget: MemoryBudget,
+        router: Callable[[], bpf.RouterServer | None],
+    ) -> None:
+        """The metrics of node ``node``; the store gauges read ``jobs``, ``budget`` and the
+        router (None until the gateway starts it) at scrape time."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.updates = Counter(
@@ -125,7 +141,7 @@ class Metrics:
             "the slot run again once silent for the stall limit",
             registry=r,
         )
-        r.register(_StoreCollector(gw))
+        r.register(_StoreCollector(jobs, budget, router))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,11 +7,14 @@ gateway takes; everything else only reads a :class:`Plan`. Pure data, no I/O.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 LEAF, MIDDLE, TOP = 1, 2, 3
+#: what a client id may be (jobs' client lists, plans' assignments)
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,16 +38,17 @@ from gateway.meta import round_meta_doc
 from gateway.sharded import ShardedRound
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
-    from gateway.rounds import Input, RoundEngine
+    from gateway.node import Node
+    from gateway.rounds import RoundEngine
+    from gateway.slots import Input
 
 log = logging.getLogger(__name__)
 
 __all__ = ["global_record", "publish_round"]
 
 
-async def publish_round(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> None:
+async def publish_round(gw: Node, job: Job, eng: RoundEngine, res: Input) -> None:
     """Publish round ``eng.round`` of ``job`` from its top's result ``res`` (see the module
     docstring). Ends quietly (:class:`Abandoned`) when the gateway stops or the job is gone
     before the journal took the new version: nothing was freed, the journal still holds the
@@ -144,7 +145,7 @@ async def publish_round(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> 
     gw.open_round(job)
 
 
-async def round_meta(gw: Gateway, job: Job, eng: RoundEngine, res: Input) -> dict[str, Any]:
+async def round_meta(gw: Node, job: Job, eng: RoundEngine, res: Input) -> dict[str, Any]:
     """Round ``eng.round``'s ``meta.json`` (see :func:`round_meta_doc`), from the journal (its
     reads tried again until Redis answers)."""
     rnd = eng.round

@@ -26,15 +26,15 @@ from fedfaas.objstore.arena import ARENA_NAME
 from gateway.control import resume_plan
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
 
 log = logging.getLogger(__name__)
 
 __all__ = ["recover_model", "recover_round", "sweep_deleted_jobs"]
 
 
-async def recover_model(gw: Gateway, job: Job) -> bool:
+async def recover_model(gw: Node, job: Job) -> bool:
     """A job of ours from before a restart: adopt its global model from the store."""
     rec = await gw.journal.global_record(job.name)
     key = rec.get("key") if rec else None
@@ -74,7 +74,7 @@ async def recover_model(gw: Gateway, job: Job) -> bool:
     return True
 
 
-async def recover_round(gw: Gateway, job: Job) -> None:
+async def recover_round(gw: Node, job: Job) -> None:
     """Re-queue the open round's journaled updates (202 was sent: they must count once)."""
     eng = job.engine
     if eng is None:
@@ -140,7 +140,7 @@ async def recover_round(gw: Gateway, job: Job) -> None:
         )
 
 
-def sweep_deleted_jobs(gw: Gateway) -> None:
+def sweep_deleted_jobs(gw: Node) -> None:
     """Remove this node's store folders of jobs it does not run (deleted, or finished
     elsewhere, while this gateway was down: every stop leaves the stores)."""
     here = gw.settings.shm_root / gw.settings.node

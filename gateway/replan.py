@@ -15,8 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.jobs import CLIENT_ID
-from gateway.plan import TOP, Plan, Slot
+from gateway.plan import CLIENT_ID, TOP, Plan, Slot
 
 
 class PlanInvalid(GatewayError):

@@ -20,7 +20,7 @@ A start the store refuses (``/dev/shm`` full: the output object or a pass's mani
 nothing, as for a slot's accumulator (``gateway/rounds.py``): no object is held for it, the
 refusal is logged and counted, and a pump (:meth:`ShardedRound.start_if_ready`, called at every
 pump by ``gateway/endpoints.py``) asks the store again after
-:data:`~gateway.rounds.STORE_RETRY_S`; before its first pass the round stays open to a new plan
+:data:`~gateway.slots.STORE_RETRY_S`; before its first pass the round stays open to a new plan
 (a close with fewer), after the Gram pass its coefficients wait for the second pass's manifest.
 
 Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a shard is a pure
@@ -53,7 +53,9 @@ import numpy as np
 from bpf import Frame, Kind
 from fedfaas import robust, shards, wire
 from fedfaas.robust import RobustRule, RuleError
-from gateway.rounds import Input, RoundEngine, SlotState
+from gateway.replan import PlanConflict
+from gateway.rounds import RoundEngine
+from gateway.slots import Input, SlotState
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ PassSpec = tuple[int, list[float], robust.Noise | None]
 
 @dataclass
 class _StoreWait:
-    """The aggregation's store refusals in a row (:class:`gateway.rounds.StoreWait`)."""
+    """The aggregation's store refusals in a row (:class:`gateway.slots.StoreWait`)."""
 
     refusals: int = 0
     retry_ns: int = 0
@@ -121,8 +123,6 @@ class ShardedRound(RoundEngine):
 
     def check_plan(self, plan: Any) -> None:
         if self.stage is not None:
-            from gateway.replan import PlanConflict
-
             raise PlanConflict(f"round {self.round} is aggregating its {len(self.inputs)} updates")
         super().check_plan(plan)
 

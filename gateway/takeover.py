@@ -33,8 +33,8 @@ from gateway.errors import GatewayError
 from gateway.journal import NotRoot
 
 if TYPE_CHECKING:
-    from gateway.core import Gateway
     from gateway.jobs import Job
+    from gateway.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class ModelLost(GatewayError):
     code = "model_lost"
 
 
-async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
+async def adopt(gw: Node, job: Job, dead: str) -> dict[str, Any]:
     """Become ``job``'s root in place of node ``dead`` (see the module docstring).
 
     Raises
@@ -119,7 +119,7 @@ async def adopt(gw: Gateway, job: Job, dead: str) -> dict[str, Any]:
     return {"job": job.name, "root": me, "version": version, "round": rnd, "resend": resend}
 
 
-async def _server_opt_state(gw: Gateway, job: Job, version: int) -> dict[str, bytes]:
+async def _server_opt_state(gw: Node, job: Job, version: int) -> dict[str, bytes]:
     """The job's server optimizer state after ``version``, read from MinIO into this node's
     store (its keys; none for a job without an optimizer, or before its first round)."""
     if job.server_opt is None or version == 0 or not job.server_opt.state_names:
@@ -134,7 +134,7 @@ async def _server_opt_state(gw: Gateway, job: Job, version: int) -> dict[str, by
     return server_opt.write_state(job, server_opt.from_checkpoint(data, job, version), version)
 
 
-async def _model_of_version(gw: Gateway, job: Job, version: int) -> bytes:
+async def _model_of_version(gw: Node, job: Job, version: int) -> bytes:
     """The safetensors of model ``version``: the copy this node fetched, else MinIO's."""
     if job.version == version and job.model_bytes:
         return bytes(job.model_bytes)

@@ -9,7 +9,8 @@ import pytest
 
 from bpf import Failure, Frame, Kind
 from gateway.plan import LEAF, MIDDLE, TOP, Plan, Slot, static_plan
-from gateway.rounds import Input, RoundEngine
+from gateway.rounds import RoundEngine
+from gateway.slots import Input
 
 
 def test_static_plan_has_ceil_goal_over_fanout_leaves_under_one_top() -> None:
@@ -528,7 +529,7 @@ def test_a_checkpoint_or_ack_with_the_wrong_count_runs_the_slot_again() -> None:
 
 def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None:
     """A later checkpoint must never land before an earlier one (it would be overwritten by
-    the older): ``Gateway._persist`` writes one job's records one at a time, in order."""
+    the older): ``gateway.round_io.journal_slot`` writes one job's records one at a time, in order."""
     import asyncio
     import threading
     from types import SimpleNamespace
@@ -536,7 +537,7 @@ def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None
     from prometheus_client import CollectorRegistry, Counter
 
     from gateway.background import Background, JournalRetry
-    from gateway.core import Gateway
+    from gateway.round_io import journal_slot
 
     written: list[int] = []
     released: list[int] = []
@@ -564,7 +565,7 @@ def test_a_jobs_slot_records_are_journaled_in_the_order_they_were_made() -> None
         )
         for count in (2, 4):
             inp = Input(bytes(16), float(count), count)
-            Gateway._persist(  # type: ignore[arg-type]
+            journal_slot(  # type: ignore[arg-type]
                 gw, job, 1, 1, inp, lambda c=count: released.append(c), children=[2]
             )
         await asyncio.gather(*gw.background.tasks)

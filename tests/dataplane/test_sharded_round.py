@@ -13,8 +13,8 @@ from fedfaas import shards, wire
 from fedfaas.objstore import Namespace
 from fedfaas.robust import RobustRule
 from gateway.plan import static_plan
-from gateway.rounds import Input
 from gateway.sharded import ShardedRound
+from gateway.slots import Input
 
 
 def _round(tmp_path: Path, spec: dict, goal: int = 5):  # type: ignore[no-untyped-def]
