@@ -18,13 +18,14 @@ float32 vector in canonical order (tensor names sorted), the layout workloads co
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -413,30 +414,25 @@ class MinioColdStore(ColdStore):
         return self._get(key, offset, length) if length > 0 else b""
 
     def read_into(self, key: ObjectKey, offset: int, out: memoryview) -> None:
-        from minio.error import S3Error
-
-        path = object_path(key)
         if not len(out):
             return
-        try:
-            resp = self.client.get_object(self.bucket, path, offset=offset, length=len(out))
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchBucket"):
-                raise ObjectMissing(path) from None
-            raise ColdStoreError(f"minio get {path} [{offset}+{len(out)}]: {exc.code}") from exc
-        try:
+        with self._response(key, offset, len(out)) as resp:
             got = 0
             while got < len(out):
                 n = resp.readinto(out[got:])
                 if not n:
-                    raise ColdStoreError(f"{path} ended early (a ranged read)")
+                    raise ColdStoreError(f"{object_path(key)} ended early (a ranged read)")
                 got += n
-        finally:
-            resp.close()
-            resp.release_conn()
 
     def _get(self, key: ObjectKey, offset: int = 0, length: int = 0) -> bytes:
         """The object's bytes (``length`` of them from ``offset``; 0: to the end)."""
+        with self._response(key, offset, length) as resp:
+            return bytes(resp.read())
+
+    @contextlib.contextmanager
+    def _response(self, key: ObjectKey, offset: int, length: int) -> Iterator[Any]:
+        """MinIO's response to a GET of ``key`` (``length`` bytes from ``offset``; 0: to the
+        end), its connection given back after."""
         from minio.error import S3Error
 
         path = object_path(key)
@@ -448,7 +444,7 @@ class MinioColdStore(ColdStore):
             where = f" [{offset}+{length}]" if length else ""
             raise ColdStoreError(f"minio get {path}{where}: {exc.code}") from exc
         try:
-            return bytes(resp.read())
+            yield resp
         finally:
             resp.close()
             resp.release_conn()
