@@ -58,3 +58,10 @@ def test_the_script_prints_a_summary_line_for_this_repository():
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.splitlines()[-1].startswith("cycles: ")
+
+
+def test_the_gateway_has_no_import_circle_not_even_through_type_only_imports():
+    """Its parts depend on the node protocol (``gateway.node``), never on ``gateway.core``,
+    which assembles them (issue 38)."""
+    circles = ic.cycles(ic.graph(ROOT))
+    assert [c for c in circles if any(m.split(".")[0] == "gateway" for m in c)] == []

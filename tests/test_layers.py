@@ -46,7 +46,8 @@ def test_the_core_contract_names_every_fedfaas_module_that_is_not_the_shells():
     assert {f"fedfaas.{m}" for m in SHELL} <= set(core["forbidden_modules"])
 
 
-def test_an_upward_import_breaks_the_contracts(tmp_path):
+def _copy(tmp_path: Path) -> Path:
+    """The packages and the contracts, copied to ``tmp_path`` (kept there)."""
     for package in CONFIG["root_packages"]:
         shutil.copytree(
             ROOT / package,
@@ -55,9 +56,37 @@ def test_an_upward_import_breaks_the_contracts(tmp_path):
         )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     assert _lint(tmp_path).returncode == 0
+    return tmp_path
+
+
+def test_an_upward_import_breaks_the_contracts(tmp_path):
+    _copy(tmp_path)
     wire = tmp_path / "fedfaas" / "wire.py"
     wire.write_text(wire.read_text() + "\nfrom gateway.settings import GatewaySettings  # noqa\n")
     res = _lint(tmp_path)
     assert res.returncode != 0
     assert "The FL core imports no component and not the product shell BROKEN" in res.stdout
     assert "fedfaas.wire -> gateway.settings" in res.stdout
+
+
+def test_the_gateway_layers_cover_every_gateway_module():
+    layers = next(c for c in CONFIG["contracts"] if c["name"] == "The node gateway's layers")
+    listed = {m.strip() for layer in layers["layers"] for m in layer.split("|")}
+    modules = {f"gateway.{p.stem}" for p in (ROOT / "gateway").glob("*.py")}
+    assert listed == modules - {"gateway.__init__"}
+
+
+def test_an_upward_import_in_the_gateway_breaks_its_layers(tmp_path):
+    """The round engine naming the gateway's type, even for the type checker alone: the import
+    that tied every gateway module into one circle."""
+    _copy(tmp_path)
+    rounds = tmp_path / "gateway" / "rounds.py"
+    rounds.write_text(
+        rounds.read_text()
+        + "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        + "    from gateway.core import Gateway  # noqa\n"
+    )
+    res = _lint(tmp_path)
+    assert res.returncode != 0
+    assert "The node gateway's layers BROKEN" in res.stdout
+    assert "gateway.rounds -> gateway.core" in res.stdout
