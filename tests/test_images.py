@@ -498,8 +498,8 @@ def test_the_services_image_installs_no_torch_and_no_unreachable_index() -> None
 
 
 def test_no_function_image_installs_torch() -> None:
-    """README: no image installs PyTorch (its PyPI wheels bring CUDA's libraries, gigabytes):
-    the demo's digits-evaluator scores with numpy. The template's and every stack function's
+    """docs/openfaas-kubernetes.md: no image installs PyTorch (its PyPI wheels bring CUDA's
+    libraries, gigabytes): the demo's digits-evaluator scores with numpy. The template's and every stack function's
     requirements leave torch out (tests/openfaas/test_function_requirements.py checks that
     they cover what each handler imports; the handler's tests run in the build, without it)."""
     files = [TEMPLATE_DOCKERFILE.parent / "requirements.txt"]

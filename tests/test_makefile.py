@@ -1,4 +1,4 @@
-"""The Makefile is the front door: every ``make <target>`` the README names has a recipe.
+"""The Makefile is the front door: every ``make <target>`` the README or docs/ names has a recipe.
 
 Each target is checked with ``make -n`` (print the recipe, run nothing). ``make -n`` still runs
 three things: ``$(shell ...)`` while parsing, recipe lines that use ``$(MAKE)``, and recipe lines
@@ -85,7 +85,10 @@ def recipe_problem(res: subprocess.CompletedProcess[str]) -> str | None:
     return None
 
 
-COMMANDS = readme_make_commands(README.read_text())
+#: README.md and the pages of docs/ (tests/docs/test_docs.py holds their other snippets)
+COMMANDS = readme_make_commands(
+    "\n".join(p.read_text() for p in [README, *sorted((ROOT / "docs").glob("*.md"))])
+)
 
 
 def test_readme_names_the_front_door_targets() -> None:

@@ -1,4 +1,4 @@
-"""An FL job on the containerised platform, the README's way ("Run your own job"), and the same
+"""An FL job on the containerised platform, docs/jobs.md's way ("A job from the SDK"), and the same
 FLStore questions computed here from the containerised MinIO's checkpoints.
 
 Run inside faasd's namespace (tests/containers/faasd_harness.py: ``Faasd.run``), where the
@@ -42,7 +42,7 @@ def queries(clients: list[str], rounds: int) -> dict[str, dict[str, Any]]:
 
 
 def run_job(secrets: Path, job: str, n_clients: int, rounds: int) -> dict[str, Any]:
-    """The README's job; returns per-round FedAvg errors and where each client uploaded."""
+    """docs/jobs.md's job; returns per-round FedAvg errors and where each client uploaded."""
     from safetensors.numpy import load
 
     from client.data import federated_digits

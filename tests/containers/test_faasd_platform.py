@@ -6,7 +6,7 @@ OpenFaaS gateway and Prometheus, and FedFaaS's services as compose services of t
 replica sharing its store and socket folders, the control plane, the cache engine and the
 request tracker. ``echo`` and ``digits-evaluator`` are deployed from stack.yml with the real
 ``faas-cli deploy``; the cache engine creates its ``flstore-cache-N`` functions through the
-gateway. A job from the SDK runs the README's way inside the namespace.
+gateway. A job from the SDK runs docs/jobs.md's way inside the namespace.
 
 Slow (image import and the job take minutes): ``make test-containers`` runs it. Where podman,
 containerd, runc, faasd, faas-cli or an image is missing it skips, saying what; under CI
