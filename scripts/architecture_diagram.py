@@ -3,7 +3,7 @@
     python scripts/architecture_diagram.py [OUT]     # make docs-diagram
 
 The picture is data: :data:`BOXES` (the parts, where they sit) and :data:`ARROWS` (who talks to
-whom, over what). The SVG is written reproducibly (no date, a fixed id salt, text kept as text),
+whom, over what). The SVG is written reproducibly (no date and no creator version, a fixed id salt, text kept as text),
 so ``tests/docs/test_architecture_diagram.py`` can hold the committed picture to this source.
 """
 
@@ -194,7 +194,7 @@ def draw(out: Path) -> Path:
         )
     ax.set_title("FedFaaS: the FL data path (left), FLStore (right), on an OpenFaaS provider")
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     plt.close(fig)
     return out
 
