@@ -306,6 +306,22 @@ def plot(r: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+def _rule_block(cmp: dict[str, Any], cpus: str, command: str) -> dict[str, Any]:
+    """One rule's part of the result: its comparison, each system's distances and the
+    largest difference between any finished run's model and the first one's."""
+    runs = cmp["by_cpus"][cpus]["runs"]
+    return {
+        "run": command,
+        "compare": cmp,
+        "distance": {s: spread([x.get("distance") for x in recs]) for s, recs in runs.items()},
+        "same_model_max_abs_diff": max(
+            (x.get("max_abs_diff_to_first", np.inf) for recs in runs.values() for x in recs
+             if x.get("ok", True)),
+            default=float("inf"),
+        ),
+    }  # fmt: skip
+
+
 def _appended(result: dict[str, Any], path: Path) -> dict[str, Any]:
     """``result`` with the rules of the result stored at ``path`` that it did not run (a
     stored result of other CPUs or repeats is refused: its rows would not compare)."""
@@ -319,7 +335,9 @@ def _appended(result: dict[str, Any], path: Path) -> dict[str, Any]:
         )
     rules = {**{k: v for k, v in old["rules"].items() if k not in result["rules"]}}
     rules.update(result["rules"])
-    runs = [*old.get("runs", [old["run"]]), result["run"]]
+    mine = result["run"].get("started")  # this run's earlier partial writes are replaced
+    runs = [x for x in old.get("runs", [old["run"]]) if x.get("started") != mine]
+    runs.append(result["run"])
     return {
         **result,
         "rules": rules,
@@ -384,20 +402,19 @@ def main(argv: list[str] | None = None) -> int:
                         _flower(strategy, files, layout, True), honest, gf, step, models
                     )
                 (tmp / rule).mkdir()
-                cmp = run_compare(runners, cpus_sets=[args.cpus], repeats=args.repeats)
-                runs = cmp["by_cpus"][args.cpus]["runs"]
-                result["rules"][rule] = {
-                    "run": info["command"],
-                    "compare": cmp,
-                    "distance": {
-                        s: spread([x.get("distance") for x in recs]) for s, recs in runs.items()
-                    },
-                    "same_model_max_abs_diff": max(
-                        (x.get("max_abs_diff_to_first", np.inf) for recs in runs.values()
-                         for x in recs if x.get("ok", True)),
-                        default=float("inf"),
-                    ),
-                }  # fmt: skip
+
+                def keep(cmp: dict[str, Any], rule: str = rule) -> None:
+                    """The rule's block as it stands; written after every run (a run cut
+                    short keeps what it did)."""
+                    result["rules"][rule] = _rule_block(cmp, args.cpus, info["command"])
+                    write_result(
+                        _appended(result, args.out / "robust.json") if args.append else result,
+                        "robust",
+                        render,
+                        args.out,
+                    )
+
+                run_compare(runners, cpus_sets=[args.cpus], repeats=args.repeats, after_run=keep)
             if args.all_rules:
                 from bench.harness.cgroups import RoundGroups
 

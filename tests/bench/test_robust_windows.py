@@ -22,11 +22,14 @@ from bench.flower_baseline import CURRENT, LEGACY
 
 
 def _small() -> dict[str, np.ndarray]:
+    """A 2 MB model: small, yet each round outlasts the resolution of the first-bytes mark
+    (the server port polled every 2 ms for 64 KiB received); with 12 KB updates a fast round
+    could publish before the poll saw its first bytes."""
     rng = np.random.default_rng(0)
     return {
         "conv.weight": rng.normal(0, 0.05, (16, 3, 3, 3)).astype(np.float32),
         "fc.bias": rng.normal(0, 0.05, 10).astype(np.float32),
-        "fc.weight": rng.normal(0, 0.05, (10, 300)).astype(np.float32),
+        "fc.weight": rng.normal(0, 0.05, (10, 50_000)).astype(np.float32),
     }
 
 
@@ -100,7 +103,8 @@ def test_a_rule_run_alone_is_appended_to_the_stored_result_of_the_same_setup(
 ) -> None:
     stored = _stored()
     (tmp_path / "robust.json").write_text(json.dumps(stored))
-    krum = {**stored, "run": {**stored["run"], "command": "python -m bench.robust --rules krum"}}
+    run = {**stored["run"], "command": "python -m bench.robust --rules krum", "started": "later"}
+    krum = {**stored, "run": run}
     krum["rules"] = {"krum": stored["rules"]["median"]}
     merged = robust._appended(krum, tmp_path / "robust.json")
     assert list(merged["rules"]) == ["median", "krum"]
@@ -109,5 +113,9 @@ def test_a_rule_run_alone_is_appended_to_the_stored_result_of_the_same_setup(
         "python -m bench.robust --rules krum",
     ]
     assert "This result merges runs" in robust.render(merged)
+    # the same run writing again (after each of its rounds) replaces its own entry
+    (tmp_path / "robust.json").write_text(json.dumps(merged))
+    again = robust._appended(krum, tmp_path / "robust.json")
+    assert [x.get("command") for x in again["runs"]] == [None, run["command"]]
     with pytest.raises(SystemExit, match="not appended"):
         robust._appended({**krum, "cpus": "0"}, tmp_path / "robust.json")
