@@ -3,12 +3,15 @@
     python scripts/architecture_diagram.py [OUT]     # make docs-diagram
 
 The picture is data: :data:`BOXES` (the parts, where they sit) and :data:`ARROWS` (who talks to
-whom, over what). The SVG is written reproducibly (no date and no creator version, a fixed id salt, text kept as text),
-so ``tests/docs/test_architecture_diagram.py`` can hold the committed picture to this source.
+whom, over what). The SVG is written reproducibly (no date and no creator version, a fixed id
+salt, text kept as text) and names this file's SHA-256 (:func:`source_digest`) in its
+description, so ``tests/docs/test_architecture_diagram.py`` can hold the committed picture to
+this source whatever matplotlib release draws it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,9 +197,15 @@ def draw(out: Path) -> Path:
         )
     ax.set_title("FedFaaS: the FL data path (left), FLStore (right), on an OpenFaaS provider")
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    meta = {"Date": None, "Creator": None, "Description": f"source sha256 {source_digest()}"}
+    fig.savefig(out, format="svg", metadata=meta, bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+def source_digest() -> str:
+    """SHA-256 of this file: the picture's description names the source it was drawn from."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
