@@ -673,13 +673,14 @@ def markdown(big: dict[str, Any]) -> list[str]:
                 f"| {n} | {wl} | {' | '.join(cells)} | {_ratio(f, o)} | {_ratio(f, c)} | "
                 f"{same.get(wl, 'not compared')} |"
             )
-    lines += [
-        "",
-        "| updates | round GB | budget GB | cache functions' peak private GB | "
-        "engine's peak account GB | queries in parts | partly from MinIO | wholly from MinIO | "
-        "ingest + prefetch s | Cache-Agg | tracebacks in the engine's log |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines.append("")
+    if any(row.get("fedfaas") for row in big["sizes"].values()):
+        lines += [
+            "| updates | round GB | budget GB | cache functions' peak private GB | "
+            "engine's peak account GB | queries in parts | partly from MinIO | wholly from "
+            "MinIO | ingest + prefetch s | Cache-Agg | tracebacks in the engine's log |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
     for n, row in big["sizes"].items():
         f = row["fedfaas"]
         if not f:

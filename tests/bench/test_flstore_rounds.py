@@ -239,7 +239,7 @@ def test_a_run_of_cache_agg_alone_shows_its_rows_and_no_comparison() -> None:
         "| 200 | multi-krum | not asked in this run | not asked in this run | 3.0 (2.0-4.0) "
         "|  |  | not compared |" in md
     )
-    assert "| 200 | 9.0 |" not in md  # no memory row without FedFaaS
+    assert "| 200 | 9.0 |" not in md and "peak private GB" not in md  # no FedFaaS, no memory
 
 
 def test_the_table_says_where_fedfaas_time_went_per_query() -> None:
