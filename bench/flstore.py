@@ -65,7 +65,7 @@ import numpy as np
 
 from bench.baselines.settings import BaselineSettings
 from bench.flstore_rounds import SYSTEMS, WORKLOADS, big_rounds, same_answer
-from bench.flstore_rounds import markdown as rounds_md
+from bench.flstore_rounds_md import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack

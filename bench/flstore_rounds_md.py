@@ -1,0 +1,212 @@
+"""bench-flstore section: the tables of the rounds of 120 and 200 ResNet-18-sized updates
+(:mod:`bench.flstore_rounds` runs them): latency per system, memory against the budget, where
+FedFaaS's time went; each size, and each system of a size, naming the run it came from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.flstore_rounds import PROFILE_COLUMNS, SYSTEMS, WORKLOADS
+
+
+def section_run(
+    section: dict[str, Any], what: str = "This section is from its own run"
+) -> list[str]:
+    """The line naming the run of a section (or of ``what``) stored from another run than the
+    result's own (its ``run`` block: when it started, at which commit), or none."""
+    run = section.get("run")
+    if not isinstance(run, dict):
+        return []
+    commit = run.get("commit") or {}
+    sha = str(commit.get("sha") or "unknown")[:12]
+    dirty = " with uncommitted changes" if commit.get("dirty") else ""
+    return [
+        f"{what}: `{run.get('command', '')}`, started {run.get('started')}, commit {sha}{dirty}.",
+        "",
+    ]
+
+
+def _spread(q: dict[str, Any]) -> str:
+    """A query's median latency and, over several askings, their range: ``12.3 (11.9-13.0)``."""
+    lat = q.get("latencies_s") or [q["latency_s"]]
+    med = f"{q['latency_s']:.1f}"
+    failed = " failed" if "error" in q else ""
+    return med + failed if len(lat) < 2 else f"{med} ({min(lat):.1f}-{max(lat):.1f}){failed}"
+
+
+#: the systems as the table names them
+SYSTEM_NAMES = {"fedfaas": "FedFaaS", "objstore-agg": "ObjStore-Agg", "cache-agg": "Cache-Agg"}
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    commit = run.get("commit") or {}
+    sha = str(commit.get("sha") or "unknown")[:12]
+    dirty = " with uncommitted changes" if commit.get("dirty") else ""
+    return f"`{run.get('command', '')}`, started {run.get('started')}, commit {sha}{dirty}"
+
+
+def size_runs(n: str, row: dict[str, Any]) -> list[str]:
+    """The line naming the run of a size's rows, or, where its systems came from several runs
+    (``runs``: the run of each, :mod:`bench.flstore_merge`), each system's run."""
+    runs = row.get("runs")
+    if (
+        not isinstance(runs, dict)
+        or len({json.dumps(r, sort_keys=True) for r in runs.values()}) < 2
+    ):
+        return section_run(row, f"The rows of {n} updates are from their own run")
+    groups: dict[str, list[str]] = {}
+    for system in SYSTEMS:
+        if isinstance(runs.get(system), dict):
+            groups.setdefault(json.dumps(runs[system], sort_keys=True), []).append(system)
+    parts = [
+        " and ".join(SYSTEM_NAMES[x] for x in names) + " from " + _run_line(json.loads(run))
+        for run, names in groups.items()
+    ]
+    return [f"At {n} updates, " + "; ".join(parts) + ".", ""]
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    return f"{a['latency_s'] / b['latency_s']:.2f}x" if a and b else ""
+
+
+def _queries(row: dict[str, Any], system: str) -> dict[str, Any]:
+    return dict((row.get(system) or {}).get("queries") or {})
+
+
+def _not_run(row: dict[str, Any], system: str) -> str:
+    asked = row.get("systems")
+    if asked is not None and system not in asked:
+        return "not asked in this run"
+    if system == "cache-agg" and row.get("cache_agg_not_asked"):
+        return "not asked in this run"
+    return "not run"
+
+
+def markdown(big: dict[str, Any]) -> list[str]:
+    """The section's table."""
+    gb = big["budget_bytes"] / 1e9
+    lines = [
+        "## Rounds of 120 and 200 ResNet-18-sized updates",
+        "",
+        *section_run(big),
+        *(line for n, row in big["sizes"].items() for line in size_runs(n, row)),
+        f"Node memory budget {gb:.1f} GB. Each update 44.7 MB (ResNet-18's 11,181,642 "
+        "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
+        "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "
+        "at a time; 'same answer': FedFaaS's "
+        "answer equals ObjStore-Agg's (the in-process computation on the whole vectors). "
+        f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`. Each query asked "
+        f"{big.get('repeats', 1)} times of each system in a row (GTG-Shapley "
+        f"{big.get('gtg_repeats', 1)}), memos across queries "
+        f"{big.get('memos', 'on')}: the median latency in seconds, the range of the askings "
+        "in brackets; 'vs': the medians' ratio.",
+        "",
+        "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
+        "vs Cache | same answer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, row in big["sizes"].items():
+        asked = {x: _queries(row, x) for x in SYSTEMS}
+        same = row.get("same_answer") or {}
+        for wl in WORKLOADS:
+            f, o, c = (asked[x].get(wl) for x in SYSTEMS)
+            if not (f or o or c):
+                continue
+            cells = [
+                _spread(q) if q else _not_run(row, x)
+                for x, q in zip(SYSTEMS, (f, o, c), strict=True)
+            ]
+            lines.append(
+                f"| {n} | {wl} | {' | '.join(cells)} | {_ratio(f, o)} | {_ratio(f, c)} | "
+                f"{same.get(wl, 'not compared')} |"
+            )
+    lines.append("")
+    if any(row.get("fedfaas") for row in big["sizes"].values()):
+        lines += [
+            "| updates | round GB | budget GB | cache functions' peak private GB | "
+            "engine's peak account GB | queries in parts | partly from MinIO | wholly from "
+            "MinIO | ingest + prefetch s | Cache-Agg | tracebacks in the engine's log |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    for n, row in big["sizes"].items():
+        f = row["fedfaas"]
+        if not f:
+            continue
+        skipped = row["cache_agg_skipped_need_bytes"]
+        cache_agg = (
+            "run"
+            if row.get("cache-agg")
+            else f"not run (needs {skipped / 1e9:.0f} GB free)"
+            if skipped
+            else _not_run(row, "cache-agg")
+        )
+        lines.append(
+            f"| {n} | {row['round_bytes'] / 1e9:.1f} | {gb:.1f} | "
+            f"{f['memory']['peak_private_bytes'] / 1e9:.2f} | "
+            f"{f['memory']['peak_accounted_bytes'] / 1e9:.2f} | "
+            f"{f['stats']['queries_in_parts']} | {f['stats'].get('queries_partly_streamed', 0)} | "
+            f"{f['stats']['queries_streamed']} | "
+            f"{f['ingest_and_prefetch_s']:.0f} | "
+            f"{cache_agg} | "
+            f"{f.get('engine_log_tracebacks', '')} |"
+        )
+    lines += ["", *_profile_table(big)]
+    for n, row in big["sizes"].items():
+        mem = (row["fedfaas"] or {}).get("memory") or {}
+        if "held_at_peak_bytes" in mem:
+            held = sum(mem["held_at_peak_bytes"].values())
+            lines += [
+                f"At {n} updates the cache functions' private memory peaked during "
+                f"{mem.get('peak_during') or 'the run'}, when they held {held / 1e9:.2f} GB of "
+                "objects (the engine's table); the rest was their interpreters and the "
+                "queries' working memory. Each function's own peak, GB: "
+                + ", ".join(
+                    f"{k} {v / 1e9:.2f}" for k, v in sorted(mem["peaks_by_function"].items())
+                )
+                + ".",
+                "",
+            ]
+    return lines
+
+
+def _profile_table(big: dict[str, Any]) -> list[str]:
+    """Where FedFaaS's time went, per query: the cache functions' profiles summed over the
+    functions, per asking (none for rows measured before the profile existed)."""
+    rows = []
+    for n, row in big["sizes"].items():
+        for wl, q in _queries(row, "fedfaas").items():
+            prof = q.get("profile")
+            if prof is None:
+                continue
+            askings = max(1, len(q.get("latencies_s") or [0]))
+            total = {
+                k: sum(f.get(k, 0.0) for f in prof.values()) / askings for k, _ in PROFILE_COLUMNS
+            }
+            streaming = sum(1 for f in prof.values() if f.get("streamed_bytes"))
+            cells = [
+                f"{total[k] / 1e9:.2f}"
+                if k == "streamed_bytes"
+                else f"{total[k]:.0f}"
+                if k == "streamed_requests"
+                else f"{total[k]:.1f}"
+                for k, _ in PROFILE_COLUMNS
+            ]
+            rows.append(
+                f"| {n} | {wl} | {q['latency_s']:.1f} | {' | '.join(cells)} | {len(prof)} | "
+                f"{streaming} |"
+            )
+    if not rows:
+        return []
+    return [
+        "Where FedFaaS's time went: each cache function's profile (its `/ping`), summed over "
+        "the functions and divided by the askings; the functions work at once on 2 cores, so "
+        "their seconds add up past the latency.",
+        "",
+        "| updates | workload | latency s | "
+        + " | ".join(name for _, name in PROFILE_COLUMNS)
+        + " | functions | streaming |",
+        "|---|---|---|" + "---|" * (len(PROFILE_COLUMNS) + 2),
+        *rows,
+        "",
+    ]
