@@ -207,13 +207,7 @@ def run_flower_round(
             "FLWR_TELEMETRY_ENABLED": "0",
         }
         try:
-            (work / "layout.json").write_text(json.dumps(layout))
-            if weights is None:
-                rw.write_weights(shared, layout, seed)
-                (work / "weights.path").write_text(str(shared))
-            else:
-                for k, path in enumerate(weights):
-                    (work / f"weights-{k}.path").write_text(str(path))
+            rw.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
 
             def spawn(argv: list[str], logname: str, side: str | None) -> subprocess.Popen[bytes]:
                 group = getattr(groups, side) if groups is not None and side else None

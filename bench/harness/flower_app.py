@@ -51,28 +51,15 @@ STRATEGIES: dict[str, Any] = {
 }
 
 
-def _wait_go(work: Path, cid: int, timeout: float = 600.0) -> None:
-    """Say this client is ready (``ready-<cid>``) and wait for the harness's ``go`` file."""
-    (work / f"ready-{cid}").touch()
-    deadline = time.monotonic() + timeout
-    while not (work / "go").exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"client {cid}: no go in {timeout}s")
-        time.sleep(0.002)
-
-
 @client.train()
 def train(msg: Message, context: Context) -> Message:
     """Return this client's weights (a file shared by every client, or its own under
     ``weights-<cid>``) after the harness's go."""
     work = Path(str(context.run_config["work"]))
     cid = int(context.node_config["cid"])
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    own = work / f"weights-{cid}.path"
-    path = (own if own.exists() else work / "weights.path").read_text()
-    weights = rw.map_weights(Path(path), layout)
+    layout, weights = rw.client_weights(work, cid)
     arrays = [weights[n].view(np.ndarray) for n, _ in layout]
-    _wait_go(work, cid)
+    rw.wait_go(work, cid)
     t_start = time.monotonic_ns()  # weights in memory; nothing serialised
     reply = RecordDict(
         {

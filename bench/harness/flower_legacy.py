@@ -102,23 +102,10 @@ def _server_main(port: int, num_clients: int, work: Path, rule: str) -> None:
     (work / "server.json").write_text(json.dumps(marks))
 
 
-def _wait_go(work: Path, cid: int, timeout: float = 600.0) -> None:
-    """Say this client is ready (``ready-<cid>``) and wait for the parent's ``go`` file."""
-    (work / f"ready-{cid}").touch()
-    deadline = time.monotonic() + timeout
-    while not (work / "go").exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"client {cid}: no go in {timeout}s")
-        time.sleep(0.002)
-
-
 def _client_main(server: str, cid: int, work: Path) -> None:
     import flwr as fl
 
-    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
-    own = work / f"weights-{cid}.path"
-    path = (own if own.exists() else work / "weights.path").read_text()
-    weights = rw.map_weights(Path(path), layout)
+    layout, weights = rw.client_weights(work, cid)
     update = [weights[n].view(np.ndarray) for n, _ in layout]
     n_samples = 100 + cid
     marks: dict[str, Any] = {"cid": cid}
@@ -128,7 +115,7 @@ def _client_main(server: str, cid: int, work: Path) -> None:
             return update
 
         def fit(self, parameters: Any, config: Any) -> tuple[list[np.ndarray], int, dict[str, Any]]:
-            _wait_go(work, cid)
+            rw.wait_go(work, cid)
             marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
             return update, n_samples, {}
 
@@ -214,13 +201,7 @@ def run_legacy_round(
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
         work = Path(tmp)
         try:
-            (work / "layout.json").write_text(json.dumps(layout))
-            if weights is None:
-                rw.write_weights(shared, layout, seed)
-                (work / "weights.path").write_text(str(shared))
-            else:
-                for k, path in enumerate(weights):
-                    (work / f"weights-{k}.path").write_text(str(path))
+            rw.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
 
             def spawn(args: list[str], logname: str, side: str) -> subprocess.Popen[bytes]:
                 group = getattr(groups, side) if groups is not None else None

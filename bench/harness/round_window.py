@@ -543,6 +543,50 @@ def write_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]], seed: 
             left -= n
 
 
+def share_weights(
+    work: Path,
+    layout: Sequence[tuple[str, Sequence[int]]],
+    *,
+    seed: int,
+    shared: Path,
+    weights: Sequence[Path] | None,
+) -> None:
+    """Tell a round's client processes (:func:`client_weights`) their weights, in ``work``:
+    the layout, and either one file of ``seed`` written to ``shared`` that every client maps
+    (``weights is None``) or one file per client (``weights-<k>.path``)."""
+    import json
+
+    (work / "layout.json").write_text(json.dumps(layout))
+    if weights is None:
+        write_weights(shared, layout, seed)
+        (work / "weights.path").write_text(str(shared))
+    else:
+        for k, path in enumerate(weights):
+            (work / f"weights-{k}.path").write_text(str(path))
+
+
+def client_weights(work: Path, cid: int) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """Client ``cid``'s layout and weights as :func:`share_weights` told them (its own file,
+    else the shared one), mapped by :func:`map_weights`."""
+    import json
+
+    layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
+    own = work / f"weights-{cid}.path"
+    path = (own if own.exists() else work / "weights.path").read_text()
+    return layout, map_weights(Path(path), layout)
+
+
+def wait_go(work: Path, name: object, timeout: float | None = 600.0) -> None:
+    """Say this client is ready (``ready-<name>`` in ``work``) and wait for the harness's
+    ``go`` file (``RuntimeError`` after ``timeout`` s; None: no limit)."""
+    (work / f"ready-{name}").touch()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not (work / "go").exists():
+        if deadline is not None and time.monotonic() > deadline:
+            raise RuntimeError(f"client {name}: no go in {timeout}s")
+        time.sleep(0.002)
+
+
 def map_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
     """The weights of :func:`write_weights` as numpy arrays over a copy-on-write map of the
     file, every page touched once (resident before the round starts)."""
@@ -577,9 +621,7 @@ def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], object
     layout = [(n, s) for n, s in json.loads((work / "layout.json").read_text())]
     weights = map_weights(spec["weights"], layout)
     marks: dict[str, Any] = {"cid": spec["client"]}
-    (work / f"ready-{spec['client']}").touch()
-    while not (work / "go").exists():
-        time.sleep(0.002)
+    wait_go(work, spec["client"], timeout=None)
     marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
     data = save(weights)
     marks["t_encoded_ns"] = time.monotonic_ns()
