@@ -83,7 +83,7 @@ $(addprefix bench-,$(BENCHES)): bench-%: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy fedfaas
+	$(VENV)/bin/mypy core flstore_workloads runtime fedfaas
 	$(VENV)/bin/lint-imports
 
 up: setup

@@ -21,7 +21,7 @@ and prints the Markdown table. The process runs with every BLAS/OpenMP pool pinn
     static plan, +planning and +eager with the coordinator's plan pushed to the gateways
     (``PUT .../plan``); reuse has no switch there (each node has warm replicas of the
     ``aggregator`` function, started as the runtime starts them, ``bench.stack``). The model
-    is driven by costs measured here: the aggregator's own kernel (``fedfaas.fedavg.accumulate``)
+    is driven by costs measured here: the aggregator's own kernel (``core.fedavg.accumulate``)
     over the model, an aggregator replica's cold start (a new Python process that imports the
     embedded watchdog and loads ``functions/aggregator/handler.py`` with it, as a replica does
     before it listens; with the default ``numpy`` kernel this imports no torch, and the JSON
@@ -54,7 +54,7 @@ from control_plane.planning import QueueEstimator, diff_plans, plan_hierarchy, r
 from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAPER_PLACEMENT_MS = 17.0
@@ -191,10 +191,10 @@ def bench_replan(repeats: int) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- (c) costs
 #: an aggregator replica's cold start: the embedded watchdog loads the function's handler exactly
-#: as it does before it listens (``fedfaas.runtime.watchdog.load_handler``); the child prints
+#: as it does before it listens (``runtime.watchdog.load_handler``); the child prints
 #: whether that imported torch, how many modules it loaded and the kernel the handler runs
 COLD_START = (
-    "import json, sys, pathlib; import fedfaas.runtime.watchdog as w; "
+    "import json, sys, pathlib; import runtime.watchdog as w; "
     "w.load_handler(pathlib.Path('functions/aggregator')); "
     "print(json.dumps({'torch': 'torch' in sys.modules, 'modules': len(sys.modules), "
     "'kernel': sys.modules['function.handler']._settings.kernel}))"
@@ -202,7 +202,7 @@ COLD_START = (
 
 
 def measure_costs(quick: bool) -> tuple[CostModel, dict[str, Any]]:
-    from fedfaas.fedavg import accumulate
+    from core.fedavg import accumulate
 
     n = MODEL_PARAMS
     acc = np.zeros(n, np.float32)
@@ -259,9 +259,9 @@ def measure_costs(quick: bool) -> tuple[CostModel, dict[str, Any]]:
     info = {
         "model": MODEL_NAME,
         "model_bytes": n * 4,
-        "agg_s": "fedfaas.fedavg.accumulate (the aggregator's kernel) of one update",
+        "agg_s": "core.fedavg.accumulate (the aggregator's kernel) of one update",
         "cold_s": "a new Python process that loads functions/aggregator/handler.py through "
-        "fedfaas.runtime.watchdog.load_handler, as a replica does before it listens (wall); "
+        "runtime.watchdog.load_handler, as a replica does before it listens (wall); "
         "cold_cpu_s its user+sys CPU",
         "cold_start_imports_torch": cold_loaded.get("torch"),
         "cold_start_modules": cold_loaded.get("modules"),
@@ -368,7 +368,7 @@ def bench_fig8_real(sizes: tuple[int, ...], work: Path) -> dict[str, Any]:
     from safetensors.numpy import save
 
     from control_plane.jobs import JobSpec
-    from fedfaas.services import RedisServer, free_port
+    from core.services import RedisServer, free_port
 
     redis = RedisServer(data_dir=work / "redis").start()
     secret = os.urandom(32).hex()

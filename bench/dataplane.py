@@ -20,7 +20,7 @@ Figures, all from one run on this machine (baselines in the same process tree):
   timed from the first byte sent to the response: the FedFaaS gateway (``python -m gateway``)
   against raw loopback TCP into an mmap'd /dev/shm buffer and a plain uvicorn+Starlette
   streaming upload into a buffer;
-- aggregation, one core: update bytes folded per second by ``fedfaas.fedavg`` (numpy blocked
+- aggregation, one core: update bytes folded per second by ``core.fedavg`` (numpy blocked
   axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
   plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
 - round, measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on both
@@ -92,7 +92,7 @@ from bench.runinfo import (
 
 if TYPE_CHECKING:
     from bench.harness.cgroups import RoundGroups
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +117,7 @@ def resnet18_update(seed: int) -> dict[str, np.ndarray]:
 
 
 def _write_bodies(work: Path, n: int) -> list[Path]:
-    from fedfaas import wire
+    from core import wire
 
     paths = []
     for i in range(n):
@@ -281,7 +281,7 @@ def bench_ingest(
 ) -> dict[str, Any]:
     """The three servers run side by side; one client alternates between them, so each
     rep of each path sees the same machine load. No aggregator runs: ingest only."""
-    from fedfaas.services import free_port, wait_for_port
+    from core.services import free_port, wait_for_port
 
     size = body_path.stat().st_size
     out: dict[str, Any] = {"update_bytes": size, "reps": reps}
@@ -369,8 +369,8 @@ def bench_ingest(
 def bench_aggregation(n_updates: int = 8) -> dict[str, Any]:
     import torch
 
-    from fedfaas import fedavg, wire
-    from fedfaas.objstore import Namespace
+    from core import fedavg, wire
+    from core.objstore import Namespace
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.harness.cgroups import parse_cpus
     from bench.harness.compare import Runner, run_compare
     from bench.harness.sf_round import run_sf_round
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
     run = run_info("bench.dataplane", sys.argv[1:] if argv is None else argv)
     mode, reason = bpf.probe()

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from bench.runinfo import max_pool_threads, pinned_threads, run_header, run_info, write_result
 
 if TYPE_CHECKING:
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def _touch_us(view: Any) -> float:
 
 def _w_top_key(a: argparse.Namespace) -> None:
     import bpf
-    from fedfaas import wire
-    from fedfaas.objstore import StoreClient
+    from core import wire
+    from core.objstore import StoreClient
     from functions.aggregator.worker import _flat  # the aggregator's own view of an object
 
     ep = bpf.connect(a.socket, "top")
@@ -257,7 +257,7 @@ def _w_leaf_http(a: argparse.Namespace) -> None:
 def _w_proxy(a: argparse.Namespace) -> None:
     import redis
 
-    from fedfaas.secretfiles import read_credentials
+    from core.secretfiles import read_credentials
 
     user = read_credentials(Path(a.redis_credentials_file), "Redis")
     pool = redis.ConnectionPool(
@@ -577,7 +577,7 @@ def _run_sl(
 
 
 def _header(params: int) -> bytearray:
-    from fedfaas import wire
+    from core import wire
 
     header = bytearray(wire.HEADER_SIZE)
     wire.write_object_header(
@@ -613,7 +613,7 @@ def _write_arena_object(ns: Any, params: int) -> str:
 def _write_file_object(folder: str, params: int) -> str:
     """The same as a plain-file object beside the arena (a key outside it, sealed 0400): the
     path a handoff took before the arena; the SF and SL leaves read their bytes from it."""
-    from fedfaas.objstore.arena import standalone_key
+    from core.objstore.arena import standalone_key
 
     key = standalone_key().hex()
     chunk = os.urandom(1 << 20)
@@ -630,7 +630,7 @@ def _write_file_object(folder: str, params: int) -> str:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
     class _BrokerRedis(RedisServer):
         def command(self) -> list[str]:  # a pure in-memory broker: no AOF, no snapshots
@@ -638,7 +638,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     key_n, key_w = (200, 20) if quick else (KEY_N, KEY_WARMUP)
     bulk_n = {m: {k: 2 for k in v} for m, v in BULK_N.items()} if quick else BULK_N
-    from fedfaas.objstore import Namespace
+    from core.objstore import Namespace
 
     root = Path(tempfile.mkdtemp(prefix="fedfaas-bench-ebpf-", dir="/dev/shm"))
     os.chmod(root, 0o700)
@@ -647,7 +647,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     try:
         for model, params in MODELS.items():
-            from fedfaas import wire
+            from core import wire
 
             ns = Namespace(root, "bench", model, wire.HEADER_SIZE + params * 4, pool=1)
             shm = str(ns.path)

@@ -382,8 +382,8 @@ def _gateway_writes_refused(c: Campaign, writable: list[str]) -> Iterator[None]:
     """While inside, Redis refuses the ``gateway`` user's writes to every FedFaaS key but
     ``writable`` (globs): ``NOPERM``, as an ACL change makes it. The platform's rule is put
     back on the way out."""
-    from fedfaas.secretfiles import redis_client
-    from fedfaas.services import REDIS_USERS
+    from core.secretfiles import redis_client
+    from core.services import REDIS_USERS
 
     keys = next(r for r in REDIS_USERS["gateway"].split() if r.startswith("~"))
     url = c.p.urls["redis"].replace("http://", "redis://") + "/0"

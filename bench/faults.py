@@ -355,7 +355,7 @@ def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread |
 
 
 def _check_checkpoints(c: Campaign, run: JobRun) -> None:
-    from fedfaas.checkpoints import CheckpointReader
+    from core.checkpoints import CheckpointReader
 
     endpoint, user, password = c.p.minio()
     reader = CheckpointReader(endpoint, user, password)

@@ -166,7 +166,7 @@ def run_flower_round(
     record (``{"ok": False, "failure": "killed" | "error" | "timeout", "detail", ...}``).
     """
     from bench.harness.cgroups import born_in
-    from fedfaas.services import ServiceError, free_port, wait_for_port
+    from core.services import ServiceError, free_port, wait_for_port
 
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, not {rule!r}")

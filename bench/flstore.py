@@ -76,7 +76,7 @@ from bench.runinfo import PINNED_THREADS, pinned_threads, run_header, run_info, 
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.keys import update
 from cache_engine.table import LocationTable, RedisLocationTable, redis_lookup
-from fedfaas.services import MinioServer, RedisServer, free_port
+from core.services import MinioServer, RedisServer, free_port
 
 log = logging.getLogger("bench.flstore")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -340,7 +340,7 @@ def _latency_mode(
 
 def _function_memos(stack: FLStoreStack, names: list[str]) -> dict[str, dict[str, Any]]:
     """Each cache function's own word on its inner-product memo (``GET /ping``)."""
-    from fedfaas.openfaas import OpenFaaS
+    from core.openfaas import OpenFaaS
 
     assert stack.runtime is not None
     out: dict[str, dict[str, Any]] = {}
@@ -653,17 +653,17 @@ def handoff(work: Path, rounds: int = 3, clients: int = 10, small: bool = False)
 
     Two jobs hold the same-sized rounds in MinIO (written by :func:`write_history`); for the
     handoff job this process also plays the root gateway's store side with the gateway's own
-    code (a :class:`~fedfaas.objstore.Namespace` and a
-    :class:`~fedfaas.objstore.handoff.HandoffServer`: the round's updates sealed in the store
+    code (a :class:`~core.objstore.Namespace` and a
+    :class:`~core.objstore.handoff.HandoffServer`: the round's updates sealed in the store
     and offered). The clock starts at the engine's round notice (``POST .../complete``, with
     the offer for the handoff job, as the gateway sends it) and stops when
     ``/v1/locations`` names a holder for every update (polled every 2 ms). One copy per object
     (no secondaries). The cache functions' private and shared memory come from
     ``/proc/<pid>/status`` after each mode's rounds.
     """
-    from fedfaas import wire
-    from fedfaas.objstore import Namespace
-    from fedfaas.objstore.handoff import HandoffServer
+    from core import wire
+    from core.objstore import Namespace
+    from core.objstore.handoff import HandoffServer
 
     shapes = SMALL_CNN if small else {n: tuple(s) for n, s in resnet18_layout()}
     spec = wire.ModelSpec.build([(n, "F32", s) for n, s in shapes.items()])

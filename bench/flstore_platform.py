@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.flstore_stack import FLStoreStack
+from core.services import MinioServer, RedisServer
 from fedfaas.platform import state
-from fedfaas.services import MinioServer, RedisServer
 
 log = logging.getLogger("bench.flstore")
 _REPO = Path(__file__).resolve().parent.parent

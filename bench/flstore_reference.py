@@ -1,9 +1,9 @@
 """An independent reference for FLStore's answers, for the benchmarks' same-answer check.
 
 The FLStore bench compares FedFaaS's cache functions with ObjStore-Agg, and both run
-:mod:`fedfaas.workloads`: equal answers there show that the same objects reached the same code,
+:mod:`flstore_workloads`: equal answers there show that the same objects reached the same code,
 not that the code is right. This module computes the same answers a second way, written from
-the papers and the workloads' documented definitions (``fedfaas/workloads/README.md``), without
+the papers and the workloads' documented definitions (``flstore_workloads/README.md``), without
 importing :mod:`fedfaas`: plain numpy in float64 over the ``n x d`` matrix of the updates
 (no Gram matrix, no streaming), scikit-learn's ``cosine_similarity``, ``KMeans`` and
 ``silhouette_samples`` on the raw updates (the workload clusters an ``n x n`` embedding of
@@ -174,7 +174,7 @@ def reference_answer(
     evaluator: Utility | None = None,
 ) -> dict[str, Any]:
     """The reference's answer to ``workload`` with ``params`` over the data a
-    :class:`fedfaas.workloads.WorkloadData` would hold (``updates[r][client]``: the trained
+    :class:`flstore_workloads.WorkloadData` would hold (``updates[r][client]``: the trained
     weights, ``globals_[v]``: the model after round ``v``, ``client_meta[r][client]["n_samples"]``,
     ``evaluator``: utility of a flat model). Returns the keys :data:`KEYS` names for it.
     Supported: every workload of :data:`KEYS`; ``shapley`` with ``method="exact"`` only."""

@@ -59,7 +59,7 @@ from bench.runinfo import PINNED_THREADS
 from cache_engine.cold_store import MinioColdStore, encode_model
 from cache_engine.evaluators import digits_split
 from cache_engine.keys import ObjectKey
-from fedfaas.services import MinioServer, RedisServer, free_port
+from core.services import MinioServer, RedisServer, free_port
 
 log = logging.getLogger("bench.flstore")
 RESNET18 = 11_181_642

@@ -33,8 +33,8 @@ from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import write_digits_history
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.keys import meta
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
-from fedfaas.services import MinioServer, RedisServer
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
+from core.services import MinioServer, RedisServer
 
 log = logging.getLogger("bench.flstore")
 _REPO = Path(__file__).resolve().parent.parent

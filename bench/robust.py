@@ -128,7 +128,7 @@ def _fedfaas(
 ) -> Callable[[Any, str], dict[str, Any]]:
     from bench.harness.fedfaas_round import bench_round_e2e
     from client.sdk import AGGREGATION_KEY, with_metadata
-    from fedfaas import wire
+    from core import wire
 
     body = wire.encode_tensors(g)
     if spec["rule"] != "fedavg":

@@ -170,7 +170,7 @@ REDIS_FAMILIES = (
 def redis_state(c: Campaign) -> dict[str, int]:
     """Redis's ``used_memory`` and the bytes of each key family (``MEMORY USAGE``, sampled
     over every key), read as its admin user."""
-    from fedfaas.secretfiles import redis_client
+    from core.secretfiles import redis_client
 
     url = c.p.urls["redis"].replace("http://", "redis://") + "/0"
     r = redis_client(url, c.p.secrets / "redis-admin.json", decode_responses=True)
@@ -283,7 +283,7 @@ def check_models(
 
 def minio_rounds(c: Campaign, job: str) -> ReadRound:
     """:data:`~bench.fault_checks.ReadRound` of ``job`` from the platform's MinIO."""
-    from fedfaas.checkpoints import CheckpointReader
+    from core.checkpoints import CheckpointReader
 
     endpoint, user, password = c.p.minio()
     reader = CheckpointReader(endpoint, user, password)

@@ -42,7 +42,7 @@ class GatewayProc:
         return f"http://{self.settings.host}:{self.settings.port}"
 
     def wait_ready(self, timeout: float = 90) -> None:
-        from fedfaas.services import ServiceError, wait_for_port
+        from core.services import ServiceError, wait_for_port
 
         try:
             wait_for_port(self.settings.host, self.settings.port, timeout, self.proc)

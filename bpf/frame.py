@@ -62,7 +62,7 @@ class Kind(enum.IntEnum):
     #: gateway -> endpoint: a fresh object for the task's next accumulator (``seq`` = slot)
     SPARE = 10
     #: gateway -> endpoint: run shard ``seq`` of the pass a manifest object names (``key``;
-    #: the pass in ``flags``, see ``fedfaas/shards.py``), for a rule that needs every update
+    #: the pass in ``flags``, see ``core/shards.py``), for a rule that needs every update
     SHARD = 11
     #: endpoint -> gateway: shard ``seq`` of manifest ``key`` is written
     SHARD_DONE = 12

@@ -9,7 +9,7 @@ import logging
 
 from cache_engine.service import create_app
 from cache_engine.settings import EngineSettings
-from fedfaas.shutdown import serve
+from core.shutdown import serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,8 +18,8 @@ from cache_engine.evaluators import evaluator_replicas, function_spec_problem
 from cache_engine.keys import ObjectKey
 from cache_engine.policies import Decision
 from cache_engine.state import EngineState
-from fedfaas.objstore.handoff import HandoffError, end_offer
-from fedfaas.openfaas import OpenFaaSError
+from core.objstore.handoff import HandoffError, end_offer
+from core.openfaas import OpenFaaSError
 
 log = logging.getLogger(__name__)
 

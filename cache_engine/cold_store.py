@@ -1,6 +1,6 @@
 """The cold store: every round of every job in MinIO, the copy of record behind the cache.
 
-Layout (bucket ``fedfaas``, that of :mod:`fedfaas.checkpoints`; rounds zero-padded to 6 digits)::
+Layout (bucket ``fedfaas``, that of :mod:`core.checkpoints`; rounds zero-padded to 6 digits)::
 
     <job>/rounds/<round:06d>/global.safetensors        global model after the round (0: initial)
     <job>/rounds/<round:06d>/clients/<client>.safetensors   client updates (full model weights)
@@ -56,7 +56,7 @@ class ObjectMissing(ColdStoreError):
 
 def object_path(key: ObjectKey) -> str:
     """Path of ``key``'s object inside the bucket (the checkpoint layout)."""
-    from fedfaas.checkpoints import client_key, global_key, meta_key
+    from core.checkpoints import client_key, global_key, meta_key
 
     if key.kind == "update":
         return client_key(key.job, key.round, key.client)

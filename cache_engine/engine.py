@@ -60,8 +60,8 @@ from cache_engine.policies import Decision, make_policy
 from cache_engine.queries import Plan, parse_query, plan, run_workload
 from cache_engine.settings import EngineSettings
 from cache_engine.table import CHANGES, RedisLocationTable
-from fedfaas.auth import AuthConfigError, bearer, read_token_file
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
+from core.auth import AuthConfigError, bearer, read_token_file
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ _TICKET = re.compile(r"^[0-9a-f]{32}$")
 def handoff_problem(h: Any) -> str | None:
     """What is wrong with a round's ``handoff`` (None: nothing): ``{"socket": absolute path
     of the gateway's handoff socket, "ticket": 32 hex characters, "node": the gateway's
-    node}`` (:mod:`fedfaas.objstore.handoff`)."""
+    node}`` (:mod:`core.objstore.handoff`)."""
     if not isinstance(h, dict):
         return "'handoff' must be an object {socket, ticket, node}"
     sock, ticket, node = h.get("socket"), h.get("ticket"), h.get("node")

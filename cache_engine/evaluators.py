@@ -24,7 +24,7 @@ code). Kinds:
   ``"head": true`` it scores the first 650 floats of a longer model (the benchmark's
   ResNet-18-sized objects lead with the classifier's tensors; the rest is not scored), and says
   so (``span = (0, 650)``): contribution workloads then build only those 650 floats of each
-  sub-model (``fedfaas.workloads.contribution``).
+  sub-model (``flstore_workloads.contribution``).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class _Head:
 
     def __init__(self, inner: Any, n: int) -> None:
         self.inner, self.n = inner, n
-        #: the coordinates it reads (``fedfaas.workloads.contribution``)
+        #: the coordinates it reads (``flstore_workloads.contribution``)
         self.span = (0, n)
 
     def metrics(self, params: NDArray[np.float32]) -> dict[str, float]:
@@ -301,7 +301,7 @@ def _build(spec_json: str, layout: Layout | None) -> Any:
     if kind == "digits-softmax":
         import torch
 
-        from fedfaas.workloads import TorchEvaluator
+        from flstore_workloads import TorchEvaluator
 
         _, _, xv, yv = digits_split(int(spec.get("split_seed", 0)))
         module = torch.nn.Linear(64, 10)
@@ -344,7 +344,7 @@ def evaluator_replicas(spec: dict[str, Any]) -> int:
 
 
 def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
-    from fedfaas.runtime.function_auth import FunctionToken, token_path
+    from runtime.function_auth import FunctionToken, token_path
 
     problem = function_spec_problem(spec)
     if problem:

@@ -5,7 +5,7 @@ round's global model ``(job, round, "global")`` and the round's metadata ``(job,
 (hyperparameters, selected clients, sample counts, losses, durations).
 
 A model (an update or a global) may also be held in coordinate parts: part ``s`` of ``S`` is
-the slice ``fedfaas.workloads.sliced.part_bounds(d, S)[s]`` of its flat vector, the key
+the slice ``flstore_workloads.sliced.part_bounds(d, S)[s]`` of its flat vector, the key
 ``ObjectKey(job, round, kind, client, part=s, parts=S)`` with id ``<...>~<s>.<S>`` (``~`` is in
 no job or client name). A round too large for one cache function is held that way, each
 function holding the same part of every object (``cache_engine.parts``).

@@ -18,7 +18,7 @@ from cache_engine.keys import ObjectKey
 from cache_engine.placement import FunctionInfo
 from cache_engine.state import EngineState
 from cache_engine.table import CHANGES
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from cache_engine.budget import OverBudget
 from cache_engine.errors import EngineError, one_line
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import Plan
-from fedfaas.workloads.sliced import max_parts, part_bounds
+from flstore_workloads.sliced import max_parts, part_bounds
 
 if TYPE_CHECKING:
     from cache_engine.engine import CacheEngine

@@ -33,7 +33,7 @@ from cache_engine.errors import (
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import parts_needed
 from cache_engine.state import EngineState
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError, function_deployment
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError, function_deployment
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A query is ``{workload, job, rounds, clients, params}``. ``rounds``/``clients`` fill the workload's
 ``round``/``rounds``/``client``/``clients`` parameters when those are not already in ``params``.
-The workload (``fedfaas.workloads``) states its :class:`Requirements`; this module maps them onto
+The workload (``flstore_workloads``) states its :class:`Requirements`; this module maps them onto
 :class:`ObjectKey` s against the catalog, and turns the objects a cache function (or a baseline
 server) holds into a ``WorkloadData``. Used identically by the cache function, the engine, the
 tracker and the baselines, so all of them answer the same queries with the same code.
@@ -73,7 +73,7 @@ class Plan:
 
 
 def _workload(name: str) -> Any:
-    from fedfaas import workloads
+    import flstore_workloads as workloads
 
     return workloads.get(name)
 
@@ -106,7 +106,7 @@ def plan(q: Query, catalog: Catalog) -> Plan:
 
     Raises
     ------
-    fedfaas.workloads.WorkloadError
+    flstore_workloads.WorkloadError
         Unknown workload or invalid parameters (they carry ``status`` and ``to_dict``).
     QueryError
         Unknown job, a round not yet written, a client not in a round.
@@ -189,12 +189,12 @@ def workload_data(
 ) -> Any:
     """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
 
-    ``gram_cache`` (a ``fedfaas.workloads.GramCache``) and ``utility_cache`` (a
-    ``fedfaas.workloads.contribution.UtilityCache``) are for holders that keep the same sealed
+    ``gram_cache`` (a ``flstore_workloads.GramCache``) and ``utility_cache`` (a
+    ``flstore_workloads.contribution.UtilityCache``) are for holders that keep the same sealed
     vectors across queries (cache functions); a server that decodes fresh objects per query
     gains nothing from them.
     """
-    from fedfaas.workloads import WorkloadData
+    from flstore_workloads import WorkloadData
 
     return WorkloadData(
         **_fields(objects),
@@ -230,9 +230,9 @@ def run_sliced(
     utility_cache: Any = None,
 ) -> dict[str, Any]:
     """Run workload ``name`` as the reducer of a query over models held in coordinate parts
-    (``fedfaas.workloads.sliced``): ``models`` (whole keys, ``dim`` floats each) stand in as
+    (``flstore_workloads.sliced``): ``models`` (whole keys, ``dim`` floats each) stand in as
     references, ``parts`` does their math where the parts are; ``metas`` are held here."""
-    from fedfaas.workloads.sliced import SlicedData, VectorRef
+    from flstore_workloads.sliced import SlicedData, VectorRef
 
     objects: dict[ObjectKey, Any] = {k: VectorRef(k.id, dim) for k in models}
     objects.update(metas)

@@ -24,9 +24,9 @@ from cache_engine.engine import CacheEngine, handoff_problem
 from cache_engine.errors import EngineError
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
-from fedfaas.auth import Authenticator, Scope, install, private_app, require
-from fedfaas.openfaas import OpenFaaS, read_basic_auth
-from fedfaas.secretfiles import read_credentials, redis_client
+from core.auth import Authenticator, Scope, install, private_app, require
+from core.openfaas import OpenFaaS, read_basic_auth
+from core.secretfiles import read_credentials, redis_client
 
 log = logging.getLogger(__name__)
 QUERY_SHAPE = "the body must be a JSON object {workload, job, rounds, clients, params}"
@@ -79,7 +79,7 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         return _error(400, {"error": "bad_request", "detail": QUERY_SHAPE})
 
     try:
-        from fedfaas.workloads import WorkloadError
+        from flstore_workloads import WorkloadError
 
         @app.exception_handler(WorkloadError)
         async def _workload_error(_: Request, exc: WorkloadError) -> JSONResponse:

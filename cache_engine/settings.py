@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from fedfaas.cmdline import CommandLineSettings
+from core.cmdline import CommandLineSettings
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ class EngineSettings(CommandLineSettings):
         Backing services (Redis holds the location table and catalog; MinIO the cold copy).
     redis_credentials_file, minio_credentials_file
         The engine's Redis and MinIO users (0600 credentials files, see
-        :mod:`fedfaas.secretfiles`); both required. The MinIO user reads the checkpoints and
+        :mod:`core.secretfiles`); both required. The MinIO user reads the checkpoints and
         mints per-job temporary credentials for the cache functions, which have none of their
         own.
     runtime_url, runtime_auth_dir
@@ -69,7 +69,7 @@ class EngineSettings(CommandLineSettings):
         Secret file (0600) of the function token (the runtime secret ``fedfaas-function-token``),
         sent to the cache functions as ``Authorization: Bearer``; required.
     stop_grace
-        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 

@@ -23,7 +23,7 @@ from cache_engine.keys import ObjectKey
 from cache_engine.policies import Policy
 from cache_engine.settings import EngineSettings
 from cache_engine.table import RedisLocationTable
-from fedfaas.openfaas import OpenFaaS
+from core.openfaas import OpenFaaS
 
 if TYPE_CHECKING:
     from cache_engine.parts import PartPlanner

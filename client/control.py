@@ -44,11 +44,11 @@ def call(
 
 #: The safetensors ``__metadata__`` entry through which a job declares its evaluator.
 EVALUATOR_KEY = "fedfaas.evaluator"
-#: ... and its server optimizer (``fedfaas.server_opt.METADATA_KEY``).
-SERVER_OPT_KEY = "fedfaas.server_opt"
-#: ... and async mode (``fedfaas.fedbuff.METADATA_KEY``).
+#: ... and its server optimizer (``core.server_opt.METADATA_KEY``).
+SERVER_OPT_KEY = "core.server_opt"
+#: ... and async mode (``core.fedbuff.METADATA_KEY``).
 ASYNC_KEY = "fedfaas.async"
-#: ... and its aggregation rule (``fedfaas.robust.METADATA_KEY``).
+#: ... and its aggregation rule (``core.robust.METADATA_KEY``).
 AGGREGATION_KEY = "fedfaas.aggregation"
 
 

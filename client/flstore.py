@@ -31,7 +31,7 @@ def flstore_query(
     ``token`` is the tracker's analyst (or admin) token, read from its file (the platform
     writes ``.state/secrets/analyst-token``).
 
-    ``workload`` is one of ``fedfaas.workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
+    ``workload`` is one of ``flstore_workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
     with its ``params``; ``rounds``/``clients`` fill the workload's round/client parameters.
     A round the cache engine has not ingested yet (the gateways checkpoint a round and tell
     the engine just after publishing it), and a tracker or engine that is restarting (a

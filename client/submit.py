@@ -83,17 +83,17 @@ def submit_job(
     server_opt : the server optimizer the root applies to each round's FedAvg, e.g.
         ``{"name": "fedadam", "eta": 0.01}``: ``fedavgm`` (``eta``, ``momentum``),
         ``fedadam`` / ``fedyogi`` (``eta``, ``beta_1``, ``beta_2``, ``tau``), ``fedadagrad``
-        (``eta``, ``tau``); unnamed ones take Flower's defaults (``fedfaas.server_opt``). It
-        travels in the weights' safetensors metadata (``fedfaas.server_opt``); its state is
+        (``eta``, ``tau``); unnamed ones take Flower's defaults (``core.server_opt``). It
+        travels in the weights' safetensors metadata (``core.server_opt``); its state is
         checkpointed beside each round's model.
     fedbuff : run the job asynchronously (FedBuff; ``{}`` takes the defaults): a round is a
         buffer of ``goal`` updates, each trained on any of the last ``max_staleness + 1``
         versions (default 4) and weighted by its staleness (``staleness``: ``"poly"``
         ``(1+s)^-a``, a = 0.5; ``"hinge"`` with ``a``, ``b``; ``"constant"``); a full buffer
         moves the model by ``eta`` (default 1) times its weighted mean delta
-        (``fedfaas.fedbuff``). The clients selected per round (``overprovision``) are the
+        (``core.fedbuff``). The clients selected per round (``overprovision``) are the
         ones training at once. Not with ``server_opt``.
-    aggregation : a rule against poisoned updates instead of FedAvg (``fedfaas.robust``):
+    aggregation : a rule against poisoned updates instead of FedAvg (``core.robust``):
         ``{"rule": "median"}``, ``{"rule": "trimmed-mean", "beta": 0.1}``,
         ``{"rule": "krum", "f": 2}``, ``{"rule": "multi-krum", "f": 2, "m": 6}`` or
         ``{"rule": "fltrust", "root_client": "server"}`` (that client's update, trained on the

@@ -3,7 +3,7 @@
 Pure algorithms (no I/O): :func:`place`, :func:`residual_capacity`, :func:`plan_hierarchy`,
 :func:`replan`, :func:`diff_plans`, :class:`QueueEstimator`, :func:`assign_replicas`,
 :func:`find_knee`, :func:`replicas_wanted`. Services: :class:`Coordinator` (it scales the
-``aggregator`` function through :class:`fedfaas.openfaas.AsyncOpenFaaS`),
+``aggregator`` function through :class:`core.openfaas.AsyncOpenFaaS`),
 :func:`calibrate` / :func:`measure_gateway`, and ``python -m control_plane`` (the HTTP API).
 """
 

@@ -1,7 +1,7 @@
 """``python -m control_plane --port P --gateways node1=http://...,node2=... [--redis URL]``.
 
 ``--gateways-service HOST:PORT`` finds the gateways through DNS instead of (or besides)
-``--gateways`` (:mod:`fedfaas.discovery`).
+``--gateways`` (:mod:`core.discovery`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from control_plane.api import create_app
-    from fedfaas.shutdown import serve
+    from core.shutdown import serve
 
     return serve(
         create_app(settings), host=settings.host, port=settings.port, grace=settings.stop_grace

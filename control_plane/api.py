@@ -4,7 +4,7 @@ Routes:
 
 * ``GET  /healthz``
 * ``GET  /v1/nodes``: node health and capacity (with ``gateways_service``, the nodes found so
-  far: see :mod:`fedfaas.discovery`)
+  far: see :mod:`core.discovery`)
 * ``POST /v1/jobs``: create a job (JSON :class:`JobIn`); the answer carries the job's
   ``enrollment_token`` and the token of each client enrolled at creation (``tokens``). Round 1
   opens once ``goal`` clients are enrolled
@@ -27,7 +27,7 @@ Routes:
   for a DP-FedAvg job, the epsilon spent and its budget; the autoscale decisions that failed
   (admin or analyst bearer)
 
-Every route but ``/healthz`` needs a bearer token (:mod:`fedfaas.auth`): admin (the gateways'
+Every route but ``/healthz`` needs a bearer token (:mod:`core.auth`): admin (the gateways'
 admin secret, ``admin_token_file``) for writes; admin or analyst for reads; a job's client (its
 token, with ``?client=ID``) for its assignment, its job's round and leaving; the job's
 enrollment token for enrolling. A client token is checked
@@ -62,7 +62,7 @@ from control_plane.jobs import JobSpec, round_view
 from control_plane.selection import OortScheduler
 from control_plane.settings import ControlPlaneSettings
 from control_plane.store import MemoryStore, RedisStore, StateStore
-from fedfaas.auth import (
+from core.auth import (
     AuthConfigError,
     Authenticator,
     AuthError,
@@ -72,8 +72,8 @@ from fedfaas.auth import (
     read_token_file,
     require,
 )
-from fedfaas.discovery import Discovery
-from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
+from core.discovery import Discovery
+from core.openfaas import AsyncOpenFaaS, OpenFaaSError, read_basic_auth
 
 log = logging.getLogger(__name__)
 

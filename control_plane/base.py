@@ -32,7 +32,7 @@ from control_plane.placement import place
 from control_plane.planning import Plan, QueueEstimator, plan_hierarchy
 from control_plane.selection import OortScheduler
 from control_plane.store import MemoryStore, StateStore
-from fedfaas.openfaas import AsyncOpenFaaS
+from core.openfaas import AsyncOpenFaaS
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from control_plane.errors import (
     JobFailed,
     RoundStateError,
 )
-from fedfaas.auth import AuthError, Scope, require
+from core.auth import AuthError, Scope, require
 
 log = logging.getLogger(__name__)
 

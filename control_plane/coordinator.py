@@ -38,8 +38,8 @@ close (down a moment, 503, a timeout) is asked again, with a growing pause; the 
 when the close still fails ``close_retries`` times after the deadline. A round closed but
 without a published model a further deadline later fails the job the same way.
 
-Central DP: a job whose initial weights declare ``dp-fedavg`` (``fedfaas.robust``) is accounted
-here (:mod:`fedfaas.privacy`): before a round opens, the epsilon its clients' sampling rate
+Central DP: a job whose initial weights declare ``dp-fedavg`` (``core.robust``) is accounted
+here (:mod:`core.privacy`): before a round opens, the epsilon its clients' sampling rate
 would bring the job to is computed; past the job's budget the round does not open and the job
 ends (``stopped`` in its view, 409 ``privacy_budget_spent`` to an explicit open). The view's
 ``privacy`` and ``GET /metrics`` show the epsilon spent.
@@ -56,7 +56,7 @@ consecutive ``/healthz`` probes for at least ``node_grace_s`` seconds is taken o
 placement and the jobs on it are evacuated: the round closes on the survivors' updates, or
 its clients move, or (the root lost) another node takes the job over.
 
-Nodes found later: :meth:`Coordinator.update_nodes` (fed by :mod:`fedfaas.discovery` when
+Nodes found later: :meth:`Coordinator.update_nodes` (fed by :mod:`core.discovery` when
 the service runs with ``gateways_service``) adds new nodes to placement and points a known
 node whose address changed (a restarted pod) at its new URL. Nodes are never dropped by it:
 one that stops answering leaves placement through the health probes above.
@@ -99,8 +99,8 @@ from control_plane.jobs import (
     round_view,
 )
 from control_plane.scaling import Autoscaling
-from fedfaas import robust, wire
-from fedfaas.auth import client_token, enrollment_token
+from core import robust, wire
+from core.auth import client_token, enrollment_token
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Coordinator(NodeFailover, Autoscaling):
     store
         Where job state lives (default: memory).
     provider
-        OpenFaaS client (:class:`fedfaas.openfaas.AsyncOpenFaaS`) that scales ``function``
+        OpenFaaS client (:class:`core.openfaas.AsyncOpenFaaS`) that scales ``function``
         (None: no autoscaling).
     scale_down_after
         Seconds every node must be idle before ``function`` scales down to its minimum.

@@ -110,7 +110,7 @@ class JobSpec:
                 raise InvalidInput("drop_flagged takes workload and params (an object) only")
             if "round" in d.get("params", {}):
                 raise InvalidInput("drop_flagged: params leave out round (each ended round)")
-            from fedfaas.workloads import WorkloadError, get
+            from flstore_workloads import WorkloadError, get
 
             try:  # the workload's own check, as FLStore makes it on each query
                 get(d["workload"]).parse({**d.get("params", {}), "round": 1})
@@ -204,10 +204,10 @@ class JobState:
     revoked: list[str] = field(default_factory=list)
     #: why the job failed (a round short of its minimum, no model after closing); "" if not
     failed: str = ""
-    #: the robust rule its initial weights declare (``fedfaas.robust``), "" for FedAvg: such a
+    #: the robust rule its initial weights declare (``core.robust``), "" for FedAvg: such a
     #: job runs on its root node alone (the rule needs every update where it reduces them)
     rule: str = ""
-    #: a DP-FedAvg job's accounting (:mod:`fedfaas.privacy`): its rule's ``noise_multiplier``,
+    #: a DP-FedAvg job's accounting (:mod:`core.privacy`): its rule's ``noise_multiplier``,
     #: ``clip``, ``delta`` and budget ``epsilon`` (None: no budget), and ``spent``; {} without DP
     privacy: dict[str, Any] = field(default_factory=dict)
     #: the sampling rate of each round opened so far: each spent privacy once

@@ -26,7 +26,7 @@ from control_plane.gateways import GatewayJobStatus, plan_to_slots
 from control_plane.jobs import JobState, RoundInfo, seed_of
 from control_plane.planning import Plan
 from control_plane.selection import SchedulerUnavailable, Selection, random_selection
-from fedfaas import privacy
+from core import privacy
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class RoundOpening(GatewayCleanup):
         """A DP job's round about to open: ``(its sampling rate, the epsilon spent once it
         has)``, or :class:`PrivacyBudgetSpent` (the job stopped) when that passes the budget.
         The rate is the selected share of the eligible clients for a random selection, 1 for
-        any other (no amplification by sampling: :mod:`fedfaas.privacy`). None without DP."""
+        any other (no amplification by sampling: :mod:`core.privacy`). None without DP."""
         p = job.privacy
         if not p:
             return None

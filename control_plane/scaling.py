@@ -10,7 +10,7 @@ from typing import Any
 
 from control_plane.autoscale import NodeLoad, ScaleBounds, replicas_wanted
 from control_plane.base import CoordinatorBase
-from fedfaas.openfaas import FunctionStatus, OpenFaaSError
+from core.openfaas import FunctionStatus, OpenFaaSError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Autoscaling(CoordinatorBase):
         if not loads or not all(x.idle for x in loads):  # no report is no evidence of idling
             self._busy_at = now
         try:
-            # the provider client asks again on a 5xx or no answer (fedfaas.openfaas)
+            # the provider client asks again on a 5xx or no answer (core.openfaas)
             st = await self.provider.function(self.function)
             if st is None:
                 raise OpenFaaSError(f"function {self.function!r} is not deployed", 404)

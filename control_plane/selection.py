@@ -3,7 +3,7 @@
 A job's ``selection`` is ``"random"`` (the default) or ``"oort"``. Oort (Lai et al., OSDI'21)
 ranks clients by the statistical utility of their last updates (loss and sample count) and
 penalises those slower than a preferred duration, exploring clients it has not seen yet; its
-answer is FLStore's ``oort`` workload (:mod:`fedfaas.workloads.scheduling`), computed in the
+answer is FLStore's ``oort`` workload (:mod:`flstore_workloads.scheduling`), computed in the
 cache function that already holds the previous rounds' client metadata. So the control plane
 asks the request tracker, as an analyst would, for round ``n``'s ``k`` clients among the
 job's eligible ones, then places them (LIFL's placement). Round 1 has no history and is

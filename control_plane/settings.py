@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from control_plane.errors import InvalidInput
-from fedfaas.cmdline import CommandLineSettings
-from fedfaas.discovery import parse_service
+from core.cmdline import CommandLineSettings
+from core.discovery import parse_service
 
 
 class ControlPlaneSettings(CommandLineSettings):
@@ -26,7 +26,7 @@ class ControlPlaneSettings(CommandLineSettings):
     gateways_service
         ``HOST:PORT`` of a DNS name that resolves to every node gateway (the chart's headless
         Service ``<release>-node-gateway-peers``). Each address's ``/healthz`` names its node
-        (:mod:`fedfaas.discovery`); every ``discovery_interval`` seconds new nodes join
+        (:mod:`core.discovery`); every ``discovery_interval`` seconds new nodes join
         placement and a node found at a new address (a restarted pod) is reached there. With
         it the service starts while no gateway answers yet; a job created then is answered
         503 ``no_healthy_nodes``. ``gateways``, this, or both are needed.
@@ -36,7 +36,7 @@ class ControlPlaneSettings(CommandLineSettings):
         Redis for job state (empty: in memory, lost on restart).
     redis_credentials_file
         The control plane's Redis user (a 0600 credentials file, see
-        :mod:`fedfaas.secretfiles`); required with ``redis_url``.
+        :mod:`core.secretfiles`); required with ``redis_url``.
     provider_url
         OpenFaaS provider API (embedded runtime or gateway) used to scale ``function``;
         empty: no autoscaling.
@@ -78,7 +78,7 @@ class ControlPlaneSettings(CommandLineSettings):
         Seconds a round's Oort selection may take (waiting for the previous round to reach
         FLStore included) before the round is selected at random.
     stop_grace
-        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 

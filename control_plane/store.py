@@ -66,7 +66,7 @@ class RedisStore(StateStore):
     def __init__(
         self, url: str, credentials_file: Path | None, prefix: str = "fedfaas:control:"
     ) -> None:
-        from fedfaas.secretfiles import async_redis_client
+        from core.secretfiles import async_redis_client
 
         self._r = async_redis_client(url, credentials_file, decode_responses=True)
         self._prefix = prefix

@@ -17,7 +17,7 @@
 #
 # No torch: no service imports it (tests/test_images.py checks that the services start without
 # it); pyproject.toml's `torch` extra, which this image leaves out, has it for the code paths
-# that need it (torch-format objects in fedfaas.objstore, the torch FedAvg kernel,
+# that need it (torch-format objects in core.objstore, the torch FedAvg kernel,
 # cache_engine's in-process evaluators).
 FROM debian:bookworm-slim AS base
 RUN apt-get update -qy \
@@ -40,6 +40,9 @@ RUN --mount=type=secret,id=ca,mode=0444 \
     && /opt/fedfaas/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 # What `pip install .` needs: pyproject.toml and the packages it lists
 # ([tool.setuptools.packages.find] include; tests/test_images.py holds the two together).
+COPY core ./core
+COPY flstore_workloads ./flstore_workloads
+COPY runtime ./runtime
 COPY fedfaas ./fedfaas
 COPY gateway ./gateway
 COPY bpf ./bpf

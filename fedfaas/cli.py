@@ -257,9 +257,9 @@ def register_deploy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_deploy(args: argparse.Namespace) -> int:
+    from core.stackfile import StackError
     from fedfaas.deploy import DeployError, deploy
     from fedfaas.platform import PlatformError, credentials, state
-    from fedfaas.stackfile import StackError
 
     auth = credentials.basic_auth(args.auth_dir) if args.auth_dir is not None else None
     st = state.load(_settings(args).state_dir) if args.gateway is None else None
@@ -378,7 +378,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from control_plane.calibrate import measure_gateway
     from control_plane.errors import ControlPlaneError
-    from fedfaas.wire import encode_tensors
+    from core.wire import encode_tensors
 
     rng = np.random.default_rng(0)
     initial = encode_tensors({"w": np.zeros(args.params, dtype=np.float32)})

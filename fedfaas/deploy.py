@@ -6,7 +6,7 @@ first; then PUT the FunctionDeployment, and POST the same body if the PUT answer
 token as faas-cli sends without saved credentials (sent as ``Bearer``: HTTP strips the trailing
 space anyway, and h11 refuses to send it).
 
-The requests are :class:`fedfaas.openfaas.OpenFaaS`'s, the one gateway client, which also has
+The requests are :class:`core.openfaas.OpenFaaS`'s, the one gateway client, which also has
 the other calls faas-cli makes (list, describe, scale, invoke, remove, logs).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from fedfaas.openfaas import DeployResult, OpenFaaS, OpenFaaSError
-from fedfaas.stackfile import load_stack, resolve_gateway
+from core.openfaas import DeployResult, OpenFaaS, OpenFaaSError
+from core.stackfile import load_stack, resolve_gateway
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def deploy(
     ------
     DeployError
         A function was not accepted (status other than 200/202); carries every result.
-    fedfaas.stackfile.StackError
+    core.stackfile.StackError
         The stack file is invalid.
     ValueError
         ``resolve=False`` without a ``gateway_url``.

@@ -1,5 +1,5 @@
 """``python -m fedfaas.provision_minio``: create the checkpoint bucket and the components' MinIO
-users, as ``fedfaas up`` does (:func:`fedfaas.services.provision_minio`), from secret files.
+users, as ``fedfaas up`` does (:func:`core.services.provision_minio`), from secret files.
 
 The Helm chart runs it in its post-install/post-upgrade hook Job::
 
@@ -8,7 +8,7 @@ The Helm chart runs it in its post-install/post-upgrade hook Job::
 
 ``--root-credentials-dir`` holds MinIO's root user and password as the files ``minio-root-user``
 and ``minio-root-password``; ``--users-dir`` holds one credentials file per component user,
-``minio-<user>.json`` (:func:`fedfaas.services.minio_user_file`). Only paths are given: no secret
+``minio-<user>.json`` (:func:`core.services.minio_user_file`). Only paths are given: no secret
 is on the command line or in the environment. It waits up to ``--wait`` seconds for MinIO to be
 ready, then exits 0 once every user exists with its policy; 1, with the reason on stderr,
 otherwise.
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedfaas.services import (
+from core.services import (
     MINIO_ROOT_PASSWORD,
     MINIO_ROOT_USER,
     http_ok,
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     from minio.error import MinioAdminException, MinioException
     from urllib3.exceptions import HTTPError
 
-    from fedfaas.auth import AuthConfigError, read_token_file
-    from fedfaas.secretfiles import Credentials, read_credentials
+    from core.auth import AuthConfigError, read_token_file
+    from core.secretfiles import Credentials, read_credentials
 
     args = parser().parse_args(argv)
     try:

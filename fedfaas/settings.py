@@ -16,19 +16,6 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: The one setting that tells an ``aggregator`` replica where its node's router listens. The
-#: node gateway reads the same name (``GatewaySettings.router_socket``, prefix
-#: ``FEDFAAS_GATEWAY_``), the chart sets it for both, and the embedded runtime sets it per
-#: replica for the node it places the replica on (``RuntimeSettings.nodes``).
-ROUTER_SOCKET_ENV = "FEDFAAS_GATEWAY_ROUTER_SOCKET"
-
-#: The platform's own functions: the ``aggregator`` (and the ``flstore`` cache function's image).
-#: They are not in the user's ``stack.yml``: on Kubernetes the Helm chart deploys the
-#: aggregator (it needs the node's shared memory and router socket, which ``faas-cli deploy``
-#: cannot give it) and the cache engine creates the cache functions, so ``faas-cli deploy -f
-#: stack.yml`` must not deploy them. ``fedfaas up`` deploys the aggregator from here.
-PLATFORM_STACK = Path(__file__).resolve().parents[1] / "stack.platform.yml"
-
 #: The usual port of each part when nothing is configured (OpenFaaS gateway on 8080 so that
 #: ``faas-cli`` finds it without ``--gateway``; MinIO and Redis on their own defaults).
 DEFAULT_PORTS: dict[str, int] = {
@@ -71,7 +58,7 @@ class PlatformSettings(BaseSettings):
         size=2g tmpfs DIR``) caps the memory the platform's updates may take.
 
     Binaries (``minio``, ``redis-server``) are found on PATH or in ``$FEDFAAS_CACHE/bin``
-    (see :func:`fedfaas.services.find_binary`).
+    (see :func:`core.services.find_binary`).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_", extra="ignore")

@@ -1,7 +1,7 @@
 """``python -m gateway --node NAME --port P --state-dir DIR --redis URL [--minio ...]``.
 
 The flags are ``GatewaySettings.FLAGS``, one per setting; launchers render this command with
-:meth:`GatewaySettings.to_argv` instead of writing it out (:mod:`fedfaas.cmdline`).
+:meth:`GatewaySettings.to_argv` instead of writing it out (:mod:`core.cmdline`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import logging
 import signal
 import sys
 
-from fedfaas.objstore import UnsafeStoreRoot
-from fedfaas.shutdown import Shutdown, describe_pending
+from core.objstore import UnsafeStoreRoot
+from core.shutdown import Shutdown, describe_pending
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
 

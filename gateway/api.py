@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from fedfaas.auth import private_app
+from core.auth import private_app
 from gateway import auth, control, takeover
 from gateway.asgi import receive_into
 from gateway.bodies import SpooledBody

@@ -1,6 +1,6 @@
 """Admin secret, job salts and per-client tokens.
 
-A client's token is ``fedfaas.auth.client_token(secret, job, salt, client)``: HMAC-SHA256 of
+A client's token is ``core.auth.client_token(secret, job, salt, client)``: HMAC-SHA256 of
 ``"<job>/<salt>/<client>"`` under the admin secret, in hex. The salt is drawn when the job is
 created (:func:`new_salt`) and kept with the job in the journal, so every node gateway that
 shares the secret agrees on every token, and a job created again under the same name (a new
@@ -13,7 +13,7 @@ import hmac
 import secrets
 from pathlib import Path
 
-from fedfaas.auth import bearer_token, client_token, write_token_file
+from core.auth import bearer_token, client_token, write_token_file
 
 __all__ = ["bearer_token", "check_admin", "client_token", "load_or_create_secret", "new_salt"]
 

@@ -5,7 +5,7 @@ module that implements it (:mod:`gateway.creation`, :mod:`gateway.membership`,
 
 Peers (the other node gateways: a job's root receives its cross-node partials and serves its
 model) are the static ``peers`` setting over those found behind ``peers_service``
-(:mod:`fedfaas.discovery`, refreshed every ``discovery_interval`` seconds); see
+(:mod:`core.discovery`, refreshed every ``discovery_interval`` seconds); see
 :meth:`Gateway.peer_url`.
 """
 
@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 
 import bpf
-from fedfaas.auth import bearer, read_token_file
-from fedfaas.discovery import Discovery
-from fedfaas.objstore import check_root
-from fedfaas.objstore.handoff import HandoffServer
-from fedfaas.objstore.root import private_dir
+from core.auth import bearer, read_token_file
+from core.discovery import Discovery
+from core.objstore import check_root
+from core.objstore.handoff import HandoffServer
+from core.objstore.root import private_dir
 from gateway import auth, control, creation, flstore, membership, recovery, round_io
 from gateway.api import build_app
 from gateway.asgi import AsgiExchange
@@ -149,8 +149,8 @@ class Gateway:
         s = self.settings
         if not s.minio_endpoint:
             return None
-        from fedfaas.checkpoints import CheckpointWriter
-        from fedfaas.secretfiles import read_credentials
+        from core.checkpoints import CheckpointWriter
+        from core.secretfiles import read_credentials
 
         creds = read_credentials(s.minio_credentials_file, "MinIO")
         return CheckpointWriter(

@@ -10,12 +10,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fedfaas import wire
-from fedfaas.fedbuff import AsyncSpec
-from fedfaas.objstore import Namespace, StoreFull
-from fedfaas.robust import METADATA_KEY as AGGREGATION_KEY
-from fedfaas.robust import RobustRule
-from fedfaas.server_opt import (
+from core import wire
+from core.fedbuff import AsyncSpec
+from core.objstore import Namespace, StoreFull
+from core.robust import METADATA_KEY as AGGREGATION_KEY
+from core.robust import RobustRule
+from core.server_opt import (
     ServerOptError,
     ServerOptimizer,
     state_from_safetensors,
@@ -311,7 +311,7 @@ def install(gw: Node, job: Job) -> None:
 async def _read_minio(read: Callable[..., T], *args: Any) -> T:
     """``read(*args)`` (a checkpoint read) off the event loop; 503 ``checkpoints_unavailable``
     when MinIO cannot be read."""
-    from fedfaas.checkpoints import CheckpointError
+    from core.checkpoints import CheckpointError
 
     try:
         return await asyncio.to_thread(read, *args)

@@ -1,4 +1,4 @@
-"""Async mode (FedBuff) on the node gateways (the rules: :mod:`fedfaas.fedbuff`).
+"""Async mode (FedBuff) on the node gateways (the rules: :mod:`core.fedbuff`).
 
 An async job's rounds are its buffers: round ``R`` takes ``goal`` updates trained on any of
 the versions ``R - 1 - max_staleness .. R - 1`` (:meth:`gateway.jobs.Job.check_round`), each
@@ -21,8 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedfaas import wire
-from fedfaas.fedbuff import METADATA_KEY, AsyncSpec, apply
+from core import wire
+from core.fedbuff import METADATA_KEY, AsyncSpec, apply
 from gateway.meta import declared_spec
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from fedfaas import wire
+from core import wire
 
 if TYPE_CHECKING:
     from gateway.jobs import Job

@@ -8,8 +8,8 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from fedfaas import wire
-from fedfaas.objstore import MappedObject, StoreFull
+from core import wire
+from core.objstore import MappedObject, StoreFull
 from gateway import auth
 from gateway.acceptance import Unresolved
 from gateway.bodies import RETRY_AFTER_S, Hold

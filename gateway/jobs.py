@@ -16,12 +16,12 @@ from typing import Any, Protocol
 import numpy as np
 
 import bpf
-from fedfaas import wire
-from fedfaas.fedbuff import METADATA_KEY as FEDBUFF_KEY
-from fedfaas.fedbuff import AsyncSpec
-from fedfaas.objstore import Namespace
-from fedfaas.robust import RobustRule
-from fedfaas.server_opt import ServerOptimizer
+from core import wire
+from core.fedbuff import METADATA_KEY as FEDBUFF_KEY
+from core.fedbuff import AsyncSpec
+from core.objstore import Namespace
+from core.robust import RobustRule
+from core.server_opt import ServerOptimizer
 from gateway import auth
 from gateway.acceptance import Acceptor, UploadInFlight, journal_update, withdraw
 from gateway.bodies import RETRY_AFTER_S

@@ -34,7 +34,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from fedfaas.secretfiles import async_redis_client
+from core.secretfiles import async_redis_client
 
 PREFIX = "fedfaas:"
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from fedfaas import wire
+from core import wire
 from gateway import forward, recovery
 from gateway.creation import install, make_job
 from gateway.errors import GatewayError

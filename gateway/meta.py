@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fedfaas import wire
+from core import wire
 from gateway.errors import GatewayError
 
 T = TypeVar("T")

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import httpx
 
 import bpf
-from fedfaas.discovery import Discovery
-from fedfaas.objstore.handoff import HandoffServer
+from core.discovery import Discovery
+from core.objstore.handoff import HandoffServer
 from gateway.background import Background, JournalRetry
 from gateway.bodies import MemoryBudget
 from gateway.jobs import Job
@@ -45,7 +45,7 @@ class Node(Protocol):
     metrics: Metrics
     #: the admin secret the gateways share (client tokens are derived from it)
     secret: str
-    #: the :class:`~fedfaas.checkpoints.CheckpointWriter` (None: no MinIO)
+    #: the :class:`~core.checkpoints.CheckpointWriter` (None: no MinIO)
     checkpoints: Any
     journal: Journal
     router: bpf.RouterServer

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedfaas import wire
+from core import wire
 from gateway import fedbuff, server_opt
 from gateway.background import Abandoned
 from gateway.journal import NotRoot

@@ -21,8 +21,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from fedfaas import wire
-from fedfaas.objstore.arena import ARENA_NAME
+from core import wire
+from core.objstore.arena import ARENA_NAME
 from gateway.control import resume_plan
 
 if TYPE_CHECKING:

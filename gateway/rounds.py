@@ -52,7 +52,7 @@ import time
 from collections.abc import Collection
 
 from bpf import Failure, Frame, Kind
-from fedfaas.objstore import key_hex
+from core.objstore import key_hex
 from gateway.plan import Plan
 from gateway.replan import PlanConflict
 from gateway.slots import Input, SlotDispatch, SlotState

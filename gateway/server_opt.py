@@ -1,4 +1,4 @@
-"""A job's server optimizer on the root gateway (the rules: :mod:`fedfaas.server_opt`).
+"""A job's server optimizer on the root gateway (the rules: :mod:`core.server_opt`).
 
 The top aggregator's result is the round's FedAvg. With a server optimizer, the root, before
 it publishes, steps the global model with it: the next model and the optimizer's state
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedfaas import wire
-from fedfaas.server_opt import (
+from core import wire
+from core.server_opt import (
     METADATA_KEY,
     ServerOptError,
     ServerOptimizer,
@@ -38,7 +38,7 @@ __all__ = ["declared", "from_checkpoint", "state_bytes", "step", "write_state"]
 
 
 def declared(body: bytes | memoryview, max_header: int) -> ServerOptimizer | None:
-    """The server optimizer the initial weights name (``__metadata__["fedfaas.server_opt"]``),
+    """The server optimizer the initial weights name (``__metadata__["core.server_opt"]``),
     or None; 400 ``bad_server_opt`` saying what to change."""
     return declared_spec(
         body, max_header, METADATA_KEY, ServerOptimizer.from_json, "bad_server_opt"

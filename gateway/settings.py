@@ -9,10 +9,10 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from fedfaas.cmdline import CommandLineSettings
-from fedfaas.discovery import parse_service
-from fedfaas.objstore import DEFAULT_ROOT
-from fedfaas.wire import DEFAULT_MAX_HEADER
+from core.cmdline import CommandLineSettings
+from core.discovery import parse_service
+from core.objstore import DEFAULT_ROOT
+from core.wire import DEFAULT_MAX_HEADER
 
 
 class GatewaySettings(CommandLineSettings):
@@ -25,7 +25,7 @@ class GatewaySettings(CommandLineSettings):
     state_dir : secrets and the registration socket live here.
     redis_url : the journal.
     redis_credentials_file : the gateway's Redis user (a 0600 credentials file, see
-        :mod:`fedfaas.secretfiles`); required.
+        :mod:`core.secretfiles`); required.
     shm_root : object-store root. A stop (SIGTERM, a crash) leaves every job's store in it: a
         restart resumes each job from the journal and the objects it names (the model, the
         open round's acknowledged updates); a job's store is removed with the job. Whoever
@@ -60,7 +60,7 @@ class GatewaySettings(CommandLineSettings):
     peers_service : ``HOST:PORT`` of a DNS name that resolves to every node gateway (the
         chart's headless Service ``<release>-node-gateway-peers``); when set, the gateway asks
         each address's ``/healthz`` for its node and keeps the peer map (this node left out)
-        up to date every ``discovery_interval`` seconds (:mod:`fedfaas.discovery`). Partials
+        up to date every ``discovery_interval`` seconds (:mod:`core.discovery`). Partials
         go to the job's root node, and the model comes from it, at the URL found last.
     discovery_interval : seconds between two refreshes of the discovered peer map.
     stall_s : seconds a running eager slot that holds every input it needs may go without a
@@ -76,7 +76,7 @@ class GatewaySettings(CommandLineSettings):
     engine_token_file : the engine's service token (a 0600 file), sent with that notice.
     handoff_ttl_s : with an engine, the root keeps each round's accepted updates in the store
         after aggregation and offers them to the cache functions of this node with that
-        notice (:mod:`fedfaas.objstore.handoff`, socket ``<shm_root>/<node>/handoff.sock``):
+        notice (:mod:`core.objstore.handoff`, socket ``<shm_root>/<node>/handoff.sock``):
         they map the updates in place instead of reading them back from MinIO. An offer no
         cache function claims within this many seconds, or by the job's next round, is
         dropped. While the round runs, its updates stay in the store (the cache would hold the

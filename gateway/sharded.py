@@ -1,6 +1,6 @@
 """A round whose rule needs every update at once, run as coordinate shards on aggregator endpoints.
 
-For a job with a robust rule (``fedfaas.robust``: median, trimmed mean, Krum, Multi-Krum,
+For a job with a robust rule (``core.robust``: median, trimmed mean, Krum, Multi-Krum,
 FLTrust) or central DP (DP-FedAvg) the round's updates are not folded as they arrive: they stay in the node's store,
 sealed, until the round holds its goal (or is closed with fewer). Then:
 
@@ -23,7 +23,7 @@ pump by ``gateway/endpoints.py``) asks the store again after
 :data:`~gateway.slots.STORE_RETRY_S`; before its first pass the round stays open to a new plan
 (a close with fewer), after the Gram pass its coefficients wait for the second pass's manifest.
 
-Each pass is a manifest object (``fedfaas.shards``) named by SHARD frames; a shard is a pure
+Each pass is a manifest object (``core.shards``) named by SHARD frames; a shard is a pure
 function of its inputs, so one whose endpoint disconnects, or that stays silent past the stall
 limit, is sent again (to any free endpoint) and writes the same bytes. What was decided (the
 rule, the inputs in order, Krum's scores and selection, FLTrust's trust scores, DP-FedAvg's
@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 
 from bpf import Frame, Kind
-from fedfaas import robust, shards, wire
-from fedfaas.robust import RobustRule, RuleError
+from core import robust, shards, wire
+from core.robust import RobustRule, RuleError
 from gateway.replan import PlanConflict
 from gateway.rounds import RoundEngine
 from gateway.slots import Input, SlotState

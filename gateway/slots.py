@@ -7,7 +7,7 @@ accumulator and the next idle endpoint, and every input is delivered again. Accu
 abandoned attempts are kept until the round ends (a parent may be reading one).
 
 A fresh accumulator the store refuses (``/dev/shm`` full: ``OSError``, or
-:class:`~fedfaas.objstore.StoreFull`) changes nothing about the slot: it keeps waiting without
+:class:`~core.objstore.StoreFull`) changes nothing about the slot: it keeps waiting without
 an endpoint (a parking middle parks), the refusal is logged and counted (``refused``), and a
 pump (the gateway's housekeeping pumps every few milliseconds) asks the store again after
 :data:`STORE_RETRY_S`. No slot is left on an endpoint without a TASK, and a refused attempt
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bpf import FLAG_LAZY, Frame, Kind
-from fedfaas.objstore import Namespace, StoreFull
+from core.objstore import Namespace, StoreFull
 from gateway.plan import Plan, Slot
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class SlotDispatch:
         store refuses it now (its memory file system full, or its object cap reached): logged
         on the first refusal in a row, counted, reported to ``refused``, and not asked again
         for ``who`` before :data:`STORE_RETRY_S`. ``nbytes``: a plain file of that size
-        (:meth:`~fedfaas.objstore.Namespace.allocate`)."""
+        (:meth:`~core.objstore.Namespace.allocate`)."""
         now = time.monotonic_ns()
         if now < wait.retry_ns:  # refused a moment ago: no page churn on a full file system
             return None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fedfaas import wire
+from core import wire
 from gateway import server_opt
 from gateway.errors import GatewayError
 from gateway.journal import NotRoot

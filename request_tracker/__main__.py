@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fedfaas.shutdown import serve
+from core.shutdown import serve
 from request_tracker.service import create_app
 from request_tracker.settings import TrackerSettings
 

@@ -14,8 +14,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from fedfaas.auth import Authenticator, Scope, install, private_app, require
-from fedfaas.secretfiles import async_redis_client, read_credentials
+from core.auth import Authenticator, Scope, install, private_app, require
+from core.secretfiles import async_redis_client, read_credentials
 from request_tracker.settings import TrackerSettings
 from request_tracker.tracker import Tracker, TrackerError
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic_settings import SettingsConfigDict
 
-from fedfaas.cmdline import CommandLineSettings
+from core.cmdline import CommandLineSettings
 
 
 class TrackerSettings(CommandLineSettings):
@@ -17,7 +17,7 @@ class TrackerSettings(CommandLineSettings):
     ----------
     redis_url, redis_credentials_file
         Redis (the location table, query records) and the tracker's user there (a 0600
-        credentials file, see :mod:`fedfaas.secretfiles`; required).
+        credentials file, see :mod:`core.secretfiles`; required).
     query_timeout
         Seconds a cache function gets to answer a query before the tracker re-routes it to the
         next holder (a secondary).
@@ -57,7 +57,7 @@ class TrackerSettings(CommandLineSettings):
         The function token (the runtime secret ``fedfaas-function-token``), sent to the cache
         functions (``/run``, ``/ping``) as ``Authorization: Bearer``; required.
     stop_grace
-        Seconds a SIGTERM leaves the service to stop (:func:`fedfaas.shutdown.serve`): in-flight
+        Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from fedfaas.auth import AuthConfigError, bearer, read_token_file
+from core.auth import AuthConfigError, bearer, read_token_file
 from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)

@@ -91,7 +91,7 @@ BOXES = (
     Box(
         "workloads",
         "FLStore workloads",
-        "fedfaas/workloads/",
+        "flstore_workloads/",
         "flstore",
         _COL[2],
         _ROW[0],
@@ -101,7 +101,7 @@ BOXES = (
     Box(
         "runtime",
         "OpenFaaS provider",
-        "fedfaas/runtime/, faasd, faas-netes",
+        "runtime/, faasd, faas-netes",
         "faas",
         _COL[3],
         _ROW[0],

@@ -48,7 +48,7 @@ command -v dpkg-query >/dev/null || die "this script expects Debian 12 (dpkg/apt
 apt_install redis-server python3 python3-venv python3-pip ca-certificates curl iproute2 procps \
   || die "apt-get install failed (see above)"
 # Prometheus: the real OpenFaaS gateway needs one (tests/openfaas). FedFaaS starts its own on a
-# free loopback port (fedfaas.services.PrometheusServer); Debian enables and starts a system
+# free loopback port (core.services.PrometheusServer); Debian enables and starts a system
 # service on :9090, which nothing here uses: stop and disable it so that no port stays taken.
 if ! installed prometheus; then
   apt_install prometheus || die "apt-get install prometheus failed (see above)"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from fedfaas.services import MinioServer, RedisServer
+from core.services import MinioServer, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +74,7 @@ def minio_root_credentials(
 ) -> Path:
     """A credentials file of MinIO's root, for a test whose gateway checkpoints into a bucket of
     the test's own (the platform's users reach only the ``fedfaas`` bucket)."""
-    from fedfaas.secretfiles import Credentials, write_credentials
+    from core.secretfiles import Credentials, write_credentials
 
     path = tmp_path_factory.mktemp("minio-root") / "root.json"
     return write_credentials(path, Credentials(minio_server.access_key, minio_server.secret_key))

@@ -8,10 +8,10 @@ import pytest
 
 from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.cmdline import CommandLineSettings
-from fedfaas.runtime.settings import RuntimeSettings
+from core.cmdline import CommandLineSettings
 from gateway.settings import GatewaySettings
 from request_tracker.settings import TrackerSettings
+from runtime.settings import RuntimeSettings
 
 CASES: list[CommandLineSettings] = [
     GatewaySettings(

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from cache_engine.settings import EngineSettings
-from fedfaas.services import find_binary
+from core.services import find_binary
 from tests.openfaas.conftest import require_binary, under_ci
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.objstore import (
+from core.objstore import (
     DEFAULT_ROOT,
     Namespace,
     StoreError,

@@ -1,4 +1,4 @@
-"""fedfaas.shutdown.serve: a FastAPI service whose stop hangs still exits, after its grace or at
+"""core.shutdown.serve: a FastAPI service whose stop hangs still exits, after its grace or at
 a second SIGTERM, with exit 1 and a log of what it abandoned; a clean stop exits 0."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.services import free_port, wait_for_port
+from core.services import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVICE = """
 import sys, time
 from fastapi import FastAPI
-from fedfaas.shutdown import serve
+from core.shutdown import serve
 
 app = FastAPI()
 
@@ -90,7 +90,7 @@ def test_a_stop_that_hangs_ends_after_the_grace_or_a_second_signal(signals: int)
 def test_a_child_that_segfaults_leaves_its_python_traceback_in_its_log(tmp_path: Path) -> None:
     """Every child FedFaaS starts runs with the fault handler on: a crash in a C extension
     (the runtime once died of one without a word) names where it happened."""
-    from fedfaas.services import spawn
+    from core.services import spawn
 
     log = tmp_path / "child.log"
     code = "import ctypes\ndef boom():\n    ctypes.string_at(0)\nboom()\n"

@@ -1,4 +1,4 @@
-"""Token files for tests of the authenticated services (``fedfaas.auth``)."""
+"""Token files for tests of the authenticated services (``core.auth``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from fedfaas.auth import bearer, write_token_file
+from core.auth import bearer, write_token_file
 
 
 def token_file(folder: Path, name: str = "admin-token") -> Path:

@@ -9,7 +9,7 @@ Both use the same query planning and the same workload code as the FLStore cache
 4 threads (a fair, not a naive, baseline).
 
 Inner-product memo (``--no-gram-memo`` turns it off): a cache function keeps the inner products
-between the vectors it holds across queries (``fedfaas.workloads.GramCache``). A baseline decodes
+between the vectors it holds across queries (``flstore_workloads.GramCache``). A baseline decodes
 a fresh copy of every object on every query, so it gets the same memo keyed by the objects' ids
 (their contents never change once written) instead of the vectors' identities
 (:class:`ObjectGramMemo`): it still reads and decodes every object per query, but does not
@@ -46,15 +46,15 @@ from cache_engine.cold_store import MinioColdStore, decode_object
 from cache_engine.evaluators import build_evaluator
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import QueryError, parse_query, plan, run_workload
-from fedfaas.workloads import GramCache
-from fedfaas.workloads._linalg import merge
+from flstore_workloads import GramCache
+from flstore_workloads._linalg import merge
 
 log = logging.getLogger(__name__)
 REDIS_PREFIX = "baseline:obj:"
 
 
 class ObjectGramMemo(GramCache):
-    """:class:`~fedfaas.workloads.GramCache` keyed by object ids instead of vector identities.
+    """:class:`~flstore_workloads.GramCache` keyed by object ids instead of vector identities.
 
     Inside :meth:`naming` (one query's decoded objects) a row over those objects' vectors is keyed
     by ``(coefficient, object id)`` terms, so the products computed on one query's copies answer
@@ -193,7 +193,7 @@ def create_app(source: ObjectSource, gram_memo: bool = True) -> FastAPI:
     @app.post("/v1/queries")
     def query(body: dict[str, Any]) -> Any:
         """Answer a query: read its objects from the store, then run the workload."""
-        from fedfaas.workloads import WorkloadError
+        from flstore_workloads import WorkloadError
 
         t0 = time.perf_counter()
         try:
@@ -259,7 +259,7 @@ def create_app(source: ObjectSource, gram_memo: bool = True) -> FastAPI:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from fedfaas.secretfiles import read_credentials, redis_client
+    from core.secretfiles import read_credentials, redis_client
 
     s, log_level = BaselineSettings.from_argv(argv)
     logging.basicConfig(level=log_level)

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic_settings import SettingsConfigDict
 
-from fedfaas.cmdline import CommandLineSettings
+from core.cmdline import CommandLineSettings
 
 
 class BaselineSettings(CommandLineSettings):
@@ -19,7 +19,7 @@ class BaselineSettings(CommandLineSettings):
         ``minio`` (ObjStore-Agg) or ``redis`` (Cache-Agg).
     minio_endpoint, minio_credentials_file
         The cold store (both backends read round metadata there) and a user that reads it (a
-        0600 credentials file, see :mod:`fedfaas.secretfiles`; required).
+        0600 credentials file, see :mod:`core.secretfiles`; required).
     redis_url, redis_credentials_file
         Where Cache-Agg mirrors and reads objects, and its user there (required by ``redis``).
     gram_memo

@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 
 from bench.runinfo import PINNED_THREADS, ROOT
-from fedfaas.runtime.function_auth import TOKEN_SECRET
-from fedfaas.runtime.provider import node_env
-from fedfaas.runtime.replicas import Replica, kill_now, spawn_replica, stop_replica
-from fedfaas.runtime.secrets import private_folder, write_file
+from runtime.function_auth import TOKEN_SECRET
+from runtime.provider import node_env
+from runtime.replicas import Replica, kill_now, spawn_replica, stop_replica
+from runtime.secrets import private_folder, write_file
 
 
 class NodeAggregators:

@@ -33,7 +33,7 @@ from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from bench.harness.cgroups import RoundGroups
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
 #: copies of the global model the design holds once a round is published: the sealed object
 #: and its encoded safetensors body that ``GET model`` serves
@@ -77,7 +77,7 @@ def start_bench_gateway(
     """A ``python -m gateway`` for node ``node`` on a free port, on Redis ``rs``, its store under
     ``/dev/shm/fedfaas-bench-<pid>-<node>``; its command line is the one
     ``GatewaySettings.to_argv`` renders (``extra``: more settings)."""
-    from fedfaas.services import free_port
+    from core.services import free_port
 
     settings = GatewaySettings(
         node=node,
@@ -163,7 +163,7 @@ def bench_round_e2e(
     from safetensors.numpy import save
 
     from bench.harness import round_window as rw
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
     size = rw.layout_bytes(layout)

@@ -169,7 +169,7 @@ def run_legacy_round(
     import flwr
 
     from bench.harness.cgroups import born_in
-    from fedfaas.services import ServiceError, free_port, wait_for_port
+    from core.services import ServiceError, free_port, wait_for_port
 
     layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
     size = rw.layout_bytes(layout)

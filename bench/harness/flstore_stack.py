@@ -3,7 +3,7 @@
 :class:`FLStoreStack` starts the embedded OpenFaaS runtime, the cache engine and the request
 tracker against a given Redis and MinIO, each in its own process group, and stops them by PID.
 Every command line is rendered by the component's settings class
-(:class:`~fedfaas.runtime.settings.RuntimeSettings`,
+(:class:`~runtime.settings.RuntimeSettings`,
 :class:`~cache_engine.settings.EngineSettings`,
 :class:`~request_tracker.settings.TrackerSettings`); MinIO's keys reach the engine through its
 environment, never its command line.
@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 import httpx
 
 from cache_engine.settings import EngineSettings
-from fedfaas.auth import bearer, write_token_file
-from fedfaas.cmdline import CommandLineSettings
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
-from fedfaas.runtime.process import RuntimeProcess
-from fedfaas.services import ChildProcess, MinioServer, RedisServer, free_port, wait_for_port
+from core.auth import bearer, write_token_file
+from core.cmdline import CommandLineSettings
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
+from core.services import ChildProcess, MinioServer, RedisServer, free_port, wait_for_port
 from request_tracker.settings import TrackerSettings
+from runtime.process import RuntimeProcess
 
 log = logging.getLogger(__name__)
 _REPO = Path(__file__).resolve().parents[2]

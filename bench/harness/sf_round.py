@@ -12,12 +12,12 @@ a peer of the FedFaaS round in ``bench.dataplane`` and measured the same way
 - **leaf servers** (``--role leaf``, long-running uvicorn+Starlette processes) each host some
   of the leaves (client ``k`` goes to leaf ``k // fanout``, leaf ``l`` lives on server
   ``l % leaf_servers``, :func:`plan_leaves`). A leaf receives the whole body into a buffer,
-  decodes it into one flat float32 vector (``fedfaas.wire.decode_into``, the layout FedFaaS
-  aggregates over) and folds it with FedFaaS's kernel (``fedfaas.fedavg.Accumulator``, weight =
+  decodes it into one flat float32 vector (``core.wire.decode_into``, the layout FedFaaS
+  aggregates over) and folds it with FedFaaS's kernel (``core.fedavg.Accumulator``, weight =
   sample count). At its goal it POSTs its partial (the raw float32 sum, its weight and count)
   to the top;
 - the **top server** (``--role top``) merges the partials, divides once (``finalize``), encodes
-  the global model to safetensors (``fedfaas.wire.encode``, as the FedFaaS gateway publishes
+  the global model to safetensors (``core.wire.encode``, as the FedFaaS gateway publishes
   it), marks ``published_ns`` and serves it on ``GET /v1/model``: "available" means servable.
 
 Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``; the tokens are read
@@ -87,7 +87,7 @@ def warm_kernel() -> None:
     loaded before a round starts, so the first update's fold does not import them."""
     import numpy as np
 
-    from fedfaas import fedavg
+    from core import fedavg
 
     acc = fedavg.Accumulator(np.zeros(16, np.float32))
     acc.add(np.ones(16, np.float32), 1.0)
@@ -96,8 +96,8 @@ def warm_kernel() -> None:
 
 
 def model_spec(layout: Sequence[tuple[str, Sequence[int]]]) -> Any:
-    """The ``fedfaas.wire.ModelSpec`` of a float32 layout."""
-    from fedfaas import wire
+    """The ``core.wire.ModelSpec`` of a float32 layout."""
+    from core import wire
 
     return wire.ModelSpec.build([(n, "F32", tuple(int(d) for d in s)) for n, s in layout])
 
@@ -177,7 +177,7 @@ class LeafServer:
         """Decode ``body`` and fold it into ``leaf``; its accumulator once it reached its goal."""
         import numpy as np
 
-        from fedfaas import fedavg, wire
+        from core import fedavg, wire
 
         wire.decode_into(body, self.spec, memoryview(self.scratch))
         acc = self.accs.get(leaf)
@@ -210,7 +210,7 @@ class LeafServer:
         from starlette.responses import JSONResponse
         from starlette.routing import Route
 
-        from fedfaas import wire
+        from core import wire
 
         async def update(request: Any) -> Any:
             """Fold one client update into its leaf."""
@@ -254,7 +254,7 @@ class TopServer:
     def __init__(self, spec: Any, leaves: int, clients: int) -> None:
         import numpy as np
 
-        from fedfaas import fedavg
+        from core import fedavg
 
         self.spec, self.leaves, self.clients = spec, leaves, clients
         self.acc = fedavg.Accumulator(np.empty(spec.data_nbytes // 4, np.float32))
@@ -268,7 +268,7 @@ class TopServer:
         """Merge one partial; publish the global model once every client's update is in."""
         import numpy as np
 
-        from fedfaas import wire
+        from core import wire
 
         self.acc.merge(np.frombuffer(body, np.float32), weight, count)
         if self.acc.count < self.clients:
@@ -430,7 +430,7 @@ class SFServers:
     def __init__(
         self, rdir: Path, layout: Sequence[tuple[str, Sequence[int]]], leaves: list[Leaf]
     ) -> None:
-        from fedfaas.services import free_port
+        from core.services import free_port
 
         self.rdir, self.leaves = rdir, leaves
         self.clients = sum(len(leaf.clients) for leaf in leaves)
@@ -456,7 +456,7 @@ class SFServers:
         return f"http://127.0.0.1:{self.leaf_ports[leaf.server]}/v1/leaves/{leaf.id}/updates"
 
     def start(self, timeout: float = 60) -> None:
-        from fedfaas.services import wait_for_port
+        from core.services import wait_for_port
 
         common = ["--config", str(self.rdir / "sf.json")]
         top = ["--role", "top", "--port", str(self.top_port), "--token-file"]

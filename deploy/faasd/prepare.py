@@ -11,7 +11,7 @@ WORKDIR, and writes what the compose services mount, relative to it:
   on later runs: the OpenFaaS basic auth (faasd's own ``secrets/basic-auth-*`` when faasd has
   made them, else written there for faasd to keep), MinIO's root, the components' MinIO and
   Redis users (``minio-<user>.json``, ``redis-<user>.json``, from
-  :class:`fedfaas.services.MinioServer` and :class:`~fedfaas.services.RedisServer`), the
+  :class:`core.services.MinioServer` and :class:`~core.services.RedisServer`), the
   gateways' admin secret, the admin, analyst, service and function tokens. The job owner reads
   ``gateway-admin-secret``, an analyst ``analyst-token``, from here.
 - ``fedfaas/secrets/<service>/``: the files of one service only, owned by uid 12000 (the
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from core.services import MinioServer, RedisServer
 from fedfaas.platform import credentials
-from fedfaas.services import MinioServer, RedisServer
 from gateway.auth import load_or_create_secret
 
 HERE = Path(__file__).resolve().parent

@@ -134,7 +134,7 @@ def wait_for_checkpoints(
 ) -> None:
     """Wait until the gateways' checkpoints of rounds 0..``rounds`` are in MinIO (each round's
     ``meta.json`` is written last); raise :class:`DemoError` if one is missing after ``wait``."""
-    from fedfaas.checkpoints import CheckpointNotFound, CheckpointReader
+    from core.checkpoints import CheckpointNotFound, CheckpointReader
 
     endpoint, user, password = p.minio()
     reader = CheckpointReader(endpoint, user, password)

@@ -4,7 +4,7 @@ Like the OpenFaaS chart's ``generateBasicAuth``: the user is ``admin`` and the p
 random, written once as ``basic-auth-user`` / ``basic-auth-password`` (the names the gateway
 reads from its ``secret_mount_path``). MinIO's root credentials are generated the same way.
 The components' MinIO and Redis users (``minio-<user>.json``, ``redis-<user>.json``) are made
-by :class:`fedfaas.services.MinioServer` and :class:`fedfaas.services.RedisServer` when the
+by :class:`core.services.MinioServer` and :class:`core.services.RedisServer` when the
 platform prepares them; each part is given the path of its own files only.
 """
 
@@ -18,7 +18,7 @@ BASIC_AUTH_USER = "basic-auth-user"
 BASIC_AUTH_PASSWORD = "basic-auth-password"
 MINIO_USER = "minio-root-user"
 MINIO_PASSWORD = "minio-root-password"
-#: bearer tokens of the FastAPI services (``fedfaas.auth``): the admin scope of the cache engine
+#: bearer tokens of the FastAPI services (``core.auth``): the admin scope of the cache engine
 #: and the tracker (the control plane's admin token is the gateways' admin secret), the
 #: read-only analyst scope (tracker queries, control-plane reads), the service scope (tracker
 #: and gateways -> cache engine)

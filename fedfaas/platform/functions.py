@@ -6,13 +6,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError
+from core.stackfile import PLATFORM_STACK, StackError
 from fedfaas.deploy import DeployError, deploy
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, OpenFaaSError
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
-from fedfaas.settings import PLATFORM_STACK
-from fedfaas.stackfile import StackError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ PLATFORM_FUNCTIONS = "aggregator"
 
 def deploy_stack(ctx: Context) -> None:
     """Store the function token in the runtime, deploy ``ctx.stack_file`` and the platform's
-    ``aggregator`` (:data:`~fedfaas.settings.PLATFORM_STACK`) to exactly this platform's runtime
+    ``aggregator`` (:data:`~core.stackfile.PLATFORM_STACK`) to exactly this platform's runtime
     and wait until every function has a ready replica (the runtime's ``after_start``)."""
     store_function_token(ctx)
     log.info("deploying %s and the aggregator to %s", ctx.stack_file, ctx.url("runtime"))

@@ -15,9 +15,9 @@ there needs the basic-auth credentials and every function the function token; th
 
 from __future__ import annotations
 
+from core.services import PrometheusServer, ServiceError, http_ok
 from fedfaas.platform.context import Context
 from fedfaas.platform.parts import PortSpec, ServiceSpec
-from fedfaas.services import PrometheusServer, ServiceError, http_ok
 
 #: the gateway's fixed ports (OpenFaaS's ``TCPPort`` and metrics port)
 GATEWAY_PORT = 8080

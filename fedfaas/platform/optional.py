@@ -1,6 +1,6 @@
 """Parts that ``fedfaas up --with NAME,...`` adds: the node gateways and the FLStore and LIFL
 services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point,
-its command line rendered from the component's settings class (:mod:`fedfaas.cmdline`).
+its command line rendered from the component's settings class (:mod:`core.cmdline`).
 
 Secrets reach them as the PATHS of the state folder's secret files (mode 0600), never as values
 on the command line (where ``ps`` would show them) or in the environment; each part gets only
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
+from core.services import http_ok
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.nodes import (
@@ -28,7 +29,6 @@ from fedfaas.platform.nodes import (
     socket_dir,
 )
 from fedfaas.platform.parts import PortSpec, ServiceSpec, minio_credentials, redis_credentials
-from fedfaas.services import http_ok
 from gateway.settings import GatewaySettings
 from request_tracker.settings import TrackerSettings
 

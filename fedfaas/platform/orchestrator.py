@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from core.services import ServiceError, free_port
 from fedfaas.platform import credentials, ebpf, optional, procs, state
 from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
@@ -27,7 +28,6 @@ from fedfaas.platform.errors import (
 from fedfaas.platform.functions import FunctionInfo, list_functions
 from fedfaas.platform.parts import PARTS, SUPERVISOR, ServiceSpec, ordered
 from fedfaas.platform.state import PlatformState, ServiceRecord
-from fedfaas.services import ServiceError, free_port
 from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
 
 log = logging.getLogger(__name__)

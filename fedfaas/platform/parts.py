@@ -13,7 +13,7 @@ Adding a part is one :class:`ServiceSpec` in :data:`PARTS` (always started) or i
     )
 
 Every part gets :meth:`Context.env` (where Redis, MinIO and the runtime are) in its environment.
-Command lines come from the components' settings classes (:mod:`fedfaas.cmdline`), never by hand.
+Command lines come from the components' settings classes (:mod:`core.cmdline`), never by hand.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.services import MinioServer, RedisServer, http_ok, redis_ping
+from core.stackfile import PLATFORM_STACK
 from fedfaas.platform import functions
 from fedfaas.platform.context import Context
 from fedfaas.platform.nodes import gateway_nodes, router_socket
-from fedfaas.runtime.settings import RuntimeSettings
-from fedfaas.services import MinioServer, RedisServer, http_ok, redis_ping
-from fedfaas.settings import DEFAULT_PORTS, PLATFORM_STACK
+from fedfaas.settings import DEFAULT_PORTS
+from runtime.settings import RuntimeSettings
 
 
 @dataclass(frozen=True)

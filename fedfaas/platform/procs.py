@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from fedfaas.services import spawn
+from core.services import spawn
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ _EXIT_CODES: dict[int, int] = {}
 def spawn_daemon(
     argv: list[str], *, env: Mapping[str, str], log_path: Path, cwd: Path | None = None
 ) -> tuple[int, float, int]:
-    """Start ``argv`` with :func:`fedfaas.services.spawn` and remember it to reap it later.
+    """Start ``argv`` with :func:`core.services.spawn` and remember it to reap it later.
 
     Returns
     -------

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedfaas.auth import bearer
+from core.auth import bearer
 from fedfaas.platform import credentials
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fedfaas.settings import ROUTER_SOCKET_ENV
+from core.node import NODE_ENV, ROUTER_SOCKET_ENV
 
 
 class AggregatorSettings(BaseSettings):
@@ -33,7 +33,7 @@ class AggregatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_AGGREGATOR_", extra="ignore")
 
     router_socket: Path | None = Field(default=None, validation_alias=ROUTER_SOCKET_ENV)
-    node: str = Field(default="", validation_alias="FEDFAAS_NODE")
+    node: str = Field(default="", validation_alias=NODE_ENV)
     endpoints: int = Field(default=2, ge=1, le=64)
     kernel: Literal["numpy", "torch"] = "numpy"
     threads: int = Field(default=1, ge=1)

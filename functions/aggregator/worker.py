@@ -7,7 +7,7 @@ frame carrying the job's store folder as a directory fd); a later grant moves th
 endpoint to another job (LIFL's reuse). The job's arena (its pool of objects, one file) is
 mapped once per grant, read-only, so an update or partial named in a frame is read in place with
 no open, mmap or page fault, and folded into the task's accumulator object in one pass each
-(``fedfaas.fedavg``); the top divides once, in the pass of its last fold, on the replica's
+(``core.fedavg``); the top divides once, in the pass of its last fold, on the replica's
 cores. Frame protocol: ``gateway/rounds.py``.
 
 A middle or top (eager) checkpoints after each child's partial it folds: it seals its
@@ -41,16 +41,16 @@ from threadpoolctl import threadpool_limits
 
 import bpf
 from bpf import Failure, Frame, Kind, Role
-from fedfaas import fedavg, robust, shards, wire
-from fedfaas.fedavg import Accumulator, LazyAccumulator
-from fedfaas.objstore import MappedObject, ObjectNotFound, StoreClient, StoreError
+from core import fedavg, robust, shards, wire
+from core.fedavg import Accumulator, LazyAccumulator
+from core.objstore import MappedObject, ObjectNotFound, StoreClient, StoreError
 
 from .settings import AggregatorSettings
 
 log = logging.getLogger("fedfaas.aggregator")
 
 #: "numpy" (default: blocked axpy, ~30 MB per process) or "torch" (fused add_, ~300 MB of
-#: private memory for the CUDA-enabled torch import); see fedfaas/fedavg.py.
+#: private memory for the CUDA-enabled torch import); see core/fedavg.py.
 _SETTINGS = AggregatorSettings()
 KERNEL = _SETTINGS.kernel
 #: the top folds its coordinates on this many threads (see AggregatorSettings.top_threads)
@@ -295,7 +295,7 @@ class EndpointWorker(threading.Thread):
     def _shard(self, ep: bpf.Endpoint, f: Frame) -> None:
         """Shard ``f.seq`` of the pass manifest ``f.key`` names: read the range of every
         update in place, write its Gram block into the manifest or its range of the output
-        object, answer SHARD_DONE (see ``fedfaas/shards.py`` and ``gateway/sharded.py``)."""
+        object, answer SHARD_DONE (see ``core/shards.py`` and ``gateway/sharded.py``)."""
         assert self.store is not None
         t0 = time.perf_counter()
         opened: list[MappedObject] = []

@@ -14,13 +14,13 @@ Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error",
   engine sends, with each load, temporary credentials that read only the objects of each job
   named (see :meth:`cache_engine.cold_store.MinioColdStore.job_credentials`). Updates of a
   round a ``handoff`` names are first claimed from that gateway's store
-  (:mod:`fedfaas.objstore.handoff`): mapped read-only in place, no copy, each kept alive by a
+  (:mod:`core.objstore.handoff`): mapped read-only in place, no copy, each kept alive by a
   lease until evicted here; a gateway this function cannot reach (another node) or an offer
   gone leaves them to MinIO. The answer's ``mapped`` lists the objects mapped in place. Should
   the gateway go away, its objects are dropped at once (a later query gets 409 ``not_held``
   and the engine loads them again).
 - ``POST /evict`` ``{"objects": [...]}``: drop objects and give their memory back to the OS
-  (:func:`fedfaas.memory.release_free_memory`), so memory follows the bytes held; an object
+  (:func:`core.memory.release_free_memory`), so memory follows the bytes held; an object
   mapped from a gateway's store gives its lease back.
 - ``POST /run`` ``{"workload", "params", "objects": [...], "evaluator"?, "slices"?,
   "layout"?}``: run a workload on held objects (``evaluator``: the job's validation-set spec,
@@ -67,10 +67,10 @@ from cache_engine.cold_store import (
 from cache_engine.evaluators import EvaluatorUnavailable, Layout, build_evaluator, layout_of
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_sliced, run_workload
-from fedfaas.memory import release_free_memory
-from fedfaas.workloads import GramCache, WorkloadError  # imported at start, not on the first query
-from fedfaas.workloads.contribution import UtilityCache
-from fedfaas.workloads.sliced import part_bounds
+from core.memory import release_free_memory
+from flstore_workloads import GramCache, WorkloadError  # imported at start, not on the first query
+from flstore_workloads.contribution import UtilityCache
+from flstore_workloads.sliced import part_bounds
 
 from .lending import Lending
 from .parts import Holdings, NotHeld, RemoteParts, serve
@@ -313,7 +313,7 @@ def _remote_part(function: str, endpoint: str | None, body: dict[str, Any]) -> b
     else through the gateway; with the function token (the secret every function has)."""
     import httpx
 
-    from fedfaas.runtime.function_auth import FunctionToken, token_path
+    from runtime.function_auth import FunctionToken, token_path
 
     with _http_lock:
         if not _http:
@@ -410,7 +410,7 @@ TIDY_BYTES = 16 << 20
 
 def _tidies(body: dict[str, Any]) -> bool:
     """Whether the query ``body`` built enough (sub-models, streamed chunks) that what a
-    reference cycle still holds should go now, and the heaps' pages back (fedfaas.memory)."""
+    reference cycle still holds should go now, and the heaps' pages back (core.memory)."""
     if body.get("slices") is not None:
         return True
     if body.get("evaluator") is None:
@@ -536,7 +536,7 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
                 leases = _lending.forget(keys)
                 _stats["evictions"] += len(gone)
             _lending.give_back(leases)  # as soon as no key held here maps the update
-            if gone:  # the heaps would keep the freed pages (see fedfaas.memory)
+            if gone:  # the heaps would keep the freed pages (see core.memory)
                 release_free_memory()
             return _ok({"evicted": gone, **_status()})
         if path == "/part":

@@ -89,9 +89,9 @@ def test_run_refuses_objects_it_does_not_hold(store: MemoryColdStore) -> None:
 
 
 def test_run_executes_a_registered_workload_on_held_data(store: MemoryColdStore) -> None:
+    import flstore_workloads as wl
     from cache_engine.catalog import MemoryCatalog
     from cache_engine.queries import Query, plan
-    from fedfaas import workloads as wl
 
     cat = MemoryCatalog()
     for r in store.rounds("job"):
@@ -175,7 +175,7 @@ print(json.dumps({"base_mib": base, "held_mib": held_mib, "after_warmup_mib": fi
 def test_memory_follows_the_bytes_held_under_load_and_evict_churn(tmp_path: Path) -> None:
     """Four threads (the watchdog's) load 257 KiB, 64 KiB and 1 MiB updates and evict the
     oldest for 22 passes: what the process gained over its start stays within 1.25x of the
-    bytes it holds. Without giving freed pages back (``no-release``; see fedfaas.memory) it
+    bytes it holds. Without giving freed pages back (``no-release``; see core.memory) it
     kept about 2.2x on this machine (92 MiB for 42 MiB held)."""
     import os
     import subprocess
@@ -210,9 +210,9 @@ def test_a_handoff_maps_updates_in_place_and_gives_leases_back_on_evict_and_on_l
     import time
 
     from cache_engine.keys import ObjectKey
-    from fedfaas import wire
-    from fedfaas.objstore import Namespace
-    from fedfaas.objstore.handoff import HandoffServer
+    from core import wire
+    from core.objstore import Namespace
+    from core.objstore.handoff import HandoffServer
 
     cold = {c: store.get(ObjectKey.parse(f"job/1/{c}")) for c in ("a", "b", "c")}
     spec = wire.ModelSpec.build([("b", "F32", (3,)), ("w", "F32", (4, 3))])
@@ -482,9 +482,9 @@ def test_parts_mapped_in_place_share_one_lease_given_back_with_the_last_part() -
     import os
 
     from cache_engine.keys import ObjectKey
-    from fedfaas import wire
-    from fedfaas.objstore import Namespace
-    from fedfaas.objstore.handoff import HandoffServer
+    from core import wire
+    from core.objstore import Namespace
+    from core.objstore.handoff import HandoffServer
 
     spec = wire.ModelSpec.build([("w", "F32", (40,))])
     root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"

@@ -1,6 +1,6 @@
 """The updates a cache function maps in place from its node's store, and their leases.
 
-A round's root gateway lends the round's updates (:mod:`fedfaas.objstore.handoff`): a cache
+A round's root gateway lends the round's updates (:mod:`core.objstore.handoff`): a cache
 function on that node claims the offer, maps each update it was asked for read-only (a whole
 update, or only its part ``s`` of ``S``: a view of that slice, still no copy) and holds one
 lease per update until it holds no key of that update any more; then the lease goes back at
@@ -21,10 +21,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cache_engine.keys import ObjectKey
-from fedfaas.objstore import StoreError
-from fedfaas.objstore.handoff import HandoffClient, HandoffError
-from fedfaas.wire import HEADER_SIZE, KIND_UPDATE, WireError, read_header
-from fedfaas.workloads.sliced import part_bounds
+from core.objstore import StoreError
+from core.objstore.handoff import HandoffClient, HandoffError
+from core.wire import HEADER_SIZE, KIND_UPDATE, WireError, read_header
+from flstore_workloads.sliced import part_bounds
 
 log = logging.getLogger(__name__)
 

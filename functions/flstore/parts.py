@@ -1,9 +1,9 @@
 """A cache function's side of queries over rounds held in coordinate parts.
 
 A query whose models do not fit one function runs across functions (the math:
-:mod:`fedfaas.workloads.sliced`). The cache engine's plan names, for each coordinate range
+:mod:`flstore_workloads.sliced`). The cache engine's plan names, for each coordinate range
 ``[a, b)`` of the models, the function that computes it (``slices``); one of them, the reducer,
-gets the query's ``/run`` and runs the workload on a :class:`~fedfaas.workloads.sliced.SlicedData`
+gets the query's ``/run`` and runs the workload on a :class:`~flstore_workloads.sliced.SlicedData`
 whose :class:`RemoteParts` asks every range's function for its part (``POST /part``; its own
 part it computes in process) and sums or joins the answers.
 
@@ -38,9 +38,9 @@ from numpy.typing import NDArray
 
 from cache_engine.cold_store import ColdStore, TensorIndex
 from cache_engine.keys import ObjectKey
-from fedfaas.workloads import GramCache
-from fedfaas.workloads._linalg import gram
-from fedfaas.workloads.sliced import RowSpec, part_combine, part_gram
+from flstore_workloads import GramCache
+from flstore_workloads._linalg import gram
+from flstore_workloads.sliced import RowSpec, part_combine, part_gram
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ def _stream(
 
 @dataclass
 class RemoteParts:
-    """The reducer's :class:`~fedfaas.workloads.sliced.Parts`: each range of the plan's
+    """The reducer's :class:`~flstore_workloads.sliced.Parts`: each range of the plan's
     ``slices`` from the function that computes it.
 
     Parameters

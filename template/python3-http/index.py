@@ -1,11 +1,11 @@
 """python3-http template server (Flask + waitress) for Docker builds run by of-watchdog.
 
-Same contract as the embedded runtime's watchdog (fedfaas/runtime/contract.py): handle(event,
+Same contract as the embedded runtime's watchdog (runtime/contract.py): handle(event,
 context); a dict result {"statusCode", "body", "headers"} with a dict body -> JSON, a bytes body
 sent intact (upstream's alpine template would send "b'...'"), any other body -> str(body);
 non-dict results go to Flask unchanged.
 
-Function token (fedfaas.runtime.function_auth, as the embedded watchdog): every request needs
+Function token (runtime.function_auth, as the embedded watchdog): every request needs
 "Authorization: Bearer <token>", the token being the secret file fedfaas-function-token in
 $FEDFAAS_SECRETS_DIR (default /var/openfaas/secrets, where OpenFaaS mounts secrets); otherwise
 401 JSON {"error": "unauthorized", "detail"} with WWW-Authenticate: Bearer, before the body is
@@ -21,7 +21,7 @@ from flask import Flask, Response, request
 from function import handler
 from waitress import serve
 
-from fedfaas.runtime.function_auth import (
+from runtime.function_auth import (
     FunctionToken,
     NoToken,
     token_path,

@@ -29,9 +29,9 @@ from minio.minioadmin import MinioAdmin
 
 from cache_engine.cold_store import ColdStoreError, MinioColdStore
 from cache_engine.keys import ObjectKey
-from fedfaas.auth import write_token_file
-from fedfaas.secretfiles import Credentials, read_credentials, write_credentials
-from fedfaas.services import MinioServer, RedisServer
+from core.auth import write_token_file
+from core.secretfiles import Credentials, read_credentials, write_credentials
+from core.services import MinioServer, RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from cache_engine.service import create_app as engine_app
 from cache_engine.settings import EngineSettings
 from control_plane.api import create_app as control_app
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.auth import (
+from core.auth import (
     AuthConfigError,
     Authenticator,
     Scope,
@@ -31,8 +31,8 @@ from fedfaas.auth import (
     require,
     write_token_file,
 )
-from fedfaas.openfaas import OpenFaaSError
-from fedfaas.secretfiles import Credentials, write_credentials
+from core.openfaas import OpenFaaSError
+from core.secretfiles import Credentials, write_credentials
 from request_tracker.service import create_app as tracker_app
 from request_tracker.settings import TrackerSettings
 

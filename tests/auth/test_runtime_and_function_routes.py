@@ -17,12 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET
-from fedfaas.runtime import RuntimeProcess, create_app
-from fedfaas.runtime.auth import BasicAuth
-from fedfaas.runtime.settings import RuntimeSettings
-from fedfaas.settings import PLATFORM_STACK
-from fedfaas.stackfile import load_stack
+from core.openfaas import FUNCTION_TOKEN_SECRET
+from core.stackfile import PLATFORM_STACK, load_stack
+from runtime import RuntimeProcess, create_app
+from runtime.auth import BasicAuth
+from runtime.settings import RuntimeSettings
 from tests.runtime.conftest import (
     FN_AUTH,
     FUNCTION_TOKEN,
@@ -191,7 +190,7 @@ def test_function_secrets_folder_holds_only_the_token(runtime: RuntimeProcess) -
 def test_engine_and_tracker_refuse_to_start_without_a_function_token_file(tmp_path: Path) -> None:
     from cache_engine.engine import CacheEngine
     from cache_engine.settings import EngineSettings
-    from fedfaas.auth import AuthConfigError
+    from core.auth import AuthConfigError
     from request_tracker.settings import TrackerSettings
     from request_tracker.tracker import Tracker
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.auth import read_token_file, write_token_file
+from core.auth import read_token_file, write_token_file
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,6 @@ def test_a_loose_token_file_is_warned_about(
 ) -> None:
     path = write_token_file(tmp_path / "t", " tok \n")
     os.chmod(path, mode)
-    with caplog.at_level(logging.WARNING, logger="fedfaas.auth"):
+    with caplog.at_level(logging.WARNING, logger="core.auth"):
         assert read_token_file(path) == "tok"
     assert ("should be 0600" in caplog.text) is warned

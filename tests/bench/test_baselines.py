@@ -18,7 +18,7 @@ from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import parse_query, plan
-from fedfaas.workloads._linalg import gram
+from flstore_workloads._linalg import gram
 
 HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
 

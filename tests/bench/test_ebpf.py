@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.ebpf import _summary, _write_arena_object, _write_file_object
-from fedfaas import wire
-from fedfaas.objstore import Namespace, StoreClient
-from fedfaas.objstore.arena import STANDALONE, key_slot
+from core import wire
+from core.objstore import Namespace, StoreClient
+from core.objstore.arena import STANDALONE, key_slot
 from functions.aggregator.worker import _flat
 
 

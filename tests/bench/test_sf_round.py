@@ -19,7 +19,7 @@ import pytest
 
 from bench.harness import round_window as rw
 from bench.harness import sf_round
-from fedfaas import fedavg, wire
+from core import fedavg, wire
 
 LAYOUT = rw.scaled_layout(rw.resnet18_layout(), 1_000_000)
 

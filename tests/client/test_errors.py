@@ -38,9 +38,9 @@ SERVER_SOURCES = (
     "cache_engine",
     "functions/flstore",
     "functions/evaluator",
-    "fedfaas/workloads",
-    "fedfaas/auth.py",
-    "fedfaas/wire.py",
+    "flstore_workloads",
+    "core/auth.py",
+    "core/wire.py",
 )
 CODE_NAMES = ("code", "error")
 
@@ -132,8 +132,8 @@ def test_the_walk_finds_the_codes_of_every_kind_of_source() -> None:
         "not_held": "functions/flstore/handler.py",  # _err(409, "...", ...)
         "unknown_query": "request_tracker/service.py",  # {"error": "..."}
         "bad_update": "gateway/errors.py",  # code: str = "bad_update"
-        "forbidden": "fedfaas/auth.py",  # "unauthorized" if ... else "forbidden"
-        "non_finite": "fedfaas/wire.py",
+        "forbidden": "core/auth.py",  # "unauthorized" if ... else "forbidden"
+        "non_finite": "core/wire.py",
     }.items():
         assert where in found.get(code, ()), (code, found.get(code))
     assert len(found) > 80

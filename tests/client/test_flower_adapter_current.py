@@ -26,8 +26,8 @@ from safetensors.numpy import load
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
 from client.flower import flower_weights
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.auth import bearer
-from fedfaas.services import RedisServer, free_port, stop_group, wait_for_port
+from core.auth import bearer
+from core.services import RedisServer, free_port, stop_group, wait_for_port
 from tests.conftest import RedisURL
 from tests.control import realgw
 

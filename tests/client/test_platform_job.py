@@ -28,7 +28,7 @@ from client.flower import FlowerRound, flower_weights, run_numpy_client
 from client.node import FLClient
 from client.sdk import submit_job
 from client.simulator import control_plane_assignment
-from fedfaas import fedavg
+from core import fedavg
 from fedfaas.platform import state
 from tests.platform.conftest import ANY_PORTS_ENV
 

@@ -18,8 +18,8 @@ import pytest
 from safetensors.numpy import load
 
 from control_plane.coordinator import Coordinator
-from fedfaas.auth import bearer
-from fedfaas.services import RedisServer
+from core.auth import bearer
+from core.services import RedisServer
 from tests.conftest import RedisURL
 from tests.control import realgw
 from tests.tokens import control_client

@@ -50,7 +50,7 @@ def run_job(secrets: Path, job: str, n_clients: int, rounds: int) -> dict[str, A
     from client.sdk import FLClient, enroll, submit_job
     from client.simulator import control_plane_assignment
     from client.train import TrainConfig, train_local
-    from fedfaas import fedavg
+    from core import fedavg
 
     secret = (secrets / "gateway-admin-secret").read_text().strip()
     data = federated_digits(n_clients, seed=1)
@@ -133,9 +133,9 @@ def computed_here(
     from cache_engine.queries import parse_query, plan, run_workload
     from client.data import load_digits_arrays, stratified_test_split
     from client.model import make_model
-    from fedfaas.checkpoints.keys import global_key
-    from fedfaas.secretfiles import read_credentials
-    from fedfaas.workloads import TorchEvaluator
+    from core.checkpoints.keys import global_key
+    from core.secretfiles import read_credentials
+    from flstore_workloads import TorchEvaluator
 
     creds = read_credentials(secrets / "minio-gateway.json", "MinIO")
     cold = MinioColdStore(MINIO, creds.username, creds.password, "fedfaas", create=False)

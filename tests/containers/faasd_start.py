@@ -26,7 +26,7 @@ from typing import IO
 
 import yaml
 
-from fedfaas.services import spawn
+from core.services import spawn
 from tests.containers.conftest import image_exists, stack_images
 from tests.containers.faasd_harness import (
     CACHE,
@@ -265,7 +265,7 @@ def _wait_ready(fd: Faasd, timeout: float) -> None:
 _BUCKET = """
 import sys
 from minio import Minio
-from fedfaas.secretfiles import read_credentials
+from core.secretfiles import read_credentials
 c = read_credentials(__import__("pathlib").Path(sys.argv[1]), "MinIO")
 mc = Minio("minio:9000", c.username, c.password, secure=False)
 sys.exit(0 if mc.bucket_exists("fedfaas") else 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import wait_for_port
+from core.services import wait_for_port
 from tests.control.realgw import distinct_ports
 
 ROOT = Path(__file__).resolve().parents[2]

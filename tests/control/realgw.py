@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from safetensors.numpy import save
 
-from fedfaas.services import free_port, wait_for_port
+from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
 

@@ -179,7 +179,7 @@ def test_node_load_of_a_gateway_without_a_readable_block_is_zero(body):
 )
 def test_endpoints_per_replica_come_from_the_deployed_function(env, per):
     from control_plane.scaling import endpoints_per_replica
-    from fedfaas.openfaas import FunctionStatus
+    from core.openfaas import FunctionStatus
 
     st = FunctionStatus.from_json({"name": "aggregator", "replicas": 1, "envVars": env}, "x")
     assert endpoints_per_replica(st) == per
@@ -197,7 +197,7 @@ def test_a_tick_without_any_gateway_report_is_not_idle_time():
         scaled: list[int] = []
 
         async def function(self, name):  # type: ignore[no-untyped-def]
-            from fedfaas.openfaas import FunctionStatus
+            from core.openfaas import FunctionStatus
 
             return FunctionStatus(name, 3, 3, {"com.openfaas.scale.min": "1"})
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import free_port
+from core.services import free_port
 from tests.control.realgw import real_gateways
 
 REPO = Path(__file__).resolve().parents[2]

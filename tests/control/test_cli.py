@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.services import free_port, wait_for_port
+from core.services import free_port, wait_for_port
 from tests.tokens import auth_header, token_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ import pytest
 from safetensors.numpy import load, save
 
 from control_plane.coordinator import Coordinator
-from fedfaas.auth import bearer
+from core.auth import bearer
 from tests.control import realgw
 from tests.dataplane.gwutil import wait_until
 from tests.dataplane.peerproxy import HOLD, PASS, REFUSE, PeerProxy

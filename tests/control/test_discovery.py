@@ -1,4 +1,4 @@
-"""Node gateways found through DNS (:mod:`fedfaas.discovery`), as behind a headless Service.
+"""Node gateways found through DNS (:mod:`core.discovery`), as behind a headless Service.
 
 The pure parts (parsing, URL forming, choosing among duplicate claims) are tested directly,
 and ``find`` with an injected resolver. The real-process tests give every process a private
@@ -33,9 +33,9 @@ from safetensors.numpy import load, save
 from control_plane.api import create_app
 from control_plane.coordinator import Coordinator
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.auth import bearer
-from fedfaas.discovery import Discovery, base_url, parse_service, pick, resolve
-from fedfaas.services import free_port, wait_for_port
+from core.auth import bearer
+from core.discovery import Discovery, base_url, parse_service, pick, resolve
+from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
 from tests.control import realgw
@@ -72,13 +72,13 @@ def test_two_addresses_claiming_one_node_keep_the_lowest_url_and_warn(caplog):
         "http://10.0.0.11:81": "n2",
         "http://10.0.0.12:81": None,  # did not answer
     }
-    with caplog.at_level(logging.WARNING, logger="fedfaas.discovery"):
+    with caplog.at_level(logging.WARNING, logger="core.discovery"):
         assert pick(answers) == {"n1": "http://10.0.0.10:81", "n2": "http://10.0.0.11:81"}
     assert "both claim node 'n1'" in caplog.text
 
 
 def test_a_name_that_does_not_resolve_gives_no_address(caplog):
-    with caplog.at_level(logging.WARNING, logger="fedfaas.discovery"):
+    with caplog.at_level(logging.WARNING, logger="core.discovery"):
         assert asyncio.run(resolve("no-such-gateway.invalid", 8081)) == []
     assert "does not resolve" in caplog.text
 

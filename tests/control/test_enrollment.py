@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load, save
 
 from control_plane.coordinator import Coordinator
-from fedfaas.auth import bearer
+from core.auth import bearer
 from tests.control import realgw
 from tests.tokens import control_client
 

@@ -18,7 +18,7 @@ from control_plane.coordinator import Coordinator
 from control_plane.errors import NoHealthyNodes
 from control_plane.jobs import JobSpec
 from control_plane.store import MemoryStore
-from fedfaas import wire
+from core import wire
 from tests.dataplane.gwutil import GatewayThread, settings, tiny_model
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The control plane's OpenFaaS client (``fedfaas.openfaas.AsyncOpenFaaS``): request shapes
+"""The control plane's OpenFaaS client (``core.openfaas.AsyncOpenFaaS``): request shapes
 (unit), then against the real embedded runtime, then the coordinator scaling by demand."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from control_plane.coordinator import Coordinator
-from fedfaas.openfaas import AsyncOpenFaaS as Provider
-from fedfaas.openfaas import OpenFaaSError, read_basic_auth
-from fedfaas.runtime import RuntimeProcess
+from core.openfaas import AsyncOpenFaaS as Provider
+from core.openfaas import OpenFaaSError, read_basic_auth
+from runtime import RuntimeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def test_request_shapes_of_scale_and_describe_with_a_mock_transport():
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
-    """The real embedded runtime (fedfaas.runtime) with basic auth and the echo function."""
+    """The real embedded runtime (runtime) with basic auth and the echo function."""
     d = tmp_path_factory.mktemp("runtime")
     rt = RuntimeProcess(stack=ROOT / "stack.yml", state_dir=d / "state")
     rt.start(60)

@@ -18,7 +18,7 @@ from safetensors.numpy import load, save
 
 from control_plane.calibrate import measure_gateway
 from control_plane.coordinator import Coordinator
-from fedfaas.auth import bearer
+from core.auth import bearer
 from tests.control import realgw
 from tests.tokens import control_client
 

@@ -28,8 +28,8 @@ import pytest
 
 from control_plane.api import metrics_text
 from control_plane.coordinator import Coordinator
-from fedfaas.openfaas import AsyncOpenFaaS
-from fedfaas.services import free_port
+from core.openfaas import AsyncOpenFaaS
+from core.services import free_port
 from tests.control.conftest import GatewayProc
 from tests.dataplane.gwutil import wait_until
 from tests.tokens import control_client

@@ -16,7 +16,7 @@ from control_plane.coordinator import Coordinator
 from control_plane.jobs import JobSpec, JobState, job_from_json, job_to_json, seed_of
 from control_plane.selection import OortScheduler, SchedulerUnavailable, random_selection
 from control_plane.store import MemoryStore
-from fedfaas.services import free_port
+from core.services import free_port
 
 POOL = [f"c{i}" for i in range(8)]
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from fedfaas import wire
+from core import wire
 from gateway import Gateway, GatewaySettings
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fedfaas.services import REDIS_USERS
+from core.services import REDIS_USERS
 
 #: the gateway user's key rule as the platform writes it (restored after a fault)
 GATEWAY_KEYS = next(r for r in REDIS_USERS["gateway"].split() if r.startswith("~"))

@@ -26,8 +26,8 @@ import pytest
 import bpf
 from bench.harness.aggregators import NodeAggregators
 from bpf import Failure, Frame, Kind, Role
-from fedfaas import shards, wire
-from fedfaas.objstore import Namespace
+from core import shards, wire
+from core.objstore import Namespace
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model, wait_until
 

@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints against the real MinIO server (fedfaas.checkpoints)."""
+"""Asynchronous checkpoints against the real MinIO server (core.checkpoints)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.checkpoints import (
+from core.checkpoints import (
     CheckpointClosed,
     CheckpointError,
     CheckpointNotFound,
@@ -19,7 +19,7 @@ from fedfaas.checkpoints import (
     global_key,
     meta_key,
 )
-from fedfaas.services import MinioServer, free_port
+from core.services import MinioServer, free_port
 
 
 def _bucket() -> str:

@@ -18,7 +18,7 @@ from cache_engine.cold_store import MinioColdStore
 from cache_engine.keys import meta
 from cache_engine.queries import workload_data
 from client.sdk import FLClient, with_metadata
-from fedfaas.services import MinioServer
+from core.services import MinioServer
 from gateway.meta import parse_client_meta
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, settings, tiny_bytes

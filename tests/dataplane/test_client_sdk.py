@@ -28,7 +28,7 @@ from client.sdk import (
     UpdateRejected,
     create_job,
 )
-from fedfaas.services import free_port
+from core.services import free_port
 from tests.dataplane.gwproc import gateway_process
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedfaas import fedavg
+from core import fedavg
 
 TOL = 1e-6
 
@@ -163,7 +163,7 @@ def test_preload_imports_the_blas_kernel_before_any_fold() -> None:
     import sys
 
     code = (
-        "import sys; from fedfaas import fedavg; "
+        "import sys; from core import fedavg; "
         "assert 'scipy.linalg.blas' not in sys.modules; fedavg.preload(); "
         "assert 'scipy.linalg.blas' in sys.modules and fedavg._SAXPY[0] is not None"
     )

@@ -1,4 +1,4 @@
-"""FedBuff's rules alone (``fedfaas.fedbuff``): staleness functions, the spec's checks, and
+"""FedBuff's rules alone (``core.fedbuff``): staleness functions, the spec's checks, and
 the root's apply step against the update-by-update sum it rewrites."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedfaas.fedbuff import AsyncSpec, AsyncSpecError, apply
+from core.fedbuff import AsyncSpec, AsyncSpecError, apply
 
 
 def test_staleness_functions_are_fedasyncs() -> None:

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from client.sdk import ASYNC_KEY, with_metadata
-from fedfaas import fedavg, wire
-from fedfaas.fedbuff import METADATA_KEY, AsyncSpec
-from fedfaas.services import free_port
+from core import fedavg, wire
+from core.fedbuff import METADATA_KEY, AsyncSpec
+from core.services import free_port
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import resume_job, tiny_model
 from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill

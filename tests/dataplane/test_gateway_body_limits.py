@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fedfaas import wire
+from core import wire
 from gateway.asgi import STEP
 from gateway.settings import GatewaySettings
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes

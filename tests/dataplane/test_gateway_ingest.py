@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fedfaas import wire
+from core import wire
 from tests.dataplane.gwutil import GatewayThread, settings, tiny_bytes, tiny_model
 
 pytestmark = pytest.mark.integration

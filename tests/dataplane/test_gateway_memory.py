@@ -20,7 +20,7 @@ import pytest
 
 from client.model import bytes_to_state_dict, make_model, model_to_bytes
 from client.sdk import FLClient, create_job
-from fedfaas import wire
+from core import wire
 from tests.dataplane.gwproc import gateway_process
 from tests.dataplane.rawhttp import read_answer, send_head
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from bpf import Frame, Kind
-from fedfaas import wire
+from core import wire
 from gateway.control import open_tasks
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model

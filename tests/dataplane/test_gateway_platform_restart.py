@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from fedfaas import wire
+from core import wire
 from fedfaas.platform import credentials, state
 from tests.dataplane.gwutil import tiny_model, wait_until
 from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version

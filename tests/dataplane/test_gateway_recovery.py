@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas import wire
-from fedfaas.services import free_port, wait_for_port
+from core import wire
+from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
 from tests.dataplane.gwutil import tiny_model, wait_until

@@ -6,7 +6,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fedfaas import wire
+from core import wire
 from tests.dataplane.gwutil import resume_job, tiny_bytes, tiny_model
 from tests.dataplane.test_gateway_rounds import Aggregators, create, upload, wait_version
 
@@ -68,7 +68,7 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
 
 
 def test_initial_model_is_checkpointed_as_round_zero(make_gw, minio_server, checkpoints_to) -> None:  # type: ignore[no-untyped-def]
-    from fedfaas.checkpoints import make_minio
+    from core.checkpoints import make_minio
 
     gw = make_gw(**checkpoints_to("round0"))
     create(gw, ["c0"], 1)

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fedfaas import fedavg, wire
+from core import fedavg, wire
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model
 
@@ -251,7 +251,7 @@ def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
 def test_round_checkpoints_global_clients_and_meta_to_minio(
     make_gw, minio_server, checkpoints_to
 ) -> None:  # type: ignore[no-untyped-def]
-    from fedfaas.checkpoints import make_minio
+    from core.checkpoints import make_minio
 
     gw = make_gw(fanout=2, pool=3, **checkpoints_to("dp-test"))
     clients = ["c0", "c1", "c2"]

@@ -24,7 +24,7 @@ import pytest
 
 from bench.stack import Replicas, start_gateway
 from client.sdk import FLClient, create_job
-from fedfaas import wire
+from core import wire
 from gateway.journal import PREFIX
 from tests.dataplane.gwproc import gateway_settings
 
@@ -134,7 +134,7 @@ def test_gateway_exits_cleanly_on_sigterm_after_a_round_of_120_resnet18_updates(
 
 STUBBORN = """
 import asyncio, logging, signal, sys
-from fedfaas.shutdown import Shutdown
+from core.shutdown import Shutdown
 
 logging.basicConfig(level=logging.INFO)
 

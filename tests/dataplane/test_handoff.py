@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedfaas import wire
-from fedfaas.objstore import Namespace
-from fedfaas.objstore.handoff import HandoffClient, HandoffError, HandoffServer
+from core import wire
+from core.objstore import Namespace
+from core.objstore.handoff import HandoffClient, HandoffError, HandoffServer
 from tests.runtime.conftest import wait_until
 
 SPEC = wire.ModelSpec.build([("b", "F32", (10,)), ("w", "F32", (7, 3))])  # 31 floats, no gap
@@ -109,7 +109,7 @@ def test_a_claimer_that_dies_gives_its_leases_back(store: tuple[Namespace, Hando
     script = textwrap.dedent(
         f"""
         import json, sys, numpy as np
-        from fedfaas.objstore.handoff import HandoffClient
+        from core.objstore.handoff import HandoffClient
         c = HandoffClient({str(server.path)!r}, lambda _: None).claim({ticket!r})
         sums = {{n: float(c.store.open(k).ndarray(np.float32, 64, c.numel).sum())
                  for n, k in c.objects.items()}}

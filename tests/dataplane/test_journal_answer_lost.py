@@ -39,7 +39,7 @@ import pytest
 
 from bench.stack import Replicas, start_gateway
 from client.sdk import FLClient
-from fedfaas import wire
+from core import wire
 from gateway.jobs import Job
 from tests.aggregators import Aggregators
 from tests.dataplane.gwproc import admin_settings, journal_retries, post_job

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from bench.stack import Replicas, start_gateway
-from fedfaas import wire
+from core import wire
 from tests.aggregators import Aggregators
 from tests.dataplane.gwproc import admin_settings, journal_retries, post_job
 from tests.dataplane.gwutil import tiny_model, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedfaas import wire
+from core import wire
 from gateway.jobs import MODEL_BUFFERS, Job
 
 

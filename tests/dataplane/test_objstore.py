@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedfaas.objstore import (
+from core.objstore import (
     Namespace,
     ObjectNotFound,
     ObjectSealed,
@@ -22,7 +22,7 @@ from fedfaas.objstore import (
     StoreError,
     StoreFull,
 )
-from fedfaas.objstore.arena import ARENA_NAME, STANDALONE, key_slot
+from core.objstore.arena import ARENA_NAME, STANDALONE, key_slot
 
 SIZE = 1 << 16
 
@@ -254,7 +254,7 @@ def test_an_arena_of_other_sizes_is_replaced_not_adopted(shm_root: Path) -> None
 
 READER = textwrap.dedent("""
     import sys, numpy as np
-    from fedfaas.objstore import StoreClient, ObjectSealed
+    from core.objstore import StoreClient, ObjectSealed
     c = StoreClient(sys.argv[1])
     r = c.open(sys.argv[2])
     a = r.ndarray(np.float32)
@@ -313,7 +313,7 @@ def test_another_process_reads_in_place_and_writes_only_unsealed_objects(ns: Nam
 @pytest.mark.integration
 def test_store_outlives_a_killed_reader_and_no_tracker_unlinks_objects(ns: Namespace) -> None:
     key = sealed_object(ns, 1.0)
-    code = f"from fedfaas.objstore import StoreClient; r = StoreClient({str(ns.path)!r}).open({key!r}); import os; os._exit(9)"
+    code = f"from core.objstore import StoreClient; r = StoreClient({str(ns.path)!r}).open({key!r}); import os; os._exit(9)"
     proc = subprocess.run([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 9
     assert ns.exists(key) and StoreClient(ns.path).exists(key)

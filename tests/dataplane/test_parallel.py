@@ -1,4 +1,4 @@
-"""fedfaas.parallel.run_all: every call runs, at once, and an error surfaces only after all end."""
+"""core.parallel.run_all: every call runs, at once, and an error surfaces only after all end."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fedfaas.parallel import run_all
+from core.parallel import run_all
 
 
 def test_every_call_runs_on_its_own_thread_and_all_have_ended_on_return() -> None:

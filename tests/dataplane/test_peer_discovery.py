@@ -1,4 +1,4 @@
-"""A node gateway with ``--peers-service`` (:mod:`fedfaas.discovery`) stops cleanly on SIGTERM.
+"""A node gateway with ``--peers-service`` (:mod:`core.discovery`) stops cleanly on SIGTERM.
 
 Its discovery task looks the peers up every ``discovery_interval`` seconds; on SIGTERM it ends
 with the gateway's other tasks (status 0, no "did not stop" line), whether the name resolves

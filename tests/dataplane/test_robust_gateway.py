@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from client.sdk import with_metadata
-from fedfaas import robust, wire
-from fedfaas.robust import METADATA_KEY, RobustRule
+from core import robust, wire
+from core.robust import METADATA_KEY, RobustRule
 from tests.aggregators import Aggregators
 from tests.dataplane.test_gateway_rounds import wait_version
 
@@ -104,7 +104,7 @@ SPECS = [
 def test_each_rule_runs_sharded_on_real_endpoints_and_equals_the_reference(
     make_gw, minio_server, checkpoints_to, spec
 ) -> None:  # type: ignore[no-untyped-def]
-    from fedfaas.checkpoints import make_minio
+    from core.checkpoints import make_minio
 
     bucket = f"robust-{spec['rule']}-{spec.get('shards', 0)}"
     gw = make_gw(fanout=2, pool=4, **checkpoints_to(bucket))
@@ -237,7 +237,7 @@ def test_dp_fedavg_clips_on_the_path_and_adds_the_seeded_noise_of_the_configured
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
-    from fedfaas.checkpoints import make_minio
+    from core.checkpoints import make_minio
 
     clip, z, goal = 2.0, 0.8, len(CLIENTS)
     rng = np.random.default_rng(7)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedfaas import fedavg
-from fedfaas.server_opt import DEFAULTS, ServerOptError, ServerOptimizer
+from core import fedavg
+from core.server_opt import DEFAULTS, ServerOptError, ServerOptimizer
 
 flwr = pytest.importorskip("flwr")
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from client.sdk import SERVER_OPT_KEY, with_metadata
-from fedfaas import fedavg, wire
-from fedfaas.server_opt import METADATA_KEY, state_from_safetensors
-from fedfaas.services import free_port
+from core import fedavg, wire
+from core.server_opt import METADATA_KEY, state_from_safetensors
+from core.services import free_port
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import resume_job, tiny_model
 from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill
@@ -122,7 +122,7 @@ def test_the_sdk_and_the_gateway_name_the_same_metadata_entry() -> None:
 def test_every_published_model_equals_flowers_strategy_and_its_state_is_checkpointed(
     make_gw, minio_server, checkpoints_to, spec: dict[str, object]
 ) -> None:  # type: ignore[no-untyped-def]
-    from fedfaas.checkpoints import make_minio
+    from core.checkpoints import make_minio
 
     gw = make_gw(fanout=2, pool=3, **checkpoints_to("opt-test"))
     info = _create(gw.url, gw.gw.secret, spec, rounds=3)

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from bpf import Frame, Kind
-from fedfaas import shards, wire
-from fedfaas.objstore import Namespace
-from fedfaas.robust import RobustRule
+from core import shards, wire
+from core.objstore import Namespace
+from core.robust import RobustRule
 from gateway.plan import static_plan
 from gateway.sharded import ShardedRound
 from gateway.slots import Input

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from client.sdk import with_metadata
-from fedfaas import robust, shards, wire
-from fedfaas.objstore import MappedObject, Namespace
-from fedfaas.robust import METADATA_KEY, RobustRule
+from core import robust, shards, wire
+from core.objstore import MappedObject, Namespace
+from core.robust import METADATA_KEY, RobustRule
 from gateway.replan import PlanConflict
 from gateway.sharded import ShardedRound
 from tests.aggregators import Aggregators

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from client.sdk import FLClient, UploadReceipt
-from fedfaas import wire
+from core import wire
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model, wait_until
 from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, wait_version

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from client.sdk import FLClient, GatewayUnavailable, UploadReceipt
-from fedfaas import wire
+from core import wire
 from gateway.http import Exchange, HttpServer, Request, Response
 from tests.dataplane.gwproc import gateway_process
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes

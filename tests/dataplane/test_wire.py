@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from fedfaas import wire
+from core import wire
 
 
 def model(seed: int = 0) -> dict[str, np.ndarray]:

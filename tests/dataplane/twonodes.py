@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from bench.stack import GatewayProc, Replicas, start_gateway
-from fedfaas import wire
-from fedfaas.services import free_port
+from core import wire
+from core.services import free_port
 from gateway.settings import GatewaySettings
 from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.peerproxy import PeerProxy

@@ -21,11 +21,11 @@ import yaml
 from client.sdk import submit_job
 from control_plane.jobs import JobSpec
 from control_plane.selection import SELECTIONS
+from core.fedbuff import AsyncSpec
+from core.robust import RULES, RobustRule
+from core.server_opt import ServerOptimizer
 from fedfaas.cli import build_parser
-from fedfaas.fedbuff import AsyncSpec
-from fedfaas.robust import RULES, RobustRule
-from fedfaas.server_opt import ServerOptimizer
-from fedfaas.workloads.registry import WORKLOADS
+from flstore_workloads.registry import WORKLOADS
 from tests.docs.snippets import REPO, TESTS, all_snippets, command_lines, pages, read, snippet
 
 #: a backticked word that names a file or folder of the repository (a/b, a/b.py, a/)

@@ -26,7 +26,7 @@ import pytest
 
 from client.flstore import flstore_query
 from fedfaas.platform import state
-from fedfaas.workloads.registry import WORKLOADS
+from flstore_workloads.registry import WORKLOADS
 from tests.docs.snippets import REPO, command_lines, heredoc, snippet
 from tests.platform.conftest import ANY_PORTS_ENV
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.harness.flstore_stack import FLStoreStack
 from cache_engine.cold_store import MinioColdStore
-from fedfaas.services import MinioServer, RedisServer
+from core.services import MinioServer, RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from safetensors.numpy import save
 
 from cache_engine.cold_store import HEAD_BYTES, ColdStoreError, MinioColdStore
 from cache_engine.keys import ObjectKey, global_model, meta, update
-from fedfaas.checkpoints import CheckpointWriter
-from fedfaas.services import MinioServer
+from core.checkpoints import CheckpointWriter
+from core.services import MinioServer
 
 pytestmark = pytest.mark.integration
 

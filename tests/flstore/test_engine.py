@@ -25,8 +25,8 @@ from cache_engine.engine import CacheEngine
 from cache_engine.errors import FunctionsUnavailable
 from cache_engine.keys import ObjectKey
 from cache_engine.settings import EngineSettings
-from fedfaas.auth import bearer, write_token_file
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, DeployResult, OpenFaaSError
+from core.auth import bearer, write_token_file
+from core.openfaas import FUNCTION_TOKEN_SECRET, DeployResult, OpenFaaSError
 
 pytestmark = pytest.mark.integration
 HANDLER = Path(__file__).resolve().parents[2] / "functions" / "flstore" / "handler.py"
@@ -34,7 +34,7 @@ FUNCTION_TOKEN = "engine-test-function-token"
 
 
 class InProcessProvider:
-    """Stands in for :class:`fedfaas.openfaas.OpenFaaS`: each function is a fresh instance of the
+    """Stands in for :class:`core.openfaas.OpenFaaS`: each function is a fresh instance of the
     real handler module (the engine's logic is under test here; tests/flstore/test_e2e.py runs
     the real runtime)."""
 

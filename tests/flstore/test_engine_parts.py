@@ -23,9 +23,9 @@ from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import MAX_STREAM_BYTES, STREAM_BYTES, STREAM_FILL, STREAM_WORKERS
 from cache_engine.settings import EngineSettings
-from fedfaas.auth import write_token_file
-from fedfaas.openfaas import DeployResult, FunctionStatus
-from fedfaas.workloads.sliced import part_bounds
+from core.auth import write_token_file
+from core.openfaas import DeployResult, FunctionStatus
+from flstore_workloads.sliced import part_bounds
 
 from .test_engine import FUNCTION_TOKEN, InProcessProvider, _model_bytes, _wait_idle
 
@@ -193,9 +193,9 @@ def test_the_budget_evicts_in_the_policys_order_before_it_streams(
 def test_an_offer_ends_once_the_rounds_placement_has_claimed_what_it_keeps(
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
-    from fedfaas import wire
-    from fedfaas.objstore import Namespace
-    from fedfaas.objstore.handoff import HandoffServer
+    from core import wire
+    from core.objstore import Namespace
+    from core.objstore.handoff import HandoffServer
 
     g = cold.get(ObjectKey("j", 1, "global"))
     assert isinstance(g, np.ndarray)

@@ -15,7 +15,7 @@ from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import STATS
-from fedfaas.services import MinioServer, RedisServer
+from core.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import History, write_history
 from cache_engine.cold_store import MinioColdStore
-from fedfaas.services import MinioServer, RedisServer
+from core.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`

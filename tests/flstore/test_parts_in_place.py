@@ -15,8 +15,8 @@ import pytest
 from cache_engine.cold_store import MinioColdStore
 from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_workload
-from fedfaas import wire
-from fedfaas.auth import bearer
+from core import wire
+from core.auth import bearer
 from tests.dataplane.conftest import make_gw  # noqa: F401 (the gateway fixture)
 from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 

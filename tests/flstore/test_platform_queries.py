@@ -12,7 +12,7 @@ import pytest
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.keys import meta
 from cache_engine.queries import run_workload
-from fedfaas.workloads.errors import MissingData
+from flstore_workloads.errors import MissingData
 from gateway.meta import round_meta_doc
 
 EVALUATOR = {"kind": "digits-softmax", "split_seed": 0}

@@ -72,7 +72,7 @@ def test_bad_queries_are_refused_with_the_fact(cat: MemoryCatalog, q: Query, exc
 def test_unknown_workload_and_bad_params_come_from_the_workload_registry(
     cat: MemoryCatalog,
 ) -> None:
-    from fedfaas.workloads import InvalidParams, UnknownWorkload
+    from flstore_workloads import InvalidParams, UnknownWorkload
 
     with pytest.raises(UnknownWorkload):
         plan(Query("nope", "j", [1]), cat)

@@ -1,7 +1,7 @@
 """FLStore's workloads against an independent reference (bench.flstore_reference, issue 37).
 
 The reference computes each answer a second way (numpy in float64 over the raw updates,
-scikit-learn on them, subsets enumerated), without fedfaas.workloads. On realistic random
+scikit-learn on them, subsets enumerated), without flstore_workloads. On realistic random
 rounds (float32 weights around a global model, several sizes, including one past the
 workloads' float32 BLAS path at 2^20 floats, a few poisoned clients) each workload's answer
 equals the reference's within :data:`RTOL` of its vector's scale; and a wrong answer (a sign,
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from bench.flstore_reference import KEYS, agrees, reference_answer
-from fedfaas.workloads import WorkloadData, get
+from flstore_workloads import WorkloadData, get
 
 #: relative to the vector's largest magnitude: the workloads' float32 Gram blocks summed in
-#: float64 are within ~1e-7 of float64 (fedfaas/workloads/README.md); a real difference (a
+#: float64 are within ~1e-7 of float64 (flstore_workloads/README.md); a real difference (a
 #: swapped client, a sign, 1 % off) is 1e-2 or more
 RTOL = 1e-5
 

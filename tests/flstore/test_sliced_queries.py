@@ -17,7 +17,7 @@ import pytest
 
 from bench.harness.flstore_stack import FLStoreStack
 from cache_engine.cold_store import MinioColdStore
-from fedfaas.services import MinioServer, RedisServer
+from core.services import MinioServer, RedisServer
 
 from .conftest import start_stack
 from .rounds import DIGITS, JOB, QUERIES, ask, direct, engine_log, same, state, write_jobs

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from fedfaas.workloads import TorchEvaluator, WorkloadData, flatten_module, get, load_flat
+from flstore_workloads import TorchEvaluator, WorkloadData, flatten_module, get, load_flat
 
 from .test_workloads_common import evaluator, frozen, model, three_rounds, validation
 
@@ -234,7 +234,7 @@ def test_load_flat_accepts_parameters_only_vectors_for_modules_with_buffers() ->
     assert full.shape[0] == params_only.shape[0] + 6
     load_flat(net, frozen(full + 1.0))
     np.testing.assert_allclose(flatten_module(net), full + 1.0)
-    from fedfaas.workloads import DataMismatch
+    from flstore_workloads import DataMismatch
 
     with pytest.raises(DataMismatch, match="hold 27 values \\(21 in parameters alone\\)"):
         load_flat(net, frozen(np.zeros(5)))

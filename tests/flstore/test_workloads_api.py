@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fedfaas.workloads import (
+from flstore_workloads import (
     WORKLOADS,
     InvalidParams,
     MissingData,

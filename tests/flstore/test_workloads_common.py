@@ -23,7 +23,7 @@ import torch
 from numpy.typing import NDArray
 from sklearn.datasets import load_digits
 
-from fedfaas.workloads import TorchEvaluator, WorkloadData, flatten_module, load_flat
+from flstore_workloads import TorchEvaluator, WorkloadData, flatten_module, load_flat
 
 Vec = NDArray[np.float32]
 

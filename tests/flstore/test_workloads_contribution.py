@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedfaas.workloads import WorkloadData, get
-from fedfaas.workloads.contribution import distribute, exact_shapley, permutation_shapley
+from flstore_workloads import WorkloadData, get
+from flstore_workloads.contribution import distribute, exact_shapley, permutation_shapley
 
 from .test_workloads_common import attacked_round, evaluator, small_round
 
@@ -112,7 +112,7 @@ def test_incentives_pay_the_budget_in_proportion_to_positive_contributions() -> 
 
 
 def test_contribution_workloads_need_an_evaluator() -> None:
-    from fedfaas.workloads import MissingData
+    from flstore_workloads import MissingData
 
     data: WorkloadData = small_round().workload_data(with_evaluator=False)
     with pytest.raises(MissingData) as err:
@@ -123,7 +123,7 @@ def test_contribution_workloads_need_an_evaluator() -> None:
 def _gtg_one_permutation_at_a_time(v, n, *, seed=0, eps=0.001, converge_min=None, max_perms=500):  # type: ignore[no-untyped-def]
     """GTG-Shapley as the paper's procedure reads (the code before batching): each permutation
     of a cycle walked to its end (or truncation) before the next starts."""
-    from fedfaas.workloads.contribution import _not_converged
+    from flstore_workloads.contribution import _not_converged
 
     rng = np.random.default_rng(seed)
     v_empty, v_full = v(()), v(tuple(range(n)))
@@ -200,7 +200,7 @@ def test_gtg_position_by_position_gives_the_values_of_one_permutation_at_a_time(
 
 
 def test_utilities_are_reused_across_queries_on_the_same_sealed_vectors() -> None:
-    from fedfaas.workloads.contribution import UtilityCache
+    from flstore_workloads.contribution import UtilityCache
 
     fed = attacked_round()
     ev = evaluator()

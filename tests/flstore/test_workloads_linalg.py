@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import pytest
 
-from fedfaas.workloads import GramCache, WorkloadData, get
-from fedfaas.workloads._linalg import F32_MIN_DIM, cosines, distances, gram
+from flstore_workloads import GramCache, WorkloadData, get
+from flstore_workloads._linalg import F32_MIN_DIM, cosines, distances, gram
 
 from .test_workloads_common import frozen
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedfaas.workloads import WorkloadData, get
-from fedfaas.workloads._linalg import cosines, distances, gram
-from fedfaas.workloads.robust import cosine_to_aggregate, foolsgold_weights, krum_scores
+from flstore_workloads import WorkloadData, get
+from flstore_workloads._linalg import cosines, distances, gram
+from flstore_workloads.robust import cosine_to_aggregate, foolsgold_weights, krum_scores
 
 from .test_workloads_common import attacked_round, frozen, sybil_run
 

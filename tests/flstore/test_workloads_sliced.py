@@ -2,7 +2,7 @@
 
 The reference is the obvious one: the same workload on the whole vectors in one process
 (numpy over the whole matrix). The parts are held here (:class:`LocalParts`), so this is the
-pure math of :mod:`fedfaas.workloads.sliced`; the cache functions run the same code over HTTP
+pure math of :mod:`flstore_workloads.sliced`; the cache functions run the same code over HTTP
 (``tests/flstore/test_sliced_queries.py``).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedfaas.workloads import WorkloadData, get
-from fedfaas.workloads.sliced import (
+from flstore_workloads import WorkloadData, get
+from flstore_workloads.sliced import (
     LocalParts,
     SlicedData,
     VectorRef,

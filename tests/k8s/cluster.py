@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedfaas.services import CACHE_DIR, find_binary
+from core.services import CACHE_DIR, find_binary
 from tests.k8s.api import KubeApi
 from tests.k8s.netns import NODE_IP, PrivateNamespace
 from tests.k8s.pki import KeyPair, Pki

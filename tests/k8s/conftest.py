@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import CACHE_DIR, find_binary
+from core.services import CACHE_DIR, find_binary
 from tests.k8s.cluster import Cluster, binary, k8s_dir
 from tests.k8s.faas_netes import OpenFaaSOnCluster, install_openfaas_objects
 from tests.openfaas.conftest import BIN_ENV, FaasCli, require_binary, text, under_ci

@@ -18,7 +18,7 @@ from subprocess import Popen
 import httpx
 import yaml
 
-from fedfaas.services import PrometheusServer
+from core.services import PrometheusServer
 from tests.k8s.cluster import SERVER, Cluster
 from tests.openfaas.conftest import wait_for
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from fedfaas.services import spawn, stop_group
+from core.services import spawn, stop_group
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ class PrivateNamespace:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` inside (:func:`fedfaas.services.spawn`: own process group, output
+        """Start ``argv`` inside (:func:`core.services.spawn`: own process group, output
         appended to ``log_path``); it dies with the namespace at the latest."""
         proc = spawn([*self._enter(cwd), *argv], log_path=log_path, env=env, cwd=cwd)
         self._children.append(proc)

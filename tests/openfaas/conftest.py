@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 
 BIN_ENV = "FEDFAAS_OPENFAAS_BIN"
 #: the faas-cli commands the tests ran (``secret create``, ``list``, ...), reported at the end
@@ -146,7 +146,7 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) ->
 def require_prometheus() -> Path:
     """Debian's ``prometheus`` (``make setup`` installs it; the real gateway needs one); skips
     the test where it is missing, fails it under CI (as :func:`require_binary`)."""
-    from fedfaas.services import find_binary as find_service_binary
+    from core.services import find_binary as find_service_binary
 
     found = find_service_binary("prometheus")
     if found is not None:

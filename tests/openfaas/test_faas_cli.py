@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.openfaas.conftest import FaasCli, text, wait_for
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ FIRST_PARTY = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
 PROBE = """
 import importlib, json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/functions"]
-importlib.import_module("fedfaas.runtime.function_auth")
+importlib.import_module("runtime.function_auth")
 importlib.import_module(sys.argv[2] + ".handler")
 print(json.dumps({n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}))
 """
@@ -102,7 +102,7 @@ def _missing_for(function: str) -> list[str]:
 def test_the_probe_sees_what_a_handler_imports() -> None:
     imports = module_level_imports("flstore")
     assert {"numpy", "safetensors", "pydantic"} <= set(imports)  # handler, cache_engine
-    assert imports["sklearn"] == "fedfaas.workloads.clustering"  # through fedfaas.workloads
+    assert imports["sklearn"] == "flstore_workloads.clustering"  # through flstore_workloads
     assert module_level_imports("echo") == {}  # the standard library only
 
 

@@ -5,9 +5,9 @@ provider (``functions_provider_url``, basic auth from the runtime's own credenti
 Debian's Prometheus scrapes the gateway's metrics (the gateway reads invocation counts back from
 it; without one its ``GET /system/functions`` panics). Through the gateway: the real faas-cli
 creates the function token secret, deploys, lists, describes, invokes and removes; FedFaaS's own
-client (:class:`fedfaas.openfaas.OpenFaaS`) deploys, scales and reads replicas unchanged; the
+client (:class:`core.openfaas.OpenFaaS`) deploys, scales and reads replicas unchanged; the
 cache engine's function creation path (an ``flstore-cache-0`` body from
-:func:`fedfaas.openfaas.function_deployment`, then its ``/ping``) works; Prometheus has counted
+:func:`core.openfaas.function_deployment`, then its ``/ping``) works; Prometheus has counted
 the invocations (``gateway_function_invocation_total``).
 
 The gateway's ports are fixed (:8080 API, :8082 metrics): where one is taken the tests skip,
@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
-from fedfaas.runtime import RuntimeProcess
-from fedfaas.services import PrometheusServer, http_ok, spawn, stop_group
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
+from core.services import PrometheusServer, http_ok, spawn, stop_group
+from runtime import RuntimeProcess
 from tests.openfaas.conftest import FaasCli, require_binary, require_free_port, text, wait_for
 
 pytestmark = pytest.mark.integration

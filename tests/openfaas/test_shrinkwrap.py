@@ -3,7 +3,7 @@
 package the function's code imports, and the Dockerfile installs each of those packages.
 
 faas-cli puts the handler folder in ``function/`` and the stack's ``configuration.copy`` entries
-inside it too (``function/fedfaas``, ...), not at the context root. It runs in a copy of the repo,
+inside it too (``function/core``, ...), not at the context root. It runs in a copy of the repo,
 so no ``build/`` is left in the repo."""
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def dockerfile_copies(dockerfile: Path) -> list[str]:
 
 
 def _installed_packages(dockerfile: Path) -> set[str]:
-    """Top-level packages a COPY puts in their own folder (``COPY function/fedfaas
-    ./src/fedfaas``), as the library's ``pip install ./src`` needs; ``COPY function/ .`` (the
+    """Top-level packages a COPY puts in their own folder (``COPY function/core
+    ./src/core``), as the library's ``pip install ./src`` needs; ``COPY function/ .`` (the
     handler folder) makes none importable."""
     return {
         Path(s.rstrip("/")).name
@@ -150,7 +150,7 @@ def test_shrinkwrapped_contexts_hold_what_the_dockerfile_copies_and_the_code_imp
 
         own = list((tree / handler).rglob("*.py"))  # handler modules and tests
         needed = first_party_packages([context / "index.py", *own])
-        assert "fedfaas" in needed  # index.py's function token check at least
+        assert "runtime" in needed  # index.py's function token check at least
         if name == "flstore":  # through its handler: `from cache_engine.cold_store import ...`
             assert "cache_engine" in needed
         installed = _installed_packages(dockerfile)

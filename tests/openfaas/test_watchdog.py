@@ -21,8 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
-from fedfaas.runtime.replicas import TEMPLATE_INDEX
+from runtime import RuntimeProcess
+from runtime.replicas import TEMPLATE_INDEX
 from tests.openfaas.conftest import require_binary, under_ci
 from tests.runtime.conftest import (
     FN_AUTH,
@@ -277,8 +277,7 @@ def test_flstore_status(http: httpx.Client) -> None:
 
 
 def _stack_body(function: str, service: str) -> dict[str, object]:
-    from fedfaas.settings import PLATFORM_STACK
-    from fedfaas.stackfile import load_stack
+    from core.stackfile import PLATFORM_STACK, load_stack
 
     stack = load_stack(STACK)
     fn = stack.functions.get(function) or load_stack(PLATFORM_STACK).functions[function]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
+from core.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
 from tests.conftest import RedisURL
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fedfaas.services import find_binary
+from core.services import find_binary
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fedfaas"
 HELM = find_binary("helm")
@@ -297,7 +297,7 @@ def test_every_file_setting_names_a_file_the_pod_mounts(basic_auth: bool) -> Non
 
 @needs_helm
 def test_every_token_has_one_value_and_functions_get_theirs_as_an_openfaas_secret() -> None:
-    from fedfaas.runtime.function_auth import DEFAULT_SECRETS_DIR, TOKEN_SECRET
+    from runtime.function_auth import DEFAULT_SECRETS_DIR, TOKEN_SECRET
 
     docs = _render()
     secrets = _secrets(docs)
@@ -410,7 +410,7 @@ def _helper_yaml(name: str) -> Any:
 
 def test_chart_users_are_those_of_fedfaas_services() -> None:
     """The chart's Redis ACL table and MinIO users are services.py's (no drift, no helm needed)."""
-    from fedfaas.services import REDIS_USERS, minio_policies
+    from core.services import REDIS_USERS, minio_policies
 
     assert _helper_yaml("fedfaas.redisUsers") == REDIS_USERS
     assert _helper_yaml("fedfaas.minioUsers") == list(minio_policies("fedfaas"))
@@ -421,7 +421,7 @@ def test_rendered_redis_acl_is_services_users_with_their_passwords_hashed() -> N
     import hashlib
     import json
 
-    from fedfaas.services import REDIS_USERS
+    from core.services import REDIS_USERS
 
     secrets = _secrets(_render())
     users = secrets["openfaas/rel-fedfaas-redis-users"]
@@ -444,13 +444,13 @@ def test_rendered_redis_acl_is_services_users_with_their_passwords_hashed() -> N
 def test_minio_users_are_made_by_a_hook_job_running_the_provisioning_entry_point() -> None:
     import json
 
-    from fedfaas.provision_minio import parser
-    from fedfaas.services import (
+    from core.services import (
         MINIO_ROOT_PASSWORD,
         MINIO_ROOT_USER,
         minio_policies,
         minio_user_file,
     )
+    from fedfaas.provision_minio import parser
 
     docs = _render()
     users = _secrets(docs)["openfaas/rel-fedfaas-minio-users"]
@@ -506,7 +506,7 @@ def test_a_real_redis_with_the_rendered_acl_admits_each_component_to_its_keys_on
 
     import redis
 
-    from fedfaas.services import find_binary, free_port, spawn, stop_group, wait_for_port
+    from core.services import find_binary, free_port, spawn, stop_group, wait_for_port
 
     docs = _render()
     secrets = _secrets(docs)

@@ -381,7 +381,7 @@ def test_the_sweep_of_down_finds_a_process_that_wiped_its_environment_by_its_fol
     """``down``'s last sweep takes the platform's processes by the id in their environment, and
     one whose environment is wiped (redis-server's, under its process title) by its working
     folder in the platform's own; a process with an environment in that folder is not taken."""
-    from fedfaas.services import RedisServer
+    from core.services import RedisServer
 
     data = tmp_path / "state" / "data"
     redis = RedisServer(data_dir=data / "redis").start()
@@ -430,7 +430,7 @@ def test_down_after_a_round_of_120_resnet18_updates_leaves_no_process_it_started
     st = state.load(state_dir)  # as it is now (the supervisor may have restarted a part)
     assert st is not None
     started = _family(st)
-    replicas = [p for p in started if "fedfaas.runtime.watchdog" in " ".join(p.cmdline())]
+    replicas = [p for p in started if "runtime.watchdog" in " ".join(p.cmdline())]
     assert replicas, "the function replicas are among the processes down must stop"
     t0 = time.monotonic()
     down = fedfaas("down", "--state-dir", str(state_dir), timeout=600)

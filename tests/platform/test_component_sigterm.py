@@ -5,7 +5,7 @@ One platform, one job with completed rounds and an open one holding acknowledged
 in order: an ``aggregator`` replica and a cache function's, the request tracker (queries in flight), the cache engine,
 the control plane, both node gateways (the journal still holds every acknowledged update), and
 the runtime (no replica of any function is left). Each must exit within its grace
-(:mod:`fedfaas.shutdown`); a stop that hangs would be killed by the test and fail it.
+(:mod:`core.shutdown`); a stop that hangs would be killed by the test and fail it.
 """
 
 from __future__ import annotations

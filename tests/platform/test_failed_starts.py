@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from fedfaas import services
-from fedfaas.services import PrometheusServer, RedisServer, ServiceError, free_port
+from core import services
+from core.services import PrometheusServer, RedisServer, ServiceError, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import pytest
 from safetensors.numpy import load, save
 
 from client.sdk import FLClient
-from fedfaas import fedavg
+from core import fedavg
 from fedfaas.platform import credentials, state
 from tests.platform.conftest import ANY_PORTS_ENV
 
@@ -720,7 +720,7 @@ def test_a_multi_krum_job_from_the_sdk_runs_sharded_in_the_function_and_drops_th
     the function's endpoints, and the model equals the numpy reference: the two poisoned
     updates are left out and the result is near the honest mean."""
     from client.sdk import submit_job
-    from fedfaas import robust
+    from core import robust
 
     p = platform
     clients = [f"k{i}" for i in range(10)]
@@ -891,7 +891,7 @@ def test_a_dp_job_from_the_sdk_is_noised_accounted_and_stopped_at_its_budget(
     dp-accounting's own figure, and the job ends before the round that would pass its
     budget."""
     from client.sdk import submit_job
-    from fedfaas import privacy, robust
+    from core import privacy, robust
 
     p = platform
     clients = [f"d{i}" for i in range(6)]
@@ -1059,7 +1059,7 @@ def _scored_job(
     from client.model import load_bytes_into, model_to_bytes
     from client.sdk import submit_job
     from client.train import TrainConfig, train_local
-    from fedfaas.workloads import TorchEvaluator
+    from flstore_workloads import TorchEvaluator
 
     data = federated_digits(5, seed=3)
     clients = [c.client_id for c in data.clients]

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from core.services import http_ok
 from fedfaas.platform import (
     AlreadyRunning,
     Platform,
@@ -27,7 +28,6 @@ from fedfaas.platform import (
 from fedfaas.platform.context import PLATFORM_ID_VAR
 from fedfaas.platform.parts import MINIO, REDIS
 from fedfaas.platform.procs import marked
-from fedfaas.services import http_ok
 from fedfaas.settings import PlatformSettings
 from tests.platform.conftest import ANY_PORTS
 

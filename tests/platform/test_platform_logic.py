@@ -236,8 +236,8 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
     from fedfaas.platform import optional
     from fedfaas.platform.context import Context
     from fedfaas.platform.parts import RUNTIME
-    from fedfaas.runtime.settings import RuntimeSettings
     from gateway.__main__ import parse_settings
+    from runtime.settings import RuntimeSettings
 
     ports = {
         "control_plane": 1008,

@@ -18,10 +18,9 @@ from minio.credentials.providers import StaticProvider
 from minio.error import S3Error
 from minio.minioadmin import MinioAdmin
 
-from fedfaas.auth import write_token_file
-from fedfaas.provision_minio import main, parser
-from fedfaas.secretfiles import Credentials, read_credentials, write_credentials
-from fedfaas.services import (
+from core.auth import write_token_file
+from core.secretfiles import Credentials, read_credentials, write_credentials
+from core.services import (
     MINIO_ROOT_PASSWORD,
     MINIO_ROOT_USER,
     MinioServer,
@@ -30,6 +29,7 @@ from fedfaas.services import (
     minio_user_file,
     provision_minio,
 )
+from fedfaas.provision_minio import main, parser
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ class (a name nobody reads is a silent misconfiguration, or a leftover such as t
 components no longer take as values).
 
 An ``aggregator`` replica finds its node's router through one setting,
-``FEDFAAS_GATEWAY_ROUTER_SOCKET`` (:data:`fedfaas.settings.ROUTER_SOCKET_ENV`): the node gateway
+``FEDFAAS_GATEWAY_ROUTER_SOCKET`` (:data:`core.node.ROUTER_SOCKET_ENV`): the node gateway
 reads it as ``GatewaySettings.router_socket``, the replica as ``AggregatorSettings.router_socket``
 (a ``validation_alias``, so the replica ignores ``FEDFAAS_AGGREGATOR_ROUTER_SOCKET``). A name
 that drifts on one side is silently ignored, and the replica never registers an endpoint.
@@ -28,11 +28,12 @@ from pydantic_settings import BaseSettings
 
 from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
-from fedfaas.runtime.provider import node_env
-from fedfaas.settings import PLATFORM_STACK, ROUTER_SOCKET_ENV
+from core.node import ROUTER_SOCKET_ENV
+from core.stackfile import PLATFORM_STACK
 from functions.aggregator.settings import AggregatorSettings
 from gateway.settings import GatewaySettings
 from request_tracker.settings import TrackerSettings
+from runtime.provider import node_env
 from tests.platform.test_chart import CHART, _pod_specs, _render, needs_helm
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from fedfaas import privacy, robust, shards
-from fedfaas.robust import Noise, RobustRule, RuleError
+from core import privacy, robust, shards
+from core.robust import Noise, RobustRule, RuleError
 
 N, D = 10, 6_007
 

@@ -1,4 +1,4 @@
-"""The sharded rules (fedfaas.robust) against a plain numpy reference and against Flower.
+"""The sharded rules (core.robust) against a plain numpy reference and against Flower.
 
 The shard kernels run over ranges of a few thousand coordinates split in several shards (and
 blocks smaller than a shard, to cross block edges); the result must not depend on the split.
@@ -14,8 +14,8 @@ from flwr.server.strategy.aggregate import (
     aggregate_trimmed_avg,
 )
 
-from fedfaas import robust
-from fedfaas.robust import RobustRule, RuleError
+from core import robust
+from core.robust import RobustRule, RuleError
 
 N, D = 12, 5_003
 

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fedfaas.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
-from fedfaas.runtime import RuntimeProcess
-from fedfaas.stackfile import load_stack
+from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
+from core.stackfile import load_stack
+from runtime import RuntimeProcess
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "stack.yml"

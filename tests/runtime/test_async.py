@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
-from fedfaas.runtime.async_calls import STREAM
-from fedfaas.services import RedisServer, ServiceError, free_port
+from core.services import RedisServer, ServiceError, free_port
+from runtime import RuntimeProcess
+from runtime.async_calls import STREAM
 from tests.conftest import RedisURL
 from tests.runtime.conftest import (
     FUNCTION_TOKEN,
@@ -326,7 +326,7 @@ def test_a_runtime_with_redis_but_no_credentials_file_does_not_start(
 def test_bad_async_settings_are_refused_naming_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fedfaas.runtime.settings import RuntimeSettings
+    from runtime.settings import RuntimeSettings
 
     for flag, value in (("--async-workers", "0"), ("--async-max-attempts", "-1")):
         with pytest.raises(SystemExit) as exc:
@@ -338,7 +338,7 @@ def test_fedfaas_up_gives_the_runtime_its_redis_user(tmp_path: Path) -> None:
     from fedfaas.platform import credentials
     from fedfaas.platform.context import Context
     from fedfaas.platform.parts import RUNTIME, redis_credentials
-    from fedfaas.runtime.settings import RuntimeSettings
+    from runtime.settings import RuntimeSettings
 
     ports = {"runtime": 1001, "minio": 1002, "minio_console": 1003, "redis": 1004}
     ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import PASSWORD, USER, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.services import free_port
 from fedfaas.cli import main
-from fedfaas.runtime import RuntimeProcess, create_app
-from fedfaas.runtime.settings import RuntimeSettings
-from fedfaas.services import free_port
+from runtime import RuntimeProcess, create_app
+from runtime.settings import RuntimeSettings
 from tests.runtime.conftest import STACK, client
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fedfaas.runtime.contract import BadResult, Headers, Query, to_response
-from fedfaas.runtime.watchdog import parse_duration
+from runtime.contract import BadResult, Headers, Query, to_response
+from runtime.watchdog import parse_duration
 
 
 def _body(result: object) -> bytes:

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from core.openfaas import AsyncOpenFaaS, OpenFaaS, OpenFaaSError
+from core.stackfile import load_stack
 from fedfaas.deploy import DeployError, deploy
-from fedfaas.openfaas import AsyncOpenFaaS, OpenFaaS, OpenFaaSError
-from fedfaas.runtime import RuntimeProcess
-from fedfaas.stackfile import load_stack
+from runtime import RuntimeProcess
 from tests.runtime.conftest import FN_AUTH, PASSWORD, STACK, USER, wait_until
 
 
@@ -120,7 +120,7 @@ def test_default_gateway_yields_to_openfaas_url_unless_resolve_is_off(
     threading.Thread(target=other.serve_forever, daemon=True).start()
     try:
         # the recorder stands at faas-cli's default address, which counts as "not set"
-        monkeypatch.setattr("fedfaas.stackfile.DEFAULT_GATEWAY", recorder.url)
+        monkeypatch.setattr("core.stackfile.DEFAULT_GATEWAY", recorder.url)
         monkeypatch.setenv("OPENFAAS_URL", other.url)
         [moved] = deploy(stack, recorder.url)
         assert moved.ok and [r["method"] for r in other.seen] == ["PUT"]

@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import available, echo_body, wait_until
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.runtime.errors import UnsupportedImage
-from fedfaas.runtime.images import ImageResolver
-from fedfaas.runtime.models import FunctionDeployment
-from fedfaas.settings import PLATFORM_STACK
+from core.stackfile import PLATFORM_STACK
+from runtime.errors import UnsupportedImage
+from runtime.images import ImageResolver
+from runtime.models import FunctionDeployment
 
 
 def _stack(folder: Path, functions: dict[str, str]) -> Path:

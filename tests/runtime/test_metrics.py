@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import FUNCTION_TOKEN, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import (
     STACK,
     available,

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.openfaas.conftest import require_binary
 from tests.runtime.conftest import (
     FN_AUTH,

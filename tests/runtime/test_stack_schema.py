@@ -12,11 +12,10 @@ import jsonschema
 import pytest
 import yaml
 
-from fedfaas.settings import PLATFORM_STACK
-from fedfaas.stackfile import load_stack
+from core.stackfile import PLATFORM_STACK, load_stack
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = json.loads((REPO / "fedfaas" / "runtime" / "stack.schema.json").read_text())
+SCHEMA = json.loads((REPO / "runtime" / "stack.schema.json").read_text())
 
 
 def test_schema_is_a_valid_json_schema() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedfaas.runtime.images import image_repository
-from fedfaas.stackfile import StackError, envsubst, load_stack, parse_stack, resolve_gateway
+from core.stackfile import StackError, envsubst, load_stack, parse_stack, resolve_gateway
+from runtime.images import image_repository
 
 BASIC = """
 version: 1.0

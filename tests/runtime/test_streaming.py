@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from fedfaas.runtime import RuntimeProcess
+from runtime import RuntimeProcess
 from tests.runtime.conftest import FN_AUTH, available, client, echo_body, wait_until
 
 pytestmark = pytest.mark.integration

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedfaas.runtime.errors import InvalidDeployment, InvalidScale
-from fedfaas.runtime.validation import (
+from runtime.errors import InvalidDeployment, InvalidScale
+from runtime.validation import (
     clamp_replicas,
     max_replicas,
     min_replicas,

@@ -76,7 +76,7 @@ component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* The command-line tail every FedFaaS component takes (fedfaas/cmdline.py). */}}
+{{/* The command-line tail every FedFaaS component takes (core/cmdline.py). */}}
 {{- define "fedfaas.logArgs" -}}
 - --log-level
 - {{ ternary "DEBUG" "INFO" .Values.logs.debug }}
@@ -101,13 +101,13 @@ component: {{ .component }}
 {{- printf "%s-redis-acl" (include "fedfaas.fullname" .) -}}
 {{- end -}}
 
-{{/* The OpenFaaS secret every function requires (fedfaas/runtime/function_auth.py TOKEN_SECRET);
+{{/* The OpenFaaS secret every function requires (runtime/function_auth.py TOKEN_SECRET);
      faas-netes mounts it at /var/openfaas/secrets/fedfaas-function-token. */}}
 {{- define "fedfaas.functionTokenSecret" -}}
 fedfaas-function-token
 {{- end -}}
 
-{{/* MinIO component users: the keys of fedfaas/services.py minio_policies(). Their policies are
+{{/* MinIO component users: the keys of core/services.py minio_policies(). Their policies are
      made by the hook Job (python -m fedfaas.provision_minio) from that same function;
      tests/platform/test_chart.py keeps this list equal to it. */}}
 {{- define "fedfaas.minioUsers" -}}
@@ -115,7 +115,7 @@ fedfaas-function-token
 - cache-engine
 {{- end -}}
 
-{{/* Redis ACL users (`default` is off): the table REDIS_USERS of fedfaas/services.py, user ->
+{{/* Redis ACL users (`default` is off): the table REDIS_USERS of core/services.py, user ->
      key patterns and commands; tests/platform/test_chart.py keeps the two equal. */}}
 {{- define "fedfaas.redisUsers" -}}
 admin: "~* &* +@all"

@@ -1,0 +1,150 @@
+"""Settings of the embedded runtime (env prefix ``FEDFAAS_RUNTIME_``)."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from core.cmdline import CommandLineSettings
+
+try:
+    VERSION = version("fedfaas")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    VERSION = "0.0.0"
+
+
+class RuntimeSettings(CommandLineSettings):
+    """Everything the runtime reads at start; every default works on one machine, and
+    ``auth_dir`` has none: the runtime never serves ``/system/*`` without credentials.
+
+    Attributes
+    ----------
+    stack:
+        Stack file whose ``image -> handler`` entries say which folder runs for a deployed image.
+        Re-read when it changes on disk, so new entries deploy without a restart.
+    platform_stack:
+        The platform's own functions (``stack.platform.yml``: the ``aggregator``, which the
+        Helm chart deploys on Kubernetes rather than ``faas-cli deploy -f stack.yml``), read
+        the same way after ``stack``. ``fedfaas up`` passes it.
+    state_dir:
+        Replica logs live under ``<state_dir>/functions/<name>/``.
+    auth_dir:
+        Folder with ``basic-auth-user`` and ``basic-auth-password``, the one user of basic auth
+        on ``/system/*``. Required: without it ``python -m runtime`` exits 2 naming
+        ``--auth-dir``, and without the files :func:`~runtime.app.create_app` raises
+        ``ValueError`` naming the missing file. ``RuntimeProcess`` makes a random pair.
+    ce_limits:
+        Apply OpenFaaS CE's limits (scale labels <= 5, scale clamped to [1, 5], 15 functions).
+        Off by default: FedFaaS runs more than five aggregator replicas on one node.
+    max_replicas:
+        Upper bound for a scale request when the function has no ``com.openfaas.scale.max`` label
+        (the Pro autoscaler's default max is 20).
+    upstream_timeout:
+        Seconds the proxy waits on a replica (read/write of one chunk); generous because model
+        updates are hundreds of MB (reference section 6).
+    ready_wait:
+        Seconds an invocation waits for a ready replica before answering 503 (the CE gateway
+        waits for a replica the same way with ``scale_from_zero``). 0 answers 503 at once.
+    nodes:
+        The node gateways this runtime schedules replicas onto: node name -> that node's router
+        socket. Each replica is placed on one node (the deployment's ``node=NAME`` or
+        ``kubernetes.io/hostname=NAME`` constraint, else spread: the node with the fewest
+        replicas of the function) and gets ``FEDFAAS_NODE`` and
+        ``FEDFAAS_GATEWAY_ROUTER_SOCKET`` for it, as a pod on Kubernetes gets its node's
+        hostPath socket. Empty: replicas get no node.
+    redis_url, redis_credentials_file:
+        The Redis that holds the queue of asynchronous calls (``/async-function/*``) and the
+        PATH of the runtime's Redis credentials file (ACL user ``runtime``). Without
+        ``redis_url`` those routes answer 501; with it, a missing or malformed credentials
+        file stops :func:`~runtime.app.create_app` (``AuthConfigError``).
+    async_max_body:
+        Largest body (bytes) of an asynchronous call; a larger one is refused with 413.
+    async_workers:
+        How many asynchronous calls are invoked at once.
+    async_max_attempts:
+        Attempts of one asynchronous call (invoking it while no replica can take it, then
+        delivering its callback) before it is dropped with a logged error.
+    async_retry_backoff:
+        Seconds before the second attempt; doubled for each further one (at most 60).
+    async_claim_idle:
+        Seconds after which a call held by a worker that stopped sending heartbeats (a runtime
+        that died) is taken over by another worker.
+    watchdog:
+        OpenFaaS's of-watchdog binary: each replica runs it (HTTP mode) in front of the Docker
+        template's server ``template/python3-http/index.py``, as on Kubernetes, instead of the
+        embedded watchdog (README.md). Its metrics port is fixed (8081): one replica per machine
+        at a time, and updates cannot roll (remove and deploy again).
+    behind_gateway:
+        The runtime is the provider behind OpenFaaS's own gateway (``fedfaas up
+        --openfaas-gateway``): ``GET /system/info`` answers a provider's ``ProviderInfo``
+        (``{"provider": name, "orchestration", "version"}``), which the gateway wraps in its
+        own answer; otherwise the gateway's ``GatewayInfo`` (what faas-cli reads).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
+
+    MODULE: ClassVar[str] = "runtime"
+    DESCRIPTION: ClassVar[str] = "FedFaaS embedded OpenFaaS-compatible runtime"
+    FLAGS: ClassVar[dict[str, str]] = {
+        "host": "--host",
+        "port": "--port",
+        "stack": "--stack",
+        "platform_stack": "--platform-stack",
+        "state_dir": "--state-dir",
+        "auth_dir": "--auth-dir",
+        "namespace": "--namespace",
+        "ce_limits": "--ce-limits",
+        "max_functions": "--max-functions",
+        "max_replicas": "--max-replicas",
+        "upstream_timeout": "--upstream-timeout",
+        "ready_wait": "--ready-wait",
+        "health_interval": "--health-interval",
+        "health_timeout": "--health-timeout",
+        "failure_threshold": "--failure-threshold",
+        "startup_timeout": "--startup-timeout",
+        "stop_grace": "--stop-grace",
+        "nodes": "--nodes",
+        "redis_url": "--redis-url",
+        "redis_credentials_file": "--redis-credentials-file",
+        "async_max_body": "--async-max-body",
+        "async_workers": "--async-workers",
+        "async_max_attempts": "--async-max-attempts",
+        "async_retry_backoff": "--async-retry-backoff",
+        "async_claim_idle": "--async-claim-idle",
+        "watchdog": "--watchdog",
+        "behind_gateway": "--behind-gateway",
+    }
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    stack: Path | None = None
+    platform_stack: Path | None = None
+    state_dir: Path = Path(".state/runtime")
+    auth_dir: Path
+    namespace: str = "openfaas-fn"
+    ce_limits: bool = False
+    max_functions: int = 15
+    max_replicas: int = 20
+    upstream_timeout: float = 300.0
+    ready_wait: float = 30.0
+    health_interval: float = 0.5
+    health_timeout: float = 1.0
+    failure_threshold: int = 6
+    startup_timeout: float = 60.0
+    stop_grace: float = 10.0
+    python: str = sys.executable
+    nodes: dict[str, Path] = {}
+    redis_url: str | None = None
+    redis_credentials_file: Path | None = None
+    async_max_body: int = Field(default=16 * 1024 * 1024, ge=0)
+    async_workers: int = Field(default=2, ge=1)
+    async_max_attempts: int = Field(default=8, ge=1)
+    async_retry_backoff: float = Field(default=1.0, ge=0)
+    async_claim_idle: float = Field(default=30.0, gt=0)
+    watchdog: Path | None = None
+    behind_gateway: bool = False
