@@ -40,7 +40,7 @@ SERVER_SOURCES = (
     "functions/evaluator",
     "flstore_workloads",
     "core/auth.py",
-    "core/wire.py",
+    "core/wire",
 )
 CODE_NAMES = ("code", "error")
 
@@ -133,7 +133,7 @@ def test_the_walk_finds_the_codes_of_every_kind_of_source() -> None:
         "unknown_query": "request_tracker/service.py",  # {"error": "..."}
         "bad_update": "gateway/errors.py",  # code: str = "bad_update"
         "forbidden": "core/auth.py",  # "unauthorized" if ... else "forbidden"
-        "non_finite": "core/wire.py",
+        "non_finite": "core/wire/errors.py",
     }.items():
         assert where in found.get(code, ()), (code, found.get(code))
     assert len(found) > 80

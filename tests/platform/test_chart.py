@@ -409,7 +409,7 @@ def _helper_yaml(name: str) -> Any:
 
 
 def test_chart_users_are_those_of_fedfaas_services() -> None:
-    """The chart's Redis ACL table and MinIO users are services.py's (no drift, no helm needed)."""
+    """The chart's Redis ACL table and MinIO users are core.services' (no drift, no helm needed)."""
     from core.services import REDIS_USERS, minio_policies
 
     assert _helper_yaml("fedfaas.redisUsers") == REDIS_USERS

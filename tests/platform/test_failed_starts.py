@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from core import services
+from core.services import process
 from core.services import PrometheusServer, RedisServer, ServiceError, free_port
 
 pytestmark = pytest.mark.integration
@@ -30,14 +31,14 @@ pytestmark = pytest.mark.integration
 def spawned(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
     """The processes the servers spawn during the test (the real ``spawn``, recorded)."""
     procs: list[subprocess.Popen[bytes]] = []
-    real = services.spawn
+    real = process.spawn
 
     def record(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
         proc = real(*args, **kw)
         procs.append(proc)
         return proc
 
-    monkeypatch.setattr(services, "spawn", record)
+    monkeypatch.setattr(process, "spawn", record)  # where the servers call it
     return procs
 
 

@@ -107,7 +107,7 @@ component: {{ .component }}
 fedfaas-function-token
 {{- end -}}
 
-{{/* MinIO component users: the keys of core/services.py minio_policies(). Their policies are
+{{/* MinIO component users: the keys of core/services/minio_server.py minio_policies(). Their policies are
      made by the hook Job (python -m fedfaas.provision_minio) from that same function;
      tests/platform/test_chart.py keeps this list equal to it. */}}
 {{- define "fedfaas.minioUsers" -}}
@@ -115,7 +115,7 @@ fedfaas-function-token
 - cache-engine
 {{- end -}}
 
-{{/* Redis ACL users (`default` is off): the table REDIS_USERS of core/services.py, user ->
+{{/* Redis ACL users (`default` is off): the table REDIS_USERS of core/services/redis_server.py, user ->
      key patterns and commands; tests/platform/test_chart.py keeps the two equal. */}}
 {{- define "fedfaas.redisUsers" -}}
 admin: "~* &* +@all"

@@ -1,0 +1,103 @@
+"""Debian's Prometheus on loopback, scraping the parts' ``/metrics``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+
+
+from core.services.process import (
+    Server,
+    ServiceError,
+    find_binary,
+    free_port,
+    http_ok,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrometheusServer(Server):
+    """Debian's ``prometheus`` on a loopback port, scraping ``targets`` (``host:port`` each,
+    path ``/metrics``) every ``scrape_interval``; its TSDB in ``data_dir/tsdb``.
+
+    OpenFaaS's gateway needs one: it reads its functions' invocation counts from Prometheus'
+    query API (``faas_prometheus_host``/``faas_prometheus_port``) and has no way to send a
+    credential there, so this server has no login. It therefore listens on loopback only and
+    holds nothing but the metrics of what it scrapes. Its configuration is ``prometheus.yml``
+    in ``data_dir``, written by :meth:`prepare`.
+    """
+
+    targets: list[str] = field(default_factory=list)
+    scrape_interval: str = "1s"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "prometheus.yml"
+
+    def prepare(self) -> None:
+        """Write ``prometheus.yml``: one job, ``fedfaas``, over :attr:`targets`."""
+        import json
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # YAML is a superset of JSON: the list of targets is written as JSON, quoted
+        lines = [
+            "global:",
+            f"  scrape_interval: {self.scrape_interval}",
+            f"  evaluation_interval: {self.scrape_interval}",
+            "scrape_configs:",
+            "  - job_name: fedfaas",
+            "    static_configs:",
+            f"      - targets: {json.dumps(list(self.targets))}",
+        ]
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def command(self) -> list[str]:
+        """The ``prometheus`` command line: the configuration of :meth:`prepare`, the TSDB in
+        ``data_dir/tsdb``, the web API on ``host:port``."""
+        binary = find_binary("prometheus")
+        if binary is None:
+            raise ServiceError(
+                "prometheus not found: run `make setup` (apt-get install prometheus)"
+            )
+        return [
+            binary,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
+            f"--web.listen-address={self.host}:{self.port}",
+            "--log.level=warn",
+        ]
+
+    def ready(self, timeout: float = 1.0) -> bool:
+        """True when ``/-/ready`` answers 200 right now."""
+        return http_ok(f"{self.url}/-/ready", timeout)
+
+    def query(self, promql: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The result vector of the instant query ``promql`` (``/api/v1/query``)."""
+        import json
+        import urllib.parse
+        import urllib.request
+
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            doc = json.load(r)
+        if doc.get("status") != "success":
+            raise ServiceError(f"prometheus query {promql!r} failed: {doc}")
+        return list(doc["data"]["result"])
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        self.port = self.port or free_port(self.host)
+        self.prepare()
+        self._start(self.command(), lambda: self._wait_ready("prometheus", self.ready, timeout))
+        log.info("prometheus on %s scraping %s (pid %s)", self.url, self.targets, self.pid)
+        return self
