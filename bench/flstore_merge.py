@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.flstore import RESULTS, markdown, plot
+from bench.flstore import RESULTS
+from bench.flstore_md import markdown, plot
 from bench.flstore_rounds import SYSTEMS
 from bench.runinfo import rerender
 

@@ -1,4 +1,4 @@
-"""bench.flstore: the 'load included' figures and the Markdown rendered from a result."""
+"""bench.flstore (and its report, bench.flstore_md): the 'load included' figures and the Markdown rendered from a result."""
 
 from __future__ import annotations
 
@@ -7,16 +7,10 @@ from typing import Any
 
 import pytest
 
-from bench.flstore import (
-    MEMO_METHOD,
-    POLICIES,
-    _handoff_md,
-    _one,
-    _steady_md,
-    handoff,
-    markdown,
-    with_load,
-)
+from bench.flstore import MEMO_METHOD, _one
+from bench.flstore_md import handoff_md, markdown, steady_md, with_load
+from bench.flstore_micro import handoff
+from bench.flstore_plan import POLICIES
 from bench.runinfo import run_info
 
 
@@ -121,7 +115,7 @@ def test_the_handoff_section_maps_every_update_in_place_and_times_both_paths(
     assert all(x["seconds"] > 0 for x in hd["rows"])
     assert hd["handed_off"] == 2 * 3
     assert sum(f["mapped_in_place"] for f in hd["functions"].values()) == 2 * 3
-    md = "\n".join(_handoff_md(hd))
+    md = "\n".join(handoff_md(hd))
     assert "| shm (mapped in place) | 2 |" in md and "| MinIO (read + decode) | 2 |" in md
 
 
@@ -138,7 +132,7 @@ def test_the_steady_state_rows_print_each_small_query_against_cache_agg() -> Non
             "same_result": True,
         }
     }
-    md = "\n".join(_steady_md("memo on", steady))
+    md = "\n".join(steady_md("memo on", steady))
     assert "each asked 20 times of each system, the system that goes first rotating" in md
     # slower than Cache-Agg prints as a positive change, as in the live rows, and the paired
     # difference with its interval
