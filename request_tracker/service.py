@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from core.auth import Authenticator, Scope, install, private_app, require
 from core.secretfiles import async_redis_client, read_credentials
+from request_tracker.errors import TrackerError
 from request_tracker.settings import TrackerSettings
-from request_tracker.tracker import Tracker, TrackerError
+from request_tracker.tracker import Tracker
 
 
 def create_app(settings: TrackerSettings | None = None) -> FastAPI:

@@ -11,10 +11,10 @@ function to the engine and re-routes to the next holder (a secondary), then re-a
 kept, and the same query asked again goes straight to a holder: one call to the engine less on
 the query path (about a millisecond on a 2-core machine). The engine publishes every change a
 plan depends on (the location table, the catalog, evaluators, the functions' addresses) on the
-Redis channel :data:`CHANGES`, naming the job changed (or none, for a change that may touch any
+Redis channel :data:`~request_tracker.plans.CHANGES`, naming the job changed (or none, for a change that may touch any
 job: a function gone or moved); a message voids the kept plans of that job (or all), and a plan
 is reused only in the epoch (messages seen for its job, and for all jobs) in which it was asked
-for, while the tracker is subscribed, and for at most :data:`PLAN_TTL_S`. A plan a message has
+for, while the tracker is subscribed, and for at most :data:`~request_tracker.plans.PLAN_TTL_S`. A plan a message has
 not voided yet is still safe: a function answers only when it holds every object named (else
 409 ``not_held``), and the tracker then asks the engine as before. The queries answered on kept
 plans are told to the engine in batches (``/v1/touch``), so its policy sees every request. The
@@ -25,65 +25,24 @@ the result) is kept the same way: asked again, the tracker answers it itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 import uuid
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from core.auth import AuthConfigError, bearer, read_token_file
+from request_tracker.engine import EngineClient
+from request_tracker.errors import TrackerError
+from request_tracker.http import Calls, HttpError, HttpTimeout, Reply, reply_body
+from request_tracker.plans import KeptPlans
 from request_tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
 
 QUERY = "flstore:query:"
 FUNCTIONS = "flstore:functions"
-#: the engine's change messages (``cache_engine.table.CHANGES``)
-CHANGES = "flstore:changes"
-#: the longest a plan is kept (a bound should a change message be lost with the subscription)
-PLAN_TTL_S = 5.0
-#: the most plans kept (all are forgotten when one more would not fit)
-MAX_PLANS = 4096
-#: queries answered on kept plans reach the engine in batches: the first waits this long
-TOUCH_DELAY_S = 0.05
-#: the most queries in one batch (the engine takes up to ``cache_engine.service.MAX_TOUCH``)
-TOUCH_BATCH = 500
-
-
-class HttpError(Exception):
-    """A call that got no HTTP answer (refused, broken, timed out)."""
-
-
-class HttpTimeout(HttpError):
-    """A call that got no answer in time."""
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP answer, read whole."""
-
-    status_code: int
-    content: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.content)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-
-class TrackerError(Exception):
-    """A query the tracker could not serve; ``status``/``body`` go to the HTTP layer."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        super().__init__(body.get("detail", ""))
-        self.status, self.body = status, body
 
 
 class Tracker:
@@ -101,17 +60,17 @@ class Tracker:
         self.function_headers = bearer(
             read_token_file(settings.function_token_file, "function token")
         )
-        #: one pool of kept-alive connections to the engine and the runtime (made in
+        #: one pool of kept-alive connections to the engine and the runtime (opened in
         #: :meth:`start`, on the running loop)
-        self.http: aiohttp.ClientSession
+        self.http = Calls()
         token = (
             read_token_file(settings.engine_token_file, "engine token")
             if settings.engine_token_file
             else None
         )
-        #: the engine's service credential, sent on every call to the engine
-        self.engine_headers = bearer(token) if token else {}
         self.stats: Counter[str] = Counter()
+        #: the engine, with its service credential on every call
+        self.engine = EngineClient(settings, self.http, bearer(token) if token else {}, self.stats)
         self.latencies: deque[float] = deque(maxlen=10000)
         self._tasks: set[asyncio.Task[Any]] = set()
         #: query id -> seconds its record is kept, where not ``result_ttl`` (answered queries)
@@ -120,39 +79,22 @@ class Tracker:
         #: records of queries answered in their own request, written in the background
         self._unwritten: dict[str, dict[str, Any]] = {}
         self._writes: set[asyncio.Task[None]] = set()
-        #: query (canonical JSON) -> (job, epoch it was asked in, monotonic time, plan)
-        self._plans: dict[str, tuple[str, tuple[int, int], float, dict[str, Any]]] = {}
-        #: change messages for every job seen since start (and subscriptions made), and for
-        #: each job; see the module
-        self._epoch = 0
-        self._job_epochs: Counter[str] = Counter()
-        #: subscribed to CHANGES: only then is a plan reused
-        self._listening = False
+        self.plans = KeptPlans()
         self._listener: asyncio.Task[None] | None = None
-        #: queries answered on kept plans, not told to the engine yet
-        self._touches: list[dict[str, Any]] = []
-        self._toucher: asyncio.Task[None] | None = None
-        self._touches_in_flight = 0
 
     async def start(self) -> None:
-        self.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=128, keepalive_timeout=60),
-            json_serialize=json.dumps,
-        )
+        self.http.open()
         if self.s.ping_interval > 0:
             self._pinger = asyncio.create_task(self._ping_loop())
         if self.s.plan_reuse:
-            self._listener = asyncio.create_task(self._listen())
+            self._listener = asyncio.create_task(self.plans.follow(self.redis))
 
     async def close(self) -> None:
         if self._pinger:
             self._pinger.cancel()
         if self._listener:
             self._listener.cancel()
-        if self._toucher:
-            self._toucher.cancel()
-        if self._touches:  # the last answers' requests still reach the policy
-            await self._send_touches(at_once=True)
+        await self.engine.close()
         for t in list(self._tasks):
             t.cancel()
         if self._writes:  # the last answers' records go out before the connection closes
@@ -186,9 +128,9 @@ class Tracker:
     # -- validation and submission --------------------------------------------------------
     async def validate(self, body: dict[str, Any]) -> dict[str, Any]:
         """Ask the engine whether the query can be served (4xx raised as TrackerError)."""
-        r = await self._engine("/v1/plan", body)
+        r = await self.engine.post("/v1/plan", body)
         if r.status_code != 200:
-            raise TrackerError(r.status_code, _body(r))
+            raise TrackerError(r.status_code, reply_body(r))
         out: dict[str, Any] = r.json()
         return out
 
@@ -251,7 +193,7 @@ class Tracker:
 
         key = json.dumps(body, sort_keys=True, separators=(",", ":"))
         job = head["job"]
-        kept = self._kept(key)
+        kept = self.plans.get(key)
         # a kept plan is tried first, as an attempt of its own: should it be stale, every
         # attempt with a fresh plan is still there
         for attempt in range(-1 if kept is not None else 0, self.s.attempts):
@@ -259,20 +201,20 @@ class Tracker:
                 plan = kept
                 self.stats["plans_reused"] += 1
             else:
-                epoch = self._epoch_of(job)
+                epoch = self.plans.epoch_of(job)
                 try:
-                    r = await self._engine("/v1/acquire", body)
+                    r = await self.engine.post("/v1/acquire", body)
                 except TrackerError as exc:
                     await failed(exc.body)
                     self.stats["failed"] += 1
                     raise
                 if r.status_code != 200:
-                    err = _body(r)
+                    err = reply_body(r)
                     await failed(err)
                     self.stats["rejected" if r.status_code < 500 else "failed"] += 1
                     raise TrackerError(r.status_code, err)
                 plan = r.json()
-                self._keep(key, job, epoch, plan)
+                self.plans.keep(key, job, epoch, plan)
             head.update(workload=plan["workload"], hit=plan["hit"])
             if "result" in plan:  # a metadata query the engine answered from what it holds
                 return await self._done(
@@ -308,16 +250,16 @@ class Tracker:
                         outcome="timeout" if isinstance(exc, HttpTimeout) else "unreachable",
                         detail=str(exc)[:200],
                     )
-                    self._plans.pop(key, None)
+                    self.plans.forget(key)
                     self.stats["reroutes"] += 1
-                    await self._report(fn)
+                    await self.engine.report_failed(fn)
                     continue
                 step["seconds"] = time.perf_counter() - t1
                 if resp.status_code == 200:
                     out = resp.json()
                     step["outcome"] = "ok"
                     if attempt < 0:  # the engine did not see this request: tell its policy
-                        self._touch(body)
+                        self.engine.touch(body)
                     return await self._done(
                         qid,
                         head,
@@ -329,24 +271,16 @@ class Tracker:
                         out.get("compute_s"),
                         recorded=recorded,
                     )
-                err = _body(resp)
+                err = reply_body(resp)
                 step.update(outcome=f"http_{resp.status_code}", error=err.get("error"))
-                self._plans.pop(key, None)
+                self.plans.forget(key)
                 if resp.status_code == 409 and err.get("error") == "not_held":
                     # evicted meanwhile: fix the table, re-acquire (a reducer names the
                     # function whose part was missing)
                     last = err
-                    lacking = err.get("function") if isinstance(err.get("function"), str) else fn
-                    try:
-                        await self._http(
-                            "POST",
-                            f"{self.s.engine_url}/v1/functions/{lacking}/missing",
-                            {"objects": err.get("missing", [])},
-                            self.engine_headers,
-                            10,
-                        )
-                    except HttpError as exc:
-                        log.warning("could not report missing objects on %s: %s", lacking, exc)
+                    named = err.get("function")
+                    lacking = named if isinstance(named, str) else fn
+                    await self.engine.report_missing(lacking, err.get("missing", []))
                     continue
                 if 400 <= resp.status_code < 500 and resp.status_code not in (404, 429):
                     # the workload rejected its input: a property of the query, not of the function
@@ -355,7 +289,7 @@ class Tracker:
                     raise TrackerError(resp.status_code, err)
                 last = err
                 self.stats["reroutes"] += 1
-                await self._report(fn)
+                await self.engine.report_failed(fn)
         await failed(last)
         self.stats["failed"] += 1
         raise TrackerError(
@@ -410,112 +344,6 @@ class Tracker:
             t.add_done_callback(self._writes.discard)
         return {"id": qid, **head, **done}
 
-    # -- kept plans (see the module) --------------------------------------------------------
-    def _kept(self, key: str) -> dict[str, Any] | None:
-        """The plan kept for query ``key`` where it is still good, as a plan of a request
-        that loaded nothing (the engine's own figures of the first request left out)."""
-        if not self._listening:
-            return None
-        entry = self._plans.get(key)
-        if entry is None:
-            return None
-        job, epoch, made, plan = entry
-        if epoch != self._epoch_of(job) or time.monotonic() - made > PLAN_TTL_S:
-            del self._plans[key]
-            return None
-        return {
-            **plan,
-            "hit": True,
-            "loaded": 0,
-            "engine_s": None,
-            "misses": [],
-            "prefetch": [],
-            "evict": [],
-            "kept": True,
-        }
-
-    def _epoch_of(self, job: str) -> tuple[int, int]:
-        return self._epoch, self._job_epochs[job]
-
-    def _keep(self, key: str, job: str, epoch: tuple[int, int], plan: dict[str, Any]) -> None:
-        """Keep the plan of a query of ``job`` (asked for in ``epoch``, and no change of that
-        job seen since): one that routes to functions, or the answer to a metadata query the
-        engine gave from the rounds' metadata (the same query on the same rounds gives the
-        same answer until a change)."""
-        if not self._listening or epoch != self._epoch_of(job):
-            return
-        if "result" not in plan and not plan.get("holders"):
-            return
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
-        self._plans[key] = (job, epoch, time.monotonic(), plan)
-
-    def _changed(self, job: str) -> None:
-        """A change of ``job`` ("": of any job): its kept plans are void."""
-        if job:
-            self._job_epochs[job] += 1
-            for k in [k for k, e in self._plans.items() if e[0] == job]:
-                del self._plans[k]
-        else:
-            self._epoch += 1
-            self._plans.clear()
-
-    async def _listen(self) -> None:
-        """Follow the engine's change messages: each voids the kept plans of its job (or
-        all). Plans are kept only while subscribed; a broken subscription forgets them all and
-        is made again."""
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(CHANGES)
-                async for msg in pubsub.listen():
-                    if msg.get("type") == "message":
-                        self._changed(str(msg.get("data") or ""))
-                    else:  # subscribed (again): anything may have changed meanwhile
-                        self._changed("")
-                        self._listening = msg.get("type") == "subscribe"
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("no change messages from the engine (%s); plans are not kept", exc)
-            finally:
-                self._listening = False
-                self._plans.clear()
-                with contextlib.suppress(Exception):  # the connection may be broken already
-                    await pubsub.aclose()
-            await asyncio.sleep(1.0)
-
-    def _touch(self, body: dict[str, Any]) -> None:
-        self._touches.append(body)
-        if self._toucher is None:
-            self._toucher = asyncio.create_task(self._send_touches())
-
-    async def _send_touches(self, *, at_once: bool = False) -> None:
-        """Tell the engine the queries answered on kept plans (``POST /v1/touch``), in
-        batches; its policy then sees them as requests. Best effort: a batch the engine does
-        not take is logged and dropped (the answers are not affected)."""
-        if not at_once:
-            await asyncio.sleep(TOUCH_DELAY_S)
-        self._toucher = None
-        while self._touches:
-            batch, self._touches = self._touches[:TOUCH_BATCH], self._touches[TOUCH_BATCH:]
-            self._touches_in_flight += len(batch)
-            try:
-                r = await self._http(
-                    "POST",
-                    f"{self.s.engine_url}/v1/touch",
-                    {"queries": batch},
-                    self.engine_headers,
-                    10,
-                )
-                if r.status_code != 200:
-                    log.warning("the engine refused %d touches: HTTP %d", len(batch), r.status_code)
-            except HttpError as exc:
-                log.warning("%d touches not told to the engine: %s", len(batch), exc)
-            finally:
-                self._touches_in_flight -= len(batch)
-            self.stats["touches_sent"] += len(batch)
-
     async def _write(self, qid: str, rec: dict[str, Any], ttl: int) -> None:
         try:
             await self._record(qid, ttl=ttl, **rec)
@@ -523,30 +351,6 @@ class Tracker:
             log.exception("record of query %s not written", qid)
         finally:
             self._unwritten.pop(qid, None)
-
-    async def _http(
-        self,
-        method: str,
-        url: str,
-        body: dict[str, Any] | None,
-        headers: dict[str, str],
-        timeout: float,
-    ) -> Reply:
-        """One call on the kept-alive connections (aiohttp: about half a millisecond less per
-        call than httpx on this path, which makes two or three calls per query)."""
-        try:
-            async with self.http.request(
-                method,
-                url,
-                json=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as r:
-                return Reply(r.status, await r.read())
-        except TimeoutError as exc:
-            raise HttpTimeout(f"no answer from {url} within {timeout:g} s") from exc
-        except aiohttp.ClientError as exc:
-            raise HttpError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _run(
         self,
@@ -561,7 +365,7 @@ class Tracker:
         does not answer (the replica restarted elsewhere), through the gateway."""
         if direct and self.s.direct_functions:
             try:
-                reply = await self._http(
+                reply = await self.http(
                     "POST", f"{direct}/run", run, self.function_headers, timeout
                 )
                 step["via"] = "direct"
@@ -571,54 +375,13 @@ class Tracker:
             except HttpError as exc:
                 step["direct_failed"] = str(exc)[:200]
         step["via"] = "gateway"
-        return await self._http(
+        return await self.http(
             "POST",
             f"{self.s.runtime_url}/function/{fn}/run",
             run,
             self.function_headers,
             timeout,
         )
-
-    async def _engine(self, path: str, body: dict[str, Any]) -> Reply:
-        """``POST`` to the cache engine; a refused or broken connection (the engine restarting
-        under the supervisor) is tried again for ``engine_wait`` seconds, then a 503."""
-        deadline = time.monotonic() + self.s.engine_wait
-        delay = 0.1
-        while True:
-            try:
-                return await self._http(
-                    "POST",
-                    f"{self.s.engine_url}{path}",
-                    body,
-                    self.engine_headers,
-                    self.s.engine_timeout,
-                )
-            except HttpError as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.stats["engine_unavailable"] += 1
-                    raise TrackerError(
-                        503,
-                        {
-                            "error": "engine_unavailable",
-                            "detail": f"the cache engine at {self.s.engine_url} did not answer "
-                            f"for {self.s.engine_wait:g} s ({type(exc).__name__}); ask again",
-                        },
-                    ) from exc
-                await asyncio.sleep(min(delay, left))
-                delay = min(2 * delay, 1.0)
-
-    async def _report(self, fn: str) -> None:
-        try:
-            await self._http(
-                "POST",
-                f"{self.s.engine_url}/v1/functions/{fn}/failed",
-                None,
-                self.engine_headers,
-                10,
-            )
-        except HttpError as exc:
-            log.warning("could not report %s to the engine: %s", fn, exc)
 
     async def _ping_loop(self) -> None:
         while True:
@@ -627,7 +390,7 @@ class Tracker:
                 names = await self.redis.hkeys(FUNCTIONS)
                 for fn in names:
                     try:
-                        r = await self._http(
+                        r = await self.http(
                             "GET",
                             f"{self.s.runtime_url}/function/{fn}/ping",
                             None,
@@ -640,7 +403,7 @@ class Tracker:
                     self.stats["pings"] += 1
                     if not ok:
                         self.stats["ping_failures"] += 1
-                        await self._report(fn)
+                        await self.engine.report_failed(fn)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -657,17 +420,7 @@ class Tracker:
             "latency_p50_s": pct(0.5),
             "latency_p99_s": pct(0.99),
             "in_flight": len(self._tasks),
-            "plans_kept": len(self._plans),
+            "plans_kept": len(self.plans),
             # queries answered on kept plans that the engine's policy has not seen yet
-            "touches_pending": len(self._touches) + self._touches_in_flight,
+            "touches_pending": self.engine.touches_pending,
         }
-
-
-def _body(r: Reply) -> dict[str, Any]:
-    try:
-        b = r.json()
-        if isinstance(b, dict):
-            return b
-    except ValueError:
-        pass
-    return {"error": f"http_{r.status_code}", "detail": r.text[:300]}

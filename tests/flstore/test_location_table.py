@@ -90,7 +90,7 @@ def test_every_change_of_the_redis_table_is_published_for_the_tracker(redis_url:
 def test_the_tracker_follows_the_channel_the_engine_publishes_on() -> None:
     from cache_engine.service import MAX_TOUCH
     from cache_engine.table import CHANGES
-    from request_tracker import tracker
+    from request_tracker import engine, plans
 
-    assert tracker.CHANGES == CHANGES
-    assert 0 < tracker.TOUCH_BATCH <= MAX_TOUCH
+    assert plans.CHANGES == CHANGES
+    assert 0 < engine.TOUCH_BATCH <= MAX_TOUCH
