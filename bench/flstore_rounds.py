@@ -347,7 +347,7 @@ def _ask(
 def _engine_settings(budget: int) -> dict[str, Any]:
     """The cache engine's settings in this section (the platform's defaults otherwise)."""
     return {
-        "memory_budget_bytes": budget,
+        "node_memory_bytes": budget,
         "max_functions": 16,
         "function_env": {**PINNED_THREADS, **NO_MEMOS},
         "call_timeout": 600,

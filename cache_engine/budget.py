@@ -1,57 +1,38 @@
-"""One memory budget per node for what FLStore holds there.
+"""The cache engine's account of the node's memory budget (:mod:`cache_engine.node_memory`).
 
-The budget covers, on the cache engine's node:
+The budget is one per node, shared with the node gateway's store. The account covers:
 
+- the node gateways' shared-memory store, as the memory file system counts it
+  (:func:`~cache_engine.node_memory.store_bytes` of the engine's ``store_root``): the round's
+  updates under aggregation, the globals, the buffers kept for reuse, and the updates a round's
+  offer or a cache function's lease keeps there;
+- the store pages FLStore keeps alive, where the engine has no ``store_root`` to read (its
+  node's store is out of its reach: a Kubernetes pod): the updates a gateway offers for a round
+  until the offer ends, and those a cache function maps in place. With a ``store_root`` these
+  are pages of the store, counted there and not again;
 - the cache functions' private memory (each reports its ``RssAnon``: the objects it read from
   the cold store, and the interpreter);
-- the store pages FLStore keeps alive: the updates a gateway offers for a round until the
-  offer ends, and those a cache function maps in place (its lease keeps them in the store):
-  each update counted once, however many functions map it or parts of it;
 - loads under way (reserved before they start, so two loads at once never pass it together);
 - room kept for the queries' own working memory (``query_memory_bytes``: a reducer's batch of
   sub-models, the chunks a function streams from the cold store), never filled by loads.
 
 A load that would pass the budget does not start: the engine frees room by its policy's
 eviction order, and failing that the query reads its models from the cold store through the
-cache functions a range at a time (``cache_engine.parts``), keeping nothing. The default is
-:data:`DEFAULT_FRACTION` of the node's memory (its cgroup limit where lower); the engine's
-setting ``memory_budget_bytes`` fixes it.
+cache functions a range at a time (``cache_engine.parts``), keeping nothing. The store comes
+first: it may grow into what FLStore holds (its uploads are refused only past the whole budget),
+and the engine then gives that memory back, evicting in its policy's order
+(:meth:`MemoryBudget.overdraft`, checked every ping round).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-
-#: the share of the node's memory FLStore may use by default
-DEFAULT_FRACTION = 0.5
 
 
-def node_memory(
-    meminfo: Path = Path("/proc/meminfo"),
-    cgroup: Path = Path("/sys/fs/cgroup/memory.max"),
-) -> int:
-    """Bytes of memory this node gives this process: ``MemTotal``, or the cgroup's limit where
-    that is lower."""
-    total = 0
-    for line in meminfo.read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            total = int(line.split()[1]) * 1024
-            break
-    try:
-        raw = cgroup.read_text().strip()
-    except OSError:
-        raw = "max"
-    if raw.isdigit() and 0 < int(raw) < total:
-        return int(raw)
-    return total
-
-
-def default_budget(fraction: float = DEFAULT_FRACTION) -> int:
-    """:data:`DEFAULT_FRACTION` (or ``fraction``) of :func:`node_memory`."""
-    return int(node_memory() * fraction)
+def _no_store() -> int:
+    return 0
 
 
 class OverBudget(Exception):
@@ -65,13 +46,17 @@ class MemoryBudget:
     Parameters
     ----------
     limit
-        Bytes FLStore may use on the node.
+        The node's budget, in bytes (:func:`~cache_engine.node_memory.node_budget`).
     keep
         Bytes of it loads never take: the queries' working memory.
+    store
+        Reads the bytes the node's store holds now; ``None``: the store is out of the
+        engine's reach, and the leases count the store pages FLStore keeps instead.
     """
 
     limit: int
     keep: int = 0
+    store: Callable[[], int] | None = None
     #: each cache function's private memory, as it last reported it
     private: dict[str, int] = field(default_factory=dict)
     #: store objects kept for FLStore (an offered or mapped update) -> their bytes
@@ -86,7 +71,15 @@ class MemoryBudget:
             return self._used()
 
     def _used(self) -> int:
-        return sum(self.private.values()) + sum(self.leased.values()) + self.reserved
+        return self._flstore() + self._store()
+
+    def _store(self) -> int:
+        return (self.store or _no_store)()
+
+    def _flstore(self) -> int:
+        """What FLStore holds beyond the store's own count (under the lock)."""
+        leased = 0 if self.store is not None else sum(self.leased.values())
+        return sum(self.private.values()) + leased + self.reserved
 
     def room(self) -> int:
         """Bytes loads may still take (0 when past it): the budget less what is used and
@@ -94,15 +87,22 @@ class MemoryBudget:
         with self._lock:
             return max(0, self.limit - self.keep - self._used())
 
+    def overdraft(self) -> int:
+        """Bytes the account is past what loads may take (0 when within): the store grew into
+        FLStore's share, or a function's memory did; the engine evicts to give them back."""
+        with self._lock:
+            return max(0, self._used() - (self.limit - self.keep))
+
     def reserve(self, nbytes: int) -> None:
         """Count a load of ``nbytes`` before it starts; :class:`OverBudget` if it does not
         fit. Give it back with :meth:`unreserve` once the function reported its memory."""
         with self._lock:
-            if nbytes > 0 and self._used() + nbytes > self.limit - self.keep:
+            used = self._used()
+            if nbytes > 0 and used + nbytes > self.limit - self.keep:
                 raise OverBudget(
                     f"{nbytes} bytes more would pass the node's memory budget "
-                    f"({self._used()} of {self.limit} bytes used, {self.keep} kept for "
-                    "queries' working memory)"
+                    f"({used} of {self.limit} bytes used, the store's {self._store()} among "
+                    f"them; {self.keep} kept for queries' working memory)"
                 )
             self.reserved += max(0, nbytes)
 
@@ -130,12 +130,18 @@ class MemoryBudget:
             for ident in idents:
                 self.leased.pop(ident, None)
 
-    def describe(self) -> dict[str, int]:
+    def describe(self) -> dict[str, int | bool]:
+        """The account: ``used_bytes`` is ``store_bytes`` + ``functions_bytes`` +
+        ``reserved_bytes``, + ``leased_bytes`` only where the store is not read
+        (``store_counted`` false)."""
         with self._lock:
+            store = self._store()
             return {
                 "limit_bytes": self.limit,
                 "kept_for_queries_bytes": self.keep,
-                "used_bytes": self._used(),
+                "used_bytes": self._flstore() + store,
+                "store_bytes": store,
+                "store_counted": self.store is not None,
                 "functions_bytes": sum(self.private.values()),
                 "leased_bytes": sum(self.leased.values()),
                 "reserved_bytes": self.reserved,

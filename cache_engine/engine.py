@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cache_engine.background import Background
-from cache_engine.budget import MemoryBudget, OverBudget, default_budget
+from cache_engine.budget import MemoryBudget, OverBudget
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import ColdStore, ObjectMissing, object_path
 from cache_engine.errors import (  # noqa: F401 (the engine's errors, as they always were importable)
@@ -54,6 +54,7 @@ from cache_engine.errors import (  # noqa: F401 (the engine's errors, as they al
 )
 from cache_engine.keys import ObjectKey
 from cache_engine.liveness import FUNCTIONS, Liveness
+from cache_engine.node_memory import node_budget, store_bytes
 from cache_engine.parts import PartPlanner
 from cache_engine.placement import FunctionInfo, Placement
 from cache_engine.policies import Decision, make_policy
@@ -166,10 +167,12 @@ class CacheEngine(Placement, Liveness, Background):
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-load")
         self._threads: list[threading.Thread] = []
-        #: the node's memory budget for FLStore (``cache_engine.budget``)
+        #: the node's memory budget, with the store's bytes (``cache_engine.budget``)
+        root = settings.store_root
         self.budget = MemoryBudget(
-            settings.memory_budget_bytes or default_budget(settings.memory_budget_fraction),
+            node_budget(settings.node_memory_bytes),
             keep=settings.query_memory_bytes,
+            store=None if root is None else lambda: store_bytes(root),
         )
         #: whole update -> the functions that map it (or parts of it) in place
         self.mapped: dict[ObjectKey, set[str]] = {}

@@ -161,3 +161,8 @@ class Liveness(EngineState):
                     self._check(name)
                 except Exception:
                     log.exception("ping of %s failed", name)
+            if self.budget.overdraft():  # the store grew into FLStore's share: give it back
+                try:
+                    self.make_budget_room(0, (), partial=True)
+                except Exception:
+                    log.exception("giving memory back to the store failed")

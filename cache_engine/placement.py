@@ -205,11 +205,15 @@ class Placement(EngineState):
                 if not (k.kind == "update" and (k.job, k.round) in self.handoffs)
             )
 
-    def make_budget_room(self, nbytes: int, keep: Sequence[ObjectKey]) -> None:
+    def make_budget_room(
+        self, nbytes: int, keep: Sequence[ObjectKey], *, partial: bool = False
+    ) -> None:
         """Evict, in the policy's order, what the budget needs for ``nbytes`` more (never
-        ``keep``); :class:`OverBudget` when even that is not enough (nothing is evicted)."""
-        room = self.budget.room()
-        if nbytes <= room:
+        ``keep``); :class:`OverBudget` when even that is not enough (nothing is evicted).
+        ``partial`` evicts what there is even then: with ``nbytes`` 0, FLStore gives back what
+        the store grew into (:meth:`~cache_engine.budget.MemoryBudget.overdraft`)."""
+        short = nbytes - self.budget.room() + self.budget.overdraft()
+        if short <= 0:
             return
         spare = {k.whole for k in keep}
         with self._lock:
@@ -218,7 +222,7 @@ class Placement(EngineState):
             victims: list[ObjectKey] = []
             freed = 0
             for k in order:
-                if room + freed >= nbytes:
+                if freed >= short:
                     break
                 private = [x for x in [k, *self.table.parts_of(k)] if x in self.table.objects()]
                 freed += sum(
@@ -227,16 +231,25 @@ class Placement(EngineState):
                     if not (x.kind == "update" and (x.job, x.round) in self.handoffs)
                 )
                 victims.append(k)
-            if room + freed < nbytes:
+            if freed < short and not partial:
                 self.stats["over_budget"] += 1
                 raise OverBudget(
                     f"{nbytes} bytes do not fit the node's memory budget "
                     f"({self.budget.used()} of {self.budget.limit} bytes used, "
                     f"{freed} more could be evicted)"
                 )
+            if not victims:
+                return
             self.policy.forget(victims)
             targets = self._unplace(victims)
         self.stats["evicted_for_budget"] += len(victims)
+        if partial:
+            log.info(
+                "memory budget: %d bytes past it (the store holds %s); evicting %d objects",
+                short,
+                self.budget.describe()["store_bytes"],
+                len(victims),
+            )
         self._evict(targets)  # synchronously: the memory is needed now
 
     def _unplace(self, wholes: Sequence[ObjectKey]) -> dict[str, list[ObjectKey]]:

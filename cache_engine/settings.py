@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
+from cache_engine.node_memory import NODE_MEMORY_VAR
 from core.cmdline import CommandLineSettings
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -39,11 +40,17 @@ class EngineSettings(CommandLineSettings):
         ``k``: copies of every object beyond the primary.
     max_functions
         Upper bound on cache functions.
-    memory_budget_bytes, memory_budget_fraction
-        The node's memory budget for FLStore (:mod:`cache_engine.budget`): the cache functions'
-        private memory and the store objects kept for them; ``memory_budget_bytes`` (0: unset)
-        fixes it, else it is ``memory_budget_fraction`` of the node's memory (default 0.5).
-        Past it nothing more is loaded: queries read their models from MinIO.
+    node_memory_bytes
+        The node's memory budget (:mod:`cache_engine.node_memory`), the one setting the node
+        gateway reads too (``FEDFAAS_NODE_MEMORY_BYTES``, or ``FEDFAAS_ENGINE_NODE_MEMORY_BYTES``
+        for the engine alone); ``None``: half the node's memory (its cgroup limit where lower).
+        It covers the store (``store_root``), the cache functions' private memory, the store
+        objects kept for them and loads under way (:mod:`cache_engine.budget`); past it nothing
+        more is loaded: queries read their models from MinIO.
+    store_root
+        The node gateways' store root (their ``shm_root``), whose bytes count against the
+        budget (:func:`cache_engine.node_memory.store_bytes`); ``None``: the store is out of
+        reach (another machine, a Kubernetes pod), and only what FLStore keeps in it counts.
     query_memory_bytes
         Of the budget, what loads never take: the queries' working memory (a reducer's
         batch of sub-models and their parts' answers, chunks streamed from MinIO: about
@@ -73,7 +80,9 @@ class EngineSettings(CommandLineSettings):
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
     """
 
-    model_config = SettingsConfigDict(env_prefix="FEDFAAS_ENGINE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDFAAS_ENGINE_", extra="ignore", populate_by_name=True
+    )
 
     MODULE: ClassVar[str] = "cache_engine"
     DESCRIPTION: ClassVar[str] = "FLStore cache engine"
@@ -92,8 +101,8 @@ class EngineSettings(CommandLineSettings):
         "function_capacity_bytes": "--function-capacity-bytes",
         "secondaries": "--secondaries",
         "max_functions": "--max-functions",
-        "memory_budget_bytes": "--memory-budget-bytes",
-        "memory_budget_fraction": "--memory-budget-fraction",
+        "node_memory_bytes": "--node-memory-bytes",
+        "store_root": "--store-root",
         "query_memory_bytes": "--query-memory-bytes",
         "ping_interval": "--ping-interval",
         "ping_timeout": "--ping-timeout",
@@ -125,8 +134,12 @@ class EngineSettings(CommandLineSettings):
     function_capacity_bytes: int = 1 << 30
     secondaries: int = Field(default=1, ge=0)
     max_functions: int = 8
-    memory_budget_bytes: int = Field(default=0, ge=0)
-    memory_budget_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    node_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        validation_alias=AliasChoices("FEDFAAS_ENGINE_NODE_MEMORY_BYTES", NODE_MEMORY_VAR),
+    )
+    store_root: Path | None = None
     query_memory_bytes: int = Field(default=1 << 30, ge=0)
     ping_interval: float = 1.0
     ping_timeout: float = 2.0

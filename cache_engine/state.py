@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,12 @@ class EngineState:
         raise NotImplementedError
 
     def place(self, keys: Any, *, restore: bool = False) -> None:
+        """:mod:`.placement`"""
+        raise NotImplementedError
+
+    def make_budget_room(
+        self, nbytes: int, keep: Sequence[ObjectKey], *, partial: bool = False
+    ) -> None:
         """:mod:`.placement`"""
         raise NotImplementedError
 

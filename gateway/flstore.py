@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from cache_engine.node_memory import LEND_SHARE, past_budget
 from core import wire
 
 if TYPE_CHECKING:
@@ -91,7 +92,12 @@ def checkpoint_client(gw: Node, job: Job, rnd: int, client: str, key: bytes) -> 
     if gw.checkpoints is None or not gw.settings.checkpoint_clients:
         return
     job.ns.retain(key)
-    if gw.handoff is not None and job.root == gw.settings.node:
+    s = gw.settings
+    if (
+        gw.handoff is not None
+        and job.root == s.node
+        and past_budget(s.shm_root, s.node_memory_bytes, 0, LEND_SHARE) is None
+    ):  # past LEND_SHARE of the node's budget the round's uploads come first
         job.ns.retain(key)
         job.handoff.setdefault(rnd, {})[client] = key
 

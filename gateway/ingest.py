@@ -8,6 +8,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from cache_engine.node_memory import past_budget
 from core import wire
 from core.objstore import MappedObject, StoreFull
 from gateway import auth
@@ -39,9 +40,12 @@ def allocate(
 ) -> MappedObject:
     """A new object in ``job``'s store for ``what``, or :class:`StoreUnavailable` (``hold``,
     the request's share of the memory budget, is then given back, and the refusal counted in
-    ``fedfaas_gateway_updates_rejected{code="store_full"}``)."""
+    ``fedfaas_gateway_updates_rejected{code="store_full"}``). Refused too where a new buffer
+    would take the node's stores past its memory budget (:func:`past_node_budget`)."""
     try:
-        return job.ns.allocate()
+        why = past_node_budget(gw, job)
+        if why is None:
+            return job.ns.allocate()
     except StoreFull as exc:
         why = str(exc)
     except OSError as exc:
@@ -52,6 +56,16 @@ def allocate(
     raise StoreUnavailable(
         f"{what}: {why}", retry_after=RETRY_AFTER_S, client_id=client, round=rnd
     ) from None
+
+
+def past_node_budget(gw: Node, job: Job) -> str | None:
+    """Why one more of ``job``'s objects would take the stores under the node's ``shm_root``
+    past its memory budget (``node_memory_bytes``, :mod:`cache_engine.node_memory`); None
+    where it fits, or where a buffer kept for reuse takes it (no new memory)."""
+    if job.ns.stats()["pooled"]:
+        return None
+    s = gw.settings
+    return past_budget(s.shm_root, s.node_memory_bytes, job.spec.object_nbytes)
 
 
 def _wire_reject(exc: wire.WireError, client: str | None, rnd: int) -> UpdateRejected:

@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from cache_engine.node_memory import NODE_MEMORY_VAR
 from core.cmdline import CommandLineSettings
 from core.discovery import parse_service
 from core.objstore import DEFAULT_ROOT
@@ -55,6 +56,16 @@ class GatewaySettings(CommandLineSettings):
         byte is received until the request ends. A request that would go past it is answered
         503 with ``Retry-After`` (and a JSON body) and nothing is allocated; 0 = no limit.
         No body is read at all before its request is authenticated and routed.
+    node_memory_bytes : the node's memory budget (:mod:`cache_engine.node_memory`), the one
+        setting the node's cache engine reads too (``FEDFAAS_NODE_MEMORY_BYTES``, or
+        ``FEDFAAS_GATEWAY_NODE_MEMORY_BYTES`` for the gateway alone); ``None``: half the node's
+        memory (its cgroup limit where lower). An upload or a cross-node partial that needs a
+        new store buffer while the stores under ``shm_root`` would pass it is answered 503
+        ``store_full`` with ``Retry-After``, nothing kept (the SDK sends it again); one that
+        lands in a buffer kept for reuse takes no new memory and is not refused. The round's
+        own objects (accumulators, the global) are not refused: the round frees its updates.
+        The cache engine counts the same store against the same budget and gives back what
+        FLStore holds when the store grows into it.
     peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``); these
         entries win over discovered ones.
     peers_service : ``HOST:PORT`` of a DNS name that resolves to every node gateway (the
@@ -94,7 +105,9 @@ class GatewaySettings(CommandLineSettings):
         status; older ones are dropped, so a job's memory does not grow with its rounds.
     """
 
-    model_config = SettingsConfigDict(env_prefix="FEDFAAS_GATEWAY_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDFAAS_GATEWAY_", extra="ignore", populate_by_name=True
+    )
 
     MODULE: ClassVar[str] = "gateway"
     DESCRIPTION: ClassVar[str] = "FedFaaS node gateway"
@@ -120,6 +133,7 @@ class GatewaySettings(CommandLineSettings):
         "check_finite": "--no-check-finite",
         "max_inflight": "--max-inflight",
         "max_inflight_bytes": "--max-inflight-bytes",
+        "node_memory_bytes": "--node-memory-bytes",
         "read_timeout": "--read-timeout",
         "peers": "--peers",
         "peers_service": "--peers-service",
@@ -159,6 +173,11 @@ class GatewaySettings(CommandLineSettings):
     check_finite: bool = True
     max_inflight: int = 4
     max_inflight_bytes: int = 4 << 30
+    node_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        validation_alias=AliasChoices("FEDFAAS_GATEWAY_NODE_MEMORY_BYTES", NODE_MEMORY_VAR),
+    )
     read_timeout: float = 60.0
     peers: dict[str, str] = Field(default_factory=dict)
     peers_service: str | None = None

@@ -149,6 +149,8 @@ def engine_settings(ctx: Context) -> EngineSettings:
         admin_token_file=token_file(ctx, credentials.ADMIN_TOKEN),
         service_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
         function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
+        # the node gateways' store counts against the node's one memory budget
+        store_root=shm_root(ctx),
     )
 
 

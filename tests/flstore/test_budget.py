@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cache_engine.budget import MemoryBudget, OverBudget, node_memory
+from cache_engine.budget import MemoryBudget, OverBudget
+from cache_engine.node_memory import node_memory
 
 
 def test_loads_are_reserved_before_they_start_and_never_pass_the_budget() -> None:

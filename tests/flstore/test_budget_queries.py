@@ -35,7 +35,7 @@ def tight_stack(
         tmp_path_factory.mktemp("tight"),
         redis_server,
         minio_server,
-        {"memory_budget_bytes": 1 << 20, "ping_interval": 0.5},
+        {"node_memory_bytes": 1 << 20, "ping_interval": 0.5},
     )
     try:
         for job in (JOB, DIGITS):

@@ -147,7 +147,7 @@ def test_an_object_the_policy_evicts_goes_with_every_part_and_a_lost_part_comes_
 def test_past_the_budget_nothing_is_loaded_and_the_plan_reads_minio(
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
-    eng, prov = _start(redis_url, cold, memory_budget_bytes=1, query_memory_bytes=0)
+    eng, prov = _start(redis_url, cold, node_memory_bytes=1, query_memory_bytes=0)
     try:
         for r in range(0, 3):
             eng.ingest("j", r)
@@ -170,7 +170,7 @@ def test_the_budget_evicts_in_the_policys_order_before_it_streams(
     eng, prov = _start(
         redis_url,
         cold,
-        memory_budget_bytes=int(7.5 * model),  # one round (4 updates, base, meta), not two
+        node_memory_bytes=int(7.5 * model),  # one round (4 updates, base, meta), not two
         query_memory_bytes=0,
         secondaries=0,
         evict_grace=0,
@@ -265,7 +265,7 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
         redis_url,
         cold,
         function_capacity_bytes=4 * model,  # a round (5 models) goes in 4 parts
-        memory_budget_bytes=int(2.8 * model),  # two of them, not four
+        node_memory_bytes=int(2.8 * model),  # two of them, not four
         query_memory_bytes=0,
         secondaries=0,
         max_functions=12,
