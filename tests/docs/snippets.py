@@ -1,6 +1,8 @@
 """The README's and docs/'s code snippets, read by name.
 
-Every fenced code block of README.md and docs/*.md follows a line ``<!-- snippet: NAME -->``
+Every fenced code block of README.md, docs/*.md and the components' READMEs (``bpf/``,
+``cache_engine/``, ``flstore_workloads/``, ``runtime/``, ``charts/fedfaas/``, ``deploy/faasd/``)
+follows a line ``<!-- snippet: NAME -->``
 (an HTML comment: the rendered page does not show it). Tests ask for a snippet by its name, so
 a test fails when the text it runs changes or goes away, and
 ``tests/docs/test_docs.py::test_every_snippet_is_named_and_run_by_a_test`` fails when a block
@@ -10,6 +12,7 @@ has no name or no test names it.
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +34,13 @@ class Snippet:
 
 
 def pages() -> list[Path]:
-    """README.md and every page of docs/ (the SDK's Sphinx sources under docs/api aside)."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """README.md, every page of docs/ (the SDK's Sphinx sources under docs/api aside) and every
+    README.md of a folder of the repository (the components', the chart's, faasd's)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*/README.md"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    components = sorted(REPO / t for t in tracked if not t.startswith("docs/"))
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *components]
 
 
 def read(page: Path) -> list[Snippet]:
