@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bench.harness import round_window as rw
-from bench.harness import sf_round
+from bench.harness import sf_round, sf_servers
 from core import fedavg, wire
 
 LAYOUT = rw.scaled_layout(rw.resnet18_layout(), 1_000_000)
@@ -38,14 +38,14 @@ def _leftovers() -> list[str]:
 
 
 def test_leaves_take_fanout_clients_each_and_alternate_between_servers() -> None:
-    leaves = sf_round.plan_leaves(5, 2, 2)
+    leaves = sf_servers.plan_leaves(5, 2, 2)
     assert [(leaf.id, leaf.server, leaf.clients) for leaf in leaves] == [
         (0, 0, (0, 1)),
         (1, 1, (2, 3)),
         (2, 0, (4,)),
     ]
     with pytest.raises(ValueError):
-        sf_round.plan_leaves(0, 2, 2)
+        sf_servers.plan_leaves(0, 2, 2)
 
 
 def test_a_token_file_others_can_read_is_refused(work: Path) -> None:
@@ -53,9 +53,9 @@ def test_a_token_file_others_can_read_is_refused(work: Path) -> None:
     path.write_text("secret")
     path.chmod(0o644)
     with pytest.raises(PermissionError, match="want 0600"):
-        sf_round.read_token(path)
+        sf_servers.read_token(path)
     path.chmod(0o600)
-    assert sf_round.read_token(path) == "secret"
+    assert sf_servers.read_token(path) == "secret"
 
 
 @pytest.mark.integration
@@ -98,7 +98,7 @@ def test_a_round_the_guard_stops_is_a_killed_record(work: Path) -> None:
 @pytest.fixture
 def servers(work: Path) -> Iterator[sf_round.SFServers]:
     """A top and two leaf servers for 4 clients (leaves 0 and 1), no round running."""
-    srv = sf_round.SFServers(work, LAYOUT, sf_round.plan_leaves(4, 2, 2))
+    srv = sf_round.SFServers(work, LAYOUT, sf_servers.plan_leaves(4, 2, 2))
     try:
         srv.start()
         yield srv
@@ -180,7 +180,7 @@ def test_a_full_leaf_hands_its_partial_to_the_top_and_refuses_more(
     assert st["published_ns"] == 0  # leaf 1's two updates are still missing
     # the top refuses the same leaf twice
     top = {"Authorization": f"Bearer {servers.top_token}", "X-Leaf": "0", "X-Count": "2"}
-    partial = b"\0" * sf_round.model_spec(LAYOUT).data_nbytes
+    partial = b"\0" * sf_servers.model_spec(LAYOUT).data_nbytes
     r = httpx.post(
         f"{servers.top_url}/v1/partials", content=partial, headers={**top, "X-Weight": "20"}
     )
