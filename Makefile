@@ -5,7 +5,8 @@
 #                         test-containers and test-k8s, each whatever the others did
 #   make test-slow        the slow tier outside the container and Kubernetes tiers
 #   make test-containers  the images, then tests/containers (podman, faasd; root)
-#   make test-k8s         the Kubernetes binaries, then tests/k8s (the chart on an API server)
+#   make test-k8s         the Kubernetes binaries and node images, then tests/k8s (the chart on
+#                         an API server; a real node: kubelet, containerd, kube-proxy)
 #   make test-faults      the fault campaign on the one-machine platform (bench/faults.py)
 #   make soak             10 minutes of load on the one-machine platform, a fault halfway
 #                         (bench/soak.py, loadtests/platform.py; SOAK_ARGS)
@@ -58,7 +59,7 @@ test-all:
 test-slow: setup
 	$(PY) -m pytest -m slow --ignore=tests/containers --ignore=tests/k8s --durations=25 $(PYTEST_ARGS)
 
-test-k8s: setup k8s-binaries
+test-k8s: setup k8s-binaries k8s-images
 	$(PY) -m pytest tests/k8s $(PYTEST_ARGS)
 
 # the fault campaign (issue 13): faults injected into `fedfaas up --with all`, results in
@@ -120,9 +121,17 @@ base-images:
 
 # Kubernetes server binaries built from the Go module proxy into $(CACHE)/k8s/<version>/
 # (about 5 minutes each on 2 cores, skipped once cached) and Debian's etcd, for tests/k8s.
-K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager
+K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy \
+	coredns
 k8s-binaries:
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-binaries.sh $(K8S_BINARIES)
+
+# The images tests/k8s runs on its node: the echo function's and the pod sandbox (pause) image,
+# built from Kubernetes' source (each kept once built)
+.PHONY: k8s-images
+k8s-images:
+	$(MAKE) --no-print-directory images IMAGES=echo
+	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-pause-image.sh
 
 # The container tier (issue 34): the images (`make images`, then deploy/faasd/images.sh: MinIO,
 # Redis, NATS Streaming, the queue worker), then tests/containers: the images run under podman,

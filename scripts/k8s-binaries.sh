@@ -8,8 +8,11 @@
 #   scripts/k8s-binaries.sh [NAME...]      (default: kube-apiserver kube-controller-manager)
 #
 # NAME is a command of k8s.io/kubernetes/cmd (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, kubectl, ...) or `etcd`, which installs Debian's
+# kube-scheduler, kubelet, kube-proxy, kubectl, ...), `coredns` (github.com/coredns/coredns at
+# $FEDFAAS_COREDNS_VERSION, default v1.12.1: the CoreDNS kubeadm 1.34 deploys; its go.mod has
+# no replace, so `go install module@version` builds it) or `etcd`, which installs Debian's
 # etcd-server (3.4; its system service stopped and disabled) instead of building anything.
+# kube-proxy also gets Debian's iptables, which it runs.
 # A binary already in the cache is not built again. Each build takes about 5 minutes and 1.7 GB
 # on 2 cores. The last line printed is the cache folder.
 #
@@ -18,6 +21,7 @@
 set -euo pipefail
 CACHE=${FEDFAAS_CACHE:-$HOME/.cache/fedfaas}
 VERSION=${FEDFAAS_K8S_VERSION:-v1.34.12}
+COREDNS_VERSION=${FEDFAAS_COREDNS_VERSION:-v1.12.1}
 OUT=$CACHE/k8s/$VERSION
 log() { printf '[k8s-binaries] %s\n' "$*" >&2; }
 die() { printf '[k8s-binaries] error: %s\n' "$*" >&2; exit 1; }
@@ -30,6 +34,14 @@ STAGING_VERSION="v0.${MINOR}.${BASH_REMATCH[2]}"
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+install_iptables() {  # kube-proxy programs the node's Services with Debian's iptables
+  command -v iptables-restore >/dev/null && return 0
+  log "apt-get install iptables (kube-proxy's)"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends iptables >/dev/null
+}
 
 install_etcd() {  # Debian's etcd-server; the tests start their own etcd, never the service
   if dpkg-query -W -f='${Status}' etcd-server 2>/dev/null | grep -q "install ok installed"; then
@@ -102,10 +114,28 @@ build() {  # build NAME: k8s.io/kubernetes/cmd/NAME into $OUT/NAME
   log "$name built in $(( $(date +%s) - start )) s: $("$OUT/$name" --version 2>&1 | head -n 1)"
 }
 
+build_coredns() {  # CoreDNS from the Go module proxy into $OUT/coredns
+  local start gobin=$OUT/.gobin
+  find_go
+  [[ $COREDNS_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] \
+    || die "FEDFAAS_COREDNS_VERSION=$COREDNS_VERSION is not vMAJOR.MINOR.PATCH (e.g. v1.12.1)"
+  start=$(date +%s)
+  log "building coredns $COREDNS_VERSION from the Go module proxy"
+  rm -rf "$gobin"
+  CGO_ENABLED=0 GOBIN=$gobin GOTOOLCHAIN=${GOTOOLCHAIN:-auto} \
+    go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" \
+    || die "go install github.com/coredns/coredns@$COREDNS_VERSION failed (see above)"
+  mv "$gobin/coredns" "$OUT/coredns"
+  rmdir "$gobin"
+  log "coredns built in $(( $(date +%s) - start )) s: $("$OUT/coredns" -version 2>&1 | head -n 1)"
+}
+
 mkdir -p "$OUT"
 for name in "$@"; do
   case $name in
     etcd) install_etcd ;;
+    coredns) [ -x "$OUT/coredns" ] || build_coredns ;;
+    kube-proxy) [ -x "$OUT/$name" ] || build "$name"; install_iptables ;;
     *[!A-Za-z0-9-]*|'') die "not a Kubernetes command name: '$name'" ;;
     *) [ -x "$OUT/$name" ] || build "$name" ;;
   esac

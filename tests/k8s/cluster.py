@@ -2,12 +2,13 @@
 private pid+mount+net namespace (:class:`tests.k8s.netns.PrivateNamespace`), with certificates
 of its own (:class:`tests.k8s.pki.Pki`), everything in one folder of the test.
 
-There is no kubelet and no scheduler: pods are created by the controllers and stay Pending.
-:meth:`Cluster.add_node` registers a Node object by hand so that the DaemonSet controller has a
-node to make a pod for. Binaries: kube-apiserver and kube-controller-manager from the FedFaaS
-cache (``scripts/k8s-binaries.sh`` builds them from the Go module proxy), Debian's etcd.
-A later node (kubelet, kube-proxy, a scheduler) extends :meth:`Cluster.start` with more
-programs spawned the same way, with certificates from the same :class:`Pki`.
+Alone, there is no kubelet and no scheduler: pods are created by the controllers and stay
+Pending. :meth:`Cluster.add_node` registers a Node object by hand so that the DaemonSet
+controller has a node to make a pod for. Binaries: kube-apiserver and kube-controller-manager
+from the FedFaaS cache (``scripts/k8s-binaries.sh`` builds them from the Go module proxy),
+Debian's etcd. :class:`tests.k8s.node.Node` adds a real node (the scheduler, containerd,
+kubelet, kube-proxy) to a cluster started with every controller, its programs spawned the same
+way, with certificates from the same :class:`Pki`.
 """
 
 from __future__ import annotations
@@ -65,11 +66,17 @@ class Cluster:
         The cluster's folder: ``pki/``, ``etcd/``, one log per program.
     binaries
         ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` -> path.
+    controllers
+        The controller manager's ``--controllers`` (:data:`CONTROLLERS`: no node lifecycle
+        controller, for a Node made by hand; ``"*"`` with a kubelet).
     """
 
-    def __init__(self, folder: Path, binaries: dict[str, Path]) -> None:
+    def __init__(
+        self, folder: Path, binaries: dict[str, Path], controllers: str = CONTROLLERS
+    ) -> None:
         self.folder = folder
         self.binaries = binaries
+        self.controllers = controllers
         self.ns = PrivateNamespace(folder / "ns")
         self.pki = Pki(folder / "pki")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -145,7 +152,7 @@ class Cluster:
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={sa.key}",
                 f"--root-ca-file={pki.ca.cert}",
-                f"--controllers={CONTROLLERS}",
+                f"--controllers={self.controllers}",
             ],
         )
         self._wait(

@@ -40,6 +40,16 @@ def test_a_cached_binary_is_not_built_again(tmp_path: Path) -> None:
     assert res.stdout.strip() == str(folder)
 
 
+def test_a_cached_coredns_is_not_built_again(tmp_path: Path) -> None:
+    folder = tmp_path / "k8s" / "v1.34.1"
+    folder.mkdir(parents=True)
+    (folder / "coredns").write_text("#!/bin/sh\n")
+    (folder / "coredns").chmod(0o755)
+    res = _run("coredns", cache=tmp_path, FEDFAAS_K8S_VERSION="v1.34.1", PATH="/bin")
+    assert res.returncode == 0, res.stderr  # no go on that PATH: nothing was built
+    assert res.stdout.strip() == str(folder)
+
+
 def test_bad_names_and_versions_are_refused(tmp_path: Path) -> None:
     res = _run("kube-apiserver;rm", cache=tmp_path)
     assert (
