@@ -5,9 +5,10 @@ kubelet and kube-proxy, all v1.34 built from the Go module proxy (``scripts/k8s-
 :meth:`Node.start` gives the namespace the folders kubelet and containerd hard-code (a tmpfs on
 /run, overlays on /var/lib and /var/log; :func:`tests.k8s.node_files.setup_script`), starts
 the scheduler and containerd, copies the images from podman's store into containerd's
-``k8s.io`` namespace (the pod sandbox image built by ``scripts/k8s-pause-image.sh`` among
-them; nothing is pulled), then kubelet, and returns once the Node is Ready and kube-proxy has
-programmed the namespace's iptables. :meth:`Node.stop` stops the cluster (every process dies
+``k8s.io`` namespace (the pod sandbox and CoreDNS images built by ``scripts/k8s-images.sh``
+among them; nothing is pulled), then kubelet and kube-proxy, deploys CoreDNS
+(``deploy/k8s/coredns.yaml``) and returns once the Node is Ready, kube-proxy healthy and CoreDNS
+Ready. :meth:`Node.stop` stops the cluster (every process dies
 with the namespace) and removes the cgroups kubelet made.
 
 One node per machine at a time (a lock file in the cache): containerd's root, whose images are
@@ -45,8 +46,12 @@ log = logging.getLogger(__name__)
 
 #: the node's name (its kubelet's certificate names it: system:node:<name>)
 NODE_NAME = "fedfaas-node"
-#: the pod sandbox image scripts/k8s-pause-image.sh builds
+#: the pod sandbox image scripts/k8s-images.sh builds
 PAUSE_IMAGE = "localhost/fedfaas/pause:3.10.1"
+#: the CoreDNS image scripts/k8s-images.sh builds (deploy/k8s/coredns.yaml names it)
+COREDNS_IMAGE = "localhost/fedfaas/coredns:v1.12.1"
+#: the cluster's DNS: CoreDNS, its RBAC and the kube-dns Service, as kubeadm deploys them
+COREDNS_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "coredns.yaml"
 #: the node's programs, built into the cache by scripts/k8s-binaries.sh
 NODE_BINARIES = ("kube-scheduler", "kubelet", "kube-proxy")
 #: the Debian programs the node runs (scripts/setup.sh installs them)
@@ -94,9 +99,10 @@ class Node:
         self._make_cgroups()
         self._start_scheduler()
         self._start_containerd(timeout)
-        self._import_images([PAUSE_IMAGE, *images])
+        self._import_images([PAUSE_IMAGE, COREDNS_IMAGE, *images])
         self._start_kubelet(timeout)
         self._start_kube_proxy(timeout)
+        self._deploy_dns(timeout)
         return self
 
     def _run_inside(
@@ -267,6 +273,20 @@ class Node:
 
         self._wait("kube-proxy", healthy, "healthy (its rules programmed)", timeout)
 
+    def _deploy_dns(self, timeout: float) -> None:
+        """deploy/k8s/coredns.yaml; returns once CoreDNS is Ready (its ``ready`` plugin: the
+        ``kubernetes`` plugin has synced with the API server through the ``kubernetes``
+        Service, so through kube-proxy)."""
+        for doc in yaml.safe_load_all(COREDNS_MANIFEST.read_text()):
+            if doc:
+                self.cluster.api.create(doc)
+
+        def ready() -> bool:
+            pods = self.cluster.api.list("v1", "Pod", "kube-system", selector="k8s-app=kube-dns")
+            return any(pod_ready(p) for p in pods)
+
+        self._wait("kubelet", ready, "CoreDNS Ready", timeout)
+
     # ------------------------------------------------------------------ state
     def node(self) -> dict[str, Any] | None:
         """The Node object, as kubelet registered it."""
@@ -332,6 +352,12 @@ class Node:
         return [
             h / self.cgroup_root for h in self._hierarchies() if (h / self.cgroup_root).exists()
         ]
+
+
+def pod_ready(pod: dict[str, Any] | None) -> bool:
+    """Whether the pod (an object of the API, or None) reports Ready."""
+    conditions = (pod or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _tool(name: str) -> str:

@@ -1,7 +1,7 @@
 """A real single-node Kubernetes (:mod:`tests.k8s.node`): etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, containerd with its CRI plugin, kubelet and kube-proxy
-(v1.34 from the Go module proxy; Debian's etcd, containerd, runc and CNI plugins), all in a
-pid+mount+net namespace the test makes and ends.
+(v1.34 from the Go module proxy; Debian's etcd, containerd, runc and CNI plugins) and CoreDNS
+as a pod, all in a pid+mount+net namespace the test makes and ends.
 
 - kubelet registers the Node, which becomes Ready (cgroups v1 with the cgroupfs driver; the
   node lifecycle controller takes the ``not-ready`` taint off).
@@ -10,6 +10,8 @@ pid+mount+net namespace the test makes and ends.
   -997 that root without CAP_SYS_RESOURCE may not set: containerd keeps it at its own), its
   readiness probe passing; it answers HTTP from the test at its pod IP and, through kube-proxy's
   iptables rules, at its Service's ClusterIP: 401 without the token, its body echoed with it.
+- CoreDNS (v1.12.1 from the Go module proxy, deploy/k8s/coredns.yaml) runs as a pod: another
+  pod resolves the echo Service's name to its ClusterIP and reaches the echo pod through it.
 - faas-netes and the real gateway (processes in the namespace, as in
   test_chart_on_apiserver): ``faas-cli deploy -f stack.yml --filter echo`` makes echo's
   Deployment, kubelet runs its pod with the ``fedfaas-function-token`` secret made by ``faas-cli
@@ -32,7 +34,7 @@ from tests.containers.conftest import image_exists, stack_images
 from tests.k8s.cluster import K8S_VERSION, Cluster, binary, k8s_dir
 from tests.k8s.conftest import _missing
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
-from tests.k8s.node import NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools
+from tests.k8s.node import COREDNS_IMAGE, NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools, pod_ready
 from tests.k8s.node_files import KERNEL_DEFAULTS, POD_CIDR
 from tests.openfaas.conftest import FaasCli, require_binary, wait_for
 
@@ -57,7 +59,7 @@ def node(k8s_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     tools = missing_tools()
     if tools:
         _missing(f"not installed: {', '.join(tools)} (scripts/setup.sh installs them)")
-    images = [i for i in (PAUSE_IMAGE, _echo_image()) if not image_exists(i)]
+    images = [i for i in (PAUSE_IMAGE, COREDNS_IMAGE, _echo_image()) if not image_exists(i)]
     if images:
         _missing(f"not in podman's store: {', '.join(images)} (`make test-k8s` builds them)")
     binaries = {**k8s_binaries, **{n: p for n in NODE_BINARIES if (p := binary(n)) is not None}}
@@ -145,15 +147,8 @@ def echo_pod(node: Node) -> dict[str, Any]:
     for obj in _echo_objects():
         api.create(obj)
 
-    def ready() -> bool:
-        pod = api.get("v1", "Pod", "echo", NAMESPACE)
-        conditions = {
-            c["type"]: c["status"] for c in (pod or {}).get("status", {}).get("conditions", [])
-        }
-        return conditions.get("Ready") == "True"
-
     try:
-        wait_for(ready, "the echo pod Ready", 180)
+        wait_for(lambda: pod_ready(api.get("v1", "Pod", "echo", NAMESPACE)), "echo Ready", 180)
     except AssertionError as exc:
         pod = api.get("v1", "Pod", "echo", NAMESPACE)
         raise AssertionError(
@@ -203,6 +198,56 @@ def test_its_service_answers_through_kube_proxy(node: Node, echo_pod: dict[str, 
 
     wait_for(routed, f"the Service's ClusterIP {cluster_ip} routed to the pod", 120)
     _answers_like_echo(node, f"http://{cluster_ip}/")
+
+
+#: run in a pod of the echo image: the echo Service by its name (the pod's resolv.conf names
+#: CoreDNS's Service; CoreDNS answers from the API server), then an HTTP GET to it
+_CLIENT = """
+import socket, urllib.error, urllib.request
+name = "echo.%s.svc.cluster.local"
+print("resolved", socket.gethostbyname(name), flush=True)
+try:
+    urllib.request.urlopen("http://echo.%s/", timeout=10)
+except urllib.error.HTTPError as exc:
+    print("answered", exc.code, flush=True)
+"""
+
+
+def test_a_pod_reaches_the_service_by_its_name_through_coredns(
+    node: Node, echo_pod: dict[str, Any]
+) -> None:
+    api = node.cluster.api
+    svc = api.get("v1", "Service", "echo", NAMESPACE)
+    assert svc is not None
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "client", "namespace": NAMESPACE},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "client",
+                        "image": _echo_image(),
+                        "imagePullPolicy": "Never",
+                        "command": ["python", "-c", _CLIENT % (NAMESPACE, NAMESPACE)],
+                    }
+                ],
+            },
+        }
+    )
+
+    def ended() -> bool:
+        pod = api.get("v1", "Pod", "client", NAMESPACE)
+        return (pod or {}).get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+    wait_for(ended, "the client pod ended", 120)
+    pod = api.get("v1", "Pod", "client", NAMESPACE)
+    out = node.pod_log(NAMESPACE, "client")
+    assert pod is not None and pod["status"]["phase"] == "Succeeded", out
+    assert f"resolved {svc['spec']['clusterIP']}" in out
+    assert "answered 401" in out  # the echo pod, on the same bridge, without the token
 
 
 @pytest.fixture(scope="module")
