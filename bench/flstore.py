@@ -65,6 +65,8 @@ from bench.baselines.settings import BaselineSettings
 from bench.flstore_md import markdown, plot, with_load
 from bench.flstore_micro import handoff, overhead, policies
 from bench.flstore_plan import DIGITS, DIGITS_ROUNDS, JOB, evaluator_queries, round_queries
+from bench.flstore_reference import RTOL as REFERENCE_RTOL
+from bench.flstore_reference import agrees, reference_from_store
 from bench.flstore_rounds import SYSTEMS, WORKLOADS, big_rounds, same_answer
 from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack
@@ -170,6 +172,7 @@ def _latency_mode(
         int(np.prod(s)) for s in (SMALL_CNN if args.small else resnet18_like()).values()
     )
     rs = RedisServer(data_dir=work / "redis").start()  # a fresh engine and tracker state
+    cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)  # the reference reads it
     stack: FLStoreStack | None = None
     baselines: list[Child] = []
     try:
@@ -257,7 +260,7 @@ def _latency_mode(
                 # the systems take turns at going first; the background prefetch a query
                 # starts is not charged to the next query, whichever system asks it, but it
                 # is reported
-                row = _one(client, stack, urls, label, body, first=len(rows))
+                row = _one(client, stack, urls, label, body, first=len(rows), cold=cold)
                 prefetch_s += row.pop("settle_s")
                 rows.append({**row, "memo": memo})
                 t0 = time.perf_counter()
@@ -320,11 +323,14 @@ def _one(
     *,
     first: int = 0,
     quiet: bool = False,
+    cold: MinioColdStore | None = None,
 ) -> dict[str, Any]:
     """Send one query to the three systems, system ``first`` (mod 3) of :data:`SYSTEMS`
     first, then on in turn, each asking on an idle engine (the background work a FedFaaS query
     starts is over before the next system asks: ``settle_s``, the time that took); latency
-    measured at the client."""
+    measured at the client. With ``cold`` (the rounds in MinIO) FedFaaS's answer is also held
+    to the independent reference (:mod:`bench.flstore_reference`): ``reference`` is None where
+    it has none, else the keys of the answer that differ from it (empty: the same)."""
     row: dict[str, Any] = {"workload": wl, "query": body, "order": []}
     address = {
         "fedfaas": f"{stack.tracker_url}/v1/queries?wait=true",
@@ -365,6 +371,11 @@ def _one(
         and same_answer(row["fedfaas"]["result"], row["objstore-agg"]["result"])
         and same_answer(row["fedfaas"]["result"], row["cache-agg"]["result"])
     )
+    row["reference"] = None
+    ref = reference_from_store(cold, body) if cold is not None else None
+    if ref is not None:
+        ours = row["fedfaas"]["result"]
+        row["reference"] = list(ref) if ours is None else agrees(ours, ref, REFERENCE_RTOL)
     for s in SYSTEMS:
         row[s].pop("result")
     row["settle_s"] = settle
@@ -457,6 +468,12 @@ def _baseline_threads(rows: list[dict[str, Any]]) -> int | None:
     return max(seen) if seen else None
 
 
+def _reference_count(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``rows`` were held to the independent reference, and how many differed."""
+    checked = [r["reference"] for r in rows if r.get("reference") is not None]
+    return {"checked": len(checked), "differ": sum(bool(d) for d in checked)}
+
+
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for wl in dict.fromkeys(r["workload"] for r in rows):
@@ -474,6 +491,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "reduction_vs_objstore": 1 - m["fedfaas"] / m["objstore-agg"],
             "reduction_vs_cache": 1 - m["fedfaas"] / m["cache-agg"],
             "same_result": all(r["same_result"] for r in rr),
+            "reference": _reference_count(rr),
             "errors": sum("error" in r[s] for r in rr for s in m),
             "baseline_threads": _baseline_threads(rr),
         }

@@ -316,3 +316,50 @@ def _float(x: Any) -> bool:
 
 def _number(x: Any) -> bool:
     return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+
+
+#: relative tolerance of :func:`agrees` for the benchmarks' answers (the workloads' float32
+#: Gram blocks summed in float64 are within ~1e-7 of float64; a swapped client, a sign or a
+#: 1 % error is 1e-2 or more)
+RTOL = 1e-5
+
+
+def reference_from_store(cold: Any, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The reference's answer to the FLStore query ``body`` on the rounds ``cold`` holds (a
+    :class:`cache_engine.cold_store.ColdStore`: the checkpoints in MinIO), or None where the
+    reference has none (a workload :data:`KEYS` does not name, or Monte Carlo Shapley).
+
+    The objects are read as the baselines read them (the query's plan from the rounds written,
+    each object decoded to its flat float32 vector or its metadata); only the answer is
+    computed here, by this module's own code. The evaluator (leave-one-out, exact Shapley) is
+    the job's, from round 0's metadata, as every system builds it."""
+    from cache_engine.catalog import MemoryCatalog
+    from cache_engine.evaluators import build_evaluator
+    from cache_engine.keys import ObjectKey
+    from cache_engine.queries import parse_query, plan
+
+    q = parse_query(body)
+    if q.workload not in KEYS:
+        return None
+    catalog = MemoryCatalog()
+    for r in cold.rounds(q.job):
+        catalog.add_round(q.job, r, list(cold.round_meta(q.job, r)["clients"]))
+    p = plan(q, catalog)
+    if q.workload == "shapley" and p.params.get("method") != "exact":
+        return None
+    updates: dict[int, dict[str, NDArray[np.floating]]] = {}
+    globals_: dict[int, NDArray[np.floating]] = {}
+    meta: dict[int, dict[str, dict[str, Any]]] = {}
+    for key in p.keys:
+        value = cold.get(key)
+        if key.kind == "update":
+            updates.setdefault(key.round, {})[key.client] = value
+        elif key.kind == "global":
+            globals_[key.round] = value
+        else:
+            meta[key.round] = dict(value.get("client_meta", {}))
+    evaluator = None
+    if p.evaluator:
+        m0 = cold.get(ObjectKey(q.job, 0, "meta"))
+        evaluator = build_evaluator(m0.get("round_meta", {}).get("evaluator"))
+    return reference_answer(q.workload, p.params, updates, globals_, meta, evaluator)

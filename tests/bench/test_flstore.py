@@ -196,3 +196,16 @@ def test_each_query_rotates_which_system_asks_first_and_each_asks_on_an_idle_eng
     assert row["order"] == [names[x] for x in order]
     assert row["same_result"] is True
     assert row["settle_s"] >= 0
+
+
+def test_the_reference_column_counts_the_queries_checked_and_those_that_differ() -> None:
+    from bench.flstore import _reference_count
+    from bench.flstore_md import _reference_cell
+
+    rows = [{"reference": []}, {"reference": ["scores"]}, {"reference": None}, {}]
+    count = _reference_count(rows)
+    assert count == {"checked": 2, "differ": 1}
+    assert _reference_cell(count) == "**1 of 2 differ**"
+    assert _reference_cell({"checked": 2, "differ": 0}) == "2/2"
+    assert _reference_cell({"checked": 0, "differ": 0}) == ""  # no reference for the workload
+    assert _reference_cell(None) == ""  # a result stored before the reference was wired
