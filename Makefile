@@ -84,7 +84,7 @@ $(addprefix bench-,$(BENCHES)): bench-%: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy core flstore_workloads runtime fedfaas
+	$(VENV)/bin/mypy core flstore_workloads runtime fedfaas console
 	$(VENV)/bin/lint-imports
 
 up: setup
@@ -152,3 +152,9 @@ docs-api: setup
 .PHONY: docs-diagram
 docs-diagram: setup
 	$(PY) scripts/architecture_diagram.py docs/architecture.svg
+
+# The console's screenshots (docs/console/*.png), taken by its browser tests in headless Chromium
+# while a job runs on a platform of their own (tests/console/test_console_browser.py).
+.PHONY: docs-console
+docs-console: setup
+	FEDFAAS_CONSOLE_SHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/console/test_console_browser.py

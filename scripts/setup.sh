@@ -3,6 +3,7 @@
 # Idempotent: each step checks first, so a second run takes a few seconds.
 #   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv,
 #          python3-bpfcc + kernel headers (+ the link bcc looks for)
+#   apt:   chromium + chromium-driver (the console's browser tests, tests/console)
 #   apt:   the container tools (podman buildah skopeo debootstrap containerd runc CNI plugins
 #          fuse-overlayfs slirp4netns uidmap xz-utils): `make images`, tests/containers
 #   .venv: the Python dependencies (with the `torch` extra: torch and torchvision from PyPI), the
@@ -71,6 +72,9 @@ done
 # shellcheck disable=SC2086
 apt_install $containers \
   || warn "could not install the container tools; make images and tests/containers need them"
+# The console's browser tests (tests/console) drive Debian's Chromium through its chromedriver.
+apt_install chromium chromium-driver \
+  || warn "could not install chromium; tests/console's browser tests need it"
 # eBPF is optional: without bcc or headers the userspace router takes over.
 apt_install python3-bpfcc bpfcc-tools "linux-headers-$ARCH" \
   || warn "could not install bcc or kernel headers; eBPF falls back to the userspace router"

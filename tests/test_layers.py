@@ -27,6 +27,7 @@ LAYERED = {
     "bpf",
     "client",
     "fedfaas",
+    "console",
 }
 
 

@@ -128,6 +128,11 @@ def report(cfg: DemoConfig, result: DemoResult, out: Path) -> None:
         f"MinIO console: {result.urls.get('minio_console', '?')}  user {result.minio_user!r}, "
         f"password in {out / 'platform' / 'secrets' / 'minio-root-password'} ({when})"
     )
+    say(
+        f"operations console: {result.urls.get('console', '?')}  log in with the token in "
+        f"{out / 'platform' / 'secrets' / 'gateway-admin-secret'} (admin) or analyst-token "
+        f"beside it ({when})"
+    )
     t = result.timings
     say(
         "timings: "

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cache_engine.settings import EngineSettings
+from console.settings import ConsoleSettings
 from control_plane.settings import ControlPlaneSettings
 from core.services import http_ok
 from fedfaas.platform import credentials
@@ -39,6 +40,7 @@ OPTIONAL_PORTS = {
     "cache_engine": 8091,
     "request_tracker": 8092,
     "control_plane": 8070,
+    "console": 8060,
 }
 
 
@@ -207,12 +209,36 @@ CONTROL_PLANE = ServiceSpec(
     depends=("redis", "runtime", "gateway", "gateway-node1"),
 )
 
+CONSOLE = ServiceSpec(
+    name="console",
+    ports=(PortSpec("console", OPTIONAL_PORTS["console"]),),
+    argv=lambda ctx: ConsoleSettings(
+        host=ctx.host,
+        port=ctx.ports["console"],
+        control_plane_url=ctx.url("control_plane"),
+        tracker_url=ctx.url("request_tracker"),
+        runtime_url=ctx.openfaas_url(),
+        gateways=",".join(f"{n}={url}" for n, url in gateway_nodes(ctx).items()),
+        minio_endpoint=_minio_endpoint(ctx),
+        minio_console_url=ctx.url("minio_console"),
+        admin_token_file=admin_secret(ctx),
+        analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
+        # the cache engine's MinIO user: list and read the bucket, nothing else
+        minio_credentials_file=minio_credentials(ctx, "cache-engine"),
+        runtime_auth_dir=ctx.secrets_dir,
+    ).to_argv(),
+    ready=_healthz("console"),
+    address=lambda ctx: ctx.url("console"),
+    depends=("control-plane", "request-tracker"),
+)
+
 #: Parts that come with another: ``--with gateway`` starts a gateway on each of :data:`NODES`.
 COMPANIONS = {"gateway": ("gateway-node1",)}
 
 #: Optional parts by name; ``--with all`` takes them all, in this order.
 OPTIONAL: dict[str, ServiceSpec] = {
-    p.name: p for p in (GATEWAY, GATEWAY_NODE1, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE)
+    p.name: p
+    for p in (GATEWAY, GATEWAY_NODE1, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE, CONSOLE)
 }
 
 

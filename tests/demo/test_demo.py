@@ -133,6 +133,7 @@ def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path
     assert_aggregated_by_the_function(report, 5)
     for line in ("which client is malicious?", "GTG-Shapley", "Oort picks 10"):
         assert line in out.stdout
+    assert f"operations console: {report['urls']['console']}" in out.stdout  # issue 40
     assert_nothing_left(report, tmp_path)
 
 

@@ -249,6 +249,7 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
         "gateway": 1005,
         "gateway_node1": 1006,
         "cache_engine": 1007,
+        "console": 1010,
     }
     ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
     credentials.ensure(ctx.secrets_dir)
