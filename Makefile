@@ -126,11 +126,13 @@ K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager kube-scheduler kubel
 k8s-binaries:
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-binaries.sh $(K8S_BINARIES)
 
-# The images tests/k8s runs on its node: the echo function's, the pod sandbox (pause) image built
-# from Kubernetes' source and CoreDNS's (scripts/k8s-images.sh; each kept once built)
+# The images tests/k8s runs on its node: the chart's and the echo function's, MinIO and Redis as
+# deploy/faasd builds them, the pod sandbox (pause) image built from Kubernetes' source and
+# CoreDNS's (scripts/k8s-images.sh; each kept once built)
 .PHONY: k8s-images
 k8s-images: k8s-binaries
-	$(MAKE) --no-print-directory images IMAGES=echo
+	$(MAKE) --no-print-directory images IMAGES="fedfaas aggregator echo"
+	FEDFAAS_CACHE="$(CACHE)" bash deploy/faasd/images.sh
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-images.sh
 
 # The container tier (issue 34): the images (`make images`, then deploy/faasd/images.sh: MinIO,

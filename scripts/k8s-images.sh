@@ -10,11 +10,16 @@
 #                                      upstream's build/pause/Makefile does, run as 65535:65535
 #   localhost/fedfaas/coredns:v1.12.1  CoreDNS as scripts/k8s-binaries.sh built it (run
 #                                      `scripts/k8s-binaries.sh coredns` first)
+#   localhost/fedfaas/minio-server:TAG deploy/faasd's MinIO image (deploy/faasd/images.sh
+#                                      builds localhost/fedfaas/minio:TAG) with the entrypoint
+#                                      of upstream's quay.io/minio/minio, `minio`, so that the
+#                                      chart's arguments (`server /data ...`) run as upstream's
+#                                      image runs them (TAG: the chart's appVersion)
 #
 #   scripts/k8s-images.sh          prints the images' names
 #
 # Environment: FEDFAAS_CACHE, FEDFAAS_K8S_VERSION, FEDFAAS_COREDNS_VERSION (as
-# scripts/k8s-binaries.sh). Needs root (podman's store), podman, Go; installs Debian's gcc and
+# scripts/k8s-binaries.sh), TAG. Needs root (podman's store), podman, Go; installs Debian's gcc and
 # libc6-dev (static libc) where they are missing.
 set -euo pipefail
 
@@ -25,6 +30,10 @@ BINARIES=${FEDFAAS_CACHE:-$HOME/.cache/fedfaas}/k8s/$VERSION
 PAUSE_TAG=3.10.1  # upstream's build/pause/Makefile TAG in 1.34
 PAUSE_IMAGE=localhost/fedfaas/pause:$PAUSE_TAG
 COREDNS_IMAGE=localhost/fedfaas/coredns:$COREDNS_VERSION
+TAG=${TAG:-$(sed -n \
+    's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}[[:space:]]*$/\1/p' \
+    "$ROOT/charts/fedfaas/Chart.yaml")}
+MINIO_IMAGE=localhost/fedfaas/minio-server:$TAG
 log() { printf '[k8s-images] %s\n' "$*" >&2; }
 die() { printf '[k8s-images] error: %s\n' "$*" >&2; exit 1; }
 
@@ -79,10 +88,22 @@ EOF
     log "built $COREDNS_IMAGE"
 }
 
+build_minio() {  # deploy/faasd's MinIO image with upstream's entrypoint
+    podman image exists "localhost/fedfaas/minio:$TAG" ||
+        die "no localhost/fedfaas/minio:$TAG: run deploy/faasd/images.sh first"
+    printf 'FROM localhost/fedfaas/minio:%s\nENTRYPOINT ["minio"]\nCMD ["server", "/data"]\n' \
+        "$TAG" >"$WORK/minio/Containerfile"
+    podman build --network none -q -t "$MINIO_IMAGE" "$WORK/minio" >/dev/null ||
+        die "podman build of $MINIO_IMAGE failed"
+    log "built $MINIO_IMAGE"
+}
+
 WORK=$(mktemp -d "$FEDFAAS_CONTAINERS/tmp/k8s-images.XXXXXX")
 trap 'rm -rf --one-file-system "$WORK"' EXIT
-mkdir -p "$WORK/pause" "$WORK/coredns"
+mkdir -p "$WORK/pause" "$WORK/coredns" "$WORK/minio"
 podman image exists "$PAUSE_IMAGE" || build_pause
 podman image exists "$COREDNS_IMAGE" || build_coredns
+podman image exists "$MINIO_IMAGE" || build_minio
 echo "$PAUSE_IMAGE"
 echo "$COREDNS_IMAGE"
+echo "$MINIO_IMAGE"

@@ -187,7 +187,8 @@ def setup_script(folder: Path) -> str:
     sets the namespace's network up as a node's:
 
     - ``/run``: a tmpfs (containerd's state and socket, runc's state, the pods' network
-      namespaces under /var/run/netns);
+      namespaces under /var/run/netns); ``/dev/shm``: a tmpfs (hostPath volumes there, as the
+      node gateway's object store);
     - ``/var/lib`` and ``/var/log``: overlays whose writes go to ``folder/ovl``;
       ``/var/lib/kubelet`` (kubelet's root: its device-plugin socket path is hard-coded) and
       ``/var/log/pods`` are bound to ``folder/kubelet`` and ``folder/pods``;
@@ -205,6 +206,7 @@ def setup_script(folder: Path) -> str:
         'overlay() { mkdir -p "$F/ovl/$2/upper" "$F/ovl/$2/work"; '
         'mount -t overlay "ovl-$2" -o "lowerdir=$1,upperdir=$F/ovl/$2/upper,workdir=$F/ovl/$2/work" "$1"; }',
         "mount -t tmpfs -o mode=0755 tmpfs /run",
+        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
         "overlay /var/lib var-lib",
         "overlay /var/log var-log",
         'mkdir -p "$F/kubelet" "$F/pods" "$F/sysctl" /var/lib/kubelet /var/log/pods',

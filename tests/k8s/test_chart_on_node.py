@@ -1,0 +1,216 @@
+"""FedFaaS's Helm chart on a real node (:mod:`tests.k8s.node`: kubelet, containerd, kube-proxy,
+CoreDNS, in a namespace the test makes), with OpenFaaS's namespaces and ``basic-auth`` Secret as
+OpenFaaS's chart makes them.
+
+``helm install --wait`` with the chart's defaults except what a machine with no registry and no
+storage provisioner needs: the images come from podman's store (``make images``, MinIO and Redis
+as deploy/faasd builds them), MinIO and Redis keep their data in emptyDir volumes
+(``persistence.enabled=false``: no PersistentVolume here). helm returns once every workload is
+ready and its post-install hook, the MinIO provisioning Job, has completed; then:
+
+- every pod of the release is Ready: MinIO, Redis, the node gateway (after its init container
+  handed the hostPath folders to uid 12000), the aggregator in ``openfaas-fn``, the request
+  tracker, the cache engine and the control plane; the node gateway runs the userspace router
+  (the chart's default: eBPF off);
+- the aggregator pod registered its endpoint with the node gateway through the router socket
+  they share by hostPath (the gateway's ``/v1/router``, with the admin token of the chart's
+  Secret);
+- the control plane found the node gateway through the headless Service and sees it healthy
+  (``/v1/nodes``, with the analyst token);
+- the provisioning Job made the bucket and the gateways' MinIO user: that user's credentials
+  (the chart's Secret) reach the bucket, through MinIO's Service.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from minio import Minio
+
+from core.services import find_binary
+from tests.containers.conftest import image_exists
+from tests.k8s.cluster import Cluster, binary, k8s_dir
+from tests.k8s.conftest import Helm, _missing
+from tests.k8s.faas_netes import FUNCTION_NAMESPACE, install_openfaas_objects
+from tests.k8s.node import COREDNS_IMAGE, NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools, pod_ready
+from tests.openfaas.conftest import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "fedfaas"
+RELEASE, NAMESPACE = "fedfaas", "openfaas"
+TAG = "0.1.0"
+#: the chart's images, as `make images` and scripts/k8s-images.sh name them
+IMAGES = {
+    "image": f"ghcr.io/fedfaas/fedfaas:{TAG}",
+    "aggregator.image": f"ghcr.io/fedfaas/aggregator:{TAG}",
+    "minio.image": f"localhost/fedfaas/minio-server:{TAG}",
+    "redis.image": f"localhost/fedfaas/redis:{TAG}",
+}
+COMPONENTS = {
+    "minio",
+    "redis",
+    "node-gateway",
+    "aggregator",
+    "request-tracker",
+    "cache-engine",
+    "control-plane",
+}
+
+
+def _values() -> list[str]:
+    args = ["--set", "minio.persistence.enabled=false", "--set", "redis.persistence.enabled=false"]
+    for key, ref in IMAGES.items():
+        repository, tag = ref.rsplit(":", 1)
+        args += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]
+    return args
+
+
+@pytest.fixture(scope="module")
+def release(
+    k8s_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Node]:
+    """The node with the chart installed (``helm install --wait``, hooks run)."""
+    missing = [n for n in NODE_BINARIES if binary(n) is None]
+    if missing:
+        _missing(f"{', '.join(missing)} missing from {k8s_dir()}: run `make k8s-binaries`")
+    tools = missing_tools()
+    helm_binary = find_binary("helm")
+    if helm_binary is None:
+        tools.append("helm (`make helm`)")
+    if tools:
+        _missing(f"not installed: {', '.join(tools)} (scripts/setup.sh installs them)")
+    images = [PAUSE_IMAGE, COREDNS_IMAGE, *IMAGES.values()]
+    absent = [i for i in images if not image_exists(i)]
+    if absent:
+        _missing(f"not in podman's store: {', '.join(absent)} (`make test-k8s` builds them)")
+    binaries = {**k8s_binaries, **{n: p for n in NODE_BINARIES if (p := binary(n)) is not None}}
+    folder = tmp_path_factory.mktemp("k8s-chart")
+    cluster = Cluster(folder, binaries, controllers="*")
+    node = Node(cluster, binaries)
+    try:
+        cluster.start()
+        node.start(list(IMAGES.values()))
+        install_openfaas_objects(cluster, folder / "basic-auth")
+        home = tmp_path_factory.mktemp("helm-home")
+        assert helm_binary is not None
+        helm = Helm(cluster.ns.wrapper("helm", helm_binary), home, cluster.admin_kubeconfig)
+        res = helm(
+            "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--wait", "--timeout", "8m", *_values(),
+            timeout=600,
+        )  # fmt: skip
+        if res.returncode != 0:
+            raise AssertionError(f"helm install: {res.stderr}\n{_pods_report(node)}")
+        yield node
+    finally:
+        procs = list(cluster.procs.values())
+        node.stop()
+    assert all(p.poll() is not None for p in procs), "a process outlived the namespace"
+    assert not node.cgroups_left(), "kubelet's cgroups were left in the host's tree"
+
+
+def _pods_report(node: Node) -> str:
+    out = []
+    for ns in (NAMESPACE, FUNCTION_NAMESPACE):
+        for pod in node.cluster.api.list("v1", "Pod", ns):
+            name = pod["metadata"]["name"]
+            out.append(f"{ns}/{name}: {pod.get('status', {}).get('containerStatuses')}")
+            if not pod_ready(pod):
+                out.append(node.pod_log(ns, name))
+    return "\n".join(out)
+
+
+#: the post-install hook's Job (helm deletes the Job once it succeeded; its pod may linger)
+HOOK = "minio-provision"
+
+
+def _release_pods(node: Node) -> dict[str, dict[str, Any]]:
+    """component -> its pod, for every pod of the release but the hook's, which must have
+    succeeded where it is still there."""
+    pods = {}
+    for ns in (NAMESPACE, FUNCTION_NAMESPACE):
+        for pod in node.cluster.api.list("v1", "Pod", ns):
+            labels = pod["metadata"].get("labels", {})
+            component = labels.get("app.kubernetes.io/component") or labels.get("faas_function")
+            assert component, pod["metadata"]
+            if component == HOOK:
+                assert pod["status"]["phase"] == "Succeeded", pod["status"]
+                continue
+            assert component not in pods, f"two pods of {component}"
+            pods[component] = pod
+    return pods
+
+
+def _secret(node: Node, name: str, key: str) -> str:
+    obj = node.cluster.api.get("v1", "Secret", name, NAMESPACE)
+    assert obj is not None, name
+    return base64.b64decode(obj["data"][key]).decode()
+
+
+def _get(node: Node, url: str, token: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"}
+    return node.cluster.ns.call(httpx.get, url, headers=headers, timeout=10)
+
+
+def test_every_pod_of_the_release_is_ready(release: Node) -> None:
+    pods = _release_pods(release)
+    assert set(pods) == COMPONENTS, _pods_report(release)
+    assert all(pod_ready(p) for p in pods.values()), _pods_report(release)
+    assert all(p["spec"]["nodeName"] == release.name for p in pods.values())
+    gateway = pods["node-gateway"]
+    (init,) = gateway["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["reason"] == "Completed"
+    assert all(
+        c["restartCount"] == 0 for p in pods.values() for c in p["status"]["containerStatuses"]
+    )
+
+
+def test_the_aggregator_registers_with_the_node_gateway_through_the_shared_socket(
+    release: Node,
+) -> None:
+    pods = _release_pods(release)
+    gateway_ip = pods["node-gateway"]["status"]["podIP"]
+    token = _secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+
+    def registered() -> list[dict[str, Any]]:
+        r = _get(release, f"http://{gateway_ip}:8081/v1/router", token)
+        assert r.status_code == 200, r.text
+        return [e for e in r.json()["endpoints"] if not e["local"]]
+
+    wait_for(lambda: bool(registered()), "the aggregator's endpoint registered", 120)
+    assert _get(release, f"http://{gateway_ip}:8081/v1/router", "wrong").status_code == 401
+
+
+def test_the_control_plane_finds_the_node_gateway_through_the_headless_service(
+    release: Node,
+) -> None:
+    pods = _release_pods(release)
+    url = f"http://{pods['control-plane']['status']['podIP']}:8070/v1/nodes"
+    token = _secret(release, f"{RELEASE}-tokens", "analyst-token")
+
+    def healthy() -> bool:
+        r = _get(release, url, token)
+        assert r.status_code == 200, r.text
+        return [n["healthy"] for n in r.json()["nodes"]] == [True]
+
+    wait_for(healthy, "the control plane sees the node gateway healthy", 120)
+
+
+def test_the_provisioning_hook_made_the_bucket_and_the_gateways_user(release: Node) -> None:
+    svc = release.cluster.api.get("v1", "Service", f"{RELEASE}-minio", NAMESPACE)
+    assert svc is not None
+    creds = json.loads(_secret(release, f"{RELEASE}-minio-users", "minio-gateway.json"))
+    endpoint = f"{svc['spec']['clusterIP']}:9000"
+
+    def bucket_exists() -> bool:
+        client = Minio(endpoint, creds["username"], creds["password"], secure=False)
+        return client.bucket_exists("fedfaas")
+
+    assert release.cluster.ns.call(bucket_exists)
