@@ -2,7 +2,14 @@
 in front of the runtime, the cache engine, request tracker and control plane pointed at it; one
 small FL job runs through the platform and the gateway forwarded the components' calls: the
 control plane's on the ``aggregator``, the cache engine's deploy of ``flstore-cache-N`` and its
-``/load``."""
+``/load`` (slow: the whole platform, `make test-slow`).
+
+In the default tier, :func:`test_with_the_gateway_every_component_reaches_functions_through_it`
+holds the wiring (which URL each part is given) and ``tests/openfaas/test_real_gateway.py`` the
+calls themselves through the real gateway: the provider named, the credentials required, the
+OpenFaaS client's deploy/scale/invoke (the control plane's path), the cache engine's deploy of
+``flstore-cache-0``, Prometheus scraping it.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedfaas.platform import state
+from fedfaas.platform import openfaas_gateway as gateway_parts
+from fedfaas.platform import optional, parts, state
+from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform as OrchestratedPlatform
 from fedfaas.platform.parts import PortSpec, ServiceSpec
@@ -103,6 +112,48 @@ def test_a_fixed_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
             platform._choose_ports()
 
 
+def _flag(argv: list[str], flag: str) -> str:
+    """The value after ``flag`` in ``argv``."""
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("with_gateway", [True, False], ids=["gateway", "runtime"])
+def test_with_the_gateway_every_component_reaches_functions_through_it(
+    tmp_path: Path, with_gateway: bool
+) -> None:
+    """The wiring that :func:`test_one_fl_job_through_the_openfaas_gateway` runs end to end: the
+    cache engine, request tracker and control plane are given the gateway's URL for
+    ``/system/*`` and ``/function/*`` (the runtime's without a gateway), the gateway the runtime
+    as its provider, and the runtime knows it is behind one."""
+    names = ("runtime", "minio", "minio_console", "redis", "gateway", "gateway_node1")
+    names += ("cache_engine", "request_tracker", "control_plane", "prometheus")
+    ports = {name: 31000 + i for i, name in enumerate(names)}
+    if with_gateway:
+        ports |= {"openfaas_gateway": 8080, "openfaas_gateway_metrics": 8082}
+    ctx = Context(
+        state_dir=tmp_path,
+        host="127.0.0.1",
+        stack_file=tmp_path / "stack.yml",
+        platform_id="wiring",
+        ports=ports,
+        openfaas_gateway=Path("/opt/openfaas/gateway") if with_gateway else None,
+    )
+    runtime = "http://127.0.0.1:31000"
+    functions = "http://127.0.0.1:8080" if with_gateway else runtime
+    assert ctx.openfaas_url() == functions
+    assert _flag(optional.CACHE_ENGINE.argv(ctx), "--runtime") == functions
+    assert _flag(optional.REQUEST_TRACKER.argv(ctx), "--runtime") == functions
+    assert _flag(optional.CONTROL_PLANE.argv(ctx), "--provider") == functions
+    runtime_argv = parts.RUNTIME.argv(ctx)
+    assert ("--behind-gateway" in runtime_argv) is with_gateway, runtime_argv
+    if with_gateway:
+        spec = gateway_parts.OPENFAAS_GATEWAY
+        assert spec.argv(ctx) == ["/opt/openfaas/gateway"]
+        assert spec.env is not None
+        assert spec.env(ctx)["functions_provider_url"] == f"{runtime}/"
+
+
+@pytest.mark.slow  # the whole platform with the gateway; the wiring test above is the fast one
 def test_one_fl_job_through_the_openfaas_gateway(platform: Platform) -> None:
     p = platform
     assert p.urls["openfaas_gateway"] == "http://127.0.0.1:8080"
