@@ -3,6 +3,9 @@
 On a job's root with a handoff server (``handoff_ttl_s``), each accepted update is checkpointed
 to MinIO and kept in this node's store; at publication the round's kept updates are offered to
 the node's cache functions and the engine is told the round is complete, with the offer's ticket.
+A round is kept whole or not at all: once the node's stores hold past ``LEND_SHARE`` of its
+memory budget (:mod:`cache_engine.node_memory`), the round's kept updates are let go and it is
+not offered (its updates leave the store once aggregated; FLStore reads them from MinIO).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ def offer_round(gw: Node, job: Job, rnd: int) -> dict[str, Any] | None:
     return {"socket": str(s.handoff_path()), "ticket": ticket, "node": s.node}
 
 
-def _drop_kept(job: Job, kept: dict[str, bytes]) -> None:
-    for k in kept.values():
+def _drop_kept(job: Job, kept: dict[str, bytes] | None) -> None:
+    for k in (kept or {}).values():
         if job.ns.leases(k):
             job.ns.release(k)
 
@@ -93,13 +96,16 @@ def checkpoint_client(gw: Node, job: Job, rnd: int, client: str, key: bytes) -> 
         return
     job.ns.retain(key)
     s = gw.settings
-    if (
-        gw.handoff is not None
-        and job.root == s.node
-        and past_budget(s.shm_root, s.node_memory_bytes, 0, LEND_SHARE) is None
-    ):  # past LEND_SHARE of the node's budget the round's uploads come first
-        job.ns.retain(key)
-        job.handoff.setdefault(rnd, {})[client] = key
+    lends = gw.handoff is not None and job.root == s.node
+    kept = job.handoff.setdefault(rnd, {}) if lends else None
+    if kept is not None:
+        if past_budget(s.shm_root, s.node_memory_bytes, 0, LEND_SHARE) is None:
+            job.ns.retain(key)
+            kept[client] = key
+        else:  # the round's uploads come first; a round is lent whole or not at all (the
+            # engine takes an offered round's updates as mapped in place, not as loads)
+            _drop_kept(job, kept)
+            job.handoff[rnd] = None
 
     async def run() -> None:
         try:

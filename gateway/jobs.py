@@ -140,7 +140,7 @@ class Job:
     engine: RoundEngine | None = None
     #: on the root with a handoff: the round's accepted updates kept for FLStore (round ->
     #: client -> key, one lease each), offered when the round is published
-    handoff: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    handoff: dict[int, dict[str, bytes] | None] = field(default_factory=dict)
     endpoint: bpf.Endpoint | None = None
     inflight: set[str] = field(default_factory=set)
     admission: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)

@@ -64,8 +64,9 @@ class GatewaySettings(CommandLineSettings):
         ``store_full`` with ``Retry-After``, nothing kept (the SDK sends it again); one that
         lands in a buffer kept for reuse takes no new memory and is not refused. The round's
         own objects (accumulators, the global) are not refused: the round frees its updates.
-        The cache engine counts the same store against the same budget and gives back what
-        FLStore holds when the store grows into it.
+        The root keeps a round's updates for the handoff only while the stores hold under half
+        the budget (:mod:`gateway.flstore`). The cache engine counts the same store against the
+        same budget and gives back what FLStore holds when the store grows into it.
     peers : other node gateways by node name (``{"b": "http://127.0.0.1:8082"}``); these
         entries win over discovered ones.
     peers_service : ``HOST:PORT`` of a DNS name that resolves to every node gateway (the

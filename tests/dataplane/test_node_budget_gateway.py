@@ -126,13 +126,13 @@ def test_an_upload_past_the_nodes_budget_waits_503_and_counts_once_there_is_room
     assert store_bytes(root) <= BUDGET
 
 
-@pytest.mark.parametrize("crowded", [False, True])
-def test_the_root_keeps_a_rounds_updates_for_flstore_only_under_half_the_budget(
-    make_gw, checkpoints_to, tmp_path: Path, crowded: bool
+def test_the_root_lends_a_round_to_flstore_only_under_half_the_budget_and_whole(
+    make_gw, checkpoints_to, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     """With a handoff (an engine and checkpoints), an accepted update is kept in the store for
-    the cache functions while the stores hold under half the node's budget; past it, it leaves
-    once aggregated (FLStore reads it from MinIO, where it is checkpointed all the same)."""
+    the cache functions while the stores hold under half the node's budget. Past it, the round
+    is not lent at all: the updates kept so far are let go (they leave once aggregated;
+    FLStore reads them from MinIO, where they are checkpointed all the same)."""
     token = tmp_path / "engine-token"
     token.write_text("t" * 32)
     token.chmod(0o600)
@@ -146,8 +146,13 @@ def test_the_root_keeps_a_rounds_updates_for_flstore_only_under_half_the_budget(
     assert gw.gw.handoff is not None
     tokens = _create(gw)
     job = gw.gw.jobs["j1"]
-    if crowded:  # another node's store holds past half the budget
-        _ballast(gw.settings.shm_root, BUDGET // 2)
     assert _upload(gw, tokens["c0"], "c0").status_code == 202
-    kept = job.handoff.get(1, {})
-    assert (list(kept) == []) if crowded else (list(kept) == ["c0"])
+    kept = job.handoff[1]
+    assert kept is not None and list(kept) == ["c0"]
+    c0 = kept["c0"]
+    # the round's lease and FLStore's (the checkpoint's goes once it is in MinIO)
+    wait_until(lambda: job.ns.leases(c0) == 2, 30, "c0's update checkpointed")
+    _ballast(gw.settings.shm_root, BUDGET // 2)  # another node's store: past half the budget
+    assert _upload(gw, tokens["c1"], "c1").status_code == 202
+    assert job.handoff[1] is None  # not lent: c0's update is no longer kept for FLStore
+    assert job.ns.leases(c0) == 1  # the round's own: it leaves once aggregated
