@@ -85,12 +85,12 @@ def _copy(tmp_path: Path) -> Path:
 
 def test_an_upward_import_breaks_the_contracts(tmp_path):
     _copy(tmp_path)
-    wire = tmp_path / "core" / "wire.py"
+    wire = tmp_path / "core" / "wire" / "layout.py"
     wire.write_text(wire.read_text() + "\nfrom gateway.settings import GatewaySettings  # noqa\n")
     res = _lint(tmp_path)
     assert res.returncode != 0
     assert "FedFaaS's layers BROKEN" in res.stdout
-    assert "core.wire -> gateway.settings" in res.stdout
+    assert "core.wire.layout -> gateway.settings" in res.stdout
 
 
 def test_the_gateway_layers_cover_every_gateway_module():
