@@ -10,15 +10,18 @@ ready and its post-install hook, the MinIO provisioning Job, has completed; then
 
 - every pod of the release is Ready: MinIO, Redis, the node gateway (after its init container
   handed the hostPath folders to uid 12000), the aggregator in ``openfaas-fn``, the request
-  tracker, the cache engine and the control plane; the node gateway runs the userspace router
-  (the chart's default: eBPF off);
+  tracker, the cache engine and the control plane;
 - the aggregator pod registered its endpoint with the node gateway through the router socket
   they share by hostPath (the gateway's ``/v1/router``, with the admin token of the chart's
-  Secret);
+  Secret); the gateway runs the userspace router, eBPF not requested (the chart's default);
 - the control plane found the node gateway through the headless Service and sees it healthy
   (``/v1/nodes``, with the analyst token);
 - the provisioning Job made the bucket and the gateways' MinIO user: that user's credentials
-  (the chart's Secret) reach the bucket, through MinIO's Service.
+  (the chart's Secret) reach the bucket, through MinIO's Service;
+- faas-netes and OpenFaaS's gateway (processes in the namespace, as in
+  test_chart_on_apiserver) scale the chart's aggregator to 2 (``POST
+  /system/scale-function/aggregator``): kubelet starts the second pod, it becomes Ready and its
+  endpoint registers with the node gateway beside the first.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from core.services import find_binary
 from tests.containers.conftest import image_exists
 from tests.k8s.cluster import Cluster, binary, k8s_dir
 from tests.k8s.conftest import Helm, _missing
-from tests.k8s.faas_netes import FUNCTION_NAMESPACE, install_openfaas_objects
+from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
 from tests.k8s.node import COREDNS_IMAGE, NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools, pod_ready
-from tests.openfaas.conftest import wait_for
+from tests.openfaas.conftest import require_binary, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -185,6 +188,13 @@ def test_the_aggregator_registers_with_the_node_gateway_through_the_shared_socke
         return [e for e in r.json()["endpoints"] if not e["local"]]
 
     wait_for(lambda: bool(registered()), "the aggregator's endpoint registered", 120)
+    status = _get(release, f"http://{gateway_ip}:8081/v1/router", token).json()
+    # eBPF off (the chart's default): the userspace router, and why
+    assert (status["mode"], status["reason"]) == (
+        "userspace",
+        "eBPF not requested (prefer_ebpf=False)",
+    )
+    assert {e["uid"] for e in registered()} == {12000}  # the hostPaths' owner
     assert _get(release, f"http://{gateway_ip}:8081/v1/router", "wrong").status_code == 401
 
 
@@ -214,3 +224,50 @@ def test_the_provisioning_hook_made_the_bucket_and_the_gateways_user(release: No
         return client.bucket_exists("fedfaas")
 
     assert release.cluster.ns.call(bucket_exists)
+
+
+def _router_endpoints(node: Node, gateway_ip: str, token: str) -> list[dict[str, Any]]:
+    r = _get(node, f"http://{gateway_ip}:8081/v1/router", token)
+    assert r.status_code == 200, r.text
+    return [e for e in r.json()["endpoints"] if not e["local"]]
+
+
+def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
+    release: Node, faas_netes_binary: Path, tmp_path: Path
+) -> None:
+    cluster = release.cluster
+    auth_dir = cluster.folder / "basic-auth"  # install_openfaas_objects wrote it
+    auth = (
+        (auth_dir / "basic-auth-user").read_text(),
+        (auth_dir / "basic-auth-password").read_text(),
+    )
+    of = OpenFaaSOnCluster(cluster, auth, auth_dir, tmp_path)
+    of.start(faas_netes_binary, require_binary("gateway"))
+    gateway_ip = _release_pods(release)["node-gateway"]["status"]["podIP"]
+    token = _secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+    wait_for(lambda: bool(_router_endpoints(release, gateway_ip, token)), "endpoints", 120)
+    before = {e["id"] for e in _router_endpoints(release, gateway_ip, token)}
+    r = of.http(
+        "POST",
+        "/system/scale-function/aggregator",
+        json={"serviceName": "aggregator", "replicas": 2},
+    )
+    assert r.status_code in (200, 202), r.text
+    dep = cluster.api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
+    assert dep is not None and dep["spec"]["replicas"] == 2
+
+    def two_ready() -> bool:
+        pods = cluster.api.list(
+            "v1", "Pod", FUNCTION_NAMESPACE, selector="faas_function=aggregator"
+        )
+        return len(pods) == 2 and all(pod_ready(p) for p in pods)
+
+    wait_for(two_ready, "two aggregator pods Ready", 180)
+
+    def registered() -> bool:  # the new pod's endpoints, as many as the first pod's
+        ids = {e["id"] for e in _router_endpoints(release, gateway_ip, token)}
+        return before < ids and len(ids) == 2 * len(before)
+
+    wait_for(registered, "the new aggregator pod's endpoints registered with the gateway", 120)
+    endpoints = _router_endpoints(release, gateway_ip, token)
+    assert {e["uid"] for e in endpoints} == {12000}  # the uid the hostPaths were handed to
