@@ -52,11 +52,12 @@ from cache_engine.errors import (  # noqa: F401 (the engine's errors, as they al
     RoundMissing,
     one_line,
 )
+from cache_engine.functions import FunctionInfo
 from cache_engine.keys import ObjectKey
 from cache_engine.liveness import FUNCTIONS, Liveness
 from cache_engine.node_memory import node_budget, store_bytes
 from cache_engine.parts import PartPlanner
-from cache_engine.placement import FunctionInfo, Placement
+from cache_engine.placement import Placement
 from cache_engine.policies import Decision, make_policy
 from cache_engine.queries import Plan, parse_query, plan, run_workload
 from cache_engine.settings import EngineSettings

@@ -14,8 +14,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from cache_engine.functions import FunctionInfo
 from cache_engine.keys import ObjectKey
-from cache_engine.placement import FunctionInfo
 from cache_engine.state import EngineState
 from cache_engine.table import CHANGES
 from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError

@@ -36,7 +36,7 @@ from cache_engine.queries import Plan
 from flstore_workloads.sliced import max_parts, part_bounds
 
 if TYPE_CHECKING:
-    from cache_engine.engine import CacheEngine
+    from cache_engine.state import EngineState
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _runs(items: Sequence[int]) -> list[tuple[int, int]]:
 class PartPlanner:
     """The engine's placement and plans of queries over parts (see the module)."""
 
-    def __init__(self, engine: CacheEngine) -> None:
+    def __init__(self, engine: EngineState) -> None:
         self.e = engine
         #: per job: the models' length in floats, and their tensors (names, shapes)
         self.dims: dict[str, int] = {}

@@ -2,7 +2,9 @@
 
 :class:`~cache_engine.engine.CacheEngine` is one object made of parts (:mod:`.placement`,
 :mod:`.liveness`, :mod:`.background`), each a class over this state; the engine sets it up in
-its constructor. The few calls across parts are declared here and defined by the part named.
+its constructor. The few calls across parts are declared here and defined by the part named;
+the planner of queries over parts (:mod:`.parts`) is an object over this state that the
+others reach through :class:`Parts`.
 """
 
 from __future__ import annotations
@@ -12,22 +14,41 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
 from cache_engine.budget import MemoryBudget
 from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import ColdStore
+from cache_engine.functions import FunctionInfo
 from cache_engine.keys import ObjectKey
 from cache_engine.policies import Policy
+from cache_engine.queries import Plan
 from cache_engine.settings import EngineSettings
 from cache_engine.table import RedisLocationTable
 from core.openfaas import OpenFaaS
 
-if TYPE_CHECKING:
-    from cache_engine.parts import PartPlanner
-    from cache_engine.placement import FunctionInfo
+
+class Parts(Protocol):
+    """What the engine and its parts ask of the planner of queries over coordinate parts
+    (:class:`cache_engine.parts.PartPlanner`, which is made over this state)."""
+
+    def close(self) -> None: ...
+    def too_big(self, keys: Sequence[ObjectKey]) -> bool: ...
+    def dim(self, job: str, model: ObjectKey) -> int: ...
+    def covered(self, models: Sequence[ObjectKey]) -> int | None: ...
+    def acquire(self, p: Plan) -> dict[str, Any]: ...
+    def place(
+        self,
+        models: Sequence[ObjectKey],
+        metas: Sequence[ObjectKey],
+        n: int,
+        only: Sequence[int] | None = None,
+    ) -> str: ...
+    def stream(
+        self, p: Plan, models: Sequence[ObjectKey], metas: Sequence[ObjectKey], dim: int, why: str
+    ) -> dict[str, Any]: ...
 
 
 class EngineState:
@@ -52,7 +73,7 @@ class EngineState:
     budget: MemoryBudget
     #: whole update -> the functions that map it (or parts of it) in place
     mapped: dict[ObjectKey, set[str]]
-    parts: PartPlanner
+    parts: Parts
     _function_auth: dict[str, str]
     _lock: threading.RLock
     _inflight: dict[ObjectKey, threading.Event]
@@ -96,6 +117,22 @@ class EngineState:
         self, nbytes: int, keep: Sequence[ObjectKey], *, partial: bool = False
     ) -> None:
         """:mod:`.placement`"""
+        raise NotImplementedError
+
+    def ensure(self, keys: Sequence[ObjectKey], copies: int | None = None) -> list[str]:
+        """:mod:`.placement`"""
+        raise NotImplementedError
+
+    def any_function(self) -> str:
+        """:mod:`.placement`"""
+        raise NotImplementedError
+
+    def _size(self, key: ObjectKey) -> int:
+        """:mod:`.placement`"""
+        raise NotImplementedError
+
+    def _live_holders(self, keys: Sequence[ObjectKey]) -> list[str]:
+        """:mod:`.engine`"""
         raise NotImplementedError
 
     def _ping(self, name: str) -> dict[str, Any] | None:
