@@ -190,7 +190,7 @@ def workload_data(
     """Build a ``WorkloadData`` from held objects (vectors for models, dicts for metadata).
 
     ``gram_cache`` (a ``flstore_workloads.GramCache``) and ``utility_cache`` (a
-    ``flstore_workloads.contribution.UtilityCache``) are for holders that keep the same sealed
+    ``flstore_workloads.utility.UtilityCache``) are for holders that keep the same sealed
     vectors across queries (cache functions); a server that decodes fresh objects per query
     gains nothing from them.
     """

@@ -102,7 +102,7 @@ class WorkloadData:
     updates_are_deltas: bool = False
     gram_cache: GramCache | None = None
     #: utilities of sub-models already evaluated, kept across queries by a holder of the same
-    #: sealed vectors (a cache function): see :class:`flstore_workloads.contribution.UtilityCache`
+    #: sealed vectors (a cache function): see :class:`flstore_workloads.utility.UtilityCache`
     utility_cache: Any = None
 
     def gram(self, rows: Sequence[Row]) -> NDArray[np.float64]:

@@ -15,7 +15,7 @@ combination of vectors), :meth:`WorkloadData.combine_many` (rows materialised) a
 A row may be materialised over a coordinate range only (``x[a:b]`` of a :class:`VectorRef` is
 a reference to that range): only the parts that overlap it are asked, and only for the
 overlap (a contribution workload whose evaluator reads a model's head: its sub-models need
-those coordinates alone, :class:`~flstore_workloads.contribution.CoalitionUtility`).
+those coordinates alone, :class:`~flstore_workloads.utility.CoalitionUtility`).
 
 :class:`SlicedData` is the :class:`WorkloadData` a reducer runs a workload on: its vectors are
 :class:`VectorRef` stand-ins (an object id and a length) and its :class:`Parts` backend does the

@@ -69,8 +69,8 @@ from cache_engine.keys import ObjectKey
 from cache_engine.queries import run_sliced, run_workload
 from core.memory import release_free_memory
 from flstore_workloads import GramCache, WorkloadError  # imported at start, not on the first query
-from flstore_workloads.contribution import UtilityCache
 from flstore_workloads.sliced import part_bounds
+from flstore_workloads.utility import UtilityCache
 
 from .lending import Lending
 from .parts import Holdings, NotHeld, RemoteParts, serve

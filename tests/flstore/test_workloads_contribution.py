@@ -200,7 +200,7 @@ def test_gtg_position_by_position_gives_the_values_of_one_permutation_at_a_time(
 
 
 def test_utilities_are_reused_across_queries_on_the_same_sealed_vectors() -> None:
-    from flstore_workloads.contribution import UtilityCache
+    from flstore_workloads.utility import UtilityCache
 
     fed = attacked_round()
     ev = evaluator()
