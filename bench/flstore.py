@@ -62,7 +62,7 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
-from bench.flstore_md import markdown, plot, with_load
+from bench.flstore_md import markdown, plot, summary, with_load
 from bench.flstore_micro import handoff, overhead, policies
 from bench.flstore_plan import DIGITS, DIGITS_ROUNDS, JOB, evaluator_queries, round_queries
 from bench.flstore_reference import RTOL as REFERENCE_RTOL
@@ -285,7 +285,7 @@ def _latency_mode(
             "load_s": sum(x["load_s"] for x in loads),
             "prefetch_after_queries_s": prefetch_s,
             "queries": rows,
-            "summary": _summary(rows),
+            "summary": summary(rows),
             "steady": steady,
             "engine": {"functions": state["functions"], "stats": state["stats"]},
         }
@@ -453,83 +453,6 @@ def _steady(
         log.info(
             "steady %s: fedfaas %.4f s, cache-agg %.4f s", wl, mean["fedfaas"], mean["cache-agg"]
         )
-    return out
-
-
-def _baseline_threads(rows: list[dict[str, Any]]) -> int | None:
-    """The most BLAS/OpenMP threads the baselines' pools used on these queries (they say so in
-    every answer); ``None`` when no answer said."""
-    seen = [
-        r[s]["threads"]
-        for r in rows
-        for s in ("objstore-agg", "cache-agg")
-        if r[s].get("threads") is not None
-    ]
-    return max(seen) if seen else None
-
-
-def _reference_count(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """How many of ``rows`` were held to the independent reference, and how many differed."""
-    checked = [r["reference"] for r in rows if r.get("reference") is not None]
-    return {"checked": len(checked), "differ": sum(bool(d) for d in checked)}
-
-
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for wl in dict.fromkeys(r["workload"] for r in rows):
-        rr = [r for r in rows if r["workload"] == wl]
-        m = {
-            s: statistics.mean(r[s]["latency_s"] for r in rr)
-            for s in ("fedfaas", "objstore-agg", "cache-agg")
-        }
-        out[wl] = {
-            "queries": len(rr),
-            "hits": sum(bool(r["fedfaas"].get("hit")) for r in rr),
-            "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in rr),
-            "mean_s": m,
-            "median_s": {s: statistics.median(r[s]["latency_s"] for r in rr) for s in m},
-            "reduction_vs_objstore": 1 - m["fedfaas"] / m["objstore-agg"],
-            "reduction_vs_cache": 1 - m["fedfaas"] / m["cache-agg"],
-            "same_result": all(r["same_result"] for r in rr),
-            "reference": _reference_count(rr),
-            "errors": sum("error" in r[s] for r in rr for s in m),
-            "baseline_threads": _baseline_threads(rr),
-        }
-    for label, sel in (
-        ("all", [r for r in rows if "(digits)" not in r["workload"]]),
-        ("all (digits)", [r for r in rows if "(digits)" in r["workload"]]),
-    ):
-        if not sel:
-            continue
-        allm = {
-            s: statistics.mean(r[s]["latency_s"] for r in sel)
-            for s in ("fedfaas", "objstore-agg", "cache-agg")
-        }
-        mem = [r for r in sel if r["fedfaas"].get("hit") and not r["fedfaas"].get("loaded")]
-        memm = {
-            s: statistics.mean(r[s]["latency_s"] for r in mem) if mem else 0.0
-            for s in ("fedfaas", "objstore-agg", "cache-agg")
-        }
-        out[label + " (served from memory)"] = {
-            "queries": len(mem),
-            "hits": len(mem),
-            "objects_loaded": 0,
-            "mean_s": memm,
-            "reduction_vs_objstore": 1 - memm["fedfaas"] / memm["objstore-agg"] if mem else 0,
-            "reduction_vs_cache": 1 - memm["fedfaas"] / memm["cache-agg"] if mem else 0,
-            "same_result": all(r["same_result"] for r in mem),
-            "baseline_threads": _baseline_threads(mem),
-        }
-        out[label] = {
-            "queries": len(sel),
-            "hits": sum(bool(r["fedfaas"].get("hit")) for r in sel),
-            "objects_loaded": sum(int(r["fedfaas"].get("loaded") or 0) for r in sel),
-            "mean_s": allm,
-            "reduction_vs_objstore": 1 - allm["fedfaas"] / allm["objstore-agg"],
-            "reduction_vs_cache": 1 - allm["fedfaas"] / allm["cache-agg"],
-            "same_result": all(r["same_result"] for r in sel),
-            "baseline_threads": _baseline_threads(sel),
-        }
     return out
 
 

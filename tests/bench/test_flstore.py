@@ -199,8 +199,7 @@ def test_each_query_rotates_which_system_asks_first_and_each_asks_on_an_idle_eng
 
 
 def test_the_reference_column_counts_the_queries_checked_and_those_that_differ() -> None:
-    from bench.flstore import _reference_count
-    from bench.flstore_md import _reference_cell
+    from bench.flstore_md import _reference_cell, _reference_count
 
     rows = [{"reference": []}, {"reference": ["scores"]}, {"reference": None}, {}]
     count = _reference_count(rows)
