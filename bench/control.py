@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 import control_plane.placement as placement_mod
-from bench.control_md import plot, to_markdown
 from bench.control_real import bench_fig8_real, real_stack_ready
+from bench.control_report import plot, to_markdown
 from bench.harness.lifl_sim import FIG8_VARIANTS, CostModel, simulate_round
 from bench.runinfo import max_pool_threads, pinned_threads, run_info, write_result
 from control_plane.placement import place

@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.ebpf_md import markdown, plot
+from bench.ebpf_report import markdown, plot
 from bench.runinfo import pinned_threads, run_info, write_result
 
 if TYPE_CHECKING:

@@ -62,11 +62,11 @@ import httpx
 import numpy as np
 
 from bench.baselines.settings import BaselineSettings
-from bench.flstore_md import markdown, plot, summary, with_load
 from bench.flstore_micro import handoff, overhead, policies
 from bench.flstore_plan import DIGITS, DIGITS_ROUNDS, JOB, evaluator_queries, round_queries
 from bench.flstore_reference import RTOL as REFERENCE_RTOL
 from bench.flstore_reference import agrees, reference_from_store
+from bench.flstore_report import markdown, plot, summary, with_load
 from bench.flstore_rounds import SYSTEMS, WORKLOADS, big_rounds, same_answer
 from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack

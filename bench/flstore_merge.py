@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.flstore import RESULTS
-from bench.flstore_md import markdown, plot
+from bench.flstore_report import markdown, plot
 from bench.flstore_rounds import SYSTEMS
 from bench.runinfo import rerender
 

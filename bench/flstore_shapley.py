@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from bench.flstore_rounds_md import section_run
+from bench.flstore_rounds_report import section_run
 from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import write_digits_history
 from cache_engine.cold_store import MinioColdStore

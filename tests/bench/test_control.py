@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.control import _replan_case, measure_costs
-from bench.control_md import verdict, vs_paper
+from bench.control_report import verdict, vs_paper
 
 
 def test_a_figure_above_its_target_is_reported_as_a_miss() -> None:

@@ -1,4 +1,4 @@
-"""bench.flstore (and its report, bench.flstore_md): the 'load included' figures and the Markdown rendered from a result."""
+"""bench.flstore (and its report, bench.flstore_report): the 'load included' figures and the Markdown rendered from a result."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from bench.flstore import MEMO_METHOD, _one
-from bench.flstore_md import handoff_md, markdown, steady_md, with_load
 from bench.flstore_micro import handoff
 from bench.flstore_plan import POLICIES
+from bench.flstore_report import handoff_md, markdown, steady_md, with_load
 from bench.runinfo import run_info
 
 
@@ -199,7 +199,7 @@ def test_each_query_rotates_which_system_asks_first_and_each_asks_on_an_idle_eng
 
 
 def test_the_reference_column_counts_the_queries_checked_and_those_that_differ() -> None:
-    from bench.flstore_md import _reference_cell, _reference_count
+    from bench.flstore_report import _reference_cell, _reference_count
 
     rows = [{"reference": []}, {"reference": ["scores"]}, {"reference": None}, {}]
     count = _reference_count(rows)

@@ -74,7 +74,7 @@ def test_big_rounds_from_two_runs_stand_in_one_table_each_naming_its_run() -> No
     sizes = out["big_rounds"]["sizes"]
     assert list(sizes) == ["120", "200"]
     assert sizes["120"]["run"] == r120["run"] and sizes["200"]["run"] == r200["run"]
-    from bench.flstore_md import markdown
+    from bench.flstore_report import markdown
 
     md = markdown(out)
     assert "The rows of 120 updates are from their own run: `python -m bench.flstore " in md
@@ -153,7 +153,7 @@ def test_the_systems_of_one_size_from_two_runs_stand_in_one_row_each_naming_its_
     assert row["same_answer"] == dict.fromkeys(WORKLOADS, True)  # from the run of both
     assert row["runs"]["fedfaas"] == row["runs"]["objstore-agg"] == first["run"]
     assert row["runs"]["cache-agg"] == second["run"]
-    from bench.flstore_md import markdown
+    from bench.flstore_report import markdown
 
     md = markdown(merge(BASE, first, second))
     assert (

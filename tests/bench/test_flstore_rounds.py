@@ -24,7 +24,7 @@ from bench.flstore_rounds import (
     same_answer,
     write_job,
 )
-from bench.flstore_rounds_md import markdown as rounds_md
+from bench.flstore_rounds_report import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
 from cache_engine.cold_store import MemoryColdStore

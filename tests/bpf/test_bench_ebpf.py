@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import ebpf as bench
-from bench import ebpf_md
+from bench import ebpf_report
 
 
 def test_summary_reports_median_p99_and_cpu_per_handoff() -> None:
@@ -83,9 +83,9 @@ def _fake_report() -> dict[str, object]:
 
 
 def test_markdown_table_has_a_row_per_model_and_method_with_ratios() -> None:
-    md = ebpf_md.markdown(_fake_report())  # type: ignore[arg-type]
+    md = ebpf_report.markdown(_fake_report())  # type: ignore[arg-type]
     rows = [line for line in md.splitlines() if line.startswith("| resnet")]
-    assert len(rows) == len(bench.MODELS) * len(ebpf_md.METHODS)
+    assert len(rows) == len(bench.MODELS) * len(ebpf_report.METHODS)
     assert "| resnet152 | 240.8 | sf | 20,000 |" in md and "| 1,000x | 180.0x |" in md
     assert "eBPF CPU < userspace CPU: **False**" in md
     assert "median <= 20 us: **True**" in md and "p99 <= 100 us: **False**" in md
@@ -95,7 +95,7 @@ def test_markdown_table_has_a_row_per_model_and_method_with_ratios() -> None:
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "ebpf.png"
-    ebpf_md.plot(_fake_report(), out)  # type: ignore[arg-type]
+    ebpf_report.plot(_fake_report(), out)  # type: ignore[arg-type]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.flstore_plan import DIGITS_ROUNDS, POLICIES
 from bench.flstore_rounds import SYSTEMS
-from bench.flstore_rounds_md import markdown as rounds_md
+from bench.flstore_rounds_report import markdown as rounds_md
 from bench.flstore_shapley import markdown as shapley_md
 from bench.runinfo import run_header
 
