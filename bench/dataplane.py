@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(rerender("dataplane", report.render, report.plot, out_dir))
         return 0
     import bpf
-    from bench.harness import round_window as rw
+    from bench.harness import round_clients as rc
     from bench.harness.cgroups import parse_cpus
     from bench.harness.compare import Runner, run_compare
     from bench.harness.sf_round import run_sf_round
@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     mode, reason = bpf.probe()
     ebpf = mode == "ebpf"
     clients = 4 if a.quick else a.clients
-    layout = rw.resnet18_layout()
+    layout = rc.resnet18_layout()
     if a.quick:
-        layout = rw.scaled_layout(layout, 4_000_000)
+        layout = rc.scaled_layout(layout, 4_000_000)
     # each set once (on a one-CPU machine the default's two are the same)
     cpus_sets = list(dict.fromkeys(a.cpus or ["0", _cpu_list(sorted(os.sched_getaffinity(0)))]))
     for cpus in cpus_sets:

@@ -74,7 +74,7 @@ def small_model() -> Model:
 
 def resnet18_model() -> Model:
     """torchvision ResNet-18's (10 classes) floating-point state dict: 44.8 MB."""
-    from bench.harness.round_window import resnet18_layout
+    from bench.harness.round_clients import resnet18_layout
 
     return Model("ResNet-18", tuple((n, tuple(s)) for n, s in resnet18_layout()))
 

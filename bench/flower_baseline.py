@@ -8,7 +8,7 @@ started with ``flwr run``), and a ``ServerApp`` and ``ClientApp`` on the Message
 (:mod:`bench.harness.flower_app`): the strategy (``FedAvg``; ``FedMedian`` or ``Krum`` for the
 robust rows) runs one round through its ``start`` method. Every client's "trained weights"
 are float32 numpy arrays laid out like ResNet-18's floating-point state dict (or that layout
-scaled to another size, :func:`bench.harness.round_window.scaled_layout`), mapped from one file
+scaled to another size, :func:`bench.harness.rc.scaled_layout`), mapped from one file
 on /dev/shm that all clients share (or one file per client), every page touched before the
 round. The model the ServerApp sends the clients carries no tensors (they return their own
 weights; FedFaaS's clients in the same benchmark download none either).
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.flower_report import render
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
 from bench.runinfo import PINNED_THREADS, ROOT, run_info, write_result
@@ -149,8 +150,8 @@ def run_flower_round(
     ``num_clients`` SuperNodes.
 
     ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
-    floating-point state dict (:func:`bench.harness.round_window.resnet18_layout`, 44.8 MB).
-    ``weights``: one file per client in :func:`~bench.harness.round_window.write_weights`'s
+    floating-point state dict (:func:`bench.harness.rc.resnet18_layout`, 44.8 MB).
+    ``weights``: one file per client in :func:`~bench.harness.rc.write_weights`'s
     layout (None: one file of ``seed`` that every client shares). ``mem_limit_bytes`` (0:
     none) and ``floor_bytes``: the memory guard's limit on the server side's RSS and floor on
     the machine's available memory. ``groups``: the round's cgroups; the SuperLink (and so
@@ -172,8 +173,8 @@ def run_flower_round(
         raise ValueError(f"rule must be one of {RULES}, not {rule!r}")
     if weights is not None and len(weights) != num_clients:
         raise ValueError(f"{len(weights)} weight files for {num_clients} clients")
-    layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
-    size = rw.layout_bytes(layout)
+    layout = [(n, list(s)) for n, s in (layout or rc.resnet18_layout())]
+    size = rc.layout_bytes(layout)
     base = {
         "flwr_version": FLOWER_VERSION,
         "api": "Message API (ServerApp + ClientApp), Deployment Runtime (SuperLink, "
@@ -207,7 +208,7 @@ def run_flower_round(
             "FLWR_TELEMETRY_ENABLED": "0",
         }
         try:
-            rw.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
+            rc.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
 
             def spawn(argv: list[str], logname: str, side: str | None) -> subprocess.Popen[bytes]:
                 group = getattr(groups, side) if groups is not None and side else None
@@ -400,9 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
-    layout = rw.resnet18_layout()
+    layout = rc.resnet18_layout()
     if args.mb is not None:
-        layout = rw.scaled_layout(layout, int(args.mb * 1e6))
+        layout = rc.scaled_layout(layout, int(args.mb * 1e6))
     from bench.harness.cgroups import RoundGroups
 
     if args.single:
@@ -433,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "model": "resnet18 (10 classes)" if args.mb is None else f"scaled to {args.mb} MB",
             "clients": n,
-            "update_bytes": rw.layout_bytes(layout),
+            "update_bytes": rc.layout_bytes(layout),
             "rule": args.rule,
             "fedfaas": "1 aggregator replica x 2 endpoints, fanout 2, max_inflight 4",
             "peers": [

@@ -17,7 +17,8 @@ import numpy as np
 from bench.flstore_plan import POLICIES
 from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.flstore_trace import hit_table, paper_traces
-from bench.harness.round_window import resnet18_layout, status_bytes
+from bench.harness.round_clients import resnet18_layout
+from bench.harness.round_window import status_bytes
 from bench.harness.synthetic import SMALL_CNN, write_history
 from bench.runinfo import PINNED_THREADS
 from cache_engine.cold_store import MinioColdStore

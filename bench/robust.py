@@ -108,7 +108,7 @@ def write_updates(
     ups: dict[str, dict[str, np.ndarray]], layout: list[tuple[str, list[int]]], folder: Path
 ) -> list[Path]:
     """Each client's update as one file of float32 values in ``layout``'s order (the format
-    :func:`bench.harness.round_window.map_weights` maps), clients in sorted order."""
+    :func:`bench.harness.rc.map_weights` maps), clients in sorted order."""
     out = []
     for c in sorted(ups):
         path = folder / f"update-{c}"

@@ -5,7 +5,7 @@ against the number of clients and against the model's size.
   float32, 44.8 MB);
 - against model size: 10 MB, 44.8 MB (ResNet-18 itself), 240 MB, 1 GB, 20 clients; the sizes
   other than ResNet-18's are its 102 tensors with every size scaled
-  (:func:`bench.harness.round_window.scaled_layout`).
+  (:func:`bench.harness.rc.scaled_layout`).
 
 Each point runs FedFaaS (:func:`bench.harness.fedfaas_round.bench_round_e2e`: one node
 gateway, warm ``aggregator`` replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace;
@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.runinfo import (
     PINNED_THREADS,
@@ -54,7 +55,7 @@ from bench.runinfo import (
 RESULTS = Path(__file__).resolve().parent / "results"
 
 CLIENTS = (10, 50, 100, 200)
-SIZES = (10_000_000, 4 * rw.RESNET18_VALUES, 240_000_000, 1_000_000_000)
+SIZES = (10_000_000, 4 * rc.RESNET18_VALUES, 240_000_000, 1_000_000_000)
 SIZE_AXIS_CLIENTS = 20
 
 QUICK_CLIENTS = (2, 4)
@@ -103,7 +104,7 @@ def points(quick: bool = False) -> list[dict[str, Any]]:
                 for b in QUICK_SIZES
             ),
         ]
-    resnet = 4 * rw.RESNET18_VALUES
+    resnet = 4 * rc.RESNET18_VALUES
     return [
         *({"axis": "clients", "clients": n, "update_bytes": resnet} for n in CLIENTS),
         *({"axis": "size", "clients": SIZE_AXIS_CLIENTS, "update_bytes": b} for b in SIZES),
@@ -136,7 +137,7 @@ def run_point(
     from bench.harness.cgroups import RoundGroups
     from bench.harness.fedfaas_round import bench_round_e2e
 
-    layout = rw.scaled_layout(rw.resnet18_layout(), p["update_bytes"])
+    layout = rc.scaled_layout(rc.resnet18_layout(), p["update_bytes"])
     guard = {"mem_limit_bytes": limit, "floor_bytes": floor, "timeout": timeout}
     out = dict(p)
     out["num_tensors"] = len(layout)

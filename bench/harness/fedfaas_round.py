@@ -146,7 +146,7 @@ def bench_round_e2e(
     guard stops, that errors or times out is a failure record (``ok`` False), not an
     exception. ``gateway``: more :class:`~gateway.settings.GatewaySettings` fields (default:
     the gateway's own defaults); ``aggregator_env``: more environment for the replicas.
-    ``weights``: one file per client in :func:`~bench.harness.round_window.write_weights`'s
+    ``weights``: one file per client in :func:`~bench.harness.rc.write_weights`'s
     layout (None: one random file every client shares); ``initial``: the job's initial model
     as the body ``POST /v1/jobs`` takes (safetensors, its metadata may name an aggregation
     rule; None: zeros); ``keep_model``: the record's ``model`` is the published global model
@@ -162,11 +162,12 @@ def bench_round_e2e(
     import httpx
     from safetensors.numpy import save
 
+    from bench.harness import round_clients as rc
     from bench.harness import round_window as rw
     from core.services import RedisServer
 
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
-    size = rw.layout_bytes(layout)
+    size = rc.layout_bytes(layout)
     # short: the node names the round's folder, its gateway's folder under it and its router
     # socket in that (an AF_UNIX path: 107 bytes at most)
     node = f"n{tag}{'e' if ebpf else 'u'}{clients}c{size // 1_000_000}m"
@@ -229,7 +230,7 @@ def bench_round_e2e(
         info = create_job(gw.settings.port, gw.secret(), job, names, clients, init)
         del init
         if weights is None:
-            rw.write_weights(shared, layout)
+            rc.write_weights(shared, layout)
         if weights is not None and len(weights) != clients:
             raise ValueError(f"{len(weights)} weight files for {clients} clients")
         for k, name in enumerate(names):

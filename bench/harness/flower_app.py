@@ -11,7 +11,7 @@ example count in a ``MetricRecord`` (``num-examples``, the FedAvg weight).
 and runs it, and reads the marks the apps leave in the run config's ``work`` folder:
 
 - each ClientApp (its SuperNode's ``cid`` in the node config) maps the weights file all
-  clients share (:func:`bench.harness.round_window.map_weights`, every page touched), says
+  clients share (:func:`bench.harness.rc.map_weights`, every page touched), says
   ``ready-<cid>``, waits for the harness's ``go``, marks ``t_start_ns`` (weights in memory,
   nothing serialised yet) in ``client-<cid>.json``, and only then builds the ``ArrayRecord``
   (Flower serialises each array as it is added): serialisation is inside the window;
@@ -37,6 +37,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedMedian, Krum
 
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.runinfo import thread_counts
 
@@ -57,9 +58,9 @@ def train(msg: Message, context: Context) -> Message:
     ``weights-<cid>``) after the harness's go."""
     work = Path(str(context.run_config["work"]))
     cid = int(context.node_config["cid"])
-    layout, weights = rw.client_weights(work, cid)
+    layout, weights = rc.client_weights(work, cid)
     arrays = [weights[n].view(np.ndarray) for n, _ in layout]
-    rw.wait_go(work, cid)
+    rc.wait_go(work, cid)
     t_start = time.monotonic_ns()  # weights in memory; nothing serialised
     reply = RecordDict(
         {

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.runinfo import PINNED_THREADS, ROOT, thread_counts
 
@@ -105,7 +106,7 @@ def _server_main(port: int, num_clients: int, work: Path, rule: str) -> None:
 def _client_main(server: str, cid: int, work: Path) -> None:
     import flwr as fl
 
-    layout, weights = rw.client_weights(work, cid)
+    layout, weights = rc.client_weights(work, cid)
     update = [weights[n].view(np.ndarray) for n, _ in layout]
     n_samples = 100 + cid
     marks: dict[str, Any] = {"cid": cid}
@@ -115,7 +116,7 @@ def _client_main(server: str, cid: int, work: Path) -> None:
             return update
 
         def fit(self, parameters: Any, config: Any) -> tuple[list[np.ndarray], int, dict[str, Any]]:
-            rw.wait_go(work, cid)
+            rc.wait_go(work, cid)
             marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
             return update, n_samples, {}
 
@@ -152,7 +153,7 @@ def run_legacy_round(
     ``num_clients`` client processes.
 
     ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
-    floating-point state dict (:func:`bench.harness.round_window.resnet18_layout`, 44.8 MB).
+    floating-point state dict (:func:`bench.harness.rc.resnet18_layout`, 44.8 MB).
     ``weights``: one file per client (None: one file of ``seed`` all share); ``keep_model``:
     the record's ``model`` is the aggregated model as one flat float32 vector (not JSON).
     ``mem_limit_bytes`` (0: none) and ``floor_bytes``: the memory guard's limit on the server's
@@ -171,8 +172,8 @@ def run_legacy_round(
     from bench.harness.cgroups import born_in
     from core.services import ServiceError, free_port, wait_for_port
 
-    layout = [(n, list(s)) for n, s in (layout or rw.resnet18_layout())]
-    size = rw.layout_bytes(layout)
+    layout = [(n, list(s)) for n, s in (layout or rc.resnet18_layout())]
+    size = rc.layout_bytes(layout)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, not {rule!r}")
     base = {
@@ -201,7 +202,7 @@ def run_legacy_round(
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
         work = Path(tmp)
         try:
-            rw.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
+            rc.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
 
             def spawn(args: list[str], logname: str, side: str) -> subprocess.Popen[bytes]:
                 group = getattr(groups, side) if groups is not None else None

@@ -3,7 +3,7 @@ bench.harness.sdk_client --spec FILE --out FILE``): numpy, safetensors and the S
 the server side, so that N clients on the machine weigh what N SDK clients weigh.
 
 Its "trained weights" are mapped as numpy arrays (every page resident,
-:func:`bench.harness.round_window.map_weights`). It says it is ready (``ready-<client>`` in the
+:func:`bench.harness.rc.map_weights`). It says it is ready (``ready-<client>`` in the
 spec's ``work`` folder) and, released with the others by the ``go`` file there, marks
 ``t_start_ns`` (``time.monotonic_ns``), serialises the weights to safetensors
 (``safetensors.numpy.save``, the library the SDK's own state-dict path calls), marks
@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    from bench.harness import round_window as rw
+    from bench.harness import round_clients as rc
     from client.sdk import FLClient
 
     spec = json.loads(Path(a.spec).read_text())
     with FLClient(spec["url"], spec["job"], spec["client"], spec["token"], timeout=600) as c:
-        rw.client_round(
+        rc.client_round(
             spec, Path(a.out), lambda data: c.upload(1, data, spec["samples"], busy_wait=600)
         )
     return 0

@@ -5,7 +5,7 @@ a peer of the FedFaaS round in ``bench.dataplane`` and measured the same way
 (:mod:`bench.harness.round_window`):
 
 - **clients** (``--role client``, one process each, released at once by a ``go`` file) hold the
-  weights as numpy arrays (:func:`~bench.harness.round_window.map_weights`), mark
+  weights as numpy arrays (:func:`~bench.harness.rc.map_weights`), mark
   ``t_start_ns``, serialise them to safetensors (``safetensors.numpy.save``, as the FedFaaS
   clients do), mark ``t_encoded_ns`` and POST the bytes with a bearer token and their sample
   count to their *leaf*;
@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.harness.cgroups import born_in
 from bench.harness.sf_servers import Leaf, plan_leaves
@@ -233,7 +234,7 @@ def run_sf_round(
     ``tag`` tells runs in the same ``work`` apart (its folder is ``sf-<tag><clients>c``).
     """
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
-    size = rw.layout_bytes(layout)
+    size = rc.layout_bytes(layout)
     base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
     rdir = work / f"sf-{tag}{clients}c"
     rdir.mkdir(parents=True)
@@ -285,7 +286,7 @@ def run_sf_round(
         )
         guard.start()
         for k, path in enumerate(weights):
-            rw.write_weights(path, layout, seed=k)
+            rc.write_weights(path, layout, seed=k)
         with born_in(groups.clients if groups else None):
             procs = _start_clients(rdir, servers, weights, clients)
         if bad := _wait(check, lambda: len(list(rdir.glob("ready-*"))) >= clients):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.harness import round_window as rw
+from bench.harness import round_clients as rc
 
 if TYPE_CHECKING:
     pass
@@ -326,7 +326,7 @@ def _serve(app: Any, port: int) -> None:
 
 
 def _client_main(spec_path: Path, out: Path) -> None:
-    """One client: :func:`~bench.harness.round_window.client_round`, POSTing to its leaf."""
+    """One client: :func:`~bench.harness.rc.client_round`, POSTing to its leaf."""
     import httpx
 
     spec = json.loads(spec_path.read_text())
@@ -336,7 +336,7 @@ def _client_main(spec_path: Path, out: Path) -> None:
         def send(data: bytes) -> None:
             c.post(spec["url"], content=data, headers=headers).raise_for_status()
 
-        rw.client_round(spec, out, send)
+        rc.client_round(spec, out, send)
 
 
 def main(argv: list[str] | None = None) -> int:

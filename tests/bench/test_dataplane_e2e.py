@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import round_window as rw
+from bench.harness import round_clients as rc
 from bench.harness.fedfaas_round import bench_round_e2e
 
 pytestmark = pytest.mark.integration
 
-LAYOUT = rw.scaled_layout(rw.resnet18_layout(), 1_000_000)
+LAYOUT = rc.scaled_layout(rc.resnet18_layout(), 1_000_000)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness import round_window as rw
+from bench.harness import round_clients as rc
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def _weights(tmp: Path, n: int) -> tuple[list[Path], np.ndarray]:
     files = []
     for k in range(n):
         files.append(tmp / f"w{k}")
-        rw.write_weights(files[-1], LAYOUT, seed=k)
+        rc.write_weights(files[-1], LAYOUT, seed=k)
     flat = np.stack([np.fromfile(f, np.float32) for f in files])
     return files, flat
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench import scale
+from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 
 GB = 1_000_000_000
@@ -158,28 +159,28 @@ def test_first_bytes_sees_an_upload_arrive_on_the_server_port() -> None:
 
 # ----------------------------------------------------------------------------- the model
 def test_scaled_layout_keeps_names_and_count_and_hits_the_size() -> None:
-    base = rw.resnet18_layout()
-    assert rw.layout_bytes(base) == 4 * rw.RESNET18_VALUES
-    assert rw.scaled_layout(base, 4 * rw.RESNET18_VALUES) == base
+    base = rc.resnet18_layout()
+    assert rc.layout_bytes(base) == 4 * rc.RESNET18_VALUES
+    assert rc.scaled_layout(base, 4 * rc.RESNET18_VALUES) == base
     for size in (10_000_000, 240_000_000, 1_000_000_000):
-        lay = rw.scaled_layout(base, size)
+        lay = rc.scaled_layout(base, size)
         assert [n for n, _ in lay] == [n for n, _ in base]
-        assert rw.layout_bytes(lay) == size
+        assert rc.layout_bytes(lay) == size
     with pytest.raises(ValueError, match="fewer values"):
-        rw.scaled_layout(base, 40)
+        rc.scaled_layout(base, 40)
 
 
 def test_every_client_maps_the_same_weights(tmp_path: Path) -> None:
     layout = [("a", [3, 4]), ("b", [5])]
     path = tmp_path / "w"
-    rw.write_weights(path, layout, seed=1)
-    one, two = rw.map_weights(path, layout), rw.map_weights(path, layout)
+    rc.write_weights(path, layout, seed=1)
+    one, two = rc.map_weights(path, layout), rc.map_weights(path, layout)
     assert one["a"].shape == (3, 4) and one["b"].shape == (5,)
     assert np.array_equal(one["a"], two["a"]) and one["a"].dtype == np.float32
     one["b"][0] = 7.0  # copy-on-write: a client's writes stay its own
     assert two["b"][0] != 7.0
     with pytest.raises(ValueError, match="the layout has"):
-        rw.map_weights(path, [("a", [3, 4])])
+        rc.map_weights(path, [("a", [3, 4])])
 
 
 # ----------------------------------------------------------------------------- grid and report
@@ -188,10 +189,10 @@ def test_the_grid_is_the_four_client_counts_and_the_four_sizes() -> None:
     clients = [p for p in pts if p["axis"] == "clients"]
     sizes = [p for p in pts if p["axis"] == "size"]
     assert [p["clients"] for p in clients] == [10, 50, 100, 200]
-    assert {p["update_bytes"] for p in clients} == {4 * rw.RESNET18_VALUES}
+    assert {p["update_bytes"] for p in clients} == {4 * rc.RESNET18_VALUES}
     assert [p["update_bytes"] for p in sizes] == [
         10_000_000,
-        4 * rw.RESNET18_VALUES,
+        4 * rc.RESNET18_VALUES,
         240_000_000,
         1_000_000_000,
     ]

@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.harness import round_window as rw
+from bench.harness import round_clients as rc
 from bench.harness import sf_round, sf_servers
 from core import fedavg, wire
 
-LAYOUT = rw.scaled_layout(rw.resnet18_layout(), 1_000_000)
+LAYOUT = rc.scaled_layout(rc.resnet18_layout(), 1_000_000)
 
 
 @pytest.fixture
@@ -73,8 +73,8 @@ def test_the_served_global_is_the_weighted_fedavg_of_what_the_clients_sent(work:
     sent = []
     for k in range(3):
         path = work / f"w{k}"
-        rw.write_weights(path, LAYOUT, seed=k)
-        sent.append(rw.map_weights(path, LAYOUT))
+        rc.write_weights(path, LAYOUT, seed=k)
+        sent.append(rc.map_weights(path, LAYOUT))
     samples = [100.0, 101.0, 102.0]
     for name, _ in LAYOUT:
         want = fedavg.fedavg_reference([s[name] for s in sent], samples)

@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.integration
 def test_a_real_flower_round_reports_its_windows_and_server_memory() -> None:
     from bench.flower_baseline import run_flower_round
-    from bench.harness.round_window import resnet18_layout, scaled_layout
+    from bench.harness.round_clients import resnet18_layout, scaled_layout
 
     res = run_flower_round(3, scaled_layout(resnet18_layout(), 800_000), timeout=120)
     assert res["ok"], res
@@ -28,7 +28,7 @@ def test_a_real_flower_round_reports_its_windows_and_server_memory() -> None:
 
 
 def test_default_payload_is_resnet18s_floating_point_state_dict() -> None:
-    from bench.harness.round_window import RESNET18_VALUES, resnet18_layout
+    from bench.harness.round_clients import RESNET18_VALUES, resnet18_layout
 
     layout = resnet18_layout()
     assert sum(math.prod(s) for _, s in layout) == RESNET18_VALUES and len(layout) == 102

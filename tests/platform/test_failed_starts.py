@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 
 from core import services
-from core.services import process
-from core.services import PrometheusServer, RedisServer, ServiceError, free_port
+from core.services import PrometheusServer, RedisServer, ServiceError, free_port, process
 
 pytestmark = pytest.mark.integration
 
