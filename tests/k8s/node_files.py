@@ -188,7 +188,8 @@ def setup_script(folder: Path) -> str:
 
     - ``/run``: a tmpfs (containerd's state and socket, runc's state, the pods' network
       namespaces under /var/run/netns); ``/dev/shm``: a tmpfs (hostPath volumes there, as the
-      node gateway's object store);
+      node gateway's object store); ``/sys/fs/bpf``: a bpf file system of the namespace's own
+      (the privileged eBPF node gateway's hostPath);
     - ``/var/lib`` and ``/var/log``: overlays whose writes go to ``folder/ovl``;
       ``/var/lib/kubelet`` (kubelet's root: its device-plugin socket path is hard-coded) and
       ``/var/log/pods`` are bound to ``folder/kubelet`` and ``folder/pods``;
@@ -207,6 +208,7 @@ def setup_script(folder: Path) -> str:
         'mount -t overlay "ovl-$2" -o "lowerdir=$1,upperdir=$F/ovl/$2/upper,workdir=$F/ovl/$2/work" "$1"; }',
         "mount -t tmpfs -o mode=0755 tmpfs /run",
         "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
+        "mount -t bpf bpf /sys/fs/bpf",
         "overlay /var/lib var-lib",
         "overlay /var/log var-log",
         'mkdir -p "$F/kubelet" "$F/pods" "$F/sysctl" /var/lib/kubelet /var/log/pods',

@@ -165,6 +165,15 @@ def _http(node: Node, method: str, url: str, **kw: Any) -> httpx.Response:
 
 
 def _answers_like_echo(node: Node, base: str) -> None:
+    # of-watchdog's /_/health (the readiness probe) passes once the watchdog runs; until the
+    # function's own server listens behind it, the watchdog answers 500
+    def answers() -> bool:
+        try:
+            return _http(node, "GET", base).status_code != 500
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, f"the echo function answers at {base}", 60)
     denied = _http(node, "GET", base)
     assert denied.status_code == 401, denied.text
     assert denied.json()["error"] == "unauthorized"
