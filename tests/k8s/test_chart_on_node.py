@@ -40,11 +40,10 @@ import pytest
 from minio import Minio
 
 from core.services import find_binary
-from tests.containers.conftest import image_exists
-from tests.k8s.cluster import Cluster, binary, k8s_dir
-from tests.k8s.conftest import Helm, _missing
+from tests.k8s.conftest import Helm
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
-from tests.k8s.node import COREDNS_IMAGE, NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools, pod_ready
+from tests.k8s.node import Node, pod_ready
+from tests.k8s.node_fixture import started_node
 from tests.openfaas.conftest import require_binary, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -83,29 +82,14 @@ def release(
     k8s_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Node]:
     """The node with the chart installed (``helm install --wait``, hooks run)."""
-    missing = [n for n in NODE_BINARIES if binary(n) is None]
-    if missing:
-        _missing(f"{', '.join(missing)} missing from {k8s_dir()}: run `make k8s-binaries`")
-    tools = missing_tools()
     helm_binary = find_binary("helm")
-    if helm_binary is None:
-        tools.append("helm (`make helm`)")
-    if tools:
-        _missing(f"not installed: {', '.join(tools)} (scripts/setup.sh installs them)")
-    images = [PAUSE_IMAGE, COREDNS_IMAGE, *IMAGES.values()]
-    absent = [i for i in images if not image_exists(i)]
-    if absent:
-        _missing(f"not in podman's store: {', '.join(absent)} (`make test-k8s` builds them)")
-    binaries = {**k8s_binaries, **{n: p for n in NODE_BINARIES if (p := binary(n)) is not None}}
     folder = tmp_path_factory.mktemp("k8s-chart")
-    cluster = Cluster(folder, binaries, controllers="*")
-    node = Node(cluster, binaries)
-    try:
-        cluster.start()
-        node.start(list(IMAGES.values()))
+    tools = () if helm_binary else ("helm (`make helm`)",)
+    with started_node(k8s_binaries, folder, list(IMAGES.values()), tools) as node:
+        assert helm_binary is not None
+        cluster = node.cluster
         install_openfaas_objects(cluster, folder / "basic-auth")
         home = tmp_path_factory.mktemp("helm-home")
-        assert helm_binary is not None
         helm = Helm(cluster.ns.wrapper("helm", helm_binary), home, cluster.admin_kubeconfig)
         res = helm(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
@@ -115,11 +99,6 @@ def release(
         if res.returncode != 0:
             raise AssertionError(f"helm install: {res.stderr}\n{_pods_report(node)}")
         yield node
-    finally:
-        procs = list(cluster.procs.values())
-        node.stop()
-    assert all(p.poll() is not None for p in procs), "a process outlived the namespace"
-    assert not node.cgroups_left(), "kubelet's cgroups were left in the host's tree"
 
 
 def _pods_report(node: Node) -> str:

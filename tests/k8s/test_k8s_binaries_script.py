@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.k8s.cluster import K8S_VERSION
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "k8s-binaries.sh"
@@ -30,22 +32,13 @@ def test_the_script_builds_the_version_the_tests_use() -> None:
     assert os.environ.get("FEDFAAS_K8S_VERSION", default.group(1)) == K8S_VERSION
 
 
-def test_a_cached_binary_is_not_built_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["kube-scheduler", "coredns"])
+def test_a_cached_binary_is_not_built_again(tmp_path: Path, name: str) -> None:
     folder = tmp_path / "k8s" / "v1.34.1"
     folder.mkdir(parents=True)
-    (folder / "kube-scheduler").write_text("#!/bin/sh\n")
-    (folder / "kube-scheduler").chmod(0o755)
-    res = _run("kube-scheduler", cache=tmp_path, FEDFAAS_K8S_VERSION="v1.34.1", PATH="/bin")
-    assert res.returncode == 0, res.stderr  # no go on that PATH: nothing was built
-    assert res.stdout.strip() == str(folder)
-
-
-def test_a_cached_coredns_is_not_built_again(tmp_path: Path) -> None:
-    folder = tmp_path / "k8s" / "v1.34.1"
-    folder.mkdir(parents=True)
-    (folder / "coredns").write_text("#!/bin/sh\n")
-    (folder / "coredns").chmod(0o755)
-    res = _run("coredns", cache=tmp_path, FEDFAAS_K8S_VERSION="v1.34.1", PATH="/bin")
+    (folder / name).write_text("#!/bin/sh\n")
+    (folder / name).chmod(0o755)
+    res = _run(name, cache=tmp_path, FEDFAAS_K8S_VERSION="v1.34.1", PATH="/bin")
     assert res.returncode == 0, res.stderr  # no go on that PATH: nothing was built
     assert res.stdout.strip() == str(folder)
 

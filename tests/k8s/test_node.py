@@ -30,12 +30,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.containers.conftest import image_exists, stack_images
-from tests.k8s.cluster import K8S_VERSION, Cluster, binary, k8s_dir
-from tests.k8s.conftest import _missing
+from tests.containers.conftest import stack_images
+from tests.k8s.cluster import K8S_VERSION
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
-from tests.k8s.node import COREDNS_IMAGE, NODE_BINARIES, PAUSE_IMAGE, Node, missing_tools, pod_ready
-from tests.k8s.node_files import KERNEL_DEFAULTS, POD_CIDR
+from tests.k8s.node import Node, pod_ready
+from tests.k8s.node_files import POD_CIDR
+from tests.k8s.node_fixture import started_node
 from tests.openfaas.conftest import FaasCli, require_binary, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -53,29 +53,9 @@ def _echo_image() -> str:
 def node(k8s_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """The cluster with its node, started once for the module; stopped after, with a check
     that nothing of it is left."""
-    missing = [n for n in NODE_BINARIES if binary(n) is None]
-    if missing:
-        _missing(f"{', '.join(missing)} missing from {k8s_dir()}: run `make k8s-binaries`")
-    tools = missing_tools()
-    if tools:
-        _missing(f"not installed: {', '.join(tools)} (scripts/setup.sh installs them)")
-    images = [i for i in (PAUSE_IMAGE, COREDNS_IMAGE, _echo_image()) if not image_exists(i)]
-    if images:
-        _missing(f"not in podman's store: {', '.join(images)} (`make test-k8s` builds them)")
-    binaries = {**k8s_binaries, **{n: p for n in NODE_BINARIES if (p := binary(n)) is not None}}
-    kernel = {key: Path(f"/proc/sys/{key}").read_text() for key in KERNEL_DEFAULTS}
-    cluster = Cluster(tmp_path_factory.mktemp("k8s-node"), binaries, controllers="*")
-    n = Node(cluster, binaries)
-    try:
-        cluster.start()
-        n.start([_echo_image()])
+    folder = tmp_path_factory.mktemp("k8s-node")
+    with started_node(k8s_binaries, folder, [_echo_image()]) as n:
         yield n
-    finally:
-        procs = list(cluster.procs.values())
-        n.stop()
-    assert all(p.poll() is not None for p in procs), "a process outlived the namespace"
-    assert not n.cgroups_left(), "kubelet's cgroups were left in the host's tree"
-    assert {key: Path(f"/proc/sys/{key}").read_text() for key in KERNEL_DEFAULTS} == kernel
 
 
 def test_the_node_registers_and_becomes_ready(node: Node) -> None:
