@@ -345,7 +345,7 @@ def run_flower_round(
             "their summed VmHWM (reset as the window opens) and a peak sampled every 5 ms"
         ),
         "e2e_s": rw.window_s(starts, end),
-        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        "server_s": first.server_window_s(end),
         "ingest_s": rw.window_s(starts, marks["t_aggregate_start_ns"]),
         # the SuperLink has 99 % of the updates' bytes -> aggregate_train's entry: the
         # ServerApp's poll wait and its pull (deserialisation included)

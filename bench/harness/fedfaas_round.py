@@ -353,7 +353,7 @@ def bench_round_e2e(
         "router_frames": sum((e["metrics"] or {}).get("msgs_sent", 0) for e in router["endpoints"]),
         "router_drops": router["drops"],
         "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
-        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        "server_s": first.server_window_s(end),
         # the gateway's own first-byte mark, a cross-check of ``server_s``
         "server_gateway_mark_s": rw.window_s([lr["first_byte_ns"]], end),
         "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,

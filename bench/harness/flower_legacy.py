@@ -314,7 +314,7 @@ def run_legacy_round(
             "opens, read at the end)"
         ),
         "e2e_s": rw.window_s(starts, end),
-        "server_s": rw.window_s([first.t_ns], end) if first.t_ns else None,
+        "server_s": first.server_window_s(end),
         "ingest_s": rw.window_s(starts, marks["t_aggregate_start_ns"]),
         "aggregate_s": (end - marks["t_aggregate_start_ns"]) / 1e9,
         "round_s": rw.window_s([marks["t_configure_ns"]], end),

@@ -357,6 +357,17 @@ class FirstBytes(threading.Thread):
         self._halt.set()
         self.join(2)
 
+    def server_window_s(self, end_ns: int) -> float | None:
+        """Seconds from the first bytes to ``end_ns`` (None when the threshold was never seen).
+
+        The poll that sees the threshold comes up to one period (plus its own read) after the
+        bytes did; when a round ends within that lag (a small model on a loaded machine) the
+        end mark is earlier than the poll's and the window is shorter than the resolution: 0,
+        not an error."""
+        if not self.t_ns:
+            return None
+        return window_s([min(self.t_ns, end_ns)], end_ns)
+
 
 class MemoryGuard(threading.Thread):
     """Watch a point: every ``period`` s sum the ``VmRSS`` of the server-side process trees

@@ -152,9 +152,24 @@ def test_first_bytes_sees_an_upload_arrive_on_the_server_port() -> None:
         first.join(10)
         assert first.t_ns > 0
         assert rw.tcp_bytes_received(port)  # the accepted socket, seen by the kernel counters
+        # a round that ended before the poll saw the bytes (within the poll's lag) has a zero
+        # server window, not a negative one or an error; a later end is measured from the mark
+        assert first.server_window_s(first.t_ns - 1_000_000) == 0.0
+        assert first.server_window_s(first.t_ns + 2_000_000_000) == pytest.approx(2.0)
     finally:
         for s in (cli, conn, srv):
             s.close()
+
+
+def test_first_bytes_never_seen_gives_no_server_window() -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        first = rw.FirstBytes(srv.getsockname()[1])
+        assert first.server_window_s(12345) is None
+    finally:
+        srv.close()
 
 
 # ----------------------------------------------------------------------------- the model
