@@ -110,6 +110,7 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     the console at start)."""
     s = settings or ConsoleSettings()
     auth = Authenticator.from_files(s.admin_token_file, analyst=s.analyst_token_file)
+    s.gateway_map()  # a malformed --gateways stops the console here, not at a request
     upstream = Upstream(s)
     checkpoints = Checkpoints(s)
     assets = {name: (STATIC / name).read_bytes() for name in ASSETS}

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from pydantic_settings import SettingsConfigDict
 
+from control_plane.settings import parse_gateways
 from core.cmdline import CommandLineSettings
 
 
@@ -83,10 +84,6 @@ class ConsoleSettings(CommandLineSettings):
     secure_cookie: bool = False
 
     def gateway_map(self) -> dict[str, str]:
-        """``gateways`` as node -> URL."""
-        out = {}
-        for item in self.gateways.split(","):
-            node, _, url = item.strip().partition("=")
-            if node and url:
-                out[node] = url.rstrip("/")
-        return out
+        """``gateways`` as node -> URL (the control plane's parser: the same flag, the same
+        errors)."""
+        return parse_gateways(self.gateways) if self.gateways.strip() else {}

@@ -133,6 +133,11 @@ function lineChart(id, title, xs, series) {
 
 // --- pages --------------------------------------------------------------------------------
 
+function aggregators(a) {
+  if (!a || typeof a !== "object") return a;
+  return `${fmt(a.endpoints)} endpoints, ${fmt(a.free_endpoints)} free, ${fmt(a.waiting_slots)} slots waiting, queue ${fmt(a.queue)}`;
+}
+
 async function overview() {
   const o = await api("/api/overview");
   replace("version", el("p", { id: "version" }, "version ", el("b", {}, o.version)));
@@ -142,7 +147,7 @@ async function overview() {
   replace("nodes", section("nodes", "Nodes (control plane)", table("nodes-table", ["node", "gateway", "healthy", "capacity", "queue estimate", "failures"],
     nodes.map((n) => ({ cells: [n.name, n.url, n.healthy ? "yes" : "NO", n.mc, n.queue_estimate, n.failures] })))));
   replace("gateways", section("gateways", "Node gateways", table("gateways-table", ["node", "address", "router", "why", "jobs", "aggregators", "router endpoints"],
-    o.gateways.map((g) => ({ attrs: { "data-router": g.router }, cells: [g.node, g.url, g.router, g.router_reason, g.jobs, g.aggregators,
+    o.gateways.map((g) => ({ attrs: { "data-router": g.router }, cells: [g.node, g.url, g.router, g.router_reason, g.jobs, aggregators(g.aggregators),
       g.endpoints ? g.endpoints.length : "(admin only)"] })))));
   const agg = o.aggregator;
   replace("aggregator", section("aggregator", "Aggregator replicas",
@@ -172,7 +177,7 @@ async function job(name) {
       v.enrolled, v.eligible, v.lost, v.privacy ? `${fmt(v.privacy.spent)} / ${fmt(v.privacy.epsilon)}` : "no DP"] }])));
   replace("timeline", section("timeline", "Rounds", table("timeline-table", ["round", "state", "seconds", "updates", "published", "reopened", "deadline in (s)", "selected by"],
     j.timeline.map((r) => ({ attrs: { "data-round": r.round, "data-state": r.state }, cells: [r.round, r.state, r.seconds, r.updates, r.published, r.reopened, r.deadline_in_s, r.selected_by] })))));
-  replace("clients", section("clients", "Open round: clients per node and stragglers", table("clients-table", ["node", "clients", "updates in", "stragglers"],
+  replace("clients", section("clients", cur.number ? `Round ${cur.number} (${cur.state}): clients per node and stragglers` : "No round open", table("clients-table", ["node", "clients", "updates in", "stragglers"],
     Object.entries(cur.clients_per_node || {}).map(([node, n]) => ({ cells: [node, n, (cur.received || {})[node] || 0, j.stragglers[node] || 0] })))));
   replace("flagged", section("flagged", "Flagged and excluded clients",
     el("p", {}, "flagged (dropped from later rounds): " + (Object.keys(v.flagged || {}).length ? JSON.stringify(v.flagged) : "none")),
