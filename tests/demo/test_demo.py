@@ -22,7 +22,14 @@ from fedfaas.demo import DemoConfig, run
 from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
-OPTIONAL_PORTS = ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane")
+OPTIONAL_PORTS = (
+    "gateway",
+    "gateway_node1",
+    "cache_engine",
+    "request_tracker",
+    "control_plane",
+    "console",
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
