@@ -130,8 +130,8 @@ k8s-binaries:
 # deploy/faasd builds them, the pod sandbox (pause) image built from Kubernetes' source and
 # CoreDNS's (scripts/k8s-images.sh; each kept once built)
 .PHONY: k8s-images
-k8s-images: k8s-binaries
-	$(MAKE) --no-print-directory images IMAGES="fedfaas aggregator echo"
+k8s-images: IMAGES = fedfaas aggregator echo
+k8s-images: k8s-binaries images
 	FEDFAAS_CACHE="$(CACHE)" bash deploy/faasd/images.sh
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-images.sh
 
