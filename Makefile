@@ -42,11 +42,15 @@ NO_CACHE ?=
 CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 HELM := $(shell command -v helm 2>/dev/null || echo $(CACHE)/bin/helm)
 
-.PHONY: setup test test-all test-slow test-k8s test-faults soak demo bench lint up down status helm chart images \
+.PHONY: setup browser test test-all test-slow test-k8s test-faults soak demo bench lint up down status helm chart images \
 	k8s-binaries $(addprefix bench-,$(BENCHES))
 
 setup:
 	@bash scripts/setup.sh
+
+# setup, and Debian's Chromium with its chromedriver for the console's browser tests
+browser:
+	@FEDFAAS_BROWSER=1 bash scripts/setup.sh
 
 # --durations: the slowest tests, so that a tier that grows past its time says where
 test: setup
@@ -56,7 +60,7 @@ test: setup
 test-all:
 	bash scripts/test-all.sh
 
-test-slow: setup
+test-slow: setup browser
 	$(PY) -m pytest -m slow --ignore=tests/containers --ignore=tests/k8s --durations=25 $(PYTEST_ARGS)
 
 test-k8s: setup k8s-binaries k8s-images
@@ -158,5 +162,5 @@ docs-diagram: setup
 # The console's screenshots (docs/console/*.png), taken by its browser tests in headless Chromium
 # while a job runs on a platform of their own (tests/console/test_console_browser.py).
 .PHONY: docs-console
-docs-console: setup
+docs-console: setup browser
 	FEDFAAS_CONSOLE_SHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/console/test_console_browser.py

@@ -1,6 +1,7 @@
 # The FedFaaS services image (ghcr.io/fedfaas/fedfaas:<appVersion>, charts/fedfaas `image`): one
 # image holds the core library; each chart component runs its own module
-# (`python -m gateway|control_plane|cache_engine|request_tracker|fedfaas.provision_minio`).
+# (`python -m gateway|control_plane|cache_engine|request_tracker|fedfaas.provision_minio`; the
+# operations console, `python -m console`, is in it too).
 # Built from the repository root: `make images`, or
 #   podman build --network host --secret id=ca,src=<CA bundle> \
 #       -f docker/fedfaas.Dockerfile -t ghcr.io/fedfaas/fedfaas:0.1.0 .
@@ -50,6 +51,7 @@ COPY cache_engine ./cache_engine
 COPY request_tracker ./request_tracker
 COPY control_plane ./control_plane
 COPY client ./client
+COPY console ./console
 # pip, setuptools and wheel leave with the build: the services never install anything.
 RUN --mount=type=secret,id=ca,mode=0444 \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \

@@ -3,7 +3,7 @@
 # Idempotent: each step checks first, so a second run takes a few seconds.
 #   apt:   redis-server, prometheus (its system service stopped and disabled), python3-venv,
 #          python3-bpfcc + kernel headers (+ the link bcc looks for)
-#   apt:   chromium + chromium-driver (the console's browser tests, tests/console)
+#   apt:   chromium + chromium-driver with FEDFAAS_BROWSER=1 (the console's browser tests)
 #   apt:   the container tools (podman buildah skopeo debootstrap containerd runc CNI plugins
 #          fuse-overlayfs slirp4netns uidmap xz-utils): `make images`, tests/containers
 #   .venv: the Python dependencies (with the `torch` extra: torch and torchvision from PyPI), the
@@ -72,9 +72,13 @@ done
 # shellcheck disable=SC2086
 apt_install $containers \
   || warn "could not install the container tools; make images and tests/containers need them"
-# The console's browser tests (tests/console) drive Debian's Chromium through its chromedriver.
-apt_install chromium chromium-driver \
-  || warn "could not install chromium; tests/console's browser tests need it"
+# The console's browser tests (tests/console, slow tier) drive Debian's Chromium through its
+# chromedriver: installed only when asked (FEDFAAS_BROWSER=1, `make browser`, which the slow tier
+# and `make docs-console` run), so that `make test` does not download a browser it never starts.
+if [ "${FEDFAAS_BROWSER:-0}" = 1 ]; then
+  apt_install chromium chromium-driver \
+    || warn "could not install chromium; tests/console's browser tests need it"
+fi
 # eBPF is optional: without bcc or headers the userspace router takes over.
 apt_install python3-bpfcc bpfcc-tools "linux-headers-$ARCH" \
   || warn "could not install bcc or kernel headers; eBPF falls back to the userspace router"
