@@ -251,6 +251,7 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
         "cache-engine",
         "request-tracker",
         "control-plane",
+        "console",
         "supervisor",
     ]
     report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
