@@ -336,7 +336,7 @@ def reference_from_store(cold: Any, body: Mapping[str, Any]) -> dict[str, Any] |
     from cache_engine.catalog import MemoryCatalog
     from cache_engine.evaluators import build_evaluator
     from cache_engine.keys import ObjectKey
-    from cache_engine.queries import parse_query, plan
+    from cache_engine.queries import fields_by_kind, parse_query, plan
 
     q = parse_query(body)
     if q.workload not in KEYS:
@@ -347,19 +347,11 @@ def reference_from_store(cold: Any, body: Mapping[str, Any]) -> dict[str, Any] |
     p = plan(q, catalog)
     if q.workload == "shapley" and p.params.get("method") != "exact":
         return None
-    updates: dict[int, dict[str, NDArray[np.floating]]] = {}
-    globals_: dict[int, NDArray[np.floating]] = {}
-    meta: dict[int, dict[str, dict[str, Any]]] = {}
-    for key in p.keys:
-        value = cold.get(key)
-        if key.kind == "update":
-            updates.setdefault(key.round, {})[key.client] = value
-        elif key.kind == "global":
-            globals_[key.round] = value
-        else:
-            meta[key.round] = dict(value.get("client_meta", {}))
+    data = fields_by_kind({key: cold.get(key) for key in p.keys})
     evaluator = None
     if p.evaluator:
         m0 = cold.get(ObjectKey(q.job, 0, "meta"))
         evaluator = build_evaluator(m0.get("round_meta", {}).get("evaluator"))
-    return reference_answer(q.workload, p.params, updates, globals_, meta, evaluator)
+    return reference_answer(
+        q.workload, p.params, data["updates"], data["globals"], data["client_meta"], evaluator
+    )

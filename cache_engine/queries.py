@@ -160,7 +160,9 @@ def plan(q: Query, catalog: Catalog) -> Plan:
     return Plan(q, list(dict.fromkeys(keys)), req.policy, params, bool(req.evaluator))
 
 
-def _fields(objects: Mapping[ObjectKey, Any]) -> dict[str, Any]:
+def fields_by_kind(objects: Mapping[ObjectKey, Any]) -> dict[str, Any]:
+    """Held objects sorted into ``WorkloadData``'s fields: ``updates[r][client]``,
+    ``globals[v]``, ``client_meta[r]`` and ``round_meta[r]``."""
     updates: dict[int, dict[str, Any]] = {}
     globals_: dict[int, Any] = {}
     client_meta: dict[int, dict[str, Any]] = {}
@@ -197,7 +199,7 @@ def workload_data(
     from flstore_workloads import WorkloadData
 
     return WorkloadData(
-        **_fields(objects),
+        **fields_by_kind(objects),
         evaluator=evaluator,
         gram_cache=gram_cache,
         utility_cache=utility_cache,
@@ -237,7 +239,7 @@ def run_sliced(
     objects: dict[ObjectKey, Any] = {k: VectorRef(k.id, dim) for k in models}
     objects.update(metas)
     data = SlicedData(
-        **_fields(objects), evaluator=evaluator, utility_cache=utility_cache, parts=parts
+        **fields_by_kind(objects), evaluator=evaluator, utility_cache=utility_cache, parts=parts
     )
     res: dict[str, Any] = _workload(name).run(data, dict(params))
     return res

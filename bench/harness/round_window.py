@@ -325,6 +325,18 @@ def tcp_bytes_received(port: int) -> dict[int, int]:
 
 
 # ----------------------------------------------------------------------------- watchers
+def server_window_s(first_ns: int, end_ns: int) -> float | None:
+    """Seconds from a :class:`FirstBytes` mark ``first_ns`` to ``end_ns`` (None when the
+    threshold was never seen, ``first_ns`` 0).
+
+    The poll that sees the threshold comes up to one period (plus its own read) after the bytes
+    did; when a round ends within that lag (a small model on a loaded machine) the end mark is
+    earlier than the poll's and the window is shorter than the resolution: 0, not an error."""
+    if not first_ns:
+        return None
+    return window_s([min(first_ns, end_ns)], end_ns)
+
+
 class FirstBytes(threading.Thread):
     """When the server starts receiving an update: ``t_ns`` (``time.monotonic_ns``) of the first
     poll at which the TCP sockets of the server's ``port`` have received ``threshold`` bytes
@@ -358,15 +370,8 @@ class FirstBytes(threading.Thread):
         self.join(2)
 
     def server_window_s(self, end_ns: int) -> float | None:
-        """Seconds from the first bytes to ``end_ns`` (None when the threshold was never seen).
-
-        The poll that sees the threshold comes up to one period (plus its own read) after the
-        bytes did; when a round ends within that lag (a small model on a loaded machine) the
-        end mark is earlier than the poll's and the window is shorter than the resolution: 0,
-        not an error."""
-        if not self.t_ns:
-            return None
-        return window_s([min(self.t_ns, end_ns)], end_ns)
+        """:func:`server_window_s` from this watcher's mark."""
+        return server_window_s(self.t_ns, end_ns)
 
 
 class MemoryGuard(threading.Thread):

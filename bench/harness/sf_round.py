@@ -338,9 +338,7 @@ def run_sf_round(
         "leaf_servers": len(servers.leaf_ports),
         "updates_merged": st["count"],
         "e2e_s": rw.window_s([m["t_start_ns"] for m in marks], end),
-        # the earliest leaf port's first bytes; a poll's lag past the end is clamped, as
-        # FirstBytes.server_window_s does
-        "server_s": rw.window_s([min(first_ns, end)], end) if first_ns else None,
+        "server_s": rw.server_window_s(first_ns, end),  # from the earliest leaf port's mark
         "encode_s_max": max(m["t_encoded_ns"] - m["t_start_ns"] for m in marks) / 1e9,
         **rw.sampled_memory(peak, hwm, idle, guard),
         "client_hwm_bytes": sum(int(m["client_hwm_bytes"]) for m in marks),
