@@ -1,0 +1,140 @@
+"""The server's side of one SecAgg+ round: collect adverts, route envelopes, know who masked,
+then remove the masks from the folded sum and dequantize.
+
+Pure state, no I/O: the gateways and the control plane hold it and carry the messages. The
+sum itself is folded elsewhere (eagerly, on the leaf/middle/top path, with
+:func:`core.secagg.masks.add`); :meth:`Coordinator.unmask` takes it. Whatever prevents an
+exact result (too few survivors, too few shares, a wrong share) raises :class:`RoundFailed`
+with a message saying which client and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from core.secagg import graph, keys, masks, quantize, shares
+from core.secagg.config import SecAggConfig
+from core.secagg.messages import Advert, MessageError, Shares
+
+
+class RoundFailed(RuntimeError):
+    """The round cannot be unmasked; the message says why."""
+
+
+class Coordinator:
+    """The server state of the round of public ``context`` under ``cfg``."""
+
+    def __init__(self, cfg: SecAggConfig, context: bytes) -> None:
+        self.cfg, self.context = cfg, context
+        self.adverts: dict[str, Advert] = {}
+        self.neighbours: dict[str, list[str]] = {}
+        self._envelopes: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> envelope
+        self.masked: set[str] = set()
+        self._unmask: dict[str, tuple[Shares, Shares]] = {}
+
+    # stage 1
+    def add_advert(self, client: str, advert: Advert) -> None:
+        if self.neighbours:
+            raise MessageError("the advertise stage is closed")
+        if client in self.adverts:
+            raise MessageError(f"{client} already advertised")
+        self.adverts[client] = advert
+
+    def close_adverts(self) -> dict[str, Advert]:
+        """End stage 1; the roster every client gets. :class:`RoundFailed` if too few came."""
+        n = len(self.adverts)
+        try:
+            self.cfg.check_round(n)
+        except ValueError as exc:
+            raise RoundFailed(str(exc)) from None
+        self.neighbours = graph.neighbours(self.adverts, self.cfg.degree(n), self.context)
+        return dict(self.adverts)
+
+    # stage 2
+    def add_envelopes(self, sender: str, envelopes: Mapping[str, bytes]) -> None:
+        if sender not in self.neighbours:
+            raise MessageError(f"{sender} did not advertise in this round")
+        if sender in self._envelopes:
+            raise MessageError(f"{sender} already shared its keys")
+        if self.masked:
+            raise MessageError("the share-keys stage is closed")
+        if set(envelopes) != set(self.neighbours[sender]):
+            raise MessageError(f"{sender} must send one envelope to each of its neighbours")
+        self._envelopes[sender] = dict(envelopes)
+
+    @property
+    def shared(self) -> set[str]:
+        """Clients that completed stage 2 (SecAgg's U2)."""
+        return set(self._envelopes)
+
+    def inbox(self, receiver: str) -> dict[str, bytes]:
+        """``{sender: envelope}`` for ``receiver``, from the neighbours that shared."""
+        if receiver not in self._envelopes:
+            raise MessageError(f"{receiver} did not share its keys in this round")
+        return {s: env[receiver] for s, env in self._envelopes.items() if receiver in env}
+
+    # stage 3
+    def add_masked(self, client: str) -> None:
+        """Record that ``client``'s masked vector was accepted (and folded)."""
+        if client not in self._envelopes:
+            raise MessageError(f"{client} did not share its keys in this round")
+        if client in self.masked:
+            raise MessageError(f"{client} already sent its masked vector")
+        self.masked.add(client)
+
+    def unmask_request(self) -> tuple[set[str], set[str]]:
+        """``(dropped, survivors)``: who shared but sent no vector, who sent one."""
+        needed = self.cfg.shares_needed(len(self.adverts))
+        if len(self.masked) < needed:
+            raise RoundFailed(
+                f"{len(self.masked)} masked vectors arrived, {needed} are needed to unmask"
+            )
+        return self.shared - self.masked, set(self.masked)
+
+    # stage 4
+    def add_unmask(self, client: str, s: Shares, b: Shares) -> None:
+        if client not in self.masked:
+            raise MessageError(f"{client} sent no masked vector in this round")
+        if client in self._unmask:
+            raise MessageError(f"{client} already sent its shares")
+        dropped, survivors = self.unmask_request()
+        if set(s) - dropped or set(b) - survivors:
+            raise MessageError(f"{client} sent shares of clients not asked for")
+        self._unmask[client] = (s, b)
+
+    def _recover(self, owner: str, kind: int, matches: object) -> bytes:
+        got = {
+            msg[kind][owner][0]: msg[kind][owner][1]
+            for holder, msg in self._unmask.items()
+            if owner in msg[kind] and holder in self.neighbours[owner]
+        }
+        needed = self.cfg.shares_needed(len(self.adverts))
+        try:
+            return shares.recover(got, needed, matches, owner)  # type: ignore[arg-type]
+        except shares.ShareError as exc:
+            raise RoundFailed(f"cannot unmask: {exc}") from None
+
+    def unmask(self, total: np.ndarray) -> np.ndarray:
+        """The weighted FedAvg (float32) from ``total``, the Z_2^32 sum of the survivors'
+        masked vectors: removes the dropped clients' pairwise masks and the survivors' self
+        masks, then dequantizes. ``total`` is modified in place."""
+        dropped, survivors = self.unmask_request()
+        length = total.size
+        for owner in sorted(dropped):
+            advert = self.adverts[owner]
+            seed = self._recover(
+                owner,
+                0,
+                lambda s, pk=advert.s_pk: keys.public_bytes(keys.private_from_seed(s)) == pk,
+            )
+            for peer in self.neighbours[owner]:
+                if peer in survivors:  # peer added its mask for owner; owner's half never came
+                    key = masks.pairwise_key(seed, self.adverts[peer].s_pk, self.context)
+                    masks.subtract(total, masks.signed(masks.expand(key, length), peer, owner))
+        for owner in sorted(survivors):
+            commitment = self.adverts[owner].b_commit
+            seed = self._recover(owner, 1, lambda s, c=commitment: shares.commit(s) == c)
+            masks.subtract(total, masks.self_mask(seed, length))
+        return quantize.dequantize(self.cfg, total, len(survivors))
