@@ -5,7 +5,8 @@ Routes (every one but ``/healthz``, the login and the two static files needs a l
 
 * ``GET /healthz``; ``GET /login`` (the form), ``POST /login`` (the token in a form body: a
   session cookie, HttpOnly and SameSite=Strict), ``POST /logout``
-* ``GET /``, ``/jobs``, ``/jobs/{job}``, ``/flstore``, ``/checkpoints``: the pages (analyst)
+* ``GET /``, ``/jobs``, ``/jobs/{job}``, ``/flstore``, ``/checkpoints``: the pages (analyst);
+  ``GET /dataplane`` (admin)
 * ``GET /api/overview``: nodes, gateways and their router mode, the ``aggregator`` replicas,
   the FLStore functions, each service's health, the version (the admin also sees each
   gateway's router endpoints)
@@ -14,6 +15,11 @@ Routes (every one but ``/healthz``, the login and the two static files needs a l
   round: FLStore's ``track`` and ``evaluate``, the newest :data:`SERIES_ROUNDS`)
 * ``POST /api/queries``: an FLStore query, answered with its result and cost (analyst, CSRF)
 * ``POST /api/jobs/{job}/stop``: stop and forget a job (admin, CSRF)
+* ``POST /api/jobs/{job}/clients/{client}/revoke[?force=true]``: revoke one client of the job:
+  the control plane's revocation, which every gateway of the job then enforces (admin, CSRF)
+* ``GET /api/dataplane``: per node gateway its router's endpoints with their counters (the eBPF
+  map's or the userspace router's), the refused frames, its store's objects and bytes per job,
+  its ingest and their rates (admin: the gateways show these to their admin alone)
 * ``GET /api/checkpoints[?job=]``: the bucket's jobs, a job's objects with presigned links
 
 Every answer carries a Content-Security-Policy and ``Cache-Control: no-store`` (the static
@@ -36,9 +42,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from console import pages, views
 from console.checkpoints import Checkpoints
+from console.dataplane import Rates
 from console.sessions import COOKIE, LoginRequired, Session, Sessions, require_session
 from console.settings import ConsoleSettings
 from console.upstream import Upstream, UpstreamError
+from control_plane.jobs import CLIENT_ID
 from core.auth import Authenticator, AuthError, Scope, private_app
 
 log = logging.getLogger(__name__)
@@ -105,6 +113,15 @@ def _query_body(raw: bytes) -> dict[str, Any]:
     return query
 
 
+def _force(raw: str | None) -> bool:
+    """``?force=``: ``true`` or ``false`` (absent: false)."""
+    if raw is None or raw == "false":
+        return False
+    if raw == "true":
+        return True
+    raise BadInput(400, "bad_request", f"force: must be true or false, not {raw[:40]!r}")
+
+
 def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     """The console app; its token files and MinIO credentials are read here (a bad one stops
     the console at start)."""
@@ -113,6 +130,7 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     s.gateway_map()  # a malformed --gateways stops the console here, not at a request
     upstream = Upstream(s)
     checkpoints = Checkpoints(s)
+    rates = Rates()  # the data plane's counters between polls, for its rates
     assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
 
     @asynccontextmanager
@@ -220,6 +238,10 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     async def checkpoints_page(session: AnalystSession) -> HTMLResponse:
         return html("checkpoints", "Checkpoints", session)
 
+    @app.get("/dataplane")
+    async def dataplane_page(session: AdminSession) -> HTMLResponse:
+        return html("dataplane", "Data plane", session)
+
     @app.post("/logout")
     async def logout(request: Request, session: AnalystSession) -> JSONResponse:
         """End the session (its cookie is cleared)."""
@@ -285,6 +307,18 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     async def stop(job: str, session: AdminSession) -> dict[str, Any]:
         await upstream.stop_job(job, session.token)
         return {"job": job, "stopped": True}
+
+    @app.post("/api/jobs/{job}/clients/{client}/revoke")
+    async def revoke(
+        job: str, client: str, session: AdminSession, force: str | None = None
+    ) -> dict[str, Any]:
+        if not CLIENT_ID.match(client):
+            raise BadInput(400, "bad_request", f"client: an id matching {CLIENT_ID.pattern}")
+        return await upstream.revoke_client(job, client, _force(force), session.token)
+
+    @app.get("/api/dataplane")
+    async def data_plane(session: AdminSession) -> dict[str, Any]:
+        return await upstream.data_plane(session.token, rates)
 
     @app.get("/api/checkpoints")
     async def checkpoint_list(session: AnalystSession, job: str | None = None) -> dict[str, Any]:

@@ -21,7 +21,10 @@ NAV = (
     ("/jobs", "Jobs"),
     ("/flstore", "FLStore"),
     ("/checkpoints", "Checkpoints"),
+    ("/dataplane", "Data plane"),
 )
+#: pages of the admin alone (what they show, the gateways give the admin alone)
+ADMIN_PAGES = frozenset({"/dataplane"})
 
 
 def _head(title: str) -> str:
@@ -34,9 +37,12 @@ def _head(title: str) -> str:
 
 def page(name: str, title: str, scope: str, csrf: str, job: str = "") -> str:
     """The shell of page ``name`` (``overview``, ``jobs``, ``job``, ``flstore``,
-    ``checkpoints``) for a login of ``scope`` with its CSRF token."""
+    ``checkpoints``, ``dataplane``) for a login of ``scope`` with its CSRF token (the
+    navigation bar links the admin's pages for the admin alone)."""
     links = "".join(
-        f"<a href='{path}'{' class=here' if t == title else ''}>{escape(t)}</a>" for path, t in NAV
+        f"<a href='{path}'{' class=here' if t == title else ''}>{escape(t)}</a>"
+        for path, t in NAV
+        if scope == "admin" or path not in ADMIN_PAGES
     )
     return (
         f"{_head(title)}<meta name='csrf-token' content='{escape(csrf)}'>"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from importlib import metadata
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from console import dataplane
 from console.settings import ConsoleSettings
 from core.auth import bearer, read_token_file
 from core.openfaas import read_basic_auth
@@ -191,6 +193,46 @@ class Upstream:
         out["functions"] = fns
         return out
 
+    async def data_plane(self, admin_token: str, rates: dataplane.Rates) -> dict[str, Any]:
+        """Each gateway's store, ingest and router endpoints (its admin-only ``/metrics`` and
+        ``/v1/router``, with the admin's token), with rates (:mod:`console.dataplane`)."""
+
+        async def node(name: str, url: str) -> tuple[Any, Any, list[Any]]:
+            errors: list[Any] = []
+            metrics: dict[str, Any] | None = None
+            router: dict[str, Any] | None = None
+            try:
+                r = await self._call(
+                    "gateway", "GET", f"{url}/metrics", headers=bearer(admin_token)
+                )
+                metrics = dataplane.gateway_metrics(r.text)
+            except UpstreamError as exc:
+                errors.append({**exc.body, "node": name})
+            except ValueError as exc:  # not Prometheus text
+                errors.append(
+                    {
+                        "error": "upstream",
+                        "service": "gateway",
+                        "node": name,
+                        "detail": f"GET {url}/metrics: {exc}",
+                    }
+                )
+            try:
+                router = await self.router(url, admin_token)
+            except UpstreamError as exc:
+                errors.append({**exc.body, "node": name})
+            return metrics, router, errors
+
+        gateways = self.settings.gateway_map()
+        answers = await asyncio.gather(*(node(n, u) for n, u in gateways.items()))
+        now = time.monotonic()
+        nodes, errors = [], []
+        for (name, url), (metrics, router, errs) in zip(gateways.items(), answers, strict=True):
+            nodes.append({"url": url, **dataplane.node_view(name, metrics, router, rates, now)})
+            errors.extend(errs)
+        rates.sweep()
+        return {"nodes": nodes, "errors": errors, "window_s": rates.window_s}
+
     # --- jobs -------------------------------------------------------------------------------
 
     async def job_names(self) -> list[str]:
@@ -243,6 +285,21 @@ class Upstream:
             f"{self.settings.control_plane_url}/v1/jobs/{name}",
             headers=bearer(admin_token),
         )
+
+    async def revoke_client(
+        self, job: str, client: str, force: bool, admin_token: str
+    ) -> dict[str, Any]:
+        """Revoke ``client`` of ``job`` (the control plane's ``DELETE
+        /v1/jobs/{job}/clients/{id}``, which tells every gateway of the job), with the admin's
+        own token; its answer (the job's revoked clients, the gateways told)."""
+        out: dict[str, Any] = await self._json(
+            "control-plane",
+            "DELETE",
+            f"{self.settings.control_plane_url}/v1/jobs/{job}/clients/{client}",
+            params={"force": "true"} if force else None,
+            headers=bearer(admin_token),
+        )
+        return out
 
     # --- FLStore ----------------------------------------------------------------------------
 

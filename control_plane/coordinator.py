@@ -449,6 +449,7 @@ class Coordinator(NodeFailover, Autoscaling):
             "aggregation": job.rule or "fedavg",  # a robust rule keeps the job on its root
             "enrolled": len(job.spec.clients),
             "eligible": len(job.eligible()),  # enrolled, less those that left or were revoked
+            "revoked": list(job.revoked),  # never selected again; their tokens refused
             # round 1 waits for enough clients to enroll
             "waiting_for_clients": rnd is None and not job.done and not job.failed,
             "round": None if rnd is None else round_view(rnd),

@@ -179,8 +179,9 @@ async function job(name) {
     j.timeline.map((r) => ({ attrs: { "data-round": r.round, "data-state": r.state }, cells: [r.round, r.state, r.seconds, r.updates, r.published, r.reopened, r.deadline_in_s, r.selected_by] })))));
   replace("clients", section("clients", cur.number ? `Round ${cur.number} (${cur.state}): clients per node and stragglers` : "No round open", table("clients-table", ["node", "clients", "updates in", "stragglers"],
     Object.entries(cur.clients_per_node || {}).map(([node, n]) => ({ cells: [node, n, (cur.received || {})[node] || 0, j.stragglers[node] || 0] })))));
-  replace("flagged", section("flagged", "Flagged and excluded clients",
+  replace("flagged", section("flagged", "Flagged, excluded and revoked clients",
     el("p", {}, "flagged (dropped from later rounds): " + (Object.keys(v.flagged || {}).length ? JSON.stringify(v.flagged) : "none")),
+    el("p", { id: "revoked" }, "revoked (tokens refused, never selected again): " + ((v.revoked || []).length ? v.revoked.join(", ") : "none")),
     el("p", {}, "excluded from the open round: " + (Object.keys(cur.excluded || {}).length ? JSON.stringify(cur.excluded) : "none")),
     el("p", {}, "failed clients of the open round: " + (Object.keys(cur.failures || {}).length ? JSON.stringify(cur.failures) : "none"))));
   if (document.getElementById("page").dataset.scope === "admin" && !document.getElementById("admin")) {
@@ -190,7 +191,7 @@ async function job(name) {
       try { await api(`/api/jobs/${encodeURIComponent(name)}/stop`, { method: "POST" }); setStatus("job stopped"); }
       catch (e) { setStatus(String(e), true); }
     });
-    replace("admin", section("admin", "Admin", stop));
+    replace("admin", section("admin", "Admin", stop, revokeForm(name)));
   }
   // again when a round ended, and every 5 s while a round's point is missing (FLStore
   // takes in a round's metadata in the background)
@@ -208,6 +209,31 @@ async function job(name) {
     }
   }
   setStatus("updated " + new Date().toLocaleTimeString());
+}
+
+function revokeForm(name) {
+  const client = el("input", { id: "revoke-client", name: "client", type: "text", maxlength: 64, required: "" });
+  const force = el("input", { id: "revoke-force", name: "force", type: "checkbox" });
+  const result = el("p", { id: "revoke-result", class: "muted" });
+  const form = el("form", { id: "revoke-form" },
+    el("label", {}, "revoke client ", client),
+    el("label", {}, force, " even if fewer clients than the rounds' goal are left (the goal drops)"),
+    el("button", { id: "revoke", type: "submit" }, "Revoke"), result);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const id = client.value.trim();
+    if (!window.confirm(`Revoke client ${id} of job ${name}? Its token is refused at every gateway from now on.`)) return;
+    const q = force.checked ? "?force=true" : "";
+    try {
+      const a = await api(`/api/jobs/${encodeURIComponent(name)}/clients/${encodeURIComponent(id)}/revoke${q}`, { method: "POST" });
+      result.textContent = `revoked ${a.client}; gateways told: ${a.gateways.join(", ")}`;
+      result.className = "muted";
+    } catch (e) {
+      result.textContent = String(e);
+      result.className = "error";
+    }
+  });
+  return form;
 }
 
 function answerValues(result) {
@@ -264,6 +290,43 @@ async function checkpoints() {
   setStatus("links made " + new Date().toLocaleTimeString());
 }
 
+function bytes(v) {
+  if (typeof v !== "number") return "-";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return (i ? v.toFixed(1) : String(Math.round(v))) + " " + units[i];
+}
+
+function perSecond(v, unit) {
+  return typeof v === "number" ? (unit === "B" ? bytes(v) : fmt(v, 2)) + "/s" : "-";
+}
+
+async function dataplane() {
+  const d = await api("/api/dataplane");
+  replace("nodes", section("nodes", `Node gateways (rates over the last ${fmt(d.window_s)} s of polls)`,
+    table("dataplane-table", ["node", "router", "endpoints", "ingest", "updates", "updates accepted", "refused", "mean upload (s)", "store objects", "store bytes", "body bytes held"],
+      d.nodes.map((n) => {
+        const m = n.metrics || {};
+        return { attrs: { "data-node": n.node, "data-router": n.router ? n.router.mode : null, "data-objects": m.store_objects, "data-ingest": m.ingest_bytes },
+          cells: [n.node, n.router ? n.router.mode : "-", n.endpoints.length, perSecond(m.ingest_bytes_per_s, "B"), perSecond(m.updates_per_s),
+            m.updates_accepted, JSON.stringify(m.updates_rejected || {}), m.mean_ingest_s, m.store_objects, bytes(m.store_bytes), bytes(m.body_bytes_held)] };
+      }))));
+  replace("store", section("store", "Store per node and job",
+    table("store-table", ["node", "job", "objects", "bytes"],
+      d.nodes.flatMap((n) => Object.entries((n.metrics || {}).store || {}).map(([job, st]) => ({ attrs: { "data-node": n.node, "data-job": job }, cells: [n.node, job, st.objects, bytes(st.bytes)] }))))));
+  replace("endpoints", section("endpoints", "Router endpoints (the eBPF map's counters, or the userspace router's)",
+    table("endpoints-table", ["node", "endpoint", "job", "role", "pid", "frames in", "frames out", "bytes in", "bytes out", "in", "tasks", "mean E (ms)", "drops"],
+      d.nodes.flatMap((n) => n.endpoints.map((e) => ({ attrs: { "data-node": n.node, "data-endpoint": e.id, "data-frames": e.msgs_received },
+        cells: [n.node, e.id, e.job, e.role || (e.local ? "gateway" : "-"), e.pid, e.msgs_received, e.msgs_sent, bytes(e.bytes_received), bytes(e.bytes_sent),
+          perSecond(e.bytes_received_per_s, "B"), e.tasks_completed, e.mean_exec_ms, e.drops] }))))));
+  replace("drops", section("drops", "Frames the routers refused, by reason",
+    table("drops-table", ["node", "reason", "frames"],
+      d.nodes.flatMap((n) => Object.entries(n.drops || {}).map(([why, k]) => ({ cells: [n.node, why, k] }))))));
+  replace("errors", section("errors", "Errors", el("pre", {}, d.errors.length ? JSON.stringify(d.errors, null, 1) : "none")));
+  setStatus("updated " + new Date().toLocaleTimeString());
+}
+
 function poll(fn, ms) {
   const tick = async () => {
     try { await fn(); } catch (e) { setStatus(String(e), true); }
@@ -289,5 +352,6 @@ document.addEventListener("DOMContentLoaded", () => {
     case "job": poll(() => job(page.dataset.job), 1000); break;
     case "flstore": run(flstore); break;
     case "checkpoints": run(checkpoints); break;
+    case "dataplane": poll(dataplane, 2000); break;
   }
 });

@@ -148,3 +148,33 @@ def test_an_oversized_login_is_refused_before_it_is_read(client: TestClient) -> 
 def test_no_docs_or_schema(client: TestClient) -> None:
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert client.get(path).status_code == 404
+
+
+def test_the_data_plane_is_the_admins(client: TestClient) -> None:
+    login(client, ANALYST)
+    assert "/dataplane" not in client.get("/").text  # no link for the analyst
+    for path in ("/dataplane", "/api/dataplane"):
+        resp = client.get(path, follow_redirects=False)
+        assert resp.status_code == 403 and resp.json()["error"] == "forbidden", resp.text
+    client.cookies.clear()
+    login(client, ADMIN)
+    assert "href='/dataplane'" in client.get("/").text
+    page = client.get("/dataplane")
+    assert page.status_code == 200 and "data-page='dataplane'" in page.text
+
+
+def test_bad_revocations_get_a_clear_4xx(client: TestClient) -> None:
+    csrf = login(client, ADMIN)
+    h = {CSRF_HEADER: csrf}
+    cases = [
+        ("/api/jobs/j/clients/no%20such%20id!/revoke", "client"),
+        ("/api/jobs/j/clients/" + "c" * 65 + "/revoke", "client"),
+        ("/api/jobs/j/clients/c0/revoke?force=yes", "force"),
+    ]
+    for path, field in cases:
+        resp = client.post(path, headers=h)
+        assert resp.status_code == 400 and resp.json()["error"] == "bad_request", resp.text
+        assert field in resp.json()["detail"]
+    # good input gets past the console to the control plane, which is not there
+    resp = client.post("/api/jobs/j/clients/c0/revoke?force=true", headers=h)
+    assert resp.status_code == 502 and resp.json()["service"] == "control-plane", resp.text
