@@ -1,0 +1,91 @@
+"""One SecAgg+ round in process, both sides of core.secagg with JSON round trips of every
+stage message; the sum of the masked vectors is folded by the caller's ``fold``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.secagg import masks, quantize
+from core.secagg.config import SecAggConfig
+from core.secagg.coordinator import Coordinator
+from core.secagg.messages import Advert, context, unmask_from_json, unmask_to_json
+from core.secagg.participant import Participant
+
+D = 4000
+Fold = Callable[[list[np.ndarray]], np.ndarray]
+
+
+def flat_fold(vectors: list[np.ndarray]) -> np.ndarray:
+    total = np.zeros_like(vectors[0])
+    for vec in vectors:
+        masks.add(total, vec)
+    return total
+
+
+@dataclass
+class Outcome:
+    got: np.ndarray  # the coordinator's dequantized FedAvg
+    want: np.ndarray  # the same from the survivors' quantized (unmasked) vectors
+    vectors: list[np.ndarray]  # the masked vectors the server received
+    updates: list[np.ndarray]
+    samples: list[int]
+    survivors: set[str]
+
+
+def run_round(
+    cfg: SecAggConfig,
+    n: int,
+    drop_after_masking: Collection[int] = (),
+    drop_before_sharing: Collection[int] = (),
+    fold: Fold = flat_fold,
+    seed: int = 0,
+    tamper: Callable[[dict], None] | None = None,
+) -> Outcome:
+    """Stages 1-4 for ``n`` clients; clients in ``drop_after_masking`` masked their vector but
+    the server never got it, those in ``drop_before_sharing`` advertised only; ``tamper``
+    may change the first survivor's unmask message (its JSON) before the server reads it."""
+    ctx = context("job-a", 3)
+    ids = [f"client-{i:02d}" for i in range(n)]
+    parts = {c: Participant(cfg, c, ctx) for c in ids}
+    server = Coordinator(cfg, ctx)
+    for c, p in parts.items():
+        server.add_advert(c, Advert.from_json(p.advertise().to_json()))
+    roster = server.close_adverts()
+    for i, c in enumerate(ids):
+        if i not in drop_before_sharing:
+            server.add_envelopes(c, parts[c].share_keys(roster))
+    rng = np.random.default_rng(seed)
+    ups = [rng.normal(0, 0.2, D).astype(np.float32) for _ in range(n)]
+    ns = [int(x) for x in rng.integers(20, 200, n)]
+    quantized = np.zeros(D + 1, np.uint32)
+    vectors = []
+    for i, c in enumerate(ids):
+        if i in drop_before_sharing:
+            continue
+        vec = parts[c].masked_input(ups[i], ns[i], server.inbox(c))
+        if i in drop_after_masking:
+            continue
+        vectors.append(vec)
+        masks.add(quantized, quantize.quantize(cfg, ups[i], ns[i]))
+        server.add_masked(c)
+    dropped, survivors = server.unmask_request()
+    for i, c in enumerate(sorted(survivors)):
+        message = unmask_to_json(*parts[c].unmask(dropped, survivors))
+        if tamper is not None and i == 0:
+            tamper(message)
+        s, b = unmask_from_json(message, n)
+        server.add_unmask(c, s, b)
+    got = server.unmask(fold(vectors))
+    want = quantize.dequantize(cfg, quantized, len(survivors))
+    return Outcome(got, want, vectors, ups, ns, survivors)
+
+
+def looks_uniform(data: bytes) -> float:
+    """The chi-square p-value of ``data``'s byte counts against the uniform distribution."""
+    from scipy import stats
+
+    counts = np.bincount(np.frombuffer(data, np.uint8), minlength=256)
+    return float(stats.chisquare(counts).pvalue)
