@@ -54,7 +54,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,9 @@ from bench.flstore_plan import DIGITS, DIGITS_ROUNDS, JOB, evaluator_queries, ro
 from bench.flstore_reference import RTOL as REFERENCE_RTOL
 from bench.flstore_reference import agrees, reference_from_store
 from bench.flstore_report import markdown, plot, summary, with_load
-from bench.flstore_rounds import SYSTEMS, WORKLOADS, big_rounds, same_answer
+from bench.flstore_rounds import SYSTEMS, WORKLOADS, CacheRedis, big_rounds, same_answer
+from bench.flstore_rounds_report import document as rounds_document
+from bench.flstore_rounds_report import plot as rounds_plot
 from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.harness.synthetic import SMALL_CNN, resnet18_like, write_digits_history, write_history
@@ -86,22 +87,13 @@ def _fix_personalize(body: dict[str, Any], clients: dict[int, list[str]]) -> dic
     return body
 
 
-@dataclass
-class _CacheRedis(RedisServer):
-    """Cache-Agg's Redis: no append-only file (a cache, like ElastiCache; mirroring ResNet-sized
-    rounds would otherwise write them all to disk again)."""
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--appendonly", "no"]  # the last value of a directive wins
-
-
 def latency(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Write the history once, then run the live query plan once per inner-product memo mode
     (``args.memo``), each on a fresh stack and fresh baselines."""
     shapes = SMALL_CNN if args.small else resnet18_like()
     d = sum(int(np.prod(s)) for s in shapes.values())
     ms = MinioServer(data_dir=work / "minio").start()
-    cache_redis = _CacheRedis(data_dir=work / "cache-agg-redis")
+    cache_redis = CacheRedis(data_dir=work / "cache-agg-redis")
     try:
         cache_redis.start()
         cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
@@ -554,7 +546,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.big_rounds:
                 sizes = [int(x) for x in args.big_rounds.split(",") if x]
                 budget = int(args.budget_gb * 1e9)
-                res["big_rounds"] = big_rounds(
+                rounds = {"run": dict(res["run"])}
+                rounds["big_rounds"] = big_rounds(
                     work,
                     sizes,
                     budget,
@@ -563,6 +556,12 @@ def main(argv: list[str] | None = None) -> None:
                     only,
                     systems,
                 )
+                # a result of its own (flstore_rounds.*), written as soon as it is measured
+                stored, md = write_result(rounds, "flstore_rounds", rounds_document, args.out)
+                rounds_plot(stored, args.out / "flstore_rounds.png")
+                sys.stdout.write(md)
+    if set(res) == {"run"}:  # only the big rounds were asked for
+        return
     stored, md = write_result(res, "flstore", markdown, args.out)
     plot(stored, args.out / "flstore.png")
     sys.stdout.write(md)

@@ -39,12 +39,14 @@ alike; within one query, GTG-Shapley still evaluates each sub-model once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
-import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ from numpy.typing import NDArray
 
 from bench.baselines.settings import BaselineSettings
 from bench.flstore_platform import UpWithAll
+from bench.flstore_rounds_memory import MemorySampler, platform_group
+from bench.harness.cgroups import Cgroup
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.runinfo import PINNED_THREADS
 from cache_engine.cold_store import MinioColdStore, encode_model
@@ -71,6 +75,15 @@ GTG_PERMUTATIONS = 5
 SYSTEMS = ("fedfaas", "objstore-agg", "cache-agg")
 #: no memo across queries in the cache functions (see the module)
 NO_MEMOS = {"FEDFAAS_FLSTORE_GRAM_MEMO": "0", "FEDFAAS_FLSTORE_UTILITY_MEMO": "0"}
+
+
+@dataclass
+class CacheRedis(RedisServer):
+    """Cache-Agg's Redis: no append-only file (a cache, like ElastiCache; mirroring ResNet-sized
+    rounds would otherwise write them all to disk again, and its rewrite forks the server)."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--appendonly", "no"]  # the last value of a directive wins
 
 
 def _number(x: Any) -> bool:
@@ -197,69 +210,6 @@ def queries(
     return [q for q in every if only is None or q[0] in only]
 
 
-class _Sampler:
-    """The cache functions' private memory (``RssAnon`` of their processes, summed), read
-    every 0.2 s from ``/proc`` (the functions are local processes; their pids from ``/ping``),
-    and the engine's budget account."""
-
-    def __init__(self, stack: FLStoreStack) -> None:
-        self.stack = stack
-        self.peak_private = 0
-        self.peak_accounted = 0
-        #: each function's own peak, and the query running at each peak
-        self.peaks: dict[str, int] = {}
-        self.query = ""
-        self.peak_query = ""
-        #: the bytes of objects each function holds (the engine's table), now and at the peak
-        self._held: dict[str, int] = {}
-        self.held_at_peak: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._pids: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _pids_now(self) -> dict[str, int]:
-        st = httpx.get(f"{self.stack.engine_url}/v1/state", headers=self.stack.auth, timeout=10)
-        body = st.json()
-        self.peak_accounted = max(self.peak_accounted, body["memory_budget"]["used_bytes"])
-        self._held = {n: int(f.get("used_bytes") or 0) for n, f in body["functions"].items()}
-        for name in body["functions"]:
-            if name not in self._pids:
-                r = httpx.get(
-                    f"{self.stack.runtime_url}/function/{name}/ping",
-                    headers=self.stack.function_auth,
-                    timeout=10,
-                )
-                if r.status_code == 200:
-                    self._pids[name] = int(r.json()["pid"])
-        return self._pids
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                total = 0
-                for name, pid in self._pids_now().items():
-                    rss = _rss_anon(pid)
-                    self.peaks[name] = max(self.peaks.get(name, 0), rss)
-                    total += rss
-                if total > self.peak_private:
-                    self.peak_private, self.peak_query = total, self.query
-                    self.held_at_peak = dict(self._held)
-            except (httpx.HTTPError, OSError, ValueError, KeyError):
-                continue
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join(5)
-        return {
-            "peak_private_bytes": self.peak_private,
-            "peak_accounted_bytes": self.peak_accounted,
-            "peak_during": self.peak_query,
-            "peaks_by_function": dict(self.peaks),
-            "held_at_peak_bytes": dict(self.held_at_peak),
-        }
-
-
 #: a cache function's profile fields (``functions.flstore.parts.PROFILE``, and its queries'
 #: time as a reducer, ``run_s``), summed over the functions and divided by the askings
 PROFILE_COLUMNS = (
@@ -301,16 +251,6 @@ def _profile_delta(
         if any(spent.values()):
             out[name] = spent
     return out
-
-
-def _rss_anon(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _ask(
@@ -360,10 +300,12 @@ def _fedfaas(
     repeats: int,
     gtg: dict[str, Any],
     only: Sequence[str] | None = None,
+    group: Cgroup | None = None,
 ) -> dict[str, Any]:
     """The round ingested (the policy's prefetch places it as the budget allows), then the
-    queries asked through the tracker of ``stack`` (started), its functions' memory sampled."""
-    sampler = _Sampler(stack)
+    queries asked through the tracker of ``stack`` (started), its functions' memory sampled
+    (and the platform's ``group``'s, where it runs in one)."""
+    sampler = MemorySampler(stack, group)
     try:
         client = httpx.Client(timeout=3600)
         t0 = time.perf_counter()
@@ -452,6 +394,20 @@ def _baseline(
         child.stop()
 
 
+#: how long Cache-Agg waits for the memory its two copies need (others share the machine)
+CACHE_AGG_MEMORY_WAIT_S = 180.0
+
+
+def _wait_available(need: int, timeout: float) -> bool:
+    """Whether ``need`` bytes are free (``MemAvailable``), waiting up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while _available() <= need:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(5)
+    return True
+
+
 def _available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -499,12 +455,16 @@ def _one_size(
     systems: Sequence[str] = SYSTEMS,
 ) -> dict[str, Any]:
     job = f"big{n}"
-    up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600}).start()
     obj: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
     fed: dict[str, Any] | None = None
     need = None
-    try:
+    with contextlib.ExitStack() as stack:
+        group = stack.enter_context(platform_group(f"fedfaas-flstore-{n}-{os.getpid()}"))
+        up = UpWithAll(work / f"up-{n}", _engine_settings(budget), {"query_timeout": 600})
+        with group.spawning() if group is not None else contextlib.nullcontext():
+            up.start()  # every process of the platform born in the group
+        stack.callback(up.stop)  # before the group is removed
         ms = up.minio
         cold = MinioColdStore(ms.endpoint, ms.access_key, ms.secret_key)
         t0 = time.perf_counter()
@@ -515,9 +475,9 @@ def _one_size(
         if "objstore-agg" in systems:
             obj = _baseline(work, "objstore-agg", ms, None, job, repeats, gtg, only)
         if "cache-agg" in systems:
-            need = 2 * round_bytes + (2 << 30)  # Redis's copy, the server's, some room
-            if _available() > need:
-                crs = RedisServer(data_dir=work / f"big-cache-redis-{n}").start()
+            need = 2 * round_bytes + (1 << 30)  # Redis's copy, the server's, some room
+            if _wait_available(need, CACHE_AGG_MEMORY_WAIT_S):
+                crs = CacheRedis(data_dir=work / f"big-cache-redis-{n}").start()
                 try:
                     cache = _baseline(work, "cache-agg", ms, crs, job, repeats, gtg, only)
                     need = None
@@ -532,19 +492,11 @@ def _one_size(
                     need,
                 )
         if "fedfaas" in systems:
-            fed = _fedfaas(up, job, repeats, gtg, only)
+            fed = _fedfaas(up, job, repeats, gtg, only, group)
             fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
-    finally:
-        up.stop()
-    same = (
-        {
-            wl: "result" in fed["queries"][wl]
-            and "result" in obj["queries"][wl]
-            and same_answer(fed["queries"][wl]["result"], obj["queries"][wl]["result"])
-            for wl, _ in queries(job, gtg, only)
-        }
-        if fed is not None and obj is not None
-        else None
+    same, same_cache = (
+        _same_answers(fed, obj, job, gtg, only),
+        _same_answers(fed, cache, job, gtg, only),
     )
     for row in (fed, obj, cache):  # the JSON keeps figures, not 200-client answers
         for q in (row or {}).get("queries", {}).values():
@@ -559,4 +511,23 @@ def _one_size(
         "cache_agg_skipped_need_bytes": need,
         "cache_agg_not_asked": "cache-agg" not in systems,
         "same_answer": same,
+        "same_answer_cache_agg": same_cache,
+    }
+
+
+def _same_answers(
+    fed: dict[str, Any] | None,
+    other: dict[str, Any] | None,
+    job: str,
+    gtg: dict[str, Any],
+    only: Sequence[str] | None,
+) -> dict[str, bool] | None:
+    """Per workload, whether FedFaaS's answer equals ``other``'s (None where one was not run)."""
+    if fed is None or other is None:
+        return None
+    return {
+        wl: "result" in fed["queries"][wl]
+        and "result" in other["queries"][wl]
+        and same_answer(fed["queries"][wl]["result"], other["queries"][wl]["result"])
+        for wl, _ in queries(job, gtg, only)
     }

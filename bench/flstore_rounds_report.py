@@ -5,9 +5,11 @@ FedFaaS's time went; each size, and each system of a size, naming the run it cam
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from bench.flstore_rounds import PROFILE_COLUMNS, SYSTEMS, WORKLOADS
+from bench.runinfo import run_header
 
 
 def section_run(
@@ -95,7 +97,8 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "float32; the leading 650 a digits classifier the clients trained, the evaluator of "
         "leave-one-out and Shapley). Each size on a fresh `fedfaas up --with all`, one system "
         "at a time; 'same answer': FedFaaS's "
-        "answer equals ObjStore-Agg's (the in-process computation on the whole vectors). "
+        "answer equals ObjStore-Agg's (the in-process computation on the whole vectors); '= "
+        "Cache-Agg's': and Cache-Agg's (compared within the run that asked both). "
         f"GTG-Shapley with `{json.dumps(big['gtg_params'])}`. Each query asked "
         f"{big.get('repeats', 1)} times of each system in a row (GTG-Shapley "
         f"{big.get('gtg_repeats', 1)}), memos across queries "
@@ -103,12 +106,13 @@ def markdown(big: dict[str, Any]) -> list[str]:
         "in brackets; 'vs': the medians' ratio.",
         "",
         "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
-        "vs Cache | same answer |",
-        "|---|---|---|---|---|---|---|---|",
+        "vs Cache | same answer | = Cache-Agg's |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, row in big["sizes"].items():
         asked = {x: _queries(row, x) for x in SYSTEMS}
         same = row.get("same_answer") or {}
+        same_cache = row.get("same_answer_cache_agg") or {}
         for wl in WORKLOADS:
             f, o, c = (asked[x].get(wl) for x in SYSTEMS)
             if not (f or o or c):
@@ -119,7 +123,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
             ]
             lines.append(
                 f"| {n} | {wl} | {' | '.join(cells)} | {_ratio(f, o)} | {_ratio(f, c)} | "
-                f"{same.get(wl, 'not compared')} |"
+                f"{same.get(wl, 'not compared')} | {same_cache.get(wl, 'not compared')} |"
             )
     lines.append("")
     if any(row.get("fedfaas") for row in big["sizes"].values()):
@@ -152,6 +156,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
             f"{f.get('engine_log_tracebacks', '')} |"
         )
     lines += ["", *_profile_table(big)]
+    lines += [line for n, row in big["sizes"].items() for line in _group_lines(n, row, gb)]
     for n, row in big["sizes"].items():
         mem = (row["fedfaas"] or {}).get("memory") or {}
         if "held_at_peak_bytes" in mem:
@@ -210,3 +215,60 @@ def _profile_table(big: dict[str, Any]) -> list[str]:
         *rows,
         "",
     ]
+
+
+def _group_lines(n: str, row: dict[str, Any], budget_gb: float) -> list[str]:
+    """The platform's memory as its cgroup counted it (:mod:`bench.flstore_rounds_memory`),
+    where the size's run measured it."""
+    group = (((row.get("fedfaas") or {}).get("memory") or {}).get("platform_group")) or {}
+    if not group:
+        return []
+    rest, peak = group["at_rest_bytes"] / 1e9, group["peak_bytes"] / 1e9
+    return [
+        f"At {n} updates the whole platform (MinIO, Redis, the runtime and its cache functions, "
+        "the gateways, the engine, the tracker) ran in a cgroup of its own; its anonymous and "
+        f"tmpfs memory (`{group['measure']}`, page cache left out) was {rest:.2f} GB before the "
+        f"round was ingested and peaked at {peak:.2f} GB during "
+        f"{group.get('peak_during') or 'the run'}: {peak - rest:.2f} GB above rest, against "
+        f"the node's budget of {budget_gb:.1f} GB.",
+        "",
+    ]
+
+
+def document(res: dict[str, Any]) -> str:
+    """``flstore_rounds.md``: the run, then the section's tables."""
+    lines = ["# FLStore: rounds of 120 and 200 ResNet-18-sized updates", ""]
+    if isinstance(res.get("run"), dict):
+        lines += [run_header(res["run"]), ""]
+    lines += markdown(res["big_rounds"])
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    """``flstore_rounds.png``: each size's median latency per workload and system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sizes = res["big_rounds"]["sizes"]
+    fig, axes = plt.subplots(1, max(1, len(sizes)), figsize=(6.5 * max(1, len(sizes)), 4.5))
+    for ax, (n, row) in zip(np.atleast_1d(axes), sizes.items(), strict=False):
+        x = np.arange(len(WORKLOADS))
+        for i, system in enumerate(SYSTEMS):
+            q = _queries(row, system)
+            ax.bar(
+                x + (i - 1) * 0.27,
+                [q[w]["latency_s"] if w in q else 0 for w in WORKLOADS],
+                0.27,
+                label=SYSTEM_NAMES[system],
+            )
+        ax.set_xticks(x, WORKLOADS, rotation=25, ha="right")
+        ax.set_yscale("log")
+        ax.set_title(f"{n} ResNet-18-sized updates")
+        ax.set_ylabel("median latency per query (s)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
