@@ -15,6 +15,9 @@ from core.secagg.messages import Advert, context, unmask_from_json, unmask_to_js
 from core.secagg.participant import Participant
 
 D = 4000
+#: the p-value under which bytes count as not uniform: a uniform vector falls below it once in
+#: 10^9 checks (so the suite does not flake), a quantized vector that is not masked scores ~0
+UNIFORM_P = 1e-9
 Fold = Callable[[list[np.ndarray]], np.ndarray]
 
 

@@ -14,7 +14,7 @@ from core.secagg.config import SecAggConfig
 from core.secagg.coordinator import RoundFailed
 from core.secagg.messages import MessageError, context
 from core.secagg.participant import Participant
-from tests.secagg.rounds import looks_uniform, run_round
+from tests.secagg.rounds import UNIFORM_P, looks_uniform, run_round
 
 
 @pytest.mark.parametrize("neighbours", [None, 6])
@@ -26,7 +26,10 @@ def test_round_without_dropouts_is_exact_and_masked_vectors_look_uniform(neighbo
     fedavg = (r[:, None] * np.clip(np.stack(out.updates), -1, 1)).sum(0) / r.sum()
     assert np.abs(out.got - fedavg).max() <= quantize.error_bound(cfg, 10, r.sum() * 0.99)
     for vec in out.vectors:  # each byte value equally likely: chi-square over 256 bins
-        assert looks_uniform(vec.tobytes()) > 1e-4
+        assert looks_uniform(vec.tobytes()) > UNIFORM_P
+    # the check has power: the same update quantized but unmasked is far from uniform
+    plain = quantize.quantize(cfg, out.updates[0], out.samples[0])
+    assert looks_uniform(plain.tobytes()) < 1e-100
 
 
 @pytest.mark.parametrize("neighbours", [None, 6])

@@ -12,7 +12,7 @@ import pytest
 from core.objstore import MappedObject, Namespace
 from core.secagg import masks
 from core.secagg.config import SecAggConfig
-from tests.secagg.rounds import D, looks_uniform, run_round
+from tests.secagg.rounds import UNIFORM_P, D, looks_uniform, run_round
 
 NBYTES = 4 * (D + 1)
 
@@ -78,7 +78,7 @@ def test_any_tree_of_store_objects_unmasks_to_the_exact_sum(
         np.testing.assert_array_equal(out.got, out.want)
         for key in tree.keys:  # every update and partial, the top's sum too (self masks)
             with tree.ns.open(key) as obj:
-                assert looks_uniform(bytes(obj.buf[:NBYTES])) > 1e-4
+                assert looks_uniform(bytes(obj.buf[:NBYTES])) > UNIFORM_P
     finally:
         tree.ns.close()
 
