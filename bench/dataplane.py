@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import dataplane_report as report
+from bench.harness.compare import REPEATS
 from bench.harness.fedfaas_round import bench_round_e2e
 from bench.runinfo import (
     pinned_threads,
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repeats",
         type=int,
-        default=5,
+        default=REPEATS,
         help="the same-CPUs comparison: runs of each system per CPU set, interleaved",
     )
     p.add_argument(

@@ -60,6 +60,7 @@ import numpy as np
 from bench.flower_report import render
 from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
+from bench.harness.compare import REPEATS
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
 from bench.runinfo import PINNED_THREADS, ROOT, run_info, write_result
 
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
     ap.add_argument("--rule", choices=RULES, default="fedavg", help="Flower's strategy")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds per system, interleaved")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="rounds per system, interleaved")
     ap.add_argument("--seed", type=int, default=0, help="the shared weights' seed (--single)")
     ap.add_argument("--cpus", default="0-1", help="the server sides' CPUs (cpuset syntax)")
     ap.add_argument("--no-legacy", action="store_true", help="leave out Flower 1.32.1's row")

@@ -33,7 +33,7 @@ FedFaaS's other rules (no Flower peer: FedAvg, trimmed mean, Multi-Krum, FLTrust
 run once each on the same CPUs with ``--all-rules``, for their distances.
 
 BLAS and OpenMP pinned to one thread per process (``bench.runinfo.pinned_threads``). Usage:
-``python -m bench.robust [--repeats 3] [--cpus 0-1] [--all-rules] [--out DIR]``; writes
+``python -m bench.robust [--repeats 5] [--cpus 0-1] [--all-rules] [--out DIR]``; writes
 ``bench/results/robust.{json,md,png}``.
 """
 
@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from bench.flower_baseline import CURRENT, LEGACY
-from bench.harness.compare import run_compare, spread
+from bench.harness.compare import REPEATS, run_compare, spread
 from bench.runinfo import pinned_threads, run_header, run_info, write_result
 
 log = logging.getLogger(__name__)
@@ -349,7 +349,7 @@ def _appended(result: dict[str, Any], path: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--repeats", type=int, default=3, help="rounds per rule and system")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="rounds per rule and system")
     ap.add_argument("--cpus", default="0-1", help="the server side's CPUs (cpuset), both sides")
     ap.add_argument("--rules", default="median,krum", help="rules with a Flower peer")
     ap.add_argument(

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 #: the system every other is compared with
 SUBJECT = "FedFaaS"
 
+#: every compared row's runs per system (issue 37: at least 5, the systems alternating); the
+#: default of each benchmark's ``--repeats``
+REPEATS = 5
+
 #: a system's round: (its cgroups, a tag unique to the run) -> its round record
 Runner = Callable[[RoundGroups, str], dict[str, Any]]
 

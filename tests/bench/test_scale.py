@@ -1,4 +1,4 @@
-"""bench.scale and bench.harness.round_window: the window bookkeeping, failure records, the
+"""bench.harness.round_window (bench.scale's rounds): the window bookkeeping, failure records, the
 memory guard's decision (pure), and the watchers on real processes and sockets."""
 
 from __future__ import annotations
@@ -9,12 +9,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from bench import scale
 from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 
@@ -63,16 +61,6 @@ def test_a_failure_is_a_record_carrying_its_sizes() -> None:
     assert rw.killed_at({"ok": True, "e2e_s": 1.0}) == ""
     with pytest.raises(ValueError, match="unknown failure kind"):
         rw.failure("oom", "?")
-
-
-def test_guarded_turns_an_exception_into_the_points_error_record() -> None:
-    def boom() -> dict[str, Any]:
-        raise RuntimeError("gRPC message larger than max")
-
-    rec = scale.guarded(boom)
-    assert rec["ok"] is False and rec["failure"] == "error"
-    assert "RuntimeError: gRPC message larger than max" in rec["detail"]
-    assert scale.guarded(lambda x: {"ok": True, "x": x}, 3) == {"ok": True, "x": 3}
 
 
 # ----------------------------------------------------------------------------- guard decision
@@ -198,82 +186,6 @@ def test_every_client_maps_the_same_weights(tmp_path: Path) -> None:
         rc.map_weights(path, [("a", [3, 4])])
 
 
-# ----------------------------------------------------------------------------- grid and report
-def test_the_grid_is_the_four_client_counts_and_the_four_sizes() -> None:
-    pts = scale.points()
-    clients = [p for p in pts if p["axis"] == "clients"]
-    sizes = [p for p in pts if p["axis"] == "size"]
-    assert [p["clients"] for p in clients] == [10, 50, 100, 200]
-    assert {p["update_bytes"] for p in clients} == {4 * rc.RESNET18_VALUES}
-    assert [p["update_bytes"] for p in sizes] == [
-        10_000_000,
-        4 * rc.RESNET18_VALUES,
-        240_000_000,
-        1_000_000_000,
-    ]
-    assert {p["clients"] for p in sizes} == {20}
-    quick = scale.points(quick=True)
-    assert max(p["clients"] for p in quick) <= 4
-    assert max(p["update_bytes"] for p in quick) <= 4_000_000
-
-
-def _result() -> dict[str, Any]:
-    ok = {
-        "ok": True,
-        "e2e_s": 2.5,
-        "server_s": 2.0,
-        "server_hwm_bytes": 1_500_000_000,
-        "router": "ebpf",
-        "threads_env": {"OMP_NUM_THREADS": "1"},
-    }
-    killed = rw.failure(
-        "killed",
-        "server RSS 16.20 GB over the limit 16.00 GB",
-        server_rss_bytes=16_200_000_000,
-        client_rss_bytes=3_000_000_000,
-        available_bytes=4_000_000_000,
-    )
-    killed["threads_env"] = {"OMP_NUM_THREADS": "1"}
-    return {
-        "run": {"command": "python -m bench.scale", "commit": {"sha": "abc"}},
-        "config": {
-            "threads": {"requested": 1},
-            "server_mem_limit_bytes": 16 * GB,
-            "floor_bytes": 2 * GB,
-            "timeout_s": 1200.0,
-            "router_probe": {"mode": "ebpf", "reason": "loads"},
-        },
-        "points": [
-            {
-                "axis": "clients",
-                "clients": 10,
-                "update_bytes": 44_764_968,
-                "fedfaas": ok,
-                "flower": ok,
-            },
-            {
-                "axis": "size",
-                "clients": 20,
-                "update_bytes": 1_000_000_000,
-                "fedfaas": ok,
-                "flower": killed,
-            },
-        ],
-    }
-
-
-def test_the_report_shows_a_killed_point_with_its_size(tmp_path: Path) -> None:
-    res = _result()
-    md = scale.render(res)
-    assert "## Against clients" in md and "## Against model size" in md
-    row = next(ln for ln in md.splitlines() if ln.startswith("| 20 | 1000.0 |"))
-    assert row.count("killed at 16.20 GB") == 1 and row.count("| — |") == 3
-    assert "| 2.50 |" in row and "| 1 / 1 |" in row
-    assert "- flower, 20 clients x 1000.0 MB: killed (server_rss_bytes 16.20 GB" in md
-    scale.plot(res, tmp_path / "scale.png")
-    assert (tmp_path / "scale.png").stat().st_size > 0
-
-
 def test_reset_hwm_drops_the_peak_of_what_came_before() -> None:
     child = subprocess.Popen(
         [
@@ -318,38 +230,6 @@ def test_memory_guard_puts_the_points_processes_first_for_the_oom_killer() -> No
     finally:
         child.kill()
         child.wait()
-
-
-def test_the_peak_and_cpu_columns_are_the_server_cgroups_when_measured() -> None:
-    res = _result()
-    first = res["points"][0]
-    first["fedfaas"] = dict(
-        first["fedfaas"], cgroup={"server": {"peak_bytes": 700_000_000, "cpu_s": 1.25}}
-    )
-    md = scale.render(res)
-    row = next(ln for ln in md.splitlines() if ln.startswith("| 10 | 44.8 |"))
-    # FedFaaS: its cgroup's peak and CPU-seconds; Flower's record has no cgroup (stored
-    # before them): its summed VmHWM, and no CPU figure
-    assert "| 0.70 | 1.50 | 1.25 | n/a |" in row
-    assert "cgroup" in md and "server CPU-s" in md
-
-
-def test_shape_reports_peak_growth_over_clients_and_seconds_per_gb() -> None:
-    res = _result()
-    big = dict(res["points"][0], clients=40)
-    big["fedfaas"] = dict(big["fedfaas"], server_hwm_bytes=3_000_000_000, e2e_s=10.0)
-    pts = [res["points"][0], big, res["points"][1]]
-    sh = scale.shape(pts, "fedfaas")
-    assert sh["peak_growth_over_clients"] == {
-        "from_clients": 10,
-        "to_clients": 40,
-        "peak_ratio": 2.0,
-    }
-    rates = {(x["clients"], x["update_bytes"]): x["s_per_gb"] for x in sh["s_per_gb_received"]}
-    assert rates[(40, 44_764_968)] == pytest.approx(10.0 / (40 * 0.044764968))
-    # Flower's killed 1 GB point is not a rate
-    assert [x["clients"] for x in scale.shape(pts, "flower")["s_per_gb_received"]] == [10, 40]
-    assert "- Flower: peak x1.00 from 10 to 40 clients" in scale.render(dict(res, points=pts))
 
 
 def test_point_failure_names_what_stopped_a_point(tmp_path: Path) -> None:

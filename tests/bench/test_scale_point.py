@@ -1,6 +1,7 @@
-"""bench.scale's point on real rounds: FedFaaS and Flower each run with their server side in
-a cgroup pinned to the CPUs asked and their clients in another; the point reports each side's
-cgroup peak and CPU-seconds, and no group is left behind."""
+"""bench.scale's point on real rounds: FedFaaS, Flower and SF each run with their server side
+in a cgroup pinned to the CPUs asked and their clients in another, alternating; the point
+reports each system's cgroup peak and CPU-seconds and FedFaaS's design floor, its table row
+is the medians, and no group is left behind."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import scale
+from bench import scale, scale_report
 from bench.harness import cgroups
 
 pytestmark = [
@@ -32,31 +33,40 @@ def work() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_both_sides_of_a_point_are_measured_by_cgroup(work: Path) -> None:
+def test_every_system_of_a_point_is_measured_by_cgroup(work: Path) -> None:
     point = {"axis": "clients", "clients": 2, "update_bytes": 1_000_000}
+    seen: list[int] = []
     # no memory guard (limit 0, floor 0): this test is about the cgroups, and the machine's
     # available memory is other work's to move
-    out = scale.run_point(work, point, ebpf=False, limit=0, floor=0, timeout=300, cpus="0")
-    for side in ("fedfaas", "flower"):
-        rec = out[side]
-        assert rec["ok"], (side, rec)
+    out = scale.run_point(
+        work, point, ebpf=False, limit=0, floor=0, timeout=300, cpus="0", repeats=1,
+        after_run=lambda now: seen.append(sum(map(len, now["compare"]["by_cpus"]["0"]["runs"].values()))),
+    )  # fmt: skip
+    assert seen == [1, 2, 3, 3]  # written after every run, and once at the end
+    runs = out["compare"]["by_cpus"]["0"]["runs"]
+    assert [r["repeat"] for r in runs["FedFaaS"]] == [0]
+    for system in scale.SYSTEMS:
+        [rec] = runs[system]
+        assert rec["ok"], (system, rec)
         server = rec["cgroup"]["server"]
         assert server["cpus"] == "0" and server["cpu_s"] > 0 and server["peak_bytes"] > 0
-    md = scale.render(
-        {
-            "run": {"command": "python -m bench.scale", "commit": {"sha": "abc"}},
-            "config": {
-                "threads": {"requested": 1},
-                "server_mem_limit_bytes": 0,
-                "floor_bytes": 0,
-                "timeout_s": 300.0,
-                "server_cpus": "0",
-                "router_probe": {"mode": "userspace", "reason": "test"},
-            },
-            "points": [out],
-        }
-    )
-    row = next(ln for ln in md.splitlines() if ln.startswith("| 2 | 1.0 |"))
-    peak = out["fedfaas"]["cgroup"]["server"]["peak_bytes"] / 1e9
-    assert f"| {peak:.2f} |" in row
+    assert runs["FedFaaS"][0]["design_floor"]["bytes"] > 0
+    res = {
+        "run": {"command": "python -m bench.scale", "commit": {"sha": "abc"}},
+        "config": {
+            "threads": {"requested": 1},
+            "server_mem_limit_bytes": 0,
+            "floor_bytes": 0,
+            "timeout_s": 300.0,
+            "server_cpus": "0",
+            "repeats": 1,
+            "systems": list(scale.SYSTEMS),
+            "router_probe": {"mode": "userspace", "reason": "test"},
+        },
+        "points": [out],
+    }
+    md = scale_report.render(res)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 2 | 1.0 | FedFaaS |"))
+    peak = runs["FedFaaS"][0]["cgroup"]["server"]["peak_bytes"] / 1e9
+    assert f"| {peak:.2f} [{peak:.2f}-{peak:.2f}] |" in row
     assert not cgroups.groups_named(f"fedfaas-bench-{os.getpid()}-")
