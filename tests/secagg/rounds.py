@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def run_round(
     drop_before_sharing: Collection[int] = (),
     fold: Fold = flat_fold,
     seed: int = 0,
-    tamper: Callable[[dict], None] | None = None,
+    tamper: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """Stages 1-4 for ``n`` clients; clients in ``drop_after_masking`` masked their vector but
     the server never got it, those in ``drop_before_sharing`` advertised only; ``tamper``

@@ -3,6 +3,8 @@ against pycryptodome, envelopes that refuse tampering, the neighbour graph."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from Crypto.Protocol.SecretSharing import Shamir
@@ -93,7 +95,7 @@ def test_quantize_round_trip_within_the_bound() -> None:
 def test_shamir_shares_are_pycryptodome_shares_and_any_t_recover() -> None:
     seed = keys.new_seed()
     parts = shares.split(seed, 3, 5)
-    assert Shamir.combine([(i + 1, parts[i]) for i in (0, 2, 4)]) == seed
+    assert Shamir.combine([(i + 1, parts[i]) for i in (0, 2, 4)], False) == seed
     ok = lambda s: shares.commit(s) == shares.commit(seed)  # noqa: E731
     assert shares.recover({2: parts[1], 4: parts[3], 5: parts[4]}, 3, ok, "c") == seed
     assert shares.recover({i + 1: p for i, p in enumerate(parts)}, 3, ok, "c") == seed
@@ -133,13 +135,14 @@ def test_neighbour_graph_is_symmetric_regular_and_public() -> None:
 def test_config_checks_name_the_field_and_the_incompatible_options() -> None:
     assert SecAggConfig.from_spec({}).degree(10) == 9
     assert SecAggConfig.from_spec({"neighbours": 4, "threshold": 0.75}).shares_needed(10) == 3
-    for spec, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"clip": 0}, "clip"),
         ({"bits": 30}, "bits"),
         ({"neighbours": 3}, "neighbours"),
         ({"threshold": "a"}, "threshold"),
         ({"nope": 1}, "nope"),
-    ]:
+    ]
+    for spec, field in cases:
         with pytest.raises(SecAggConfigError, match=field):
             SecAggConfig.from_spec(spec)
     with pytest.raises(SecAggConfigError, match="wrap around"):

@@ -5,6 +5,7 @@ recovered and past it the round fails with a clear reason."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ from tests.secagg.rounds import UNIFORM_P, looks_uniform, run_round
 
 
 @pytest.mark.parametrize("neighbours", [None, 6])
-def test_round_without_dropouts_is_exact_and_masked_vectors_look_uniform(neighbours) -> None:
+def test_round_without_dropouts_is_exact_and_masked_vectors_look_uniform(
+    neighbours: int | None,
+) -> None:
     cfg = SecAggConfig(clip=1.0, bits=16, neighbours=neighbours, max_weight=200)
     out = run_round(cfg, 10)
     np.testing.assert_array_equal(out.got, out.want)
@@ -33,7 +36,7 @@ def test_round_without_dropouts_is_exact_and_masked_vectors_look_uniform(neighbo
 
 
 @pytest.mark.parametrize("neighbours", [None, 6])
-def test_two_of_ten_dropped_after_masking_the_round_is_still_exact(neighbours) -> None:
+def test_two_of_ten_dropped_after_masking_the_round_is_still_exact(neighbours: int | None) -> None:
     out = run_round(SecAggConfig(neighbours=neighbours, max_weight=200), 10, {3, 7})
     assert len(out.survivors) == 8
     np.testing.assert_array_equal(out.got, out.want)
@@ -56,7 +59,7 @@ def test_past_the_threshold_the_round_fails_and_says_why() -> None:
 
 
 def test_a_wrong_share_from_a_survivor_fails_the_round_instead_of_a_wrong_model() -> None:
-    def flip(message: dict) -> None:
+    def flip(message: dict[str, Any]) -> None:
         owner, (index, share) = next(iter(message["b"].items()))
         raw = bytearray(base64.b64decode(share))
         raw[0] ^= 1
