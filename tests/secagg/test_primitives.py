@@ -108,6 +108,9 @@ def test_a_wrong_share_is_rejected_and_too_few_shares_say_so() -> None:
     bad = bytes([parts[1][0] ^ 1]) + parts[1][1:]
     with pytest.raises(shares.ShareError, match="c7: the shares do not rebuild"):
         shares.recover({1: parts[0], 2: bad, 3: parts[2]}, 3, ok, "c7")
+    # with more right shares than needed, the wrong one is left out
+    right = {i + 1: p for i, p in enumerate(parts)}
+    assert shares.recover({**right, 2: bad}, 3, ok, "c7") == seed
     with pytest.raises(shares.ShareError, match="c7: 2 shares arrived, 3 are needed"):
         shares.recover({1: parts[0], 2: parts[1]}, 3, ok, "c7")
 
