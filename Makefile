@@ -31,7 +31,7 @@ STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
 FAULTS_ARGS ?=
-BENCHES := dataplane ebpf control flstore scale fedbuff robust
+BENCHES := dataplane ebpf control flstore scale fedbuff robust flower_baseline
 # images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag,
 # every image); CA_BUNDLE defaults to the system bundle (empty: none)
 ENGINE ?=
@@ -52,9 +52,13 @@ setup:
 browser:
 	@FEDFAAS_BROWSER=1 bash scripts/setup.sh
 
+# TEST_WORKERS pytest-xdist workers (one per core here); a module runs whole on one worker
+# (--dist loadfile); each worker's servers take ports from a range of their own
+# (tests/conftest.py); modules on fixed ports take a lock (tests/openfaas/conftest.py).
 # --durations: the slowest tests, so that a tier that grows past its time says where
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -m "not slow" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # every tier, each run even when one before it failed (scripts/test-all.sh; TIERS= a subset)
 test-all:
@@ -77,8 +81,12 @@ soak: setup
 demo: setup
 	$(VENV)/bin/fedfaas demo --state-dir $(STATE)
 
+# every result under bench/results/ in one command: the benchmarks, the soak, then the fault
+# campaign (last: it exits 1 while a fault is not survived)
 bench: setup
 	@set -e; for b in $(BENCHES); do echo "== bench-$$b"; $(PY) -m bench.$$b; done
+	$(PY) -m bench.soak $(SOAK_ARGS)
+	$(PY) -m bench.faults $(FAULTS_ARGS)
 
 # A static pattern rule, not a plain `bench-%:`: make never searches implicit (pattern) rules
 # for a .PHONY target, so `make bench-dataplane` would do nothing and exit 0.
@@ -134,7 +142,7 @@ k8s-binaries:
 # deploy/faasd builds them, the pod sandbox (pause) image built from Kubernetes' source and
 # CoreDNS's (scripts/k8s-images.sh; each kept once built)
 .PHONY: k8s-images
-k8s-images: IMAGES = fedfaas aggregator echo
+k8s-images: IMAGES = fedfaas aggregator echo flstore digits-evaluator
 k8s-images: k8s-binaries images
 	FEDFAAS_CACHE="$(CACHE)" bash deploy/faasd/images.sh
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-images.sh

@@ -102,6 +102,8 @@ def flat(m: dict[str, np.ndarray]) -> np.ndarray:
 
 #: the rules Flower has, as each side names them: FedFaaS's spec, Flower's strategy
 PEERS = {"median": ({"rule": "median"}, "median"), "krum": ({"rule": "krum", "f": 4}, "krum")}
+#: ``--rules``'s default: every rule with a Flower peer (``make bench-robust`` writes them all)
+DEFAULT_RULES = ",".join(PEERS)
 
 
 def write_updates(
@@ -351,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--repeats", type=int, default=REPEATS, help="rounds per rule and system")
     ap.add_argument("--cpus", default="0-1", help="the server side's CPUs (cpuset), both sides")
-    ap.add_argument("--rules", default="median,krum", help="rules with a Flower peer")
+    ap.add_argument("--rules", default=DEFAULT_RULES, help="rules with a Flower peer")
     ap.add_argument(
         "--all-rules", action="store_true", help="FedFaaS's other rules once, for distances"
     )
