@@ -28,22 +28,25 @@
 4. **Rounds of 120 and 200 ResNet-18-sized updates** (:mod:`bench.flstore_rounds`, with
    ``--big-rounds``): the queries over coordinate parts across cache functions, or from MinIO
    past the node's memory budget, against ObjStore-Agg and Cache-Agg, answers compared with the
-   in-process computation, the cache functions' memory against the budget.
+   in-process computation, the cache functions' memory and the platform's cgroup against the
+   budget. A result of its own: ``flstore_rounds.json``, ``.md`` and ``.png``.
 5. **Policies.** Hit rates of all policies on the paper-shaped traces (bench.harness.flstore_trace).
 6. **Overhead.** Location-table lookups (in memory and in Redis) and tracker records at 1,000 and
    100,000 entries: p99 latency and memory.
 
 The process and every process it starts run with BLAS/OpenMP pools pinned to one thread
 (:func:`bench.runinfo.pinned_threads`). Writes flstore.json, .md (rendered from the .json) and
-.png to DIR (default bench/results) and prints the Markdown. ``--quick`` is a smoke run (small
+.png to DIR (default bench/results), and the big rounds to flstore_rounds.json, .md and .png
+(no flstore.* when only the big rounds run), and prints the Markdown. ``--quick`` is a smoke run (small
 CNN, 2 rounds, overhead at 1,000 entries).
 
 The whole run takes over an hour. In parts (no part over 15 minutes on a shared 2-core machine):
 ``--big-rounds ''`` for sections 1-3, 5 and 6, then each size alone with ``--skip-latency
---skip-handoff --skip-shapley --skip-policies-and-overhead --big-rounds N`` (at 200 in two
-runs: ``--big-systems fedfaas,objstore-agg``, then ``--big-systems cache-agg``), each to a
-folder of its own, joined by :mod:`bench.flstore_merge` (each size, and each system of a size,
-names the run it came from).
+--skip-handoff --skip-shapley --skip-policies-and-overhead --big-rounds N`` (the three systems
+of a size in one run: at 200 updates and 2 askings about 20 minutes; ``--big-systems`` asks
+some of them), each to a folder of its own, joined by :mod:`bench.flstore_merge` (``--result
+flstore_rounds`` for the big rounds; each size, and each system of a size, names the run it
+came from).
 """
 
 from __future__ import annotations
@@ -478,15 +481,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--budget-gb",
         type=float,
-        default=8.0,
-        help="the node's memory budget for the big rounds, in GB (below a 200-update round, "
-        "8.9 GB; above a 120-update one, 5.4 GB, with the functions' own memory)",
+        default=4.0,
+        help="the node's memory budget for the big rounds, in GB (default 4: below both "
+        "rounds, 5.4 GB at 120 updates and 9.0 GB at 200)",
     )
     ap.add_argument(
         "--big-repeats",
         type=int,
-        default=3,
-        help="askings of each query of each system at each big-round size (default 3)",
+        default=2,
+        help="askings of each query of each system at each big-round size (default 2)",
     )
     ap.add_argument(
         "--big-gtg-permutations",
@@ -499,8 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(SYSTEMS),
         help="the systems asked at the big-round sizes (default all: "
         + ",".join(SYSTEMS)
-        + "; at 200 updates the three take longer than 15 minutes: run them in parts, joined "
-        "by bench.flstore_merge)",
+        + "; a run of some of them is joined with the others' by bench.flstore_merge)",
     )
     ap.add_argument(
         "--quick",

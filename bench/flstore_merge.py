@@ -13,7 +13,9 @@ refused (``--drop big_rounds`` leaves BASE's out, for a setup run again otherwis
 of one size may come from several runs (``--big-systems``): a run's systems replace those of an
 earlier run of that size, the others are kept, and each names its run. The merged ``flstore.json`` goes to
 ``--out`` (default ``bench/results``) and ``flstore.md`` and ``.png`` are rendered from it as
-written (:func:`bench.runinfo.rerender`).
+written (:func:`bench.runinfo.rerender`). ``--result flstore_rounds`` merges the big rounds'
+own result (``flstore_rounds.json``, which ``--big-rounds`` writes) the same way: BASE's run
+heads it, each size of another run names its own.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ from typing import Any
 from bench.flstore import RESULTS
 from bench.flstore_report import markdown, plot
 from bench.flstore_rounds import SYSTEMS
+from bench.flstore_rounds_report import document as rounds_document
+from bench.flstore_rounds_report import plot as rounds_plot
 from bench.runinfo import rerender
 
 #: the sections a part of the benchmark adds, those whose Markdown names the run they came from
 #: (the live latency, the handoff, the policies and the overhead are BASE's)
 SECTIONS = ("shapley", "big_rounds")
+#: each result's Markdown and plot
+RENDERERS = {"flstore": (markdown, plot), "flstore_rounds": (rounds_document, rounds_plot)}
 #: sections only BASE may hold
 BASE_ONLY = ("latency", "handoff")
 #: what the big rounds of two runs must share to stand in one table
@@ -134,9 +140,17 @@ def main(argv: list[str] | None = None) -> None:
         choices=SECTIONS,
         help="a section of BASE to leave out (its setup run again otherwise); repeatable",
     )
+    ap.add_argument(
+        "--result",
+        choices=tuple(RENDERERS),
+        default="flstore",
+        help="the result merged: flstore (default) or flstore_rounds (the big rounds, which "
+        "bench.flstore --big-rounds writes to a result of its own)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the merged files")
     args = ap.parse_args(argv)
-    read = [json.loads((d / "flstore.json").read_text()) for d in (args.base, *args.others)]
+    name = args.result
+    read = [json.loads((d / f"{name}.json").read_text()) for d in (args.base, *args.others)]
     for section in args.drop:
         read[0].pop(section, None)
     try:
@@ -144,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     except MergeRefused as exc:
         ap.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "flstore.json").write_text(json.dumps(merged, indent=1) + "\n")
-    sys.stdout.write(rerender("flstore", markdown, plot, args.out))
+    (args.out / f"{name}.json").write_text(json.dumps(merged, indent=1) + "\n")
+    sys.stdout.write(rerender(name, *RENDERERS[name], args.out))
 
 
 if __name__ == "__main__":

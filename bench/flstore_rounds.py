@@ -11,16 +11,14 @@ on flipped labels and sends the opposite step. The job's evaluator is ``digits-s
 something at this size; cosine, Multi-Krum and FoolsGold see the whole vectors.
 
 Each size runs on a fresh ``fedfaas up --with all`` (:class:`bench.flstore_platform.UpWithAll`)
-whose node memory budget is ``budget`` bytes: below the 200-update round (8.9 GB), above the
-120-update one (5.4 GB, with the functions' own memory and 1 GiB kept for the queries' working
-memory). The job is written to the platform's MinIO, which the baselines read too; ``fedfaas
-down`` removes it before the next size (the two sizes' 14.5 GB would not fit this machine's
-disk beside Redis's append-only file). One system at a time (their memory would not fit this
-machine together), each query asked ``repeats`` times in a row of each system (the median and
-the spread of the askings in the table). A run may ask some of the systems only
-(:data:`SYSTEMS`; at 200 updates the three take longer than one sitting of a shared machine):
-:mod:`bench.flstore_merge` joins the systems of one size from several runs, each naming its
-run. The memos
+whose node memory budget is ``budget`` bytes (``--budget-gb``: 4 GB in the stored results,
+below both rounds: 5.4 GB at 120 updates, 9.0 GB at 200). The job is written to the platform's
+MinIO, which the baselines read too; ``fedfaas down`` removes it before the next size (the two
+sizes' 14.5 GB need not sit on this machine's disk at once). One system at a time (their
+memory would not fit this machine together), each query asked ``repeats`` times in a row of
+each system (the median and the spread of the askings in the table). A run may ask some of the
+systems only (:data:`SYSTEMS`): :mod:`bench.flstore_merge` joins the systems of one size from
+several runs, each naming its run. The memos
 across queries are off on all three (the cache functions' inner-product and utility memos, the
 baselines' inner-product memo), so that every asking does the whole work and the askings are
 alike; within one query, GTG-Shapley still evaluates each sub-model once.
@@ -28,12 +26,16 @@ alike; within one query, GTG-Shapley still evaluates each sub-model once.
 1. **ObjStore-Agg**: the queries, each reading the round from MinIO and computing in process
    on the whole vectors (the direct in-process computation FedFaaS's answers are compared
    with), while FLStore holds nothing of the job.
-2. **Cache-Agg**: the same, from Redis (the round mirrored there first, not timed), where the
-   machine's free memory holds the mirror and the server's copy (skipped otherwise, said so).
+2. **Cache-Agg**: the same, from Redis (the round mirrored there first, not timed; no
+   append-only file), where the machine's free memory holds the mirror and the server's copy
+   (waiting up to :data:`CACHE_AGG_MEMORY_WAIT_S` for it, skipped otherwise, said so). With
+   the FLStore side holding nothing yet, no more than these two copies are in memory at once
+   (MinIO's are on disk).
 3. **FedFaaS**: the round is ingested (the policy's prefetch places it in coordinate parts
    across cache functions as the budget allows), then the queries are asked through the
    platform's request tracker; a sampler reads the cache functions' private memory
-   (``RssAnon``) all along, and the engine's budget account; the engine's log is searched for
+   (``RssAnon``) all along, the engine's budget account, and the platform's cgroup where it
+   runs in one (:mod:`bench.flstore_rounds_memory`); the engine's log is searched for
    tracebacks.
 """
 

@@ -207,3 +207,37 @@ def test_a_section_of_the_base_can_be_left_out(tmp_path: Path) -> None:
     stored = json.loads((tmp_path / "out" / "flstore.json").read_text())
     assert list(stored["big_rounds"]["sizes"]) == ["200"]
     assert stored["big_rounds"]["budget_bytes"] == 4e9
+
+
+def test_the_big_rounds_own_results_of_two_runs_merge_into_one_each_size_naming_its_run(
+    tmp_path: Path,
+) -> None:
+    parts = {
+        "r120": {"run": _run("python -m bench.flstore --big-rounds 120", "a" * 40)},
+        "r200": {"run": _run("python -m bench.flstore --big-rounds 200", "b" * 40)},
+    }
+    parts["r120"]["big_rounds"], parts["r200"]["big_rounds"] = _big(120), _big(200)
+    for name, res in parts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "flstore_rounds.json").write_text(json.dumps(res))
+    out = tmp_path / "out"
+    main(
+        [
+            str(tmp_path / "r120"),
+            str(tmp_path / "r200"),
+            "--result",
+            "flstore_rounds",
+            "--out",
+            str(out),
+        ]
+    )
+    stored = json.loads((out / "flstore_rounds.json").read_text())
+    assert stored["run"] == parts["r120"]["run"]
+    assert sorted(stored["big_rounds"]["sizes"]) == ["120", "200"]
+    md = (out / "flstore_rounds.md").read_text()
+    assert md.startswith("# FLStore: rounds of 120 and 200 ResNet-18-sized updates")
+    assert "python -m bench.flstore --big-rounds 120" in md  # the head: the base's run
+    assert "The rows of 200 updates are from their own run" in md
+    assert "| 120 | shapley | 120.0 (120.0-120.0) |" in md
+    assert (out / "flstore_rounds.png").stat().st_size > 0
+    assert not (out / "flstore.json").exists()

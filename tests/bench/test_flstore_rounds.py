@@ -8,6 +8,9 @@ functions, evaluator function, MinIO and Redis.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,13 @@ from bench.flstore_rounds import (
     same_answer,
     write_job,
 )
+from bench.flstore_rounds_memory import group_resident, platform_group
+from bench.flstore_rounds_report import document as rounds_document
 from bench.flstore_rounds_report import markdown as rounds_md
+from bench.flstore_rounds_report import plot as rounds_plot
 from bench.flstore_shapley import markdown as shapley_md
 from bench.flstore_shapley import shapley
+from bench.harness.cgroups import groups_named, unavailable
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.keys import ObjectKey
 
@@ -275,3 +282,83 @@ def test_the_table_says_where_fedfaas_time_went_per_query() -> None:
         "| 200 | multi-krum | 10.5 | 5.0 | 4.5 | 1.0 | 0.0 | 0.0 | 6.0 | 2.0 | 3.00 | 1500 | 2 | 1 |"
         in md
     )
+
+
+def _measured_size() -> dict[str, Any]:
+    q = {"latency_s": 2.0}
+    return {
+        "updates": 120,
+        "round_bytes": 121 * RESNET18 * 4,
+        "fedfaas": {
+            "queries": {"multi-krum": q},
+            "memory": {
+                "peak_private_bytes": 3.5e9,
+                "peak_accounted_bytes": 3.2e9,
+                "platform_group": {
+                    "measure": "total_rss+total_shmem of the platform's cgroup memory.stat",
+                    "at_rest_bytes": 1.0e9,
+                    "peak_bytes": 4.5e9,
+                    "peak_during": "foolsgold",
+                },
+            },
+            "stats": {"queries_in_parts": 0, "queries_streamed": 1},
+            "ingest_and_prefetch_s": 60.0,
+        },
+        "objstore-agg": {"queries": {"multi-krum": q}},
+        "cache-agg": {"queries": {"multi-krum": {"latency_s": 4.0}}},
+        "cache_agg_skipped_need_bytes": None,
+        "same_answer": {"multi-krum": True},
+        "same_answer_cache_agg": {"multi-krum": False},
+    }
+
+
+def test_the_table_compares_fedfaas_with_cache_agg_too_and_says_the_platforms_cgroup() -> None:
+    md = "\n".join(
+        rounds_md({"budget_bytes": 4e9, "gtg_params": {}, "sizes": {"120": _measured_size()}})
+    )
+    assert "| 120 | multi-krum | 2.0 | 2.0 | 4.0 | 1.00x | 0.50x | True | False |" in md
+    assert (
+        "its anonymous and tmpfs memory (`total_rss+total_shmem of the platform's cgroup "
+        "memory.stat`, page cache left out) was 1.00 GB before the round was ingested and "
+        "peaked at 4.50 GB during foolsgold: 3.50 GB above rest, against the node's budget of "
+        "4.0 GB." in md
+    )
+
+
+def test_the_big_rounds_own_result_names_its_run_and_plots_every_system(tmp_path: Path) -> None:
+    res = {
+        "run": {"command": "python -m bench.flstore --big-rounds 120", "commit": {"sha": "a"}},
+        "big_rounds": {"budget_bytes": 4e9, "gtg_params": {}, "sizes": {"120": _measured_size()}},
+    }
+    md = rounds_document(res)
+    assert md.startswith("# FLStore: rounds of 120 and 200 ResNet-18-sized updates\n")
+    assert "python -m bench.flstore --big-rounds 120" in md
+    assert "| 120 | multi-krum |" in md
+    rounds_plot(res, tmp_path / "rounds.png")
+    assert (tmp_path / "rounds.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_the_platforms_cgroup_counts_the_private_and_tmpfs_memory_of_what_is_born_in_it(
+    tmp_path: Path,
+) -> None:
+    shm = Path("/dev/shm") / f"fedfaas-test-{os.getpid()}"
+    code = (
+        "import sys; a = bytearray(96 << 20); a[::4096] = b'x' * len(a[::4096]); "
+        f"open({str(shm)!r}, 'wb').write(b'y' * (64 << 20)); print('ready', flush=True); "
+        "sys.stdin.read()"
+    )
+    with platform_group(f"fedfaas-test-{os.getpid()}") as group:
+        assert group is not None
+        before = group_resident(group)
+        with group.spawning():
+            child = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+            assert group_resident(group) - before >= (96 + 64) << 20
+        finally:
+            child.communicate(b"", timeout=30)
+            shm.unlink(missing_ok=True)
+    assert not groups_named(f"fedfaas-test-{os.getpid()}")  # removed on leaving
