@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.secagg import keys, quantize
+from core.secagg import graph, keys, quantize
 from core.secagg.config import SecAggConfig
 from core.secagg.coordinator import RoundFailed
 from core.secagg.messages import MessageError, context
@@ -86,3 +86,32 @@ def test_participants_never_unmask_a_client_twice_and_envelopes_are_bound() -> N
     # an envelope routed to the wrong receiver does not open
     with pytest.raises(keys.EnvelopeError):
         parts["c"].masked_input(np.zeros(10, np.float32), 5, {"b": sent["b"]["d"]})
+
+
+@pytest.mark.parametrize("neighbours", [4, 6, None])
+def test_a_round_completes_exactly_when_every_seed_keeps_enough_holders(
+    neighbours: int | None,
+) -> None:
+    """Random dropout sets: the round is exact when the survivors are at least ``t`` and each
+    seed to rebuild (the dropped clients' key seeds, the survivors' self seeds) has ``t``
+    surviving neighbours; otherwise it fails. Never a wrong model."""
+    cfg = SecAggConfig(neighbours=neighbours, threshold=0.5)
+    rng = np.random.default_rng(7)
+    n, t = 10, cfg.shares_needed(10)
+    ids = [f"client-{i:02d}" for i in range(n)]
+    outcomes = set()
+    for _ in range(12):
+        dropped = {int(i) for i in rng.choice(n, size=int(rng.integers(0, 6)), replace=False)}
+        survivors = {ids[i] for i in range(n) if i not in dropped}
+        graph_of = graph.neighbours(ids, cfg.degree(n), context("job-a", 3))
+        ok = len(survivors) >= t and all(
+            len(set(graph_of[c]) & survivors) >= t for c in ids
+        )  # every client's seed is rebuilt: key seeds of the dropped, self seeds of survivors
+        if ok:
+            out = run_round(cfg, n, dropped, seed=len(outcomes))
+            np.testing.assert_array_equal(out.got, out.want)
+        else:
+            with pytest.raises(RoundFailed):
+                run_round(cfg, n, dropped)
+        outcomes.add(ok)
+    assert outcomes == {True, False}  # both sides of the threshold were drawn
