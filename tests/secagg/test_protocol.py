@@ -99,7 +99,7 @@ def test_a_round_completes_exactly_when_every_seed_keeps_enough_holders(
     rng = np.random.default_rng(7)
     n, t = 10, cfg.shares_needed(10)
     ids = [f"client-{i:02d}" for i in range(n)]
-    outcomes = set()
+    outcomes: set[bool] = set()
     for _ in range(12):
         dropped = {int(i) for i in rng.choice(n, size=int(rng.integers(0, 6)), replace=False)}
         survivors = {ids[i] for i in range(n) if i not in dropped}
