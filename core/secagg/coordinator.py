@@ -132,7 +132,7 @@ class Coordinator:
             for peer in self.neighbours[owner]:
                 if peer in survivors:  # peer added its mask for owner; owner's half never came
                     key = masks.pairwise_key(seed, self.adverts[peer].s_pk, self.context)
-                    masks.subtract(total, masks.signed(masks.expand(key, length), peer, owner))
+                    masks.remove_pairwise(total, masks.expand(key, length), peer, owner)
         for owner in sorted(survivors):
             commitment = self.adverts[owner].b_commit
             seed = self._recover(owner, 1, lambda s, c=commitment: shares.commit(s) == c)

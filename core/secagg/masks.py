@@ -3,7 +3,7 @@
 A mask is the ChaCha20 keystream of a 32-byte key (HKDF of the seed or of the pairwise
 secret), read as little-endian uint32: a cryptographic generator, unlike the 32-bit seeded
 ``RandomState`` of Flower's SecAgg+. Client ``i`` adds ``+p_ij`` for a neighbour ``j`` that
-sorts after it and ``-p_ij`` for one before it, so pairwise masks cancel in the sum of both;
+sorts after it and subtracts ``p_ij`` for one before it (no negated copy), so pairwise masks cancel in the sum of both;
 numpy's uint32 addition wraps around, which is exactly addition in Z_2^32.
 """
 
@@ -42,12 +42,19 @@ def pairwise_key(private_seed: bytes, peer_public: bytes, context: bytes) -> byt
     return keys.agree(private, peer_public, b"fedfaas secagg pairwise mask " + context)
 
 
-def signed(mask: np.ndarray, me: str, peer: str) -> np.ndarray:
-    """``mask`` as client ``me`` adds it for ``peer``: itself if ``me`` sorts first, else its
-    negation in Z_2^32."""
+def add_pairwise(acc: np.ndarray, mask: np.ndarray, me: str, peer: str) -> np.ndarray:
+    """Client ``me``'s pairwise mask for ``peer`` into ``acc`` (in place): ``+mask`` if ``me``
+    sorts first, else ``-mask``, so the two halves of a pair cancel; returns ``acc``."""
     if me == peer:
         raise ValueError("a client has no pairwise mask with itself")
-    return mask if me < peer else np.negative(mask)
+    return add(acc, mask) if me < peer else subtract(acc, mask)
+
+
+def remove_pairwise(acc: np.ndarray, mask: np.ndarray, me: str, peer: str) -> np.ndarray:
+    """Undo :func:`add_pairwise` (``me`` added its mask for ``peer``, whose half never came)."""
+    if me == peer:
+        raise ValueError("a client has no pairwise mask with itself")
+    return subtract(acc, mask) if me < peer else add(acc, mask)
 
 
 def add(acc: np.ndarray, vec: np.ndarray) -> np.ndarray:

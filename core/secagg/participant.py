@@ -93,7 +93,7 @@ class Participant:
         masks.add(vec, masks.self_mask(self._b_seed, vec.size))
         for peer in sorted(inbox):
             key = masks.pairwise_key(self._s_seed, self._roster[peer].s_pk, self.context)
-            masks.add(vec, masks.signed(masks.expand(key, vec.size), self.me, peer))
+            masks.add_pairwise(vec, masks.expand(key, vec.size), self.me, peer)
         self._masked_with = set(inbox)
         return vec
 

@@ -65,9 +65,12 @@ def test_pairwise_masks_cancel_in_z_2_32() -> None:
     assert ka == kb
     m = masks.expand(ka, 1000)
     acc = np.zeros(1000, np.uint32)
-    masks.add(acc, masks.signed(m, "a", "b"))
+    masks.add_pairwise(acc, m, "a", "b")
     assert acc.any()
-    masks.add(acc, masks.signed(m, "b", "a"))
+    masks.add_pairwise(acc, m, "b", "a")
+    assert not acc.any()
+    masks.add_pairwise(acc, m, "b", "a")
+    masks.remove_pairwise(acc, m, "b", "a")
     assert not acc.any()
     with pytest.raises(TypeError):
         masks.add(acc, np.zeros(1000, np.float32))
