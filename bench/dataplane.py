@@ -23,33 +23,25 @@ Figures, all from one run on this machine (baselines in the same process tree):
 - aggregation, one core: update bytes folded per second by ``core.fedavg`` (numpy blocked
   axpy and torch ``add_``) over read-only shared-memory views, against a fused ``add_`` on
   plain tensors and Flower's ``aggregate`` (the real ``flwr`` function);
-- round, measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on both
-  sides): 20 clients, one process each on this machine, hold ResNet-18's floating-point state
-  dict (44.8 MB float32) as numpy arrays and are released at once; each serialises it to
-  safetensors and uploads it through :meth:`client.sdk.FLClient.upload` to one node gateway
-  whose round warm replicas of the ``aggregator`` function aggregate (started as the runtime
-  starts them, ``bench.stack``; they register job-agnostic and the gateway grants them the
-  job). Figures: weights in client memory -> global model published (``e2e_s``); the
-  server-side window only, first update bytes received on the gateway's port -> global
-  published (``server_s``); the round's tail, last update sealed -> global published
-  (``last_update_to_published_s``); the server's peak memory with every page counted once:
-  every single run too has its server side and clients in cgroups of their own (on every CPU),
-  and the peak is the server cgroup's, beside the sampled per-process peak
-  (:class:`~bench.harness.round_window.PeakMemory`, with its sample rate) and the sum of their
-  ``VmHWM`` (reset as the window opens, read at the end; it counts the store's arena once per
-  process that maps it). The round runs with the eBPF router when ``bpf.probe()`` says it
-  loads here (``round``, ``round_lean``, ``round_one_core``: the top and the publication on one
-  thread, against the default's on the node's cores) and, as its peer in the same run, with the
-  userspace router (``round_userspace``); each round records the router mode it got. The memory
-  sweep (``memory_sweep``) runs the default round at 20, 60, 120 and 200 clients. Two
-  baselines, the same clients measured the same way in the same run:
-  a real Flower server (``bench.flower_baseline``: its clients serialise inside the window too)
-  and the SF round (``round_sf``, :mod:`bench.harness.sf_round`: LIFL's serverful baseline,
-  long-running leaf and top aggregator processes passing whole objects over HTTP: clients POST
-  safetensors to their leaf, leaves fold with FedFaaS's kernel and POST their raw partial to
-  the top, which divides, encodes and serves the global model; ``ceil(clients / I)`` leaves on
-  ``--sf-leaf-servers`` processes). Every FedFaaS round row gives both baselines' figures and
-  FedFaaS's ratio against each.
+- the round's variants (``variants``), FedFaaS alone, compared as the systems are (the same
+  :func:`~bench.harness.compare.run_compare`, ``--repeats`` runs each, alternating, on every
+  CPU): the default round (the eBPF router when ``bpf.probe()`` says it loads), the same with
+  the userspace router (its peer; left out when eBPF cannot load), the lean settings (I=4, one
+  upload at once) and the top and the publication on one thread each (``one core``); besides
+  the compared figures, each run's tail (last update sealed -> global published) and ACT over
+  pure ingest. The memory sweep over clients per round is ``bench.scale``'s clients axis
+  (20 to 200, FedFaaS against Flower and SF, repeated).
+
+Every round is measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on
+every side): the clients, one process each on this machine, hold ResNet-18's floating-point
+state dict (44.8 MB float32) as numpy arrays and are released at once; FedFaaS's serialise it
+to safetensors and upload it through :meth:`client.sdk.FLClient.upload` to one node gateway
+whose warm ``aggregator`` replicas aggregate (started as the runtime starts them,
+``bench.stack``; they register job-agnostic and the gateway grants them the job). Flower is
+``bench.flower_baseline`` (its clients serialise inside the window too); SF is
+:mod:`bench.harness.sf_round` (LIFL's serverful baseline: long-running leaf and top
+aggregator processes passing whole objects over HTTP; ``ceil(clients / I)`` leaves on
+``--sf-leaf-servers`` processes).
 
 Every process runs with BLAS/OpenMP pinned to one thread (``bench.runinfo.pinned_threads``);
 each table row says so. The Markdown is rendered from the JSON as written
@@ -58,8 +50,7 @@ each table row says so. The Markdown is rendered from the JSON as written
 Usage: ``python -m bench.dataplane [--clients 20] [--repeats 5] [--cpus 0 --cpus 0-1]
 [--compare-only] [--skip-flower] [--quick] [--out DIR]``; writes
 ``bench/results/dataplane.{json,md,png}`` (or under ``--out``; no plot with
-``--compare-only``) and prints the table. ``--quick`` is a smoke run (4 clients, a 4 MB model,
-a sweep of 4 and 8 clients).
+``--compare-only``) and prints the table. ``--quick`` is a smoke run (4 clients, a 4 MB model).
 """
 
 from __future__ import annotations
@@ -68,12 +59,12 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench import dataplane_report as report
-from bench.harness.compare import REPEATS
+from bench.dataplane_ingest import bench_aggregation, bench_ingest, write_bodies
+from bench.harness.compare import REPEATS, Runner
 from bench.harness.fedfaas_round import bench_round_e2e
 from bench.runinfo import (
     pinned_threads,
@@ -82,23 +73,47 @@ from bench.runinfo import (
     write_result,
 )
 
-if TYPE_CHECKING:
-    from bench.harness.cgroups import RoundGroups
-
-from bench.dataplane_ingest import bench_aggregation, bench_ingest, write_bodies
-
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # ----------------------------------------------------------------------------- settings
-#: clients per round of the memory sweep (ResNet-18, the default round's settings)
-SWEEP = (20, 60, 120, 200)
-QUICK_SWEEP = (4, 8)
 #: the one-core variant: the top folds and the gateway encodes on one thread each
 ONE_CORE: dict[str, Any] = {
     "gateway": {"encode_threads": 1},
     "aggregator_env": {"FEDFAAS_AGGREGATOR_TOP_THREADS": "1"},
 }
+
+
+#: the round's variants (bench.dataplane_report.VARIANTS describes them): FedFaaS's default
+#: round is the first, the one the others are compared with
+DEFAULT, USERSPACE, LEAN, ONE_CORE_ROUND = (
+    "FedFaaS",
+    "FedFaaS, userspace router",
+    "FedFaaS, lean",
+    "FedFaaS, one core",
+)
+
+
+def variants(
+    work: Path, layout: list[tuple[str, list[int]]], clients: int, *, ebpf: bool,
+    rnd: dict[str, Any],
+) -> dict[str, Runner]:  # fmt: skip
+    """FedFaaS's round variants: the default (``rnd``'s settings, the eBPF router where it
+    loads), the same with the userspace router (its peer; left out when eBPF cannot load:
+    the default is already that), the lean settings (I=4, one upload at once) and the
+    default with the top and the publication on one thread each."""
+
+    def fed(router_ebpf: bool, **kw: Any) -> Runner:
+        return lambda groups, tag: bench_round_e2e(
+            work, layout, clients, ebpf=router_ebpf, tag=tag, groups=groups, **kw
+        )
+
+    out = {DEFAULT: fed(ebpf, **rnd)}
+    if ebpf:
+        out[USERSPACE] = fed(False, **rnd)
+    out[LEAN] = fed(ebpf, **{**rnd, "fanout": 4, "max_inflight": 1})
+    out[ONE_CORE_ROUND] = fed(ebpf, **rnd, **ONE_CORE)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compare-only",
         action="store_true",
-        help="run only the same-CPUs comparison (no ingest, fold, round variants or sweep)",
+        help="run only the same-CPUs comparison (no ingest, fold or round variants)",
     )
     p.add_argument(
         "--quick",
@@ -147,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     import bpf
     from bench.harness import round_clients as rc
     from bench.harness.cgroups import parse_cpus
-    from bench.harness.compare import Runner, run_compare
+    from bench.harness.compare import run_compare
     from bench.harness.sf_round import run_sf_round
     from core.services import RedisServer
 
@@ -222,56 +237,15 @@ def main(argv: list[str] | None = None) -> int:
             redis.stop()
         res["aggregation"] = bench_aggregation(3 if a.quick else 8)
 
-        # the single runs below: each in cgroups of its own too, on every CPU
-        def fed(n: int, tag: str, router_ebpf: bool, **kw: Any) -> OneRun:
-            return lambda g: bench_round_e2e(
-                work, layout, n, ebpf=router_ebpf, tag=tag, groups=g, **kw
-            )
-
-        res["round"] = _grouped("round", fed(clients, "d", ebpf, **rnd))
-        # the same round with the userspace router: the peer of the eBPF run (when the probe
-        # says eBPF cannot load, ``round`` is already this; it is not run twice)
-        res["round_userspace"] = (
-            _grouped("round_userspace", fed(clients, "d", False, **rnd)) if ebpf else None
+        # the round's variants, FedFaaS only, repeated and alternating as the systems are
+        res["variants"] = run_compare(
+            variants(work, layout, clients, ebpf=ebpf, rnd=rnd),
+            cpus_sets=[_cpu_list(sorted(os.sched_getaffinity(0)))],
+            repeats=a.repeats,
+            after_run=lambda cmp: _write({**res, "variants": cmp}, out_dir, quiet=True),
         )
-        lean = {"fanout": 4, "max_inflight": 1, **agg}
-        res["round_lean"] = _grouped("round_lean", fed(clients, "l", ebpf, **lean))
-        res["round_one_core"] = _grouped(
-            "round_one_core", fed(clients, "o", ebpf, **rnd, **ONE_CORE)
-        )
-        res["memory_sweep"] = {
-            str(n): res["round"]
-            if n == clients
-            else _grouped(f"sweep{n}", fed(n, "s", ebpf, **rnd))
-            for n in (QUICK_SWEEP if a.quick else SWEEP)
-        }
-        res["round_sf"] = _grouped(
-            "round_sf",
-            lambda g: run_sf_round(
-                work, layout, clients, fanout=a.fanout, leaf_servers=a.sf_leaf_servers, groups=g
-            ),
-        )
-        if not a.skip_flower:
-            from bench.flower_baseline import run_flower_round
-
-            res["flower"] = _grouped(
-                "flower", lambda g: run_flower_round(clients, layout, groups=g)
-            )
     _write(res, out_dir)
     return 0
-
-
-#: one single run's round, given its cgroups
-OneRun = Callable[["RoundGroups"], dict[str, Any]]
-
-
-def _grouped(name: str, run: OneRun) -> dict[str, Any]:
-    """One single-run round (``name``) with its server side and clients in cgroups of their
-    own (on every CPU), removed after it."""
-    from bench.harness.cgroups import RoundGroups
-
-    with RoundGroups(f"fedfaas-bench-{os.getpid()}-{name}") as groups:
-        return dict(run(groups))
 
 
 def _cpu_list(cpus: list[int]) -> str:

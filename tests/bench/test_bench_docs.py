@@ -99,9 +99,14 @@ def test_the_set_up_the_pages_quote_is_the_codes() -> None:
     assert f"`make bench-scale` ({lo} to {hi} clients)" in text
     assert f"against the number of clients ({lo} to {hi}, ResNet-18)" in text
     assert f"{REPEATS} runs each alternating" in text
-    sweep = f"the memory sweep of `make bench-dataplane` ({min(dataplane.SWEEP)} to {max(dataplane.SWEEP)})"
-    assert sweep in text
-    assert f"the memory sweep from {min(dataplane.SWEEP)} to {max(dataplane.SWEEP)} clients" in text
+    assert "memory sweep" not in text  # bench.scale's clients axis is the sweep
+    assert f"variants (userspace router, lean settings, one core), {REPEATS} runs" in text
+    assert set(dataplane.variants(Path("/w"), [], 2, ebpf=True, rnd={})) == {
+        dataplane.DEFAULT,
+        dataplane.USERSPACE,
+        dataplane.LEAN,
+        dataplane.ONE_CORE_ROUND,
+    }
     bad = len(robust.BAD_FLIP + robust.BAD_SCALE)
     assert f"median and Krum over {robust.N} ResNet-18 updates, {bad} poisoned" in text
     assert f"median and Krum over {robust.N} poisoned ResNet-18" in text
