@@ -10,7 +10,8 @@ with a message saying which client and why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import numpy as np
 
@@ -104,15 +105,21 @@ class Coordinator:
             raise MessageError(f"{client} sent shares of clients not asked for")
         self._unmask[client] = (s, b)
 
-    def _recover(self, owner: str, kind: int, matches: object) -> bytes:
-        got = {
-            msg[kind][owner][0]: msg[kind][owner][1]
-            for holder, msg in self._unmask.items()
-            if owner in msg[kind] and holder in self.neighbours[owner]
-        }
+    def _recover(self, owner: str, kind: int, matches: Callable[[bytes], bool]) -> bytes:
+        """``owner``'s seed (``kind`` 0: key seed, 1: self seed) from the shares its
+        neighbours sent; a share whose index is not its holder's is left out (the holders'
+        indices follow ``owner``'s sorted neighbours, as :class:`Participant` dealt them)."""
+        holders = self.neighbours[owner]
+        got = {}
+        for holder, msg in self._unmask.items():
+            share = msg[kind].get(owner)
+            if share is not None and holder in holders:
+                index = holders.index(holder) + 1
+                if share[0] == index:
+                    got[index] = share[1]
         needed = self.cfg.shares_needed(len(self.adverts))
         try:
-            return shares.recover(got, needed, matches, owner)  # type: ignore[arg-type]
+            return shares.recover(got, needed, matches, owner)
         except shares.ShareError as exc:
             raise RoundFailed(f"cannot unmask: {exc}") from None
 
@@ -124,17 +131,23 @@ class Coordinator:
         length = total.size
         for owner in sorted(dropped):
             advert = self.adverts[owner]
-            seed = self._recover(
-                owner,
-                0,
-                lambda s, pk=advert.s_pk: keys.public_bytes(keys.private_from_seed(s)) == pk,
-            )
+            seed = self._recover(owner, 0, partial(_key_of, advert.s_pk))
             for peer in self.neighbours[owner]:
                 if peer in survivors:  # peer added its mask for owner; owner's half never came
                     key = masks.pairwise_key(seed, self.adverts[peer].s_pk, self.context)
                     masks.remove_pairwise(total, masks.expand(key, length), peer, owner)
         for owner in sorted(survivors):
             commitment = self.adverts[owner].b_commit
-            seed = self._recover(owner, 1, lambda s, c=commitment: shares.commit(s) == c)
+            seed = self._recover(owner, 1, partial(_self_seed_of, commitment))
             masks.subtract(total, masks.self_mask(seed, length))
         return quantize.dequantize(self.cfg, total, len(survivors))
+
+
+def _key_of(public: bytes, seed: bytes) -> bool:
+    """Whether ``seed`` is the key seed behind the advertised ``public`` key."""
+    return keys.public_bytes(keys.private_from_seed(seed)) == public
+
+
+def _self_seed_of(commitment: bytes, seed: bytes) -> bool:
+    """Whether ``seed`` is the self seed behind the advertised ``commitment``."""
+    return shares.commit(seed) == commitment

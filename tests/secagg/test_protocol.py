@@ -72,6 +72,14 @@ def test_a_wrong_share_from_a_survivor_is_left_out_or_fails_the_round_never_a_wr
     out = run_round(SecAggConfig(), 5, tamper=flip)
     np.testing.assert_array_equal(out.got, out.want)
 
+    def other_index(message: dict[str, Any]) -> None:
+        for owner, (index, share) in message["b"].items():
+            message["b"][owner] = [index % 4 + 1, share]  # another holder's index
+
+    # a share claiming another holder's index is not taken: the others rebuild the seed
+    out = run_round(SecAggConfig(), 5, tamper=other_index)
+    np.testing.assert_array_equal(out.got, out.want)
+
 
 def test_participants_never_unmask_a_client_twice_and_envelopes_are_bound() -> None:
     cfg = SecAggConfig()
