@@ -10,6 +10,10 @@ applies a buffer of 5 updates at a time with staleness weights. The figure of me
 wall time from the first training to the first model whose test accuracy reaches the sync
 job's final accuracy (both measured by the same evaluation, as each model is published).
 
+The pair is run ``--repeats`` times (default :data:`bench.harness.compare.REPEATS`), the modes
+alternating (sync, async, sync, ...), each repeat's target its own sync job's final accuracy;
+the table gives each mode's median [min-max] time to the target and the ratio of the medians.
+
 Writes ``bench/results/async.{json,md,png}``.
 """
 
@@ -22,13 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness.compare import REPEATS, spread
 from bench.runinfo import pinned_threads, run_info, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENTS, ROUNDS, BUFFER, SLOW = 20, 5, 5, 5.0
 
 
-def _job(p: Any, mode: str, rounds: int) -> list[dict[str, Any]]:
+def _job(p: Any, mode: str, rounds: int, repeat: int = 0) -> list[dict[str, Any]]:
     from client.data import federated_digits
     from client.model import make_model, model_to_bytes
     from client.sdk import submit_job
@@ -42,7 +47,7 @@ def _job(p: Any, mode: str, rounds: int) -> list[dict[str, Any]]:
         extra = {"goal": BUFFER, "overprovision": CLIENTS / BUFFER, "fedbuff": {}}
         versions = rounds * CLIENTS // BUFFER  # the same number of updates at most
     cp = p.urls["control_plane"]
-    job = f"bench-{mode}"
+    job = f"bench-{mode}-{repeat}"
     created = submit_job(
         cp,
         job,
@@ -77,21 +82,29 @@ def _first_reaching(curve: list[dict[str, Any]], target: float) -> dict[str, Any
     return next((pt for pt in curve if pt["accuracy"] >= target - 1e-12), None)
 
 
-def run(out_dir: Path) -> dict[str, Any]:
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the repeats: each mode's time to its repeat's target (:func:`spread` over the
+    repeats that reached it), how many reached it, and sync's median over async's."""
+    out: dict[str, Any] = {}
+    for mode in ("sync", "async"):
+        hits = [r[mode]["reached"] for r in runs]
+        out[mode] = {
+            "seconds": spread([h["seconds"] if h else None for h in hits]),
+            "reached": sum(h is not None for h in hits),
+            "models": spread([len(r[mode]["curve"]) for r in runs]),
+        }
+    s, a = out["sync"]["seconds"], out["async"]["seconds"]
+    out["speedup_of_medians"] = s["median"] / a["median"] if s and a else None
+    out["targets"] = spread([r["target_accuracy"] for r in runs])
+    return out
+
+
+def run(out_dir: Path, repeats: int = REPEATS) -> dict[str, Any]:
     from fedfaas.demo.stack import platform
 
     info = run_info("bench.fedbuff")
-    with (
-        pinned_threads(1) as threads,
-        tempfile.TemporaryDirectory(prefix="fedfaas-bench-async-") as tmp,
-        platform(Path(tmp) / "platform") as p,
-    ):
-        sync = _job(p, "sync", ROUNDS)
-        asyn = _job(p, "async", ROUNDS)
-    target = sync[-1]["accuracy"]
-    hit_sync, hit_async = _first_reaching(sync, target), _first_reaching(asyn, target)
-    result = {
-        "run": {**info, "threads": threads},
+    result: dict[str, Any] = {
+        "run": info,
         "setup": {
             "clients": CLIENTS,
             "slow_clients": len(range(2, CLIENTS, 3)),
@@ -102,49 +115,66 @@ def run(out_dir: Path) -> dict[str, Any]:
             "model": "softmax",
             "staleness": "poly a=0.5 (1/sqrt(1+s)), max_staleness 4, eta 1",
         },
-        "target_accuracy": target,
-        "sync": {"curve": sync, "reached": hit_sync},
-        "async": {"curve": asyn, "reached": hit_async},
-        "speedup": None
-        if hit_async is None or hit_sync is None
-        else hit_sync["seconds"] / hit_async["seconds"],
+        "repeats": repeats,
+        "order": "interleaved: sync, async, then again",
+        "runs": [],
     }
-    write_result(result, "async", render, out_dir)
+    with (
+        pinned_threads(1) as threads,
+        tempfile.TemporaryDirectory(prefix="fedfaas-bench-async-") as tmp,
+        platform(Path(tmp) / "platform") as p,
+    ):
+        result["run"]["threads"] = threads
+        for rep in range(repeats):
+            sync = _job(p, "sync", ROUNDS, rep)
+            asyn = _job(p, "async", ROUNDS, rep)
+            target = sync[-1]["accuracy"]
+            result["runs"].append({
+                "repeat": rep,
+                "target_accuracy": target,
+                "sync": {"curve": sync, "reached": _first_reaching(sync, target)},
+                "async": {"curve": asyn, "reached": _first_reaching(asyn, target)},
+            })  # fmt: skip
+            result["summary"] = summary(result["runs"])
+            write_result(result, "async", render, out_dir)  # a run cut short keeps what it did
     _plot(result, out_dir / "async.png")
     return result
 
 
+def _cell(s: dict[str, float] | None, digits: int = 2) -> str:
+    if not s:
+        return "-"
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"
+
+
 def render(res: dict[str, Any]) -> str:
-    s, a = res["sync"]["reached"], res["async"]["reached"]
-    setup = res["setup"]
+    setup, summ, n = res["setup"], res["summary"], len(res["runs"])
     lines = [
         "# Async FedBuff against sync FedAvg, a third of the clients 5x slower",
         "",
         f"Digits, {setup['clients']} clients ({setup['slow_clients']} of them "
         f"{setup['slowdown']:.0f}x slower), model {setup['model']}, one platform "
         "(`fedfaas up --with all`), control plane and SDK for both jobs, same run. "
-        f"Async: buffers of {setup['async_buffer']}, {setup['staleness']}. Target: the sync "
-        f"job's accuracy after {setup['sync_rounds']} rounds, "
-        f"**{res['target_accuracy']:.3f}**.",
+        f"Async: buffers of {setup['async_buffer']}, {setup['staleness']}. Target: each "
+        f"repeat's sync job's accuracy after {setup['sync_rounds']} rounds "
+        f"({_cell(summ['targets'], 3)}). {n} repeats, {res['order']}; median [min-max] over "
+        "the repeats that reached the target.",
         "",
-        "| mode | first model at the target | accuracy | wall time (s) | models published |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| mode | repeats reaching the target | wall time to the target (s) | models published |",
+        "| --- | ---: | ---: | ---: |",
     ]
-    for name, hit in (("sync", s), ("async", a)):
-        curve = res[name]["curve"]
-        if hit is None:
-            lines.append(
-                f"| {name} | not reached | {curve[-1]['accuracy']:.3f} | - | {len(curve)} |"
-            )
-        else:
-            lines.append(
-                f"| {name} | v{hit['version']} | {hit['accuracy']:.3f} | {hit['seconds']:.2f} "
-                f"| {len(curve)} |"
-            )
-    sp = res["speedup"]
+    for mode in ("sync", "async"):
+        m = summ[mode]
+        lines.append(
+            f"| {mode} | {m['reached']}/{n} | {_cell(m['seconds'])} | {_cell(m['models'], 0)} |"
+        )
+    sp = summ["speedup_of_medians"]
     lines += [
         "",
-        f"Time to the target, sync / async: **{sp:.2f}x**" if sp else "Async missed the target.",
+        f"Time to the target, sync / async (ratio of medians): **{sp:.2f}x**"
+        if sp
+        else "Async or sync never reached the target.",
         "",
         f"Command: `{res['run']['command']}`; commit {res['run']['commit']['sha']}.",
     ]
@@ -158,10 +188,13 @@ def _plot(res: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in ("sync", "async"):
-        c = res[name]["curve"]
-        ax.plot([p["seconds"] for p in c], [p["accuracy"] for p in c], marker="o", label=name)
-    ax.axhline(res["target_accuracy"], color="grey", ls="--", lw=1, label="target (sync final)")
+    for name, colour in (("sync", "tab:blue"), ("async", "tab:orange")):
+        for r in res["runs"]:
+            c = r[name]["curve"]
+            ax.plot([p["seconds"] for p in c], [p["accuracy"] for p in c], marker="o",
+                    color=colour, alpha=0.5, label=name if r["repeat"] == 0 else None)  # fmt: skip
+    target = res["summary"]["targets"]["median"]
+    ax.axhline(target, color="grey", ls="--", lw=1, label="target (sync final, median)")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("test accuracy")
     ax.set_title("digits, 1/3 of clients 5x slower")
@@ -174,9 +207,10 @@ def _plot(res: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="sync/async pairs, alternating")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    res = run(args.out)
+    res = run(args.out, args.repeats)
     print(render(res))
     return 0
 
