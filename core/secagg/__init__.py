@@ -5,7 +5,7 @@ Each client clips and quantizes its update into Z_2^32 (:mod:`core.secagg.quanti
 self mask and one pairwise mask per neighbour (:mod:`core.secagg.masks`), both expanded with
 ChaCha20 from seeds; pairwise seeds come from X25519 key agreement (:mod:`core.secagg.keys`).
 Masked vectors are sums in Z_2^32 (uint32 addition wraps), so they fold eagerly like FedAvg
-partials. Each client Shamir-shares its self-mask seed and its key seed among its neighbours
+partials (:mod:`core.secagg.fold`). Each client Shamir-shares its self-mask seed and its key seed among its neighbours
 (:mod:`core.secagg.shares`, pycryptodome's Shamir over GF(2^128)), so that the top can remove
 the masks of clients that dropped after sharing and the self masks of those that stayed.
 The neighbour graph (:mod:`core.secagg.graph`) has ``k`` neighbours per client: ``k = n - 1``

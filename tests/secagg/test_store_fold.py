@@ -1,6 +1,6 @@
 """Masked vectors in the shared-memory object store (core.objstore), folded eagerly by a
-leaf/middle/top tree with uint32 addition: any tree gives the exact sum, and no stored object,
-update or partial, is distinguishable from uniform bytes."""
+leaf/middle/top tree of core.secagg.fold's accumulators (uint32 addition): any tree gives the
+exact sum, and no stored object, update or partial, is distinguishable from uniform bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from core.objstore import MappedObject, Namespace
-from core.secagg import masks
 from core.secagg.config import SecAggConfig
+from core.secagg.fold import MaskedAccumulator
 from tests.secagg.rounds import UNIFORM_P, D, looks_uniform, run_round
 
 NBYTES = 4 * (D + 1)
@@ -39,14 +39,16 @@ class StoreTree:
         self.keys.append(key)
         return key
 
-    def _fold(self, keys: list[bytes]) -> bytes:
+    def _fold(self, keys: list[bytes], *, partials: bool) -> bytes:
         acc = self.ns.allocate()
-        view = self._vec(acc)
-        view[:] = 0
+        folder = MaskedAccumulator(self._vec(acc))
         for k in keys:  # eager: one input at a time, in place
             with self.ns.open(k) as obj:
-                masks.add(view, self._vec(obj))
-        del view
+                if partials:
+                    folder.merge(self._vec(obj), 1.0, 1)
+                else:
+                    folder.add(self._vec(obj), 1.0)
+        del folder
         key = acc.key_bytes
         acc.close()
         self.ns.seal(key)
@@ -56,14 +58,14 @@ class StoreTree:
     def __call__(self, vectors: list[np.ndarray]) -> np.ndarray:
         updates = [self._store(v) for v in vectors]
         leaves = [
-            self._fold(updates[i : i + self.per_leaf])
+            self._fold(updates[i : i + self.per_leaf], partials=False)
             for i in range(0, len(updates), self.per_leaf)
         ]
         middles = [
-            self._fold(leaves[i : i + self.per_middle])
+            self._fold(leaves[i : i + self.per_middle], partials=True)
             for i in range(0, len(leaves), self.per_middle)
         ]
-        top = self._fold(middles)
+        top = self._fold(middles, partials=True)
         with self.ns.open(top) as obj:
             return self._vec(obj).copy()
 
