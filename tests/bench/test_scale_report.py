@@ -141,3 +141,18 @@ def test_a_point_before_its_first_run_is_left_out_of_the_report() -> None:
 def test_fedfaas_comes_first_in_the_systems_compared() -> None:
     with pytest.raises(SystemExit):
         scale.main(["--systems", "Flower,FedFaaS"])  # FedFaaS is the one compared with
+
+
+def test_the_size_table_shows_resnet_at_20_clients_once_measured_for_both_axes(
+    tmp_path: Path,
+) -> None:
+    small = dict(_point(20, 0.5 * GB, 1.0 * GB), axis="size", update_bytes=10_000_000)
+    res = _result([_point(20, 0.8 * GB, 2.4 * GB), _point(40, 0.8 * GB, 4.8 * GB), small])
+    md = scale_report.render(res)
+    sizes = md.split("## Against model size")[1].split("## Shape")[0]
+    fed = [ln for ln in sizes.splitlines() if "| FedFaaS |" in ln]
+    assert [ln.split(" | ")[1] for ln in fed] == ["10.0", "44.8"]  # by size; no 40-client row
+    clients = md.split("## Against clients")[1].split("## Against model size")[0]
+    assert "| 10.0 |" not in clients
+    scale_report.plot(res, tmp_path / "scale.png")
+    assert (tmp_path / "scale.png").stat().st_size > 0
