@@ -100,5 +100,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker draws the ports of the
+    servers it starts, and those of every process they start, from a slice of the free-port
+    range of its own: two workers never pick the same port between the choice and the bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    from core.services.process import PORT_RANGE_ENV, port_range
+
+    index, count = int(worker[2:]), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    first, end = port_range()
+    size = (end - first) // count
+    os.environ[PORT_RANGE_ENV] = f"{first + index * size}-{first + (index + 1) * size - 1}"
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"fedfaas: uid={os.getuid()} (bpf tests need root)"

@@ -42,8 +42,35 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+PORT_RANGE_ENV = "FEDFAAS_PORT_RANGE"
+
+
+def port_range() -> tuple[int, int]:
+    """The ports :func:`free_port` draws from: ``[first, end)``.
+
+    By default the 12,288 ports just below the kernel's ephemeral range. ``FEDFAAS_PORT_RANGE``
+    (``"FIRST-LAST"``, inclusive) narrows it, so that processes choosing ports at the same time
+    (the test suite's parallel workers, each with a range of its own, and every process they
+    start) never draw the same port between the choice and the bind.
+    """
+    low = _ephemeral_low()
+    spec = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not spec:
+        return max(1024, low - 12288), low
+    try:
+        first_s, last_s = spec.split("-")
+        first, last = int(first_s), int(last_s)
+    except ValueError:
+        raise ServiceError(
+            f"{PORT_RANGE_ENV}={spec!r}: expected FIRST-LAST, e.g. 20000-25999"
+        ) from None
+    if not 1024 <= first <= last <= 65535:
+        raise ServiceError(f"{PORT_RANGE_ENV}={spec!r}: need 1024 <= FIRST <= LAST <= 65535")
+    return first, last + 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now, below the kernel's ephemeral range.
+    """Return a TCP port that is free on ``host`` right now, drawn from :func:`port_range`.
 
     A port the kernel handed out itself (``bind(0)``) lies in the range it also draws the source
     ports of outgoing connections from: between the choice and the server's own bind, any
@@ -51,11 +78,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     ``fedfaas up``'s gateway lost its port to a connection made while functions deployed). A
     port below that range is taken only by someone binding it on purpose.
     """
-    low = _ephemeral_low()
-    first = max(1024, low - 12288)
+    first, end = port_range()
     rng = random.SystemRandom()
     for _ in range(64):
-        port = rng.randrange(first, low) if low > first else 0
+        port = rng.randrange(first, end) if end > first else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))

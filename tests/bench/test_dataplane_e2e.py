@@ -40,7 +40,8 @@ def test_a_round_through_the_sdk_reports_both_windows_and_the_summed_peak(work: 
     assert r["ok"], r
     assert r["clients"] == 2 and r["update_bytes"] == 1_000_000 and r["router"] == "userspace"
     # the server window opens after the clients' marks: it leaves their serialisation out
-    assert r["server_s"] is not None and 0 < r["server_s"] <= r["e2e_s"]
+    # measured (not None); 0 when the round ends within the poll's lag (round_window.server_window_s)
+    assert r["server_s"] is not None and 0 <= r["server_s"] <= r["e2e_s"]
     assert 0 < r["server_gateway_mark_s"] <= r["e2e_s"] and r["encode_s_max"] > 0
     # gateway, one replica, Redis: each one's VmHWM (reset as the window opened) in the sum
     assert r["server_processes"] >= 3

@@ -42,7 +42,7 @@ def test_the_legacy_flower_publishes_the_fedavg_of_each_clients_own_update(
     w = np.array([100, 101, 102], np.float64)
     want = (w[:, None] * flat).sum(0) / w.sum()
     assert np.abs(res["model"] - want).max() <= 1e-6
-    assert 0 < res["server_s"] <= res["e2e_s"]
+    assert 0 <= res["server_s"] <= res["e2e_s"]  # 0: ended within the poll's lag
 
 
 @pytest.mark.slow
@@ -55,6 +55,6 @@ def test_flower_142_publishes_the_median_of_each_clients_own_update(tmp_path: Pa
     assert res["ok"], res
     assert res["flwr_version"] == FLOWER_VERSION and res["rule"] == "median"
     assert np.array_equal(res["model"], np.median(flat, axis=0).astype(np.float32))
-    assert 0 < res["server_s"] <= res["e2e_s"]
+    assert 0 <= res["server_s"] <= res["e2e_s"]  # 0: ended within the poll's lag
     # the window's parts: bytes in, the ServerApp's poll wait and pull, aggregate_train
     assert res["pulls"] >= 1 and res["last_pull_s"] > 0 and res["poll_wait_s"] >= 0

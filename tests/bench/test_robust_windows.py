@@ -50,7 +50,7 @@ def test_the_robust_rounds_have_equal_windows_and_the_same_models(
             [rec] = recs
             assert rec["ok"], (system, rec.get("detail"))
             # the server window starts at the first update byte received: inside the round
-            assert 0 < rec["server_s"] <= rec["e2e_s"], (system, rec)
+            assert 0 <= rec["server_s"] <= rec["e2e_s"], (system, rec)  # 0: within the poll lag
             assert rec["cgroup"]["server"]["cpus"] == "0"
         # the same model from all three (float32 medians of the same values; Krum's pick)
         assert block["same_model_max_abs_diff"] <= 1e-6, block["same_model_max_abs_diff"]

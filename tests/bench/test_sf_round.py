@@ -66,7 +66,8 @@ def test_the_served_global_is_the_weighted_fedavg_of_what_the_clients_sent(work:
     assert r["clients"] == 3 and r["update_bytes"] == 1_000_000
     assert r["leaves"] == 2 and r["leaf_servers"] == 2 and r["updates_merged"] == 3
     assert r["server_processes"] == 3  # two leaf servers and the top
-    assert r["server_s"] is not None and 0 < r["server_s"] <= r["e2e_s"]
+    # measured (not None); 0 when the round ends within the poll's lag (round_window.server_window_s)
+    assert r["server_s"] is not None and 0 <= r["server_s"] <= r["e2e_s"]
     assert r["encode_s_max"] > 0 and r["server_hwm_bytes"] > 0
     got = wire.decode_tensors((work / "sf-3c" / "global.safetensors").read_bytes())
     # what client k sent: write_weights with seed k, sample count 100 + k

@@ -9,11 +9,14 @@ when ``../shared/openfaas/bin`` exists).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -155,6 +158,27 @@ def require_prometheus() -> Path:
     if under_ci():
         pytest.fail(f"under CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+#: OpenFaaS's gateway listens on these, fixed
+GATEWAY_FIXED_PORTS = (8080, 8082)
+
+
+@contextlib.contextmanager
+def holding_fixed_ports(ports: tuple[int, ...], who: str) -> Iterator[None]:
+    """Hold the machine-wide lock of ``ports`` for the block, then require them free.
+
+    ``make test`` runs test modules on two pytest-xdist workers at once; the modules that start
+    a program on fixed ports (OpenFaaS's gateway on :8080 and :8082) take this lock first, for
+    as long as the program may run, so they run one after another. A lock file, released by the
+    kernel when its holder dies.
+    """
+    name = "-".join(str(p) for p in ports)
+    with open(Path(tempfile.gettempdir()) / f"fedfaas-tests-ports-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for port in ports:
+            require_free_port(port, who)
+        yield
 
 
 def require_free_port(port: int, who: str) -> None:

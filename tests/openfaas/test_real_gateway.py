@@ -29,17 +29,31 @@ import pytest
 from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS, function_deployment
 from core.services import PrometheusServer, http_ok, spawn, stop_group
 from runtime import RuntimeProcess
-from tests.openfaas.conftest import FaasCli, require_binary, require_free_port, text, wait_for
+from tests.openfaas.conftest import (
+    GATEWAY_FIXED_PORTS,
+    FaasCli,
+    holding_fixed_ports,
+    require_binary,
+    text,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gateway_fixed_ports() -> Iterator[None]:
+    """The module starts OpenFaaS's gateway on its fixed ports: one such module at a time."""
+    with holding_fixed_ports(GATEWAY_FIXED_PORTS, "OpenFaaS's gateway"):
+        yield
+
 
 REPO = Path(__file__).resolve().parents[2]
 ECHO_DIR = REPO / "functions" / "echo"
 FLSTORE_DIR = REPO / "functions" / "flstore"
 TOKEN = "real-gateway-function-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-GATEWAY_PORT = 8080  # fixed in the gateway
-METRICS_PORT = 8082  # fixed in the gateway
+GATEWAY_PORT, METRICS_PORT = GATEWAY_FIXED_PORTS  # fixed in the gateway
 GATEWAY = f"http://127.0.0.1:{GATEWAY_PORT}"
 
 STACK = f"""\
@@ -88,8 +102,6 @@ def real_gateway(
     """Prometheus (scraping :8082), the runtime (in its provider role: ``behind_gateway``), and
     the real gateway on :8080 in front of it; all stopped at the end."""
     binary = require_binary("gateway")
-    for port in (GATEWAY_PORT, METRICS_PORT):
-        require_free_port(port, "OpenFaaS's gateway")
     folder = tmp_path_factory.mktemp("real-gateway")
     prometheus = PrometheusServer(
         data_dir=folder / "prometheus", targets=[f"127.0.0.1:{METRICS_PORT}"]

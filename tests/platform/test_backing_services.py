@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
+from core.services.process import PORT_RANGE_ENV, ServiceError, port_range
 from tests.conftest import RedisURL
 
 pytestmark = pytest.mark.integration
@@ -74,3 +75,25 @@ def test_free_port_lies_below_the_kernels_ephemeral_range() -> None:
     assert len(ports) > 40  # drawn at random, not the same few
     with socket.socket() as s:  # a port it hands out can be bound
         s.bind(("127.0.0.1", ports.pop()))
+
+
+def test_free_port_draws_from_the_range_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the test suite's parallel workers each set a range of their own (tests/conftest.py)
+    monkeypatch.setenv(PORT_RANGE_ENV, "21000-21099")
+    assert port_range() == (21000, 21100)
+    ports = {free_port() for _ in range(50)}
+    assert all(21000 <= p <= 21099 for p in ports), sorted(ports)
+    monkeypatch.delenv(PORT_RANGE_ENV)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert port_range() == (max(1024, low - 12288), low)
+
+
+@pytest.mark.parametrize("spec", ["21000", "a-b", "900-2000", "3000-2000", "60000-70000"])
+def test_a_malformed_port_range_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, spec)
+    with pytest.raises(ServiceError, match="FEDFAAS_PORT_RANGE"):
+        free_port()

@@ -30,7 +30,13 @@ from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform as OrchestratedPlatform
 from fedfaas.platform.parts import PortSpec, ServiceSpec
 from fedfaas.settings import PlatformSettings
-from tests.openfaas.conftest import require_binary, require_free_port, require_prometheus
+from tests.openfaas.conftest import (
+    GATEWAY_FIXED_PORTS,
+    holding_fixed_ports,
+    require_binary,
+    require_free_port,
+    require_prometheus,
+)
 from tests.platform.conftest import ANY_PORTS_ENV
 from tests.platform.test_one_platform import (
     Platform,
@@ -42,6 +48,14 @@ from tests.platform.test_one_platform import (
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _gateway_fixed_ports() -> Iterator[None]:
+    """The module starts OpenFaaS's gateway on its fixed ports: one such module at a time."""
+    with holding_fixed_ports(GATEWAY_FIXED_PORTS, "OpenFaaS's gateway"):
+        yield
+
+
 FORWARDED = re.compile(r"Forwarded \[(?P<method>[A-Z]+)\] to (?P<path>\S+) - \[(?P<code>\d+)\]")
 
 
@@ -49,8 +63,6 @@ FORWARDED = re.compile(r"Forwarded \[(?P<method>[A-Z]+)\] to (?P<path>\S+) - \[(
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     binary = require_binary("gateway")
     require_prometheus()
-    for port in (8080, 8082):
-        require_free_port(port, "OpenFaaS's gateway")
     state_dir = tmp_path_factory.mktemp("real-gateway-platform") / "state"
     ports = dict.fromkeys(
         ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
