@@ -76,9 +76,14 @@ def env_names(settings_cls: type[BaseSettings]) -> dict[str, str]:
     return names
 
 
+#: set by the chart only to be expanded into another variable's value (``$(NAME)``: the node's
+#: name in a second gateway's node name, nodeGateway.perNode); no part reads it
+EXPANDED_ONLY = {"K8S_NODE_NAME"}
+
+
 def unread(env: dict[str, Any], settings_cls: type[BaseSettings], *prefixes: str) -> list[str]:
     """Names in ``env`` under ``prefixes`` that ``settings_cls`` does not read."""
-    known = env_names(settings_cls)
+    known = set(env_names(settings_cls)) | EXPANDED_ONLY
     return sorted(n for n in env if n.upper().startswith(prefixes) and n.upper() not in known)
 
 
