@@ -3,13 +3,14 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const WORKLOADS = ["shapley", "leave-one-out", "multi-krum", "cosine-to-aggregate", "oort"];
+const WORKLOADS = ["shapley", "leave-one-out", "multi-krum", "cosine-to-aggregate", "oort", "kmeans"];
 const PARAMS = {
   "shapley": "{\"method\": \"gtg\"}",
   "leave-one-out": "{}",
   "multi-krum": "{\"f\": 1}",
   "cosine-to-aggregate": "{}",
   "oort": "{\"k\": 3}",
+  "kmeans": "{\"k\": 2}",
 };
 
 function el(tag, attrs, ...children) {
@@ -237,7 +238,7 @@ function revokeForm(name) {
 }
 
 function answerValues(result) {
-  for (const key of ["values", "scores", "cosine", "utility"]) {
+  for (const key of ["values", "scores", "cosine", "utility", "labels"]) {
     if (result && result[key] && typeof result[key] === "object") return [key, result[key]];
   }
   return [null, {}];
@@ -308,7 +309,7 @@ async function dataplane() {
     table("dataplane-table", ["node", "router", "endpoints", "ingest", "updates", "updates accepted", "refused", "mean upload (s)", "store objects", "store bytes", "body bytes held"],
       d.nodes.map((n) => {
         const m = n.metrics || {};
-        return { attrs: { "data-node": n.node, "data-router": n.router ? n.router.mode : null, "data-objects": m.store_objects, "data-ingest": m.ingest_bytes },
+        return { attrs: { "data-node": n.node, "data-router": n.router ? n.router.mode : null, "data-objects": m.store_objects, "data-ingest": m.ingest_bytes, "data-rate": m.ingest_bytes_per_s },
           cells: [n.node, n.router ? n.router.mode : "-", n.endpoints.length, perSecond(m.ingest_bytes_per_s, "B"), perSecond(m.updates_per_s),
             m.updates_accepted, JSON.stringify(m.updates_rejected || {}), m.mean_ingest_s, m.store_objects, bytes(m.store_bytes), bytes(m.body_bytes_held)] };
       }))));

@@ -95,6 +95,7 @@ def wait_until(d: Any, what: str, probe: Callable[[Any], T], timeout: float = 12
 
 def screenshot(d: Any, path: Path) -> None:
     """The whole page into ``path`` (PNG): the window is grown to the page's height for it."""
+    d.execute_script("window.scrollTo(0, 0);")  # a form filled in may have scrolled it
     height = int(d.execute_script("return document.documentElement.scrollHeight;"))
     d.set_window_size(WINDOW[0], max(WINDOW[1], min(height + 120, 4000)))
     try:

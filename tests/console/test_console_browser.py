@@ -1,7 +1,9 @@
 """The console in a real browser (Debian's headless Chromium, Selenium) while a job runs on
 ``fedfaas up --with all``: refused without a login; logs in; sees the job's rounds appear
-live; asks a Shapley query and sees its chart; downloads the global model from a checkpoint
-link and finds it equal to the gateway's; is refused a state change without the CSRF token,
+live; asks a Shapley query and sees its chart, and a k-means one; downloads the global model from a checkpoint
+link and finds it equal to the gateway's; sees each node's router endpoints and store on the
+data-plane page; revokes a client (refused first for too few clients left, then forced) and
+every gateway of the job refuses its token; is refused a state change without the CSRF token,
 and stops the job with it; logs out.
 
 Each page is photographed on the way (``FEDFAAS_CONSOLE_SHOTS``: the folder, ``docs/console``
@@ -258,6 +260,29 @@ def test_asks_a_shapley_query_and_sees_its_chart(
     assert {b.get_attribute("data-label") for b in bars} == set(answer["values"])
     assert "answered in" in d.find_element("id", "cost").text
     screenshot(d, shots / "flstore.png")
+    # clustering: k-means of the round's updates, each client's cluster drawn
+    Select(d.find_element("id", "workload")).select_by_value("kmeans")
+    assert json.loads(d.find_element("id", "params").get_attribute("value")) == {"k": 2}
+    d.find_element("id", "ask").click()
+    wait_until(
+        d,
+        "the k-means chart",
+        lambda d: (
+            "kmeans"
+            in d.execute_script(  # one read: the chart is redrawn whole
+                "const t = document.querySelector('#answer-chart .title');"
+                "return t ? t.textContent : '';"
+            )
+        ),
+        300,
+    )
+    answer = json.loads(d.find_element("id", "answer-json").text)
+    values = answer["labels"]
+    assert answer["k"] == 2 and len(values) == CLIENTS and set(values.values()) <= {0, 1}
+    bars = d.find_elements("css selector", "#answer-chart rect.bar")
+    assert {
+        b.get_attribute("data-label"): int(b.get_attribute("data-value")) for b in bars
+    } == values
 
 
 def test_downloads_the_global_model_from_its_checkpoint_link(
@@ -286,6 +311,91 @@ def test_downloads_the_global_model_from_its_checkpoint_link(
         d, "the download", lambda d: target.is_file() and target.stat().st_size == len(gateway)
     )
     assert target.read_bytes() == gateway
+
+
+def test_the_data_plane_page_shows_each_nodes_router_and_store(
+    platform: Platform, job: RunningJob, browser: Any, shots: Path
+) -> None:
+    d = browser
+    d.get(platform.urls["console"] + "/dataplane")
+    rows = "#dataplane-table tbody tr[data-router]"
+    wait_until(d, "both nodes' routers", lambda d: len(d.find_elements("css selector", rows)) == 2)
+    nodes = d.execute_script(
+        f"return Array.from(document.querySelectorAll('{rows}'))"
+        ".map((r) => [r.dataset.node, r.dataset.router, Number(r.dataset.ingest)]);"
+    )
+    assert {n for n, _, _ in nodes} == {"node0", "node1"}, nodes
+    assert all(mode in ("ebpf", "userspace") for _, mode, _ in nodes), nodes
+    assert sum(ingest for _, _, ingest in nodes) > 0, nodes  # the job's updates came in
+    # the aggregator replicas' endpoints with their counters, the job's objects in a store
+    wait_until(
+        d,
+        "router endpoints that received frames",
+        lambda d: d.execute_script(
+            "return Array.from(document.querySelectorAll('#endpoints-table tr[data-frames]'))"
+            ".some((r) => Number(r.dataset.frames) > 0);"
+        ),
+    )
+    wait_until(
+        d,
+        "the job's store",
+        lambda d: d.find_elements("css selector", f"#store-table tr[data-job={JOB}]"),
+    )
+    wait_until(  # a second poll: the ingest rates (0 once the job is done)
+        d, "the ingest rates", lambda d: len(d.find_elements("css selector", "tr[data-rate]")) == 2
+    )
+    screenshot(d, shots / "dataplane.png")
+
+
+def test_revokes_a_client_and_every_gateway_refuses_it(
+    platform: Platform, job: RunningJob, browser: Any, shots: Path
+) -> None:
+    d = browser
+    client = sorted(job.handle.tokens)[-1]
+    mine = {"Authorization": f"Bearer {job.handle.tokens[client]}"}
+    gateways = [platform.urls["gateway"], platform.urls["gateway_node1"]]
+    before = {
+        g: httpx.get(f"{g}/v1/jobs/{JOB}", headers=mine, timeout=30).status_code for g in gateways
+    }
+    assert 200 in before.values(), before  # the client's token reads its job somewhere
+    d.get(f"{platform.urls['console']}/jobs/{JOB}")
+    wait_until(d, "the revoke form", lambda d: d.find_elements("id", "revoke-form"))
+    assert fetch_status(d, f"/api/jobs/{JOB}/clients/{client}/revoke", "POST") == 403  # no CSRF
+    result = "revoke-result"
+
+    def revoke() -> None:
+        field = d.find_element("id", "revoke-client")
+        field.clear()
+        field.send_keys(client)
+        d.find_element("id", "revoke").click()
+        d.switch_to.alert.accept()  # the confirmation
+
+    revoke()  # 5 clients would be left for a goal of 6: refused, nothing revoked
+    wait_until(d, "the refusal", lambda d: "409" in d.find_element("id", result).text)
+    assert "too_few_clients" in d.find_element("id", result).text
+    d.find_element("id", "revoke-force").click()
+    revoke()
+    wait_until(
+        d, "the revocation", lambda d: d.find_element("id", result).text.startswith("revoked")
+    )
+    wait_until(d, "the revoked list", lambda d: client in d.find_element("id", "revoked").text)
+    screenshot(d, shots / "revoke.png")
+    view = f"{platform.urls['control_plane']}/v1/jobs/{JOB}"
+    analyst = {"Authorization": f"Bearer {platform.secret('analyst-token')}"}
+    assert httpx.get(view, headers=analyst, timeout=30).json()["revoked"] == [client]
+    for g, status in before.items():
+        if status == 200:  # a gateway of the job: the client's token is refused there now
+            r = wait_until(
+                d,
+                f"{g} refusing {client}",
+                lambda d, g=g: (
+                    r
+                    if (r := httpx.get(f"{g}/v1/jobs/{JOB}", headers=mine, timeout=30)).status_code
+                    == 403
+                    else None
+                ),
+            )
+            assert r.json()["error"] == "client_revoked", r.text
 
 
 def test_refused_a_state_change_without_the_csrf_token(
