@@ -209,14 +209,8 @@ class Upstream:
             except UpstreamError as exc:
                 errors.append({**exc.body, "node": name})
             except ValueError as exc:  # not Prometheus text
-                errors.append(
-                    {
-                        "error": "upstream",
-                        "service": "gateway",
-                        "node": name,
-                        "detail": f"GET {url}/metrics: {exc}",
-                    }
-                )
+                bad = UpstreamError(502, "gateway", f"GET {url}/metrics: {exc}")
+                errors.append({**bad.body, "node": name})
             try:
                 router = await self.router(url, admin_token)
             except UpstreamError as exc:

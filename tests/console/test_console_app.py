@@ -178,3 +178,21 @@ def test_bad_revocations_get_a_clear_4xx(client: TestClient) -> None:
     # good input gets past the console to the control plane, which is not there
     resp = client.post("/api/jobs/j/clients/c0/revoke?force=true", headers=h)
     assert resp.status_code == 502 and resp.json()["service"] == "control-plane", resp.text
+
+
+def test_a_gateway_that_does_not_answer_is_an_error_on_the_data_plane(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    settings = ConsoleSettings(
+        admin_token_file=write_token_file(tmp_path / "admin", ADMIN),
+        analyst_token_file=write_token_file(tmp_path / "analyst", ANALYST),
+        gateways=f"n1={dead}",
+    )
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        login(client, ADMIN)
+        resp = client.get("/api/dataplane")
+        assert resp.status_code == 200, resp.text
+        (node,) = resp.json()["nodes"]
+        assert node == {"url": dead, "node": "n1", "metrics": None, "router": None, "endpoints": []}
+        errors = resp.json()["errors"]
+        assert {(e["node"], e["service"]) for e in errors} == {("n1", "gateway")}
+        assert len(errors) == 2  # its /metrics and its /v1/router
