@@ -21,6 +21,9 @@ class ConsoleSettings(CommandLineSettings):
         provider (functions; the embedded runtime or OpenFaaS's gateway).
     gateways
         The node gateways, ``node=url,node=url`` (their health and router mode).
+    prometheus_url
+        A Prometheus that scrapes the node gateways' ``/metrics`` (with the admin secret): the
+        data plane's ingest rates then come from it; empty: from the console's own polls.
     minio_endpoint, minio_console_url, bucket
         MinIO (``host:port``) with the checkpoints, its web console, the checkpoint bucket.
     admin_token_file
@@ -54,6 +57,7 @@ class ConsoleSettings(CommandLineSettings):
         "tracker_url": "--tracker",
         "runtime_url": "--runtime",
         "gateways": "--gateways",
+        "prometheus_url": "--prometheus",
         "minio_endpoint": "--minio",
         "minio_console_url": "--minio-console",
         "bucket": "--bucket",
@@ -72,6 +76,7 @@ class ConsoleSettings(CommandLineSettings):
     tracker_url: str = "http://127.0.0.1:8092"
     runtime_url: str = "http://127.0.0.1:8080"
     gateways: str = ""
+    prometheus_url: str = ""
     minio_endpoint: str = "127.0.0.1:9000"
     minio_console_url: str = ""
     bucket: str = "fedfaas"

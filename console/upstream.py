@@ -14,6 +14,7 @@ import logging
 import time
 from importlib import metadata
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +31,8 @@ JOBS_METRIC = "fedfaas_control_job_rounds_completed"
 #: the function whose replicas run every aggregation, and the prefix of FLStore's functions
 AGGREGATOR = "aggregator"
 FLSTORE_PREFIX = "flstore-"
+#: seconds of samples a Prometheus rate is taken over (its scrapes every second or so)
+PROMETHEUS_WINDOW_S = 30
 
 
 class UpstreamError(Exception):
@@ -225,7 +228,43 @@ class Upstream:
             nodes.append({"url": url, **dataplane.node_view(name, metrics, router, rates, now)})
             errors.extend(errs)
         rates.sweep()
-        return {"nodes": nodes, "errors": errors, "window_s": rates.window_s}
+        out = {
+            "nodes": nodes,
+            "errors": errors,
+            "window_s": rates.window_s,
+            "rates_from": "console",
+        }
+        if self.settings.prometheus_url:
+            try:
+                scraped = await self.prometheus_rates()
+            except UpstreamError as exc:  # the console's own rates stay
+                errors.append(exc.body)
+            else:
+                for n in nodes:
+                    if n["metrics"] is not None:
+                        mine = scraped.get(urlsplit(n["url"]).netloc, {})
+                        n["metrics"].update({r: mine.get(r) for r, _ in dataplane.NODE_RATES})
+                out.update(rates_from="prometheus", window_s=PROMETHEUS_WINDOW_S)
+        return out
+
+    async def prometheus_rates(self) -> dict[str, dict[str, float]]:
+        """Per scraped ``host:port`` (Prometheus' ``instance``), the rate of each counter of
+        :data:`console.dataplane.NODE_RATES` over :data:`PROMETHEUS_WINDOW_S`."""
+        out: dict[str, dict[str, float]] = {}
+        for rate, counter in dataplane.NODE_RATES:
+            promql = f"rate(fedfaas_gateway_{counter}_total[{PROMETHEUS_WINDOW_S}s])"
+            doc = await self._json(
+                "prometheus",
+                "GET",
+                f"{self.settings.prometheus_url}/api/v1/query",
+                params={"query": promql},
+            )
+            try:
+                for row in doc["data"]["result"]:
+                    out.setdefault(row["metric"]["instance"], {})[rate] = float(row["value"][1])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UpstreamError(502, "prometheus", f"{promql}: {exc!r}") from exc
+        return out
 
     # --- jobs -------------------------------------------------------------------------------
 

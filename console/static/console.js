@@ -305,7 +305,8 @@ function perSecond(v, unit) {
 
 async function dataplane() {
   const d = await api("/api/dataplane");
-  replace("nodes", section("nodes", `Node gateways (rates over the last ${fmt(d.window_s)} s of polls)`,
+  const source = d.rates_from === "prometheus" ? "from Prometheus" : "of the console's polls";
+  replace("nodes", section("nodes", `Node gateways (rates over the last ${fmt(d.window_s)} s ${source})`,
     table("dataplane-table", ["node", "router", "endpoints", "ingest", "updates", "updates accepted", "refused", "mean upload (s)", "store objects", "store bytes", "body bytes held"],
       d.nodes.map((n) => {
         const m = n.metrics || {};

@@ -36,6 +36,9 @@ class PrometheusServer(Server):
 
     targets: list[str] = field(default_factory=list)
     scrape_interval: str = "1s"
+    #: a file holding the bearer token each scrape sends (the node gateways' ``/metrics``
+    #: need the admin secret); None: scrapes send none
+    bearer_file: Path | None = None
 
     @property
     def url(self) -> str:
@@ -46,7 +49,8 @@ class PrometheusServer(Server):
         return self.data_dir / "prometheus.yml"
 
     def prepare(self) -> None:
-        """Write ``prometheus.yml``: one job, ``fedfaas``, over :attr:`targets`."""
+        """Write ``prometheus.yml``: one job, ``fedfaas``, over :attr:`targets` (with the
+        bearer token of :attr:`bearer_file`, when given)."""
         import json
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -60,6 +64,12 @@ class PrometheusServer(Server):
             "    static_configs:",
             f"      - targets: {json.dumps(list(self.targets))}",
         ]
+        if self.bearer_file is not None:  # the secret stays in its file, read by Prometheus
+            lines += [
+                "    authorization:",
+                "      type: Bearer",
+                f"      credentials_file: {json.dumps(str(self.bearer_file))}",
+            ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def command(self) -> list[str]:

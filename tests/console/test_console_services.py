@@ -4,7 +4,9 @@ Two real node gateways (``python -m gateway``, userspace router, aggregator repl
 registered, real Redis) and the real control plane (``python -m control_plane``) behind the
 console app: the admin sees each node's router endpoints with their counters and its store
 and ingest grow with an update; the admin revokes a client, and its token is then refused at
-every gateway; the analyst may do neither; bad input gets a clear 4xx.
+every gateway; the analyst may do neither; bad input gets a clear 4xx. With Debian's
+Prometheus scraping the gateways (their admin secret from its file), the ingest rates are
+Prometheus' own.
 ``tests/console/test_console_browser.py`` shows the same pages in Chromium.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -26,9 +29,10 @@ from safetensors.numpy import save
 
 from console.app import create_app
 from console.settings import ConsoleSettings
+from console.upstream import PROMETHEUS_WINDOW_S
 from control_plane.settings import ControlPlaneSettings
 from core.auth import bearer, write_token_file
-from core.services import free_port, wait_for_port
+from core.services import PrometheusServer, free_port, wait_for_port
 from tests.console.test_console_app import login
 from tests.control import realgw
 
@@ -72,6 +76,19 @@ def _control_plane(urls: dict[str, str], tmp_path: Path, analyst: Path) -> Itera
             proc.wait(10)
 
 
+@contextmanager
+def _prometheus(urls: dict[str, str], tmp_path: Path) -> Iterator[PrometheusServer]:
+    prom = PrometheusServer(
+        data_dir=tmp_path / "prometheus",
+        targets=[urlsplit(u).netloc for u in urls.values()],
+        bearer_file=tmp_path / "secret",
+    ).start()
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
 def _nodes(console: TestClient) -> dict[str, dict[str, Any]]:
     resp = console.get("/api/dataplane")
     assert resp.status_code == 200, resp.text
@@ -83,6 +100,7 @@ def test_the_data_plane_and_a_revocation_through_the_console(redis_url, tmp_path
     with (
         realgw.real_gateways(redis_url, tmp_path) as (urls, secret, _procs),
         _control_plane(urls, tmp_path, analyst) as cp,
+        _prometheus(urls, tmp_path) as prom,
     ):
         settings = ConsoleSettings(
             admin_token_file=tmp_path / "secret",
@@ -145,6 +163,12 @@ def test_the_data_plane_and_a_revocation_through_the_console(redis_url, tmp_path
             # the job's initial model is in its root node's store
             assert any(n["metrics"]["store"].get(JOB, {}).get("objects") for n in before.values())
 
+            # Prometheus scrapes both gateways (their admin secret from its file) before the
+            # update comes: its rate needs a sample from before the rise
+            _wait(
+                "Prometheus scraping both gateways",
+                lambda: sum(float(r["value"][1]) for r in prom.query("up")) == len(urls),
+            )
             sender = sorted(where)[0]
             node = next(n for n, u in urls.items() if u == where[sender])
             sent = save({"a": np.ones(4096, np.float32)})
@@ -170,6 +194,19 @@ def test_the_data_plane_and_a_revocation_through_the_console(redis_url, tmp_path
             after = _wait(f"{node}'s ingest and its rate", grown)
             assert after["metrics"]["store"][JOB]["objects"] >= 1
             assert after["metrics"]["ingest_bytes_per_s"] > 0
+
+            # with a Prometheus scraping the gateways, the rates are its own
+            scraped = ConsoleSettings(**{**settings.model_dump(), "prometheus_url": prom.url})
+            with TestClient(create_app(scraped), base_url="http://127.0.0.1") as seen:
+                login(seen, secret)
+
+                def from_prometheus() -> dict[str, Any] | None:
+                    d = seen.get("/api/dataplane").json()
+                    rate = {n["node"]: n["metrics"]["ingest_bytes_per_s"] for n in d["nodes"]}
+                    return d if d["rates_from"] == "prometheus" and rate[node] else None
+
+                d = _wait("the ingest rate from Prometheus", from_prometheus)
+                assert d["window_s"] == PROMETHEUS_WINDOW_S and not d["errors"], d
 
             # revocation: bad input first, then a client that was selected and did not send
             h = {"X-CSRF-Token": csrf}
