@@ -62,7 +62,7 @@ from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.harness.compare import REPEATS
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
-from bench.runinfo import PINNED_THREADS, ROOT, run_info, write_result
+from bench.runinfo import PINNED_THREADS, ROOT, pinned_threads, run_info, write_result
 
 if TYPE_CHECKING:
     from bench.harness.cgroups import RoundGroups
@@ -401,7 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
+    # BLAS/OpenMP at one thread in this process and every process it starts, as every
+    # benchmark that compares runs them
+    with pinned_threads(1) as threads:
+        run = run_info("bench.flower_baseline", sys.argv[1:] if argv is None else argv)
+        run["threads"] = threads
+        return _run(args, run)
+
+
+def _run(args: argparse.Namespace, run: dict[str, Any]) -> int:
+    """``main``'s run, with its parsed ``args`` and its run record ``run``."""
     layout = rc.resnet18_layout()
     if args.mb is not None:
         layout = rc.scaled_layout(layout, int(args.mb * 1e6))
@@ -409,10 +418,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.single:
         with RoundGroups(f"fedfaas-bench-{os.getpid()}-flower", args.cpus) as groups:
-            res = run_flower_round(
+            one = run_flower_round(
                 args.clients, layout, seed=args.seed, groups=groups, rule=args.rule
             )
-        _, md = write_result({"run": run, **res}, "flower_baseline", render, args.out)
+        _, md = write_result({"run": run, **one}, "flower_baseline", render, args.out)
         print(md)
         return 0
     from bench.harness.compare import run_compare
@@ -420,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.harness.flower_legacy import run_legacy_round
 
     n = args.clients
+    work = Path(tempfile.mkdtemp(prefix="flower-compare-"))
     runners: dict[str, Any] = {
         "FedFaaS": lambda groups, tag: bench_round_e2e(
             work, layout, n, ebpf=False, tag=tag, groups=groups
@@ -445,16 +455,17 @@ def main(argv: list[str] | None = None) -> int:
             ],
         },
     }
-    with tempfile.TemporaryDirectory(prefix="flower-compare-") as d:
-        work = Path(d)
+
+    def keep(cmp: dict[str, Any]) -> None:
+        """The comparison as it stands, written: a run cut short keeps what it did."""
+        write_result({**res, "compare": cmp}, "flower_baseline", render, args.out)
+
+    try:
         res["compare"] = run_compare(
-            runners,
-            cpus_sets=[args.cpus],
-            repeats=args.repeats,
-            after_run=lambda cmp: write_result(
-                {**res, "compare": cmp}, "flower_baseline", render, args.out
-            ),
+            runners, cpus_sets=[args.cpus], repeats=args.repeats, after_run=keep
         )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     _, md = write_result(res, "flower_baseline", render, args.out)
     print(md)
     return 0
