@@ -1,10 +1,11 @@
 """Issue 37: every compared row of every benchmark that compares systems is at least 5 runs per
-system, the systems alternating. Each benchmark's ``main`` is run with no options up to its
+system, the systems alternating, BLAS/OpenMP pinned to one thread. Each benchmark's ``main`` is run with no options up to its
 comparison (:func:`bench.harness.compare.run_compare`, replaced here by one that records what it
 was asked and stops the run): its default repeats and the systems it alternates."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from bench.harness import compare
+from bench.runinfo import PINNED_THREADS, THREAD_ENV
 
 
 class _Asked(Exception):
@@ -24,7 +26,8 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
     def record(runners: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        calls.append({"systems": list(runners), **kw})
+        env = {k: os.environ.get(k) for k in THREAD_ENV}
+        calls.append({"systems": list(runners), "thread_env": env, **kw})
         raise _Asked
 
     monkeypatch.setattr(compare, "run_compare", record)
@@ -80,6 +83,8 @@ def test_a_comparing_benchmark_runs_each_system_at_least_5_times_alternating(
     [call] = asked
     assert call["repeats"] >= 5 and compare.REPEATS >= 5
     assert call["systems"] == systems
+    # every process of the comparison starts with BLAS/OpenMP at one thread
+    assert call["thread_env"] == PINNED_THREADS
     # run_compare alternates them: every system once per repeat, in this order
     order = compare.interleaved(call["systems"], call["repeats"])
     assert [s for _, s in order[: len(systems)]] == systems
