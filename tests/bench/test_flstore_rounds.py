@@ -192,6 +192,11 @@ def test_a_round_of_resnet18_sized_updates_above_the_budget_is_answered_as_in_pr
     assert row["fedfaas"]["memory"]["peak_accounted_bytes"] <= res["budget_bytes"]
     assert row["fedfaas"]["memory"]["peak_private_bytes"] <= res["budget_bytes"]
     assert row["fedfaas"]["engine_log_tracebacks"] == 0
+    # Cache-Agg too, where this machine had the memory for its two copies
+    assert row["same_answer_cache_agg"] is None or all(row["same_answer_cache_agg"].values())
+    group = row["fedfaas"]["memory"].get("platform_group")
+    assert (group is None) is (unavailable() is not None)  # measured wherever it can be
+    assert group is None or group["peak_bytes"] >= group["at_rest_bytes"] > 0
 
 
 @pytest.mark.slow
