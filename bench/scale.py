@@ -29,8 +29,9 @@ SF at 20 and 120, FedFaaS's peak within 1.15x its floor and flat (max/min <= 1.1
 A run that cannot finish is a result, not a crash: the memory guard stops it when the server
 side's summed RSS passes ``--server-mem-limit-gb`` or the machine's available memory falls
 under ``--floor-gb`` ("killed at N GB"), the system under test errors or it times out; the
-point's row counts it as not finished and names what stopped it. The result is written after
-every run.
+point's row counts it as not finished and names what stopped it. A system none of whose runs
+finished at a point (stopped by the guard or the timeout) is left out of the larger points of
+that axis (:func:`left_out`; the report names them). The result is written after every run.
 
 Usage: ``python -m bench.scale [--repeats 5] [--cpus 0-1] [--clients 20,40]
 [--sizes-mb 10,240] [--systems FedFaaS,SF] [--quick] [--out DIR]``; writes
@@ -144,6 +145,27 @@ def run_point(
     return out
 
 
+def left_out(done: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, str]:
+    """The systems point ``p`` leaves out, and why: a system none of whose runs finished at a
+    smaller point of the same axis (the memory guard stopped them or they timed out) would
+    not finish a larger one either; its runs there would only take the machine's time."""
+    out: dict[str, str] = {}
+    for q in done:
+        if q["axis"] != p["axis"] or q[_SIZE[q["axis"]]] >= p[_SIZE[p["axis"]]]:
+            continue
+        out.update(q.get("left_out") or {})
+        for system, s in ((report.summary(q) or {}).get("systems") or {}).items():
+            stopped = {str(f).split()[0].rstrip(":") for f in s["failures"]}
+            if s["runs"] and not s["ok"] and stopped <= {"killed", "timeout"}:
+                what = f"{q['clients']} clients x {q['update_bytes'] / 1e6:.1f} MB"
+                out.setdefault(system, f"no run finished at {what} ({', '.join(sorted(stopped))})")
+    return out
+
+
+#: what grows along each axis
+_SIZE = {"clients": "clients", "size": "update_bytes"}
+
+
 def _ints(text: str | None, scale: float = 1.0) -> tuple[int, ...] | None:
     """``"20,40"`` -> ``(20, 40)`` (each times ``scale``); None stays None, ``""`` is ``()``."""
     if text is None:
@@ -220,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             "points": [],
         }
         for pt in grid:
+            gone = left_out(res["points"], pt)
+            pt = {**pt, "left_out": gone}
             res["points"].append(pt)
 
             def keep(now: dict[str, Any]) -> None:
@@ -229,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run_point(
                 Path(tmp), pt, ebpf=mode == "ebpf", limit=limit, floor=floor,
-                timeout=a.timeout, cpus=a.cpus, repeats=a.repeats, systems=systems,
-                after_run=keep,
+                timeout=a.timeout, cpus=a.cpus, repeats=a.repeats,
+                systems=tuple(s for s in systems if s not in gone), after_run=keep,
             )  # fmt: skip
     print(_write(res, out_dir))
     return 0

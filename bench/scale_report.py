@@ -211,6 +211,13 @@ def render(r: dict[str, Any]) -> str:
     lines += ["", "## Against clients", "", *_axis_rows(pts, "clients")]
     if any(p["axis"] == "size" for p in pts):
         lines += ["", "## Against model size", "", *_axis_rows(pts, "size")]
+    gone = [
+        f"- {system}, {p['clients']} clients x {p['update_bytes'] / 1e6:.1f} MB: not run, {why}"
+        for p in pts
+        for system, why in (p.get("left_out") or {}).items()
+    ]
+    if gone:
+        lines += ["", "## Left out (a smaller point of the same axis did not finish)", "", *gone]
     lines += ["", "## Shape (DESIGN.md: server memory flat in clients, round time linear in bytes)", ""]  # fmt: skip
     for system in _systems(pts):
         sh = shape(pts, system)

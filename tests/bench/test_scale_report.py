@@ -156,3 +156,24 @@ def test_the_size_table_shows_resnet_at_20_clients_once_measured_for_both_axes(
     assert "| 10.0 |" not in clients
     scale_report.plot(res, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_a_system_stopped_at_every_run_of_a_point_is_left_out_of_larger_ones() -> None:
+    killed = _point(120, 0.8 * GB, 0, killed=True)  # Flower: every run over the memory limit
+    pts = [_point(60, 0.8 * GB, 4.8 * GB), killed]
+    later = {"axis": "clients", "clients": 200, "update_bytes": RESNET}
+    gone = scale.left_out(pts, later)
+    assert gone == {"Flower": "no run finished at 120 clients x 44.8 MB (killed)"}
+    # only larger points of the same axis; an error is not a size's verdict
+    assert scale.left_out(pts, {**later, "clients": 100}) == {}
+    assert scale.left_out(pts, {"axis": "size", "clients": 20, "update_bytes": 10**9}) == {}
+    errored = _point(120, 0.8 * GB, 0)
+    errored["compare"]["by_cpus"]["0-1"]["runs"]["SF"] = [rw.failure("error", "boom")] * 3
+    runs = errored["compare"]["by_cpus"]["0-1"]["runs"]
+    errored["compare"]["by_cpus"]["0-1"]["summary"] = summarise(runs)
+    assert scale.left_out([errored], later) == {}
+    # once left out, left out of every larger point too
+    done = [*pts, {**later, "left_out": gone, "compare": killed["compare"], "cpus": "0-1"}]
+    assert scale.left_out(done, {**later, "clients": 400}) == gone
+    md = scale_report.render(_result(done))
+    assert "- Flower, 200 clients x 44.8 MB: not run, no run finished at 120 clients" in md
