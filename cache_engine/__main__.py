@@ -5,19 +5,16 @@ The flags are ``EngineSettings.FLAGS``; MinIO's keys come from ``FEDFAAS_ENGINE_
 
 from __future__ import annotations
 
-import logging
+import sys
 
 from cache_engine.service import create_app
 from cache_engine.settings import EngineSettings
-from core.shutdown import serve
+from core.cmdline import run_service
 
 
-def main(argv: list[str] | None = None) -> None:
-    s, log_level = EngineSettings.from_argv(argv)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    serve(create_app(s), host=s.host, port=s.port, grace=s.stop_grace)
+def main(argv: list[str] | None = None) -> int:
+    return run_service(EngineSettings, create_app, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

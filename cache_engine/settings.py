@@ -86,38 +86,10 @@ class EngineSettings(CommandLineSettings):
 
     MODULE: ClassVar[str] = "cache_engine"
     DESCRIPTION: ClassVar[str] = "FLStore cache engine"
-    FLAGS: ClassVar[dict[str, str]] = {
-        "host": "--host",
-        "port": "--port",
+    FLAG_NAMES: ClassVar[dict[str, str]] = {
         "redis_url": "--redis",
-        "redis_credentials_file": "--redis-credentials-file",
         "minio_endpoint": "--minio",
-        "minio_credentials_file": "--minio-credentials-file",
-        "bucket": "--bucket",
         "runtime_url": "--runtime",
-        "runtime_auth_dir": "--runtime-auth-dir",
-        "policy": "--policy",
-        "capacity_objects": "--capacity-objects",
-        "function_capacity_bytes": "--function-capacity-bytes",
-        "secondaries": "--secondaries",
-        "max_functions": "--max-functions",
-        "node_memory_bytes": "--node-memory-bytes",
-        "store_root": "--store-root",
-        "query_memory_bytes": "--query-memory-bytes",
-        "ping_interval": "--ping-interval",
-        "ping_timeout": "--ping-timeout",
-        "dead_after": "--dead-after",
-        "evict_grace": "--evict-grace",
-        "call_timeout": "--call-timeout",
-        "run_timeout": "--run-timeout",
-        "function_prefix": "--function-prefix",
-        "function_image": "--function-image",
-        "handler_dir": "--handler-dir",
-        "function_env": "--function-env",
-        "admin_token_file": "--admin-token-file",
-        "service_token_file": "--service-token-file",
-        "function_token_file": "--function-token-file",
-        "stop_grace": "--stop-grace",
     }
 
     host: str = "127.0.0.1"

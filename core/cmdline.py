@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import typing
-from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
@@ -39,13 +40,29 @@ class CommandLineSettings(BaseSettings):
     MODULE : the component's module (``python -m MODULE``).
     FLAGS : setting -> flag. A boolean's flag is the one that turns its default over
         (``--no-ebpf`` for a ``True`` default, ``--lazy`` for a ``False`` one); a mapping's
-        value is JSON.
+        value is JSON. A class that does not list them gets one per setting, named after it
+        (``stop_grace``: ``--stop-grace``; ``--no-...`` for a ``True`` boolean), but for
+        ``FLAG_NAMES`` (setting -> another flag) and ``NO_FLAG`` (settings without one).
     DESCRIPTION : the ``--help`` text.
     """
 
     MODULE: ClassVar[str]
     FLAGS: ClassVar[Mapping[str, str]]
+    FLAG_NAMES: ClassVar[Mapping[str, str]] = {}
+    NO_FLAG: ClassVar[frozenset[str]] = frozenset()
     DESCRIPTION: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        owner = next((c for c in cls.__mro__ if "FLAGS" in c.__dict__), None)
+        if owner is None or owner in _FLAGS_FROM_FIELDS:  # none listed: one per setting
+            cls.FLAGS = {
+                name: cls.FLAG_NAMES.get(name) or _flag(name, info.get_default())
+                for name, info in cls.model_fields.items()
+                if name not in cls.NO_FLAG
+            }
+            _FLAGS_FROM_FIELDS.add(cls)
 
     def to_argv(self, python: str = sys.executable, log_level: str | None = None) -> list[str]:
         """``[python, "-m", MODULE, flags...]`` that runs these settings.
@@ -114,6 +131,42 @@ class CommandLineSettings(BaseSettings):
                 for e in exc.errors()
             )
             p.error(problems)
+
+
+S = TypeVar("S", bound=CommandLineSettings)
+#: the settings classes whose :attr:`~CommandLineSettings.FLAGS` are made from their fields
+_FLAGS_FROM_FIELDS: set[type[CommandLineSettings]] = set()
+
+
+def _flag(name: str, default: Any) -> str:
+    """A setting's own flag: its name, with ``--no-`` where it turns a ``True`` default off."""
+    return ("--no-" if default is True else "--") + name.replace("_", "-")
+
+
+class ServiceSettings(Protocol):
+    """What :func:`run_service` reads of an HTTP service's settings."""
+
+    host: str
+    port: int
+    stop_grace: float
+
+
+def configure_logging(level: str) -> None:
+    """The components' log lines at ``level``; httpx's per-request lines only from WARNING."""
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def run_service(settings: type[S], create_app: Callable[[S], Any], argv: list[str] | None) -> int:
+    """``python -m MODULE``'s main of an HTTP service: parse ``argv`` into ``settings``, log
+    (:func:`configure_logging`) and serve ``create_app(settings)`` on its ``host`` and ``port``
+    until a signal (:func:`core.shutdown.serve`, with its ``stop_grace``)."""
+    from core.shutdown import serve  # uvicorn: only where a service runs
+
+    s, log_level = settings.from_argv(argv)
+    configure_logging(log_level)
+    where = cast(ServiceSettings, s)
+    return serve(create_app(s), host=where.host, port=where.port, grace=where.stop_grace)
 
 
 def _kind(annotation: Any) -> Any:

@@ -65,28 +65,10 @@ class TrackerSettings(CommandLineSettings):
 
     MODULE: ClassVar[str] = "request_tracker"
     DESCRIPTION: ClassVar[str] = "FLStore request tracker"
-    FLAGS: ClassVar[dict[str, str]] = {
-        "host": "--host",
-        "port": "--port",
+    FLAG_NAMES: ClassVar[dict[str, str]] = {
         "redis_url": "--redis",
-        "redis_credentials_file": "--redis-credentials-file",
         "engine_url": "--engine",
         "runtime_url": "--runtime",
-        "query_timeout": "--query-timeout",
-        "long_query_timeout": "--long-query-timeout",
-        "engine_timeout": "--engine-timeout",
-        "attempts": "--attempts",
-        "engine_wait": "--engine-wait",
-        "direct_functions": "--no-direct-functions",
-        "plan_reuse": "--no-plan-reuse",
-        "ping_interval": "--ping-interval",
-        "result_ttl": "--result-ttl",
-        "answered_ttl": "--answered-ttl",
-        "admin_token_file": "--admin-token-file",
-        "analyst_token_file": "--analyst-token-file",
-        "engine_token_file": "--engine-token-file",
-        "function_token_file": "--function-token-file",
-        "stop_grace": "--stop-grace",
     }
 
     host: str = "127.0.0.1"

@@ -90,35 +90,7 @@ class RuntimeSettings(CommandLineSettings):
 
     MODULE: ClassVar[str] = "runtime"
     DESCRIPTION: ClassVar[str] = "FedFaaS embedded OpenFaaS-compatible runtime"
-    FLAGS: ClassVar[dict[str, str]] = {
-        "host": "--host",
-        "port": "--port",
-        "stack": "--stack",
-        "platform_stack": "--platform-stack",
-        "state_dir": "--state-dir",
-        "auth_dir": "--auth-dir",
-        "namespace": "--namespace",
-        "ce_limits": "--ce-limits",
-        "max_functions": "--max-functions",
-        "max_replicas": "--max-replicas",
-        "upstream_timeout": "--upstream-timeout",
-        "ready_wait": "--ready-wait",
-        "health_interval": "--health-interval",
-        "health_timeout": "--health-timeout",
-        "failure_threshold": "--failure-threshold",
-        "startup_timeout": "--startup-timeout",
-        "stop_grace": "--stop-grace",
-        "nodes": "--nodes",
-        "redis_url": "--redis-url",
-        "redis_credentials_file": "--redis-credentials-file",
-        "async_max_body": "--async-max-body",
-        "async_workers": "--async-workers",
-        "async_max_attempts": "--async-max-attempts",
-        "async_retry_backoff": "--async-retry-backoff",
-        "async_claim_idle": "--async-claim-idle",
-        "watchdog": "--watchdog",
-        "behind_gateway": "--behind-gateway",
-    }
+    NO_FLAG: ClassVar[frozenset[str]] = frozenset({"python"})
 
     host: str = "127.0.0.1"
     port: int = 8080

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -86,3 +87,33 @@ def test_a_bad_value_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str])
 def test_a_setting_without_a_flag_is_refused_rather_than_dropped() -> None:
     with pytest.raises(ValueError, match="python"):
         RuntimeSettings(auth_dir=Path("/run/s"), python="/usr/bin/python3.99").to_argv()
+
+
+def test_flags_not_listed_are_one_per_setting_named_after_it() -> None:
+    """A class without ``FLAGS`` gets them from its fields: ``--name-of-it``, ``--no-...`` for a
+    ``True`` boolean, ``FLAG_NAMES`` for the others' names, none for ``NO_FLAG``; a class that
+    lists its ``FLAGS`` keeps them."""
+
+    class Derived(CommandLineSettings):
+        MODULE: ClassVar[str] = "derived"
+        FLAG_NAMES: ClassVar[dict[str, str]] = {"redis_url": "--redis"}
+        NO_FLAG: ClassVar[frozenset[str]] = frozenset({"python"})
+
+        stop_grace: float = 1.0
+        redis_url: str = ""
+        direct: bool = True
+        lazy: bool = False
+        python: str = "python3"
+
+    assert Derived.FLAGS == {
+        "stop_grace": "--stop-grace",
+        "redis_url": "--redis",
+        "direct": "--no-direct",
+        "lazy": "--lazy",
+    }
+    parsed, _ = Derived.from_argv(["--stop-grace", "2", "--redis", "redis://r", "--no-direct"])
+    assert (parsed.stop_grace, parsed.redis_url, parsed.direct) == (2.0, "redis://r", False)
+    assert TrackerSettings.FLAGS["plan_reuse"] == "--no-plan-reuse"  # made, not listed
+    assert (
+        "FLAGS" in GatewaySettings.__dict__ and GatewaySettings.FLAGS["prefer_ebpf"] == "--no-ebpf"
+    )
