@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .data import Requirements, WorkloadData
 from .errors import InvalidParams, WorkloadError
@@ -38,6 +38,36 @@ class RoundScope(Params):
         if v is not None and len(set(v)) != len(v):
             raise ValueError("client ids must be unique")
         return v
+
+
+class RoundRange(Params):
+    """A range of rounds (P3), ``first_round`` to ``last_round`` inclusive."""
+
+    first_round: int = Field(ge=1, description="first round of the range")
+    last_round: int = Field(ge=1, description="last round of the range (inclusive)")
+
+    @model_validator(mode="after")
+    def _range(self) -> Self:
+        if self.last_round < self.first_round:
+            raise ValueError(
+                f"last_round ({self.last_round}) must be >= first_round ({self.first_round})"
+            )
+        return self
+
+    @property
+    def rounds(self) -> tuple[int, ...]:
+        """The rounds of the range, in order."""
+        return tuple(range(self.first_round, self.last_round + 1))
+
+    def chosen(self, workload: str, asked: list[str] | None, took_part: list[str]) -> list[str]:
+        """The clients ``asked`` for (all that ``took_part`` in the range when None), or
+        :class:`InvalidParams` naming those of them that took no part."""
+        clients = took_part if asked is None else list(asked)
+        unknown = [c for c in clients if c not in took_part]
+        if unknown:
+            problem = f"did not take part in rounds {self.first_round}-{self.last_round}"
+            raise invalid(workload, "clients", problem, unknown)
+        return clients
 
 
 class RoundParams(RoundScope):

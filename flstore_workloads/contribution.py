@@ -247,6 +247,18 @@ def run_loo(data: WorkloadData, p: LooParams) -> dict[str, Any]:
     }
 
 
+#: the Shapley parameters that are :func:`permutation_shapley`'s keywords of the same names
+PERMUTATION_KNOBS = (
+    "seed",
+    "eps",
+    "round_trunc_threshold",
+    "converge_min",
+    "last_k",
+    "converge_criteria",
+    "max_permutations",
+)
+
+
 def shapley_values(
     data: WorkloadData, p: ShapleyParams
 ) -> tuple[list[str], NDArray[np.float64], dict[str, Any]]:
@@ -264,18 +276,9 @@ def shapley_values(
         phi = exact_shapley(v, n)
         info: dict[str, Any] = {"v_empty": v(()), "v_full": v(tuple(range(n)))}
     else:
-        phi, info = permutation_shapley(
-            v,
-            n,
-            guided=p.method == "gtg",
-            seed=p.seed,
-            eps=p.eps,
-            round_trunc_threshold=p.round_trunc_threshold,
-            converge_min=p.converge_min,
-            last_k=p.last_k,
-            converge_criteria=p.converge_criteria,
-            max_permutations=p.max_permutations,
-        )
+        # the parameters of the estimate are named as permutation_shapley's keywords
+        knobs = p.model_dump(include=set(PERMUTATION_KNOBS))
+        phi, info = permutation_shapley(v, n, guided=p.method == "gtg", **knobs)
     info["evaluations"] = v.evaluations
     return clients, phi, info
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ._linalg import Row
-from .base import Params, invalid
+from .base import RoundRange
 from .data import Requirements, WorkloadData
 from .errors import DataMismatch
 
 
-class ProvenanceParams(Params):
-    first_round: int = Field(ge=1, description="first round of the range")
-    last_round: int = Field(ge=1, description="last round of the range (inclusive)")
+class ProvenanceParams(RoundRange):
     clients: list[str] | None = Field(
         default=None, min_length=1, description="clients to trace; all if omitted"
     )
@@ -34,17 +32,9 @@ class ProvenanceParams(Params):
         default=False, description="add a (round, client, parent, update hash, n, p) table"
     )
 
-    @model_validator(mode="after")
-    def _range(self) -> ProvenanceParams:
-        if self.last_round < self.first_round:
-            raise ValueError(
-                f"last_round ({self.last_round}) must be >= first_round ({self.first_round})"
-            )
-        return self
-
 
 def provenance_requirements(p: ProvenanceParams) -> Requirements:
-    rounds = tuple(range(p.first_round, p.last_round + 1))
+    rounds = p.rounds
     return Requirements(
         policy="P3",
         update_rounds=rounds,
@@ -60,22 +50,14 @@ def _participants(data: WorkloadData, r: int) -> list[str]:
 
 
 def run_provenance(data: WorkloadData, p: ProvenanceParams) -> dict[str, Any]:
-    rounds = range(p.first_round, p.last_round + 1)
+    rounds = p.rounds
     weights: dict[int, dict[str, float]] = {}
     for r in rounds:
         parts = _participants(data, r)
         w = data.weights_of(r, parts, p.weighting)
         weights[r] = dict(zip(parts, map(float, w), strict=True))
     everyone = sorted({c for r in rounds for c in weights[r]})
-    clients = everyone if p.clients is None else list(p.clients)
-    unknown = [c for c in clients if c not in everyone]
-    if unknown:
-        raise invalid(
-            "provenance",
-            "clients",
-            f"did not take part in rounds {p.first_round}-{p.last_round}",
-            unknown,
-        )
+    clients = p.chosen("provenance", p.clients, everyone)
     # C_i = sum_t p_i^t Delta_i^t: Gram of the per-round updates and the global change (cached
     # per round by a cache function), combined as C G C^T
     atoms = [(r, c) for c in clients for r in rounds if c in weights[r]]

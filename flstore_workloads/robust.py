@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from core.robust import krum_scores
 
 from ._linalg import cosines, distances
-from .base import Params, RoundParams, RoundScope, invalid, round_requirements
+from .base import RoundParams, RoundRange, RoundScope, invalid, round_requirements
 from .data import Requirements, WorkloadData
 
 # -- pure math -----------------------------------------------------------------------------------
@@ -126,9 +126,9 @@ def run_krum(data: WorkloadData, p: KrumParams) -> dict[str, Any]:
     }
 
 
-class FoolsGoldParams(Params):
-    first_round: int = Field(ge=1, description="first round of the history window")
-    last_round: int = Field(ge=1, description="last round of the history window (inclusive)")
+class FoolsGoldParams(RoundRange):
+    """A history window of rounds: the clients' updates over it are compared."""
+
     clients: list[str] | None = Field(
         default=None, min_length=2, description="clients; all seen when omitted"
     )
@@ -136,17 +136,9 @@ class FoolsGoldParams(Params):
         default=0.5, ge=0.0, le=1.0, description="flag clients whose weight is below this"
     )
 
-    @model_validator(mode="after")
-    def _window(self) -> FoolsGoldParams:
-        if self.last_round < self.first_round:
-            raise ValueError(
-                f"last_round ({self.last_round}) must be >= first_round ({self.first_round})"
-            )
-        return self
-
 
 def foolsgold_requirements(p: FoolsGoldParams) -> Requirements:
-    rounds = tuple(range(p.first_round, p.last_round + 1))
+    rounds = p.rounds
     return Requirements(
         policy="P3",
         update_rounds=rounds,
@@ -156,17 +148,10 @@ def foolsgold_requirements(p: FoolsGoldParams) -> Requirements:
 
 
 def run_foolsgold(data: WorkloadData, p: FoolsGoldParams) -> dict[str, Any]:
-    rounds = range(p.first_round, p.last_round + 1)
+    rounds = p.rounds
     present = {r: set(data.round_clients(r)) for r in rounds}
     seen = sorted(set().union(*present.values()))
-    clients = seen if p.clients is None else list(p.clients)
-    unknown = [c for c in clients if c not in seen]
-    if unknown:
-        raise invalid(
-            "foolsgold",
-            "clients",
-            f"no update in rounds {p.first_round}-{p.last_round} for {unknown}",
-        )
+    clients = p.chosen("foolsgold", p.clients, seen)
     if len(clients) < 2:
         raise invalid(
             "foolsgold", "clients", "FoolsGold compares clients: needs at least 2", clients

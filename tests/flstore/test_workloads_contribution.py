@@ -236,3 +236,18 @@ def test_utilities_are_reused_across_queries_on_the_same_sealed_vectors() -> Non
         {"round": 1},
     )
     assert (len(cache), cache.hits) == (size, hits)
+
+
+def test_every_estimate_parameter_reaches_permutation_shapley_by_its_name() -> None:
+    """``shapley_values`` passes ``PERMUTATION_KNOBS`` on by name: each is a parameter of the
+    workload and a keyword of the estimator (a rename would otherwise fall back to a default)."""
+    import inspect
+
+    from flstore_workloads.contribution import (
+        PERMUTATION_KNOBS,
+        ShapleyParams,
+        permutation_shapley,
+    )
+
+    keywords = inspect.signature(permutation_shapley).parameters
+    assert set(PERMUTATION_KNOBS) <= set(ShapleyParams.model_fields) & set(keywords)
