@@ -11,7 +11,7 @@ tracker and the baselines, so all of them answer the same queries with the same 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cache_engine.catalog import Catalog
@@ -52,13 +52,8 @@ class Query:
     params: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "workload": self.workload,
-            "job": self.job,
-            "rounds": self.rounds,
-            "clients": self.clients,
-            "params": self.params,
-        }
+        """The query as a JSON object: its fields by name."""
+        return asdict(self)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class FaasRuntimeError(Exception):
     """Base class of every runtime error. ``status`` is the HTTP code, ``code`` a stable slug."""
@@ -52,26 +54,31 @@ class WrongNamespace(FaasRuntimeError):
         self.expected = expected
 
 
-class FunctionNotFound(FaasRuntimeError):
+class NamedError(FaasRuntimeError):
+    """An error about one function or secret, ``name``: its detail is :attr:`MESSAGE` with the
+    name filled in."""
+
+    MESSAGE: ClassVar[str] = "{name!r}"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(self.MESSAGE.format(name=name))
+        self.name = name
+
+
+class FunctionNotFound(NamedError):
     """No function of that name is deployed."""
 
     status = 404
     code = "not_found"
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"function {name!r} not found; deploy it first (POST /system/functions)")
-        self.name = name
+    MESSAGE = "function {name!r} not found; deploy it first (POST /system/functions)"
 
 
-class FunctionExists(FaasRuntimeError):
+class FunctionExists(NamedError):
     """POST for a function that is already deployed (faas-cli PUTs first, so it never hits this)."""
 
     status = 409
     code = "exists"
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"function {name!r} already exists; update it with PUT /system/functions")
-        self.name = name
+    MESSAGE = "function {name!r} already exists; update it with PUT /system/functions"
 
 
 class InvalidScale(FaasRuntimeError):
@@ -93,26 +100,20 @@ class TooManyFunctions(FaasRuntimeError):
     code = "too_many_functions"
 
 
-class SecretNotFound(FaasRuntimeError):
+class SecretNotFound(NamedError):
     """No secret of that name exists."""
 
     status = 404
     code = "secret_not_found"
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"secret {name!r} not found; create it first (POST /system/secrets)")
-        self.name = name
+    MESSAGE = "secret {name!r} not found; create it first (POST /system/secrets)"
 
 
-class SecretExists(FaasRuntimeError):
+class SecretExists(NamedError):
     """POST for a secret that already exists."""
 
     status = 409
     code = "secret_exists"
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"secret {name!r} already exists; update it with PUT /system/secrets")
-        self.name = name
+    MESSAGE = "secret {name!r} already exists; update it with PUT /system/secrets"
 
 
 class SecretInUse(FaasRuntimeError):
