@@ -10,7 +10,9 @@ vector operation over the data region (the final padding stays zero under any we
 the first ``numel`` floats of the data region are the model's flat vector in sorted-name order:
 what FLStore's cache functions hold, so they can map an update in place (``gateway/handoff``).
 Whatever the wire dtype (F16, BF16, F64, integers), the store holds float32; :func:`encode`
-casts back to the wire dtypes for ``GET model``.
+casts back to the wire dtypes for ``GET model``. The one exception is ``U32``, the dtype of
+secure aggregation's masked vectors (:mod:`core.secagg`): copied as the raw uint32 it is, never
+converted, in a model of ``U32`` tensors only (:attr:`ModelSpec.masked`).
 
 Updates are decoded by :class:`UpdateDecoder`, a streaming state machine that hands out the
 exact destination memory for each span of the body (``get_buffer`` / ``buffer_updated``, the
@@ -53,6 +55,7 @@ from core.wire.layout import (
     KIND_PARTIAL,
     KIND_UPDATE,
     MAGIC,
+    MASKED_DTYPE,
     SCRATCH_BYTES,
     ModelSpec,
     ObjectHeader,
@@ -60,6 +63,7 @@ from core.wire.layout import (
     flat_view,
     parse_raw_header,
     read_header,
+    store_dtype,
     tensor_views,
     write_header,
     write_object_header,
@@ -77,6 +81,7 @@ __all__ = [
     "KIND_PARTIAL",
     "KIND_UPDATE",
     "MAGIC",
+    "MASKED_DTYPE",
     "MalformedHeader",
     "ModelSpec",
     "NonFinite",
@@ -99,6 +104,7 @@ __all__ = [
     "parse_raw_header",
     "plan_segments",
     "read_header",
+    "store_dtype",
     "tensor_views",
     "write_header",
     "write_object_header",

@@ -23,6 +23,7 @@ from core.wire.layout import (
     DEFAULT_MAX_HEADER,
     DTYPES,
     HEADER_SIZE,
+    MASKED_DTYPE,
     SCRATCH_BYTES,
     ModelSpec,
     flat_view,
@@ -36,6 +37,10 @@ class _Segment:
     end: int
     dst: int  # byte offset in the store object
     dtype: str
+
+
+#: wire dtypes received straight into the store object (their store form is their wire form)
+_RAW = frozenset({"F32", MASKED_DTYPE})
 
 
 def plan_segments(entries: dict[str, dict[str, Any]], spec: ModelSpec) -> list[_Segment]:
@@ -82,9 +87,9 @@ class UpdateDecoder:
     """Streams a safetensors body into a store object at the spec's offsets.
 
     Use like :class:`asyncio.BufferedProtocol`: write up to ``len(b)`` bytes of the body into
-    ``b = get_buffer()``, then call ``buffer_updated(n)``; repeat until ``done``. For F32 tensors
-    ``get_buffer`` returns the destination memory itself (zero copy); other dtypes pass through a
-    scratch buffer and are cast on the fly. Errors raise :class:`WireError` subclasses.
+    ``b = get_buffer()``, then call ``buffer_updated(n)``; repeat until ``done``. For F32 and
+    U32 (masked) tensors ``get_buffer`` returns the destination memory itself (zero copy); other
+    dtypes pass through a scratch buffer and are cast to float32 on the fly. Errors raise :class:`WireError` subclasses.
 
     Parameters
     ----------
@@ -138,7 +143,7 @@ class UpdateDecoder:
             raise SizeMismatch("body longer than its safetensors header describes")
         seg = self._segs[self._si]
         left = seg.end - seg.begin - self._spos
-        if seg.dtype == "F32":
+        if seg.dtype in _RAW:
             start = seg.dst + self._spos
             return self._dst[start : start + left]
         if self._scratch is None:
@@ -208,9 +213,9 @@ class UpdateDecoder:
 
     def _body_updated(self, n: int) -> None:
         seg = self._segs[self._si]
-        if seg.dtype == "F32":
+        if seg.dtype in _RAW:
             self._spos += n
-            if self.check_finite:
+            if self.check_finite and seg.dtype == "F32":
                 upto = self._spos // 4 * 4
                 if upto > self._checked:
                     _check_span(
@@ -269,8 +274,10 @@ def check_finite_values(buf: memoryview | bytearray, spec: ModelSpec) -> None:
 
     Fast path: one BLAS dot product ``x . x`` is finite whenever every value is finite and
     not huge; only if it is not (NaN, Inf, or an overflow of huge finite values) is the exact
-    element-wise check run.
+    element-wise check run. A masked model (``spec.masked``) holds no floats and passes.
     """
+    if spec.masked:
+        return  # uint32 masked vectors: no floats
     flat = flat_view(buf, spec)
     with np.errstate(invalid="ignore", over="ignore"):
         if math.isfinite(float(np.dot(flat, flat))):

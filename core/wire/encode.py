@@ -13,7 +13,14 @@ import numpy as np
 
 from core.parallel import run_all
 from core.wire.decode import decode_into
-from core.wire.layout import DEFAULT_MAX_HEADER, DTYPES, ModelSpec, TensorSpec, tensor_views
+from core.wire.layout import (
+    DEFAULT_MAX_HEADER,
+    DTYPES,
+    MASKED_DTYPE,
+    ModelSpec,
+    TensorSpec,
+    tensor_views,
+)
 
 
 def encode(
@@ -104,6 +111,8 @@ def _encode_part(
         d = out[start : start + dt.itemsize * (hi - lo)].view(dt)
         if t.dtype == "F32":
             d[...] = s
+        elif t.dtype == MASKED_DTYPE:
+            d[...] = s.view(np.uint32)  # stored as the raw uint32 it is
         elif t.dtype == "BF16":
             u = s.view(np.uint32)
             d[...] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
@@ -138,7 +147,8 @@ def encode_tensors(
 def decode_tensors(
     data: bytes | bytearray | memoryview, max_header: int = DEFAULT_MAX_HEADER
 ) -> dict[str, np.ndarray]:
-    """Decode safetensors into float32 numpy arrays (copies; for tests, clients and job creation)."""
+    """Decode safetensors into numpy arrays, float32 or a masked model's uint32 (copies; for
+    tests, clients and job creation)."""
     spec = ModelSpec.from_safetensors(data, max_header)
     buf = bytearray(spec.object_nbytes)
     decode_into(data, spec, memoryview(buf), max_header, check_finite=False)

@@ -46,7 +46,12 @@ DTYPES: dict[str, np.dtype] = {
     "I16": np.dtype("<i2"),
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),
+    "U32": np.dtype("<u4"),
 }
+
+#: the dtype of secure aggregation's masked vectors (:mod:`core.secagg`): stored as the raw
+#: uint32 it is, never converted, and summed in Z_2^32 by the aggregators
+MASKED_DTYPE = "U32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,10 @@ class ModelSpec:
             spec = TensorSpec(name, dtype, tuple(int(d) for d in shape), off)
             off += spec.numel * 4
             out.append(spec)
+        if len({t.dtype == MASKED_DTYPE for t in out}) > 1:
+            raise SpecMismatch(
+                f"a model of masked vectors ({MASKED_DTYPE}) has no tensors of other dtypes"
+            )
         canon = json.dumps([[t.name, t.dtype, list(t.shape)] for t in out], separators=(",", ":"))
         digest = hashlib.sha256(canon.encode()).digest()[:16]
         return cls(tuple(out), _align(off), digest)
@@ -119,6 +128,12 @@ class ModelSpec:
     @property
     def numel(self) -> int:
         return sum(t.numel for t in self.tensors)
+
+    @property
+    def masked(self) -> bool:
+        """True for a model of masked vectors (every tensor ``U32``): its objects hold uint32,
+        are folded in Z_2^32 and never divided, and hold no floats to check."""
+        return self.tensors[0].dtype == MASKED_DTYPE
 
     @property
     def wire_data_nbytes(self) -> int:
@@ -233,13 +248,20 @@ def flat_view(buf: memoryview | bytearray, spec: ModelSpec) -> np.ndarray:
 
 
 def tensor_views(buf: memoryview | bytearray, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """Each tensor of an object as a shaped float32 numpy view (no copy)."""
+    """Each tensor of an object as a shaped numpy view (no copy): float32, or uint32 for a
+    masked model's ``U32`` tensors."""
     return {
-        t.name: np.frombuffer(buf, dtype=np.float32, count=t.numel, offset=t.offset).reshape(
-            t.shape
-        )
+        t.name: np.frombuffer(
+            buf, dtype=store_dtype(t.dtype), count=t.numel, offset=t.offset
+        ).reshape(t.shape)
         for t in spec.tensors
     }
+
+
+def store_dtype(dtype: str) -> np.dtype:
+    """The dtype a tensor of wire dtype ``dtype`` has in the store: float32, or uint32 for
+    ``U32`` (masked vectors are copied, never converted)."""
+    return DTYPES[dtype] if dtype == MASKED_DTYPE else np.dtype(np.float32)
 
 
 def parse_raw_header(
