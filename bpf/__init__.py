@@ -15,7 +15,7 @@ Function side::
 
 from bpf.endpoint import Endpoint, connect
 from bpf.errors import EbpfUnavailable, EndpointClosed, FrameError, RegistrationRefused, RouterError
-from bpf.frame import FLAG_LAZY, FRAME_SIZE, KEY_SIZE, Failure, Frame, Kind, Role
+from bpf.frame import FLAG_LAZY, FLAG_MASKED, FRAME_SIZE, KEY_SIZE, Failure, Frame, Kind, Role
 from bpf.metrics import DropReason, EndpointInfo, EndpointMetrics
 from bpf.probe import probe
 from bpf.prometheus import prometheus_collector
@@ -23,6 +23,7 @@ from bpf.router import RouterServer
 
 __all__ = [
     "FLAG_LAZY",
+    "FLAG_MASKED",
     "FRAME_SIZE",
     "KEY_SIZE",
     "DropReason",

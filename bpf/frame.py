@@ -8,7 +8,7 @@ off   type   field
 0     u32    dst: destination endpoint id
 4     u32    src: source endpoint id
 8     u16    kind (:class:`Kind`)
-10    u16    flags (TASK: role 1 leaf, 2 middle, 3 top; ``FLAG_LAZY`` 0x100)
+10    u16    flags (TASK: role 1 leaf, 2 middle, 3 top; ``FLAG_LAZY`` 0x100, ``FLAG_MASKED`` 0x200)
 12    u32    job: numeric job id
 16    16B    key: object key in the node's shared-memory store
 32    f64    weight: sample count (UPDATE) or weight sum (PARTIAL)
@@ -31,6 +31,8 @@ from bpf.errors import FrameError
 FRAME_SIZE = 64
 KEY_SIZE = 16
 FLAG_LAZY = 0x100
+#: TASK: the job's objects are secure aggregation's masked uint32 vectors (fold in Z_2^32)
+FLAG_MASKED = 0x200
 ROLE_MASK = 0xFF
 
 _STRUCT = struct.Struct("<IIHHI16sdIIIIQ")
@@ -173,6 +175,11 @@ class Frame:
     def lazy(self) -> bool:
         """True when the ``FLAG_LAZY`` bit is set."""
         return bool(self.flags & FLAG_LAZY)
+
+    @property
+    def masked(self) -> bool:
+        """True when the ``FLAG_MASKED`` bit is set."""
+        return bool(self.flags & FLAG_MASKED)
 
     def encode(self) -> bytes:
         """Pack into the 64-byte wire form."""

@@ -89,7 +89,7 @@ def open_round(gw: Node, job: Job) -> None:
             **common,
         )
     else:
-        job.engine = RoundEngine(**common, lazy=gw.settings.lazy)
+        job.engine = RoundEngine(**common, lazy=gw.settings.lazy, masked=job.spec.masked)
     if pushed is not None:
         job.engine.plan_version = pushed[1]
         log.info("job %s round %d opens with the pushed plan v%s", job.name, r, pushed[1])

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bpf import FLAG_LAZY, Frame, Kind
+from bpf import FLAG_LAZY, FLAG_MASKED, Frame, Kind
 from core.objstore import Namespace, StoreFull
 from gateway.plan import Plan, Slot
 
@@ -93,6 +93,7 @@ class SlotDispatch:
         persist: Callable[[int, Input, Callable[[], None]], None] | None = None,
         checkpoint: Callable[[int, Input, list[int], Callable[[], None]], None] | None = None,
         lazy: bool = False,
+        masked: bool = False,
         refused: Callable[[BaseException], None] | None = None,
         failed: Callable[[], None] | None = None,
     ) -> None:
@@ -116,6 +117,8 @@ class SlotDispatch:
         self.last_failure = ""
         self.closed = False
         self.lazy = lazy
+        #: secure aggregation: TASKs say so (FLAG_MASKED), the endpoints fold in Z_2^32
+        self.masked = masked
         self.slots = {s.id: SlotState(s, s.node == node) for s in plan.slots}
         self.intake = [self.slots[s.id] for s in plan.intake(node)]
         self.capacity = sum(s.slot.goal for s in self.intake)
@@ -237,7 +240,7 @@ class SlotDispatch:
             st.parent_ep_at_task = parent.endpoint
         else:
             st.parent_ep_at_task = self.gateway_ep
-        flags = st.slot.role | (FLAG_LAZY if self.lazy else 0)
+        flags = st.slot.role | (FLAG_LAZY if self.lazy else 0) | (FLAG_MASKED if self.masked else 0)
         log.debug(
             "round %d: slot %d -> endpoint %d (attempt %d)", self.round, st.slot.id, ep, st.attempts
         )

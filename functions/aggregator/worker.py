@@ -10,6 +10,12 @@ no open, mmap or page fault, and folded into the task's accumulator object in on
 (``core.fedavg``); the top divides once, in the pass of its last fold, on the replica's
 cores. Frame protocol: ``gateway/rounds.py``.
 
+A secure-aggregation job's TASK carries ``FLAG_MASKED``: its objects are masked uint32 vectors
+(``core.secagg``), read as uint32 views and folded with :class:`~core.secagg.fold.MaskedAccumulator`
+(wrapping addition, no weights in the arithmetic), eagerly on the same leaf/middle/top path and
+with the same checkpoints; the top divides nothing: its result is the masked sum, unmasked by the
+round's coordinator.
+
 A middle or top (eager) checkpoints after each child's partial it folds: it seals its
 accumulator, reports it to the gateway (CHECKPOINT) and writes nothing more until the gateway
 sends a spare object (SPARE), into which it folds the next partial in the same single pass
@@ -44,6 +50,7 @@ from bpf import Failure, Frame, Kind, Role
 from core import fedavg, robust, shards, wire
 from core.fedavg import Accumulator, LazyAccumulator
 from core.objstore import MappedObject, ObjectNotFound, StoreClient, StoreError
+from core.secagg.fold import MaskedAccumulator
 
 from .settings import AggregatorSettings
 
@@ -63,6 +70,11 @@ def _flat(obj: MappedObject) -> Any:
     if KERNEL == "torch":
         return obj.tensor(offset=wire.HEADER_SIZE, count=n)
     return obj.ndarray(np.float32, wire.HEADER_SIZE, n)
+
+
+def _masked(obj: MappedObject) -> np.ndarray:
+    """The object's data region as a uint32 vector view (a masked vector or sum of them)."""
+    return obj.ndarray(np.uint32, wire.HEADER_SIZE, (obj.nbytes - wire.HEADER_SIZE) // 4)
 
 
 def _floats(obj: MappedObject) -> np.ndarray:
@@ -101,6 +113,12 @@ class _Task:
     spares: deque[bytes] = field(default_factory=deque)
     #: partials that arrived while sealed and without a spare, folded when one comes
     waiting: deque[Frame] = field(default_factory=deque)
+    #: secure aggregation: uint32 views, the Z_2^32 fold, no division
+    masked: bool = False
+
+    def view(self, obj: MappedObject) -> Any:
+        """``obj``'s data region as this task's accumulator reads it."""
+        return _masked(obj) if self.masked else _flat(obj)
 
     @property
     def checkpoints(self) -> bool:
@@ -248,9 +266,14 @@ class EndpointWorker(threading.Thread):
         if f.kind == Kind.TASK:
             self._drop_task()
             obj = self._open(f.key, writable=True)  # the gateway allocated it for this task
-            flat = _flat(obj)
             threads = TOP_THREADS if f.flags & 0xFF == Role.TOP else 1
-            acc: Any = LazyAccumulator(flat) if f.lazy else Accumulator(flat, threads=threads)
+            acc: Any
+            if f.masked:  # folded eagerly even in a lazy round: a sum needs no held inputs
+                acc = MaskedAccumulator(_masked(obj))
+            elif f.lazy:
+                acc = LazyAccumulator(_flat(obj))
+            else:
+                acc = Accumulator(_flat(obj), threads=threads)
             self._task = _Task(
                 f.round,
                 f.seq,
@@ -262,6 +285,7 @@ class EndpointWorker(threading.Thread):
                 f.src,
                 obj,
                 acc,
+                masked=f.masked,
             )
             return
         if f.kind == Kind.SHUTDOWN:
@@ -396,9 +420,12 @@ class EndpointWorker(threading.Thread):
         fresh object becomes the spare the next partial is folded into."""
         base = self._open_input(t, f.key)
         fresh = t.acc_obj
-        t.acc = Accumulator(
-            _flat(base), float(f.weight), int(f.count), _empty=False, threads=t.acc.threads
-        )
+        if t.masked:
+            t.acc = MaskedAccumulator(_masked(base), float(f.weight), int(f.count), _empty=False)
+        else:
+            t.acc = Accumulator(
+                _flat(base), float(f.weight), int(f.count), _empty=False, threads=t.acc.threads
+            )
         t.acc_obj, t.sealed = base, True
         t.spares.append(fresh.key_bytes)
         fresh.close()
@@ -406,14 +433,14 @@ class EndpointWorker(threading.Thread):
     def _fold(self, t: _Task, f: Frame, *, partial: bool) -> None:
         assert self.store is not None
         obj = self._open_input(t, f.key)
-        view = _flat(obj)
-        # the top's last input: the sum and the division in one pass
+        view = t.view(obj)
+        # the top's last input: the sum and the division in one pass (a masked sum: no division)
         final = t.role == Role.TOP and not t.lazy and t.acc.count + f.count >= t.goal
         if partial and t.sealed:
             # the accumulator is a sealed checkpoint: read it, write the sum into a spare
             spare = self._open(t.spares.popleft(), writable=True)
             sealed_obj = t.acc_obj
-            t.acc = t.acc.merge_into(_flat(spare), view, f.weight, f.count, final=final)
+            t.acc = t.acc.merge_into(t.view(spare), view, f.weight, f.count, final=final)
             t.acc_obj, t.sealed = spare, False
             sealed_obj.close()
         elif partial and final:
@@ -423,7 +450,7 @@ class EndpointWorker(threading.Thread):
         else:
             t.acc.add(view, f.weight)
         self.folded += 1
-        if t.lazy:
+        if t.lazy and not t.masked:
             t.held.append(obj)  # views stay valid until the lazy fold
         else:
             del view
@@ -463,10 +490,10 @@ class EndpointWorker(threading.Thread):
         )
 
     def _finish(self, ep: bpf.Endpoint, t: _Task) -> None:
-        acc = t.acc.fold() if t.lazy else t.acc
+        acc = t.acc.fold() if t.lazy and not t.masked else t.acc
         top = t.role == Role.TOP
         if top:
-            acc.finalize()
+            acc.finalize()  # FedAvg divides; a masked sum stays the sum
         weight, count = acc.weight, acc.count
         del acc
         key = self._seal_acc(t, wire.KIND_GLOBAL if top else wire.KIND_PARTIAL, weight, count)

@@ -1,0 +1,181 @@
+"""Masked uint32 vectors through a real gateway and real aggregator replicas: decoded once into
+the store as the raw uint32 they are (wire dtype ``U32``), folded eagerly in Z_2^32 on the
+leaf/middle/top path FedAvg takes, never divided. The published model is the masked sum, which
+core.secagg's coordinator unmasks to exactly the survivors' quantized FedAvg, and no object the
+gateway or the replicas stored is distinguishable from uniform bytes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+import pytest
+
+from core import wire
+from core.auth import bearer
+from core.objstore import StoreError
+from core.secagg.config import SecAggConfig
+from gateway import Gateway
+from tests.aggregators import Aggregators
+from tests.dataplane.conftest import make_gw  # noqa: F401  (the gateway fixture)
+from tests.dataplane.gwutil import GatewayThread
+from tests.dataplane.rounds import post_update, wait_version
+from tests.polling import wait_until
+from tests.secagg.rounds import UNIFORM_P, D, looks_uniform, run_round
+
+pytestmark = pytest.mark.integration
+
+N = 10
+DROPPED = (3, 7)  # masked their vectors, which never reached the server
+CLIENTS = [f"c{i}" for i in range(N - len(DROPPED))]
+
+
+def _node(gw: GatewayThread) -> Gateway:
+    assert gw.gw is not None
+    return gw.gw
+
+
+def _masked_job_request(
+    gw: GatewayThread, metadata: dict[str, str] | None = None
+) -> httpx.Response:
+    """``POST /v1/jobs`` of a job whose model is one masked vector (``U32``, the weight
+    coordinate included), ``metadata`` in its header."""
+    body = wire.encode_tensors({"masked": np.zeros(D + 1, np.uint32)}, metadata)
+    return httpx.post(
+        gw.url + "/v1/jobs",
+        params={"job": "j1", "rounds": 1, "goal": len(CLIENTS), "clients": ",".join(CLIENTS)},
+        content=body,
+        headers=bearer(_node(gw).secret),
+    )
+
+
+def _create_masked_job(gw: GatewayThread) -> dict[str, str]:
+    """The masked job created; its clients' tokens."""
+    r = _masked_job_request(gw)
+    assert r.status_code == 201, r.text
+    return dict(r.json()["tokens"])
+
+
+def _stored(gw: GatewayThread, kinds: set[int]) -> dict[str, tuple[int, bytes]]:
+    """The masked vectors (or sums) in the job's sealed store objects of header ``kinds``,
+    by key: ``(header kind, bytes)``."""
+    ns = _node(gw).jobs["j1"].ns
+    out = {}
+    for key in ns.keys():  # noqa: SIM118  (a Namespace is no mapping)
+        try:
+            obj = ns.open(bytes.fromhex(key))
+        except StoreError:
+            continue  # an object still written: an accumulator
+        with obj:
+            kind = wire.read_header(obj.buf).kind
+            if kind in kinds:
+                # the vector, not the zero padding that ends the object
+                out[key] = kind, bytes(obj.buf[wire.HEADER_SIZE : wire.HEADER_SIZE + 4 * (D + 1)])
+    return out
+
+
+def _kill_after_a_checkpoint(gw: GatewayThread, aggs: Aggregators) -> Callable[[], int]:
+    """Kill every replica once a parent parked on its checkpoint, start a fresh one; a call
+    that says how many times that parent's slot has been run."""
+    eng = _node(gw).jobs["j1"].engine
+    assert eng is not None
+
+    def parked() -> list[int]:
+        return [i for i, s in eng.slots.items() if s.ckpt is not None and s.endpoint is None]
+
+    slot = wait_until(parked, what="a parent parked on its checkpoint")[0]
+    for pid in set(aggs.endpoints().values()):
+        aggs.kill_pid(pid)
+    aggs.spawn(1)
+    return lambda: eng.slots[slot].attempts
+
+
+@pytest.mark.parametrize(
+    ("fanout", "lazy", "kill"), [(3, False, False), (2, True, False), (2, False, True)]
+)
+def test_replicas_fold_masked_vectors_into_the_exact_quantized_fedavg(
+    make_gw: Callable[..., GatewayThread],  # noqa: F811
+    fanout: int,
+    lazy: bool,
+    kill: bool,
+) -> None:
+    """``kill``: once the first leaf's partial is folded into its parent's checkpoint (the
+    parent parked), every replica is killed and a fresh one re-runs the parent from its
+    checkpoint, read in place as a masked sum, folding the next partial into a spare."""
+    gw = make_gw(fanout=fanout, lazy=lazy, pool=3)
+    tokens = _create_masked_job(gw)
+    aggs = Aggregators(gw)
+    seen: dict[str, tuple[int, bytes]] = {}  # every update and partial found in the store
+    attempts: list[Callable[[], int]] = []  # kill: the parked parent's runs
+
+    def through_gateway(vectors: list[np.ndarray]) -> np.ndarray:
+        """The server's fold: each masked vector uploaded by a client, the round's published
+        model read back (the masked sum), the stored updates and partials kept for the check."""
+        assert len(vectors) == len(CLIENTS)
+        for c, vec in zip(CLIENTS, vectors, strict=True):
+            # the samples header is a frame's weight only: the weight is inside the vector
+            r = post_update(gw.url, "j1", 1, tokens[c], c, wire.encode_tensors({"masked": vec}))
+            assert r.status_code == 202, r.text
+            seen.update(_stored(gw, {wire.KIND_UPDATE, wire.KIND_PARTIAL}))
+            if kill and c == CLIENTS[fanout - 1]:  # the first leaf is full
+                attempts.append(_kill_after_a_checkpoint(gw, aggs))
+        got = wait_version(gw.url, tokens["c0"], 1)
+        seen.update(_stored(gw, {wire.KIND_GLOBAL}))
+        assert set(got) == {"masked"} and got["masked"].dtype == np.uint32
+        return got["masked"]
+
+    try:
+        aggs.start(2)
+        out = run_round(
+            SecAggConfig(neighbours=6), N, drop_after_masking=DROPPED, fold=through_gateway
+        )
+        np.testing.assert_array_equal(out.got, out.want)
+        assert all(runs() >= 2 for runs in attempts) and len(attempts) == int(kill)
+        job = _node(gw).jobs["j1"]
+        assert job.global_key is not None
+        with job.ns.open(job.global_key) as obj:
+            h = wire.read_header(obj.buf)
+            assert h.count == len(CLIENTS)  # every masked vector folded exactly once
+        sent = {v.tobytes() for v in out.vectors}
+        updates = [data for kind, data in seen.values() if kind == wire.KIND_UPDATE]
+        # the first update waits in the store for its leaf's other inputs: at least it was seen,
+        # and each update seen is its client's vector as uploaded (copied, not converted)
+        assert updates and all(data in sent for data in updates)
+        for key, (_, data) in seen.items():
+            assert looks_uniform(data) > UNIFORM_P, key
+    finally:
+        aggs.stop()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("fedfaas.aggregation", {"rule": "median"}, "aggregation: robust rules"),
+        ("fedfaas.async", {"max_staleness": 2, "eta": 0.8}, "fedbuff: FedBuff weights"),
+        ("core.server_opt", {"name": "fedadam"}, "server_opt: a server optimizer"),
+        ("fedfaas.evaluator", {"kind": "digits-softmax"}, "evaluator: an evaluator"),
+    ],
+)
+def test_a_masked_job_refuses_what_reads_individual_updates_or_floats(
+    make_gw: Callable[..., GatewayThread],  # noqa: F811
+    key: str,
+    value: dict[str, object],
+    says: str,
+) -> None:
+    gw = make_gw()
+    r = _masked_job_request(gw, {key: json.dumps(value)})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "bad_secure_aggregation" and says in r.json()["detail"]
+    assert "U32" in r.json()["detail"]
+    assert "j1" not in _node(gw).jobs
+    # the same option on a float model is no business of secure aggregation's
+    body = wire.encode_tensors({"w": np.zeros(4, np.float32)}, {key: json.dumps(value)})
+    r = httpx.post(
+        gw.url + "/v1/jobs",
+        params={"job": "j2", "rounds": 1, "goal": 3, "clients": "a,b,c"},
+        content=body,
+        headers=bearer(_node(gw).secret),
+    )
+    assert r.json().get("error") != "bad_secure_aggregation", r.text
