@@ -179,3 +179,21 @@ def test_a_masked_job_refuses_what_reads_individual_updates_or_floats(
         headers=bearer(_node(gw).secret),
     )
     assert r.json().get("error") != "bad_secure_aggregation", r.text
+
+
+def test_a_float_upload_to_a_masked_job_is_refused_with_what_is_wrong(
+    make_gw: Callable[..., GatewayThread],  # noqa: F811
+) -> None:
+    gw = make_gw()
+    tokens = _create_masked_job(gw)
+    floats = wire.encode_tensors({"masked": np.zeros(D + 1, np.float32)})
+    r = post_update(gw.url, "j1", 1, tokens["c0"], "c0", floats)
+    assert r.status_code == 400, r.text
+    assert "U32" in r.json()["detail"] and "F32" in r.json()["detail"]
+    eng = _node(gw).jobs["j1"].engine
+    assert eng is not None and not eng.clients  # nothing of it was accepted
+    # and the client may still send its masked vector
+    masked = wire.encode_tensors({"masked": np.arange(D + 1, dtype=np.uint32)})
+    r = post_update(gw.url, "j1", 1, tokens["c0"], "c0", masked)
+    assert r.status_code == 202, r.text
+    assert set(eng.clients) == {"c0"}
