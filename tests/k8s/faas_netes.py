@@ -19,7 +19,9 @@ import httpx
 import yaml
 
 from core.services import PrometheusServer
+from tests.k8s.api import KubeApi
 from tests.k8s.cluster import SERVER, Cluster
+from tests.k8s.netns import NODE_IP
 from tests.openfaas.conftest import wait_for
 
 MANIFESTS = Path(__file__).with_name("openfaas.yaml")
@@ -157,3 +159,68 @@ class OpenFaaSOnCluster:
         provider = f"http://127.0.0.1:{PROVIDER_PORT}/healthz"
         wait_for(lambda: self._healthy("faas-netes", provider), "faas-netes /healthz", timeout)
         wait_for(lambda: self._healthy("gateway", f"{GATEWAY}/healthz"), "gateway", timeout)
+
+
+def keep_imported_images(api: KubeApi) -> list[str]:
+    """Patch every function Deployment whose containers pull ``Always`` to ``IfNotPresent``;
+    the names patched.
+
+    faas-netes' last MIT build gives every function it makes `imagePullPolicy: Always` whatever
+    its ``image_pull_policy`` says, and no registry answers on a test node: the functions run the
+    images imported into containerd instead (the cache engine's flstore-cache-N, faas-cli's).
+    """
+    patched = []
+    for dep in api.list("apps/v1", "Deployment", FUNCTION_NAMESPACE):
+        containers = dep["spec"]["template"]["spec"]["containers"]
+        if all(c.get("imagePullPolicy") != "Always" for c in containers):
+            continue
+        name = dep["metadata"]["name"]
+        patch = {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": c["name"], "imagePullPolicy": "IfNotPresent"}
+                            for c in containers
+                        ]
+                    }
+                }
+            }
+        }
+        api.request(
+            "PATCH",
+            api.resource("apps/v1", "Deployment").path(FUNCTION_NAMESPACE, name),
+            json=patch,
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        ).raise_for_status()
+        patched.append(name)
+    return patched
+
+
+def publish_gateway(cluster: Cluster) -> None:
+    """The Service ``gateway`` in ``openfaas`` (the chart's default ``gatewayURL``,
+    ``http://gateway.openfaas:8080``, as OpenFaaS's chart names it) for the gateway process:
+    no selector, one EndpointSlice naming the node's address, so pods reach it through
+    kube-proxy as they would the gateway's pods."""
+    cluster.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "gateway", "namespace": "openfaas"},
+            "spec": {"ports": [{"name": "http", "port": GATEWAY_PORT, "protocol": "TCP"}]},
+        }
+    )
+    cluster.api.create(
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "gateway-process",
+                "namespace": "openfaas",
+                "labels": {"kubernetes.io/service-name": "gateway"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+            "ports": [{"name": "http", "port": GATEWAY_PORT, "protocol": "TCP"}],
+        }
+    )

@@ -300,11 +300,12 @@ class Node:
         conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
         return conditions.get("Ready") == "True" and not node["spec"].get("taints")
 
-    def pod_log(self, namespace: str, pod: str) -> str:
-        """The tail of every container log of the pod (kubelet's /var/log/pods, bound here)."""
+    def pod_log(self, namespace: str, pod: str, tail: int = 2000) -> str:
+        """The last ``tail`` characters of every container log of the pod (kubelet's
+        /var/log/pods, bound here)."""
         out = []
         for path in sorted((self.folder / "pods").glob(f"{namespace}_{pod}_*/*/*.log")):
-            out.append(f"== {path.parent.name}\n{path.read_text(errors='replace')[-2000:]}")
+            out.append(f"== {path.parent.name}\n{path.read_text(errors='replace')[-tail:]}")
         return "\n".join(out)
 
     # ------------------------------------------------------------------ stop

@@ -29,18 +29,28 @@ ready and its post-install hook, the MinIO provisioning Job, has completed; then
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from minio import Minio
 
 from core.services import find_binary
-from tests.k8s.conftest import Helm
+from tests.k8s.chart_release import (
+    CHART,
+    IMAGES,
+    NAMESPACE,
+    RELEASE,
+    chart_values,
+    get,
+    install,
+    node_helm,
+    pods_report,
+    router_endpoints,
+    secret,
+)
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
 from tests.k8s.node import Node, pod_ready
 from tests.k8s.node_fixture import started_node
@@ -48,16 +58,6 @@ from tests.openfaas.conftest import require_binary, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "fedfaas"
-RELEASE, NAMESPACE = "fedfaas", "openfaas"
-TAG = "0.1.0"
-#: the chart's images, as `make images` and scripts/k8s-images.sh name them
-IMAGES = {
-    "image": f"ghcr.io/fedfaas/fedfaas:{TAG}",
-    "aggregator.image": f"ghcr.io/fedfaas/aggregator:{TAG}",
-    "minio.image": f"localhost/fedfaas/minio-server:{TAG}",
-    "redis.image": f"localhost/fedfaas/redis:{TAG}",
-}
 COMPONENTS = {
     "minio",
     "redis",
@@ -69,47 +69,17 @@ COMPONENTS = {
 }
 
 
-def _values() -> list[str]:
-    args = ["--set", "minio.persistence.enabled=false", "--set", "redis.persistence.enabled=false"]
-    for key, ref in IMAGES.items():
-        repository, tag = ref.rsplit(":", 1)
-        args += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]
-    return args
-
-
 @pytest.fixture(scope="module")
 def release(
     k8s_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Node]:
     """The node with the chart installed (``helm install --wait``, hooks run)."""
-    helm_binary = find_binary("helm")
     folder = tmp_path_factory.mktemp("k8s-chart")
-    tools = () if helm_binary else ("helm (`make helm`)",)
+    tools = () if find_binary("helm") else ("helm (`make helm`)",)
     with started_node(k8s_binaries, folder, list(IMAGES.values()), tools) as node:
-        assert helm_binary is not None
-        cluster = node.cluster
-        install_openfaas_objects(cluster, folder / "basic-auth")
-        home = tmp_path_factory.mktemp("helm-home")
-        helm = Helm(cluster.ns.wrapper("helm", helm_binary), home, cluster.admin_kubeconfig)
-        res = helm(
-            "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-            "--wait", "--timeout", "8m", *_values(),
-            timeout=600,
-        )  # fmt: skip
-        if res.returncode != 0:
-            raise AssertionError(f"helm install: {res.stderr}\n{_pods_report(node)}")
+        install_openfaas_objects(node.cluster, folder / "basic-auth")
+        install(node, tmp_path_factory.mktemp("helm-home"))
         yield node
-
-
-def _pods_report(node: Node) -> str:
-    out = []
-    for ns in (NAMESPACE, FUNCTION_NAMESPACE):
-        for pod in node.cluster.api.list("v1", "Pod", ns):
-            name = pod["metadata"]["name"]
-            out.append(f"{ns}/{name}: {pod.get('status', {}).get('containerStatuses')}")
-            if not pod_ready(pod):
-                out.append(node.pod_log(ns, name))
-    return "\n".join(out)
 
 
 #: the post-install hook's Job (helm deletes the Job once it succeeded; its pod may linger)
@@ -135,21 +105,10 @@ def _release_pods(node: Node) -> dict[str, dict[str, Any]]:
     return pods
 
 
-def _secret(node: Node, name: str, key: str) -> str:
-    obj = node.cluster.api.get("v1", "Secret", name, NAMESPACE)
-    assert obj is not None, name
-    return base64.b64decode(obj["data"][key]).decode()
-
-
-def _get(node: Node, url: str, token: str) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token}"}
-    return node.cluster.ns.call(httpx.get, url, headers=headers, timeout=10)
-
-
 def test_every_pod_of_the_release_is_ready(release: Node) -> None:
     pods = _release_pods(release)
-    assert set(pods) == COMPONENTS, _pods_report(release)
-    assert all(pod_ready(p) for p in pods.values()), _pods_report(release)
+    assert set(pods) == COMPONENTS, pods_report(release)
+    assert all(pod_ready(p) for p in pods.values()), pods_report(release)
     assert all(p["spec"]["nodeName"] == release.name for p in pods.values())
     gateway = pods["node-gateway"]
     (init,) = gateway["status"]["initContainerStatuses"]
@@ -161,22 +120,22 @@ def test_the_aggregator_registers_with_the_node_gateway_through_the_shared_socke
 ) -> None:
     pods = _release_pods(release)
     gateway_ip = pods["node-gateway"]["status"]["podIP"]
-    token = _secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+    token = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
 
     def registered() -> list[dict[str, Any]]:
-        r = _get(release, f"http://{gateway_ip}:8081/v1/router", token)
+        r = get(release, f"http://{gateway_ip}:8081/v1/router", token)
         assert r.status_code == 200, r.text
         return [e for e in r.json()["endpoints"] if not e["local"]]
 
     wait_for(lambda: bool(registered()), "the aggregator's endpoint registered", 120)
-    status = _get(release, f"http://{gateway_ip}:8081/v1/router", token).json()
+    status = get(release, f"http://{gateway_ip}:8081/v1/router", token).json()
     # eBPF off (the chart's default): the userspace router, and why
     assert (status["mode"], status["reason"]) == (
         "userspace",
         "eBPF not requested (prefer_ebpf=False)",
     )
     assert {e["uid"] for e in registered()} == {12000}  # the hostPaths' owner
-    assert _get(release, f"http://{gateway_ip}:8081/v1/router", "wrong").status_code == 401
+    assert get(release, f"http://{gateway_ip}:8081/v1/router", "wrong").status_code == 401
 
 
 def test_the_control_plane_finds_the_node_gateway_through_the_headless_service(
@@ -184,10 +143,10 @@ def test_the_control_plane_finds_the_node_gateway_through_the_headless_service(
 ) -> None:
     pods = _release_pods(release)
     url = f"http://{pods['control-plane']['status']['podIP']}:8070/v1/nodes"
-    token = _secret(release, f"{RELEASE}-tokens", "analyst-token")
+    token = secret(release, f"{RELEASE}-tokens", "analyst-token")
 
     def healthy() -> bool:
-        r = _get(release, url, token)
+        r = get(release, url, token)
         assert r.status_code == 200, r.text
         return [n["healthy"] for n in r.json()["nodes"]] == [True]
 
@@ -197,7 +156,7 @@ def test_the_control_plane_finds_the_node_gateway_through_the_headless_service(
 def test_the_provisioning_hook_made_the_bucket_and_the_gateways_user(release: Node) -> None:
     svc = release.cluster.api.get("v1", "Service", f"{RELEASE}-minio", NAMESPACE)
     assert svc is not None
-    creds = json.loads(_secret(release, f"{RELEASE}-minio-users", "minio-gateway.json"))
+    creds = json.loads(secret(release, f"{RELEASE}-minio-users", "minio-gateway.json"))
     endpoint = f"{svc['spec']['clusterIP']}:9000"
 
     def bucket_exists() -> bool:
@@ -205,12 +164,6 @@ def test_the_provisioning_hook_made_the_bucket_and_the_gateways_user(release: No
         return client.bucket_exists("fedfaas")
 
     assert release.cluster.ns.call(bucket_exists)
-
-
-def _router_endpoints(node: Node, gateway_ip: str, token: str) -> list[dict[str, Any]]:
-    r = _get(node, f"http://{gateway_ip}:8081/v1/router", token)
-    assert r.status_code == 200, r.text
-    return [e for e in r.json()["endpoints"] if not e["local"]]
 
 
 def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
@@ -225,9 +178,9 @@ def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
     of = OpenFaaSOnCluster(cluster, auth, auth_dir, tmp_path)
     of.start(faas_netes_binary, require_binary("gateway"))
     gateway_ip = _release_pods(release)["node-gateway"]["status"]["podIP"]
-    token = _secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
-    wait_for(lambda: bool(_router_endpoints(release, gateway_ip, token)), "endpoints", 120)
-    before = {e["id"] for e in _router_endpoints(release, gateway_ip, token)}
+    token = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+    wait_for(lambda: bool(router_endpoints(release, gateway_ip, token)), "endpoints", 120)
+    before = {e["id"] for e in router_endpoints(release, gateway_ip, token)}
     r = of.http(
         "POST",
         "/system/scale-function/aggregator",
@@ -246,28 +199,24 @@ def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
     wait_for(two_ready, "two aggregator pods Ready", 180)
 
     def registered() -> bool:  # the new pod's endpoints, as many as the first pod's
-        ids = {e["id"] for e in _router_endpoints(release, gateway_ip, token)}
+        ids = {e["id"] for e in router_endpoints(release, gateway_ip, token)}
         return before < ids and len(ids) == 2 * len(before)
 
     wait_for(registered, "the new aggregator pod's endpoints registered with the gateway", 120)
-    endpoints = _router_endpoints(release, gateway_ip, token)
+    endpoints = router_endpoints(release, gateway_ip, token)
     assert {e["uid"] for e in endpoints} == {12000}  # the uid the hostPaths were handed to
 
 
 def test_with_ebpf_on_the_privileged_gateway_loads_its_program(
     release: Node, tmp_path: Path
 ) -> None:
-    cluster = release.cluster
-    binary_path = find_binary("helm")
-    assert binary_path is not None
-    helm = Helm(cluster.ns.wrapper("helm", binary_path), tmp_path, cluster.admin_kubeconfig)
-    res = helm(
+    res = node_helm(release, tmp_path)(
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--wait", "--timeout", "5m",
-        *_values(), "--set", "nodeGateway.ebpf.enabled=true",
+        *chart_values(), "--set", "nodeGateway.ebpf.enabled=true",
         timeout=400,
     )  # fmt: skip
-    assert res.returncode == 0, f"{res.stderr}\n{_pods_report(release)}"
-    token = _secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+    assert res.returncode == 0, f"{res.stderr}\n{pods_report(release)}"
+    token = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
 
     def loaded() -> bool:
         pods = _release_pods(release)
@@ -277,7 +226,7 @@ def test_with_ebpf_on_the_privileged_gateway_loads_its_program(
         ):
             return False
         ip = gateway["status"]["podIP"]
-        status = _get(release, f"http://{ip}:8081/v1/router", token).json()
+        status = get(release, f"http://{ip}:8081/v1/router", token).json()
         assert (status["mode"], status["reason"]) == ("ebpf", "eBPF SK_MSG sidecar loaded"), status
         return {e["uid"] for e in status["endpoints"] if not e["local"]} == {0}
 

@@ -32,7 +32,12 @@ import pytest
 
 from tests.containers.conftest import stack_images
 from tests.k8s.cluster import K8S_VERSION
-from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster, install_openfaas_objects
+from tests.k8s.faas_netes import (
+    FUNCTION_NAMESPACE,
+    OpenFaaSOnCluster,
+    install_openfaas_objects,
+    keep_imported_images,
+)
 from tests.k8s.node import Node, pod_ready
 from tests.k8s.node_files import POD_CIDR
 from tests.k8s.node_fixture import started_node
@@ -263,23 +268,7 @@ def _use_imported_image(node: Node, function: str) -> None:
     assert dep is not None
     containers = dep["spec"]["template"]["spec"]["containers"]
     assert [c["imagePullPolicy"] for c in containers] == ["Always"]
-    patch = {
-        "spec": {
-            "template": {
-                "spec": {
-                    "containers": [
-                        {"name": c["name"], "imagePullPolicy": "IfNotPresent"} for c in containers
-                    ]
-                }
-            }
-        }
-    }
-    api.request(
-        "PATCH",
-        api.resource("apps/v1", "Deployment").path(FUNCTION_NAMESPACE, function),
-        json=patch,
-        headers={"Content-Type": "application/strategic-merge-patch+json"},
-    ).raise_for_status()
+    assert keep_imported_images(api) == [function]
 
 
 def test_faas_cli_deploys_echo_through_faas_netes_and_it_answers_through_the_gateway(

@@ -1,0 +1,442 @@
+"""The README's FL job on the real node (:mod:`tests.k8s.node`), from outside the cluster.
+
+The node runs the chart with two node gateways (``nodeGateway.perNode=2``: two DaemonSets, each a
+node of its own to the control plane with its own host folders and aggregator function, as
+`fedfaas up` runs two gateways on one machine), OpenFaaS's gateway and faas-netes (processes
+beside the cluster, published to the pods as the Service ``gateway.openfaas``, the chart's
+``gatewayURL``), and ``digits-evaluator`` deployed with faas-cli through them.
+
+"Outside the cluster" is the test's side of the node: the job script runs in the node's network
+namespace (where a user's machine on the node's network would be), not in a pod. It reaches
+the control plane, the request tracker and MinIO at their Services' ClusterIPs through
+kube-proxy's rules (a hosts file names them, as faasd's names its services: the script is
+tests/containers/faasd_job.py, unchanged), and uploads to the gateway pods' addresses the control
+plane found through the headless Service ``fedfaas-node-gateway-peers`` (the pod network is
+routed to the node, as on a flat pod network). No NodePort: the gateways are addressed one by
+one (a client belongs to its node's gateway), which a Service's load balancing would not do.
+
+- 8 clients, 3 rounds, placed on both gateways; every round's model is float64 FedAvg of the
+  uploads within 1e-6; the checkpoints in the chart's MinIO are the published models; Shapley
+  (scored by digits-evaluator through the gateway), Multi-Krum and Oort through the tracker equal
+  the same workloads run in process on the checkpointed objects; the cache engine created its
+  flstore-cache functions through the gateway and faas-netes; both aggregator functions' pods
+  ran slots.
+- Scaling: a round of 20 clients makes the control plane scale ``aggregator`` through the gateway
+  and faas-netes (its log and the Deployment say so); the new pod's endpoints register with the
+  first gateway and the next round, exact, runs slots in it.
+- A fault: the first gateway's pod is deleted mid-round (half the updates accepted); the
+  DaemonSet starts a new one, and the round, finished by the other clients, is exact FedAvg of
+  every update once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.model import make_model, model_to_bytes
+from client.sdk import FLClient, enroll, submit_job
+from client.simulator import control_plane_assignment
+from core import fedavg
+from core.services import find_binary
+from tests.containers.faasd_harness import job_result
+from tests.containers.test_faasd_platform import _same
+from tests.k8s.chart_release import (
+    IMAGES,
+    NAMESPACE,
+    RELEASE,
+    TAG,
+    get,
+    install,
+    pods_report,
+    router_endpoints,
+    secret,
+)
+from tests.k8s.faas_netes import (
+    FUNCTION_NAMESPACE,
+    OpenFaaSOnCluster,
+    install_openfaas_objects,
+    keep_imported_images,
+    publish_gateway,
+)
+from tests.k8s.node import Node, pod_ready
+from tests.k8s.node_fixture import started_node
+from tests.openfaas.conftest import FaasCli, require_binary, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
+
+REPO = Path(__file__).resolve().parents[2]
+FUNCTION_IMAGES = [f"ghcr.io/fedfaas/flstore:{TAG}", f"ghcr.io/fedfaas/digits-evaluator:{TAG}"]
+#: two gateways on the node, and requests a 2-core node can hold with a scale-up
+VALUES = [
+    "--set", "nodeGateway.perNode=2",
+    "--set", "nodeGateway.resources.requests.cpu=100m",
+    "--set", "nodeGateway.resources.requests.memory=256Mi",
+    "--set", "aggregator.resources.requests.cpu=50m",
+    "--set", "aggregator.resources.requests.memory=128Mi",
+    "--set", "minio.resources.requests.cpu=50m",
+    "--set", "minio.resources.requests.memory=256Mi",
+    # a scale-up stays for the next round (the default scales down after 30 idle seconds)
+    "--set", "controlPlane.env.FEDFAAS_CONTROL_SCALE_DOWN_S=600",
+]  # fmt: skip
+#: the Services the job script reaches by these names (tests/containers/faasd_job.py)
+SERVICES = {
+    "control-plane": f"{RELEASE}-control-plane",
+    "request-tracker": f"{RELEASE}-request-tracker",
+    "minio": f"{RELEASE}-minio",
+}
+GATEWAYS = (f"{RELEASE}-node-gateway", f"{RELEASE}-node-gateway-1")
+
+
+@dataclass
+class Platform:
+    node: Node
+    openfaas: OpenFaaSOnCluster
+    secrets: Path
+
+    def token(self, name: str) -> str:
+        return (self.secrets / name).read_text().strip()
+
+    def service_ip(self, name: str) -> str:
+        svc = self.node.cluster.api.get("v1", "Service", name, NAMESPACE)
+        assert svc is not None, name
+        return str(svc["spec"]["clusterIP"])
+
+    @property
+    def control_plane(self) -> str:
+        return f"http://{self.service_ip(SERVICES['control-plane'])}:8070"
+
+    def gateway_pod(self, daemonset: str) -> dict[str, Any]:
+        """The Ready, not terminating pod of one gateway DaemonSet."""
+        pods = [
+            p
+            for p in self.node.cluster.api.list("v1", "Pod", NAMESPACE)
+            if any(o["name"] == daemonset for o in p["metadata"].get("ownerReferences", []))
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        assert len(pods) == 1 and pod_ready(pods[0]), [p.get("status") for p in pods]
+        return pods[0]
+
+    def function_pods(self, function: str) -> list[dict[str, Any]]:
+        return self.node.cluster.api.list(
+            "v1", "Pod", FUNCTION_NAMESPACE, selector=f"faas_function={function}"
+        )
+
+    def replica_status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """An aggregator pod's own status (``GET /`` with the function token)."""
+        ip = pod["status"]["podIP"]
+        r = get(self.node, f"http://{ip}:8080/", self.token("function-token"))
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+
+def _write_secrets(node: Node, folder: Path) -> Path:
+    """The chart's Secrets as the files `fedfaas up` writes (faasd_job.py reads them)."""
+    folder.mkdir(mode=0o700)
+    tokens = f"{RELEASE}-tokens"
+    files = {
+        name: secret(node, tokens, name)
+        for name in ("gateway-admin-secret", "analyst-token", "function-token")
+    }
+    files["minio-gateway.json"] = secret(node, f"{RELEASE}-minio-users", "minio-gateway.json")
+    for name, value in files.items():
+        path = folder / name
+        path.touch(mode=0o600)
+        path.write_text(value)
+    return folder
+
+
+def _deploy_evaluator(node: Node, of: OpenFaaSOnCluster, home: Path) -> None:
+    cli = FaasCli(node.cluster.ns.wrapper("faas-cli", require_binary("faas-cli")), home)
+    cli.gateway = of.url
+    user, password = of.auth
+    cli.ok("login", "--username", user, "--password-stdin", stdin=password)
+    # the function token Secret is the chart's (fedfaas-function-token in openfaas-fn)
+    cli.ok("deploy", "-f", "stack.yml", "--filter", "digits-evaluator", cwd=REPO)
+    wait_for(
+        lambda: bool(keep_imported_images(node.cluster.api)) or _ready(node, "digits-evaluator"),
+        "faas-netes made the digits-evaluator Deployment",
+        60,
+    )
+    wait_for(lambda: _ready(node, "digits-evaluator"), "digits-evaluator Ready", 180)
+
+
+def _ready(node: Node, function: str) -> bool:
+    pods = node.cluster.api.list(
+        "v1", "Pod", FUNCTION_NAMESPACE, selector=f"faas_function={function}"
+    )
+    return bool(pods) and all(pod_ready(p) for p in pods)
+
+
+@pytest.fixture(scope="module")
+def platform(
+    k8s_binaries: dict[str, Path],
+    faas_netes_binary: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Platform]:
+    """The node with OpenFaaS, the chart (two gateways) and digits-evaluator."""
+    folder = tmp_path_factory.mktemp("k8s-job")
+    tools = () if find_binary("helm") else ("helm (`make helm`)",)
+    images = [*IMAGES.values(), *FUNCTION_IMAGES]
+    with started_node(k8s_binaries, folder, images, tools) as node:
+        auth_dir = folder / "basic-auth"
+        auth = install_openfaas_objects(node.cluster, auth_dir)
+        of = OpenFaaSOnCluster(node.cluster, auth, auth_dir, folder / "openfaas")
+        of.start(faas_netes_binary, require_binary("gateway"))
+        publish_gateway(node.cluster)
+        install(node, tmp_path_factory.mktemp("helm-home"), *VALUES)
+        _deploy_evaluator(node, of, tmp_path_factory.mktemp("faas-cli-home"))
+        yield Platform(node, of, _write_secrets(node, folder / "secrets"))
+
+
+def _run_job_script(p: Platform, tmp: Path, job: str) -> dict[str, Any]:
+    """tests/containers/faasd_job.py in the node's network namespace, the Services' names in a
+    hosts file of its own (a private mount namespace: nothing else sees it); function
+    Deployments faas-netes makes meanwhile (the cache engine's) use the imported images."""
+    hosts = tmp / "hosts"
+    hosts.write_text(
+        "127.0.0.1 localhost\n"
+        + "".join(f"{p.service_ip(svc)} {name}\n" for name, svc in SERVICES.items())
+    )
+    unshare = shutil.which("unshare")
+    assert unshare is not None
+    wrapper = p.node.cluster.ns.wrapper("unshare", unshare)
+    script = (
+        f"mount --bind {hosts} /etc/hosts && exec {sys.executable} "
+        f"tests/containers/faasd_job.py --secrets {p.secrets} --job {job} "
+        "--clients 8 --rounds 3"
+    )
+    out, err = tmp / "job.out", tmp / "job.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(
+            [str(wrapper), "--mount", "--propagation", "private", "sh", "-c", script],
+            cwd=REPO,
+            stdout=fo,
+            stderr=fe,
+            env={
+                "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+                "PYTHONPATH": str(REPO),
+                "HOME": str(tmp),
+            },
+        )
+        try:
+            while True:
+                keep_imported_images(p.node.cluster.api)
+                try:
+                    proc.wait(timeout=2)  # a patch round every 2 s while it runs
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = out.read_text(errors="replace")
+    assert proc.returncode == 0, (
+        text[-3000:] + err.read_text(errors="replace")[-6000:] + pods_report(p.node)
+    )
+    return job_result(text)
+
+
+def test_a_readme_job_runs_on_two_gateway_pods_and_flstore_answers_as_computed_here(
+    platform: Platform, tmp_path: Path
+) -> None:
+    p = platform
+    res = _run_job_script(p, tmp_path, "k8s-digits")
+    (p.node.cluster.folder / "job.json").write_text(json.dumps(res, indent=1))  # for a reader
+    gateway_urls = sorted(f"http://{p.gateway_pod(d)['status']['podIP']}:8081" for d in GATEWAYS)
+    rounds = res["job"]["rounds"]
+    assert [r["version"] for r in rounds] == [1, 2, 3]
+    for r in rounds:
+        assert r["rel_error"] <= 1e-6, r
+        assert r["gateways"] == gateway_urls, r  # clients on both gateway pods
+        assert res["here"]["global_sha"][str(r["round"])] == r["global_sha"], r
+    for workload in res["asked"]:
+        _same(res["tracker"][workload]["result"], res["here"][workload], workload)
+    shapley = res["tracker"]["shapley"]["result"]["values"]
+    assert set(shapley) == set(res["job"]["clients"]) and any(shapley.values())
+    # the cache engine made its functions through the gateway and faas-netes: Deployments of
+    # the flstore image in the function namespace
+    caches = [
+        d
+        for d in p.node.cluster.api.list("apps/v1", "Deployment", FUNCTION_NAMESPACE)
+        if d["metadata"]["name"].startswith("flstore-cache-")
+    ]
+    assert len(caches) >= 2, [d["metadata"]["name"] for d in caches]  # primary and secondary
+    assert {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in caches} == {
+        FUNCTION_IMAGES[0]
+    }
+    # each gateway's aggregator function ran slots, in endpoints registered with that gateway
+    admin = p.token("gateway-admin-secret")
+    for daemonset, function in zip(GATEWAYS, ("aggregator", "aggregator-1"), strict=True):
+        ip = p.gateway_pod(daemonset)["status"]["podIP"]
+        registered = {e["id"] for e in router_endpoints(p.node, ip, admin)}
+        statuses = [p.replica_status(pod) for pod in p.function_pods(function)]
+        assert sum(e["tasks_done"] for s in statuses for e in s["endpoints"]) > 0, statuses
+        for s in statuses:
+            assert {e["endpoint"] for e in s["endpoints"]} <= registered, (s, registered)
+
+
+# ---------------------------------------------------------------------------------------------
+def _model_arrays() -> dict[str, np.ndarray]:
+    from safetensors.numpy import load
+
+    return load(model_to_bytes(make_model(0, "softmax")))
+
+
+def _update(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in _model_arrays().items()}
+
+
+class _Job:
+    """A job of ``clients`` with random updates, driven from the node's network namespace."""
+
+    def __init__(self, p: Platform, name: str, clients: list[str], rounds: int) -> None:
+        self.p, self.name, self.clients = p, name, clients
+        admin = p.token("gateway-admin-secret")
+        created = p.node.cluster.ns.call(
+            submit_job,
+            p.control_plane,
+            name,
+            model_to_bytes(make_model(0, "softmax")),
+            rounds=rounds,
+            goal=len(clients),
+            admin_token=admin,
+        )
+        self.tokens = p.node.cluster.ns.call(
+            enroll, p.control_plane, name, clients, created["enrollment_token"]
+        )
+        self.assignment = p.node.cluster.ns.call(
+            control_plane_assignment, p.control_plane, name, admin
+        )
+
+    def upload(self, rnd: int, clients: list[str], seed: int) -> tuple[list[Any], list[int]]:
+        """Each client's update of round ``rnd`` to its gateway (asked of the control plane
+        now); the updates and weights sent."""
+        from safetensors.numpy import save
+
+        ns = self.p.node.cluster.ns
+        ns.call(self.assignment.wait_round, rnd)
+        updates, weights = [], []
+        for i, c in enumerate(clients):
+            u, w = _update(seed + i), 1 + (seed + i) % 7
+
+            def send(c: str = c, u: dict[str, np.ndarray] = u, w: int = w) -> None:
+                with FLClient(self.assignment(c), self.name, c, self.tokens[c]) as fl:
+                    fl.upload(rnd, save(u), w)
+
+            ns.call(send)
+            updates.append(u)
+            weights.append(w)
+        return updates, weights
+
+    def assert_fedavg(self, rnd: int, updates: list[Any], weights: list[int]) -> None:
+        from safetensors.numpy import load
+
+        c = self.clients[0]
+
+        def published() -> bytes:
+            with FLClient(self.assignment(c), self.name, c, self.tokens[c]) as fl:
+                return fl.wait_for_version(rnd, timeout=180).data
+
+        got = load(self.p.node.cluster.ns.call(published))
+        for k, v in got.items():
+            want = fedavg.fedavg_reference([u[k] for u in updates], weights)
+            assert fedavg.rel_error(v, want) <= 1e-6, k
+
+
+def test_the_control_plane_scales_the_aggregator_and_the_new_pod_runs_slots(
+    platform: Platform,
+) -> None:
+    p = platform
+    api = p.node.cluster.api
+    before = {
+        pod["metadata"]["name"]
+        for pod in p.function_pods("aggregator")
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+    clients = [f"s{i:02d}" for i in range(20)]
+    job = _Job(p, "k8s-scale", clients, rounds=2)
+    job.assert_fedavg(1, *job.upload(1, clients, seed=100))
+
+    def scaled() -> bool:
+        dep = api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
+        return dep is not None and dep["spec"]["replicas"] > len(before)
+
+    wait_for(scaled, "the control plane scaled aggregator (its Deployment's replicas)", 120)
+    plane = [
+        pod
+        for pod in api.list("v1", "Pod", NAMESPACE)
+        if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "control-plane"
+    ]
+    logs = p.node.pod_log(NAMESPACE, plane[0]["metadata"]["name"], tail=10**8)
+    assert re.search(r"aggregator: \d+ -> \d+ replicas \(short of", logs), logs[-3000:]
+
+    def new_pods() -> list[dict[str, Any]]:
+        return [
+            pod
+            for pod in p.function_pods("aggregator")
+            if pod["metadata"]["name"] not in before and pod_ready(pod)
+        ]
+
+    wait_for(lambda: bool(new_pods()), "a new aggregator pod Ready", 180)
+    admin = p.token("gateway-admin-secret")
+    gateway_ip = p.gateway_pod(GATEWAYS[0])["status"]["podIP"]
+
+    def registered() -> bool:
+        ids = {e["id"] for e in router_endpoints(p.node, gateway_ip, admin)}
+        mine = {e["endpoint"] for pod in new_pods() for e in p.replica_status(pod)["endpoints"]}
+        return bool(mine) and mine <= ids
+
+    wait_for(registered, "the new pod's endpoints in the first gateway's router", 120)
+    job.assert_fedavg(2, *job.upload(2, clients, seed=200))
+    done = {
+        pod["metadata"]["name"]: sum(e["tasks_done"] for e in p.replica_status(pod)["endpoints"])
+        for pod in new_pods()
+    }
+    assert any(n > 0 for n in done.values()), done
+
+
+def test_a_gateway_pod_deleted_mid_round_comes_back_and_the_round_counts_each_update_once(
+    platform: Platform,
+) -> None:
+    p = platform
+    api = p.node.cluster.api
+    clients = [f"f{i}" for i in range(8)]
+    job = _Job(p, "k8s-fault", clients, rounds=1)
+    first, rest = clients[:4], clients[4:]
+    sent_first = job.upload(1, first, seed=300)
+    victim = p.gateway_pod(GATEWAYS[0])["metadata"]["name"]
+    assert api.delete("v1", "Pod", victim, NAMESPACE)
+
+    def back() -> bool:
+        try:
+            pod = p.gateway_pod(GATEWAYS[0])
+        except AssertionError:
+            return False
+        return pod["metadata"]["name"] != victim
+
+    wait_for(back, "the DaemonSet's new gateway pod Ready", 180)
+    new_ip = p.gateway_pod(GATEWAYS[0])["status"]["podIP"]
+
+    def found() -> bool:  # the control plane found the new pod through the headless Service
+        r = get(p.node, f"{p.control_plane}/v1/nodes", p.token("analyst-token"))
+        assert r.status_code == 200, r.text
+        nodes = {n["name"]: n for n in r.json()["nodes"]}
+        here = nodes.get(p.node.name) or {}
+        return f"//{new_ip}:" in str(here.get("url")) and bool(here.get("healthy"))
+
+    wait_for(found, "the control plane sees the new gateway pod healthy", 120)
+    sent_rest = job.upload(1, rest, seed=400)
+    job.assert_fedavg(1, sent_first[0] + sent_rest[0], sent_first[1] + sent_rest[1])
