@@ -20,6 +20,12 @@ class Aggregators(NodeAggregators):
         super().__init__(s.node, s.socket_path(), log_dir or s.state_dir / "aggregators")
         self.gw = gw
 
+    def start(self, n: int, endpoints: int = 1) -> None:
+        """Spawn ``n`` replicas of ``endpoints`` endpoints each and wait until ``n * endpoints``
+        endpoints are registered (all of theirs, where they are the first ones)."""
+        self.spawn(n, endpoints=endpoints)
+        self.wait_registered(n * endpoints)
+
     def endpoints(self) -> dict[int, int]:
         """Registered function endpoints: id -> pid."""
         return {

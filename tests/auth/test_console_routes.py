@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from starlette.routing import BaseRoute
 
 from console.app import create_app
 from console.sessions import COOKIE, CSRF_HEADER, SAFE_METHODS, require_session
 from console.settings import ConsoleSettings
 from core.auth import Scope, bearer, write_token_file
+from tests.auth.routes import guard_of, methods, route_of
 
 OPEN = {("GET", "/healthz"), ("GET", "/login"), ("POST", "/login"), ("GET", "/static/{name}")}
 TOKENS = {Scope.ADMIN: "admin-token", Scope.ANALYST: "analyst-token"}
@@ -36,10 +35,6 @@ def _app(tmp: Path) -> FastAPI:
     )
 
 
-def _methods(route: BaseRoute) -> list[str]:
-    return sorted(getattr(route, "methods", None) or {"*"})
-
-
 def _cases() -> list[tuple[str, str]]:
     import tempfile
 
@@ -47,18 +42,9 @@ def _cases() -> list[tuple[str, str]]:
     return [
         (m, getattr(r, "path", repr(r)))
         for r in app.routes
-        for m in _methods(r)
+        for m in methods(r)
         if (m, getattr(r, "path", repr(r))) not in OPEN and m != "HEAD"
     ]
-
-
-def _guard(route: BaseRoute) -> require_session:
-    where = f"{_methods(route)} {getattr(route, 'path', route)!r}"
-    assert isinstance(route, APIRoute), f"{where} is a {type(route).__name__}: nothing guards it"
-    for dep in route.dependant.dependencies:
-        if isinstance(dep.call, require_session):
-            return dep.call
-    raise AssertionError(f"{where} has no require_session(...) dependency")
 
 
 def _refused_without_login(resp, method: str, path: str) -> None:
@@ -80,10 +66,7 @@ def test_console_route_refuses_no_login_a_forged_one_and_the_wrong_scope(
     tmp_path: Path, method: str, path: str
 ) -> None:
     app = _app(tmp_path)
-    route = next(
-        r for r in app.routes if getattr(r, "path", None) == path and method in _methods(r)
-    )
-    guard = _guard(route)
+    guard = guard_of(route_of(app, method, path), require_session)
     url = re.sub(r"\{[^}]+\}", "x", path)
     client = TestClient(app, base_url="http://127.0.0.1")
     _refused_without_login(client.request(method, url, follow_redirects=False), method, path)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import io
 import json
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,10 +30,9 @@ from cache_engine.keys import ObjectKey
 from core.auth import write_token_file
 from core.secretfiles import Credentials, read_credentials, write_credentials
 from core.services import MinioServer, RedisServer
+from tests.commands import run_module
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _as(minio_server: MinioServer, user: str, **kw: object) -> Minio:
@@ -175,16 +172,6 @@ def test_redis_refuses_a_client_without_a_user_or_with_a_wrong_password(
     assert password not in cfg.read_text()  # only its SHA-256
 
 
-def _run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-
-
 @pytest.mark.parametrize("which", ["minio", "redis"])
 def test_the_engine_without_its_credentials_file_exits_naming_it(
     tmp_path: Path, which: str
@@ -193,7 +180,7 @@ def test_the_engine_without_its_credentials_file_exits_naming_it(
     present = write_credentials(tmp_path / "present.json", Credentials("u", "p"))
     missing = tmp_path / f"{which}-missing.json"
     files = {"minio": present, "redis": present, which: missing}
-    out = _run(
+    out = run_module(
         "cache_engine",
         "--port",
         "1",
@@ -210,7 +197,7 @@ def test_the_engine_without_its_credentials_file_exits_naming_it(
 
 def test_the_gateway_with_a_malformed_credentials_file_exits_naming_it(tmp_path: Path) -> None:
     bad = write_token_file(tmp_path / "redis.json", json.dumps({"username": "gateway"}))
-    out = _run(
+    out = run_module(
         "gateway",
         "--port",
         "1",

@@ -16,7 +16,6 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from starlette.routing import BaseRoute
 
 from cache_engine.service import create_app as engine_app
 from cache_engine.settings import EngineSettings
@@ -35,6 +34,7 @@ from core.openfaas import OpenFaaSError
 from core.secretfiles import Credentials, write_credentials
 from request_tracker.service import create_app as tracker_app
 from request_tracker.settings import TrackerSettings
+from tests.auth.routes import guard_of, methods, route_of
 
 OPEN = {"/healthz"}
 
@@ -86,14 +86,6 @@ SERVICES: dict[str, Callable[[dict[Scope, Path]], FastAPI]] = {
 }
 
 
-#: the "method" of a route that takes any (a mount, a websocket route)
-ANY = "*"
-
-
-def _methods(route: BaseRoute) -> list[str]:
-    return sorted(getattr(route, "methods", None) or {ANY})
-
-
 def _cases() -> list[tuple[str, str, str]]:
     """(service, method, path) of every route of every kind but the open ones."""
     tokens = _tokens(Path(__import__("tempfile").mkdtemp()))
@@ -102,17 +94,8 @@ def _cases() -> list[tuple[str, str, str]]:
         for r in build(tokens).routes:
             path = getattr(r, "path", repr(r))
             if path not in OPEN:
-                out.extend((name, m, path) for m in _methods(r))
+                out.extend((name, m, path) for m in methods(r))
     return out
-
-
-def _guard(route: BaseRoute) -> require:
-    where = f"{_methods(route)} {getattr(route, 'path', route)!r}"
-    assert isinstance(route, APIRoute), f"{where} is a {type(route).__name__}: nothing guards it"
-    for dep in route.dependant.dependencies:
-        if isinstance(dep.call, require):
-            return dep.call
-    raise AssertionError(f"{where} has no require(...) dependency")
 
 
 def _assert_refused(resp, status: int) -> None:
@@ -130,10 +113,7 @@ def test_route_refuses_missing_wrong_and_other_scope_credentials(
 ) -> None:
     tokens = _tokens(tmp_path)
     app = SERVICES[service](tokens)
-    route = next(
-        r for r in app.routes if getattr(r, "path", repr(r)) == path and method in _methods(r)
-    )
-    guard = _guard(route)
+    guard = guard_of(route_of(app, method, path), require)
     url = re.sub(r"\{[^}]+\}", "x", path) + "?client=c"
     client = TestClient(app)  # no lifespan: auth must answer before any resource is touched
     _assert_refused(client.request(method, url), 401)
@@ -180,7 +160,7 @@ def test_the_route_walk_refuses_a_route_of_another_kind() -> None:
     assert {"/openapi.json", "/docs", "/redoc"} <= kinds
     for r in app.routes:
         with pytest.raises(AssertionError, match="nothing guards it"):
-            _guard(r)
+            guard_of(r, require)
 
 
 def _salted(salts: dict[str, str]) -> Authenticator:

@@ -22,13 +22,13 @@ from core.stackfile import PLATFORM_STACK, load_stack
 from runtime import RuntimeProcess, create_app
 from runtime.auth import BasicAuth
 from runtime.settings import RuntimeSettings
+from tests.polling import wait_until
 from tests.runtime.conftest import (
     FN_AUTH,
     FUNCTION_TOKEN,
     REPO,
     STACK,
     available,
-    wait_until,
     with_function_token,
 )
 

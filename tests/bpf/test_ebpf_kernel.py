@@ -14,6 +14,7 @@ import pytest
 import bpf
 from bpf import Frame, Kind
 from bpf.loader import cflags, final_source, main
+from tests.commands import run_module
 
 from .conftest import ebpf_probe, join
 
@@ -42,15 +43,9 @@ def test_probe_reports_ebpf_where_the_program_loads() -> None:
 
 
 @pytest.mark.bpf
-def test_loader_self_check_routes_frames_through_the_kernel(repo_root: Path) -> None:
+def test_loader_self_check_routes_frames_through_the_kernel() -> None:
     _require_ebpf()
-    out = subprocess.run(
-        [sys.executable, "-m", "bpf.loader", "--count", "200"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_module("bpf.loader", "--count", "200")
     assert out.returncode == 0, out.stderr
     assert "200 frames routed 1 -> 2" in out.stdout
     assert "msgs_sent=200" in out.stdout and "msgs_received=200" in out.stdout

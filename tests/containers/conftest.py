@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.openfaas.conftest import under_ci
-from tests.runtime.conftest import wait_until
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = REPO / "scripts" / "containers-env.sh"

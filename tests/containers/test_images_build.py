@@ -34,7 +34,7 @@ from tests.containers.conftest import (
     wait_for_http,
 )
 from tests.openfaas.conftest import require_binary
-from tests.runtime.conftest import wait_until
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

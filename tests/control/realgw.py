@@ -29,6 +29,7 @@ from safetensors.numpy import save
 from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,6 +196,23 @@ def wait_round_open(url: str, job: str, rnd: int, secret: str, timeout: float = 
             return
         assert time.monotonic() < deadline, f"round {rnd} of {job} not open at {url}: {r.text}"
         time.sleep(0.05)
+
+
+def completed(
+    api: Any, job: str, rounds: int, within: float = 60, *, next_open: bool = False
+) -> dict[str, Any]:
+    """The control plane's view of ``job`` (``api``: its client) once ``rounds`` rounds are
+    completed and, with ``next_open``, the next one shows (its plan has reached the gateways, a
+    moment after the close)."""
+
+    def view() -> dict[str, Any] | None:
+        r = api.get(f"/v1/jobs/{job}")
+        assert r.status_code == 200, r.text
+        v: dict[str, Any] = r.json()
+        done = v["completed"] == rounds and (not next_open or v["round"]["number"] == rounds + 1)
+        return v if done else None
+
+    return wait_until(view, within, f"{rounds} rounds of {job} completed")
 
 
 def create_job(api: Any, w0: dict[str, Any], **fields: Any) -> httpx.Response:

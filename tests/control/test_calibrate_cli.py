@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.services import free_port
+from tests.commands import run_module
 from tests.control.realgw import real_gateways
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _fedfaas(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    return run_module("fedfaas.cli", *args, timeout=300)
 
 
 @pytest.mark.integration

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -12,19 +11,14 @@ import pytest
 
 from control_plane.settings import ControlPlaneSettings
 from core.services import free_port, wait_for_port
+from tests.commands import run_module
 from tests.tokens import auth_header, token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bad_gateways_argument_exits_2_with_a_clear_message():
-    r = subprocess.run(
-        [sys.executable, "-m", "control_plane", "--gateways", "node1=ftp://x"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_module("control_plane", "--gateways", "node1=ftp://x")
     assert r.returncode == 2
     assert "NAME=http://HOST:PORT" in r.stderr
 
@@ -69,11 +63,5 @@ def test_cli_serves_the_api_against_live_gateways(gateways, tmp_path):
     ],
 )
 def test_a_tracker_without_its_token_file_or_url_scheme_exits_2_saying_so(flags, says):
-    r = subprocess.run(
-        [sys.executable, "-m", "control_plane", "--gateways", "n1=http://127.0.0.1:1", *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_module("control_plane", "--gateways", "n1=http://127.0.0.1:1", *flags)
     assert r.returncode == 2 and says in r.stderr, r.stderr

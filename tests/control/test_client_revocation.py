@@ -10,8 +10,6 @@ the tokens of the one before, on the assignment route and on the gateways.
 from __future__ import annotations
 
 import base64
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,19 +20,12 @@ from safetensors.numpy import save
 from control_plane.coordinator import Coordinator
 from core.auth import bearer
 from tests.control import realgw
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
 W0 = {"a": np.zeros(16, np.float32)}
-
-
-def _wait(what: str, ok: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.05)
-    return got
 
 
 def _create(api: Any, name: str, rounds: int = 1) -> dict[str, Any]:
@@ -94,16 +85,15 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
                     where[c], "cp", 1, c, tokens[c], {"a": np.ones(16, np.float32)}, 2
                 )
                 assert res.status_code == 202, res.text
-            view = _wait(
-                "round 1 closed", lambda: (j := api.get("/v1/jobs/cp").json())["completed"] and j
-            )
+            view = realgw.completed(api, "cp", 1, 60)
             assert view["history"][0]["received"] == 2
 
             # round 2 selects from the 3 clients left (a revoked one never again); the view
             # shows the closed round until the coordinator has opened the next
-            rnd = _wait(
-                "round 2 open",
+            rnd = wait_until(
                 lambda: (r := api.get("/v1/jobs/cp").json()["round"])["number"] == 2 and r,
+                60,
+                "round 2 open",
             )
             assert rnd["selected"] == 3 and rnd["goal"] == 2
             # 3 clients are left for a goal of 2: one more may go, not two without force
@@ -123,24 +113,18 @@ def test_revoke_on_the_control_plane_and_a_job_created_again(redis_url, tmp_path
             url = a.json()["gateway_url"]
             # as a client trains on round 1's model first: its gateway opens round 2 once it
             # has that model, a moment after the root
-            _wait(
-                "the client's gateway has round 1's model",
+            wait_until(
                 lambda: (
                     httpx.get(f"{url}/v1/jobs/cp", headers=bearer(tokens[last])).json()["version"]
                     >= 1
                 ),
+                60,
+                "the client's gateway has round 1's model",
             )
             up = realgw.upload(url, "cp", 2, last, tokens[last], W0, 1)
             assert up.status_code == 202, up.text
-            view = _wait(
-                "round 2 closed",
-                # round 3 shows once its plan reached the gateways, a moment after the close
-                lambda: (
-                    (j := api.get("/v1/jobs/cp").json())["completed"] == 2
-                    and j["round"]["number"] == 3
-                    and j
-                ),
-            )
+            # round 3 shows once its plan reached the gateways, a moment after the close
+            view = realgw.completed(api, "cp", 2, 60, next_open=True)
             assert view["history"][1]["received"] == 1
             # and the next rounds need the one update that can still come
             assert view["round"]["number"] == 3 and view["round"]["goal"] == 1

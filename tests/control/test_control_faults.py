@@ -32,8 +32,8 @@ from safetensors.numpy import load, save
 from control_plane.coordinator import Coordinator
 from core.auth import bearer
 from tests.control import realgw
-from tests.dataplane.gwutil import wait_until
 from tests.dataplane.peerproxy import HOLD, PASS, REFUSE, PeerProxy
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration

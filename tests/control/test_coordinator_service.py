@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from control_plane.coordinator import Coordinator
 from control_plane.store import RedisStore
+from tests.control import realgw
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
@@ -18,16 +20,6 @@ pytestmark = pytest.mark.integration
 def make_client(gws, store=None, tick=0.05) -> TestClient:
     coord = Coordinator({g.name: g.url for g in gws}, mc=4.0, store=store, health_failures=2)
     return control_client(coord, tick_s=tick)
-
-
-def wait_for(fn, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def upload(url: str, job: str, rnd: int, client: str) -> httpx.Response:
@@ -57,13 +49,7 @@ def test_round_opens_assigns_selected_clients_and_closes_at_goal(gateways):
         for c, a in list(assigned.items())[:6]:
             assert upload(a["gateway_url"], "j1", 1, c).status_code == 202
         # the next round shows once its plan reached the gateways, a moment after the close
-        job = wait_for(
-            lambda: (
-                (j := api.get("/v1/jobs/j1").json())["completed"] == 1
-                and j["round"]["number"] == 2
-                and j
-            )
-        )
+        job = realgw.completed(api, "j1", 1, 15, next_open=True)
         assert job["history"][0]["state"] == "closed" and job["history"][0]["received"] == 6
         assert job["round"]["number"] == 2 and job["round"]["state"] == "open"
         # a late update of round 1: the coordinator no longer assigns it, the gateway rejects it
@@ -100,23 +86,25 @@ def test_a_dead_gateway_leaves_placement_and_the_round_completes_on_the_others(o
                 assigned[c] = a.json()
         on_victim = [c for c, a in assigned.items() if a["node"] == victim]
         assert upload(gw[victim].url, "j2", 1, on_victim[0]).status_code == 202
-        wait_for(lambda: api.get("/v1/jobs/j2").json()["round"]["received"].get(victim) == 1)
+        wait_until(lambda: api.get("/v1/jobs/j2").json()["round"]["received"].get(victim) == 1, 15)
         gw[victim].kill()
-        nodes = wait_for(
+        nodes = wait_until(
             lambda: (
                 (n := api.get("/v1/nodes").json())
                 and not next(x for x in n["nodes"] if x["name"] == victim)["healthy"]
                 and n
-            )
+            ),
+            15,
         )
         assert sum(1 for x in nodes["nodes"] if x["healthy"]) == 2
         # the node shows unhealthy as soon as the probe fails; its clients move once the
         # coordinator has asked the survivors to take over its jobs (these gateways cannot)
-        rnd = wait_for(
+        rnd = wait_until(
             lambda: (
                 victim not in (r := api.get("/v1/jobs/j2").json()["round"])["clients_per_node"]
                 and r
-            )
+            ),
+            15,
         )
         assert rnd["lost"] == 1
         assert api.get("/v1/jobs/j2/plan").json()["slots"]
@@ -129,7 +117,7 @@ def test_a_dead_gateway_leaves_placement_and_the_round_completes_on_the_others(o
             assert a["node"] != victim
             assert upload(a["gateway_url"], "j2", 1, c).status_code == 202
             sent += 1
-        job = wait_for(lambda: (j := api.get("/v1/jobs/j2").json())["completed"] == 1 and j)
+        job = realgw.completed(api, "j2", 1, 15)
         assert job["done"] and job["history"][0] == {
             **job["history"][0],
             "state": "closed",
@@ -149,9 +137,11 @@ def test_round_expires_at_its_deadline_with_what_arrived(gateways):
         )
         a = api.get("/v1/jobs/j3/assignment", params={"client": "c0"}).json()
         assert upload(a["gateway_url"], "j3", 1, "c0").status_code == 202
-        wait_for(lambda: sum(api.get("/v1/jobs/j3").json()["round"]["received"].values()) == 1)
+        wait_until(
+            lambda: sum(api.get("/v1/jobs/j3").json()["round"]["received"].values()) == 1, 15
+        )
         offset[0] += 61.0
-        job = wait_for(lambda: (j := api.get("/v1/jobs/j3").json())["completed"] == 1 and j)
+        job = realgw.completed(api, "j3", 1, 15)
         assert job["history"][0]["state"] == "expired" and job["history"][0]["received"] == 1
         # the job is done: the assignment sends the client to the node with the final model
         r = api.get("/v1/jobs/j3/assignment", params={"client": "c0"})

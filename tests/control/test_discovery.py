@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -38,6 +37,7 @@ from core.discovery import Discovery, base_url, parse_service, pick, resolve
 from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
+from tests.commands import run_module
 from tests.control import realgw
 from tests.dataplane.gwproc import gateway_process
 from tests.tokens import auth_header, token_file
@@ -121,29 +121,11 @@ def test_update_nodes_adds_new_nodes_and_follows_a_moved_one():
 
 
 def test_the_control_plane_needs_gateways_or_a_gateways_service():
-    r = subprocess.run(
-        [sys.executable, "-m", "control_plane", "--port", str(free_port())],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_module("control_plane", "--port", str(free_port()))
     assert r.returncode == 2 and "--gateways-service HOST:PORT" in r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "control_plane", "--gateways-service", "peers"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_module("control_plane", "--gateways-service", "peers")
     assert r.returncode == 2 and "--gateways-service" in r.stderr and "HOST:PORT" in r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway", "--peers-service", "peers:http"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_module("gateway", "--peers-service", "peers:http")
     assert r.returncode == 2 and "--peers-service" in r.stderr and "HOST:PORT" in r.stderr
 
 

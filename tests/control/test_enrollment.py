@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
-from typing import Any
 
 import httpx
 import numpy as np
@@ -21,20 +19,13 @@ from safetensors.numpy import load, save
 from control_plane.coordinator import Coordinator
 from core.auth import bearer
 from tests.control import realgw
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
 
 W0 = {"a": np.zeros(16, np.float32)}
 ENROLLED = 10_000
-
-
-def _wait(what: str, ok: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.05)
-    return got
 
 
 def test_ten_thousand_clients_enroll_and_the_selected_ones_train_a_round(
@@ -147,7 +138,9 @@ def test_ten_thousand_clients_enroll_and_the_selected_ones_train_a_round(
             r = realgw.upload(selected[quitter], "en", 1, quitter, tokens[quitter], W0, 1)
             assert r.status_code == 403, r.text
             assert len(vals) >= 6
-            done = _wait("round 1 published", lambda: api.get("/v1/jobs/en").json()["done"])
+            done = wait_until(
+                lambda: api.get("/v1/jobs/en").json()["done"], 60, "round 1 published"
+            )
             assert done
             hist = api.get("/v1/jobs/en").json()["history"][-1]
             used = sorted(vals.items())[: hist["aggregated"]]

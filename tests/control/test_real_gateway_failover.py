@@ -17,19 +17,10 @@ from safetensors.numpy import load
 
 from control_plane.coordinator import Coordinator
 from tests.control import realgw
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(fn, timeout=60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def middles_done(url: str, secret: str) -> bool:
@@ -76,14 +67,14 @@ def test_a_gateway_killed_mid_round_leaves_placement_and_the_round_is_fedavg_of_
                     res = realgw.upload(urls[node], "fail", 1, c, tokens[c], t, w)
                     assert res.status_code == 202, res.text
                     sent[node].append((t, w))
-            wait_for(
-                lambda: sum(api.get("/v1/jobs/fail").json()["round"]["received"].values()) == 6
+            wait_until(
+                lambda: sum(api.get("/v1/jobs/fail").json()["round"]["received"].values()) == 6, 60
             )
             assert api.get("/v1/jobs/fail").json()["completed"] == 0  # goal 8 not reached
 
             realgw.kill(procs[victim])
 
-            job = wait_for(lambda: (j := api.get("/v1/jobs/fail").json())["completed"] == 1 and j)
+            job = realgw.completed(api, "fail", 1, 60)
             nodes = {x["name"]: x["healthy"] for x in api.get("/v1/nodes").json()["nodes"]}
             assert nodes == {n: n != victim for n in names}
             h = job["history"][0]
@@ -139,12 +130,15 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
                 ).status_code
                 == 202
             )
-            wait_for(lambda: api.get("/v1/jobs/move").json()["round"]["received"].get(victim) == 1)
+            wait_until(
+                lambda: api.get("/v1/jobs/move").json()["round"]["received"].get(victim) == 1, 60
+            )
 
             realgw.kill(procs[victim])
 
-            wait_for(
-                lambda: victim not in api.get("/v1/jobs/move").json()["round"]["clients_per_node"]
+            wait_until(
+                lambda: victim not in api.get("/v1/jobs/move").json()["round"]["clients_per_node"],
+                60,
             )
             rnd = api.get("/v1/jobs/move").json()["round"]
             assert rnd["lost"] == 1 and rnd["state"] == "open" and rnd["placement"] == "coordinator"
@@ -159,7 +153,7 @@ def test_a_gateway_killed_before_the_others_got_updates_has_its_clients_placed_a
                 res = realgw.upload(a["gateway_url"], "move", 1, c, tokens[c], t, w)
                 assert res.status_code == 202, res.text
                 sent.append((t, w))
-            job = wait_for(lambda: (j := api.get("/v1/jobs/move").json())["completed"] == 1 and j)
+            job = realgw.completed(api, "move", 1, 60)
             h = job["history"][0]
             assert h["state"] == "closed" and h["received"] == 4 and h["lost"] == 1
             m = httpx.get(
@@ -231,26 +225,28 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                     sent[c] = update()
                     res = realgw.upload(urls[node], "root", 1, c, tokens[c], *sent[c])
                     assert res.status_code == 202, res.text
-            wait_for(
+            wait_until(
                 lambda: (
                     sum(api.get("/v1/jobs/root").json()["round"]["received"].values())
                     == 2 + 2 * early
-                )
+                ),
+                60,
             )
             if survivors_done:  # both middles sent their partial to the root before it dies
                 for node in names:
                     if node != root:
-                        wait_for(lambda n=node: middles_done(urls[n], secret))
+                        wait_until(lambda n=node: middles_done(urls[n], secret), 60)
 
             realgw.kill(procs[root])
 
             # the root changes first; the dead node's clients move an instant later (same step)
-            view = wait_for(
+            view = wait_until(
                 lambda: (
                     (j := api.get("/v1/jobs/root").json())["root"] != root
                     and root not in j["round"]["clients_per_node"]
                     and j
-                )
+                ),
+                60,
             )
             heir = view["root"]
             rnd = view["round"]
@@ -263,7 +259,7 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
             assert st.json()["version"] == 0
             # the moved clients' leaves: under a second middle where the first one finished
             second = {f"{n}:middle:1" for n in names if n != root and survivors_done}
-            wait_for(lambda: root not in str(coord.plans["root"].aggregators()))
+            wait_until(lambda: root not in str(coord.plans["root"].aggregators()), 60)
             assert second == {
                 s.id for s in coord.plans["root"].aggregators() if s.id.endswith(":middle:1")
             }
@@ -276,7 +272,7 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
             stale = realgw.upload(urls[root], "root", 1, moved, tokens[moved], *update())
             assert stale.status_code == 409, stale.text
             assert stale.json()["error"] in ("round_not_open", "wrong_node"), stale.text
-            wait_for(lambda: coord.nodes[root].healthy)
+            wait_until(lambda: coord.nodes[root].healthy, 60)
             # the two clients are told to send again, to a surviving node; then the last ones
             late = [by_node[n][2] for n in names if n == root or not survivors_done]
             for c in [*by_node[root][:2], *late]:
@@ -289,7 +285,7 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                 if a["resend"]:  # counted once: a second send is a duplicate
                     again = realgw.upload(a["gateway_url"], "root", 1, c, tokens[c], *sent[c])
                     assert again.status_code == 409 and again.json()["error"] == "duplicate_client"
-            job = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["completed"] == 1 and j)
+            job = realgw.completed(api, "root", 1, 60)
             h = job["history"][0]
             assert h["state"] == "closed" and h["published"]
             # "received" is what the polls saw: it may miss the last updates before publication
@@ -310,7 +306,7 @@ def test_the_root_node_killed_mid_round_another_takes_the_job_over_and_nothing_i
                     assert time.monotonic() < until
                     time.sleep(0.05)
                 assert res.status_code == 202, res.text
-            job = wait_for(lambda: (j := api.get("/v1/jobs/root").json())["completed"] == 2 and j)
+            job = realgw.completed(api, "root", 2, 60)
             assert job["done"] and job["history"][1]["aggregated"] == 9
             assert_model(urls[heir], 2, list(sent2.values()))
 

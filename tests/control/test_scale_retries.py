@@ -31,7 +31,7 @@ from control_plane.coordinator import Coordinator
 from core.openfaas import AsyncOpenFaaS
 from core.services import free_port
 from tests.control.conftest import GatewayProc
-from tests.dataplane.gwutil import wait_until
+from tests.polling import wait_until
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration

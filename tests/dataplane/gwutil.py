@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -81,19 +78,6 @@ async def _wrap(fn, *args):  # type: ignore[no-untyped-def]
     return fn(*args)
 
 
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``cond`` every 50 ms until it is true (returned); AssertionError naming ``what``
-    after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.05)
-
-
 def settings(tmp: Path, redis_url: str, node: str = "n1", **kw: object) -> GatewaySettings:
     root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
     base = dict(
@@ -145,3 +129,15 @@ def resume_job(
         content=body,
         headers={"Authorization": f"Bearer {gw.gw.secret}"},
     )
+
+
+def delete_and_resume(gw: GatewayThread, clients: list[str], rounds: int, goal: int) -> dict:
+    """Flush job ``j1``'s checkpoints, delete the job and resume it from the newest one
+    (:func:`resume_job`, no body); the gateway's answer to the resumption."""
+    assert gw.gw is not None and gw.gw.checkpoints is not None
+    assert gw.gw.checkpoints.flush(60)
+    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
+    assert httpx.delete(gw.url + "/v1/jobs/j1", headers=admin).status_code == 204
+    r = resume_job(gw, clients, rounds, goal=goal)
+    assert r.status_code == 201, r.text
+    return dict(r.json())

@@ -22,10 +22,12 @@ import socket
 import threading
 from collections import deque
 
+from tests.dataplane.loopback import LoopbackListener
+
 PASS, HOLD, LOSE_ANSWER, REFUSE = "pass", "hold", "lose_answer", "refuse"
 
 
-class PeerProxy:
+class PeerProxy(LoopbackListener):
     """The relay (see the module docstring), listening on a free loopback port.
 
     Parameters
@@ -51,9 +53,7 @@ class PeerProxy:
         self.lost_gate.set()
         self._cond = threading.Condition()
         self._closed = False
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="peer-proxy").start()
+        self.listen("peer-proxy")
 
     @property
     def url(self) -> str:
@@ -69,22 +69,11 @@ class PeerProxy:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._listener.close()
-
-    def __enter__(self) -> PeerProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     # -- the relay ---------------------------------------------------------------------------
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def on_connection(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         reader = _Reader(conn)

@@ -15,11 +15,13 @@ import socket
 import threading
 from collections.abc import Callable
 
+from tests.dataplane.loopback import LoopbackListener
+
 #: :meth:`RedisRelay.lose`'s count for "every matching command, until :meth:`RedisRelay.passing`"
 ALL = -1
 
 
-class RedisRelay:
+class RedisRelay(LoopbackListener):
     """The relay (see the module docstring), listening on a free loopback port.
 
     Parameters
@@ -42,9 +44,7 @@ class RedisRelay:
         self._lock = threading.Lock()
         self._closed = False
         self._socks: set[socket.socket] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="redis-relay").start()
+        self.listen("redis-relay")
 
     @property
     def url(self) -> str:
@@ -63,39 +63,28 @@ class RedisRelay:
         with self._lock:
             self._closed = True
             socks = list(self._socks)
-        self._listener.close()
+        super().close()
         for s in socks:
             _close(s)
 
-    def __enter__(self) -> RedisRelay:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- the relay ---------------------------------------------------------------------------
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                up = socket.create_connection(self.upstream, timeout=30)
-            except OSError:
+    def on_connection(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(self.upstream, timeout=30)
+        except OSError:
+            _close(conn)
+            return
+        up.settimeout(None)
+        with self._lock:
+            if self._closed:  # the listener is closed too: the accept loop ends
                 _close(conn)
-                continue
-            up.settimeout(None)
-            with self._lock:
-                if self._closed:
-                    _close(conn)
-                    _close(up)
-                    return
-                self._socks |= {conn, up}
-            lost_next = threading.Event()  # the next answer on this connection is lost
-            args = (conn, up, lost_next)
-            threading.Thread(target=self._to_redis, args=args, daemon=True).start()
-            threading.Thread(target=self._to_client, args=args, daemon=True).start()
+                _close(up)
+                return
+            self._socks |= {conn, up}
+        lost_next = threading.Event()  # the next answer on this connection is lost
+        args = (conn, up, lost_next)
+        threading.Thread(target=self._to_redis, args=args, daemon=True).start()
+        threading.Thread(target=self._to_client, args=args, daemon=True).start()
 
     def _to_redis(self, conn: socket.socket, up: socket.socket, lost_next: threading.Event) -> None:
         while True:

@@ -29,7 +29,9 @@ from bpf import Failure, Frame, Kind, Role
 from core import shards, wire
 from core.objstore import Namespace
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import GatewayThread, tiny_model, wait_until
+from tests.dataplane.gwutil import GatewayThread, tiny_model
+from tests.dataplane.rounds import post_update
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -188,12 +190,7 @@ def test_a_vanished_update_fails_its_slot_visibly_in_the_gateways_log_and_the_jo
     )
     assert r.status_code == 201, r.text
     token = r.json()["tokens"]["c0"]
-    r = httpx.post(
-        f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-        content=wire.encode_tensors(tiny_model(1)),
-        headers={"Authorization": f"Bearer {token}", "X-Client-Id": "c0", "X-Sample-Count": "3"},
-        timeout=30,
-    )
+    r = post_update(gw.url, "j1", 1, token, "c0", wire.encode_tensors(tiny_model(1)), 3)
     assert r.status_code == 202, r.text  # no endpoint yet: the update waits in its slot
     job = gw.gw.jobs["j1"]
     eng = job.engine
@@ -202,8 +199,7 @@ def test_a_vanished_update_fails_its_slot_visibly_in_the_gateways_log_and_the_jo
     job.ns.free(key)  # gone behind the gateway's back
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1)
-        aggs.wait_registered(1)
+        aggs.start(1)
         # failed, then run again after the 1 s stall limit, and failed again: visibly each time
         wait_until(lambda: eng.endpoint_failures >= 2, 60, "the slot failed twice")
         status = httpx.get(

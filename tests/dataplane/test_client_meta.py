@@ -183,8 +183,7 @@ def test_client_meta_reaches_the_round_meta_in_minio_and_flstores_client_meta(
     tokens = r.json()["tokens"]
     aggs = Aggregators(g)
     try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
+        aggs.start(1, endpoints=2)
         sent = {
             "c0": {"loss": 0.25, "duration_s": 1.5, "loss_sq_mean": 0.125},
             "c1": {"loss": 2.0, "duration_s": 0.5},

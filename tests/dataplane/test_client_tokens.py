@@ -8,8 +8,6 @@ refused on both while the others finish the round.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,8 @@ from client.sdk import create_job
 from tests.control import realgw
 from tests.dataplane.gwproc import gateway_process
 from tests.dataplane.gwutil import tiny_bytes
+from tests.dataplane.rounds import post_update
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,23 +30,11 @@ def _auth(token: str) -> dict[str, str]:
 
 
 def _upload(url: str, job: str, client: str, token: str) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/jobs/{job}/rounds/1/updates",
-        content=tiny_bytes(7),
-        headers={**_auth(token), "X-Client-Id": client, "X-Sample-Count": "3"},
-        timeout=30,
-    )
+    return post_update(url, job, 1, token, client, tiny_bytes(7), 3)
 
 
 def _model(url: str, job: str, token: str) -> httpx.Response:
     return httpx.get(f"{url}/v1/jobs/{job}/model", headers=_auth(token), timeout=30)
-
-
-def _until(what: str, ok: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.05)
 
 
 def _error(r: httpx.Response) -> tuple[int, str]:
@@ -101,7 +89,9 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
         tokens = info["tokens"]
         # the gateway's own plan: c0, c1 upload to n1 and c2, c3 to n2; one update per node
         assert info["plan"]["client_nodes"] == {"c0": "n1", "c1": "n1", "c2": "n2", "c3": "n2"}
-        _until("n2 knows the job", lambda: httpx.get(f"{n2}/v1/jobs/rv", headers=admin).is_success)
+        wait_until(
+            lambda: httpx.get(f"{n2}/v1/jobs/rv", headers=admin).is_success, 20, "n2 knows the job"
+        )
 
         assert _upload(n1, "rv", "c1", tokens["c1"]).status_code == 202  # n1's one update
         revoke = f"{n1}/v1/jobs/rv/clients"
@@ -115,7 +105,7 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
 
         # n1 refuses at once; n2 learns it from the journal (its housekeeping loop)
         assert _error(_model(n1, "rv", tokens["c2"])) == (403, "client_revoked")
-        _until("n2 refuses c2", lambda: _model(n2, "rv", tokens["c2"]).status_code == 403)
+        wait_until(lambda: _model(n2, "rv", tokens["c2"]).status_code == 403, 20, "n2 refuses c2")
         refused = _upload(n2, "rv", "c2", tokens["c2"])
         assert _error(refused) == (403, "client_revoked") and "revoked" in refused.json()["detail"]
         assert _error(_upload(n1, "rv", "c2", tokens["c2"])) == (403, "client_revoked")
@@ -130,9 +120,10 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
         assert httpx.delete(f"{revoke}/c1", headers=admin).json()["revoked"] == ["c1", "c2"]
         assert _error(_model(n1, "rv", tokens["c1"])) == (403, "client_revoked")
         assert _upload(n2, "rv", "c3", tokens["c3"]).status_code == 202
-        _until(
-            "round 1 published",
+        wait_until(
             lambda: _model(n1, "rv", tokens["c0"]).headers.get("x-model-version") == "1",
+            20,
+            "round 1 published",
         )
         assert _error(_model(n2, "rv", tokens["c2"])) == (403, "client_revoked")
 
@@ -145,7 +136,9 @@ def test_a_revoked_client_is_refused_on_both_nodes_while_the_others_finish_the_r
         assert httpx.delete(f"{n1}/v1/jobs/rv", headers=admin).status_code == 204
         r = _create_rv(n1, admin)
         fresh = r.json()["tokens"]
-        _until("n2 takes the new job", lambda: _model(n2, "rv", fresh["c2"]).status_code == 200)
+        wait_until(
+            lambda: _model(n2, "rv", fresh["c2"]).status_code == 200, 20, "n2 takes the new job"
+        )
         assert _error(_model(n2, "rv", tokens["c3"])) == (401, "unauthorized")
         assert _error(_upload(n2, "rv", "c3", tokens["c3"])) == (401, "unauthorized")
         assert httpx.get(f"{n2}/v1/jobs/rv", headers=admin).json()["revoked"] == []

@@ -18,14 +18,14 @@ import httpx
 import numpy as np
 import pytest
 
-from client.sdk import ASYNC_KEY, with_metadata
+from client.sdk import ASYNC_KEY
 from core import fedavg, wire
 from core.fedbuff import METADATA_KEY, AsyncSpec
 from core.services import free_port
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import resume_job, tiny_model
+from tests.dataplane.gwutil import delete_and_resume, tiny_model
+from tests.dataplane.rounds import assert_job_refused, job_request, post_update, wait_version
 from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill
-from tests.dataplane.test_gateway_rounds import wait_version
 
 pytestmark = pytest.mark.integration
 
@@ -60,25 +60,14 @@ class FedBuffReference:
 
 
 def _create(url: str, secret: str, spec: object, rounds: int = 4, **params: str) -> httpx.Response:
-    body = with_metadata(wire.encode_tensors(tiny_model(0)), {ASYNC_KEY: json.dumps(spec)})
-    return httpx.post(
-        url + "/v1/jobs",
-        params={"job": "j1", "rounds": rounds, "goal": 3, "clients": ",".join(CLIENTS), **params},
-        content=body,
-        headers={"Authorization": f"Bearer {secret}"},
+    return job_request(
+        url, secret, CLIENTS, 3, rounds, metadata={ASYNC_KEY: json.dumps(spec)}, **params
     )
 
 
 def _send(url: str, tokens: dict[str, str], client: str, rnd: int, seed: int) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/jobs/j1/rounds/{rnd}/updates",
-        content=wire.encode_tensors(tiny_model(seed, 3.0)),
-        headers={
-            "Authorization": f"Bearer {tokens[client]}",
-            "X-Client-Id": client,
-            "X-Sample-Count": "7",
-        },
-        timeout=30,
+    return post_update(
+        url, "j1", rnd, tokens[client], client, wire.encode_tensors(tiny_model(seed, 3.0)), 7
     )
 
 
@@ -103,8 +92,7 @@ def test_buffers_fold_stale_updates_and_every_version_equals_plain_fedbuff(make_
     ref = FedBuffReference(SPEC, 3)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for v, buffer in enumerate(BUFFERS, start=1):
             for client, rnd, seed in buffer:
                 r = _send(gw.url, tokens, client, rnd, seed)
@@ -146,8 +134,7 @@ def test_the_root_keeps_only_the_models_a_next_update_may_have_trained_on(make_g
     tokens = _create(gw.url, gw.gw.secret, SPEC, rounds=6).json()["tokens"]
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         seed = 0
         for v in range(1, 5):
             for client in CLIENTS[:3]:
@@ -207,18 +194,12 @@ def test_a_job_resumed_from_its_checkpoint_stays_async(make_gw, checkpoints_to) 
     ref = FedBuffReference(SPEC, 3)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for client, rnd, seed in BUFFERS[0]:
             assert _send(gw.url, tokens, client, rnd, seed).status_code == 202
             ref.update(rnd, seed)
         _same(wait_version(gw.url, tokens["c0"], 1), ref.versions[1], 1)
-        assert gw.gw.checkpoints.flush(60)
-        admin = {"Authorization": f"Bearer {gw.gw.secret}"}
-        assert httpx.delete(gw.url + "/v1/jobs/j1", headers=admin).status_code == 204
-        r = resume_job(gw, CLIENTS, 3, goal=3)
-        assert r.status_code == 201, r.text
-        tokens = r.json()["tokens"]
+        tokens = delete_and_resume(gw, CLIENTS, 3, goal=3)["tokens"]
         job = gw.gw.jobs["j1"]
         assert job.fedbuff == AsyncSpec(**SPEC) and job.version == 1 and not job.history
         # the models before the checkpoint are not kept: an update trained on one is refused
@@ -247,35 +228,15 @@ def test_a_job_resumed_from_its_checkpoint_stays_async(make_gw, checkpoints_to) 
 def test_a_bad_async_spec_is_refused_with_what_to_change_and_nothing_is_created(
     make_gw, spec: object, says: str
 ) -> None:  # type: ignore[no-untyped-def]
-    gw = make_gw()
-    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
     raw = spec if isinstance(spec, str) else json.dumps(spec)
-    r = httpx.post(
-        gw.url + "/v1/jobs",
-        params={"job": "j1", "rounds": 1, "goal": 3, "clients": ",".join(CLIENTS)},
-        content=with_metadata(wire.encode_tensors(tiny_model(0)), {ASYNC_KEY: raw}),
-        headers=admin,
-    )
-    assert r.status_code == 400, r.text
-    assert r.json()["error"] == "bad_async" and says in r.json()["detail"]
-    assert httpx.get(gw.url + "/v1/jobs/j1", headers=admin).status_code == 404
+    assert_job_refused(make_gw(), CLIENTS, {ASYNC_KEY: raw}, "bad_async", says)
 
 
 def test_async_with_a_server_optimizer_is_refused(make_gw) -> None:  # type: ignore[no-untyped-def]
     from client.sdk import SERVER_OPT_KEY
 
-    gw = make_gw()
-    body = with_metadata(
-        wire.encode_tensors(tiny_model(0)),
-        {ASYNC_KEY: "{}", SERVER_OPT_KEY: json.dumps({"name": "fedadam"})},
-    )
-    r = httpx.post(
-        gw.url + "/v1/jobs",
-        params={"job": "j1", "rounds": 1, "goal": 3, "clients": ",".join(CLIENTS)},
-        content=body,
-        headers={"Authorization": f"Bearer {gw.gw.secret}"},
-    )
-    assert (r.status_code, r.json()["error"]) == (400, "bad_async"), r.text
+    both = {ASYNC_KEY: "{}", SERVER_OPT_KEY: json.dumps({"name": "fedadam"})}
+    assert_job_refused(make_gw(), CLIENTS, both, "bad_async", "")
 
 
 def test_the_sdk_and_the_gateway_name_the_same_metadata_entry() -> None:

@@ -5,7 +5,6 @@ shared memory, and bodies in flight share one per-node budget (503 + Retry-After
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ from gateway.asgi import STEP
 from gateway.settings import GatewaySettings
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes
 from tests.dataplane.rawhttp import closed_by_peer, read_answer, send_head
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,6 @@ def upload_head(tokens: dict[str, str], client: str, token_of: str | None = None
     if token_of is not None:
         head["Authorization"] = f"Bearer {tokens[token_of]}"
     return head
-
-
-def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 #: every route that needs a credential: (method, target, extra headers)
@@ -213,14 +206,14 @@ def test_the_job_body_streams_into_shared_memory_as_it_arrives(make_gw) -> None:
     s = send_head(gw.gw.port, "POST", target, admin(gw), content_length=len(body), body=body[:half])
     try:
         # the body lands in a memfd of exactly its size; the budget is taken as bytes arrive
-        wait_for(lambda: _memfds(len(body)) and gw.gw.budget.used >= half)
+        wait_until(lambda: _memfds(len(body)) and gw.gw.budget.used >= half, 5)
         assert half <= gw.gw.budget.used <= half + STEP < len(body)
         s.sendall(body[half:])
         a = read_answer(s, timeout=30)
         assert a.status == 201, a.body
     finally:
         s.close()
-    wait_for(lambda: not _memfds(len(body)))
+    wait_until(lambda: not _memfds(len(body)), 5)
     assert gw.gw.budget.used == 0
     tok = a.json()["tokens"]["c0"]
     got = httpx.get(gw.url + "/v1/jobs/big/model", headers={"Authorization": f"Bearer {tok}"})
@@ -253,7 +246,7 @@ def test_past_the_budget_an_upload_is_503_with_retry_after_and_allocates_nothing
         body=data[:40],
     )
     try:
-        wait_for(lambda: job.inflight == {"c0"})
+        wait_until(lambda: job.inflight == {"c0"}, 5)
         assert gw.gw.budget.used == nbytes
         stats, keys = job.ns.stats(), job.ns.keys()
         r = httpx.post(url, content=tiny_bytes(2), headers=upload_head(tokens, "c1", "c1"))

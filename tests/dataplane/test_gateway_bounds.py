@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import GatewayThread, settings, wait_until
-from tests.dataplane.test_gateway_rounds import create, upload
+from tests.dataplane.gwutil import GatewayThread, settings
+from tests.dataplane.rounds import create, upload
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +35,7 @@ def test_a_job_of_many_rounds_keeps_its_tasks_and_round_times_bounded(make_gw) -
     aggs = Aggregators(gw)
     held: list[int] = []
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for rnd in range(1, ROUNDS + 1):
             for i, c in enumerate(clients):
                 upload(gw.url, info["tokens"], c, rnd, rnd * 10 + i, i + 1)

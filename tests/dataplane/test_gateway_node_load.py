@@ -9,7 +9,6 @@ over (tests/platform/test_one_platform.py, the warm-replicas test, failed on it)
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +20,18 @@ from core import wire
 from gateway.control import open_tasks
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model
-from tests.dataplane.test_plan_and_engine import engine, update_key
+from tests.dataplane.rounds import post_update
+from tests.dataplane.test_plan_and_engine import add_updates, engine
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
 CLIENTS = ["c0", "c1", "c2", "c3"]
 
 
-def _wait(cond, timeout: float = 30) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (got := cond()):
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.02)
-    return got
-
-
 def _upload(gw: GatewayThread, tokens: dict[str, str], client: str, seed: int) -> None:
-    r = httpx.post(
-        f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-        content=wire.encode_tensors(tiny_model(seed)),
-        headers={
-            "Authorization": f"Bearer {tokens[client]}",
-            "X-Client-Id": client,
-            "X-Sample-Count": "1",
-        },
-        timeout=30,
+    r = post_update(
+        gw.url, "j1", 1, tokens[client], client, wire.encode_tensors(tiny_model(seed)), 1
     )
     assert r.status_code == 202, r.text
 
@@ -74,7 +59,7 @@ def test_a_node_whose_part_of_the_round_is_done_reports_no_queue(make_gw, tmp_pa
     on_a = [c for c in CLIENTS if node_of[c] == "a"]
     on_b = [c for c in CLIENTS if node_of[c] == "b"]
     assert len(on_a) == len(on_b) == 2, node_of
-    _wait(lambda: "j1" in b.gw.jobs)
+    wait_until(lambda: "j1" in b.gw.jobs)
     aggs_a, aggs_b = Aggregators(a), Aggregators(b)
     try:
         aggs_a.spawn(1, endpoints=2)
@@ -88,7 +73,7 @@ def test_a_node_whose_part_of_the_round_is_done_reports_no_queue(make_gw, tmp_pa
             slots = _status(b, tokens[on_b[0]])["progress"]["slots"].values()
             return all(s["done"] for s in slots if s["node"] == "b")
 
-        _wait(b_done)  # b's partial went to the root, which waits for a's clients
+        wait_until(b_done)  # b's partial went to the root, which waits for a's clients
         job = _status(b, tokens[on_b[0]])
         assert job["version"] == 0 and job["k"] > 0 and job["E_s"] is not None, job
         health = httpx.get(b.url + "/healthz").json()["aggregators"]
@@ -96,7 +81,7 @@ def test_a_node_whose_part_of_the_round_is_done_reports_no_queue(make_gw, tmp_pa
         assert health == {"endpoints": 2, "free_endpoints": 2, "waiting_slots": 0, "queue": 0.0}
         for i, c in enumerate(on_a):
             _upload(a, tokens, c, 20 + i)
-        _wait(lambda: _status(a, tokens[on_a[0]])["version"] == 1)
+        wait_until(lambda: _status(a, tokens[on_a[0]])["version"] == 1)
     finally:
         aggs_a.stop()
         aggs_b.stop()
@@ -105,9 +90,7 @@ def test_a_node_whose_part_of_the_round_is_done_reports_no_queue(make_gw, tmp_pa
 def test_open_tasks_are_the_unfinished_slots_that_need_an_endpoint_of_their_own() -> None:
     eng, sent, _, store = engine(goal=4, fanout=2)  # one node: two leaves under the top
     assert open_tasks(eng) == 2  # the top waits for its children: it needs no endpoint yet
-    for i in range(4):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(4))
     eng.pump([5, 6])
     tasks = {f.seq: f for f in sent if f.kind == Kind.TASK}
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.dataplane.test_gateway_rounds import (
-    Aggregators,
+from tests.aggregators import Aggregators
+from tests.dataplane.rounds import (
     assert_fedavg,
     create,
     expected,
+    post_update,
     upload,
     wait_version,
 )
@@ -82,8 +83,7 @@ def test_plan_pushed_mid_round_keeps_delivered_updates_and_gives_flat_fedavg(mak
     info = create(gw, clients, 6)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(3)
-        aggs.wait_registered(3)
+        aggs.start(3)
         p1 = {"slots": [slot(1, 3, 6, None), slot(2, 1, 3, 1), slot(3, 1, 3, 1)], "version": 1}
         assert put(gw, 1, p1).json()["applied"]
         seeds, weights = [10 + i for i in range(6)], [3 * i + 1 for i in range(6)]
@@ -118,8 +118,7 @@ def test_close_makes_the_round_aggregate_what_arrived(make_gw) -> None:  # type:
     info = create(gw, clients, 5, rounds=2)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         seeds, weights = [40, 41], [5, 9]
         for c, s, w in zip(clients[:2], seeds, weights, strict=True):
             upload(gw.url, info["tokens"], c, 1, s, w)
@@ -138,15 +137,7 @@ def test_close_makes_the_round_aggregate_what_arrived(make_gw) -> None:  # type:
         assert r.json()["received"] == 2 and r.json()["applied"] and r.json()["goal"] == 2
         got = wait_version(gw.url, info["tokens"]["c0"], 1)
         assert_fedavg(got, expected(seeds, weights))
-        late = httpx.post(
-            f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-            content=b"x",
-            headers={
-                "Authorization": f"Bearer {info['tokens']['c3']}",
-                "X-Client-Id": "c3",
-                "X-Sample-Count": "1",
-            },
-        )
+        late = post_update(gw.url, "j1", 1, info["tokens"]["c3"], "c3", b"x", 1)
         assert late.status_code == 409 and late.json()["error"] == "stale_round"
     finally:
         aggs.stop()
@@ -164,23 +155,14 @@ def test_a_round_of_a_planned_job_waits_for_its_plan_before_taking_updates(make_
     admin = {"Authorization": f"Bearer {gw.gw.secret}"}
     plan = {"slots": [slot(1, 3, 4, None), slot(2, 1, 2, 1), slot(3, 1, 2, 1)], "version": 0}
     try:
-        aggs.spawn(3)
-        aggs.wait_registered(3)
+        aggs.start(3)
         st = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()
         assert not st["pushed_plan"]  # not planned by a control plane (yet): takes updates
         assert put(gw, 1, plan).json()["applied"]
         for i, c in enumerate(clients):
             upload(gw.url, info["tokens"], c, 1, 20 + i, 1 + i)
         wait_version(gw.url, info["tokens"]["c0"], 1)
-        r = httpx.post(
-            f"{gw.url}/v1/jobs/j1/rounds/2/updates",
-            content=b"x" * 16,
-            headers={
-                "Authorization": f"Bearer {info['tokens']['c0']}",
-                "X-Client-Id": "c0",
-                "X-Sample-Count": "1",
-            },
-        )
+        r = post_update(gw.url, "j1", 2, info["tokens"]["c0"], "c0", b"x" * 16, 1)
         assert r.status_code == 409 and r.json()["error"] == "round_not_open", r.text
         assert "control plane's plan" in r.json()["detail"]
         st = httpx.get(gw.url + "/v1/jobs/j1", headers=admin).json()

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,26 +25,20 @@ import pytest
 
 from core import wire
 from fedfaas.platform import credentials, state
-from tests.dataplane.gwutil import tiny_model, wait_until
-from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version
+from tests.commands import run_module
+from tests.dataplane.gwutil import tiny_model
+from tests.dataplane.rounds import assert_fedavg, expected, post_update, upload, wait_version
 from tests.platform.conftest import ANY_PORTS_ENV
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 CLIENTS = ["c0", "c1", "c2", "c3"]
 SEEDS, WEIGHTS = [71, 72, 73, 74], [3, 1, 4, 2]
 
 
 def _fedfaas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=env,
-    )
+    return run_module("fedfaas.cli", *args, timeout=600, env=env)
 
 
 @pytest.fixture()
@@ -120,16 +113,7 @@ def test_a_node_gateway_stopped_mid_round_by_sigterm_resumes_it_and_down_leaves_
             return False
 
     wait_until(restarted, 120, "the supervisor to start node0's gateway again")
-    again = httpx.post(
-        f"{url}/v1/jobs/j1/rounds/1/updates",
-        content=wire.encode_tensors(tiny_model(99)),
-        headers={
-            "Authorization": f"Bearer {tokens['c1']}",
-            "X-Client-Id": "c1",
-            "X-Sample-Count": "1",
-        },
-        timeout=30,
-    )
+    again = post_update(url, "j1", 1, tokens["c1"], "c1", wire.encode_tensors(tiny_model(99)), 1)
     assert again.status_code == 409 and again.json()["error"] == "duplicate_client"
     upload(url, tokens, "c3", 1, SEEDS[3], WEIGHTS[3])
     got = wait_version(url, tokens["c0"], 1, timeout=120)

@@ -21,8 +21,9 @@ from core import wire
 from core.services import free_port, wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
-from tests.dataplane.gwutil import tiny_model, wait_until
-from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload, wait_version
+from tests.dataplane.gwutil import tiny_model
+from tests.dataplane.rounds import assert_fedavg, expected, post_update, upload, wait_version
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -144,14 +145,8 @@ def test_stopped_gateway_resumes_the_round_from_its_journal(
         gw = _gateway(tmp_path, redis_url, port, shm)  # same state, store and Redis
         st = httpx.get(url + "/v1/jobs/j1", headers={"Authorization": f"Bearer {secret}"}).json()
         assert st["pushed_plan"] is pushed and st["plan_version"] == (7 if pushed else None)
-        r = httpx.post(
-            f"{url}/v1/jobs/j1/rounds/1/updates",
-            content=wire.encode_tensors(tiny_model(99)),
-            headers={
-                "Authorization": f"Bearer {info['tokens']['c1']}",
-                "X-Client-Id": "c1",
-                "X-Sample-Count": "1",
-            },
+        r = post_update(
+            url, "j1", 1, info["tokens"]["c1"], "c1", wire.encode_tensors(tiny_model(99)), 1
         )
         assert r.status_code == 409 and r.json()["error"] == "duplicate_client"  # c1 still counted
         upload(url, info["tokens"], clients[3], 1, seeds[3], weights[3])

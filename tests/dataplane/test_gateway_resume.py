@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from core import wire
+from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import resume_job, tiny_bytes, tiny_model
-from tests.dataplane.test_gateway_rounds import Aggregators, create, upload, wait_version
+from tests.dataplane.rounds import create, post_update, upload, wait_version
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +23,7 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
     info = create(first, clients, 2, rounds=3)
     aggs = Aggregators(first)
     try:
-        aggs.spawn(1)
-        aggs.wait_registered(1)
+        aggs.start(1)
         upload(first.url, info["tokens"], "c0", 1, 11, 2)
         upload(first.url, info["tokens"], "c1", 1, 12, 3)
         v1 = wait_version(first.url, info["tokens"]["c0"], 1)
@@ -48,17 +48,8 @@ def test_job_resumes_from_its_last_checkpoint_after_gateway_store_and_journal_ar
         np.testing.assert_array_equal(resumed[k], v)
     aggs = Aggregators(second)
     try:
-        aggs.spawn(1)
-        aggs.wait_registered(1)
-        stale = httpx.post(
-            f"{second.url}/v1/jobs/j1/rounds/1/updates",
-            content=tiny_bytes(1),
-            headers={
-                "Authorization": f"Bearer {tokens['c0']}",
-                "X-Client-Id": "c0",
-                "X-Sample-Count": "1",
-            },
-        )
+        aggs.start(1)
+        stale = post_update(second.url, "j1", 1, tokens["c0"], "c0", tiny_bytes(1), 1)
         assert stale.status_code == 409 and stale.json()["error"] == "stale_round"
         upload(second.url, tokens, "c0", 2, 21, 1)
         upload(second.url, tokens, "c1", 2, 22, 1)

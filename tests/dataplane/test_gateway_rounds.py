@@ -9,85 +9,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from core import fedavg, wire
+from core import wire
 from tests.aggregators import Aggregators
 from tests.dataplane.gwutil import GatewayThread, tiny_model
+from tests.dataplane.rounds import (
+    assert_fedavg,
+    create,
+    expected,
+    post_update,
+    upload,
+    upload_to,
+    wait_version,
+)
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def create(
-    gw: GatewayThread,
-    clients: list[str],
-    goal: int,
-    rounds: int = 1,
-    name: str = "j1",
-    nodes: str | None = None,
-) -> dict:
-    params = {"job": name, "rounds": rounds, "goal": goal, "clients": ",".join(clients)}
-    if nodes:
-        params["nodes"] = nodes
-    r = httpx.post(
-        gw.url + "/v1/jobs",
-        params=params,
-        content=wire.encode_tensors(tiny_model(0)),
-        headers={"Authorization": f"Bearer {gw.gw.secret}"},
-    )
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def upload(
-    url: str, tokens: dict[str, str], client: str, rnd: int, seed: int, samples: int
-) -> None:
-    upload_to(url, "j1", tokens, client, rnd, seed, samples)
-
-
-def upload_to(
-    url: str, job: str, tokens: dict[str, str], client: str, rnd: int, seed: int, samples: int
-) -> None:
-    r = httpx.post(
-        f"{url}/v1/jobs/{job}/rounds/{rnd}/updates",
-        content=wire.encode_tensors(tiny_model(seed, 3.0)),
-        headers={
-            "Authorization": f"Bearer {tokens[client]}",
-            "X-Client-Id": client,
-            "X-Sample-Count": str(samples),
-        },
-        timeout=30,
-    )
-    assert r.status_code == 202, r.text
-
-
-def wait_version(
-    url: str, token: str, version: int, timeout: float = 60, job: str = "j1"
-) -> dict[str, np.ndarray]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/jobs/{job}/model", headers={"Authorization": f"Bearer {token}"})
-        if int(r.headers["x-model-version"]) >= version:
-            return wire.decode_tensors(r.content)
-        time.sleep(0.05)
-    raise TimeoutError(f"model version {version} not reached")
-
-
-def expected(seeds: list[int], weights: list[int]) -> dict[str, np.ndarray]:
-    models = [tiny_model(s, 3.0) for s in seeds]
-    return {
-        k: fedavg.fedavg_reference([m[k].astype(np.float32) for m in models], weights)
-        for k in models[0]
-    }
-
-
-def assert_fedavg(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    for k in ("layer.weight", "layer.bias"):
-        assert fedavg.rel_error(got[k], want[k]) <= 1e-6, k
 
 
 @pytest.mark.parametrize(("goal", "fanout", "lazy"), [(5, 2, False), (4, 4, False), (6, 2, True)])
@@ -99,8 +43,7 @@ def test_rounds_produce_flat_fedavg_for_any_plan(
     info = create(gw, clients, goal, rounds=2)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for rnd in (1, 2):
             seeds = [rnd * 100 + i for i in range(goal)]
             weights = [7 * (i + 1) for i in range(goal)]
@@ -126,14 +69,6 @@ def _endpoint_pid(gw: GatewayThread, slot: int) -> int:
     return gw.gw.router.endpoints()[ep].pid
 
 
-def _wait(cond, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("victim", ["leaf", "top"])
 def test_killed_aggregator_mid_round_still_gives_the_exact_result(make_gw, victim: str) -> None:  # type: ignore[no-untyped-def]
     gw = make_gw(fanout=2, pool=3)
@@ -142,20 +77,21 @@ def test_killed_aggregator_mid_round_still_gives_the_exact_result(make_gw, victi
     aggs = Aggregators(gw)
     seeds, weights = [11, 12, 13, 14, 15, 16], [5, 10, 20, 40, 80, 160]
     try:
-        aggs.spawn(3)
-        aggs.wait_registered(3)
+        aggs.start(3)
         eng = gw.gw.jobs["j1"].engine
         # top = slot 1, leaves 2..4 with 2 updates each
         upload(gw.url, info["tokens"], "c0", 1, seeds[0], weights[0])
         if victim == "leaf":
-            _wait(lambda: eng.slots[2].endpoint is not None and gw.gw.router.metrics() is not None)
+            wait_until(
+                lambda: eng.slots[2].endpoint is not None and gw.gw.router.metrics() is not None
+            )
             time.sleep(0.3)  # let the leaf fold the first update
             pid = _endpoint_pid(gw, 2)
         else:
             # the top folds the first leaf's partial, checkpoints (the partial is freed) and
             # parks; then every replica dies, so the top re-runs elsewhere from its checkpoint
             upload(gw.url, info["tokens"], "c1", 1, seeds[1], weights[1])
-            _wait(lambda: eng.slots[1].ckpt is not None and eng.slots[1].endpoint is None)
+            wait_until(lambda: eng.slots[1].ckpt is not None and eng.slots[1].endpoint is None)
             pid = 0
         if pid:
             aggs.kill_pid(pid)
@@ -178,21 +114,32 @@ def test_killed_aggregator_mid_round_still_gives_the_exact_result(make_gw, victi
         aggs.stop()
 
 
+@contextmanager
+def _two_nodes(
+    make_gw, tmp_path: Path, clients: list[str], goal: int, *, rounds: int, replicas: int
+) -> Iterator[tuple[GatewayThread, GatewayThread, dict]]:  # type: ignore[no-untyped-def]
+    """Node gateways ``a`` (the root) and ``b`` (sharing the admin secret), job ``j1`` over
+    both, ``replicas`` aggregator replicas on each: ``(a, b, a's answer to the creation)``."""
+    shared = tmp_path / "admin-secret"
+    a = make_gw(node="a", fanout=2, pool=3, admin_secret_file=shared)
+    b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
+    info = create(a, clients, goal, rounds=rounds, nodes="a,b")
+    wait_until(lambda: "j1" in b.gw.jobs, 30)
+    aggs_a, aggs_b = Aggregators(a), Aggregators(b)
+    try:
+        aggs_a.start(replicas)
+        aggs_b.start(replicas)
+        yield a, b, info
+    finally:
+        aggs_a.stop()
+        aggs_b.stop()
+
+
 def test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg(
     make_gw, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    shared = tmp_path / "admin-secret"  # node gateways share the admin secret
-    a = make_gw(node="a", fanout=2, pool=3, admin_secret_file=shared)
-    b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
     clients = [f"c{i}" for i in range(6)]
-    info = create(a, clients, 6, nodes="a,b")
-    _wait(lambda: "j1" in b.gw.jobs, 30)
-    aggs_a, aggs_b = Aggregators(a), Aggregators(b)
-    try:
-        aggs_a.spawn(2)
-        aggs_b.spawn(2)
-        aggs_a.wait_registered(2)
-        aggs_b.wait_registered(2)
+    with _two_nodes(make_gw, tmp_path, clients, 6, rounds=1, replicas=2) as (a, b, info):
         node_of = info["plan"]["client_nodes"]
         seeds, weights = [21, 22, 23, 24, 25, 26], [3, 1, 4, 1, 5, 9]
         for c, s, w in zip(clients, seeds, weights, strict=True):
@@ -202,36 +149,15 @@ def test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg(
         got_b = wait_version(b.url, info["tokens"]["c5"], 1)  # node b serves the same model
         assert_fedavg(got_b, expected(seeds, weights))
         wrong = next(c for c in clients if node_of[c] == "a")
-        r = httpx.post(
-            f"{b.url}/v1/jobs/j1/rounds/2/updates",
-            content=b"x",
-            headers={
-                "Authorization": f"Bearer {info['tokens'][wrong]}",
-                "X-Client-Id": wrong,
-                "X-Sample-Count": "1",
-            },
-        )
+        r = post_update(b.url, "j1", 2, info["tokens"][wrong], wrong, b"x")
         assert r.status_code == 409 and r.json()["error"] in ("wrong_node", "job_finished")
-    finally:
-        aggs_a.stop()
-        aggs_b.stop()
 
 
 def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
     make_gw, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     """A model GET on node b right after the root publishes must also open round 2 on b."""
-    shared = tmp_path / "admin-secret"
-    a = make_gw(node="a", fanout=2, pool=3, admin_secret_file=shared)
-    b = make_gw(node="b", fanout=2, pool=3, peers={"a": a.url}, admin_secret_file=shared)
-    info = create(a, ["c0", "c1"], 2, rounds=3, nodes="a,b")
-    _wait(lambda: "j1" in b.gw.jobs, 30)
-    aggs_a, aggs_b = Aggregators(a), Aggregators(b)
-    try:
-        aggs_a.spawn(1)
-        aggs_b.spawn(1)
-        aggs_a.wait_registered(1)
-        aggs_b.wait_registered(1)
+    with _two_nodes(make_gw, tmp_path, ["c0", "c1"], 2, rounds=3, replicas=1) as (a, b, info):
         node_of = info["plan"]["client_nodes"]
         on_b = next(c for c in ("c0", "c1") if node_of[c] == "b")
         for c in ("c0", "c1"):
@@ -243,9 +169,6 @@ def test_non_root_node_that_serves_a_new_model_first_opens_the_next_round(
         ).json()
         assert status["version"] == 1 and status["round"] == 2, status
         upload(b.url, info["tokens"], on_b, 2, 2, 1)
-    finally:
-        aggs_a.stop()
-        aggs_b.stop()
 
 
 def test_round_checkpoints_global_clients_and_meta_to_minio(
@@ -258,8 +181,7 @@ def test_round_checkpoints_global_clients_and_meta_to_minio(
     info = create(gw, clients, 3)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for i, c in enumerate(clients):
             upload(gw.url, info["tokens"], c, 1, 40 + i, 2 + i)
         got = wait_version(gw.url, info["tokens"]["c0"], 1)
@@ -288,8 +210,7 @@ def test_a_single_endpoint_runs_the_whole_tree(make_gw) -> None:  # type: ignore
     info = create(gw, clients, 6, rounds=2)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1, endpoints=1)
-        aggs.wait_registered(1)
+        aggs.start(1)
         for rnd, seed0 in ((1, 10), (2, 20)):
             seeds, weights = [seed0 + i for i in range(6)], [1, 2, 3, 1, 2, 3]
             for c, sd, w in zip(clients, seeds, weights, strict=True):
@@ -310,8 +231,7 @@ def test_a_round_holds_a_bounded_number_of_objects_however_many_leaves_it_has(ma
     info = create(gw, clients, 36)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
+        aggs.start(1, endpoints=2)
         seeds, weights = [40 + i for i in range(36)], [1 + i % 5 for i in range(36)]
         for c, sd, w in zip(clients, seeds, weights, strict=True):
             upload(gw.url, info["tokens"], c, 1, sd, w)
@@ -367,11 +287,10 @@ def test_rounds_and_failover_over_the_ebpf_sidecar(make_gw) -> None:  # type: ig
     aggs = Aggregators(gw)
     seeds, weights = [61, 62, 63, 64], [4, 3, 2, 1]
     try:
-        aggs.spawn(3)
-        aggs.wait_registered(3)
+        aggs.start(3)
         eng = gw.gw.jobs["j1"].engine
         upload(gw.url, info["tokens"], "c0", 1, seeds[0], weights[0])
-        _wait(lambda: eng.slots[2].endpoint is not None)
+        wait_until(lambda: eng.slots[2].endpoint is not None)
         time.sleep(0.3)
         aggs.kill_pid(_endpoint_pid(gw, 2))
         for i in range(1, 4):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.dataplane.test_gateway_rounds import Aggregators, create, upload, wait_version
+from tests.aggregators import Aggregators
+from tests.dataplane.rounds import create, upload, wait_version
 
 pytestmark = pytest.mark.integration
 
@@ -15,8 +16,7 @@ def test_router_metrics_count_a_round_and_say_which_router_is_active(make_gw) ->
     info = create(gw, ["c0", "c1"], 2)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1)
-        aggs.wait_registered(1)
+        aggs.start(1)
         upload(gw.url, info["tokens"], "c0", 1, 1, 1)
         upload(gw.url, info["tokens"], "c1", 1, 2, 1)
         wait_version(gw.url, info["tokens"]["c0"], 1)

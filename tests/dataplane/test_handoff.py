@@ -22,7 +22,7 @@ import pytest
 from core import wire
 from core.objstore import Namespace
 from core.objstore.handoff import HandoffClient, HandoffError, HandoffServer
-from tests.runtime.conftest import wait_until
+from tests.polling import wait_until
 
 SPEC = wire.ModelSpec.build([("b", "F32", (10,)), ("w", "F32", (7, 3))])  # 31 floats, no gap
 REPO = Path(__file__).resolve().parents[2]

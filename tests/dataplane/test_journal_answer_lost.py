@@ -43,16 +43,18 @@ from core import wire
 from gateway.jobs import Job
 from tests.aggregators import Aggregators
 from tests.dataplane.gwproc import admin_settings, journal_retries, post_job
-from tests.dataplane.gwutil import GatewayThread, settings, tiny_model, wait_until
+from tests.dataplane.gwutil import GatewayThread, settings, tiny_model
 from tests.dataplane.journalfaults import writes_refused
 from tests.dataplane.redisrelay import ALL, RedisRelay
-from tests.dataplane.test_gateway_rounds import (
+from tests.dataplane.rounds import (
     assert_fedavg,
     create,
     expected,
+    post_update,
     upload,
     wait_version,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,16 +98,7 @@ def _published_count(redis_url) -> int:  # type: ignore[no-untyped-def]
 
 
 def _send(url: str, token: str, client: str, body: bytes, weight: int) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/jobs/j1/rounds/1/updates",
-        content=body,
-        headers={
-            "Authorization": f"Bearer {token}",
-            "X-Client-Id": client,
-            "X-Sample-Count": str(weight),
-        },
-        timeout=60,
-    )
+    return post_update(url, "j1", 1, token, client, body, weight, timeout=60)
 
 
 @pytest.fixture()
@@ -127,8 +120,7 @@ def _job(gw: GatewayThread) -> Iterator[tuple[dict[str, str], Job]]:
     info = create(gw, CLIENTS, 4, rounds=1)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         yield info["tokens"], gw.gw.jobs["j1"]
     finally:
         aggs.stop()

@@ -28,15 +28,17 @@ from bench.stack import Replicas, start_gateway
 from core import wire
 from tests.aggregators import Aggregators
 from tests.dataplane.gwproc import admin_settings, journal_retries, post_job
-from tests.dataplane.gwutil import tiny_model, wait_until
+from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.journalfaults import publish_refused, slot_records_refused
-from tests.dataplane.test_gateway_rounds import (
+from tests.dataplane.rounds import (
     assert_fedavg,
     create,
     expected,
+    post_update,
     upload,
     wait_version,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,8 +54,7 @@ def _one_node(make_gw, rounds: int) -> Iterator[tuple]:  # type: ignore[no-untyp
     info = create(gw, CLIENTS, 4, rounds=rounds)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         yield gw, info, gw.gw.jobs["j1"]
     finally:
         aggs.stop()
@@ -162,14 +163,8 @@ def test_a_gateway_killed_while_its_publication_waits_for_redis_recovers_the_rou
         got = wait_version(gw.url, tokens["c0"], 1)
         assert_fedavg(got, expected(SEEDS, WEIGHTS))
         assert _published(redis_url)["count"] == 4  # every acknowledged update, once
-        again = httpx.post(
-            gw.url + "/v1/jobs/j1/rounds/1/updates",
-            content=wire.encode_tensors(tiny_model(99)),
-            headers={
-                "Authorization": f"Bearer {tokens['c1']}",
-                "X-Client-Id": "c1",
-                "X-Sample-Count": "1",
-            },
+        again = post_update(
+            gw.url, "j1", 1, tokens["c1"], "c1", wire.encode_tensors(tiny_model(99))
         )
         assert again.status_code == 409 and again.json()["error"] == "stale_round"
     finally:

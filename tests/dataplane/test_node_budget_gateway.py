@@ -20,7 +20,9 @@ import pytest
 from cache_engine.node_memory import store_bytes
 from client.sdk import FLClient, UploadReceipt
 from core import wire
-from tests.dataplane.gwutil import GatewayThread, wait_until
+from tests.dataplane.gwutil import GatewayThread
+from tests.dataplane.rounds import post_update
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +50,7 @@ def _create(gw: GatewayThread) -> dict[str, str]:
 
 
 def _upload(gw: GatewayThread, token: str, client: str) -> httpx.Response:
-    return httpx.post(
-        f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-        content=_model(CLIENTS.index(client) + 1),
-        headers={"Authorization": f"Bearer {token}", "X-Client-Id": client, "X-Sample-Count": "3"},
-        timeout=30,
-    )
+    return post_update(gw.url, "j1", 1, token, client, _model(CLIENTS.index(client) + 1), 3)
 
 
 def _refusals(gw: GatewayThread) -> float:

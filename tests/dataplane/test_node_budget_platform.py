@@ -11,7 +11,6 @@ is still answered, its models streamed from MinIO, equal to the in-process compu
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,13 @@ import httpx
 import numpy as np
 import pytest
 
-from cache_engine.cold_store import MinioColdStore
-from cache_engine.keys import ObjectKey
 from cache_engine.node_memory import store_bytes
-from cache_engine.queries import run_workload
 from core import wire
 from core.auth import bearer
-from tests.dataplane.gwutil import wait_until
-from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
 from tests.flstore.conftest import start_stack
+from tests.flstore.gateway_round import one_round, stack_gateway
+from tests.flstore.tracker_queries import ask, direct_answer
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a runtime and functions: > 10 s
 JOB = "budget1"
@@ -41,24 +38,6 @@ def _model(rng: np.random.Generator, sign: float = 1.0) -> bytes:
     return wire.encode_tensors(
         {"layer.weight": (sign * rng.standard_normal((8, 6))).astype(np.float32)}
     )
-
-
-def _ask(stack: Any) -> httpx.Response:
-    """The query through the tracker, once the engine knows the round (404/409 before)."""
-    deadline, last = time.monotonic() + 120, None
-    while time.monotonic() < deadline:
-        last = httpx.post(
-            f"{stack.tracker_url}/v1/queries",
-            params={"wait": "true"},
-            json=QUERY,
-            headers=bearer(stack.token("analyst")),
-            timeout=300,
-        )
-        if last.status_code == 200:
-            return last
-        assert last.status_code in (404, 409), last.text  # not written / not known yet
-        time.sleep(0.5)
-    raise AssertionError(f"no answer: {last.text if last else ''}\n{stack.logs()}")
 
 
 def _state(stack: Any) -> dict[str, Any]:
@@ -82,47 +61,18 @@ def test_the_stores_bytes_push_flstore_to_stream_and_the_query_still_answers(
         },
     )
     try:
-        gw = make_gw(
-            fanout=2,
-            pool=2,
-            shm_root=root,
-            node_memory_bytes=BUDGET,
-            minio_endpoint=minio_server.endpoint,
-            minio_credentials_file=minio_server.credentials_file("gateway"),
-            engine_url=stack.engine_url,
-            engine_token_file=stack.token_file("service"),
+        gw = stack_gateway(
+            make_gw, stack, minio_server, fanout=2, pool=2, shm_root=root, node_memory_bytes=BUDGET
         )
-        admin = {"Authorization": f"Bearer {gw.gw.secret}"}
-        rng = np.random.default_rng(5)
-        clients = ["c0", "c1", "c2", "c3"]
-        r = httpx.post(
-            gw.url + "/v1/jobs",
-            params={"job": JOB, "rounds": 2, "goal": 4, "clients": ",".join(clients)},
-            content=_model(rng),
-            headers=admin,
+        admin = bearer(gw.gw.secret)
+        one_round(  # c3 sends the others' direction reversed
+            gw,
+            JOB,
+            _model(np.random.default_rng(5)),
+            lambda c: _model(np.random.default_rng(9), -1.0 if c == "c3" else 1.0),
         )
-        assert r.status_code == 201, r.text
-        tokens = r.json()["tokens"]
-        aggs = Aggregators(gw)
-        try:
-            aggs.spawn(1)
-            aggs.wait_registered(1)
-            for c in clients:  # c3 sends the others' direction reversed
-                up = httpx.post(
-                    f"{gw.url}/v1/jobs/{JOB}/rounds/1/updates",
-                    content=_model(np.random.default_rng(9), -1.0 if c == "c3" else 1.0),
-                    headers={
-                        "Authorization": f"Bearer {tokens[c]}",
-                        "X-Client-Id": c,
-                        "X-Sample-Count": "10",
-                    },
-                )
-                assert up.status_code == 202, up.text
-            wait_version(gw.url, tokens["c0"], 1, job=JOB)
-        finally:
-            aggs.stop()
 
-        first = _ask(stack).json()
+        first = ask(stack, QUERY, within=120)
         assert first["status"] == "done" and first["result"]["flagged"] == ["c3"]
         stack.wait_idle()
         account = _state(stack)["memory_budget"]
@@ -154,17 +104,14 @@ def test_the_stores_bytes_push_flstore_to_stream_and_the_query_still_answers(
         assert account["used_bytes"] >= account["store_bytes"] + account["functions_bytes"]
         assert account["used_bytes"] > BUDGET - KEEP  # no room for loads...
 
-        again = _ask(stack).json()  # ...and the query is answered all the same, from MinIO
+        again = ask(
+            stack, QUERY, within=120
+        )  # ...and the query is answered all the same, from MinIO
         assert again["status"] == "done", again
         stats = _state(stack)["stats"]
         streamed = stats["queries_streamed"] + stats["queries_partly_streamed"]
         assert streamed > stats0["queries_streamed"] + stats0["queries_partly_streamed"]
-        cold = MinioColdStore(
-            minio_server.endpoint, minio_server.access_key, minio_server.secret_key
-        )
-        plan = httpx.post(f"{stack.engine_url}/v1/plan", json=QUERY, headers=stack.auth).json()
-        held = {k: cold.get(k) for k in map(ObjectKey.parse, plan["objects"])}
-        direct = run_workload(QUERY["workload"], plan["params"], held)
+        direct = direct_answer(stack, minio_server, QUERY)
         for rec in (first, again):
             assert rec["result"]["cosine"] == pytest.approx(direct["cosine"], rel=1e-6)
             assert rec["result"]["ranking"] == direct["ranking"]

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dataplane.gwutil import wait_until
 from tests.dataplane.peerproxy import HOLD, LOSE_ANSWER, PASS, REFUSE
-from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, upload_to, wait_version
+from tests.dataplane.rounds import assert_fedavg, expected, upload_to, wait_version
 from tests.dataplane.twonodes import TwoNodes, two_nodes
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -104,6 +105,14 @@ def update_key(i: int) -> bytes:
     return bytes([0xAA, i]) + bytes(14)
 
 
+def add_updates(eng: RoundEngine, store: FakeStore, clients: Iterable[int]) -> None:
+    """Client ``i``'s update (weight 1) held in ``store`` and added to the round, for each
+    ``i`` of ``clients``."""
+    for i in clients:
+        store.held[update_key(i)] = 1
+        eng.add_update(f"c{i}", update_key(i), 1)
+
+
 def test_updates_wait_for_an_endpoint_then_task_and_updates_are_sent_in_order() -> None:
     eng, sent, _, store = engine()
     for i in range(2):
@@ -124,9 +133,7 @@ def test_updates_wait_for_an_endpoint_then_task_and_updates_are_sent_in_order() 
 
 def test_ack_frees_inputs_and_forwards_partial_to_a_parent_that_arrived_later() -> None:
     eng, sent, published, store = engine()
-    for i in range(2):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(2))
     eng.pump([5])
     acc = sent[0].key
     eng.on_frame(
@@ -162,9 +169,7 @@ def test_disconnected_leaf_is_rerun_on_another_endpoint_with_every_input() -> No
 
 def test_result_with_the_goal_publishes_once_and_close_frees_all_but_the_model() -> None:
     eng, sent, published, store = engine(goal=2)  # lone top
-    for i in range(2):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(2))
     eng.pump([5])
     acc = sent[0].key
     eng.on_frame(
@@ -180,9 +185,7 @@ def test_result_with_the_goal_publishes_once_and_close_frees_all_but_the_model()
 
 def test_round_full_and_stale_frames() -> None:
     eng, sent, _, store = engine(goal=2)
-    for i in range(2):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(2))
     assert eng.full()
     with pytest.raises(RuntimeError):
         eng.add_update("c9", update_key(9), 1)
@@ -228,9 +231,7 @@ def _finish_leaf(
     eng: RoundEngine, store: FakeStore, sent: list[Frame], leaf: int, ep: int
 ) -> bytes:
     """Two updates into ``leaf`` on endpoint ``ep``, then its ACK; returns its partial."""
-    for i in (2 * leaf, 2 * leaf + 1):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, (2 * leaf, 2 * leaf + 1))
     sent.clear()
     eng.assign(leaf, ep)
     acc = sent[0].key
@@ -452,9 +453,7 @@ def test_replan_restarts_a_running_leaf_with_every_update_it_holds() -> None:
 def test_a_slot_silent_with_all_its_inputs_runs_again_on_its_endpoint() -> None:
     eng, sent, _, store = engine(goal=6)
     a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
-    for i in range(3):  # leaf a gets its two updates, leaf b one of two
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(3))  # leaf a gets its two updates, leaf b one of two
     eng.assign(a, 5)
     eng.assign(b, 6)
     first = eng.slots[a].acc
@@ -475,9 +474,7 @@ def test_a_lazy_slot_runs_again_once_its_endpoint_answered_failed_and_only_then(
     failures: list[int] = []
     eng, sent, _, store = engine(goal=6, lazy=True, failed=lambda: failures.append(1))
     a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
-    for i in range(4):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(4))
     eng.assign(a, 5)
     eng.assign(b, 6)
     first = eng.slots[a].acc
@@ -599,9 +596,7 @@ def test_an_accumulator_the_store_refuses_leaves_the_slot_waiting_and_it_starts_
 def test_a_rerun_the_store_refuses_frees_the_endpoint_and_makes_no_object() -> None:
     eng, sent, _, store = engine(goal=6)
     a, b, _c = (s.id for s in eng.plan.slots if s.role == LEAF)
-    for i in range(2):
-        store.held[update_key(i)] = 1
-        eng.add_update(f"c{i}", update_key(i), 1)
+    add_updates(eng, store, range(2))
     eng.assign(a, 5)
     first = eng.slots[a].acc
     now = eng.slots[a].heard_ns

@@ -16,7 +16,7 @@ from client.sdk import with_metadata
 from core import robust, wire
 from core.robust import METADATA_KEY, RobustRule
 from tests.aggregators import Aggregators
-from tests.dataplane.test_gateway_rounds import wait_version
+from tests.dataplane.rounds import post_update, wait_version
 
 pytestmark = pytest.mark.integration
 
@@ -60,16 +60,7 @@ def _create(url: str, secret: str, spec: object, nodes: str = "", job: str = "j1
 def _upload(
     url: str, token: str, client: str, rnd: int, model, samples: int, job: str = "j1"
 ) -> None:
-    r = httpx.post(
-        f"{url}/v1/jobs/{job}/rounds/{rnd}/updates",
-        content=wire.encode_tensors(model),
-        headers={
-            "Authorization": f"Bearer {token}",
-            "X-Client-Id": client,
-            "X-Sample-Count": str(samples),
-        },
-        timeout=30,
-    )
+    r = post_update(url, job, rnd, token, client, wire.encode_tensors(model), samples)
     assert r.status_code == 202, r.text
 
 
@@ -81,8 +72,7 @@ def _one_round(gw, spec: object, job: str, ups: dict) -> dict[str, np.ndarray]: 
     tokens = made.json()["tokens"]
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
+        aggs.start(1, endpoints=2)
         for c in CLIENTS:
             _upload(gw.url, tokens[c], c, 1, ups[c], 10, job=job)
         return wait_version(gw.url, tokens["c1"], 1, job=job)  # type: ignore[no-any-return]
@@ -116,8 +106,7 @@ def test_each_rule_runs_sharded_on_real_endpoints_and_equals_the_reference(
     g = _model(np.random.default_rng(0))
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
+        aggs.start(1, endpoints=2)
         for rnd in (1, 2):
             ups = {c: _model(rng, g, bad=c in BAD) for c in CLIENTS}
             samples = {c: 10 + i for i, c in enumerate(CLIENTS)}

@@ -16,14 +16,15 @@ import httpx
 import numpy as np
 import pytest
 
-from client.sdk import SERVER_OPT_KEY, with_metadata
+from client.sdk import SERVER_OPT_KEY
 from core import fedavg, wire
 from core.server_opt import METADATA_KEY, state_from_safetensors
 from core.services import free_port
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import resume_job, tiny_model
+from tests.dataplane.gwutil import delete_and_resume, tiny_model
+from tests.dataplane.rounds import assert_job_refused, job_request, upload, wait_version
 from tests.dataplane.test_gateway_recovery import _aggregators, _gateway, _kill
-from tests.dataplane.test_gateway_rounds import upload, wait_version
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 flwr = pytest.importorskip("flwr")
@@ -32,18 +33,9 @@ FLOAT = ("layer.bias", "layer.weight")  # "steps" is int64 on the wire: rounded 
 CLIENTS = ["c0", "c1", "c2"]
 
 
-def _weights(spec: dict[str, object]) -> bytes:
-    body = wire.encode_tensors(tiny_model(0))
-    return with_metadata(body, {SERVER_OPT_KEY: json.dumps(spec)})
-
-
 def _create(url: str, secret: str, spec: dict[str, object], rounds: int, **params: str) -> dict:
-    r = httpx.post(
-        url + "/v1/jobs",
-        params={"job": "j1", "rounds": rounds, "goal": 3, "clients": ",".join(CLIENTS), **params},
-        content=_weights(spec),
-        headers={"Authorization": f"Bearer {secret}"},
-    )
+    meta = {SERVER_OPT_KEY: json.dumps(spec)}
+    r = job_request(url, secret, CLIENTS, 3, rounds, metadata=meta, **params)
     assert r.status_code == 201, r.text
     return dict(r.json())
 
@@ -129,8 +121,7 @@ def test_every_published_model_equals_flowers_strategy_and_its_state_is_checkpoi
     twin = FlowerTwin(spec)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for t in (1, 2, 3):
             seeds, weights = _round(gw.url, info["tokens"], t)
             _same(wait_version(gw.url, info["tokens"]["c0"], t), twin.round(t, seeds, weights), t)
@@ -161,18 +152,12 @@ def test_a_resumed_job_continues_with_its_optimizers_checkpointed_state(
     twin = FlowerTwin(spec)
     aggs = Aggregators(gw)
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)
+        aggs.start(2)
         for t in (1, 2):
             seeds, weights = _round(gw.url, info["tokens"], t)
             _same(wait_version(gw.url, info["tokens"]["c0"], t), twin.round(t, seeds, weights), t)
-        assert gw.gw.checkpoints.flush(60)
-        admin = {"Authorization": f"Bearer {gw.gw.secret}"}
-        assert httpx.delete(gw.url + "/v1/jobs/j1", headers=admin).status_code == 204
         # the checkpoint holds the model and the optimizer: no body
-        r = resume_job(gw, CLIENTS, 3, goal=3)
-        assert r.status_code == 201, r.text
-        tokens = r.json()["tokens"]
+        tokens = delete_and_resume(gw, CLIENTS, 3, goal=3)["tokens"]
         assert gw.gw.jobs["j1"].server_opt is not None and gw.gw.jobs["j1"].version == 2
         seeds, weights = _round(gw.url, tokens, 3)
         _same(wait_version(gw.url, tokens["c0"], 3), twin.round(3, seeds, weights), 3)
@@ -193,15 +178,13 @@ def test_a_node_taking_the_job_over_adopts_the_state_from_minio(
     b = make_gw(node="b", peers={"a": a.url}, **kw)
     spec = {"name": "fedyogi", "eta": 0.02}
     info = _create(a.url, a.gw.secret, spec, rounds=3, nodes="a,b")
-    _wait(lambda: "j1" in b.gw.jobs)
+    wait_until(lambda: "j1" in b.gw.jobs)
     node_of = info["plan"]["client_nodes"]
     twin = FlowerTwin(spec)
     aggs_a, aggs_b = Aggregators(a), Aggregators(b)
     try:
-        aggs_a.spawn(2)
-        aggs_b.spawn(2)
-        aggs_a.wait_registered(2)
-        aggs_b.wait_registered(2)
+        aggs_a.start(2)
+        aggs_b.start(2)
         seeds, weights = [11, 12, 13], [4, 5, 3]
         for c, sd, w in zip(CLIENTS, seeds, weights, strict=True):
             upload(a.url if node_of[c] == "a" else b.url, info["tokens"], c, 1, sd, w)
@@ -230,15 +213,6 @@ def test_a_node_taking_the_job_over_adopts_the_state_from_minio(
     finally:
         aggs_a.stop()
         aggs_b.stop()
-
-
-def _wait(cond, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_a_sigkilled_root_resumes_the_state_it_journaled(tmp_path: Path, redis_url: str) -> None:
@@ -279,15 +253,4 @@ def test_a_sigkilled_root_resumes_the_state_it_journaled(tmp_path: Path, redis_u
 def test_a_bad_optimizer_is_refused_with_what_to_change_and_nothing_is_created(
     make_gw, spec: str, says: str
 ) -> None:  # type: ignore[no-untyped-def]
-    gw = make_gw()
-    admin = {"Authorization": f"Bearer {gw.gw.secret}"}
-    r = httpx.post(
-        gw.url + "/v1/jobs",
-        params={"job": "j1", "rounds": 1, "goal": 3, "clients": ",".join(CLIENTS)},
-        content=with_metadata(wire.encode_tensors(tiny_model(0)), {SERVER_OPT_KEY: spec}),
-        headers=admin,
-    )
-    assert r.status_code == 400, r.text
-    assert r.json()["error"] == "bad_server_opt" and says in r.json()["detail"]
-    assert httpx.get(gw.url + "/v1/jobs/j1", headers=admin).status_code == 404
-    assert "j1" not in gw.gw.jobs
+    assert_job_refused(make_gw(), CLIENTS, {SERVER_OPT_KEY: spec}, "bad_server_opt", says)

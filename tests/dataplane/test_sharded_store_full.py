@@ -32,12 +32,13 @@ from core.robust import METADATA_KEY, RobustRule
 from gateway.replan import PlanConflict
 from gateway.sharded import ShardedRound
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import GatewayThread, wait_until
-from tests.dataplane.test_gateway_rounds import wait_version
+from tests.dataplane.gwutil import GatewayThread
+from tests.dataplane.rounds import post_update, wait_version
 from tests.dataplane.test_robust_gateway import _flat, _model
 from tests.dataplane.test_sharded_round import _done, _update, answer_gram
 from tests.dataplane.test_sharded_round import _round as sharded_round
 from tests.dataplane.test_store_full import Ballast, small_fs  # noqa: F401 (a fixture)
+from tests.polling import wait_until
 
 CLIENTS = [f"c{i}" for i in range(5)]
 SPEC = {"rule": "median", "shards": 2}
@@ -174,20 +175,10 @@ def test_a_robust_rounds_output_the_full_store_refuses_waits_and_the_round_close
     aggs = Aggregators(gw)
     ballast = Ballast(small_fs)
     try:
-        aggs.spawn(1, endpoints=2)
-        aggs.wait_registered(2)
+        aggs.start(1, endpoints=2)
         ballast.fill()
         for c in CLIENTS:  # the last one reaches the goal: the start of aggregation
-            r = httpx.post(
-                f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-                content=wire.encode_tensors(ups[c]),
-                headers={
-                    "Authorization": f"Bearer {tokens[c]}",
-                    "X-Client-Id": c,
-                    "X-Sample-Count": "10",
-                },
-                timeout=30,
-            )
+            r = post_update(gw.url, "j1", 1, tokens[c], c, wire.encode_tensors(ups[c]), 10)
             assert r.status_code == 202, r.text  # journaled and in the round: acknowledged
         eng = job.engine
         assert isinstance(eng, ShardedRound) and eng.accepted == len(CLIENTS)

@@ -30,8 +30,9 @@ import pytest
 from client.sdk import FLClient, UploadReceipt
 from core import wire
 from tests.aggregators import Aggregators
-from tests.dataplane.gwutil import GatewayThread, tiny_model, wait_until
-from tests.dataplane.test_gateway_rounds import assert_fedavg, expected, wait_version
+from tests.dataplane.gwutil import GatewayThread, tiny_model
+from tests.dataplane.rounds import assert_fedavg, expected, post_update, wait_version
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,16 +97,8 @@ def _create(gw: GatewayThread) -> httpx.Response:
 
 def _post(gw: GatewayThread, tokens: dict[str, str], client: str) -> httpx.Response:
     i = CLIENTS.index(client)
-    return httpx.post(
-        f"{gw.url}/v1/jobs/j1/rounds/1/updates",
-        content=wire.encode_tensors(tiny_model(SEEDS[i], 3.0)),
-        headers={
-            "Authorization": f"Bearer {tokens[client]}",
-            "X-Client-Id": client,
-            "X-Sample-Count": str(WEIGHTS[i]),
-        },
-        timeout=30,
-    )
+    body = wire.encode_tensors(tiny_model(SEEDS[i], 3.0))
+    return post_update(gw.url, "j1", 1, tokens[client], client, body, WEIGHTS[i])
 
 
 def _sample(gw: GatewayThread, name: str, **labels: str) -> float:
@@ -152,8 +145,7 @@ def test_an_accumulator_the_full_store_refuses_leaves_no_slot_stuck_and_loses_no
             got.append(exc)
 
     try:
-        aggs.spawn(2)
-        aggs.wait_registered(2)  # endpoints are free: c0's leaf starts as c0's update lands
+        aggs.start(2)  # endpoints are free: c0's leaf starts as c0's update lands
         ballast.fill()
         r = _post(gw, tokens, "c0")
         assert r.status_code == 202, r.text  # journaled and in the round: acknowledged

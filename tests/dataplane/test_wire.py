@@ -213,29 +213,11 @@ def test_incremental_finite_check_catches_nan_and_inf_while_streaming(chunk: int
         vals = np.arange(5, dtype=np.float32)
         vals[3] = bad
         data = _raw(GOOD, vals.tobytes())
-        dst = bytearray(SPEC.object_nbytes)
-        dec = wire.UpdateDecoder(SPEC, memoryview(dst), len(data), check_finite=True)
         with pytest.raises(wire.NonFinite):
-            pos = 0
-            while not dec.done:
-                b = dec.get_buffer()
-                n = min(len(b), chunk, len(data) - pos)
-                b[:n] = data[pos : pos + n]
-                pos += n
-                dec.buffer_updated(n)
-            dec.finish()
-    data = _raw(GOOD, np.arange(5, dtype=np.float32).tobytes())
-    dec = wire.UpdateDecoder(
-        SPEC, memoryview(bytearray(SPEC.object_nbytes)), len(data), check_finite=True
+            decode(data, SPEC, chunk=chunk, check_finite=True)
+    decode(
+        _raw(GOOD, np.arange(5, dtype=np.float32).tobytes()), SPEC, chunk=chunk, check_finite=True
     )
-    pos = 0
-    while not dec.done:
-        b = dec.get_buffer()
-        n = min(len(b), chunk)
-        b[:n] = data[pos : pos + n]
-        pos += n
-        dec.buffer_updated(n)
-    dec.finish()
 
 
 def test_truncated_body_is_reported_by_finish() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ import psutil
 import pytest
 
 from fedfaas.demo import DemoConfig, run
+from tests.commands import run_module
 from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 OPTIONAL_PORTS = (
     "gateway",
     "gateway_node1",
@@ -115,23 +114,18 @@ def test_a_demo_that_fails_still_stops_the_platform(tmp_path: Path) -> None:
     assert_nothing_left(report, tmp_path)
 
 
-def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        **ANY_PORTS_ENV,
-        "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0)),
-    }
-    for k in [k for k in env if k.startswith("FEDFAAS_DEMO_")]:
-        del env[k]
-    out = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "demo", "--state-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=env,
-    )
+def _demo_cli(*args: str, **demo_env: str) -> subprocess.CompletedProcess[str]:
+    """``fedfaas demo ARGS`` on free ports, with only the ``FEDFAAS_DEMO_*`` of ``demo_env``;
+    asserts that it exits 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_DEMO_")}
+    env |= {**ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0))}
+    out = run_module("fedfaas.cli", "demo", *args, timeout=600, env={**env, **demo_env})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path: Path) -> None:
+    out = _demo_cli("--state-dir", str(tmp_path))
     report = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4, 5]
     assert report["rounds"][-1]["accuracy"] >= 0.8
@@ -147,32 +141,12 @@ def test_make_demo_runs_the_default_job_and_answers_the_three_questions(tmp_path
 def test_fedfaas_demo_mode_async_runs_fedbuff_with_slow_clients_through_the_cli(
     tmp_path: Path,
 ) -> None:
-    env = {
-        **os.environ,
-        **ANY_PORTS_ENV,
-        "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0)),
-        "FEDFAAS_DEMO_CLIENTS": "8",  # buffers of 4 updates (the least); 2 rounds' worth: 4
-        "FEDFAAS_DEMO_ROUNDS": "2",
-        "FEDFAAS_DEMO_SELECT": "3",
-    }
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedfaas.cli",
-            "demo",
-            "--mode",
-            "async",
-            "--state-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=env,
+    out = _demo_cli(
+        *("--mode", "async", "--state-dir", str(tmp_path)),
+        FEDFAAS_DEMO_CLIENTS="8",  # buffers of 4 updates (the least); 2 rounds' worth: 4
+        FEDFAAS_DEMO_ROUNDS="2",
+        FEDFAAS_DEMO_SELECT="3",
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert report["config"]["mode"] == "async"
     assert "async (FedBuff): 4 versions of 4 updates, 2 clients 5x slower" in out.stdout

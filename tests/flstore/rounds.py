@@ -20,25 +20,14 @@ JOB, DIGITS = "parts-job", "parts-digits"
 SHAPES = {"a.weight": (64, 32), "b.weight": (2048,)}  # 4,096 floats: 16 KiB
 
 
-def ask(stack: FLStoreStack, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(
-        f"{stack.tracker_url}/v1/queries",
-        headers=stack.auth,
-        params={"wait": "true"},
-        json=body,
-        timeout=300,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def direct(cold: MinioColdStore, body: dict[str, Any]) -> dict[str, Any]:
     """The workload in this process on the whole vectors from MinIO."""
     job = body["job"]
     cat = MemoryCatalog()
     for r in cold.rounds(job):
         cat.add_round(job, r, cold.round_meta(job, r)["clients"])
-    q = Query(body["workload"], job, body.get("rounds", []), [], body.get("params", {}))
+    rounds, clients = body.get("rounds", []), body.get("clients", [])
+    q = Query(body["workload"], job, rounds, clients, body.get("params", {}))
     p = plan(q, cat)
     spec = cold.round_meta(job, 0)["round_meta"].get("evaluator")
     ev = build_evaluator(spec) if p.evaluator else None

@@ -16,7 +16,8 @@ from cache_engine.cold_store import MinioColdStore
 from core.services import MinioServer, RedisServer
 
 from .conftest import start_stack
-from .rounds import DIGITS, JOB, QUERIES, ask, bodies, direct, engine_log, same, state, write_jobs
+from .rounds import DIGITS, JOB, QUERIES, bodies, direct, engine_log, same, state, write_jobs
+from .tracker_queries import ask
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 

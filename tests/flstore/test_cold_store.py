@@ -16,6 +16,14 @@ from core.services import MinioServer
 pytestmark = pytest.mark.integration
 
 
+def _store(minio_server: MinioServer, bucket: str | None = None) -> MinioColdStore:
+    """The cold store on ``bucket`` (default: a new one of its own)."""
+    bucket = bucket or f"t-{uuid.uuid4().hex[:12]}"
+    return MinioColdStore(
+        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
+    )
+
+
 def test_rounds_written_by_the_checkpoint_writer_are_read_as_flat_vectors_and_metadata(
     minio_server: MinioServer,
 ) -> None:
@@ -33,9 +41,7 @@ def test_rounds_written_by_the_checkpoint_writer_are_read_as_flat_vectors_and_me
             {"job": "job", "round": 1, "clients": {"c1": 12.0, "c9": 3.0}, "weight_sum": 15.0},
         )
         assert w.flush(30)
-    cold = MinioColdStore(
-        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
-    )
+    cold = _store(minio_server, bucket)
     assert cold.rounds("job") == [1]
     assert cold.client_ids("job", 1) == ["c1"]  # c9 is in the metadata but has no update
     vec = cold.get(update("job", "c1", 1))
@@ -48,9 +54,7 @@ def test_rounds_written_by_the_checkpoint_writer_are_read_as_flat_vectors_and_me
 
 def test_ranged_reads_give_slices_of_the_flat_vector(minio_server: MinioServer) -> None:
     bucket = f"t-{uuid.uuid4().hex[:12]}"
-    cold = MinioColdStore(
-        minio_server.endpoint, minio_server.access_key, minio_server.secret_key, bucket=bucket
-    )
+    cold = _store(minio_server, bucket)
     rng = np.random.default_rng(0)
     tensors = {
         "z.weight": rng.normal(size=(7, 5)).astype(np.float32),
@@ -69,12 +73,7 @@ def test_ranged_reads_give_slices_of_the_flat_vector(minio_server: MinioServer) 
 
 
 def test_a_header_is_one_ranged_read_and_a_longer_one_two(minio_server: MinioServer) -> None:
-    cold = MinioColdStore(
-        minio_server.endpoint,
-        minio_server.access_key,
-        minio_server.secret_key,
-        bucket=f"t-{uuid.uuid4().hex[:12]}",
-    )
+    cold = _store(minio_server)
     reads: list[tuple[int, int]] = []
     plain = cold.get_bytes_range
 
@@ -99,12 +98,7 @@ def test_float32_tensors_next_to_each_other_are_one_ranged_read_into_the_buffer(
     """A stream's chunk of a model whose float32 tensors follow each other in the file is one
     ranged read per chunk, written straight into the stream's buffer (one read per tensor
     before: a chunk across a tensor boundary was two, each copied through bytes)."""
-    cold = MinioColdStore(
-        minio_server.endpoint,
-        minio_server.access_key,
-        minio_server.secret_key,
-        bucket=f"t-{uuid.uuid4().hex[:12]}",
-    )
+    cold = _store(minio_server)
     gets: list[tuple[int, int]] = []
     plain = cold.client.get_object
 

@@ -10,9 +10,9 @@ import pytest
 
 from bench.harness.flstore_stack import FLStoreStack
 from bench.harness.synthetic import History, write_history
-from cache_engine.catalog import MemoryCatalog
 from cache_engine.cold_store import MinioColdStore
-from cache_engine.queries import Query, plan, run_workload
+from tests.flstore.rounds import direct
+from tests.flstore.tracker_queries import ended
 
 pytestmark = pytest.mark.integration
 JOB = "e2e-job"
@@ -36,23 +36,6 @@ def _ask(stack: FLStoreStack, body: dict, wait: bool = True) -> httpx.Response:
     )
 
 
-def _direct(cold: MinioColdStore, body: dict) -> dict:
-    cat = MemoryCatalog()
-    for r in cold.rounds(body["job"]):
-        cat.add_round(body["job"], r, cold.round_meta(body["job"], r)["clients"])
-    p = plan(
-        Query(
-            body["workload"],
-            body["job"],
-            body.get("rounds", []),
-            body.get("clients", []),
-            body.get("params", {}),
-        ),
-        cat,
-    )
-    return run_workload(p.query.workload, p.params, {k: cold.get(k) for k in p.keys})
-
-
 def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
     stack: FLStoreStack, history: History, cold: MinioColdStore
 ) -> None:
@@ -67,7 +50,7 @@ def test_sign_flipping_client_is_flagged_by_a_query_served_from_cache(
     # the record, written while the answer went back, is there by its id
     again = httpx.get(f"{stack.tracker_url}/v1/queries/{rec['id']}", headers=stack.auth)
     assert again.status_code == 200 and again.json()["result"] == rec["result"]
-    expected = _direct(cold, body)
+    expected = direct(cold, body)
     for c, v in expected["cosine"].items():
         assert rec["result"]["cosine"][c] == pytest.approx(v, rel=1e-6)
 
@@ -88,12 +71,7 @@ def test_async_query_is_tracked_in_redis_until_done(stack: FLStoreStack, history
     )
     assert r.status_code == 202
     qid = r.json()["id"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rec = httpx.get(f"{stack.tracker_url}/v1/queries/{qid}", headers=stack.auth).json()
-        if rec["status"] in ("done", "failed"):
-            break
-        time.sleep(0.05)
+    rec = ended(stack, qid)
     assert rec["status"] == "done"
     assert "c003" not in rec["result"]["selected"]
     assert rec["tried"][-1]["outcome"] == "ok"
@@ -211,7 +189,7 @@ def test_results_match_direct_computation_bitwise_close(
     body = {"workload": "track", "job": JOB, "rounds": [4], "params": {"window": 3}}
     r = _ask(stack, body)
     assert r.status_code == 200, r.text
-    got, exp = r.json()["result"], _direct(cold, body)
+    got, exp = r.json()["result"], direct(cold, body)
     assert np.allclose(got["series"]["loss"], exp["series"]["loss"])
 
 
@@ -275,7 +253,7 @@ def test_metadata_queries_are_answered_by_the_engine_as_a_cache_function_answers
     assert answer["function"] is None and answer["tried"] == [] and answer["hit"]
     assert answer["plan_kept"] is False
     assert answered_here() == before + 1
-    assert answer["result"] == _direct(cold, body)
+    assert answer["result"] == direct(cold, body)
     # the same workload in a cache function, on the same objects (the engine loads them)
     acquired = httpx.post(
         f"{stack.engine_url}/v1/plan", headers=stack.auth, json=body, timeout=30

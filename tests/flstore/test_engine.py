@@ -91,10 +91,11 @@ class InProcessProvider:
 
 
 def _engine(
-    redis_url: str, cold: MemoryColdStore, **kw: Any
+    redis_url: str, cold: MemoryColdStore, provider: InProcessProvider | None = None, **kw: Any
 ) -> tuple[CacheEngine, InProcessProvider]:
-
-    prov = InProcessProvider(cold)
+    """A started engine on ``cold`` whose functions are ``provider``'s (default: an
+    :class:`InProcessProvider`), with the settings ``kw``."""
+    prov = provider or InProcessProvider(cold)
     token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
     s = EngineSettings(redis_url=redis_url, ping_interval=0.1, function_token_file=token_file, **kw)
     eng = CacheEngine(s, redis_url.client("cache-engine", decode_responses=True), cold, prov)  # type: ignore[arg-type]
@@ -116,11 +117,18 @@ def cold() -> MemoryColdStore:
     return c
 
 
-def _engine_with_rounds(redis_url: str, cold: MemoryColdStore, **kw: Any) -> tuple[Any, Any]:
-    """:func:`_engine` with rounds 0-4 of job ``j`` ingested and the engine idle."""
-    eng, prov = _engine(redis_url, cold, **kw)
+def _engine_with_rounds(
+    redis_url: str,
+    cold: MemoryColdStore,
+    provider: InProcessProvider | None = None,
+    ingested: int = 5,
+    **kw: Any,
+) -> tuple[Any, Any]:
+    """:func:`_engine` with rounds 0 to ``ingested - 1`` of job ``j`` ingested and the engine
+    idle."""
+    eng, prov = _engine(redis_url, cold, provider, **kw)
     try:
-        for r in range(0, 5):
+        for r in range(0, ingested):
             eng.ingest("j", r)
         _wait_idle(eng)
     except BaseException:
@@ -138,13 +146,10 @@ def test_functions_are_created_when_capacity_runs_out_and_never_overfilled(
     redis_url: str, cold: MemoryColdStore
 ) -> None:
     cap = 16 * _model_bytes(cold)
-    eng, prov = _engine(
+    eng, prov = _engine_with_rounds(
         redis_url, cold, function_capacity_bytes=cap, secondaries=1, max_functions=8
     )
     try:
-        for r in range(0, 5):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         for q in (
             {"workload": "multi-krum", "job": "j", "rounds": [2]},
             {"workload": "foolsgold", "job": "j", "params": {"first_round": 1, "last_round": 3}},

@@ -9,7 +9,6 @@ share this process, whose own ``RssAnon`` would say nothing about any one of the
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,10 @@ from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import MAX_STREAM_BYTES, STREAM_BYTES, STREAM_FILL, STREAM_WORKERS
-from cache_engine.settings import EngineSettings
-from core.auth import write_token_file
 from core.openfaas import DeployResult, FunctionStatus
 from flstore_workloads.sliced import part_bounds
 
-from .test_engine import FUNCTION_TOKEN, InProcessProvider, _model_bytes, _wait_idle
+from .test_engine import InProcessProvider, _engine, _engine_with_rounds, _model_bytes, _wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -58,12 +55,16 @@ class Provider(InProcessProvider):
 
 
 def _start(redis_url: Any, cold: MemoryColdStore, **kw: Any) -> tuple[CacheEngine, Provider]:
-    """An engine on :class:`Provider` (``test_engine._engine``'s settings)."""
-    prov = Provider(cold)
-    token_file = write_token_file(Path(tempfile.mkdtemp()) / "function-token", FUNCTION_TOKEN)
-    s = EngineSettings(redis_url=redis_url, ping_interval=0.1, function_token_file=token_file, **kw)
-    eng = CacheEngine(s, redis_url.client("cache-engine", decode_responses=True), cold, prov)  # type: ignore[arg-type]
-    eng.start()
+    """An engine on :class:`Provider` (``test_engine._engine``)."""
+    eng, prov = _engine(redis_url, cold, Provider(cold), **kw)
+    return eng, prov  # type: ignore[return-value]
+
+
+def _start_with_rounds(
+    redis_url: Any, cold: MemoryColdStore, ingested: int = 5, **kw: Any
+) -> tuple[Any, Provider]:
+    """:func:`_start` with rounds 0 to ``ingested - 1`` of job ``j`` ingested, the engine idle."""
+    eng, prov = _engine_with_rounds(redis_url, cold, Provider(cold), ingested, **kw)
     return eng, prov
 
 
@@ -82,11 +83,10 @@ def test_a_round_too_big_for_a_function_is_placed_in_parts_one_copy_each(
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
     cap = 4 * _model_bytes(cold)  # a round (4 updates + its base) takes 5 models
-    eng, prov = _start(redis_url, cold, function_capacity_bytes=cap, max_functions=12)
+    eng, prov = _start_with_rounds(
+        redis_url, cold, function_capacity_bytes=cap, max_functions=12, ingested=3
+    )
     try:
-        for r in range(0, 3):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
         ranges = plan["slices"]["ranges"]
         parts = ranges[0]["part"][1]
@@ -114,13 +114,10 @@ def test_an_object_the_policy_evicts_goes_with_every_part_and_a_lost_part_comes_
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
     cap = 4 * _model_bytes(cold)
-    eng, prov = _start(
+    eng, prov = _start_with_rounds(
         redis_url, cold, function_capacity_bytes=cap, max_functions=12, evict_grace=0
     )
     try:
-        for r in range(0, 5):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [1]})
         _wait_idle(eng)
         r1 = {f"j/1/{c}" for c in eng.catalog.clients("j", 1)}
@@ -147,11 +144,10 @@ def test_an_object_the_policy_evicts_goes_with_every_part_and_a_lost_part_comes_
 def test_past_the_budget_nothing_is_loaded_and_the_plan_reads_minio(
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
-    eng, prov = _start(redis_url, cold, node_memory_bytes=1, query_memory_bytes=0)
+    eng, prov = _start_with_rounds(
+        redis_url, cold, node_memory_bytes=1, query_memory_bytes=0, ingested=3
+    )
     try:
-        for r in range(0, 3):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
         assert plan["slices"]["source"]["credentials"] == {}  # the memory store has no users
         assert [r["part"] for r in plan["slices"]["ranges"]] == [None]
@@ -203,11 +199,8 @@ def test_an_offer_ends_once_the_rounds_placement_has_claimed_what_it_keeps(
     root = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
     ns = Namespace(root, "n0", "j", spec.object_nbytes, pool=4)
     server = HandoffServer(root / "n0" / "handoff.sock")
-    eng, prov = _start(redis_url, cold, secondaries=0)
+    eng, prov = _start_with_rounds(redis_url, cold, secondaries=0, ingested=2)
     try:
-        for r in range(0, 2):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         keys = {}
         for c in eng.catalog.clients("j", 2):
             obj = ns.allocate()
@@ -261,7 +254,7 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
     redis_url: Any, cold: MemoryColdStore
 ) -> None:
     model = _model_bytes(cold)
-    eng, prov = _start(
+    eng, prov = _start_with_rounds(
         redis_url,
         cold,
         function_capacity_bytes=4 * model,  # a round (5 models) goes in 4 parts
@@ -269,11 +262,9 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
         query_memory_bytes=0,
         secondaries=0,
         max_functions=12,
+        ingested=3,
     )
     try:
-        for r in range(0, 3):
-            eng.ingest("j", r)
-        _wait_idle(eng)
         plan = eng.acquire({"workload": "multi-krum", "job": "j", "rounds": [2]})
         ranges = plan["slices"]["ranges"]
         edges = [b for r in ranges for b in r["bounds"]]  # the ranges cover the models in order

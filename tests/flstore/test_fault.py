@@ -17,6 +17,7 @@ from cache_engine.cold_store import MinioColdStore
 from cache_engine.engine import STATS
 from core.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
+from tests.flstore.tracker_queries import ended
 
 pytestmark = pytest.mark.integration
 JOB = "fault-job"
@@ -80,12 +81,7 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}", headers=st.auth).json()
-        if rec["status"] in ("done", "failed"):
-            break
-        time.sleep(0.05)
+    rec = ended(st, qid)
     assert rec["status"] == "done", rec
     assert rec["tried"][0]["function"] == primary and rec["tried"][0]["outcome"] != "ok"
     # the direct call broke with the replica; the tracker tried the gateway before moving on

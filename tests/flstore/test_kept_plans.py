@@ -17,6 +17,7 @@ from bench.harness.synthetic import History, write_history
 from cache_engine.cold_store import MinioColdStore
 from core.services import MinioServer, RedisServer
 from tests.flstore.conftest import start_stack
+from tests.flstore.tracker_queries import ask
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 JOB = "kept-job"
@@ -31,15 +32,6 @@ def history(cold: MinioColdStore, stack: FLStoreStack) -> History:
     return h
 
 
-def _ask(stack: FLStoreStack, body: dict) -> dict:
-    r = httpx.post(
-        f"{stack.tracker_url}/v1/queries?wait=true", headers=stack.auth, json=body, timeout=120
-    )
-    assert r.status_code == 200, r.text
-    out: dict = r.json()
-    return out
-
-
 def _engine_stats(stack: FLStoreStack) -> dict:
     state = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth, timeout=10).json()
     stats: dict = state["stats"]
@@ -51,7 +43,7 @@ def _kept(stack: FLStoreStack, body: dict) -> dict:
     unless a change message from the engine's background work voided it meanwhile)."""
     stack.wait_idle()
     for _ in range(5):
-        out = _ask(stack, body)
+        out = ask(stack, body)
         if out["plan_kept"]:
             return out
     raise AssertionError(f"no kept plan after 5 askings: {out}")
@@ -61,7 +53,7 @@ def test_a_query_asked_again_goes_straight_to_a_holder_and_the_engine_still_sees
     stack: FLStoreStack, history: History
 ) -> None:
     stack.wait_idle()
-    first = _ask(stack, QUERY)
+    first = ask(stack, QUERY)
     assert first["plan_kept"] is False and first["engine_s"] is not None
     again = _kept(stack, QUERY)
     assert again["tried"][0]["plan"] == "kept" and again["tried"][0]["outcome"] == "ok"
@@ -70,7 +62,7 @@ def test_a_query_asked_again_goes_straight_to_a_holder_and_the_engine_still_sees
     # the engine did not plan it, and its policy was told of it all the same
     stack.wait_idle()
     before = _engine_stats(stack)
-    third = _ask(stack, QUERY)
+    third = ask(stack, QUERY)
     assert third["plan_kept"] is True
     stack.wait_idle()  # the touch goes out within TOUCH_DELAY_S
     after = _engine_stats(stack)
@@ -83,7 +75,7 @@ def test_a_metadata_query_asked_again_is_answered_by_the_tracker_itself(
     stack: FLStoreStack, history: History
 ) -> None:
     body = {"workload": "track", "job": JOB, "rounds": [2], "params": {"window": 2}}
-    first = _ask(stack, body)
+    first = ask(stack, body)
     assert first["function"] is None and first["plan_kept"] is False  # the engine answered
     answered = _engine_stats(stack)["answered_here"]
     again = _kept(stack, body)
@@ -100,10 +92,10 @@ def test_a_change_the_engine_publishes_voids_the_kept_plans_of_its_job(
     write_history(cold, f"{JOB}-other", 1, per_round=3, pool=5, seed=4)
     stack.ingest(f"{JOB}-other", [0, 1])
     stack.wait_idle()
-    assert _ask(stack, QUERY)["plan_kept"] is True
+    assert ask(stack, QUERY)["plan_kept"] is True
     stack.ingest(JOB, [2])  # the catalog of this job is written again, and the engine says so
     stack.wait_idle()
-    assert _ask(stack, QUERY)["plan_kept"] is False
+    assert ask(stack, QUERY)["plan_kept"] is False
 
 
 def test_a_kept_plan_whose_holder_lost_the_objects_falls_back_to_the_engine(
@@ -126,7 +118,7 @@ def test_a_kept_plan_whose_holder_lost_the_objects_falls_back_to_the_engine(
             timeout=30,
         )
         assert gone.status_code == 200 and gone.json()["evicted"], gone.text
-    out = _ask(stack, QUERY)
+    out = ask(stack, QUERY)
     on_kept = [t for t in out["tried"] if t.get("plan") == "kept"]
     assert on_kept and all(t["outcome"] == "http_409" for t in on_kept)
     assert out["plan_kept"] is False and out["tried"][-1]["outcome"] == "ok"
@@ -173,7 +165,7 @@ def test_without_plan_reuse_every_query_asks_the_engine(
     write_history(cold, JOB, 3, per_round=5, pool=10, seed=3)
     s.ingest(JOB, range(0, 3))
     s.wait_idle()
-    answers = [_ask(s, QUERY) for _ in range(3)]
+    answers = [ask(s, QUERY) for _ in range(3)]
     assert [a["plan_kept"] for a in answers] == [False] * 3
     assert all(a["engine_s"] is not None for a in answers)
 

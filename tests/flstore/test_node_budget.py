@@ -22,6 +22,7 @@ from cache_engine.node_memory import (
 from cache_engine.settings import EngineSettings
 from core.objstore import Namespace
 from gateway.settings import GatewaySettings
+from tests.platform.conftest import part_context
 
 MIB = 1 << 20
 
@@ -136,21 +137,10 @@ def test_one_setting_read_by_the_gateway_and_the_engine_alike(
 def test_fedfaas_up_gives_the_engine_the_gateways_store_and_both_the_one_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedfaas.platform import credentials, optional
-    from fedfaas.platform.context import Context
+    from fedfaas.platform import optional
     from fedfaas.platform.nodes import shm_root
 
-    ports = {
-        "runtime": 1001,
-        "minio": 1002,
-        "minio_console": 1003,
-        "redis": 1004,
-        "gateway": 1005,
-        "gateway_node1": 1006,
-        "cache_engine": 1007,
-    }
-    ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
-    credentials.ensure(ctx.secrets_dir)
+    ctx = part_context(tmp_path)
     monkeypatch.setenv(NODE_MEMORY_VAR, str(6 << 30))
     eng, _ = EngineSettings.from_argv(optional.CACHE_ENGINE.argv(ctx)[3:])
     gw0, _ = GatewaySettings.from_argv(optional.GATEWAY.argv(ctx)[3:])

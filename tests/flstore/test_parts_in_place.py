@@ -5,22 +5,19 @@ aggregators, the real runtime, engine, tracker and MinIO."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from cache_engine.cold_store import MinioColdStore
-from cache_engine.keys import ObjectKey
-from cache_engine.queries import run_workload
 from core import wire
-from core.auth import bearer
 from tests.dataplane.conftest import make_gw  # noqa: F401 (the gateway fixture)
-from tests.dataplane.test_gateway_rounds import Aggregators, wait_version
+from tests.polling import wait_until
 
 from .conftest import start_stack
+from .gateway_round import CLIENTS, one_round, stack_gateway
+from .tracker_queries import ask, direct_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 10 s a module: `make test-slow`
 JOB = "parts-in-place"
@@ -48,65 +45,22 @@ def test_a_round_in_parts_is_mapped_in_place_from_the_gateways_store(
         {"secondaries": 0, "function_capacity_bytes": 4096},
     )
     try:
-        gw = make_gw(
-            fanout=2,
-            pool=4,
-            minio_endpoint=minio_server.endpoint,
-            minio_credentials_file=minio_server.credentials_file("gateway"),
-            engine_url=stack.engine_url,
-            engine_token_file=stack.token_file("service"),
-        )
+        gw = stack_gateway(make_gw, stack, minio_server, fanout=2, pool=4)
         rng = np.random.default_rng(3)
         base = {
             "layer.weight": rng.standard_normal((8, 40)).astype(np.float32),
             "layer.bias": rng.standard_normal(8).astype(np.float32),
             "steps": np.array([0], np.int64),
         }
-        clients = ["c0", "c1", "c2", "c3"]
-        r = httpx.post(
-            gw.url + "/v1/jobs",
-            params={"job": JOB, "rounds": 2, "goal": 4, "clients": ",".join(clients)},
-            content=_model(base, np.zeros(SIZE)),
-            headers={"Authorization": f"Bearer {gw.gw.secret}"},
-        )
-        assert r.status_code == 201, r.text
-        info = r.json()
-        aggs = Aggregators(gw)
-        try:
-            aggs.spawn(1)
-            aggs.wait_registered(1)
-            direction = rng.standard_normal(SIZE)
-            for c in clients:  # c3 sends the honest direction reversed
-                sign = -1.0 if c == "c3" else 1.0
-                up = httpx.post(
-                    f"{gw.url}/v1/jobs/{JOB}/rounds/1/updates",
-                    content=_model(base, sign * (direction + 0.1 * rng.standard_normal(SIZE))),
-                    headers={
-                        "Authorization": f"Bearer {info['tokens'][c]}",
-                        "X-Client-Id": c,
-                        "X-Sample-Count": "10",
-                    },
-                )
-                assert up.status_code == 202, up.text
-            wait_version(gw.url, info["tokens"]["c0"], 1, job=JOB)
-        finally:
-            aggs.stop()
+        direction = rng.standard_normal(SIZE)
+
+        def update(c: str) -> bytes:  # c3 sends the honest direction reversed
+            sign = -1.0 if c == "c3" else 1.0
+            return _model(base, sign * (direction + 0.1 * rng.standard_normal(SIZE)))
+
+        one_round(gw, JOB, _model(base, np.zeros(SIZE)), update)
         query = {"workload": "multi-krum", "job": JOB, "rounds": [1], "params": {"f": 1}}
-        deadline, last = time.monotonic() + 90, None
-        while time.monotonic() < deadline:  # until the engine has ingested the round
-            last = httpx.post(
-                f"{stack.tracker_url}/v1/queries",
-                params={"wait": "true"},
-                json=query,
-                headers=bearer(stack.token("analyst")),
-                timeout=120,
-            )
-            if last.status_code == 200:
-                break
-            assert last.status_code in (404, 409), last.text
-            time.sleep(0.5)
-        assert last is not None and last.status_code == 200, last.text if last else ""
-        rec = last.json()
+        rec = ask(stack, query)
         assert rec["result"]["flagged"] == ["c3"]
         stack.wait_idle()
         state = httpx.get(f"{stack.engine_url}/v1/state", headers=stack.auth).json()
@@ -123,19 +77,11 @@ def test_a_round_in_parts_is_mapped_in_place_from_the_gateways_store(
         # every update part the functions hold was mapped from the gateway's store
         assert state["stats"]["objects_handed_off"] >= len(parts_held)
         handoff = gw.gw.handoff
-        assert handoff is not None and 0 < handoff.leases() <= len(clients) * len(
+        assert handoff is not None and 0 < handoff.leases() <= len(CLIENTS) * len(
             state["functions"]
         )  # one per update and function that maps a part of it; the offer's own ended
-        cold = MinioColdStore(
-            minio_server.endpoint, minio_server.access_key, minio_server.secret_key
-        )
-        ids = httpx.post(f"{stack.engine_url}/v1/plan", json=query, headers=stack.auth)
-        held = {k: cold.get(k) for k in map(ObjectKey.parse, ids.json()["objects"])}
-        direct = run_workload(query["workload"], ids.json()["params"], held)
+        direct = direct_answer(stack, minio_server, query)
         assert rec["result"]["scores"] == pytest.approx(direct["scores"], rel=1e-6)
     finally:
         stack.stop()
-    deadline = time.monotonic() + 10
-    while handoff.leases() > 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert handoff.leases() == 0
+    wait_until(lambda: handoff.leases() == 0, 10, "the functions' leases to go back")

@@ -20,7 +20,8 @@ from cache_engine.cold_store import MinioColdStore
 from core.services import MinioServer, RedisServer
 
 from .conftest import start_stack
-from .rounds import DIGITS, JOB, QUERIES, ask, direct, engine_log, same, state, write_jobs
+from .rounds import DIGITS, JOB, QUERIES, direct, engine_log, same, state, write_jobs
+from .tracker_queries import ask
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 CAPACITY = 64 << 10

@@ -24,6 +24,7 @@ import pytest
 from runtime import RuntimeProcess
 from runtime.replicas import TEMPLATE_INDEX
 from tests.openfaas.conftest import require_binary, under_ci
+from tests.polling import wait_until
 from tests.runtime.conftest import (
     FN_AUTH,
     REPO,
@@ -31,7 +32,7 @@ from tests.runtime.conftest import (
     available,
     client,
     echo_body,
-    wait_until,
+    serving,
     with_function_token,
 )
 
@@ -57,15 +58,10 @@ def wd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProc
     """A runtime started with ``--watchdog <of-watchdog>`` and the function token secret."""
     binary = require_binary("of-watchdog")
     _require_waitress()
-    rt = RuntimeProcess(
-        stack=STACK,
-        state_dir=tmp_path_factory.mktemp("watchdog-runtime"),
-        settings={"watchdog": binary, "ready_wait": 20},
-    ).start()
-    try:
-        yield with_function_token(rt)
-    finally:
-        rt.stop()
+    state_dir = tmp_path_factory.mktemp("watchdog-runtime")
+    settings = {"watchdog": binary, "ready_wait": 20}
+    with serving(RuntimeProcess(stack=STACK, state_dir=state_dir, settings=settings)) as rt:
+        yield rt
 
 
 @pytest.fixture()

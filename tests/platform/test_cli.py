@@ -19,23 +19,21 @@ from fedfaas.cli import main
 from fedfaas.platform import state
 from fedfaas.platform.context import PLATFORM_ID_VAR
 from fedfaas.platform.procs import marked
+from tests.commands import run_module
 from tests.platform.conftest import ANY_PORTS, ANY_PORTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "stack.yml"
 
 
-def fedfaas(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **ANY_PORTS_ENV}
-    env.pop("OPENFAAS_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+def fedfaas(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``fedfaas ARGS``; ``env`` (default: this one on any free ports, no OpenFaaS URL)."""
+    if env is None:
+        env = {**os.environ, **ANY_PORTS_ENV}
+        env.pop("OPENFAAS_URL", None)
+    return run_module("fedfaas.cli", *args, timeout=timeout, env=env)
 
 
 def _gone(pid: int) -> bool:
@@ -52,14 +50,8 @@ def up_with_all(state_dir: Path) -> None:
             ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
         )
     )
-    up = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "up", "--with", "all", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
-    )
+    env = {**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV}
+    up = fedfaas("up", "--with", "all", "--state-dir", str(state_dir), timeout=600, env=env)
     assert up.returncode == 0, up.stdout + up.stderr
 
 
@@ -211,14 +203,7 @@ def test_up_without_minio_names_the_missing_binary_and_leaves_nothing(
     empty = tmp_path / "cache"
     empty.mkdir()
     env = {**os.environ, **ANY_PORTS_ENV, "PATH": "/usr/bin:/bin", "FEDFAAS_CACHE": str(empty)}
-    res = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "up", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=REPO,
-    )
+    res = fedfaas("up", "--state-dir", str(state_dir), timeout=60, env=env)
     assert res.returncode == 1
     assert "minio: cannot start: minio not found" in res.stderr and "make setup" in res.stderr
     assert "Traceback" not in res.stderr
@@ -281,23 +266,9 @@ def test_up_keeps_the_object_stores_in_the_shm_dir_it_is_given(
     shm_dir = tmp_path / "shm"
     shm_dir.mkdir(mode=0o700)
     ports = json.dumps(dict.fromkeys(("gateway", "gateway_node1"), 0))
-    up = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedfaas.cli",
-            "up",
-            "--with",
-            "gateway",
-            "--shm-dir",
-            str(shm_dir),
-            "--state-dir",
-            str(state_dir),
-        ],
-        capture_output=True,
-        text=True,
+    up = fedfaas(
+        *("up", "--with", "gateway", "--shm-dir", str(shm_dir), "--state-dir", str(state_dir)),
         timeout=300,
-        cwd=REPO,
         env={**os.environ, "FEDFAAS_PORTS": ports, **ANY_PORTS_ENV},
     )
     try:

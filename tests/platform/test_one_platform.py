@@ -13,9 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +26,9 @@ from safetensors.numpy import load, save
 from client.sdk import FLClient
 from core import fedavg
 from fedfaas.platform import credentials, state
+from tests.commands import run_module
 from tests.platform.conftest import ANY_PORTS_ENV
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"w": (64, 32), "b": (32,)}
@@ -38,14 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make te
 
 
 def _fedfaas(*args: str, env: dict[str, str], timeout: float = 300) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env,
-    )
+    out = run_module("fedfaas.cli", *args, timeout=timeout, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -193,17 +185,6 @@ class Platform:
     def root_client(self, job: str, client: str) -> FLClient:
         """An SDK client on the job's root gateway (node0: the control plane's first node)."""
         return FLClient(self.gateways["node0"], job, client, self.tokens[job][client])
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def _answers(url: str) -> bool:
@@ -497,13 +478,7 @@ def test_the_root_gateway_and_the_control_plane_killed_mid_round_restart_and_los
         "the control plane to close the round",
     )
     assert job["history"][0]["lost"] == 0, job
-    out = subprocess.run(
-        [sys.executable, "-m", "fedfaas.cli", "status", "--state-dir", str(p.state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    out = run_module("fedfaas.cli", "status", "--state-dir", str(p.state_dir))
     assert "restarts 1" in out.stdout and "supervisor" in out.stdout, out.stdout
 
 

@@ -24,7 +24,7 @@ from fedfaas.platform import (
 from fedfaas.platform.functions import FunctionInfo
 from fedfaas.platform.parts import PARTS, ordered
 from fedfaas.settings import PlatformSettings, load_settings
-from tests.platform.conftest import ANY_PORTS
+from tests.platform.conftest import ANY_PORTS, part_context
 
 
 def _spec(
@@ -234,25 +234,11 @@ def test_gateway_parts_render_their_settings_and_place_replicas_on_their_nodes(
     admin secret file, know each other as peers, and the runtime places replicas on both nodes
     with the router socket each gateway listens on. No secret is on a command line."""
     from fedfaas.platform import optional
-    from fedfaas.platform.context import Context
     from fedfaas.platform.parts import RUNTIME
     from gateway.__main__ import parse_settings
     from runtime.settings import RuntimeSettings
 
-    ports = {
-        "control_plane": 1008,
-        "request_tracker": 1009,
-        "runtime": 1001,
-        "minio": 1002,
-        "minio_console": 1003,
-        "redis": 1004,
-        "gateway": 1005,
-        "gateway_node1": 1006,
-        "cache_engine": 1007,
-        "console": 1010,
-    }
-    ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
-    credentials.ensure(ctx.secrets_dir)
+    ctx = part_context(tmp_path)
     argv0 = optional.GATEWAY.argv(ctx)
     argv1 = optional.GATEWAY_NODE1.argv(ctx)
     s0, s1 = parse_settings(argv0[3:]), parse_settings(argv1[3:])

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +29,7 @@ from core.services import (
     provision_minio,
 )
 from fedfaas.provision_minio import main, parser
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.commands import run_module
 
 
 def _users_dir(folder: Path, tag: str) -> Path:
@@ -44,14 +42,7 @@ def _users_dir(folder: Path, tag: str) -> Path:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fedfaas.provision_minio", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=os.environ.copy(),
-    )
+    return run_module("fedfaas.provision_minio", *args, timeout=120)
 
 
 # ------------------------------------------------------------------ the command line

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,17 @@ def with_function_token(rt: RuntimeProcess) -> RuntimeProcess:
     with OpenFaaS(rt.url, rt.auth) as gw:
         gw.set_secret(FUNCTION_TOKEN_SECRET, FUNCTION_TOKEN)
     return rt
+
+
+@contextmanager
+def serving(rt: RuntimeProcess) -> Iterator[RuntimeProcess]:
+    """Start ``rt`` with the function token secret (:func:`with_function_token`); stop it at
+    the end."""
+    rt.start()
+    try:
+        yield with_function_token(rt)
+    finally:
+        rt.stop()
 
 
 class RuntimeAuth(httpx.Auth):
@@ -60,17 +71,6 @@ def echo_body(service: str, **extra: object) -> dict[str, object]:
     return body
 
 
-def wait_until(
-    predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout:.0f}s")
-
-
 def available(http: httpx.Client, name: str) -> int:
     r = http.get(f"/system/function/{name}")
     return int(r.json().get("availableReplicas", 0)) if r.status_code == 200 else -1
@@ -80,13 +80,11 @@ def available(http: httpx.Client, name: str) -> int:
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
     """A runtime serving stack.yml's functions (ready wait 2s for quick 503s), with the
     function token secret and the random basic-auth credentials RuntimeProcess made."""
-    rt = RuntimeProcess(
-        stack=STACK, state_dir=tmp_path_factory.mktemp("runtime"), settings={"ready_wait": 2}
-    ).start()
-    try:
-        yield with_function_token(rt)
-    finally:
-        rt.stop()
+    state_dir = tmp_path_factory.mktemp("runtime")
+    with serving(
+        RuntimeProcess(stack=STACK, state_dir=state_dir, settings={"ready_wait": 2})
+    ) as rt:
+        yield rt
 
 
 @pytest.fixture(scope="session")
@@ -97,11 +95,8 @@ def auth_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimePr
     rt.auth_dir.mkdir(mode=0o700)
     (rt.auth_dir / "basic-auth-user").write_text(f"{USER}\n")
     (rt.auth_dir / "basic-auth-password").write_text(f"  {PASSWORD}\n")
-    rt.start()
-    try:
-        yield with_function_token(rt)
-    finally:
-        rt.stop()
+    with serving(rt):
+        yield rt
 
 
 @pytest.fixture()

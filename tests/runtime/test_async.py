@@ -19,13 +19,14 @@ from core.services import RedisServer, ServiceError, free_port
 from runtime import RuntimeProcess
 from runtime.async_calls import STREAM
 from tests.conftest import RedisURL
+from tests.platform.conftest import part_context
+from tests.polling import wait_until
 from tests.runtime.conftest import (
     FUNCTION_TOKEN,
     STACK,
     available,
     client,
     echo_body,
-    wait_until,
     with_function_token,
 )
 from tests.runtime.test_secrets import _faas_cli
@@ -335,14 +336,10 @@ def test_bad_async_settings_are_refused_naming_the_flag(
 
 
 def test_fedfaas_up_gives_the_runtime_its_redis_user(tmp_path: Path) -> None:
-    from fedfaas.platform import credentials
-    from fedfaas.platform.context import Context
     from fedfaas.platform.parts import RUNTIME, redis_credentials
     from runtime.settings import RuntimeSettings
 
-    ports = {"runtime": 1001, "minio": 1002, "minio_console": 1003, "redis": 1004}
-    ctx = Context(tmp_path, "127.0.0.1", tmp_path / "stack.yml", "ab" * 16, ports)
-    credentials.ensure(ctx.secrets_dir)
+    ctx = part_context(tmp_path)
     settings, _ = RuntimeSettings.from_argv(RUNTIME.argv(ctx)[3:])
     assert settings.redis_url == "redis://127.0.0.1:1004/0"
     assert settings.redis_credentials_file == redis_credentials(ctx, "runtime")

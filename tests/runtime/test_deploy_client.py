@@ -18,7 +18,8 @@ from core.openfaas import AsyncOpenFaaS, OpenFaaS, OpenFaaSError
 from core.stackfile import load_stack
 from fedfaas.deploy import DeployError, deploy
 from runtime import RuntimeProcess
-from tests.runtime.conftest import FN_AUTH, PASSWORD, STACK, USER, wait_until
+from tests.polling import wait_until
+from tests.runtime.conftest import FN_AUTH, PASSWORD, STACK, USER
 
 
 class _Recorder(ThreadingHTTPServer):

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from runtime import RuntimeProcess
-from tests.runtime.conftest import available, client, echo_body, wait_until
+from tests.polling import wait_until
+from tests.runtime.conftest import available, client, echo_body
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from runtime import RuntimeProcess
-from tests.runtime.conftest import FUNCTION_TOKEN, available, client, echo_body, wait_until
+from tests.polling import wait_until
+from tests.runtime.conftest import FUNCTION_TOKEN, available, client, echo_body
 
 pytestmark = pytest.mark.integration
 

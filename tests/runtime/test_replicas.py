@@ -12,14 +12,8 @@ import psutil
 import pytest
 
 from runtime import RuntimeProcess
-from tests.runtime.conftest import (
-    STACK,
-    available,
-    client,
-    echo_body,
-    wait_until,
-    with_function_token,
-)
+from tests.polling import wait_until
+from tests.runtime.conftest import STACK, available, client, echo_body, with_function_token
 
 pytestmark = pytest.mark.integration
 

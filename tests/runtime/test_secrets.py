@@ -15,6 +15,7 @@ import pytest
 
 from runtime import RuntimeProcess
 from tests.openfaas.conftest import require_binary
+from tests.polling import wait_until
 from tests.runtime.conftest import (
     FN_AUTH,
     FUNCTION_TOKEN,
@@ -25,7 +26,6 @@ from tests.runtime.conftest import (
     available,
     client,
     echo_body,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from runtime import RuntimeProcess
-from tests.runtime.conftest import FN_AUTH, available, client, echo_body, wait_until
+from tests.polling import wait_until
+from tests.runtime.conftest import FN_AUTH, available, client, echo_body
 
 pytestmark = pytest.mark.integration
 
