@@ -70,6 +70,7 @@ from bench.runinfo import (
     pinned_threads,
     rerender,
     run_info,
+    stop_on_sigterm,
     write_result,
 )
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "--from-json", action="store_true", help="re-render the table and plot from dataplane.json"
     )
     a = p.parse_args(argv)
+    stop_on_sigterm()  # a SIGTERM still takes the run's processes, groups and files down
     out_dir = Path(a.out) if a.out else RESULTS
     if a.from_json:
         print(rerender("dataplane", report.render, report.plot, out_dir))

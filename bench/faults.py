@@ -46,8 +46,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import sys
 import tempfile
 import threading
 import time
@@ -71,7 +69,7 @@ from bench.fault_platform import (
     snapshot_counters,
 )
 from bench.fault_table import merge_results, passed, stored_result, summary, to_markdown
-from bench.runinfo import ROOT, run_info, write_result
+from bench.runinfo import ROOT, run_info, stop_on_sigterm, write_result
 
 log = logging.getLogger(__name__)
 
@@ -472,12 +470,6 @@ def _any_ports() -> dict[str, int]:
 #: faults of issues 13 and 35 this campaign does not inject, and why (none: (k) needs
 #: ``mount``, and a machine without it says so in the run's ``not_run``)
 NOT_RUN: dict[str, str] = {}
-
-
-def stop_on_sigterm() -> None:
-    """A SIGTERM (``timeout``, a CI job cancelled) exits through ``SystemExit``, so the
-    ``finally`` blocks run and the platform under test is taken down, not left running."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def main(argv: list[str] | None = None) -> int:

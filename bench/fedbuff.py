@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.compare import REPEATS, spread
-from bench.runinfo import pinned_threads, run_info, write_result
+from bench.runinfo import pinned_threads, run_info, stop_on_sigterm, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENTS, ROUNDS, BUFFER, SLOW = 20, 5, 5, 5.0
@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--repeats", type=int, default=REPEATS, help="sync/async pairs, alternating")
     args = ap.parse_args(argv)
+    stop_on_sigterm()  # a SIGTERM still takes the platform down
     logging.basicConfig(level=logging.WARNING)
     res = run(args.out, args.repeats)
     print(render(res))

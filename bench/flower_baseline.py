@@ -62,7 +62,14 @@ from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.harness.compare import REPEATS
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
-from bench.runinfo import PINNED_THREADS, ROOT, pinned_threads, run_info, write_result
+from bench.runinfo import (
+    PINNED_THREADS,
+    ROOT,
+    pinned_threads,
+    run_info,
+    stop_on_sigterm,
+    write_result,
+)
 
 if TYPE_CHECKING:
     from bench.harness.cgroups import RoundGroups
@@ -400,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
+    stop_on_sigterm()  # a SIGTERM still takes the run's processes, groups and files down
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # BLAS/OpenMP at one thread in this process and every process it starts, as every
     # benchmark that compares runs them

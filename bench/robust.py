@@ -52,7 +52,7 @@ import numpy as np
 
 from bench.flower_baseline import CURRENT, LEGACY
 from bench.harness.compare import REPEATS, run_compare, spread
-from bench.runinfo import pinned_threads, run_header, run_info, write_result
+from bench.runinfo import pinned_threads, run_header, run_info, stop_on_sigterm, write_result
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "one rule per run, each rule naming its run",
     )
     args = ap.parse_args(argv)
+    stop_on_sigterm()  # a SIGTERM still takes the run's processes, groups and files down
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with pinned_threads(1) as threads:
         info = run_info("bench.robust", argv)

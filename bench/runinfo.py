@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -100,6 +101,13 @@ def pinned_threads(n: int = 1) -> Iterator[dict[str, Any]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def stop_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, a CI job cancelled) exits through ``SystemExit``, so that the
+    ``finally`` blocks run: the benchmark's servers, clients, cgroups and shared-memory files
+    are taken down, not left behind (Python's default SIGTERM ends the process without them)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def _git(*args: str) -> str | None:

@@ -1,5 +1,5 @@
 """Growth curves: one FL round's time, server memory and server CPU-seconds, FedFaaS against
-Flower and SF (LIFL's serverful baseline), in one run, against the number of clients and
+Flower (1.42 and 1.32.1's legacy path) and SF (LIFL's serverful baseline), in one run, against the number of clients and
 against the model's size (issue 37's memory and CPU goals).
 
 - against clients: 20, 40, 60, 120 and 200 clients of ResNet-18 (its floating-point state
@@ -10,8 +10,10 @@ against the model's size (issue 37's memory and CPU goals).
 
 Every point is a same-CPUs comparison (:func:`bench.harness.compare.run_compare`): FedFaaS
 (:func:`bench.harness.fedfaas_round.bench_round_e2e`: one node gateway, warm ``aggregator``
-replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace), Flower
-(:func:`bench.flower_baseline.run_flower_round`) and SF (:func:`bench.harness.sf_round.run_sf_round`),
+replicas, the eBPF router where ``bpf.probe()`` says it loads, else userspace), Flower 1.42 on
+the API its docs recommend (:func:`bench.flower_baseline.run_flower_round`), Flower 1.32.1's
+legacy gRPC path (:func:`bench.harness.flower_legacy.run_legacy_round`: the two Flowers move
+updates differently, so both are peers) and SF (:func:`bench.harness.sf_round.run_sf_round`),
 ``--repeats`` times each (default :data:`bench.harness.compare.REPEATS`), the systems
 alternating, every run in fresh cgroups (:mod:`bench.harness.cgroups`): the server side born
 in a group pinned to ``--cpus``, the clients in another. Per system and point: the median and
@@ -34,7 +36,7 @@ finished at a point (stopped by the guard or the timeout) is left out of the lar
 that axis (:func:`left_out`; the report names them). The result is written after every run.
 
 Usage: ``python -m bench.scale [--repeats 5] [--cpus 0-1] [--clients 20,40]
-[--sizes-mb 10,240] [--systems FedFaaS,SF] [--quick] [--out DIR]``; writes
+[--sizes-mb 10,240] [--systems "FedFaaS,Flower 1.32.1 legacy"] [--quick] [--out DIR]``; writes
 ``bench/results/scale.{json,md,png}`` and prints the tables. ``--quick`` is a smoke run (2 and
 4 clients of a 1 MB model; 4 MB with 2 clients).
 """
@@ -42,6 +44,7 @@ Usage: ``python -m bench.scale [--repeats 5] [--cpus 0-1] [--clients 20,40]
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -50,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale_report as report
+from bench.flower_baseline import CURRENT, LEGACY
 from bench.harness import round_clients as rc
 from bench.harness.compare import REPEATS, Runner
-from bench.runinfo import pinned_threads, rerender, run_info, write_result
+from bench.runinfo import pinned_threads, rerender, run_info, stop_on_sigterm, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,7 +68,7 @@ QUICK_CLIENTS = (2, 4)
 QUICK_SIZES = (4_000_000,)
 QUICK_CLIENTS_SIZE = 1_000_000
 #: the systems of every point, FedFaaS first (the one the others are compared with)
-SYSTEMS = ("FedFaaS", "Flower", "SF")
+SYSTEMS = ("FedFaaS", CURRENT, LEGACY, "SF")
 
 
 def points(
@@ -91,6 +95,7 @@ def runners(
     """Each system's round at point ``p`` (the memory guard ``guard`` on every one)."""
     from bench.flower_baseline import run_flower_round
     from bench.harness.fedfaas_round import bench_round_e2e
+    from bench.harness.flower_legacy import run_legacy_round
     from bench.harness.sf_round import run_sf_round
 
     layout = rc.scaled_layout(rc.resnet18_layout(), p["update_bytes"])
@@ -99,7 +104,8 @@ def runners(
         "FedFaaS": lambda groups, tag: bench_round_e2e(
             work, layout, n, ebpf=ebpf, tag=tag, groups=groups, **guard
         ),
-        "Flower": lambda groups, tag: run_flower_round(n, layout, groups=groups, **guard),
+        CURRENT: lambda groups, tag: run_flower_round(n, layout, groups=groups, **guard),
+        LEGACY: lambda groups, tag: run_legacy_round(n, layout, groups=groups, **guard),
         "SF": lambda groups, tag: run_sf_round(work, layout, n, groups=groups, tag=tag, **guard),
     }
     return {s: every[s] for s in systems}
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "--from-json", action="store_true", help="re-render scale.md/png from scale.json"
     )
     a = p.parse_args(argv)
+    stop_on_sigterm()  # a SIGTERM still takes the point's processes, groups and files down
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out_dir = Path(a.out) if a.out else RESULTS
     if a.from_json:
         print(rerender("scale", report.render, report.plot, out_dir))

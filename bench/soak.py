@@ -49,8 +49,8 @@ from safetensors.numpy import load, save
 from bench.fault_checks import ReadRound, check_rounds
 from bench.fault_kinds import FAULTS
 from bench.fault_platform import Campaign, JobRun
-from bench.faults import stop_on_sigterm, wait_healthy
-from bench.runinfo import ROOT, run_header, run_info, write_result
+from bench.faults import wait_healthy
+from bench.runinfo import ROOT, run_header, run_info, stop_on_sigterm, write_result
 from bench.soak_stats import classify, read_exceptions, read_history, read_stats
 from loadtests.updates import MODEL, read_ack_file, seed_of, update_of, weight_of
 

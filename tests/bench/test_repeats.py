@@ -64,7 +64,7 @@ def _main_of(module: str) -> Callable[[pytest.MonkeyPatch, Path], Callable[[], i
     ("bench", "systems"),
     [
         (_main_of("bench.dataplane"), ["FedFaaS", "Flower", "SF"]),
-        (_main_of("bench.scale"), ["FedFaaS", "Flower", "SF"]),
+        (_main_of("bench.scale"), ["FedFaaS", "Flower 1.42.0", "Flower 1.32.1 legacy", "SF"]),
         (_main_of("bench.flower_baseline"), ["FedFaaS", "Flower 1.42.0", "Flower 1.32.1 legacy"]),
         (_robust, ["FedFaaS", "Flower 1.42.0", "Flower 1.32.1 legacy"]),
     ],

@@ -137,3 +137,29 @@ def test_rerender_rewrites_the_md_and_plot_from_the_stored_json(tmp_path: Path) 
     md = runinfo.rerender("x", lambda r: f"figure {r['figure']}\n", plot, tmp_path)
     assert md == "figure 1.5\n" == (tmp_path / "x.md").read_text()
     assert plotted == [tmp_path / "x.png"]
+
+
+def test_a_sigterm_runs_the_finally_blocks_that_take_a_benchmark_down(tmp_path: Path) -> None:
+    """Python's default SIGTERM ends a process without its ``finally`` blocks: a benchmark cut
+    short by ``timeout`` left its servers, cgroups and /dev/shm files behind."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "cleaned"
+    code = (
+        "import sys, time\n"
+        "from bench.runinfo import stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        "try:\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "finally:\n"
+        f"    open({str(marker)!r}, 'w').write('yes')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    child.terminate()
+    assert child.wait(30) == 143
+    assert marker.read_text() == "yes"

@@ -177,3 +177,18 @@ def test_a_system_stopped_at_every_run_of_a_point_is_left_out_of_larger_ones() -
     assert scale.left_out(done, {**later, "clients": 400}) == gone
     md = scale_report.render(_result(done))
     assert "- Flower, 200 clients x 44.8 MB: not run, no run finished at 120 clients" in md
+
+
+def test_each_flower_compared_has_its_own_target_lines() -> None:
+    p = _point(20, 0.8 * GB, 2.4 * GB)
+    runs = p["compare"]["by_cpus"]["0-1"]["runs"]
+    runs = {"FedFaaS": runs["FedFaaS"], "Flower 1.42.0": runs["Flower"],
+            "Flower 1.32.1 legacy": [_rec(5.0, 4.0 * GB, 2.0)] * 3, "SF": runs["SF"]}  # fmt: skip
+    p["compare"]["by_cpus"]["0-1"] = {"runs": runs, "summary": summarise(runs)}
+    got = {t["target"]: t for t in scale_report.targets([p])}
+    assert got["server memory at 20 clients >= 3x below Flower 1.42.0"]["met"]
+    legacy = got["server memory at 20 clients >= 3x below Flower 1.32.1 legacy"]
+    assert legacy["value"] == pytest.approx(5.0) and legacy["met"]
+    assert not got["server CPU-seconds at 20 clients >= 5x below Flower 1.32.1 legacy"]["met"]
+    # a Flower not measured at a point is a miss there, not a missing line
+    assert got["server memory at 60 clients >= 8x below Flower 1.42.0"]["met"] is False
