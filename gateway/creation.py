@@ -29,7 +29,7 @@ from gateway.jobs import Job, check_job_params
 from gateway.meta import declared_evaluator, declared_spec
 from gateway.publish import global_record
 from gateway.round_io import open_round, receive
-from gateway.secagg import check_masked_job
+from gateway.secagg import declared_secagg
 
 if TYPE_CHECKING:
     from gateway.node import Node
@@ -93,8 +93,12 @@ async def create_job(
     rule = declared_spec(
         body, gw.settings.max_header, AGGREGATION_KEY, RobustRule.from_json, "bad_aggregation"
     )
-    check_masked_job(
-        spec, {"aggregation": rule, "fedbuff": mode, "server_opt": opt, "evaluator": evaluator}
+    declared_secagg(
+        body,
+        gw.settings.max_header,
+        spec,
+        goal,
+        {"aggregation": rule, "fedbuff": mode, "server_opt": opt, "evaluator": evaluator},
     )
     if rule is not None and mode is not None:
         raise GatewayError(

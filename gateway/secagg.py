@@ -1,6 +1,7 @@
 """Jobs of masked vectors (secure aggregation, :mod:`core.secagg`) at the gateway.
 
-A job whose initial model is one of ``U32`` tensors (:attr:`core.wire.ModelSpec.masked`) takes
+A job whose initial model is one of ``U32`` tensors (:attr:`core.wire.ModelSpec.masked`), with
+its parameters in the weights' ``__metadata__["fedfaas.secagg"]`` (:class:`SecAggConfig`), takes
 its clients' masked uint32 vectors: they are decoded into the store as they are and folded by
 the aggregators in Z_2^32 (TASKs carry ``FLAG_MASKED``, ``functions/aggregator/worker.py``), and
 the round's published model is their masked sum, which the holder of the round's
@@ -13,8 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from core import wire
-from core.secagg.config import refusals
+from core.secagg.config import SecAggConfig, SecAggConfigError, refusals
 from gateway.errors import GatewayError
+from gateway.meta import declared_spec
+
+#: the initial weights' metadata entry with a job's secure-aggregation parameters
+METADATA_KEY = "fedfaas.secagg"
+CODE = "bad_secure_aggregation"
 
 #: what a masked job refuses besides :data:`core.secagg.config.INCOMPATIBLE`, and why
 MASKED_SUM_ONLY = {
@@ -39,5 +45,40 @@ def check_masked_job(spec: wire.ModelSpec, options: dict[str, Any]) -> None:
         raise GatewayError(
             f"a job of masked vectors ({wire.MASKED_DTYPE} tensors, secure aggregation) "
             f"cannot use {'; '.join(why)}",
-            code="bad_secure_aggregation",
+            code=CODE,
         )
+
+
+def declared_secagg(
+    body: bytes | memoryview,
+    max_header: int,
+    spec: wire.ModelSpec,
+    goal: int,
+    options: dict[str, Any],
+) -> SecAggConfig | None:
+    """The job's secure-aggregation parameters (``__metadata__["fedfaas.secagg"]``), or None
+    for a job without. A 400 (``bad_secure_aggregation``) saying what is wrong when they do not
+    parse, when a masked model comes without them or they come with a float model, when
+    ``goal`` clients cannot run a round of them, or when ``options`` cannot
+    (:func:`check_masked_job`)."""
+    cfg = declared_spec(body, max_header, METADATA_KEY, SecAggConfig.from_spec, CODE)
+    if cfg is None and spec.masked:
+        raise GatewayError(
+            f"a model of {wire.MASKED_DTYPE} tensors is secure aggregation's masked vector: "
+            f"declare its parameters in __metadata__[{METADATA_KEY!r}]",
+            code=CODE,
+        )
+    if cfg is None:
+        return None
+    if not spec.masked:
+        raise GatewayError(
+            f"__metadata__[{METADATA_KEY!r}] declares secure aggregation, whose updates are "
+            f"masked vectors: the model must be of {wire.MASKED_DTYPE} tensors",
+            code=CODE,
+        )
+    try:
+        cfg.check_round(goal)
+    except SecAggConfigError as exc:
+        raise GatewayError(f"__metadata__[{METADATA_KEY!r}]: {exc}", code=CODE) from None
+    check_masked_job(spec, options)
+    return cfg

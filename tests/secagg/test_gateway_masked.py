@@ -18,6 +18,7 @@ from core.auth import bearer
 from core.objstore import StoreError
 from core.secagg.config import SecAggConfig
 from gateway import Gateway
+from gateway.secagg import METADATA_KEY
 from tests.aggregators import Aggregators
 from tests.dataplane.conftest import make_gw  # noqa: F401  (the gateway fixture)
 from tests.dataplane.gwutil import GatewayThread
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 N = 10
 DROPPED = (3, 7)  # masked their vectors, which never reached the server
 CLIENTS = [f"c{i}" for i in range(N - len(DROPPED))]
+CONFIG = SecAggConfig(neighbours=6)
 
 
 def _node(gw: GatewayThread) -> Gateway:
@@ -42,7 +44,8 @@ def _masked_job_request(
 ) -> httpx.Response:
     """``POST /v1/jobs`` of a job whose model is one masked vector (``U32``, the weight
     coordinate included), ``metadata`` in its header."""
-    body = wire.encode_tensors({"masked": np.zeros(D + 1, np.uint32)}, metadata)
+    meta = {METADATA_KEY: json.dumps(CONFIG.to_spec()), **(metadata or {})}
+    body = wire.encode_tensors({"masked": np.zeros(D + 1, np.uint32)}, meta)
     return httpx.post(
         gw.url + "/v1/jobs",
         params={"job": "j1", "rounds": 1, "goal": len(CLIENTS), "clients": ",".join(CLIENTS)},
@@ -128,9 +131,7 @@ def test_replicas_fold_masked_vectors_into_the_exact_quantized_fedavg(
 
     try:
         aggs.start(2)
-        out = run_round(
-            SecAggConfig(neighbours=6), N, drop_after_masking=DROPPED, fold=through_gateway
-        )
+        out = run_round(CONFIG, N, drop_after_masking=DROPPED, fold=through_gateway)
         np.testing.assert_array_equal(out.got, out.want)
         assert all(runs() >= 2 for runs in attempts) and len(attempts) == int(kill)
         job = _node(gw).jobs["j1"]
@@ -197,3 +198,45 @@ def test_a_float_upload_to_a_masked_job_is_refused_with_what_is_wrong(
     r = post_update(gw.url, "j1", 1, tokens["c0"], "c0", masked)
     assert r.status_code == 202, r.text
     assert set(eng.clients) == {"c0"}
+
+
+@pytest.mark.parametrize(
+    ("tensors", "metadata", "says"),
+    [
+        ({"masked": np.zeros(D + 1, np.uint32)}, {}, "declare its parameters"),
+        ({"w": np.zeros(D + 1, np.float32)}, {METADATA_KEY: "{}"}, "must be of U32 tensors"),
+        ({"masked": np.zeros(D + 1, np.uint32)}, {METADATA_KEY: '{"bits": 40}'}, "bits must be"),
+        ({"masked": np.zeros(D + 1, np.uint32)}, {METADATA_KEY: '{"clip": 1'}, METADATA_KEY),
+        ({"masked": np.zeros(D + 1, np.uint32)}, {METADATA_KEY: '{"mask": 1}'}, "unknown"),
+    ],
+)
+def test_a_secure_aggregation_job_needs_masked_tensors_and_sound_parameters(
+    make_gw: Callable[..., GatewayThread],  # noqa: F811
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, str],
+    says: str,
+) -> None:
+    gw = make_gw()
+    r = httpx.post(
+        gw.url + "/v1/jobs",
+        params={"job": "j1", "rounds": 1, "goal": 3, "clients": "a,b,c"},
+        content=wire.encode_tensors(tensors, metadata),
+        headers=bearer(_node(gw).secret),
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "bad_secure_aggregation" and says in r.json()["detail"], r.text
+    assert "j1" not in _node(gw).jobs
+
+
+def test_a_round_too_small_for_secure_aggregation_is_refused(
+    make_gw: Callable[..., GatewayThread],  # noqa: F811
+) -> None:
+    gw = make_gw()
+    meta = {METADATA_KEY: json.dumps(CONFIG.to_spec())}
+    r = httpx.post(
+        gw.url + "/v1/jobs",
+        params={"job": "j1", "rounds": 1, "goal": 2, "clients": "a,b"},
+        content=wire.encode_tensors({"masked": np.zeros(D + 1, np.uint32)}, meta),
+        headers=bearer(_node(gw).secret),
+    )
+    assert r.status_code == 400 and "at least 3 clients" in r.json()["detail"], r.text
