@@ -183,7 +183,9 @@ def _colour(label: str) -> str:
 def _medians(cmp: Mapping[str, Any], key: str) -> tuple[list[str], list[float], list[list[float]]]:
     """Each system's (or variant's) median of ``key`` in the comparison's first CPU set, with
     its distance to the min and the max (for error bars)."""
-    labels, med, err = [], [], [[], []]
+    labels: list[str] = []
+    med: list[float] = []
+    err: list[list[float]] = [[], []]
     for block in list((cmp.get("by_cpus") or {}).values())[:1]:
         for name, recs in block["runs"].items():
             s = spread([_figure(x, key) for x in recs if x.get("ok", True)])
