@@ -75,7 +75,7 @@ from bench.flstore_rounds_report import plot as rounds_plot
 from bench.flstore_shapley import shapley
 from bench.harness.flstore_stack import Child, FLStoreStack
 from bench.harness.synthetic import SMALL_CNN, resnet18_like, write_digits_history, write_history
-from bench.runinfo import PINNED_THREADS, pinned_threads, run_info, write_result
+from bench.runinfo import PINNED_THREADS, pinned_threads, run_info, stop_on_sigterm, write_result
 from cache_engine.cold_store import MinioColdStore
 from core.services import MinioServer, RedisServer, free_port
 
@@ -530,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     args.memo = ["on", "off"] if args.memo == "both" else [args.memo]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    stop_on_sigterm()  # a SIGTERM still takes the platform, its cgroup and the baselines down
     with pinned_threads(1):  # this process and every process it starts
         res: dict[str, Any] = {
             "run": run_info("bench.flstore", sys.argv[1:] if argv is None else argv)

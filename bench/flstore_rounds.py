@@ -378,8 +378,8 @@ def _baseline(
     )
     child = Child(name, s.to_argv(log_level="warning"), work / "logs" / f"{name}-{job}.log", s.port)
     child.env = dict(PINNED_THREADS)
-    child.start()
     try:
+        child.start()  # within the try: a SIGTERM while it starts still stops it
         client = httpx.Client(timeout=3600)
         url = f"http://{s.host}:{s.port}"
         mirror_s = None

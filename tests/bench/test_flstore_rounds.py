@@ -9,6 +9,7 @@ functions, evaluator function, MinIO and Redis.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from bench.flstore_shapley import shapley
 from bench.harness.cgroups import groups_named, unavailable
 from cache_engine.cold_store import MemoryColdStore
 from cache_engine.keys import ObjectKey
+from tests.polling import wait_until
 
 
 def test_a_big_rounds_job_leads_each_model_with_a_trained_classifier() -> None:
@@ -367,3 +369,68 @@ def test_the_platforms_cgroup_counts_the_private_and_tmpfs_memory_of_what_is_bor
             child.communicate(b"", timeout=30)
             shm.unlink(missing_ok=True)
     assert not groups_named(f"fedfaas-test-{os.getpid()}")  # removed on leaving
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_a_sigterm_during_the_big_rounds_takes_the_platform_and_its_cgroup_down(
+    tmp_path: Path,
+) -> None:
+    """``timeout`` ends a run with SIGTERM: the platform started in its cgroup goes down with
+    the bench (``fedfaas down``, the group removed), nothing of it is left running."""
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "bench.flstore", "--skip-latency", "--skip-handoff"]
+            + ["--skip-shapley", "--skip-policies-and-overhead", "--big-rounds", "4"]
+            + ["--out", str(tmp_path / "out")],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    group = f"fedfaas-flstore-4-{run.pid}"
+    try:
+        wait_until(
+            lambda: "wrote big4" in log.read_text() and groups_named(group),
+            timeout=300,
+            what="the platform up in its group and the job written",
+        )
+        procs = sorted(
+            {int(p) for d in groups_named(group) for p in (d / "cgroup.procs").read_text().split()}
+        )
+        assert procs  # the platform's processes are in the group
+        # the run's folder (its platform's state, the baselines' credentials): named by them
+        work = next(
+            w
+            for p in procs
+            for w in _cmdline(p).split()
+            if "/bench-flstore-" in w and w.startswith("/")
+        ).split("/up-4/")[0]
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=180) == 143, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert not groups_named(group)
+    assert not [p for p in procs if _running(p)], procs
+    left = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if work in _cmdline(p)]
+    assert not [p for p in left if _running(p)], [_cmdline(p) for p in left]  # baselines too
+    assert not (tmp_path / "out" / "flstore_rounds.json").exists()  # nothing half measured
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
