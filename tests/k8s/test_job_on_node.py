@@ -21,18 +21,11 @@ one (a client belongs to its node's gateway), which a Service's load balancing w
   the same workloads run in process on the checkpointed objects; the cache engine created its
   flstore-cache functions through the gateway and faas-netes; both aggregator functions' pods
   ran slots.
-- Scaling: a round of 20 clients makes the control plane scale ``aggregator`` through the gateway
-  and faas-netes (its log and the Deployment say so); the new pod's endpoints register with the
-  first gateway and the next round, exact, runs slots in it.
-- A fault: the first gateway's pod is deleted mid-round (half the updates accepted); the
-  DaemonSet starts a new one, and the round, finished by the other clients, is exact FedAvg of
-  every update once.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -41,13 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from client.model import make_model, model_to_bytes
-from client.sdk import FLClient, enroll, submit_job
-from client.simulator import control_plane_assignment
-from core import fedavg
 from core.services import find_binary
 from tests.containers.faasd_harness import job_result
 from tests.containers.test_faasd_platform import _same
@@ -86,8 +74,6 @@ VALUES = [
     "--set", "aggregator.resources.requests.memory=128Mi",
     "--set", "minio.resources.requests.cpu=50m",
     "--set", "minio.resources.requests.memory=256Mi",
-    # a scale-up stays for the next round (the default scales down after 30 idle seconds)
-    "--set", "controlPlane.env.FEDFAAS_CONTROL_SCALE_DOWN_S=600",
 ]  # fmt: skip
 #: the Services the job script reaches by these names (tests/containers/faasd_job.py)
 SERVICES = {
@@ -111,10 +97,6 @@ class Platform:
         svc = self.node.cluster.api.get("v1", "Service", name, NAMESPACE)
         assert svc is not None, name
         return str(svc["spec"]["clusterIP"])
-
-    @property
-    def control_plane(self) -> str:
-        return f"http://{self.service_ip(SERVICES['control-plane'])}:8070"
 
     def gateway_pod(self, daemonset: str) -> dict[str, Any]:
         """The Ready, not terminating pod of one gateway DaemonSet."""
@@ -285,158 +267,3 @@ def test_a_readme_job_runs_on_two_gateway_pods_and_flstore_answers_as_computed_h
         assert sum(e["tasks_done"] for s in statuses for e in s["endpoints"]) > 0, statuses
         for s in statuses:
             assert {e["endpoint"] for e in s["endpoints"]} <= registered, (s, registered)
-
-
-# ---------------------------------------------------------------------------------------------
-def _model_arrays() -> dict[str, np.ndarray]:
-    from safetensors.numpy import load
-
-    return load(model_to_bytes(make_model(0, "softmax")))
-
-
-def _update(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in _model_arrays().items()}
-
-
-class _Job:
-    """A job of ``clients`` with random updates, driven from the node's network namespace."""
-
-    def __init__(self, p: Platform, name: str, clients: list[str], rounds: int) -> None:
-        self.p, self.name, self.clients = p, name, clients
-        admin = p.token("gateway-admin-secret")
-        created = p.node.cluster.ns.call(
-            submit_job,
-            p.control_plane,
-            name,
-            model_to_bytes(make_model(0, "softmax")),
-            rounds=rounds,
-            goal=len(clients),
-            admin_token=admin,
-        )
-        self.tokens = p.node.cluster.ns.call(
-            enroll, p.control_plane, name, clients, created["enrollment_token"]
-        )
-        self.assignment = p.node.cluster.ns.call(
-            control_plane_assignment, p.control_plane, name, admin
-        )
-
-    def upload(self, rnd: int, clients: list[str], seed: int) -> tuple[list[Any], list[int]]:
-        """Each client's update of round ``rnd`` to its gateway (asked of the control plane
-        now); the updates and weights sent."""
-        from safetensors.numpy import save
-
-        ns = self.p.node.cluster.ns
-        ns.call(self.assignment.wait_round, rnd)
-        updates, weights = [], []
-        for i, c in enumerate(clients):
-            u, w = _update(seed + i), 1 + (seed + i) % 7
-
-            def send(c: str = c, u: dict[str, np.ndarray] = u, w: int = w) -> None:
-                with FLClient(self.assignment(c), self.name, c, self.tokens[c]) as fl:
-                    fl.upload(rnd, save(u), w)
-
-            ns.call(send)
-            updates.append(u)
-            weights.append(w)
-        return updates, weights
-
-    def assert_fedavg(self, rnd: int, updates: list[Any], weights: list[int]) -> None:
-        from safetensors.numpy import load
-
-        c = self.clients[0]
-
-        def published() -> bytes:
-            with FLClient(self.assignment(c), self.name, c, self.tokens[c]) as fl:
-                return fl.wait_for_version(rnd, timeout=180).data
-
-        got = load(self.p.node.cluster.ns.call(published))
-        for k, v in got.items():
-            want = fedavg.fedavg_reference([u[k] for u in updates], weights)
-            assert fedavg.rel_error(v, want) <= 1e-6, k
-
-
-def test_the_control_plane_scales_the_aggregator_and_the_new_pod_runs_slots(
-    platform: Platform,
-) -> None:
-    p = platform
-    api = p.node.cluster.api
-    before = {
-        pod["metadata"]["name"]
-        for pod in p.function_pods("aggregator")
-        if not pod["metadata"].get("deletionTimestamp")
-    }
-    clients = [f"s{i:02d}" for i in range(20)]
-    job = _Job(p, "k8s-scale", clients, rounds=2)
-    job.assert_fedavg(1, *job.upload(1, clients, seed=100))
-
-    def scaled() -> bool:
-        dep = api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
-        return dep is not None and dep["spec"]["replicas"] > len(before)
-
-    wait_for(scaled, "the control plane scaled aggregator (its Deployment's replicas)", 120)
-    plane = [
-        pod
-        for pod in api.list("v1", "Pod", NAMESPACE)
-        if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "control-plane"
-    ]
-    logs = p.node.pod_log(NAMESPACE, plane[0]["metadata"]["name"], tail=10**8)
-    assert re.search(r"aggregator: \d+ -> \d+ replicas \(short of", logs), logs[-3000:]
-
-    def new_pods() -> list[dict[str, Any]]:
-        return [
-            pod
-            for pod in p.function_pods("aggregator")
-            if pod["metadata"]["name"] not in before and pod_ready(pod)
-        ]
-
-    wait_for(lambda: bool(new_pods()), "a new aggregator pod Ready", 180)
-    admin = p.token("gateway-admin-secret")
-    gateway_ip = p.gateway_pod(GATEWAYS[0])["status"]["podIP"]
-
-    def registered() -> bool:
-        ids = {e["id"] for e in router_endpoints(p.node, gateway_ip, admin)}
-        mine = {e["endpoint"] for pod in new_pods() for e in p.replica_status(pod)["endpoints"]}
-        return bool(mine) and mine <= ids
-
-    wait_for(registered, "the new pod's endpoints in the first gateway's router", 120)
-    job.assert_fedavg(2, *job.upload(2, clients, seed=200))
-    done = {
-        pod["metadata"]["name"]: sum(e["tasks_done"] for e in p.replica_status(pod)["endpoints"])
-        for pod in new_pods()
-    }
-    assert any(n > 0 for n in done.values()), done
-
-
-def test_a_gateway_pod_deleted_mid_round_comes_back_and_the_round_counts_each_update_once(
-    platform: Platform,
-) -> None:
-    p = platform
-    api = p.node.cluster.api
-    clients = [f"f{i}" for i in range(8)]
-    job = _Job(p, "k8s-fault", clients, rounds=1)
-    first, rest = clients[:4], clients[4:]
-    sent_first = job.upload(1, first, seed=300)
-    victim = p.gateway_pod(GATEWAYS[0])["metadata"]["name"]
-    assert api.delete("v1", "Pod", victim, NAMESPACE)
-
-    def back() -> bool:
-        try:
-            pod = p.gateway_pod(GATEWAYS[0])
-        except AssertionError:
-            return False
-        return pod["metadata"]["name"] != victim
-
-    wait_for(back, "the DaemonSet's new gateway pod Ready", 180)
-    new_ip = p.gateway_pod(GATEWAYS[0])["status"]["podIP"]
-
-    def found() -> bool:  # the control plane found the new pod through the headless Service
-        r = get(p.node, f"{p.control_plane}/v1/nodes", p.token("analyst-token"))
-        assert r.status_code == 200, r.text
-        nodes = {n["name"]: n for n in r.json()["nodes"]}
-        here = nodes.get(p.node.name) or {}
-        return f"//{new_ip}:" in str(here.get("url")) and bool(here.get("healthy"))
-
-    wait_for(found, "the control plane sees the new gateway pod healthy", 120)
-    sent_rest = job.upload(1, rest, seed=400)
-    job.assert_fedavg(1, sent_first[0] + sent_rest[0], sent_first[1] + sent_rest[1])
