@@ -64,7 +64,14 @@ def test_the_benchmark_alternates_sync_and_async_on_one_platform(
         assert r["sync"]["reached"] is not None  # its own final model reaches its target
         assert 0 < r["target_accuracy"] <= 1
     assert res["summary"]["sync"]["reached"] == 2
-    assert "ratio of medians" in (tmp_path / "async.md").read_text()
+    # async ran in every repeat; whether 8 models of it reach the sync job's final accuracy is
+    # the benchmark's finding, not the code's correctness (a CI run saw 0/2 at 2 rounds)
+    assert all(len(r["async"]["curve"]) > 0 for r in res["runs"])
+    md = (tmp_path / "async.md").read_text()
+    if res["summary"]["async"]["reached"]:
+        assert "ratio of medians" in md
+    else:
+        assert "never reached the target" in md and "ratio of medians" not in md
     assert (tmp_path / "async.png").stat().st_size > 0
 
 
