@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.compare import spread
+from bench.harness.compare import SERVER_COLUMNS, spread
 from bench.runinfo import run_header
 
 #: the variants' settings as the table says them (bench.dataplane.variants runs them)
@@ -27,10 +27,7 @@ VARIANTS = {
 
 #: the variants' columns: label, the run record's key, scale
 VARIANT_COLUMNS = (
-    ("round s", "e2e_s", 1.0),
-    ("server window s", "server_s", 1.0),
-    ("server peak GB (cgroup)", "server_peak_bytes", 1e9),
-    ("server CPU-s (cgroup)", "server_cpu_s", 1.0),
+    *SERVER_COLUMNS,
     ("tail s: last update sealed -> global published", "last_update_to_published_s", 1.0),
     ("ACT / pure ingest", "act_over_ingest", 1.0),
 )

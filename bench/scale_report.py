@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.harness.compare import SERVER_COLUMNS
 from bench.runinfo import run_header
 
 #: issue 37's goals on bench.scale's medians: (figure, clients, baseline, at least this ratio)
@@ -34,10 +35,7 @@ MEMORY_ALSO_AT = (40,)
 
 #: the table's figures: column, figure key, scale
 COLUMNS = (
-    ("round s", "e2e_s", 1.0),
-    ("server window s", "server_s", 1.0),
-    ("server peak GB (cgroup)", "server_peak_bytes", 1e9),
-    ("server CPU-s (cgroup)", "server_cpu_s", 1.0),
+    *SERVER_COLUMNS,
     ("clients peak GB (cgroup)", "client_peak_bytes", 1e9),
     ("server threads that ran", "threads_ran", 1.0),
 )

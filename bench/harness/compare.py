@@ -182,6 +182,15 @@ def _cell(s: Mapping[str, float] | None, scale: float = 1.0, digits: int = 2) ->
     )
 
 
+#: a round's server-side figures as short table columns: label, figure, scale (the reports of
+#: bench.dataplane's variants and bench.scale's points start with these)
+SERVER_COLUMNS = (
+    ("round s", "e2e_s", 1.0),
+    ("server window s", "server_s", 1.0),
+    ("server peak GB (cgroup)", "server_peak_bytes", 1e9),
+    ("server CPU-s (cgroup)", "server_cpu_s", 1.0),
+)
+
 #: the rows of one CPU set: label, figure, scale, target, the word of its ratio ("": none)
 ROWS = (
     ("round e2e, weights in client memory -> global available (s)", "e2e_s", 1.0,
