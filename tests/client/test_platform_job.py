@@ -9,10 +9,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,14 +25,11 @@ from client.node import FLClient
 from client.sdk import submit_job
 from client.simulator import control_plane_assignment
 from core import fedavg
-from fedfaas.platform import state
-from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.running import any_ports_env, running_platform
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-PORTS = ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane")
 
 
 @dataclass
@@ -49,26 +42,14 @@ class Platform:
         return (self.state_dir / "secrets" / name).read_text().strip()
 
 
-def _fedfaas(args: list[str], env: dict[str, str]) -> None:
-    cmd = [sys.executable, "-m", "fedfaas.cli", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     """``fedfaas up --with all`` on free ports in a state folder of its own."""
     state_dir = tmp_path_factory.mktemp("client-platform") / "state"
-    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(dict.fromkeys(PORTS, 0))}
-    env.pop("OPENFAAS_URL", None)
-    _fedfaas(["up", "--with", "all", "--state-dir", str(state_dir)], env)
-    try:
-        st = state.load(state_dir)
-        assert st is not None
+    env = any_ports_env()
+    with running_platform(state_dir, "--with", "all", env=env, timeout=300) as st:
         urls = {name: f"http://{st.host}:{p}" for name, p in st.ports.items()}
         yield Platform(state_dir, urls, env)
-    finally:
-        _fedfaas(["down", "--state-dir", str(state_dir)], env)
 
 
 SHAPES = {"w": (32, 8), "b": (8,)}

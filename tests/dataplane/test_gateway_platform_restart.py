@@ -49,8 +49,8 @@ def platform(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     ports = json.dumps(dict.fromkeys(("gateway", "gateway_node1"), 0))
     env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": ports}
     env.pop("OPENFAAS_URL", None)
-    up = _fedfaas("up", "--with", "gateway", "--state-dir", str(state_dir), env=env)
     try:
+        up = _fedfaas("up", "--with", "gateway", "--state-dir", str(state_dir), env=env)
         assert up.returncode == 0, up.stdout + up.stderr
         yield state_dir, env
     finally:

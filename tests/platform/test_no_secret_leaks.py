@@ -13,7 +13,6 @@ credentials it mints). Then no value of any file in the secrets folder appears:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,7 @@ import pytest
 from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MinioColdStore
 from fedfaas.platform import credentials, state
-from fedfaas.platform.context import PLATFORM_ID_VAR
-from tests.platform.conftest import ANY_PORTS_ENV
-from tests.platform.test_one_platform import _fedfaas
+from tests.platform.running import any_ports_env, platform_processes, running_platform
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
 
@@ -51,44 +48,11 @@ def secret_values(secrets_dir: Path) -> dict[str, str]:
     return out
 
 
-def platform_pids(platform: state.PlatformState) -> set[int]:
-    """The platform's processes: its parts (from its state), everything they started, and
-    every process whose environment carries the platform's id."""
-    import psutil
-
-    pids: set[int] = set()
-    for rec in platform.services:
-        try:
-            part = psutil.Process(rec.pid)
-            pids |= {part.pid, *(c.pid for c in part.children(recursive=True))}
-        except psutil.NoSuchProcess:
-            continue
-    mark = f"{PLATFORM_ID_VAR}={platform.platform_id}".encode()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark in (d / "environ").read_bytes().split(b"\0"):
-                    pids.add(int(d.name))
-            except OSError:
-                continue
-    return pids
-
-
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.PlatformState]:
     state_dir = tmp_path_factory.mktemp("no-leaks") / "state"
-    ports = dict.fromkeys(
-        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
-    )
-    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(ports)}
-    env.pop("OPENFAAS_URL", None)
-    _fedfaas("up", "--with", "all", "--state-dir", str(state_dir), env=env)
-    try:
-        st = state.load(state_dir)
-        assert st is not None
+    with running_platform(state_dir, "--with", "all", env=any_ports_env(), timeout=300) as st:
         yield st
-    finally:
-        _fedfaas("down", "--state-dir", str(state_dir), env=env)
 
 
 def test_a_query_loads_a_round_into_a_cache_function_with_minted_credentials(
@@ -154,7 +118,7 @@ def test_no_process_has_a_secret_on_its_command_line_or_in_its_environment(
     platform: state.PlatformState,
 ) -> None:
     secrets = secret_values(Path(platform.state_dir) / "secrets")
-    pids = platform_pids(platform)
+    pids = platform_processes(platform)
     names = set()
     for pid in pids:
         try:

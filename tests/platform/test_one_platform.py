@@ -27,18 +27,13 @@ from client.sdk import FLClient
 from core import fedavg
 from fedfaas.platform import credentials, state
 from tests.commands import run_module
-from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.running import any_ports_env, fedfaas, running_platform
 from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"w": (64, 32), "b": (32,)}
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
-
-
-def _fedfaas(*args: str, env: dict[str, str], timeout: float = 300) -> None:
-    out = run_module("fedfaas.cli", *args, timeout=timeout, env=env)
-    assert out.returncode == 0, out.stdout + out.stderr
 
 
 @dataclass
@@ -209,25 +204,10 @@ def assert_fedavg(model: bytes, updates: list[dict[str, np.ndarray]], weights: l
 @contextlib.contextmanager
 def platform_up(state_dir: Path) -> Iterator[Platform]:
     """``fedfaas up --with all`` in ``state_dir`` on free ports; ``fedfaas down`` on exit."""
-    ports = dict.fromkeys(
-        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
-    )
-    env = {
-        **os.environ,
-        **ANY_PORTS_ENV,
-        "FEDFAAS_PORTS": json.dumps(ports),
-        # the control plane scales the function down after this many idle seconds
-        "FEDFAAS_CONTROL_SCALE_DOWN_S": "20",
-    }
-    env.pop("OPENFAAS_URL", None)
-    _fedfaas("up", "--with", "all", "--state-dir", str(state_dir), env=env)
-    try:
-        st = state.load(state_dir)
-        assert st is not None
-        host = st.host
-        yield Platform(state_dir, {name: f"http://{host}:{p}" for name, p in st.ports.items()})
-    finally:
-        _fedfaas("down", "--state-dir", str(state_dir), env=env)
+    # the control plane scales the function down after this many idle seconds
+    env = any_ports_env(FEDFAAS_CONTROL_SCALE_DOWN_S="20")
+    with running_platform(state_dir, "--with", "all", env=env, timeout=300) as st:
+        yield Platform(state_dir, {name: f"http://{st.host}:{p}" for name, p in st.ports.items()})
 
 
 @pytest.fixture(scope="module")
@@ -994,14 +974,7 @@ def test_a_users_own_model_is_scored_by_the_evaluator_function_they_deploy(
         # the embedded runtime runs handler folders: where this image's handler is
         f"    annotations: {{com.fedfaas.handler: {REPO / 'tests' / 'platform' / 'mlp_evaluator'}}}\n"
     )
-    _fedfaas(
-        "deploy",
-        "-f",
-        str(stack),
-        "--state-dir",
-        str(platform.state_dir),
-        env={**os.environ, **ANY_PORTS_ENV},
-    )
+    fedfaas("deploy", "-f", str(stack), "--state-dir", str(platform.state_dir), env=any_ports_env())
     wait_until(lambda: platform.replicas(function="mlp-evaluator"), 120, "mlp-evaluator ready")
     _, _, xv, yv = digits_split(seed=4)
 

@@ -13,8 +13,6 @@ OpenFaaS client's deploy/scale/invoke (the control plane's path), the cache engi
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import socket
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ import httpx
 import pytest
 
 from fedfaas.platform import openfaas_gateway as gateway_parts
-from fedfaas.platform import optional, parts, state
+from fedfaas.platform import optional, parts
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform as OrchestratedPlatform
@@ -37,10 +35,9 @@ from tests.openfaas.conftest import (
     require_free_port,
     require_prometheus,
 )
-from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.running import any_ports_env, running_platform
 from tests.platform.test_one_platform import (
     Platform,
-    _fedfaas,
     assert_fedavg,
     run_round,
     wait_until,
@@ -64,19 +61,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     binary = require_binary("gateway")
     require_prometheus()
     state_dir = tmp_path_factory.mktemp("real-gateway-platform") / "state"
-    ports = dict.fromkeys(
-        ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
-    )
-    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(ports)}
-    env.pop("OPENFAAS_URL", None)
-    args = ("--with", "all", "--openfaas-gateway", str(binary), "--state-dir", str(state_dir))
-    _fedfaas("up", *args, env=env)
-    try:
-        st = state.load(state_dir)
-        assert st is not None
+    args = ("--with", "all", "--openfaas-gateway", str(binary))
+    with running_platform(state_dir, *args, env=any_ports_env(), timeout=300) as st:
         yield Platform(state_dir, {name: f"http://{st.host}:{p}" for name, p in st.ports.items()})
-    finally:
-        _fedfaas("down", "--state-dir", str(state_dir), env=env)
     assert http_down("http://127.0.0.1:8080/healthz")
 
 
