@@ -3,17 +3,22 @@ control plane, real PyTorch clients (one sign-flipping), aggregation only in rep
 ``aggregator`` function, and FLStore's three answers asked over HTTP; then nothing is left.
 
 The small job runs in the default test run (about 30 s); the demo exactly as ``make demo``
-runs it (20 clients, 5 rounds, the CLI) is marked slow.
+runs it (20 clients, 5 rounds, the CLI) is marked slow, and so is ``make demo`` holding the
+platform (``FEDFAAS_DEMO_HOLD``) while a person logs in to the console it printed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -114,12 +119,17 @@ def test_a_demo_that_fails_still_stops_the_platform(tmp_path: Path) -> None:
     assert_nothing_left(report, tmp_path)
 
 
+def _demo_env(**demo_env: str) -> dict[str, str]:
+    """This environment on free ports, with only the ``FEDFAAS_DEMO_*`` of ``demo_env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_DEMO_")}
+    env |= {**ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0))}
+    return {**env, **demo_env}
+
+
 def _demo_cli(*args: str, **demo_env: str) -> subprocess.CompletedProcess[str]:
     """``fedfaas demo ARGS`` on free ports, with only the ``FEDFAAS_DEMO_*`` of ``demo_env``;
     asserts that it exits 0."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_DEMO_")}
-    env |= {**ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(dict.fromkeys(OPTIONAL_PORTS, 0))}
-    out = run_module("fedfaas.cli", "demo", *args, timeout=600, env={**env, **demo_env})
+    out = run_module("fedfaas.cli", "demo", *args, timeout=600, env=_demo_env(**demo_env))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -158,4 +168,106 @@ def test_fedfaas_demo_mode_async_runs_fedbuff_with_slow_clients_through_the_cli(
         f"{r:06d}/global.safetensors" for r in range(5)
     ]
     assert_aggregated_by_the_function(report, 4)
+    assert_nothing_left(report, tmp_path)
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: seconds ``make demo`` holds the platform in the test: the console checks take a few
+HOLD_S = 60
+#: the line the demo prints for a person: the console's address and the admin token's file
+CONSOLE_LINE = re.compile(
+    r"operations console: (?P<url>http://\S+)  log in with the token in (?P<admin>\S+) \(admin\) "
+    r"or analyst-token beside it \(up for (?P<hold>\d+) s more\)"
+)
+
+
+class Output:
+    """The lines a process prints, read as they come (a thread pumps them into a queue)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.said: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def tail(self) -> str:
+        return "".join(self.said)[-3000:]
+
+    def until(self, marker: str | None, timeout: float = 600) -> str:
+        """Everything said so far once a line holds ``marker`` (``None``: the end); fails if
+        the process ends first or says nothing for ``timeout`` seconds."""
+        while marker is None or not any(marker in line for line in self.said):
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                pytest.fail(f"nothing said for {timeout:.0f} s; so far: {self.tail()}")
+            if line is None:
+                if marker is None:
+                    break
+                pytest.fail(f"the process ended before saying {marker!r}: {self.tail()}")
+            self.said.append(line)
+        return "".join(self.said)
+
+
+@pytest.mark.timeout(900)  # the demo, the hold, the stop
+def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
+    tmp_path: Path,
+) -> None:
+    env = _demo_env(
+        FEDFAAS_DEMO_CLIENTS="6",
+        FEDFAAS_DEMO_ROUNDS="2",
+        FEDFAAS_DEMO_MALICIOUS="",  # all honest: two rounds reach the demo's accuracy
+        FEDFAAS_DEMO_SELECT="3",
+        FEDFAAS_DEMO_HOLD=str(HOLD_S),
+    )
+    for var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # not a sub-make of `make test-slow`
+        env.pop(var, None)
+    # `make demo` as a person runs it; its set-up prerequisite is taken as done (-o setup)
+    proc = subprocess.Popen(
+        ["make", "--no-print-directory", "-o", "setup", "demo", f"STATE={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = Output(proc)
+    try:
+        said = out.until("holding the platform for")
+        printed = CONSOLE_LINE.search(said)
+        assert printed is not None, out.tail()
+        assert int(printed["hold"]) == HOLD_S
+        console = printed["url"]
+        analyst = (Path(printed["admin"]).parent / "analyst-token").read_text().strip()
+        with httpx.Client(base_url=console, timeout=30) as c:
+            # what a person does: the page sends them to the login, the analyst token lets in
+            assert c.get("/jobs").headers["location"] == "/login"
+            assert c.post("/login", data={"token": "not-the-token"}).status_code == 401
+            logged_in = c.post("/login", data={"token": analyst})
+            assert logged_in.status_code == 303, logged_in.text
+            page = c.get("/jobs/digits")
+            assert page.status_code == 200 and "Job digits" in page.text
+            jobs = c.get("/api/jobs").json()["jobs"]
+            assert [(j["job"], j["completed"], j["done"]) for j in jobs] == [("digits", 2, True)]
+            timeline = c.get("/api/jobs/digits").json()["timeline"]
+            assert [(r["round"], r["state"]) for r in timeline[:2]] == [
+                (1, "closed"),
+                (2, "closed"),
+            ]
+        said = out.until(None, timeout=HOLD_S + 600)  # the hold ends, the platform stops
+        assert proc.wait(timeout=60) == 0, out.tail()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # the demo takes its platform down on SIGTERM
+            proc.wait(timeout=300)
+    assert "platform stopped in" in said.rsplit("holding the platform for", 1)[1], out.tail()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{console}/healthz", timeout=10)
+    report = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert report["urls"]["console"] == console
     assert_nothing_left(report, tmp_path)
