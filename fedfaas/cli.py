@@ -120,7 +120,8 @@ def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=None,
         metavar="PART[,PART]",
         help="also run optional parts: gateway, cache-engine, request-tracker, control-plane, "
-        "or all (default: $FEDFAAS_WITH_PARTS or none)",
+        "console, prometheus (the console then takes its rates from it), or all (every one "
+        "but prometheus; default: $FEDFAAS_WITH_PARTS or none)",
     )
     p.add_argument(
         "--openfaas-gateway",

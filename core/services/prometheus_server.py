@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrometheusServer(Server):
     """Debian's ``prometheus`` on a loopback port, scraping ``targets`` (``host:port`` each,
-    path ``/metrics``) every ``scrape_interval``; its TSDB in ``data_dir/tsdb``.
+    path ``/metrics``; no credential) and ``bearer_targets`` (with the bearer token of
+    ``bearer_file``) every ``scrape_interval``; its TSDB in ``data_dir/tsdb``.
 
     OpenFaaS's gateway needs one: it reads its functions' invocation counts from Prometheus'
     query API (``faas_prometheus_host``/``faas_prometheus_port``) and has no way to send a
@@ -36,8 +37,10 @@ class PrometheusServer(Server):
 
     targets: list[str] = field(default_factory=list)
     scrape_interval: str = "1s"
-    #: a file holding the bearer token each scrape sends (the node gateways' ``/metrics``
-    #: need the admin secret); None: scrapes send none
+    #: targets whose ``/metrics`` need a bearer token (the node gateways': the admin secret)
+    bearer_targets: list[str] = field(default_factory=list)
+    #: the file holding that token; Prometheus reads it at each scrape, so it may appear
+    #: after the start (the first node gateway writes the admin secret)
     bearer_file: Path | None = None
 
     @property
@@ -49,12 +52,15 @@ class PrometheusServer(Server):
         return self.data_dir / "prometheus.yml"
 
     def prepare(self) -> None:
-        """Write ``prometheus.yml``: one job, ``fedfaas``, over :attr:`targets` (with the
-        bearer token of :attr:`bearer_file`, when given)."""
+        """Write ``prometheus.yml``: job ``fedfaas`` over :attr:`targets` and, when there are
+        any, job ``fedfaas-bearer`` over :attr:`bearer_targets` with the token of
+        :attr:`bearer_file`."""
         import json
 
+        if self.bearer_targets and self.bearer_file is None:
+            raise ServiceError("prometheus: bearer_targets need a bearer_file")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # YAML is a superset of JSON: the list of targets is written as JSON, quoted
+        # YAML is a superset of JSON: the lists of targets and the path are written as JSON
         lines = [
             "global:",
             f"  scrape_interval: {self.scrape_interval}",
@@ -64,8 +70,11 @@ class PrometheusServer(Server):
             "    static_configs:",
             f"      - targets: {json.dumps(list(self.targets))}",
         ]
-        if self.bearer_file is not None:  # the secret stays in its file, read by Prometheus
+        if self.bearer_targets:  # the secret stays in its file, read by Prometheus
             lines += [
+                "  - job_name: fedfaas-bearer",
+                "    static_configs:",
+                f"      - targets: {json.dumps(list(self.bearer_targets))}",
                 "    authorization:",
                 "      type: Bearer",
                 f"      credentials_file: {json.dumps(str(self.bearer_file))}",
@@ -109,5 +118,10 @@ class PrometheusServer(Server):
         self.port = self.port or free_port(self.host)
         self.prepare()
         self._start(self.command(), lambda: self._wait_ready("prometheus", self.ready, timeout))
-        log.info("prometheus on %s scraping %s (pid %s)", self.url, self.targets, self.pid)
+        log.info(
+            "prometheus on %s scraping %s (pid %s)",
+            self.url,
+            self.targets + self.bearer_targets,
+            self.pid,
+        )
         return self

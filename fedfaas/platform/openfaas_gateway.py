@@ -1,9 +1,9 @@
 """``fedfaas up --openfaas-gateway PATH``: OpenFaaS's own gateway in front of the runtime.
 
-Two parts, started right after the runtime: Debian's Prometheus (:class:`PrometheusServer`, on a
-free loopback port, scraping the gateway's metrics) and the gateway binary at ``PATH``, whose
-provider is the runtime (``functions_provider_url``), with the runtime's basic-auth files
-(``secret_mount_path``: the state folder's secrets). The cache engine, the request tracker and
+Two parts, started right after the runtime: Debian's Prometheus (:data:`optional.PROMETHEUS`,
+on a free loopback port, scraping the gateway's metrics, and the node gateways' when they run)
+and the gateway binary at ``PATH``, whose provider is the runtime (``functions_provider_url``),
+with the runtime's basic-auth files (``secret_mount_path``: the state folder's secrets). The cache engine, the request tracker and
 the control plane then reach functions and ``/system/*`` through the gateway
 (:meth:`Context.openfaas_url`), as they would on Kubernetes.
 
@@ -15,7 +15,8 @@ there needs the basic-auth credentials and every function the function token; th
 
 from __future__ import annotations
 
-from core.services import PrometheusServer, ServiceError, http_ok
+from core.services import ServiceError, http_ok
+from fedfaas.platform import optional
 from fedfaas.platform.context import Context
 from fedfaas.platform.parts import PortSpec, ServiceSpec
 
@@ -24,26 +25,6 @@ GATEWAY_PORT = 8080
 METRICS_PORT = 8082
 #: how long the gateway waits on a function (of-watchdog's timeouts on Kubernetes)
 TIMEOUT = "300s"
-
-
-def _prometheus(ctx: Context) -> PrometheusServer:
-    return PrometheusServer(
-        data_dir=ctx.data_dir("prometheus"),
-        host=ctx.host,
-        port=ctx.ports["prometheus"],
-        targets=[f"127.0.0.1:{ctx.ports['openfaas_gateway_metrics']}"],
-    )
-
-
-PROMETHEUS = ServiceSpec(
-    name="prometheus",
-    # no usual port: Debian's own prometheus service takes 9090 where it runs
-    ports=(PortSpec("prometheus", 0),),
-    argv=lambda ctx: _prometheus(ctx).command(),
-    ready=lambda ctx: _prometheus(ctx).ready(),
-    address=lambda ctx: ctx.url("prometheus"),
-    prepare=lambda ctx: _prometheus(ctx).prepare(),
-)
 
 
 def _gateway_argv(ctx: Context) -> list[str]:
@@ -83,4 +64,4 @@ OPENFAAS_GATEWAY = ServiceSpec(
 )
 
 #: the parts ``--openfaas-gateway`` adds, in start order
-PARTS: list[ServiceSpec] = [PROMETHEUS, OPENFAAS_GATEWAY]
+PARTS: list[ServiceSpec] = [optional.PROMETHEUS, OPENFAAS_GATEWAY]

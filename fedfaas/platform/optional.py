@@ -1,5 +1,5 @@
-"""Parts that ``fedfaas up --with NAME,...`` adds: the node gateways and the FLStore and LIFL
-services. Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point,
+"""Parts that ``fedfaas up --with NAME,...`` adds: the node gateways, the FLStore and LIFL
+services, the console, and Debian's Prometheus (``--with prometheus``: not in ``all``). Each is a :class:`ServiceSpec` over the component's own ``python -m`` entry point,
 its command line rendered from the component's settings class (:mod:`core.cmdline`).
 
 Secrets reach them as the PATHS of the state folder's secret files (mode 0600), never as values
@@ -19,7 +19,7 @@ from pathlib import Path
 from cache_engine.settings import EngineSettings
 from console.settings import ConsoleSettings
 from control_plane.settings import ControlPlaneSettings
-from core.services import http_ok
+from core.services import PrometheusServer, http_ok
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.nodes import (
@@ -226,31 +226,78 @@ CONSOLE = ServiceSpec(
         # the cache engine's MinIO user: list and read the bucket, nothing else
         minio_credentials_file=minio_credentials(ctx, "cache-engine"),
         runtime_auth_dir=ctx.secrets_dir,
+        # the data plane's rates from the platform's Prometheus when it runs one
+        prometheus_url=ctx.url("prometheus") if "prometheus" in ctx.ports else "",
     ).to_argv(),
     ready=_healthz("console"),
     address=lambda ctx: ctx.url("console"),
     depends=("control-plane", "request-tracker"),
 )
 
+
+def prometheus_server(ctx: Context) -> PrometheusServer:
+    """The platform's Prometheus: it scrapes OpenFaaS's gateway (``--openfaas-gateway``: its
+    function counts) and the node gateways (their admin secret as the bearer token, read
+    from its file at each scrape), whichever of them run."""
+    gateways = [url.removeprefix("http://") for url in gateway_nodes(ctx).values()]
+    openfaas = ctx.ports.get("openfaas_gateway_metrics")
+    return PrometheusServer(
+        data_dir=ctx.data_dir("prometheus"),
+        host=ctx.host,
+        port=ctx.ports["prometheus"],
+        targets=[f"127.0.0.1:{openfaas}"] if openfaas else [],
+        bearer_targets=gateways,
+        bearer_file=admin_secret(ctx),
+    )
+
+
+#: ``--with prometheus`` (and ``--openfaas-gateway``): Debian's Prometheus on a free loopback
+#: port (Debian's own service takes 9090 where it runs); the console then takes the data
+#: plane's rates from it
+PROMETHEUS = ServiceSpec(
+    name="prometheus",
+    ports=(PortSpec("prometheus", 0),),
+    argv=lambda ctx: prometheus_server(ctx).command(),
+    ready=lambda ctx: prometheus_server(ctx).ready(),
+    address=lambda ctx: ctx.url("prometheus"),
+    prepare=lambda ctx: prometheus_server(ctx).prepare(),
+)
+
 #: Parts that come with another: ``--with gateway`` starts a gateway on each of :data:`NODES`.
 COMPANIONS = {"gateway": ("gateway-node1",)}
 
-#: Optional parts by name; ``--with all`` takes them all, in this order.
+#: Optional parts by name, in start order; ``--with all`` takes all but :data:`NOT_IN_ALL`.
 OPTIONAL: dict[str, ServiceSpec] = {
     p.name: p
-    for p in (GATEWAY, GATEWAY_NODE1, CACHE_ENGINE, REQUEST_TRACKER, CONTROL_PLANE, CONSOLE)
+    for p in (
+        GATEWAY,
+        GATEWAY_NODE1,
+        CACHE_ENGINE,
+        REQUEST_TRACKER,
+        CONTROL_PLANE,
+        PROMETHEUS,
+        CONSOLE,
+    )
 }
+#: Parts only named ones start: the console's own rates serve without a Prometheus
+NOT_IN_ALL = frozenset({"prometheus"})
 
 
 def resolve(names: Iterable[str]) -> list[ServiceSpec]:
-    """The optional parts called ``names`` (``"all"`` for every one) and those they depend on.
+    """The optional parts called ``names`` (``"all"`` for every one but :data:`NOT_IN_ALL`)
+    and those they depend on, in :data:`OPTIONAL`'s order.
 
     Raises
     ------
     KeyError
         Naming the unknown part.
     """
-    wanted = list(OPTIONAL) if "all" in names else list(names)
+    names = list(names)
+    for name in names:
+        if name != "all" and name not in OPTIONAL:
+            raise KeyError(name)
+    every = "all" in names
+    wanted = [n for n in OPTIONAL if n in names or (every and n not in NOT_IN_ALL)]
     out: list[ServiceSpec] = []
 
     def add(name: str) -> None:

@@ -113,7 +113,9 @@ class Platform:
         if parts is None:
             front = openfaas_gateway_parts.PARTS if openfaas_gateway is not None else []
             try:
-                parts = [*PARTS, *front, *optional.resolve(settings.with_parts), SUPERVISOR]
+                # --with prometheus beside --openfaas-gateway: one Prometheus for both
+                extra = [p for p in optional.resolve(settings.with_parts) if p not in front]
+                parts = [*PARTS, *front, *extra, SUPERVISOR]
             except KeyError as exc:
                 raise PlatformError(
                     f"unknown part {exc.args[0]!r}; choose from {', '.join(optional.OPTIONAL)} "

@@ -1,10 +1,11 @@
 """The console in a real browser (Debian's headless Chromium, Selenium) while a job runs on
-``fedfaas up --with all``: refused without a login; logs in; sees the job's rounds appear
-live; asks a Shapley query and sees its chart, and a k-means one; downloads the global model from a checkpoint
-link and finds it equal to the gateway's; sees each node's router endpoints and store on the
-data-plane page; revokes a client (refused first for too few clients left, then forced) and
-every gateway of the job refuses its token; is refused a state change without the CSRF token,
-and stops the job with it; logs out.
+``fedfaas up --with all,prometheus``: refused without a login; logs in; sees the job's rounds
+appear live; asks a Shapley query and sees its chart, and a k-means one; downloads the global
+model from a checkpoint link and finds it equal to the gateway's; sees each node's router
+endpoints and store on the data-plane page, with the rates from the platform's Prometheus;
+revokes a client (refused first for too few clients left, then forced) and every gateway of the
+job refuses its token; is refused a state change without the CSRF token, and stops the job with
+it; logs out.
 
 Each page is photographed on the way (``FEDFAAS_CONSOLE_SHOTS``: the folder, ``docs/console``
 for ``make docs-console``; a temporary one otherwise).
@@ -82,7 +83,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     cli = [sys.executable, "-m", "fedfaas.cli"]
     where = ["--state-dir", str(state_dir)]
     subprocess.run(
-        [*cli, "up", "--with", "all", *where], env=env, check=True, timeout=600, cwd=REPO
+        [*cli, "up", "--with", "all,prometheus", *where],
+        env=env,
+        check=True,
+        timeout=600,
+        cwd=REPO,
     )
     try:
         st = state.load(state_dir)
@@ -92,6 +97,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             [*cli, "status", *where], env=env, capture_output=True, text=True, timeout=120
         )
         assert urls["console"] in status.stdout, status.stdout  # `fedfaas status` shows it
+        assert urls["prometheus"] in status.stdout, status.stdout
         yield Platform(state_dir, urls)
     finally:
         subprocess.run([*cli, "down", *where], env=env, timeout=300, cwd=REPO)
@@ -341,8 +347,15 @@ def test_the_data_plane_page_shows_each_nodes_router_and_store(
         "the job's store",
         lambda d: d.find_elements("css selector", f"#store-table tr[data-job={JOB}]"),
     )
-    wait_until(  # a second poll: the ingest rates (0 once the job is done)
-        d, "the ingest rates", lambda d: len(d.find_elements("css selector", "tr[data-rate]")) == 2
+    # the ingest rates (0 once the job is done), PromQL's over the gateways' /metrics that the
+    # platform's Prometheus scrapes with the admin secret: a node it could not scrape has none
+    wait_until(
+        d,
+        "both nodes' ingest rates from Prometheus",
+        lambda d: (
+            "from Prometheus" in d.find_element("css selector", "#nodes h2").text
+            and len(d.find_elements("css selector", "tr[data-rate]")) == 2
+        ),
     )
     screenshot(d, shots / "dataplane.png")
 

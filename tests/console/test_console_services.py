@@ -80,7 +80,7 @@ def _control_plane(urls: dict[str, str], tmp_path: Path, analyst: Path) -> Itera
 def _prometheus(urls: dict[str, str], tmp_path: Path) -> Iterator[PrometheusServer]:
     prom = PrometheusServer(
         data_dir=tmp_path / "prometheus",
-        targets=[urlsplit(u).netloc for u in urls.values()],
+        bearer_targets=[urlsplit(u).netloc for u in urls.values()],
         bearer_file=tmp_path / "secret",
     ).start()
     try:

@@ -18,13 +18,13 @@ ANY_PORTS: dict[str, int] = {
 #: The same, as the environment of a ``fedfaas`` command.
 ANY_PORTS_ENV: dict[str, str] = {f"FEDFAAS_{k.upper()}": "0" for k in ANY_PORTS}
 
-#: A port of every part (runtime 1001 ... console 1010), for the tests that read the command
-#: lines ``fedfaas up`` renders (nothing listens on them).
+#: A port of every part (runtime 1001 ... prometheus 1011), for the tests that read the
+#: command lines ``fedfaas up`` renders (nothing listens on them).
 PART_PORTS: dict[str, int] = {
     name: 1001 + i
     for i, name in enumerate(
         ("runtime", "minio", "minio_console", "redis", "gateway", "gateway_node1")
-        + ("cache_engine", "control_plane", "request_tracker", "console")
+        + ("cache_engine", "control_plane", "request_tracker", "console", "prometheus")
     )
 }
 
