@@ -15,6 +15,29 @@ weights; FedFaaS's clients in the same benchmark download none either).
 
 The server side is the SuperLink and what it starts (its SuperExec and the ``flwr-serverapp``
 process that runs the strategy); the clients' side the SuperNodes and their ClientApps.
+
+This is the deployment Flower 1.42's own guide sets up ("Run Flower with the Deployment
+Engine": one SuperLink, one SuperNode per client, ``flwr run``), checked against its source:
+
+- isolation ``subprocess`` (the default of both): each SuperNode starts a ``flower-superexec``
+  that launches one ``flwr-clientapp`` process per message it receives (``run_clientapp``
+  pulls one message, runs the app, pushes the reply and exits), so a round of N clients has N
+  ClientApp processes, whatever the isolation: ``process`` only moves the SuperExec out of the
+  SuperNode. Three processes per client (SuperNode, SuperExec, ClientApp) are Flower's design;
+  the apps import numpy and Flower only (no torch);
+- a message moves as objects (each array, and each 5 MB chunk of it,
+  ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``; over 200 for ResNet-18's state dict), one HTTP request
+  each: ClientApp -> SuperNode, SuperNode -> SuperLink (its Fleet API), SuperLink -> ServerApp (its
+  Runtime API), all through the SuperLink's single uvicorn worker (``workers=1``, fixed in
+  ``flower_superlink``). The ServerApp learns of a reply at its next poll (every 3 s) and pulls
+  its objects as soon as the reply is registered, retrying an object not yet pushed after 1, 2,
+  4, 8 and then every 10 s (``PULL_INITIAL_BACKOFF``, ``PULL_BACKOFF_CAP``);
+- Flower recommends its Simulation Runtime for many clients on one machine, but there the
+  updates never cross a network or the SuperLink: not the peer of a server that receives N
+  uploads. The Deployment Runtime it is.
+
+``tests/bench/test_flower_deployment.py`` reads these defaults from the Flower it runs.
+
 Measured as FedFaaS's round is (:mod:`bench.harness.round_window`):
 
 - ``e2e_s``: from the first client's "weights in memory as arrays" mark (in ``train``, after a
@@ -304,7 +327,9 @@ def run_flower_round(
             # and when (nearly) every update's bytes are in: the rest of the server window is
             # the ServerApp's wait for its next poll of the SuperLink (every 3 s in Flower
             # 1.42), its pull of the replies and aggregate_train
-            last = rw.FirstBytes(port, threshold=int(0.99 * num_clients * size))
+            # (polled every 20 ms, not 2: it runs through the whole window, on the CPUs the
+            # systems share)
+            last = rw.FirstBytes(port, threshold=int(0.99 * num_clients * size), period=0.02)
             last.start()
             (work / "go").touch()
             while not (work / "aggregated").exists():

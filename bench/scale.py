@@ -36,14 +36,18 @@ finished at a point (stopped by the guard or the timeout) is left out of the lar
 that axis (:func:`left_out`; the report names them). The result is written after every run.
 
 Usage: ``python -m bench.scale [--repeats 5] [--cpus 0-1] [--clients 20,40]
-[--sizes-mb 10,240] [--systems "FedFaaS,Flower 1.32.1 legacy"] [--quick] [--out DIR]``; writes
-``bench/results/scale.{json,md,png}`` and prints the tables. ``--quick`` is a smoke run (2 and
+[--sizes-mb 10,240] [--systems "FedFaaS,Flower 1.32.1 legacy"] [--quick] [--merge] [--out DIR]``;
+writes ``bench/results/scale.{json,md,png}`` and prints the tables. ``--merge`` keeps the stored
+result's points this run does not run again, when that result comes from the same clean commit
+(:func:`merged_from`): the two axes can be two runs (``--sizes-mb ''``, then ``--clients ''
+--merge``) and still one result, each earlier run's record under ``earlier_runs``. ``--quick`` is a smoke run (2 and
 4 clients of a 1 MB model; 4 MB with 2 clients).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -172,6 +176,33 @@ def left_out(done: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, str]:
 _SIZE = {"clients": "clients", "size": "update_bytes"}
 
 
+def _key(p: dict[str, Any]) -> tuple[str, int, int]:
+    return (p["axis"], int(p["clients"]), int(p["update_bytes"]))
+
+
+def merged_from(
+    stored: Path, run: dict[str, Any], grid: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """For ``--merge``: the points of the stored result ``stored`` that ``grid`` does not
+    run again, and the run records they came from (its ``run`` and its ``earlier_runs``).
+    Raises ``ValueError`` saying why when they cannot join this run's result: no stored
+    result, or one from another commit or an uncommitted tree (``run``: this run's record)."""
+    if not stored.exists():
+        raise ValueError(f"--merge: no {stored} to merge with")
+    old = json.loads(stored.read_text())
+    mine, theirs = run.get("commit") or {}, (old.get("run") or {}).get("commit") or {}
+    if not mine.get("sha") or mine.get("dirty") is not False:
+        raise ValueError(f"--merge: this tree is not a clean commit ({mine})")
+    if theirs.get("sha") != mine["sha"] or theirs.get("dirty") is not False:
+        raise ValueError(
+            f"--merge: {stored} comes from {theirs.get('sha')} (dirty: {theirs.get('dirty')}), "
+            f"not this clean commit {mine['sha']}"
+        )
+    again = {_key(p) for p in grid}
+    kept = [p for p in old.get("points") or [] if _key(p) not in again]
+    return kept, [*(old.get("earlier_runs") or []), old["run"]]
+
+
 def _ints(text: str | None, scale: float = 1.0) -> tuple[int, ...] | None:
     """``"20,40"`` -> ``(20, 40)`` (each times ``scale``); None stays None, ``""`` is ``()``."""
     if text is None:
@@ -208,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--from-json", action="store_true", help="re-render scale.md/png from scale.json"
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the stored scale.json's points that this run's grid does not have (it must "
+        "come from this commit, clean): one axis per run, one result",
+    )
     a = p.parse_args(argv)
     stop_on_sigterm()  # a SIGTERM still takes the point's processes, groups and files down
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -228,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     mode, reason = bpf.probe()
     limit, floor = int(a.server_mem_limit_gb * 1e9), int(a.floor_gb * 1e9)
     grid = points(a.quick, _ints(a.clients), _ints(a.sizes_mb, 1e6))
+    kept: list[dict[str, Any]] = []
+    earlier: list[dict[str, Any]] = []
+    if a.merge:
+        try:
+            kept, earlier = merged_from(out_dir / "scale.json", run, grid)
+        except ValueError as exc:
+            p.error(str(exc))
     with (
         pinned_threads(1) as threads,
         tempfile.TemporaryDirectory(prefix="fedfaas-bench-scale-") as tmp,
@@ -247,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                 "model": "ResNet-18 (10 classes) floating-point state dict, float32; other sizes "
                 "scale every tensor",
             },
-            "points": [],
+            "points": list(kept),
         }
+        if earlier:
+            res["earlier_runs"] = earlier
         for pt in grid:
             gone = left_out(res["points"], pt)
             pt = {**pt, "left_out": gone}

@@ -334,14 +334,14 @@ class ThreadSampler(threading.Thread):
 
 class Window:
     """One group's figures over one window: :meth:`start` resets the peak, reads the CPU
-    counter and starts a :class:`ThreadSampler`; :meth:`stop` returns
-    ``{"peak_bytes", "idle_bytes", "cpu_s", "threads_max", "threads_ran", "thread_samples",
-    "thread_sample_period_s", "cpus"}`` (``idle_bytes``: the group's usage as the window
-    opened)."""
+    counter and starts a :class:`ThreadSampler` (unless ``threads`` is False); :meth:`stop`
+    returns ``{"peak_bytes", "idle_bytes", "cpu_s", "cpus"}`` and with the sampler
+    ``"threads_max", "threads_ran", "thread_samples", "thread_sample_period_s"``
+    (``idle_bytes``: the group's usage as the window opened)."""
 
-    def __init__(self, group: Cgroup, period: float = 0.02) -> None:
+    def __init__(self, group: Cgroup, period: float = 0.02, *, threads: bool = True) -> None:
         self.group = group
-        self.threads = ThreadSampler(group, period)
+        self.threads = ThreadSampler(group, period) if threads else None
         self._cpu0 = 0
         self._idle = 0
 
@@ -349,23 +349,23 @@ class Window:
         self._idle = self.group.memory_bytes()
         self.group.reset_peak()
         self._cpu0 = self.group.cpu_ns()
-        self.threads.start()
+        if self.threads is not None:
+            self.threads.start()
         return self
 
     def stop(self) -> dict[str, Any]:
         cpu = self.group.cpu_ns() - self._cpu0
         peak = self.group.peak_bytes()
-        self.threads.stop()
-        return {
-            "peak_bytes": peak,
-            "idle_bytes": self._idle,
-            "cpu_s": cpu / 1e9,
-            "threads_max": self.threads.threads_max,
-            "threads_ran": self.threads.threads_ran,
-            "thread_samples": self.threads.samples,
-            "thread_sample_period_s": self.threads.period,
-            "cpus": self.group.cpus,
-        }
+        out = {"peak_bytes": peak, "idle_bytes": self._idle, "cpu_s": cpu / 1e9}
+        if self.threads is not None:
+            self.threads.stop()
+            out |= {
+                "threads_max": self.threads.threads_max,
+                "threads_ran": self.threads.threads_ran,
+                "thread_samples": self.threads.samples,
+                "thread_sample_period_s": self.threads.period,
+            }
+        return {**out, "cpus": self.group.cpus}
 
 
 # ----------------------------------------------------------------------------- one round's sides
@@ -379,26 +379,43 @@ def born_in(group: Cgroup | None) -> Iterator[None]:
         yield
 
 
+def client_cpus(parent: str, server: str | None) -> str | None:
+    """The clients' CPUs beside a server side pinned to ``server`` in a parent group of CPUs
+    ``parent`` (both :func:`parse_cpus` syntax): the parent's CPUs the server does not have,
+    so that no system's clients take CPU time from its server (on one machine, the nearest
+    thing to clients on machines of their own); None (the parent's, shared with the server)
+    when the server has them all or is not pinned."""
+    if server is None:
+        return None
+    rest = sorted(set(parse_cpus(parent)) - set(parse_cpus(server)))
+    return ",".join(str(c) for c in rest) or None
+
+
 class RoundGroups:
     """The two groups of one system's round: ``server`` (every server-side process, pinned to
-    ``cpus``) and ``clients`` (the client processes, on the parent's CPUs), named
-    ``<prefix>-server`` and ``<prefix>-clients``. :meth:`open_window` starts a :class:`Window`
-    on both; :meth:`close_window` returns ``{"server": ..., "clients": ...}``; :meth:`close`
-    removes both groups (also on leaving a ``with`` block)."""
+    ``cpus``) and ``clients`` (the client processes, on the parent's CPUs that ``cpus`` leaves,
+    :func:`client_cpus`; on all of them when it leaves none), named ``<prefix>-server`` and
+    ``<prefix>-clients``. :meth:`open_window` starts a :class:`Window` on both;
+    :meth:`close_window` returns ``{"server": ..., "clients": ...}`` (each with its ``cpus``);
+    :meth:`close` removes both groups (also on leaving a ``with`` block)."""
 
     def __init__(self, prefix: str, cpus: str | None = None) -> None:
         self.server = Cgroup(f"{prefix}-server", cpus=cpus)
         try:
-            self.clients = Cgroup(f"{prefix}-clients")
+            parent = (self.server.dirs["cpuset"].parent / "cpuset.cpus").read_text().strip()
+            self.clients = Cgroup(f"{prefix}-clients", cpus=client_cpus(parent, cpus))
         except BaseException:
             self.server.close()
             raise
         self._windows: dict[str, Window] = {}
 
     def open_window(self) -> None:
+        # the clients' threads are not sampled: no figure uses them, and reading every thread
+        # of hundreds (Flower 1.42 runs three processes per client) every 20 ms took CPU
+        # time from the systems measured
         self._windows = {
             "server": Window(self.server).start(),
-            "clients": Window(self.clients).start(),
+            "clients": Window(self.clients, threads=False).start(),
         }
 
     def close_window(self) -> dict[str, Any]:

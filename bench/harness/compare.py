@@ -3,7 +3,7 @@
 :func:`run_compare` runs each system's round ``repeats`` times for each CPU set, the systems
 alternating (FedFaaS, Flower, SF, FedFaaS, ...; :func:`interleaved`), every run in fresh
 cgroups (:class:`~bench.harness.cgroups.RoundGroups`): the server side pinned to the CPU set,
-the clients beside it. :func:`summarise` gives each figure's median and min-max over the runs
+the clients on the CPUs it leaves (sharing them only when it leaves none). :func:`summarise` gives each figure's median and min-max over the runs
 that finished (:func:`spread`) and FedFaaS's ratios to each baseline as ratios of medians;
 :func:`compare_rows` renders them as rows of ``bench.dataplane``'s table.
 """
@@ -229,7 +229,8 @@ def _block_rows(cpus: str, summ: Mapping[str, Any], order: str) -> list[str]:
     )
     head = (
         f"| **same CPUs {cpus}**: the server side of every system in its own cgroup pinned to "
-        f"CPUs {cpus} (cpuset), the clients in another; runs finished {n}"
+        f"CPUs {cpus} (cpuset), the clients in another on the CPUs that leaves (all of them "
+        f"when it leaves none); runs finished {n}"
         f"{'; failed ' + failed if failed else ''}; each cell median [min-max], {order} | | | "
         f"| | |"
     )

@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 #: bytes received on the server port past its idle value that count as "updates started to arrive"
 FIRST_BYTES_THRESHOLD = 64 << 10
 #: kill a point when the machine has less than this available (default floor)
@@ -106,16 +104,38 @@ def killed_at(record: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- /proc readers
-def tree(pids: Iterable[int]) -> list[int]:
-    """The given processes and all their descendants that are alive now."""
-    out: list[int] = []
-    for pid in pids:
+def children_map() -> dict[int, list[int]]:
+    """Every process's children, from one pass over ``/proc/<pid>/stat`` (its parent)."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            root = psutil.Process(pid)
-            out += [root.pid, *(c.pid for c in root.children(recursive=True))]
-        except psutil.Error:
-            pass
-    return sorted(set(out))
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def tree(pids: Iterable[int]) -> list[int]:
+    """The given processes that are alive and all their descendants, sorted: one pass over
+    ``/proc`` whatever the number of roots (the watchers call it every few ms with a root per
+    client: a walk of every process per root made the watching cost grow with clients x
+    processes, on the CPUs the measured systems run on)."""
+    roots = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    if not roots:
+        return []
+    kids = children_map()
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += kids.get(pid, [])
+    return sorted(seen)
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -165,36 +185,43 @@ def tmpfs_bytes(roots: Iterable[Path]) -> int:
     return total
 
 
-def unique_rss(pids: Iterable[int], store_roots: Sequence[Path] = ()) -> int:
+def unique_rss(pids: Iterable[int], store_roots: Sequence[Path] = (), *, walk: bool = True) -> int:
     """The processes' memory with every page counted once: each one's ``RssAnon`` and
     ``RssFile``, plus :func:`tmpfs_bytes` of ``store_roots`` (the shared-memory pages every
     process of the store maps, in their ``RssShmem``). With no roots, each process's
-    ``RssShmem`` is counted as its own."""
+    ``RssShmem`` is counted as its own. ``walk``: the processes and their descendants
+    (:func:`tree`); False: ``pids`` as given (the caller has walked)."""
     fields = ("RssAnon", "RssFile") if store_roots else ("RssAnon", "RssFile", "RssShmem")
     total = 0
-    for pid in tree(pids):
+    for pid in tree(pids) if walk else pids:
         total += sum(status_bytes(pid, f) for f in fields)
     return total + tmpfs_bytes(store_roots)
 
 
 class PeakMemory(threading.Thread):
     """The peak of :func:`unique_rss` over the server side, sampled every ``period`` s from
-    :meth:`start` to :meth:`stop` (``server_pids()`` read each time: replicas come and go).
-    :attr:`rate_hz`: the samples it took per second (each sample walks every process, so it
-    falls short of ``1 / period`` on a busy machine)."""
+    :meth:`start` to :meth:`stop`. The processes (``server_pids()`` and their descendants,
+    :func:`tree`: replicas come and go) are walked again every ``walk_period`` s, not at every
+    sample: the walk reads every process of the machine, and the sampler shares the CPUs with
+    the systems it measures. :attr:`rate_hz`: the samples it took per second (short of
+    ``1 / period`` on a busy machine)."""
 
     def __init__(
         self,
         server_pids: Callable[[], Iterable[int]],
         store_roots: Sequence[Path] = (),
         period: float = 0.005,
+        walk_period: float = 0.1,
     ) -> None:
         super().__init__(daemon=True)
         self.server_pids, self.store_roots, self.period = server_pids, store_roots, period
+        self.walk_period = walk_period
         self.peak_bytes = 0
         self.samples = 0
         self._t0_ns = 0
         self._t1_ns = 0
+        self._pids: list[int] = []
+        self._walked_ns = 0
         self._halt = threading.Event()
 
     @property
@@ -205,7 +232,10 @@ class PeakMemory(threading.Thread):
         return (self.samples - 1) / ((self._t1_ns - self._t0_ns) / 1e9)
 
     def sample(self) -> int:
-        now = unique_rss(self.server_pids(), self.store_roots)
+        t = time.monotonic_ns()
+        if not self._walked_ns or t - self._walked_ns >= self.walk_period * 1e9:
+            self._pids, self._walked_ns = tree(self.server_pids()), t
+        now = unique_rss(self._pids, self.store_roots, walk=False)
         self._t1_ns = time.monotonic_ns()
         if not self.samples:
             self._t0_ns = self._t1_ns

@@ -198,3 +198,26 @@ def test_a_name_in_use_or_cpus_outside_the_parent_are_refused_and_leave_nothing(
     assert not cgroups.groups_named(name)
     with pytest.raises(ValueError):
         Cgroup("../escape")
+
+
+def test_the_clients_get_the_cpus_the_server_leaves() -> None:
+    assert cgroups.client_cpus("0-3", "0") == "1,2,3"
+    assert cgroups.client_cpus("0-3", "1-2") == "0,3"
+    assert cgroups.client_cpus("0-1", "0-1") is None  # none left: shared with the server
+    assert cgroups.client_cpus("0-1", None) is None  # a server not pinned
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_a_rounds_clients_run_on_cpus_apart_from_its_server(tmp_path: Path) -> None:
+    every = sorted(os.sched_getaffinity(0))
+    with cgroups.RoundGroups(_name(), str(every[0])) as groups:
+        assert groups.server.cpus == str(every[0])
+        assert parse_cpus(groups.clients.cpus) == every[1:]
+        out = tmp_path / "affinity"
+        with groups.clients.spawning():
+            code = "import os, sys; open(sys.argv[1], 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+            p = _python(code, str(out))
+        assert p.wait(60) == 0
+        assert out.read_text() == repr(every[1:])
+    with cgroups.RoundGroups(_name(), ",".join(map(str, every))) as groups:
+        assert parse_cpus(groups.clients.cpus) == every  # nothing left: the clients share

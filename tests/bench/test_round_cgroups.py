@@ -39,6 +39,9 @@ def test_every_system_is_measured_by_cgroup_on_the_same_cpus(tmp_path: Path) -> 
         assert rec["ok"], (system, rec)
         server, clients = rec["cgroup"]["server"], rec["cgroup"]["clients"]
         assert server["cpus"] == "0", system
+        # the clients on the other CPUs: no system's clients take its server's CPU time
+        rest = sorted(os.sched_getaffinity(0) - {0}) or [0]
+        assert cgroups.parse_cpus(clients["cpus"]) == rest, system
         assert server["peak_bytes"] >= server["idle_bytes"] > 0, system
         assert server["cpu_s"] > 0 and clients["cpu_s"] > 0, system
         assert server["threads_ran"] >= 1 and server["thread_samples"] >= 2, system

@@ -3,7 +3,9 @@ memory guard's decision (pure), and the watchers on real processes and sockets."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -271,3 +273,26 @@ def test_point_failure_names_what_stopped_a_point(tmp_path: Path) -> None:
     finally:
         running.kill()
         running.wait()
+
+
+def test_a_tree_holds_grandchildren_and_leaves_out_the_dead_and_strangers() -> None:
+    code = "import subprocess, sys, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        rw_tree: list[int] = []
+        for _ in range(200):  # the grandchild is started by the child
+            rw_tree = rw.tree([child.pid, 2**22 + 7])  # the second pid is no process
+            if len(rw_tree) == 2:
+                break
+            threading.Event().wait(0.02)
+        assert len(rw_tree) == 2 and child.pid in rw_tree
+        assert other.pid not in rw_tree and os.getpid() not in rw_tree
+        assert rw.tree([2**22 + 7]) == []
+    finally:
+        for pid in rw.tree([child.pid]):  # the grandchild too
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for p in (child, other):
+            p.kill()
+            p.wait()
