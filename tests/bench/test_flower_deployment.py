@@ -28,6 +28,7 @@ PROBE = textwrap.dedent(
     flower_superlink = import_module("flwr.superlink.cli.flower_superlink")
     flower_supernode = import_module("flwr.supernode.cli.flower_supernode")
     run_clientapp = import_module("flwr.supernode.runtime.run_clientapp")
+    http_grid = import_module("flwr.superlink.grid.http_grid")
     layout = json.loads(sys.argv[1])
     rng = np.random.default_rng(0)  # distinct contents: equal chunks would be one object
     arrays = [rng.random(s, dtype=np.float32) for _, s in layout]
@@ -37,6 +38,7 @@ PROBE = textwrap.dedent(
         "backoff": [core_constant.PULL_INITIAL_BACKOFF, core_constant.PULL_BACKOFF_CAP],
         "objects": len(get_all_nested_objects(record)),
         "one_worker": "workers=1," in inspect.getsource(flower_superlink),
+        "poll_s": "time.sleep(3)" in inspect.getsource(http_grid.HttpGrid.send_and_receive),
         "isolation_default": "default=ISOLATION_MODE_SUBPROCESS"
             in inspect.getsource(flower_supernode),
         "one_message_per_clientapp": (
@@ -64,5 +66,6 @@ def test_flowers_deployment_runtime_is_what_the_benchmark_says() -> None:
     chunks = sum(-(-4 * int(np.prod(shape)) // got["chunk"]) for _, shape in layout)
     assert got["objects"] >= len(layout) + chunks
     assert got["one_worker"]  # the SuperLink's uvicorn runs one worker
+    assert got["poll_s"]  # the ServerApp asks the SuperLink for replies every 3 s
     assert got["isolation_default"]  # a SuperNode's ClientApps run as its subprocesses
     assert got["one_message_per_clientapp"]  # a ClientApp process pulls one message and exits
