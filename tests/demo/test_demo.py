@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -215,19 +216,23 @@ class Output:
 
 
 @pytest.mark.timeout(900)  # the demo, the hold, the stop
+@pytest.mark.parametrize("ends", ["when_the_hold_ends", "on_ctrl_c"])
 def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
-    tmp_path: Path,
+    tmp_path: Path, ends: str
 ) -> None:
+    ctrl_c = ends == "on_ctrl_c"
+    hold = 3600 if ctrl_c else HOLD_S  # Ctrl-C: the person stops it long before
     env = _demo_env(
         FEDFAAS_DEMO_CLIENTS="6",
         FEDFAAS_DEMO_ROUNDS="2",
         FEDFAAS_DEMO_MALICIOUS="",  # all honest: two rounds reach the demo's accuracy
         FEDFAAS_DEMO_SELECT="3",
-        FEDFAAS_DEMO_HOLD=str(HOLD_S),
+        FEDFAAS_DEMO_HOLD=str(hold),
     )
     for var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # not a sub-make of `make test-slow`
         env.pop(var, None)
-    # `make demo` as a person runs it; its set-up prerequisite is taken as done (-o setup)
+    # `make demo` as a person runs it, in a process group of its own as in a terminal (where
+    # Ctrl-C signals the whole group); its set-up prerequisite is taken as done (-o setup)
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "-o", "setup", "demo", f"STATE={tmp_path}"],
         cwd=REPO,
@@ -235,13 +240,14 @@ def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
     out = Output(proc)
     try:
         said = out.until("holding the platform for")
         printed = CONSOLE_LINE.search(said)
         assert printed is not None, out.tail()
-        assert int(printed["hold"]) == HOLD_S
+        assert int(printed["hold"]) == hold
         console = printed["url"]
         analyst = (Path(printed["admin"]).parent / "analyst-token").read_text().strip()
         with httpx.Client(base_url=console, timeout=30) as c:
@@ -259,15 +265,19 @@ def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
                 (1, "closed"),
                 (2, "closed"),
             ]
+        if ctrl_c:
+            os.killpg(proc.pid, signal.SIGINT)  # the demo said: "Ctrl-C to stop now"
         said = out.until(None, timeout=HOLD_S + 600)  # the hold ends, the platform stops
-        assert proc.wait(timeout=60) == 0, out.tail()
+        # make waits for the demo, then ends as Ctrl-C ended it
+        assert proc.wait(timeout=60) == (-signal.SIGINT if ctrl_c else 0), out.tail()
     finally:
         if proc.poll() is None:
-            proc.terminate()  # the demo takes its platform down on SIGTERM
+            os.killpg(proc.pid, signal.SIGTERM)  # the demo takes its platform down on SIGTERM
             proc.wait(timeout=300)
     assert "platform stopped in" in said.rsplit("holding the platform for", 1)[1], out.tail()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{console}/healthz", timeout=10)
     report = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert report["urls"]["console"] == console
+    assert report["problems"] == [] and report["error"] == ""
     assert_nothing_left(report, tmp_path)
