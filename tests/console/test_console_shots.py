@@ -1,5 +1,5 @@
 """The console's screenshots in ``docs/console``: each one is taken by the browser tests, the
-operations page links each one, and ``make docs-console`` runs those tests into that folder."""
+operations page and the README link each one, and ``make docs-console`` runs those tests into that folder."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def test_every_screenshot_in_docs_is_taken_by_the_browser_tests_and_linked() -> 
     assert {p.name for p in SHOTS.glob("*.png")} == taken
     linked = re.findall(r"\(console/(\w+\.png)\)", (REPO / "docs" / "operations.md").read_text())
     assert set(linked) == taken
+    front = re.findall(r"\(docs/console/(\w+\.png)\)", (REPO / "README.md").read_text())
+    assert set(front) == taken
 
 
 def test_make_docs_console_runs_the_browser_tests_into_docs_console() -> None:
