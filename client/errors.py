@@ -169,6 +169,17 @@ class InvalidRequest(UpdateRejected):
     )
 
 
+class SecureAggregationRefused(InvalidRequest):
+    """400/422: a job's secure aggregation cannot work as asked, or a stage message of it is
+    malformed (:mod:`client.secure`); the detail says which field and why."""
+
+    codes: ClassVar[tuple[str, ...]] = (
+        "bad_secure_aggregation",
+        "bad_secagg_message",
+        "bad_unmask",
+    )
+
+
 class InvalidQuery(UpdateRejected):
     """FLStore cannot run the query as asked: an unknown workload, parameters it refuses, or a
     job without the evaluator that the workload needs."""
@@ -279,6 +290,25 @@ class PrivacyBudgetSpent(Conflict):
 
 
 _FAILED = re.compile(r"^job '(?P<job>[^']*)' failed: (?P<reason>.*)$", re.S)
+
+
+class StageOpen(Conflict):
+    """409: the secure-aggregation stage asked about has not closed yet: ask again."""
+
+    codes: ClassVar[tuple[str, ...]] = ("stage_open",)
+
+
+class StageClosed(Conflict):
+    """409: the secure-aggregation stage closed without this client (it counts as dropped),
+    the round is not being unmasked, the job has no secure aggregation, or its round could
+    not be unmasked (the detail says why)."""
+
+    codes: ClassVar[tuple[str, ...]] = (
+        "stage_closed",
+        "round_not_unmasking",
+        "not_masked",
+        "unmask_failed",
+    )
 
 
 class JobFailed(Conflict):

@@ -43,6 +43,7 @@ def submit_job(
     fedbuff: Mapping[str, Any] | None = None,
     aggregation: Mapping[str, Any] | None = None,
     drop_flagged: Mapping[str, Any] | None = None,
+    secure_aggregation: Mapping[str, Any] | None = None,
     tracker_url: str | None = None,
     analyst_token: str | None = None,
     timeout: float = 120.0,
@@ -111,6 +112,18 @@ def submit_job(
         which clients that workload flags, and drop them from every later round before
         aggregation (their uploads are refused; each round's ``meta.json`` names them under
         ``excluded``). Needs the request tracker (``fedfaas up --with all`` wires it).
+    secure_aggregation : SecAgg+ (:mod:`client.secure`): the server learns only each round's
+        sum, never a client's update. ``{}`` takes the defaults; its fields: ``clip`` (each
+        value clipped to ``[-clip, clip]``, default 1), ``bits`` (quantization, default 16),
+        ``threshold`` (shares that rebuild a seed, as a fraction of a client's neighbours,
+        default 2/3), ``neighbours`` (per client, even; default every other client),
+        ``max_weight`` (the sample count that weighs 1, default 1000) and ``stage_timeout_s``
+        (how long a stage waits for its last clients, default 30). The clients take part with
+        :class:`client.secure.SecureRound`; the job serves the FedAvg as one float32 tensor
+        (:func:`client.secure.unflatten`). Not with ``aggregation``, ``fedbuff``,
+        ``server_opt``, ``evaluator`` or ``drop_flagged``, which read single updates or the
+        model as floats (400 ``bad_secure_aggregation``); its rounds' updates are kept out of
+        MinIO and FLStore.
     tracker_url, analyst_token : FLStore's request tracker and its analyst (or admin) token,
         for :meth:`Job.query` (e.g. ``http://127.0.0.1:8092`` and the platform's
         ``.state/secrets/analyst-token``).
@@ -134,6 +147,10 @@ def submit_job(
     clients = list(clients or [])
     if goal is None and not clients:
         raise ValueError("a job created without clients needs its goal")
+    if secure_aggregation is not None:
+        from client.secure import masked_initial_weights  # needs the [secagg] extra
+
+        initial_weights = masked_initial_weights(initial_weights, secure_aggregation)
     if evaluator is not None:
         spec = json.dumps(dict(evaluator), separators=(",", ":"), sort_keys=True)
         initial_weights = with_metadata(initial_weights, {EVALUATOR_KEY: spec})

@@ -54,7 +54,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
 
-from control_plane import client_rounds
+from control_plane import client_rounds, secagg_stages
 from control_plane.coordinator import Coordinator
 from control_plane.errors import ControlPlaneError, InvalidInput, RoundStateError
 from control_plane.gateways import plan_to_slots
@@ -388,6 +388,7 @@ def create_app(
         }
 
     client_rounds.add_routes(app)
+    secagg_stages.add_routes(app)
 
     @app.get("/v1/jobs/{job}/plan", dependencies=analyst)
     async def plan(job: str, coord: CoordDep) -> dict[str, Any]:

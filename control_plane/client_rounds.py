@@ -73,20 +73,25 @@ async def round_failure(
     return await report_failure(_coordinator(request), job, number, client, error)
 
 
-async def _failure_body(request: Request) -> tuple[str, str]:
-    """``(client, error)`` of the body, read only up to :data:`MAX_BODY` bytes."""
+async def read_json(request: Request, limit: int) -> Any:
+    """The JSON body, read only up to ``limit`` bytes (413 past it); None when it is no JSON."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise BodyTooLarge(f"the body has {declared} bytes; at most {MAX_BODY} are read")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the body has {declared} bytes; at most {limit} are read")
     raw = b""
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_BODY:
-            raise BodyTooLarge(f"the body is over {MAX_BODY} bytes")
+        if len(raw) > limit:
+            raise BodyTooLarge(f"the body is over {limit} bytes")
     try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+async def _failure_body(request: Request) -> tuple[str, str]:
+    """``(client, error)`` of the body, read only up to :data:`MAX_BODY` bytes."""
+    body = await read_json(request, MAX_BODY)
     client = body.get("client") if isinstance(body, dict) else None
     error = body.get("error", "") if isinstance(body, dict) else None
     if not isinstance(client, str) or not client or not isinstance(error, str):

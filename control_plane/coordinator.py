@@ -72,6 +72,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from control_plane import secagg
 from control_plane.errors import (
     ClientNotSelected,
     ClientRevoked,
@@ -200,6 +201,7 @@ class Coordinator(NodeFailover, Autoscaling):
             rule = robust.declared(initial_weights) if initial_weights else None
         except (robust.RuleError, wire.WireError) as exc:
             raise InvalidInput(f"aggregation: {exc}") from None
+        masked = secagg.declared(initial_weights, spec) if initial_weights else None
         async with self.job_lock(spec.name):
             if spec.name in self.jobs:
                 raise JobExists(spec.name)
@@ -208,6 +210,8 @@ class Coordinator(NodeFailover, Autoscaling):
             if not nodes:
                 raise NoHealthyNodes()
             job = JobState(spec, rule="" if rule is None else rule.rule)
+            if masked is not None:
+                job.secagg = masked.to_spec()
             if rule is not None and rule.rule == "dp-fedavg":
                 job.privacy = {
                     "noise_multiplier": rule.noise_multiplier,

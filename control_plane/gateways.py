@@ -300,6 +300,30 @@ class GatewayClient:
             raise GatewayError(self.node, f"revoke answered {r.status_code}: {r.text[:300]}")
         return True
 
+    async def unmask_state(self, job: str, round_: int) -> dict[str, Any]:
+        """``GET /v1/jobs/{job}/rounds/{r}/unmask`` on the job's root: whose masked vectors
+        the round's sum holds, once it waits for their shares (:mod:`gateway.unmask`)."""
+        r = await self._request("GET", f"/v1/jobs/{job}/rounds/{round_}/unmask")
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"unmask state answered {r.status_code}: {r.text[:300]}")
+        return dict(r.json())
+
+    async def unmask(self, job: str, round_: int, material: Mapping[str, Any]) -> str | None:
+        """``POST`` the round's adverts, who shared and the survivors' shares to the root,
+        which unmasks and publishes: None once it did, the reason when the round cannot be
+        unmasked (409 ``unmask_failed``)."""
+        r = await self._request(
+            "POST",
+            f"/v1/jobs/{job}/rounds/{round_}/unmask",
+            json=dict(material),
+            timeout=self.create_timeout,
+        )
+        if r.status_code == 409 and _error(r) == "unmask_failed":
+            return str(r.json().get("detail", ""))
+        if r.status_code >= 300:
+            raise GatewayError(self.node, f"unmask answered {r.status_code}: {r.text[:300]}")
+        return None
+
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             return await self._client.request(method, path, **kw)

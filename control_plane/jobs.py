@@ -220,6 +220,10 @@ class JobState:
     #: acknowledged updates a node gateway reports in no published model (its job status's
     #: ``dropped``), per ``node/round/slot``: each counted once in its round's ``lost``
     dropped: dict[str, int] = field(default_factory=dict)
+    #: the secure-aggregation parameters its initial weights declare
+    #: (``core.secagg.config.SecAggConfig.to_spec``), {} without: its rounds run the stages of
+    #: :mod:`control_plane.secagg`
+    secagg: dict[str, Any] = field(default_factory=dict)
 
     def count_dropped(self, node: str, rnd: int, slot: int, updates: int) -> int:
         """Count ``updates`` acknowledged updates of slot ``slot`` that node ``node`` reports
@@ -377,6 +381,7 @@ def job_to_json(job: JobState) -> dict[str, Any]:
         "stopped": job.stopped,
         "flagged": job.flagged,
         "dropped": job.dropped,
+        "secagg": job.secagg,
     }
 
 
@@ -400,4 +405,5 @@ def job_from_json(raw: Mapping[str, Any]) -> JobState:
         str(raw.get("stopped", "")),
         dict(raw.get("flagged") or {}),
         {str(k): int(v) for k, v in (raw.get("dropped") or {}).items()},
+        dict(raw.get("secagg") or {}),
     )

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from core.auth import private_app
-from gateway import auth, control, takeover
+from gateway import auth, control, takeover, unmask
 from gateway.asgi import receive_into
 from gateway.bodies import SpooledBody
 from gateway.errors import GatewayError, JobExists, Unauthorized
@@ -232,6 +232,7 @@ def build_app(gw: Node) -> FastAPI:
             return Response(status_code=304, headers=headers)
         return Response(j.model_bytes, media_type="application/octet-stream", headers=headers)
 
+    unmask.add_routes(app)
     return app
 
 

@@ -29,7 +29,7 @@ from gateway.jobs import Job, check_job_params
 from gateway.meta import declared_evaluator, declared_spec
 from gateway.publish import global_record
 from gateway.round_io import open_round, receive
-from gateway.secagg import declared_secagg
+from gateway.secagg import MaskedJob, declared_secagg, masked_job, served_spec
 
 if TYPE_CHECKING:
     from gateway.node import Node
@@ -93,7 +93,7 @@ async def create_job(
     rule = declared_spec(
         body, gw.settings.max_header, AGGREGATION_KEY, RobustRule.from_json, "bad_aggregation"
     )
-    declared_secagg(
+    secagg_cfg = declared_secagg(
         body,
         gw.settings.max_header,
         spec,
@@ -130,6 +130,9 @@ async def create_job(
         meta["server_opt"] = opt.to_json()
     if rule is not None:
         meta["aggregation"] = rule.to_json()
+    masked = masked_job(body, gw.settings.max_header, secagg_cfg)
+    if masked is not None:
+        meta["secagg"] = masked.to_json()
     if mode is not None:
         meta["async"] = mode.to_json()
         meta["since"] = start  # the models before a resumed job's checkpoint are not kept
@@ -168,7 +171,11 @@ async def create_job(
         if not await gw.journal.create_job(name, meta):
             job.ns.close()
             raise JobExists(f"job {name!r} exists; pick another name")
-        job.global_key, job.model_bytes, job.version = g.key_bytes, bytes(body), start
+        job.global_key, job.model_bytes, job.version = (
+            g.key_bytes,
+            served_model(job, body, g.key_bytes, start),
+            start,
+        )
         await gw.journal.publish(
             name,
             start,
@@ -234,6 +241,16 @@ async def newest_checkpoint(gw: Node, name: str) -> tuple[int, bytes] | None:
     return await _read_minio(gw.checkpoints.latest, name)
 
 
+def served_model(job: Job, body: bytes | memoryview, key: bytes, version: int) -> bytes:
+    """The initial model (object ``key``) as the job serves it: its weights as sent, or for a
+    masked job the float32 words the SDK laid into its masked vector
+    (:func:`gateway.secagg.served_spec`)."""
+    if job.secagg is None:
+        return bytes(body)
+    with job.ns.open(key) as obj:
+        return wire.encode(obj.buf, served_spec(job.spec), job.model_metadata(version))
+
+
 def make_job(gw: Node, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
     """The job that journal record ``meta`` describes, as this node runs it: its plan, its
     store namespace (sized for the objects this node holds at once), its client tokens."""
@@ -283,6 +300,7 @@ def make_job(gw: Node, meta: dict[str, Any], spec: wire.ModelSpec) -> Job:
         fedbuff=mode,
         rule=RobustRule.from_json(meta["aggregation"]) if meta.get("aggregation") else None,
         since=int(meta.get("since", 0)),
+        secagg=MaskedJob.from_json(meta["secagg"]) if meta.get("secagg") else None,
         mint=mint,
         tokens={c: mint(c) for c in meta["clients"]},
         times=collections.deque(maxlen=s.round_times_kept),

@@ -94,6 +94,8 @@ def checkpoint_client(gw: Node, job: Job, rnd: int, client: str, key: bytes) -> 
     :func:`offer_round`)."""
     if gw.checkpoints is None or not gw.settings.checkpoint_clients:
         return
+    if job.secagg is not None:  # a masked vector is no update FLStore could read
+        return
     job.ns.retain(key)
     s = gw.settings
     lends = gw.handoff is not None and job.root == s.node

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from gateway.journal import Accepted
 from gateway.plan import CLIENT_ID, Plan
 from gateway.rounds import RoundEngine
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.secagg import MaskedJob
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
@@ -131,6 +134,8 @@ class Job:
     history: dict[int, bytes] = field(default_factory=dict)
     #: a rule that needs every update at once (:mod:`gateway.sharded`); None: eager FedAvg
     rule: RobustRule | None = None
+    #: secure aggregation (:mod:`gateway.secagg`, :mod:`gateway.unmask`); None: plain updates
+    secagg: MaskedJob | None = None
     #: the oldest version an async job's update may have trained on: the version it was
     #: resumed or taken over at (the root holds no model before it), from the job's metadata
     since: int = 0
@@ -206,6 +211,8 @@ class Job:
         out = {"round": str(version)}
         if self.fedbuff is not None:
             out[FEDBUFF_KEY] = json.dumps(self.fedbuff.to_json(), sort_keys=True)
+        if self.secagg is not None:
+            out.update(self.secagg.model_metadata())
         return out
 
     def free_model_buffer(self) -> np.ndarray | None:

@@ -31,10 +31,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from core import wire
-from gateway import fedbuff, server_opt
+from gateway import fedbuff, server_opt, unmask
 from gateway.background import Abandoned
 from gateway.journal import NotRoot
 from gateway.meta import round_meta_doc
+from gateway.secagg import served_spec
 from gateway.sharded import ShardedRound
 
 if TYPE_CHECKING:
@@ -59,7 +60,12 @@ async def publish_round(gw: Node, job: Job, eng: RoundEngine, res: Input) -> Non
 
     rnd = eng.round
     key, opt_keys = res.key, job.opt_keys
-    if job.server_opt is not None:
+    if job.secagg is not None:  # the masked sum: unmasked once the control plane sends shares
+        unmasked = await unmask.unmasked_model(gw, job, res, rnd, still)
+        if unmasked is None:  # cannot be unmasked: the control plane fails the job
+            return
+        key = unmasked
+    elif job.server_opt is not None:
         key, opt_keys = await asyncio.to_thread(server_opt.step, job, res.key, rnd)
     elif job.fedbuff is not None:
         records = await gw.retry(
@@ -70,7 +76,7 @@ async def publish_round(gw: Node, job: Job, eng: RoundEngine, res: Input) -> Non
         data = await asyncio.to_thread(
             wire.encode_view,
             obj.buf,
-            job.spec,
+            served_spec(job.spec),
             job.model_metadata(rnd),
             threads=gw.settings.encode_threads,
             out=job.free_model_buffer(),  # pages already in place: no faults in the tail

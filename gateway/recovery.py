@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from core import wire
 from core.objstore.arena import ARENA_NAME
 from gateway.control import resume_plan
+from gateway.secagg import served_spec
 
 if TYPE_CHECKING:
     from gateway.jobs import Job
@@ -66,7 +67,7 @@ async def recover_model(gw: Node, job: Job) -> bool:
         job.model_bytes = await asyncio.to_thread(
             wire.encode_view,
             obj.buf,
-            job.spec,
+            served_spec(job.spec),
             job.model_metadata(job.version),
             threads=gw.settings.encode_threads,
         )

@@ -8,13 +8,18 @@ from dataclasses import dataclass
 from typing import Any
 
 MODULUS_BITS = 32
+#: the initial weights' safetensors ``__metadata__`` entry with a job's parameters (JSON of
+#: :meth:`SecAggConfig.to_spec`): how the SDK declares a job's secure aggregation
+METADATA_KEY = "fedfaas.secagg"
+#: the entry with the float model's layout (the SDK's JSON list of ``[name, shape]``)
+LAYOUT_KEY = "fedfaas.secagg.layout"
 #: options of a job that need individual updates, which secure aggregation hides
 INCOMPATIBLE = {
     "aggregation": "robust rules and central DP read every update one by one",
     "fedbuff": "FedBuff weights each update by its own staleness",
     "drop_flagged": "flagging a client needs FLStore to read its update",
 }
-_KEYS = {"clip", "bits", "threshold", "neighbours", "max_weight"}
+_KEYS = {"clip", "bits", "threshold", "neighbours", "max_weight", "stage_timeout_s"}
 
 
 class SecAggConfigError(ValueError):
@@ -34,6 +39,9 @@ class SecAggConfig:
         (``0 < threshold <= 1``); more dropouts than ``neighbours - shares`` fail the round.
     neighbours : neighbours per client (SecAgg+); ``None`` means every other client (SecAgg).
     max_weight : sample count that weighs 1; clients weigh ``min(n, max_weight) / max_weight``.
+    stage_timeout_s : seconds the control plane waits for the clients that have not answered a
+        stage (advertise, share keys, unmask) once the first answer came; then the stage closes
+        with those that answered, and the clients left out count as dropped.
     """
 
     clip: float = 1.0
@@ -41,6 +49,7 @@ class SecAggConfig:
     threshold: float = 2 / 3
     neighbours: int | None = None
     max_weight: int = 1000
+    stage_timeout_s: float = 30.0
 
     @property
     def levels(self) -> int:
@@ -85,6 +94,9 @@ class SecAggConfig:
         _check_number("bits", cfg.bits, int, lo=2, hi=24)
         _check_number("threshold", cfg.threshold, float, lo=0.0, hi=1.0, lo_open=True)
         _check_number("max_weight", cfg.max_weight, int, lo=1)
+        _check_number(
+            "stage_timeout_s", cfg.stage_timeout_s, float, lo=0.0, hi=86400.0, lo_open=True
+        )
         if cfg.neighbours is not None:
             _check_number("neighbours", cfg.neighbours, int, lo=2)
             if cfg.neighbours % 2:
@@ -99,6 +111,7 @@ class SecAggConfig:
             "threshold": self.threshold,
             "neighbours": self.neighbours,
             "max_weight": self.max_weight,
+            "stage_timeout_s": self.stage_timeout_s,
         }
 
 

@@ -10,14 +10,14 @@ with a message saying which client and why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 
 import numpy as np
 
-from core.secagg import graph, keys, masks, quantize, shares
-from core.secagg.config import SecAggConfig
-from core.secagg.messages import Advert, MessageError, Shares
+from . import graph, keys, masks, quantize, shares
+from .config import SecAggConfig
+from .messages import Advert, MessageError, Shares
 
 
 class RoundFailed(RuntimeError):
@@ -34,6 +34,36 @@ class Coordinator:
         self._envelopes: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> envelope
         self.masked: set[str] = set()
         self._unmask: dict[str, tuple[Shares, Shares]] = {}
+
+    @classmethod
+    def restore(
+        cls,
+        cfg: SecAggConfig,
+        context: bytes,
+        adverts: Mapping[str, Advert],
+        shared: Collection[str],
+        masked: Collection[str],
+    ) -> Coordinator:
+        """The server state at stage 4 from what stages 1-3 left: every advert, who shared
+        (SecAgg's U2) and whose masked vector the sum holds. The envelopes are not needed
+        any more: the node that unmasks (the job's root gateway) starts from here.
+        :class:`MessageError` when a client shared or masked without advertising, or masked
+        without sharing; :class:`RoundFailed` when too few advertised."""
+        coord = cls(cfg, context)
+        for client, advert in adverts.items():
+            coord.add_advert(client, advert)
+        coord.close_adverts()
+        strangers = sorted(set(shared) - set(adverts))
+        if strangers:
+            raise MessageError(f"clients shared without advertising: {', '.join(strangers)}")
+        unshared = sorted(set(masked) - set(shared))
+        if unshared:
+            raise MessageError(
+                f"masked vectors of clients that did not share: {', '.join(unshared)}"
+            )
+        coord._envelopes = {c: {} for c in shared}
+        coord.masked = set(masked)
+        return coord
 
     # stage 1
     def add_advert(self, client: str, advert: Advert) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.secagg.quantize import UINT
+from .quantize import UINT
 
 
 def _uint32(v: np.ndarray, what: str) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from core.secagg import keys
+from . import keys
 
 UINT = np.uint32
 #: ChaCha20's 16-byte nonce in ``cryptography``: a 4-byte block counter, then 12 bytes

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.secagg.keys import KEY_BYTES, SEED_BYTES
+from .keys import KEY_BYTES, SEED_BYTES
 
 CONTEXT_VERSION = b"fedfaas-secagg-v1"
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from core.secagg import graph, keys, masks, quantize, shares
-from core.secagg.config import SecAggConfig
-from core.secagg.messages import Advert, MessageError, Shares, b64, unb64
+from . import graph, keys, masks, quantize, shares
+from .config import SecAggConfig
+from .messages import Advert, MessageError, Shares, b64, unb64
 
 
 class Participant:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.secagg.config import SecAggConfig
+from .config import SecAggConfig
 
 UINT = np.uint32
 

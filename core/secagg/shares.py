@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from Crypto.Protocol.SecretSharing import Shamir
 
-from core.secagg.keys import SEED_BYTES
+from .keys import SEED_BYTES
 
 
 class ShareError(ValueError):

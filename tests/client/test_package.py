@@ -41,6 +41,8 @@ def test_the_wheel_ships_the_client_package_and_needs_only_the_light_dependencie
         meta = email.message_from_bytes(z.read(next(n for n in names if n.endswith("METADATA"))))
     shipped = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
     here = {f"client/{p.name}" for p in (REPO / "client").glob("*.py")}
+    # secure aggregation's protocol: core/secagg's files, shipped under the client package
+    here |= {f"client/_secagg/{p.name}" for p in (REPO / "core" / "secagg").glob("*.py")}
     assert shipped == here
     requires = sorted(meta.get_all("Requires-Dist") or [])
     assert [r for r in requires if "extra ==" not in r] == [
@@ -53,6 +55,10 @@ def test_the_wheel_ships_the_client_package_and_needs_only_the_light_dependencie
         'torch>=2.2; extra == "torch"',
     ]
     assert [r for r in requires if 'extra == "flower"' in r] == ['flwr>=1.8; extra == "flower"']
+    assert sorted(r for r in requires if 'extra == "secagg"' in r) == [
+        'cryptography>=42; extra == "secagg"',
+        'pycryptodome>=3.20; extra == "secagg"',
+    ]
 
 
 BLOCKED_IMPORT = """
@@ -96,3 +102,33 @@ def test_the_sdk_the_job_handle_and_the_flower_adapter_import_without_torch_or_t
     assert out.returncode != 0 and "No module named 'torch'" in out.stderr
     out = _python(wheel, "from client.data import federated_digits; federated_digits(4)")
     assert out.returncode != 0 and "No module named 'sklearn'" in out.stderr
+
+
+def test_secure_aggregation_s_participant_runs_from_the_wheel_alone(wheel: Path) -> None:
+    """client.secure takes the protocol from the wheel's client._secagg (core/secagg's files)
+    when there is no ``core``: a job's initial weights laid out, a round's first stages."""
+    blocked = {*ABSENT, "core"}
+    setup = BLOCKED_IMPORT.format(absent=blocked, repo=str(REPO), wheel=str(wheel))
+    code = (
+        "import numpy as np\n"
+        "from safetensors.numpy import save\n"
+        "from client import secure\n"
+        "from client._secagg.participant import Participant\n"
+        "assert secure.Participant is Participant\n"
+        "w = {'b': np.ones(2, np.float32), 'a': np.arange(6, dtype=np.float32).reshape(2, 3)}\n"
+        "masked = secure.masked_initial_weights(save(w), {'neighbours': 2})\n"
+        "meta = secure.metadata_of(masked)\n"
+        "assert '\"neighbours\": 2' in meta[secure.METADATA_KEY], meta\n"
+        "cfg = secure.SecAggConfig.from_spec({'neighbours': 2})\n"
+        "ctx = secure.context('j', 1)\n"
+        "ps = {c: Participant(cfg, c, ctx) for c in ('x', 'y', 'z')}\n"
+        "roster = {c: p.advertise() for c, p in ps.items()}\n"
+        "assert set(ps['x'].share_keys(roster)) == {'y', 'z'}\n"
+        "assert not {m.split('.')[0] for m in sys.modules} & " + repr(blocked) + "\n"
+        "print('secure')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=120,
+        cwd="/",
+    )  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "secure", out.stderr

@@ -20,6 +20,7 @@ D = 4000
 #: 10^9 checks (so the suite does not flake), a quantized vector that is not masked scores ~0
 UNIFORM_P = 1e-9
 Fold = Callable[[list[np.ndarray]], np.ndarray]
+Unmask = Callable[[Coordinator, dict[str, dict[str, Any]]], np.ndarray]
 
 
 def flat_fold(vectors: list[np.ndarray]) -> np.ndarray:
@@ -47,11 +48,17 @@ def run_round(
     fold: Fold = flat_fold,
     seed: int = 0,
     tamper: Callable[[dict[str, Any]], None] | None = None,
+    unmask: Unmask | None = None,
+    job: str = "job-a",
+    round_: int = 3,
 ) -> Outcome:
     """Stages 1-4 for ``n`` clients; clients in ``drop_after_masking`` masked their vector but
     the server never got it, those in ``drop_before_sharing`` advertised only; ``tamper``
-    may change the first survivor's unmask message (its JSON) before the server reads it."""
-    ctx = context("job-a", 3)
+    may change the first survivor's unmask message (its JSON) before the server reads it;
+    ``unmask`` replaces the in-process unmasking of ``fold``'s total (it gets the server's
+    state after stage 3 and each survivor's unmask message, and returns the FedAvg); ``job``
+    and ``round_`` make the round's public context."""
+    ctx = context(job, round_)
     ids = [f"client-{i:02d}" for i in range(n)]
     parts = {c: Participant(cfg, c, ctx) for c in ids}
     server = Coordinator(cfg, ctx)
@@ -76,13 +83,19 @@ def run_round(
         masks.add(quantized, quantize.quantize(cfg, ups[i], ns[i]))
         server.add_masked(c)
     dropped, survivors = server.unmask_request()
+    total = fold(vectors)
+    messages = {}
     for i, c in enumerate(sorted(survivors)):
         message = unmask_to_json(*parts[c].unmask(dropped, survivors))
         if tamper is not None and i == 0:
             tamper(message)
-        s, b = unmask_from_json(message, n)
-        server.add_unmask(c, s, b)
-    got = server.unmask(fold(vectors))
+        messages[c] = message
+    if unmask is not None:
+        got = unmask(server, messages)
+    else:
+        for c, message in messages.items():
+            server.add_unmask(c, *unmask_from_json(message, n))
+        got = server.unmask(total)
     want = quantize.dequantize(cfg, quantized, len(survivors))
     return Outcome(got, want, vectors, ups, ns, survivors)
 

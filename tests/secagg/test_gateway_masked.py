@@ -1,13 +1,15 @@
 """Masked uint32 vectors through a real gateway and real aggregator replicas: decoded once into
 the store as the raw uint32 they are (wire dtype ``U32``), folded eagerly in Z_2^32 on the
-leaf/middle/top path FedAvg takes, never divided. The published model is the masked sum, which
-core.secagg's coordinator unmasks to exactly the survivors' quantized FedAvg, and no object the
-gateway or the replicas stored is distinguishable from uniform bytes."""
+leaf/middle/top path FedAvg takes, never divided. The gateway holds the masked sum until it gets
+the round's adverts and shares (``POST /v1/jobs/{job}/rounds/{r}/unmask``, what the control
+plane sends), then publishes exactly the survivors' quantized FedAvg, dequantized; no update or
+partial the gateway or the replicas stored is distinguishable from uniform bytes."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,6 +19,7 @@ from core import wire
 from core.auth import bearer
 from core.objstore import StoreError
 from core.secagg.config import SecAggConfig
+from core.secagg.coordinator import Coordinator
 from gateway import Gateway
 from gateway.secagg import METADATA_KEY
 from tests.aggregators import Aggregators
@@ -30,7 +33,8 @@ pytestmark = pytest.mark.integration
 
 N = 10
 DROPPED = (3, 7)  # masked their vectors, which never reached the server
-CLIENTS = [f"c{i}" for i in range(N - len(DROPPED))]
+#: the ids of tests.secagg.rounds' clients that reach the gateway
+CLIENTS = [f"client-{i:02d}" for i in range(N) if i not in DROPPED]
 CONFIG = SecAggConfig(neighbours=6)
 
 
@@ -124,14 +128,41 @@ def test_replicas_fold_masked_vectors_into_the_exact_quantized_fedavg(
             seen.update(_stored(gw, {wire.KIND_UPDATE, wire.KIND_PARTIAL}))
             if kill and c == CLIENTS[fanout - 1]:  # the first leaf is full
                 attempts.append(_kill_after_a_checkpoint(gw, aggs))
-        got = wait_version(gw.url, tokens["c0"], 1)
-        seen.update(_stored(gw, {wire.KIND_GLOBAL}))
-        assert set(got) == {"masked"} and got["masked"].dtype == np.uint32
-        return got["masked"]
+        return np.zeros(D + 1, np.uint32)  # the sum stays on the gateway, which unmasks it
+
+    def at_the_root(server: Coordinator, messages: dict[str, dict[str, Any]]) -> np.ndarray:
+        """What the control plane does: ask which vectors the sum holds, send the adverts, who
+        shared and the survivors' shares; the published model is the unmasked FedAvg."""
+        url = f"{gw.url}/v1/jobs/j1/rounds/1/unmask"
+        admin = bearer(_node(gw).secret)
+        state = wait_until(
+            lambda: (r := httpx.get(url, headers=admin).json())["state"] == "waiting" and r,
+            what="the masked sum waiting for its shares",
+        )
+        assert state["masked"] == CLIENTS
+        material = {
+            "adverts": {c: a.to_json() for c, a in server.adverts.items()},
+            "shared": sorted(server.shared),
+            "shares": messages,
+        }
+        r = httpx.post(url, json=material, headers=admin, timeout=60)
+        assert r.status_code == 200, r.text
+        got = wait_version(gw.url, tokens[CLIENTS[0]], 1)
+        assert set(got) == {"fedavg"} and got["fedavg"].dtype == np.float32
+        assert httpx.get(url, headers=admin).json()["state"] == "published"
+        return got["fedavg"]
 
     try:
         aggs.start(2)
-        out = run_round(CONFIG, N, drop_after_masking=DROPPED, fold=through_gateway)
+        out = run_round(
+            CONFIG,
+            N,
+            drop_after_masking=DROPPED,
+            fold=through_gateway,
+            unmask=at_the_root,
+            job="j1",
+            round_=1,
+        )
         np.testing.assert_array_equal(out.got, out.want)
         assert all(runs() >= 2 for runs in attempts) and len(attempts) == int(kill)
         job = _node(gw).jobs["j1"]
@@ -188,16 +219,16 @@ def test_a_float_upload_to_a_masked_job_is_refused_with_what_is_wrong(
     gw = make_gw()
     tokens = _create_masked_job(gw)
     floats = wire.encode_tensors({"masked": np.zeros(D + 1, np.float32)})
-    r = post_update(gw.url, "j1", 1, tokens["c0"], "c0", floats)
+    r = post_update(gw.url, "j1", 1, tokens[CLIENTS[0]], CLIENTS[0], floats)
     assert r.status_code == 400, r.text
     assert "U32" in r.json()["detail"] and "F32" in r.json()["detail"]
     eng = _node(gw).jobs["j1"].engine
     assert eng is not None and not eng.clients  # nothing of it was accepted
     # and the client may still send its masked vector
     masked = wire.encode_tensors({"masked": np.arange(D + 1, dtype=np.uint32)})
-    r = post_update(gw.url, "j1", 1, tokens["c0"], "c0", masked)
+    r = post_update(gw.url, "j1", 1, tokens[CLIENTS[0]], CLIENTS[0], masked)
     assert r.status_code == 202, r.text
-    assert set(eng.clients) == {"c0"}
+    assert set(eng.clients) == {CLIENTS[0]}
 
 
 @pytest.mark.parametrize(

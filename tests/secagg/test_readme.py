@@ -13,10 +13,10 @@ from core.secagg.config import INCOMPATIBLE
 README = Path(__file__).resolve().parents[2] / "core" / "secagg" / "README.md"
 
 
-def test_the_status_sentence_holds_jobs_do_not_take_secure_aggregation_yet() -> None:
+def test_the_status_sentence_holds_jobs_take_secure_aggregation() -> None:
     text = README.read_text()
-    assert "`submit_job` has no\n`secure_aggregation` parameter" in text
-    assert "secure_aggregation" not in inspect.signature(submit_job).parameters
+    assert "`submit_job(..., secure_aggregation={...})`" in text
+    assert "secure_aggregation" in inspect.signature(submit_job).parameters
 
 
 def test_the_refused_options_are_the_ones_config_refuses() -> None:
