@@ -193,5 +193,10 @@ class PrivateNamespace:
         self._children.clear()
 
     def alive(self) -> bool:
-        """True while the init lives."""
-        return self.pid > 0 and Path(f"/proc/{self.pid}").exists()
+        """True while the init lives (a killed init not yet reaped is dead)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text() if self.pid > 0 else ""
+        except OSError:
+            return False
+        # the state follows the command's name in parentheses: Z(ombie) or X (dead)
+        return bool(stat) and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -6,13 +6,14 @@ kubelet and kube-proxy, all v1.34 built from the Go module proxy (``scripts/k8s-
 /run, overlays on /var/lib and /var/log; :func:`tests.k8s.node_files.setup_script`), starts
 the scheduler and containerd, copies the images from podman's store into containerd's
 ``k8s.io`` namespace (the pod sandbox and CoreDNS images built by ``scripts/k8s-images.sh``
-among them; nothing is pulled), then kubelet and kube-proxy, deploys CoreDNS
+among them; nothing is pulled; :mod:`tests.k8s.containerd` keeps them from run to run, and
+checks and repairs what a killed run left), then kubelet and kube-proxy, deploys CoreDNS
 (``deploy/k8s/coredns.yaml``) and returns once the Node is Ready, kube-proxy healthy and CoreDNS
 Ready. :meth:`Node.stop` stops the cluster (every process dies
 with the namespace) and removes the cgroups kubelet made.
 
 One node per machine at a time (a lock file in the cache): containerd's root, whose images are
-kept from run to run, is the cache's.
+kept from run to run, is the cache's (a test may give its own).
 """
 
 from __future__ import annotations
@@ -28,18 +29,10 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from core.services import CACHE_DIR
-from tests.containers.conftest import container_env
 from tests.k8s.cluster import Cluster
+from tests.k8s.containerd import CONTAINERD_ROOT, Containerd
 from tests.k8s.netns import NODE_IP
-from tests.k8s.node_files import (
-    CNI_BIN,
-    cni_network,
-    containerd_config,
-    kube_proxy_config,
-    kubelet_config,
-    setup_script,
-)
+from tests.k8s.node_files import CNI_BIN, kube_proxy_config, kubelet_config, setup_script
 from tests.openfaas.conftest import wait_for
 
 log = logging.getLogger(__name__)
@@ -56,8 +49,8 @@ COREDNS_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "cor
 NODE_BINARIES = ("kube-scheduler", "kubelet", "kube-proxy")
 #: the Debian programs the node runs (scripts/setup.sh installs them)
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "podman")
-#: containerd's root, kept from run to run: an image podman has not changed is imported once
-CONTAINERD_ROOT = CACHE_DIR / "k8s" / "containerd"
+#: one node at a time on this machine
+NODE_LOCK = CONTAINERD_ROOT.parent / "node.lock"
 CGROUP_FS = Path("/sys/fs/cgroup")
 
 
@@ -75,13 +68,29 @@ class Node:
         ``not-ready`` taint off the Node once kubelet reports Ready).
     binaries
         :data:`NODE_BINARIES` -> path.
+    containerd_root
+        containerd's root (the cache's, kept from run to run, unless a test gives its own).
     """
 
-    def __init__(self, cluster: Cluster, binaries: dict[str, Path]) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        binaries: dict[str, Path],
+        containerd_root: Path = CONTAINERD_ROOT,
+    ) -> None:
         self.cluster = cluster
         self.binaries = binaries
         self.folder = cluster.folder / "node"
         self.name = NODE_NAME
+        self.containerd = Containerd(
+            cluster.ns,
+            self.folder,
+            PAUSE_IMAGE,
+            containerd_root,
+            log_path=cluster.folder / "containerd.log",  # cluster.log("containerd")
+        )
+        #: the images :meth:`start` imported (the others were whole in containerd's root)
+        self.imported: list[str] = []
         # a name of this node's own: a run killed before its cleanup leaves nothing the next
         # one trips over
         self.cgroup_root = f"fedfaas-k8s-{os.getpid()}-{id(self):x}"
@@ -92,8 +101,8 @@ class Node:
         """Start the node with ``images`` (and :data:`PAUSE_IMAGE`) in containerd; returns once
         the Node is Ready and kube-proxy is healthy."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        CONTAINERD_ROOT.mkdir(parents=True, exist_ok=True)
-        self._lock = open(CONTAINERD_ROOT.parent / "node.lock", "wb")  # noqa: SIM115 - held until stop()
+        NODE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = open(NODE_LOCK, "wb")  # noqa: SIM115 - held until stop()
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self._run_inside("sh", ["/bin/sh", "-c", setup_script(self.folder)])
         self._make_cgroups()
@@ -166,62 +175,21 @@ class Node:
         )
 
     def _start_containerd(self, timeout: float) -> None:
-        cni = self.folder / "cni"
-        cni.mkdir(exist_ok=True)
-        (cni / "10-fedfaas.conflist").write_text(cni_network(self.folder / "cni-ipam"))
-        config = self.folder / "containerd.toml"
-        config.write_text(containerd_config(CONTAINERD_ROOT, cni, PAUSE_IMAGE))
-        self._spawn("containerd", ["containerd", f"--config={config}"])
-        ctr = self.cluster.ns.wrapper("ctr", _tool("ctr"))
+        self.containerd.start(timeout)
+        self._track_containerd()
 
-        def answers() -> bool:
-            res = subprocess.run(
-                [str(ctr), "version"], capture_output=True, timeout=30, check=False
-            )
-            return res.returncode == 0
-
-        self._wait("containerd", answers, "answering on its socket", timeout)
-        # containers of an earlier run (their tasks died with its namespace): kubelet starts
-        # from none
-        old = self._ctr("containers", "ls", "-q").split()
-        if old:
-            self._ctr("containers", "rm", *old)
-
-    def _ctr(self, *args: str, **kw: Any) -> str:
-        return self._run_inside("ctr", [_tool("ctr"), "-n", "k8s.io", *args], **kw).stdout
+    def _track_containerd(self) -> None:
+        """The cluster stops containerd with the rest (it is started again where its root
+        is made again)."""
+        assert self.containerd.proc is not None
+        self.cluster.procs["containerd"] = self.containerd.proc
 
     def _import_images(self, images: list[str]) -> None:
-        """Each image from podman's store into containerd's ``k8s.io`` namespace, unless the
-        kept root already holds the same image (podman's image id, noted in a stamp file)."""
-        env = container_env()
-        stamps = CONTAINERD_ROOT / "fedfaas-imported"
-        stamps.mkdir(exist_ok=True)
-        present = set(self._ctr("images", "ls", "-q").split())
-        for ref in images:
-            inspect = subprocess.run(
-                ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
-                env=env, capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
-            if inspect.returncode != 0:
-                raise NodeError(f"image {ref} is not in podman's store (run `make images`)")
-            image_id = inspect.stdout.strip()
-            stamp = stamps / ref.replace("/", "_").replace(":", "_")
-            if ref in present and stamp.exists() and stamp.read_text() == image_id:
-                continue
-            log.info("importing %s into containerd's k8s.io namespace", ref)
-            save = subprocess.Popen(
-                ["podman", "save", "--format", "oci-archive", ref],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
-            assert save.stdout is not None
-            try:
-                self._ctr("images", "import", "--all-platforms", "-", stdin=save.stdout)
-            finally:
-                save.stdout.close()
-                save.wait(120)
-            if save.returncode != 0:
-                raise NodeError(f"podman save {ref}: exit {save.returncode}")
-            stamp.write_text(image_id)
+        try:
+            self.imported = self.containerd.load(images)
+        finally:
+            if self.containerd.proc is not None:
+                self._track_containerd()
 
     def _start_kubelet(self, timeout: float) -> None:
         pki = self.cluster.pki
@@ -359,13 +327,6 @@ def pod_ready(pod: dict[str, Any] | None) -> bool:
     """Whether the pod (an object of the API, or None) reports Ready."""
     conditions = (pod or {}).get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        raise NodeError(f"{name} is not installed (scripts/setup.sh installs it)")
-    return found
 
 
 def missing_tools() -> list[str]:
