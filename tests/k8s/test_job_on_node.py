@@ -21,11 +21,27 @@ one (a client belongs to its node's gateway), which a Service's load balancing w
   the same workloads run in process on the checkpointed objects; the cache engine created its
   flstore-cache functions through the gateway and faas-netes; both aggregator functions' pods
   ran slots.
+- The control plane's own scale-up: jobs through the SDK, one update each on the first
+  gateway, leave one more leaf waiting there than its aggregator endpoints (a leaf holds its
+  endpoint until its second update): a shortage that lasts until the test sends the rest. The
+  control plane scales ``aggregator`` through the gateway and faas-netes (the Deployment's
+  replicas in the API server, its log's decision), the new pod's endpoints register in the
+  gateway's router and take the waiting leaf; every round is then exact FedAvg and the new
+  pod ran slots.
+- A fault: the pod of the job's root gateway is deleted mid-round (half the clients' updates
+  accepted) while the node is tainted, so the DaemonSet brings it back only once the control
+  plane has declared the node dead (a pod back within the control plane's grace resumes
+  from its journal instead: tests/control). The other gateway adopts the job and the clients
+  whose updates died with the root are asked to send them again; they do it as the SDK's
+  clients do (their assignment's ``resend``), the pod comes back and rejoins, the other
+  clients upload, and the round is the exact FedAvg of every client's update, each once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +75,10 @@ from tests.k8s.faas_netes import (
 )
 from tests.k8s.node import Node, pod_ready
 from tests.k8s.node_fixture import started_node
+from tests.k8s.sdk_job import NodeJob
 from tests.openfaas.conftest import FaasCli, require_binary, wait_for
+
+log = logging.getLogger(__name__)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -74,6 +93,9 @@ VALUES = [
     "--set", "aggregator.resources.requests.memory=128Mi",
     "--set", "minio.resources.requests.cpu=50m",
     "--set", "minio.resources.requests.memory=256Mi",
+    # a scale-up stays until the test has seen the new pod run slots (the default scales
+    # down after 30 idle seconds)
+    "--set", "controlPlane.env.FEDFAAS_CONTROL_SCALE_DOWN_S=600",
 ]  # fmt: skip
 #: the Services the job script reaches by these names (tests/containers/faasd_job.py)
 SERVICES = {
@@ -92,6 +114,21 @@ class Platform:
 
     def token(self, name: str) -> str:
         return (self.secrets / name).read_text().strip()
+
+    @property
+    def control_plane(self) -> str:
+        return f"http://{self.service_ip(SERVICES['control-plane'])}:8070"
+
+    def job(self, name: str, clients: list[str], **options: Any) -> NodeJob:
+        """A job through the SDK, from the node's network namespace."""
+        admin = self.token("gateway-admin-secret")
+        return NodeJob(self.node.cluster.ns, self.control_plane, admin, name, clients, **options)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """The control plane's nodes (``GET /v1/nodes``), by name."""
+        r = get(self.node, f"{self.control_plane}/v1/nodes", self.token("analyst-token"))
+        assert r.status_code == 200, r.text
+        return {n["name"]: n for n in r.json()["nodes"]}
 
     def service_ip(self, name: str) -> str:
         svc = self.node.cluster.api.get("v1", "Service", name, NAMESPACE)
@@ -267,3 +304,155 @@ def test_a_readme_job_runs_on_two_gateway_pods_and_flstore_answers_as_computed_h
         assert sum(e["tasks_done"] for s in statuses for e in s["endpoints"]) > 0, statuses
         for s in statuses:
             assert {e["endpoint"] for e in s["endpoints"]} <= registered, (s, registered)
+
+
+# ---------------------------------------------------------------------------------------------
+def _live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _control_plane_log(p: Platform) -> str:
+    (pod,) = [
+        pod
+        for pod in p.node.cluster.api.list("v1", "Pod", NAMESPACE)
+        if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "control-plane"
+    ]
+    return p.node.pod_log(NAMESPACE, pod["metadata"]["name"], tail=10**8)
+
+
+def test_the_control_plane_scales_the_aggregator_for_waiting_leaves_and_the_new_pod_runs_them(
+    platform: Platform,
+) -> None:
+    p = platform
+    api = p.node.cluster.api
+    admin = p.token("gateway-admin-secret")
+    first = p.gateway_pod(GATEWAYS[0])
+    endpoints = router_endpoints(p.node, first["status"]["podIP"], admin)
+    before = {pod["metadata"]["name"] for pod in _live(p.function_pods("aggregator"))}
+    dep = api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
+    assert dep is not None
+    replicas = dep["spec"]["replicas"]
+    assert len(before) == replicas and len(endpoints) >= 1, (before, endpoints)
+    # one job more than the first gateway has endpoints, each with one update there: every
+    # endpoint holds a leaf waiting for its second update, and one leaf waits for an endpoint
+    jobs = []
+    for j in range(len(endpoints) + 1):
+        job = p.job(f"k8s-scale-{j}", [f"s{j}-{i}" for i in range(8)])
+        on_first = [c for c in job.clients if job.assignment(c).node == p.node.name]
+        assert len(on_first) >= 2, {c: job.assignment(c).node for c in job.clients}
+        job.upload(on_first[0], seed=100 * j)
+        jobs.append(job)
+
+    def scaled() -> bool:
+        dep = api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
+        return dep is not None and dep["spec"]["replicas"] > replicas
+
+    wait_for(scaled, "the control plane scaled aggregator (its Deployment's replicas)", 180)
+
+    def scale_ups() -> list[re.Match[str]]:  # the decision, logged once the scale call returned
+        pattern = r"aggregator: (\d+) -> (\d+) replicas \(short of \{([^}]*)\}"
+        return [m for m in re.finditer(pattern, _control_plane_log(p)) if int(m[2]) > int(m[1])]
+
+    wait_for(lambda: bool(scale_ups()), "the control plane's scale-up in its log", 60)
+    up = scale_ups()[-1]
+    assert int(up[1]) == replicas, up[0]
+    assert f"'{p.node.name}'" in up[3], up[0]  # the first gateway was short
+
+    def new_pods() -> list[dict[str, Any]]:
+        return [
+            pod
+            for pod in _live(p.function_pods("aggregator"))
+            if pod["metadata"]["name"] not in before and pod_ready(pod)
+        ]
+
+    wait_for(lambda: bool(new_pods()), "a new aggregator pod Ready", 240)
+    keep = {e["id"] for e in endpoints}
+
+    def registered() -> set[str]:
+        ids = {e["id"] for e in router_endpoints(p.node, first["status"]["podIP"], admin)}
+        mine = {e["endpoint"] for pod in new_pods() for e in p.replica_status(pod)["endpoints"]}
+        return mine if mine and mine <= ids and not mine & keep else set()
+
+    wait_for(
+        lambda: bool(registered()), "the new pod's endpoints in the first gateway's router", 180
+    )
+    for j, job in enumerate(jobs):
+        for i, c in enumerate(c for c in job.clients if c not in job.sent):
+            job.upload(c, seed=100 * j + 1 + i)
+    errors = []
+    for job in jobs:
+        h = job.wait()
+        assert h["aggregated"] == 8 and h["lost"] == 0, h
+        errors.append(job.assert_fedavg())
+    done = {
+        pod["metadata"]["name"]: sum(e["tasks_done"] for e in p.replica_status(pod)["endpoints"])
+        for pod in new_pods()
+    }
+    assert any(n > 0 for n in done.values()), done
+    log.info("scale-up: %s; the new pods' slots %s; FedAvg relative errors %s", up[0], done, errors)
+
+
+def test_a_root_gateway_pod_deleted_mid_round_comes_back_and_the_resent_round_is_exact(
+    platform: Platform,
+) -> None:
+    p = platform
+    api = p.node.cluster.api
+    job = p.job("k8s-fault", [f"f{i}" for i in range(8)])
+    placed = {c: job.assignment(c).node for c in job.clients}
+    root = job.view()["root"]
+    on_root = [c for c in job.clients if placed[c] == root]
+    others = [c for c in job.clients if placed[c] != root]
+    assert len(on_root) >= 2 and len(others) >= 2, placed
+    for i, c in enumerate([*on_root[:2], *others[:2]]):  # half the updates accepted
+        job.upload(c, seed=300 + i)
+    url = p.nodes()[root]["url"]
+    (victim,) = [
+        pod for d in GATEWAYS if f"//{(pod := p.gateway_pod(d))['status']['podIP']}:" in url
+    ]
+    daemonset = next(o["name"] for o in victim["metadata"]["ownerReferences"])
+    hold = {"key": "fedfaas.test/hold", "value": "gateway", "effect": "NoSchedule"}
+    api.patch("v1", "Node", p.node.name, None, {"spec": {"taints": [hold]}})
+    try:
+        assert api.delete("v1", "Pod", victim["metadata"]["name"], NAMESPACE)
+
+        def taken_over() -> bool:
+            view = job.view()
+            return bool(view["root"] != root and view["round"]["takeovers"] >= 1)
+
+        wait_for(taken_over, f"the control plane failing job k8s-fault over from {root}", 120)
+    finally:
+        api.patch("v1", "Node", p.node.name, None, {"spec": {"taints": None}})
+    view = job.view()
+    assert view["round"]["number"] == 1 and view["round"]["state"] == "open", view["round"]
+    asked = view["round"]["resend"]
+    assert set(asked) == set(on_root[:2]), asked  # the updates that died with the root
+
+    def back() -> bool:
+        try:
+            pod = p.gateway_pod(daemonset)
+        except AssertionError:
+            return False
+        return bool(pod["metadata"]["name"] != victim["metadata"]["name"])
+
+    wait_for(back, "the DaemonSet's new gateway pod Ready", 240)
+    new_ip = p.gateway_pod(daemonset)["status"]["podIP"]
+
+    def rejoined() -> bool:  # found again through the headless Service, healthy
+        node = p.nodes().get(root) or {}
+        return f"//{new_ip}:" in str(node.get("url")) and bool(node.get("healthy"))
+
+    wait_for(rejoined, f"the control plane sees {root}'s new pod healthy", 120)
+    for c in asked:  # as the SDK's clients do: their assignment's resend grew
+        a = job.send_again(c)
+        assert a.node != root and a.resend == asked[c], a
+    for i, c in enumerate(c for c in job.clients if c not in job.sent):
+        job.upload(c, seed=400 + i)
+    h = job.wait()
+    assert h["state"] == "closed" and h["aggregated"] == 8 and h["lost"] == 0, h
+    log.info(
+        "root %s's pod deleted; %s took the job over; sent again: %s; FedAvg relative error %.2g",
+        root,
+        view["root"],
+        asked,
+        job.assert_fedavg(),
+    )
