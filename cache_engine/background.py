@@ -130,7 +130,9 @@ class Background(EngineState):
                     with self._lock:
                         if f in self.functions:
                             self.functions[f].said(body)
-                        self.budget.report(f, int(body.get("private_bytes", 0)))
+                        self.budget.report(
+                            f, int(body.get("private_bytes", 0)), body.get("resting_bytes")
+                        )
                         self._unmapped(f, ks)
             except Exception as exc:
                 log.warning("evict on %s failed: %s", f, one_line(exc))

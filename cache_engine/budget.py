@@ -11,7 +11,7 @@ The budget is one per node, shared with the node gateway's store. The account co
   until the offer ends, and those a cache function maps in place. With a ``store_root`` these
   are pages of the store, counted there and not again;
 - the cache functions' private memory (each reports its ``RssAnon``: the objects it read from
-  the cold store, and the interpreter);
+  the cold store, the interpreter, and the working memory of the requests it serves);
 - loads under way (reserved before they start, so two loads at once never pass it together);
 - room kept for the queries' own working memory (``query_memory_bytes``: a reducer's batch of
   sub-models, the chunks a function streams from the cold store), never filled by loads.
@@ -22,6 +22,13 @@ cache functions a range at a time (``cache_engine.parts``), keeping nothing. The
 first: it may grow into what FLStore holds (its uploads are refused only past the whole budget),
 and the engine then gives that memory back, evicting in its policy's order
 (:meth:`MemoryBudget.overdraft`, checked every ping round).
+
+The queries' working memory is what ``query_memory_bytes`` is kept for, so it never makes the
+engine give memory back: each function also reports its resting memory (``resting_bytes``,
+``functions/flstore/memory.py``: its ``RssAnon`` with no request under way, moved by what it
+loaded and evicted since), and the account gives back what the resting memory passes the loads'
+share by, or what the whole account passes the budget by. A load fits both: the loads' share of
+the resting memory, and the budget with the working memory now.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ from dataclasses import dataclass, field
 
 def _no_store() -> int:
     return 0
+
+
+#: the share of the queries' working memory (``keep``) the resting memory may pass the loads'
+#: share by before the engine gives memory back (:meth:`MemoryBudget.overdraft`)
+SLACK = 1 / 8
 
 
 class OverBudget(Exception):
@@ -59,6 +71,9 @@ class MemoryBudget:
     store: Callable[[], int] | None = None
     #: each cache function's private memory, as it last reported it
     private: dict[str, int] = field(default_factory=dict)
+    #: each cache function's resting memory: its private memory less its requests' working
+    #: memory, as it last reported it
+    resting: dict[str, int] = field(default_factory=dict)
     #: store objects kept for FLStore (an offered or mapped update) -> their bytes
     leased: dict[str, int] = field(default_factory=dict)
     #: bytes of loads under way
@@ -76,33 +91,68 @@ class MemoryBudget:
     def _store(self) -> int:
         return (self.store or _no_store)()
 
-    def _flstore(self) -> int:
-        """What FLStore holds beyond the store's own count (under the lock)."""
+    def _flstore(self, functions: dict[str, int] | None = None) -> int:
+        """What FLStore holds beyond the store's own count, its functions' memory as
+        ``functions`` says (default: their private memory; under the lock)."""
         leased = 0 if self.store is not None else sum(self.leased.values())
-        return sum(self.private.values()) + leased + self.reserved
+        return sum((self.private if functions is None else functions).values()) + (
+            leased + self.reserved
+        )
+
+    def _resting(self) -> int:
+        """:meth:`_used` without the requests' working memory (under the lock)."""
+        return self._flstore(self.resting) + self._store()
+
+    def _measured(self, functions: dict[str, int]) -> int:
+        """What the node holds now, the functions' memory as ``functions`` says: loads under
+        way are in it as far as their bytes arrived, and not counted again as reserved (under
+        the lock)."""
+        return self._flstore(functions) - self.reserved + self._store()
 
     def room(self) -> int:
-        """Bytes loads may still take (0 when past it): the budget less what is used and
-        the queries' working memory."""
+        """Bytes loads may still take (0 when past it): the budget less the resting memory
+        and the queries' working memory, and never past the budget with what the working
+        memory holds now."""
         with self._lock:
-            return max(0, self.limit - self.keep - self._used())
+            loads = self.limit - self.keep - self._resting()
+            return max(0, min(loads, self.limit - self._used()))
+
+    def working_room(self) -> int:
+        """Bytes the queries' working memory may take now: the budget less the resting
+        memory (``keep``, or less where the resting memory passed the loads' share)."""
+        with self._lock:
+            return max(0, self.limit - self._resting())
 
     def overdraft(self) -> int:
-        """Bytes the account is past what loads may take (0 when within): the store grew into
-        FLStore's share, or a function's memory did; the engine evicts to give them back."""
+        """Bytes the account is past what it may hold (0 when within): the resting memory
+        past the loads' share by more than :data:`SLACK` of ``keep`` (the store grew into
+        FLStore's share, or a function's memory did), or the whole account past the budget;
+        the engine evicts to give them back. The queries' working memory within ``keep`` is
+        no overdraft, and neither is what a load costs beyond its objects' bytes (a
+        function's first loads import and warm its cold store client): evicting for that
+        would start evict-and-load-again turns with the next query. Measured memory only: a
+        load under way is reserved (for the loads that would start) and, as its bytes arrive,
+        in its function's memory; counted twice, it would evict what is being loaded."""
         with self._lock:
-            return max(0, self._used() - (self.limit - self.keep))
+            share = self.limit - self.keep + int(SLACK * self.keep)
+            return max(
+                0,
+                self._measured(self.resting) - share,
+                self._measured(self.private) - self.limit,
+            )
 
     def reserve(self, nbytes: int) -> None:
         """Count a load of ``nbytes`` before it starts; :class:`OverBudget` if it does not
         fit. Give it back with :meth:`unreserve` once the function reported its memory."""
         with self._lock:
-            used = self._used()
-            if nbytes > 0 and used + nbytes > self.limit - self.keep:
+            used = self._resting()
+            fits = min(self.limit - self.keep - used, self.limit - self._used())
+            if nbytes > 0 and nbytes > fits:
                 raise OverBudget(
                     f"{nbytes} bytes more would pass the node's memory budget "
-                    f"({used} of {self.limit} bytes used, the store's {self._store()} among "
-                    f"them; {self.keep} kept for queries' working memory)"
+                    f"({self._used()} of {self.limit} bytes used, {used} of them at rest, the "
+                    f"store's {self._store()} among them; {self.keep} kept for queries' "
+                    "working memory)"
                 )
             self.reserved += max(0, nbytes)
 
@@ -110,14 +160,19 @@ class MemoryBudget:
         with self._lock:
             self.reserved = max(0, self.reserved - max(0, nbytes))
 
-    def report(self, function: str, private_bytes: int) -> None:
-        """A cache function's private memory, as it reported it."""
+    def report(self, function: str, private_bytes: int, resting_bytes: int | None = None) -> None:
+        """A cache function's private memory, and its resting part (default: all of it), as
+        it reported them."""
         with self._lock:
-            self.private[function] = max(0, int(private_bytes))
+            private = max(0, int(private_bytes))
+            self.private[function] = private
+            rest = private if resting_bytes is None else int(resting_bytes)
+            self.resting[function] = min(private, max(0, rest))
 
     def forget_function(self, function: str) -> None:
         with self._lock:
             self.private.pop(function, None)
+            self.resting.pop(function, None)
 
     def lease(self, objects: Iterable[tuple[str, int]]) -> None:
         """Store objects FLStore keeps (an offer's updates, updates mapped in place)."""
@@ -133,7 +188,8 @@ class MemoryBudget:
     def describe(self) -> dict[str, int | bool]:
         """The account: ``used_bytes`` is ``store_bytes`` + ``functions_bytes`` +
         ``reserved_bytes``, + ``leased_bytes`` only where the store is not read
-        (``store_counted`` false)."""
+        (``store_counted`` false); ``functions_resting_bytes``, the functions' memory less
+        their requests' working memory."""
         with self._lock:
             store = self._store()
             return {
@@ -143,6 +199,7 @@ class MemoryBudget:
                 "store_bytes": store,
                 "store_counted": self.store is not None,
                 "functions_bytes": sum(self.private.values()),
+                "functions_resting_bytes": sum(self.resting.values()),
                 "leased_bytes": sum(self.leased.values()),
                 "reserved_bytes": self.reserved,
             }

@@ -60,7 +60,9 @@ class Liveness(EngineState):
             if changed:  # a new process counts its loads from 0
                 info.seq = -1
             info.said(body)
-            self.budget.report(name, int(body.get("private_bytes", info.used)))
+            self.budget.report(
+                name, int(body.get("private_bytes", info.used)), body.get("resting_bytes")
+            )
             url = body.get("url")
             url = url if isinstance(url, str) and _DIRECT.match(url) else None
             moved, info.url = url != info.url, url

@@ -11,6 +11,11 @@ metadata: its function is the query's reducer (``functions/flstore/parts.py``).
 The policy still sees whole objects (P1-P4 carry over): the engine places the parts of what it
 prefetches, and an object it evicts goes with all of its parts.
 
+A part whose function holds all of it but a few objects (a round the policy placed, without
+the base model a query adds; at most 1/:data:`PARTIAL_SHARE` of the queries' working memory
+of them a query) is computed there,
+those objects' slices read from the cold store (``/part`` streams what it does not hold).
+
 Past the node's memory budget (:mod:`cache_engine.budget`), or when no function can take a
 part, the query is not refused: the plan names live functions for coordinate ranges with a
 ``source`` (a read grant of the job), and each reads its range of every model from the cold
@@ -54,6 +59,11 @@ MAX_STREAM_BYTES = 512 << 20
 #: the share of its part of the queries' working memory a streaming function fills with its
 #: chunk; the rest is for the products' blocks and the allocator's slack
 STREAM_FILL = 7 / 8
+#: a part whose function holds all of it but a few objects (the base model the query adds to
+#: a round the policy placed) is computed there, the function reading those objects' slices
+#: from the cold store; at most this share of the queries' working memory of them a query (the
+#: rest is for the ranges streamed whole)
+PARTIAL_SHARE = 8
 
 
 def parts_needed(models: int, model_bytes: int, capacity: int, dim: int) -> int:
@@ -128,6 +138,27 @@ class PartPlanner:
         live = self.e._live_holders(group)
         return live[0] if live else None
 
+    def _most(self, group: Sequence[ObjectKey]) -> tuple[str, int] | None:
+        """The live function holding most of ``group`` (each key as its part, or the whole
+        object it is part of), and the bytes of the rest; None when no live function holds any
+        (under the engine's lock)."""
+        counts: dict[str, int] = {}
+        for k in group:
+            if k in self.e._inflight:
+                continue
+            for f in set(self.e.table.get(k)) | set(self.e.table.get(k.whole)):
+                counts[f] = counts.get(f, 0) + 1
+        live = [f for f in counts if (i := self.e.functions.get(f)) is not None and i.alive]
+        if not live:
+            return None
+        f = max(live, key=lambda x: (counts[x], x))
+        rest = sum(
+            self.e._size(k)
+            for k in group
+            if f not in self.e.table.get(k) and f not in self.e.table.get(k.whole)
+        )
+        return f, rest
+
     # -- acquiring ----------------------------------------------------------------------
     def acquire(self, p: Plan) -> dict[str, Any]:
         """A plan over parts for ``p``: its parts placed where the budget allows (now, or
@@ -148,11 +179,21 @@ class PartPlanner:
             missing = [s for s, g in enumerate(gs) if self._holder(g) is None]
         why = self.place(models, metas, n, missing) if missing else ""
         with self.e._lock:
-            holders = [self._holder(g) for g in gs]
+            holders: list[str | None] = [self._holder(g) for g in gs]
+            # a part held but for a few objects (the round's base model, whose part the budget
+            # had no room for): its function reads those from the cold store, not the range
+            partial: dict[int, int] = {}
+            left = self.e.budget.working_room() // PARTIAL_SHARE
+            for s, g in enumerate(gs):
+                most = self._most(g) if holders[s] is None else None
+                if most is not None and most[1] <= left:
+                    holders[s], partial[s] = most[0], most[1]
+                    left -= most[1]
         if not any(holders):
             return self.stream(p, models, metas, dim, why or "every part was lost")
         try:  # the reducer: part 0's holder, with the metadata
-            reducer = self.e.ensure(gs[0] + metas, copies=1)[0] if holders[0] else None
+            whole0 = holders[0] is not None and 0 not in partial
+            reducer = self.e.ensure(gs[0] + metas, copies=1)[0] if whole0 else None
         except (OverBudget, EngineError):
             reducer = None
         reducer = reducer or next(h for h in holders if h)
@@ -164,19 +205,24 @@ class PartPlanner:
             if h is not None
         ]
         source: dict[str, Any] | None = None
-        if unplaced:  # past the budget: those ranges from the cold store
+        if unplaced or partial:  # past the budget: those ranges (objects) from the cold store
             log.info(
-                "query %s on %s reads %d of %d parts from the cold store (%s)",
+                "query %s on %s reads %d of %d parts from the cold store, and %d bytes of %d "
+                "parts held but for those (%s)",
                 p.query.workload,
                 job,
                 len(unplaced),
                 n,
+                sum(partial.values()),
+                len(partial),
                 why,
             )
-            workers, each = self._streamers(None)
+            workers, each = self._streamers(None, taken=sum(partial.values()))
             workers = workers or [str(reducer)]
-            k = min(len(workers), len(unplaced))
-            for w, some in zip(workers, _consecutive(unplaced, k), strict=False):
+            k = max(1, min(len(workers), len(unplaced)))
+            for w, some in zip(
+                workers, _consecutive(unplaced, k) if unplaced else [], strict=False
+            ):
                 for first, last in _runs(some):
                     ranges.append(
                         {
@@ -192,14 +238,16 @@ class PartPlanner:
             self.e.stats["queries_in_parts"] += 1
         return self._plan(job, str(reducer), dim, ranges, source)
 
-    def _streamers(self, first: str | None) -> tuple[list[str], int]:
+    def _streamers(self, first: str | None, taken: int = 0) -> tuple[list[str], int]:
         """Live functions to read ranges from the cold store (``first`` first), as many as the
         queries' working memory (and what loads left of the budget) gives :data:`STREAM_BYTES`
         each, at most :data:`STREAM_WORKERS`; and the bytes each reads at a time:
         :data:`STREAM_FILL` of its share of that memory (a function reads its ranged reads
         straight into one chunk it reuses, ``functions/flstore/parts.py``). The same functions
-        query after query (by name): each keeps the models' tensor indexes it read."""
-        room = self.e.budget.room() + self.e.budget.keep
+        query after query (by name): each keeps the models' tensor indexes it read. ``taken``:
+        bytes of that memory other functions of the query read already (parts held but for a
+        few objects)."""
+        room = max(0, self.e.budget.working_room() - taken)
         with self.e._lock:
             alive = sorted(f for f, i in self.e.functions.items() if i.alive and f != first)
         workers = ([first] if first else []) + alive

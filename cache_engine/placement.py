@@ -327,7 +327,9 @@ class Placement(EngineState):
             info = self.functions.get(fn)
             if info is not None:
                 info.said(body)
-            self.budget.report(fn, int(body.get("private_bytes", body.get("bytes", 0))))
+            self.budget.report(
+                fn, int(body.get("private_bytes", body.get("bytes", 0))), body.get("resting_bytes")
+            )
             for ident in body.get("mapped") or ():
                 whole = ObjectKey.parse(ident).whole
                 if whole not in self.mapped:

@@ -6,7 +6,8 @@ order) and round metadata (dicts), loaded from the cold store (MinIO) when the e
 
 Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error", "detail"}``):
 
-- ``GET /ping``: liveness and memory use.
+- ``GET /ping``: liveness and memory use (``private_bytes`` and ``resting_bytes``, the part
+  of it that is not a request's working memory: :mod:`.memory`).
 - ``GET /objects``: holdings with sizes.
 - ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...], "credentials":
   {"<job>": {"access_key", "secret_key", "session_token", "expires"}}, "handoff"?: [{"socket",
@@ -73,6 +74,7 @@ from flstore_workloads.sliced import part_bounds
 from flstore_workloads.utility import UtilityCache
 
 from .lending import Lending
+from .memory import PrivateMemory, rss_anon
 from .parts import Holdings, NotHeld, RemoteParts, serve
 
 log = logging.getLogger(__name__)
@@ -160,14 +162,18 @@ def _held(key: ObjectKey) -> Any:
 def _private_bytes() -> int:
     """This process's private memory (RssAnon): what the node's memory budget counts for a
     cache function (the updates it maps from the store are the store's pages)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return _used()
+    private = rss_anon()
+    return _used() if private is None else private
+
+
+def _held_private() -> int:
+    """Bytes of the objects held in this process's own memory (not mapped from a store)."""
+    with _lock:
+        return sum(_size(v) for k, v in _objects.items() if k not in _lent)
+
+
+# the private memory, and what of it is resting (not a request's working memory)
+_memory = PrivateMemory(lambda: _private_bytes(), _held_private)
 
 
 def _err(status: int, code: str, detail: str, **facts: Any) -> dict[str, Any]:
@@ -192,7 +198,7 @@ def _status() -> dict[str, Any]:
         "count": len(_objects),
         "objects_mapped": len(_lent),
         "bytes": _used(),
-        "private_bytes": _private_bytes(),
+        **_memory.status(),
         "mapped_bytes": _lending.mapped_bytes(),
         "capacity_bytes": int(os.environ.get(_ENV + "CAPACITY_BYTES", "0") or 0),
         "gram_memo": _grams is not None,
@@ -282,6 +288,8 @@ def _load(keys: list[ObjectKey], grants: Any, offers: list[dict[str, str]]) -> d
             if isinstance(spec, dict) and spec.get("kind") != "function":
                 # build the job's in-process evaluator now, off the query path
                 threading.Thread(target=_warm_evaluator, args=(spec,), daemon=True).start()
+    if len(loaded) > len(mapped):  # the reads' buffers (parts under glibc's mmap threshold
+        release_free_memory()  # stay in the heaps): the memory it reports follows what it holds
     return _ok({"loaded": loaded, "already": already, "mapped": mapped, **_status()})
 
 
@@ -503,6 +511,24 @@ def _part(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _serve(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    if path == "/load":
+        return _load(_keys(body), body.get("credentials", {}), _offers(body.get("handoff")))
+    if path == "/evict":
+        keys = _keys(body)
+        with _lock:
+            gone = [k.id for k in keys if _objects.pop(k, None) is not None]
+            leases = _lending.forget(keys)
+            _stats["evictions"] += len(gone)
+        _lending.give_back(leases)  # as soon as no key held here maps the update
+        if gone:  # the heaps would keep the freed pages (see core.memory)
+            release_free_memory()
+        return _ok({"evicted": gone, **_status()})
+    if path == "/part":
+        return _part(body)
+    return _run(body)
+
+
 def handle(event: Any, context: Any) -> dict[str, Any]:
     """Route one request (python3-http contract)."""
     path = (event.path or "/").rstrip("/") or "/"
@@ -527,21 +553,8 @@ def handle(event: Any, context: Any) -> dict[str, Any]:
             return _err(400, "bad_json", "the request body must be a JSON object")
         if not isinstance(body, dict):
             return _err(400, "bad_json", "the request body must be a JSON object")
-        if path == "/load":
-            return _load(_keys(body), body.get("credentials", {}), _offers(body.get("handoff")))
-        if path == "/evict":
-            keys = _keys(body)
-            with _lock:
-                gone = [k.id for k in keys if _objects.pop(k, None) is not None]
-                leases = _lending.forget(keys)
-                _stats["evictions"] += len(gone)
-            _lending.give_back(leases)  # as soon as no key held here maps the update
-            if gone:  # the heaps would keep the freed pages (see core.memory)
-                release_free_memory()
-            return _ok({"evicted": gone, **_status()})
-        if path == "/part":
-            return _part(body)
-        return _run(body)
+        with _memory.serving():  # its working memory is not what the function holds
+            return _serve(path, body)
     except ValueError as exc:
         return _err(400, "bad_request", str(exc))
     except ObjectMissing as exc:

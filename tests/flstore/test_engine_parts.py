@@ -9,6 +9,7 @@ share this process, whose own ``RssAnon`` would say nothing about any one of the
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,19 @@ from cache_engine.cold_store import MemoryColdStore
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import MAX_STREAM_BYTES, STREAM_BYTES, STREAM_FILL, STREAM_WORKERS
+from core.auth import bearer
 from core.openfaas import DeployResult, FunctionStatus
 from flstore_workloads.sliced import part_bounds
+from tests.polling import wait_until
 
-from .test_engine import InProcessProvider, _engine, _engine_with_rounds, _model_bytes, _wait_idle
+from .test_engine import (
+    FUNCTION_TOKEN,
+    InProcessProvider,
+    _engine,
+    _engine_with_rounds,
+    _model_bytes,
+    _wait_idle,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -36,11 +46,14 @@ class Provider(InProcessProvider):
         super().__init__(cold)
         self.scaled: list[tuple[str, int]] = []
         self.evaluator_replicas = 1
+        #: bytes of working memory a function's requests hold now, beyond what it holds
+        self.working: dict[str, int] = {}
 
     def deploy(self, body: dict[str, Any], **kw: Any) -> DeployResult:
         res = super().deploy(body, **kw)
-        mod = self.fns[str(body["service"])]
-        mod._private_bytes = mod._used
+        name = str(body["service"])
+        mod = self.fns[name]
+        mod._private_bytes = lambda: mod._used() + self.working.get(name, 0)
         return res
 
     def function(self, name: str) -> FunctionStatus | None:
@@ -286,8 +299,94 @@ def test_parts_past_the_budget_are_read_from_minio_the_others_held(
         chunk = plan["slices"]["source"]["chunk_bytes"]
         assert STREAM_BYTES <= chunk <= MAX_STREAM_BYTES
         # each reads at a time most of its share of the queries' working memory (the floor aside)
-        share = (eng.budget.room() + eng.budget.keep) // len({r["function"] for r in streamed})
+        share = eng.budget.working_room() // len({r["function"] for r in streamed})
         assert chunk <= max(STREAM_BYTES, int(share * STREAM_FILL))
         assert eng.budget.used() <= eng.budget.limit
+    finally:
+        eng.stop()
+
+
+class HeldOpen:
+    """A cold store whose read of one object waits until the test lets it go: a request under
+    way on the function that reads it."""
+
+    def __init__(self, cold: MemoryColdStore, key: ObjectKey) -> None:
+        self.cold, self.key = cold, key
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cold, name)
+
+    def get_bytes(self, key: ObjectKey) -> bytes:
+        if key == self.key:
+            self.reading.set()
+            self.go.wait(60)
+        return bytes(self.cold.get_bytes(key))
+
+
+def test_a_requests_working_memory_evicts_nothing_the_queries_read(
+    redis_url: Any, cold: MemoryColdStore
+) -> None:
+    """Issue 36's thrash at 120 updates: with a round's parts filling the loads' share of a
+    budget below the round, a query's working memory (what ``query_memory_bytes`` is kept for)
+    counted as FLStore holding too much; each ping round evicted parts for the budget, and the
+    next query loaded them again. A function's working memory within the kept share now
+    evicts nothing, and the query asked again loads nothing."""
+    model = _model_bytes(cold)
+    eng, prov = _start_with_rounds(
+        redis_url,
+        cold,
+        function_capacity_bytes=4 * model,  # a round (5 models) goes in 4 parts
+        node_memory_bytes=int(4.8 * model),  # two of them fit the loads' share, not four
+        query_memory_bytes=2 * model,
+        secondaries=0,
+        max_functions=12,
+        evict_grace=0,
+        ingested=3,
+    )
+    query = {"workload": "multi-krum", "job": "j", "rounds": [2]}
+    try:
+        for _ in range(3):  # placed as the budget allows (the policy's evictions free room)
+            plan = eng.acquire(query)
+            _wait_idle(eng)
+            if plan["loaded"] == 0:
+                break
+        assert plan["loaded"] == 0  # settled: asked again, the query loads nothing
+        held = [r for r in plan["slices"]["ranges"] if r["part"] is not None]
+        assert held and len(held) < len(plan["slices"]["ranges"])  # partly held, partly read
+        assert eng.budget.room() < 1.5 * model  # a query's working memory would not fit it
+        before, objects = dict(eng.stats), set(eng.table.objects())
+        fn = held[0]["function"]
+        gate = HeldOpen(cold, ObjectKey("j", 3, "meta"))
+        prov.fns[fn].set_cold_store(gate)
+        load = threading.Thread(
+            target=prov.invoke,
+            args=(fn,),
+            kwargs={
+                "path": "/load",
+                "json": {"objects": [gate.key.id], "credentials": {}},
+                "headers": bearer(FUNCTION_TOKEN),
+            },
+        )
+        load.start()
+        try:
+            assert gate.reading.wait(30)  # a request under way on fn
+            for working in (int(1.5 * model), int(1.5 * model) + 1):  # within the kept 2 models
+                prov.working[fn] = working
+                # seen by a ping round (the second: the first round's budget check is done)
+                wait_until(
+                    lambda w=working: eng.budget.private.get(fn, 0) >= prov.fns[fn]._used() + w,
+                    30,
+                    "the engine to see the working memory",
+                )
+        finally:
+            prov.working[fn] = 0
+            gate.go.set()
+            load.join(30)
+        assert eng.stats["evicted_for_budget"] == before["evicted_for_budget"]
+        assert eng.stats["objects_evicted"] == before["objects_evicted"]
+        assert objects <= set(eng.table.objects())
+        again = eng.acquire(query)
+        assert again["loaded"] == 0 and again["slices"]["ranges"] == plan["slices"]["ranges"]
     finally:
         eng.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_engine.budget import MemoryBudget, OverBudget
+from cache_engine.budget import SLACK, MemoryBudget, OverBudget
 from cache_engine.node_memory import (
     DEFAULT_FRACTION,
     NODE_MEMORY_VAR,
@@ -21,6 +21,7 @@ from cache_engine.node_memory import (
 )
 from cache_engine.settings import EngineSettings
 from core.objstore import Namespace
+from functions.flstore.memory import PrivateMemory
 from gateway.settings import GatewaySettings
 from tests.platform.conftest import part_context
 
@@ -98,7 +99,61 @@ def test_the_engines_account_holds_the_store_and_counts_a_lease_once() -> None:
         b.reserve(150)  # 800 + 150 > 900
     assert b.overdraft() == 0
     store["bytes"] = 800  # the store grew into FLStore's share: 1000 used, 900 for loads
-    assert b.overdraft() == 100 and b.room() == 0
+    assert b.overdraft() == 1000 - (900 + int(SLACK * 100)) and b.room() == 0
+
+
+def test_a_querys_working_memory_within_the_kept_share_is_no_overdraft() -> None:
+    """Issue 36's thrash at 120 updates: loads filled the loads' share, a query's working
+    memory (what ``keep`` is for) then counted as FLStore holding too much, and every ping
+    round evicted what the next query read again."""
+    b = MemoryBudget(1000, keep=300)
+    b.report("f0", 650, 650)  # at rest: the loads' share (700) nearly full
+    assert b.overdraft() == 0 and b.room() == 50
+    b.reserve(50)  # a load: reserved, then its bytes arrive in the function's memory
+    b.report("f0", 700, 700)
+    assert b.room() == 0 and b.overdraft() == 0  # not counted twice
+    b.report("f0", 650, 650)  # (the load given back: the test goes on from before it)
+    b.unreserve(50)
+    b.report("f0", 900, 650)  # a query runs on it: 250 of working memory, within keep
+    assert b.overdraft() == 0
+    assert b.room() == 50  # loads still fit the loads' share ...
+    b.report("f0", 980, 650)
+    assert b.room() == 20  # ... and never pass the budget with the working memory now
+    with pytest.raises(OverBudget, match="980 of 1000 bytes used, 650 of them at rest"):
+        b.reserve(30)
+    b.report("f0", 1040, 650)  # past the whole budget: given back
+    assert b.overdraft() == 40 and b.room() == 0
+    b.report("f0", 720, 720)  # at rest past the loads' share (700) by a load's overhead:
+    assert b.overdraft() == 0 and b.room() == 0  # no more loads, nothing evicted ...
+    assert b.working_room() == 280  # ... and the queries' memory shrinks to the budget
+    b.report("f0", 800, 800)  # past it by more than the slack (the store grew, or loads)
+    assert b.overdraft() == 800 - (700 + int(SLACK * 300))
+    assert b.describe()["functions_resting_bytes"] == 800
+    b.report("f1", 100)  # a function that does not say: all of it is resting
+    assert b.describe()["functions_resting_bytes"] == 900
+    b.forget_function("f1")
+    assert b.describe()["functions_resting_bytes"] == 800
+
+
+def test_a_functions_resting_memory_is_its_idle_memory_moved_by_what_it_loaded() -> None:
+    mem = {"private": 100, "held": 0}
+    pm = PrivateMemory(lambda: mem["private"], lambda: mem["held"])
+    assert pm.status() == {"private_bytes": 100, "resting_bytes": 100, "requests_under_way": 0}
+    with pm.serving():  # a load of 40, and a query's 500 of working memory
+        mem.update(private=640, held=40)
+        assert pm.status() == {
+            "private_bytes": 640,
+            "resting_bytes": 140,
+            "requests_under_way": 1,
+        }
+        with pm.serving():  # an eviction of 30 meanwhile
+            mem.update(private=610, held=10)
+            assert pm.status()["resting_bytes"] == 110
+    mem.update(private=112)  # done: read again as it is
+    assert pm.status() == {"private_bytes": 112, "resting_bytes": 112, "requests_under_way": 0}
+    busy = PrivateMemory(lambda: 300, lambda: 0)
+    with busy.serving():  # never seen at rest: all of it counts
+        assert busy.status()["resting_bytes"] == 300
 
 
 def test_without_a_store_to_read_the_leases_count_the_pages_flstore_keeps() -> None:
