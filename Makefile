@@ -20,7 +20,7 @@
 #                         NO_CACHE=1 every step built again)
 #   make base-images      the upstream base images, pulled or made here without a registry
 #                         (scripts/base-images.sh; `make images` runs it with podman or buildah)
-#   make bench | bench-X  benchmarks (bench/results/)
+#   make bench | bench-X  benchmarks (bench/results/); bench-state: do they name one clean commit
 #   make lint             ruff, ruff format --check, mypy
 SHELL := /bin/bash
 VENV ?= $(CURDIR)/.venv
@@ -87,6 +87,18 @@ bench: setup
 	@set -e; for b in $(BENCHES); do echo "== bench-$$b"; $(PY) -m bench.$$b; done
 	$(PY) -m bench.soak $(SOAK_ARGS)
 	$(PY) -m bench.faults $(FAULTS_ARGS)
+	$(PY) -m bench.results_state
+
+# bench-scale in two runs on one commit: the clients axis, then the size axis merged into it
+.PHONY: bench-scale-clients bench-scale-sizes bench-state
+bench-scale-clients: setup
+	$(PY) -m bench.scale --sizes-mb ''
+bench-scale-sizes: setup
+	$(PY) -m bench.scale --clients '' --merge
+
+# exits 1 unless every file under bench/results/ names one landed commit from a clean tree
+bench-state: setup
+	$(PY) -m bench.results_state
 
 # A static pattern rule, not a plain `bench-%:`: make never searches implicit (pattern) rules
 # for a .PHONY target, so `make bench-dataplane` would do nothing and exit 0.

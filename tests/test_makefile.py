@@ -170,3 +170,17 @@ def test_test_all_runs_every_tier_even_after_one_fails_and_names_the_failed(
     ran = (tmp_path / "ran").read_text().split()
     assert ran == ["test", "test-slow", "test-containers", "test-k8s"]
     assert "test-all: failed: test-slow" in out.stderr
+
+
+def test_make_bench_ends_by_checking_that_every_result_names_one_commit() -> None:
+    res = dry_run("bench")
+    assert recipe_problem(res) is None
+    assert res.stdout.rstrip().splitlines()[-1].endswith("python -m bench.results_state")
+    assert dry_run("bench-state").stdout.rstrip().endswith("python -m bench.results_state")
+
+
+def test_the_scale_bench_runs_in_two_parts_merged_into_one_result() -> None:
+    clients = dry_run("bench-scale-clients").stdout
+    sizes = dry_run("bench-scale-sizes").stdout
+    assert re.search(r"python -m bench\.scale --sizes-mb ''$", clients, flags=re.M), clients
+    assert re.search(r"python -m bench\.scale --clients '' --merge$", sizes, flags=re.M), sizes
