@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bench.harness.synthetic import write_history
-from cache_engine.cold_store import MemoryColdStore
+from cache_engine.cold_store import MemoryColdStore, object_path
 from cache_engine.engine import CacheEngine
 from cache_engine.keys import ObjectKey
 from cache_engine.parts import MAX_STREAM_BYTES, STREAM_BYTES, STREAM_FILL, STREAM_WORKERS
@@ -388,5 +388,47 @@ def test_a_requests_working_memory_evicts_nothing_the_queries_read(
         assert objects <= set(eng.table.objects())
         again = eng.acquire(query)
         assert again["loaded"] == 0 and again["slices"]["ranges"] == plan["slices"]["ranges"]
+    finally:
+        eng.stop()
+
+
+def test_a_part_held_but_for_the_base_models_slice_is_computed_where_it_is_held(
+    redis_url: Any,
+) -> None:
+    """The policy placed a round's updates in parts; a query over the round adds its base
+    model, whose parts the budget has no room for. Each part is still computed where its
+    updates are held (its function reads the base's slice from the cold store), not the
+    whole query read from MinIO (issue 36: 4 of 5 queries at 120 updates)."""
+    cold = MemoryColdStore()
+    write_history(cold, "k", 1, per_round=6, pool=6, seed=2)
+    del cold.objects[object_path(ObjectKey("k", 1, "global"))]  # no other model to evict
+    base = cold.get(ObjectKey("k", 0, "global"))
+    assert isinstance(base, np.ndarray)
+    model = int(base.nbytes)
+    eng, prov = _start(
+        redis_url,
+        cold,
+        function_capacity_bytes=4 * model,  # 6 updates (and the base) go in 4 parts
+        query_memory_bytes=16 * model,
+        secondaries=0,
+        max_functions=12,
+        evict_grace=0,
+    )
+    try:
+        eng.ingest("k", 0)
+        eng.ingest("k", 1)
+        _wait_idle(eng)
+        # the round filled the loads' share: no room for a part of the base (a quarter model)
+        eng.budget.limit = eng.budget.used() + eng.budget.keep + model // 8
+        plan = eng.acquire({"workload": "multi-krum", "job": "k", "rounds": [1]})
+        ranges = plan["slices"]["ranges"]
+        assert [r["part"] for r in ranges] == [[s, 4] for s in range(4)]
+        for s, r in enumerate(ranges):  # each on the function holding its updates' parts
+            ups = {f"{o}~{s}.4" for o in plan["objects"] if "/c" in o}
+            assert len(ups) == 6 and ups <= prov.held(r["function"])
+        assert "source" in plan["slices"]  # the base's slices from the cold store
+        assert eng.stats["queries_partly_streamed"] == 1 and eng.stats["queries_streamed"] == 0
+        base_parts = [k for k in eng.table.objects() if k.parts and k.whole.kind == "global"]
+        assert not base_parts  # none loaded: no room
     finally:
         eng.stop()
