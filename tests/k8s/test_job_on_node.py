@@ -31,10 +31,11 @@ one (a client belongs to its node's gateway), which a Service's load balancing w
 - A fault: the pod of the job's root gateway is deleted mid-round (half the clients' updates
   accepted) while the node is tainted, so the DaemonSet brings it back only once the control
   plane has declared the node dead (a pod back within the control plane's grace resumes
-  from its journal instead: tests/control). The other gateway adopts the job and the clients
-  whose updates died with the root are asked to send them again; they do it as the SDK's
-  clients do (their assignment's ``resend``), the pod comes back and rejoins, the other
-  clients upload, and the round is the exact FedAvg of every client's update, each once.
+  from its journal instead: tests/control/test_node_grace.py). The other gateway adopts the
+  job and the clients whose updates died with the root are asked to send them again; they do
+  it as the SDK's clients do (their assignment's ``resend``), the pod comes back and rejoins,
+  the other clients upload, and the round is the exact FedAvg of every client's update, each
+  once.
 """
 
 from __future__ import annotations
