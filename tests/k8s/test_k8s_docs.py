@@ -46,3 +46,24 @@ def test_the_section_names_every_node_test_module_and_only_existing_ones() -> No
         if p.name != Path(__file__).name and "started_node" in p.read_text()
     }
     assert on_a_node <= named, on_a_node - named
+
+
+def _readme_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## On Kubernetes")
+    return " ".join(text[start : text.index("\n## ", start + 1)].split())
+
+
+def test_the_readme_names_the_versions_and_what_ran_with_the_tests_that_ran_it() -> None:
+    section = _readme_section()
+    assert f"Kubernetes {K8S_VERSION}" in section
+    assert f"CoreDNS {COREDNS_IMAGE.rsplit(':', 1)[1]}" in section
+    named = re.search(r"containerd (\d+\.\d+)", section)
+    assert named is not None and f"containerd {named.group(1)}" in " ".join(_what_ran().split())
+    tests = (REPO / "tests" / "k8s" / "test_job_on_node.py").read_text()
+    for claim, test in (
+        ("8 clients over two node gateway pods", "def test_a_readme_job_runs_on_two_gateway_pods"),
+        ("scaling `aggregator` up", "def test_the_control_plane_scales_the_aggregator_for"),
+        ("a gateway pod deleted mid-round", "def test_a_root_gateway_pod_deleted_mid_round"),
+    ):
+        assert claim in section and test in tests, claim
