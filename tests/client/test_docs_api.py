@@ -40,6 +40,7 @@ def test_make_docs_api_documents_the_sdk_without_a_warning() -> None:
         assert f'id="client.errors.{cls.__name__}"' in errors, cls
     assert 'id="client.flower.run_numpy_client"' in (site / "flower.html").read_text()
     assert 'id="client.node.FLClient.upload"' in (site / "node.html").read_text()
+    assert 'id="client.secure.SecureRound"' in (site / "secure.html").read_text()
 
 
 def test_a_docstring_sphinx_warns_about_fails_the_targets_build(tmp_path: Path) -> None:
