@@ -102,6 +102,8 @@ async def unmasked_model(
     log.info("job %s: round %d waits for its unmask shares (%d vectors)", job.name, rnd, res.count)
     while not wait.material.done():
         if not still():
+            if not wait.outcome.done():  # a POST that waits for it hears why
+                wait.outcome.set_result(f"round {rnd}: the job went or the gateway stopped")
             raise Abandoned
         await asyncio.wait({wait.material}, timeout=1.0)
     material = wait.material.result()
@@ -110,6 +112,9 @@ async def unmasked_model(
     except (RoundFailed, MessageError) as exc:
         _failed(job, wait, f"round {rnd}: {exc}")
         return None
+    except Exception as exc:  # the store, say: the POST must not wait for ever
+        _failed(job, wait, f"round {rnd}: unmasking failed: {exc!r}")
+        raise
     wait.outcome.set_result(None)
     return key
 

@@ -207,6 +207,13 @@ def test_a_round_through_the_stage_routes_and_every_refusal_says_why(
     for c in CLIENTS:
         masks.add(total, quantize.quantize(rnd.cfg, updates[c], samples[c]))
     np.testing.assert_array_equal(got, quantize.dequantize(rnd.cfg, total, len(CLIENTS)))
+    # a job without secure aggregation has no stages, here or on its root
+    realgw.create_job(api, W0, job="plain", rounds=1, goal=3, clients=CLIENTS)
+    r = api.post("/v1/jobs/plain/rounds/1/secagg/advert", params={"client": "c0"}, json=advert)
+    _refused(r, 409, "not_masked", "no secure aggregation")
+    plain_root = urls[api.get("/v1/jobs/plain").json()["root"]]
+    r = httpx.get(f"{plain_root}/v1/jobs/plain/rounds/1/unmask", headers=bearer(secret))
+    _refused(r, 409, "not_masked", "nothing to unmask")
 
 
 def test_too_few_shares_fail_the_job_saying_which_client_and_how_many(
