@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -61,13 +62,23 @@ def write_bodies(work: Path, n: int) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------- client role
-def _http_post(port: int, path: str, headers: dict[str, str], body: bytes) -> tuple[int, int, int]:
-    """POST over a raw socket; returns (status, t_first_byte_ns, t_response_ns)."""
+def _http_post(
+    port: int,
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    tls: ssl.SSLContext | None = None,
+) -> tuple[int, int, int]:
+    """POST over a raw socket (in a TLS connection when ``tls`` is given, its handshake
+    counted); returns (status, t_first_byte_ns, t_response_ns)."""
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t_connect = time.monotonic_ns()
+    if tls is not None:
+        s = tls.wrap_socket(s, server_hostname="127.0.0.1")
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-    t0 = time.monotonic_ns()
+    t0 = t_connect if tls is not None else time.monotonic_ns()
     s.sendall(head.encode())
     s.sendall(body)
     data = b""

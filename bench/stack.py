@@ -39,7 +39,7 @@ class GatewayProc:
 
     @property
     def url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.port}"
+        return f"{self.settings.scheme}://{self.settings.host}:{self.settings.port}"
 
     def wait_ready(self, timeout: float = 90) -> None:
         from core.services import ServiceError, wait_for_port

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from control_plane.errors import InvalidInput
 from core.cmdline import CommandLineSettings
 from core.discovery import parse_service
+from core.tls import ClientCerts, TlsFiles, from_settings
 
 
 class ControlPlaneSettings(CommandLineSettings):
@@ -80,6 +81,9 @@ class ControlPlaneSettings(CommandLineSettings):
     stop_grace
         Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
+    tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs
+        TLS for the API (:mod:`core.tls`): with a certificate and key (0600) the port speaks
+        HTTPS only; a client certificate must be one the CA signed (``"required"``: mTLS).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONTROL_")
@@ -110,6 +114,10 @@ class ControlPlaneSettings(CommandLineSettings):
         "tracker_token_file": "--tracker-token-file",
         "selection_timeout_s": "--selection-timeout",
         "stop_grace": "--stop-grace",
+        "tls_cert_file": "--tls-cert-file",
+        "tls_key_file": "--tls-key-file",
+        "tls_ca_file": "--tls-ca-file",
+        "tls_client_certs": "--tls-client-certs",
     }
 
     host: str = "127.0.0.1"
@@ -135,6 +143,16 @@ class ControlPlaneSettings(CommandLineSettings):
     tracker_token_file: Path | None = None
     selection_timeout_s: float = Field(default=10.0, gt=0, le=300)
     stop_grace: float = 20.0
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_client_certs: ClientCerts = "optional"
+
+    def tls(self) -> TlsFiles | None:
+        """The TLS files these settings name (``None``: plain HTTP)."""
+        return from_settings(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_certs
+        )
 
     @field_validator("tracker_url")
     @classmethod

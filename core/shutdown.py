@@ -22,9 +22,12 @@ import tempfile
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from core.tls import TlsFiles
 
 log = logging.getLogger("core.shutdown")
 
@@ -111,8 +114,20 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
 
 
-def serve(app: Any, *, host: str, port: int, grace: float, log_level: str = "warning") -> int:
+def serve(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    grace: float,
+    log_level: str = "warning",
+    tls: TlsFiles | None = None,
+) -> int:
     """Serve ``app`` until SIGTERM/SIGINT with a stop bounded by ``grace`` seconds.
+
+    With ``tls`` the port speaks HTTPS only, in :meth:`core.tls.TlsFiles.server_context`
+    (TLS 1.2+, client certificates checked against the CA); a plain-HTTP request gets no
+    answer (uvicorn closes the connection at the failed handshake).
 
     In-flight requests get half the grace to finish, then are cancelled; the application's
     lifespan shutdown, and any handler still running in a worker thread (which no cancel
@@ -128,7 +143,12 @@ def serve(app: Any, *, host: str, port: int, grace: float, log_level: str = "war
         log_level=log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=max(1, int(grace / 2)),
+        ssl_certfile=str(tls.cert) if tls is not None else None,
+        ssl_keyfile=str(tls.key) if tls is not None else None,
     )
+    if tls is not None:
+        config.load()  # then the context of core.tls replaces the one uvicorn built
+        config.ssl = tls.server_context()
     server = _Server(config, shutdown)
     try:
         server.run()

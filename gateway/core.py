@@ -75,7 +75,10 @@ class Gateway:
         self.checkpoints: Any = None
         self.journal: Journal
         self.router: bpf.RouterServer
-        self.http = HttpServer(self.route, settings.read_timeout)
+        tls = settings.tls()
+        self.http = HttpServer(
+            self.route, settings.read_timeout, tls.server_context() if tls else None
+        )
         self.port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
@@ -87,7 +90,8 @@ class Gateway:
         self.rx_threads: list[threading.Thread] = []
         self._app: Any = None
         #: the other node gateways (partials to a job's root, its model from there)
-        self.peers = httpx.AsyncClient(timeout=120)
+        #: (with TLS: verified against the platform's CA, this gateway's certificate presented)
+        self.peers = httpx.AsyncClient(timeout=120, verify=tls.client_context() if tls else True)
         #: peers found behind ``peers_service`` (this node left out), refreshed by a task
         self.discovered: dict[str, str] = {}
         self.discovery = Discovery(settings.peers_service) if settings.peers_service else None

@@ -18,6 +18,10 @@ closed after the answer (larger bodies, ``Expect: 100-continue``). An exception 
 raises outside a :class:`GatewayError` (a bug, an OS failure) is logged and answered 500 the
 same way: never by closing the connection without an answer.
 
+With an :class:`ssl.SSLContext` (the gateway's ``tls_*`` settings) the port is TLS only
+(:class:`gateway.tls_front.TlsFront`): asyncio decrypts into the same destination spans (one more copy, the
+decryption's); a plain-HTTP request is answered 400 ``tls_required``.
+
 Supported: HTTP/1.0 and 1.1, keep-alive, ``Content-Length`` bodies, ``Expect: 100-continue``.
 Refused with a clear status: chunked request bodies (411), heads over 16 KiB (431).
 """
@@ -27,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 
 from gateway.errors import GatewayError
 from gateway.exchange import REASONS, Deferred, Exchange, Request, Response, Router, parse_head
+from gateway.tls_front import TlsFront
 
 __all__ = ["Deferred", "Exchange", "HttpServer", "Request", "Response", "Router"]
 
@@ -450,7 +456,9 @@ class _Conn(asyncio.BufferedProtocol):
 class HttpServer:
     """Listens on ``host:port``; ``route(request)`` picks the :class:`Exchange` per request."""
 
-    def __init__(self, route: Router, read_timeout: float = 60.0) -> None:
+    def __init__(
+        self, route: Router, read_timeout: float = 60.0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.route = route
         self.read_timeout = read_timeout
         self.conns: set[_Conn] = set()
@@ -458,14 +466,20 @@ class HttpServer:
         self.scratch = bytearray(1 << 20)
         self._server: asyncio.base_events.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
+        #: with a context, every connection is TLS (:class:`gateway.tls_front.TlsFront`)
+        self.tls = tls
+        self._front: TlsFront | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
+        self._reaper = loop.create_task(self._reap())
+        if self.tls is not None:
+            self._front = TlsFront(lambda: _Conn(self), self.tls, self.read_timeout)
+            return await self._front.start(host, port)
         self._server = await loop.create_server(
             lambda: _Conn(self), host, port, reuse_address=True, backlog=512
         )
         sock = self._server.sockets[0]
-        self._reaper = loop.create_task(self._reap())
         return int(sock.getsockname()[1])
 
     async def _reap(self) -> None:
@@ -480,10 +494,17 @@ class HttpServer:
                     c.transport.close()  # connection_lost aborts the exchange and frees its object
 
     async def stop(self) -> None:
-        if self._server is None:
-            return
+        if self._front is not None:
+            await self._front.stop()
+            self._front = None
         if self._reaper is not None:
             self._reaper.cancel()
+            self._reaper = None
+        if self._server is None:
+            for c in list(self.conns):
+                if c.transport is not None:
+                    c.transport.close()
+            return
         self._server.close()
         for c in list(self.conns):
             if c.transport is not None:

@@ -13,6 +13,7 @@ from cache_engine.node_memory import NODE_MEMORY_VAR
 from core.cmdline import CommandLineSettings
 from core.discovery import parse_service
 from core.objstore import DEFAULT_ROOT
+from core.tls import ClientCerts, TlsFiles, from_settings
 from core.wire import DEFAULT_MAX_HEADER
 
 
@@ -102,6 +103,13 @@ class GatewaySettings(CommandLineSettings):
     retry_max_s : the longest wait between two tries of a journal write that Redis refused or
         did not answer, or of a partial's forward to the job's root node (the waits double from
         50 ms up to it); neither is ever given up while its round is open here.
+    tls_cert_file, tls_key_file : this gateway's TLS certificate and key (0600) files: with them
+        the port speaks HTTPS only (:mod:`core.tls`; plain HTTP is answered a 400 saying so),
+        and the gateway presents the certificate when it calls its peers (mTLS).
+    tls_ca_file : the platform's CA: a client certificate must be one it signed (the handshake
+        fails otherwise), and the peers' certificates are verified against it.
+    tls_client_certs : ``"optional"`` (clients of the SDK present none; one that presents a
+        certificate must present a good one), ``"required"`` (mTLS only) or ``"none"``.
     round_times_kept : rounds whose times (first byte, result, publication) a job keeps for its
         status; older ones are dropped, so a job's memory does not grow with its rounds.
     """
@@ -152,6 +160,10 @@ class GatewaySettings(CommandLineSettings):
         "encode_threads": "--encode-threads",
         "retry_max_s": "--retry-max-s",
         "round_times_kept": "--round-times-kept",
+        "tls_cert_file": "--tls-cert-file",
+        "tls_key_file": "--tls-key-file",
+        "tls_ca_file": "--tls-ca-file",
+        "tls_client_certs": "--tls-client-certs",
     }
 
     node: str = "node0"
@@ -196,6 +208,21 @@ class GatewaySettings(CommandLineSettings):
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
     retry_max_s: float = Field(default=5.0, gt=0)
     round_times_kept: int = Field(default=16, ge=1)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_client_certs: ClientCerts = "optional"
+
+    def tls(self) -> TlsFiles | None:
+        """The TLS files these settings name (``None``: plain HTTP); :class:`core.tls.TlsError`
+        when they cannot work."""
+        return from_settings(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_certs
+        )
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert_file is not None else "http"
 
     @field_validator("peers_service")
     @classmethod

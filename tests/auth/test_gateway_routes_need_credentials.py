@@ -44,12 +44,20 @@ def _routes() -> list[tuple[str, str]]:
 
 
 @pytest.fixture()
-def gateway(tmp_path: Path, redis_url: str) -> Iterator[tuple[GatewayProc, dict[str, Any]]]:
+def gateway_extra() -> dict[str, Any]:
+    """More settings of the gateway (none here; tests/tls adds TLS's)."""
+    return {}
+
+
+@pytest.fixture()
+def gateway(
+    tmp_path: Path, redis_url: str, gateway_extra: dict[str, Any]
+) -> Iterator[tuple[GatewayProc, dict[str, Any]]]:
     """A gateway process with jobs ``ja`` (clients c0, c1) and ``jb`` (client c0)."""
     secret = tmp_path / "admin-secret"
     secret.write_text(os.urandom(16).hex())
     secret.chmod(0o600)
-    s = gateway_settings(tmp_path, redis_url, admin_secret_file=secret)
+    s = gateway_settings(tmp_path, redis_url, admin_secret_file=secret, **gateway_extra)
     gw = start_gateway(s, tmp_path / "gateway.log")
     try:
         admin = gw.secret()

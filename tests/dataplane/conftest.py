@@ -12,13 +12,19 @@ from tests.dataplane.gwutil import GatewayThread, settings
 
 
 @pytest.fixture()
-def make_gw(tmp_path: Path, redis_url: str) -> Iterator:
+def gateway_extra() -> dict[str, object]:
+    """Settings every gateway of :func:`make_gw` gets (none here; tests/tls adds TLS's)."""
+    return {}
+
+
+@pytest.fixture()
+def make_gw(tmp_path: Path, redis_url: str, gateway_extra: dict[str, object]) -> Iterator:
     """Start gateways in threads; stop each after the test and remove its store root (a stop
     leaves the stores for the gateway's next start)."""
     made: list[GatewayThread] = []
 
     def make(**kw: object) -> GatewayThread:
-        g = GatewayThread(settings(tmp_path, redis_url, **kw)).start()
+        g = GatewayThread(settings(tmp_path, redis_url, **gateway_extra, **kw)).start()
         made.append(g)
         return g
 

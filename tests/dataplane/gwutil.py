@@ -29,7 +29,7 @@ class GatewayThread:
     @property
     def url(self) -> str:
         assert self.gw is not None
-        return f"http://127.0.0.1:{self.gw.port}"
+        return f"{self.settings.scheme}://127.0.0.1:{self.gw.port}"
 
     def start(self) -> GatewayThread:
         self._thread.start()

@@ -1,0 +1,220 @@
+"""What TLS costs the node gateway's ingest (issue 41): ResNet-18-sized updates (44.8 MB
+safetensors bodies) uploaded to two gateway processes side by side, one plain, one TLS
+(:mod:`core.tls`, certificates minted for the run), each upload on a new connection (a TLS
+upload pays its handshake), the two interleaved upload by upload so each pair sees the same
+machine load.
+
+The client is this process (one upload at a time, raw sockets: the client's encryption is on
+the same CPUs). Per upload: the time from the connection's start (after TCP's handshake, before
+TLS's) to the answer's head, and the
+gateway's CPU-seconds (``/proc/<pid>/stat``, user + system) over it; per gateway: the peak
+resident memory (``VmHWM``) at the end. Medians [min-max].
+
+``python -m bench.tls_ingest [--reps N] [--out bench/results]`` writes ``tls_ingest.json``,
+``.md`` and ``.png``; ``--from-json`` re-renders them from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.dataplane_ingest import _http_post, write_bodies
+from bench.harness.compare import spread
+from bench.runinfo import pinned_threads, rerender, run_header, run_info, write_result
+
+NAME = "tls_ingest"
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("plain", "tls")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _hwm_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(work: Path, reps: int) -> dict[str, Any]:
+    from bench.harness.fedfaas_round import start_bench_gateway
+    from core.services import RedisServer
+    from core.tls import client_context, mint_ca, mint_cert
+
+    ca = mint_ca(work / "pki")
+    cert = mint_cert(ca, work / "pki", "gateway", ["127.0.0.1"])
+    client_ctx = client_context(ca.cert)
+    body_path = write_bodies(work, 1)[0]
+    body = body_path.read_bytes()
+    redis = RedisServer(data_dir=work / "redis").start()
+    gws: dict[str, Any] = {}
+    out: dict[str, Any] = {"update_bytes": len(body), "reps": reps}
+    try:
+        tls = {"tls_cert_file": cert.cert, "tls_key_file": cert.key, "tls_ca_file": ca.cert}
+        for name in SYSTEMS:
+            gws[name] = start_bench_gateway(
+                work,
+                redis,
+                name,
+                ebpf=False,
+                pool=reps + 2,
+                max_inflight=0,
+                **(tls if name == "tls" else {}),
+            )
+        tokens: dict[str, dict[str, str]] = {}
+        clients = [f"c{k}" for k in range(reps)]
+        for name, gw in gws.items():
+            import httpx
+
+            r = httpx.post(
+                f"{gw.url}/v1/jobs",
+                content=body,
+                timeout=120,
+                # one client more than upload: the round stays open (no aggregation runs)
+                params={
+                    "job": name,
+                    "rounds": 1,
+                    "goal": reps + 1,
+                    "clients": ",".join([*clients, "idle"]),
+                },
+                headers={"Authorization": f"Bearer {gw.secret()}"},
+                verify=client_ctx,
+            )
+            r.raise_for_status()
+            tokens[name] = dict(r.json()["tokens"])
+        times: dict[str, list[float]] = {n: [] for n in SYSTEMS}
+        cpu: dict[str, list[float]] = {n: [] for n in SYSTEMS}
+        for k, c in enumerate(clients):
+            order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]  # who goes first alternates
+            for name in order:
+                gw = gws[name]
+                headers = {
+                    "Authorization": f"Bearer {tokens[name][c]}",
+                    "X-Client-Id": c,
+                    "X-Sample-Count": "10",
+                }
+                c0 = _cpu_s(gw.pid)
+                status, t0, t1 = _http_post(
+                    gw.settings.port,
+                    f"/v1/jobs/{name}/rounds/1/updates",
+                    headers,
+                    body,
+                    client_ctx if name == "tls" else None,
+                )
+                if status != 202:
+                    raise RuntimeError(f"{name}: upload {k} answered {status}")
+                times[name].append((t1 - t0) / 1e9)
+                cpu[name].append(_cpu_s(gw.pid) - c0)
+        for name in SYSTEMS:
+            gbps = [len(body) / s / 1e9 for s in times[name]]
+            out[name] = {
+                "seconds": times[name],
+                "gateway_cpu_s": cpu[name],
+                "gbps": spread(gbps),
+                "upload_s": spread(times[name]),
+                "gateway_cpu_s_per_upload": spread(cpu[name]),
+                "gateway_peak_rss_bytes": _hwm_bytes(gws[name].pid),
+            }
+        out["tls_over_plain"] = out["tls"]["gbps"]["median"] / out["plain"]["gbps"]["median"]
+    finally:
+        for gw in gws.values():
+            gw.stop()
+            shutil.rmtree(gw.settings.shm_root, ignore_errors=True)
+        redis.stop()
+    return out
+
+
+def _cell(s: dict[str, float], scale: float = 1.0, digits: int = 2) -> str:
+    return (
+        f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-"
+        f"{s['max'] * scale:.{digits}f}]"
+    )
+
+
+def render(r: dict[str, Any]) -> str:
+    res = r["result"]
+    lines = [
+        "# Ingest with and without TLS (node gateway)",
+        "",
+        run_header(r["run"]),
+        "",
+        f"{res['reps']} uploads of {res['update_bytes'] / 1e6:.1f} MB (ResNet-18, F32) to each "
+        "gateway, plain and TLS interleaved upload by upload, each on a new connection (the "
+        "TLS one pays its handshake); one client (this process) on the same CPUs. Medians "
+        "[min-max].",
+        "",
+        "| gateway | ingest GB/s | upload s | gateway CPU-s per upload | gateway peak RSS MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for name in SYSTEMS:
+        x = res[name]
+        lines.append(
+            f"| {name} | {_cell(x['gbps'])} | {_cell(x['upload_s'], digits=3)} | "
+            f"{_cell(x['gateway_cpu_s_per_upload'], digits=3)} | "
+            f"{x['gateway_peak_rss_bytes'] / 2**20:.0f} |"
+        )
+    lines += [
+        "",
+        f"TLS ingest is {res['tls_over_plain'] * 100:.0f}% of the plain-HTTP figure (median "
+        "over median; the target is at least 50%).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = r["result"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for i, name in enumerate(SYSTEMS):
+        gbps = [res["update_bytes"] / s / 1e9 for s in res[name]["seconds"]]
+        ax.scatter([i] * len(gbps), gbps, alpha=0.5, s=14)
+        ax.hlines(np.median(gbps), i - 0.25, i + 0.25, colors="k")
+    ax.set_xticks(range(len(SYSTEMS)), SYSTEMS)
+    ax.set_ylabel("ingest GB/s (one upload)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Gateway ingest, {res['update_bytes'] / 1e6:.1f} MB updates")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=15, help="uploads to each gateway")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--from-json", action="store_true", help="re-render the stored result")
+    a = p.parse_args(argv)
+    if a.from_json:
+        print(rerender(NAME, render, plot, a.out))
+        return 0
+    info = run_info("bench.tls_ingest", argv)
+    work = Path(tempfile.mkdtemp(prefix="fedfaas-tls-bench-"))
+    try:
+        with pinned_threads():
+            result = run(work, a.reps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    record = {"run": info, "result": result}
+    stored, md = write_result(record, "tls_ingest", render, a.out)
+    plot(stored, a.out / f"{NAME}.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

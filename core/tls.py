@@ -1,0 +1,221 @@
+"""TLS for the platform's HTTP servers and their clients (issue 41).
+
+A part that serves TLS has three files (secrets are files, mode 0600 for the key): its
+certificate, its key, and the CA that signed the platform's certificates. :class:`TlsFiles`
+turns them into an :class:`ssl.SSLContext`:
+
+- :meth:`TlsFiles.server_context`: TLS 1.2 or newer, the part's certificate; with a CA, a
+  client that presents a certificate must present one the CA signed (the handshake fails
+  otherwise); ``client_certs="required"`` also refuses a client that presents none (mTLS).
+- :meth:`TlsFiles.client_context`: verifies the server's certificate against the CA and its
+  name (the host of the URL), and presents the part's own certificate (mTLS).
+
+:func:`mint_ca` and :func:`mint_cert` make a local CA and per-part certificates (EC P-256,
+written 0600) with the ``cryptography`` library, for a platform that has no PKI of its own and
+for the tests.
+
+The SDK needs no code for TLS: ``httpx`` verifies against the CA named by ``SSL_CERT_FILE``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+ClientCerts = Literal["none", "optional", "required"]
+
+#: the first bytes of a TLS connection (a handshake record); anything else is plain text
+TLS_HANDSHAKE = 0x16
+
+
+class TlsError(ValueError):
+    """A TLS setting that cannot work (a missing file, a key others can read)."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A part's certificate and key, the platform's CA, and what the server asks of clients."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    client_certs: ClientCerts = "optional"
+
+    def check(self) -> TlsFiles:
+        """Raise :class:`TlsError` when a file is missing or the key is readable by others."""
+        for what, p in (("certificate", self.cert), ("key", self.key), ("CA", self.ca)):
+            if p is not None and not p.is_file():
+                raise TlsError(f"TLS {what} file {p} does not exist")
+        if self.key.stat().st_mode & 0o077:
+            raise TlsError(f"TLS key file {self.key} is readable by others (chmod 600 it)")
+        if self.client_certs == "required" and self.ca is None:
+            raise TlsError("client certificates are required but no CA file is set")
+        return self
+
+    def server_context(self) -> ssl.SSLContext:
+        """The context a server wraps its connections in (see the module docstring)."""
+        self.check()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert, self.key)
+        if self.ca is not None and self.client_certs != "none":
+            ctx.load_verify_locations(cafile=self.ca)
+            ctx.verify_mode = (
+                ssl.CERT_REQUIRED if self.client_certs == "required" else ssl.CERT_OPTIONAL
+            )
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        """The context this part's own clients use to call the other parts."""
+        self.check()
+        ctx = client_context(self.ca)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
+def client_context(ca: Path | None) -> ssl.SSLContext:
+    """Verify servers against ``ca`` (the system's CAs when ``None``), TLS 1.2 or newer."""
+    ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def from_settings(
+    cert: Path | None, key: Path | None, ca: Path | None, client_certs: ClientCerts
+) -> TlsFiles | None:
+    """The :class:`TlsFiles` a component's settings name; ``None`` (plain HTTP) without a
+    certificate. A certificate without its key (or the reverse) is a :class:`TlsError`."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise TlsError("TLS needs both a certificate file and a key file")
+    return TlsFiles(cert, key, ca, client_certs).check()
+
+
+def plain_http_answer(host: str, port: int) -> bytes:
+    """What a TLS port answers a plain-HTTP request: a 400 with a JSON body saying so."""
+    body = (
+        '{"error": "tls_required", "detail": "this port speaks HTTPS: plain HTTP was sent to '
+        f'it; use https://{host}:{port}/"}}'
+    ).encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+# -- minting -------------------------------------------------------------------------------------
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_pair(directory: Path, name: str, key: Any, cert: Any) -> tuple[Path, Path]:
+    """``<name>.crt`` and ``<name>.key`` (PEM, both 0600) in ``directory``."""
+    from cryptography.hazmat.primitives import serialization
+
+    crt_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    pem = serialization.Encoding.PEM
+    _write_private(key_path, key.private_bytes(pem, pkcs8, serialization.NoEncryption()))
+    _write_private(crt_path, cert.public_bytes(pem))
+    return crt_path, key_path
+
+
+def mint_ca(directory: Path, name: str = "FedFaaS platform CA", days: int = 365) -> TlsFiles:
+    """A self-signed CA in ``directory`` (``ca.crt``, ``ca.key``, both 0600)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    crt_path, key_path = _write_pair(directory, "ca", key, cert)
+    return TlsFiles(crt_path, key_path, crt_path)
+
+
+def mint_cert(
+    ca: TlsFiles, directory: Path, name: str, hosts: list[str], days: int = 365
+) -> TlsFiles:
+    """A certificate for part ``name``, valid for ``hosts`` (DNS names or IP addresses) as a
+    server and as a client, signed by ``ca``: ``<name>.crt`` and ``<name>.key`` (0600) in
+    ``directory``, with ``ca``'s certificate as the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    crt_path, key_path = _write_pair(directory, name, key, cert)
+    return TlsFiles(crt_path, key_path, ca.cert)
