@@ -3,20 +3,28 @@
 The chart's ``nodeGateway.perNode`` runs a second gateway on a machine as node ``<node>-1``,
 served by the function ``aggregator-1`` (charts/fedfaas aggregator.yaml): its shortage must
 scale ``aggregator-1``; replicas of ``aggregator`` register with the first gateway's router and
-never serve it. The provider here is a fake (the logic only); tests/control/test_provider.py
-scales a function of the embedded runtime from stand-in gateways' reports.
+never serve it. The provider of the first tests is a fake (the logic only); the last one runs
+the real embedded runtime with two functions and two gateway processes probed by the
+control plane's ticks.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from control_plane.coordinator import Coordinator
 from control_plane.scaling import gateway_function
-from core.openfaas import FunctionStatus, OpenFaaSError
+from core.openfaas import AsyncOpenFaaS as OpenFaaSProvider
+from core.openfaas import FunctionStatus, OpenFaaSError, read_basic_auth
+from runtime import RuntimeProcess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GATEWAYS = {"n": "http://127.0.0.1:9", "n-1": "http://127.0.0.1:9"}
 
@@ -118,5 +126,100 @@ def test_every_function_scales_down_once_every_gateway_was_idle() -> None:
         now[0] += 1
         await coord.autoscale({"n": IDLE, "n-1": IDLE})
         assert sorted(prov.scaled) == [("aggregator", 1), ("aggregator-1", 1)]
+
+    asyncio.run(go())
+
+
+# ------------------------------------------------------------------- on real processes
+@pytest.fixture(scope="module")
+def two_functions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The real embedded runtime serving ``demand`` and ``demand-1`` (one replica each, at
+    most 3): the first and second gateways' functions of a node, as the chart names them."""
+    d = tmp_path_factory.mktemp("runtime")
+    (d / "handler").mkdir()
+    (d / "handler" / "handler.py").write_text(
+        "def handle(event, context):\n    return {'statusCode': 200, 'body': 'ok'}\n"
+    )
+    rt = RuntimeProcess(stack=ROOT / "stack.yml", state_dir=d / "state")
+    rt.start(60)
+    try:
+        secret = {"name": "fedfaas-function-token", "value": "scale-test-token"}
+        r = httpx.post(f"{rt.url}/system/secrets", auth=rt.auth, json=secret)
+        assert r.status_code == 202, r.text
+        for name in ("demand", "demand-1"):
+            r = httpx.post(
+                f"{rt.url}/system/functions",
+                auth=rt.auth,
+                json={
+                    "service": name,
+                    "image": "fedfaas-test/demand:0",
+                    "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "3"},
+                    "annotations": {"com.fedfaas.handler": str(d / "handler")},
+                    "secrets": ["fedfaas-function-token"],
+                },
+            )
+            assert r.status_code == 202, r.text
+        yield rt.url, rt.auth_dir
+    finally:
+        rt.stop()
+
+
+async def _replicas(p: OpenFaaSProvider, name: str, n: int) -> None:
+    """Until ``name`` has ``n`` replicas asked for and ready (AssertionError after 60 s)."""
+    for _ in range(600):
+        st = await p.function(name)
+        if st is not None and st.replicas == n and st.available_replicas == n:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{name} never reached {n} available replicas: {st}")
+
+
+@pytest.mark.slow  # a runtime and its replicas: `make test-slow`
+@pytest.mark.integration
+def test_the_second_gateways_shortage_scales_its_function_in_the_real_runtime(
+    two_functions: tuple[str, Path], gateways: list[Any]
+) -> None:
+    """Two gateway processes as ``node1`` and ``node1-1`` (the chart's first and second
+    gateway of a machine), the control plane's ticks probing them: a slot waiting on
+    ``node1-1`` starts a replica of ``demand-1``, not of ``demand``; once both are idle for
+    ``scale_down_after`` both functions are back at their minimum."""
+    url, auth_dir = two_functions
+    auth = read_basic_auth(auth_dir)
+    first, second = gateways[0], gateways[1]
+    now = [1000.0]
+
+    def load(gw: Any, **kw: float) -> None:
+        base = {"endpoints": 2, "free_endpoints": 2, "waiting_slots": 0, "queue": 0.0}
+        r = httpx.put(f"{gw.url}/_standin/aggregators", json={**base, **kw})
+        assert r.status_code == 200, r.text
+
+    async def go() -> None:
+        coord = Coordinator(
+            {"node1": first.url, "node1-1": second.url},
+            provider=OpenFaaSProvider(url, auth),
+            function="demand",
+            clock=lambda: now[0],
+        )
+        await coord.start()
+        try:
+            async with OpenFaaSProvider(url, auth) as p:
+                await _replicas(p, "demand", 1)
+                await _replicas(p, "demand-1", 1)
+                load(first)
+                load(second, free_endpoints=0, waiting_slots=1)
+                await coord.tick()
+                await _replicas(p, "demand-1", 2)
+                assert (await p.function("demand")).replicas == 1  # type: ignore[union-attr]
+                assert (coord.last_scale, coord.scale_error) == (1, None)
+                load(second)  # the new replica's endpoints took the slot
+                await coord.tick()
+                now[0] += 30.0
+                await coord.tick()
+                await _replicas(p, "demand-1", 1)
+                await _replicas(p, "demand", 1)
+        finally:
+            load(first, endpoints=0, free_endpoints=0)
+            load(second, endpoints=0, free_endpoints=0)
+            await coord.stop()
 
     asyncio.run(go())
