@@ -98,8 +98,8 @@ def _join_systems(
 ) -> dict[str, Any]:
     """A size's row of ``new``'s run (``run``), with the systems it did not ask kept from
     ``held``; each system's run in ``runs``. FedFaaS's answers are compared with
-    ObjStore-Agg's only within one run: where one of them comes from another, 'same answer'
-    is not known."""
+    ObjStore-Agg's and Cache-Agg's only within one run: where one of the two comes from
+    another, that comparison is not known."""
     mine = _asked(new)
     if held is None or set(_asked(held)) <= set(mine):
         return {**new, "run": run, "runs": dict.fromkeys(mine, run)}
@@ -109,11 +109,12 @@ def _join_systems(
     out["systems"] = [x for x in SYSTEMS if x in mine or x in kept]
     out["runs"] = {x: run if x in mine else before.get(x) for x in out["systems"]}
     out["run"] = run
-    compared = {"fedfaas", "objstore-agg"}
-    if compared <= set(mine):
-        out["same_answer"] = new.get("same_answer")
-    elif compared & set(mine):
-        out["same_answer"] = None
+    for key, baseline in (("same_answer", "objstore-agg"), ("same_answer_cache_agg", "cache-agg")):
+        compared = {"fedfaas", baseline}
+        if compared <= set(mine):
+            out[key] = new.get(key)
+        elif compared & set(mine):
+            out[key] = None
     if "cache-agg" in mine:
         out["cache_agg_skipped_need_bytes"] = new.get("cache_agg_skipped_need_bytes")
         out["cache_agg_not_asked"] = False

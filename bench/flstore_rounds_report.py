@@ -68,8 +68,20 @@ def size_runs(n: str, row: dict[str, Any]) -> list[str]:
     return [f"At {n} updates, " + "; ".join(parts) + ".", ""]
 
 
-def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
-    return f"{a['latency_s'] / b['latency_s']:.2f}x" if a and b else ""
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, one_run: bool = True) -> str:
+    """``a``'s latency over ``b``'s; none where either is missing, or where the two come from
+    different runs (another sitting of the machine, another load: not one comparison)."""
+    if not (a and b):
+        return ""
+    return f"{a['latency_s'] / b['latency_s']:.2f}x" if one_run else "other runs"
+
+
+def _one_run(row: dict[str, Any], x: str, y: str) -> bool:
+    """Whether systems ``x`` and ``y`` of a size's row come from one run."""
+    runs = row.get("runs")
+    if not isinstance(runs, dict):
+        return True
+    return json.dumps(runs.get(x), sort_keys=True) == json.dumps(runs.get(y), sort_keys=True)
 
 
 def _queries(row: dict[str, Any], system: str) -> dict[str, Any]:
@@ -103,7 +115,7 @@ def markdown(big: dict[str, Any]) -> list[str]:
         f"{big.get('repeats', 1)} times of each system in a row (GTG-Shapley "
         f"{big.get('gtg_repeats', 1)}), memos across queries "
         f"{big.get('memos', 'on')}: the median latency in seconds, the range of the askings "
-        "in brackets; 'vs': the medians' ratio.",
+        "in brackets; 'vs': the medians' ratio (within one run only).",
         "",
         "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
         "vs Cache | same answer | = Cache-Agg's |",
@@ -121,8 +133,10 @@ def markdown(big: dict[str, Any]) -> list[str]:
                 _spread(q) if q else _not_run(row, x)
                 for x, q in zip(SYSTEMS, (f, o, c), strict=True)
             ]
+            vs_o = _ratio(f, o, _one_run(row, "fedfaas", "objstore-agg"))
+            vs_c = _ratio(f, c, _one_run(row, "fedfaas", "cache-agg"))
             lines.append(
-                f"| {n} | {wl} | {' | '.join(cells)} | {_ratio(f, o)} | {_ratio(f, c)} | "
+                f"| {n} | {wl} | {' | '.join(cells)} | {vs_o} | {vs_c} | "
                 f"{same.get(wl, 'not compared')} | {same_cache.get(wl, 'not compared')} |"
             )
     lines.append("")

@@ -162,7 +162,7 @@ def test_the_systems_of_one_size_from_two_runs_stand_in_one_row_each_naming_its_
     )
     assert "; Cache-Agg from `python -m bench.flstore --big-systems cache-agg`" in md
     assert (
-        "| 200 | multi-krum | 20.0 (20.0-20.0) | 20.0 (20.0-20.0) | 30.0 | 1.00x | 0.67x | True |"
+        "| 200 | multi-krum | 20.0 (20.0-20.0) | 20.0 (20.0-20.0) | 30.0 | 1.00x | other runs | True |"
         in md
     )
     # FedFaaS asked again alone: its answers were not compared with ObjStore-Agg's in its run
@@ -241,3 +241,28 @@ def test_the_big_rounds_own_results_of_two_runs_merge_into_one_each_size_naming_
     assert "| 120 | shapley | 120.0 (120.0-120.0) |" in md
     assert (out / "flstore_rounds.png").stat().st_size > 0
     assert not (out / "flstore.json").exists()
+
+
+def test_fedfaas_asked_again_alone_is_compared_with_neither_baseline_of_the_earlier_run() -> None:
+    """At 120 updates FedFaaS was asked again after a fix (issue 36): the stored row had kept
+    'equal to Cache-Agg's: True' from the earlier run's FedFaaS, whose answers were compared."""
+    both = _systems(120, 40.0, ["fedfaas", "objstore-agg", "cache-agg"])
+    both["same_answer_cache_agg"] = dict.fromkeys(WORKLOADS, True)
+    first = {"run": _run("python -m bench.flstore --big-rounds 120", "b" * 40)}
+    first["big_rounds"] = {**_big(), "sizes": {"120": both}}
+    again = {
+        "run": _run("python -m bench.flstore --big-systems fedfaas", "d" * 40),
+        "big_rounds": {**_big(), "sizes": {"120": _systems(120, 10.0, ["fedfaas"])}},
+    }
+    assert merge(BASE, first)["big_rounds"]["sizes"]["120"]["same_answer_cache_agg"]
+    row = merge(BASE, first, again)["big_rounds"]["sizes"]["120"]
+    assert row["same_answer"] is None and row["same_answer_cache_agg"] is None
+    assert row["runs"]["fedfaas"] == again["run"] and row["runs"]["cache-agg"] == first["run"]
+    from bench.flstore_rounds_report import markdown as rounds_md
+
+    md = "\n".join(rounds_md(merge(BASE, first, again)["big_rounds"]))
+    # latencies of two sittings are not one comparison: no ratio, no verdict
+    assert (
+        "| 120 | multi-krum | 10.0 (10.0-10.0) | 40.0 (40.0-40.0) | 40.0 | other runs | other "
+        "runs | not compared | not compared |" in md
+    )
