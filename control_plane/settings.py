@@ -11,10 +11,10 @@ from pydantic_settings import SettingsConfigDict
 from control_plane.errors import InvalidInput
 from core.cmdline import CommandLineSettings
 from core.discovery import parse_service
-from core.tls import ClientCerts, TlsFiles, from_settings
+from core.tls import TlsSettings
 
 
-class ControlPlaneSettings(CommandLineSettings):
+class ControlPlaneSettings(CommandLineSettings, TlsSettings):
     """Everything ``python -m control_plane`` reads; every default works on one machine.
 
     Attributes
@@ -143,16 +143,6 @@ class ControlPlaneSettings(CommandLineSettings):
     tracker_token_file: Path | None = None
     selection_timeout_s: float = Field(default=10.0, gt=0, le=300)
     stop_grace: float = 20.0
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_ca_file: Path | None = None
-    tls_client_certs: ClientCerts = "optional"
-
-    def tls(self) -> TlsFiles | None:
-        """The TLS files these settings name (``None``: plain HTTP)."""
-        return from_settings(
-            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_certs
-        )
 
     @field_validator("tracker_url")
     @classmethod

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 ClientCerts = Literal["none", "optional", "required"]
 
 #: the first bytes of a TLS connection (a handshake record); anything else is plain text
@@ -95,6 +97,28 @@ def from_settings(
     if cert is None or key is None:
         raise TlsError("TLS needs both a certificate file and a key file")
     return TlsFiles(cert, key, ca, client_certs).check()
+
+
+class TlsSettings(BaseModel):
+    """The TLS settings of a component (a mixin of its settings class): with
+    ``tls_cert_file`` and ``tls_key_file`` its port speaks HTTPS only."""
+
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_client_certs: ClientCerts = "optional"
+
+    def tls(self) -> TlsFiles | None:
+        """The files these settings name (``None``: plain HTTP); :class:`TlsError` when they
+        cannot work."""
+        return from_settings(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_certs
+        )
+
+    @property
+    def scheme(self) -> str:
+        """``https`` with a certificate, else ``http``."""
+        return "https" if self.tls_cert_file is not None else "http"
 
 
 def plain_http_answer(host: str, port: int) -> bytes:

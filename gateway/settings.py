@@ -13,11 +13,11 @@ from cache_engine.node_memory import NODE_MEMORY_VAR
 from core.cmdline import CommandLineSettings
 from core.discovery import parse_service
 from core.objstore import DEFAULT_ROOT
-from core.tls import ClientCerts, TlsFiles, from_settings
+from core.tls import TlsSettings
 from core.wire import DEFAULT_MAX_HEADER
 
 
-class GatewaySettings(CommandLineSettings):
+class GatewaySettings(CommandLineSettings, TlsSettings):
     """One node gateway.
 
     Attributes
@@ -208,21 +208,6 @@ class GatewaySettings(CommandLineSettings):
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
     retry_max_s: float = Field(default=5.0, gt=0)
     round_times_kept: int = Field(default=16, ge=1)
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_ca_file: Path | None = None
-    tls_client_certs: ClientCerts = "optional"
-
-    def tls(self) -> TlsFiles | None:
-        """The TLS files these settings name (``None``: plain HTTP); :class:`core.tls.TlsError`
-        when they cannot work."""
-        return from_settings(
-            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_certs
-        )
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls_cert_file is not None else "http"
 
     @field_validator("peers_service")
     @classmethod

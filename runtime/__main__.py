@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         port=settings.port,
         grace=2 * settings.stop_grace + 10,
         log_level=log_level,
+        tls=settings.tls(),
     )
 
 

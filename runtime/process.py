@@ -49,7 +49,8 @@ class RuntimeProcess(ChildProcess):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.settings.get("tls_cert_file") else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:

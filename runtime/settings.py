@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from core.cmdline import CommandLineSettings
+from core.tls import TlsSettings
 
 try:
     VERSION = version("fedfaas")
@@ -18,7 +19,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     VERSION = "0.0.0"
 
 
-class RuntimeSettings(CommandLineSettings):
+class RuntimeSettings(CommandLineSettings, TlsSettings):
     """Everything the runtime reads at start; every default works on one machine, and
     ``auth_dir`` has none: the runtime never serves ``/system/*`` without credentials.
 
@@ -84,6 +85,10 @@ class RuntimeSettings(CommandLineSettings):
         --openfaas-gateway``): ``GET /system/info`` answers a provider's ``ProviderInfo``
         (``{"provider": name, "orchestration", "version"}``), which the gateway wraps in its
         own answer; otherwise the gateway's ``GatewayInfo`` (what faas-cli reads).
+    tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs:
+        TLS for the runtime's port (:mod:`core.tls`): with a certificate and key (0600) it
+        speaks HTTPS only, and a client certificate must be one the CA signed. The replicas
+        behind it are reached over loopback, as before.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
