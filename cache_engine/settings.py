@@ -10,11 +10,12 @@ from pydantic_settings import SettingsConfigDict
 
 from cache_engine.node_memory import NODE_MEMORY_VAR
 from core.cmdline import CommandLineSettings
+from core.tls import TlsSettings
 
 _REPO = Path(__file__).resolve().parent.parent
 
 
-class EngineSettings(CommandLineSettings):
+class EngineSettings(CommandLineSettings, TlsSettings):
     """Where the engine's state lives and how it sizes the cache.
 
     Attributes
@@ -78,6 +79,9 @@ class EngineSettings(CommandLineSettings):
     stop_grace
         Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
+    tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs
+        TLS for the service's port (:mod:`core.tls`): with a certificate and key (0600) it
+        speaks HTTPS only; a client certificate must be one the CA signed.
     """
 
     model_config = SettingsConfigDict(

@@ -162,11 +162,18 @@ def run_service(settings: type[S], create_app: Callable[[S], Any], argv: list[st
     (:func:`configure_logging`) and serve ``create_app(settings)`` on its ``host`` and ``port``
     until a signal (:func:`core.shutdown.serve`, with its ``stop_grace``)."""
     from core.shutdown import serve  # uvicorn: only where a service runs
+    from core.tls import TlsError, TlsSettings
 
     s, log_level = settings.from_argv(argv)
     configure_logging(log_level)
     where = cast(ServiceSettings, s)
-    return serve(create_app(s), host=where.host, port=where.port, grace=where.stop_grace)
+    try:  # a service with TlsSettings serves HTTPS when they name a certificate
+        tls = s.tls() if isinstance(s, TlsSettings) else None
+    except TlsError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    app = create_app(s)
+    return serve(app, host=where.host, port=where.port, grace=where.stop_grace, tls=tls)
 
 
 def _kind(annotation: Any) -> Any:

@@ -8,9 +8,10 @@ from typing import ClassVar
 from pydantic_settings import SettingsConfigDict
 
 from core.cmdline import CommandLineSettings
+from core.tls import TlsSettings
 
 
-class TrackerSettings(CommandLineSettings):
+class TrackerSettings(CommandLineSettings, TlsSettings):
     """Where the tracker finds the engine, the functions and Redis, and how long it waits.
 
     Attributes
@@ -59,6 +60,9 @@ class TrackerSettings(CommandLineSettings):
     stop_grace
         Seconds a SIGTERM leaves the service to stop (:func:`core.shutdown.serve`): in-flight
         requests get half, then are cancelled; a second signal or the end exits 1 at once.
+    tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs
+        TLS for the service's port (:mod:`core.tls`): with a certificate and key (0600) it
+        speaks HTTPS only; a client certificate must be one the CA signed.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_TRACKER_", extra="ignore")

@@ -1,0 +1,169 @@
+"""The FastAPI services over TLS, each a real process served by core.shutdown.serve: the control
+plane, the cache engine and the request tracker. For each: the route walk of tests/auth over
+HTTPS, plain HTTP to its port, a client certificate from another CA; and a key file others can
+read stops a service at start."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cache_engine.settings import EngineSettings
+from control_plane.settings import ControlPlaneSettings
+from core.auth import Scope, bearer
+from core.cmdline import CommandLineSettings
+from core.services import free_port, wait_for_port
+from core.tls import TlsFiles, client_context
+from request_tracker.settings import TrackerSettings
+from tests.auth.test_routes_need_credentials import (
+    OPEN,
+    SERVICES,
+    _assert_refused,
+    _tokens,
+)
+from tests.tls.certs import Certs, mint
+from tests.tls.test_gateway_tls import _tls_get
+
+pytestmark = pytest.mark.integration
+
+Build = Callable[[dict[Scope, Path], Any, dict[str, Any]], CommandLineSettings]
+
+
+def _control(t: dict[Scope, Path], request: Any, tls: dict[str, Any]) -> CommandLineSettings:
+    return ControlPlaneSettings(
+        port=free_port(),
+        gateways="n1=https://127.0.0.1:1",
+        admin_token_file=t[Scope.ADMIN],
+        analyst_token_file=t[Scope.ANALYST],
+        stop_grace=5,
+        **tls,
+    )
+
+
+def _tracker(t: dict[Scope, Path], request: Any, tls: dict[str, Any]) -> CommandLineSettings:
+    redis = request.getfixturevalue("redis_url")
+    return TrackerSettings(
+        port=free_port(),
+        redis_url=str(redis),
+        redis_credentials_file=redis.credentials_file("request-tracker"),
+        admin_token_file=t[Scope.ADMIN],
+        analyst_token_file=t[Scope.ANALYST],
+        function_token_file=t[Scope.SERVICE],
+        stop_grace=5,
+        **tls,
+    )
+
+
+def _engine(t: dict[Scope, Path], request: Any, tls: dict[str, Any]) -> CommandLineSettings:
+    redis = request.getfixturevalue("redis_url")
+    minio = request.getfixturevalue("minio_server")
+    return EngineSettings(
+        port=free_port(),
+        redis_url=str(redis),
+        redis_credentials_file=redis.credentials_file("cache-engine"),
+        minio_endpoint=minio.endpoint,
+        minio_credentials_file=minio.credentials_file("cache-engine"),
+        admin_token_file=t[Scope.ADMIN],
+        service_token_file=t[Scope.SERVICE],
+        function_token_file=t[Scope.SERVICE],
+        stop_grace=5,
+        **tls,
+    )
+
+
+BUILD: dict[str, Build] = {"control_plane": _control, "tracker": _tracker, "cache_engine": _engine}
+
+
+def _tls(certs: Certs) -> dict[str, Any]:
+    return {
+        "tls_cert_file": certs.server.cert,
+        "tls_key_file": certs.server.key,
+        "tls_ca_file": certs.ca.cert,
+    }
+
+
+@pytest.fixture(params=list(BUILD))
+def service(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, str, Certs, dict[Scope, Path]]]:
+    """``(name, https URL, certificates, token files)`` of a running service."""
+    certs = mint(tmp_path / "pki")
+    tokens = _tokens(tmp_path)
+    s = BUILD[request.param](tokens, request, _tls(certs))
+    host, port = s.host, s.port  # type: ignore[attr-defined]
+    log_path = tmp_path / "service.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(s.to_argv(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(host, port, 60, proc)
+        yield request.param, f"https://{host}:{port}", certs, tokens
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_every_route_but_healthz_refuses_missing_and_wrong_credentials_over_tls(
+    service: tuple[str, str, Certs, dict[Scope, Path]],
+) -> None:
+    name, url, certs, tokens = service
+    with httpx.Client(base_url=url, verify=client_context(certs.ca.cert), timeout=30) as http:
+        walked = 0
+        for r in SERVICES[name](tokens).routes:
+            path = getattr(r, "path", "")
+            if path in OPEN:
+                continue
+            for method in sorted(getattr(r, "methods", None) or {"GET"}):
+                target = re.sub(r"\{[^}]+\}", "x", path) + "?client=c"
+                _assert_refused(http.request(method, target), 401)
+                _assert_refused(http.request(method, target, headers=bearer("wrong")), 401)
+                walked += 1
+        assert walked >= 3, name
+        admin = bearer(tokens[Scope.ADMIN].read_text().strip())
+        assert http.get("/metrics", headers=admin).status_code == 200
+
+
+def test_plain_http_to_the_tls_port_gets_no_answer(
+    service: tuple[str, str, Certs, dict[Scope, Path]],
+) -> None:
+    """uvicorn answers nothing to plain HTTP on a TLS port: the client sees the server close
+    the connection (the node gateway's own server answers a 400, tests/tls/test_gateway_tls)."""
+    _, url, certs, _ = service
+    with pytest.raises(httpx.RemoteProtocolError, match="disconnected without sending"):
+        httpx.get(url.replace("https://", "http://") + "/metrics")
+    assert httpx.get(url + "/metrics", verify=client_context(certs.ca.cert)).status_code == 401
+
+
+def test_a_client_certificate_from_another_ca_is_refused(
+    service: tuple[str, str, Certs, dict[Scope, Path]],
+) -> None:
+    _, url, certs, _ = service
+    port = int(url.rsplit(":", 1)[1])
+    stranger = TlsFiles(certs.stranger.cert, certs.stranger.key, certs.ca.cert)
+    with pytest.raises((OSError, httpx.TransportError)):
+        _tls_get(port, stranger.client_context())
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/metrics", verify=stranger.client_context())
+    assert _tls_get(port, certs.client.client_context()).startswith(b"HTTP/1.1 ")
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+def test_a_key_file_others_can_read_stops_the_service_at_start(
+    tmp_path: Path, request: pytest.FixtureRequest, name: str
+) -> None:
+    certs = mint(tmp_path / "pki")
+    certs.server.key.chmod(0o640)
+    s = BUILD[name](_tokens(tmp_path), request, _tls(certs))
+    done = subprocess.run(s.to_argv(), capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert b"readable by others" in done.stderr
