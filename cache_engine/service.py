@@ -49,7 +49,11 @@ def create_app(settings: EngineSettings | None = None) -> FastAPI:
         cold = MinioColdStore(
             s.minio_endpoint, minio.username, minio.password, s.bucket, create=False
         )
-        openfaas = OpenFaaS(s.runtime_url, runtime_auth, timeout=30.0)
+        # with TLS: the runtime verified against the platform's CA, this engine's certificate
+        # presented
+        tls = s.tls()
+        verify = tls.client_context() if tls is not None else True
+        openfaas = OpenFaaS(s.runtime_url, runtime_auth, timeout=30.0, verify=verify)
         engine = CacheEngine(s, r, cold, openfaas)
         engine.start()
         app.state.engine = engine

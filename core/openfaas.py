@@ -26,6 +26,7 @@ import asyncio
 import base64
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -291,6 +292,7 @@ class _Client:
         namespace: str,
         timeout: float,
         retry_delays_s: tuple[float, ...],
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.namespace = namespace
@@ -299,6 +301,7 @@ class _Client:
             "base_url": self.url,
             "timeout": timeout,
             "trust_env": False,
+            "verify": verify,
             "headers": {"User-Agent": USER_AGENT, "Authorization": auth_header(auth)},
         }
 
@@ -372,8 +375,9 @@ class OpenFaaS(_Client):
         max_connections: int = 64,
         transport: httpx.BaseTransport | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
-        super().__init__(url, auth, namespace, timeout, retry_delays_s)
+        super().__init__(url, auth, namespace, timeout, retry_delays_s, verify)
         self._http = httpx.Client(
             **self._options,
             limits=httpx.Limits(max_connections=max_connections),
@@ -503,8 +507,9 @@ class AsyncOpenFaaS(_Client):
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
-        super().__init__(url, auth, namespace, timeout, retry_delays_s)
+        super().__init__(url, auth, namespace, timeout, retry_delays_s, verify)
         self._http = httpx.AsyncClient(**self._options, transport=transport)
 
     async def aclose(self) -> None:

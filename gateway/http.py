@@ -19,8 +19,9 @@ raises outside a :class:`GatewayError` (a bug, an OS failure) is logged and answ
 same way: never by closing the connection without an answer.
 
 With an :class:`ssl.SSLContext` (the gateway's ``tls_*`` settings) the port is TLS only
-(:class:`gateway.tls_front.TlsFront`): asyncio decrypts into the same destination spans (one more copy, the
-decryption's); a plain-HTTP request is answered 400 ``tls_required``.
+(:class:`core.tls_front.TlsFront`): the event loop's TLS layer decrypts into the same
+destination spans (not one copy then: the record layer's buffers and the decryption add
+theirs); a plain-HTTP request is answered 400 ``tls_required``.
 
 Supported: HTTP/1.0 and 1.1, keep-alive, ``Content-Length`` bodies, ``Expect: 100-continue``.
 Refused with a clear status: chunked request bodies (411), heads over 16 KiB (431).
@@ -34,9 +35,9 @@ import logging
 import ssl
 import time
 
+from core.tls_front import TlsFront
 from gateway.errors import GatewayError
 from gateway.exchange import REASONS, Deferred, Exchange, Request, Response, Router, parse_head
-from gateway.tls_front import TlsFront
 
 __all__ = ["Deferred", "Exchange", "HttpServer", "Request", "Response", "Router"]
 
@@ -466,7 +467,7 @@ class HttpServer:
         self.scratch = bytearray(1 << 20)
         self._server: asyncio.base_events.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
-        #: with a context, every connection is TLS (:class:`gateway.tls_front.TlsFront`)
+        #: with a context, every connection is TLS (:class:`core.tls_front.TlsFront`)
         self.tls = tls
         self._front: TlsFront | None = None
 

@@ -7,6 +7,7 @@ makes two or three calls.
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +51,16 @@ def reply_body(r: Reply) -> dict[str, Any]:
 class Calls:
     """HTTP calls on one session, made on the running loop by :meth:`open`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.session: aiohttp.ClientSession | None = None
+        #: with TLS: servers verified against the platform's CA, the tracker's certificate sent
+        self.tls = tls
 
     def open(self) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=128, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(
+                limit=128, keepalive_timeout=60, ssl=self.tls if self.tls is not None else True
+            ),
             json_serialize=json.dumps,
         )
 

@@ -62,7 +62,8 @@ class Tracker:
         )
         #: one pool of kept-alive connections to the engine and the runtime (opened in
         #: :meth:`start`, on the running loop)
-        self.http = Calls()
+        tls = settings.tls()
+        self.http = Calls(tls.client_context() if tls is not None else None)
         token = (
             read_token_file(settings.engine_token_file, "engine token")
             if settings.engine_token_file

@@ -1,11 +1,18 @@
-"""A platform CA with a gateway's certificate, and a second CA with a client of its own, minted
-by :mod:`core.tls` into a test's folder."""
+"""A platform CA with a part's certificates, and a second CA with a client of its own, minted
+by :mod:`core.tls` into a test's folder; the settings that serve them; a service run for a
+block."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from core.services import wait_for_port
 from core.tls import TlsFiles, mint_ca, mint_cert
 
 
@@ -27,3 +34,30 @@ def mint(folder: Path) -> Certs:
         client=mint_cert(ca, folder / "certs", "peer", hosts),
         stranger=mint_cert(other, folder / "other-ca", "stranger", hosts),
     )
+
+
+def settings_of(part: TlsFiles, **more: Any) -> dict[str, Any]:
+    """The ``tls_*`` settings of a component serving (and calling) with ``part``'s files."""
+    return {
+        "tls_cert_file": part.cert,
+        "tls_key_file": part.key,
+        "tls_ca_file": part.ca,
+        **more,
+    }
+
+
+@contextmanager
+def running(argv: list[str], host: str, port: int, log_path: Path) -> Iterator[None]:
+    """Run ``argv`` (a service listening on ``host:port``) for the block; SIGTERM after it."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(host, port, 60, proc)
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

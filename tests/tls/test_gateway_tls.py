@@ -37,7 +37,7 @@ from tests.dataplane.test_gateway_ingest import (
 from tests.dataplane.test_gateway_rounds import (
     test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg,
 )
-from tests.tls.certs import Certs, mint
+from tests.tls.certs import Certs, mint, settings_of
 
 pytestmark = pytest.mark.integration
 
@@ -69,11 +69,7 @@ def certs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Certs:
 @pytest.fixture()
 def gateway_extra(certs: Certs) -> dict[str, Any]:
     """Every gateway here (the route walk's, ``make_gw``'s) serves TLS."""
-    return {
-        "tls_cert_file": certs.server.cert,
-        "tls_key_file": certs.server.key,
-        "tls_ca_file": certs.ca.cert,
-    }
+    return settings_of(certs.server)
 
 
 @pytest.fixture()
@@ -118,7 +114,7 @@ def test_a_client_certificate_from_another_ca_is_refused_at_the_handshake(
 ) -> None:
     assert gw.gw is not None
     stranger = TlsFiles(certs.stranger.cert, certs.stranger.key, certs.ca.cert)
-    caplog.set_level(logging.INFO, logger="gateway.tls_front")
+    caplog.set_level(logging.INFO, logger="core.tls_front")
     with pytest.raises((ssl.SSLError, ConnectionResetError)):
         _tls_get(gw.gw.port, stranger.client_context())
     refusals = [r.getMessage() for r in caplog.records if "handshake refused" in r.getMessage()]

@@ -6,7 +6,6 @@ read stops a service at start."""
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from cache_engine.settings import EngineSettings
 from control_plane.settings import ControlPlaneSettings
 from core.auth import Scope, bearer
 from core.cmdline import CommandLineSettings
-from core.services import free_port, wait_for_port
+from core.services import free_port
 from core.tls import TlsFiles, client_context
 from request_tracker.settings import TrackerSettings
 from tests.auth.test_routes_need_credentials import (
@@ -28,7 +27,7 @@ from tests.auth.test_routes_need_credentials import (
     _assert_refused,
     _tokens,
 )
-from tests.tls.certs import Certs, mint
+from tests.tls.certs import Certs, mint, running, settings_of
 from tests.tls.test_gateway_tls import _tls_get
 
 pytestmark = pytest.mark.integration
@@ -81,14 +80,6 @@ def _engine(t: dict[Scope, Path], request: Any, tls: dict[str, Any]) -> CommandL
 BUILD: dict[str, Build] = {"control_plane": _control, "tracker": _tracker, "cache_engine": _engine}
 
 
-def _tls(certs: Certs) -> dict[str, Any]:
-    return {
-        "tls_cert_file": certs.server.cert,
-        "tls_key_file": certs.server.key,
-        "tls_ca_file": certs.ca.cert,
-    }
-
-
 @pytest.fixture(params=list(BUILD))
 def service(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -96,21 +87,10 @@ def service(
     """``(name, https URL, certificates, token files)`` of a running service."""
     certs = mint(tmp_path / "pki")
     tokens = _tokens(tmp_path)
-    s = BUILD[request.param](tokens, request, _tls(certs))
+    s = BUILD[request.param](tokens, request, settings_of(certs.server))
     host, port = s.host, s.port  # type: ignore[attr-defined]
-    log_path = tmp_path / "service.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(s.to_argv(), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(host, port, 60, proc)
+    with running(s.to_argv(), host, port, tmp_path / "service.log"):
         yield request.param, f"https://{host}:{port}", certs, tokens
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def test_every_route_but_healthz_refuses_missing_and_wrong_credentials_over_tls(
@@ -163,7 +143,7 @@ def test_a_key_file_others_can_read_stops_the_service_at_start(
 ) -> None:
     certs = mint(tmp_path / "pki")
     certs.server.key.chmod(0o640)
-    s = BUILD[name](_tokens(tmp_path), request, _tls(certs))
+    s = BUILD[name](_tokens(tmp_path), request, settings_of(certs.server))
     done = subprocess.run(s.to_argv(), capture_output=True, timeout=60)
     assert done.returncode == 2
     assert b"readable by others" in done.stderr

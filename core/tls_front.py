@@ -1,5 +1,6 @@
-"""The node gateway's TLS port (issue 41): one accept loop in front of the HTTP server's
-protocol that sends plain HTTP a clear 400 instead of a failed handshake.
+"""A TLS port for an asyncio protocol server (the node gateway's, issue 41): one accept loop in
+front of the server's protocol that sends plain HTTP a clear 400 instead of a failed
+handshake.
 
 asyncio's ``create_server(ssl=...)`` starts the handshake on the first byte, so a client that
 speaks plain HTTP sees the connection dropped. Here each accepted connection is peeked at
