@@ -414,6 +414,11 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         if settings.redis_url
         else MemoryStore()
     )
+    # with TLS: every service this one calls is verified against the platform's CA, and this
+    # service's certificate is presented (mTLS)
+    tls = settings.tls()
+    ctx = tls.client_context() if tls is not None else None
+    verify = ctx if ctx is not None else True
     provider = None
     if settings.provider_url:
         try:
@@ -422,7 +427,7 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
             )
         except OpenFaaSError as exc:
             raise InvalidInput(exc.detail) from exc
-        provider = AsyncOpenFaaS(settings.provider_url, auth)
+        provider = AsyncOpenFaaS(settings.provider_url, auth, verify=verify)
     token = None
     if settings.admin_token_file is not None:
         token = _token_file(settings.admin_token_file, "admin token")
@@ -432,6 +437,7 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
             settings.tracker_url,
             _token_file(settings.tracker_token_file, "tracker token"),
             timeout_s=settings.selection_timeout_s,
+            verify=verify,
         )
     return Coordinator(
         settings.gateway_map(),
@@ -446,6 +452,7 @@ def _build(settings: ControlPlaneSettings) -> Coordinator:
         admin_token=token,
         scale_down_after=settings.scale_down_s,
         scheduler=scheduler,
+        gateway_tls=ctx,
     )
 
 

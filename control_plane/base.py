@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -62,8 +63,11 @@ class CoordinatorBase:
         gateway_timeout: float = 5.0,
         close_retries: int = 6,
         clock: Callable[[], float] = time.time,
+        gateway_tls: ssl.SSLContext | None = None,
     ) -> None:
         self._mc = mc
+        #: with TLS: gateways verified against the platform's CA, this service's certificate sent
+        self.gateway_tls = gateway_tls
         self.gateway_timeout = gateway_timeout
         self.nodes = {n: NodeHealth(n, u, self._mc_of(n)) for n, u in sorted(gateways.items())}
         self.admin_token = admin_token
@@ -102,7 +106,10 @@ class CoordinatorBase:
         self.deletions: dict[str, dict[str, Any]] = {}
 
     def _gateway_client(self, node: str, url: str) -> GatewayClient:
-        return GatewayClient(node, url, admin_token=self.admin_token, timeout=self.gateway_timeout)
+        verify = self.gateway_tls if self.gateway_tls is not None else True
+        return GatewayClient(
+            node, url, admin_token=self.admin_token, timeout=self.gateway_timeout, verify=verify
+        )
 
     def _mc_of(self, node: str) -> float:
         mc = self._mc

@@ -20,6 +20,7 @@ admin secret; every gateway route but ``/healthz`` needs it).
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,7 @@ class GatewayClient:
         health_timeout: float = 1.0,
         create_timeout: float = 180.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.node = node
         self.url = url.rstrip("/")
@@ -129,7 +131,7 @@ class GatewayClient:
         self.create_timeout = create_timeout
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._client = httpx.AsyncClient(
-            base_url=self.url, timeout=timeout, transport=transport, headers=headers
+            base_url=self.url, timeout=timeout, transport=transport, headers=headers, verify=verify
         )
 
     async def aclose(self) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,12 +99,13 @@ class OortScheduler:
         timeout_s: float = 10.0,
         window: int = 10,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.url = tracker_url.rstrip("/") + "/v1/queries"
         self.timeout_s = timeout_s
         self.window = window
         self._http = httpx.AsyncClient(
-            transport=transport, headers={"Authorization": f"Bearer {token}"}
+            transport=transport, headers={"Authorization": f"Bearer {token}"}, verify=verify
         )
 
     async def select(

@@ -6,24 +6,31 @@ verify it against the platform's CA and present their certificates; without them
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.stack import start_gateway
 from cache_engine.service import create_app as engine_app
 from cache_engine.settings import EngineSettings
-from core.auth import Scope
+from control_plane.settings import ControlPlaneSettings
+from core.auth import Scope, bearer
 from core.openfaas import OpenFaaS, OpenFaaSError
 from core.services import free_port
+from core.tls import client_context
 from request_tracker.http import Calls, HttpError
 from request_tracker.settings import TrackerSettings
 from request_tracker.tracker import Tracker
 from runtime.auth import BasicAuth
 from runtime.settings import RuntimeSettings
 from tests.auth.test_routes_need_credentials import _tokens
+from tests.dataplane.gwproc import gateway_settings
+from tests.polling import wait_until
 from tests.tls.certs import Certs, mint, running, settings_of
 from tests.tls.test_services_tls import _engine
 
@@ -82,3 +89,52 @@ def test_the_tracker_s_calls_speak_mtls_to_the_runtime(
     assert asyncio.run(health(tracker.http)) == 200
     with pytest.raises(HttpError):  # no certificate of the platform: refused
         asyncio.run(health(Calls()))
+
+
+def _nodes(url: str, certs: Certs, analyst: Path) -> dict[str, Any]:
+    r = httpx.get(
+        url + "/v1/nodes",
+        headers=bearer(analyst.read_text().strip()),
+        verify=client_context(certs.ca.cert),
+    )
+    return {n["name"]: n for n in r.json()["nodes"]}
+
+
+def test_the_control_plane_speaks_mtls_to_a_gateway_that_requires_it(
+    tmp_path: Path, redis_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two control planes watch one gateway that requires client certificates: the one with the
+    platform's certificate finds it healthy; the one without (it trusts the CA, through
+    ``SSL_CERT_FILE``, but has no certificate to present) is refused at every health check."""
+    certs = mint(tmp_path / "pki")
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca.cert))  # the second plane's trust
+    gw_settings = gateway_settings(
+        tmp_path, redis_url, **settings_of(certs.server, tls_client_certs="required")
+    )
+    gw = start_gateway(gw_settings, tmp_path / "gateway.log")
+    try:
+        tokens = _tokens(tmp_path)
+        planes = {
+            name: ControlPlaneSettings(
+                port=free_port(),
+                gateways=f"n1={gw.url}",
+                admin_token_file=tokens[Scope.ADMIN],
+                analyst_token_file=tokens[Scope.ANALYST],
+                **tls,
+            )
+            for name, tls in (("with", settings_of(certs.client)), ("without", {}))
+        }
+        with (
+            running(planes["with"].to_argv(), "127.0.0.1", planes["with"].port, tmp_path / "a"),
+            running(
+                planes["without"].to_argv(), "127.0.0.1", planes["without"].port, tmp_path / "b"
+            ),
+        ):
+            urls = {k: f"{s.scheme}://127.0.0.1:{s.port}" for k, s in planes.items()}
+            analyst = tokens[Scope.ANALYST]
+            wait_until(lambda: _nodes(urls["without"], certs, analyst)["n1"]["failures"] > 2, 30)
+            n1 = _nodes(urls["with"], certs, analyst)["n1"]
+            assert n1["healthy"] and n1["failures"] == 0, n1
+    finally:
+        gw.stop()
+        shutil.rmtree(gw_settings.shm_root, ignore_errors=True)
