@@ -26,6 +26,9 @@ from tests.containers.conftest import http_in_netns, image_exists, stack_images
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FEDFAAS_CACHE", Path.home() / ".cache" / "fedfaas"))
 GATEWAY = "http://127.0.0.1:8080"
+#: containerd's root, kept from run to run (:mod:`tests.containers.faasd_root` makes it whole
+#: before scripts/faasd-up.sh runs faasd on it)
+CONTAINERD_ROOT = CACHE / "faasd" / "containerd"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAMESPACES = ("openfaas", "openfaas-fn")
 
@@ -53,6 +56,10 @@ class Faasd:
     pid: int
     with_async: bool
     lock: IO[bytes] | None = field(default=None, repr=False)
+    #: ``(containerd namespace, image)`` imported into the kept root before faasd started
+    root_imported: list[tuple[str, str]] = field(default_factory=list)
+    #: why the kept root was made again before faasd started (None: it was not)
+    root_rebuilt: str | None = None
     cli_home: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -167,18 +174,25 @@ class Faasd:
             return []
         return [e for e in json.loads(body)["endpoints"] if not e["local"]]
 
-    def has_image(self, namespace: str, ref: str) -> bool:
-        return ref in self.ctr(namespace, "images", "ls", "-q").stdout.split()
+    def import_image(self, namespace: str, ref: str) -> bool:
+        """Make ``ref`` (podman's) whole in containerd's ``namespace``: imported unless its
+        stamp and layers say it is there whole already (a stale copy deleted and collected
+        first, then checked whole; :func:`tests.containers.faasd_root.import_running`).
+        Whether it imported."""
+        from tests.containerd_root import ContainerdError
+        from tests.containers.faasd_root import import_running
 
-    def import_image(self, namespace: str, ref: str) -> None:
-        """Copy ``ref`` from podman's store into containerd's ``namespace``."""
-        script = (
-            f'. "{REPO}/scripts/containers-env.sh" && podman save --format oci-archive '
-            f'"{ref}" | ctr -n {namespace} images import --all-platforms -'
-        )
-        res = self.run(["bash", "-c", script], timeout=900)
-        if res.returncode != 0:
-            raise FaasdError(f"could not copy image {ref} into containerd: {res.stderr.strip()}")
+        try:
+            return import_running(CONTAINERD_ROOT, self.pid, namespace, ref)
+        except ContainerdError as exc:
+            raise FaasdError(f"could not copy image {ref} into containerd: {exc}") from None
+
+    def script_imports(self) -> list[str]:
+        """The images scripts/faasd-up.sh imported itself (its log's "importing" lines): none
+        where the root was made whole before it ran."""
+        log = self.run_dir / "logs" / "faasd-up.sh.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return [ln for ln in text.splitlines() if "faasd-up: importing " in ln]
 
     # -- functions ---------------------------------------------------------------------------------
     def login(self) -> None:
@@ -210,8 +224,7 @@ class Faasd:
         if missing:
             raise FaasdError(f"{stack.name}: " + "; ".join(missing))
         for f in functions:
-            if not self.has_image("openfaas-fn", images[f]):
-                self.import_image("openfaas-fn", images[f])
+            self.import_image("openfaas-fn", images[f])
             res = self.faas_cli("deploy", "-f", str(stack), "--filter", f)
             if res.returncode != 0 or "Deployed." not in res.stdout:
                 said = " ".join((res.stdout + res.stderr).split())

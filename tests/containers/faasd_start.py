@@ -27,9 +27,11 @@ from typing import IO
 import yaml
 
 from core.services import spawn
+from tests.containerd_root import ContainerdError
 from tests.containers.conftest import image_exists, stack_images
 from tests.containers.faasd_harness import (
     CACHE,
+    CONTAINERD_ROOT,
     GATEWAY,
     REPO,
     Faasd,
@@ -37,10 +39,9 @@ from tests.containers.faasd_harness import (
     openfaas_bin,
     remove_cgroups,
 )
+from tests.containers.faasd_root import prepare_root
 
 FAASD_BIN = CACHE / "bin" / "faasd"
-#: containerd's root, kept from run to run (scripts/faasd-up.sh imports each image once)
-CONTAINERD_ROOT = CACHE / "faasd" / "containerd"
 #: compose services of FedFaaS and the port each answers ``/healthz`` on
 SERVICES = {
     "gateway-node0": 8081,
@@ -178,7 +179,12 @@ def _start(run_dir: Path, with_async: bool, timeout: float, faasd: Path, lock: I
         )
     (run_dir / "images.list").write_text("".join(f"{ns} {ref}\n" for ns, ref in images))
     remove_cgroups()  # a run that was killed may have left empty ones
-    # containerd's root in the cache: an image podman has not changed is imported once
+    # containerd's root in the cache: an image podman has not changed is imported once, by
+    # prepare_root (crash-safe, tests/containerd_root.py), so that the script imports none
+    try:
+        imported, rebuilt = prepare_root(CONTAINERD_ROOT, images, run_dir / "containerd-root")
+    except ContainerdError as exc:
+        raise FaasdError(f"containerd's root {CONTAINERD_ROOT}: {exc}") from None
     env = {
         **os.environ,
         "FEDFAAS_FAASD": str(faasd),
@@ -190,7 +196,7 @@ def _start(run_dir: Path, with_async: bool, timeout: float, faasd: Path, lock: I
         env=env,
     )
     try:
-        fd = Faasd(run_dir, proc, _init_pid(proc), with_async, lock)
+        fd = Faasd(run_dir, proc, _init_pid(proc), with_async, lock, imported, rebuilt)
     except FaasdError as exc:
         proc.kill()
         proc.wait(30)

@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 
+from tests.containerd_root import STAMPS, podman_images
 from tests.containers.conftest import image_exists, require_tool
 from tests.containers.faasd_harness import (
+    CONTAINERD_ROOT,
     REPO,
     Faasd,
     FaasdError,
@@ -111,6 +113,23 @@ def _same(got: Any, want: Any, where: str = "") -> None:
         assert math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-9), (where, got, want)
     else:
         assert got == want, (where, got, want)
+
+
+def test_the_kept_root_was_made_whole_before_faasd_ran_and_the_script_imported_nothing(
+    faasd: Faasd,
+) -> None:
+    """tests/containers/faasd_root.py prepared the cache's containerd root (crash-safe, as
+    tests/containers/test_faasd_root.py shows on a root of its own): every image the run needs
+    is stamped with podman's id of it under the name scripts/faasd-up.sh reads, so the script
+    found each one whole and imported none itself (its own import has no clean-up and no
+    check)."""
+    said = (faasd.script_imports(), faasd.root_imported, faasd.root_rebuilt)
+    assert faasd.script_imports() == [], said
+    stamps = CONTAINERD_ROOT / STAMPS
+    for ns, ref in required_images(faasd.workdir / "docker-compose.yaml"):
+        (image,) = podman_images([ref])
+        stamp = stamps / f"{ns}--{ref.replace('/', '_').replace(':', '_')}"
+        assert stamp.read_text() == image.id, (ns, ref)
 
 
 def test_a_readme_job_trains_on_both_containerised_gateways_and_flstore_answers_as_computed_here(

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.containerd_root import kill_while_unpacking
 from tests.containers.conftest import stack_images
 from tests.k8s.containerd import STAMPS, Containerd, ContainerdError, podman_images
 from tests.k8s.netns import PrivateNamespace
@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900
 
 REPO = Path(__file__).resolve().parents[2]
 ECHO = stack_images(REPO / "stack.yml")["echo"]
-OVERLAYFS = "io.containerd.snapshotter.v1.overlayfs"
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +65,10 @@ def containerd_on(root: Path, folder: Path) -> Iterator[Containerd]:
         ns.stop()
 
 
-def _snapshot_folders(root: Path) -> set[str]:
-    folder = root / OVERLAYFS / "snapshots"
-    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-
-
 def test_an_import_killed_half_way_is_finished_by_the_next_load(root: Path, tmp_path: Path) -> None:
     with containerd_on(root, tmp_path / "killed") as containerd:
         containerd.load([PAUSE_IMAGE])
-        before = _snapshot_folders(root)
-        failure: list[BaseException] = []
-
-        def load() -> None:
-            try:
-                containerd.load([ECHO])
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
-                failure.append(exc)
-
-        loading = threading.Thread(target=load)
-        loading.start()
-        # two of the image's layers being unpacked: the first is done, the import is not
-        wait_for(lambda: len(_snapshot_folders(root) - before) >= 2, "echo's layers unpacking", 300)
-        assert loading.is_alive()
-        containerd.ns.stop()  # the run ends: containerd and ctr killed
-        loading.join(120)
+        failure = kill_while_unpacking(containerd, lambda: containerd.load([ECHO]))
         assert failure and isinstance(failure[0], ContainerdError), failure
     assert containerd.rebuilt is None  # a dying run does not delete the root
 
