@@ -53,6 +53,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,7 @@ _utilities: UtilityCache | None = (
 _holdings = Holdings(lambda k: _held(k), lambda job, grants: _cold(job, grants), _grams)
 
 
-def _cold(job: str, grants: dict[str, Any]) -> ColdStore:
+def _cold(job: str, grants: Mapping[str, Any]) -> ColdStore:
     """The cold store that reads ``job``'s objects with the credentials the engine granted."""
     if _store is not None:
         return _store
@@ -379,8 +380,8 @@ def _slices(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]], dict[str, 
             "'slices' must be {dim, ranges: [{bounds, part, function, endpoint}], source}, "
             "from the cache engine"
         )
-    source = sl.get("source") if isinstance(sl.get("source"), dict) else None
-    return int(dim), list(ranges), source  # type: ignore[arg-type]
+    source = sl.get("source") if isinstance(sl, dict) else None
+    return int(dim), list(ranges), source if isinstance(source, dict) else None  # type: ignore[arg-type]
 
 
 def _compute(
