@@ -8,7 +8,9 @@ The client is this process (one upload at a time, raw sockets: the client's encr
 the same CPUs). Per upload: the time from the connection's start (after TCP's handshake, before
 TLS's) to the answer's head, and the
 gateway's CPU-seconds (``/proc/<pid>/stat``, user + system) over it; per gateway: the peak
-resident memory (``VmHWM``) at the end. Medians [min-max].
+resident memory (``VmHWM``) at the end. Medians [min-max]. Also the cipher suite the TLS
+connection negotiates and how fast that cipher alone decrypts one update here (the ceiling of
+one TLS upload on this CPU, whatever the server does). CPU-seconds come in clock ticks (10 ms).
 
 ``python -m bench.tls_ingest [--reps N] [--out bench/results]`` writes ``tls_ingest.json``,
 ``.md`` and ``.png``; ``--from-json`` re-renders them from the JSON.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
+import ssl
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,36 @@ def _hwm_bytes(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def _negotiated(port: int, ctx: ssl.SSLContext) -> dict[str, Any]:
+    """The protocol and cipher suite a connection to the TLS gateway negotiates."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        name, protocol, bits = s.cipher() or ("", "", 0)
+    return {"name": name, "protocol": protocol, "bits": bits}
+
+
+def _decrypt_ceiling(body: bytes, cipher: str, reps: int) -> dict[str, float] | None:
+    """GB/s of decrypting ``body`` whole with the negotiated AEAD (``cryptography``, this
+    process): what one TLS connection's decryption alone allows on this CPU."""
+    import time
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
+    aead: AESGCM | ChaCha20Poly1305
+    if "CHACHA20" in cipher:
+        aead = ChaCha20Poly1305(os.urandom(32))
+    else:
+        aead = AESGCM(os.urandom(32 if "256" in cipher else 16))
+    nonce = os.urandom(12)
+    sealed = aead.encrypt(nonce, body, None)
+    seconds = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        aead.decrypt(nonce, sealed, None)
+        seconds.append(time.perf_counter() - t0)
+    return spread([len(body) / s / 1e9 for s in seconds])
 
 
 def run(work: Path, reps: int) -> dict[str, Any]:
@@ -126,6 +160,8 @@ def run(work: Path, reps: int) -> dict[str, Any]:
                 "gateway_peak_rss_bytes": _hwm_bytes(gws[name].pid),
             }
         out["tls_over_plain"] = out["tls"]["gbps"]["median"] / out["plain"]["gbps"]["median"]
+        out["cipher"] = _negotiated(gws["tls"].settings.port, client_ctx)
+        out["decrypt_gbps"] = _decrypt_ceiling(body, out["cipher"]["name"], reps=5)
     finally:
         for gw in gws.values():
             gw.stop()
@@ -164,6 +200,10 @@ def render(r: dict[str, Any]) -> str:
             f"{x['gateway_peak_rss_bytes'] / 2**20:.0f} |"
         )
     lines += [
+        "",
+        f"TLS: {res['cipher']['protocol']} {res['cipher']['name']}. Decrypting one update whole "
+        f"with that cipher alone (no socket, no copy into the store) runs at "
+        f"{_cell(res['decrypt_gbps'])} GB/s on this CPU: the most one TLS upload can reach.",
         "",
         f"TLS ingest is {res['tls_over_plain'] * 100:.0f}% of the plain-HTTP figure (median "
         "over median; the target is at least 50%).",
