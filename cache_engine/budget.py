@@ -27,8 +27,8 @@ The queries' working memory is what ``query_memory_bytes`` is kept for, so it ne
 engine give memory back: each function also reports its resting memory (``resting_bytes``,
 ``functions/flstore/memory.py``: its ``RssAnon`` with no request under way, moved by what it
 loaded and evicted since), and the account gives back what the resting memory passes the loads'
-share by, or what the whole account passes the budget by. A load fits both: the loads' share of
-the resting memory, and the budget with the working memory now.
+share by, or what the whole account passes the budget by. A load fits the loads' share with
+what is used now (a query's working memory under way too: loads wait for it).
 """
 
 from __future__ import annotations
@@ -110,12 +110,10 @@ class MemoryBudget:
         return self._flstore(functions) - self.reserved + self._store()
 
     def room(self) -> int:
-        """Bytes loads may still take (0 when past it): the budget less the resting memory
-        and the queries' working memory, and never past the budget with what the working
-        memory holds now."""
+        """Bytes loads may still take (0 when past it): the budget less what is used (the
+        queries' working memory under way too) and the queries' working memory kept."""
         with self._lock:
-            loads = self.limit - self.keep - self._resting()
-            return max(0, min(loads, self.limit - self._used()))
+            return max(0, self.limit - self.keep - self._used())
 
     def working_room(self) -> int:
         """Bytes the queries' working memory may take now: the budget less the resting
@@ -145,12 +143,11 @@ class MemoryBudget:
         """Count a load of ``nbytes`` before it starts; :class:`OverBudget` if it does not
         fit. Give it back with :meth:`unreserve` once the function reported its memory."""
         with self._lock:
-            used = self._resting()
-            fits = min(self.limit - self.keep - used, self.limit - self._used())
-            if nbytes > 0 and nbytes > fits:
+            used = self._used()
+            if nbytes > 0 and used + nbytes > self.limit - self.keep:
                 raise OverBudget(
                     f"{nbytes} bytes more would pass the node's memory budget "
-                    f"({self._used()} of {self.limit} bytes used, {used} of them at rest, the "
+                    f"({used} of {self.limit} bytes used, {self._resting()} of them at rest, the "
                     f"store's {self._store()} among them; {self.keep} kept for queries' "
                     "working memory)"
                 )

@@ -116,10 +116,8 @@ def test_a_querys_working_memory_within_the_kept_share_is_no_overdraft() -> None
     b.unreserve(50)
     b.report("f0", 900, 650)  # a query runs on it: 250 of working memory, within keep
     assert b.overdraft() == 0
-    assert b.room() == 50  # loads still fit the loads' share ...
-    b.report("f0", 980, 650)
-    assert b.room() == 20  # ... and never pass the budget with the working memory now
-    with pytest.raises(OverBudget, match="980 of 1000 bytes used, 650 of them at rest"):
+    assert b.room() == 0  # loads wait for the working memory to go
+    with pytest.raises(OverBudget, match="900 of 1000 bytes used, 650 of them at rest"):
         b.reserve(30)
     b.report("f0", 1040, 650)  # past the whole budget: given back
     assert b.overdraft() == 40 and b.room() == 0
