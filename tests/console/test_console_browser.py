@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ import httpx
 import pytest
 
 from core.checkpoints.keys import global_key
-from fedfaas.platform import state
+from tests.commands import run_module
 from tests.console.browser import (
     chromium,
     fetch_status,
@@ -35,7 +33,7 @@ from tests.console.browser import (
     screenshot,
     wait_until,
 )
-from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.running import any_ports_env, running_platform
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,29 +76,15 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     require_browser()  # before minutes of start-up
     state_dir = tmp_path_factory.mktemp("console") / "state"
-    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": json.dumps(dict.fromkeys(PORTS, 0))}
-    env.pop("OPENFAAS_URL", None)
-    cli = [sys.executable, "-m", "fedfaas.cli"]
-    where = ["--state-dir", str(state_dir)]
-    subprocess.run(
-        [*cli, "up", "--with", "all,prometheus", *where],
-        env=env,
-        check=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    try:
-        st = state.load(state_dir)
-        assert st is not None
+    env = any_ports_env(FEDFAAS_PORTS=json.dumps(dict.fromkeys(PORTS, 0)))
+    with running_platform(state_dir, "--with", "all,prometheus", env=env, timeout=600) as st:
         urls = {name: f"http://{st.host}:{port}" for name, port in st.ports.items()}
-        status = subprocess.run(
-            [*cli, "status", *where], env=env, capture_output=True, text=True, timeout=120
+        status = run_module(
+            "fedfaas.cli", "status", "--state-dir", str(state_dir), env=env, timeout=120
         )
         assert urls["console"] in status.stdout, status.stdout  # `fedfaas status` shows it
         assert urls["prometheus"] in status.stdout, status.stdout
         yield Platform(state_dir, urls)
-    finally:
-        subprocess.run([*cli, "down", *where], env=env, timeout=300, cwd=REPO)
 
 
 def _train(job: RunningJob, data: Any) -> None:

@@ -28,7 +28,7 @@ from fedfaas.platform import credentials, state
 from tests.commands import run_module
 from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.rounds import assert_fedavg, expected, post_update, upload, wait_version
-from tests.platform.conftest import ANY_PORTS_ENV
+from tests.platform.running import any_ports_env, running_platform
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,18 +44,12 @@ def _fedfaas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 @pytest.fixture()
 def platform(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """``fedfaas up --with gateway`` on free ports: ``(state folder, environment)``; the test
-    takes it down itself (``down`` runs again here only if the test failed before)."""
+    takes it down itself (``down`` runs again on the way out: nothing left to stop then, unless
+    the test failed before)."""
     state_dir = tmp_path / "state"
-    ports = json.dumps(dict.fromkeys(("gateway", "gateway_node1"), 0))
-    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_PORTS": ports}
-    env.pop("OPENFAAS_URL", None)
-    try:
-        up = _fedfaas("up", "--with", "gateway", "--state-dir", str(state_dir), env=env)
-        assert up.returncode == 0, up.stdout + up.stderr
+    env = any_ports_env(FEDFAAS_PORTS=json.dumps(dict.fromkeys(("gateway", "gateway_node1"), 0)))
+    with running_platform(state_dir, "--with", "gateway", env=env, timeout=600):
         yield state_dir, env
-    finally:
-        if state.load(state_dir) is not None:
-            _fedfaas("down", "--state-dir", str(state_dir), env=env)
 
 
 def _endpoints(url: str, admin: dict[str, str]) -> int:
