@@ -502,12 +502,12 @@ class EndpointWorker(threading.Thread):
             job=self.job_id, key=key, weight=weight, round=t.round, count=count, seq=t.slot
         )
         if top:
-            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.RESULT, **common))  # type: ignore[arg-type]
+            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.RESULT, **common))
         else:
             ep.send(
                 Frame(dst=t.parent_ep, src=0, kind=Kind.PARTIAL, parent=t.parent_slot, **common)
-            )  # type: ignore[arg-type]
-            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.ACK, **common))  # type: ignore[arg-type]
+            )
+            ep.send(Frame(dst=t.gateway_ep, src=0, kind=Kind.ACK, **common))
         self.tasks_done += 1
         log.debug(
             "endpoint %d: slot %d of round %d done (%d updates, %.1f ms)",
