@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from core import wire
-from tests.dataplane.conftest import gateway_extra, make_gw  # noqa: F401 (the gateway fixtures)
+from tests.dataplane.gateways import gateway_extra, make_gw  # noqa: F401 (the gateway fixtures)
 from tests.polling import wait_until
 
 from .conftest import start_stack

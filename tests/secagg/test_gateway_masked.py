@@ -23,7 +23,7 @@ from core.secagg.coordinator import Coordinator
 from gateway import Gateway
 from gateway.secagg import METADATA_KEY
 from tests.aggregators import Aggregators
-from tests.dataplane.conftest import gateway_extra, make_gw  # noqa: F401  (the gateway fixtures)
+from tests.dataplane.gateways import gateway_extra, make_gw  # noqa: F401  (the gateway fixtures)
 from tests.dataplane.gwutil import GatewayThread
 from tests.dataplane.rounds import post_update, wait_version
 from tests.polling import wait_until

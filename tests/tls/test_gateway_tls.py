@@ -26,7 +26,7 @@ from tests.auth.test_gateway_routes_need_credentials import (
     test_every_route_but_healthz_refuses_missing_wrong_and_foreign_credentials,
     test_the_right_credentials_open_the_routes,
 )
-from tests.dataplane.conftest import make_gw
+from tests.dataplane.gateways import make_gw
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes
 from tests.dataplane.test_gateway_ingest import (
     job,
