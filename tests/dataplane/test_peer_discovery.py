@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import time
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ from bench.stack import start_gateway
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
 from tests.dataplane.gwproc import gateway_settings
+from tests.polling import wait_until
 
 
 @pytest.mark.integration
@@ -32,7 +32,11 @@ def test_a_gateway_discovering_its_peers_stops_cleanly_on_sigterm(tmp_path, redi
     gw = start_gateway(s, log, log_level="INFO")
     try:
         assert gw.health()["node"] == "n1"
-        time.sleep(1.0)  # several lookups (and, for localhost, /healthz probes of itself)
+        # several lookups (and, for localhost, /healthz probes of itself), waited for in the
+        # gateway's log: a fixed 1 s let a slow first lookup miss the SIGTERM (shown by
+        # delaying Discovery.find by 1.5 s)
+        marker = "/healthz" if name == "localhost" else "does not resolve"
+        wait_until(lambda: log.read_text().count(marker) >= 2, 60, f"two lines with {marker!r}")
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.proc.wait(s.stop_grace + 10) == 0, log.read_text()[-3000:]
     finally:
