@@ -36,10 +36,22 @@ def test_invocations_are_counted_under_the_gateway_names(runtime: RuntimeProcess
             assert no_token.status_code == 401
 
             assert httpx.get(f"{runtime.url}/metrics").status_code == 401  # basic auth
-            r = httpx.get(f"{runtime.url}/metrics", auth=runtime.auth)
-            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
             fn = "metered.openfaas-fn"
-            text = r.text
+
+            def counted() -> str | None:
+                """The exposition once it counts the three calls: the runtime counts a call
+                once its answer is out, so the caller can ask before the last one is counted."""
+                r = httpx.get(f"{runtime.url}/metrics", auth=runtime.auth)
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+                done = _sample(
+                    r.text, "gateway_functions_seconds_count", code="200", function_name=fn
+                )
+                done += _sample(
+                    r.text, "gateway_function_invocation_total", code="401", function_name=fn
+                )
+                return r.text if done >= 3 else None
+
+            text = wait_until(counted, timeout=30, what="the three calls counted")
             assert (
                 _sample(text, "gateway_function_invocation_total", code="200", function_name=fn)
                 == 2
