@@ -24,17 +24,23 @@ unmasks and publishes the round. A round that cannot go on (fewer than 3 adverts
 vectors or shares, a wrong share) fails the job with a message that says why (the job's view,
 ``failed``), as a round short of its minimum does.
 
-The stages' state lives in this process (a control plane that restarts mid-round loses it:
-that round then fails at its deadline).
+The stages' state is kept in the control plane's store with its jobs (Redis with ``--redis``:
+one record per job, ``secagg:<job>``, the open round's adverts, envelopes, who masked and the
+shares that came, :meth:`core.secagg.coordinator.Coordinator.to_state`), written before a
+route that changed it answers: a message the client saw acknowledged survives a restart of
+the control plane. A restarted control plane reads it back on the round's next call (each
+message checked again) and the round goes on; the stage that was open then waits its
+``stage_timeout_s`` again from that call, and an unmask stage that was open sends the root
+its material once the survivors' shares are in, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -51,6 +57,7 @@ from control_plane.errors import (
     RoundStateError,
 )
 from control_plane.jobs import JobState
+from control_plane.secagg_state import StageRound, record_key
 from core.auth import Scope, require
 from core.secagg.config import SecAggConfig
 from core.secagg.coordinator import Coordinator as SecAggCoordinator
@@ -99,31 +106,17 @@ class NotMasked(ControlPlaneError):
     status = 409
 
 
-@dataclass
-class StageRound:
-    """One round's stages: the server's SecAgg+ state and when each stage opened."""
-
-    cfg: SecAggConfig
-    server: SecAggCoordinator
-    first_advert: float | None = None
-    roster_at: float | None = None
-    shares_closed: bool = False
-    #: the root's answer: whose vectors the sum holds, and when it came
-    unmask_at: float | None = None
-    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    everyone: asyncio.Event = field(default_factory=asyncio.Event)
-    sender: asyncio.Task[None] | None = None
-
-
 class Stages:
     """Every masked job's open round, by ``(job, round)``."""
 
     def __init__(self, coord: Coordinator, clock: Callable[[], float] = time.monotonic) -> None:
         self.coord, self.clock = coord, clock
         self.rounds: dict[tuple[str, int], StageRound] = {}
+        self.loading = asyncio.Lock()
 
-    def round_of(self, name: str, number: int, client: str) -> tuple[JobState, StageRound]:
-        """The job and its round ``number``'s stages for ``client`` (made on first use)."""
+    async def round_of(self, name: str, number: int, client: str) -> tuple[JobState, StageRound]:
+        """The job and its round ``number``'s stages for ``client`` (read from the store, or
+        made, on first use)."""
         job = self.coord.job(name)
         if not job.secagg:
             raise NotMasked(f"job {name!r} has no secure aggregation")
@@ -141,10 +134,60 @@ class Stages:
             self._forget(key)
         st = self.rounds.get((name, number))
         if st is None:
-            cfg = SecAggConfig.from_spec(job.secagg)
-            st = StageRound(cfg, SecAggCoordinator(cfg, context(name, number)))
-            self.rounds[(name, number)] = st
+            async with self.loading:
+                st = self.rounds.get((name, number))
+                if st is None:
+                    st = await self._load(job, number)
+                    self.rounds[(name, number)] = st
         return job, st
+
+    async def _load(self, job: JobState, number: int) -> StageRound:
+        """Round ``number``'s stages as the store kept them, or new ones; a kept state that
+        does not hold fails the job saying why."""
+        name = job.spec.name
+        cfg = SecAggConfig.from_spec(job.secagg)
+        rec = await self.coord.store.load_record(record_key(name))
+        if not rec or rec.get("salt") != job.salt or rec.get("round") != number:
+            return StageRound(cfg, SecAggCoordinator(cfg, context(name, number)))
+        try:
+            st = StageRound.from_record(cfg, context(name, number), rec, self.clock())
+        except (MessageError, RoundFailed, KeyError, TypeError, ValueError) as exc:
+            await self.fail(job, f"round {number}: its kept secure-aggregation state: {exc}")
+            raise JobFailed(name, job.failed) from None
+        log.info(
+            "job %s round %d: secure-aggregation stages read back (%d adverts, %d shared, "
+            "%d masked, %d shares)", name, number, len(st.server.adverts),
+            len(st.server.shared), len(st.server.masked), len(st.messages),
+        )  # fmt: skip
+        if st.unmask_at is not None and not st.sent:
+            st.sender = asyncio.create_task(self._resend(job, st, number), name=f"unmask:{number}")
+        return st
+
+    async def _resend(self, job: JobState, st: StageRound, number: int) -> None:
+        """A read-back unmask stage's sender: none when the root published the round already
+        (the material went before the restart, its record did not)."""
+        gw = self.coord.clients.get(job.root)
+        with contextlib.suppress(GatewayError):
+            if (
+                gw is not None
+                and (await gw.unmask_state(job.spec.name, number)).get("state") == "published"
+            ):
+                st.everyone.set()
+                st.sent = st.dirty = True
+                await self.save(job, number, st)
+                return
+        await self._send(job, st, number)
+
+    async def save(self, job: JobState, number: int, st: StageRound) -> None:
+        """Write ``st`` to the store if it changed (one write at a time, each of the state
+        as it is then: a later write never holds less)."""
+        async with st.saving:
+            if not st.dirty:
+                return
+            st.dirty = False
+            await self.coord.store.save_record(
+                record_key(job.spec.name), st.to_record(job.salt, number)
+            )
 
     def _forget(self, key: tuple[str, int]) -> None:
         st = self.rounds.pop(key)
@@ -177,6 +220,7 @@ class Stages:
             raise BadStageMessage(str(exc)) from None
         if st.first_advert is None:
             st.first_advert = self.clock()
+        st.dirty = True
         return {"stage": "advertise", "advertised": len(st.server.adverts)}
 
     async def roster(self, job: JobState, st: StageRound, client: str) -> dict[str, Any]:
@@ -192,6 +236,7 @@ class Stages:
                 await self.fail(job, f"round {job.current and job.current.number}: {exc}")
                 raise JobFailed(job.spec.name, job.failed) from None
             st.roster_at = self.clock()
+            st.dirty = True
         if client not in st.server.adverts:
             raise StageClosed(f"{client} did not advertise before the stage closed")
         return {
@@ -210,6 +255,7 @@ class Stages:
             st.server.add_envelopes(client, envelopes_from_json(body, limit))
         except MessageError as exc:
             raise BadStageMessage(str(exc)) from None
+        st.dirty = True
         return {"stage": "share-keys", "shared": len(st.server.shared)}
 
     def inbox(self, st: StageRound, client: str) -> dict[str, Any]:
@@ -218,7 +264,7 @@ class Stages:
                 raise StageOpen("the advertise stage has not closed")
             if set(st.server.adverts) != st.server.shared and not self._timed_out(st.roster_at, st):
                 raise StageOpen(f"{len(st.server.shared)} of {len(st.server.adverts)} shared")
-            st.shares_closed = True
+            st.shares_closed = st.dirty = True
         try:
             inbox = st.server.inbox(client)
         except MessageError as exc:
@@ -261,6 +307,7 @@ class Stages:
             await self.fail(job, f"round {number}: {exc}")
             raise JobFailed(job.spec.name, job.failed) from None
         st.unmask_at = self.clock()
+        st.dirty = True
         st.sender = asyncio.create_task(self._send(job, st, number), name=f"unmask:{number}")
 
     def unmask(self, st: StageRound, client: str, body: Any) -> dict[str, Any]:
@@ -274,6 +321,7 @@ class Stages:
         except MessageError as exc:
             raise BadStageMessage(str(exc)) from None
         st.messages[client] = body
+        st.dirty = True
         if set(st.messages) >= st.server.masked:
             st.everyone.set()
         return {"stage": "unmask", "answered": len(st.messages)}
@@ -308,6 +356,8 @@ class Stages:
                 await asyncio.sleep(1.0 + attempt)
         else:
             why = f"round {number}: the root gateway {job.root} took no unmask shares"
+        st.sent = st.dirty = True
+        await self.save(job, number, st)
         if why is not None:
             await self.fail(job, why)
 
@@ -341,9 +391,12 @@ def _route(step: Step, reads_body: bool) -> Callable[..., Awaitable[Any]]:
     async def route(scope: ClientScope, job: str, number: int, request: Request) -> Any:
         client = _client_of(request, scope)
         stages = _stages(request)
-        j, st = stages.round_of(job, number, client)
+        j, st = await stages.round_of(job, number, client)
         body = await read_json(request, MAX_BODY) if reads_body else None
-        return await step(stages, j, st, client, body)
+        try:
+            return await step(stages, j, st, client, body)
+        finally:  # what the step took is kept before the client hears of it
+            await stages.save(j, number, st)
 
     route.__doc__ = step.__doc__
     return route

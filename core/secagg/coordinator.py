@@ -12,12 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
+from typing import Any
 
 import numpy as np
 
 from . import graph, keys, masks, quantize, shares
 from .config import SecAggConfig
-from .messages import Advert, MessageError, Shares
+from .messages import (
+    Advert,
+    MessageError,
+    Shares,
+    b64,
+    envelopes_from_json,
+    unmask_from_json,
+    unmask_to_json,
+)
 
 
 class RoundFailed(RuntimeError):
@@ -63,6 +72,41 @@ class Coordinator:
             )
         coord._envelopes = {c: {} for c in shared}
         coord.masked = set(masked)
+        return coord
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything the stages gave this state so far, as plain JSON (base64 bytes):
+        :meth:`from_state` makes the same state again (a control plane that restarts mid-round
+        keeps its stages in its store)."""
+        return {
+            "adverts": {c: a.to_json() for c, a in self.adverts.items()},
+            "closed": bool(self.neighbours),
+            "envelopes": {
+                s: {r: b64(e) for r, e in env.items()} for s, env in self._envelopes.items()
+            },
+            "masked": sorted(self.masked),
+            "unmask": {c: unmask_to_json(s, b) for c, (s, b) in self._unmask.items()},
+        }
+
+    @classmethod
+    def from_state(cls, cfg: SecAggConfig, context: bytes, state: Mapping[str, Any]) -> Coordinator:
+        """The state :meth:`to_state` gave, every message checked again as it was when it came
+        (:class:`MessageError` or :class:`RoundFailed` for a state that does not hold)."""
+        coord = cls(cfg, context)
+        try:
+            for client, advert in state["adverts"].items():
+                coord.add_advert(client, Advert.from_json(advert))
+            if state["closed"]:
+                coord.close_adverts()
+            for sender, env in state["envelopes"].items():
+                limit = len(coord.neighbours.get(sender, ()))
+                coord.add_envelopes(sender, envelopes_from_json(env, limit))
+            for client in state["masked"]:
+                coord.add_masked(client)
+            for client, message in state["unmask"].items():
+                coord.add_unmask(client, *unmask_from_json(message, len(coord.adverts)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise MessageError(f"a stored round state without {exc}") from None
         return coord
 
     # stage 1
