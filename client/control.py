@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from client.errors import raise_for, unreachable
+from client.tls import CaFile, verify_for
 
 #: the longest failure text a client sends (the control plane keeps as much)
 MAX_FAILURE_TEXT = 2000
@@ -28,12 +29,14 @@ def call(
     *,
     timeout: float = 60.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
     **kw: Any,
 ) -> httpx.Response:
     """One call of the control plane with ``token`` (admin, enrollment or a client's own);
-    its refusals raised as the SDK's typed errors (:mod:`client.errors`)."""
+    its refusals raised as the SDK's typed errors (:mod:`client.errors`). ``ca_file``: the
+    platform's CA for an ``https://`` URL (:mod:`client.tls`)."""
     url = base_url.rstrip("/") + path
-    with httpx.Client(timeout=timeout, transport=transport) as http:
+    with httpx.Client(timeout=timeout, transport=transport, verify=verify_for(ca_file)) as http:
         try:
             resp = http.request(method, url, headers={"Authorization": f"Bearer {token}"}, **kw)
         except httpx.TransportError as exc:
@@ -74,6 +77,7 @@ def enroll(
     *,
     timeout: float = 60.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> dict[str, str]:
     """Enroll ``clients`` in ``job`` (``POST /v1/jobs/{job}/clients``) with the job's
     enrollment token (``submit_job``'s answer, handed out by the job's owner) or the admin
@@ -85,6 +89,7 @@ def enroll(
         token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
         json={"clients": clients},
     )
     return {str(k): str(v) for k, v in resp.json()["tokens"].items()}
@@ -98,6 +103,7 @@ def leave(
     *,
     timeout: float = 60.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> None:
     """Take ``client_id`` out of ``job`` with its own token: it is never selected again and
     its token is refused from then on (it cannot enroll again)."""
@@ -108,6 +114,7 @@ def leave(
         token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
         params={"client": client_id},
     )
 
@@ -122,6 +129,7 @@ def report_failure(
     *,
     timeout: float = 30.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> dict[str, Any]:
     """Tell the control plane that ``client_id`` leaves ``round`` of ``job`` without an update
     (its training raised ``error``): ``POST /v1/jobs/{job}/rounds/{round}/failures``, with the
@@ -147,6 +155,7 @@ def report_failure(
         token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
         params={"client": client_id},
         json={"client": client_id, "error": text[:MAX_FAILURE_TEXT]},
     )

@@ -52,6 +52,7 @@ from client.errors import (
     raise_for,
 )
 from client.node import FLClient
+from client.tls import CaFile, verify_for
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ def run_numpy_client(
     evaluate: bool = True,
     timeout: float = 600.0,
     poll: float = 0.1,
+    ca_file: CaFile = None,
 ) -> list[FlowerRound]:
     """Take part in ``job`` as ``client_id`` until the job is done; returns the rounds this
     client was in (a round it was not selected for is waited out).
@@ -134,11 +136,14 @@ def run_numpy_client(
     ``accept_failures``) instead of waiting for its deadline; this client goes on with the
     job's later rounds.
 
+    ``ca_file`` is the platform's CA certificate, for ``https://`` URLs (:mod:`client.tls`):
+    the control plane's and the gateways' it names.
+
     Raises :class:`~client.errors.JobFailed` when the job fails, :class:`TimeoutError` when
     no round opens for this client within ``timeout`` seconds, and the SDK's errors
     (:mod:`client.errors`) for refusals.
     """
-    cp = _ControlPlane(control_plane_url, job, client_id, token)
+    cp = _ControlPlane(control_plane_url, job, client_id, token, ca_file=ca_file)
     done: list[FlowerRound] = []
     last = 0  # the last round this client uploaded for
     deadline = time.monotonic() + timeout
@@ -156,11 +161,11 @@ def run_numpy_client(
                 time.sleep(poll)
                 continue
             rnd = int(a["round"])
-            r = _train_round(client, a, job, client_id, token, config_fn, evaluate)
+            r = _train_round(cp, client, a, token, config_fn, evaluate)
             done.append(r)
             last = rnd
             if r.error is None:
-                r.resent = _follow_resends(cp, r, int(a.get("resend") or 0), job, client_id, token)
+                r.resent = _follow_resends(cp, r, int(a.get("resend") or 0), token)
             else:
                 _leave_round(cp, r, token)
             deadline = time.monotonic() + timeout
@@ -169,19 +174,18 @@ def run_numpy_client(
 
 
 def _train_round(
+    cp: _ControlPlane,
     client: NumPyClientLike,
     a: Mapping[str, Any],
-    job: str,
-    client_id: str,
     token: str,
     config_fn: Callable[[int], Mapping[str, Any]] | None,
     evaluate: bool,
 ) -> FlowerRound:
     """Fetch the round's model, evaluate and fit on it, upload the fit. What the client's own
     code raises is the round's ``error`` (nothing uploaded); the SDK's errors propagate."""
-    rnd = int(a["round"])
+    rnd, client_id = int(a["round"]), cp.client_id
     config: Config = {"server_round": rnd, **(config_fn(rnd) if config_fn else {})}
-    with FLClient(str(a["gateway_url"]), job, client_id, token) as fl:
+    with cp.gateway(str(a["gateway_url"]), token) as fl:
         model = fl.wait_for_version(rnd - 1)
         t0 = time.perf_counter()
         try:
@@ -232,14 +236,14 @@ def _fit(
 def _leave_round(cp: _ControlPlane, r: FlowerRound, token: str) -> None:
     """Tell the control plane that the client leaves round ``r`` (its training raised)."""
     try:
-        report_failure(cp.url, cp.job, r.round, cp.client_id, r.error or "failed", token)
+        report_failure(
+            cp.url, cp.job, r.round, cp.client_id, r.error or "failed", token, ca_file=cp.ca_file
+        )
     except ClientError as exc:  # the round ended meanwhile: there is nothing left to leave
         log.warning("%s: round %d failure not recorded: %s", cp.client_id, r.round, exc)
 
 
-def _follow_resends(
-    cp: _ControlPlane, r: FlowerRound, resend: int, job: str, client_id: str, token: str
-) -> int:
+def _follow_resends(cp: _ControlPlane, r: FlowerRound, resend: int, token: str) -> int:
     """Until the round ends: when the control plane asks for the update again (its root node
     died and another took the job over), send the same update to the node it names."""
     sent = 0
@@ -251,7 +255,7 @@ def _follow_resends(
         a = cp.assignment()
         if a is not None and int(a["round"]) == r.round and int(a.get("resend") or 0) > resend:
             resend = int(a["resend"])
-            with FLClient(str(a["gateway_url"]), job, client_id, token) as fl:
+            with cp.gateway(str(a["gateway_url"]), token) as fl:
                 fl.upload(r.round, r.weights, r.fit_examples, meta=r.meta)
             sent += 1
         time.sleep(0.1)
@@ -261,11 +265,27 @@ class _ControlPlane:
     """The two calls a client makes on the control plane, with its own token; a control
     plane that restarts (refused connection, 5xx) is asked again for up to ``down_s``."""
 
-    def __init__(self, url: str, job: str, client_id: str, token: str, down_s: float = 30) -> None:
+    def __init__(
+        self,
+        url: str,
+        job: str,
+        client_id: str,
+        token: str,
+        down_s: float = 30,
+        ca_file: CaFile = None,
+    ) -> None:
         self.url, self.job, self.client_id, self.down_s = url, job, client_id, down_s
+        self.ca_file = ca_file
         self.http = httpx.Client(
-            base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30
+            base_url=url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            verify=verify_for(ca_file),
         )
+
+    def gateway(self, url: str, token: str) -> FLClient:
+        """This client's connection to the gateway at ``url`` (trusting the same CA)."""
+        return FLClient(url, self.job, self.client_id, token, ca_file=self.ca_file)
 
     def close(self) -> None:
         self.http.close()

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from client.errors import from_response, unreachable
+from client.tls import CaFile, verify_for
 
 #: Tracker errors that mean "the cache engine has not ingested that round yet".
 NOT_INGESTED = frozenset({"round_not_written", "unknown_job"})
@@ -25,11 +26,13 @@ def flstore_query(
     token: str,
     wait: float = 120.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> dict[str, Any]:
     """Ask FLStore a question about ``job``: ``POST {tracker}/v1/queries?wait=true``.
 
     ``token`` is the tracker's analyst (or admin) token, read from its file (the platform
-    writes ``.state/secrets/analyst-token``).
+    writes ``.state/secrets/analyst-token``); ``ca_file`` the platform's CA for an
+    ``https://`` tracker (:mod:`client.tls`).
 
     ``workload`` is one of ``flstore_workloads`` (``multi-krum``, ``shapley``, ``oort``, ...),
     with its ``params``; ``rounds``/``clients`` fill the workload's round/client parameters.
@@ -59,7 +62,8 @@ def flstore_query(
         query["clients"] = list(clients)
     url = tracker_url.rstrip("/") + "/v1/queries"
     deadline = time.monotonic() + wait
-    with httpx.Client(timeout=max(wait, 30.0), transport=transport) as http:
+    verify = verify_for(ca_file)
+    with httpx.Client(timeout=max(wait, 30.0), transport=transport, verify=verify) as http:
         while True:
             try:
                 resp = http.post(

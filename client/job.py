@@ -38,6 +38,7 @@ from client.errors import (
 )
 from client.flstore import flstore_query
 from client.node import FLClient, GlobalModel, UploadReceipt
+from client.tls import CaFile
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class RoundClient(FLClient):
             token,
             timeout=job.timeout,
             transport=job.transport,
+            ca_file=job.ca_file,
         )
         self.assignment = assignment
         self.round = assignment.round
@@ -124,6 +126,8 @@ class Job(Mapping[str, Any]):
         :meth:`query`.
     timeout : seconds for each request.
     transport : optional httpx transport (tests).
+    ca_file : the platform's CA certificate, for ``https://`` URLs (:mod:`client.tls`): the
+        control plane's, the gateways' it names and the tracker's.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class Job(Mapping[str, Any]):
         analyst_token: str | None = None,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        ca_file: CaFile = None,
     ) -> None:
         self.url = control_plane_url.rstrip("/")
         self.name = name
@@ -149,6 +154,7 @@ class Job(Mapping[str, Any]):
         self.tracker_url = tracker_url
         self.timeout = timeout
         self.transport = transport
+        self.ca_file = ca_file
         self._admin = admin_token
         self._analyst = analyst_token
 
@@ -174,6 +180,7 @@ class Job(Mapping[str, Any]):
             token or self._admin,
             timeout=self.timeout,
             transport=self.transport,
+            ca_file=self.ca_file,
             params=params,
         )
         return resp.json()
@@ -214,6 +221,7 @@ class Job(Mapping[str, Any]):
             self.enrollment_token or self._admin,
             timeout=self.timeout,
             transport=self.transport,
+            ca_file=self.ca_file,
         )
         self.tokens.update(tokens)
         return tokens
@@ -292,6 +300,7 @@ class Job(Mapping[str, Any]):
             self.tokens.get(client, self._admin),
             timeout=self.timeout,
             transport=self.transport,
+            ca_file=self.ca_file,
         )
 
     def wait(self, round: int | None = None, *, timeout: float = 600.0) -> dict[str, Any]:
@@ -352,7 +361,13 @@ class Job(Mapping[str, Any]):
         last: ClientError | None = None
         for url in urls:
             with FLClient(
-                url, self.name, "", self._admin, timeout=self.timeout, transport=self.transport
+                url,
+                self.name,
+                "",
+                self._admin,
+                timeout=self.timeout,
+                transport=self.transport,
+                ca_file=self.ca_file,
             ) as fl:
                 try:
                     if version is None:
@@ -394,4 +409,5 @@ class Job(Mapping[str, Any]):
             token=self._analyst,
             wait=wait,
             transport=self.transport,
+            ca_file=self.ca_file,
         )

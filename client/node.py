@@ -23,6 +23,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from client.errors import GatewayUnavailable, StaleRound, raise_for, unreachable
+from client.tls import CaFile, verify_for
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class FLClient:
     token : this client's bearer token (from the job's creation answer: ``tokens``).
     timeout : seconds for connect/read of each request.
     transport : optional httpx transport (tests).
+    ca_file : the platform's CA certificate, for an ``https://`` gateway (:mod:`client.tls`).
     """
 
     def __init__(
@@ -120,12 +122,18 @@ class FLClient:
         *,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        ca_file: CaFile = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self.job = job
         self.client_id = client_id
         self._token = token
-        self._http = httpx.Client(base_url=self.gateway_url, timeout=timeout, transport=transport)
+        self._http = httpx.Client(
+            base_url=self.gateway_url,
+            timeout=timeout,
+            transport=transport,
+            verify=verify_for(ca_file),
+        )
         self._cached: GlobalModel | None = None
 
     def __enter__(self) -> FLClient:
@@ -311,16 +319,18 @@ def create_job(
     nodes: list[str] | None = None,
     timeout: float = 60.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> JobCreated:
     """``POST /v1/jobs``: create ``job`` with ``initial_weights`` (safetensors bytes).
 
     ``nodes`` (optional) names the node gateways the job spans, the root (this gateway) first.
+    ``ca_file``: the platform's CA for an ``https://`` gateway (:mod:`client.tls`).
     """
     params = {"job": job, "rounds": str(rounds), "goal": str(goal), "clients": ",".join(clients)}
     if nodes:
         params["nodes"] = ",".join(nodes)
     url = gateway_url.rstrip("/") + "/v1/jobs"
-    with httpx.Client(timeout=timeout, transport=transport) as http:
+    with httpx.Client(timeout=timeout, transport=transport, verify=verify_for(ca_file)) as http:
         try:
             resp = http.post(
                 url,

@@ -19,6 +19,7 @@ from client.control import (
     with_metadata,
 )
 from client.job import Job
+from client.tls import CaFile
 
 
 def submit_job(
@@ -48,6 +49,7 @@ def submit_job(
     analyst_token: str | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> Job:
     """Create ``job`` on the control plane (``POST /v1/jobs``), which creates it on the node
     gateways, places the clients and opens round 1; returns its handle (:class:`Job`).
@@ -129,6 +131,9 @@ def submit_job(
         ``.state/secrets/analyst-token``).
     timeout : seconds for each request.
     transport : optional httpx transport (tests).
+    ca_file : the platform's CA certificate, for ``https://`` URLs (:mod:`client.tls`;
+        ``fedfaas up --tls`` writes ``.state/secrets/tls/ca.crt``); the handle uses it for
+        every later call (the control plane, the gateways, the tracker).
 
     Returns
     -------
@@ -187,6 +192,7 @@ def submit_job(
         admin_token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
         json=body,
     )
     return Job(
@@ -198,6 +204,7 @@ def submit_job(
         analyst_token=analyst_token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
     )
 
 
@@ -210,6 +217,7 @@ def attach_job(
     analyst_token: str | None = None,
     timeout: float = 120.0,
     transport: httpx.BaseTransport | None = None,
+    ca_file: CaFile = None,
 ) -> Job:
     """The handle of ``job``, created earlier (by this process or another): its creation
     answer is its current view, without tokens (:meth:`Job.enroll` gives a client's token
@@ -222,6 +230,7 @@ def attach_job(
         admin_token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
     ).json()
     return Job(
         control_plane_url,
@@ -232,4 +241,5 @@ def attach_job(
         analyst_token=analyst_token,
         timeout=timeout,
         transport=transport,
+        ca_file=ca_file,
     )

@@ -14,7 +14,7 @@ turns them into an :class:`ssl.SSLContext`:
 written 0600) with the ``cryptography`` library, for a platform that has no PKI of its own and
 for the tests.
 
-The SDK needs no code for TLS: ``httpx`` verifies against the CA named by ``SSL_CERT_FILE``.
+The SDK verifies the platform's servers against its CA file (``ca_file``, :mod:`client.tls`).
 """
 
 from __future__ import annotations
