@@ -34,9 +34,9 @@ Figures, all from one run on this machine (baselines in the same process tree):
 
 Every round is measured as Flower's is (:mod:`bench.harness.round_window`, the same helpers on
 every side): the clients, one process each on this machine, hold ResNet-18's floating-point
-state dict (44.8 MB float32) as numpy arrays and are released at once; FedFaaS's serialise it
-to safetensors and upload it through :meth:`client.sdk.FLClient.upload` to one node gateway
-whose warm ``aggregator`` replicas aggregate (started as the runtime starts them,
+state dict (44.8 MB float32) as numpy arrays and are released at once; FedFaaS's give it to
+:meth:`client.sdk.FLClient.upload`, which writes it as safetensors while it sends it to one
+node gateway whose warm ``aggregator`` replicas aggregate (started as the runtime starts them,
 ``bench.stack``; they register job-agnostic and the gateway grants them the job). Flower is
 ``bench.flower_baseline`` (its clients serialise inside the window too); SF is
 :mod:`bench.harness.sf_round` (LIFL's serverful baseline: long-running leaf and top

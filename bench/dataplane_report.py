@@ -139,12 +139,17 @@ def _table_head(r: dict[str, Any]) -> str:
     m = r["machine"]
     probe = r.get("router_probe") or {"mode": "userspace", "reason": "not recorded"}
     rnd = _first_run(r, "FedFaaS")
+    sent = (  # records before the streamed upload have no "upload": their clients made bytes
+        "written by FLClient.upload as it sends them"
+        if rnd.get("upload") == "stream"
+        else "made first, then uploaded through FLClient.upload"
+    )
     head = (
         f"Machine: {m['cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']} "
         f"(shared with other work: figures are ratios within one run); round updates = ResNet-18 "
         f"(10 classes) floating-point state dict, float32, {rnd.get('update_bytes', 0) / 1e6:.1f} MB, "
-        f"serialised by each client inside the window (FedFaaS: safetensors, uploaded through "
-        f"FLClient.upload; Flower: its ArrayRecord, pushed to the SuperLink); aggregator kernel "
+        f"serialised by each client inside the window (FedFaaS: safetensors, {sent}; Flower: "
+        f"its ArrayRecord, pushed to the SuperLink); aggregator kernel "
         f"numpy/BLAS saxpy; rounds aggregated by {rnd.get('aggregator_replicas', '?')} warm "
         f"`aggregator` replica(s) of {rnd.get('endpoints_per_replica', '?')} endpoint(s), granted "
         f"the job by the gateway; router probe: {probe['mode']} ({probe['reason']})."

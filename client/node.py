@@ -23,6 +23,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from client.errors import GatewayUnavailable, StaleRound, raise_for, unreachable
+from client.stream import SafetensorsBody, streamable
 from client.tls import CaFile, verify_for
 
 log = logging.getLogger(__name__)
@@ -71,15 +72,25 @@ class JobCreated:
 
 
 def update_bytes(update: Mapping[str, Any] | bytes | bytearray | memoryview) -> bytes:
-    """An update as safetensors bytes: bytes as they are, a state dict of numpy arrays through
-    ``safetensors.numpy`` (no torch needed), one of torch tensors through
-    :func:`client.model.state_dict_to_bytes` (the ``[torch]`` extra)."""
+    """An update as safetensors bytes: bytes as they are, a state dict of numpy arrays as
+    ``safetensors.numpy.save`` makes them (:class:`~client.stream.SafetensorsBody`: a strided
+    array as its values, a 0-d one keeping its shape; no torch needed), one of torch tensors
+    through :func:`client.model.state_dict_to_bytes` (the ``[torch]`` extra)."""
+    body = _body(update)
+    return body if isinstance(body, bytes) else b"".join(body)
+
+
+def _body(update: Mapping[str, Any] | bytes | bytearray | memoryview) -> bytes | SafetensorsBody:
+    """What an upload sends: a state dict of numpy arrays as a :class:`SafetensorsBody`,
+    written while it is sent; anything else as safetensors bytes made first."""
     if isinstance(update, bytes):
         return update
     if isinstance(update, bytearray | memoryview):
         return bytes(update)
-    if all(isinstance(v, np.ndarray) for v in update.values()):
-        return save({k: np.ascontiguousarray(v) for k, v in update.items()})
+    if streamable(update):
+        return SafetensorsBody(update)
+    if all(isinstance(v, np.ndarray) for v in update.values()):  # a dtype safetensors lacks
+        return save(dict(update))  # its own error
     from client.model import state_dict_to_bytes
 
     return state_dict_to_bytes(update)
@@ -212,7 +223,10 @@ class FLClient:
     ) -> UploadReceipt:
         """Upload this client's full local weights for ``round``.
 
-        ``update`` is a state dict (serialised to safetensors here) or safetensors bytes.
+        ``update`` is a state dict or safetensors bytes. A state dict of numpy arrays is
+        written as safetensors while it is sent (:class:`~client.stream.SafetensorsBody`:
+        the bytes ``safetensors.numpy.save`` makes of the same values, never whole in memory,
+        the first sent at once); one of torch tensors is serialised first.
         ``meta`` is this client's metadata for the round, finite numbers under lowercase
         names (at most 16, 1 KiB as JSON), e.g. ``{"loss": 0.41, "duration_s": 2.3}``: sent as
         the ``X-Client-Meta`` header, kept by the gateway with the update and written to the
@@ -232,7 +246,7 @@ class FLClient:
         answers 409 ``duplicate_client`` means an earlier attempt landed and only its answer
         was lost: the receipt then says ``resent``. The update counts once either way.
         """
-        data = update_bytes(update)
+        data = _body(update)
         headers = {
             "Authorization": f"Bearer {self._token}",
             "X-Client-Id": self.client_id,
@@ -255,7 +269,7 @@ class FLClient:
                     "POST",
                     f"/v1/jobs/{self.job}/rounds/{int(round)}/updates",
                     headers=headers,
-                    content=_chunks(data),
+                    content=_chunks(data) if isinstance(data, bytes) else iter(data),
                 )
                 break
             except StaleRound as exc:

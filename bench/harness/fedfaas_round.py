@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.harness.cgroups import born_in
+from bench.harness.sdk_client import UPLOADS
 from bench.runinfo import PINNED_THREADS, ROOT
 from bench.stack import GatewayProc, Replicas, start_gateway
 from gateway.settings import GatewaySettings
@@ -131,12 +132,13 @@ def bench_round_e2e(
     weights: Sequence[Path] | None = None,
     initial: bytes | None = None,
     keep_model: bool = False,
+    upload: str = "stream",
 ) -> dict[str, Any]:
     """One FedFaaS round measured as :func:`bench.flower_baseline.run_flower_round` measures
     Flower's (:mod:`bench.harness.round_window`): ``clients`` client processes on this machine,
-    released at once, each serialising its weights and uploading them through the SDK
-    (:mod:`bench.harness.sdk_client`) to one node gateway (its own Redis) whose round warm
-    ``aggregator`` replicas aggregate.
+    released at once, each uploading its weights through the SDK
+    (:mod:`bench.harness.sdk_client`; ``upload``: serialised as they are sent, or first) to
+    one node gateway (its own Redis) whose round warm ``aggregator`` replicas aggregate.
 
     ``e2e_s``: first client's weights-in-memory mark -> global model published (encoded and
     served by the gateway); ``server_s``: first update bytes received on the gateway's port ->
@@ -150,7 +152,10 @@ def bench_round_e2e(
     layout (None: one random file every client shares); ``initial``: the job's initial model
     as the body ``POST /v1/jobs`` takes (safetensors, its metadata may name an aggregation
     rule; None: zeros); ``keep_model``: the record's ``model`` is the published global model
-    as one flat float32 vector in the layout's order (not JSON).
+    as one flat float32 vector in the layout's order (not JSON). ``upload``: what each
+    client gives the SDK (:data:`bench.harness.sdk_client.UPLOADS`): ``"stream"`` its state
+    dict, written as safetensors while it is sent; ``"bytes"`` the safetensors bytes,
+    serialised first inside the window (``encode_s_max`` then says how long that took).
 
     ``groups``: the round's cgroups. The gateway, the replicas and Redis are born in
     ``groups.server``, the clients in ``groups.clients``; the record then has ``cgroup``
@@ -166,6 +171,8 @@ def bench_round_e2e(
     from bench.harness import round_window as rw
     from core.services import RedisServer
 
+    if upload not in UPLOADS:
+        raise ValueError(f"upload must be one of {UPLOADS}, not {upload!r}")
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
     size = rc.layout_bytes(layout)
     # short: the node names the round's folder, its gateway's folder under it and its router
@@ -245,6 +252,7 @@ def bench_round_e2e(
                         "client": name,
                         "token": info["tokens"][name],
                         "samples": 100 + k,
+                        "upload": upload,
                     }
                 )
             )
@@ -345,6 +353,7 @@ def bench_round_e2e(
         ),
         "fanout": fanout,
         "max_inflight": max_inflight,
+        "upload": upload,
         "router": router["mode"],
         "router_reason": health["router_reason"],
         "aggregator_replicas": replicas,

@@ -130,13 +130,21 @@ def map_weights(path: Any, layout: Sequence[tuple[str, Sequence[int]]]) -> dict[
     return out
 
 
-def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], object]) -> None:
+def client_round(
+    spec: dict[str, Any],
+    out: Path,
+    send: Callable[[Any], object],
+    *,
+    serialise: bool = True,
+) -> None:
     """One benchmark client's round, the same for every system measured: map the weights
     (:func:`map_weights`, named in ``spec``), say ready (``ready-<client>`` in the spec's
     ``work`` folder), wait for the ``go`` file, mark ``t_start_ns``, serialise to safetensors
     (``safetensors.numpy.save``), mark ``t_encoded_ns``, ``send`` the bytes, mark
     ``t_done_ns``; write the marks, the process's ``VmHWM`` and its measured thread pools to
-    ``out`` as JSON."""
+    ``out`` as JSON. Without ``serialise``, ``send`` gets the state dict itself (a sender that
+    writes the wire format as it sends: FedFaaS's SDK) and ``t_encoded_ns`` is
+    ``t_start_ns``: nothing is serialised before the send."""
     import json
 
     from safetensors.numpy import save
@@ -149,8 +157,8 @@ def client_round(spec: dict[str, Any], out: Path, send: Callable[[bytes], object
     marks: dict[str, Any] = {"cid": spec["client"]}
     wait_go(work, spec["client"], timeout=None)
     marks["t_start_ns"] = time.monotonic_ns()  # weights in memory; nothing serialised
-    data = save(weights)
-    marks["t_encoded_ns"] = time.monotonic_ns()
+    data: Any = save(weights) if serialise else weights
+    marks["t_encoded_ns"] = time.monotonic_ns() if serialise else marks["t_start_ns"]
     send(data)
     marks["t_done_ns"] = time.monotonic_ns()
     marks["client_hwm_bytes"] = status_bytes(os.getpid(), "VmHWM")
