@@ -15,12 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from core.services import RedisServer, ServiceError, free_port
+from core.services import RedisServer, ServiceError
 from runtime import RuntimeProcess
 from runtime.async_calls import STREAM
 from tests.conftest import RedisURL
 from tests.platform.conftest import part_context
 from tests.polling import wait_until
+from tests.ports import HeldPort
 from tests.runtime.conftest import (
     FUNCTION_TOKEN,
     STACK,
@@ -291,7 +292,9 @@ def test_a_call_without_callback_is_acknowledged_once_invoked_and_a_4xx_callback
 def test_the_runtime_runs_while_its_redis_is_down_and_queues_once_it_is_up(
     tmp_path: Path, callbacks: Callbacks
 ) -> None:
-    server = RedisServer(data_dir=tmp_path / "redis", port=free_port())
+    # the port is held until the server starts: the runtime and its replica draw theirs meanwhile
+    held = HeldPort()
+    server = RedisServer(data_dir=tmp_path / "redis", port=held.port)
     server.prepare()  # its users' credentials files; the server is not running yet
     url = RedisURL(server.url)
     url.server = server
@@ -303,6 +306,7 @@ def test_the_runtime_runs_while_its_redis_is_down_and_queues_once_it_is_up(
             r = http.post("/async-function/echo", headers={"X-Callback-Url": callbacks.url})
             assert r.status_code == 503 and r.json()["error"] == "queue_unavailable", r.text
             assert http.post("/function/echo", content=b"sync").content == b"sync"
+            held.release()
             server.start()
             r = http.post(
                 "/async-function/echo", headers={"X-Callback-Url": callbacks.url}, content=b"up"
@@ -313,6 +317,7 @@ def test_the_runtime_runs_while_its_redis_is_down_and_queues_once_it_is_up(
     finally:
         rt.stop()
         server.stop()
+        held.release()
 
 
 def test_a_runtime_with_redis_but_no_credentials_file_does_not_start(
@@ -349,8 +354,10 @@ def test_fedfaas_up_gives_the_runtime_its_redis_user(tmp_path: Path) -> None:
 def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
     tmp_path: Path, redis_url: RedisURL
 ) -> None:
-    port = free_port()  # nothing listens there yet: the callback is refused
-    url = f"http://127.0.0.1:{port}/cb"
+    # nothing listens there yet: the callback is refused; held, so that the runtime and its
+    # replicas, started meanwhile, draw other ports
+    held = HeldPort()
+    url = f"http://127.0.0.1:{held.port}/cb"
     rt = _runtime(tmp_path / "rt", redis_url, async_max_attempts=12).start()
     cb: Callbacks | None = None
     try:
@@ -368,7 +375,7 @@ def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
         rt.proc = None
         assert _queued(redis_url) == (1, 1)  # still there, held by the dead worker
 
-        cb = Callbacks(port=port)
+        cb = Callbacks(port=held.release())
         rt.start()  # same port, secrets and Redis; functions do not outlive a runtime
         # the call is taken over; echo is not deployed yet, so its invocation is retried
         wait_until(lambda: "took over async call" in rt.log_path.read_text(), timeout=30)
@@ -384,6 +391,7 @@ def test_a_call_accepted_before_a_sigkill_is_delivered_once_after_a_restart(
             assert http.get("/system/function/echo").json()["invocationCount"] == 1
     finally:
         rt.stop()
+        held.release()
         if cb is not None:
             cb.close()
 
