@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.services import wait_for_port
-from tests.control.realgw import distinct_ports
+from tests.ports import distinct_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 

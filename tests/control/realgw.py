@@ -26,10 +26,11 @@ from typing import Any
 import httpx
 from safetensors.numpy import save
 
-from core.services import free_port, wait_for_port
+from core.services import wait_for_port
 from gateway.settings import GatewaySettings
 from tests.aggregators import NodeAggregators
 from tests.polling import wait_until
+from tests.ports import distinct_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,17 +93,6 @@ def real_gateways(
             a.wait_registered(REPLICAS * ENDPOINTS)
         check_identities(urls, procs)
         yield urls, secret, procs
-
-
-def distinct_ports(n: int) -> list[int]:
-    """``n`` different free ports (:func:`free_port` draws each at random: two draws can be
-    the same port, and then one server takes both nodes' address)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    return ports
 
 
 def check_identities(urls: dict[str, str], procs: dict[str, subprocess.Popen[bytes]]) -> None:

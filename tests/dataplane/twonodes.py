@@ -17,10 +17,11 @@ import httpx
 
 from bench.stack import GatewayProc, Replicas, start_gateway
 from core import wire
-from core.services import free_port
 from gateway.settings import GatewaySettings
+from tests.control.realgw import check_identities
 from tests.dataplane.gwutil import tiny_model
 from tests.dataplane.peerproxy import PeerProxy
+from tests.ports import distinct_ports
 
 
 @dataclass
@@ -80,7 +81,7 @@ def two_nodes(tmp_path: Path, redis_url: str, **settings: Any) -> Iterator[TwoNo
     secret_file.write_text(secret)
     secret_file.chmod(0o600)
     shm = Path("/dev/shm") / f"fedfaas-test-{os.urandom(4).hex()}"
-    ports = {"n1": free_port(), "n2": free_port()}
+    ports = dict(zip(("n1", "n2"), distinct_ports(2), strict=True))
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, shm, ignore_errors=True)
         proxy = stack.enter_context(PeerProxy(ports["n1"]))
@@ -104,7 +105,11 @@ def two_nodes(tmp_path: Path, redis_url: str, **settings: Any) -> Iterator[TwoNo
             )
             gws[node] = start_gateway(s, tmp_path / f"{node}.log")
             stack.callback(gws[node].stop)
-            aggs[node] = Replicas(gws[node], tmp_path / f"{node}-aggregators")
+        # the replicas draw their own ports: only once both gateways hold theirs (n1's replica
+        # drew n2's port before n2 bound it, and n2 lost it), and each answers as its node
+        check_identities({n: g.url for n, g in gws.items()}, {n: g.proc for n, g in gws.items()})
+        for node, gw in gws.items():
+            aggs[node] = Replicas(gw, tmp_path / f"{node}-aggregators")
             stack.callback(aggs[node].stop)
             aggs[node].spawn(1, endpoints=2)
         for a in aggs.values():
