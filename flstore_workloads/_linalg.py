@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -105,9 +106,8 @@ class _Blocks:
                     index[id(x)] = len(self.bases)
                     self.bases.append(x)
         self.terms = [[(c, index[id(x)]) for c, x in row] for row in self.rows]
-        shared = {
-            i for i in range(len(self.bases)) if sum(i == j for t in self.terms for _, j in t) > 1
-        }
+        uses = Counter(j for t in self.terms for _, j in t)
+        shared = {i for i, k in uses.items() if k > 1}
         # float64: vectors used by several rows are converted once per chunk; float32: no
         # conversion at all, rows are combined straight from the stored vectors
         self.convert = sorted(shared) if dtype == np.float64 else []
@@ -249,13 +249,17 @@ def gram(
     keys = [cache.key(r) for r in rows] if cache is not None else [None] * n
     if cache is not None:
         cache.fill(keys, g)
-    missing = [(a, b) for a in range(n) for b in range(a, n) if np.isnan(g[a, b])]
-    if not missing:
+    missing = np.isnan(g)  # symmetric: the memo fills both halves
+    if not missing.any():
         return g
-    left = _cover(missing)
-    inleft = set(left)
-    others = sorted({i for p in missing for i in p} - inleft)
-    square = any(a in inleft and b in inleft for a, b in missing)
+    if missing.all():  # nothing known (no memo, a new round): every row, one square product
+        left, others, square = list(range(n)), [], True
+    else:
+        left = _cover(missing)
+        inleft = np.zeros(n, dtype=bool)
+        inleft[left] = True
+        others = [int(i) for i in np.flatnonzero(missing.any(axis=1) & ~inleft)]
+        square = bool(missing[np.ix_(inleft, inleft)].any())
     sq, cross = _products(rows, left, others, d, chunk, square=square, length=length)
     if not (np.all(np.isfinite(cross)) and (sq is None or np.all(np.isfinite(sq)))):
         raise DataMismatch("parameter vectors contain non-finite values (NaN or inf)")
@@ -275,19 +279,24 @@ def gram(
     return g
 
 
-def _cover(pairs: Sequence[tuple[int, int]]) -> list[int]:
-    """Rows whose products with the others cover every missing pair (greedy vertex cover)."""
+def _cover(missing: NDArray[np.bool_]) -> list[int]:
+    """Rows whose products with the others cover every missing pair (greedy vertex cover).
+
+    ``missing[a, b]``: the pair ``(a, b)`` is to be computed (symmetric; ``(a, a)``, a row's
+    norm, needs ``a`` itself). Each step takes the row in the most missing pairs (the lowest
+    index among equals), on a boolean matrix: the step is O(n^2) in numpy, not a pass over
+    Python tuples (0.2-0.4 s at 200 rows, paid once per streamed chunk before)."""
     left: list[int] = []
-    rest = set(pairs)
-    while rest:
-        count: dict[int, int] = {}
-        for a, b in rest:
-            count[a] = count.get(a, 0) + 1
-            if b != a:
-                count[b] = count.get(b, 0) + 1
-        best = max(sorted(count), key=lambda i: count[i])
+    rest = np.array(missing, dtype=bool, copy=True)
+    rest |= rest.T
+    count = rest.sum(axis=1)
+    while count.any():
+        best = int(np.argmax(count))
         left.append(best)
-        rest = {p for p in rest if best not in p}
+        count -= rest[:, best]
+        rest[best, :] = False
+        rest[:, best] = False
+        count[best] = 0
     return sorted(left)
 
 
