@@ -12,25 +12,15 @@ from __future__ import annotations
 
 import socket
 
-from core.services import free_port
+from core.services.process import bound_free_port, free_ports
 
 
 class HeldPort:
     """A loopback TCP port bound by this process (connections refused) until :meth:`release`."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self._sock: socket.socket | None = None
-        for _ in range(64):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((host, free_port(host)))
-            except OSError:  # drawn free, taken before this bind: draw again
-                s.close()
-                continue
-            self._sock = s
-            self.port: int = s.getsockname()[1]
-            return
-        raise RuntimeError(f"no free port on {host} stayed free long enough to bind")
+        self._sock: socket.socket | None = bound_free_port(host)
+        self.port: int = self._sock.getsockname()[1]
 
     def release(self) -> int:
         """Unbind (once the server that takes the port starts right after); returns the port."""
@@ -43,9 +33,4 @@ class HeldPort:
 def distinct_ports(n: int) -> list[int]:
     """``n`` different free ports (:func:`free_port` draws each at random: two draws can be
     the same port, and then one server takes both nodes' address)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    return ports
+    return free_ports(n)

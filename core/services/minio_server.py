@@ -20,6 +20,7 @@ from core.services.process import (
     ServiceError,
     find_binary,
     free_port,
+    free_ports,
     http_ok,
     secrets_folder,
     write_once,
@@ -272,6 +273,8 @@ class MinioServer(Server):
         return http_ok(f"{self.url}/minio/health/ready", timeout)
 
     def start(self, timeout: float = 60.0) -> MinioServer:
+        if not self.port and not self.console_port:  # two free_port() draws can be one port
+            self.port, self.console_port = free_ports(2, self.host)
         self.port = self.port or free_port(self.host)
         self.console_port = self.console_port or free_port(self.host)
         self.prepare()

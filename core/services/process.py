@@ -93,6 +93,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def bound_free_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound, not listening, to a port :func:`free_port` drew: connections to it are
+    refused as to a free port, and no other process can take the port until it is closed."""
+    for _ in range(64):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((host, free_port(host)))
+        except OSError:  # drawn free, taken before this bind: draw again
+            s.close()
+            continue
+        return s
+    raise ServiceError(f"no port drawn free on {host} stayed free until it was bound")
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` different ports, each free on ``host`` right now (:func:`free_port`).
+
+    Two draws of :func:`free_port` can answer the same port (nothing holds the first between
+    them): each port drawn here stays bound until the last is drawn, so no draw answers it
+    again, even from a range narrower than ``n`` (then the kernel's own port is the fallback).
+    """
+    held: list[socket.socket] = []
+    try:
+        while len(held) < n:
+            held.append(bound_free_port(host))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def wait_for_port(
     host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None
 ) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.services import MinioServer, RedisServer, free_port, http_ok, redis_ping
+from core.services import MinioServer, RedisServer, free_port, free_ports, http_ok, redis_ping
 from core.services.process import PORT_RANGE_ENV, ServiceError, port_range
 from tests.conftest import RedisURL
 
@@ -88,6 +88,39 @@ def test_free_port_draws_from_the_range_the_environment_names(
     monkeypatch.delenv(PORT_RANGE_ENV)
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert port_range() == (max(1024, low - 12288), low)
+
+
+def _a_range_of_one_port(monkeypatch: pytest.MonkeyPatch) -> int:
+    port = free_port()
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{port}-{port}")
+    return port
+
+
+def test_free_ports_are_distinct_even_from_a_range_of_one_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # two free_port() draws from it answer the same port: nothing holds the first meanwhile
+    only = _a_range_of_one_port(monkeypatch)
+    assert free_port() == free_port() == only
+    first, second = free_ports(2)
+    assert first == only and second != only
+    with socket.socket() as a, socket.socket() as b:  # both free once drawn
+        a.bind(("127.0.0.1", first))
+        b.bind(("127.0.0.1", second))
+
+
+def test_minio_drawing_both_its_ports_from_a_range_of_one_port_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its API and console ports drawn as two free_port() calls were one port there, and
+    # MinIO exited: "--console-address cannot be same as --address" (seen with 8 ports a worker)
+    only = _a_range_of_one_port(monkeypatch)
+    server = MinioServer(data_dir=tmp_path / "minio").start()
+    try:
+        assert server.port == only and server.console_port != only
+        assert http_ok(f"{server.url}/minio/health/ready")
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("spec", ["21000", "a-b", "900-2000", "3000-2000", "60000-70000"])
