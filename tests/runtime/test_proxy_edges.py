@@ -102,8 +102,8 @@ def test_caller_leaving_mid_stream_stops_the_replica_generator(
             if got >= 16 * 1024:
                 break
     # the runtime closed its upstream request, the replica saw it and closed the generator
-    wait_until(marker.exists, timeout=15)
-    assert marker.read_text() == "closed"
+    # the file exists from its open, before its write: wait for what it says
+    wait_until(lambda: marker.exists() and marker.read_text() == "closed", timeout=15)
 
 
 def test_caller_leaving_mid_upload_is_no_server_error(runtime: RuntimeProcess, edge: str) -> None:
