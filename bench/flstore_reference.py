@@ -355,3 +355,111 @@ def reference_from_store(cold: Any, body: Mapping[str, Any]) -> dict[str, Any] |
     return reference_answer(
         q.workload, p.params, data["updates"], data["globals"], data["client_meta"], evaluator
     )
+
+
+#: float64 bytes of the column block :func:`reference_from_store_streamed` holds at a time
+STREAM_BLOCK_BYTES = 512 << 20
+#: the workloads :func:`reference_from_store_streamed` answers from the deltas' inner products
+INNER_PRODUCT_WORKLOADS = ("cosine-to-aggregate", "multi-krum", "foolsgold")
+
+
+def reference_from_store_streamed(
+    cold: Any,
+    body: Mapping[str, Any],
+    block_bytes: int = STREAM_BLOCK_BYTES,
+    readers: int = 4,
+    memo: dict[Any, NDArray[np.float64]] | None = None,
+) -> dict[str, Any] | None:
+    """:func:`reference_from_store` for rounds whose ``n x d`` float64 matrix does not fit in
+    memory (200 ResNet-18-sized updates: 18 GB), or None where it has no answer.
+
+    - Cosine-to-aggregate, Multi-Krum, FoolsGold: every answer of theirs is a function of the
+      deltas' inner products. This reads the deltas ``w_{r,c} - g_{r-1}`` of the query a block of
+      columns at a time (ranged reads of the stored objects), sums their float64 products
+      ``D D^T`` over the blocks (numpy, float64 throughout: not the workloads' float32 blocks,
+      memo or parts), and hands :func:`reference_answer` an ``m x m`` matrix whose rows have
+      exactly those inner products (``V sqrt(L)`` of the eigendecomposition): cosines and
+      distances, hence its answers, are those of the ``m x d`` deltas up to float64 round-off.
+    - Leave-one-out, and GTG-Shapley's ``v_empty`` and ``v_full`` (its values are Monte Carlo):
+      where the job's evaluator reads a model's head only (``span`` from 0), the models' head
+      columns are read and :func:`reference_answer`'s coalition utilities run on them.
+    - Anything else: None.
+
+    ``memo``: a dict kept across calls on one store, where the deltas' products are kept by
+    their objects (the three workloads on one round read the round once)."""
+    from cache_engine.catalog import MemoryCatalog
+    from cache_engine.evaluators import build_evaluator
+    from cache_engine.keys import ObjectKey
+    from cache_engine.queries import fields_by_kind, parse_query, plan
+
+    q = parse_query(body)
+    catalog = MemoryCatalog()
+    for r in cold.rounds(q.job):
+        catalog.add_round(q.job, r, list(cold.round_meta(q.job, r)["clients"]))
+    p = plan(q, catalog)
+    metas = fields_by_kind({k: cold.get(k) for k in p.keys if k.kind == "meta"})["client_meta"]
+    ups = sorted((k for k in p.keys if k.kind == "update"), key=lambda k: (k.round, k.client))
+    base = {k.round - 1: ObjectKey(q.job, k.round - 1, "global") for k in ups}
+    if q.workload in INNER_PRODUCT_WORKLOADS:
+        held = None if memo is None else memo.get(tuple(ups))
+        gram = _streamed_gram(cold, ups, base, block_bytes, readers) if held is None else held
+        if memo is not None:
+            memo[tuple(ups)] = gram
+        vals, vecs = np.linalg.eigh(gram)
+        rows = vecs * np.sqrt(np.maximum(vals, 0.0))[None, :]
+        updates: dict[int, dict[str, NDArray[np.floating]]] = {}
+        for k, row in zip(ups, rows, strict=True):
+            updates.setdefault(k.round, {})[k.client] = row
+        zeros = {v: np.zeros(len(ups)) for v in base}
+        return reference_answer(q.workload, p.params, updates, zeros, metas)
+    if q.workload not in ("leave-one-out", "shapley") or not p.evaluator:
+        return None
+    m0 = cold.get(ObjectKey(q.job, 0, "meta"))
+    evaluator = build_evaluator(m0.get("round_meta", {}).get("evaluator"))
+    span = getattr(evaluator, "span", None)
+    if span is None or span[0] != 0:
+        return None  # an evaluator of whole models: n sub-models of d floats each
+    heads = {k: cold.read_range(k, 0, span[1]) for k in [*ups, *base.values()]}
+    data = fields_by_kind(heads)
+    if q.workload == "leave-one-out":
+        return reference_answer(
+            q.workload, p.params, data["updates"], data["globals"], metas, evaluator
+        )
+    if p.params.get("method") == "exact":
+        return reference_answer(q.workload, p.params, data["updates"], data["globals"], metas,
+                                evaluator)  # fmt: skip
+    r = int(p.params["round"])
+    clients = _clients(data["updates"], r, p.params.get("clients"))
+    x = deltas(data["updates"], data["globals"], r, clients)
+    w = weights(metas, r, clients, p.params.get("weighting", "samples"))
+    v = coalition_utility(evaluator, np.asarray(data["globals"][r - 1], np.float64), x, w)
+    return {"v_empty": v(()), "v_full": v(tuple(range(len(clients))))}
+
+
+def _streamed_gram(
+    cold: Any, ups: Sequence[Any], base: Mapping[int, Any], block_bytes: int, readers: int
+) -> NDArray[np.float64]:
+    """``D D^T`` in float64 of the deltas ``w_{r,c} - g_{r-1}`` of ``ups``, summed over blocks
+    of columns read by ranges (``readers`` ranged reads at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [*ups, *base.values()]
+    with ThreadPoolExecutor(readers) as pool:
+        index = dict(zip(keys, pool.map(cold.header, keys), strict=True))
+        d = index[keys[0]].numel
+        step = max(1024, block_bytes // (8 * len(keys)))
+        out = np.zeros((len(ups), len(ups)))
+        buf = np.empty((len(keys), step), np.float32)
+        for a in range(0, d, step):
+            b = min(d, a + step)
+
+            def read(i: int, a: int = a, b: int = b) -> None:
+                cold.read_range(keys[i], a, b, index[keys[i]], out=buf[i, : b - a])
+
+            list(pool.map(read, range(len(keys))))
+            rows = {k: i for i, k in enumerate(keys)}
+            block = buf[: len(ups), : b - a].astype(np.float64)
+            for i, k in enumerate(ups):
+                block[i] -= buf[rows[base[k.round - 1]], : b - a]
+            out += block @ block.T
+    return (out + out.T) / 2.0

@@ -496,6 +496,13 @@ def _one_size(
         if "fedfaas" in systems:
             fed = _fedfaas(up, job, repeats, gtg, only, group)
             fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
+        from bench.flstore_rounds_reference import against_reference
+
+        t0 = time.perf_counter()
+        reference = against_reference(
+            cold, job, gtg, only, {"fedfaas": fed, "objstore-agg": obj, "cache-agg": cache}
+        )
+        log.info("reference answers at %d updates in %.0f s", n, time.perf_counter() - t0)
     same, same_cache = (
         _same_answers(fed, obj, job, gtg, only),
         _same_answers(fed, cache, job, gtg, only),
@@ -514,6 +521,7 @@ def _one_size(
         "cache_agg_not_asked": "cache-agg" not in systems,
         "same_answer": same,
         "same_answer_cache_agg": same_cache,
+        "reference": reference,
     }
 
 

@@ -97,6 +97,37 @@ def _not_run(row: dict[str, Any], system: str) -> str:
     return "not run"
 
 
+def _rtol(big: dict[str, Any]) -> str:
+    tols = {
+        float(row["reference"]["rtol"])
+        for row in big["sizes"].values()
+        if (row.get("reference") or {}).get("rtol") is not None
+    }
+    return ", ".join(f"{t:g}" for t in sorted(tols)) or "(none run)"
+
+
+def reference_cell(row: dict[str, Any], wl: str) -> str:
+    """Each system's answer to ``wl`` against the reference: ``F equal`` or ``F differs in
+    <keys>`` (``no answer``), or why there is no comparison."""
+    ref = ((row.get("reference") or {}).get("workloads") or {}).get(wl)
+    if ref is None:
+        return "not compared"
+    if not ref.get("checked"):
+        return f"no reference ({ref['error']})" if ref.get("error") else "no reference"
+    cells = []
+    for system, short in zip(SYSTEMS, "FOC", strict=True):
+        got = ref.get(system)
+        if got is None:
+            continue
+        if got == []:
+            cells.append(f"{short} equal")
+        elif isinstance(got, list):
+            cells.append(f"{short} differs in {', '.join(got)}")
+        else:
+            cells.append(f"{short} {got}")
+    return "; ".join(cells) or "no answer asked"
+
+
 def markdown(big: dict[str, Any]) -> list[str]:
     """The section's table."""
     gb = big["budget_bytes"] / 1e9
@@ -115,11 +146,15 @@ def markdown(big: dict[str, Any]) -> list[str]:
         f"{big.get('repeats', 1)} times of each system in a row (GTG-Shapley "
         f"{big.get('gtg_repeats', 1)}), memos across queries "
         f"{big.get('memos', 'on')}: the median latency in seconds, the range of the askings "
-        "in brackets; 'vs': the medians' ratio (within one run only).",
+        "in brackets; 'vs': the medians' ratio (within one run only). '= reference': each "
+        "system's answer (F FedFaaS, O ObjStore-Agg, C Cache-Agg) against the independent "
+        "reference (`bench/flstore_reference.py`, float64, columns streamed from MinIO) on "
+        "the keys it computes, relative tolerance "
+        f"{_rtol(big)}; GTG-Shapley's values are Monte Carlo: only its v_empty and v_full.",
         "",
         "| updates | workload | FedFaaS s | ObjStore-Agg s | Cache-Agg s | vs ObjStore | "
-        "vs Cache | same answer | = Cache-Agg's |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "vs Cache | same answer | = Cache-Agg's | = reference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, row in big["sizes"].items():
         asked = {x: _queries(row, x) for x in SYSTEMS}
@@ -137,7 +172,8 @@ def markdown(big: dict[str, Any]) -> list[str]:
             vs_c = _ratio(f, c, _one_run(row, "fedfaas", "cache-agg"))
             lines.append(
                 f"| {n} | {wl} | {' | '.join(cells)} | {vs_o} | {vs_c} | "
-                f"{same.get(wl, 'not compared')} | {same_cache.get(wl, 'not compared')} |"
+                f"{same.get(wl, 'not compared')} | {same_cache.get(wl, 'not compared')} | "
+                f"{reference_cell(row, wl)} |"
             )
     lines.append("")
     if any(row.get("fedfaas") for row in big["sizes"].values()):

@@ -115,11 +115,28 @@ def test_the_big_rounds_table_shows_every_size_query_and_the_memory_against_the_
         "cache-agg": None,
         "cache_agg_skipped_need_bytes": 20e9,
         "same_answer": dict.fromkeys(wls, True),
+        "reference": {
+            "rtol": 1e-5,
+            "workloads": {
+                "foolsgold": {"checked": ["weights"], "fedfaas": [], "objstore-agg": ["scores"]},
+                "shapley": {"checked": ["v_empty", "v_full"], "fedfaas": []},
+                "leave-one-out": {"checked": None, "error": "OSError: gone"},
+            },
+        },
     }
     big = {"budget_bytes": 8e9, "gtg_params": {"x": 1}, "repeats": 3, "sizes": {"200": size}}
     md = "\n".join(rounds_md(big))
-    assert "| 200 | multi-krum | 2.0 | 4.0 | not run | 0.50x |  | True |" in md
-    assert "| 200 | foolsgold | 2.0 (1.9-2.4) | 4.0 | not run | 0.50x |  | True |" in md
+    assert "| 200 | multi-krum | 2.0 | 4.0 | not run | 0.50x |  | True | not compared |" in md
+    assert (
+        "| 200 | foolsgold | 2.0 (1.9-2.4) | 4.0 | not run | 0.50x |  | True | not compared | "
+        "F equal; O differs in scores |" in md
+    )
+    assert (
+        "| 200 | shapley | 2.0 | 4.0 | not run | 0.50x |  | True | not compared | F equal |" in md
+    )
+    assert "| 200 | leave-one-out | 2.0 | 4.0 | not run | 0.50x |  | True | not compared | " in md
+    assert "no reference (OSError: gone) |" in md
+    assert "relative tolerance 1e-05" in md
     assert "asked 3 times of each system" in md
     assert (
         "| 200 | 9.0 | 8.0 | 7.50 | 7.20 | 0 | 0 | 1 | 60 | not run (needs 20 GB free) | 0 |" in md
