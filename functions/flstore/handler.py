@@ -74,9 +74,14 @@ from flstore_workloads import GramCache, WorkloadError  # imported at start, not
 from flstore_workloads.sliced import part_bounds
 from flstore_workloads.utility import UtilityCache
 
+from .bodies import parse_keys as _keys
+from .bodies import parse_offers as _offers
+from .bodies import parse_slices as _slices
 from .lending import Lending
 from .memory import PrivateMemory, rss_anon
 from .parts import Holdings, NotHeld, RemoteParts, serve
+from .remote import PartFailed
+from .remote import remote_part as _remote_part
 
 log = logging.getLogger(__name__)
 
@@ -212,28 +217,6 @@ def _status() -> dict[str, Any]:
     }
 
 
-def _keys(body: dict[str, Any]) -> list[ObjectKey]:
-    raw = body.get("objects")
-    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-        raise ValueError("'objects' must be a list of object ids '<job>/<round>/<client|kind>'")
-    try:
-        return [ObjectKey.parse(x) for x in raw]
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"bad object id in 'objects': {exc}") from None
-
-
-def _offers(raw: Any) -> list[dict[str, str]]:
-    if raw is None:
-        return []
-    ok = isinstance(raw, list) and all(
-        isinstance(h, dict) and all(isinstance(h.get(f), str) for f in ("socket", "ticket"))
-        for h in raw
-    )
-    if not ok:
-        raise ValueError("'handoff' must be a list of {socket, ticket, node}, from the engine")
-    return list(raw)
-
-
 def _read(k: ObjectKey, grants: dict[str, Any]) -> Any:
     """``k`` from the cold store: a whole object, or a model's part by ranged reads."""
     store = _cold(k.job, grants)  # outside the lock: others keep running
@@ -305,46 +288,6 @@ def _name() -> str:
     return os.environ.get("FEDFAAS_FUNCTION_NAME", "flstore-cache")
 
 
-class PartFailed(RuntimeError):
-    """Another function did not give its part of a query."""
-
-    def __init__(self, function: str, status: int, body: dict[str, Any]) -> None:
-        super().__init__(f"{function} /part: HTTP {status} {body.get('detail', '')}"[:300])
-        self.function, self.status, self.body = function, status, body
-
-
-_http_lock = threading.Lock()
-_http: list[Any] = []
-
-
-def _remote_part(function: str, endpoint: str | None, body: dict[str, Any]) -> bytes:
-    """``POST /part`` on another cache function: at its own address where the plan gives one,
-    else through the gateway; with the function token (the secret every function has)."""
-    import httpx
-
-    from runtime.function_auth import FunctionToken, token_path
-
-    with _http_lock:
-        if not _http:
-            timeout = float(os.environ.get(_ENV + "CALL_TIMEOUT_S", "120") or 120)
-            _http.append(httpx.Client(timeout=timeout))
-        client = _http[0]
-    gateway = os.environ.get(_ENV + "GATEWAY_URL", "").rstrip("/")
-    url = f"{endpoint}/part" if endpoint else f"{gateway}/function/{function}/part"
-    token = FunctionToken(token_path()).load().decode()
-    try:
-        r = client.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
-    except httpx.HTTPError as exc:
-        raise PartFailed(function, 502, {"detail": f"unreachable: {exc!r}"}) from None
-    if r.status_code != 200:
-        try:
-            err = r.json()
-        except ValueError:
-            err = {"detail": r.text[:200]}
-        raise PartFailed(function, r.status_code, err if isinstance(err, dict) else {})
-    return bytes(r.content)
-
-
 def _evaluator(body: dict[str, Any], job: str | None) -> Any:
     layout = body.get("layout")
     if layout is not None:
@@ -356,32 +299,6 @@ def _evaluator(body: dict[str, Any], job: str | None) -> Any:
             body.get("evaluator"), tuple((str(n), tuple(int(d) for d in sh)) for n, sh in layout)
         )
     return build_evaluator(body.get("evaluator"), _layouts.get(job) if job else None)
-
-
-def _slices(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]], dict[str, Any] | None]:
-    sl = body.get("slices")
-    ranges = sl.get("ranges") if isinstance(sl, dict) else None
-    dim = sl.get("dim") if isinstance(sl, dict) else None
-    ok = (
-        isinstance(dim, int)
-        and dim > 0
-        and isinstance(ranges, list)
-        and ranges
-        and all(
-            isinstance(r, dict)
-            and isinstance(r.get("function"), str)
-            and isinstance(r.get("bounds"), list)
-            and len(r["bounds"]) == 2
-            for r in ranges
-        )
-    )
-    if not ok:
-        raise ValueError(
-            "'slices' must be {dim, ranges: [{bounds, part, function, endpoint}], source}, "
-            "from the cache engine"
-        )
-    source = sl.get("source") if isinstance(sl, dict) else None
-    return int(dim), list(ranges), source if isinstance(source, dict) else None  # type: ignore[arg-type]
 
 
 def _compute(
