@@ -31,7 +31,7 @@ STATE ?= $(CURDIR)/.state
 WITH ?=
 PYTEST_ARGS ?=
 FAULTS_ARGS ?=
-BENCHES := dataplane ebpf control flstore scale fedbuff robust flower_baseline tls_ingest
+BENCHES := dataplane ebpf control flstore scale fedbuff robust flower_baseline tls_ingest secagg
 # images: empty means scripts/images.sh's defaults (the first engine found, the chart's tag,
 # every image); CA_BUNDLE defaults to the system bundle (empty: none)
 ENGINE ?=

@@ -74,7 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,14 +133,22 @@ rule = "fedavg"
 """
 
 
-def _app(root: Path, port: int) -> tuple[Path, Path]:
-    """The Flower App folder (``flower_app.py`` and its ``pyproject.toml``) and a Flower home
-    whose configuration names the SuperLink at ``port`` (``bench``, insecure: loopback)."""
+def _toml(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _app(
+    root: Path, port: int, source: Path = APP, config: Mapping[str, Any] | None = None
+) -> tuple[Path, Path]:
+    """The Flower App folder (``source`` as ``flower_app.py`` and its ``pyproject.toml``,
+    ``config``'s keys added to its run config) and a Flower home whose configuration names
+    the SuperLink at ``port`` (``bench``, insecure: loopback)."""
     app, home = root / "app", root / "flwr-home"
     app.mkdir()
     home.mkdir()
-    shutil.copy(APP, app / "flower_app.py")
-    (app / "pyproject.toml").write_text(APP_PYPROJECT.format(version=FLOWER_VERSION))
+    shutil.copy(source, app / "flower_app.py")
+    extra = "".join(f"{k} = {_toml(v)}\n" for k, v in (config or {}).items())
+    (app / "pyproject.toml").write_text(APP_PYPROJECT.format(version=FLOWER_VERSION) + extra)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
         f'address = "127.0.0.1:{port}"\ninsecure = true\n'
@@ -176,9 +184,17 @@ def run_flower_round(
     rule: str = "fedavg",
     weights: Sequence[Path] | None = None,
     keep_model: bool = False,
+    app: Path = APP,
+    app_config: Mapping[str, Any] | None = None,
+    collect: Callable[[Path], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One round of Flower's strategy ``rule`` (:data:`RULES`) with a real SuperLink and
     ``num_clients`` SuperNodes.
+
+    ``app``: the Flower App's file (default :mod:`bench.harness.flower_app`; another leaves
+    the same marks, e.g. :mod:`bench.secagg_flower_app`), ``app_config`` more keys of its run
+    config, ``collect`` reads more of the round's figures from its ``work`` folder before it
+    is removed (merged into the record).
 
     ``layout``: (name, shape) of the float32 tensors every client returns; None = ResNet-18's
     floating-point state dict (:func:`bench.harness.rc.resnet18_layout`, 44.8 MB).
@@ -228,7 +244,7 @@ def run_flower_round(
         root = Path(tmp)
         work = root / "work"
         work.mkdir()
-        app, home = _app(root, port)
+        app, home = _app(root, port, app, app_config)
         env = {
             **os.environ,
             **PINNED_THREADS,
@@ -298,6 +314,7 @@ def run_flower_round(
                 )  # fmt: skip
                 nodes.append(node)
             config = f"work='{work}' num-clients={num_clients} rule='{rule}'"
+            config += "".join(f" {k}={_toml(v)}" for k, v in (app_config or {}).items())
             submit = subprocess.run(
                 [str(python.parent / "flwr"), "run", str(app), "bench", "--run-config", config],
                 cwd=root,
@@ -354,6 +371,7 @@ def run_flower_round(
                 )
             clients = [json.loads(p.read_text()) for p in work.glob("client-*.json")]
             model = np.load(work / "global.npy") if keep_model else None
+            extra = collect(work) if collect is not None else {}
         finally:
             for watcher in (first, last):
                 if watcher is not None:
@@ -398,7 +416,7 @@ def run_flower_round(
         out["cgroup"] = acct
     if model is not None:
         out["model"] = model
-    return out
+    return {**out, **extra}
 
 
 def _pull_split(pulls: Sequence[Sequence[int]], all_bytes_ns: int) -> dict[str, Any]:

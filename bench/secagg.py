@@ -1,0 +1,338 @@
+"""bench-secagg (issue 41): a secure round of FedFaaS against Flower's SecAgg+, same run, same
+CPUs.
+
+Each system runs one round of ``--clients`` clients whose "trained weights" are float32 arrays
+laid out like ResNet-18's state dict (44.8 MB; ``--mb`` scales it), the same values on both
+sides (:mod:`bench.harness.round_clients`), with 0% and then ``--drop`` clients dropped after
+sending their masked vectors and before unmasking (10% of 20: 2):
+
+- FedFaaS: ``fedfaas up --with control-plane`` and its SDK's participant
+  (:mod:`bench.secagg_fedfaas`): the control plane carries the stages, the node gateways fold
+  the masked vectors in Z_2^32 as they arrive, the root unmasks;
+- Flower 1.42: the SuperLink, one SuperNode per client, ``flwr run`` of the App of its own
+  example (``SecAggPlusWorkflow`` + ``secaggplus_mod``, :mod:`bench.secagg_flower_app`), run
+  by :func:`bench.flower_baseline.run_flower_round`.
+
+The same SecAgg+ parameters on both where Flower exposes them: each client's neighbours
+(FedFaaS ``neighbours`` = Flower ``num_shares`` - 1), the shares that rebuild a seed
+(``threshold``), the clipping range, the quantization levels (FedFaaS ``bits`` = 22, Flower's
+``quantization_range`` 2^22, its default), ``max_weight``, and the time a stage waits for a
+client that does not answer (FedFaaS ``stage_timeout_s``, Flower's unmask stage's
+``timeout``): a dropped client never answers, so the rounds with dropouts wait it out on both.
+Both over plain HTTP on loopback (Flower's ``--insecure``).
+
+Per run: the round's time (the first client released -> the published model: the root
+gateway's ``published_ns``, Flower's ``aggregate_train`` returned), the payload bytes each
+surviving client sent and received (HTTP bodies; Flower's message records), and the server
+cgroup's peak memory and CPU-seconds over the round (FedFaaS: MinIO, Redis, the runtime and its
+aggregators, two gateways, the control plane; Flower: the SuperLink, its SuperExec and
+ServerApp), each system's processes in fresh cgroups (:func:`bench.harness.compare.run_compare`,
+interleaved, ``--repeats`` each). Medians [min-max]. The published model is checked against
+the clients' weights on both sides (its largest error).
+
+``python -m bench.secagg [--clients 20] [--drop 2] [--repeats 3] [--dropouts 0,2]
+[--merge]`` writes ``bench/results/secagg.{json,md,png}`` (``--merge``: the dropout settings
+run now replace theirs in the stored result, the others kept); ``--from-json`` re-renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness import round_clients as rc
+from bench.harness.compare import spread
+from bench.runinfo import (
+    pinned_threads,
+    rerender,
+    run_header,
+    run_info,
+    stop_on_sigterm,
+    write_result,
+)
+
+NAME = "secagg"
+RESULTS = Path(__file__).resolve().parent / "results"
+FEDFAAS, FLOWER = "FedFaaS", "Flower 1.42 SecAgg+"
+FLOWER_APP = Path(__file__).resolve().parent / "secagg_flower_app.py"
+log = logging.getLogger(__name__)
+
+
+def parameters(clients: int, neighbours: int, timeout: float) -> dict[str, Any]:
+    """Both systems' SecAgg+ parameters: ``{"fedfaas": job spec, "flower": run config}``."""
+    from core.secagg.config import SecAggConfig
+
+    spec = {"neighbours": neighbours, "clip": 8.0, "bits": 22, "max_weight": 1000,
+            "stage_timeout_s": timeout}  # fmt: skip
+    cfg = SecAggConfig.from_spec(spec)
+    k = cfg.degree(clients)
+    flower = {
+        "num-shares": k + 1,
+        "reconstruction-threshold": cfg.shares_needed(clients),
+        "clipping-range": cfg.clip,
+        "quantization-range": 1 << cfg.bits,
+        "max-weight": float(cfg.max_weight),
+        "timeout": timeout,
+    }
+    return {"fedfaas": spec, "flower": flower}
+
+
+def _weights(work: Path) -> np.ndarray:
+    """The clients' weights (all share one file) as one flat vector, in layout order."""
+    layout, weights = rc.client_weights(work, 0)
+    return np.concatenate([np.asarray(weights[n]).ravel() for n, _ in layout])
+
+
+def _flower_extra(drop: list[int]) -> Any:
+    """Flower's figures read from the round's folder: bytes per surviving client, the
+    published model's largest error."""
+
+    def collect(work: Path) -> dict[str, Any]:
+        per: dict[int, int] = {}
+        for path in work.glob("bytes-*.json"):
+            cid = int(path.name.split("-")[1])
+            counts = json.loads(path.read_text())
+            per[cid] = per.get(cid, 0) + counts["sent"] + counts["received"]
+        survivors = [b for c, b in per.items() if c not in drop]
+        model = np.load(work / "global.npy")
+        return {
+            "bytes_per_client": float(np.median(survivors)) if survivors else None,
+            "max_error": float(np.abs(model - _weights(work)).max()),
+        }
+
+    return collect
+
+
+def _fedfaas_error(rec: dict[str, Any], work_weights: np.ndarray) -> None:
+    model = rec.pop("model", None)
+    if model is not None:
+        rec["max_error"] = float(np.abs(model - work_weights).max())
+
+
+def runners(
+    args: argparse.Namespace, layout: list[tuple[str, list[int]]], drop: list[int]
+) -> dict[str, Any]:
+    """Each system's round for ``drop`` (:func:`bench.harness.compare.run_compare`'s runners)."""
+    from bench.flower_baseline import run_flower_round
+    from bench.secagg_fedfaas import fedfaas_secagg_round
+
+    params = parameters(args.clients, args.neighbours, args.stage_timeout)
+    flower_cfg = {**params["flower"], "drop": ",".join(str(c) for c in drop)}
+
+    def fedfaas(groups: Any, tag: str) -> dict[str, Any]:
+        rec = fedfaas_secagg_round(
+            args.clients, layout, params["fedfaas"], drop, groups=groups, keep_model=True
+        )
+        if rec.get("ok"):
+            _fedfaas_error(rec, _expected(layout))
+            survivors = [m for m in rec["clients"] if not m["dropped"]]
+            rec["bytes_per_client"] = float(
+                np.median([m["sent"] + m["received"] for m in survivors])
+            )
+        return rec
+
+    def flower(groups: Any, tag: str) -> dict[str, Any]:
+        return run_flower_round(
+            args.clients, layout, groups=groups, app=FLOWER_APP, app_config=flower_cfg,
+            collect=_flower_extra(drop), timeout=args.timeout,
+        )  # fmt: skip
+
+    return {FEDFAAS: fedfaas, FLOWER: flower}
+
+
+def _expected(layout: list[tuple[str, list[int]]]) -> np.ndarray:
+    """The clients' weights (seed 0, :func:`bench.harness.round_clients.write_weights`) flat
+    in name order, as FedFaaS's model is flattened."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w"
+        rc.write_weights(path, layout, seed=0)
+        weights = rc.map_weights(path, layout)
+        return np.concatenate([np.asarray(weights[n]).ravel() for n in sorted(weights)])
+
+
+# ------------------------------------------------------------------------------ the report
+def summary(compare: dict[str, Any]) -> dict[str, Any]:
+    """Per system: round s, bytes per client, server peak and CPU-s, largest model error
+    (each a spread over the runs that finished); FedFaaS's ratios."""
+    [block] = compare["by_cpus"].values()
+    out: dict[str, Any] = {}
+    for system, recs in block["runs"].items():
+        done = [r for r in recs if r.get("ok", True)]
+        cg = [(r.get("cgroup") or {}).get("server") or {} for r in done]
+        out[system] = {
+            "runs": len(recs),
+            "ok": len(done),
+            "round_s": spread([r.get("e2e_s") for r in done]),
+            "bytes_per_client": spread([r.get("bytes_per_client") for r in done]),
+            "server_peak_bytes": spread([c.get("peak_bytes") for c in cg]),
+            "server_cpu_s": spread([c.get("cpu_s") for c in cg]),
+            "max_error": spread([r.get("max_error") for r in done]),
+            "failures": [str(r.get("detail") or r.get("failure"))[:300] for r in recs
+                         if not r.get("ok", True)],
+        }  # fmt: skip
+    me, them = out.get(FEDFAAS) or {}, out.get(FLOWER) or {}
+    out["ratios"] = {
+        k: them[k]["median"] / me[k]["median"]
+        if (me.get(k) and them.get(k) and me[k]["median"])
+        else None
+        for k in ("round_s", "bytes_per_client", "server_peak_bytes", "server_cpu_s")
+    }
+    return out
+
+
+ROWS = (
+    ("round time (s)", "round_s", 1.0, "faster"),
+    ("bytes per surviving client, sent + received (MB)", "bytes_per_client", 1e6, "fewer"),
+    ("server peak memory, cgroup (GB)", "server_peak_bytes", 1e9, "less"),
+    ("server CPU-seconds, cgroup", "server_cpu_s", 1.0, "fewer"),
+    ("published model's largest error vs the clients' weights", "max_error", 1.0, ""),
+)
+
+
+def _cell(s: dict[str, float] | None, scale: float) -> str:
+    if not s:
+        return "n/a"
+    fmt = "{:.3g}" if scale == 1.0 and s["median"] < 0.01 else "{:.2f}"
+    m, lo, hi = (fmt.format(s[k] / scale) for k in ("median", "min", "max"))
+    return f"{m} [{lo}-{hi}]"
+
+
+def render(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        "# Secure aggregation: FedFaaS against Flower's SecAgg+ (issue 41)",
+        "",
+        run_header(result["run"]),
+        "",
+        f"{cfg['clients']} clients, {cfg['update_bytes'] / 1e6:.1f} MB float32 updates "
+        f"({cfg['model']}); SecAgg+ on both: {json.dumps(cfg['parameters'])}. "
+        f"Server side of each system in its own cgroup on CPUs {cfg['cpus']}, clients in "
+        "another; runs interleaved; each cell median [min-max] over the runs that finished. "
+        "Target: FedFaaS's round at least 3x faster than Flower's.",
+        "",
+    ]
+    for label, block in result["dropouts"].items():
+        s = block["summary"]
+        ok = ", ".join(f"{k} {s[k]['ok']}/{s[k]['runs']}" for k in (FEDFAAS, FLOWER) if k in s)
+        lines += [f"## {label}", "", f"Runs finished: {ok}.", "",
+                  f"| figure | {FEDFAAS} | {FLOWER} | Flower / FedFaaS |", "|---|---|---|---|"]  # fmt: skip
+        for name, key, scale, word in ROWS:
+            ratio = s["ratios"].get(key)
+            cell = f"{ratio:.2f}x {word}" if ratio and word else ""
+            me, them = s.get(FEDFAAS, {}).get(key), s.get(FLOWER, {}).get(key)
+            lines.append(f"| {name} | {_cell(me, scale)} | {_cell(them, scale)} | {cell} |")
+        for system in (FEDFAAS, FLOWER):
+            for f in (s.get(system) or {}).get("failures") or []:
+                lines.append(f"\n{system} failed: {f}")
+        met = (s["ratios"].get("round_s") or 0) >= 3.0
+        lines += ["", f"3x target: {'met' if met else 'MISSED'} "
+                  f"({(s['ratios'].get('round_s') or 0):.2f}x).", ""]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(result["dropouts"])
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
+    for ax, (title, key, scale) in zip(
+        axes,
+        (("round time (s)", "round_s", 1.0), ("server peak (GB)", "server_peak_bytes", 1e9),
+         ("server CPU-s", "server_cpu_s", 1.0)),
+        strict=True,
+    ):  # fmt: skip
+        for i, system in enumerate((FEDFAAS, FLOWER)):
+            xs, ys, lo, hi = [], [], [], []
+            for j, label in enumerate(labels):
+                s = (result["dropouts"][label]["summary"].get(system) or {}).get(key)
+                if s:
+                    xs.append(j + 0.38 * i)
+                    ys.append(s["median"] / scale)
+                    lo.append((s["median"] - s["min"]) / scale)
+                    hi.append((s["max"] - s["median"]) / scale)
+            ax.bar(xs, ys, 0.36, yerr=[lo, hi], label=system, capsize=3)
+        ax.set_xticks([j + 0.19 for j in range(len(labels))], labels, fontsize=8)
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ running
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--drop", type=int, default=2, help="clients dropped in the dropout rows")
+    ap.add_argument("--dropouts", default="0,drop", help="the settings to run: 0 and/or drop")
+    ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
+    ap.add_argument("--neighbours", type=int, default=8, help="each client's neighbours")
+    ap.add_argument("--stage-timeout", type=float, default=30.0, help="s a stage waits")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cpus", default="0-1", help="the server sides' CPUs (cpuset syntax)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="s one round may take")
+    ap.add_argument("--merge", action="store_true", help="keep the stored other settings")
+    ap.add_argument("--from-json", action="store_true", help="re-render the stored result")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.from_json:
+        print(rerender(NAME, render, plot, args.out))
+        return 0
+    stop_on_sigterm()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with pinned_threads(1) as threads:
+        run = run_info("bench.secagg", sys.argv[1:] if argv is None else argv)
+        run["threads"] = threads
+        return _run(args, run)
+
+
+def _run(args: argparse.Namespace, run: dict[str, Any]) -> int:
+    from bench.harness.compare import run_compare
+
+    layout = rc.resnet18_layout()
+    if args.mb is not None:
+        layout = rc.scaled_layout(layout, int(args.mb * 1e6))
+    layout = [(n, list(s)) for n, s in layout]
+    stored = args.out / f"{NAME}.json"
+    res: dict[str, Any] = (
+        json.loads(stored.read_text()) if args.merge and stored.exists() else {"dropouts": {}}
+    )
+    res["run"] = run
+    res["config"] = {
+        "clients": args.clients,
+        "update_bytes": rc.layout_bytes(layout),
+        "model": "resnet18 (10 classes)" if args.mb is None else f"scaled to {args.mb} MB",
+        "cpus": args.cpus,
+        "repeats": args.repeats,
+        "parameters": parameters(args.clients, args.neighbours, args.stage_timeout),
+    }
+    for setting in args.dropouts.split(","):
+        n_drop = 0 if setting == "0" else args.drop
+        drop = list(range(args.clients - n_drop, args.clients))
+        label = f"{100 * n_drop / args.clients:.0f}% dropout ({n_drop} of {args.clients})"
+
+        def keep(cmp: dict[str, Any], label: str = label, drop: list[int] = drop) -> None:
+            res["dropouts"][label] = {"dropped": drop, "compare": cmp, "summary": summary(cmp)}
+            write_result(res, "secagg", render, args.out)
+
+        keep(run_compare(runners(args, layout, drop), cpus_sets=[args.cpus],
+                         repeats=args.repeats, after_run=keep))  # fmt: skip
+    stored_res, md = write_result(res, "secagg", render, args.out)
+    plot(stored_res, args.out / f"{NAME}.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""bench-secagg (issue 41) run tiny: 4 clients of a 1 MB model, FedFaaS's secure round on
+``fedfaas up --with control-plane`` and Flower 1.42's SecAgg+ (its ``SecAggPlusWorkflow`` and
+``secaggplus_mod`` on a SuperLink and SuperNodes), with no dropout and with one client dropped
+after its masked upload, before unmasking.
+
+Both systems finish every round and publish the clients' weights (all clients share them, so
+the FedAvg is the weights) within the quantization's error, not a masked vector; each
+surviving client moved at least its update; the result names the parameters both ran with and
+is rendered to Markdown and a plot. Beside it, without processes: both systems get the same
+SecAgg+ parameters, in the names each uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import secagg
+from core.secagg.config import SecAggConfig
+
+
+def test_both_systems_get_the_same_secagg_parameters() -> None:
+    params = secagg.parameters(20, 8, 30.0)
+    cfg = SecAggConfig.from_spec(params["fedfaas"])
+    flower = params["flower"]
+    assert flower["num-shares"] == cfg.degree(20) + 1 == 9  # the neighbours and the client
+    assert flower["reconstruction-threshold"] == cfg.shares_needed(20) == 6
+    assert flower["clipping-range"] == cfg.clip
+    assert flower["quantization-range"] == 1 << cfg.bits == 4194304  # Flower's default
+    assert flower["max-weight"] == cfg.max_weight and flower["timeout"] == cfg.stage_timeout_s
+    small = secagg.parameters(4, 8, 30.0)  # every other client a neighbour
+    assert small["flower"]["num-shares"] == 4 and small["flower"]["reconstruction-threshold"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_tiny_run_publishes_the_fedavg_on_both_and_writes_its_report(tmp_path: Path) -> None:
+    argv = ["--clients", "4", "--drop", "1", "--mb", "1", "--repeats", "1",
+            "--stage-timeout", "15", "--timeout", "300", "--out", str(tmp_path)]  # fmt: skip
+    assert secagg.main(argv) == 0
+    res = json.loads((tmp_path / "secagg.json").read_text())
+    assert list(res["dropouts"]) == ["0% dropout (0 of 4)", "25% dropout (1 of 4)"]
+    for label, block in res["dropouts"].items():
+        runs = block["compare"]["by_cpus"]["0-1"]["runs"]
+        for system in (secagg.FEDFAAS, secagg.FLOWER):
+            [rec] = runs[system]
+            assert rec.get("ok"), (label, system, rec.get("detail"))
+            # the weights are ~0.05 x N(0, 1): a masked or wrong model is off by far more
+            assert rec["max_error"] < 1e-3, (label, system, rec["max_error"])
+            assert rec["bytes_per_client"] >= res["config"]["update_bytes"], (label, system)
+            assert rec["cgroup"]["server"]["cpu_s"] > 0 and rec["e2e_s"] > 0
+        fedfaas = runs[secagg.FEDFAAS][0]
+        assert [m["cid"] for m in fedfaas["clients"] if m["dropped"]] == block["dropped"]
+    md = (tmp_path / "secagg.md").read_text()
+    assert "Flower 1.42 SecAgg+" in md and "3x target" in md
+    assert (tmp_path / "secagg.png").stat().st_size > 0
