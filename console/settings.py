@@ -9,9 +9,10 @@ from pydantic_settings import SettingsConfigDict
 
 from control_plane.settings import parse_gateways
 from core.cmdline import CommandLineSettings
+from core.tls import TlsSettings
 
 
-class ConsoleSettings(CommandLineSettings):
+class ConsoleSettings(CommandLineSettings, TlsSettings):
     """Where the console finds the services it shows, and the secret files it reads.
 
     Attributes
@@ -44,6 +45,9 @@ class ConsoleSettings(CommandLineSettings):
     secure_cookie
         Mark the session cookie ``Secure`` (behind TLS; a browser refuses it on plain HTTP
         to an address other than localhost).
+    tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs
+        TLS (:mod:`core.tls`): with a certificate and key the console serves HTTPS only, and
+        its calls of the services verify them against the CA and present its certificate.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_CONSOLE_", extra="ignore")
@@ -68,6 +72,10 @@ class ConsoleSettings(CommandLineSettings):
         "link_ttl_s": "--link-ttl",
         "session_ttl_s": "--session-ttl",
         "secure_cookie": "--secure-cookie",
+        "tls_cert_file": "--tls-cert-file",
+        "tls_key_file": "--tls-key-file",
+        "tls_ca_file": "--tls-ca-file",
+        "tls_client_certs": "--tls-client-certs",
     }
 
     host: str = "127.0.0.1"

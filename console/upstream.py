@@ -66,7 +66,12 @@ class Upstream:
         self.runtime_auth = (
             read_basic_auth(settings.runtime_auth_dir) if settings.runtime_auth_dir else None
         )
-        self.http = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        tls = settings.tls()
+        self.http = httpx.AsyncClient(
+            timeout=timeout,
+            trust_env=False,
+            verify=tls.client_context() if tls is not None else True,
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -147,6 +147,15 @@ def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="memory file system for the node gateways' object stores (default: "
         "$FEDFAAS_SHM_DIR or /dev/shm); a tmpfs of its own caps their memory",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="serve HTTPS on the runtime, the node gateways, the cache engine, the request "
+        "tracker, the control plane and the console, with a CA and per-part certificates "
+        "minted into the state's secrets/tls (the parts call each other over mTLS; the SDK "
+        "takes ca_file=secrets/tls/ca.crt; default: $FEDFAAS_TLS or off)",
+    )
     p.set_defaults(handler=run_up)
 
 
@@ -163,6 +172,7 @@ def run_up(args: argparse.Namespace) -> int:
         start_timeout=args.timeout,
         with_parts=args.with_parts,
         shm_dir=args.shm_dir,
+        tls=args.tls,
     )
     platform = Platform(settings, openfaas_gateway=args.openfaas_gateway)
     result = platform.up()
@@ -261,14 +271,17 @@ def run_deploy(args: argparse.Namespace) -> int:
     from core.stackfile import StackError
     from fedfaas.deploy import DeployError, deploy
     from fedfaas.platform import PlatformError, credentials, state
+    from fedfaas.platform.context import Context
 
     auth = credentials.basic_auth(args.auth_dir) if args.auth_dir is not None else None
     st = state.load(_settings(args).state_dir) if args.gateway is None else None
     runtime = st.record("runtime") if st is not None else None
     url, resolve = args.gateway, True
+    verify: Any = True
     if st is not None and runtime is not None:
-        # the local platform: exactly its runtime, with its credentials
+        # the local platform: exactly its runtime, with its credentials (and its CA)
         url, resolve = runtime.address, False
+        verify = Context.of(st).verify()
         if auth is None:
             auth = credentials.basic_auth(Path(st.state_dir) / "secrets")
     if auth is None:
@@ -279,7 +292,13 @@ def run_deploy(args: argparse.Namespace) -> int:
         )
     try:
         results = deploy(
-            args.stack, url, auth=auth, filter=args.filter, replace=args.replace, resolve=resolve
+            args.stack,
+            url,
+            auth=auth,
+            filter=args.filter,
+            replace=args.replace,
+            resolve=resolve,
+            verify=verify,
         )
     except (DeployError, StackError) as exc:
         raise PlatformError(str(exc)) from exc

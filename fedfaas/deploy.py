@@ -13,6 +13,7 @@ the other calls faas-cli makes (list, describe, scale, invoke, remove, logs).
 from __future__ import annotations
 
 import logging
+import ssl
 from pathlib import Path
 
 from core.openfaas import DeployResult, OpenFaaS, OpenFaaSError
@@ -43,6 +44,7 @@ def deploy(
     replace: bool = False,
     *,
     resolve: bool = True,
+    verify: ssl.SSLContext | bool = True,
 ) -> list[DeployResult]:
     """Deploy the functions of a stack file as ``faas-cli deploy -f`` does.
 
@@ -63,6 +65,9 @@ def deploy(
     resolve:
         False: deploy to exactly ``gateway_url`` (required then), whatever the stack file and
         ``OPENFAAS_URL`` say; for a caller that knows where its gateway is (``fedfaas up``).
+    verify:
+        How an ``https`` gateway is verified (httpx's ``verify``; ``fedfaas up --tls`` passes
+        a context with the platform's CA and its own certificate).
 
     Returns
     -------
@@ -83,7 +88,7 @@ def deploy(
     stack = load_stack(stack_path)
     url = resolve_gateway(gateway_url, stack.gateway) if resolve else str(gateway_url)
     results: list[DeployResult] = []
-    with OpenFaaS(url, auth) as client:
+    with OpenFaaS(url, auth, verify=verify) as client:
         for fn in stack.select(filter):
             try:
                 results.append(client.deploy(fn.deployment(), replace=replace))

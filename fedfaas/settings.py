@@ -56,6 +56,10 @@ class PlatformSettings(BaseSettings):
         The memory file system the node gateways keep their object stores in
         (``FEDFAAS_SHM_DIR``, default ``/dev/shm``): a tmpfs of its own (``mount -t tmpfs -o
         size=2g tmpfs DIR``) caps the memory the platform's updates may take.
+    tls
+        Serve HTTPS on the runtime, the node gateways, the cache engine, the request tracker,
+        the control plane and the console, with a CA and certificates ``up`` mints
+        (``FEDFAAS_TLS``; ``fedfaas up --tls``); the parts call each other over mTLS.
 
     Binaries (``minio``, ``redis-server``) are found on PATH or in ``$FEDFAAS_CACHE/bin``
     (see :func:`core.services.find_binary`).
@@ -76,6 +80,7 @@ class PlatformSettings(BaseSettings):
     stop_timeout: float = 40.0
     functions_timeout: float = 60.0
     shm_dir: Path = Path("/dev/shm")
+    tls: bool = False
 
     def port_setting(self, part: str) -> int | None:
         """The configured port of ``part`` (``None`` when unset).

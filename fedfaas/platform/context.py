@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import ssl
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fedfaas.platform import credentials
 
 #: Environment variable that marks every process of one platform (inherited by children).
 PLATFORM_ID_VAR = "FEDFAAS_PLATFORM_ID"
+
+#: The ports that speak HTTPS on a platform started with ``fedfaas up --tls`` (MinIO, Redis,
+#: Prometheus and OpenFaaS's own gateway stay plain, on loopback).
+TLS_PORTS = frozenset(
+    {
+        "runtime",
+        "gateway",
+        "gateway_node1",
+        "cache_engine",
+        "request_tracker",
+        "control_plane",
+        "console",
+    }
+)
 
 
 @dataclass
@@ -30,6 +48,23 @@ class Context:
     openfaas_gateway: Path | None = None
     #: the memory file system of the node gateways' object stores (``--shm-dir``)
     shm_dir: Path = Path("/dev/shm")
+    #: ``fedfaas up --tls``: the parts of :data:`TLS_PORTS` serve HTTPS with certificates
+    #: from :attr:`tls_dir` (:mod:`fedfaas.platform.pki`) and call each other over mTLS
+    tls: bool = False
+
+    @classmethod
+    def of(cls, st: Any) -> Context:
+        """The context of a recorded platform (a :class:`~fedfaas.platform.state.PlatformState`),
+        with the default timeouts."""
+        return cls(
+            state_dir=Path(st.state_dir),
+            host=st.host,
+            stack_file=Path(st.stack_file),
+            platform_id=st.platform_id,
+            ports=dict(st.ports),
+            shm_dir=Path(st.shm_dir),
+            tls=st.tls,
+        )
 
     @property
     def secrets_dir(self) -> Path:
@@ -46,8 +81,56 @@ class Context:
     def log_path(self, part: str) -> Path:
         return self.state_dir / "logs" / f"{part}.log"
 
-    def url(self, port_name: str, scheme: str = "http") -> str:
+    @property
+    def tls_dir(self) -> Path:
+        """The platform's CA and its parts' certificates and keys (0600 files)."""
+        return self.secrets_dir / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The platform's CA certificate: what the SDK's ``ca_file`` names."""
+        return self.tls_dir / "ca.crt"
+
+    def url(self, port_name: str, scheme: str | None = None) -> str:
+        """``scheme://host:port`` of ``port_name``; the scheme by default ``https`` for a
+        port of :data:`TLS_PORTS` on a TLS platform, else ``http``."""
+        if scheme is None:
+            scheme = "https" if self.tls and port_name in TLS_PORTS else "http"
         return f"{scheme}://{self.host}:{self.ports[port_name]}"
+
+    def tls_settings(self, part: str) -> dict[str, Any]:
+        """The ``tls_*`` settings (:class:`core.tls.TlsSettings`) that make ``part`` serve
+        HTTPS with its own certificate and call the others with it; none without TLS."""
+        if not self.tls:
+            return {}
+        return {
+            "tls_cert_file": self.tls_dir / f"{part}.crt",
+            "tls_key_file": self.tls_dir / f"{part}.key",
+            "tls_ca_file": self.ca_file,
+        }
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """How ``fedfaas`` itself calls the parts (probes, deploys): verifying them against
+        the platform's CA and presenting its own certificate; None without TLS."""
+        if not self.tls:
+            return None
+        from core.tls import TlsFiles
+
+        return TlsFiles(
+            self.tls_dir / "fedfaas.crt", self.tls_dir / "fedfaas.key", self.ca_file
+        ).client_context()
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's ``verify`` for ``fedfaas``'s own calls (:meth:`client_ssl`)."""
+        return self.client_ssl() or True
+
+    def http_ok(self, url: str, timeout: float = 1.0) -> bool:
+        """True when a GET of ``url`` answers 200 right now (over TLS: the server verified)."""
+        try:
+            with urllib.request.urlopen(url, timeout=timeout, context=self.client_ssl()) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def openfaas_url(self) -> str:
         """Where the components reach ``/system/*`` and ``/function/*``: OpenFaaS's gateway
@@ -79,4 +162,8 @@ class Context:
         if "runtime" in self.ports:
             env["FEDFAAS_RUNTIME_URL"] = self.url("runtime")
             env["OPENFAAS_URL"] = self.url("runtime")
+        if self.tls:
+            # the CA's certificate (public, not a secret): a client that takes its trust from
+            # the environment (httpx, aiohttp) verifies the parts against the platform's CA
+            env["SSL_CERT_FILE"] = str(self.ca_file)
         return env

@@ -39,7 +39,7 @@ def _auth(ctx: Context) -> tuple[str, str]:
 def list_functions(ctx: Context, timeout: float = 2.0) -> list[FunctionInfo]:
     """``GET /system/functions`` on the runtime, with the platform's basic auth."""
     try:
-        with OpenFaaS(ctx.url("runtime"), _auth(ctx), timeout=timeout) as gw:
+        with OpenFaaS(ctx.url("runtime"), _auth(ctx), timeout=timeout, verify=ctx.verify()) as gw:
             body = gw.list_functions()
     except (OpenFaaSError, ValueError) as exc:
         raise PlatformError(f"cannot list functions at {ctx.url('runtime')}: {exc}") from exc
@@ -59,7 +59,7 @@ def store_function_token(ctx: Context) -> None:
     ``function-token`` file: every function is deployed with it and checks callers against it."""
     token = credentials.read(ctx.secrets_dir, credentials.FUNCTION_TOKEN)
     try:
-        with OpenFaaS(ctx.url("runtime"), _auth(ctx)) as gw:
+        with OpenFaaS(ctx.url("runtime"), _auth(ctx), verify=ctx.verify()) as gw:
             gw.set_secret(FUNCTION_TOKEN_SECRET, token)
     except OpenFaaSError as exc:
         raise PlatformError(f"cannot store the function token in the runtime: {exc}") from exc
@@ -77,8 +77,9 @@ def deploy_stack(ctx: Context) -> None:
     store_function_token(ctx)
     log.info("deploying %s and the aggregator to %s", ctx.stack_file, ctx.url("runtime"))
     try:
-        deploy(ctx.stack_file, ctx.url("runtime"), _auth(ctx), resolve=False)
-        deploy(PLATFORM_STACK, ctx.url("runtime"), _auth(ctx), PLATFORM_FUNCTIONS, resolve=False)
+        url, auth, verify = ctx.url("runtime"), _auth(ctx), ctx.verify()
+        deploy(ctx.stack_file, url, auth, resolve=False, verify=verify)
+        deploy(PLATFORM_STACK, url, auth, PLATFORM_FUNCTIONS, resolve=False, verify=verify)
     except (DeployError, StackError) as exc:
         raise PlatformError(f"cannot deploy: {exc}") from exc
     wait_ready(ctx, ctx.functions_timeout)

@@ -19,7 +19,7 @@ from pathlib import Path
 from cache_engine.settings import EngineSettings
 from console.settings import ConsoleSettings
 from control_plane.settings import ControlPlaneSettings
-from core.services import PrometheusServer, http_ok
+from core.services import PrometheusServer
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.nodes import (
@@ -53,7 +53,7 @@ def _minio_endpoint(ctx: Context) -> str:
 
 
 def _healthz(port_name: str) -> Callable[[Context], bool]:
-    return lambda ctx: http_ok(f"{ctx.url(port_name)}/healthz")
+    return lambda ctx: ctx.http_ok(f"{ctx.url(port_name)}/healthz")
 
 
 def admin_secret(ctx: Context) -> Path:
@@ -91,6 +91,7 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         # with the FLStore parts up, completed rounds flow into the cache engine
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
         engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
+        **ctx.tls_settings(f"gateway-{node}"),
     )
 
 
@@ -105,7 +106,8 @@ def _prepare_gateway(node: str) -> Callable[[Context], None]:
 def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None:
     """The router mode the running node gateway reports, or ``None`` if it does not answer."""
     try:
-        with urllib.request.urlopen(f"{ctx.url('gateway')}/healthz", timeout=timeout) as r:
+        url, tls = f"{ctx.url('gateway')}/healthz", ctx.client_ssl()
+        with urllib.request.urlopen(url, timeout=timeout, context=tls) as r:
             body = json.loads(r.read())
         return str(body["router"]), f"node gateway: {body.get('router_reason', '')}"
     except (urllib.error.URLError, OSError, ValueError, KeyError):
@@ -153,6 +155,7 @@ def engine_settings(ctx: Context) -> EngineSettings:
         function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
         # the node gateways' store counts against the node's one memory budget
         store_root=shm_root(ctx),
+        **ctx.tls_settings("cache-engine"),
     )
 
 
@@ -179,6 +182,7 @@ REQUEST_TRACKER = ServiceSpec(
         analyst_token_file=token_file(ctx, credentials.ANALYST_TOKEN),
         engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
         function_token_file=token_file(ctx, credentials.FUNCTION_TOKEN),
+        **ctx.tls_settings("request-tracker"),
     ).to_argv(),
     ready=_healthz("request_tracker"),
     address=lambda ctx: ctx.url("request_tracker"),
@@ -203,6 +207,7 @@ CONTROL_PLANE = ServiceSpec(
         tracker_token_file=(
             token_file(ctx, credentials.ANALYST_TOKEN) if "request_tracker" in ctx.ports else None
         ),
+        **ctx.tls_settings("control-plane"),
     ).to_argv(),
     ready=_healthz("control_plane"),
     address=lambda ctx: ctx.url("control_plane"),
@@ -228,6 +233,8 @@ CONSOLE = ServiceSpec(
         runtime_auth_dir=ctx.secrets_dir,
         # the data plane's rates from the platform's Prometheus when it runs one
         prometheus_url=ctx.url("prometheus") if "prometheus" in ctx.ports else "",
+        secure_cookie=ctx.tls,  # served over HTTPS: the browser sends it only there
+        **ctx.tls_settings("console"),
     ).to_argv(),
     ready=_healthz("console"),
     address=lambda ctx: ctx.url("console"),

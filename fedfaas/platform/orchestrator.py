@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from core.services import ServiceError, free_port
-from fedfaas.platform import credentials, ebpf, optional, procs, state
+from fedfaas.platform import credentials, ebpf, optional, pki, procs, state
 from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
 from fedfaas.platform.errors import (
@@ -31,6 +31,9 @@ from fedfaas.platform.state import PlatformState, ServiceRecord
 from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
 
 log = logging.getLogger(__name__)
+
+#: parts that cannot run on a TLS platform: they call the others over plain HTTP
+PLAIN_ONLY = frozenset({"prometheus", *(p.name for p in openfaas_gateway_parts.PARTS)})
 
 #: passes of ``down``'s sweep for the platform's processes left once its parts are stopped
 SWEEPS = 3
@@ -59,6 +62,8 @@ class StatusReport:
     functions_error: str = ""
     ebpf_mode: str = "userspace"
     ebpf_reason: str = ""
+    #: the platform's CA certificate (``fedfaas up --tls``; the SDK's ``ca_file``), else ""
+    tls_ca: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -123,6 +128,12 @@ class Platform:
                 ) from None
         self.parts = ordered(list(parts))
         self.state_dir = Path(settings.state_dir)
+        plain = [p.name for p in self.parts if p.name in PLAIN_ONLY]
+        if settings.tls and plain:
+            raise PlatformError(
+                f"--tls does not work with {', '.join(plain)} yet (it calls the parts over "
+                "plain HTTP); start the platform without it or without --tls"
+            )
 
     def _spec(self, name: str) -> ServiceSpec | None:
         """The spec of a recorded part: one of ours, else a known core or optional part."""
@@ -171,8 +182,11 @@ class Platform:
                 functions_timeout=self.settings.functions_timeout,
                 openfaas_gateway=self.openfaas_gateway,
                 shm_dir=self.settings.shm_dir,
+                tls=self.settings.tls,
             )
             credentials.ensure(ctx.secrets_dir)
+            if ctx.tls:
+                pki.mint(ctx)
             st = PlatformState(
                 state_dir=str(self.state_dir),
                 platform_id=ctx.platform_id,
@@ -181,6 +195,7 @@ class Platform:
                 started_at=time.time(),
                 ports=dict(ctx.ports),
                 shm_dir=str(ctx.shm_dir),
+                tls=ctx.tls,
             )
             state.save(st)
             try:
@@ -428,16 +443,10 @@ class Platform:
             raise StopFailed(sorted(left))
 
     def _context(self, st: PlatformState) -> Context:
-        return Context(
-            state_dir=Path(st.state_dir),
-            host=st.host,
-            stack_file=Path(st.stack_file),
-            platform_id=st.platform_id,
-            ports=dict(st.ports),
-            stop_timeout=self.settings.stop_timeout,
-            functions_timeout=self.settings.functions_timeout,
-            shm_dir=Path(st.shm_dir),
-        )
+        ctx = Context.of(st)
+        ctx.stop_timeout = self.settings.stop_timeout
+        ctx.functions_timeout = self.settings.functions_timeout
+        return ctx
 
     # --- status -----------------------------------------------------------------------------
 
@@ -451,6 +460,7 @@ class Platform:
             return report
         report.running = True
         ctx = self._context(st)
+        report.tls_ca = str(ctx.ca_file) if ctx.tls else ""
         for rec in st.services:
             alive = rec.alive()
             spec = self._spec(rec.name)

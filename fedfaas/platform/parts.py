@@ -185,6 +185,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         redis_url=f"{ctx.url('redis', 'redis')}/0",
         redis_credentials_file=redis_credentials(ctx, "runtime"),
         behind_gateway=ctx.openfaas_gateway is not None,
+        **ctx.tls_settings("runtime"),
     ).to_argv()
 
 
@@ -192,7 +193,7 @@ RUNTIME = ServiceSpec(
     name="runtime",
     ports=(PortSpec("runtime", DEFAULT_PORTS["runtime"]),),
     argv=_runtime_argv,
-    ready=lambda ctx: http_ok(f"{ctx.url('runtime')}/healthz"),
+    ready=lambda ctx: ctx.http_ok(f"{ctx.url('runtime')}/healthz"),
     address=lambda ctx: ctx.url("runtime"),
     depends=("minio", "redis"),
     prepare=lambda ctx: ctx.run_dir("runtime").mkdir(parents=True, exist_ok=True),

@@ -31,5 +31,7 @@ def render_status(report: StatusReport) -> str:
         else:
             lines.append("functions: none deployed")
         lines.append(f"platform: {'healthy' if report.healthy else 'DEGRADED'}")
+        if report.tls_ca:
+            lines.append(f"TLS CA: {report.tls_ca}")
     lines.append(f"eBPF: {report.ebpf_mode} ({report.ebpf_reason})")
     return "\n".join(lines)

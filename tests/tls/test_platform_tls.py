@@ -1,0 +1,147 @@
+"""``fedfaas up --with all --tls``: one platform whose runtime, node gateways, cache engine,
+request tracker, control plane and console serve HTTPS with the certificates ``up`` minted.
+
+* ``fedfaas status`` prints their https addresses and the CA's path; the secrets are 0600;
+* the README's job through the SDK (``ca_file``: the platform's CA, no environment), to its
+  end: the control plane reaches the gateways, the gateways each other and the cache engine,
+  over mTLS;
+* an FLStore query through the tracker (tracker -> engine -> the cache functions);
+* plain HTTP to a TLS port refused clearly, and a client certificate from another CA refused
+  at the handshake, on the gateway and on the control plane.
+"""
+
+from __future__ import annotations
+
+import ssl
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.tls import TlsFiles, mint_ca, mint_cert
+from fedfaas.platform.context import TLS_PORTS
+from tests.commands import run_module
+from tests.platform.running import any_ports_env, running_platform
+from tests.tls.test_gateway_tls import _tls_get
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@dataclass
+class Platform:
+    state_dir: Path
+    host: str
+    ports: dict[str, int]
+    env: dict[str, str]
+    pids: dict[str, int]
+
+    @property
+    def ca(self) -> Path:
+        return self.state_dir / "secrets" / "tls" / "ca.crt"
+
+    def url(self, port: str) -> str:
+        return f"https://{self.host}:{self.ports[port]}"
+
+    def secret(self, name: str) -> str:
+        return (self.state_dir / "secrets" / name).read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    state_dir = tmp_path_factory.mktemp("tls-platform") / "state"
+    env = any_ports_env()
+    with running_platform(state_dir, "--with", "all", "--tls", env=env, timeout=300) as st:
+        assert st.tls
+        pids = {r.name: r.pid for r in st.services}
+        yield Platform(state_dir, st.host, dict(st.ports), env, pids)
+
+
+def test_status_prints_https_addresses_and_the_ca(platform: Platform) -> None:
+    out = run_module(
+        "fedfaas.cli", "status", "--state-dir", str(platform.state_dir), env=platform.env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"TLS CA: {platform.ca}" in out.stdout
+    for port in TLS_PORTS & set(platform.ports):
+        assert platform.url(port) in out.stdout, (port, out.stdout)
+    tls_dir = platform.ca.parent
+    assert stat.S_IMODE(tls_dir.stat().st_mode) == 0o700
+    files = sorted(p.name for p in tls_dir.iterdir())
+    assert "ca.crt" in files and "ca.key" not in files  # nothing signs after up
+    assert {"gateway-node0.key", "control-plane.key", "runtime.key"} <= set(files)
+    assert all(stat.S_IMODE((tls_dir / f).stat().st_mode) == 0o600 for f in files)
+    # the parts trust the platform's CA from the environment too (the CA's path, no secret)
+    environ = Path(f"/proc/{platform.pids['cache-engine']}/environ").read_bytes().split(b"\0")
+    assert f"SSL_CERT_FILE={platform.ca}".encode() in environ
+
+
+def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platform) -> None:
+    from client.data import federated_digits
+    from client.model import load_bytes_into, make_model, model_to_bytes
+    from client.sdk import submit_job
+    from client.train import TrainConfig, train_local
+
+    data = federated_digits(4, seed=1)
+    job = submit_job(
+        platform.url("control_plane"),
+        "quick",
+        model_to_bytes(make_model(0, "softmax")),
+        rounds=2,
+        goal=4,
+        admin_token=platform.secret("gateway-admin-secret"),
+        tracker_url=platform.url("request_tracker"),
+        analyst_token=platform.secret("analyst-token"),
+        ca_file=platform.ca,
+    )
+    job.enroll([c.client_id for c in data.clients])
+    for rnd in (1, 2):
+        for c in data.clients:
+            with job.client(c.client_id, round=rnd) as fl:
+                assert fl.gateway_url.startswith("https://")
+                model = fl.wait_for_version(rnd - 1).data
+                net = load_bytes_into(make_model(0, "softmax"), model)
+                fit = train_local(net, c.x, c.y, TrainConfig())
+                fl.upload(rnd, net.state_dict(), fit.num_samples)
+    job.wait(timeout=300)
+    assert [(r["round"], r["state"]) for r in job.history()] == [(1, "closed"), (2, "closed")]
+    krum = job.query("multi-krum", rounds=[2], params={"f": 1}, wait=180)
+    assert set(krum["result"]["scores"]) == {c.client_id for c in data.clients}
+
+
+def test_the_console_reads_the_control_plane_over_mtls(platform: Platform) -> None:
+    """The console serves HTTPS, sets its session cookie ``Secure``, and its own calls reach
+    the control plane (which verifies its certificate): the job of the README test is listed."""
+    verify = ssl.create_default_context(cafile=str(platform.ca))
+    with httpx.Client(base_url=platform.url("console"), verify=verify) as console:
+        login = console.post("/login", data={"token": platform.secret("analyst-token")})
+        assert login.status_code == 303, login.text
+        assert "secure" in login.headers["set-cookie"].lower()
+        jobs = console.get("/api/jobs")
+    assert jobs.status_code == 200, jobs.text
+    assert "quick" in jobs.text
+
+
+@pytest.mark.parametrize("port", ["gateway", "control_plane", "console", "runtime"])
+def test_plain_http_and_a_stranger_certificate_are_refused(
+    platform: Platform, port: str, tmp_path: Path
+) -> None:
+    plain = platform.url(port).replace("https://", "http://", 1) + "/healthz"
+    if port == "gateway":  # the gateway's TLS front answers plain HTTP a JSON 400
+        r = httpx.get(plain)
+        assert r.status_code == 400 and r.json()["error"] == "tls_required", r.text
+    else:  # uvicorn: the connection ends at the failed handshake, no answer
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.get(plain)
+    other = mint_ca(tmp_path / "other", name="another CA")
+    stranger = mint_cert(other, tmp_path / "other", "stranger", ["127.0.0.1"])
+    presenting = TlsFiles(stranger.cert, stranger.key, platform.ca)
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        _tls_get(platform.ports[port], presenting.client_context())
+    # the platform's own CA, no certificate (the SDK): let in
+    ok = httpx.get(
+        platform.url(port) + "/healthz", verify=ssl.create_default_context(cafile=str(platform.ca))
+    )
+    assert ok.status_code == 200
