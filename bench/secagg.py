@@ -216,7 +216,13 @@ def render(result: dict[str, Any]) -> str:
         f"({cfg['model']}); SecAgg+ on both: {json.dumps(cfg['parameters'])}. "
         f"Server side of each system in its own cgroup on CPUs {cfg['cpus']}, clients in "
         "another; runs interleaved; each cell median [min-max] over the runs that finished. "
-        "Target: FedFaaS's round at least 3x faster than Flower's.",
+        "Target: FedFaaS's round at least 3x faster than Flower's. A dropped client never "
+        "answers the unmask stage: both systems wait it out (FedFaaS's `stage_timeout_s`, "
+        f"Flower's unmask `timeout`: {cfg['parameters']['fedfaas']['stage_timeout_s']:.0f} s) "
+        "and unmask without it, so the dropout rounds hold that wait on both sides. Bytes: HTTP "
+        "bodies (FedFaaS) and message records (Flower) from the round's start; the model the "
+        "clients start from is not in them (Flower's clients get an empty one, FedFaaS's fetch "
+        "theirs before the round).",
         "",
     ]
     for label, block in result["dropouts"].items():
