@@ -182,7 +182,11 @@ def create_app(
         await coord.start()
         app.state.coordinator = coord
         tasks = [asyncio.create_task(coord.run(settings.tick_s))] if settings.tick_s > 0 else []
-        discovery = Discovery(settings.gateways_service) if settings.gateways_service else None
+        discovery = (
+            Discovery(settings.gateways_service, tls=settings.tls())
+            if settings.gateways_service
+            else None
+        )
         if discovery is not None:
             static = settings.gateway_map()
 

@@ -94,7 +94,9 @@ class Gateway:
         self.peers = httpx.AsyncClient(timeout=120, verify=tls.client_context() if tls else True)
         #: peers found behind ``peers_service`` (this node left out), refreshed by a task
         self.discovered: dict[str, str] = {}
-        self.discovery = Discovery(settings.peers_service) if settings.peers_service else None
+        self.discovery = (
+            Discovery(settings.peers_service, tls=tls) if settings.peers_service else None
+        )
         #: slots of open rounds waiting for an endpoint after the last assignment, per job
         self.shortage: dict[str, int] = {}
         self.pump_failing: set[str] = set()  # jobs whose last pump raised (logged once)

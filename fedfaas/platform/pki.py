@@ -36,6 +36,8 @@ def mint(ctx: Context) -> None:
     ca = mint_ca(ctx.tls_dir, name=f"FedFaaS platform {ctx.platform_id[:12]} CA")
     hosts = list(dict.fromkeys([ctx.host, "127.0.0.1", "localhost"]))
     for part in CERTIFIED:
-        mint_cert(ca, ctx.tls_dir, part, hosts)
+        # a node gateway's certificate also names its node: what discovery checks
+        node = [part.removeprefix("gateway-")] if part.startswith("gateway-") else []
+        mint_cert(ca, ctx.tls_dir, part, [*hosts, *node])
     ca.key.unlink()  # nothing signs after up: the CA's key does not stay on disk
     log.info("TLS: CA and %d certificates in %s", len(CERTIFIED), ctx.tls_dir)

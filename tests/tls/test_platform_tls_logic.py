@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from core.tls import TlsFiles
 from fedfaas.platform import pki
@@ -42,6 +43,10 @@ def test_the_parts_certificates_are_minted_private_and_signed_by_the_ca(tmp_path
         files.server_context()  # the key fits the certificate
     store = ssl.create_default_context(cafile=str(ctx.ca_file))
     assert len(store.get_ca_certs()) == 1
+    # a node gateway's certificate names its node (what discovery checks), beside the host
+    node1 = x509.load_pem_x509_certificate((ctx.tls_dir / "gateway-node1.crt").read_bytes())
+    san = node1.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "node1"}
 
 
 def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_files(
