@@ -16,6 +16,7 @@ from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.optional import CONTROL_PLANE, GATEWAY
 from fedfaas.platform.orchestrator import Platform
+from fedfaas.platform.state import PlatformState
 from fedfaas.settings import load_settings
 from tests.platform.conftest import PART_PORTS
 
@@ -79,3 +80,60 @@ def test_tls_is_refused_beside_the_parts_that_call_over_plain_http(
     with pytest.raises(PlatformError, match="--tls does not work with"):
         Platform(settings, openfaas_gateway=gateway)
     Platform(load_settings(state_dir=tmp_path, with_parts=extra.get("with_parts")))  # no TLS: ok
+
+
+def test_fedfaas_s_own_probe_presents_its_certificate_to_a_server_that_requires_one(
+    tmp_path: Path,
+) -> None:
+    """``Context.http_ok`` (the readiness probes) verifies the part against the CA and presents
+    ``fedfaas``'s certificate: a server requiring client certificates answers it, and refuses
+    a client that trusts the CA but presents none."""
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+
+    ctx = _ctx(tmp_path, tls=True)
+    pki.mint(ctx)
+    server_files = TlsFiles(
+        ctx.tls_dir / "runtime.crt", ctx.tls_dir / "runtime.key", ctx.ca_file, "required"
+    )
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+    httpd.socket = server_files.server_context().wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{httpd.server_address[1]}/healthz"
+        assert ctx.http_ok(url, timeout=10)
+        trust_only = ssl.create_default_context(cafile=str(ctx.ca_file))
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionResetError)):
+            urllib.request.urlopen(url, timeout=10, context=trust_only).read()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_recorded_tls_platform_gives_its_parts_their_certificates_again(tmp_path: Path) -> None:
+    """What the supervisor restarts a part with: the context of the recorded state."""
+    st = PlatformState(
+        state_dir=str(tmp_path / "state"),
+        platform_id="b" * 32,
+        host="127.0.0.1",
+        stack_file=str(tmp_path / "stack.yml"),
+        started_at=0.0,
+        ports=dict(PART_PORTS),
+        tls=True,
+    )
+    ctx = Context.of(st)
+    assert ctx.url("control_plane").startswith("https://")
+    argv = GATEWAY.argv(ctx)
+    assert argv[argv.index("--tls-cert-file") + 1] == str(ctx.tls_dir / "gateway-node0.crt")
