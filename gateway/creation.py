@@ -241,12 +241,14 @@ async def newest_checkpoint(gw: Node, name: str) -> tuple[int, bytes] | None:
     return await _read_minio(gw.checkpoints.latest, name)
 
 
-def served_model(job: Job, body: bytes | memoryview, key: bytes, version: int) -> bytes:
-    """The initial model (object ``key``) as the job serves it: its weights as sent, or for a
-    masked job the float32 words the SDK laid into its masked vector
-    (:func:`gateway.secagg.served_spec`)."""
+def served_model(
+    job: Job, body: bytes | memoryview, key: bytes, version: int
+) -> bytes | memoryview:
+    """The initial model (object ``key``) as the job serves it: its weights as sent, in one of
+    the job's model buffers (:meth:`Job.initial_model_view`), or for a masked job the float32
+    words the SDK laid into its masked vector (:func:`gateway.secagg.served_spec`)."""
     if job.secagg is None:
-        return bytes(body)
+        return job.initial_model_view(body)
     with job.ns.open(key) as obj:
         return wire.encode(obj.buf, served_spec(job.spec), job.model_metadata(version))
 

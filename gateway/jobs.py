@@ -237,6 +237,18 @@ class Job:
             buf.fill(0)  # every page faulted in now, outside any round
             self.model_buffers.append(buf)
 
+    def initial_model_view(self, body: bytes | memoryview) -> memoryview:
+        """The initial model ``body`` (safetensors as the job was created with), served from a
+        model buffer of its own: copied once into a buffer with room for any later model, which
+        then counts as one of the :data:`MODEL_BUFFERS` that later rounds are encoded into (not a
+        separate model-sized copy beside them). Read-only."""
+        nbytes = wire.encoded_nbytes(self.spec, {**self.model_metadata(0), "round": "9" * 12})
+        buf = np.empty(max(len(body), nbytes), np.uint8)
+        buf[: len(body)] = np.frombuffer(body, np.uint8)
+        view = buf.data[: len(body)]
+        self.keep_model_buffer(view)
+        return view.toreadonly()
+
     def keep_model_buffer(self, view: memoryview) -> None:
         """Remember the array behind a newly encoded model's view, for :meth:`free_model_buffer`."""
         buf: Any = view.obj

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from core import wire
+from gateway.creation import served_model
 from gateway.jobs import MODEL_BUFFERS, Job
 
 
@@ -69,3 +70,29 @@ def test_buffers_reserved_at_install_serve_the_first_rounds_with_no_new_allocati
     assert id(_root(three)) == reserved[0]
     assert [id(b) for b in job.model_buffers] == reserved
     assert bytes(three) == wire.encode(src, spec, {"round": "123456"})
+
+
+def test_the_initial_model_is_served_from_a_model_buffer_that_later_rounds_reuse() -> None:
+    # one model-sized copy fewer on the root: the initial model is not a separate bytes copy
+    # beside the buffers reserved for the rounds' models
+    spec = wire.ModelSpec.build([("w", "F32", (4096,)), ("b", "F32", (3,))])
+    src = bytearray(spec.object_nbytes)
+    np.frombuffer(src, np.float32, 4096, spec.by_name()["w"].offset)[:] = 0.25
+    body = wire.encode(src, spec, {"round": "0"})
+    job = _job()
+    job.spec = spec
+    job.fedbuff = job.secagg = None
+    initial = served_model(job, body, b"key", 0)  # what job creation serves
+    assert isinstance(initial, memoryview) and initial.readonly and bytes(initial) == body
+    initial_buf = id(_root(initial))  # an id: a reference held here would count as a reader
+    assert [id(b) for b in job.model_buffers] == [initial_buf]
+    assert job.model_buffers[0].size >= wire.encoded_nbytes(spec, {"round": "9" * 12})
+    job.reserve_model_buffers()  # the root's install tops the buffers up, counting this one
+    assert len(job.model_buffers) == MODEL_BUFFERS
+    one = _publish(job, src, spec, 1)  # the initial model is still served: another buffer
+    assert id(_root(one)) != initial_buf and bytes(initial) == body
+    del initial  # no one reads the initial model any more
+    two = _publish(job, src, spec, 2)
+    assert id(_root(two)) == initial_buf  # its buffer takes round 2's model, in place
+    assert bytes(two) == wire.encode(src, spec, {"round": "2"})
+    assert len(job.model_buffers) == MODEL_BUFFERS
