@@ -25,7 +25,7 @@ from cache_engine.settings import EngineSettings
 from core.auth import bearer, write_token_file
 from core.cmdline import CommandLineSettings
 from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaS
-from core.services import ChildProcess, MinioServer, RedisServer, free_port, wait_for_port
+from core.services import ChildProcess, MinioServer, RedisServer, free_ports, wait_for_port
 from request_tracker.settings import TrackerSettings
 from runtime.process import RuntimeProcess
 
@@ -137,8 +137,8 @@ class FLStoreStack:
 
     def start(self, timeout: float = 60.0) -> FLStoreStack:
         """Start the runtime, then the engine, then the tracker; all stopped if one fails."""
-        self.engine_port = free_port(self.host)
-        self.tracker_port = free_port(self.host)
+        # two different ports: two separate draws could be one port
+        self.engine_port, self.tracker_port = free_ports(2, self.host)
         logs = self.workdir / "logs"
         for scope in ("admin", "analyst", "service", "function"):
             if not self.token_file(scope).exists():
