@@ -181,6 +181,7 @@ def create_app(
         coord = coordinator or _build(settings)
         await coord.start()
         app.state.coordinator = coord
+        await secagg_stages.resume(app)  # a secure round's unmask stage a restart cut short
         tasks = [asyncio.create_task(coord.run(settings.tick_s))] if settings.tick_s > 0 else []
         discovery = (
             Discovery(settings.gateways_service, tls=settings.tls())

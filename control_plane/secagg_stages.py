@@ -28,10 +28,11 @@ The stages' state is kept in the control plane's store with its jobs (Redis with
 one record per job, ``secagg:<job>``, the open round's adverts, envelopes, who masked and the
 shares that came, :meth:`core.secagg.coordinator.Coordinator.to_state`), written before a
 route that changed it answers: a message the client saw acknowledged survives a restart of
-the control plane. A restarted control plane reads it back on the round's next call (each
-message checked again) and the round goes on; the stage that was open then waits its
-``stage_timeout_s`` again from that call, and an unmask stage that was open sends the root
-its material once the survivors' shares are in, as before.
+the control plane. A restarted control plane reads it back as it starts (:func:`resume`;
+each message checked again) and the round goes on; the stage that was open then waits its
+``stage_timeout_s`` again from that start, and an unmask stage that was open sends the root
+its material once the survivors' shares are in (at once when they all came before the
+restart), unless the root published the round already.
 """
 
 from __future__ import annotations
@@ -132,14 +133,29 @@ class Stages:
             raise ClientNotSelected(name, client, number)
         for key in [k for k in self.rounds if k[0] == name and k[1] < number]:
             self._forget(key)
-        st = self.rounds.get((name, number))
+        return job, await self._held(job, number)
+
+    async def _held(self, job: JobState, number: int) -> StageRound:
+        """Round ``number``'s stages, read from the store or made on first use."""
+        key = (job.spec.name, number)
+        st = self.rounds.get(key)
         if st is None:
             async with self.loading:
-                st = self.rounds.get((name, number))
+                st = self.rounds.get(key)
                 if st is None:
-                    st = await self._load(job, number)
-                    self.rounds[(name, number)] = st
-        return job, st
+                    st = self.rounds[key] = await self._load(job, number)
+        return st
+
+    async def resume(self) -> None:
+        """Read back every masked job's open round at the start: an unmask stage whose
+        material was not sent is sent without waiting for a client's call (its survivors may
+        all have answered before the restart)."""
+        for job in list(self.coord.jobs.values()):
+            if job.secagg and job.current is not None and not job.failed:
+                try:
+                    await self._held(job, job.current.number)
+                except ControlPlaneError as exc:
+                    log.warning("job %s: its secure round not read back: %s", job.spec.name, exc)
 
     async def _load(self, job: JobState, number: int) -> StageRound:
         """Round ``number``'s stages as the store kept them, or new ones; a kept state that
@@ -373,10 +389,19 @@ def _client_of(request: Request, scope: Scope) -> str:
 ClientScope = Annotated[Scope, Depends(require(Scope.CLIENT))]
 
 
+async def resume(app: FastAPI) -> None:
+    """At the app's start, once its coordinator loaded the jobs: :meth:`Stages.resume`."""
+    await stages_of(app).resume()
+
+
 def _stages(request: Request) -> Stages:
+    return stages_of(request.app)
+
+
+def stages_of(app: FastAPI) -> Stages:
     """The app's stages, over its coordinator (made on first use: the coordinator is made at
     the app's start)."""
-    state = request.app.state
+    state = app.state
     coord: Coordinator = state.coordinator
     stages: Stages | None = getattr(state, "secagg_stages", None)
     if stages is None or stages.coord is not coord:

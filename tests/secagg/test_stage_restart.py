@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from core.secagg.messages import Advert, b64, context, unb64, unmask_from_json, 
 from core.secagg.participant import Participant
 from core.services import free_port
 from tests.control import realgw
+from tests.dataplane.peerproxy import PASS, REFUSE, PeerProxy
 from tests.polling import wait_until
 from tests.secagg.rounds import D
 
@@ -133,16 +135,35 @@ class ControlPlaneProcess:
                 self.proc.wait(10)
 
 
+UNMASK = r"/rounds/\d+/unmask$"
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@dataclass
+class Platform:
+    cp: ControlPlaneProcess
+    secret: str
+    urls: dict[str, str]  # the gateways' by node
+    #: the relays the control plane reaches each gateway through, by node: their mode
+    #: applies to its unmask calls (the state asked for and the material sent)
+    relays: dict[str, PeerProxy]
+
+
 @pytest.fixture()
-def platform(
-    redis_url: Any, tmp_path: Path
-) -> Iterator[tuple[ControlPlaneProcess, str, dict[str, str]]]:
-    """Two real gateways and a control plane process over them: (the process, the secret,
-    the gateways' URLs by node)."""
-    with realgw.real_gateways(redis_url, tmp_path) as (urls, secret, _procs):
+def platform(redis_url: Any, tmp_path: Path) -> Iterator[Platform]:
+    """Two real gateways and a control plane process over them."""
+    with (
+        realgw.real_gateways(redis_url, tmp_path) as (urls, secret, procs),
+        PeerProxy(_port(urls["n1"]), pattern=UNMASK) as n1,
+        PeerProxy(_port(urls["n2"]), pattern=UNMASK) as n2,
+    ):
+        relays = {"n1": n1, "n2": n2}
         settings = ControlPlaneSettings(
             port=free_port(),
-            gateways=",".join(f"{n}={u}" for n, u in urls.items()),
+            gateways=",".join(f"{n}={r.url}" for n, r in relays.items()),
             redis_url=str(redis_url),
             redis_credentials_file=redis_url.credentials_file("control-plane"),
             admin_token_file=tmp_path / "secret",
@@ -151,7 +172,7 @@ def platform(
         cp = ControlPlaneProcess(settings, tmp_path / "control-plane.log")
         cp.start()
         try:
-            yield cp, secret, urls
+            yield Platform(cp, secret, urls, relays)
         finally:
             cp.stop()
 
@@ -183,79 +204,126 @@ class Clients:
         assert r.status_code == 422 and says in r.json()["detail"], r.text
 
 
-def test_a_round_killed_after_the_roster_and_in_the_unmask_stage_completes_exact(
-    platform: tuple[ControlPlaneProcess, str, dict[str, str]],
-) -> None:
-    cp, secret, urls = platform
-    admin = bearer(secret)
+def _create(p: Platform, job: str) -> Clients:
     w0 = {"w": np.zeros(600, np.float32)}
     body = {
-        "job": "kept",
+        "job": job,
         "rounds": 1,
         "goal": len(CLIENTS),
         "clients": CLIENTS,
         "overprovision": 1.0,
         "weights_b64": base64.b64encode(masked_initial_weights(save(w0), SPEC)).decode(),
     }
-    r = httpx.post(f"{cp.url}/v1/jobs", json=body, headers=admin, timeout=60)
+    r = httpx.post(f"{p.cp.url}/v1/jobs", json=body, headers=bearer(p.secret), timeout=60)
     assert r.status_code == 201, r.text
-    run = Clients(cp, "kept", r.json()["tokens"])
-    for c, p in run.parts.items():
-        run.ok("POST", "advert", c, p.advertise().to_json())
-    envelopes = {}
-    for c, p in run.parts.items():
-        roster = run.ok("GET", "roster", c)["adverts"]
-        sealed = p.share_keys({o: Advert.from_json(a) for o, a in roster.items()})
-        envelopes[c] = {o: b64(e) for o, e in sealed.items()}
-    for c in CLIENTS[:3]:
-        run.ok("POST", "envelopes", c, envelopes[c])
+    return Clients(p.cp, job, r.json()["tokens"])
 
-    cp.kill()  # after the roster, three of five envelopes in
-    cp.start()
-    run.refused("POST", "envelopes", "c0", envelopes["c0"], "already shared")
-    for c in CLIENTS[3:]:
-        run.ok("POST", "envelopes", c, envelopes[c])
-    updates, samples = _updates(7, w0["w"].size)
-    for c, p in run.parts.items():
+
+def _upload(p: Platform, run: Clients, seed: int) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Every client's inbox read and its masked vector uploaded to its gateway."""
+    updates, samples = _updates(seed, 600)
+    for c, part in run.parts.items():
         inbox = run.ok("GET", "inbox", c)["envelopes"]
-        assert len(inbox) == CFG.degree(len(CLIENTS))  # every neighbour's, from both sittings
-        vec = p.masked_input(
+        assert len(inbox) == CFG.degree(len(CLIENTS))  # every neighbour's
+        vec = part.masked_input(
             updates[c], samples[c], {s: unb64(e, "e", limit=512) for s, e in inbox.items()}
         )
-        a = httpx.get(f"{cp.url}/v1/jobs/kept/assignment", params={"client": c}, headers=admin)
+        a = httpx.get(f"{p.cp.url}/v1/jobs/{run.job}/assignment", params={"client": c},
+                      headers=bearer(p.secret))  # fmt: skip
         assert a.status_code == 200, a.text
-        realgw.wait_round_open(a.json()["gateway_url"], "kept", 1, secret)
+        realgw.wait_round_open(a.json()["gateway_url"], run.job, 1, p.secret)
         up = realgw.upload(
-            a.json()["gateway_url"], "kept", 1, c, run.tokens[c], {"masked": vec}, samples[c]
+            a.json()["gateway_url"], run.job, 1, c, run.tokens[c], {"masked": vec}, samples[c]
         )
         assert up.status_code == 202, up.text
+    return updates, samples
+
+
+def _unmask_messages(run: Clients) -> dict[str, Any]:
+    """Each client's unmask request (every client survived) and its shares, as JSON."""
 
     def request(client: str) -> Any:
         r = run.call("GET", "unmask", client)
         return r.json() if r.status_code == 200 else None
 
     messages = {}
-    for c, p in run.parts.items():
+    for c, part in run.parts.items():
         req = wait_until(lambda c=c: request(c), 60, "the round's masked sum on its root")
         assert req["survivors"] == CLIENTS and req["dropped"] == []
-        messages[c] = unmask_to_json(*p.unmask(set(), set(CLIENTS)))
+        messages[c] = unmask_to_json(*part.unmask(set(), set(CLIENTS)))
+    return messages
+
+
+def _published_exact(p: Platform, run: Clients, updates: Any, samples: Any) -> None:
+    def done() -> Any:
+        v = httpx.get(f"{p.cp.url}/v1/jobs/{run.job}", headers=bearer(p.secret), timeout=30)
+        assert not v.json().get("failed"), v.json()
+        return v.json() if v.json()["completed"] == 1 else None
+
+    view = wait_until(done, 120, "round 1 published")
+    model = httpx.get(f"{p.urls[view['root']]}/v1/jobs/{run.job}/model",
+                      headers=bearer(run.tokens["c0"]), timeout=30)  # fmt: skip
+    assert model.status_code == 200, model.text
+    np.testing.assert_array_equal(load(model.content)["fedavg"], _exact(updates, samples))
+
+
+def test_a_round_killed_after_the_roster_and_in_the_unmask_stage_completes_exact(
+    platform: Platform,
+) -> None:
+    p = platform
+    run = _create(p, "kept")
+    for c, part in run.parts.items():
+        run.ok("POST", "advert", c, part.advertise().to_json())
+    envelopes = {}
+    for c, part in run.parts.items():
+        roster = run.ok("GET", "roster", c)["adverts"]
+        sealed = part.share_keys({o: Advert.from_json(a) for o, a in roster.items()})
+        envelopes[c] = {o: b64(e) for o, e in sealed.items()}
+    for c in CLIENTS[:3]:
+        run.ok("POST", "envelopes", c, envelopes[c])
+
+    p.cp.kill()  # after the roster, three of five envelopes in
+    p.cp.start()
+    run.refused("POST", "envelopes", "c0", envelopes["c0"], "already shared")
+    for c in CLIENTS[3:]:
+        run.ok("POST", "envelopes", c, envelopes[c])
+    updates, samples = _upload(p, run, 7)  # each inbox has the envelopes of both sittings
+    messages = _unmask_messages(run)
     for c in CLIENTS[:2]:
         run.ok("POST", "unmask", c, messages[c])
 
-    cp.kill()  # in the unmask stage, two of five shares in
-    cp.start()
+    p.cp.kill()  # in the unmask stage, two of five shares in
+    p.cp.start()
     run.refused("POST", "unmask", "c1", messages["c1"], "already sent its shares")
     for c in CLIENTS[2:]:
         run.ok("POST", "unmask", c, messages[c])
+    _published_exact(p, run, updates, samples)
 
-    def done() -> Any:
-        v = httpx.get(f"{cp.url}/v1/jobs/kept", headers=admin, timeout=30).json()
-        assert not v.get("failed"), v
-        return v if v["completed"] == 1 else None
 
-    view = wait_until(done, 120, "round 1 published")
-    model = httpx.get(
-        f"{urls[view['root']]}/v1/jobs/kept/model", headers=bearer(run.tokens["c0"]), timeout=30
-    )
-    assert model.status_code == 200, model.text
-    np.testing.assert_array_equal(load(model.content)["fedavg"], _exact(updates, samples))
+def test_every_share_in_but_not_sent_to_the_root_is_sent_after_a_restart(
+    platform: Platform,
+) -> None:
+    """The relay in front of the root gateway refuses the control plane's unmask calls while
+    the last shares come, so the material is not sent on; the control plane is killed, the
+    relay passes again, the control plane is started: no client calls any more, and the
+    round is published, exact (the restart reads the stage back and sends its material)."""
+    p = platform
+    run = _create(p, "resent")
+    for c, part in run.parts.items():
+        run.ok("POST", "advert", c, part.advertise().to_json())
+    for c, part in run.parts.items():
+        roster = run.ok("GET", "roster", c)["adverts"]
+        sealed = part.share_keys({o: Advert.from_json(a) for o, a in roster.items()})
+        run.ok("POST", "envelopes", c, {o: b64(e) for o, e in sealed.items()})
+    updates, samples = _upload(p, run, 8)
+    messages = _unmask_messages(run)
+    view = httpx.get(f"{p.cp.url}/v1/jobs/resent", headers=bearer(p.secret), timeout=30).json()
+    relay = p.relays[view["root"]]
+    relay.set(REFUSE)
+    for c in CLIENTS:
+        run.ok("POST", "unmask", c, messages[c])
+    wait_until(lambda: relay.outcomes.get(REFUSE), 30, "the material refused on its way")
+    p.cp.kill()
+    relay.set(PASS)
+    p.cp.start()
+    _published_exact(p, run, updates, samples)
