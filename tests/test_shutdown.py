@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ app = FastAPI()
 
 @app.get("/stuck")
 def stuck() -> dict:  # a worker thread no cancel reaches: the interpreter would wait for it
+    open(sys.argv[3], "w").close()  # the test's sign that the call is in the handler
     time.sleep(600)
     return {}
 
@@ -38,10 +40,10 @@ sys.exit(serve(app, host="127.0.0.1", port=int(sys.argv[1]), grace=float(sys.arg
 """
 
 
-def _start(grace: float) -> tuple[subprocess.Popen[str], int]:
+def _start(grace: float, entered: Path) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
     p = subprocess.Popen(
-        [sys.executable, "-c", SERVICE, str(port), str(grace)],
+        [sys.executable, "-c", SERVICE, str(port), str(grace), str(entered)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stderr=subprocess.PIPE,
@@ -65,8 +67,8 @@ def _stop(p: subprocess.Popen[str], signals: int, within: float) -> tuple[float,
     return time.monotonic() - t0, err
 
 
-def test_a_clean_stop_exits_0() -> None:
-    p, port = _start(grace=20)
+def test_a_clean_stop_exits_0(tmp_path: Path) -> None:
+    p, port = _start(grace=20, entered=tmp_path / "entered")
     assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     took, err = _stop(p, 1, within=20)
     assert p.returncode == 0, err
@@ -74,11 +76,22 @@ def test_a_clean_stop_exits_0() -> None:
 
 
 @pytest.mark.parametrize("signals", [1, 2])
-def test_a_stop_that_hangs_ends_after_the_grace_or_a_second_signal(signals: int) -> None:
+def test_a_stop_that_hangs_ends_after_the_grace_or_a_second_signal(
+    signals: int, tmp_path: Path
+) -> None:
     grace = 4.0 if signals == 1 else 60.0
-    p, port = _start(grace)
-    with contextlib.suppress(httpx.TimeoutException):  # then in flight in a worker thread
-        httpx.get(f"http://127.0.0.1:{port}/stuck", timeout=0.5)
+    entered = tmp_path / "entered"
+    p, port = _start(grace, entered)
+
+    def call() -> None:  # ends when the stopped service drops the connection
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/stuck", timeout=grace + 30)
+
+    threading.Thread(target=call, daemon=True).start()
+    deadline = time.monotonic() + 30  # the call is in the handler, in a worker thread
+    while not entered.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert entered.exists(), "the call never reached the stuck handler"
     took, err = _stop(p, signals, within=grace + 15)
     assert p.returncode == 1, err
     assert took < (10 if signals == 2 else grace + 10), took
