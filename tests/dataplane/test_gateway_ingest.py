@@ -313,7 +313,9 @@ def test_delete_job_frees_its_objects_and_journal(
 
 
 def test_stalled_upload_is_dropped_and_frees_its_buffer(tmp_path: Path, redis_url: str) -> None:
-    g = GatewayThread(settings(tmp_path, redis_url, read_timeout=0.5)).start()
+    # the upload is seen in flight between its first bytes and its read timeout: 2 s, so a test
+    # thread descheduled on a loaded machine still sees it
+    g = GatewayThread(settings(tmp_path, redis_url, read_timeout=2.0)).start()
     try:
         r = httpx.post(
             g.url + "/v1/jobs",
