@@ -30,9 +30,10 @@ ServerApp), each system's processes in fresh cgroups (:func:`bench.harness.compa
 interleaved, ``--repeats`` each). Medians [min-max]. The published model is checked against
 the clients' weights on both sides (its largest error).
 
-``python -m bench.secagg [--clients 20] [--drop 2] [--repeats 3] [--dropouts 0,2]
+``python -m bench.secagg [--clients 20] [--drop 2] [--repeats 3] [--dropouts 0,drop]
 [--merge]`` writes ``bench/results/secagg.{json,md,png}`` (``--merge``: the dropout settings
-run now replace theirs in the stored result, the others kept); ``--from-json`` re-renders.
+run now replace theirs in the stored result, the others kept when they had the same clients
+and update size); ``--from-json`` re-renders.
 """
 
 from __future__ import annotations
@@ -314,6 +315,9 @@ def _run(args: argparse.Namespace, run: dict[str, Any]) -> int:
     res: dict[str, Any] = (
         json.loads(stored.read_text()) if args.merge and stored.exists() else {"dropouts": {}}
     )
+    old = res.get("config") or {}
+    if (old.get("clients"), old.get("update_bytes")) != (args.clients, rc.layout_bytes(layout)):
+        res["dropouts"] = {}  # a stored run of another size is not merged with this one
     res["run"] = run
     res["config"] = {
         "clients": args.clients,

@@ -56,3 +56,33 @@ def test_a_tiny_run_publishes_the_fedavg_on_both_and_writes_its_report(tmp_path:
     md = (tmp_path / "secagg.md").read_text()
     assert "Flower 1.42 SecAgg+" in md and "3x target" in md
     assert (tmp_path / "secagg.png").stat().st_size > 0
+
+
+def _fake_compare(runners: object, **kw: object) -> dict[str, object]:
+    rec = {"ok": True, "e2e_s": 1.0, "bytes_per_client": 1.0, "max_error": 0.0}
+    runs = {secagg.FEDFAAS: [rec], secagg.FLOWER: [dict(rec, e2e_s=3.0)]}
+    return {"systems": list(runs), "order": "", "by_cpus": {"0-1": {"runs": runs}}}
+
+
+def test_merge_keeps_the_other_setting_of_the_same_size_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--merge`` replaces the settings it runs and keeps the stored others, unless they
+    were run with other clients or another update size (the logic alone: the rounds faked)."""
+    from bench.harness import compare
+
+    monkeypatch.setattr(compare, "run_compare", _fake_compare)
+    monkeypatch.setattr(secagg, "runners", lambda *a: {})
+    monkeypatch.setattr(secagg, "stop_on_sigterm", lambda: None)  # pytest keeps its own
+    base = ["--clients", "4", "--drop", "1", "--mb", "1", "--out", str(tmp_path)]
+
+    def stored() -> list[str]:
+        return list(json.loads((tmp_path / "secagg.json").read_text())["dropouts"])
+
+    assert secagg.main([*base, "--dropouts", "0"]) == 0
+    assert secagg.main([*base, "--dropouts", "drop", "--merge"]) == 0
+    assert stored() == ["0% dropout (0 of 4)", "25% dropout (1 of 4)"]
+    assert "3.00x faster" in (tmp_path / "secagg.md").read_text()
+    other = ["--clients", "5", "--drop", "1", "--mb", "1", "--out", str(tmp_path)]
+    assert secagg.main([*other, "--dropouts", "drop", "--merge"]) == 0
+    assert stored() == ["20% dropout (1 of 5)"]
