@@ -500,7 +500,9 @@ def _one_size(
 
         t0 = time.perf_counter()
         reference = against_reference(
-            cold, job, gtg, only, {"fedfaas": fed, "objstore-agg": obj, "cache-agg": cache}
+            cold,
+            queries(job, gtg, only),
+            {"fedfaas": fed, "objstore-agg": obj, "cache-agg": cache},
         )
         log.info("reference answers at %d updates in %.0f s", n, time.perf_counter() - t0)
     same, same_cache = (

@@ -9,26 +9,24 @@ from typing import Any
 
 from bench.flstore_reference import RTOL as REFERENCE_RTOL
 from bench.flstore_reference import agrees, reference_from_store_streamed
-from bench.flstore_rounds import queries
 
 log = logging.getLogger("bench.flstore")
 
 
 def against_reference(
     cold: Any,
-    job: str,
-    gtg: dict[str, Any],
-    only: Sequence[str] | None,
+    asks: Sequence[tuple[str, dict[str, Any]]],
     asked: dict[str, dict[str, Any] | None],
 ) -> dict[str, Any]:
-    """Each query's answers held to the independent reference
+    """Each query's answers held to the independent reference (``asks``: the queries asked,
+    ``(workload, body)`` as :func:`bench.flstore_rounds.queries` makes them)
     (:func:`bench.flstore_reference.reference_from_store_streamed`, on the objects in ``cold``):
     per workload, the keys the reference computes (``checked``; none: no reference) and, per
     system asked, the keys of its answer that differ beyond :data:`REFERENCE_RTOL` (empty: the
     same answer), or ``"no answer"``."""
     memo: dict[Any, Any] = {}
     out: dict[str, Any] = {}
-    for wl, body in queries(job, gtg, only):
+    for wl, body in asks:
         try:
             ref = reference_from_store_streamed(cold, body, memo=memo)
         except Exception as exc:  # a result without the check, saying why, not no result

@@ -87,9 +87,7 @@ def test_the_big_rounds_hold_every_systems_answer_to_the_reference(job: MemoryCo
     wrong["multi-krum"]["result"]["krum"] = "c004"
     got = against_reference(
         job,
-        "big5",
-        gtg_params(),
-        only,
+        queries("big5", gtg_params(), only),
         {"fedfaas": {"queries": right}, "objstore-agg": {"queries": wrong}, "cache-agg": None},
     )
     rows = got["workloads"]
