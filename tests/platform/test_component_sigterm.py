@@ -120,7 +120,11 @@ def test_every_component_stops_within_its_grace_with_work_in_flight(platform: Pl
     askers = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
     for t in askers:
         t.start()
-    time.sleep(1.0)
+    # the tracker answers one query before its SIGTERM (the first may wait for the cache
+    # function stopped above to start again); the askers keep asking, so queries are in flight
+    deadline = time.monotonic() + 60
+    while "answered" not in outcomes and time.monotonic() < deadline:
+        time.sleep(0.05)
     took["request tracker"] = _sigterm(_pid(p, "request-tracker"), SERVICE_GRACE)
     stop.set()
     for t in askers:
