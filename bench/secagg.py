@@ -18,7 +18,10 @@ The same SecAgg+ parameters on both where Flower exposes them: each client's nei
 (``threshold``), the clipping range, the quantization levels (FedFaaS ``bits`` = 22, Flower's
 ``quantization_range`` 2^22, its default), ``max_weight``, and the time a stage waits for a
 client that does not answer (FedFaaS ``stage_timeout_s``, Flower's unmask stage's
-``timeout``): a dropped client never answers, so the rounds with dropouts wait it out on both.
+``timeout``). A dropped client never answers: Flower waits out its unmask timeout; FedFaaS
+sends the root the material once the shares in hand rebuild every seed
+(:meth:`core.secagg.coordinator.Coordinator.can_unmask`) and waits its timeout only when they
+do not.
 Both over plain HTTP on loopback (Flower's ``--insecure``).
 
 Per run: the round's time (the first client released -> the published model: the root
@@ -218,9 +221,11 @@ def render(result: dict[str, Any]) -> str:
         f"Server side of each system in its own cgroup on CPUs {cfg['cpus']}, clients in "
         "another; runs interleaved; each cell median [min-max] over the runs that finished. "
         "Target: FedFaaS's round at least 3x faster than Flower's. A dropped client never "
-        "answers the unmask stage: both systems wait it out (FedFaaS's `stage_timeout_s`, "
-        f"Flower's unmask `timeout`: {cfg['parameters']['fedfaas']['stage_timeout_s']:.0f} s) "
-        "and unmask without it, so the dropout rounds hold that wait on both sides. Bytes: HTTP "
+        "answers the unmask stage: Flower waits out its unmask `timeout` "
+        f"({cfg['parameters']['fedfaas']['stage_timeout_s']:.0f} s, FedFaaS's "
+        "`stage_timeout_s` the same) and unmasks without it; FedFaaS sends the root the "
+        "material once the shares in hand rebuild every seed, so it waits only when they do "
+        "not. Bytes: HTTP "
         "bodies (FedFaaS) and message records (Flower) from the round's start; the model the "
         "clients start from is not in them (Flower's clients get an empty one, FedFaaS's fetch "
         "theirs before the round).",

@@ -18,8 +18,10 @@ stages around its clients' masked uploads. Every route takes the client's own to
   the round's masked sum (it says whose vectors the sum holds: :mod:`gateway.unmask`).
 * ``POST .../secagg/unmask``: the survivor's shares (``{"s", "b"}``).
 
-Once every survivor sent its shares, or ``stage_timeout_s`` after the unmask stage opened,
-the control plane sends the root gateway the adverts, who shared and the shares: the root
+Once the shares in hand rebuild every seed the unmasking needs (each checked against its
+owner's advertised key or commitment: :meth:`core.secagg.coordinator.Coordinator.can_unmask`),
+every survivor sent its shares, or ``stage_timeout_s`` after the unmask stage opened, the
+control plane sends the root gateway the adverts, who shared and the shares: the root
 unmasks and publishes the round. A round that cannot go on (fewer than 3 adverts, too few
 vectors or shares, a wrong share) fails the job with a message that says why (the job's view,
 ``failed``), as a round short of its minimum does.
@@ -31,7 +33,7 @@ route that changed it answers: a message the client saw acknowledged survives a 
 the control plane. A restarted control plane reads it back as it starts (:func:`resume`;
 each message checked again) and the round goes on; the stage that was open then waits its
 ``stage_timeout_s`` again from that start, and an unmask stage that was open sends the root
-its material once the survivors' shares are in (at once when they all came before the
+its material once the shares in hand rebuild every seed (at once when they did before the
 restart), unless the root published the round already.
 """
 
@@ -188,7 +190,7 @@ class Stages:
                 gw is not None
                 and (await gw.unmask_state(job.spec.name, number)).get("state") == "published"
             ):
-                st.everyone.set()
+                st.enough.set()
                 st.sent = st.dirty = True
                 await self.save(job, number, st)
                 return
@@ -329,7 +331,7 @@ class Stages:
     def unmask(self, st: StageRound, client: str, body: Any) -> dict[str, Any]:
         if st.unmask_at is None:
             raise StageOpen("the unmask stage has not opened: ask for the unmask request first")
-        if st.everyone.is_set() and client not in st.messages:
+        if st.enough.is_set() and client not in st.messages:
             raise StageClosed("the unmask stage closed")
         try:
             s, b = unmask_from_json(body, len(st.server.adverts))
@@ -338,13 +340,16 @@ class Stages:
             raise BadStageMessage(str(exc)) from None
         st.messages[client] = body
         st.dirty = True
-        if set(st.messages) >= st.server.masked:
-            st.everyone.set()
+        # eager, as the folds are: the material is sent once it rebuilds every seed, without
+        # waiting out the stage for survivors whose shares would add nothing
+        if set(st.messages) >= st.server.masked or st.server.can_unmask():
+            st.enough.set()
         return {"stage": "unmask", "answered": len(st.messages)}
 
     async def _send(self, job: JobState, st: StageRound, number: int) -> None:
-        """Once every survivor answered or the stage timed out: the material to the root."""
-        with_timeout = asyncio.wait_for(st.everyone.wait(), st.cfg.stage_timeout_s)
+        """Once the shares rebuild every seed, every survivor answered or the stage timed out:
+        the material to the root."""
+        with_timeout = asyncio.wait_for(st.enough.wait(), st.cfg.stage_timeout_s)
         try:
             await with_timeout
         except TimeoutError:
@@ -355,7 +360,7 @@ class Stages:
                 len(st.messages),
                 len(st.server.masked),
             )
-        st.everyone.set()  # later shares are refused: the material is fixed
+        st.enough.set()  # later shares are refused: the material is fixed
         material = {
             "adverts": {c: a.to_json() for c, a in st.server.adverts.items()},
             "shared": sorted(st.server.shared),

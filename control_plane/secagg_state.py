@@ -34,7 +34,9 @@ class StageRound:
     #: the root's answer: whose vectors the sum holds, and when it came
     unmask_at: float | None = None
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    everyone: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the unmask material is fixed: every survivor answered, the shares in hand rebuild every
+    #: seed (:meth:`Coordinator.can_unmask`), or the stage timed out
+    enough: asyncio.Event = field(default_factory=asyncio.Event)
     sender: asyncio.Task[None] | None = None
     #: the material went to the root (a restarted control plane does not send it again)
     sent: bool = False
@@ -70,6 +72,9 @@ class StageRound:
         st.unmask_at = now if rec["unmask"] else None
         st.messages = dict(rec["messages"])
         st.sent = bool(rec["sent"])
-        if st.sent or (st.unmask_at is not None and set(st.messages) >= st.server.masked):
-            st.everyone.set()
+        if st.sent or (
+            st.unmask_at is not None
+            and (set(st.messages) >= st.server.masked or st.server.can_unmask())
+        ):
+            st.enough.set()
         return st

@@ -179,6 +179,23 @@ class Coordinator:
             raise MessageError(f"{client} sent shares of clients not asked for")
         self._unmask[client] = (s, b)
 
+    def can_unmask(self) -> bool:
+        """Whether the shares in hand already rebuild every seed :meth:`unmask` needs (each
+        checked against its owner's advertised key or commitment, so a wrong share makes this
+        False, not a wrong answer): then the survivors who have not answered yet add nothing,
+        and the unmask stage need not wait for them."""
+        dropped, survivors = self.unmask_request()
+        if len(self._unmask) < self.cfg.shares_needed(len(self.adverts)):
+            return False
+        try:
+            for owner in sorted(dropped):
+                self._recover(owner, 0, partial(_key_of, self.adverts[owner].s_pk))
+            for owner in sorted(survivors):
+                self._recover(owner, 1, partial(_self_seed_of, self.adverts[owner].b_commit))
+        except RoundFailed:
+            return False
+        return True
+
     def _recover(self, owner: str, kind: int, matches: Callable[[bytes], bool]) -> bytes:
         """``owner``'s seed (``kind`` 0: key seed, 1: self seed) from the shares its
         neighbours sent; a share whose index is not its holder's is left out (the holders'

@@ -12,10 +12,10 @@ import pytest
 
 from core.secagg import graph, keys, quantize
 from core.secagg.config import SecAggConfig
-from core.secagg.coordinator import RoundFailed
-from core.secagg.messages import MessageError, context
+from core.secagg.coordinator import Coordinator, RoundFailed
+from core.secagg.messages import MessageError, context, unmask_from_json
 from core.secagg.participant import Participant
-from tests.secagg.rounds import UNIFORM_P, looks_uniform, run_round
+from tests.secagg.rounds import UNIFORM_P, flat_fold, looks_uniform, run_round
 
 
 @pytest.mark.parametrize("neighbours", [None, 6])
@@ -123,3 +123,46 @@ def test_a_round_completes_exactly_when_every_seed_keeps_enough_holders(
                 run_round(cfg, n, dropped)
         outcomes.add(ok)
     assert outcomes == {True, False}  # both sides of the threshold were drawn
+
+
+@pytest.mark.parametrize("wrong_share", [False, True])
+def test_the_shares_in_hand_can_be_enough_before_every_survivor_answers(wrong_share: bool) -> None:
+    # the control plane closes the unmask stage once Coordinator.can_unmask() says the shares
+    # rebuild every seed: the survivors who have not answered add nothing, and a wrong share
+    # among them makes it wait for more, never unmask wrong
+    n = 10
+    held: dict[str, np.ndarray] = {}
+    answered: list[str] = []
+
+    def fold(vectors: list[np.ndarray]) -> np.ndarray:
+        held["total"] = flat_fold(vectors)
+        return held["total"]
+
+    def eager(server: Coordinator, messages: dict[str, dict[str, Any]]) -> np.ndarray:
+        for client, message in messages.items():
+            if server.can_unmask():
+                break
+            server.add_unmask(client, *unmask_from_json(message, n))
+            answered.append(client)
+        assert server.can_unmask()
+        return server.unmask(held["total"])
+
+    def flip(message: dict[str, Any]) -> None:  # every self-seed share of the first survivor
+        for owner, (index, share) in message["b"].items():
+            raw = bytearray(base64.b64decode(share))
+            raw[0] ^= 1
+            message["b"][owner] = [index, base64.b64encode(bytes(raw)).decode()]
+
+    out = run_round(
+        SecAggConfig(neighbours=6),
+        n,
+        drop_after_masking=[3],
+        fold=fold,
+        unmask=eager,
+        tamper=flip if wrong_share else None,
+    )
+    if not wrong_share:
+        assert len(answered) < len(out.survivors), answered  # the rest were not waited for
+    else:  # the wrong shares were read, and more right ones waited for
+        assert "client-00" in answered and len(answered) > 1
+    np.testing.assert_array_equal(out.got, out.want)
