@@ -3,12 +3,15 @@ stage message; the sum of the masked vectors is folded by the caller's ``fold``.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save
 
+from client.secure import masked_initial_weights
 from core.secagg import masks, quantize
 from core.secagg.config import SecAggConfig
 from core.secagg.coordinator import Coordinator
@@ -21,6 +24,28 @@ D = 4000
 UNIFORM_P = 1e-9
 Fold = Callable[[list[np.ndarray]], np.ndarray]
 Unmask = Callable[[Coordinator, dict[str, dict[str, Any]]], np.ndarray]
+
+
+def masked_job_body(
+    job: str,
+    clients: list[str],
+    weights: dict[str, np.ndarray],
+    spec: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The control plane's body creating ``job``: one round whose goal is every one of
+    ``clients``, no overprovisioning, starting from ``weights`` laid out as the masked model of
+    secure-aggregation ``spec`` (:func:`client.secure.masked_initial_weights`); ``extra`` adds
+    fields."""
+    return {
+        "job": job,
+        "rounds": 1,
+        "goal": len(clients),
+        "clients": clients,
+        "overprovision": 1.0,
+        "weights_b64": base64.b64encode(masked_initial_weights(save(weights), spec)).decode(),
+        **extra,
+    }
 
 
 def flat_fold(vectors: list[np.ndarray]) -> np.ndarray:

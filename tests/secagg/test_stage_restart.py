@@ -16,7 +16,6 @@ stage gives a round that unmasks to the same exact sum.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -29,9 +28,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from safetensors.numpy import load, save
+from safetensors.numpy import load
 
-from client.secure import masked_initial_weights
 from control_plane.settings import ControlPlaneSettings
 from core.auth import bearer
 from core.secagg import masks, quantize
@@ -43,7 +41,7 @@ from core.services import free_port
 from tests.control import realgw
 from tests.dataplane.peerproxy import PASS, REFUSE, PeerProxy
 from tests.polling import wait_until
-from tests.secagg.rounds import D
+from tests.secagg.rounds import D, masked_job_body
 
 CLIENTS = [f"c{i}" for i in range(5)]
 SPEC = {"stage_timeout_s": 120.0, "neighbours": 4}
@@ -214,15 +212,7 @@ class Clients:
 
 
 def _create(p: Platform, job: str) -> Clients:
-    w0 = {"w": np.zeros(600, np.float32)}
-    body = {
-        "job": job,
-        "rounds": 1,
-        "goal": len(CLIENTS),
-        "clients": CLIENTS,
-        "overprovision": 1.0,
-        "weights_b64": base64.b64encode(masked_initial_weights(save(w0), SPEC)).decode(),
-    }
+    body = masked_job_body(job, CLIENTS, {"w": np.zeros(600, np.float32)}, SPEC)
     r = httpx.post(f"{p.cp.url}/v1/jobs", json=body, headers=bearer(p.secret), timeout=60)
     assert r.status_code == 201, r.text
     return Clients(p.cp, job, r.json()["tokens"])

@@ -27,6 +27,7 @@ from core.secagg.messages import Advert, b64, context, unb64, unmask_to_json
 from core.secagg.participant import Participant
 from tests.control import realgw
 from tests.polling import wait_until
+from tests.secagg.rounds import masked_job_body
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
@@ -44,17 +45,7 @@ def stack(redis_url: str, tmp_path: Any) -> Iterator[tuple[TestClient, dict[str,
 
 
 def _create(api: TestClient, job: str, spec: dict[str, Any], **extra: Any) -> httpx.Response:
-    weights = masked_initial_weights(save(W0), spec)
-    body = {
-        "job": job,
-        "rounds": 1,
-        "goal": len(CLIENTS),
-        "clients": CLIENTS,
-        "overprovision": 1.0,
-        "weights_b64": base64.b64encode(weights).decode(),
-        **extra,
-    }
-    return api.post("/v1/jobs", json=body)
+    return api.post("/v1/jobs", json=masked_job_body(job, CLIENTS, W0, spec, **extra))
 
 
 class Round:
