@@ -227,11 +227,16 @@ class Job:
                 return buf
         return None
 
+    def model_buffer_nbytes(self) -> int:
+        """The size of a model buffer: the job's model encoded with a round number of 12
+        digits, so that any round's model fits."""
+        return wire.encoded_nbytes(self.spec, {**self.model_metadata(0), "round": "9" * 12})
+
     def reserve_model_buffers(self) -> None:
         """Have :data:`MODEL_BUFFERS` buffers of the model's encoded size (with room for a long
         round number) written once, so that no round's publication waits for page faults,
         the first ones included. Run on a job's root node when the job is installed."""
-        nbytes = wire.encoded_nbytes(self.spec, {**self.model_metadata(0), "round": "9" * 12})
+        nbytes = self.model_buffer_nbytes()
         while len(self.model_buffers) < MODEL_BUFFERS:
             buf = np.empty(nbytes, np.uint8)
             buf.fill(0)  # every page faulted in now, outside any round
@@ -242,7 +247,7 @@ class Job:
         model buffer of its own: copied once into a buffer with room for any later model, which
         then counts as one of the :data:`MODEL_BUFFERS` that later rounds are encoded into (not a
         separate model-sized copy beside them). Read-only."""
-        nbytes = wire.encoded_nbytes(self.spec, {**self.model_metadata(0), "round": "9" * 12})
+        nbytes = self.model_buffer_nbytes()
         buf = np.empty(max(len(body), nbytes), np.uint8)
         buf[: len(body)] = np.frombuffer(body, np.uint8)
         view = buf.data[: len(body)]
