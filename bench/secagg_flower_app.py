@@ -45,6 +45,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
+from bench.harness.flower_app import timed_pulls
 from bench.runinfo import thread_counts
 
 STAGE_KEY = "stage"
@@ -139,16 +140,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     work = Path(str(cfg["work"]))
     n = int(cfg["num-clients"])
-    marks: dict[str, Any] = {"pid": os.getpid(), "pulls": []}
-    pull = grid.pull_messages
-
-    def timed_pull(message_ids: Any) -> Any:
-        t0 = time.monotonic_ns()
-        got = list(pull(message_ids))
-        marks["pulls"].append([t0, time.monotonic_ns(), len(got)])
-        return got
-
-    grid.pull_messages = timed_pull  # type: ignore[method-assign]
+    marks = timed_pulls(grid)
 
     class Timed(FedAvg):  # type: ignore[misc]
         def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:

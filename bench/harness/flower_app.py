@@ -79,15 +79,12 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=reply, reply_to=msg)
 
 
-@server.main()
-def main(grid: Grid, context: Context) -> None:
-    """One round of the run config's ``rule`` over ``num-clients`` SuperNodes."""
-    work = Path(str(context.run_config["work"]))
-    n = int(context.run_config["num-clients"])
-    base, extra = STRATEGIES[str(context.run_config["rule"])]
+def timed_pulls(grid: Grid) -> dict[str, Any]:
+    """The ServerApp's marks, started: its pid, and each pull of replies from the SuperLink
+    (Flower's grid polls every 3 s) as ``[start_ns, end_ns, replies]`` under ``"pulls"``, to
+    split the server window into its parts (``bench.flower_baseline``); ``grid`` records them
+    from here on."""
     marks: dict[str, Any] = {"pid": os.getpid(), "pulls": []}
-    # each pull of replies from the SuperLink (Flower's grid polls every 3 s): start, end and
-    # the replies it brought, to split the server window into its parts
     pull = grid.pull_messages
 
     def timed_pull(message_ids: Any) -> Any:
@@ -97,6 +94,16 @@ def main(grid: Grid, context: Context) -> None:
         return got
 
     grid.pull_messages = timed_pull  # type: ignore[method-assign]
+    return marks
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    """One round of the run config's ``rule`` over ``num-clients`` SuperNodes."""
+    work = Path(str(context.run_config["work"]))
+    n = int(context.run_config["num-clients"])
+    base, extra = STRATEGIES[str(context.run_config["rule"])]
+    marks = timed_pulls(grid)
 
     class Timed(base):  # type: ignore[misc, valid-type]
         def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
