@@ -184,17 +184,28 @@ class Coordinator:
         checked against its owner's advertised key or commitment, so a wrong share makes this
         False, not a wrong answer): then the survivors who have not answered yet add nothing,
         and the unmask stage need not wait for them."""
-        dropped, survivors = self.unmask_request()
+        self.unmask_request()
         if len(self._unmask) < self.cfg.shares_needed(len(self.adverts)):
             return False
         try:
-            for owner in sorted(dropped):
-                self._recover(owner, 0, partial(_key_of, self.adverts[owner].s_pk))
-            for owner in sorted(survivors):
-                self._recover(owner, 1, partial(_self_seed_of, self.adverts[owner].b_commit))
+            self._seeds()
         except RoundFailed:
             return False
         return True
+
+    def _seeds(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """The dropped clients' key seeds and the survivors' self seeds, rebuilt from the
+        shares in hand (:class:`RoundFailed` where one cannot be)."""
+        dropped, survivors = self.unmask_request()
+        key_seeds = {
+            owner: self._recover(owner, 0, partial(_key_of, self.adverts[owner].s_pk))
+            for owner in sorted(dropped)
+        }
+        self_seeds = {
+            owner: self._recover(owner, 1, partial(_self_seed_of, self.adverts[owner].b_commit))
+            for owner in sorted(survivors)
+        }
+        return key_seeds, self_seeds
 
     def _recover(self, owner: str, kind: int, matches: Callable[[bytes], bool]) -> bytes:
         """``owner``'s seed (``kind`` 0: key seed, 1: self seed) from the shares its
@@ -218,18 +229,15 @@ class Coordinator:
         """The weighted FedAvg (float32) from ``total``, the Z_2^32 sum of the survivors'
         masked vectors: removes the dropped clients' pairwise masks and the survivors' self
         masks, then dequantizes. ``total`` is modified in place."""
-        dropped, survivors = self.unmask_request()
+        survivors = self.masked
+        key_seeds, self_seeds = self._seeds()
         length = total.size
-        for owner in sorted(dropped):
-            advert = self.adverts[owner]
-            seed = self._recover(owner, 0, partial(_key_of, advert.s_pk))
+        for owner, seed in key_seeds.items():
             for peer in self.neighbours[owner]:
                 if peer in survivors:  # peer added its mask for owner; owner's half never came
                     key = masks.pairwise_key(seed, self.adverts[peer].s_pk, self.context)
                     masks.remove_pairwise(total, masks.expand(key, length), peer, owner)
-        for owner in sorted(survivors):
-            commitment = self.adverts[owner].b_commit
-            seed = self._recover(owner, 1, partial(_self_seed_of, commitment))
+        for seed in self_seeds.values():
             masks.subtract(total, masks.self_mask(seed, length))
         return quantize.dequantize(self.cfg, total, len(survivors))
 
