@@ -172,6 +172,11 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
+def _port_taken(log_path: Path) -> bool:
+    """Whether a SuperNode's log says its port was in use when it bound it."""
+    return "address already in use" in log_path.read_text(errors="replace")
+
+
 def run_flower_round(
     num_clients: int = 20,
     layout: Sequence[tuple[str, Sequence[int]]] | None = None,
@@ -214,7 +219,7 @@ def run_flower_round(
     record (``{"ok": False, "failure": "killed" | "error" | "timeout", "detail", ...}``).
     """
     from bench.harness.cgroups import born_in
-    from core.services import ServiceError, free_port, wait_for_port
+    from core.services import ServiceError, free_port, free_ports, wait_for_port
 
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, not {rule!r}")
@@ -304,15 +309,35 @@ def run_flower_round(
                 wait_for_port("127.0.0.1", port, 120, superlink)
             except ServiceError as exc:
                 return check() or rw.failure("error", f"superlink did not listen: {exc}", **base)
-            for cid in range(num_clients):
-                node = spawn(
+            # the SuperNodes' ports drawn together, all different (one free_port() draw each
+            # could answer a port drawn for a SuperNode not yet bound), and a SuperNode whose
+            # port was taken before it bound it (it exits "address already in use", as two of
+            # three 20-client SecAgg+ runs did) started again on another
+            node_ports = free_ports(num_clients)
+
+            def supernode(cid: int) -> subprocess.Popen[bytes]:
+                return spawn(
                     ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                     "--host", "127.0.0.1", "--port", str(free_port()),
+                     "--host", "127.0.0.1", "--port", str(node_ports[cid]),
                      "--node-config", f"cid={cid}"],
                     f"supernode-{cid}.log",
                     "clients",
                 )  # fmt: skip
-                nodes.append(node)
+
+            nodes.extend(supernode(cid) for cid in range(num_clients))
+            for cid in range(num_clients):
+                for attempt in range(3):
+                    try:
+                        wait_for_port("127.0.0.1", node_ports[cid], 120, nodes[cid])
+                        break
+                    except ServiceError as exc:
+                        if attempt == 2 or not _port_taken(root / f"supernode-{cid}.log"):
+                            return check() or rw.failure(
+                                "error", f"supernode {cid} did not listen: {exc}", **base
+                            )
+                    log.warning("supernode %d: port %d taken, again", cid, node_ports[cid])
+                    node_ports[cid] = free_port()
+                    nodes[cid] = supernode(cid)
             config = f"work='{work}' num-clients={num_clients} rule='{rule}'"
             config += "".join(f" {k}={_toml(v)}" for k, v in (app_config or {}).items())
             submit = subprocess.run(

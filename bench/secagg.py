@@ -33,10 +33,16 @@ ServerApp), each system's processes in fresh cgroups (:func:`bench.harness.compa
 interleaved, ``--repeats`` each). Medians [min-max]. The published model is checked against
 the clients' weights on both sides (its largest error).
 
-``python -m bench.secagg [--clients 20] [--drop 2] [--repeats 3] [--dropouts 0,drop]
-[--merge]`` writes ``bench/results/secagg.{json,md,png}`` (``--merge``: the dropout settings
+``python -m bench.secagg [--clients 20] [--flower-clients N] [--drop 2] [--repeats 3]
+[--dropouts 0,drop] [--merge]`` writes ``bench/results/secagg.{json,md,png}`` (``--merge``: the dropout settings
 run now replace theirs in the stored result, the others kept when they had the same clients
-and update size); ``--from-json`` re-renders.
+and update size, each setting with its own run's header); ``--from-json`` re-renders.
+
+``--flower-clients N``: where Flower's side does not fit the machine at ``--clients`` (each of
+its clients is a SuperNode, a SuperExec and a ClientApp process per message, and under SecAgg+
+a ClientApp holds its update as int64 beside a 64-bit mask per neighbour), FedFaaS and Flower
+both run ``N`` clients (the ratios are between them) and FedFaaS's round at ``--clients`` is a
+third column; the dropped share is the same at both sizes (2 of 20 is 1 of 10).
 """
 
 from __future__ import annotations
@@ -119,35 +125,61 @@ def _fedfaas_error(rec: dict[str, Any], work_weights: np.ndarray) -> None:
         rec["max_error"] = float(np.abs(model - work_weights).max())
 
 
+def all_clients_system(clients: int) -> str:
+    """The name of FedFaaS's row at the full client count, beside the smaller like-for-like
+    pair when Flower runs fewer clients (``--flower-clients``)."""
+    return f"{FEDFAAS}, {clients} clients"
+
+
 def runners(
-    args: argparse.Namespace, layout: list[tuple[str, list[int]]], drop: list[int]
+    args: argparse.Namespace,
+    layout: list[tuple[str, list[int]]],
+    drops: dict[int, list[int]],
 ) -> dict[str, Any]:
-    """Each system's round for ``drop`` (:func:`bench.harness.compare.run_compare`'s runners)."""
+    """Each system's round (:func:`bench.harness.compare.run_compare`'s runners): FedFaaS and
+    Flower at ``args.flower_clients`` clients, and FedFaaS at ``args.clients`` beside them
+    when that is more; ``drops``: the clients dropped at each size."""
     from bench.flower_baseline import run_flower_round
     from bench.secagg_fedfaas import fedfaas_secagg_round
 
-    params = parameters(args.clients, args.neighbours, args.stage_timeout)
-    flower_cfg = {**params["flower"], "drop": ",".join(str(c) for c in drop)}
+    small = flower_clients(args)
+    expected = _expected(layout)
 
-    def fedfaas(groups: Any, tag: str) -> dict[str, Any]:
-        rec = fedfaas_secagg_round(
-            args.clients, layout, params["fedfaas"], drop, groups=groups, keep_model=True
-        )
-        if rec.get("ok"):
-            _fedfaas_error(rec, _expected(layout))
-            survivors = [m for m in rec["clients"] if not m["dropped"]]
-            rec["bytes_per_client"] = float(
-                np.median([m["sent"] + m["received"] for m in survivors])
-            )
-        return rec
+    def fedfaas_at(n: int) -> Any:
+        spec = parameters(n, args.neighbours, args.stage_timeout)["fedfaas"]
+
+        def fedfaas(groups: Any, tag: str) -> dict[str, Any]:
+            rec = fedfaas_secagg_round(n, layout, spec, drops[n], groups=groups, keep_model=True)
+            if rec.get("ok"):
+                _fedfaas_error(rec, expected)
+                survivors = [m for m in rec["clients"] if not m["dropped"]]
+                rec["bytes_per_client"] = float(
+                    np.median([m["sent"] + m["received"] for m in survivors])
+                )
+            return rec
+
+        return fedfaas
+
+    flower_cfg = {
+        **parameters(small, args.neighbours, args.stage_timeout)["flower"],
+        "drop": ",".join(str(c) for c in drops[small]),
+    }
 
     def flower(groups: Any, tag: str) -> dict[str, Any]:
         return run_flower_round(
-            args.clients, layout, groups=groups, app=FLOWER_APP, app_config=flower_cfg,
-            collect=_flower_extra(drop), timeout=args.timeout,
+            small, layout, groups=groups, app=FLOWER_APP, app_config=flower_cfg,
+            collect=_flower_extra(drops[small]), timeout=args.timeout,
         )  # fmt: skip
 
-    return {FEDFAAS: fedfaas, FLOWER: flower}
+    out = {FEDFAAS: fedfaas_at(small), FLOWER: flower}
+    if small != args.clients:
+        out[all_clients_system(args.clients)] = fedfaas_at(args.clients)
+    return out
+
+
+def flower_clients(args: argparse.Namespace) -> int:
+    """The clients of the like-for-like pair: ``--flower-clients``, else ``--clients``."""
+    return int(args.flower_clients or args.clients)
 
 
 def _expected(layout: list[tuple[str, list[int]]]) -> np.ndarray:
@@ -164,31 +196,38 @@ def _expected(layout: list[tuple[str, list[int]]]) -> np.ndarray:
 
 # ------------------------------------------------------------------------------ the report
 def summary(compare: dict[str, Any]) -> dict[str, Any]:
-    """Per system: round s, bytes per client, server peak and CPU-s, largest model error
-    (each a spread over the runs that finished); FedFaaS's ratios."""
+    """Per system: its clients, round s, bytes per client, server peak and CPU-s, the
+    clients' side peak, largest model error (each a spread over the runs that finished);
+    Flower's figures over FedFaaS's at the same clients (``ratios``); ``systems`` in order."""
     [block] = compare["by_cpus"].values()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"systems": list(block["runs"])}
     for system, recs in block["runs"].items():
         done = [r for r in recs if r.get("ok", True)]
         cg = [(r.get("cgroup") or {}).get("server") or {} for r in done]
+        cl = [(r.get("cgroup") or {}).get("clients") or {} for r in done]
         out[system] = {
             "runs": len(recs),
             "ok": len(done),
+            "clients": next((r["num_clients"] for r in recs if r.get("num_clients")), None),
             "round_s": spread([r.get("e2e_s") for r in done]),
             "bytes_per_client": spread([r.get("bytes_per_client") for r in done]),
             "server_peak_bytes": spread([c.get("peak_bytes") for c in cg]),
             "server_cpu_s": spread([c.get("cpu_s") for c in cg]),
+            "clients_peak_bytes": spread([c.get("peak_bytes") for c in cl]),
             "max_error": spread([r.get("max_error") for r in done]),
-            "failures": [str(r.get("detail") or r.get("failure"))[:300] for r in recs
-                         if not r.get("ok", True)],
+            "failures": [str(r.get("detail") or r.get("reason") or r.get("failure"))[:300]
+                         for r in recs if not r.get("ok", True)],
         }  # fmt: skip
     me, them = out.get(FEDFAAS) or {}, out.get(FLOWER) or {}
     out["ratios"] = {
         k: them[k]["median"] / me[k]["median"]
         if (me.get(k) and them.get(k) and me[k]["median"])
         else None
-        for k in ("round_s", "bytes_per_client", "server_peak_bytes", "server_cpu_s")
-    }
+        for k in (
+            "round_s", "bytes_per_client", "server_peak_bytes", "server_cpu_s",
+            "clients_peak_bytes",
+        )
+    }  # fmt: skip
     return out
 
 
@@ -197,6 +236,7 @@ ROWS = (
     ("bytes per surviving client, sent + received (MB)", "bytes_per_client", 1e6, "fewer"),
     ("server peak memory, cgroup (GB)", "server_peak_bytes", 1e9, "less"),
     ("server CPU-seconds, cgroup", "server_cpu_s", 1.0, "fewer"),
+    ("clients' side peak memory, cgroup, all clients (GB)", "clients_peak_bytes", 1e9, "less"),
     ("published model's largest error vs the clients' weights", "max_error", 1.0, ""),
 )
 
@@ -207,6 +247,39 @@ def _cell(s: dict[str, float] | None, scale: float) -> str:
     fmt = "{:.3g}" if scale == 1.0 and s["median"] < 0.01 else "{:.2f}"
     m, lo, hi = (fmt.format(s[k] / scale) for k in ("median", "min", "max"))
     return f"{m} [{lo}-{hi}]"
+
+
+def _systems(s: dict[str, Any]) -> list[str]:
+    return list(s.get("systems") or (FEDFAAS, FLOWER))
+
+
+def _named(system: str, clients: int | None) -> str:
+    """A system's column name: FedFaaS's and Flower's with their clients."""
+    return f"{system} ({clients} clients)" if clients and system in (FEDFAAS, FLOWER) else system
+
+
+def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
+    """What the header says when Flower ran fewer clients than FedFaaS's full row."""
+    cfg = result["config"]
+    small = cfg.get("flower_clients") or cfg["clients"]
+    if small == cfg["clients"]:
+        return []
+    per = []
+    for block in result["dropouts"].values():
+        fl = block["summary"].get(FLOWER) or {}
+        if fl.get("clients_peak_bytes") and fl.get("clients"):
+            per.append(fl["clients_peak_bytes"]["median"] / fl["clients"])
+    seen = f" (measured here: {max(per) / 1e9:.2f} GB per client at its peak)" if per else ""
+    return [
+        f"Flower's side runs {small} clients, not {cfg['clients']}: each of its clients is a "
+        "SuperNode, its SuperExec and a ClientApp process per message, and under SecAgg+ "
+        "the ClientApp holds its update as int64 beside a 64-bit mask per neighbour"
+        f"{seen}; at {cfg['clients']} clients the clients' side and the server's do not fit "
+        "this machine's memory together (the harness's memory guard stops the round). So "
+        f"FedFaaS and Flower are compared at {small} clients (the ratio column), and "
+        f"FedFaaS's round at {cfg['clients']} clients is beside them.",
+        "",
+    ]
 
 
 def render(result: dict[str, Any]) -> str:
@@ -230,18 +303,28 @@ def render(result: dict[str, Any]) -> str:
         "clients start from is not in them (Flower's clients get an empty one, FedFaaS's fetch "
         "theirs before the round).",
         "",
+        *_fewer_clients_note(result),
     ]
     for label, block in result["dropouts"].items():
         s = block["summary"]
-        ok = ", ".join(f"{k} {s[k]['ok']}/{s[k]['runs']}" for k in (FEDFAAS, FLOWER) if k in s)
-        lines += [f"## {label}", "", f"Runs finished: {ok}.", "",
-                  f"| figure | {FEDFAAS} | {FLOWER} | Flower / FedFaaS |", "|---|---|---|---|"]  # fmt: skip
+        systems = _systems(s)
+        names = [_named(k, s[k].get("clients")) for k in systems]
+        ok = ", ".join(
+            f"{n} {s[k]['ok']}/{s[k]['runs']}" for k, n in zip(systems, names, strict=True)
+        )
+        lines += [f"## {label}", ""]
+        own = block.get("run")  # a setting kept by --merge from an earlier invocation
+        if own and own.get("started") != result["run"].get("started"):
+            lines += [run_header(own), ""]
+        lines += [f"Runs finished: {ok}.", "",
+                  f"| figure | {' | '.join(names)} | Flower / FedFaaS |",
+                  "|---|" + "---|" * (len(systems) + 1)]  # fmt: skip
         for name, key, scale, word in ROWS:
             ratio = s["ratios"].get(key)
             cell = f"{ratio:.2f}x {word}" if ratio and word else ""
-            me, them = s.get(FEDFAAS, {}).get(key), s.get(FLOWER, {}).get(key)
-            lines.append(f"| {name} | {_cell(me, scale)} | {_cell(them, scale)} | {cell} |")
-        for system in (FEDFAAS, FLOWER):
+            cells = " | ".join(_cell(s[k].get(key), scale) for k in systems)
+            lines.append(f"| {name} | {cells} | {cell} |")
+        for system in systems:
             for f in (s.get(system) or {}).get("failures") or []:
                 lines.append(f"\n{system} failed: {f}")
         met = (s["ratios"].get("round_s") or 0) >= 3.0
@@ -257,6 +340,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = list(result["dropouts"])
+    systems = _systems(next(iter(result["dropouts"].values()))["summary"])
+    width = 0.8 / len(systems)
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
     for ax, (title, key, scale) in zip(
         axes,
@@ -264,19 +349,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
          ("server CPU-s", "server_cpu_s", 1.0)),
         strict=True,
     ):  # fmt: skip
-        for i, system in enumerate((FEDFAAS, FLOWER)):
+        for i, system in enumerate(systems):
             xs, ys, lo, hi = [], [], [], []
             for j, label in enumerate(labels):
                 s = (result["dropouts"][label]["summary"].get(system) or {}).get(key)
                 if s:
-                    xs.append(j + 0.38 * i)
+                    xs.append(j + width * i)
                     ys.append(s["median"] / scale)
                     lo.append((s["median"] - s["min"]) / scale)
                     hi.append((s["max"] - s["median"]) / scale)
-            ax.bar(xs, ys, 0.36, yerr=[lo, hi], label=system, capsize=3)
-        ax.set_xticks([j + 0.19 for j in range(len(labels))], labels, fontsize=8)
+            n = (result["dropouts"][labels[0]]["summary"].get(system) or {}).get("clients")
+            ax.bar(xs, ys, width * 0.95, yerr=[lo, hi], label=_named(system, n), capsize=3)
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(labels))],
+                      labels, fontsize=7)  # fmt: skip
         ax.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -286,6 +373,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--flower-clients", type=int, default=None,
+                    help="Flower's clients (and FedFaaS's beside them) when fewer fit")  # fmt: skip
     ap.add_argument("--drop", type=int, default=2, help="clients dropped in the dropout rows")
     ap.add_argument("--dropouts", default="0,drop", help="the settings to run: 0 and/or drop")
     ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
@@ -320,33 +409,48 @@ def _run(args: argparse.Namespace, run: dict[str, Any]) -> int:
     res: dict[str, Any] = (
         json.loads(stored.read_text()) if args.merge and stored.exists() else {"dropouts": {}}
     )
+    small = flower_clients(args)
     old = res.get("config") or {}
-    if (old.get("clients"), old.get("update_bytes")) != (args.clients, rc.layout_bytes(layout)):
+    size = (args.clients, small, rc.layout_bytes(layout))
+    if (old.get("clients"), old.get("flower_clients") or old.get("clients"),
+            old.get("update_bytes")) != size:  # fmt: skip
         res["dropouts"] = {}  # a stored run of another size is not merged with this one
     res["run"] = run
     res["config"] = {
         "clients": args.clients,
+        "flower_clients": small,
         "update_bytes": rc.layout_bytes(layout),
         "model": "resnet18 (10 classes)" if args.mb is None else f"scaled to {args.mb} MB",
         "cpus": args.cpus,
         "repeats": args.repeats,
-        "parameters": parameters(args.clients, args.neighbours, args.stage_timeout),
+        "parameters": parameters(small, args.neighbours, args.stage_timeout),
     }
     for setting in args.dropouts.split(","):
         n_drop = 0 if setting == "0" else args.drop
-        drop = list(range(args.clients - n_drop, args.clients))
-        label = f"{100 * n_drop / args.clients:.0f}% dropout ({n_drop} of {args.clients})"
+        drops = dropped(args.clients, small, n_drop)
+        label = f"{100 * n_drop / args.clients:.0f}% dropout ({n_drop} of {args.clients}"
+        label += f"; {len(drops[small])} of {small})" if small != args.clients else ")"
 
-        def keep(cmp: dict[str, Any], label: str = label, drop: list[int] = drop) -> None:
-            res["dropouts"][label] = {"dropped": drop, "compare": cmp, "summary": summary(cmp)}
+        def keep(cmp: dict[str, Any], label: str = label, drop: list[int] = drops[small]) -> None:
+            res["dropouts"][label] = {
+                "dropped": drop, "compare": cmp, "summary": summary(cmp), "run": run,
+            }  # fmt: skip
             write_result(res, "secagg", render, args.out)
 
-        keep(run_compare(runners(args, layout, drop), cpus_sets=[args.cpus],
+        keep(run_compare(runners(args, layout, drops), cpus_sets=[args.cpus],
                          repeats=args.repeats, after_run=keep))  # fmt: skip
     stored_res, md = write_result(res, "secagg", render, args.out)
     plot(stored_res, args.out / f"{NAME}.png")
     print(md)
     return 0
+
+
+def dropped(clients: int, small: int, n_drop: int) -> dict[int, list[int]]:
+    """The clients dropped at each size: the last ``n_drop`` of ``clients``, and the same
+    share (rounded, at least one when any) of ``small``."""
+    n_small = max(1, round(n_drop * small / clients)) if n_drop else 0
+    return {clients: list(range(clients - n_drop, clients)),
+            small: list(range(small - n_small, small))}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -82,7 +82,55 @@ def test_merge_keeps_the_other_setting_of_the_same_size_only(
     assert secagg.main([*base, "--dropouts", "0"]) == 0
     assert secagg.main([*base, "--dropouts", "drop", "--merge"]) == 0
     assert stored() == ["0% dropout (0 of 4)", "25% dropout (1 of 4)"]
-    assert "3.00x faster" in (tmp_path / "secagg.md").read_text()
+    md = (tmp_path / "secagg.md").read_text()
+    assert "3.00x faster" in md
+    assert md.count("Run: `") == 2  # the kept setting says which invocation ran it
     other = ["--clients", "5", "--drop", "1", "--mb", "1", "--out", str(tmp_path)]
     assert secagg.main([*other, "--dropouts", "drop", "--merge"]) == 0
     assert stored() == ["20% dropout (1 of 5)"]
+
+
+def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--flower-clients 10`` of ``--clients 20``: FedFaaS and Flower run 10 clients (the
+    ratio is between them), FedFaaS's 20-client round is a third column; 2 of 20 dropped is
+    1 of 10; the report says why Flower ran fewer, with its clients' measured peak (the
+    rounds faked, the logic alone)."""
+    from bench.harness import compare
+
+    full = secagg.all_clients_system(20)
+    seen: dict[str, object] = {}
+
+    def fake_runners(args: object, layout: object, drops: dict[int, list[int]]) -> dict:
+        seen["drops"] = drops
+        return {}
+
+    def fake_compare(runners: object, **kw: object) -> dict[str, object]:
+        rec = {"ok": True, "e2e_s": 1.0, "bytes_per_client": 1.0, "max_error": 0.0,
+               "num_clients": 10, "cgroup": {"clients": {"peak_bytes": 5e9}}}  # fmt: skip
+        runs = {
+            secagg.FEDFAAS: [rec],
+            secagg.FLOWER: [dict(rec, e2e_s=4.0, cgroup={"clients": {"peak_bytes": 11e9}})],
+            full: [dict(rec, e2e_s=2.0, num_clients=20)],
+        }
+        return {"systems": list(runs), "order": "", "by_cpus": {"0-1": {"runs": runs}}}
+
+    monkeypatch.setattr(compare, "run_compare", fake_compare)
+    monkeypatch.setattr(secagg, "runners", fake_runners)
+    monkeypatch.setattr(secagg, "stop_on_sigterm", lambda: None)
+    argv = ["--clients", "20", "--flower-clients", "10", "--drop", "2", "--mb", "1",
+            "--dropouts", "drop", "--out", str(tmp_path)]  # fmt: skip
+    assert secagg.main(argv) == 0
+    assert seen["drops"] == {20: [18, 19], 10: [9]}
+    res = json.loads((tmp_path / "secagg.json").read_text())
+    assert res["config"]["flower_clients"] == 10
+    assert res["config"]["parameters"]["flower"]["num-shares"] == 9  # 8 neighbours at 10 too
+    [(label, block)] = res["dropouts"].items()
+    assert label == "10% dropout (2 of 20; 1 of 10)" and block["dropped"] == [9]
+    assert block["summary"]["ratios"]["round_s"] == 4.0  # Flower / FedFaaS, both at 10
+    md = (tmp_path / "secagg.md").read_text()
+    assert "| FedFaaS (10 clients) | Flower 1.42 SecAgg+ (10 clients) | FedFaaS, 20 clients |" in md
+    assert "Flower's side runs 10 clients, not 20" in md and "1.10 GB per client" in md
+    assert "3x target: met (4.00x)" in md
+    assert (tmp_path / "secagg.png").stat().st_size > 0
