@@ -13,7 +13,8 @@ from typing import Any
 
 import psutil
 
-from core.services import ServiceError, free_port
+from core.services import ServiceError
+from core.services.process import PORT_RANGE_ENV
 from fedfaas.platform import credentials, ebpf, optional, pki, procs, state
 from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
@@ -228,6 +229,7 @@ class Platform:
                             f"port, on every interface): free it"
                         )
                     chosen[ps.name] = ps.default
+        drawn: list[tuple[str, int]] = []  # (port name, its usual port if that was taken, else 0)
         for part in self.parts:
             for ps in part.ports:
                 if ps.fixed:
@@ -237,21 +239,30 @@ class Platform:
                 if configured:
                     if configured in taken or not procs.port_free(host, configured):
                         raise PortInUse(part.name, host, configured, _setting_name(ps.name))
-                    port = configured
+                    chosen[ps.name] = configured
                 elif (
                     configured is None
                     and ps.default
                     and ps.default not in taken
                     and procs.port_free(host, ps.default)
                 ):
-                    port = ps.default
+                    chosen[ps.name] = ps.default
                 else:
-                    port = free_port(host)
-                    while port in taken:
-                        port = free_port(host)
-                    if configured is None and ps.default:
-                        log.info("port %d for %s is taken; using %d", ps.default, ps.name, port)
-                chosen[ps.name] = port
+                    drawn.append((ps.name, ps.default if configured is None else 0))
+        # the rest drawn together, each different from every port chosen above
+        try:
+            ports = procs.draw_ports(host, len(drawn), exclude=chosen.values())
+        except procs.PortRangeFull as exc:
+            raise PlatformError(
+                f"the platform needs {exc.needed} free ports on {host} for "
+                f"{', '.join(name for name, _ in drawn)}, and the range it draws them from, "
+                f"{exc.first}-{exc.last}, has {exc.found} free: widen {PORT_RANGE_ENV} "
+                f"(FIRST-LAST) or give these parts ports of their own"
+            ) from None
+        for (name, usual), port in zip(drawn, ports, strict=True):
+            if usual:
+                log.info("port %d for %s is taken; using %d", usual, name, port)
+            chosen[name] = port
         return chosen
 
     def _start(self, part: ServiceSpec, ctx: Context, st: PlatformState) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import stat
 import sys
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from core.services.process import PORT_RANGE_ENV, port_range
 from fedfaas.platform import (
     PartStatus,
     Platform,
+    PlatformError,
     PortInUse,
     PortSpec,
     ServiceSpec,
@@ -93,6 +96,53 @@ def test_port_zero_means_any_free_port_and_ports_are_distinct(tmp_path: Path) ->
     ports = Platform(settings)._choose_ports()
     assert set(ports) == {"runtime", "minio", "minio_console", "redis"}
     assert len(set(ports.values())) == 4 and 0 not in ports.values()
+
+
+def _free_block(size: int) -> int:
+    """The first port of ``size`` consecutive ports of the free-port range free right now."""
+    first, end = port_range()
+    for start in range(first, end - size + 1, size):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(start, start + size):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return start
+    raise AssertionError(f"no {size} consecutive free ports in {first}-{end - 1}")
+
+
+@pytest.mark.timeout(30)  # the draw once went on forever here: a regression fails, not hangs
+def test_a_port_range_too_small_for_the_parts_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = _free_block(4)
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{start}-{start + 3}")
+    with socket.socket() as busy:  # one of the 4 is taken: 3 free for 4 ports
+        busy.bind(("127.0.0.1", start + 2))
+        busy.listen()
+        with pytest.raises(PlatformError) as err:
+            Platform(PlatformSettings(state_dir=tmp_path, **ANY_PORTS))._choose_ports()
+    said = str(err.value)
+    assert "needs 4 free ports" in said and "for minio, minio_console, redis, runtime," in said
+    assert f"{start}-{start + 3}, has 3 free" in said and f"widen {PORT_RANGE_ENV}" in said
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{start}-{start + 1}")  # fewer ports than the parts
+    with pytest.raises(PlatformError, match=f"needs 4 free ports.*{start}-{start + 1}, has 2"):
+        Platform(PlatformSettings(state_dir=tmp_path, **ANY_PORTS))._choose_ports()
+
+
+@pytest.mark.timeout(30)
+def test_a_range_just_large_enough_gives_each_part_one_of_its_free_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = _free_block(5)
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{start}-{start + 4}")
+    with socket.socket() as busy:  # the range's 4 other ports are all the parts can have
+        busy.bind(("127.0.0.1", start + 1))
+        busy.listen()
+        ports = Platform(PlatformSettings(state_dir=tmp_path, **ANY_PORTS))._choose_ports()
+    assert sorted(ports.values()) == [start, start + 2, start + 3, start + 4]
 
 
 def test_settings_read_the_fedfaas_env_prefix(
