@@ -40,7 +40,8 @@ and update size, each setting with its own run's header); ``--from-json`` re-ren
 
 ``--flower-clients N``: where Flower's side does not fit the machine at ``--clients`` (each of
 its clients is a SuperNode, a SuperExec and a ClientApp process per message, and under SecAgg+
-a ClientApp holds its update as int64 beside a 64-bit mask per neighbour), FedFaaS and Flower
+a ClientApp makes its update int64 and adds a 64-bit mask of that size per neighbour, one
+after another), FedFaaS and Flower
 both run ``N`` clients (the ratios are between them) and FedFaaS's round at ``--clients`` is a
 third column; the dropped share is the same at both sizes (2 of 20 is 1 of 10).
 """
@@ -269,15 +270,20 @@ def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
         fl = block["summary"].get(FLOWER) or {}
         if fl.get("clients_peak_bytes") and fl.get("clients"):
             per.append(fl["clients_peak_bytes"]["median"] / fl["clients"])
-    seen = f" (measured here: {max(per) / 1e9:.2f} GB per client at its peak)" if per else ""
+    mem = (result["run"].get("machine") or {}).get("memory_gib")
+    seen = (
+        f" (its clients' side measured here: {max(per) / 1e9:.2f} GB per client at its peak, "
+        f"about {max(per) * cfg['clients'] / 1e9:.0f} GB at {cfg['clients']} clients, beside "
+        f"its server's, on a machine of {mem} GiB)"
+        if per
+        else ""
+    )
     return [
-        f"Flower's side runs {small} clients, not {cfg['clients']}: each of its clients is a "
-        "SuperNode, its SuperExec and a ClientApp process per message, and under SecAgg+ "
-        "the ClientApp holds its update as int64 beside a 64-bit mask per neighbour"
-        f"{seen}; at {cfg['clients']} clients the clients' side and the server's do not fit "
-        "this machine's memory together (the harness's memory guard stops the round). So "
-        f"FedFaaS and Flower are compared at {small} clients (the ratio column), and "
-        f"FedFaaS's round at {cfg['clients']} clients is beside them.",
+        f"Flower's side runs {small} clients, not {cfg['clients']}, for this machine's memory: "
+        "each of its clients is a SuperNode, its SuperExec and a ClientApp process per "
+        "message, and under SecAgg+ the ClientApp makes its update int64 and adds to it a "
+        f"64-bit mask of the same size per neighbour, one after another{seen}. So FedFaaS and Flower are compared at {small} clients "
+        f"(the ratio column), and FedFaaS's round at {cfg['clients']} clients is beside them.",
         "",
     ]
 
