@@ -33,7 +33,7 @@ ServerApp), each system's processes in fresh cgroups (:func:`bench.harness.compa
 interleaved, ``--repeats`` each). Medians [min-max]. The published model is checked against
 the clients' weights on both sides (its largest error).
 
-``python -m bench.secagg [--clients 20] [--flower-clients N] [--drop 2] [--repeats 3]
+``python -m bench.secagg [--clients 20] [--flower-clients 10] [--drop 2] [--repeats 3]
 [--dropouts 0,drop] [--merge]`` writes ``bench/results/secagg.{json,md,png}`` (``--merge``: the dropout settings
 run now replace theirs in the stored result, the others kept when they had the same clients
 and update size, each setting with its own run's header); ``--from-json`` re-renders.
@@ -179,8 +179,8 @@ def runners(
 
 
 def flower_clients(args: argparse.Namespace) -> int:
-    """The clients of the like-for-like pair: ``--flower-clients``, else ``--clients``."""
-    return int(args.flower_clients or args.clients)
+    """The clients of the like-for-like pair: ``--flower-clients``, at most ``--clients``."""
+    return min(int(args.flower_clients or args.clients), int(args.clients))
 
 
 def _expected(layout: list[tuple[str, list[int]]]) -> np.ndarray:
@@ -379,8 +379,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--flower-clients", type=int, default=None,
-                    help="Flower's clients (and FedFaaS's beside them) when fewer fit")  # fmt: skip
+    ap.add_argument("--flower-clients", type=int, default=10,
+                    help="Flower's clients (and FedFaaS's beside them; at most --clients): "
+                    "20 of Flower's SecAgg+ clients do not fit 24 GB beside its server")  # fmt: skip
     ap.add_argument("--drop", type=int, default=2, help="clients dropped in the dropout rows")
     ap.add_argument("--dropouts", default="0,drop", help="the settings to run: 0 and/or drop")
     ap.add_argument("--mb", type=float, default=None, help="update size in MB (default ResNet-18)")
