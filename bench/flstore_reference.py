@@ -318,9 +318,9 @@ def _number(x: Any) -> bool:
     return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
 
 
-#: relative tolerance of :func:`agrees` for the benchmarks' answers (the workloads' float32
-#: Gram blocks summed in float64 are within ~1e-7 of float64; a swapped client, a sign or a
-#: 1 % error is 1e-2 or more)
+#: relative tolerance of :func:`agrees` for the benchmarks' answers (the workloads' products are
+#: float64's, flstore_workloads/README.md; a swapped client, a sign or a 1 % error is 1e-2 or
+#: more)
 RTOL = 1e-5
 
 

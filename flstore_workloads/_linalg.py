@@ -6,11 +6,15 @@ global model). :func:`gram` computes them in one pass over the data, a chunk of 
 time: no ``N x d`` copy is made and the inputs (possibly read-only views of sealed objects) are
 never written.
 
-- Model-sized rows that are a stored float32 vector or the difference of two (``d >= 2^20``) are
-  formed and multiplied in float32, one BLAS call per 16 Ki-column block, and summed over blocks
-  in float64 (products within about 1e-6 of float64's, relative to the largest; see
-  :func:`_float32_ok`). Everything else is
-  done in float64, each shared vector converted once per chunk.
+- Rows are formed and multiplied in float64, a block of columns at a time (a vector shared by
+  several rows, the base ``g`` of ``w_i - g``, converted once per block; one BLAS call per
+  block), and summed over blocks in float64, whatever the length or the data. Float32
+  products, which this took for model-sized rows until issue 36, were about 1e-6 off
+  (relative) where a model's norm sits in a few hundred coordinates (a classifier head), and
+  FoolsGold's ``1 - max``, normalisation and logit made that 1.4e-5 in its weights at 120
+  ResNet-18-sized updates; ``tests/flstore/test_workloads_linalg.py`` holds the products to
+  1e-12 of an independent float64 computation on such rounds, and
+  ``tests/flstore/test_reference_answers.py`` FoolsGold's weights to the reference's at 120.
 - A :class:`GramCache` (held by a cache function across queries) remembers inner products between
   rows over read-only vectors, so only the pairs not yet known are computed (a new round, or the
   cross-round block of a FoolsGold window) and repeated queries cost O(n^2).
@@ -95,9 +99,7 @@ class _Blocks:
     arithmetic of its terms.
     """
 
-    def __init__(
-        self, rows: Sequence[Row], chunk: int, dtype: type[np.floating] = np.float64
-    ) -> None:
+    def __init__(self, rows: Sequence[Row], chunk: int) -> None:
         self.rows = [merge(r) for r in rows]
         index: dict[int, int] = {}
         self.bases: list[Vector] = []
@@ -109,18 +111,15 @@ class _Blocks:
         self.terms = [[(c, index[id(x)]) for c, x in row] for row in self.rows]
         uses = Counter(j for t in self.terms for _, j in t)
         shared = {i for i, k in uses.items() if k > 1}
-        # float64: vectors used by several rows are converted once per chunk; float32: no
-        # conversion at all, rows are combined straight from the stored vectors
-        self.convert = sorted(shared) if dtype == np.float64 else []
+        self.convert = sorted(shared)  # vectors used by several rows: converted once per chunk
         self.slot = {b: k for k, b in enumerate(self.convert)}
-        item = np.dtype(dtype).itemsize
-        budget = max(1024, (_BLOCK_BYTES // item) // max(1, len(self.rows) + len(self.convert)))
+        budget = max(1024, (_BLOCK_BYTES // 8) // max(1, len(self.rows) + len(self.convert)))
         self.chunk = max(1, min(chunk, budget))
-        self.buf = np.empty((len(self.rows), self.chunk), dtype=dtype)
-        self.base64 = np.empty((len(self.convert), self.chunk), dtype=dtype)
-        self.scratch = np.empty(self.chunk, dtype=dtype)
+        self.buf = np.empty((len(self.rows), self.chunk), dtype=np.float64)
+        self.base64 = np.empty((len(self.convert), self.chunk), dtype=np.float64)
+        self.scratch = np.empty(self.chunk, dtype=np.float64)
 
-    def block(self, start: int, stop: int) -> NDArray[np.floating]:
+    def block(self, start: int, stop: int) -> NDArray[np.float64]:
         """The rows' columns ``start:stop`` as an ``(n_rows, stop - start)`` block."""
         w = stop - start
         conv = self.base64[:, :w]
@@ -139,46 +138,18 @@ class _Blocks:
                     if coef == 1.0:
                         row[...] = piece
                     else:
-                        np.multiply(piece, row.dtype.type(coef), out=row)
+                        np.multiply(piece, np.float64(coef), out=row)
                 elif coef == 1.0:
                     np.add(row, piece, out=row)
                 elif coef == -1.0:
                     np.subtract(row, piece, out=row)
                 else:
-                    np.multiply(piece, row.dtype.type(coef), out=tmp)
+                    np.multiply(piece, np.float64(coef), out=tmp)
                     np.add(row, tmp, out=row)
         return out
 
 
 _BLOCK_BYTES = 6 << 20  # float64 scratch per chunk (rows + shared vectors): stays in L2/L3
-F32_MIN_DIM = 1 << 20  # from this length on, products of float32 rows are taken in float32 ...
-F32_CHUNK = 1 << 14  # ... a 16 Ki-column block at a time, summed over blocks in float64
-
-
-def _float32_ok(rows: Sequence[Row], d: int) -> bool:
-    """Whether the rows can be formed and multiplied in float32 without losing accuracy.
-
-    Only for long vectors (``d >= F32_MIN_DIM``; every model this serves) whose rows are a
-    float32 vector or the difference ``x - y`` of two (an update ``w_i - g``): the float32
-    difference is correctly rounded relative to the *difference* (no cancellation against
-    ``|w|``), and float32 BLAS over a 16 Ki-column block then float64 across blocks keeps the
-    inner products and the cosines within about 1e-6 of float64's
-    (``tests/flstore/test_workloads_linalg.py`` checks 1e-6 on synthetic model-sized updates,
-    relative to the largest product). A workload can
-    magnify that: on the 120 ResNet-18-sized updates of ``bench/results/flstore_rounds`` the
-    cosines were 1.6e-6 off, and FoolsGold's logit made its weights 1.4e-5 off (relative).
-    Anything else (weighted sums, float64 inputs, short vectors) is done in float64.
-    """
-    if d < F32_MIN_DIM:
-        return False
-    for row in rows:
-        terms = merge(row)
-        if any(x.dtype != np.float32 for _, x in terms):
-            return False
-        coefs = sorted(c for c, _ in terms)
-        if coefs not in ([1.0], [-1.0, 1.0]):
-            return False
-    return True
 
 
 def _products(
@@ -189,7 +160,6 @@ def _products(
     chunk: int,
     *,
     square: bool,
-    length: int | None = None,
 ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64]]:
     """Inner products in float64, one pass over the columns of the rows involved.
 
@@ -200,11 +170,7 @@ def _products(
     """
     from threadpoolctl import threadpool_limits
 
-    sel = [rows[i] for i in [*left, *others]]
-    f32 = _float32_ok(sel, length or d)
-    blocks = _Blocks(
-        sel, min(chunk, F32_CHUNK) if f32 else chunk, np.float32 if f32 else np.float64
-    )
+    blocks = _Blocks([rows[i] for i in [*left, *others]], chunk)
     m = len(left)
     sq = np.zeros((m, m), dtype=np.float64) if square else None
     cross = np.zeros((m, len(others)), dtype=np.float64)
@@ -240,7 +206,8 @@ def gram(
         pairs it does not hold are computed, reading only the rows they involve.
     length : int, optional
         The length of the whole vectors when ``rows`` are over a range of them (a part, a
-        chunk): float32 or float64 is chosen on it, as for the whole vectors.
+        chunk). Unused: the products are float64 at every length (it chose float32 products
+        for model-sized vectors before issue 36; ``functions/flstore/parts.py`` still passes it).
 
     Returns
     -------
@@ -264,7 +231,7 @@ def gram(
         inleft[left] = True
         others = [int(i) for i in np.flatnonzero(missing.any(axis=1) & ~inleft)]
         square = bool(missing[np.ix_(inleft, inleft)].any())
-    sq, cross = _products(rows, left, others, d, chunk, square=square, length=length)
+    sq, cross = _products(rows, left, others, d, chunk, square=square)
     if not (np.all(np.isfinite(cross)) and (sq is None or np.all(np.isfinite(sq)))):
         raise DataMismatch("parameter vectors contain non-finite values (NaN or inf)")
     if sq is not None:

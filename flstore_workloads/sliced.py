@@ -168,9 +168,10 @@ def part_gram(
     cache: GramCache | None = None,
     length: int | None = None,
 ) -> NDArray[np.float64]:
-    """One part's Gram matrix of ``rows``; ``vector(id)`` is this part's slice of an object
-    (a ``KeyError`` for one not held here); ``length``: the whole vectors' (float32 or
-    float64 products as over them, :func:`~flstore_workloads._linalg.gram`)."""
+    """One part's Gram matrix of ``rows`` (float64 products); ``vector(id)`` is this part's
+    slice of an object (a ``KeyError`` for one not held here); ``length``: the whole vectors'
+    (unused since the products are float64 at every length, as
+    :func:`~flstore_workloads._linalg.gram` says)."""
     return gram(_resolve(rows, vector), cache=cache, length=length)
 
 
@@ -188,8 +189,7 @@ class LocalParts:
     parts: Sequence[Mapping[str, NDArray[np.floating]]]
 
     def gram(self, rows: Sequence[RowSpec]) -> NDArray[np.float64]:
-        d = sum(int(next(iter(p.values())).shape[0]) for p in self.parts)
-        grams = (part_gram(rows, p.__getitem__, length=d) for p in self.parts)
+        grams = (part_gram(rows, p.__getitem__) for p in self.parts)
         return np.asarray(sum(grams), dtype=np.float64)
 
     def combine(

@@ -184,3 +184,31 @@ def three_rounds() -> Federation:
     fed.run_round(2, participants=names(5))
     fed.run_round(3)
     return fed
+
+
+def head_heavy_round(
+    n: int, d: int, *, head: int = 650, spread: float = 0.1, seed: int = 0
+) -> tuple[Vec, list[Vec]]:
+    """``(g, [w_i])``: a round like ``bench/flstore_rounds``' at a shorter length, read-only
+    float32. The updates ``w_i - g`` are near-parallel (pairwise cosines ~0.97-0.997 at the
+    default ``spread``) and carry nearly all their norm in the first ``head`` coordinates (a
+    classifier head, ~0.05 a coordinate); the other coordinates are a small shared step plus
+    noise (1e-3 in norm) over a large ``g`` (~0.1 a coordinate). The clients differ in how far
+    they are from the shared head step, so FoolsGold's weights spread over (0, 1)."""
+    rng = np.random.default_rng(seed)
+    g = rng.normal(0, 0.1, d).astype(np.float32)
+    common = rng.normal(0, 0.05, head)
+    tail = rng.normal(0, 1, d - head)
+    tail *= 1e-3 / np.linalg.norm(tail)
+    tail32 = tail.astype(np.float32)
+    noise = np.float32(1e-3 / np.sqrt(d))
+    ws = []
+    for _ in range(n):
+        w = g.copy()
+        own = rng.normal(0, 0.05 * spread * (0.5 + rng.random()), head)
+        w[:head] += (common + own).astype(np.float32)
+        w[head:] += tail32 + noise * rng.standard_normal(d - head, dtype=np.float32)
+        w.setflags(write=False)
+        ws.append(w)
+    g.setflags(write=False)
+    return g, ws
