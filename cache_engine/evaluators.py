@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,9 @@ class FunctionEvaluator:
         Requests at once by :meth:`map`.
     batch
         Models in one request (at most; :data:`REQUEST_BYTES` also bounds it).
+    verify
+        How an ``https`` gateway is verified (httpx's ``verify``): in a cache function,
+        :func:`core.tls.platform_verify` (the platform's CA).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class FunctionEvaluator:
         parallel: int = 4,
         batch: int = DEFAULT_BATCH,
         timeout_s: float = 120.0,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         import httpx
 
@@ -144,6 +149,7 @@ class FunctionEvaluator:
         self._http = httpx.Client(
             timeout=timeout_s,
             limits=httpx.Limits(max_keepalive_connections=parallel, max_connections=parallel),
+            verify=verify,
         )
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix=f"eval-{function}")
 
@@ -344,6 +350,7 @@ def evaluator_replicas(spec: dict[str, Any]) -> int:
 
 
 def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
+    from core.tls import TlsError, platform_verify
     from runtime.function_auth import FunctionToken, token_path
 
     problem = function_spec_problem(spec)
@@ -364,8 +371,18 @@ def _function(spec: dict[str, Any], layout: Layout | None) -> FunctionEvaluator:
         secret.load()
     except OSError as exc:
         raise EvaluatorUnavailable(f"no function token to call {name!r} with: {exc}") from None
+    try:
+        verify = platform_verify()
+    except TlsError as exc:
+        raise EvaluatorUnavailable(f"cannot verify the gateway to call {name!r}: {exc}") from None
     return FunctionEvaluator(
-        name, layout, gateway, lambda: secret.load().decode(), parallel=parallel, batch=batch
+        name,
+        layout,
+        gateway,
+        lambda: secret.load().decode(),
+        parallel=parallel,
+        batch=batch,
+        verify=verify,
     )
 
 

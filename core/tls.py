@@ -15,6 +15,11 @@ written 0600) with the ``cryptography`` library, for a platform that has no PKI 
 for the tests.
 
 The SDK verifies the platform's servers against its CA file (``ca_file``, :mod:`client.tls`).
+Code that runs in a function replica and calls the platform back (an FLStore cache function
+calling a job's evaluator function through the runtime) has no certificate of its own: it
+verifies with :func:`platform_verify`, the CA named by :data:`CA_FILE_ENV`. That variable, not
+``SSL_CERT_FILE``, carries the platform's CA, so a function's calls to outside https services
+keep the system's CAs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import datetime
 import ipaddress
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +36,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 ClientCerts = Literal["none", "optional", "required"]
+
+#: the platform's CA certificate (a public file) for clients without certificates of their own
+#: inside the platform, e.g. in function replicas (``fedfaas up --tls`` sets it)
+CA_FILE_ENV = "FEDFAAS_TLS_CA_FILE"
 
 #: the first bytes of a TLS connection (a handshake record); anything else is plain text
 TLS_HANDSHAKE = 0x16
@@ -85,6 +95,19 @@ def client_context(ca: Path | None) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
+
+
+def platform_verify(environ: Mapping[str, str] | None = None) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for a call to the platform's own parts from a process that has no
+    certificate (a function replica): a context that trusts the CA :data:`CA_FILE_ENV` names
+    (in ``environ``, by default the process's), else ``True`` (the system's CAs: a platform
+    without TLS, or one whose parts have publicly trusted certificates)."""
+    ca = (os.environ if environ is None else environ).get(CA_FILE_ENV, "")
+    if not ca:
+        return True
+    if not Path(ca).is_file():
+        raise TlsError(f"{CA_FILE_ENV} names {ca}, which is not a file")
+    return client_context(Path(ca))
 
 
 def from_settings(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.tls import CA_FILE_ENV
 from fedfaas.platform import credentials
 
 #: Environment variable that marks every process of one platform (inherited by children).
@@ -163,7 +164,9 @@ class Context:
             env["FEDFAAS_RUNTIME_URL"] = self.url("runtime")
             env["OPENFAAS_URL"] = self.url("runtime")
         if self.tls:
-            # the CA's certificate (public, not a secret): a client that takes its trust from
-            # the environment (httpx, aiohttp) verifies the parts against the platform's CA
-            env["SSL_CERT_FILE"] = str(self.ca_file)
+            # the CA's certificate (public, not a secret) for the platform's clients that have
+            # no certificate (:func:`core.tls.platform_verify`, in the functions); not
+            # SSL_CERT_FILE, which would make a function's calls to outside https services
+            # trust this CA alone
+            env[CA_FILE_ENV] = str(self.ca_file)
         return env

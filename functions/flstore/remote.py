@@ -26,12 +26,17 @@ def remote_part(function: str, endpoint: str | None, body: dict[str, Any]) -> by
     else through the gateway; with the function token (the secret every function has)."""
     import httpx
 
+    from core.tls import TlsError, platform_verify
     from runtime.function_auth import FunctionToken, token_path
 
     with _clients_lock:
         if not _clients:
             timeout = float(os.environ.get(_ENV + "CALL_TIMEOUT_S", "120") or 120)
-            _clients.append(httpx.Client(timeout=timeout))
+            try:  # the gateway over https: the platform's CA (no SSL_CERT_FILE in functions)
+                verify = platform_verify()
+            except TlsError as exc:
+                raise PartFailed(function, 502, {"detail": str(exc)}) from None
+            _clients.append(httpx.Client(timeout=timeout, verify=verify))
         client = _clients[0]
     gateway = os.environ.get(_ENV + "GATEWAY_URL", "").rstrip("/")
     url = f"{endpoint}/part" if endpoint else f"{gateway}/function/{function}/part"

@@ -5,13 +5,17 @@ request tracker, control plane and console serve HTTPS with the certificates ``u
 * the README's job through the SDK (``ca_file``: the platform's CA, no environment), to its
   end: the control plane reaches the gateways, the gateways each other and the cache engine,
   over mTLS;
-* an FLStore query through the tracker (tracker -> engine -> the cache functions);
+* FLStore queries through the tracker (tracker -> engine -> the cache functions), one of
+  them scored by the job's evaluator function, which a cache function calls through the
+  runtime over https, trusting the CA that ``FEDFAAS_TLS_CA_FILE`` names: no process of the
+  platform (parts, function replicas) has ``SSL_CERT_FILE`` in its environment;
 * plain HTTP to a TLS port refused clearly, and a client certificate from another CA refused
   at the handshake, on the gateway and on the control plane.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import stat
 from collections.abc import Iterator
@@ -21,10 +25,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.tls import TlsFiles, mint_ca, mint_cert
+from core.tls import CA_FILE_ENV, TlsFiles, mint_ca, mint_cert
 from fedfaas.platform.context import TLS_PORTS
+from fedfaas.platform.state import PlatformState
 from tests.commands import run_module
-from tests.platform.running import any_ports_env, running_platform
+from tests.platform.running import any_ports_env, platform_processes, running_platform
 from tests.tls.test_gateway_tls import _tls_get
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,6 +42,7 @@ class Platform:
     ports: dict[str, int]
     env: dict[str, str]
     pids: dict[str, int]
+    state: PlatformState
 
     @property
     def ca(self) -> Path:
@@ -53,10 +59,11 @@ class Platform:
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     state_dir = tmp_path_factory.mktemp("tls-platform") / "state"
     env = any_ports_env()
+    env.pop("SSL_CERT_FILE", None)  # whatever the parts trust, none comes from this shell
     with running_platform(state_dir, "--with", "all", "--tls", env=env, timeout=300) as st:
         assert st.tls
         pids = {r.name: r.pid for r in st.services}
-        yield Platform(state_dir, st.host, dict(st.ports), env, pids)
+        yield Platform(state_dir, st.host, dict(st.ports), env, pids, st)
 
 
 def test_status_prints_https_addresses_and_the_ca(platform: Platform) -> None:
@@ -73,9 +80,6 @@ def test_status_prints_https_addresses_and_the_ca(platform: Platform) -> None:
     assert "ca.crt" in files and "ca.key" not in files  # nothing signs after up
     assert {"gateway-node0.key", "control-plane.key", "runtime.key"} <= set(files)
     assert all(stat.S_IMODE((tls_dir / f).stat().st_mode) == 0o600 for f in files)
-    # the parts trust the platform's CA from the environment too (the CA's path, no secret)
-    environ = Path(f"/proc/{platform.pids['cache-engine']}/environ").read_bytes().split(b"\0")
-    assert f"SSL_CERT_FILE={platform.ca}".encode() in environ
 
 
 def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platform) -> None:
@@ -95,6 +99,7 @@ def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platfo
         tracker_url=platform.url("request_tracker"),
         analyst_token=platform.secret("analyst-token"),
         ca_file=platform.ca,
+        evaluator={"kind": "function", "function": "digits-evaluator"},
     )
     job.enroll([c.client_id for c in data.clients])
     for rnd in (1, 2):
@@ -109,6 +114,30 @@ def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platfo
     assert [(r["round"], r["state"]) for r in job.history()] == [(1, "closed"), (2, "closed")]
     krum = job.query("multi-krum", rounds=[2], params={"f": 1}, wait=180)
     assert set(krum["result"]["scores"]) == {c.client_id for c in data.clients}
+    # scored by digits-evaluator: a cache function's call through the runtime over https
+    loo = job.query("leave-one-out", rounds=[2], wait=180)["result"]
+    assert set(loo["values"]) == {c.client_id for c in data.clients}
+    assert 0.0 < loo["v_full"] <= 1.0, loo  # the full model's accuracy on the digits
+    _no_process_trusts_the_ca_through_ssl_cert_file(platform)
+
+
+def _no_process_trusts_the_ca_through_ssl_cert_file(platform: Platform) -> None:
+    """Every process of the platform (its parts and the function replicas they started) names
+    the CA in ``FEDFAAS_TLS_CA_FILE`` where it has it, and none has ``SSL_CERT_FILE``, so a
+    function's calls to outside https services keep the system's CAs."""
+    environs = {}
+    for pid in platform_processes(platform.state):
+        with contextlib.suppress(OSError):  # a process that ended since
+            environs[pid] = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert set(platform.pids.values()) <= set(environs)
+    assert len(environs) > len(platform.pids)  # the function replicas too
+    leaking = [
+        pid for pid, env in environs.items() if any(v.startswith(b"SSL_CERT_FILE=") for v in env)
+    ]
+    assert not leaking, leaking
+    ca = f"{CA_FILE_ENV}={platform.ca}".encode()
+    for part in ("runtime", "cache-engine", "request-tracker"):
+        assert ca in environs[platform.pids[part]], part
 
 
 def test_the_console_reads_the_control_plane_over_mtls(platform: Platform) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from core.tls import TlsFiles
+from core.tls import CA_FILE_ENV, TlsFiles
 from fedfaas.platform import pki
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
@@ -63,12 +63,14 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
     cp = CONTROL_PLANE.argv(ctx)
     assert cp[cp.index("--tls-key-file") + 1] == str(ctx.tls_dir / "control-plane.key")
     assert "https://" in cp[cp.index("--gateways") + 1]
-    assert ctx.env()["SSL_CERT_FILE"] == str(ctx.ca_file)
+    # the CA for the functions' calls back in, under the platform's own name: SSL_CERT_FILE
+    # would make a function's calls to outside https services trust this CA alone
+    assert ctx.env()[CA_FILE_ENV] == str(ctx.ca_file) and "SSL_CERT_FILE" not in ctx.env()
     plain = _ctx(tmp_path, tls=False)
     assert plain.url("gateway").startswith("http://") and "--tls-cert-file" not in GATEWAY.argv(
         plain
     )
-    assert "SSL_CERT_FILE" not in plain.env() and plain.client_ssl() is None
+    assert CA_FILE_ENV not in plain.env() and plain.client_ssl() is None
 
 
 @pytest.mark.parametrize("extra", [{"with_parts": ["prometheus"]}, {"openfaas_gateway": True}])
