@@ -7,7 +7,8 @@ order) and round metadata (dicts), loaded from the cold store (MinIO) when the e
 Routes (python3-http contract; JSON in and out; bad input gets a 4xx ``{"error", "detail"}``):
 
 - ``GET /ping``: liveness and memory use (``private_bytes`` and ``resting_bytes``, the part
-  of it that is not a request's working memory: :mod:`.memory`).
+  of it that is not a request's working memory: :mod:`.memory`), and ``runs_in_flight``: the
+  ``/run`` calls inside this function right now.
 - ``GET /objects``: holdings with sizes.
 - ``POST /load`` ``{"objects": ["<job>/<round>/<client|global|meta>", ...], "credentials":
   {"<job>": {"access_key", "secret_key", "session_token", "expires"}}, "handoff"?: [{"socket",
@@ -98,6 +99,7 @@ _lent = _lending.lent
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
 _stats = {"loads": 0, "evictions": 0, "runs": 0, "run_s": 0.0, "started": time.time()}
+_in_flight = {"runs_in_flight": 0}  # under _lock
 # inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
 # round share its Gram matrix; entries go with the vectors they were computed from
 _grams: GramCache | None = (
@@ -214,6 +216,7 @@ def _status() -> dict[str, Any]:
         "utilities_reused": _utilities.hits if _utilities is not None else 0,
         **_holdings.stats,
         **_stats,
+        **_in_flight,
     }
 
 
@@ -349,9 +352,13 @@ def _tidies(body: dict[str, Any]) -> bool:
 
 
 def _run(body: dict[str, Any]) -> dict[str, Any]:
+    with _lock:
+        _in_flight["runs_in_flight"] += 1
     try:
         return _run_query(body)
     finally:
+        with _lock:
+            _in_flight["runs_in_flight"] -= 1
         if _tidies(body):
             gc.collect()
             release_free_memory()

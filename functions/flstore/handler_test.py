@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -86,6 +87,32 @@ def test_bad_input_gets_4xx_json_and_changes_nothing(store: MemoryColdStore) -> 
 def test_run_refuses_objects_it_does_not_hold(store: MemoryColdStore) -> None:
     code, body = _call("POST", "/run", {"workload": "x", "params": {}, "objects": ["job/1/a"]})
     assert code == 409 and body["missing"] == ["job/1/a"]
+
+
+def test_ping_counts_the_runs_in_flight(
+    store: MemoryColdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def held_query(body: dict[str, Any]) -> dict[str, Any]:  # a /run that stays in flight
+        inside.set()
+        release.wait(30)
+        return {"statusCode": 200, "body": {}, "headers": {}}
+
+    assert _call("GET", "/ping")[1]["runs_in_flight"] == 0
+    monkeypatch.setattr(handler, "_run_query", held_query)
+    run = threading.Thread(target=_call, args=("POST", "/run", {"workload": "x"}))
+    run.start()
+    try:
+        assert inside.wait(10)
+        assert _call("GET", "/ping")[1]["runs_in_flight"] == 1
+    finally:
+        release.set()
+        run.join(10)
+    assert _call("GET", "/ping")[1]["runs_in_flight"] == 0
+    monkeypatch.undo()  # a run that fails (409, not held) leaves the count as it was
+    assert _call("POST", "/run", {"workload": "x", "params": {}, "objects": ["job/1/a"]})[0] == 409
+    assert _call("GET", "/ping")[1]["runs_in_flight"] == 0
 
 
 def test_run_executes_a_registered_workload_on_held_data(store: MemoryColdStore) -> None:

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -51,6 +52,18 @@ def slow_stack(
         s.stop()
 
 
+def _wait_for_a_run_in_flight(st: FLStoreStack, function: str) -> dict[str, Any]:
+    """The first ``/ping`` of ``function`` that counts a ``/run`` inside it (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        ping = httpx.get(
+            f"{st.runtime_url}/function/{function}/ping", headers=st.function_auth
+        ).json()
+        if ping["runs_in_flight"] or time.monotonic() > deadline:
+            return dict(ping)
+        time.sleep(0.02)
+
+
 def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     slow_stack: FLStoreStack,
 ) -> None:
@@ -71,14 +84,11 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     restored_before = stats["restored"]
 
     qid = httpx.post(f"{st.tracker_url}/v1/queries", headers=st.auth, json=body).json()["id"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # wait until the primary has the query
-        rec = httpx.get(f"{st.tracker_url}/v1/queries/{qid}", headers=st.auth).json()
-        if rec.get("tried"):
-            break
-        time.sleep(0.02)
-    assert rec["tried"][0]["function"] == primary
-    time.sleep(0.5)
+    # the kill must hit the query in flight: wait until the primary is inside its /run (held 2 s
+    # there), as the primary itself counts it (the tracker records a try before it calls, and
+    # a fixed wait after that record could land before the call or after the run)
+    ping = _wait_for_a_run_in_flight(st, primary)
+    assert ping["runs_in_flight"] == 1 and ping["pid"] == pid, ping
     os.kill(pid, signal.SIGKILL)
 
     rec = ended(st, qid)
@@ -95,7 +105,7 @@ def test_killing_the_primary_mid_query_fails_over_and_restores_replicas(
     # object the policy keeps resident is counted, with 0 if no function holds it). Until it
     # notices, the table still names the killed function, so the counts alone prove nothing:
     # wait for the loss, the restore and the counts together
-    def settled() -> tuple[bool, dict, dict]:
+    def settled() -> tuple[bool, dict[str, Any], dict[str, Any]]:
         stats = httpx.get(f"{st.engine_url}/v1/state", headers=st.auth).json()["stats"]
         counts = httpx.get(f"{st.engine_url}/v1/replicas", headers=st.auth).json()
         done = (
