@@ -106,8 +106,13 @@ def pinned_threads(n: int = 1) -> Iterator[dict[str, Any]]:
 def stop_on_sigterm() -> None:
     """A SIGTERM (``timeout``, a CI job cancelled) exits through ``SystemExit``, so that the
     ``finally`` blocks run: the benchmark's servers, clients, cgroups and shared-memory files
-    are taken down, not left behind (Python's default SIGTERM ends the process without them)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    are taken down, not left behind (Python's default SIGTERM ends the process without them).
+
+    A process that handles SIGTERM already keeps its own handler: the test suite, which runs
+    benchmarks' ``main`` in its process, stops the whole run on SIGTERM (a ``SystemExit`` in
+    a test would fail that test and let the run go on)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def _git(*args: str) -> str | None:

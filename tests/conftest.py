@@ -10,8 +10,11 @@ reason says which and why.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -100,10 +103,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def _interrupt_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt("SIGTERM: the run stops here and takes its fixtures down")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (``make test`` runs two workers), each worker draws the ports of the
+    """A SIGTERM (``timeout``, a CI job cancelled) stops pytest as Ctrl-C does: the test in
+    progress is interrupted and every fixture is torn down, so the servers the tests started
+    stop with it (Python's default SIGTERM ends the process at once, and the servers, each in a
+    session of its own, ran on). In the controller and in each xdist worker: a worker told to
+    stop by its controller is interrupted by execnet and tears down the same way.
+
+    Under pytest-xdist (``make test`` runs two workers), each worker draws the ports of the
     servers it starts, and those of every process they start, from a slice of the free-port
     range of its own: two workers never pick the same port between the choice and the bind."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return

@@ -163,3 +163,19 @@ def test_a_sigterm_runs_the_finally_blocks_that_take_a_benchmark_down(tmp_path: 
     child.terminate()
     assert child.wait(30) == 143
     assert marker.read_text() == "yes"
+
+
+def test_a_process_that_handles_sigterm_already_keeps_its_own_handler() -> None:
+    """The test suite runs benchmarks' ``main`` in its process and stops the whole run on a
+    SIGTERM (tests/conftest.py): a benchmark does not swap that for its ``SystemExit``."""
+    import signal
+
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        runinfo.stop_on_sigterm()
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
