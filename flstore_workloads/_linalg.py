@@ -191,7 +191,6 @@ def gram(
     *,
     chunk: int = CHUNK,
     cache: GramCache | None = None,
-    length: int | None = None,
 ) -> NDArray[np.float64]:
     """Gram matrix ``G[a, b] = <row_a, row_b>`` of linear combinations of vectors, in float64.
 
@@ -204,10 +203,6 @@ def gram(
     cache : GramCache, optional
         Memo of inner products between rows over read-only vectors (a cache function's): only the
         pairs it does not hold are computed, reading only the rows they involve.
-    length : int, optional
-        The length of the whole vectors when ``rows`` are over a range of them (a part, a
-        chunk). Unused: the products are float64 at every length (it chose float32 products
-        for model-sized vectors before issue 36; ``functions/flstore/parts.py`` still passes it).
 
     Returns
     -------

@@ -166,13 +166,10 @@ def part_gram(
     rows: Sequence[RowSpec],
     vector: Callable[[str], NDArray[np.floating]],
     cache: GramCache | None = None,
-    length: int | None = None,
 ) -> NDArray[np.float64]:
     """One part's Gram matrix of ``rows`` (float64 products); ``vector(id)`` is this part's
-    slice of an object (a ``KeyError`` for one not held here); ``length``: the whole vectors'
-    (unused since the products are float64 at every length, as
-    :func:`~flstore_workloads._linalg.gram` says)."""
-    return gram(_resolve(rows, vector), cache=cache, length=length)
+    slice of an object (a ``KeyError`` for one not held here)."""
+    return gram(_resolve(rows, vector), cache=cache)
 
 
 def part_combine(

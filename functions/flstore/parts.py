@@ -277,7 +277,7 @@ def serve(body: Mapping[str, Any], h: Holdings) -> bytes:
     t0 = time.perf_counter()
     held = {i: v for i, v in views.items() if v is not None}
     if req.op == "gram":
-        out = part_gram(req.rows, held.__getitem__, h.gram_cache, req.dim).tobytes()
+        out = part_gram(req.rows, held.__getitem__, h.gram_cache).tobytes()
     else:
         out = b"".join(x.tobytes() for x in part_combine(req.rows, held.__getitem__))
     h.stats["part_held_s"] += time.perf_counter() - t0
@@ -356,9 +356,7 @@ def _stream(
                 if v is not None:
                     chunk[i] = v[c0 - a : c1 - a]
             if acc is not None:
-                acc[...] += gram(
-                    [[(c, chunk[i]) for c, i in row] for row in req.rows], length=req.dim
-                )
+                acc[...] += gram([[(c, chunk[i]) for c, i in row] for row in req.rows])
             else:
                 assert out is not None
                 for r, x in enumerate(part_combine(req.rows, chunk.__getitem__)):

@@ -62,7 +62,7 @@ def test_the_parts_grams_of_model_sized_vectors_sum_to_the_whole_vectors() -> No
     ref = _reference(base, ws)
     cuts = [0, 1000, 5008, 1 << 19, len(base)]
     parts = [
-        gram([[(1.0, w[a:b]), (-1.0, base[a:b])] for w in ws], length=len(base))
+        gram([[(1.0, w[a:b]), (-1.0, base[a:b])] for w in ws])
         for a, b in zip(cuts, cuts[1:], strict=False)
     ]
     np.testing.assert_allclose(sum(parts), ref, rtol=1e-12)
