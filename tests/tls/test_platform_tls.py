@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from core.tls import CA_FILE_ENV, TlsFiles, mint_ca, mint_cert
+from fedfaas.platform import state
 from fedfaas.platform.context import TLS_PORTS
-from fedfaas.platform.state import PlatformState
 from tests.commands import run_module
 from tests.platform.running import any_ports_env, platform_processes, running_platform
 from tests.tls.test_gateway_tls import _tls_get
@@ -42,7 +42,6 @@ class Platform:
     ports: dict[str, int]
     env: dict[str, str]
     pids: dict[str, int]
-    state: PlatformState
 
     @property
     def ca(self) -> Path:
@@ -63,7 +62,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     with running_platform(state_dir, "--with", "all", "--tls", env=env, timeout=300) as st:
         assert st.tls
         pids = {r.name: r.pid for r in st.services}
-        yield Platform(state_dir, st.host, dict(st.ports), env, pids, st)
+        yield Platform(state_dir, st.host, dict(st.ports), env, pids)
 
 
 def test_status_prints_https_addresses_and_the_ca(platform: Platform) -> None:
@@ -125,19 +124,22 @@ def _no_process_trusts_the_ca_through_ssl_cert_file(platform: Platform) -> None:
     """Every process of the platform (its parts and the function replicas they started) names
     the CA in ``FEDFAAS_TLS_CA_FILE`` where it has it, and none has ``SSL_CERT_FILE``, so a
     function's calls to outside https services keep the system's CAs."""
+    now = state.load(platform.state_dir)  # the supervisor may have restarted a part
+    assert now is not None
+    parts = {r.name: r.pid for r in now.services}
     environs = {}
-    for pid in platform_processes(platform.state):
+    for pid in platform_processes(now):
         with contextlib.suppress(OSError):  # a process that ended since
             environs[pid] = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert set(platform.pids.values()) <= set(environs)
-    assert len(environs) > len(platform.pids)  # the function replicas too
+    assert set(parts.values()) <= set(environs)
+    assert len(environs) > len(parts)  # the function replicas too
     leaking = [
         pid for pid, env in environs.items() if any(v.startswith(b"SSL_CERT_FILE=") for v in env)
     ]
     assert not leaking, leaking
     ca = f"{CA_FILE_ENV}={platform.ca}".encode()
     for part in ("runtime", "cache-engine", "request-tracker"):
-        assert ca in environs[platform.pids[part]], part
+        assert ca in environs[parts[part]], part
 
 
 def test_the_console_reads_the_control_plane_over_mtls(platform: Platform) -> None:
