@@ -1,4 +1,4 @@
-"""One job's pool as one file: the arena, mapped once by every endpoint granted the job.
+"""One job's pool as one file: the arena, mapped once by every replica granted the job.
 
 Layout of ``<namespace>/.arena`` (little-endian)::
 
@@ -15,10 +15,11 @@ arena (a plain file, for the rare case of a full arena): :mod:`core.objstore.sto
 The owner (the node gateway, :class:`ArenaOwner`) is the only one that allocates and frees;
 it keeps one pre-faulted read-write mapping per slot for its whole life. A reader
 (:class:`ArenaReader`, an ``aggregator`` endpoint) writes only two things: the objects the
-owner allocated for it (mapped read-write one at a time) and their table entry's state when it
-seals them. Memory goes back to the system by punching a hole over a slot (``fallocate``), which
-also frees pages every reader still maps; reading a hole gives zeros and a failed key check, never
-a fault: the file is never truncated while it is mapped.
+owner allocated for it (through a read-write mapping of their slot, kept for the next object
+there) and their table entry's state when it seals them. Memory goes back to the system by
+punching a hole over a slot (``fallocate``), which also frees pages every reader still maps;
+reading a hole gives zeros and a failed key check, never a fault: the file is never truncated
+while it is mapped.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import ctypes.util
 import mmap
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,13 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
     if _libc.fallocate(fd, mode, offset, length) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"fallocate(PUNCH_HOLE): {os.strerror(e)}")
+
+
+def map_slot(fd: int, layout: Layout, slot: int) -> mmap.mmap:
+    """A read-write mapping of ``slot`` of the arena open as ``fd``, its pages faulted in now."""
+    return mmap.mmap(
+        fd, layout.stride, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=layout.offset(slot)
+    )
 
 
 def key_slot(key: bytes) -> int:
@@ -242,13 +251,7 @@ class ArenaOwner:
     def _map(self, slot: int) -> mmap.mmap:
         mm = self.maps[slot]
         if mm is None:
-            mm = mmap.mmap(
-                self.fd,
-                self.layout.stride,
-                flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                offset=self.layout.offset(slot),
-            )
-            self.maps[slot] = mm
+            mm = self.maps[slot] = map_slot(self.fd, self.layout, slot)
         return mm
 
     def _back(self, slot: int) -> None:
@@ -347,7 +350,12 @@ class ArenaOwner:
 
 
 class ArenaReader:
-    """An endpoint's view of a job's arena: one read-only mapping of the whole file.
+    """An endpoint's view of a job's arena: one read-only mapping of the whole file, and one
+    read-write mapping per slot it writes, made (pre-faulted) the first time it writes an
+    object there and kept for the next object the owner allocates in that slot: the owner
+    reuses its slots, so a warm endpoint maps no page again round after round. Safe to share
+    between the threads of one process (:meth:`~core.objstore.client.StoreClient.from_dir_fd`
+    with ``shared``).
 
     A new object past the mapped end (the owner grew the file) maps the file again, once.
     """
@@ -369,20 +377,26 @@ class ArenaReader:
         self.data: mmap.mmap | None = None
         self.nslots = 0
         self.remaps = 0
+        #: slot -> its read-write mapping, kept for the next object written there
+        self._writable: dict[int, mmap.mmap] = {}
+        #: read-write slot mappings made (each once, however many objects it held)
+        self.writable_maps = 0
+        self._lock = threading.Lock()
         self._remap()
 
     def _remap(self) -> None:
         """Map the file again if it grew (a key past the end of a file that did not grow
         names nothing, and costs one ``fstat``, not a mapping)."""
-        size = os.fstat(self.fd).st_size
-        n = self.layout.slots_in(size)
-        if self.data is not None and n <= self.nslots:
-            return
-        if self.data is not None:
-            self._old.append(self.data)
-        self.data = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        self.nslots = n
-        self.remaps += 1
+        with self._lock:
+            size = os.fstat(self.fd).st_size
+            n = self.layout.slots_in(size)
+            if self.data is not None and n <= self.nslots:
+                return
+            if self.data is not None:
+                self._old.append(self.data)  # views of it may still be read
+            self.data = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            self.nslots = n
+            self.remaps += 1
 
     def _slots(self, key: bytes) -> int:
         """Slots mapped, the file mapped again first if ``key`` is past them and it grew."""
@@ -398,14 +412,15 @@ class ArenaReader:
         return memoryview(self.data)[off : off + self.layout.object_nbytes]
 
     def map_writable(self, key: bytes) -> mmap.mmap:
-        """A read-write mapping of an object allocated for this reader and not sealed yet."""
+        """The read-write mapping of the slot of an object allocated for this reader and not
+        sealed yet (the reader's: kept until :meth:`close`, never closed by its user)."""
         slot = self.table.writable(key, self._slots(key))
-        return mmap.mmap(
-            self.fd,
-            self.layout.stride,
-            flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-            offset=self.layout.offset(slot),
-        )
+        with self._lock:
+            mm = self._writable.get(slot)
+            if mm is None:
+                mm = self._writable[slot] = map_slot(self.fd, self.layout, slot)
+                self.writable_maps += 1
+            return mm
 
     def seal(self, key: bytes) -> None:
         self.table.seal(key, self._slots(key))
@@ -414,11 +429,11 @@ class ArenaReader:
         return self.table.entry(key, self._slots(key))[1]
 
     def close(self) -> None:
-        for mm in [*self._old, self.data]:
+        for mm in [*self._old, self.data, *self._writable.values()]:
             if mm is not None:
                 with contextlib.suppress(BufferError):
                     mm.close()
-        self._old, self.data = [], None
+        self._old, self.data, self._writable = [], None, {}
         self.table.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)

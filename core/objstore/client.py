@@ -2,8 +2,9 @@
 
 An ``aggregator`` endpoint makes a :class:`StoreClient` of the job folder its grant carries (a
 directory fd): the job's arena is mapped once, read-only, and every object a frame names is read
-in place from it (:mod:`core.objstore.arena`); a key outside the arena names a plain file
-beside it. The owner's side, :class:`~core.objstore.store.Namespace`, builds on this class.
+in place from it (:mod:`core.objstore.arena`); the endpoints of one replica share that mapping
+and the read-write mappings of the slots they write (``shared``); a key outside the arena names
+a plain file beside it. The owner's side, :class:`~core.objstore.store.Namespace`, builds on this class.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -130,25 +132,34 @@ class StoreClient:
     """Function-side access to one namespace folder (created by the node's gateway).
 
     The job's arena is mapped once, read-only, when the client is made (an endpoint makes one
-    per grant); :meth:`close` unmaps it.
+    per grant), or taken from this process's shared reader of it (``shared``); :meth:`close`
+    unmaps it (a shared reader's mappings once its last client closes).
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False, shared: bool = False) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
             raise StoreError(f"no object store namespace at {self.path}")
         self._reader: ArenaReader | None = None
+        self._shared: tuple[int, int] | None = None
         if type(self) is StoreClient and (self.path / ARENA_NAME).exists():
-            self._reader = ArenaReader(self.path, writable=not read_only)
+            if shared and not read_only:
+                self._shared, self._reader = _shared_reader(self.path)
+            else:
+                self._reader = ArenaReader(self.path, writable=not read_only)
 
     @classmethod
-    def from_dir_fd(cls, fd: int, *, read_only: bool = False) -> StoreClient:
+    def from_dir_fd(cls, fd: int, *, read_only: bool = False, shared: bool = False) -> StoreClient:
         """A client of the folder open as directory ``fd`` (a grant from the node's router, or
         a handoff's claim: ``read_only``, opening nothing for writing).
 
+        ``shared`` (read-write clients): the clients of one job's arena in this process (the
+        endpoints of one ``aggregator`` replica) share its mappings, so each page is mapped
+        once per process, not once per endpoint; unmapped when the last of them closes.
+
         The fd is borrowed: it must stay open while the client is used.
         """
-        return cls(Path(f"/proc/self/fd/{fd}"), read_only=read_only)
+        return cls(Path(f"/proc/self/fd/{fd}"), read_only=read_only, shared=shared)
 
     # -- the arena's side of each call; the owner (Namespace) reaches it its own way -----------
     def _arena_reader(self, kb: bytes) -> ArenaReader:
@@ -161,8 +172,8 @@ class StoreClient:
 
     def _arena_writable(self, kb: bytes) -> tuple[memoryview, mmap.mmap | None]:
         reader = self._arena_reader(kb)
-        mm = reader.map_writable(kb)
-        return memoryview(mm)[: reader.layout.object_nbytes], mm
+        mm = reader.map_writable(kb)  # the reader's, kept for the slot's next object
+        return memoryview(mm)[: reader.layout.object_nbytes], None
 
     def _arena_seal(self, kb: bytes) -> None:
         self._arena_reader(kb).seal(kb)
@@ -227,8 +238,42 @@ class StoreClient:
         """How many times this client mapped the arena (1, plus one each time it grew)."""
         return 0 if self._reader is None else self._reader.remaps
 
+    @property
+    def arena_writable_maps(self) -> int:
+        """Read-write slot mappings its arena reader made (each slot once)."""
+        return 0 if self._reader is None else self._reader.writable_maps
+
     def close(self) -> None:
-        """Unmap the arena (views still alive keep their pages until they die)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        """Unmap the arena (views still alive keep their pages until they die); a shared
+        reader once its last client closes."""
+        reader, self._reader = self._reader, None
+        if reader is None:
+            return
+        if self._shared is None or _release_shared(self._shared):
+            reader.close()
+
+
+#: arenas (device, inode) mapped by shared clients in this process: the reader and its clients
+_SHARED: dict[tuple[int, int], tuple[ArenaReader, int]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_reader(folder: Path) -> tuple[tuple[int, int], ArenaReader]:
+    """This process's read-write reader of ``folder``'s arena, one more client counted."""
+    st = os.stat(folder / ARENA_NAME)
+    ident = (st.st_dev, st.st_ino)
+    with _SHARED_LOCK:
+        reader, clients = _SHARED.get(ident) or (ArenaReader(folder, writable=True), 0)
+        _SHARED[ident] = (reader, clients + 1)
+    return ident, reader
+
+
+def _release_shared(ident: tuple[int, int]) -> bool:
+    """One client fewer of a shared reader; True when it was the last (close the reader)."""
+    with _SHARED_LOCK:
+        reader, clients = _SHARED[ident]
+        if clients > 1:
+            _SHARED[ident] = (reader, clients - 1)
+            return False
+        del _SHARED[ident]
+        return True

@@ -5,8 +5,10 @@ at a time; a replica runs several to serve several slots (``FEDFAAS_AGGREGATOR_E
 An endpoint registers job-agnostic and serves whatever job the node gateway grants it (a GRANT
 frame carrying the job's store folder as a directory fd); a later grant moves the same warm
 endpoint to another job (LIFL's reuse). The job's arena (its pool of objects, one file) is
-mapped once per grant, read-only, so an update or partial named in a frame is read in place with
-no open, mmap or page fault, and folded into the task's accumulator object in one pass each
+mapped once per replica: whole and read-only, and each slot read-write the first time one of its
+endpoints writes there (the endpoints share the mappings: ``StoreClient.from_dir_fd(shared=True)``),
+so an update or partial named in a frame is read in place with no open, mmap or page fault
+once its slot was mapped, and folded into the task's accumulator object in one pass each
 (``core.fedavg``); the top divides once, in the pass of its last fold, on the replica's
 cores. Frame protocol: ``gateway/rounds.py``.
 
@@ -250,8 +252,9 @@ class EndpointWorker(threading.Thread):
         if self.store is not None:
             self.store.close()  # the previous job's arena: its pages are not held on our account
         self.job_id = job
-        # the job's whole pool, mapped once: every object handed over later is read in place
-        self.store = None if store_fd is None else StoreClient.from_dir_fd(store_fd)
+        # the job's whole pool, mapped once per replica (its endpoints share the mappings):
+        # every object handed over later is read in place, every slot written is mapped once
+        self.store = None if store_fd is None else StoreClient.from_dir_fd(store_fd, shared=True)
         if job and (not self.jobs_served or self.jobs_served[-1] != job):
             self.jobs_served.append(job)
 

@@ -333,3 +333,49 @@ def test_a_key_past_the_end_of_an_arena_that_did_not_grow_costs_no_mapping(
         assert reader.arena_remaps == 1
     finally:
         reader.close()
+
+
+def test_a_slot_is_mapped_for_writing_once_and_a_replicas_clients_share_the_mappings(
+    ns: Namespace,
+) -> None:
+    """The endpoints of one aggregator replica (clients made ``shared``) map the job's arena
+    once between them, and each slot read-write once, however many of the pool's objects
+    they write there in turn; a client not shared maps its own."""
+    a = StoreClient(ns.path, shared=True)
+    b = StoreClient(ns.path, shared=True)
+    alone = StoreClient(ns.path)
+    try:
+        first = ns.allocate()
+        first.close()
+        w = a.open_writable(first.key)
+        w.ndarray(np.float32)[:] = 3.0
+        w.close()
+        a.seal(first.key)
+        ns.release(first.key)  # freed: the slot goes back to the pool, mapped
+        second = ns.allocate()
+        second.close()
+        assert key_slot(second.key_bytes) == key_slot(first.key_bytes)  # the slot reused
+        w = b.open_writable(second.key)  # the other endpoint, the same slot: no new mapping
+        w.ndarray(np.float32)[:] = 4.0
+        w.close()
+        b.seal(second.key)
+        assert a.arena_writable_maps == b.arena_writable_maps == 1
+        assert a.arena_remaps == b.arena_remaps == 1  # one read-only mapping between them
+        with ns.open(second.key) as r:
+            assert float(r.ndarray(np.float32)[-1]) == 4.0
+        with pytest.raises(ObjectSealed):  # the kept mapping writes no sealed object
+            b.open_writable(second.key)
+        ns.release(second.key)
+        third = ns.allocate()
+        third.close()
+        w = alone.open_writable(third.key)
+        w.ndarray(np.float32)[:] = 5.0
+        w.close()
+        assert alone.arena_writable_maps == 1 and a.arena_writable_maps == 1
+        a.close()  # b still reads through the shared mappings
+        alone.seal(third.key)
+        with b.open(third.key) as r:
+            assert float(r.ndarray(np.float32)[0]) == 5.0
+    finally:
+        for c in (a, b, alone):
+            c.close()
