@@ -172,6 +172,21 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
+def _supernode_bound(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> bool:
+    """Whether a SuperNode bound its port (its uvicorn says "Uvicorn running on"), False when
+    it exited first; raises ``TimeoutError`` past ``timeout``. A connection to the port is no
+    sign: whoever took the port may be listening on it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exited = proc.poll() is not None
+        if "Uvicorn running on" in log_path.read_text(errors="replace"):
+            return True
+        if exited:
+            return False
+        time.sleep(0.1)
+    raise TimeoutError(f"{log_path.name}: no bound port in {timeout:.0f} s")
+
+
 def _port_taken(log_path: Path) -> bool:
     """Whether a SuperNode's log says its port was in use when it bound it."""
     return "address already in use" in log_path.read_text(errors="replace")
@@ -326,18 +341,22 @@ def run_flower_round(
 
             nodes.extend(supernode(cid) for cid in range(num_clients))
             for cid in range(num_clients):
-                for attempt in range(3):
+                for _ in range(3):
+                    log_path = root / f"supernode-{cid}.log"
                     try:
-                        wait_for_port("127.0.0.1", node_ports[cid], 120, nodes[cid])
-                        break
-                    except ServiceError as exc:
-                        if attempt == 2 or not _port_taken(root / f"supernode-{cid}.log"):
-                            return check() or rw.failure(
-                                "error", f"supernode {cid} did not listen: {exc}", **base
-                            )
+                        if _supernode_bound(nodes[cid], log_path, 120):
+                            break
+                    except TimeoutError as exc:
+                        return check() or rw.failure("error", str(exc), **base)
+                    if not _port_taken(log_path):
+                        break  # it failed otherwise: check() says how
                     log.warning("supernode %d: port %d taken, again", cid, node_ports[cid])
                     node_ports[cid] = free_port()
                     nodes[cid] = supernode(cid)
+                else:
+                    return check() or rw.failure("error", f"supernode {cid}: no port", **base)
+                if (bad := check()) is not None:
+                    return bad
             config = f"work='{work}' num-clients={num_clients} rule='{rule}'"
             config += "".join(f" {k}={_toml(v)}" for k, v in (app_config or {}).items())
             submit = subprocess.run(

@@ -5,7 +5,9 @@ finishes.
 
 The test holds a listening socket on the port drawn for client 0 (``free_ports`` answers it
 first), so that SuperNode cannot bind it; the round of 3 clients of an 80 KB model must still
-publish the FedAvg, and client 0's SuperNode must listen on another port.
+publish the FedAvg, and client 0's SuperNode must listen on another port. The socket listens,
+as a server that took the port would: a connection to the port is no sign that the SuperNode
+bound it (the harness reads the SuperNode's own "Uvicorn running on" line instead).
 """
 
 from __future__ import annotations
