@@ -158,6 +158,10 @@ class EndpointWorker(threading.Thread):
             "tasks_done": self.tasks_done,
             "folded": self.folded,
             "last_error": self.last_error,
+            # the granted job's arena: mappings made (shared by the replica's endpoints)
+            "arena_maps": None
+            if self.store is None
+            else {"whole": self.store.arena_remaps, "slots": self.store.arena_writable_maps},
             "task": None
             if t is None
             else {"round": t.round, "slot": t.slot, "goal": t.goal, "count": t.acc.count},

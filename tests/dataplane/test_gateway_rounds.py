@@ -245,42 +245,35 @@ def test_a_round_holds_a_bounded_number_of_objects_however_many_leaves_it_has(ma
         aggs.stop()
 
 
-def _arena_mappings(pid: int, arena: Path) -> list[tuple[str, int, int]]:
-    """The mappings of ``arena`` in process ``pid``: (permissions, file offset, size)."""
-    out = []
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5] == str(arena):
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            out.append((fields[1], int(fields[2], 16), hi - lo))
-    return out
-
-
 def test_the_endpoints_of_a_replica_map_the_arena_once_and_each_slot_written_once(make_gw) -> None:  # type: ignore[no-untyped-def]
-    """Two rounds on one replica of two endpoints: its process maps the job's arena read-only
-    once for both (once more each time the arena grew, each size once), and each slot its
-    endpoints wrote accumulators into read-write once, kept for the next object there (the
-    pool reuses its slots): no mapping is made again per object or per endpoint."""
+    """Three rounds on one replica of two endpoints: the replica maps the job's arena read-only
+    once for both endpoints (once more each time the arena grew), and each slot its endpoints
+    wrote accumulators into read-write once, kept for the next object the pool puts there: a
+    dozen accumulators and more (each round's 3 leaves and the top's) in fewer slots, no slot
+    mapped again per object or per endpoint. The replica's status says what it mapped."""
     gw = make_gw(fanout=2, pool=3)
     clients = [f"c{i}" for i in range(6)]
-    info = create(gw, clients, 6, rounds=2)
+    info = create(gw, clients, 6, rounds=3)
     aggs = Aggregators(gw)
     try:
-        aggs.start(1, endpoints=2)
-        for rnd in (1, 2):
+        [replica] = aggs.spawn(1, endpoints=2)
+        aggs.wait_registered(2)
+        for rnd in (1, 2, 3):
             seeds, weights = [rnd * 50 + i for i in range(6)], [1, 2, 3, 4, 5, 6]
             for c, sd, w in zip(clients, seeds, weights, strict=True):
                 upload(gw.url, info["tokens"], c, rnd, sd, w)
             assert_fedavg(wait_version(gw.url, info["tokens"]["c0"], rnd), expected(seeds, weights))
-        [pid] = set(aggs.endpoints().values())
-        maps = _arena_mappings(pid, gw.gw.jobs["j1"].ns.path / ".arena")
-        whole = [m for m in maps if m[0] == "r--s"]
-        slots = [m for m in maps if m[0] == "rw-s"]
-        assert whole and len({m[2] for m in whole}) == len(whole), maps  # each size once
-        assert all(m[1] == 0 for m in whole), maps
-        # each round's 3 leaves and the top wrote their accumulators into the pool's reused
-        # slots: each slot mapped read-write once for all of them
-        assert slots and len({m[1] for m in slots}) == len(slots), maps
+        status = httpx.get(
+            f"{replica.url}/", headers={"Authorization": f"Bearer {aggs.token}"}
+        ).json()
+        job = gw.gw.jobs["j1"]
+        granted = [e for e in status["endpoints"] if e["job"] == job.id]
+        maps = [e["arena_maps"] for e in granted]
+        assert granted and all(m == maps[0] for m in maps), status  # one reader between them
+        slots = job.ns.stats()["arena_slots"]
+        tasks = sum(e["tasks_done"] for e in granted)
+        assert 1 <= maps[0]["slots"] <= slots < tasks, (maps, slots, tasks)
+        assert 1 <= maps[0]["whole"] <= slots, maps  # mapped again only as the arena grew
     finally:
         aggs.stop()
 
