@@ -215,6 +215,15 @@ class Output:
         return "".join(self.said)
 
 
+def _signals_as_in_a_terminal() -> None:
+    """Ctrl-C and Ctrl-\\ at their defaults in ``make demo``, as in a terminal: a process
+    started in the background by a shell without job control (``cmd &`` in a script, as a CI
+    runner may start the suite) inherits SIGINT and SIGQUIT ignored, and so would every
+    process of the demo, which then never sees the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(900)  # the demo, the hold, the stop
 @pytest.mark.parametrize("ends", ["when_the_hold_ends", "on_ctrl_c"])
 def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
@@ -241,6 +250,7 @@ def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_signals_as_in_a_terminal,
     )
     out = Output(proc)
     try:
