@@ -100,6 +100,7 @@ from control_plane.jobs import (
     round_view,
 )
 from control_plane.scaling import Autoscaling
+from control_plane.secagg_state import record_key
 from core import robust, wire
 from core.auth import client_token, enrollment_token
 
@@ -322,6 +323,8 @@ class Coordinator(NodeFailover, Autoscaling):
             self.jobs.pop(name)
             self.plans.pop(name, None)
             await self.store.delete(name)
+            if job.secagg:  # its open round's stages (control_plane.secagg_stages)
+                await self.store.delete_record(record_key(name))
             await self.delete_on_gateways(name, job.root)
 
     def salt_of(self, name: str) -> str | None:

@@ -133,14 +133,21 @@ class Stages:
             raise RoundStateError(f"round {number} of {name!r} is not open; its round: {now}")
         if client not in rnd.selected:
             raise ClientNotSelected(name, client, number)
-        for key in [k for k in self.rounds if k[0] == name and k[1] < number]:
-            self._forget(key)
+        for key in [
+            k
+            for k in self.rounds
+            if k[0] not in self.coord.jobs or (k[0] == name and k[1] < number)
+        ]:
+            self._forget(key)  # earlier rounds, and the rounds of deleted jobs
         return job, await self._held(job, number)
 
     async def _held(self, job: JobState, number: int) -> StageRound:
         """Round ``number``'s stages, read from the store or made on first use."""
         key = (job.spec.name, number)
         st = self.rounds.get(key)
+        if st is not None and st.salt != job.salt:  # a deleted job's round, its name reused
+            self._forget(key)
+            st = None
         if st is None:
             async with self.loading:
                 st = self.rounds.get(key)
@@ -166,7 +173,7 @@ class Stages:
         cfg = SecAggConfig.from_spec(job.secagg)
         rec = await self.coord.store.load_record(record_key(name))
         if not rec or rec.get("salt") != job.salt or rec.get("round") != number:
-            return StageRound(cfg, SecAggCoordinator(cfg, context(name, number)))
+            return StageRound(cfg, SecAggCoordinator(cfg, context(name, number)), job.salt)
         try:
             st = StageRound.from_record(cfg, context(name, number), rec, self.clock())
         except (MessageError, RoundFailed, KeyError, TypeError, ValueError) as exc:
@@ -203,9 +210,7 @@ class Stages:
             if not st.dirty:
                 return
             st.dirty = False
-            await self.coord.store.save_record(
-                record_key(job.spec.name), st.to_record(job.salt, number)
-            )
+            await self.coord.store.save_record(record_key(job.spec.name), st.to_record(number))
 
     def _forget(self, key: tuple[str, int]) -> None:
         st = self.rounds.pop(key)

@@ -28,6 +28,9 @@ class StageRound:
 
     cfg: SecAggConfig
     server: SecAggCoordinator
+    #: the job's salt when the round was made: a job deleted and created again under the same
+    #: name is another job, whose round starts afresh
+    salt: str = ""
     first_advert: float | None = None
     roster_at: float | None = None
     shares_closed: bool = False
@@ -44,11 +47,11 @@ class StageRound:
     dirty: bool = False
     saving: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def to_record(self, salt: str, number: int) -> dict[str, Any]:
-        """The round's stages as the store keeps them (plain JSON; the job's ``salt`` tells
-        this job's round from one of an earlier job of the same name)."""
+    def to_record(self, number: int) -> dict[str, Any]:
+        """The round's stages as the store keeps them (plain JSON; the job's salt tells this
+        job's round from one of an earlier job of the same name)."""
         return {
-            "salt": salt,
+            "salt": self.salt,
             "round": number,
             "server": self.server.to_state(),
             "advertising": self.first_advert is not None,
@@ -65,7 +68,7 @@ class StageRound:
     ) -> StageRound:
         """The round :meth:`to_record` kept, its open stage's clock started at ``now``
         (:class:`MessageError` or :class:`RoundFailed` for a record that does not hold)."""
-        st = cls(cfg, SecAggCoordinator.from_state(cfg, ctx, rec["server"]))
+        st = cls(cfg, SecAggCoordinator.from_state(cfg, ctx, rec["server"]), str(rec["salt"]))
         st.first_advert = now if rec["advertising"] else None
         st.roster_at = now if rec["roster"] else None
         st.shares_closed = bool(rec["shares_closed"])

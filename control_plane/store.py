@@ -13,7 +13,7 @@ from typing import Any
 
 
 class StateStore(ABC):
-    """Job state persistence: save, load all, delete."""
+    """Job state persistence: save, load all, delete; and records that are not a job's."""
 
     @abstractmethod
     async def save(self, name: str, state: dict[str, Any]) -> None: ...
@@ -31,6 +31,10 @@ class StateStore(ABC):
     @abstractmethod
     async def load_record(self, key: str) -> dict[str, Any] | None:
         """The record kept under ``key`` (None: none)."""
+
+    @abstractmethod
+    async def delete_record(self, key: str) -> None:
+        """Forget the record kept under ``key`` (none kept: nothing to do)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default: nothing to release
         """Release connections."""
@@ -58,6 +62,9 @@ class MemoryStore(StateStore):
     async def load_record(self, key: str) -> dict[str, Any] | None:
         raw = self._records.get(key)
         return None if raw is None else dict(json.loads(raw))
+
+    async def delete_record(self, key: str) -> None:
+        self._records.pop(key, None)
 
 
 class RedisStore(StateStore):
@@ -91,6 +98,9 @@ class RedisStore(StateStore):
     async def load_record(self, key: str) -> dict[str, Any] | None:
         raw = await self._r.get(f"{self._prefix}meta:{key}")
         return None if raw is None else dict(json.loads(raw))
+
+    async def delete_record(self, key: str) -> None:
+        await self._r.delete(f"{self._prefix}meta:{key}")
 
     async def aclose(self) -> None:
         await self._r.aclose()

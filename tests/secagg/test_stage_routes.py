@@ -7,6 +7,7 @@ secure aggregation with drop_flagged, or with parameters that cannot work, is re
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from safetensors.numpy import load, save
 
 from client.secure import masked_initial_weights
 from control_plane.coordinator import Coordinator
+from control_plane.secagg_state import record_key
 from core.auth import bearer
 from core.secagg import masks, quantize
 from core.secagg.config import SecAggConfig
@@ -222,6 +224,36 @@ def test_too_few_shares_fail_the_job_saying_which_client_and_how_many(
     view = wait_until(lambda: (v := api.get("/v1/jobs/sb").json())["failed"] and v, 60, "failed")
     assert "cannot unmask" in view["failed"] and "shares arrived, 2 are needed" in view["failed"]
     assert view["completed"] == 0
+
+
+def test_a_job_deleted_mid_round_leaves_nothing_its_namesake_would_inherit(
+    stack: tuple[TestClient, dict[str, str], str],
+) -> None:
+    """Job "sd" has its roster (3 adverts, the record in the store) when it is deleted: the
+    record is gone with it, and a new job of the same name starts its round 1 with no adverts
+    (before, the new job's clients were handed the deleted job's roster)."""
+    api, _, secret = stack
+    spec = {"stage_timeout_s": 60.0}
+    coord = api.app.state.coordinator  # type: ignore[attr-defined]
+    r = _create(api, "sd", spec)
+    assert r.status_code == 201, r.text
+    old = Round(api, "sd", r.json()["tokens"], SecAggConfig.from_spec(spec), secret)
+    for c, p in old.parts.items():
+        old.ok("POST", "advert", c, p.advertise().to_json())
+    first = old.ok("GET", "roster", "c0")["adverts"]
+    assert asyncio.run(coord.store.load_record(record_key("sd"))) is not None
+
+    assert api.delete("/v1/jobs/sd").status_code == 204
+    assert asyncio.run(coord.store.load_record(record_key("sd"))) is None
+
+    r = _create(api, "sd", spec)
+    assert r.status_code == 201, r.text
+    new = Round(api, "sd", r.json()["tokens"], SecAggConfig.from_spec(spec), secret)
+    _refused(new.call("GET", "roster", "c0"), 409, "stage_open", "0 of 3")
+    for c, p in new.parts.items():
+        new.ok("POST", "advert", c, p.advertise().to_json())
+    roster = new.ok("GET", "roster", "c0")["adverts"]
+    assert roster == {c: p.advertise().to_json() for c, p in new.parts.items()} != first
 
 
 @pytest.mark.parametrize(
