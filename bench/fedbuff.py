@@ -65,6 +65,10 @@ def _job(p: Any, mode: str, rounds: int, repeat: int = 0) -> list[dict[str, Any]
         model="softmax",
         slow={c: SLOW for c in ids[2::3]},
         torch_threads=1,
+        # a version takes a second or two here: a job that publishes none for a minute is
+        # stuck, and says so (each node's round, each client's state) well within a CI
+        # test's timeout
+        round_timeout=60.0,
     )
     with Simulator(job, data, created["tokens"], assign, cfg) as sim:
         t0 = time.perf_counter()

@@ -10,6 +10,7 @@ Clients run on a thread pool (PyTorch releases the GIL in its kernels; one intra
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -406,7 +407,10 @@ class Simulator:
         the node cannot take now (its buffer share is full, or the version moved while it
         uploaded) is sent again once a new version is out: it counts then, staler. One
         trained on a model too old any more (409 ``too_stale``) is dropped, and the client
-        trains again on the newest. A client trains once per version.
+        trains again on the newest. A client trains once per version. A job that publishes
+        no new version for ``config.round_timeout`` s raises ``TimeoutError`` saying each
+        node's open round and what each client is doing (waiting for which version, or
+        refused with which 409).
         """
         import threading
 
@@ -421,16 +425,21 @@ class Simulator:
         lock = threading.Lock()
         counts = {"accepted": 0, "dropped": 0}
         errors: list[BaseException] = []
+        #: what each client is doing (waiting, training, uploading, refused), for the report
+        #: of a stalled job
+        doing: dict[str, str] = {}
 
         def client_loop(index: int, shard: ClientData) -> None:
             base = start - 1
             try:
                 while not stop.is_set():
                     sdk = self._client_for(shard.client_id)
+                    doing[shard.client_id] = f"waits for version {base + 1}"
                     glob = sdk.wait_for_version(base + 1, timeout=self.config.round_timeout)
                     if glob.version >= last:
                         return
                     base = glob.version
+                    doing[shard.client_id] = f"trains on version {base}"
                     model = load_bytes_into(self._model(), glob.data)
                     t0 = time.perf_counter()
                     seed = self.config.seed * 1_000_003 + base * 10_007 + index
@@ -442,7 +451,9 @@ class Simulator:
                         "loss_sq_mean": res.loss_sq_mean,
                         "duration_s": time.perf_counter() - t0,
                     }
-                    ok = self._send_async(sdk, base, payload, res.num_samples, meta, last, stop)
+                    ok = self._send_async(
+                        sdk, base, payload, res.num_samples, meta, last, stop, doing
+                    )
                     with lock:
                         counts["accepted" if ok else "dropped"] += 1
                     self._emit(
@@ -470,15 +481,16 @@ class Simulator:
             th.start()
         reports: list[RoundReport] = []
         seen = start
-        deadline = time.monotonic() + self.config.round_timeout * max(1, last - start)
+        moved = time.monotonic()  # when the last new version was seen
         try:
             while seen < last and not errors:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.job}: version {seen} of {last} at the deadline")
+                if time.monotonic() - moved > self.config.round_timeout:
+                    raise TimeoutError(self._stalled(seen, last, doing))
                 version = int(monitor.status()["version"])
                 if version <= seen:
                     time.sleep(0.05)
                     continue
+                moved = time.monotonic()
                 glob = monitor.wait_for_version(version, timeout=self.config.round_timeout)
                 acc, loss = self.evaluate_bytes(glob.data)
                 seen = glob.version
@@ -517,6 +529,31 @@ class Simulator:
                 pass
         return self.clients[client]
 
+    def _stalled(self, seen: int, last: int, doing: Mapping[str, str]) -> str:
+        """What an async job that published no version for ``round_timeout`` s looks like:
+        each node's open round (what it accepted, its capacity, frozen or not) and what each
+        client is doing (the 409 it was last refused with, if it waits after one)."""
+        nodes: dict[str, Any] = {}
+        for cid, url in self.gateway_of.items():
+            if url in nodes:
+                continue
+            try:
+                st = FLClient(url, self.job, cid, self._tokens[cid]).status()
+                prog = st.get("progress") or {}
+                nodes[url] = {
+                    k: v
+                    for k, v in {**st, **prog}.items()
+                    if k in ("version", "round", "received", "accepted", "capacity", "frozen",
+                             "plan_version", "done", "dropped")
+                }  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - a report, not a control path
+                nodes[url] = f"status unreadable: {exc}"
+        return (
+            f"{self.job}: no new version for {self.config.round_timeout:.0f} s (version {seen} "
+            f"of {last}); nodes: {json.dumps(nodes, sort_keys=True, default=str)}; clients: "
+            f"{json.dumps(dict(sorted(doing.items())))}"
+        )
+
     def _send_async(
         self,
         sdk: FLClient,
@@ -526,15 +563,20 @@ class Simulator:
         meta: Mapping[str, float],
         last: int,
         stop: Any,
+        doing: dict[str, str],
     ) -> bool:
         """Upload an update trained on version ``base`` until it counts (True) or is too
-        stale, or the job is done (False)."""
+        stale, or the job is done (False); what it does is noted in ``doing``."""
         seen = base
         while not stop.is_set():
             try:
+                doing[sdk.client_id] = f"uploads to round {base + 1}"
                 sdk.upload(base + 1, payload, samples, meta=meta)
                 return True
             except StaleRound as exc:
+                doing[sdk.client_id] = (
+                    f"refused {exc.error} for round {base + 1}, waits for a version after {seen}"
+                )
                 if exc.error not in ASYNC_RETRY:
                     log.info("%s: update on v%d dropped (%s)", sdk.client_id, base, exc.error)
                     return False

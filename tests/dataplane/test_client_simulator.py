@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from client.control import ASYNC_KEY, with_metadata
 from client.data import federated_digits
 from client.model import make_model, model_to_bytes
 from client.sdk import create_job
@@ -72,3 +73,29 @@ def test_simulated_clients_learn_through_the_gateway_and_the_model_is_exact_feda
     for rnd, blob in served.items():
         err = fedavg_error(blob, [(b, samples[c]) for (r, c), b in uploads.items() if r == rnd])
         assert err < 1e-5
+
+
+@pytest.mark.integration
+def test_an_async_job_that_publishes_no_version_is_reported_node_by_node_and_client_by_client(
+    gateway: tuple[str, str],  # noqa: F811
+) -> None:
+    """Two of an async job's three clients run; its buffer of 3 never fills, so no version
+    comes: ``run_async`` raises ``TimeoutError`` after ``round_timeout`` s saying what the
+    node holds (2 accepted of 3) and what each client is doing (its update is in: it waits for
+    the version the buffer would publish)."""
+    url, admin = gateway
+    data = federated_digits(2, alpha=0.5, seed=0)
+    ids = [c.client_id for c in data.clients]
+    weights = with_metadata(model_to_bytes(make_model(0, "softmax")), {ASYNC_KEY: "{}"})
+    job = create_job(url, admin, "stall", weights, rounds=2, goal=3, clients=[*ids, "absent"])
+    cfg = SimulatorConfig(rounds=1, workers=2, model="softmax", round_timeout=3.0)
+    with (
+        Simulator("stall", data, job.tokens, dict.fromkeys(ids, url), cfg) as sim,
+        pytest.raises(TimeoutError) as stalled,
+    ):
+        sim.run_async()
+    said = str(stalled.value)
+    assert "stall: no new version for 3 s (version 0 of 1)" in said, said
+    assert '"accepted": 2' in said and '"capacity": 3' in said, said
+    for c in ids:
+        assert f'"{c}": "waits for version 1"' in said, said
