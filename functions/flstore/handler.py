@@ -98,8 +98,14 @@ _handoffs = _lending.handoffs
 _lent = _lending.lent
 # cold stores on the engine's per-job grants, by access key (dropped once expired)
 _granted: dict[str, tuple[MinioColdStore, float]] = {}
-_stats = {"loads": 0, "evictions": 0, "runs": 0, "run_s": 0.0, "started": time.time()}
-_in_flight = {"runs_in_flight": 0}  # under _lock
+_stats = {
+    "loads": 0,
+    "evictions": 0,
+    "runs": 0,
+    "run_s": 0.0,
+    "runs_in_flight": 0,  # under _lock
+    "started": time.time(),
+}
 # inner products between held (sealed, read-only) vectors, kept across queries: the queries on a
 # round share its Gram matrix; entries go with the vectors they were computed from
 _grams: GramCache | None = (
@@ -216,7 +222,6 @@ def _status() -> dict[str, Any]:
         "utilities_reused": _utilities.hits if _utilities is not None else 0,
         **_holdings.stats,
         **_stats,
-        **_in_flight,
     }
 
 
@@ -353,12 +358,12 @@ def _tidies(body: dict[str, Any]) -> bool:
 
 def _run(body: dict[str, Any]) -> dict[str, Any]:
     with _lock:
-        _in_flight["runs_in_flight"] += 1
+        _stats["runs_in_flight"] += 1
     try:
         return _run_query(body)
     finally:
         with _lock:
-            _in_flight["runs_in_flight"] -= 1
+            _stats["runs_in_flight"] -= 1
         if _tidies(body):
             gc.collect()
             release_free_memory()
