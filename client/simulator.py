@@ -538,7 +538,7 @@ class Simulator:
             if url in nodes:
                 continue
             try:
-                st = FLClient(url, self.job, cid, self._tokens[cid]).status()
+                st = self.clients[cid].status()  # that client's connection to the node
                 prog = st.get("progress") or {}
                 nodes[url] = {
                     k: v
