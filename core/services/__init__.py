@@ -20,6 +20,7 @@ from core.services.minio_server import (
 from core.services.process import (
     CACHE_DIR,
     ChildProcess,
+    PortRangeFull,
     ServiceError,
     find_binary,
     free_port,
@@ -40,6 +41,7 @@ __all__ = [
     "REDIS_USERS",
     "ChildProcess",
     "MinioServer",
+    "PortRangeFull",
     "PrometheusServer",
     "RedisServer",
     "ServiceError",

@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,20 +107,65 @@ def bound_free_port(host: str = "127.0.0.1") -> socket.socket:
     raise ServiceError(f"no port drawn free on {host} stayed free until it was bound")
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` different ports, each free on ``host`` right now (:func:`free_port`).
+class PortRangeFull(ServiceError):
+    """The free-port range holds fewer free ports than :func:`free_ports` was asked for."""
+
+    def __init__(self, needed: int, found: int, first: int, last: int) -> None:
+        self.needed, self.found, self.first, self.last = needed, found, first, last
+        super().__init__(f"needed {needed} free ports and {first}-{last} holds {found}")
+
+
+def _shuffled(first: int, end: int, rng: random.Random) -> Iterator[int]:
+    """The ports of ``[first, end)`` in random order, each once (Fisher-Yates, drawn lazily:
+    a few draws cost a few steps, not a shuffle of the whole range)."""
+    size = end - first
+    moved: dict[int, int] = {}
+    for i in range(size):
+        j = rng.randrange(i, size)
+        yield first + moved.get(j, j)
+        moved[j] = moved.get(i, i)
+
+
+def free_ports(
+    n: int, host: str = "127.0.0.1", *, exclude: Iterable[int] = (), strict: bool = False
+) -> list[int]:
+    """``n`` different ports, each free on ``host`` right now and none in ``exclude``, drawn at
+    random from :func:`port_range`.
 
     Two draws of :func:`free_port` can answer the same port (nothing holds the first between
     them): each port drawn here stays bound until the last is drawn, so no draw answers it
-    again, even from a range narrower than ``n`` (then the kernel's own port is the fallback).
+    again, and the range is tried port by port at most once. A range with fewer free ports than
+    ``n`` (too narrow or too busy): with ``strict``, :class:`PortRangeFull`; without, the
+    kernel's own ports (``bind(0)``) make up the rest.
     """
+    if n <= 0:
+        return []
+    first, end = port_range()
+    skip = set(exclude)
     held: list[socket.socket] = []
+    passed_over: list[socket.socket] = []  # kernel ports in ``exclude``, held so as not to recur
     try:
+        for port in _shuffled(first, end, random.SystemRandom()):
+            if len(held) >= n:
+                break
+            if port in skip:
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        if len(held) < n and strict:
+            raise PortRangeFull(n, len(held), first, end - 1)
         while len(held) < n:
-            held.append(bound_free_port(host))
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            (passed_over if s.getsockname()[1] in skip else held).append(s)
         return [int(s.getsockname()[1]) for s in held]
     finally:
-        for s in held:
+        for s in held + passed_over:
             s.close()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from core.services import ServiceError
-from core.services.process import PORT_RANGE_ENV
+from core.services.process import PORT_RANGE_ENV, PortRangeFull, free_ports
 from fedfaas.platform import credentials, ebpf, optional, pki, procs, state
 from fedfaas.platform import openfaas_gateway as openfaas_gateway_parts
 from fedfaas.platform.context import PLATFORM_ID_VAR, Context
@@ -251,8 +251,8 @@ class Platform:
                     drawn.append((ps.name, ps.default if configured is None else 0))
         # the rest drawn together, each different from every port chosen above
         try:
-            ports = procs.draw_ports(host, len(drawn), exclude=chosen.values())
-        except procs.PortRangeFull as exc:
+            ports = free_ports(len(drawn), host, exclude=chosen.values(), strict=True)
+        except PortRangeFull as exc:
             raise PlatformError(
                 f"the platform needs {exc.needed} free ports on {host} for "
                 f"{', '.join(name for name, _ in drawn)}, and the range it draws them from, "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -31,7 +30,6 @@ from pathlib import Path
 import psutil
 
 from core.services import spawn
-from core.services.process import port_range
 
 log = logging.getLogger(__name__)
 
@@ -272,48 +270,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-class PortRangeFull(RuntimeError):
-    """The free-port range holds fewer free ports than were asked for."""
-
-    def __init__(self, needed: int, found: int, first: int, last: int) -> None:
-        self.needed, self.found, self.first, self.last = needed, found, first, last
-        super().__init__(f"needed {needed} free ports and {first}-{last} holds {found}")
-
-
-def draw_ports(host: str, n: int, exclude: Iterable[int] = ()) -> list[int]:
-    """``n`` different ports free on ``host`` right now, none in ``exclude``, drawn at random
-    from core's free-port range (:func:`core.services.process.port_range`).
-
-    Each port drawn stays bound until the last is drawn, so no draw answers it again, and the
-    range is tried port by port at most once: a range too small (or too busy) for ``n`` raises
-    :class:`PortRangeFull` instead of drawing forever.
-    """
-    if n <= 0:
-        return []
-    first, end = port_range()
-    skip = set(exclude)
-    candidates = [p for p in range(first, end) if p not in skip]
-    random.SystemRandom().shuffle(candidates)
-    held: list[socket.socket] = []
-    try:
-        for port in candidates:
-            if len(held) == n:
-                break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((host, port))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-        if len(held) < n:
-            raise PortRangeFull(n, len(held), first, end - 1)
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.services import MinioServer, RedisServer, free_port, free_ports, http_ok, redis_ping
-from core.services.process import PORT_RANGE_ENV, ServiceError, port_range
+from core.services.process import PORT_RANGE_ENV, PortRangeFull, ServiceError, port_range
 from tests.conftest import RedisURL
 
 pytestmark = pytest.mark.integration
@@ -107,6 +107,33 @@ def test_free_ports_are_distinct_even_from_a_range_of_one_port(
     with socket.socket() as a, socket.socket() as b:  # both free once drawn
         a.bind(("127.0.0.1", first))
         b.bind(("127.0.0.1", second))
+
+
+def test_free_ports_leave_out_the_ports_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    only = _a_range_of_one_port(monkeypatch)
+    assert free_ports(1) == [only]
+    (kernels,) = free_ports(1, exclude=[only])  # the range's one port excluded: the kernel's
+    assert kernels != only
+    with socket.socket() as s:  # free once drawn
+        s.bind(("127.0.0.1", kernels))
+
+
+def test_strict_free_ports_from_a_range_too_small_say_how_many_it_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    only = _a_range_of_one_port(monkeypatch)
+    with pytest.raises(PortRangeFull) as full:
+        free_ports(2, strict=True)
+    assert (full.value.needed, full.value.found, full.value.first, full.value.last) == (
+        2,
+        1,
+        only,
+        only,
+    )
+    assert str(full.value) == f"needed 2 free ports and {only}-{only} holds 1"
+    with pytest.raises(PortRangeFull, match="needed 1 free ports and .* holds 0"):
+        free_ports(1, exclude=[only], strict=True)
+    assert free_ports(1, strict=True) == [only]
 
 
 def test_minio_drawing_both_its_ports_from_a_range_of_one_port_starts(
