@@ -19,11 +19,13 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from control_plane.errors import GatewayError, InvalidInput
+from core.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,7 @@ def calibrate(
     repeats: int = 2,
     job_prefix: str = "calibrate",
     timeout: float = 120.0,
+    ca_file: Path | None = None,
 ) -> float:
     """Measure MC of the node behind ``gateway_url`` (``fedfaas calibrate``).
 
@@ -149,6 +152,9 @@ def calibrate(
         The gateway's admin secret (``<state_dir>/admin-secret``).
     levels, threshold, repeats
         See :func:`measure`.
+    ca_file
+        The CA an ``https`` gateway is verified against (``fedfaas up --tls``: the
+        platform's ``secrets/tls/ca.crt``); ``None``: the system's CAs.
 
     Returns
     -------
@@ -166,6 +172,7 @@ def calibrate(
             repeats,
             job_prefix,
             timeout,
+            ca_file,
         )
     ).mc
 
@@ -180,12 +187,17 @@ async def measure_gateway(
     repeats: int,
     job_prefix: str,
     timeout: float,
+    ca_file: Path | None = None,
 ) -> Calibration:
     """:func:`calibrate` as a coroutine returning the whole :class:`Calibration`."""
     admin = {"Authorization": f"Bearer {admin_token}"}
     tag = os.urandom(3).hex()
     counter = 0
-    async with httpx.AsyncClient(base_url=gateway_url.rstrip("/"), timeout=timeout) as http:
+    # a gateway over https is verified against the platform's CA (TLS 1.2+, its host name)
+    verify = client_context(ca_file) if ca_file is not None else True
+    async with httpx.AsyncClient(
+        base_url=gateway_url.rstrip("/"), timeout=timeout, verify=verify
+    ) as http:
 
         async def send_batch(n: int) -> list[float]:
             nonlocal counter

@@ -387,6 +387,14 @@ def register_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--levels", type=_levels, default=(1, 2, 4, 8, 16), metavar="N,N,...")
     p.add_argument("--repeats", type=_positive_int, default=2)
+    p.add_argument(
+        "--ca-file",
+        type=_existing_file,
+        default=None,
+        metavar="FILE",
+        help="verify an https gateway against this CA (`fedfaas up --tls`: "
+        "<state>/secrets/tls/ca.crt); default: the system's CAs",
+    )
     p.set_defaults(handler=run_calibrate)
 
 
@@ -415,6 +423,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                 args.repeats,
                 "calibrate",
                 120.0,
+                args.ca_file,
             )
         )
     except (ControlPlaneError, httpx.HTTPError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from core.auth import bearer
 from fedfaas.platform import credentials
+from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.orchestrator import Platform
 from fedfaas.platform.report import render_status
@@ -35,9 +37,16 @@ class Invocation:
 
 
 def invoke(
-    runtime_url: str, function: str, body: bytes, token: str, timeout: float = 30.0
+    runtime_url: str,
+    function: str,
+    body: bytes,
+    token: str,
+    timeout: float = 30.0,
+    context: ssl.SSLContext | None = None,
 ) -> Invocation:
-    """``POST /function/<function>`` with the function token and return what came back."""
+    """``POST /function/<function>`` with the function token and return what came back;
+    over ``https`` the runtime is verified with ``context`` (``fedfaas up --tls``: the
+    platform's CA and ``fedfaas``'s own certificate, :meth:`Context.client_ssl`)."""
     req = urllib.request.Request(
         f"{runtime_url}/function/{function}",
         data=body,
@@ -45,7 +54,7 @@ def invoke(
         headers={"Content-Type": "application/octet-stream", **bearer(token)},
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return Invocation(r.status, r.read(), {k.lower(): v for k, v in r.headers.items()})
     except urllib.error.HTTPError as exc:
         return Invocation(exc.code, exc.read(), {k.lower(): v for k, v in exc.headers.items()})
@@ -69,7 +78,9 @@ def run(settings: PlatformSettings, say: Callable[[str], None]) -> None:
         token = credentials.read(
             Path(result.state.state_dir) / "secrets", credentials.FUNCTION_TOKEN
         )
-        got = invoke(runtime.address, SMOKE_FUNCTION, payload, token)
+        # a TLS platform's runtime: verified against its CA, fedfaas's certificate presented
+        tls = Context.of(result.state).client_ssl()
+        got = invoke(runtime.address, SMOKE_FUNCTION, payload, token, context=tls)
         if got.status != 200 or payload not in got.body:
             raise PlatformError(
                 f"{SMOKE_FUNCTION} answered {got.status} {got.body[:200]!r}; "

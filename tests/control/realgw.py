@@ -45,19 +45,26 @@ def gateway_env() -> dict[str, str]:
 
 @contextmanager
 def real_gateways(
-    redis_url: str, tmp_path: Path, names: tuple[str, ...] = ("n1", "n2")
+    redis_url: str,
+    tmp_path: Path,
+    names: tuple[str, ...] = ("n1", "n2"),
+    extra: dict[str, Any] | None = None,
 ) -> Iterator[tuple[dict[str, str], str, dict[str, subprocess.Popen[bytes]]]]:
     """Yield ``(urls by node, admin secret, processes by node)``.
 
     Every node has ``REPLICAS`` aggregator replicas of ``ENDPOINTS`` endpoints registered
     before this yields. On exit the gateways still alive stop (SIGTERM), then the replicas.
+    ``extra``: more settings of every gateway (tests/tls: its ``tls_*``, then the urls are
+    ``https``, verified by this process's httpx through ``SSL_CERT_FILE``).
     """
+    extra = extra or {}
+    scheme = "https" if extra.get("tls_cert_file") else "http"
     secret = secrets.token_hex(32)
     secret_file = tmp_path / "secret"
     secret_file.write_text(secret)
     secret_file.chmod(0o600)
     ports = dict(zip(names, distinct_ports(len(names)), strict=True))
-    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
+    urls = {n: f"{scheme}://127.0.0.1:{p}" for n, p in ports.items()}
     shm = Path("/dev/shm") / f"fedfaas-cp-{os.urandom(4).hex()}"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     aggs: dict[str, NodeAggregators] = {}
@@ -75,6 +82,7 @@ def real_gateways(
                 prefer_ebpf=False,
                 admin_secret_file=secret_file,
                 peers={n: u for n, u in urls.items() if n != node},
+                **extra,
             )
             procs[node] = _spawn(settings.to_argv(), tmp_path / f"{node}.log", "wb")
             aggs[node] = NodeAggregators(

@@ -12,6 +12,9 @@ from core.services import free_port
 from tests.commands import run_module
 from tests.control.realgw import real_gateways
 
+#: a calibration small enough for a test: 20000 parameters, levels 1 and 2, one repeat each
+QUICK = ("--params", "20000", "--levels", "1,2", "--repeats", "1")
+
 
 def _fedfaas(*args: str) -> subprocess.CompletedProcess[str]:
     return run_module("fedfaas.cli", *args, timeout=300)
@@ -28,12 +31,7 @@ def test_calibrate_measures_a_positive_capacity_on_a_real_gateway(
             urls["n1"],
             "--admin-secret-file",
             str(tmp_path / "secret"),
-            "--params",
-            "20000",
-            "--levels",
-            "1,2",
-            "--repeats",
-            "1",
+            *QUICK,
         )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
