@@ -54,9 +54,9 @@ class CountingTransport(httpx.HTTPTransport):
         self.sent = self.received = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        request.stream = _Counted(request.stream, self, "sent")  # type: ignore[assignment]
+        request.stream = _Counted(request.stream, self, "sent")
         response = super().handle_request(request)
-        response.stream = _Counted(response.stream, self, "received")  # type: ignore[assignment]
+        response.stream = _Counted(response.stream, self, "received")
         return response
 
     def reset(self) -> None:
