@@ -305,9 +305,15 @@ def _build(spec_json: str, layout: Layout | None) -> Any:
     spec = json.loads(spec_json)
     kind = spec.get("kind")
     if kind == "digits-softmax":
-        import torch
+        try:
+            import torch
 
-        from flstore_workloads import TorchEvaluator
+            from flstore_workloads import TorchEvaluator
+        except ImportError as exc:  # the cache functions' images carry no torch
+            raise EvaluatorUnavailable(
+                f"the digits-softmax evaluator needs torch, which this build lacks ({exc}); "
+                "name a function evaluator instead (kind 'function', e.g. digits-evaluator)"
+            ) from exc
 
         _, _, xv, yv = digits_split(int(spec.get("split_seed", 0)))
         module = torch.nn.Linear(64, 10)
