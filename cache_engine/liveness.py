@@ -23,8 +23,9 @@ from core.openfaas import FUNCTION_TOKEN_SECRET, OpenFaaSError
 log = logging.getLogger(__name__)
 
 FUNCTIONS = "flstore:functions"
-#: a cache function's own address it may report (loopback or a host, a port, no path)
-_DIRECT = re.compile(r"^http://[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$")
+#: a cache function's own address it may report (loopback or a host, a port, no path; https
+#: where the runtime's replicas serve TLS)
+_DIRECT = re.compile(r"^https?://[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$")
 
 
 class Liveness(EngineState):

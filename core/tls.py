@@ -16,10 +16,13 @@ for the tests.
 
 The SDK verifies the platform's servers against its CA file (``ca_file``, :mod:`client.tls`).
 Code that runs in a function replica and calls the platform back (an FLStore cache function
-calling a job's evaluator function through the runtime) has no certificate of its own: it
-verifies with :func:`platform_verify`, the CA named by :data:`CA_FILE_ENV`. That variable, not
-``SSL_CERT_FILE``, carries the platform's CA, so a function's calls to outside https services
-keep the system's CAs.
+calling a job's evaluator function through the runtime, or another cache function's replica)
+verifies with :func:`platform_verify`, the CA named by :data:`CA_FILE_ENV`, and presents the
+replica's certificate where :data:`CERT_FILE_ENV` and :data:`KEY_FILE_ENV` name one. Those
+variables, not ``SSL_CERT_FILE``, carry the platform's CA, so a function's calls to outside
+https services keep the system's CAs. A runtime with function TLS (``fedfaas up --tls``) sets
+all three in its replicas' environment, and the embedded watchdog serves HTTPS with them,
+requiring a client certificate the CA signed (:func:`replica_files`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ ClientCerts = Literal["none", "optional", "required"]
 #: the platform's CA certificate (a public file) for clients without certificates of their own
 #: inside the platform, e.g. in function replicas (``fedfaas up --tls`` sets it)
 CA_FILE_ENV = "FEDFAAS_TLS_CA_FILE"
+
+#: a function replica's certificate and key (the runtime's ``--function-tls-*`` files): the
+#: embedded watchdog serves HTTPS with them, and the function presents them to the platform
+CERT_FILE_ENV = "FEDFAAS_TLS_CERT_FILE"
+KEY_FILE_ENV = "FEDFAAS_TLS_KEY_FILE"
 
 #: the first bytes of a TLS connection (a handshake record); anything else is plain text
 TLS_HANDSHAKE = 0x16
@@ -98,16 +106,34 @@ def client_context(ca: Path | None) -> ssl.SSLContext:
 
 
 def platform_verify(environ: Mapping[str, str] | None = None) -> ssl.SSLContext | bool:
-    """httpx's ``verify`` for a call to the platform's own parts from a process that has no
-    certificate (a function replica): a context that trusts the CA :data:`CA_FILE_ENV` names
-    (in ``environ``, by default the process's), else ``True`` (the system's CAs: a platform
-    without TLS, or one whose parts have publicly trusted certificates)."""
-    ca = (os.environ if environ is None else environ).get(CA_FILE_ENV, "")
+    """httpx's ``verify`` for a call to the platform's own parts from a function replica: a
+    context that trusts the CA :data:`CA_FILE_ENV` names (in ``environ``, by default the
+    process's) and presents the replica's certificate where :data:`CERT_FILE_ENV` and
+    :data:`KEY_FILE_ENV` name one (mTLS), else ``True`` (the system's CAs: a platform without
+    TLS, or one whose parts have publicly trusted certificates)."""
+    env = os.environ if environ is None else environ
+    ca = env.get(CA_FILE_ENV, "")
     if not ca:
         return True
     if not Path(ca).is_file():
         raise TlsError(f"{CA_FILE_ENV} names {ca}, which is not a file")
-    return client_context(Path(ca))
+    own = replica_files(env)
+    return own.client_context() if own is not None else client_context(Path(ca))
+
+
+def replica_files(environ: Mapping[str, str] | None = None) -> TlsFiles | None:
+    """A function replica's TLS files from its environment (:data:`CERT_FILE_ENV`,
+    :data:`KEY_FILE_ENV`, :data:`CA_FILE_ENV`), client certificates required: only the
+    platform's parts call a replica. ``None`` (plain HTTP) without a certificate; a
+    :class:`TlsError` when they cannot work (a file missing, no CA, a key others can read)."""
+    env = os.environ if environ is None else environ
+    cert, key, ca = (env.get(n, "") for n in (CERT_FILE_ENV, KEY_FILE_ENV, CA_FILE_ENV))
+    return from_settings(
+        Path(cert) if cert else None,
+        Path(key) if key else None,
+        Path(ca) if ca else None,
+        "required",
+    )
 
 
 def from_settings(

@@ -293,11 +293,12 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     auth = BasicAuth.from_dir(settings.auth_dir)
     if settings.redis_url:  # a missing or malformed credentials file stops the start here
         read_credentials(settings.redis_credentials_file, "Redis")
+    settings.function_tls()  # replicas' TLS files that cannot work stop the start here too
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         provider = Provider(settings)
-        client = make_client(settings.upstream_timeout)
+        client = make_client(settings.upstream_timeout, settings.replica_verify())
         await provider.start()
         calls: AsyncCalls | None = None
         if settings.redis_url:

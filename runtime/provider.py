@@ -99,6 +99,8 @@ class Provider:
 
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
+        #: the replicas' TLS files (None: plain HTTP on loopback); TlsError here if unusable
+        self.function_tls = settings.function_tls()
         self.namespace = settings.namespace
         self.images = ImageResolver(settings.stack, settings.platform_stack)
         self.secrets = SecretStore(settings.state_dir / "secrets")
@@ -117,7 +119,11 @@ class Provider:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self._function_secrets, ignore_errors=True)
         private_folder(self._function_secrets)
-        self._client = httpx.AsyncClient(timeout=self.settings.health_timeout, trust_env=False)
+        self._client = httpx.AsyncClient(
+            timeout=self.settings.health_timeout,
+            trust_env=False,
+            verify=self.settings.replica_verify(),
+        )
         self._loop_task = asyncio.create_task(self._health_loop(), name="runtime-health")
 
     async def stop(self) -> None:
@@ -370,6 +376,7 @@ class Provider:
                 secrets_dir=self.secrets_dir(fn.name),
                 node=node,
                 watchdog=self.settings.watchdog,
+                tls=self.function_tls,
             )
         )
 

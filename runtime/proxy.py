@@ -10,6 +10,7 @@ response, ``X-Served-By`` on the response (``fedfaas-runtime/<version>``),
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -45,9 +46,11 @@ CONNECT_ATTEMPTS = 3
 SERVED_BY = f"fedfaas-runtime/{VERSION}".encode()
 
 
-def make_client(upstream_timeout: float) -> httpx.AsyncClient:
-    """An upstream client that adds no headers of its own and ignores proxy env variables."""
+def make_client(upstream_timeout: float, verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
+    """An upstream client that adds no headers of its own and ignores proxy env variables;
+    ``verify``: how it checks replicas that serve HTTPS (:meth:`RuntimeSettings.replica_verify`)."""
     client = httpx.AsyncClient(
+        verify=verify,
         timeout=httpx.Timeout(upstream_timeout, connect=5.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         trust_env=False,

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from core.services import free_port, spawn
+from core.tls import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, TlsFiles
 from runtime.function_auth import SECRETS_DIR_ENV
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class Replica:
     node: str = ""
     #: the template server's port behind of-watchdog (``--watchdog``); None: embedded watchdog
     upstream_port: int | None = None
+    #: ``https`` where the replica serves TLS (the runtime's function TLS)
+    scheme: str = "http"
 
     @property
     def instance(self) -> str:
@@ -63,7 +66,7 @@ class Replica:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -94,10 +97,12 @@ def replica_env(
     env_vars: Mapping[str, str],
     env_process: str,
     secrets_dir: Path,
+    tls: TlsFiles | None = None,
 ) -> dict[str, str]:
     """A replica's environment: the runtime's (less its own settings), the deployment's
     ``envVars``, then what the watchdog and the function read about themselves (among them
-    ``FEDFAAS_SECRETS_DIR``, the folder of the function's secrets)."""
+    ``FEDFAAS_SECRETS_DIR``, the folder of the function's secrets, and with ``tls`` the
+    files the watchdog serves HTTPS with, :func:`core.tls.replica_files`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFAAS_RUNTIME_")}
     env.update(env_vars)
     pythonpath = env.get("PYTHONPATH", "")
@@ -111,7 +116,7 @@ def replica_env(
             # where this replica answers on the machine, for a caller that addresses one
             # function's replica directly (the FLStore request tracker; OpenFaaS's
             # direct_functions reaches a function's Service the same way)
-            "FEDFAAS_REPLICA_URL": f"http://127.0.0.1:{port}",
+            "FEDFAAS_REPLICA_URL": f"{'https' if tls else 'http'}://127.0.0.1:{port}",
             "fprocess": env_process or "python index.py",
             "mode": "http",
             "PYTHONUNBUFFERED": "1",
@@ -120,6 +125,13 @@ def replica_env(
             else str(_REPO_ROOT),
         }
     )
+    for name in (CERT_FILE_ENV, KEY_FILE_ENV):
+        env.pop(name, None)  # a deployment's envVars do not choose the replica's certificate
+    if tls is not None:
+        assert tls.ca is not None  # TlsFiles.check: client certificates required, a CA set
+        env.update(
+            {CERT_FILE_ENV: str(tls.cert), KEY_FILE_ENV: str(tls.key), CA_FILE_ENV: str(tls.ca)}
+        )
     return env
 
 
@@ -136,9 +148,11 @@ def spawn_replica(
     secrets_dir: Path,
     node: str = "",
     watchdog: Path | None = None,
+    tls: TlsFiles | None = None,
 ) -> Replica:
     """Start one replica in its own process group: ``python -m runtime.watchdog``, or
-    the of-watchdog binary ``watchdog`` (see :func:`_of_watchdog_env`).
+    the of-watchdog binary ``watchdog`` (see :func:`_of_watchdog_env`); with ``tls`` (the
+    embedded watchdog only) it serves HTTPS with those files.
 
     ``secrets_dir`` is the folder of the function's secrets (it must hold
     ``fedfaas-function-token``, or the replica refuses to start).
@@ -146,6 +160,8 @@ def spawn_replica(
     The embedded watchdog's socket is bound here and handed over (``--fd``), so that no other
     process can take its port between the choice of a free one and the replica's bind.
     """
+    if tls is not None and watchdog is not None:
+        raise ValueError("of-watchdog serves plain HTTP: replicas with TLS need the embedded one")
     instance = f"{function}-{slot}"
     log_path = log_dir / f"{instance}.log"
     upstream_port = None
@@ -176,7 +192,7 @@ def spawn_replica(
                 "--parent-pid",
                 str(os.getpid()),
             ]
-            env = replica_env(function, slot, port, env_vars, env_process, secrets_dir)
+            env = replica_env(function, slot, port, env_vars, env_process, secrets_dir, tls)
             proc = spawn(argv, log_path=log_path, env=env, cwd=function_dir, pass_fds=(fd,))
     log.info(
         "started %s gen %d (pid %d, port %d%s)",
@@ -187,7 +203,15 @@ def spawn_replica(
         f", node {node}" if node else "",
     )
     return Replica(
-        function, slot, generation, port, log_path, proc, node=node, upstream_port=upstream_port
+        function,
+        slot,
+        generation,
+        port,
+        log_path,
+        proc,
+        node=node,
+        upstream_port=upstream_port,
+        scheme="https" if tls is not None else "http",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -11,7 +12,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from core.cmdline import CommandLineSettings
-from core.tls import TlsSettings
+from core.tls import TlsError, TlsFiles, TlsSettings, from_settings
 
 try:
     VERSION = version("fedfaas")
@@ -87,8 +88,14 @@ class RuntimeSettings(CommandLineSettings, TlsSettings):
         own answer; otherwise the gateway's ``GatewayInfo`` (what faas-cli reads).
     tls_cert_file, tls_key_file, tls_ca_file, tls_client_certs:
         TLS for the runtime's port (:mod:`core.tls`): with a certificate and key (0600) it
-        speaks HTTPS only, and a client certificate must be one the CA signed. The replicas
-        behind it are reached over loopback, as before.
+        speaks HTTPS only, and a client certificate must be one the CA signed.
+    function_tls_cert_file, function_tls_key_file:
+        TLS for the replicas (``fedfaas up --tls`` gives the ``functions`` certificate): each
+        embedded watchdog serves HTTPS with them on loopback and requires a client
+        certificate ``tls_ca_file`` signed; the runtime reaches its replicas over HTTPS
+        presenting its own certificate, and the replicas get the files in their environment
+        (:func:`core.tls.replica_files`; their calls to the platform present them). Needs
+        the runtime's own ``tls_*`` files and the embedded watchdog (:meth:`function_tls`).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDFAAS_RUNTIME_")
@@ -125,3 +132,32 @@ class RuntimeSettings(CommandLineSettings, TlsSettings):
     async_claim_idle: float = Field(default=30.0, gt=0)
     watchdog: Path | None = None
     behind_gateway: bool = False
+    function_tls_cert_file: Path | None = None
+    function_tls_key_file: Path | None = None
+
+    def function_tls(self) -> TlsFiles | None:
+        """The files the replicas serve HTTPS with (``None``: plain HTTP on loopback), client
+        certificates required; :class:`core.tls.TlsError` when they cannot work: a file
+        missing or readable by others, no CA, no certificate of the runtime's own to present
+        to them, or of-watchdog (``watchdog``), which serves plain HTTP only."""
+        files = from_settings(
+            self.function_tls_cert_file, self.function_tls_key_file, self.tls_ca_file, "required"
+        )
+        if files is None:
+            return None
+        if self.tls() is None:
+            raise TlsError(
+                "function TLS needs the runtime's own certificate and key (--tls-cert-file, "
+                "--tls-key-file): it presents them to its replicas"
+            )
+        if self.watchdog is not None:
+            raise TlsError(
+                "function TLS needs the embedded watchdog: of-watchdog serves plain HTTP"
+            )
+        return files
+
+    def replica_verify(self) -> ssl.SSLContext | bool:
+        """httpx's ``verify`` for the runtime's calls to its replicas: with function TLS the
+        platform's CA and the runtime's own certificate (mTLS), else ``True`` (plain HTTP)."""
+        own = self.tls() if self.function_tls() is not None else None
+        return own.client_context() if own is not None else True

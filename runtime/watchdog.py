@@ -19,6 +19,10 @@ Environment (of-watchdog names): ``exec_timeout`` (Go duration or seconds; 0 = n
 504), ``max_inflight`` (0 = unlimited; above it 429), ``healthcheck_interval`` (drain wait after
 SIGTERM; default 0 here because the runtime stops routing to a replica before it signals it).
 Output lines go to stdout/stderr prefixed with an RFC3339 time and the stream name.
+With ``FEDFAAS_TLS_CERT_FILE``, ``FEDFAAS_TLS_KEY_FILE`` and ``FEDFAAS_TLS_CA_FILE`` (the
+runtime's function TLS) the port speaks HTTPS only and a client must present a certificate the
+CA signed (the runtime, the request tracker, another replica); files that cannot work (one
+missing, a key others can read) stop the start (exit 1, the reason logged).
 """
 
 from __future__ import annotations
@@ -289,6 +293,22 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(1)
 
 
+def _replica_tls(env: dict[str, str]) -> Any:
+    """The runtime's function TLS (:func:`core.tls.replica_files`: HTTPS only, a client
+    certificate of the platform's CA required), or None; exits 1 when its files cannot work.
+    core.tls (pydantic) is imported only where the environment names a certificate or key
+    (``core.tls.CERT_FILE_ENV``, ``KEY_FILE_ENV``): a replica without TLS starts without it."""
+    if not env.get("FEDFAAS_TLS_CERT_FILE") and not env.get("FEDFAAS_TLS_KEY_FILE"):
+        return None
+    from core.tls import TlsError, replica_files
+
+    try:
+        return replica_files(env)
+    except TlsError as exc:
+        log.error("refusing to start: %s", exc)
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -316,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     except NoToken as exc:  # secure by default: no token, no function
         log.error("refusing to start: %s", exc)
         sys.exit(1)
+    tls = _replica_tls(env)
     exec_timeout = parse_duration(env.get("exec_timeout"), 30.0)
     drain = parse_duration(env.get("healthcheck_interval"), 0.0)
     app = WatchdogApp(
@@ -345,13 +366,19 @@ def main(argv: list[str] | None = None) -> None:
         log_level="warning",
         timeout_keep_alive=75,
         timeout_graceful_shutdown=int(parse_duration(env.get("write_timeout"), 30.0)),
+        ssl_certfile=str(tls.cert) if tls is not None else None,
+        ssl_keyfile=str(tls.key) if tls is not None else None,
     )
+    if tls is not None:
+        config.load()  # then the context of core.tls replaces the one uvicorn built
+        config.ssl = tls.server_context()
     log.info(
-        "function %s loaded from %s; listening on %s:%d",
+        "function %s loaded from %s; listening on %s:%d%s",
         os.environ.get("FEDFAAS_FUNCTION_NAME", "?"),
         args.function_dir,
         args.host,
         args.port,
+        " (HTTPS, client certificates required)" if tls is not None else "",
     )
     # a socket bound by the runtime (no race for the port), else bind --host/--port here
     Server(config).run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)

@@ -29,6 +29,12 @@ TLS_PORTS = frozenset(
     }
 )
 
+#: The parts only the platform's own parts call (and ``fedfaas``, with its certificate): on a
+#: TLS platform they require a client certificate the CA signed. The others take the SDK,
+#: faas-cli or a browser, which have none: their certificates are optional (checked when
+#: presented). The function replicas require one too (the runtime's ``function_tls_*``).
+INTERNAL_PARTS = frozenset({"cache-engine"})
+
 
 @dataclass
 class Context:
@@ -101,13 +107,25 @@ class Context:
 
     def tls_settings(self, part: str) -> dict[str, Any]:
         """The ``tls_*`` settings (:class:`core.tls.TlsSettings`) that make ``part`` serve
-        HTTPS with its own certificate and call the others with it; none without TLS."""
+        HTTPS with its own certificate and call the others with it; none without TLS. A part
+        of :data:`INTERNAL_PARTS` requires a client certificate the CA signed (mTLS)."""
         if not self.tls:
             return {}
         return {
             "tls_cert_file": self.tls_dir / f"{part}.crt",
             "tls_key_file": self.tls_dir / f"{part}.key",
             "tls_ca_file": self.ca_file,
+            **({"tls_client_certs": "required"} if part in INTERNAL_PARTS else {}),
+        }
+
+    def function_tls_settings(self) -> dict[str, Any]:
+        """The runtime's ``function_tls_*`` settings: its replicas serve HTTPS with the
+        ``functions`` certificate and present it when they call the parts; none without TLS."""
+        if not self.tls:
+            return {}
+        return {
+            "function_tls_cert_file": self.tls_dir / "functions.crt",
+            "function_tls_key_file": self.tls_dir / "functions.key",
         }
 
     def client_ssl(self) -> ssl.SSLContext | None:

@@ -186,6 +186,7 @@ def _runtime_argv(ctx: Context) -> list[str]:
         redis_credentials_file=redis_credentials(ctx, "runtime"),
         behind_gateway=ctx.openfaas_gateway is not None,
         **ctx.tls_settings("runtime"),
+        **ctx.function_tls_settings(),
     ).to_argv()
 
 

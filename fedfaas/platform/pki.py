@@ -4,7 +4,9 @@ with the other secrets; the CA's key is deleted once they are signed) by :func:`
 
 Each certificate names the platform's loopback host (and ``localhost``), is valid as a server
 and as a client, and is that part's alone: the part serves HTTPS with it and presents it when
-it calls the others (mTLS). ``fedfaas`` itself has one too, for its probes and deploys.
+it calls the others (mTLS). ``fedfaas`` itself has one too, for its probes and deploys, and
+the runtime's function replicas share ``functions``: each serves HTTPS with it on loopback and
+presents it when it calls the platform (another replica, the runtime).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from fedfaas.platform.context import Context
 
 log = logging.getLogger(__name__)
 
-#: the parts that get a certificate: every one that serves HTTPS, and ``fedfaas`` (the CLI)
+#: the parts that get a certificate: every one that serves HTTPS, ``fedfaas`` (the CLI) and the
+#: function replicas
 CERTIFIED = (
     "runtime",
     "gateway-node0",
@@ -26,6 +29,7 @@ CERTIFIED = (
     "control-plane",
     "console",
     "fedfaas",
+    "functions",
 )
 
 

@@ -10,7 +10,10 @@ request tracker, control plane and console serve HTTPS with the certificates ``u
   runtime over https, trusting the CA that ``FEDFAAS_TLS_CA_FILE`` names: no process of the
   platform (parts, function replicas) has ``SSL_CERT_FILE`` in its environment;
 * plain HTTP to a TLS port refused clearly, and a client certificate from another CA refused
-  at the handshake, on the gateway and on the control plane.
+  at the handshake, on every part's port; the cache engine (which only the parts call) also
+  refuses a client without a certificate (mTLS), the others let the SDK's kind in;
+* every function replica serves HTTPS on loopback to the platform's parts only (mTLS), and
+  the tracker's calls to the cache functions at their own addresses go over it.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import pytest
 
 from core.tls import CA_FILE_ENV, TlsFiles, mint_ca, mint_cert
 from fedfaas.platform import state
-from fedfaas.platform.context import TLS_PORTS
+from fedfaas.platform.context import INTERNAL_PARTS, TLS_PORTS
 from tests.commands import run_module
 from tests.platform.running import any_ports_env, platform_processes, running_platform
 from tests.tls.test_gateway_tls import _tls_get
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: the ports of the parts that require a client certificate (``Context.tls_settings``)
+INTERNAL_PORTS = {p.replace("-", "_") for p in INTERNAL_PARTS}
 
 
 @dataclass
@@ -52,6 +58,10 @@ class Platform:
 
     def secret(self, name: str) -> str:
         return (self.state_dir / "secrets" / name).read_text().strip()
+
+    def tls_file(self, name: str) -> Path:
+        """A file of the platform's ``secrets/tls`` (a part's certificate or key)."""
+        return self.ca.parent / name
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +124,15 @@ def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platfo
     krum = job.query("multi-krum", rounds=[2], params={"f": 1}, wait=180)
     assert set(krum["result"]["scores"]) == {c.client_id for c in data.clients}
     # scored by digits-evaluator: a cache function's call through the runtime over https
-    loo = job.query("leave-one-out", rounds=[2], wait=180)["result"]
+    loo_answer = job.query("leave-one-out", rounds=[2], wait=180)
+    loo = loo_answer["result"]
     assert set(loo["values"]) == {c.client_id for c in data.clients}
     assert 0.0 < loo["v_full"] <= 1.0, loo  # the full model's accuracy on the digits
+    # the tracker called the cache functions' replicas at their own https addresses, over mTLS
+    # (a failed direct call would be recorded, then retried through the runtime)
+    steps = [*krum["tried"], *loo_answer["tried"]]
+    assert not [s for s in steps if "direct_failed" in s], steps
+    assert "direct" in [s.get("via") for s in steps], steps
     _no_process_trusts_the_ca_through_ssl_cert_file(platform)
 
 
@@ -155,7 +171,9 @@ def test_the_console_reads_the_control_plane_over_mtls(platform: Platform) -> No
     assert "quick" in jobs.text
 
 
-@pytest.mark.parametrize("port", ["gateway", "control_plane", "console", "runtime"])
+@pytest.mark.parametrize(
+    "port", ["gateway", "control_plane", "console", "runtime", "request_tracker", "cache_engine"]
+)
 def test_plain_http_and_a_stranger_certificate_are_refused(
     platform: Platform, port: str, tmp_path: Path
 ) -> None:
@@ -171,8 +189,45 @@ def test_plain_http_and_a_stranger_certificate_are_refused(
     presenting = TlsFiles(stranger.cert, stranger.key, platform.ca)
     with pytest.raises((ssl.SSLError, ConnectionResetError)):
         _tls_get(platform.ports[port], presenting.client_context())
-    # the platform's own CA, no certificate (the SDK): let in
-    ok = httpx.get(
-        platform.url(port) + "/healthz", verify=ssl.create_default_context(cafile=str(platform.ca))
-    )
+    no_cert = ssl.create_default_context(cafile=str(platform.ca))  # the SDK's kind
+    if port in INTERNAL_PORTS:  # only the platform's parts call it: their certificates only
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            _tls_get(platform.ports[port], no_cert)
+        part = TlsFiles(
+            platform.tls_file("fedfaas.crt"), platform.tls_file("fedfaas.key"), platform.ca
+        )
+        ok = httpx.get(platform.url(port) + "/healthz", verify=part.client_context())
+    else:  # the SDK, faas-cli or a browser: let in with the CA alone
+        ok = httpx.get(platform.url(port) + "/healthz", verify=no_cert)
     assert ok.status_code == 200
+
+
+def test_the_function_replicas_serve_https_to_the_platform_s_parts_only(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Every replica the runtime started (the aggregators, the cache functions, echo, the
+    evaluator) listens on HTTPS with the ``functions`` certificate: plain HTTP, a client
+    without a certificate and one of another CA are refused; a part's certificate gets in."""
+    verify = ssl.create_default_context(cafile=str(platform.ca))
+    auth = (platform.secret("basic-auth-user"), platform.secret("basic-auth-password"))
+    with httpx.Client(base_url=platform.url("runtime"), verify=verify, auth=auth) as runtime:
+        names = [f["name"] for f in runtime.get("/system/functions").json()]
+        replicas = [r for n in names for r in runtime.get(f"/system/replicas/{n}").json()]
+    ports = [int(r["port"]) for r in replicas if r["state"] == "ready"]
+    assert len(ports) >= len(names) >= 4, replicas
+    other = mint_ca(tmp_path / "other", name="another CA")
+    stranger = mint_cert(other, tmp_path / "other", "stranger", ["127.0.0.1"])
+    part = TlsFiles(
+        platform.tls_file("request-tracker.crt"),
+        platform.tls_file("request-tracker.key"),
+        platform.ca,
+    )
+    for port in ports:
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.get(f"http://127.0.0.1:{port}/_/health")
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            _tls_get(port, verify)
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            _tls_get(port, TlsFiles(stranger.cert, stranger.key, platform.ca).client_context())
+        ok = httpx.get(f"https://127.0.0.1:{port}/_/health", verify=part.client_context())
+        assert ok.status_code == 200, (port, ok.text)

@@ -14,8 +14,15 @@ from core.tls import CA_FILE_ENV, TlsFiles
 from fedfaas.platform import pki
 from fedfaas.platform.context import Context
 from fedfaas.platform.errors import PlatformError
-from fedfaas.platform.optional import CONTROL_PLANE, GATEWAY
+from fedfaas.platform.optional import (
+    CACHE_ENGINE,
+    CONSOLE,
+    CONTROL_PLANE,
+    GATEWAY,
+    REQUEST_TRACKER,
+)
 from fedfaas.platform.orchestrator import Platform
+from fedfaas.platform.parts import RUNTIME
 from fedfaas.platform.state import PlatformState
 from fedfaas.settings import load_settings
 from tests.platform.conftest import PART_PORTS
@@ -63,6 +70,19 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
     cp = CONTROL_PLANE.argv(ctx)
     assert cp[cp.index("--tls-key-file") + 1] == str(ctx.tls_dir / "control-plane.key")
     assert "https://" in cp[cp.index("--gateways") + 1]
+    # the runtime's replicas serve HTTPS with the functions' own certificate
+    rt = RUNTIME.argv(ctx)
+    assert rt[rt.index("--function-tls-cert-file") + 1] == str(ctx.tls_dir / "functions.crt")
+    assert rt[rt.index("--function-tls-key-file") + 1] == str(ctx.tls_dir / "functions.key")
+    assert "functions" in pki.CERTIFIED
+    # the cache engine, which only the platform's parts call, requires their certificates;
+    # the parts the SDK, faas-cli or a browser call take a certificate when one is presented
+    engine = CACHE_ENGINE.argv(ctx)
+    assert engine[engine.index("--tls-client-certs") + 1] == "required"
+    for part in (GATEWAY, CONTROL_PLANE, RUNTIME, REQUEST_TRACKER, CONSOLE):
+        argv = part.argv(ctx)
+        flag = argv.index("--tls-client-certs") if "--tls-client-certs" in argv else None
+        assert flag is None or argv[flag + 1] == "optional", part.name
     # the CA for the functions' calls back in, under the platform's own name: SSL_CERT_FILE
     # would make a function's calls to outside https services trust this CA alone
     assert ctx.env()[CA_FILE_ENV] == str(ctx.ca_file) and "SSL_CERT_FILE" not in ctx.env()
@@ -71,6 +91,7 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
         plain
     )
     assert CA_FILE_ENV not in plain.env() and plain.client_ssl() is None
+    assert "--function-tls-cert-file" not in RUNTIME.argv(plain)
 
 
 @pytest.mark.parametrize("extra", [{"with_parts": ["prometheus"]}, {"openfaas_gateway": True}])
