@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from client.data import ClientData, FederatedDigits
-from client.errors import ClientNotSelected, JobFailed, StaleRound, raise_for, unreachable
+from client.errors import (
+    ClientNotSelected,
+    GatewayUnavailable,
+    JobFailed,
+    StaleRound,
+    raise_for,
+    unreachable,
+)
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
 from client.node import FLClient
 from client.train import TrainConfig, evaluate, train_local
@@ -405,7 +412,10 @@ class Simulator:
         Every client loops on its own thread: it fetches the newest model, trains on it
         (slowed down as ``config.slow`` says) and uploads to round ``version + 1``. An update
         the node cannot take now (its buffer share is full, or the version moved while it
-        uploaded) is sent again once a new version is out: it counts then, staler. One
+        uploaded) is sent again once a new version is out, or at once to another node once
+        the control plane places the client there (a round's share of the buffer on each node
+        follows that round's placement), or at once where the round is not open yet (it waits
+        for its plan: see :meth:`_send_async`): it counts then. One
         trained on a model too old any more (409 ``too_stale``) is dropped, and the client
         trains again on the newest. A client trains once per version. A job that publishes
         no new version for ``config.round_timeout`` s raises ``TimeoutError`` saying each
@@ -529,6 +539,17 @@ class Simulator:
                 pass
         return self.clients[client]
 
+    def _moved(self, client: str, sdk: FLClient) -> bool:
+        """Whether the client is placed on another node now than the one ``sdk`` reaches
+        (then connected there); False while the assignment cannot be asked."""
+        if not self._dynamic:
+            return False
+        try:
+            return self._client_for(client) is not sdk
+        except GatewayUnavailable as exc:  # asked again at the next check
+            log.info("%s: its placement not known now (%s)", client, exc)
+            return False
+
     def _stalled(self, seen: int, last: int, doing: Mapping[str, str]) -> str:
         """What an async job that published no version for ``round_timeout`` s looks like:
         each node's open round (what it accepted, its capacity, frozen or not) and what each
@@ -566,32 +587,70 @@ class Simulator:
         doing: dict[str, str],
     ) -> bool:
         """Upload an update trained on version ``base`` until it counts (True) or is too
-        stale, or the job is done (False); what it does is noted in ``doing``."""
+        stale, or the job is done (False); what it does is noted in ``doing``.
+
+        Each try goes to the node the client is placed on now (:meth:`_client_for`). A round
+        not open on the node yet (409 ``round_not_open`` once the SDK's own retries ran out:
+        the round waits for the control plane's plan, or the node follows the root) opens
+        with no new version, so the update is sent again at once. After any other 409 of
+        :data:`ASYNC_RETRY` the client waits for a new version *or* for its placement to
+        move, whichever comes first: the control plane plans each round's share of the
+        buffer per node from that round's placement, so a node the client was placed on
+        before it trained may have no share of the round its update lands in (409
+        ``round_full``), and the version it would wait for there can only come from the
+        clients placed on the other nodes. Waiting for a version after either refusal
+        waited for good once every client did (issue 35)."""
         seen = base
+        cid = sdk.client_id
         while not stop.is_set():
+            self._moved(cid, sdk)  # connects it where the control plane places it now
+            sdk = self.clients[cid]
             try:
-                doing[sdk.client_id] = f"uploads to round {base + 1}"
+                doing[cid] = f"uploads to round {base + 1}"
                 sdk.upload(base + 1, payload, samples, meta=meta)
                 return True
             except StaleRound as exc:
-                doing[sdk.client_id] = (
-                    f"refused {exc.error} for round {base + 1}, waits for a version after {seen}"
+                then = (
+                    "sends again"
+                    if exc.error in NOT_OPEN_YET
+                    else f"waits for a version after {seen} or another node"
+                )
+                doing[cid] = (
+                    f"refused {exc.error} for round {base + 1} on {sdk.gateway_url}, {then}"
                 )
                 if exc.error not in ASYNC_RETRY:
-                    log.info("%s: update on v%d dropped (%s)", sdk.client_id, base, exc.error)
+                    log.info("%s: update on v%d dropped (%s)", cid, base, exc.error)
                     return False
+                if exc.error in NOT_OPEN_YET:  # it opens with no new version: send again
+                    if int(sdk.status()["version"]) >= last:
+                        return False
+                    continue
             version = int(sdk.status()["version"])  # send again once a new version is out
+            polls = 0
             while version <= seen and not stop.is_set():
-                time.sleep(0.05)
+                time.sleep(ASYNC_POLL_S)
+                polls += 1
+                if polls % PLACEMENT_POLLS == 0 and self._moved(cid, sdk):
+                    break  # placed on another node: send there now
                 version = int(sdk.status()["version"])
-            seen = version
+            seen = max(seen, version)
             if version >= last:
                 return False
         return False
 
 
-#: 409s after which an async client sends the same update again once the version moved
+#: seconds between an async client's status polls while it waits to send again
+ASYNC_POLL_S = 0.05
+#: an async client waiting to send again asks where it is placed every this many polls (the
+#: control plane's assignment; about once a second)
+PLACEMENT_POLLS = 20
+
+
+#: 409s after which an async client sends the same update again: ``round_not_open`` at once
+#: (:data:`NOT_OPEN_YET`), the others once the version or the client's placement moved
 #: (``duplicate_client``: the open buffer holds its update on an older version already)
 ASYNC_RETRY = frozenset(
     {"round_full", "stale_round", "round_closed", "round_not_open", "duplicate_client"}
 )
+#: 409s of :data:`ASYNC_RETRY` after which the round opens with no new version
+NOT_OPEN_YET = frozenset({"round_not_open"})
