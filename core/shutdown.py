@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import signal
+import ssl
 import tempfile
 import threading
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+
+from core.tls_server import TlsServer
 
 if TYPE_CHECKING:
     from core.tls import TlsFiles
@@ -93,12 +96,15 @@ class Shutdown:
             os._exit(1)
 
 
-class _Server(uvicorn.Server):
+class _Server(TlsServer):
     """uvicorn with :class:`Shutdown`'s signal handling (a second SIGTERM forces the exit too,
-    where uvicorn only forces on a second SIGINT) and its deadline."""
+    where uvicorn only forces on a second SIGINT) and its deadline; with ``tls`` its port is a
+    :class:`~core.tls_front.TlsFront` (:class:`~core.tls_server.TlsServer`)."""
 
-    def __init__(self, config: uvicorn.Config, shutdown: Shutdown) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: uvicorn.Config, shutdown: Shutdown, tls: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(config, tls)
         self.bounded = shutdown
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -126,8 +132,8 @@ def serve(
     """Serve ``app`` until SIGTERM/SIGINT with a stop bounded by ``grace`` seconds.
 
     With ``tls`` the port speaks HTTPS only, in :meth:`core.tls.TlsFiles.server_context`
-    (TLS 1.2+, client certificates checked against the CA); a plain-HTTP request gets no
-    answer (uvicorn closes the connection at the failed handshake).
+    (TLS 1.2+, client certificates checked against the CA); a plain-HTTP request gets a 400
+    ``tls_required`` JSON saying to use https (:class:`core.tls_server.TlsServer`).
 
     In-flight requests get half the grace to finish, then are cancelled; the application's
     lifespan shutdown, and any handler still running in a worker thread (which no cancel
@@ -149,7 +155,7 @@ def serve(
     if tls is not None:
         config.load()  # then the context of core.tls replaces the one uvicorn built
         config.ssl = tls.server_context()
-    server = _Server(config, shutdown)
+    server = _Server(config, shutdown, config.ssl if tls is not None else None)
     try:
         server.run()
         if shutdown.requested.is_set():

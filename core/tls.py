@@ -49,9 +49,6 @@ CA_FILE_ENV = "FEDFAAS_TLS_CA_FILE"
 CERT_FILE_ENV = "FEDFAAS_TLS_CERT_FILE"
 KEY_FILE_ENV = "FEDFAAS_TLS_KEY_FILE"
 
-#: the first bytes of a TLS connection (a handshake record); anything else is plain text
-TLS_HANDSHAKE = 0x16
-
 
 class TlsError(ValueError):
     """A TLS setting that cannot work (a missing file, a key others can read)."""
@@ -168,19 +165,6 @@ class TlsSettings(BaseModel):
     def scheme(self) -> str:
         """``https`` with a certificate, else ``http``."""
         return "https" if self.tls_cert_file is not None else "http"
-
-
-def plain_http_answer(host: str, port: int) -> bytes:
-    """What a TLS port answers a plain-HTTP request: a 400 with a JSON body saying so."""
-    body = (
-        '{"error": "tls_required", "detail": "this port speaks HTTPS: plain HTTP was sent to '
-        f'it; use https://{host}:{port}/"}}'
-    ).encode()
-    head = (
-        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 # -- minting -------------------------------------------------------------------------------------

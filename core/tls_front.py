@@ -6,7 +6,8 @@ asyncio's ``create_server(ssl=...)`` starts the handshake on the first byte, so 
 speaks plain HTTP sees the connection dropped. Here each accepted connection is peeked at
 (``MSG_PEEK``, nothing consumed): a TLS handshake record goes to
 ``loop.connect_accepted_socket(..., ssl=ctx)``; anything else gets the 400 of
-:func:`core.tls.plain_http_answer`.
+:func:`plain_http_answer`. It imports nothing of :mod:`core.tls` (pydantic): a function replica
+serves through it without.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from core.tls import TLS_HANDSHAKE, plain_http_answer
-
 log = logging.getLogger(__name__)
+
+#: the first bytes of a TLS connection (a handshake record); anything else is plain text
+TLS_HANDSHAKE = 0x16
 
 #: the request head a refused plain-HTTP request may send (read away before the answer)
 MAX_HEAD = 16 * 1024
 #: seconds the refused connection stays open for the client to read the answer
 LINGER_S = 2.0
+#: seconds a closing TLS connection waits for the peer's close_notify before it is aborted
+#: (asyncio's default is 30: a client that keeps an idle connection in its pool and does not
+#: read it, httpx's, held a stopping server's connection, and so the server, that long)
+SSL_SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class TlsFront:
@@ -48,10 +54,16 @@ class TlsFront:
         self._pending: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
-        sock = socket.create_server((host, port), backlog=512, reuse_port=False)
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        return await self.start_on(socket.create_server((host, port), backlog=512))
+
+    async def start_on(self, sock: socket.socket) -> int:
+        """Accept on ``sock``, a bound socket (one handed over; listening from here);
+        returns its port."""
+        sock.listen(512)
         sock.setblocking(False)
-        self.sock, self.host = sock, host
-        self.port = int(sock.getsockname()[1])
+        self.sock = sock
+        self.host, self.port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
         self._accept = asyncio.get_running_loop().create_task(self._accept_loop())
         return self.port
 
@@ -105,6 +117,7 @@ class TlsFront:
                 conn,
                 ssl=self.ctx,
                 ssl_handshake_timeout=self.timeout,
+                ssl_shutdown_timeout=SSL_SHUTDOWN_TIMEOUT_S,
             )
         except (ssl.SSLError, OSError, TimeoutError) as exc:
             log.info("TLS handshake refused: %s", exc)
@@ -127,6 +140,8 @@ class TlsFront:
             conn.close()
 
     async def stop(self) -> None:
+        """Stop accepting and close the port (the connections opened go on, their
+        server's to end)."""
         if self._accept is not None:
             self._accept.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -136,3 +151,16 @@ class TlsFront:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def plain_http_answer(host: str, port: int) -> bytes:
+    """What a TLS port answers a plain-HTTP request: a 400 with a JSON body saying so."""
+    body = (
+        '{"error": "tls_required", "detail": "this port speaks HTTPS: plain HTTP was sent to '
+        f'it; use https://{host}:{port}/"}}'
+    ).encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body

@@ -312,6 +312,8 @@ def _replica_tls(env: dict[str, str]) -> Any:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
+    from core.tls_server import TlsServer  # uvicorn's; core.tls (pydantic) only with TLS
+
     env = dict(os.environ)  # of-watchdog reads lower-case variable names
     ap = argparse.ArgumentParser(
         prog="python -m runtime.watchdog", description=__doc__.split("\n")[0]
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
 
-    class Server(uvicorn.Server):
+    class Server(TlsServer):  # with TLS: plain HTTP answered a 400 tls_required
         def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
             app.draining = True
             if drain > 0:
@@ -369,9 +371,10 @@ def main(argv: list[str] | None = None) -> None:
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,
     )
+    server_tls = None
     if tls is not None:
         config.load()  # then the context of core.tls replaces the one uvicorn built
-        config.ssl = tls.server_context()
+        config.ssl = server_tls = tls.server_context()
     log.info(
         "function %s loaded from %s; listening on %s:%d%s",
         os.environ.get("FEDFAAS_FUNCTION_NAME", "?"),
@@ -381,7 +384,9 @@ def main(argv: list[str] | None = None) -> None:
         " (HTTPS, client certificates required)" if tls is not None else "",
     )
     # a socket bound by the runtime (no race for the port), else bind --host/--port here
-    Server(config).run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
+    Server(config, server_tls).run(
+        sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None
+    )
 
 
 if __name__ == "__main__":

@@ -61,3 +61,19 @@ def running(argv: list[str], host: str, port: int, log_path: Path) -> Iterator[N
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def assert_plain_http_refused(https_url: str, path: str = "/healthz") -> None:
+    """Plain HTTP to ``https_url``'s port, a GET and a POST with a body, is answered a 400
+    ``tls_required`` JSON naming the https address to use (:func:`core.tls_front.plain_http_answer`),
+    the body never read."""
+    import httpx
+
+    plain = https_url.replace("https://", "http://", 1)
+    for r in (
+        httpx.get(plain + path, timeout=30),
+        httpx.post(plain + path, content=b"x" * 65536, timeout=30),
+    ):
+        assert r.status_code == 400, (r.status_code, r.text)
+        assert r.json()["error"] == "tls_required", r.text
+        assert f"{https_url}/" in r.json()["detail"], r.text

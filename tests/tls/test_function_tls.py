@@ -1,7 +1,7 @@
 """The runtime's replicas over TLS (its ``function_tls_*`` settings, ``fedfaas up --tls``): a real
 ``python -m runtime`` serving HTTPS starts ``echo``'s replica on HTTPS, reaches it over mTLS
 (its proxy and its health probe), and the replica takes only clients with a certificate the
-platform's CA signed: not plain HTTP, not a client without a certificate, not one of another
+platform's CA signed: not plain HTTP (a clear 400), not a client without a certificate, not one of another
 CA. A function's own calls (:func:`core.tls.platform_verify`) present the replica's
 certificate. Settings that cannot work stop the runtime with exit 2 saying why."""
 
@@ -25,7 +25,7 @@ from runtime import RuntimeProcess
 from runtime.settings import RuntimeSettings
 from tests.polling import wait_until
 from tests.runtime.conftest import FN_AUTH, STACK, available, client, echo_body
-from tests.tls.certs import Certs, mint, settings_of
+from tests.tls.certs import Certs, assert_plain_http_refused, mint, settings_of
 from tests.tls.test_gateway_tls import _tls_get
 
 pytestmark = pytest.mark.integration
@@ -91,8 +91,7 @@ def test_the_replica_takes_only_clients_with_a_certificate_of_the_platform_ca(
 ) -> None:
     t = tls_runtime
     port = int(str(t.replica["port"]))
-    with pytest.raises(httpx.RemoteProtocolError, match="disconnected without sending"):
-        httpx.get(f"http://127.0.0.1:{port}/_/health", timeout=10)  # plain HTTP
+    assert_plain_http_refused(t.replica_url, "/_/health")
     no_cert = ssl.create_default_context(cafile=str(t.certs.ca.cert))  # the SDK's kind
     with pytest.raises((OSError, httpx.TransportError)):
         _tls_get(port, no_cert)
@@ -147,3 +146,29 @@ def test_function_tls_that_cannot_work_stops_the_runtime_with_exit_2(tmp_path: P
     certs.client.key.chmod(0o644)
     done = _runtime_exit(tmp_path, **settings_of(certs.server), **fn)
     assert done.returncode == 2 and "readable by others" in done.stderr, done.stderr
+
+
+def test_a_tls_replica_stops_at_its_sigterm_while_the_runtime_holds_connections_to_it(
+    tls_runtime: TlsRuntime,
+) -> None:
+    """A removed function's replica ends at the runtime's SIGTERM, within its grace: its
+    TLS connections that the runtime's clients keep idle in their pools, which never answer
+    the replica's close_notify, are aborted after a short wait (asyncio's 30 s held the
+    replica until the runtime's SIGKILL, ``did not stop in 10.0s``)."""
+    t = tls_runtime
+    with client(t.rt, timeout=60, verify=t.certs.client.client_context()) as http:
+        assert http.post("/system/functions", json=echo_body("echo2")).status_code == 202
+        wait_until(lambda: available(http, "echo2") >= 1, 60, "echo2's replica ready")
+        assert http.post("/function/echo2", content=b"kept alive").status_code == 200
+        r = http.request("DELETE", "/system/functions", json={"functionName": "echo2"})
+        assert r.status_code == 202, r.text
+    stopped = wait_until(
+        lambda: [
+            ln
+            for ln in t.rt.log_path.read_text().splitlines()
+            if "echo2-0" in ln and ("stopped" in ln or "did not stop" in ln)
+        ],
+        60,
+        "the runtime's log of echo2-0's stop",
+    )
+    assert "did not stop" not in stopped[0], stopped

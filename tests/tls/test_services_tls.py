@@ -1,6 +1,6 @@
 """The FastAPI services over TLS, each a real process served by core.shutdown.serve: the control
 plane, the cache engine and the request tracker. For each: the route walk of tests/auth over
-HTTPS, plain HTTP to its port, a client certificate from another CA; and a key file others can
+HTTPS, plain HTTP to its port (a clear 400), a client certificate from another CA; and a key file others can
 read stops a service at start."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.auth.test_routes_need_credentials import (
     _assert_refused,
     _tokens,
 )
-from tests.tls.certs import Certs, mint, running, settings_of
+from tests.tls.certs import Certs, assert_plain_http_refused, mint, running, settings_of
 from tests.tls.test_gateway_tls import _tls_get
 
 pytestmark = pytest.mark.integration
@@ -113,14 +113,13 @@ def test_every_route_but_healthz_refuses_missing_and_wrong_credentials_over_tls(
         assert http.get("/metrics", headers=admin).status_code == 200
 
 
-def test_plain_http_to_the_tls_port_gets_no_answer(
+def test_plain_http_to_the_tls_port_is_a_clear_400(
     service: tuple[str, str, Certs, dict[Scope, Path]],
 ) -> None:
-    """uvicorn answers nothing to plain HTTP on a TLS port: the client sees the server close
-    the connection (the node gateway's own server answers a 400, tests/tls/test_gateway_tls)."""
+    """Plain HTTP on a TLS port is answered a 400 ``tls_required`` naming the https address,
+    as on a node gateway (tests/tls/test_gateway_tls), not a dropped connection."""
     _, url, certs, _ = service
-    with pytest.raises(httpx.RemoteProtocolError, match="disconnected without sending"):
-        httpx.get(url.replace("https://", "http://") + "/metrics")
+    assert_plain_http_refused(url, "/metrics")
     assert httpx.get(url + "/metrics", verify=client_context(certs.ca.cert)).status_code == 401
 
 
