@@ -9,6 +9,7 @@ real ``aggregator`` and ``flstore`` handlers deployed on that runtime.
 from __future__ import annotations
 
 import re
+import ssl
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,12 +81,31 @@ def test_the_route_table_has_no_route_outside_system_but_health_and_functions() 
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
+def runtime_extra() -> dict[str, Any]:
+    """More settings of the runtime (none here; tests/tls serves it and its replicas over
+    TLS)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def verify() -> ssl.SSLContext | bool:
+    """How the clients here verify the runtime (tests/tls: the platform's CA)."""
+    return True
+
+
+@pytest.fixture(scope="module")
+def runtime(
+    tmp_path_factory: pytest.TempPathFactory,
+    runtime_extra: dict[str, Any],
+    verify: ssl.SSLContext | bool,
+) -> Iterator[RuntimeProcess]:
     """A runtime with basic auth, the function token secret, and the real aggregator and
     flstore functions deployed."""
-    rt = RuntimeProcess(stack=STACK, state_dir=tmp_path_factory.mktemp("rt")).start()
+    rt = RuntimeProcess(
+        stack=STACK, state_dir=tmp_path_factory.mktemp("rt"), settings=runtime_extra
+    ).start()
     try:
-        with_function_token(rt)
+        with_function_token(rt, verify)
         aggregator = load_stack(PLATFORM_STACK).functions["aggregator"].deployment()
         flstore = {
             "service": "flstore-cache-0",
@@ -93,7 +113,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
             "annotations": {"com.fedfaas.handler": str(REPO / "functions" / "flstore")},
             "secrets": [FUNCTION_TOKEN_SECRET],
         }
-        with httpx.Client(base_url=rt.url, auth=rt.auth, trust_env=False) as http:
+        with httpx.Client(base_url=rt.url, auth=rt.auth, trust_env=False, verify=verify) as http:
             for body in (aggregator, flstore):
                 r = http.post("/system/functions", json=body)
                 assert r.status_code == 202, r.text
@@ -109,9 +129,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
     [c for c in _routes() if c[1].startswith("/system") or c[1] in BASIC_AUTH_OUTSIDE],
 )
 def test_every_system_route_refuses_missing_and_wrong_credentials(
-    runtime: RuntimeProcess, method: str, path: str
+    runtime: RuntimeProcess, verify: ssl.SSLContext | bool, method: str, path: str
 ) -> None:
-    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=30) as http:
+    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=30, verify=verify) as http:
         for what, headers in WRONG.items():
             r = http.request(method, path, headers=headers, content=b'{"name": "x"}')
             assert r.status_code == 401, (what, method, path, r.status_code)
@@ -122,8 +142,8 @@ def test_every_system_route_refuses_missing_and_wrong_credentials(
         assert ok.status_code != 401, (method, path)
 
 
-def test_the_health_check_is_open(runtime: RuntimeProcess) -> None:
-    assert httpx.get(f"{runtime.url}/healthz", trust_env=False).status_code == 200
+def test_the_health_check_is_open(runtime: RuntimeProcess, verify: ssl.SSLContext | bool) -> None:
+    assert httpx.get(f"{runtime.url}/healthz", trust_env=False, verify=verify).status_code == 200
 
 
 FLSTORE_ROUTES = [
@@ -151,11 +171,16 @@ BAD_TOKENS = {
 @pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize(("fn", "method", "path"), FUNCTION_CASES)
 def test_every_function_route_needs_the_function_token(
-    runtime: RuntimeProcess, prefix: str, fn: str, method: str, path: str
+    runtime: RuntimeProcess,
+    verify: ssl.SSLContext | bool,
+    prefix: str,
+    fn: str,
+    method: str,
+    path: str,
 ) -> None:
     body = b'{"objects": [], "workload": "mean", "params": {}}'
     url = f"{prefix}/{fn}{path}"
-    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=60) as http:
+    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=60, verify=verify) as http:
         for what, headers in BAD_TOKENS.items():
             r = http.request(method, url, headers=headers, content=body)
             assert r.status_code == 401, (what, url, method, r.status_code, r.text)
@@ -166,14 +191,20 @@ def test_every_function_route_needs_the_function_token(
 
 
 @pytest.mark.parametrize("fn", ["flstore-cache-0", "aggregator"])
-def test_the_watchdog_health_path_stays_open(runtime: RuntimeProcess, fn: str) -> None:
+def test_the_watchdog_health_path_stays_open(
+    runtime: RuntimeProcess, verify: ssl.SSLContext | bool, fn: str
+) -> None:
     for path in ("/_/health", "/_/ready"):
-        r = httpx.get(f"{runtime.url}/function/{fn}{path}", trust_env=False)
+        r = httpx.get(f"{runtime.url}/function/{fn}{path}", trust_env=False, verify=verify)
         assert r.status_code == 200 and r.content == b"OK", (fn, path)
 
 
-def test_right_token_reaches_the_handlers(runtime: RuntimeProcess) -> None:
-    with httpx.Client(base_url=runtime.url, trust_env=False, timeout=60, headers=FN_AUTH) as http:
+def test_right_token_reaches_the_handlers(
+    runtime: RuntimeProcess, verify: ssl.SSLContext | bool
+) -> None:
+    with httpx.Client(
+        base_url=runtime.url, trust_env=False, timeout=60, headers=FN_AUTH, verify=verify
+    ) as http:
         ping = http.get("/function/flstore-cache-0/ping")
         assert ping.status_code == 200 and ping.json()["ok"] is True
         agg = http.get("/function/aggregator")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,9 +23,10 @@ FUNCTION_TOKEN = "test-function-token-0123456789"
 FN_AUTH = {"Authorization": f"Bearer {FUNCTION_TOKEN}"}
 
 
-def with_function_token(rt: RuntimeProcess) -> RuntimeProcess:
-    """Create the runtime secret ``fedfaas-function-token`` (FUNCTION_TOKEN) on ``rt``."""
-    with OpenFaaS(rt.url, rt.auth) as gw:
+def with_function_token(rt: RuntimeProcess, verify: ssl.SSLContext | bool = True) -> RuntimeProcess:
+    """Create the runtime secret ``fedfaas-function-token`` (FUNCTION_TOKEN) on ``rt``
+    (``verify``: how the runtime is verified where it serves TLS)."""
+    with OpenFaaS(rt.url, rt.auth, verify=verify) as gw:
         gw.set_secret(FUNCTION_TOKEN_SECRET, FUNCTION_TOKEN)
     return rt
 
