@@ -441,7 +441,12 @@ class Job:
         if eng.accepted + len(self.inflight) >= eng.capacity:
             raise UpdateRejected(
                 f"round {open_r} already has its {eng.capacity} updates on this node"
-                + ("; send it again once the version advances" if self.fedbuff else ""),
+                + (
+                    "; this node's share of the buffer is full: send it again where the "
+                    "control plane places you now, or here once the version advances"
+                    if self.fedbuff
+                    else ""
+                ),
                 status=409,
                 code="round_full",
                 client_id=client,
