@@ -28,10 +28,13 @@ TLS_HANDSHAKE = 0x16
 MAX_HEAD = 16 * 1024
 #: seconds the refused connection stays open for the client to read the answer
 LINGER_S = 2.0
-#: seconds a closing TLS connection waits for the peer's close_notify before it is aborted
-#: (asyncio's default is 30: a client that keeps an idle connection in its pool and does not
-#: read it, httpx's, held a stopping server's connection, and so the server, that long)
-SSL_SHUTDOWN_TIMEOUT_S = 2.0
+#: asyncio's bound (s) on a closing TLS connection: flushing what is still to send, then the
+#: peer's close_notify; the connection is aborted past it, what was not sent cut off
+SSL_SHUTDOWN_TIMEOUT_S = 30.0
+#: the same bound where only small answers are sent and prompt stops matter (the uvicorn parts
+#: and replicas, :mod:`core.tls_server`): a client that keeps an idle connection in its pool and
+#: does not read it, httpx's, held a stopping server's connection, and so the server, 30 s
+SHORT_SSL_SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class TlsFront:
@@ -42,11 +45,18 @@ class TlsFront:
     client that does not trust ours) closes the connection, logged."""
 
     def __init__(
-        self, protocol: Callable[[], asyncio.BaseProtocol], ctx: ssl.SSLContext, timeout: float
+        self,
+        protocol: Callable[[], asyncio.BaseProtocol],
+        ctx: ssl.SSLContext,
+        timeout: float,
+        shutdown_timeout: float = SSL_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self.protocol = protocol
         self.ctx = ctx
         self.timeout = timeout
+        #: a closing connection's bound (:data:`SSL_SHUTDOWN_TIMEOUT_S`): the node gateway
+        #: keeps asyncio's 30 s, since a reader of a whole model may take seconds to drain it
+        self.shutdown_timeout = shutdown_timeout
         self.sock: socket.socket | None = None
         self.host = ""
         self.port = 0
@@ -117,7 +127,7 @@ class TlsFront:
                 conn,
                 ssl=self.ctx,
                 ssl_handshake_timeout=self.timeout,
-                ssl_shutdown_timeout=SSL_SHUTDOWN_TIMEOUT_S,
+                ssl_shutdown_timeout=self.shutdown_timeout,
             )
         except (ssl.SSLError, OSError, TimeoutError) as exc:
             log.info("TLS handshake refused: %s", exc)

@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from core.tls_front import TlsFront
+from core.tls_front import SHORT_SSL_SHUTDOWN_TIMEOUT_S, TlsFront
 
 #: seconds a connection may take to send its first byte, then to finish its TLS handshake
 HANDSHAKE_TIMEOUT_S = 30.0
@@ -48,7 +48,9 @@ class TlsServer(uvicorn.Server):
             )
             return made
 
-        self.front = TlsFront(protocol, self.tls, HANDSHAKE_TIMEOUT_S)
+        self.front = TlsFront(
+            protocol, self.tls, HANDSHAKE_TIMEOUT_S, shutdown_timeout=SHORT_SSL_SHUTDOWN_TIMEOUT_S
+        )
         if sockets:  # one handed over (a replica's, bound by the runtime)
             await self.front.start_on(sockets[0])
         else:
