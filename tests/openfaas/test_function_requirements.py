@@ -44,7 +44,6 @@ _SHARED = {
     "core.tls.mint_ca": _MINTING,
     "core.tls.mint_cert": _MINTING,
     "core.tls._write_pair": _MINTING,
-    "cache_engine.evaluators._build": _TORCH_EVALUATOR,
 }
 _COLD_STORE = "FLStore's cold store (MinIO); the evaluator is sent the models it scores"
 
