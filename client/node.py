@@ -170,12 +170,33 @@ class FLClient:
         body: dict[str, Any] = self._request("GET", f"/v1/jobs/{self.job}", headers=headers).json()
         return body
 
-    def fetch_model(self) -> GlobalModel:
-        """The current global model; sends ``If-None-Match`` and reuses the cache on 304."""
+    def fetch_model(self, *, busy_wait: float = 30.0) -> GlobalModel:
+        """The current global model; sends ``If-None-Match`` and reuses the cache on 304.
+
+        A 503 with ``Retry-After`` (a node that is still fetching the new version from its
+        root node, or one that is busy) is asked again after the wait it asks for, at most
+        ``BUSY_RETRIES`` times and ``busy_wait`` s in all (each wait logged); then, or for
+        any other 5xx, :class:`GatewayUnavailable`."""
         headers = {"Authorization": f"Bearer {self._token}"}
         if self._cached is not None:
             headers["If-None-Match"] = self._cached.etag
-        resp = self._request("GET", f"/v1/jobs/{self.job}/model", headers=headers)
+        waited, retries = 0.0, 0
+        while True:
+            try:
+                resp = self._request("GET", f"/v1/jobs/{self.job}/model", headers=headers)
+                break
+            except GatewayUnavailable as exc:
+                wait = exc.retry_after
+                if wait is None or retries >= BUSY_RETRIES or waited + wait > busy_wait:
+                    raise
+                log.warning(
+                    "%s: model read answered %s; asking again in %.1f s",
+                    self.client_id,
+                    exc.reason[:200],
+                    wait,
+                )
+                time.sleep(wait)
+                waited, retries = waited + wait, retries + 1
         if resp.status_code == 304 and self._cached is not None:
             self._cached = GlobalModel(
                 self._cached.version, self._cached.etag, self._cached.data, changed=False

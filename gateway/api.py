@@ -32,6 +32,18 @@ if TYPE_CHECKING:
     from gateway.node import Node
 
 
+class ModelNotFetched(GatewayError):
+    """A non-root node knows of a model version but holds no bytes of it yet (its root
+    journals a version before it serves it): ask again after ``Retry-After``. Its code is the
+    generic ``unavailable`` the SDK already reads as "ask again" (``client.errors``)."""
+
+    status = 503
+    code = "unavailable"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("retry-after", "1")]
+
+
 def _admin(request: Request) -> None:
     """Refuse (401) a request without the admin bearer token (the gateways' shared secret)."""
     if not auth.check_admin(request.app.state.gateway.secret, request.headers.get("authorization")):
@@ -219,7 +231,9 @@ def build_app(gw: Node) -> FastAPI:
         j: ReadJobDep,
         if_none_match: Annotated[str | None, Header()] = None,
     ) -> Response:
-        """The current global model as safetensors (ETag "v<version>")."""
+        """The current global model as safetensors (ETag "v<version>"). A non-root node that
+        holds no bytes of its version yet (the root journals a version before it serves it)
+        answers 503 ``unavailable`` with ``Retry-After``, never a 200 without them."""
         if j.node != j.root and (
             not j.model_bytes
             or gw.journal is not None
@@ -230,6 +244,11 @@ def build_app(gw: Node) -> FastAPI:
         headers = {"ETag": etag, "X-Model-Version": str(j.version)}
         if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
             return Response(status_code=304, headers=headers)
+        if not j.model_bytes:  # the root journaled a version it does not serve yet
+            raise ModelNotFetched(
+                f"node {j.node} is fetching model version {j.version} of job {j.name!r} from "
+                f"its root node {j.root}; ask again after Retry-After"
+            )
         return Response(j.model_bytes, media_type="application/octet-stream", headers=headers)
 
     unmask.add_routes(app)

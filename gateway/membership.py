@@ -115,16 +115,28 @@ def prefetch(gw: Node, job: Job) -> None:
         )
 
 
+#: tries of one background fetch of a new model, and the longest wait between two
+PREFETCH_TRIES, PREFETCH_MAX_WAIT = 10, 2.0
+
+
 async def _prefetch_model(gw: Node, job: Job, version: int) -> None:
-    for attempt in range(5):
+    """Fetch model ``version`` until this node holds its bytes: also while the root still
+    serves the version before (it journals a new version before it serves it)."""
+    for attempt in range(PREFETCH_TRIES):
         if job.version != version or job.model_bytes or gw.jobs.get(job.name) is not job:
             return
         try:
-            await fetch_root_model(gw, job)
-            return
+            if await fetch_root_model_once(gw, job):
+                return
+            log.info(
+                "job %s: root %s does not serve model v%d yet; fetching it again",
+                job.name,
+                job.root,
+                version,
+            )
         except (GatewayError, httpx.HTTPError, KeyError, ValueError) as exc:
             log.debug("job %s: prefetch of model v%d failed: %s", job.name, version, exc)
-        await asyncio.sleep(0.2 * 2**attempt)
+        await asyncio.sleep(min(0.2 * 2**attempt, PREFETCH_MAX_WAIT))
 
 
 async def follow_root(gw: Node, job: Job) -> None:
@@ -221,7 +233,15 @@ async def revoke_client(gw: Node, job: Job, client: str, *, force: bool) -> dict
 
 
 async def fetch_root_model(gw: Node, job: Job) -> None:
-    """Non-root nodes serve the model they fetch from the root node's gateway."""
+    """Non-root nodes serve the model they fetch from the root node's gateway (see
+    :func:`fetch_root_model_once`)."""
+    await fetch_root_model_once(gw, job)
+
+
+async def fetch_root_model_once(gw: Node, job: Job) -> bool:
+    """Fetch ``job``'s model from its root once. True when this node now holds the bytes of
+    ``job.version``; False when the root answered an older version (it journals a new
+    version before it serves it) or ``job`` advanced meanwhile: nothing is kept then."""
     url = gw.peer_url(job.root)
     if url is None:
         raise GatewayError(
@@ -238,5 +258,6 @@ async def fetch_root_model(gw: Node, job: Job) -> None:
         # Open the next round too: setting only the version would leave this node on the
         # old round for good (the housekeeping loop advances only when the version grows).
         advance_remote(gw, job, version)
-    if version >= job.version:
+    if version >= job.version and r.content:
         job.model_bytes = r.content
+    return version == job.version and bool(job.model_bytes)

@@ -92,11 +92,21 @@ def post_update(
 def wait_version(
     url: str, token: str, version: int, timeout: float = 60, job: str = "j1"
 ) -> dict[str, np.ndarray]:
+    """Model ``version`` (or newer) of ``job`` as served at ``url``: a 503 with Retry-After
+    (a non-root node still fetching it from its root) is asked again; any 200 must carry a
+    body that parses as safetensors, whatever its version."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = httpx.get(f"{url}/v1/jobs/{job}/model", headers={"Authorization": f"Bearer {token}"})
-        if int(r.headers["x-model-version"]) >= version:
-            return wire.decode_tensors(r.content)
+        if r.status_code == 503 and "retry-after" in r.headers:
+            time.sleep(0.05)
+            continue
+        assert r.status_code == 200, r.text
+        served = int(r.headers["x-model-version"])
+        assert r.content, f"200 with X-Model-Version {served} and an empty body"
+        model = wire.decode_tensors(r.content)
+        if served >= version:
+            return model
         time.sleep(0.05)
     raise TimeoutError(f"model version {version} not reached")
 
