@@ -24,7 +24,9 @@ has a new salt, and the tokens of the one before are refused.
   ``duplicate_client`` / ``round_full`` / ``wrong_node`` / ``job_finished``, 411
   ``length_required``, 413 ``body_too_large`` / ``header_too_large``, 422 ``non_finite``.
 - ``GET /v1/jobs/{job}/model`` (a client of the job or admin bearer) -> safetensors,
-  ``ETag: "v<n>"``, ``X-Model-Version``; 304 on ``If-None-Match``.
+  ``ETag: "v<n>"``, ``X-Model-Version``; 304 on ``If-None-Match``; 503 ``unavailable``
+  with ``Retry-After`` on a non-root node that has not fetched its version from the root yet
+  (the SDK asks again; ``tests/dataplane/test_model_version_gap.py``).
 - ``GET /v1/jobs/{job}`` progress (a client of the job or admin bearer; the admin also reads
   ``salt``, ``revoked`` and ``store``; without a credential an unknown job answers 401 too); ``GET /v1/jobs`` (admin); ``DELETE /v1/jobs/{job}``
   (admin); ``GET /healthz`` (open); ``GET /metrics`` (Prometheus, admin bearer: a scrape
