@@ -169,6 +169,8 @@ COUNTERS = (
     "fedfaas_gateway_partial_retries",
     "fedfaas_gateway_updates_dropped",
     "fedfaas_gateway_rounds_published",
+    # fault (k): a slot's accumulator the full store refused (its slot waits; never a client's)
+    "fedfaas_gateway_accumulators_refused",
 )
 
 

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 from safetensors.numpy import save
 
-from bench.fault_platform import Campaign, JobRun, assigned, free_bytes
+from bench.fault_platform import Campaign, JobRun, assigned
+from bench.fault_shm import fill_store, shm_evidence
 
 #: the job every fault acts on: clients (goal and selection), rounds
 CLIENTS = 20
@@ -34,11 +35,6 @@ ROUNDS = 2
 #: the queries in flight at FLStore's faults: FoolsGold over every round, all updates loaded
 IN_FLIGHT = ("foolsgold", {"first_round": 1, "last_round": ROUNDS})
 
-#: fault (k): bytes left free in the platform's shm file system (less than one update), and
-#: for how long, at each of its two fills
-SHM_LEFT = 8 * 2**20
-SHM_FULL_S = 5.0
-SHM_HOLD_MAX_S = 60.0
 #: fault (m): the longest a publication is refused once Redis refused it the first time
 REDIS_REFUSAL_S = 3.0
 
@@ -255,72 +251,13 @@ def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
 
 
 def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
-    """Keep the platform's capped shm file system at :data:`SHM_LEFT` bytes free with a
-    ballast file for :data:`SHM_FULL_S` seconds and until an upload was refused (at most
-    :data:`SHM_HOLD_MAX_S`; the ballast grows whenever the platform frees pages meanwhile),
-    then remove it. Mid round, the held client uploads once the ballast is in place: the
-    other uploads still to come may all be in flight already, their objects allocated before
-    the fill (one campaign run saw no refusal mid round that way)."""
-    from fedfaas.platform import state
-
-    st = state.load(c.p.state_dir)
-    assert st is not None
-    shm = Path(st.shm_dir)
-    free = free_bytes(shm)
-    ballast = shm / f"ballast-{phase}"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    t0, size, least = time.monotonic(), 0, free
-
-    def held() -> bool:  # SHM_FULL_S, and until an upload was refused (at most a minute)
-        refused = any(t >= t0 for t, _ in run.refusals)
-        return time.monotonic() - t0 < (SHM_FULL_S if refused else SHM_HOLD_MAX_S)
-
-    try:
-        while held():
-            size = _grow_ballast(fd, size, shm)
-            least = min(least, free_bytes(shm))
-            if phase == "mid_round":
-                run.injected_done.set()  # the held client uploads into the full store now
-            time.sleep(0.05)
-    finally:
-        os.close(fd)
-        ballast.unlink()
-        run.full_windows.append((t0, time.monotonic()))
-    return {
-        f"{phase}_ballast_mib": round(size / 2**20, 1),
-        f"{phase}_least_free_kib": least // 1024,
-        "ended_at": time.monotonic(),
-    }
-
-
-def _grow_ballast(fd: int, size: int, shm: Path) -> int:
-    """Grow the ballast file ``fd`` (``size`` bytes) until ``shm`` has :data:`SHM_LEFT` bytes
-    free (the platform allocates at the same time: a refused step is tried smaller)."""
-    step = free_bytes(shm) - SHM_LEFT
-    while step >= 2**20:
-        try:
-            os.posix_fallocate(fd, size, step)
-            size += step
-            step = free_bytes(shm) - SHM_LEFT
-        except OSError:  # ENOSPC: someone took pages meanwhile
-            step //= 2
-    return size
+    """Fault (k)'s fill in ``phase`` (``creation``: round 1's uploads; ``mid_round``: the
+    fault's round, the last): :func:`bench.fault_shm.fill_store`."""
+    return fill_store(c, run, phase, 1 if phase == "creation" else ROUNDS, CLIENTS)
 
 
 def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
     return fill_shm(c, run, "mid_round")
-
-
-def _shm_evidence(run: JobRun) -> tuple[bool, str]:
-    """Uploads refused (503) and retried inside each fill: the one at the job's creation and
-    the one mid round."""
-    per = [sum(1 for t, _ in run.refusals if t0 <= t <= t1 + 1.0) for t0, t1 in run.full_windows]
-    full = run.grew("fedfaas_gateway_updates_rejected{code=store_full}")
-    hit = len(per) == 2 and all(n >= 1 for n in per)
-    return hit, (
-        f"uploads refused and sent again while full: {per[0] if per else 0} at the job's "
-        f"creation, {per[1] if len(per) > 1 else 0} mid round; 503 store_full answered: {full:g}"
-    )
 
 
 def _disconnects(c: Campaign, run: JobRun, n: int = 100) -> dict[str, Any]:
@@ -561,14 +498,16 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "k",
             "shm-full",
-            "the object stores' memory file system nearly full (a 4 GiB tmpfs kept at 8 MiB "
-            "free for 5 s and until an upload is refused, at the job's creation and mid round; "
-            "gateways keep one spare buffer, so each upload needs new pages)",
+            "the object stores' memory file system nearly full (a 4 GiB tmpfs filled to 8 MiB "
+            "free in 64 MiB steps, at the job's creation and mid round with 15 of its 20 "
+            "uploads to come; held 5 s past the first refused upload, at most a minute, and "
+            "not once the round has all its uploads; gateways keep at most one spare buffer, "
+            "so every other upload needs new pages)",
             _shm_full,
-            _shm_evidence,
+            shm_evidence,
             holds="any",
             shm_cap_mib=4096,
-            at_share=0.5,
+            at_share=0.25,
             env=(("FEDFAAS_GATEWAY_POOL_MAX_BYTES", "1"),),
         ),
         Fault(
