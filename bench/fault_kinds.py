@@ -498,8 +498,8 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "k",
             "shm-full",
-            "the object stores' memory file system nearly full (a 4 GiB tmpfs filled to 8 MiB "
-            "free in 64 MiB steps, at the job's creation and mid round with 15 of its 20 "
+            "the object stores' memory file system nearly full (a 4 GiB tmpfs remounted to "
+            "8 MiB more than it holds, at the job's creation and mid round with 18 of its 20 "
             "uploads to come; held 5 s past the first refused upload, at most a minute, and "
             "not once the round has all its uploads; gateways keep at most one spare buffer, "
             "so every other upload needs new pages)",
@@ -507,7 +507,7 @@ FAULTS: dict[str, Fault] = {
             shm_evidence,
             holds="any",
             shm_cap_mib=4096,
-            at_share=0.25,
+            at_share=0.1,
             env=(("FEDFAAS_GATEWAY_POOL_MAX_BYTES", "1"),),
         ),
         Fault(

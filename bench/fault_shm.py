@@ -2,16 +2,17 @@
 nearly full, at the job's creation and mid round, and the evidence that uploads were refused
 while it was.
 
-Each fill keeps the platform's capped tmpfs at :data:`SHM_LEFT` bytes free (less than one
-update) with a ballast file. Two things decide whether it refuses anything:
+Each fill makes the platform's capped tmpfs :data:`SHM_LEFT` bytes larger than what it holds
+(less than one update) by remounting it smaller, at once, and back afterwards. Two things
+decide whether it refuses anything:
 
-- The ballast must be in place before the phase's uploads come. tmpfs gives back every page
-  of a ``fallocate`` that fails with ``ENOSPC``, so one that asks for the whole free space
-  while the platform allocates meanwhile fails at its end and is undone whole, and the next,
-  half as large, fails the same way: in af77c5b's campaign the store took seconds to fill,
-  and the uploads of the phase had their objects by then (round 1 of one run, the uploads
-  still to come mid round in another). The ballast grows in steps of at most
-  :data:`BALLAST_STEP`, so a step the platform overtakes costs only itself.
+- The store must be full before the phase's uploads come. af77c5b's campaign filled it with
+  a ballast file, one ``fallocate`` of all the free space: tmpfs gives back every page of a
+  ``fallocate`` that fails with ``ENOSPC``, so while the platform allocated it failed at its
+  end, was undone whole, and the next, half as large, too; the store took seconds to fill
+  (4 to 7 s even in 64 MiB steps, with the platform busy on 2 cores), and the phase's
+  uploads had their objects by then (round 1 of one run, the uploads still to come mid round
+  in another). A remount takes no time.
 - An upload must need new pages then. A gateway keeps at most one spare buffer per job
   (``FEDFAAS_GATEWAY_POOL_MAX_BYTES=1``) and an upload that lands in it takes no new memory:
   mid round the fill goes in with most of the round's uploads still to come.
@@ -19,14 +20,18 @@ update) with a ballast file. Two things decide whether it refuses anything:
 The round's own objects (accumulators) are never refused: their slots wait while the store is
 full (``fedfaas_gateway_accumulators_refused``). So a fill that refuses no upload only holds
 the round up: it ends as soon as the round has all its uploads, else :data:`SHM_FULL_S` after
-the first refusal, and at most :data:`SHM_HOLD_MAX_S`.
+the first refused upload, and at most :data:`SHM_HOLD_MAX_S`.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import logging
 import os
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +49,8 @@ SHM_LEFT = 8 * 2**20
 #: :data:`SHM_HOLD_MAX_S` in all
 SHM_FULL_S = 5.0
 SHM_HOLD_MAX_S = 60.0
-#: the largest ``fallocate`` of the ballast (see the module docstring)
-BALLAST_STEP = 64 * 2**20
+_MS_REMOUNT = 32
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 #: how often the fill takes back the pages the platform frees
 FILL_POLL_S = 0.01
 #: a refusal the SDK logs this long after the fill ended was still answered while full
@@ -60,24 +65,26 @@ PHASES = {"creation": "at the job's creation", "mid_round": "mid round"}
 
 def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> dict[str, Any]:
     """Keep the platform's capped shm file system at :data:`SHM_LEFT` bytes free while
-    :func:`hold_full` says so (the ballast grows whenever the platform frees pages), then
-    remove it. Mid round, the held client uploads once the store is full. What the phase
+    :func:`hold_full` says so (shrunk again whenever the platform frees pages), then give it
+    its size back. Mid round, the held client uploads once the store is full. What the phase
     saw goes into ``run.checks["full_phases"][phase]``: how long the store took to fill, the
     uploads of round ``rnd`` (``clients`` in all) acknowledged before and while it was full,
-    and what the gateways refused meanwhile (their counters before and after)."""
+    what the gateways refused meanwhile (their counters before and after) and the uploads
+    refused 503 ``store_full`` that the SDK sent again (``uploads_refused``)."""
     from fedfaas.platform import state
 
     st = state.load(c.p.state_dir)
     assert st is not None
     shm = Path(st.shm_dir)
     before = snapshot_counters(c)
+    seen = _StoreFullRefusals()
+    logging.getLogger("client").addHandler(seen)
     t0 = time.monotonic()
+    size = total_bytes(shm)
     free = least = free_bytes(shm)
-    ballast = shm / f"ballast-{phase}"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    size, full_at, acked_full = 0, t0, 0
+    full_at, acked_full = t0, 0
     try:
-        size = grow_ballast(fd, size, shm)
+        shrink(shm)
         full_at, acked_full = time.monotonic(), len(run.acked.get(rnd, {}))
         least = min(least, free_bytes(shm))
         if phase == "mid_round":
@@ -85,23 +92,24 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
         while hold_full(
             time.monotonic(),
             t0,
-            first_refusal(run.refusals, t0),
+            first_refusal(seen.times, t0),
             clients - len(run.acked.get(rnd, {})),
         ):
             time.sleep(FILL_POLL_S)
-            size = grow_ballast(fd, size, shm)
+            if free_bytes(shm) > SHM_LEFT + 2**20:  # the platform freed pages: take them
+                shrink(shm)
             least = min(least, free_bytes(shm))
     finally:
-        os.close(fd)
-        ballast.unlink()
+        shrunk = size - total_bytes(shm)
+        resize(shm, size)
         t1 = time.monotonic()
         run.full_windows.append((t0, t1))
     grown = counters_grown(before, snapshot_counters(c))
     acked = len(run.acked.get(rnd, {}))
-    run.checks.setdefault("full_phases", {})[phase] = {
+    record: dict[str, Any] = {
         "round": rnd,
         "free_before_mib": round(free / 2**20, 1),
-        "ballast_mib": round(size / 2**20, 1),
+        "shrunk_by_mib": round(shrunk / 2**20, 1),
         "least_free_kib": least // 1024,
         "filled_in_s": round(full_at - t0, 3),
         "held_s": round(t1 - t0, 3),
@@ -109,40 +117,65 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
         "acked_while_full": acked - acked_full,
         "store_full": sum(d.get(STORE_FULL, 0.0) for d in grown.values()),
         "accumulators_refused": sum(d.get(ACCUMULATORS, 0.0) for d in grown.values()),
-        "window_monotonic_s": [t0, t1],
     }
+    run.checks.setdefault("full_phases", {})[phase] = record
+
+    def count() -> None:  # the SDK logs a refusal answered while full just after the fill
+        logging.getLogger("client").removeHandler(seen)
+        record["uploads_refused"] = sum(1 for t in seen.times if t0 <= t <= t1 + REFUSAL_SLACK_S)
+
+    threading.Timer(REFUSAL_SLACK_S, count).start()
     return {
-        f"{phase}_ballast_mib": round(size / 2**20, 1),
+        f"{phase}_shrunk_by_mib": round(shrunk / 2**20, 1),
         f"{phase}_least_free_kib": least // 1024,
         "ended_at": t1,
     }
 
 
-def grow_ballast(
-    fd: int,
-    size: int,
-    shm: Path,
-    allocate: Callable[[int, int, int], None] = os.posix_fallocate,
-    free: Callable[[Path], int] = free_bytes,
-) -> int:
-    """Grow the ballast file ``fd`` (``size`` bytes) until ``shm`` has :data:`SHM_LEFT`
-    bytes free, in steps of at most :data:`BALLAST_STEP`: the platform allocates at the same
-    time, and a step it overtakes (``ENOSPC``, its pages given back whole) is tried again
-    half as large. Returns the ballast's size. ``allocate`` and ``free``: the system's."""
-    cap = BALLAST_STEP
-    while (step := min(cap, free(shm) - SHM_LEFT)) >= 2**20:
+class _StoreFullRefusals(logging.Handler):
+    """When the SDK logged an upload refused 503 ``store_full`` that it sends again."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.times: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "refused for now" in msg and "503 store_full" in msg:
+            self.times.append(time.monotonic())
+
+
+def total_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
+def resize(mount: Path, nbytes: int) -> None:
+    """Remount the tmpfs at ``mount`` with ``nbytes`` of room (``EINVAL`` below its use)."""
+    opts = f"size={nbytes}".encode()
+    if _libc.mount(b"tmpfs", str(mount).encode(), b"tmpfs", _MS_REMOUNT, opts) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"remount {mount} size={nbytes}: {os.strerror(e)}")
+
+
+def shrink(mount: Path) -> None:
+    """Make the tmpfs at ``mount`` :data:`SHM_LEFT` bytes larger than what it holds, at
+    once (the platform allocating meanwhile makes the remount fail: asked again)."""
+    for _ in range(100):
+        st = os.statvfs(mount)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
         try:
-            allocate(fd, size, step)
-        except OSError:  # ENOSPC: someone took pages meanwhile
-            cap = step // 2
-            continue
-        size, cap = size + step, BALLAST_STEP
-    return size
+            resize(mount, used + SHM_LEFT)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+    raise RuntimeError(f"{mount}: could not shrink it to {SHM_LEFT} bytes free in 100 tries")
 
 
-def first_refusal(refusals: list[tuple[float, str]], t0: float) -> float | None:
-    """When the SDK first logged an upload refused for now since ``t0`` (None: not yet)."""
-    return min((t for t, _ in refusals if t >= t0), default=None)
+def first_refusal(times: list[float], t0: float) -> float | None:
+    """The first of ``times`` (an upload refused) since ``t0`` (None: none yet)."""
+    return min((t for t in times if t >= t0), default=None)
 
 
 def hold_full(now: float, t0: float, refused_at: float | None, uploads_left: int) -> bool:
@@ -158,9 +191,10 @@ def hold_full(now: float, t0: float, refused_at: float | None, uploads_left: int
 
 
 def shm_evidence(run: JobRun) -> tuple[bool, str]:
-    """Hit when in each phase the gateways refused an upload 503 ``store_full`` while the
-    store was full (their counter before and after the fill: exactly that phase's) and the
-    SDK sent it again (its refusals logged inside the fill)."""
+    """Hit when in each phase an upload was refused 503 ``store_full`` while the store was
+    full and the SDK sent it again (the refusals it logged from the fill's start until
+    :data:`REFUSAL_SLACK_S` after its end: exactly that phase's, uploads only). The gateways'
+    ``store_full`` counter over the fill also counts cross-node partials refused."""
     phases = run.checks.get("full_phases") or {}
     hit, said = True, []
     for name, words in PHASES.items():
@@ -169,13 +203,13 @@ def shm_evidence(run: JobRun) -> tuple[bool, str]:
             hit = False
             said.append(f"no fill {words}")
             continue
-        t0, t1 = p["window_monotonic_s"]
-        again = sum(1 for t, _ in run.refusals if t0 <= t <= t1 + REFUSAL_SLACK_S)
-        hit = hit and p["store_full"] >= 1 and again >= 1
+        ups = p.get("uploads_refused", 0)
+        hit = hit and ups >= 1
         said.append(
-            f"{words} {p['store_full']:g} refused store_full ({again} sent again; full in "
-            f"{p['filled_in_s']:.1f} s, {p['acked_while_full']} of round {p['round']}'s "
-            f"uploads acknowledged while full, {p['acked_before_full']} before; accumulators "
-            f"waited {p['accumulators_refused']:g} times)"
+            f"{words} {ups} upload(s) refused store_full and sent again (the gateways refused "
+            f"{p['store_full']:g}, partials included; full in {p['filled_in_s']:.1f} s, "
+            f"{p['acked_while_full']} of round {p['round']}'s uploads acknowledged while "
+            f"full, {p['acked_before_full']} before; accumulators waited "
+            f"{p['accumulators_refused']:g} times)"
         )
-    return hit, "uploads refused while the store was full: " + "; ".join(said)
+    return hit, "while the store was full: " + "; ".join(said)

@@ -7,6 +7,9 @@ Pure logic on recorded runs and real models; ``make test-faults`` runs the campa
 from __future__ import annotations
 
 import errno
+import logging
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +25,17 @@ from bench.fault_checks import (
     small_model,
 )
 from bench.fault_kinds import FAULTS
-from bench.fault_platform import JobRun
+from bench.fault_platform import JobRun, free_bytes
 from bench.fault_shm import (
-    BALLAST_STEP,
     SHM_FULL_S,
     SHM_HOLD_MAX_S,
     SHM_LEFT,
+    _StoreFullRefusals,
     first_refusal,
-    grow_ballast,
     hold_full,
+    resize,
+    shrink,
+    total_bytes,
 )
 from bench.fault_table import passed, summary, to_markdown
 from bench.faults import NOT_RUN, survived
@@ -154,7 +159,7 @@ def test_a_gateway_kill_is_evidence_only_when_it_held_updates_of_an_open_round()
     assert not FAULTS["gateway"].evidence(run)[0]
 
 
-def _phase(t0: float, t1: float, store_full: float, **kw: Any) -> dict[str, Any]:
+def _phase(uploads_refused: int, store_full: float, **kw: Any) -> dict[str, Any]:
     return {
         "round": 1,
         "filled_in_s": 0.5,
@@ -162,33 +167,41 @@ def _phase(t0: float, t1: float, store_full: float, **kw: Any) -> dict[str, Any]
         "acked_while_full": 18,
         "store_full": store_full,
         "accumulators_refused": 3.0,
-        "window_monotonic_s": [t0, t1],
+        "uploads_refused": uploads_refused,
         **kw,
     }
 
 
-def test_a_full_store_is_evidence_only_with_store_full_refusals_sent_again_in_both_fills() -> None:
+def test_a_full_store_is_evidence_only_with_uploads_refused_in_both_fills() -> None:
     run = JobRun("j", "shm-full")
-    run.checks["full_phases"] = {"creation": _phase(10.0, 15.0, 2.0)}
-    run.refusals = [(11.0, "c1"), (12.0, "c2")]
+    run.checks["full_phases"] = {"creation": _phase(2, 2.0)}
     hit, what = FAULTS["shm-full"].evidence(run)
     assert not hit and "no fill mid round" in what
-    # the gateways refused none while the mid-round fill held the store full (af77c5b's run 0:
-    # its uploads had their objects before the store filled): a refusal the SDK logged
-    # 1.5 s after the fill (30 to 35 s) ended is not one of the fill's
-    run.checks["full_phases"]["mid_round"] = _phase(30.0, 35.0, 0.0)
-    run.refusals.append((36.5, "c3"))
+    # no upload refused while the mid-round fill held the store full (af77c5b's run 0: its
+    # uploads had their objects before the store filled); a partial the gateways refused
+    # meanwhile is not an upload
+    run.checks["full_phases"]["mid_round"] = _phase(0, 1.0, round=2)
     hit, what = FAULTS["shm-full"].evidence(run)
-    assert not hit and "mid round 0 refused store_full (0 sent again" in what
-    # a refusal counted by the gateways must also be one the SDK sent again in the window
-    run.checks["full_phases"]["mid_round"]["store_full"] = 1.0
-    assert not FAULTS["shm-full"].evidence(run)[0]
-    run.refusals.append((35.5, "c4"))  # logged as the ballast went: answered while full
+    assert not hit and "mid round 0 upload(s) refused store_full" in what
+    run.checks["full_phases"]["mid_round"]["uploads_refused"] = 1
     hit, what = FAULTS["shm-full"].evidence(run)
     assert hit
-    assert "at the job's creation 2 refused store_full (2 sent again" in what
-    assert "mid round 1 refused store_full (1 sent again" in what
-    assert "18 of round 1's uploads acknowledged while full, 2 before" in what
+    assert "at the job's creation 2 upload(s) refused store_full and sent again" in what
+    assert "the gateways refused 1, partials included" in what
+    assert "18 of round 2's uploads acknowledged while full, 2 before" in what
+
+
+def test_a_fill_counts_only_the_uploads_the_sdk_sends_again_after_a_503_store_full() -> None:
+    seen = _StoreFullRefusals()
+    log = logging.getLogger("client.node")
+    logging.getLogger("client").addHandler(seen)
+    try:
+        log.warning("c1: upload of round 1 refused for now (HTTP 503 store_full: no room)")
+        log.warning("c2: upload of round 1 refused for now (HTTP 503 overloaded: budget)")
+        log.warning("c3: node unreachable; retrying")
+    finally:
+        logging.getLogger("client").removeHandler(seen)
+    assert len(seen.times) == 1
 
 
 def test_a_fill_holds_the_store_full_past_a_refusal_and_only_while_uploads_can_come() -> None:
@@ -199,43 +212,37 @@ def test_a_fill_holds_the_store_full_past_a_refusal_and_only_while_uploads_can_c
     assert not hold_full(t0 + 1, t0, None, uploads_left=0)
     assert hold_full(t0 + 2 + SHM_FULL_S - 0.1, t0, t0 + 2, uploads_left=0)
     assert not hold_full(t0 + 2 + SHM_FULL_S, t0, t0 + 2, uploads_left=5)
-    assert first_refusal([(99.0, "old"), (104.0, "b"), (101.0, "a")], t0) == 101.0
-    assert first_refusal([(99.0, "old")], t0) is None
+    assert first_refusal([99.0, 104.0, 101.0], t0) == 101.0
+    assert first_refusal([99.0], t0) is None
 
 
-class _Tmpfs:
-    """A memory file system's page count as tmpfs keeps it: a ``fallocate`` that finds no
-    room fails with ENOSPC and gives back every page it took; ``taker`` allocates
-    ``take`` bytes of its own half way through each ``fallocate`` longer than ``take``."""
-
-    def __init__(self, size: int, take: int = 0, takes: int = 0) -> None:
-        self.size, self.used, self.take, self.takes, self.calls = size, 0, take, takes, 0
-
-    def free(self, _path: Path) -> int:
-        return self.size - self.used
-
-    def fallocate(self, _fd: int, _offset: int, length: int) -> None:
-        self.calls += 1
-        if self.takes and length > self.take:  # the platform allocates meanwhile
-            self.takes -= 1
-            self.used += self.take
-        if self.used + length > self.size:
-            raise OSError(errno.ENOSPC, "No space left on device")  # nothing kept
-        self.used += length
-
-
-def test_the_ballast_grows_in_steps_that_the_platforms_allocations_cost_only_themselves() -> None:
-    fs = _Tmpfs(4 << 30)
-    size = grow_ballast(0, 0, Path("shm"), fs.fallocate, fs.free)
-    assert size == fs.used and SHM_LEFT - 2**20 < fs.free(Path()) <= SHM_LEFT
-    assert fs.calls == -(-size // BALLAST_STEP)  # no step larger than BALLAST_STEP
-    # uploads take 44.7 MiB pages during 20 steps: each such step fails and is tried again
-    # half as large; the ballast still ends at SHM_LEFT free, in few more calls
-    fs = _Tmpfs(4 << 30, take=46_800_000, takes=20)
-    size = grow_ballast(0, 0, Path("shm"), fs.fallocate, fs.free)
-    assert SHM_LEFT - 2**20 < fs.free(Path()) <= SHM_LEFT
-    assert size == fs.used - 20 * 46_800_000
-    assert fs.calls <= -(-size // BALLAST_STEP) + 2 * 20
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_fill_leaves_the_tmpfs_just_short_of_one_upload_at_once_and_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", mnt], check=True)
+    try:
+        held = os.open(mnt / "held", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.posix_fallocate(held, 0, 20 * 2**20)
+        size = total_bytes(mnt)
+        shrink(mnt)
+        assert free_bytes(mnt) == SHM_LEFT
+        new = os.open(mnt / "upload", os.O_WRONLY | os.O_CREAT, 0o600)
+        with pytest.raises(OSError) as refused:
+            os.posix_fallocate(new, 0, SHM_LEFT + 2**20)
+        assert refused.value.errno == errno.ENOSPC
+        os.close(held)
+        (mnt / "held").unlink()  # the platform frees pages: the next shrink takes them back
+        shrink(mnt)
+        assert free_bytes(mnt) == SHM_LEFT
+        resize(mnt, size)
+        os.posix_fallocate(new, 0, 32 * 2**20)
+        os.close(new)
+        assert total_bytes(mnt) == size
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
 
 
 def _job(ok: bool, recovery: float | None, lost: int = 0, hit: bool = True) -> dict[str, Any]:
