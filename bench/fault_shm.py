@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import logging
 import os
 import threading
 import time
@@ -77,8 +76,6 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
     assert st is not None
     shm = Path(st.shm_dir)
     before = snapshot_counters(c)
-    seen = _StoreFullRefusals()
-    logging.getLogger("client").addHandler(seen)
     t0 = time.monotonic()
     size = total_bytes(shm)
     free = least = free_bytes(shm)
@@ -92,7 +89,7 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
         while hold_full(
             time.monotonic(),
             t0,
-            first_refusal(seen.times, t0),
+            first_refusal(store_full_times(run.refusals), t0),
             clients - len(run.acked.get(rnd, {})),
         ):
             time.sleep(FILL_POLL_S)
@@ -121,8 +118,8 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
     run.checks.setdefault("full_phases", {})[phase] = record
 
     def count() -> None:  # the SDK logs a refusal answered while full just after the fill
-        logging.getLogger("client").removeHandler(seen)
-        record["uploads_refused"] = sum(1 for t in seen.times if t0 <= t <= t1 + REFUSAL_SLACK_S)
+        times = store_full_times(run.refusals)
+        record["uploads_refused"] = sum(1 for t in times if t0 <= t <= t1 + REFUSAL_SLACK_S)
 
     threading.Timer(REFUSAL_SLACK_S, count).start()
     return {
@@ -132,17 +129,10 @@ def fill_store(c: Campaign, run: JobRun, phase: str, rnd: int, clients: int) -> 
     }
 
 
-class _StoreFullRefusals(logging.Handler):
-    """When the SDK logged an upload refused 503 ``store_full`` that it sends again."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.times: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if "refused for now" in msg and "503 store_full" in msg:
-            self.times.append(time.monotonic())
+def store_full_times(refusals: list[tuple[float, str]]) -> list[float]:
+    """When the SDK logged an upload refused 503 ``store_full`` that it sends again, of the
+    job's "refused for now" waits (``JobRun.refusals``, :class:`bench.faults._Refusals`)."""
+    return [t for t, msg in refusals if "503 store_full" in msg]
 
 
 def total_bytes(path: Path) -> int:

@@ -215,7 +215,7 @@ class _Refusals(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if "refused for now" in record.getMessage():
-            self.run.refusals.append((time.monotonic(), record.getMessage()[:40]))
+            self.run.refusals.append((time.monotonic(), record.getMessage()))
 
 
 def run_job(c: Campaign, fault: Fault, job: str) -> JobRun:

@@ -30,15 +30,15 @@ from bench.fault_shm import (
     SHM_FULL_S,
     SHM_HOLD_MAX_S,
     SHM_LEFT,
-    _StoreFullRefusals,
     first_refusal,
     hold_full,
     resize,
     shrink,
+    store_full_times,
     total_bytes,
 )
 from bench.fault_table import passed, summary, to_markdown
-from bench.faults import NOT_RUN, survived
+from bench.faults import NOT_RUN, _Refusals, survived
 
 GOOD = {
     "finished": True,
@@ -192,7 +192,8 @@ def test_a_full_store_is_evidence_only_with_uploads_refused_in_both_fills() -> N
 
 
 def test_a_fill_counts_only_the_uploads_the_sdk_sends_again_after_a_503_store_full() -> None:
-    seen = _StoreFullRefusals()
+    run = JobRun("j", "shm-full")
+    seen = _Refusals(run)
     log = logging.getLogger("client.node")
     logging.getLogger("client").addHandler(seen)
     try:
@@ -201,7 +202,7 @@ def test_a_fill_counts_only_the_uploads_the_sdk_sends_again_after_a_503_store_fu
         log.warning("c3: node unreachable; retrying")
     finally:
         logging.getLogger("client").removeHandler(seen)
-    assert len(seen.times) == 1
+    assert len(store_full_times(run.refusals)) == 1
 
 
 def test_a_fill_holds_the_store_full_past_a_refusal_and_only_while_uploads_can_come() -> None:
