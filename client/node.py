@@ -30,8 +30,29 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 NOT_YET_OPEN = frozenset({"round_not_open"})
-#: most retries of one upload answered 503 with ``Retry-After`` (see :meth:`FLClient.upload`)
+#: most retries of one upload or model read answered 503 with ``Retry-After`` (see
+#: :meth:`FLClient.upload`, :meth:`FLClient.fetch_model`)
 BUSY_RETRIES = 8
+
+
+@dataclass
+class _BusyWaits:
+    """One call's waits on 503s with ``Retry-After`` (a node out of room, or one still
+    fetching a model): each as long as asked, at most :data:`BUSY_RETRIES` of them and
+    ``budget`` seconds in all."""
+
+    budget: float
+    waited: float = 0.0
+    retries: int = 0
+
+    def allows(self, wait: float) -> bool:
+        """Whether the call may wait ``wait`` s more."""
+        return self.retries < BUSY_RETRIES and self.waited + wait <= self.budget
+
+    def wait(self, seconds: float) -> None:
+        self.retries += 1
+        time.sleep(seconds)
+        self.waited += seconds
 
 
 @dataclass(frozen=True)
@@ -180,14 +201,14 @@ class FLClient:
         headers = {"Authorization": f"Bearer {self._token}"}
         if self._cached is not None:
             headers["If-None-Match"] = self._cached.etag
-        waited, retries = 0.0, 0
+        busy = _BusyWaits(busy_wait)
         while True:
             try:
                 resp = self._request("GET", f"/v1/jobs/{self.job}/model", headers=headers)
                 break
             except GatewayUnavailable as exc:
                 wait = exc.retry_after
-                if wait is None or retries >= BUSY_RETRIES or waited + wait > busy_wait:
+                if wait is None or not busy.allows(wait):
                     raise
                 log.warning(
                     "%s: model read answered %s; asking again in %.1f s",
@@ -195,8 +216,7 @@ class FLClient:
                     exc.reason[:200],
                     wait,
                 )
-                time.sleep(wait)
-                waited, retries = waited + wait, retries + 1
+                busy.wait(wait)
         if resp.status_code == 304 and self._cached is not None:
             self._cached = GlobalModel(
                 self._cached.version, self._cached.etag, self._cached.data, changed=False
@@ -282,7 +302,7 @@ class FLClient:
         t0 = time.perf_counter()
         deadline = time.monotonic() + not_open_wait
         delay = 0.05
-        busy, retries = 0.0, 0  # seconds waited on 503s so far, and how often
+        busy = _BusyWaits(busy_wait)  # the waits on 503s with Retry-After so far
         down_until: float | None = None  # the node is unreachable: retry until then
         while True:
             try:
@@ -318,20 +338,18 @@ class FLClient:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
-                if retries >= BUSY_RETRIES or busy + wait > busy_wait:
+                if not busy.allows(wait):
                     raise
-                retries += 1
                 log.warning(
                     "%s: upload of round %d refused for now (%s); retry %d of %d in %.0f s",
                     self.client_id,
                     round,
                     exc.reason[:200],
-                    retries,
+                    busy.retries + 1,
                     BUSY_RETRIES,
                     wait,
                 )
-                time.sleep(wait)
-                busy += wait
+                busy.wait(wait)
         body = resp.json()
         log.debug("%s uploaded round %d (%d bytes)", self.client_id, round, len(data))
         return UploadReceipt(
