@@ -3,9 +3,11 @@
      Call with (dict "ctx" $ "name" "request-tracker" "c" .Values.requestTracker
                      "prefix" "FEDFAAS_TRACKER_" "env" (list (dict "name" "X" "value" "y"))
                      "files" (dict "redis" "request-tracker" "tokens" (list "admin-token"))
-                     "serviceAccount" ""); "files" as fedfaas.secretFiles takes them. The
-     component's settings class reads <prefix>HOST and <prefix>PORT, and `env` gives it the
-     paths of its files. */}}
+                     "serviceAccount" "" "clientCerts" "optional"); "files" as
+     fedfaas.secretFiles takes them. The component's settings class reads <prefix>HOST and
+     <prefix>PORT, and `env` gives it the paths of its files; with tls.enabled it serves HTTPS
+     from its Secret "<tls prefix>-<name>" (_tls.tpl), asking clients for certificates as
+     "clientCerts" says. */}}
 {{- define "fedfaas.component" -}}
 {{- $ctx := .ctx -}}
 {{- $fullname := include "fedfaas.fullname" $ctx -}}
@@ -52,6 +54,10 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- if $ctx.Values.tls.enabled }}
+      initContainers:
+        {{- include "fedfaas.tlsInit" (dict "ctx" $ctx "uid" 12000) | nindent 8 }}
+      {{- end }}
       containers:
         - name: {{ .name }}
           image: {{ include "fedfaas.image" (dict "ctx" $ctx "image" $ctx.Values.image) }}
@@ -68,33 +74,32 @@ spec:
             {{- with .env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+            {{- if $ctx.Values.tls.enabled }}
+            {{- include "fedfaas.tlsEnv" (dict "prefix" .prefix "clientCerts" .clientCerts) | nindent 12 }}
+            {{- end }}
             {{- with .c.env }}
             {{- include "fedfaas.extraEnv" . | trim | nindent 12 }}
             {{- end }}
           ports:
             - name: http
               containerPort: {{ .c.port }}
-          readinessProbe:
-            httpGet:
-              path: /healthz
-              port: http
-            periodSeconds: 5
-          livenessProbe:
-            httpGet:
-              path: /healthz
-              port: http
-            periodSeconds: 10
-            failureThreshold: 6
+          {{- include "fedfaas.probes" (dict "ctx" $ctx "clientCerts" .clientCerts) | nindent 10 }}
           securityContext:
             {{- include "fedfaas.restrictedContainer" $ctx | nindent 12 }}
           resources:
             {{- toYaml .c.resources | nindent 12 }}
           volumeMounts:
             {{- include "fedfaas.secretsMount" $ctx | nindent 12 }}
+            {{- if $ctx.Values.tls.enabled }}
+            {{- include "fedfaas.tlsMount" $ctx | nindent 12 }}
+            {{- end }}
             - name: tmp
               mountPath: /tmp
       volumes:
         {{- include "fedfaas.secretsVolume" (merge (dict "ctx" $ctx) .files) | nindent 8 }}
+        {{- if $ctx.Values.tls.enabled }}
+        {{- include "fedfaas.tlsVolumes" (dict "ctx" $ctx "part" .name) | nindent 8 }}
+        {{- end }}
         - name: tmp
           emptyDir: {}
       {{- include "fedfaas.placement" (dict "ctx" $ctx "c" .c) | nindent 6 }}
