@@ -27,7 +27,7 @@ from core.discovery import Discovery
 from core.objstore import check_root
 from core.objstore.handoff import HandoffServer
 from core.objstore.root import private_dir
-from gateway import auth, control, creation, flstore, membership, recovery, round_io
+from gateway import auth, callers, control, creation, flstore, membership, recovery, round_io
 from gateway.api import build_app
 from gateway.asgi import AsgiExchange
 from gateway.background import Background, JournalRetry
@@ -76,6 +76,11 @@ class Gateway:
         self.journal: Journal
         self.router: bpf.RouterServer
         tls = settings.tls()
+        #: over TLS the internal routes need a platform client certificate too
+        #: (:mod:`gateway.callers`); without a CA, or with ``tls_client_certs="none"``, the
+        #: server asks for none
+        self.internal_certs = tls is not None and tls.ca is not None and tls.client_certs != "none"
+        self.internal_names = callers.parse_names(settings.tls_internal_names)
         self.http = HttpServer(
             self.route, settings.read_timeout, tls.server_context() if tls else None
         )
@@ -137,6 +142,12 @@ class Gateway:
         await self._load_jobs()
         recovery.sweep_deleted_jobs(self)
         self.port = await self.http.start(s.host, s.port)
+        if s.tls_cert_file is not None and not self.internal_certs:
+            log.warning(
+                "no tls_ca_file or tls_client_certs=none: this gateway asks for no client "
+                "certificate, so its internal routes (gateway.callers) are authorized by the "
+                "admin secret alone"
+            )
         self.background.spawn(self._housekeeping(), "housekeeping")
         if self.discovery is not None:
             watch = self.discovery.watch(s.discovery_interval, self._found_peers, self._stop)
@@ -218,6 +229,8 @@ class Gateway:
         self.discovered = found
 
     def route(self, req: Request) -> Exchange:
+        if self.internal_certs:  # before any other check: 403 without a platform certificate
+            callers.require_platform_certificate(req, self.internal_names)
         if req.method == "POST":
             m = UPLOAD.match(req.path)
             if m:

@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gateway.errors import GatewayError
 
@@ -47,6 +47,11 @@ class Request:
     content_length: int | None
     keep_alive: bool
     peer: tuple[str, int] | None = None
+    #: the request came over TLS (the connection's, set by :mod:`gateway.http`)
+    tls: bool = False
+    #: the client certificate presented on the connection, as the platform's CA verified it in
+    #: the handshake (:meth:`ssl.SSLSocket.getpeercert`'s dict); ``None``: none presented
+    client_cert: dict[str, Any] | None = None
 
     def header(self, name: str) -> str | None:
         for k, v in self.headers:

@@ -21,7 +21,9 @@ same way: never by closing the connection without an answer.
 With an :class:`ssl.SSLContext` (the gateway's ``tls_*`` settings) the port is TLS only
 (:class:`core.tls_front.TlsFront`): the event loop's TLS layer decrypts into the same
 destination spans (not one copy then: the record layer's buffers and the decryption add
-theirs); a plain-HTTP request is answered 400 ``tls_required``.
+theirs); a plain-HTTP request is answered 400 ``tls_required``. Each request carries its
+connection's client certificate, as the CA verified it in the handshake (``Request.client_cert``;
+the gateway's internal routes need one, :mod:`gateway.callers`).
 
 Supported: HTTP/1.0 and 1.1, keep-alive, ``Content-Length`` bodies, ``Expect: 100-continue``.
 Refused with a clear status: chunked request bodies (411), heads over 16 KiB (431).
@@ -34,6 +36,7 @@ import contextlib
 import logging
 import ssl
 import time
+from typing import Any
 
 from core.tls_front import TlsFront
 from gateway.errors import GatewayError
@@ -65,6 +68,8 @@ class _Conn(asyncio.BufferedProtocol):
         self.close_after = False
         self.task: asyncio.Task[None] | None = None
         self.peer: tuple[str, int] | None = None
+        self.tls = False
+        self.client_cert: dict[str, Any] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._paused = False
         self.pending = b""  # bytes after the head that an on-demand exchange has not read yet
@@ -78,6 +83,10 @@ class _Conn(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport subclass
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+        # over TLS the handshake is done here; a client certificate is one the CA verified
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        cert = transport.get_extra_info("peercert") if self.tls else None
+        self.client_cert = cert if isinstance(cert, dict) and cert else None
         self.server.conns.add(self)
         self.last_rx = time.monotonic()
 
@@ -197,6 +206,7 @@ class _Conn(asyncio.BufferedProtocol):
         except GatewayError as exc:
             self._respond(Response.error(exc), close=True)
             return
+        req.tls, req.client_cert = self.tls, self.client_cert
         self.req = req
         self.close_after = not req.keep_alive
         self.continued = False

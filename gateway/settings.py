@@ -109,7 +109,15 @@ class GatewaySettings(CommandLineSettings, TlsSettings):
     tls_ca_file : the platform's CA: a client certificate must be one it signed (the handshake
         fails otherwise), and the peers' certificates are verified against it.
     tls_client_certs : ``"optional"`` (clients of the SDK present none; one that presents a
-        certificate must present a good one), ``"required"`` (mTLS only) or ``"none"``.
+        certificate must present a good one), ``"required"`` (mTLS only) or ``"none"``. With a
+        CA and unless ``"none"`` (else the gateway logs a warning at start), the internal routes (those only the platform's parts call: partials from
+        peers, the control plane's plan, close, adopt, unmask and deletions;
+        :mod:`gateway.callers`) answer 403 ``client_certificate_required`` to a request whose
+        connection presented no client certificate, whatever its bearer token.
+    tls_internal_names : comma-separated names of the parts whose client certificates the
+        internal routes take (a certificate's common name or a DNS name of its subject
+        alternative names, e.g. ``control-plane,gateway-node0,gateway-node1``); empty: any
+        certificate the platform's CA signed.
     round_times_kept : rounds whose times (first byte, result, publication) a job keeps for its
         status; older ones are dropped, so a job's memory does not grow with its rounds.
     """
@@ -164,6 +172,7 @@ class GatewaySettings(CommandLineSettings, TlsSettings):
         "tls_key_file": "--tls-key-file",
         "tls_ca_file": "--tls-ca-file",
         "tls_client_certs": "--tls-client-certs",
+        "tls_internal_names": "--tls-internal-names",
     }
 
     node: str = "node0"
@@ -208,6 +217,7 @@ class GatewaySettings(CommandLineSettings, TlsSettings):
     encode_threads: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
     retry_max_s: float = Field(default=5.0, gt=0)
     round_times_kept: int = Field(default=16, ge=1)
+    tls_internal_names: str = ""
 
     @field_validator("peers_service")
     @classmethod
