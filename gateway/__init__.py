@@ -61,6 +61,11 @@ has a new salt, and the tokens of the one before are refused.
   ``round_closed``); with the counts (nodes left out count 0, e.g. a dead one), or when the
   round takes updates on this node only, lower the goals to what arrived so the round
   aggregates exactly those. 409 ``plan_conflict`` when this node's count differs.
+- Over TLS (with a CA, ``tls_client_certs`` not ``none``), the routes only the platform's parts
+  call (partials, plan, close, adopt, unmask, ``DELETE`` of a job or of a client; the map is in
+  :mod:`gateway.callers`) also need a client certificate the CA signed on the connection
+  (``tls_internal_names``: one naming a part listed): 403 ``client_certificate_required``
+  otherwise, whatever the bearer token, answered before the body is read.
 - Request bodies: none is read before its request is authenticated and routed (a refusal is
   answered from the head alone, even with ``Expect: 100-continue``); JSON bodies are bounded
   by ``max_json_body`` (413 ``body_too_large``); the initial weights stream into shared memory;
