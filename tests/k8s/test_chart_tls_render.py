@@ -1,4 +1,4 @@
-"""The chart's TLS values as ``helm template`` renders them (values ``tls``, templates/_tls.tpl,
+"""The chart's TLS values as ``helm template`` renders them (values ``tls``, templates/_helpers.tpl,
 templates/tls-certificates.yaml): what each TLS part's pod gets, that TLS is off by default,
 cert-manager's Certificates, and the schema's refusals. On a real node and API server:
 test_chart_on_node.py (TLS from Secrets) and test_chart_on_apiserver.py (cert-manager's CRDs).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,27 +16,32 @@ from typing import Any
 import pytest
 import yaml
 
+from cache_engine.settings import EngineSettings
+from control_plane.settings import ControlPlaneSettings
+from core.cmdline import CommandLineSettings
 from core.services import find_binary
 from core.tls import TlsError, TlsFiles, mint_ca, mint_cert
+from gateway.settings import GatewaySettings
+from request_tracker.settings import TrackerSettings
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fedfaas"
 HELM = find_binary("helm")
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm not installed: `make helm` builds it")
 
-#: part -> (workload name, env prefix, the value of its client certificates)
-PARTS = {
-    "node-gateway": ("fedfaas-node-gateway", "FEDFAAS_GATEWAY_", "optional"),
-    "control-plane": ("fedfaas-control-plane", "FEDFAAS_CONTROL_", "optional"),
-    "cache-engine": ("fedfaas-cache-engine", "FEDFAAS_ENGINE_", "required"),
-    "request-tracker": ("fedfaas-request-tracker", "FEDFAAS_TRACKER_", "optional"),
+#: part -> (workload name, its settings class, the value of its client certificates)
+PARTS: dict[str, tuple[str, type[CommandLineSettings], str]] = {
+    "node-gateway": ("fedfaas-node-gateway", GatewaySettings, "optional"),
+    "control-plane": ("fedfaas-control-plane", ControlPlaneSettings, "optional"),
+    "cache-engine": ("fedfaas-cache-engine", EngineSettings, "required"),
+    "request-tracker": ("fedfaas-request-tracker", TrackerSettings, "optional"),
 }
 TLS = ["--set", "tls.enabled=true"]
 
 
-def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+def _helm(*args: str, chart: Path = CHART) -> subprocess.CompletedProcess[str]:
     assert HELM is not None
     return subprocess.run(
-        [HELM, "template", "fedfaas", str(CHART), "--namespace", "openfaas", *args],
+        [HELM, "template", "fedfaas", str(chart), "--namespace", "openfaas", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -64,25 +70,27 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def test_tls_is_off_by_default_and_nothing_of_it_is_rendered() -> None:
     docs = _render()
     assert not [d for d in docs if d["kind"] == "Certificate"]
-    for name, prefix, _ in PARTS.values():
+    for name, _, _ in PARTS.values():
         spec = _workload(docs, name)["spec"]["template"]["spec"]
         assert "tls-files" not in [c["name"] for c in spec.get("initContainers", [])]
-        assert not [k for k in _env(spec["containers"][0]) if k.startswith(f"{prefix}TLS_")]
+        assert not [a for a in spec["containers"][0]["args"] if a.startswith("--tls")]
+        assert not [k for k in _env(spec["containers"][0]) if "TLS" in k]
         assert "scheme" not in spec["containers"][0]["readinessProbe"]["httpGet"]
 
 
 def test_each_tls_part_serves_https_from_its_secret_copied_to_a_0600_key() -> None:
     docs = _render(*TLS, "--set", "tls.secretName=ops-tls")
-    for part, (name, prefix, client_certs) in PARTS.items():
+    for part, (name, settings, client_certs) in PARTS.items():
         spec = _workload(docs, name)["spec"]["template"]["spec"]
         container = spec["containers"][0]
-        env = _env(container)
-        assert {k: env[f"{prefix}TLS_{k}"] for k in ("CERT_FILE", "KEY_FILE", "CA_FILE")} == {
-            "CERT_FILE": "/var/tls/tls.crt",
-            "KEY_FILE": "/var/tls/tls.key",
-            "CA_FILE": "/var/tls/ca.crt",
+        # the part's own command line parser reads them as its TLS settings
+        parsed, _ = settings.from_argv(container["args"])
+        assert parsed.model_dump(include={"tls_cert_file", "tls_key_file", "tls_ca_file"}) == {
+            "tls_cert_file": Path("/var/tls/tls.crt"),
+            "tls_key_file": Path("/var/tls/tls.key"),
+            "tls_ca_file": Path("/var/tls/ca.crt"),
         }
-        assert env[f"{prefix}TLS_CLIENT_CERTS"] == client_certs
+        assert parsed.model_dump()["tls_client_certs"] == client_certs
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert volumes["tls-secret"]["secret"]["secretName"] == f"ops-tls-{part}"
         assert volumes["tls-secret"]["secret"]["defaultMode"] == 0o440
@@ -185,3 +193,30 @@ def test_with_cert_manager_each_part_gets_a_certificate_for_its_names() -> None:
 def test_the_schema_refuses_bad_tls_values(bad: str) -> None:
     res = _helm(*TLS, "--set", bad)
     assert res.returncode != 0 and "values don't meet the specifications" in res.stderr, res.stderr
+
+
+def _notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as helm renders it after an install (``helm template`` leaves it out, so a
+    copy of the chart renders it into a ConfigMap)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_test.tpl").write_text(
+        '{{- define "test.notes" -}}\n' + notes + "\n{{- end -}}\n"
+    )
+    (chart / "templates" / "notes-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        '  notes: {{ include "test.notes" . | quote }}\n'
+    )
+    res = _helm(*args, "--show-only", "templates/notes-test.yaml", chart=chart)
+    assert res.returncode == 0, res.stderr
+    return str(yaml.safe_load(res.stdout)["data"]["notes"])
+
+
+def test_the_notes_say_whether_tls_is_on_and_where_its_files_come_from(tmp_path: Path) -> None:
+    off = " ".join(_notes(tmp_path / "off").split())
+    assert "TLS: off. Every FedFaaS part speaks plain HTTP" in off
+    assert "--set tls.enabled=true and the Secrets fedfaas-tls-<part>" in off
+    on = " ".join(_notes(tmp_path / "on", *TLS, "--set", "tls.secretName=ops").split())
+    assert "TLS: on." in on and "from the Secrets ops-<part> (tls.crt, tls.key, ca.crt)" in on
+    assert "https://fedfaas-control-plane.openfaas.svc:8070" in on

@@ -6,7 +6,7 @@
                      "serviceAccount" "" "clientCerts" "optional"); "files" as
      fedfaas.secretFiles takes them. The component's settings class reads <prefix>HOST and
      <prefix>PORT, and `env` gives it the paths of its files; with tls.enabled it serves HTTPS
-     from its Secret "<tls prefix>-<name>" (_tls.tpl), asking clients for certificates as
+     from its Secret "<tls prefix>-<name>" (_helpers.tpl, TLS), asking clients for certificates as
      "clientCerts" says. */}}
 {{- define "fedfaas.component" -}}
 {{- $ctx := .ctx -}}
@@ -66,6 +66,9 @@ spec:
             {{- toYaml .c.command | nindent 12 }}
           args:
             {{- include "fedfaas.logArgs" $ctx | nindent 12 }}
+            {{- if $ctx.Values.tls.enabled }}
+            {{- include "fedfaas.tlsArgs" (dict "clientCerts" .clientCerts) | nindent 12 }}
+            {{- end }}
           env:
             - name: {{ .prefix }}HOST
               value: "0.0.0.0"
@@ -74,9 +77,7 @@ spec:
             {{- with .env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-            {{- if $ctx.Values.tls.enabled }}
-            {{- include "fedfaas.tlsEnv" (dict "prefix" .prefix "clientCerts" .clientCerts) | nindent 12 }}
-            {{- end }}
+
             {{- with .c.env }}
             {{- include "fedfaas.extraEnv" . | trim | nindent 12 }}
             {{- end }}
