@@ -9,8 +9,11 @@ A run of some faults (``--faults``) merges its rows into the stored results: the
 are replaced, every other row is kept with the record of the run that made it, and the table
 names each row's commit (:func:`bench.fault_table.merge_results`).
 
-Each fault gets a fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`, the
-demo's own platform, supervisor included) and ``--runs`` jobs on it. A job: ``CLIENTS``
+Each fault gets a fresh ``fedfaas up --with all --no-tls`` (:func:`fedfaas.demo.stack.platform`,
+the demo's own platform, supervisor included) and ``--runs`` jobs on it. Plain HTTP, not ``up``'s
+default TLS: the campaign's harness (:mod:`bench.fault_platform`, :mod:`bench.fault_kinds`,
+:mod:`bench.fault_checks`) calls the parts over ``http://`` without the platform's CA; the
+faults it injects are the same either way. A job: ``CLIENTS``
 clients on both node gateways, ``ROUNDS`` rounds, every client uploading each round through
 the SDK (:class:`client.sdk.FLClient`, ``UPLOADERS`` at a time) an update of ResNet-18's
 layout (44.8 MB; FLStore's faults, whose queries load every update, use 257 KiB). The fault
@@ -423,7 +426,7 @@ def run_fault(
             except NotRunnable as exc:
                 return {**out, "not_run": str(exc), "jobs": [], "leftovers": {}}
         es.enter_context(_environment(fault.env))
-        with platform(state_dir, ports=_any_ports(), shm_dir=shm) as p:
+        with platform(state_dir, ports=_any_ports(), shm_dir=shm, tls=False) as p:
             c = Campaign(p, np.random.default_rng(seed), minio_outage_s)
             for i in range(runs):
                 run = run_job(c, fault, f"{fault.name}-{i}")

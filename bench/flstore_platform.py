@@ -1,11 +1,12 @@
 """bench-flstore's big rounds on ``fedfaas up --with all`` (issue 36).
 
 :class:`UpWithAll` starts the one-machine platform as a user does (``python -m fedfaas.cli up
---with all``: MinIO, Redis, the runtime, both node gateways, the cache engine, the request
-tracker and the control plane), each part on a free port, and stops it with ``fedfaas down``
+--with all --no-tls``: MinIO, Redis, the runtime, both node gateways, the cache engine, the
+request tracker and the control plane), each part on a free port, and stops it with ``fedfaas down``
 (which also removes its data). The bench's settings reach the cache engine and the request
 tracker through their environment variables (``FEDFAAS_ENGINE_*``, ``FEDFAAS_TRACKER_*``), as a
-user would set them. It offers what the big-round section uses of
+user would set them. Plain HTTP, not ``up``'s default TLS: the section compares FLStore with the
+ObjStore-Agg and Cache-Agg baselines, whose servers speak plain HTTP, so no side pays for TLS. It offers what the big-round section uses of
 :class:`bench.harness.flstore_stack.FLStoreStack` (the engine's and the tracker's addresses, the
 admin and function credentials, ``ingest``, ``wait_idle``), and the platform's MinIO.
 """
@@ -83,9 +84,9 @@ class UpWithAll(FLStoreStack):
         return env
 
     def start(self, timeout: float = 600.0) -> UpWithAll:
-        """``fedfaas up --with all``; stopped again (``down``) if it fails."""
+        """``fedfaas up --with all --no-tls``; stopped again (``down``) if it fails."""
         try:
-            _run_cli(self.workdir, ["up", "--with", "all"], self._env(), timeout)
+            _run_cli(self.workdir, ["up", "--with", "all", "--no-tls"], self._env(), timeout)
             st = state.load(self.workdir)
             if st is None:
                 raise RuntimeError(f"fedfaas up wrote no state in {self.workdir}")

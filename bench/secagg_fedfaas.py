@@ -2,7 +2,7 @@
 
 :func:`fedfaas_secagg_round` starts the one-machine platform as a user does (MinIO, Redis, the
 runtime and its aggregator functions, both node gateways, the control plane; every part on a
-free port, plain HTTP as Flower's side is ``--insecure``) born in the round's server cgroup,
+free port, plain HTTP, ``fedfaas up --no-tls``, as Flower's side is ``--insecure``) born in the round's server cgroup,
 creates a job of one round with secure aggregation (:func:`client.sdk.submit_job`), and starts
 one client process per client (``python -m bench.secagg_fedfaas SPEC``, born in the clients'
 cgroup). Each client runs the SDK's participant (:class:`client.secure.SecureRound`): before
@@ -131,7 +131,6 @@ def _platform_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "OPENFAAS_URL"}
     env["FEDFAAS_PORTS"] = json.dumps(dict.fromkeys(PORTS, 0))
     env.update({f"FEDFAAS_{k.upper()}": "0" for k in CORE_PORTS})
-    env["FEDFAAS_TLS"] = "0"
     return env
 
 
@@ -167,7 +166,7 @@ def fedfaas_secagg_round(
         procs: list[subprocess.Popen[bytes]] = []
         try:
             with born_in(groups.server if groups is not None else None):
-                _cli(state_dir, ["up", "--with", "control-plane"], env, 600)
+                _cli(state_dir, ["up", "--with", "control-plane", "--no-tls"], env, 600)
             st = state.load(state_dir)
             assert st is not None
             ports: dict[str, int] = {}

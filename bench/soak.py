@@ -3,7 +3,9 @@
     make soak                                    # 10 minutes, a non-root gateway killed at 5
     python -m bench.soak --duration 120 --fault replica
 
-A fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`), one job with a round
+A fresh ``fedfaas up --with all --no-tls`` (:func:`fedfaas.demo.stack.platform`; plain HTTP, not
+``up``'s default TLS: locust's clients, ``loadtests/platform.py``, call the parts over
+``http://`` without the platform's CA), one job with a round
 per ``TRAINERS`` updates and as many rounds as the time allows (``--max-rounds`` bounds the
 count), and locust (``loadtests/platform.py``, headless, one process, loopback only) for
 ``--duration`` seconds: ``TRAINERS`` FL clients uploading every round through the control
@@ -329,7 +331,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         ports = dict.fromkeys(
             ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
         )
-        with platform(work / "state", ports=ports) as p:
+        with platform(work / "state", ports=ports, tls=False) as p:
             c = Campaign(p, np.random.default_rng(args.seed))
             tokens = create_job(c, args.max_rounds, args.deadline_s)
             t0 = time.time()

@@ -31,6 +31,7 @@ from client.errors import (
 )
 from client.model import MODELS, bytes_to_state_dict, load_bytes_into, state_dict_to_bytes
 from client.node import FLClient
+from client.tls import CaFile, verify_for
 from client.train import TrainConfig, evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,12 @@ class ControlPlaneAssignment:
         job: str,
         credential: str | Mapping[str, str],
         timeout: float = 10.0,
+        ca_file: CaFile = None,
     ) -> None:
         self.base = control_plane_url.rstrip("/")
         self.job = job
         self.timeout = timeout
+        self._verify = verify_for(ca_file)
         self._credential = credential
         self._client: str | None = None
 
@@ -92,7 +95,11 @@ class ControlPlaneAssignment:
 
         try:
             r = httpx.get(
-                f"{self.base}{path}", params=params, headers=headers, timeout=self.timeout
+                f"{self.base}{path}",
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
+                verify=self._verify,
             )
         except httpx.TransportError as exc:
             raise unreachable(f"{self.base}{path}", exc, "GET") from exc
@@ -132,14 +139,15 @@ def control_plane_assignment(
     job: str,
     credential: str | Mapping[str, str],
     timeout: float = 10.0,
+    ca_file: CaFile = None,
 ) -> ControlPlaneAssignment:
     """Client -> gateway URL from the control plane (see :class:`ControlPlaneAssignment`).
 
     ``credential`` is the control plane's admin token (the gateways' admin secret) or the
     clients' tokens (client id -> its token, from the job's creation answer): each client then
-    asks with its own.
+    asks with its own. ``ca_file``: the platform's CA, to verify an ``https`` control plane.
     """
-    return ControlPlaneAssignment(control_plane_url, job, credential, timeout)
+    return ControlPlaneAssignment(control_plane_url, job, credential, timeout, ca_file)
 
 
 #: What a malicious client of :class:`SimulatorConfig` does: ``"sign-flip"`` uploads
@@ -169,6 +177,9 @@ class SimulatorConfig:
     #: client id -> how many times slower it is than it trains here: after its local
     #: training it waits ``(factor - 1)`` times the training's duration (a slow device)
     slow: Mapping[str, float] = field(default_factory=dict)
+    #: the platform's CA certificate, to verify ``https`` gateways (``fedfaas up``:
+    #: ``.state/secrets/tls/ca.crt``); None trusts the system's CAs
+    ca_file: CaFile = None
 
 
 @dataclass(frozen=True)
@@ -267,7 +278,9 @@ class Simulator:
         if self.gateway_of.get(cid) != url:
             if cid in self.clients:
                 self.clients[cid].close()
-            self.clients[cid] = FLClient(url, self.job, cid, self._tokens[cid])
+            self.clients[cid] = FLClient(
+                url, self.job, cid, self._tokens[cid], ca_file=self.config.ca_file
+            )
             self.gateway_of[cid] = url
         return self.clients[cid]
 
@@ -427,7 +440,9 @@ class Simulator:
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
         cid, url = next(iter(self.gateway_of.items()))
-        monitor = FLClient(url, self.job, cid, self._tokens[cid])  # clients may move: its own
+        monitor = FLClient(
+            url, self.job, cid, self._tokens[cid], ca_file=self.config.ca_file
+        )  # clients may move: its own
         first = monitor.status()
         start = int(first["version"])
         last = min(int(first.get("rounds", start + self.config.rounds)), start + self.config.rounds)

@@ -149,12 +149,13 @@ def register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument(
         "--tls",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="serve HTTPS on the runtime, the node gateways, the cache engine, the request "
         "tracker, the control plane and the console, with a CA and per-part certificates "
         "minted into the state's secrets/tls (the parts call each other over mTLS; the SDK "
-        "takes ca_file=secrets/tls/ca.crt; default: $FEDFAAS_TLS or off)",
+        "takes ca_file=secrets/tls/ca.crt); --no-tls serves plain HTTP (default: $FEDFAAS_TLS "
+        "or on)",
     )
     p.set_defaults(handler=run_up)
 
@@ -392,9 +393,10 @@ def register_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         type=_existing_file,
         default=None,
         metavar="FILE",
-        help="verify an https gateway against this CA (`fedfaas up --tls`: "
-        "<state>/secrets/tls/ca.crt); default: the system's CAs",
+        help="verify an https gateway against this CA (default: the CA of the platform in "
+        "--state-dir, <state>/secrets/tls/ca.crt, when it has one, else the system's CAs)",
     )
+    _add_state_dir(p)
     p.set_defaults(handler=run_calibrate)
 
 
@@ -408,6 +410,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from control_plane.errors import ControlPlaneError
     from core.wire import encode_tensors
 
+    ca_file = args.ca_file
+    if ca_file is None:  # the local platform's CA (fedfaas up serves TLS by default)
+        platform_ca = _settings(args).state_dir / "secrets" / "tls" / "ca.crt"
+        ca_file = platform_ca if platform_ca.is_file() else None
     rng = np.random.default_rng(0)
     initial = encode_tensors({"w": np.zeros(args.params, dtype=np.float32)})
     update = encode_tensors({"w": rng.standard_normal(args.params, dtype=np.float32)})
@@ -423,7 +429,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                 args.repeats,
                 "calibrate",
                 120.0,
-                args.ca_file,
+                ca_file,
             )
         )
     except (ControlPlaneError, httpx.HTTPError) as exc:

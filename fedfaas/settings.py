@@ -58,8 +58,9 @@ class PlatformSettings(BaseSettings):
         size=2g tmpfs DIR``) caps the memory the platform's updates may take.
     tls
         Serve HTTPS on the runtime, the node gateways, the cache engine, the request tracker,
-        the control plane and the console, with a CA and certificates ``up`` mints
-        (``FEDFAAS_TLS``; ``fedfaas up --tls``); the parts call each other over mTLS.
+        the control plane and the console, with a CA and certificates ``up`` mints; the parts
+        call each other over mTLS. On by default: ``fedfaas up --no-tls`` or
+        ``FEDFAAS_TLS=false`` serves plain HTTP (this field is the one place that decides).
 
     Binaries (``minio``, ``redis-server``) are found on PATH or in ``$FEDFAAS_CACHE/bin``
     (see :func:`core.services.find_binary`).
@@ -80,7 +81,7 @@ class PlatformSettings(BaseSettings):
     stop_timeout: float = 40.0
     functions_timeout: float = 60.0
     shm_dir: Path = Path("/dev/shm")
-    tls: bool = False
+    tls: bool = True
 
     def port_setting(self, part: str) -> int | None:
         """The configured port of ``part`` (``None`` when unset).

@@ -42,6 +42,10 @@ class PrometheusServer(Server):
     #: the file holding that token; Prometheus reads it at each scrape, so it may appear
     #: after the start (the first node gateway writes the admin secret)
     bearer_file: Path | None = None
+    #: ``(ca_file, cert_file, key_file)`` when the bearer targets serve HTTPS: they are then
+    #: scraped over https, verified against the CA, presenting the certificate (files the
+    #: ``prometheus`` process must be able to read)
+    bearer_tls: tuple[Path, Path, Path] | None = None
 
     @property
     def url(self) -> str:
@@ -54,7 +58,7 @@ class PrometheusServer(Server):
     def prepare(self) -> None:
         """Write ``prometheus.yml``: job ``fedfaas`` over :attr:`targets` and, when there are
         any, job ``fedfaas-bearer`` over :attr:`bearer_targets` with the token of
-        :attr:`bearer_file`."""
+        :attr:`bearer_file` (over https with :attr:`bearer_tls`)."""
         import json
 
         if self.bearer_targets and self.bearer_file is None:
@@ -79,6 +83,15 @@ class PrometheusServer(Server):
                 "      type: Bearer",
                 f"      credentials_file: {json.dumps(str(self.bearer_file))}",
             ]
+            if self.bearer_tls is not None:
+                ca, cert, key = (json.dumps(str(f)) for f in self.bearer_tls)
+                lines += [
+                    "    scheme: https",
+                    "    tls_config:",
+                    f"      ca_file: {ca}",
+                    f"      cert_file: {cert}",
+                    f"      key_file: {key}",
+                ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def command(self) -> list[str]:

@@ -11,17 +11,32 @@ from client.sdk import flstore_query
 
 
 def three_questions(
-    tracker_url: str, job: str, last_round: int, select: int, planted: str | None, token: str
+    tracker_url: str,
+    job: str,
+    last_round: int,
+    select: int,
+    planted: str | None,
+    token: str,
+    ca_file: str | None = None,
 ) -> dict[str, Any]:
     """Ask who is malicious (Multi-Krum and cosine to the aggregate on ``last_round``), each
     client's contribution (GTG-Shapley on ``last_round``) and which ``select`` clients to pick
     for the next round (Oort over the rounds' client metadata, among the clients not flagged).
-    ``token`` is the tracker's analyst token. Returns the answers by name."""
+    ``token`` is the tracker's analyst token, ``ca_file`` the platform's CA (an https
+    tracker). Returns the answers by name."""
     out: dict[str, Any] = {}
     krum = flstore_query(
-        tracker_url, "multi-krum", job, rounds=[last_round], params={"f": 1}, token=token
+        tracker_url,
+        "multi-krum",
+        job,
+        rounds=[last_round],
+        params={"f": 1},
+        token=token,
+        ca_file=ca_file,
     )
-    cos = flstore_query(tracker_url, "cosine-to-aggregate", job, rounds=[last_round], token=token)
+    cos = flstore_query(
+        tracker_url, "cosine-to-aggregate", job, rounds=[last_round], token=token, ca_file=ca_file
+    )
     flagged = list(krum["result"]["flagged"])
     out["malicious"] = {
         "round": last_round,
@@ -42,6 +57,7 @@ def three_questions(
         rounds=[last_round],
         params={"method": "gtg", "max_permutations": 200},
         token=token,
+        ca_file=ca_file,
     )
     values: dict[str, float] = shap["result"]["values"]
     out["shapley"] = {
@@ -60,7 +76,7 @@ def three_questions(
     params: dict[str, Any] = {"round": last_round + 1, "k": select}
     if len(candidates) >= select:
         params["candidates"] = candidates
-    oort = flstore_query(tracker_url, "oort", job, params=params, token=token)
+    oort = flstore_query(tracker_url, "oort", job, params=params, token=token, ca_file=ca_file)
     out["oort"] = {
         "round": last_round + 1,
         "k": select,

@@ -56,10 +56,11 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         clients=ids,
         admin_token=p.admin_secret(),
         evaluator=EVALUATOR,
+        ca_file=p.ca_file,
         **mode,
     )
     tokens: dict[str, str] = created["tokens"]  # the job's salt is in them: good for it only
-    assign = control_plane_assignment(cp, cfg.job, tokens)
+    assign = control_plane_assignment(cp, cfg.job, tokens, ca_file=p.ca_file)
     for c in ids:
         url = assign(c)
         result.placement[url] = result.placement.get(url, 0) + 1
@@ -115,6 +116,7 @@ def _train(cfg: DemoConfig, p: Running, result: DemoResult) -> None:
         model=cfg.model,
         malicious=malicious,
         slow=cfg.slow_clients(ids),
+        ca_file=p.ca_file,
     )
     try:
         # Log lines go through tqdm.write so they do not tear the live bars apart.
@@ -223,6 +225,7 @@ def run(state_dir: Path, config: DemoConfig | None = None) -> int:
                 cfg.select,
                 cfg.malicious,
                 p.analyst_token(),
+                p.ca_file,
             )
             t = _phase(result, "flstore_s", t)
             result.seconds = t - t_start

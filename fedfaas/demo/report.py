@@ -133,6 +133,10 @@ def report(cfg: DemoConfig, result: DemoResult, out: Path) -> None:
         f"{out / 'platform' / 'secrets' / 'gateway-admin-secret'} (admin) or analyst-token "
         f"beside it ({when})"
     )
+    if result.urls.get("console", "").startswith("https://"):
+        say(
+            f"  (HTTPS: import the platform's CA, {out / 'platform' / 'secrets' / 'tls' / 'ca.crt'}, in the browser)"
+        )
     t = result.timings
     say(
         "timings: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from fedfaas.platform import Platform, credentials, state
+from fedfaas.platform.context import Context
 from fedfaas.settings import load_settings
 
 log = logging.getLogger(__name__)
@@ -23,16 +25,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class Running:
-    """A running platform: its parts' URLs and the secrets the demo needs."""
+    """A running platform: its parts' URLs and the secrets the demo needs. ``verify`` is how
+    the demo's own calls check the parts (over TLS, ``fedfaas up``'s default: the platform's
+    CA, presenting ``fedfaas``'s certificate, which the function replicas require)."""
 
     state_dir: Path
-    urls: dict[str, str]  # port name (gateway, control_plane, ...) -> URL
+    urls: dict[str, str]  # port name (gateway, control_plane, ...) -> URL (https over TLS)
     host: str
     platform_id: str
+    verify: ssl.SSLContext | bool = True
+    tls: bool = False
 
     @property
     def secrets(self) -> Path:
         return self.state_dir / "secrets"
+
+    @property
+    def ca_file(self) -> str | None:
+        """The platform's CA certificate, the SDK's ``ca_file`` (None without TLS)."""
+        return str(self.secrets / "tls" / "ca.crt") if self.tls else None
 
     @property
     def gateways(self) -> dict[str, str]:
@@ -61,6 +72,7 @@ class Running:
             f"{self.urls['runtime']}/system/replicas/aggregator",
             auth=credentials.basic_auth(self.secrets),
             timeout=10,
+            verify=self.verify,
         )
         r.raise_for_status()
         return [x for x in r.json() if x.get("state") == "ready"]
@@ -69,11 +81,13 @@ class Running:
         """Aggregation tasks each live replica has run, by pid, from the replica's own status."""
         token = credentials.read(self.secrets, credentials.FUNCTION_TOKEN)
         out = {}
+        scheme = "https" if self.tls else "http"  # a TLS replica requires a certificate
         for rep in self.replicas():
             r = httpx.get(
-                f"http://{self.host}:{rep['port']}/",
+                f"{scheme}://{self.host}:{rep['port']}/",
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=10,
+                verify=self.verify,
             )
             r.raise_for_status()  # a replica's status needs the function token, as any call
             st = r.json()
@@ -85,7 +99,8 @@ class Running:
         out = {}
         for node, url in self.gateways.items():
             headers = {"Authorization": f"Bearer {self.admin_secret()}"}
-            eps = httpx.get(f"{url}/v1/router", headers=headers, timeout=10).json()["endpoints"]
+            r = httpx.get(f"{url}/v1/router", headers=headers, timeout=10, verify=self.verify)
+            eps = r.json()["endpoints"]
             out[node] = {int(e["pid"]) for e in eps if not e["local"]}
         return out
 
@@ -113,7 +128,8 @@ def platform(state_dir: Path, **overrides: Any) -> Iterator[Running]:
         p.up()
         st = state.load(state_dir)
         assert st is not None, "the platform recorded no state"
-        urls = {name: f"http://{st.host}:{port}" for name, port in st.ports.items()}
-        yield Running(state_dir, urls, st.host, st.platform_id)
+        ctx = Context.of(st)
+        urls = {name: ctx.url(name) for name in st.ports}
+        yield Running(state_dir, urls, st.host, st.platform_id, ctx.verify(), st.tls)
     finally:
         p.down()

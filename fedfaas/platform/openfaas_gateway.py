@@ -7,6 +7,10 @@ with the runtime's basic-auth files (``secret_mount_path``: the state folder's s
 the control plane then reach functions and ``/system/*`` through the gateway
 (:meth:`Context.openfaas_url`), as they would on Kubernetes.
 
+On a TLS platform (``fedfaas up``'s default) the gateway reaches the runtime over HTTPS,
+trusting the platform's CA through ``SSL_CERT_FILE``; the gateway itself serves plain HTTP (it
+has no TLS setting), and so do its metrics and the Prometheus it reads.
+
 The gateway's ports are fixed upstream: the API on :8080 and its metrics on :8082, on every
 interface (it has no listen-address setting), so ``up`` fails when either is taken. ``/system/*``
 there needs the basic-auth credentials and every function the function token; the metrics
@@ -35,8 +39,13 @@ def _gateway_argv(ctx: Context) -> list[str]:
 
 def _gateway_env(ctx: Context) -> dict[str, str]:
     """The gateway's settings (upstream's environment variables); ``basic_auth`` and
-    ``secret_mount_path`` come with :meth:`Context.env`."""
+    ``secret_mount_path`` come with :meth:`Context.env`. On a TLS platform the runtime, its
+    provider, serves HTTPS: Go trusts the CA that ``SSL_CERT_FILE`` names, so the gateway
+    verifies the runtime against the platform's CA (it presents no certificate, which the
+    runtime does not require)."""
+    tls = {"SSL_CERT_FILE": str(ctx.ca_file)} if ctx.tls else {}
     return {
+        **tls,
         "functions_provider_url": f"{ctx.url('runtime')}/",
         "scale_from_zero": "true",
         "faas_prometheus_host": ctx.host,

@@ -245,9 +245,12 @@ CONSOLE = ServiceSpec(
 def prometheus_server(ctx: Context) -> PrometheusServer:
     """The platform's Prometheus: it scrapes OpenFaaS's gateway (``--openfaas-gateway``: its
     function counts) and the node gateways (their admin secret as the bearer token, read
-    from its file at each scrape), whichever of them run."""
-    gateways = [url.removeprefix("http://") for url in gateway_nodes(ctx).values()]
+    from its file at each scrape), whichever of them run. On a TLS platform it scrapes the
+    node gateways over https, verifying them against the platform's CA and presenting
+    ``fedfaas``'s certificate (Prometheus itself serves plain HTTP, on loopback)."""
+    gateways = [url.split("://", 1)[1] for url in gateway_nodes(ctx).values()]
     openfaas = ctx.ports.get("openfaas_gateway_metrics")
+    tls = ctx.tls_dir
     return PrometheusServer(
         data_dir=ctx.data_dir("prometheus"),
         host=ctx.host,
@@ -255,6 +258,7 @@ def prometheus_server(ctx: Context) -> PrometheusServer:
         targets=[f"127.0.0.1:{openfaas}"] if openfaas else [],
         bearer_targets=gateways,
         bearer_file=admin_secret(ctx),
+        bearer_tls=(ctx.ca_file, tls / "fedfaas.crt", tls / "fedfaas.key") if ctx.tls else None,
     )
 
 

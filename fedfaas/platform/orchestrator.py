@@ -33,9 +33,6 @@ from fedfaas.settings import DEFAULT_PORTS, PlatformSettings
 
 log = logging.getLogger(__name__)
 
-#: parts that cannot run on a TLS platform: they call the others over plain HTTP
-PLAIN_ONLY = frozenset({"prometheus", *(p.name for p in openfaas_gateway_parts.PARTS)})
-
 #: passes of ``down``'s sweep for the platform's processes left once its parts are stopped
 SWEEPS = 3
 
@@ -129,12 +126,6 @@ class Platform:
                 ) from None
         self.parts = ordered(list(parts))
         self.state_dir = Path(settings.state_dir)
-        plain = [p.name for p in self.parts if p.name in PLAIN_ONLY]
-        if settings.tls and plain:
-            raise PlatformError(
-                f"--tls does not work with {', '.join(plain)} yet (it calls the parts over "
-                "plain HTTP); start the platform without it or without --tls"
-            )
 
     def _spec(self, name: str) -> ServiceSpec | None:
         """The spec of a recorded part: one of ours, else a known core or optional part."""

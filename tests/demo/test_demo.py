@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import threading
 from pathlib import Path
@@ -98,6 +99,9 @@ def test_the_demo_on_a_small_job_finds_the_sign_flipper_values_and_schedules_cli
     assert all(r["fedavg_max_rel_err"] < 1e-5 for r in report["rounds"])
     assert all(r["accepted"] == 6 for r in report["rounds"])
     assert sum(report["placement"].values()) == 6 and len(report["placement"]) == 2
+    # the platform `fedfaas up --with all` starts by default: every part over https
+    assert all(report["urls"][p].startswith("https://") for p in OPTIONAL_PORTS)
+    assert all(url.startswith("https://") for url in report["placement"])
     assert [k.split("/rounds/")[1] for k in report["checkpoint_keys"]] == [
         f"{r:06d}/global.safetensors" for r in range(4)
     ]
@@ -177,7 +181,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOLD_S = 60
 #: the line the demo prints for a person: the console's address and the admin token's file
 CONSOLE_LINE = re.compile(
-    r"operations console: (?P<url>http://\S+)  log in with the token in (?P<admin>\S+) \(admin\) "
+    r"operations console: (?P<url>https://\S+)  log in with the token in (?P<admin>\S+) \(admin\) "
     r"or analyst-token beside it \(up for (?P<hold>\d+) s more\)"
 )
 
@@ -259,8 +263,13 @@ def test_make_demo_holds_the_platform_so_a_person_can_log_in_to_the_console(
         assert printed is not None, out.tail()
         assert int(printed["hold"]) == hold
         console = printed["url"]
-        analyst = (Path(printed["admin"]).parent / "analyst-token").read_text().strip()
-        with httpx.Client(base_url=console, timeout=30) as c:
+        secrets = Path(printed["admin"]).parent
+        analyst = (secrets / "analyst-token").read_text().strip()
+        # the platform serves TLS (fedfaas up's default): the browser trusts its CA
+        ca = str(secrets / "tls" / "ca.crt")
+        assert f"import the platform's CA, {ca}, in the browser" in said, out.tail()
+        trust = ssl.create_default_context(cafile=ca)
+        with httpx.Client(base_url=console, timeout=30, verify=trust) as c:
             # what a person does: the page sends them to the login, the analyst token lets in
             assert c.get("/jobs").headers["location"] == "/login"
             assert c.post("/login", data={"token": "not-the-token"}).status_code == 401

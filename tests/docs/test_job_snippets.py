@@ -15,6 +15,7 @@ import ast
 import json
 import os
 import shlex
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,6 +67,16 @@ class Platform:
         return self.run([self.python, "-"], stdin=self.edit(heredoc(snippet(name).text), *olds))
 
     @property
+    def ca(self) -> str:
+        """The platform's CA (``fedfaas up`` serves TLS by default), as the snippets name it."""
+        return str(self.state_dir / "secrets" / "tls" / "ca.crt")
+
+    @property
+    def verify(self) -> ssl.SSLContext:
+        """httpx's ``verify`` trusting the platform's CA alone."""
+        return ssl.create_default_context(cafile=self.ca)
+
+    @property
     def analyst_token(self) -> str:
         return (self.state_dir / "secrets" / "analyst-token").read_text().strip()
 
@@ -91,14 +102,14 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     subprocess.run([*fedfaas, *up, "--state-dir", str(state_dir)], env=env, check=True, timeout=300)
     try:
         st = state.load(state_dir)
-        assert st is not None
+        assert st is not None and st.tls, "the snippets run fedfaas up's default: TLS"
 
         def at(part: str) -> str:
             return f"{st.host}:{st.ports[part]}"
 
         urls = {
-            "http://127.0.0.1:8070": f"http://{at('control_plane')}",
-            "http://127.0.0.1:8092": f"http://{at('request_tracker')}",
+            "https://127.0.0.1:8070": f"https://{at('control_plane')}",
+            "https://127.0.0.1:8092": f"https://{at('request_tracker')}",
             "localhost:8080": at("runtime"),
             "localhost:8070": at("control_plane"),
             ".state/": f"{state_dir}/",
@@ -112,7 +123,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 def sdk_job(platform: Platform) -> dict[str, str]:
     """docs/jobs.md's job, run once: what it printed."""
     out = platform.python_snippet(
-        "jobs-sdk-job", "http://127.0.0.1:8070", "http://127.0.0.1:8092", ".state/"
+        "jobs-sdk-job", "https://127.0.0.1:8070", "https://127.0.0.1:8092", ".state/"
     )
     return printed(out)
 
@@ -127,7 +138,9 @@ def test_the_jobs_page_job_runs_and_flstore_answers(sdk_job: dict[str, str]) -> 
 
 
 def test_the_readme_quick_start_runs(platform: Platform) -> None:
-    out = printed(platform.python_snippet("readme-quick-start", "http://127.0.0.1:8070", ".state/"))
+    out = printed(
+        platform.python_snippet("readme-quick-start", "https://127.0.0.1:8070", ".state/")
+    )
     assert ast.literal_eval(out["rounds"]) == [(1, "closed"), (2, "closed")]
 
 
@@ -136,7 +149,7 @@ def test_the_flstore_http_query_answers(platform: Platform, sdk_job: dict[str, s
     body = json.loads(shlex.split(curl)[-1])
     assert body["job"] == JOB
     answer = json.loads(
-        platform.run(["bash", "-c", platform.edit(curl, "http://127.0.0.1:8092", ".state/")])
+        platform.run(["bash", "-c", platform.edit(curl, "https://127.0.0.1:8092", ".state/")])
     )
     assert answer["result"]["workload"] == "multi-krum"
     assert len(answer["result"]["flagged"]) == body["params"]["f"]
@@ -148,14 +161,14 @@ def test_flstore_names_what_is_wrong_with_a_query(
 ) -> None:
     """docs/flstore.md: bad parameters get 422 naming each field, an unknown workload 404 with
     the known ones."""
-    url = platform.urls["http://127.0.0.1:8092"] + "/v1/queries?wait=true"
+    url = platform.urls["https://127.0.0.1:8092"] + "/v1/queries?wait=true"
     auth = {"Authorization": f"Bearer {platform.analyst_token}"}
     bad = {"workload": "multi-krum", "job": JOB, "rounds": [2], "params": {"f": "many"}}
-    resp = httpx.post(url, json=bad, headers=auth, timeout=120)
+    resp = httpx.post(url, json=bad, headers=auth, timeout=120, verify=platform.verify)
     assert resp.status_code == 422 and resp.json()["error"] == "invalid_params", resp.text
     assert "f" in resp.text
     unknown = {"workload": "no-such-workload", "job": JOB, "rounds": [2]}
-    resp = httpx.post(url, json=unknown, headers=auth, timeout=120)
+    resp = httpx.post(url, json=unknown, headers=auth, timeout=120, verify=platform.verify)
     assert resp.status_code == 404 and resp.json()["error"] == "unknown_workload", resp.text
     assert "multi-krum" in resp.text
 
@@ -168,12 +181,13 @@ def test_each_flstore_example_answers_with_the_keys_shown(
     query = example["query"]
     assert query["workload"] == workload
     answer = flstore_query(
-        platform.urls["http://127.0.0.1:8092"],
+        platform.urls["https://127.0.0.1:8092"],
         workload,
         JOB,
         rounds=query.get("rounds"),
         params=query.get("params"),
         token=platform.analyst_token,
+        ca_file=platform.ca,
     )
     got = answer["result"]
     assert set(example["result"]) == set(got), json.dumps(got)

@@ -90,9 +90,18 @@ def stop_platform(state_dir: Path, env: Mapping[str, str]) -> set[int]:
 
 @contextlib.contextmanager
 def running_platform(
-    state_dir: Path, *up_args: str, env: Mapping[str, str], timeout: float = 600
+    state_dir: Path,
+    *up_args: str,
+    env: Mapping[str, str],
+    timeout: float = 600,
+    tls: bool = False,
 ) -> Iterator[state.PlatformState]:
     """``fedfaas up UP_ARGS --state-dir STATE_DIR`` for the ``with`` block's length.
+
+    ``tls=True`` runs ``fedfaas up``'s default (TLS, no flag); ``tls=False`` passes
+    ``--no-tls``: the tests that take this platform are about something else, and their
+    plain-HTTP calls would be noise to TLS. The default itself is run by
+    tests/platform/test_cli.py, tests/demo, tests/docs and tests/tls/test_platform_tls.py.
 
     ``fedfaas down`` runs on every way out: the block's end, its error, and ``up``'s failure or
     timeout half-way. A platform process outliving ``down`` fails the block (when nothing else
@@ -100,7 +109,8 @@ def running_platform(
     """
     failed = True
     try:
-        fedfaas("up", *up_args, "--state-dir", str(state_dir), env=env, timeout=timeout)
+        flags = () if tls else ("--no-tls",)
+        fedfaas("up", *up_args, *flags, "--state-dir", str(state_dir), env=env, timeout=timeout)
         st = state.load(state_dir)
         assert st is not None, f"fedfaas up wrote no state in {state_dir}"
         yield st

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,19 @@ def fedfaas(
         env = {**os.environ, **ANY_PORTS_ENV}
         env.pop("OPENFAAS_URL", None)
     return run_module("fedfaas.cli", *args, timeout=timeout, env=env)
+
+
+def echo(runtime: str, state_dir: Path, context: ssl.SSLContext | None = None) -> bool:
+    """True when ``runtime``'s ``echo`` function echoes bytes back (with the function token)."""
+    token = (state_dir / "secrets" / "function-token").read_text().strip()
+    req = urllib.request.Request(
+        f"{runtime}/function/echo",
+        data=b"ping \x00\xff",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=30, context=context) as r:
+        return bool(r.status == 200 and r.read() == b"ping \x00\xff")
 
 
 def _gone(pid: int) -> bool:
@@ -105,15 +120,15 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
     assert deploy.returncode == 0, deploy.stderr
     assert "202 echo (PUT)" in deploy.stdout
 
-    token = (state_dir / "secrets" / "function-token").read_text().strip()
-    req = urllib.request.Request(
-        f"{runtime.address}/function/echo",
-        data=b"ping \x00\xff",
-        method="POST",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200 and r.read() == b"ping \x00\xff"
+    # TLS by default: the runtime serves https with the CA `status` names; plain HTTP is a 400
+    ca = state_dir / "secrets" / "tls" / "ca.crt"
+    assert runtime.address.startswith("https://") and f"TLS CA: {ca}" in text.stdout
+    assert report["tls_ca"] == str(ca)
+    assert echo(runtime.address, state_dir, ssl.create_default_context(cafile=str(ca)))
+    plain = runtime.address.replace("https://", "http://")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        echo(plain, state_dir)
+    assert refused.value.code == 400 and b"tls_required" in refused.value.read()
 
     down = fedfaas("down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
@@ -126,6 +141,31 @@ def test_up_status_deploy_invoke_down_leaves_nothing_behind(state_dir: Path) -> 
     assert after.returncode == 3 and "not running" in after.stdout
     assert fedfaas("down", "--state-dir", str(state_dir), "--purge").returncode == 0
     assert not state_dir.exists()
+
+
+@pytest.mark.slow  # over 10 s: `make test-slow`
+@pytest.mark.integration
+def test_up_with_no_tls_serves_plain_http_and_mints_no_certificates(state_dir: Path) -> None:
+    """``fedfaas up --no-tls`` (and ``FEDFAAS_TLS=false``): plain HTTP, no ``secrets/tls``
+    folder, no ``TLS CA:`` line; the runtime answers over http."""
+    up = fedfaas("up", "--no-tls", "--state-dir", str(state_dir), "--stack", str(STACK))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "TLS CA:" not in up.stdout
+    st = state.load(state_dir)
+    assert st is not None and not st.tls
+    runtime = st.record("runtime")
+    assert runtime is not None and runtime.address.startswith("http://")
+    assert (state_dir / "secrets").is_dir() and not (state_dir / "secrets" / "tls").exists()
+    assert echo(runtime.address, state_dir)
+    report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
+    assert report["healthy"] and report["tls_ca"] == ""
+    assert fedfaas("down", "--state-dir", str(state_dir)).returncode == 0
+    env = {**os.environ, **ANY_PORTS_ENV, "FEDFAAS_TLS": "false"}
+    env.pop("OPENFAAS_URL", None)
+    up = fedfaas("up", "--state-dir", str(state_dir), "--stack", str(STACK), env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    st = state.load(state_dir)
+    assert st is not None and not st.tls and not (state_dir / "secrets" / "tls").exists()
 
 
 @pytest.mark.integration
@@ -388,8 +428,11 @@ def test_down_after_a_round_of_120_resnet18_updates_leaves_no_process_it_started
     secret = (state_dir / "secrets" / "gateway-admin-secret").read_text().strip()
     ups = bodies(4)
     clients = [f"c{i}" for i in range(120)]
-    job = create_job(gw.address, secret, "big", ups[0], rounds=2, goal=120, clients=clients)
-    fl = [FLClient(gw.address, "big", c, job.tokens[c], timeout=300) for c in clients]
+    ca = state_dir / "secrets" / "tls" / "ca.crt"  # fedfaas up's default: TLS
+    job = create_job(
+        gw.address, secret, "big", ups[0], rounds=2, goal=120, clients=clients, ca_file=ca
+    )
+    fl = [FLClient(gw.address, "big", c, job.tokens[c], timeout=300, ca_file=ca) for c in clients]
 
     def upload(i: int) -> None:
         assert fl[i].upload(1, ups[i % len(ups)], 10 + i).round == 1

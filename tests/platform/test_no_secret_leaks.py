@@ -1,6 +1,7 @@
 """No secret of a running platform leaks where others can read it.
 
-``fedfaas up --with all``, then a round of a job in MinIO served by an FLStore query (so the
+``fedfaas up --with all`` (its default: TLS, so the parts' private keys are secrets too), then
+a round of a job in MinIO served by an FLStore query (so the
 cache engine has deployed a cache function and loaded the round into it with the per-job
 credentials it mints). Then no value of any file in the secrets folder appears:
 
@@ -23,6 +24,7 @@ import pytest
 from bench.harness.synthetic import write_history
 from cache_engine.cold_store import MinioColdStore
 from fedfaas.platform import credentials, state
+from fedfaas.platform.context import Context
 from tests.platform.running import any_ports_env, platform_processes, running_platform
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end to end: `make test-slow`
@@ -34,7 +36,11 @@ def secret_values(secrets_dir: Path) -> dict[str, str]:
     """Every secret value in the folder, by file (a credentials file's password; user names,
     which are not secret, left out)."""
     out = {}
+    for key in sorted((secrets_dir / "tls").glob("*.key")):  # a key's longest base64 line
+        out[f"tls/{key.name}"] = max(key.read_text().splitlines(), key=len)
     for f in sorted(secrets_dir.iterdir()):
+        if f.is_dir():
+            continue
         text = f.read_text().strip()
         try:
             doc: Any = json.loads(text)
@@ -51,7 +57,10 @@ def secret_values(secrets_dir: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.PlatformState]:
     state_dir = tmp_path_factory.mktemp("no-leaks") / "state"
-    with running_platform(state_dir, "--with", "all", env=any_ports_env(), timeout=300) as st:
+    with running_platform(
+        state_dir, "--with", "all", env=any_ports_env(), timeout=300, tls=True
+    ) as st:
+        assert st.tls and (state_dir / "secrets" / "tls" / "runtime.key").is_file()
         yield st
 
 
@@ -59,7 +68,8 @@ def test_a_query_loads_a_round_into_a_cache_function_with_minted_credentials(
     platform: state.PlatformState,
 ) -> None:
     secrets = Path(platform.state_dir) / "secrets"
-    url = {name: f"http://{platform.host}:{p}" for name, p in platform.ports.items()}
+    ctx = Context.of(platform)  # fedfaas's own certificate: the cache engine requires one
+    url, verify = {name: ctx.url(name) for name in platform.ports}, ctx.verify()
     root = MinioColdStore(
         f"{platform.host}:{platform.ports['minio']}",
         credentials.read(secrets, credentials.MINIO_USER),
@@ -72,6 +82,7 @@ def test_a_query_loads_a_round_into_a_cache_function_with_minted_credentials(
             f"{url['cache_engine']}/v1/jobs/{JOB}/rounds/{rnd}/complete",
             headers=service,
             timeout=120,
+            verify=verify,
         )
         assert r.status_code < 300, r.text
     analyst = {"Authorization": f"Bearer {credentials.read(secrets, credentials.ANALYST_TOKEN)}"}
@@ -86,6 +97,7 @@ def test_a_query_loads_a_round_into_a_cache_function_with_minted_credentials(
         },
         headers=analyst,
         timeout=180,
+        verify=verify,
     )
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "done", r.text
@@ -94,10 +106,12 @@ def test_a_query_loads_a_round_into_a_cache_function_with_minted_credentials(
 
 def test_the_runtime_shows_no_secret_in_any_function(platform: state.PlatformState) -> None:
     secrets = secret_values(Path(platform.state_dir) / "secrets")
+    ctx = Context.of(platform)
     r = httpx.get(
-        f"http://{platform.host}:{platform.ports['runtime']}/system/functions",
+        f"{ctx.url('runtime')}/system/functions",
         auth=credentials.basic_auth(Path(platform.state_dir) / "secrets"),
         timeout=10,
+        verify=ctx.verify(),
     )
     r.raise_for_status()
     functions = r.json()

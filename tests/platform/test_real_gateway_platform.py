@@ -152,6 +152,48 @@ def test_with_the_gateway_every_component_reaches_functions_through_it(
         assert spec.env(ctx)["functions_provider_url"] == f"{runtime}/"
 
 
+@pytest.mark.slow  # a platform of its own; before the module's, which holds :8080 once up
+def test_on_the_default_tls_platform_the_gateway_reaches_the_https_runtime(
+    tmp_path: Path,
+) -> None:
+    """``fedfaas up --openfaas-gateway PATH`` with TLS, ``up``'s default: the gateway (plain
+    HTTP on :8080, upstream) calls the runtime over https as its provider, trusting the
+    platform's CA that ``SSL_CERT_FILE`` names in its environment: ``/system/functions``
+    and an invocation of ``echo`` through it answer from the runtime."""
+    import psutil
+
+    from fedfaas.platform import credentials
+
+    binary = require_binary("gateway")
+    require_prometheus()
+    state_dir = tmp_path / "state"
+    args = ("--openfaas-gateway", str(binary))
+    with running_platform(state_dir, *args, env=any_ports_env(), timeout=300, tls=True) as st:
+        runtime, gateway = st.record("runtime"), st.record("openfaas-gateway")
+        assert st.tls and runtime is not None and gateway is not None
+        assert runtime.address.startswith("https://")
+        ca = state_dir / "secrets" / "tls" / "ca.crt"
+        assert psutil.Process(gateway.pid).environ()["SSL_CERT_FILE"] == str(ca)
+        secrets = state_dir / "secrets"
+        listed = httpx.get(
+            "http://127.0.0.1:8080/system/functions",
+            auth=credentials.basic_auth(secrets),
+            timeout=30,
+        )
+        assert listed.status_code == 200, listed.text
+        assert {"echo", "aggregator"} <= {f["name"] for f in listed.json()}
+        token = credentials.read(secrets, credentials.FUNCTION_TOKEN)
+        echoed = httpx.post(
+            "http://127.0.0.1:8080/function/echo",
+            content=b"through the gateway",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+        assert echoed.status_code == 200 and echoed.content == b"through the gateway", echoed.text
+        log = (state_dir / "logs" / "openfaas-gateway.log").read_text()
+        assert "x509" not in log and "certificate" not in log, log[-2000:]
+
+
 @pytest.mark.slow  # the whole platform with the gateway; the wiring test above is the fast one
 def test_one_fl_job_through_the_openfaas_gateway(platform: Platform) -> None:
     p = platform

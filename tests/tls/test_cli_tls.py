@@ -1,12 +1,14 @@
 """``fedfaas``'s own clients of a TLS platform: the smoke run's invocation of ``echo`` through
-a runtime that serves HTTPS (``fedfaas up --tls``), and ``fedfaas calibrate`` against real TLS
-node gateways with real aggregators, each verifying the server against the platform's CA and
-nothing else (``SSL_CERT_FILE`` unset)."""
+a runtime that serves HTTPS (``fedfaas up``'s default, ``--tls``), and ``fedfaas calibrate``
+against real TLS node gateways with real aggregators, each verifying the server against the
+platform's CA (``--ca-file``, or the one in ``--state-dir``) and nothing else (``SSL_CERT_FILE``
+unset)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,17 +68,24 @@ def test_calibrate_measures_a_tls_gateway_verifying_it_against_the_ca_file(
     with real_gateways(redis_url, tmp_path, ("n1",), settings_of(certs.server)) as (urls, _, _):
         assert urls["n1"].startswith("https://")
         secret = tmp_path / "secret"
-        # without the CA the system's CAs are trusted, and the gateway is not one of theirs
-        code, _, err = _calibrate(urls["n1"], secret)
+        # without the CA (and no platform in --state-dir) the system's CAs are trusted, and
+        # the gateway is not one of theirs
+        code, _, err = _calibrate(urls["n1"], secret, "--state-dir", str(tmp_path / "none"))
         assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in err, err
         # another CA's certificate file: refused the same way
         other_ca = tmp_path / "pki" / "other-ca" / "ca.crt"
         code, _, err = _calibrate(urls["n1"], secret, "--ca-file", str(other_ca))
         assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in err, err
         code, out, err = _calibrate(urls["n1"], secret, "--ca-file", str(certs.ca.cert))
-    assert code == 0, err
-    report = json.loads(out)
-    assert report["mc"] > 0 and report["levels"] == [1, 2]
+        assert code == 0, err
+        # no --ca-file: the CA of the platform in --state-dir (<state>/secrets/tls/ca.crt)
+        state_dir = tmp_path / "state"
+        (state_dir / "secrets" / "tls").mkdir(parents=True)
+        shutil.copy(certs.ca.cert, state_dir / "secrets" / "tls" / "ca.crt")
+        code, again, err = _calibrate(urls["n1"], secret, "--state-dir", str(state_dir))
+        assert code == 0, err
+    for report in (json.loads(out), json.loads(again)):
+        assert report["mc"] > 0 and report["levels"] == [1, 2]
 
 
 def test_calibrate_names_a_missing_ca_file_with_exit_code_2(tmp_path: Path) -> None:

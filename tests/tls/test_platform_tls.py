@@ -1,7 +1,8 @@
-"""``fedfaas up --with all --tls``: one platform whose runtime, node gateways, cache engine,
+"""``fedfaas up --with all,prometheus`` (TLS is the default): one platform whose runtime, node gateways, cache engine,
 request tracker, control plane and console serve HTTPS with the certificates ``up`` minted.
 
 * ``fedfaas status`` prints their https addresses and the CA's path; the secrets are 0600;
+* Prometheus scrapes the node gateways over https (both targets up);
 * the README's job through the SDK (``ca_file``: the platform's CA, no environment), to its
   end: the control plane reaches the gateways, the gateways each other and the cache engine,
   over mTLS;
@@ -33,6 +34,7 @@ from fedfaas.platform import state
 from fedfaas.platform.context import INTERNAL_PARTS, TLS_PORTS
 from tests.commands import run_module
 from tests.platform.running import any_ports_env, platform_processes, running_platform
+from tests.polling import wait_until
 from tests.tls.certs import assert_plain_http_refused
 from tests.tls.test_gateway_tls import _tls_get
 
@@ -70,7 +72,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     state_dir = tmp_path_factory.mktemp("tls-platform") / "state"
     env = any_ports_env()
     env.pop("SSL_CERT_FILE", None)  # whatever the parts trust, none comes from this shell
-    with running_platform(state_dir, "--with", "all", "--tls", env=env, timeout=300) as st:
+    with running_platform(
+        state_dir, "--with", "all,prometheus", env=env, timeout=300, tls=True
+    ) as st:
         assert st.tls
         pids = {r.name: r.pid for r in st.services}
         yield Platform(state_dir, st.host, dict(st.ports), env, pids)
@@ -90,6 +94,59 @@ def test_status_prints_https_addresses_and_the_ca(platform: Platform) -> None:
     assert "ca.crt" in files and "ca.key" not in files  # nothing signs after up
     assert {"gateway-node0.key", "control-plane.key", "runtime.key"} <= set(files)
     assert all(stat.S_IMODE((tls_dir / f).stat().st_mode) == 0o600 for f in files)
+
+
+def test_prometheus_scrapes_both_node_gateways_over_https(platform: Platform) -> None:
+    """``--with prometheus`` on the TLS platform: Prometheus (plain HTTP on loopback) scrapes
+    both node gateways' ``/metrics`` over https, verifying them against the platform's CA and
+    presenting ``fedfaas``'s certificate; both targets are up."""
+    targets_url = f"http://{platform.host}:{platform.ports['prometheus']}/api/v1/targets"
+    gateways = {f"{platform.url(p)}/metrics" for p in ("gateway", "gateway_node1")}
+
+    def up_over_https() -> dict[str, str]:
+        active = httpx.get(targets_url, timeout=10).json()["data"]["activeTargets"]
+        health = {t["scrapeUrl"]: t["health"] for t in active}
+        return health if all(health.get(url) == "up" for url in gateways) else {}
+
+    health = wait_until(up_over_https, 60, "both node gateways up in Prometheus over https")
+    assert gateways <= set(health)
+
+
+def test_faas_cli_reaches_the_https_runtime_trusting_the_ca_through_ssl_cert_file(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """docs/operations.md: faas-cli (Go) verifies the runtime against the CA that
+    ``SSL_CERT_FILE`` names; without it the platform's CA is unknown and it fails."""
+    import subprocess
+
+    from tests.openfaas.conftest import require_binary
+
+    faas_cli = str(require_binary("faas-cli"))
+    gateway = platform.url("runtime")
+    base = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def run(*args: str, env: dict[str, str], stdin: str | None = None) -> tuple[int, str]:
+        out = subprocess.run(
+            [faas_cli, *args, "--gateway", gateway],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        return out.returncode, out.stdout + out.stderr
+
+    trusting = {**base, "SSL_CERT_FILE": str(platform.ca)}
+    user, password = platform.secret("basic-auth-user"), platform.secret("basic-auth-password")
+    code, said = run("login", "-u", user, "--password-stdin", env=trusting, stdin=password)
+    assert code == 0, said
+    code, said = run("list", env=trusting)
+    assert code == 0 and "echo" in said and "aggregator" in said, said
+    code, said = run("list", env=base)  # the system's CAs: this platform's is not one of them
+    assert code != 0 and "Cannot connect to OpenFaaS" in said, said
+    code, said = run("list", "--tls-no-verify", env=base)  # no check at all
+    assert code == 0 and "echo" in said, said
 
 
 def test_the_readme_job_through_the_sdk_over_https_then_a_query(platform: Platform) -> None:

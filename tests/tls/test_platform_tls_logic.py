@@ -1,5 +1,6 @@
 """What ``fedfaas up --tls`` renders, without starting anything: the certificates it mints,
-the parts' https URLs and ``tls_*`` flags, and the parts it refuses beside TLS."""
+the parts' https URLs and ``tls_*`` flags, TLS as the default, and how Prometheus and
+OpenFaaS's gateway reach the https parts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from cryptography import x509
 from core.tls import CA_FILE_ENV, TlsFiles
 from fedfaas.platform import pki
 from fedfaas.platform.context import Context
-from fedfaas.platform.errors import PlatformError
 from fedfaas.platform.optional import (
     CACHE_ENGINE,
     CONSOLE,
@@ -94,15 +94,75 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
     assert "--function-tls-cert-file" not in RUNTIME.argv(plain)
 
 
-@pytest.mark.parametrize("extra", [{"with_parts": ["prometheus"]}, {"openfaas_gateway": True}])
-def test_tls_is_refused_beside_the_parts_that_call_over_plain_http(
-    tmp_path: Path, extra: dict[str, object]
+def test_tls_is_the_default_of_load_settings_and_of_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = load_settings(state_dir=tmp_path, tls=True, with_parts=extra.get("with_parts"))
-    gateway = tmp_path / "openfaas-gateway" if extra.get("openfaas_gateway") else None
-    with pytest.raises(PlatformError, match="--tls does not work with"):
-        Platform(settings, openfaas_gateway=gateway)
-    Platform(load_settings(state_dir=tmp_path, with_parts=extra.get("with_parts")))  # no TLS: ok
+    """One field decides: ``load_settings`` and ``fedfaas up`` serve TLS unless ``--no-tls``
+    or ``FEDFAAS_TLS=false`` says otherwise (``--tls`` is still taken, and wins over the
+    environment)."""
+    from fedfaas.cli import build_parser
+
+    monkeypatch.delenv("FEDFAAS_TLS", raising=False)
+    assert load_settings(state_dir=tmp_path).tls is True
+
+    def up_tls(*argv: str) -> bool:
+        args = build_parser().parse_args(["up", *argv])
+        return bool(load_settings(state_dir=tmp_path, tls=args.tls).tls)
+
+    assert up_tls() is True and up_tls("--tls") is True and up_tls("--no-tls") is False
+    monkeypatch.setenv("FEDFAAS_TLS", "false")
+    assert load_settings(state_dir=tmp_path).tls is False
+    assert up_tls() is False and up_tls("--tls") is True
+
+
+def test_prometheus_scrapes_the_node_gateways_over_https_with_fedfaas_s_certificate(
+    tmp_path: Path,
+) -> None:
+    """``--with prometheus`` on a TLS platform: the node gateways' job is scraped with
+    ``scheme: https`` and a ``tls_config`` naming the CA and ``fedfaas``'s certificate and
+    key; on a plain platform over http, with none."""
+    import yaml
+
+    from fedfaas.platform.optional import prometheus_server
+
+    for tls in (True, False):
+        ctx = _ctx(tmp_path / str(tls), tls=tls)
+        server = prometheus_server(ctx)
+        server.prepare()
+        (job,) = [
+            j
+            for j in yaml.safe_load(server.config_path.read_text())["scrape_configs"]
+            if j["job_name"] == "fedfaas-bearer"
+        ]
+        gateways = {f"127.0.0.1:{PART_PORTS[p]}" for p in ("gateway", "gateway_node1")}
+        assert set(job["static_configs"][0]["targets"]) == gateways
+        if tls:
+            assert job["scheme"] == "https"
+            assert job["tls_config"] == {
+                "ca_file": str(ctx.ca_file),
+                "cert_file": str(ctx.tls_dir / "fedfaas.crt"),
+                "key_file": str(ctx.tls_dir / "fedfaas.key"),
+            }
+        else:
+            assert "scheme" not in job and "tls_config" not in job
+
+
+def test_openfaas_s_gateway_trusts_the_platform_s_ca_through_ssl_cert_file(
+    tmp_path: Path,
+) -> None:
+    """``--openfaas-gateway`` on a TLS platform: the gateway (Go) gets ``SSL_CERT_FILE``
+    naming the platform's CA, to verify the https runtime it calls as its provider; the
+    parts themselves never get it (a function's outside calls keep the system's CAs)."""
+    from fedfaas.platform.openfaas_gateway import OPENFAAS_GATEWAY
+
+    tls = _ctx(tmp_path, tls=True)
+    env = OPENFAAS_GATEWAY.env(tls)
+    assert env["SSL_CERT_FILE"] == str(tls.ca_file)
+    assert env["functions_provider_url"] == f"{tls.url('runtime')}/"
+    assert env["functions_provider_url"].startswith("https://")
+    plain = _ctx(tmp_path, tls=False)
+    assert "SSL_CERT_FILE" not in OPENFAAS_GATEWAY.env(plain)
+    Platform(load_settings(state_dir=tmp_path, with_parts=["prometheus"]))  # no refusal now
 
 
 def test_fedfaas_s_own_probe_presents_its_certificate_to_a_server_that_requires_one(

@@ -1,0 +1,85 @@
+"""Which benches start ``fedfaas up`` without its default TLS (docs/benchmarks.md, "TLS"): the
+ones whose peers speak plain HTTP (bench-flstore's big rounds, bench-secagg against Flower's
+``--insecure``) and the fault campaign and the soak, whose harness and locust clients call
+the parts over ``http://``. Each bench's start is caught where it hands the platform its
+settings, and stopped there: nothing is started."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class Stop(Exception):
+    """Raised where the bench would start the platform."""
+
+
+def _cli_recorder(calls: list[list[str]]) -> Any:
+    def cli(state_dir: Path, args: list[str], *rest: Any, **kw: Any) -> str:
+        calls.append(list(args))
+        if args[0] == "up":
+            raise Stop
+        return ""
+
+    return cli
+
+
+def test_bench_flstore_s_platform_is_up_with_all_and_no_tls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import flstore_platform
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(flstore_platform, "_run_cli", _cli_recorder(calls))
+    with pytest.raises(Stop):
+        flstore_platform.UpWithAll(tmp_path / "state").start()
+    assert calls[0] == ["up", "--with", "all", "--no-tls"]
+
+
+def test_bench_secagg_s_platform_is_up_with_no_tls_as_flower_s_side_is_insecure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import secagg_fedfaas
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(secagg_fedfaas, "_cli", _cli_recorder(calls))
+    with contextlib.suppress(Stop):
+        secagg_fedfaas.fedfaas_secagg_round(2, [("w", [4])], {})
+    assert calls[0] == ["up", "--with", "control-plane", "--no-tls"]
+
+
+def _platform_recorder(seen: list[dict[str, Any]]) -> Any:
+    @contextlib.contextmanager
+    def platform(state_dir: Path, **overrides: Any) -> Iterator[None]:
+        seen.append(overrides)
+        raise Stop
+        yield  # a generator: what contextmanager needs
+
+    return platform
+
+
+def test_the_fault_campaign_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.fault_kinds import FAULTS
+    from bench.faults import run_fault
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr("fedfaas.demo.stack.platform", _platform_recorder(seen))
+    with pytest.raises(Stop):
+        run_fault(FAULTS["replica"], 1, 0, 1.0)
+    assert seen[0]["tls"] is False
+
+
+def test_the_soak_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.soak import soak
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr("fedfaas.demo.stack.platform", _platform_recorder(seen))
+    args = argparse.Namespace(fault="none", seed=13, max_rounds=1, deadline_s=10.0)
+    with pytest.raises(Stop):
+        soak(args)
+    assert seen[0]["tls"] is False
