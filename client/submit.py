@@ -132,7 +132,7 @@ def submit_job(
     timeout : seconds for each request.
     transport : optional httpx transport (tests).
     ca_file : the platform's CA certificate, for ``https://`` URLs (:mod:`client.tls`;
-        ``fedfaas up --tls`` writes ``.state/secrets/tls/ca.crt``); the handle uses it for
+        ``fedfaas up``, TLS by default, writes ``.state/secrets/tls/ca.crt``); the handle uses it for
         every later call (the control plane, the gateways, the tracker).
 
     Returns

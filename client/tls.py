@@ -1,6 +1,6 @@
 """Which certificate authority the SDK trusts for a platform's ``https://`` URLs.
 
-Every call of the SDK takes ``ca_file``: the platform's CA certificate (``fedfaas up --tls``
+Every call of the SDK takes ``ca_file``: the platform's CA certificate (``fedfaas up``, TLS by default,
 writes it to ``.state/secrets/tls/ca.crt``; ``fedfaas status`` prints its path). With it, the
 SDK verifies the server's certificate against that CA only (and the certificate's name against
 the URL's host), over TLS 1.2 or newer; without it, httpx's default trust (the system's CAs) is

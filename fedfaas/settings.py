@@ -16,8 +16,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: The usual port of each part when nothing is configured (OpenFaaS gateway on 8080 so that
-#: ``faas-cli`` finds it without ``--gateway``; MinIO and Redis on their own defaults).
+#: The usual port of each part when nothing is configured (the runtime, the OpenFaaS gateway
+#: of the node, on OpenFaaS's 8080: over TLS, ``fedfaas up``'s default, ``faas-cli`` takes
+#: ``--gateway https://127.0.0.1:8080`` with ``SSL_CERT_FILE`` naming the platform's CA;
+#: MinIO and Redis on their own defaults).
 DEFAULT_PORTS: dict[str, int] = {
     "runtime": 8080,
     "minio": 9000,

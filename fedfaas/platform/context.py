@@ -15,8 +15,8 @@ from fedfaas.platform import credentials
 #: Environment variable that marks every process of one platform (inherited by children).
 PLATFORM_ID_VAR = "FEDFAAS_PLATFORM_ID"
 
-#: The ports that speak HTTPS on a platform started with ``fedfaas up --tls`` (MinIO, Redis,
-#: Prometheus and OpenFaaS's own gateway stay plain, on loopback).
+#: The ports that speak HTTPS on a platform started with ``fedfaas up`` (TLS, its default;
+#: MinIO, Redis, Prometheus and OpenFaaS's own gateway stay plain, on loopback).
 TLS_PORTS = frozenset(
     {
         "runtime",
@@ -55,7 +55,7 @@ class Context:
     openfaas_gateway: Path | None = None
     #: the memory file system of the node gateways' object stores (``--shm-dir``)
     shm_dir: Path = Path("/dev/shm")
-    #: ``fedfaas up --tls``: the parts of :data:`TLS_PORTS` serve HTTPS with certificates
+    #: ``fedfaas up`` (TLS by default, not ``--no-tls``): the parts of :data:`TLS_PORTS` serve HTTPS with certificates
     #: from :attr:`tls_dir` (:mod:`fedfaas.platform.pki`) and call each other over mTLS
     tls: bool = False
 

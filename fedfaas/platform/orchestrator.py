@@ -60,7 +60,7 @@ class StatusReport:
     functions_error: str = ""
     ebpf_mode: str = "userspace"
     ebpf_reason: str = ""
-    #: the platform's CA certificate (``fedfaas up --tls``; the SDK's ``ca_file``), else ""
+    #: the platform's CA certificate (``fedfaas up``, TLS by default; the SDK's ``ca_file``), else ""
     tls_ca: str = ""
 
     @property

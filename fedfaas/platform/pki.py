@@ -1,4 +1,4 @@
-"""The certificates of a platform started with ``fedfaas up --tls``: a local CA and one
+"""The certificates of a platform started with ``fedfaas up`` (TLS, its default): a local CA and one
 certificate per part, minted into ``STATE_DIR/secrets/tls`` (0600 files, removed by ``down``
 with the other secrets; the CA's key is deleted once they are signed) by :func:`core.tls.mint_ca` and :func:`core.tls.mint_cert`.
 

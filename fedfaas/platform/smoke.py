@@ -45,7 +45,7 @@ def invoke(
     context: ssl.SSLContext | None = None,
 ) -> Invocation:
     """``POST /function/<function>`` with the function token and return what came back;
-    over ``https`` the runtime is verified with ``context`` (``fedfaas up --tls``: the
+    over ``https`` the runtime is verified with ``context`` (``fedfaas up``, TLS by default: the
     platform's CA and ``fedfaas``'s own certificate, :meth:`Context.client_ssl`)."""
     req = urllib.request.Request(
         f"{runtime_url}/function/{function}",

@@ -72,7 +72,7 @@ class PlatformState:
     #: ``bpf.probe()`` once the parts are up: the machine does not change while they run, and a
     #: probe compiles and loads a BPF program (seconds), too slow to repeat on every ``status``.
     ebpf: list[str] = field(default_factory=list)
-    #: ``fedfaas up --tls``: the parts serve HTTPS (:mod:`fedfaas.platform.pki`)
+    #: ``fedfaas up`` without ``--no-tls``: the parts serve HTTPS (:mod:`fedfaas.platform.pki`)
     tls: bool = False
 
     def record(self, name: str) -> ServiceRecord | None:
