@@ -153,28 +153,34 @@ def test_with_the_gateway_every_component_reaches_functions_through_it(
 
 
 @pytest.mark.slow  # a platform of its own; before the module's, which holds :8080 once up
-def test_on_the_default_tls_platform_the_gateway_reaches_the_https_runtime(
+def test_on_the_default_tls_platform_a_job_and_a_query_go_through_the_gateway(
     tmp_path: Path,
 ) -> None:
-    """``fedfaas up --openfaas-gateway PATH`` with TLS, ``up``'s default: the gateway (plain
-    HTTP on :8080, upstream) calls the runtime over https as its provider, trusting the
-    platform's CA that ``SSL_CERT_FILE`` names in its environment: ``/system/functions``
-    and an invocation of ``echo`` through it answer from the runtime."""
+    """``fedfaas up --with all --openfaas-gateway PATH`` with TLS, ``up``'s default: the
+    gateway (plain HTTP on :8080, upstream) calls the runtime over https as its provider,
+    trusting the platform's CA that ``SSL_CERT_FILE`` names in its environment. Through it:
+    ``/system/functions``, an invocation of ``echo``, and the parts' calls while a job of the
+    README's kind runs over https (the control plane's on the ``aggregator``, the cache
+    engine's deploy and load of a cache function for a query)."""
     import psutil
 
+    from client.data import federated_digits
+    from client.model import load_bytes_into, make_model, model_to_bytes
+    from client.sdk import submit_job
+    from client.train import TrainConfig, train_local
     from fedfaas.platform import credentials
 
     binary = require_binary("gateway")
     require_prometheus()
     state_dir = tmp_path / "state"
-    args = ("--openfaas-gateway", str(binary))
+    args = ("--with", "all", "--openfaas-gateway", str(binary))
     with running_platform(state_dir, *args, env=any_ports_env(), timeout=300, tls=True) as st:
         runtime, gateway = st.record("runtime"), st.record("openfaas-gateway")
         assert st.tls and runtime is not None and gateway is not None
         assert runtime.address.startswith("https://")
-        ca = state_dir / "secrets" / "tls" / "ca.crt"
-        assert psutil.Process(gateway.pid).environ()["SSL_CERT_FILE"] == str(ca)
         secrets = state_dir / "secrets"
+        ca = secrets / "tls" / "ca.crt"
+        assert psutil.Process(gateway.pid).environ()["SSL_CERT_FILE"] == str(ca)
         listed = httpx.get(
             "http://127.0.0.1:8080/system/functions",
             auth=credentials.basic_auth(secrets),
@@ -190,6 +196,42 @@ def test_on_the_default_tls_platform_the_gateway_reaches_the_https_runtime(
             timeout=60,
         )
         assert echoed.status_code == 200 and echoed.content == b"through the gateway", echoed.text
+
+        data = federated_digits(4, seed=1)
+        job = submit_job(
+            f"https://{st.host}:{st.ports['control_plane']}",
+            "tls-through-gateway",
+            model_to_bytes(make_model(0, "softmax")),
+            rounds=1,
+            goal=4,
+            admin_token=credentials.read(secrets, "gateway-admin-secret"),
+            tracker_url=f"https://{st.host}:{st.ports['request_tracker']}",
+            analyst_token=credentials.read(secrets, credentials.ANALYST_TOKEN),
+            ca_file=ca,
+        )
+        job.enroll([c.client_id for c in data.clients])
+        for c in data.clients:
+            with job.client(c.client_id, round=1) as fl:
+                net = load_bytes_into(make_model(0, "softmax"), fl.wait_for_version(0).data)
+                trained = train_local(net, c.x, c.y, TrainConfig())
+                fl.upload(1, net.state_dict(), trained.num_samples)
+        job.wait()
+        assert [(r["round"], r["state"]) for r in job.history()] == [(1, "closed")]
+        answer = job.query("multi-krum", rounds=[1], params={"f": 1})
+        assert answer["result"]["workload"] == "multi-krum"
+        p = Platform(state_dir, {})
+
+        def through_the_gateway() -> bool:
+            seen = forwarded(p)
+            return any(
+                "aggregator" in path and path.startswith("/system/") and code.startswith("2")
+                for _, path, code in seen
+            ) and any(
+                re.fullmatch(r"/function/flstore-cache-\d+/load", path) and code == "200"
+                for _, path, code in seen
+            )
+
+        wait_until(through_the_gateway, 60, "the parts' calls through the gateway to https")
         log = (state_dir / "logs" / "openfaas-gateway.log").read_text()
         assert "x509" not in log and "certificate" not in log, log[-2000:]
 
