@@ -143,8 +143,12 @@ class Context:
         """httpx's ``verify`` for ``fedfaas``'s own calls (:meth:`client_ssl`)."""
         return self.client_ssl() or True
 
-    def http_ok(self, url: str, timeout: float = 1.0) -> bool:
-        """True when a GET of ``url`` answers 200 right now (over TLS: the server verified)."""
+    def http_ok(self, url: str, timeout: float = 5.0) -> bool:
+        """True when a GET of ``url`` answers 200 right now (over TLS: the server verified).
+
+        ``timeout`` bounds a part that does not answer; it is not a speed check: on a busy
+        machine a TLS handshake (``up``'s default) with a part that waits for a CPU can take
+        over a second."""
         try:
             with urllib.request.urlopen(url, timeout=timeout, context=self.client_ssl()) as r:
                 return bool(r.status == 200)

@@ -103,7 +103,7 @@ def _prepare_gateway(node: str) -> Callable[[Context], None]:
     return prepare
 
 
-def gateway_router(ctx: Context, timeout: float = 2.0) -> tuple[str, str] | None:
+def gateway_router(ctx: Context, timeout: float = 5.0) -> tuple[str, str] | None:
     """The router mode the running node gateway reports, or ``None`` if it does not answer."""
     try:
         url, tls = f"{ctx.url('gateway')}/healthz", ctx.client_ssl()

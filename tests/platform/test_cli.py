@@ -281,6 +281,11 @@ def test_up_with_all_parts_reports_the_gateway_router_and_cleans_shm(state_dir: 
     ]
     report = json.loads(fedfaas("status", "--json", "--state-dir", str(state_dir)).stdout)
     assert report["healthy"]
+    # TLS by default: every part but MinIO, Redis and the supervisor serves https
+    plain = {"minio", "redis", "supervisor"}
+    served = {p["name"]: p["address"] for p in report["parts"] if p["name"] not in plain}
+    assert all(a.startswith("https://") for a in served.values()), served
+    assert report["tls_ca"] == str(state_dir / "secrets" / "tls" / "ca.crt")
     assert report["ebpf_reason"].startswith("node gateway:")
     shm = Path(next(p["extra"]["shm"] for p in report["parts"] if p["name"] == "gateway"))
     assert shm.parent == Path("/dev/shm")
