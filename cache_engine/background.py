@@ -131,7 +131,10 @@ class Background(EngineState):
                         if f in self.functions:
                             self.functions[f].said(body)
                         self.budget.report(
-                            f, int(body.get("private_bytes", 0)), body.get("resting_bytes")
+                            f,
+                            int(body.get("private_bytes", 0)),
+                            body.get("resting_bytes"),
+                            int(body.get("requests_under_way") or 0),
                         )
                         self._unmapped(f, ks)
             except Exception as exc:

@@ -29,6 +29,16 @@ engine give memory back: each function also reports its resting memory (``restin
 loaded and evicted since), and the account gives back what the resting memory passes the loads'
 share by, or what the whole account passes the budget by. A load fits the loads' share with
 what is used now (a query's working memory under way too: loads wait for it).
+
+The room a query's working memory is given (:meth:`MemoryBudget.working_room`) counts a
+function's resting memory only where the function read it at rest (no request under way when
+it answered): a resting figure it answered while busy (a load's or an eviction's answer, a ping
+during a query) is its last idle reading moved by the bytes it loaded since, which misses what
+the loads cost beyond those bytes (imports, clients, the evaluator a round's metadata warms)
+and any other request's working memory. Such a function counts with all of its private
+memory, and the engine asks it again (a ping) before it plans a query's working memory
+(``cache_engine.parts``): planned on the estimate, a query streamed right after the round's
+loads was given more than the budget had left, and the functions' memory passed the budget.
 """
 
 from __future__ import annotations
@@ -74,6 +84,9 @@ class MemoryBudget:
     #: each cache function's resting memory: its private memory less its requests' working
     #: memory, as it last reported it
     resting: dict[str, int] = field(default_factory=dict)
+    #: the functions whose last report was read with a request under way: their resting
+    #: figure is an estimate (see the module)
+    busy: set[str] = field(default_factory=set)
     #: store objects kept for FLStore (an offered or mapped update) -> their bytes
     leased: dict[str, int] = field(default_factory=dict)
     #: bytes of loads under way
@@ -117,9 +130,18 @@ class MemoryBudget:
 
     def working_room(self) -> int:
         """Bytes the queries' working memory may take now: the budget less the resting
-        memory (``keep``, or less where the resting memory passed the loads' share)."""
+        memory (``keep``, or less where the resting memory passed the loads' share), a
+        function that reported while busy counted with all of its private memory (see the
+        module)."""
         with self._lock:
-            return max(0, self.limit - self._resting())
+            known = {f: self.private[f] if f in self.busy else r for f, r in self.resting.items()}
+            return max(0, self.limit - self._flstore(known) - self._store())
+
+    def unsettled(self) -> list[str]:
+        """The functions whose last report was read with a request under way (see the
+        module): the engine asks them again before it plans a query's working memory."""
+        with self._lock:
+            return sorted(self.busy)
 
     def overdraft(self) -> int:
         """Bytes the account is past what it may hold (0 when within): the resting memory
@@ -157,19 +179,31 @@ class MemoryBudget:
         with self._lock:
             self.reserved = max(0, self.reserved - max(0, nbytes))
 
-    def report(self, function: str, private_bytes: int, resting_bytes: int | None = None) -> None:
+    def report(
+        self,
+        function: str,
+        private_bytes: int,
+        resting_bytes: int | None = None,
+        requests_under_way: int = 0,
+    ) -> None:
         """A cache function's private memory, and its resting part (default: all of it), as
-        it reported them."""
+        it reported them, with the requests it served as it read them (its resting figure an
+        estimate where any were: see the module)."""
         with self._lock:
             private = max(0, int(private_bytes))
             self.private[function] = private
             rest = private if resting_bytes is None else int(resting_bytes)
             self.resting[function] = min(private, max(0, rest))
+            if requests_under_way > 0:
+                self.busy.add(function)
+            else:
+                self.busy.discard(function)
 
     def forget_function(self, function: str) -> None:
         with self._lock:
             self.private.pop(function, None)
             self.resting.pop(function, None)
+            self.busy.discard(function)
 
     def lease(self, objects: Iterable[tuple[str, int]]) -> None:
         """Store objects FLStore keeps (an offer's updates, updates mapped in place)."""
@@ -197,6 +231,7 @@ class MemoryBudget:
                 "store_counted": self.store is not None,
                 "functions_bytes": sum(self.private.values()),
                 "functions_resting_bytes": sum(self.resting.values()),
+                "functions_busy": len(self.busy),
                 "leased_bytes": sum(self.leased.values()),
                 "reserved_bytes": self.reserved,
             }

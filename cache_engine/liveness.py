@@ -62,7 +62,10 @@ class Liveness(EngineState):
                 info.seq = -1
             info.said(body)
             self.budget.report(
-                name, int(body.get("private_bytes", info.used)), body.get("resting_bytes")
+                name,
+                int(body.get("private_bytes", info.used)),
+                body.get("resting_bytes"),
+                int(body.get("requests_under_way") or 0),
             )
             url = body.get("url")
             url = url if isinstance(url, str) and _DIRECT.match(url) else None

@@ -178,12 +178,13 @@ class PartPlanner:
         with self.e._lock:
             missing = [s for s, g in enumerate(gs) if self._holder(g) is None]
         why = self.place(models, metas, n, missing) if missing else ""
+        room = self.working_room()  # (it may ask functions: not under the engine's lock)
         with self.e._lock:
             holders: list[str | None] = [self._holder(g) for g in gs]
             # a part held but for a few objects (the round's base model, whose part the budget
             # had no room for): its function reads those from the cold store, not the range
             partial: dict[int, int] = {}
-            left = self.e.budget.working_room() // PARTIAL_SHARE
+            left = room // PARTIAL_SHARE
             for s, g in enumerate(gs):
                 most = self._most(g) if holders[s] is None else None
                 if most is not None and most[1] <= left:
@@ -238,6 +239,19 @@ class PartPlanner:
             self.e.stats["queries_in_parts"] += 1
         return self._plan(job, str(reducer), dim, ranges, source)
 
+    def working_room(self) -> int:
+        """The queries' working memory the budget has now
+        (:meth:`~cache_engine.budget.MemoryBudget.working_room`), the functions that last
+        reported while busy asked again first: after a round's loads their resting figures are
+        estimates that miss what the loads cost beyond the objects' bytes (a ping finds them at
+        rest, or they count with all their private memory)."""
+        with self.e._lock:
+            alive = {f for f, i in self.e.functions.items() if i.alive}
+        for f in self.e.budget.unsettled():
+            if f in alive:
+                self.e._ping(f)
+        return self.e.budget.working_room()
+
     def _streamers(self, first: str | None, taken: int = 0) -> tuple[list[str], int]:
         """Live functions to read ranges from the cold store (``first`` first), as many as the
         queries' working memory (and what loads left of the budget) gives :data:`STREAM_BYTES`
@@ -247,7 +261,7 @@ class PartPlanner:
         query after query (by name): each keeps the models' tensor indexes it read. ``taken``:
         bytes of that memory other functions of the query read already (parts held but for a
         few objects)."""
-        room = max(0, self.e.budget.working_room() - taken)
+        room = max(0, self.working_room() - taken)
         with self.e._lock:
             alive = sorted(f for f, i in self.e.functions.items() if i.alive and f != first)
         workers = ([first] if first else []) + alive

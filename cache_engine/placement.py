@@ -328,7 +328,10 @@ class Placement(EngineState):
             if info is not None:
                 info.said(body)
             self.budget.report(
-                fn, int(body.get("private_bytes", body.get("bytes", 0))), body.get("resting_bytes")
+                fn,
+                int(body.get("private_bytes", body.get("bytes", 0))),
+                body.get("resting_bytes"),
+                int(body.get("requests_under_way") or 0),
             )
             for ident in body.get("mapped") or ():
                 whole = ObjectKey.parse(ident).whole

@@ -200,3 +200,54 @@ def test_fedfaas_up_gives_the_engine_the_gateways_store_and_both_the_one_budget(
     gw1, _ = GatewaySettings.from_argv(optional.GATEWAY_NODE1.argv(ctx)[3:])
     assert eng.store_root == gw0.shm_root == gw1.shm_root == shm_root(ctx)
     assert eng.node_memory_bytes == gw0.node_memory_bytes == gw1.node_memory_bytes == 6 << 30
+
+
+def test_a_query_is_given_no_working_memory_a_function_reported_while_busy() -> None:
+    """The slow big-rounds test's 2.504 GB against 2.5: a load's answer (read while the load
+    was under way) says resting = the last idle reading + the bytes loaded, which misses what
+    the loads cost beyond them; a query planned on it right after the round's loads was
+    given that much more working memory than the budget had left."""
+    b = MemoryBudget(2500, keep=1000)
+    b.report("f0", 980, 680, requests_under_way=1)  # a load's answer: resting estimated
+    b.report("f1", 440, 440)  # a ping with nothing under way
+    assert b.unsettled() == ["f0"]
+    assert b.working_room() == 2500 - 980 - 440  # f0 with all of its private memory
+    assert b.overdraft() == 0  # giving memory back still goes by the resting figure
+    b.report("f0", 985, 985, requests_under_way=0)  # the engine asks again: at rest
+    assert b.unsettled() == [] and b.working_room() == 2500 - 985 - 440
+    b.report("f1", 900, 440, requests_under_way=1)  # a query under way on f1: its working
+    assert b.working_room() == 2500 - 985 - 900  # memory is not given to another query
+    b.forget_function("f1")
+    assert b.unsettled() == [] and b.describe()["functions_busy"] == 0
+
+
+def test_the_planner_asks_a_function_that_reported_while_busy_again_before_it_plans() -> None:
+    """cache_engine.parts: a query's working memory is planned on fresh reports (a ping of
+    each live function whose last report was read busy), not on a load's estimate."""
+    import threading
+    from types import SimpleNamespace
+
+    from cache_engine.parts import PartPlanner
+
+    budget = MemoryBudget(2500, keep=1000)
+    budget.report("f0", 980, 680, requests_under_way=1)  # the round's last load answered
+    budget.report("gone", 300, 100, requests_under_way=1)
+    pinged: list[str] = []
+
+    def ping(name: str) -> None:
+        pinged.append(name)
+        budget.report(name, 985, 985, requests_under_way=0)  # at rest now
+
+    engine = SimpleNamespace(
+        _lock=threading.RLock(),
+        budget=budget,
+        functions={"f0": SimpleNamespace(alive=True), "gone": SimpleNamespace(alive=False)},
+        _ping=ping,
+    )
+    planner = PartPlanner(engine)  # type: ignore[arg-type]
+    try:
+        assert planner.working_room() == 2500 - 985 - 300
+        assert pinged == ["f0"]  # a dead function is not asked (it counts as it said)
+        assert planner.working_room() == 2500 - 985 - 300 and pinged == ["f0"]  # settled
+    finally:
+        planner.close()
