@@ -303,11 +303,12 @@ def _fedfaas(
     gtg: dict[str, Any],
     only: Sequence[str] | None = None,
     group: Cgroup | None = None,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     """The round ingested (the policy's prefetch places it as the budget allows), then the
     queries asked through the tracker of ``stack`` (started), its functions' memory sampled
-    (and the platform's ``group``'s, where it runs in one)."""
-    sampler = MemorySampler(stack, group)
+    (and the platform's ``group``'s, where it runs in one; each sample in ``trace``)."""
+    sampler = MemorySampler(stack, group, trace)
     try:
         client = httpx.Client(timeout=3600)
         t0 = time.perf_counter()
@@ -494,7 +495,8 @@ def _one_size(
                     need,
                 )
         if "fedfaas" in systems:
-            fed = _fedfaas(up, job, repeats, gtg, only, group)
+            trace = work / f"memory-trace-{n}.jsonl"  # every sample, beside the platform's logs
+            fed = _fedfaas(up, job, repeats, gtg, only, group, trace)
             fed["engine_log_tracebacks"] = up.engine_log().count("Traceback")
         from bench.flstore_rounds_reference import against_reference
 

@@ -20,8 +20,10 @@ answers the queries:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,9 +83,18 @@ class MemorySampler:
     (where one is given), sampled every 0.2 s from construction to :meth:`stop`; ``query``
     names what runs now (the peak says during what it came)."""
 
-    def __init__(self, stack: FLStoreStack, group: Cgroup | None = None) -> None:
+    def __init__(
+        self, stack: FLStoreStack, group: Cgroup | None = None, trace: Path | None = None
+    ) -> None:
         self.stack = stack
         self.group = group
+        #: where each sample is written (one JSON line each), if given: when the peak came,
+        #: what each function's ``RssAnon`` and the engine's account were at every sample
+        self.trace = trace
+        #: the engine's account (its ``memory_budget``) at the last sample, and at the peak
+        self._account: dict[str, Any] = {}
+        self.account_at_peak: dict[str, Any] = {}
+        self.private_at_peak: dict[str, int] = {}
         self.peak_private = 0
         self.peak_accounted = 0
         self.group_at_rest = group_resident(group) if group is not None else None
@@ -105,6 +116,7 @@ class MemorySampler:
         st = httpx.get(f"{self.stack.engine_url}/v1/state", headers=self.stack.auth, timeout=10)
         body = st.json()
         self.peak_accounted = max(self.peak_accounted, body["memory_budget"]["used_bytes"])
+        self._account = dict(body["memory_budget"])
         self._held = {n: int(f.get("used_bytes") or 0) for n, f in body["functions"].items()}
         for name in body["functions"]:
             if name not in self._pids:
@@ -125,19 +137,30 @@ class MemorySampler:
             self.peak_group, self.peak_group_query = now, self.query
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                self._sample_group()
-                total = 0
-                for name, pid in self._pids_now().items():
-                    rss = rss_anon(pid)
-                    self.peaks[name] = max(self.peaks.get(name, 0), rss)
-                    total += rss
-                if total > self.peak_private:
-                    self.peak_private, self.peak_query = total, self.query
-                    self.held_at_peak = dict(self._held)
-            except (httpx.HTTPError, OSError, ValueError, KeyError):
-                continue
+        t0 = time.monotonic()
+        out = self.trace.open("w") if self.trace is not None else None
+        try:
+            while not self._stop.wait(0.2):
+                try:
+                    self._sample_group()
+                    private = {n: rss_anon(pid) for n, pid in self._pids_now().items()}
+                    for name, rss in private.items():
+                        self.peaks[name] = max(self.peaks.get(name, 0), rss)
+                    total = sum(private.values())
+                    if total > self.peak_private:
+                        self.peak_private, self.peak_query = total, self.query
+                        self.held_at_peak = dict(self._held)
+                        self.account_at_peak = dict(self._account)
+                        self.private_at_peak = private
+                    if out is not None:
+                        sample = {"t": round(time.monotonic() - t0, 2), "query": self.query}
+                        sample |= {"private": private, "total": total, "held": self._held}
+                        out.write(json.dumps(sample | {"account": self._account}) + "\n")
+                except (httpx.HTTPError, OSError, ValueError, KeyError):
+                    continue
+        finally:
+            if out is not None:
+                out.close()
 
     def stop(self) -> dict[str, Any]:
         """Stop sampling (safe twice); the peaks."""
@@ -149,6 +172,10 @@ class MemorySampler:
             "peak_during": self.peak_query,
             "peaks_by_function": dict(self.peaks),
             "held_at_peak_bytes": dict(self.held_at_peak),
+            # each function's RssAnon at the peak, and the engine's account then (its
+            # functions_bytes: their private memory as they last reported it)
+            "private_at_peak_bytes": dict(self.private_at_peak),
+            "account_at_peak": dict(self.account_at_peak),
         }
         if self.group is not None:
             out["platform_group"] = {
