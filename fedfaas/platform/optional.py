@@ -23,6 +23,7 @@ from core.services import PrometheusServer
 from fedfaas.platform import credentials
 from fedfaas.platform.context import Context
 from fedfaas.platform.nodes import (
+    NODES,
     PORT_OF,
     gateway_nodes,
     router_socket,
@@ -92,7 +93,15 @@ def gateway_settings(ctx: Context, node: str) -> GatewaySettings:
         engine_url=ctx.url("cache_engine") if "cache_engine" in ctx.ports else None,
         engine_token_file=token_file(ctx, credentials.SERVICE_TOKEN),
         **ctx.tls_settings(f"gateway-{node}"),
+        tls_internal_names=internal_callers(ctx),
     )
+
+
+def internal_callers(ctx: Context) -> str:
+    """The parts whose certificates open a gateway's internal routes on a TLS platform
+    (:mod:`gateway.callers`): the control plane and the node gateways, not ``functions`` (a
+    replica's code can read its key) nor ``fedfaas``; ``""`` without TLS."""
+    return ",".join(["control-plane", *(f"gateway-{n}" for n in NODES)]) if ctx.tls else ""
 
 
 def _prepare_gateway(node: str) -> Callable[[Context], None]:

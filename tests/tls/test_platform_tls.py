@@ -282,3 +282,31 @@ def test_the_function_replicas_serve_https_to_the_platform_s_parts_only(
             _tls_get(port, TlsFiles(stranger.cert, stranger.key, platform.ca).client_context())
         ok = httpx.get(f"https://127.0.0.1:{port}/_/health", verify=part.client_context())
         assert ok.status_code == 200, (port, ok.text)
+
+
+def test_a_gateway_s_internal_routes_take_the_control_plane_s_certificate_only(
+    platform: Platform,
+) -> None:
+    """A round's close (a route only the control plane calls, :mod:`gateway.callers`) with the
+    admin secret: refused 403 ``client_certificate_required`` without a certificate (the SDK's
+    kind) and with the function replicas' certificate, which a function's own code can read;
+    with the control plane's it reaches the route (the job does not exist: 404)."""
+    url = platform.url("gateway") + "/v1/jobs/nosuchjob/rounds/1/close"
+    admin = {"Authorization": f"Bearer {platform.secret('gateway-admin-secret')}"}
+
+    def close(cert: str | None) -> httpx.Response:
+        if cert is None:
+            verify = ssl.create_default_context(cafile=str(platform.ca))
+        else:
+            files = TlsFiles(
+                platform.tls_file(f"{cert}.crt"), platform.tls_file(f"{cert}.key"), platform.ca
+            )
+            verify = files.client_context()
+        return httpx.post(url, headers=admin, verify=verify, timeout=30)
+
+    for cert in (None, "functions"):
+        r = close(cert)
+        assert r.status_code == 403, (cert, r.text)
+        assert r.json()["error"] == "client_certificate_required", r.text
+    r = close("control-plane")
+    assert r.status_code == 404, r.text

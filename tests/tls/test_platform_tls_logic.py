@@ -67,6 +67,10 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
     assert gw[gw.index("--tls-cert-file") + 1] == str(ctx.tls_dir / "gateway-node0.crt")
     assert gw[gw.index("--tls-ca-file") + 1] == str(ctx.ca_file)
     assert gw[gw.index("--engine") + 1].startswith("https://")
+    # its internal routes take the control plane's and the gateways' certificates only
+    names = gw[gw.index("--tls-internal-names") + 1].split(",")
+    assert sorted(names) == ["control-plane", "gateway-node0", "gateway-node1"]
+    assert set(names) <= set(pki.CERTIFIED) and "functions" not in names
     cp = CONTROL_PLANE.argv(ctx)
     assert cp[cp.index("--tls-key-file") + 1] == str(ctx.tls_dir / "control-plane.key")
     assert "https://" in cp[cp.index("--gateways") + 1]
@@ -91,6 +95,8 @@ def test_on_a_tls_platform_the_parts_urls_are_https_and_their_flags_name_their_f
         plain
     )
     assert CA_FILE_ENV not in plain.env() and plain.client_ssl() is None
+    plain_gw = GATEWAY.argv(plain)
+    assert plain_gw[plain_gw.index("--tls-internal-names") + 1] == ""
     assert "--function-tls-cert-file" not in RUNTIME.argv(plain)
 
 
