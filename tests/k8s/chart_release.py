@@ -10,6 +10,7 @@ volumes (``persistence.enabled=false``: no PersistentVolume here).
 from __future__ import annotations
 
 import base64
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +81,19 @@ def secret(node: Node, name: str, key: str, namespace: str = NAMESPACE) -> str:
     return base64.b64decode(obj["data"][key]).decode()
 
 
-def get(node: Node, url: str, token: str) -> httpx.Response:
-    """``GET url`` with a bearer token, from inside the node's namespace."""
+def get(node: Node, url: str, token: str, verify: ssl.SSLContext | bool = True) -> httpx.Response:
+    """``GET url`` with a bearer token, from inside the node's namespace (an https server
+    verified with ``verify``)."""
     headers = {"Authorization": f"Bearer {token}"}
-    return node.cluster.ns.call(httpx.get, url, headers=headers, timeout=10)
+    return node.cluster.ns.call(httpx.get, url, headers=headers, timeout=10, verify=verify)
 
 
-def router_endpoints(node: Node, gateway_ip: str, token: str) -> list[dict[str, Any]]:
+def router_endpoints(
+    node: Node, gateway_ip: str, token: str, tls: ssl.SSLContext | None = None
+) -> list[dict[str, Any]]:
     """The aggregator endpoints registered with the gateway pod at ``gateway_ip`` (its
-    ``/v1/router``, the gateway's own left out)."""
-    r = get(node, f"http://{gateway_ip}:8081/v1/router", token)
+    ``/v1/router``, the gateway's own left out); over https verified with ``tls`` where given."""
+    scheme = "https" if tls is not None else "http"
+    r = get(node, f"{scheme}://{gateway_ip}:8081/v1/router", token, tls or True)
     assert r.status_code == 200, r.text
     return [e for e in r.json()["endpoints"] if not e["local"]]

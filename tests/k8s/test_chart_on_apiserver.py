@@ -13,6 +13,13 @@ v1.34 built from the Go module proxy, Debian's etcd), in a private namespace
 - The controller manager makes every workload's pods: each Deployment's ReplicaSet and its
   Pods, the StatefulSets' Pods, the DaemonSet's Pod on the Node registered by hand, the hook
   Job's Pod. All stay Pending (no scheduler binds them, no kubelet runs them).
+- With TLS from Secrets (``tls.enabled``) the same; with cert-manager
+  (``tls.certManager.issuerRef``) the install is refused, saying why, while the API server
+  serves no ``cert-manager.io/v1``; once cert-manager's own CRDs are created
+  (scripts/cert-manager-crds.sh, from the Go module proxy) the chart makes a ``Certificate``
+  for each TLS part, which passes the CRD's strict schema and is stored, writing the Secret
+  the part's pods mount, for the names of its Service (the gateway's: the Node's name too).
+  No cert-manager controller runs: nothing issues them here.
 - ``helm uninstall`` removes the release and keeps the Secrets the chart marks
   ``helm.sh/resource-policy: keep``; a new install takes them back unchanged.
 - faas-netes (OpenFaaS's Kubernetes provider, with the RBAC OpenFaaS gives it) lists the
@@ -25,7 +32,9 @@ v1.34 built from the Go module proxy, Debian's etcd), in a private namespace
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +57,8 @@ VALUE_SETS = {
     "defaults": [],
     "ebpf": ["--set", "nodeGateway.ebpf.enabled=true"],
     "no-basic-auth": ["--set", "basicAuth=false"],
+    # TLS from Secrets the operator makes (none here: the pods are never started)
+    "tls": ["--set", "tls.enabled=true"],
 }
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 #: the kinds every value set renders (a kind missing from the release is a chart change)
@@ -187,6 +198,8 @@ def test_every_object_of_the_chart_is_accepted_and_its_controllers_make_the_pods
         control = stored[("Deployment", NAMESPACE, f"{RELEASE}-control-plane")]
         env = {e["name"] for e in control["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert ("FEDFAAS_CONTROL_PROVIDER_AUTH_DIR" in env) is (values != "no-basic-auth")
+        args = control["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert ("--tls-cert-file" in args) is (values == "tls")
 
         workloads = [stored[k] for k in stored if k[0] in WORKLOADS]
         assert {w["kind"] for w in workloads} == set(WORKLOADS)
@@ -352,3 +365,68 @@ def test_the_strict_check_refuses_an_unknown_field(cluster: Cluster, helm: Helm)
     assert (
         cluster.api.get("apps/v1", "Deployment", deployment["metadata"]["name"], NAMESPACE) is None
     )
+
+
+def _cert_manager_crds() -> list[dict[str, Any]]:
+    """cert-manager's CRDs (scripts/cert-manager-crds.sh: fetched from the Go module proxy
+    into the cache once, as the Kubernetes binaries are)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "cert-manager-crds.sh"
+    res = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    folder = Path(res.stdout.strip().splitlines()[-1])
+    return [d for f in sorted(folder.glob("*.yaml")) for d in _docs(f.read_text())]
+
+
+def _established(cluster: Cluster, name: str) -> bool:
+    crd = cluster.api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+    conditions = (crd or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+def test_with_cert_manager_the_chart_makes_a_certificate_for_each_tls_part(
+    cluster: Cluster, helm: Helm
+) -> None:
+    values = ["--set", "tls.enabled=true", "--set", "tls.certManager.issuerRef.name=fedfaas-ca"]
+    refused = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--no-hooks", *values)
+    assert refused.returncode != 0, refused.stdout
+    assert "does not serve cert-manager.io/v1" in refused.stderr, refused.stderr
+    crds = _cert_manager_crds()
+    for crd in crds:
+        cluster.api.create(crd)
+    names = [crd["metadata"]["name"] for crd in crds]
+    try:
+        wait_for(lambda: all(_established(cluster, n) for n in names), "the CRDs established", 60)
+        objs = _install(helm, *values)
+        try:
+            certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
+            parts = ("node-gateway", "control-plane", "cache-engine", "request-tracker")
+            assert set(certs) == {f"{RELEASE}-tls-{p}" for p in parts}, set(certs)
+            for name, cert in certs.items():
+                cluster.api.validate(cert)  # cert-manager's schema, strictly
+                got = cluster.api.get("cert-manager.io/v1", "Certificate", name, NAMESPACE)
+                assert got is not None and got["spec"]["secretName"] == name, got
+                assert got["spec"]["issuerRef"]["name"] == "fedfaas-ca", got
+            gateway = certs[f"{RELEASE}-tls-node-gateway"]["spec"]["dnsNames"]
+            assert NODE in gateway, gateway  # the Node the API server lists (helm's lookup)
+            assert f"{RELEASE}-node-gateway-peers.{NAMESPACE}.svc" in gateway, gateway
+            engine = certs[f"{RELEASE}-tls-cache-engine"]["spec"]["dnsNames"]
+            assert f"{RELEASE}-cache-engine.{NAMESPACE}" in engine, engine  # its callers' URL
+            # each part's pods mount the Secret its Certificate writes
+            for kind, part in (("DaemonSet", "node-gateway"), ("Deployment", "cache-engine")):
+                workload = next(
+                    o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(part)
+                )
+                volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+                assert volumes["tls-secret"]["secret"]["secretName"] == f"{RELEASE}-tls-{part}"
+            # the check is not vacuous: a field cert-manager's schema lacks is refused
+            bad = json.loads(json.dumps(certs[f"{RELEASE}-tls-cache-engine"]))
+            bad["spec"]["dnsNamez"] = ["x"]
+            with pytest.raises(ApiError, match=r"dnsNamez"):
+                cluster.api.validate(bad)
+        finally:
+            _uninstall(cluster, helm, [])
+    finally:
+        for name in names:
+            cluster.api.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)

@@ -67,3 +67,54 @@ def test_the_readme_names_the_versions_and_what_ran_with_the_tests_that_ran_it()
         ("a gateway pod deleted mid-round", "def test_a_root_gateway_pod_deleted_mid_round"),
     ):
         assert claim in section and test in tests, claim
+
+
+def _values_paths(doc: dict[str, object], prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in doc.items():
+        path = f"{prefix}{key}"
+        out.add(path)
+        if isinstance(value, dict):
+            out |= _values_paths(value, f"{path}.")
+    return out
+
+
+def test_the_tls_docs_name_values_secrets_versions_and_tests_that_exist() -> None:
+    """The chart's TLS as docs/openfaas-kubernetes.md and the chart's README tell it: every
+    ``tls.*`` value they name is in values.yaml, the Secrets' parts are the chart's and the
+    tests', the cert-manager version is the one the script fetches, and the claims of what ran
+    are in the tests named."""
+    import yaml
+
+    from tests.k8s import chart_tls
+
+    values = _values_paths(yaml.safe_load((REPO / "charts/fedfaas/values.yaml").read_text()))
+    doc = DOC.read_text()
+    tls = doc[doc.index("**TLS**") : doc.index("**What ran here**")]
+    readme = (REPO / "charts/fedfaas/README.md").read_text()
+    section = readme[readme.index("## TLS") : readme.index("## Values worth knowing")]
+    named = set(re.findall(r"`(tls\.[\w.]+)", tls + section)) - {"tls.crt", "tls.key"}  # keys
+    assert {"tls.enabled", "tls.secretName", "tls.certManager.issuerRef.name"} <= named
+    assert named <= values, named - values
+    parts = set(re.findall(r"`<prefix>-([\w-]+)`", section))
+    assert parts == set(chart_tls.PARTS), parts
+    script = (REPO / "scripts/cert-manager-crds.sh").read_text()
+    version = re.search(r"FEDFAAS_CERT_MANAGER_VERSION:-(v[\d.]+)", script)
+    assert version is not None and f"CRDs ({version[1]}," in " ".join(_what_ran().split())
+    node = (REPO / "tests/k8s/test_chart_on_node.py").read_text()
+    apiserver = (REPO / "tests/k8s/test_chart_on_apiserver.py").read_text()
+    for claim, test, source in (
+        ("with TLS from Secrets", "chart_tls.create_secrets(", node),
+        (
+            "a job through the SDK over HTTPS with `ca_file`",
+            "def test_a_job_through_the_sdk_over_https",
+            node,
+        ),
+        ("answered `400 tls_required`", "def test_plain_http_and_another_cas_certificate", node),
+        (
+            "cert-manager's own CRDs",
+            "def test_with_cert_manager_the_chart_makes_a_certificate",
+            apiserver,
+        ),
+    ):
+        assert claim in " ".join(_what_ran().split()) and test in source, claim
