@@ -55,9 +55,10 @@ def _job(p: Any, mode: str, rounds: int, repeat: int = 0) -> list[dict[str, Any]
         rounds=versions,
         clients=ids,
         admin_token=p.admin_secret(),
+        ca_file=p.ca_file,  # the platform serves TLS (fedfaas up's default)
         **extra,
     )
-    assign = control_plane_assignment(cp, job, created["tokens"])
+    assign = control_plane_assignment(cp, job, created["tokens"], ca_file=p.ca_file)
     cfg = SimulatorConfig(
         rounds=versions,
         workers=CLIENTS,  # every client trains at once in both modes
@@ -69,6 +70,7 @@ def _job(p: Any, mode: str, rounds: int, repeat: int = 0) -> list[dict[str, Any]
         # stuck, and says so (each node's round, each client's state) well within a CI
         # test's timeout
         round_timeout=60.0,
+        ca_file=p.ca_file,
     )
     with Simulator(job, data, created["tokens"], assign, cfg) as sim:
         t0 = time.perf_counter()

@@ -83,3 +83,25 @@ def test_the_soak_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(Stop):
         soak(args)
     assert seen[0]["tls"] is False
+
+
+def test_bench_fedbuff_runs_on_the_default_tls_platform(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench-fedbuff compares FedFaaS with itself: its platform is ``fedfaas up``'s default
+    (no ``tls`` override), so its clients must verify against the platform's CA."""
+    from bench import fedbuff
+    from fedfaas.demo import stack
+    from fedfaas.settings import load_settings
+
+    given: list[dict[str, Any]] = []
+
+    def platform(state_dir: Path, **overrides: Any) -> Any:
+        given.append(overrides)
+        raise Stop
+
+    monkeypatch.setattr(stack, "platform", platform)
+    with pytest.raises(Stop):
+        fedbuff.run(tmp_path / "out", repeats=1)
+    assert given == [{}]
+    assert load_settings(state_dir=tmp_path).tls  # the default it runs on
