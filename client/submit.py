@@ -132,8 +132,8 @@ def submit_job(
     timeout : seconds for each request.
     transport : optional httpx transport (tests).
     ca_file : the platform's CA certificate, for ``https://`` URLs (:mod:`client.tls`;
-        ``fedfaas up``, TLS by default, writes ``.state/secrets/tls/ca.crt``); the handle uses it for
-        every later call (the control plane, the gateways, the tracker).
+        ``fedfaas up``, TLS by default, writes ``.state/secrets/tls/ca.crt``); the handle uses
+        it for every later call (the control plane, the gateways, the tracker).
 
     Returns
     -------

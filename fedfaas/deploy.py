@@ -66,8 +66,8 @@ def deploy(
         False: deploy to exactly ``gateway_url`` (required then), whatever the stack file and
         ``OPENFAAS_URL`` say; for a caller that knows where its gateway is (``fedfaas up``).
     verify:
-        How an ``https`` gateway is verified (httpx's ``verify``; ``fedfaas up``, TLS by default, passes
-        a context with the platform's CA and its own certificate).
+        How an ``https`` gateway is verified (httpx's ``verify``; ``fedfaas up``, TLS by
+        default, passes a context with the platform's CA and its own certificate).
 
     Returns
     -------

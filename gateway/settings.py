@@ -110,10 +110,11 @@ class GatewaySettings(CommandLineSettings, TlsSettings):
         fails otherwise), and the peers' certificates are verified against it.
     tls_client_certs : ``"optional"`` (clients of the SDK present none; one that presents a
         certificate must present a good one), ``"required"`` (mTLS only) or ``"none"``. With a
-        CA and unless ``"none"`` (else the gateway logs a warning at start), the internal routes (those only the platform's parts call: partials from
-        peers, the control plane's plan, close, adopt, unmask and deletions;
-        :mod:`gateway.callers`) answer 403 ``client_certificate_required`` to a request whose
-        connection presented no client certificate, whatever its bearer token.
+        CA and unless ``"none"`` (else the gateway logs a warning at start), the internal
+        routes (those only the platform's parts call: partials from peers, the control plane's
+        plan, close, adopt, unmask and deletions; :mod:`gateway.callers`) answer 403
+        ``client_certificate_required`` to a request whose connection presented no client
+        certificate, whatever its bearer token.
     tls_internal_names : comma-separated names of the parts whose client certificates the
         internal routes take (a certificate's common name or a DNS name of its subject
         alternative names, e.g. ``control-plane,gateway-node0,gateway-node1``); empty: any

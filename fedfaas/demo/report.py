@@ -134,9 +134,8 @@ def report(cfg: DemoConfig, result: DemoResult, out: Path) -> None:
         f"beside it ({when})"
     )
     if result.urls.get("console", "").startswith("https://"):
-        say(
-            f"  (HTTPS: import the platform's CA, {out / 'platform' / 'secrets' / 'tls' / 'ca.crt'}, in the browser)"
-        )
+        ca = out / "platform" / "secrets" / "tls" / "ca.crt"
+        say(f"  (HTTPS: import the platform's CA, {ca}, in the browser)")
     t = result.timings
     say(
         "timings: "

@@ -55,8 +55,9 @@ class Context:
     openfaas_gateway: Path | None = None
     #: the memory file system of the node gateways' object stores (``--shm-dir``)
     shm_dir: Path = Path("/dev/shm")
-    #: ``fedfaas up`` (TLS by default, not ``--no-tls``): the parts of :data:`TLS_PORTS` serve HTTPS with certificates
-    #: from :attr:`tls_dir` (:mod:`fedfaas.platform.pki`) and call each other over mTLS
+    #: ``fedfaas up`` (TLS by default, not ``--no-tls``): the parts of :data:`TLS_PORTS` serve
+    #: HTTPS with certificates from :attr:`tls_dir` (:mod:`fedfaas.platform.pki`) and call
+    #: each other over mTLS
     tls: bool = False
 
     @classmethod

@@ -1,6 +1,7 @@
-"""The certificates of a platform started with ``fedfaas up`` (TLS, its default): a local CA and one
-certificate per part, minted into ``STATE_DIR/secrets/tls`` (0600 files, removed by ``down``
-with the other secrets; the CA's key is deleted once they are signed) by :func:`core.tls.mint_ca` and :func:`core.tls.mint_cert`.
+"""The certificates of a platform started with ``fedfaas up`` (TLS, its default): a local CA
+and one certificate per part, minted into ``STATE_DIR/secrets/tls`` (0600 files, removed by
+``down`` with the other secrets; the CA's key is deleted once they are signed) by
+:func:`core.tls.mint_ca` and :func:`core.tls.mint_cert`.
 
 Each certificate names the platform's loopback host (and ``localhost``), is valid as a server
 and as a client, and is that part's alone: the part serves HTTPS with it and presents it when
