@@ -6,7 +6,8 @@ A Flower user keeps their client class and changes the launch line::
     fl.client.start_client(server_address="127.0.0.1:8080", client=FlowerClient().to_client())
     # FedFaaS
     from client.flower import flower_weights, run_numpy_client
-    run_numpy_client(FlowerClient(), "http://127.0.0.1:8070", "my-job", "client-7", token)
+    run_numpy_client(FlowerClient(), "https://127.0.0.1:8070", "my-job", "client-7", token,
+                     ca_file=".state/secrets/tls/ca.crt")  # fedfaas up's CA (TLS by default)
 
 The adapter speaks only to what a ``NumPyClient`` defines (``get_parameters(config)``,
 ``fit(parameters, config)`` and ``evaluate(parameters, config)``, parameters being a list of

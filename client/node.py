@@ -1,6 +1,7 @@
 """The node gateway's client: one FL client's model reads and uploads (:class:`FLClient`)::
 
-    client = FLClient("http://127.0.0.1:8081", "digits", "client-000", token)
+    client = FLClient("https://127.0.0.1:8081", "digits", "client-000", token,
+                      ca_file=".state/secrets/tls/ca.crt")  # fedfaas up's CA
     model = client.fetch_model()                  # ETag-aware: 304 reuses the cached bytes
     client.upload(model.version + 1, state_dict, num_samples=120)
 

@@ -1,6 +1,7 @@
 """Analysts sending a mix of FLStore queries to the request tracker.
 
-Headless, against ``fedfaas up`` (or any tracker)::
+Headless, against ``fedfaas up --no-tls`` (or any plain-HTTP tracker: these users give no CA
+nor client certificate, and the engine of a TLS platform requires one)::
 
     locust -f loadtests/locustfile.py --headless -u 8 -r 4 -t 30s --host http://127.0.0.1:PORT
 

@@ -1,6 +1,7 @@
 """The whole platform under load: FL clients training, analysts querying, an operator watching
 the control plane plan. ``bench/soak.py`` (``make soak``) runs it against ``fedfaas up --with
-all`` and injects a fault in the middle; by hand::
+all --no-tls`` (its users speak plain HTTP: give no CA) and injects a fault in the middle; by
+hand, against such a platform::
 
     python -m locust -f loadtests/platform.py --headless -u 22 -r 22 -t 600s --host URL
 
