@@ -194,9 +194,11 @@ class InvalidQuery(UpdateRejected):
 
 
 class Unauthorized(UpdateRejected):
-    """401/403: a missing or wrong token, or one whose scope may not do this."""
+    """401/403: a missing or wrong token, or one whose scope may not do this; or a route only
+    the platform's own parts may call, asked without their client certificate over TLS
+    (``client_certificate_required``, :mod:`gateway.callers`)."""
 
-    codes: ClassVar[tuple[str, ...]] = ("unauthorized", "forbidden")
+    codes: ClassVar[tuple[str, ...]] = ("unauthorized", "forbidden", "client_certificate_required")
 
 
 class ClientRevoked(Unauthorized):
