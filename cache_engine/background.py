@@ -130,12 +130,7 @@ class Background(EngineState):
                     with self._lock:
                         if f in self.functions:
                             self.functions[f].said(body)
-                        self.budget.report(
-                            f,
-                            int(body.get("private_bytes", 0)),
-                            body.get("resting_bytes"),
-                            int(body.get("requests_under_way") or 0),
-                        )
+                        self.budget.report_answer(f, body)
                         self._unmapped(f, ks)
             except Exception as exc:
                 log.warning("evict on %s failed: %s", f, one_line(exc))

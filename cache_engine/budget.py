@@ -44,8 +44,9 @@ loads was given more than the budget had left, and the functions' memory passed 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _no_store() -> int:
@@ -198,6 +199,19 @@ class MemoryBudget:
                 self.busy.add(function)
             else:
                 self.busy.discard(function)
+
+    def report_answer(
+        self, function: str, answer: Mapping[str, Any], private_default: int = 0
+    ) -> None:
+        """:meth:`report` from a cache function's JSON answer (a ping's, a load's, an
+        eviction's: ``private_bytes``, ``resting_bytes``, ``requests_under_way``);
+        ``private_default`` where it names no ``private_bytes``."""
+        self.report(
+            function,
+            int(answer.get("private_bytes", private_default)),
+            answer.get("resting_bytes"),
+            int(answer.get("requests_under_way") or 0),
+        )
 
     def forget_function(self, function: str) -> None:
         with self._lock:

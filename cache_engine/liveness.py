@@ -61,12 +61,7 @@ class Liveness(EngineState):
             if changed:  # a new process counts its loads from 0
                 info.seq = -1
             info.said(body)
-            self.budget.report(
-                name,
-                int(body.get("private_bytes", info.used)),
-                body.get("resting_bytes"),
-                int(body.get("requests_under_way") or 0),
-            )
+            self.budget.report_answer(name, body, info.used)
             url = body.get("url")
             url = url if isinstance(url, str) and _DIRECT.match(url) else None
             moved, info.url = url != info.url, url

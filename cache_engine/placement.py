@@ -327,12 +327,7 @@ class Placement(EngineState):
             info = self.functions.get(fn)
             if info is not None:
                 info.said(body)
-            self.budget.report(
-                fn,
-                int(body.get("private_bytes", body.get("bytes", 0))),
-                body.get("resting_bytes"),
-                int(body.get("requests_under_way") or 0),
-            )
+            self.budget.report_answer(fn, body, body.get("bytes", 0))
             for ident in body.get("mapped") or ():
                 whole = ObjectKey.parse(ident).whole
                 if whole not in self.mapped:
