@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from core.services import wait_for_port
 from core.tls import TlsFiles, mint_ca, mint_cert
 
@@ -34,6 +36,15 @@ def mint(folder: Path) -> Certs:
         client=mint_cert(ca, folder / "certs", "peer", hosts),
         stranger=mint_cert(other, folder / "other-ca", "stranger", hosts),
     )
+
+
+@pytest.fixture()
+def certs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Certs:
+    """The platform's certificates (:func:`mint`); this process's httpx trusts the platform's
+    CA only and presents no certificate (as a user of the SDK). A fixture: import it by name."""
+    c = mint(tmp_path / "pki")
+    monkeypatch.setenv("SSL_CERT_FILE", str(c.ca.cert))
+    return c
 
 
 def settings_of(part: TlsFiles, **more: Any) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import logging
 import socket
 import ssl
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,13 +37,14 @@ from tests.dataplane.test_gateway_ingest import (
 from tests.dataplane.test_gateway_rounds import (
     test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg,
 )
-from tests.tls.certs import Certs, mint, settings_of
+from tests.tls.certs import Certs, certs, settings_of
 
 pytestmark = pytest.mark.integration
 
 #: the tests of tests/auth and tests/dataplane that run here again, over TLS, with the fixtures
 #: they need (``gateway_extra`` below turns TLS on in them)
 OVER_TLS = [
+    certs,
     gateway,
     make_gw,
     test_every_route_but_healthz_refuses_missing_wrong_and_foreign_credentials,
@@ -57,14 +57,6 @@ OVER_TLS = [
     # against the platform's CA and presenting its own
     test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg,
 ]
-
-
-@pytest.fixture()
-def certs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Certs:
-    """The platform's certificates; this process's httpx trusts the platform's CA only."""
-    c = mint(tmp_path / "pki")
-    monkeypatch.setenv("SSL_CERT_FILE", str(c.ca.cert))
-    return c
 
 
 @pytest.fixture()

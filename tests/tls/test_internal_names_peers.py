@@ -14,8 +14,7 @@ from tests.dataplane.gateways import make_gw
 from tests.dataplane.test_gateway_rounds import (
     test_two_nodes_send_one_partial_across_and_agree_with_flat_fedavg,
 )
-from tests.tls.certs import Certs, settings_of
-from tests.tls.test_internal_routes import certs
+from tests.tls.certs import Certs, certs, settings_of
 
 pytestmark = pytest.mark.integration
 

@@ -33,10 +33,10 @@ from gateway.callers import ROUTES, internal_route, parse_names
 from gateway.ingest import PARTIAL, UPLOAD
 from tests.dataplane.gateways import make_gw
 from tests.dataplane.gwutil import GatewayThread, tiny_bytes
-from tests.tls.certs import Certs, mint, settings_of
+from tests.tls.certs import Certs, certs, settings_of
 
 #: fixtures imported for the tests here (with ``gateway_extra`` below, turning TLS on)
-FIXTURES = [make_gw]
+FIXTURES = [make_gw, certs]
 
 JOB = "j1"
 CLIENTS = ["c0", "c1", "c2"]
@@ -93,15 +93,6 @@ def test_a_request_is_matched_to_its_route_as_the_app_routes_it() -> None:
 
 
 # -- on a TLS gateway ----------------------------------------------------------------------------
-@pytest.fixture()
-def certs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Certs:
-    """The platform's certificates; this process's httpx trusts the platform's CA and presents
-    no certificate (as a user of the SDK)."""
-    c = mint(tmp_path / "pki")
-    monkeypatch.setenv("SSL_CERT_FILE", str(c.ca.cert))
-    return c
-
-
 @pytest.fixture()
 def gateway_extra(certs: Certs) -> dict[str, Any]:
     return settings_of(certs.server)
