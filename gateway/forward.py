@@ -7,9 +7,12 @@ restarted meanwhile sends it again from the journal. :func:`send_partial` posts 
 ``/v1/internal/jobs/{job}/rounds/{r}/partials?slot=S`` on the root:
 
 - 2xx: delivered.
-- no answer, a 5xx, no address for the root yet: tried again after a wait that doubles from
-  50 ms up to ``retry_max_s`` (each try counted in ``fedfaas_gateway_partial_retries_total``
-  and logged), for as long as the round is open here. There is no last try.
+- no answer, a 5xx, no address for the root yet, or a 401/403 (the root does not take this
+  node's credential: an admin secret or a certificate being rotated, a name missing from the
+  root's ``tls_internal_names``; an operator can mend it while the round is open): tried again
+  after a wait that doubles from 50 ms up to ``retry_max_s`` (each try counted in
+  ``fedfaas_gateway_partial_retries_total`` and logged), for as long as the round is open
+  here. There is no last try.
 - 409 ``stale_round`` / ``unknown_slot`` or 404 ``unknown_job`` (the root's round or plan
   moved), or the round closed here before an answer came: the journal says what happened
   (:func:`_verdict`): the job was deleted (nothing to do: every node forgets it); another node
@@ -48,6 +51,8 @@ __all__ = ["drop", "drop_unfinished", "send_partial"]
 
 #: the root's refusals that mean its round or plan moved: the journal says what happened
 MOVED = frozenset({"stale_round", "unknown_slot", "unknown_job"})
+#: the root does not take this node's credential (yet): tried again, not dropped
+CREDENTIAL_REFUSED = frozenset({401, 403})
 #: what the journal says of a partial whose round or plan moved at the root (:func:`_verdict`)
 GONE, RETRY, DELIVERED, DROPPED, UNCONFIRMED = (
     "gone",
@@ -124,7 +129,7 @@ async def _try_once(
         eng.delivered.add((sid, job.root))
         return None
     code, detail = _error_of(r)
-    if r.status_code >= 500:
+    if r.status_code >= 500 or r.status_code in CREDENTIAL_REFUSED:
         return f"{r.status_code} {code}: {detail}"
     if code in MOVED:
         return await _settle(gw, job, eng, sid, inp, f"root answered {r.status_code} {code}")

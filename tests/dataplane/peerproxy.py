@@ -9,7 +9,9 @@ peer, and the test decides what happens to each request whose path matches ``pat
 - :data:`LOSE_ANSWER`: the sender's connection is closed at once, and the request relayed
   to the peer once :attr:`PeerProxy.lost_gate` is set (at once by default): the peer acts on
   it, the sender cannot know;
-- :data:`REFUSE`: the connection is closed before anything is relayed (a peer that is down).
+- :data:`REFUSE`: the connection is closed before anything is relayed (a peer that is down);
+- :data:`FORBID`: answered 403 ``client_certificate_required`` without relaying (a peer that
+  does not take the sender's credential).
 
 Every other request is relayed unchanged. Each request goes upstream on a connection of its
 own; the client side keeps its connection alive as the gateway's client expects. Only loopback.
@@ -24,7 +26,15 @@ from collections import deque
 
 from tests.dataplane.loopback import LoopbackListener
 
-PASS, HOLD, LOSE_ANSWER, REFUSE = "pass", "hold", "lose_answer", "refuse"
+PASS, HOLD, LOSE_ANSWER, REFUSE, FORBID = "pass", "hold", "lose_answer", "refuse", "forbid"
+_FORBIDDEN_BODY = (
+    b'{"error":"client_certificate_required",'
+    b'"detail":"this route takes a platform certificate (peer proxy)"}'
+)
+FORBIDDEN = (
+    b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_FORBIDDEN_BODY), _FORBIDDEN_BODY)
+)
 
 
 class PeerProxy(LoopbackListener):
@@ -89,7 +99,7 @@ class PeerProxy(LoopbackListener):
                 if mode == LOSE_ANSWER:
                     threading.Thread(target=self._relay_lost, args=(head,), daemon=True).start()
                     return
-                answer = self._relay(head)
+                answer = FORBIDDEN if mode == FORBID else self._relay(head)
                 if answer is None:
                     return
                 try:

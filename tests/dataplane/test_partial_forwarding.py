@@ -8,6 +8,9 @@ turns against the partials.
   the journal shows the root had it: delivered, nothing dropped, the model exact.
 - The root cannot be reached for more tries than the forward used to make (30) before it gave
   up in silence: the forward goes on until the root answers, and the model is exact.
+- The root refuses the sender's credential (403 ``client_certificate_required``, as a root whose
+  ``tls_internal_names`` lacks the node answers) until an operator mends it: the partial is sent
+  again, not dropped, and the model is exact once the root takes it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dataplane.peerproxy import HOLD, LOSE_ANSWER, PASS, REFUSE
+from tests.dataplane.peerproxy import FORBID, HOLD, LOSE_ANSWER, PASS, REFUSE
 from tests.dataplane.rounds import assert_fedavg, expected, upload_to, wait_version
 from tests.dataplane.twonodes import TwoNodes, two_nodes
 from tests.polling import wait_until
@@ -125,3 +128,24 @@ def test_a_partial_is_forwarded_past_the_tries_that_used_to_end_in_silence(
         assert_fedavg(got, expected(SEEDS, WEIGHTS))
         assert nodes.proxy.outcomes[REFUSE] > OLD_TRIES + 5 and nodes.proxy.outcomes[PASS] == 1
         assert _dropped(nodes, "retry")["updates"] == 0
+
+
+def test_a_partial_the_root_refuses_for_its_credential_is_sent_again_until_taken(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with two_nodes(tmp_path, redis_url, retry_max_s=0.05) as nodes:
+        nodes.proxy.set(FORBID)  # the root answers 403 to n2's partials
+        info, _ = _round_one(nodes, "forbid")
+        wait_until(
+            lambda: nodes.metric("n2", "fedfaas_gateway_partial_retries_total") >= 3,
+            60,
+            "n2 sends its partial again after 403s",
+        )
+        assert _dropped(nodes, "forbid")["updates"] == 0
+        assert nodes.status("n1", "forbid")["version"] == 0  # the root waits for the partial
+        nodes.proxy.set(PASS)  # the operator mended the root's settings
+        got = wait_version(nodes.url("n1"), info["tokens"]["c0"], 1, job="forbid")
+        assert_fedavg(got, expected(SEEDS, WEIGHTS))
+        assert nodes.proxy.outcomes[FORBID] >= 3 and nodes.proxy.outcomes[PASS] == 1
+        assert "403 client_certificate_required" in nodes.log("n2")
+        assert _dropped(nodes, "forbid")["updates"] == 0
