@@ -186,7 +186,7 @@ def _train_round(
     code raises is the round's ``error`` (nothing uploaded); the SDK's errors propagate."""
     rnd, client_id = int(a["round"]), cp.client_id
     config: Config = {"server_round": rnd, **(config_fn(rnd) if config_fn else {})}
-    with cp.gateway(str(a["gateway_url"]), token) as fl:
+    with cp.gateway(str(a["gateway_url"]), token, a.get("tls_name") or None) as fl:
         model = fl.wait_for_version(rnd - 1)
         t0 = time.perf_counter()
         try:
@@ -284,9 +284,12 @@ class _ControlPlane:
             verify=verify_for(ca_file),
         )
 
-    def gateway(self, url: str, token: str) -> FLClient:
-        """This client's connection to the gateway at ``url`` (trusting the same CA)."""
-        return FLClient(url, self.job, self.client_id, token, ca_file=self.ca_file)
+    def gateway(self, url: str, token: str, tls_name: str | None = None) -> FLClient:
+        """This client's connection to the gateway at ``url`` (trusting the same CA; its
+        certificate verified against ``tls_name`` where the assignment gives one)."""
+        return FLClient(
+            url, self.job, self.client_id, token, ca_file=self.ca_file, tls_name=tls_name
+        )
 
     def close(self) -> None:
         self.http.close()

@@ -59,6 +59,9 @@ class Assignment:
     gateway_url: str
     resend: int = 0
     done: bool = False
+    #: the name ``gateway_url``'s certificate is verified against where not its host (a
+    #: gateway the control plane found through discovery: its node), else None
+    tls_name: str | None = None
 
 
 class RoundClient(FLClient):
@@ -78,6 +81,7 @@ class RoundClient(FLClient):
             timeout=job.timeout,
             transport=job.transport,
             ca_file=job.ca_file,
+            tls_name=assignment.tls_name,
         )
         self.assignment = assignment
         self.round = assignment.round
@@ -271,6 +275,7 @@ class Job(Mapping[str, Any]):
                         gateway_url=str(a["gateway_url"]),
                         resend=int(a.get("resend") or 0),
                         done=bool(a.get("done")),
+                        tls_name=str(a["tls_name"]) if a.get("tls_name") else None,
                     )
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -356,10 +361,11 @@ class Job(Mapping[str, Any]):
         """
         view = self.view()
         nodes = self._get("/v1/nodes")["nodes"]
-        urls = [n["url"] for n in nodes if n["name"] == view.get("root")]
-        urls += [n["url"] for n in nodes if n["name"] != view.get("root") and n.get("healthy")]
+        order = [n for n in nodes if n["name"] == view.get("root")]
+        order += [n for n in nodes if n["name"] != view.get("root") and n.get("healthy")]
         last: ClientError | None = None
-        for url in urls:
+        for node in order:
+            url = node["url"]
             with FLClient(
                 url,
                 self.name,
@@ -368,6 +374,7 @@ class Job(Mapping[str, Any]):
                 timeout=self.timeout,
                 transport=self.transport,
                 ca_file=self.ca_file,
+                tls_name=node.get("tls_name") or None,
             ) as fl:
                 try:
                     if version is None:

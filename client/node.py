@@ -144,6 +144,10 @@ class FLClient:
     timeout : seconds for connect/read of each request.
     transport : optional httpx transport (tests).
     ca_file : the platform's CA certificate, for an ``https://`` gateway (:mod:`client.tls`).
+    tls_name : the name the gateway's certificate is verified against where it is not the
+        URL's host: the control plane gives it with a gateway found through discovery
+        (``https://POD_IP:PORT`` whose certificate names its node; the assignment's and
+        ``/v1/nodes``' ``tls_name``). ``None``: the URL's host.
     """
 
     def __init__(
@@ -156,8 +160,12 @@ class FLClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
         ca_file: CaFile = None,
+        tls_name: str | None = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
+        #: sent as the TLS server name and checked against the certificate (httpcore's
+        #: ``sni_hostname``), hostname checking on
+        self._extensions = {"sni_hostname": tls_name} if tls_name else {}
         self.job = job
         self.client_id = client_id
         self._token = token
@@ -180,7 +188,7 @@ class FLClient:
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
-            resp = self._http.request(method, path, **kw)
+            resp = self._http.request(method, path, extensions=self._extensions, **kw)
         except httpx.TransportError as exc:
             raise unreachable(self.gateway_url + path, exc, method) from exc
         raise_for(resp)

@@ -110,9 +110,15 @@ class ControlPlaneAssignment:
         """The gateway URL of ``client_id`` for the open round (once the job is done: of the
         node holding the final model); :class:`~client.errors.JobFailed` when the job failed,
         :class:`~client.errors.ClientNotSelected` when the client is not in the round."""
+        return str(self.answer(client_id)["gateway_url"])
+
+    def answer(self, client_id: str) -> dict[str, Any]:
+        """The control plane's whole assignment of ``client_id`` (as :meth:`__call__`), with
+        ``tls_name``: the name the gateway's certificate is verified against where not the
+        URL's host (:class:`~client.node.FLClient`'s ``tls_name``)."""
         self._client = client_id
         params, headers = self._auth(client_id)
-        return str(self._get(f"/v1/jobs/{self.job}/assignment", params, headers)["gateway_url"])
+        return dict(self._get(f"/v1/jobs/{self.job}/assignment", params, headers))
 
     def wait_round(self, number: int, timeout: float = 120.0) -> None:
         """Until the control plane has round ``number`` (or a later one) open for clients;

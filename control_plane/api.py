@@ -17,9 +17,11 @@ Routes:
 * ``POST /v1/jobs/{job}/rounds``: open the next round (when ``auto_rounds`` is off)
 * ``POST /v1/jobs/{job}/rounds/{r}/close``: close the open round now
 * ``GET  /v1/jobs/{job}/assignment?client=ID``: ``{job, round, client, node, gateway_url,
-  resend}`` (``resend`` grows when the client's accepted update was lost with a dead root
-  node: it sends the update again, to ``gateway_url``); once the job is done, the job's root
-  node, which holds the final model (``done``: true)
+  tls_name, resend}`` (``resend`` grows when the client's accepted update was lost with a dead
+  root node: it sends the update again, to ``gateway_url``); once the job is done, the job's
+  root node, which holds the final model (``done``: true). ``tls_name``: the name the
+  gateway's certificate is verified against, where not the URL's host (a node found through
+  discovery: its own name, :mod:`core.server_names`), else null; ``GET /v1/nodes`` gives it too
 * ``POST /v1/jobs/{job}/rounds/{r}/failures?client=ID``: the client leaves the open round
   without an update, its training having failed (:mod:`control_plane.client_rounds`)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
@@ -192,7 +194,8 @@ def create_app(
             static = settings.gateway_map()
 
             async def found(nodes: dict[str, str]) -> None:
-                await coord.update_nodes({**nodes, **static})  # --gateways entries win
+                # --gateways entries win; the others are verified by their node's name
+                await coord.update_nodes({**nodes, **static}, by_name=set(nodes) - set(static))
 
             tasks.append(asyncio.create_task(discovery.watch(settings.discovery_interval, found)))
         try:
@@ -254,6 +257,7 @@ def create_app(
                 {
                     "name": h.name,
                     "url": h.url,
+                    "tls_name": h.tls_name,
                     "healthy": h.healthy,
                     "mc": h.mc,
                     "queue_estimate": est.get(h.name, 0.0),
@@ -389,6 +393,7 @@ def create_app(
             "client": client,
             "node": node,
             "gateway_url": url,
+            "tls_name": h.tls_name if (h := coord.nodes.get(node)) is not None else None,
             "resend": resend,
         }
 

@@ -105,10 +105,15 @@ class CoordinatorBase:
         #: (:mod:`control_plane.deletions`)
         self.deletions: dict[str, dict[str, Any]] = {}
 
-    def _gateway_client(self, node: str, url: str) -> GatewayClient:
+    def _gateway_client(self, node: str, url: str, tls_name: str | None = None) -> GatewayClient:
         verify = self.gateway_tls if self.gateway_tls is not None else True
         return GatewayClient(
-            node, url, admin_token=self.admin_token, timeout=self.gateway_timeout, verify=verify
+            node,
+            url,
+            admin_token=self.admin_token,
+            timeout=self.gateway_timeout,
+            verify=verify,
+            tls_name=tls_name,
         )
 
     def _mc_of(self, node: str) -> float:

@@ -178,6 +178,7 @@ def final_assignment(coord: Coordinator, name: str, client: str) -> dict[str, An
         "client": client,
         "node": h.name,
         "gateway_url": h.url,
+        "tls_name": h.tls_name,
         "resend": 0,
         "done": True,
     }

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from control_plane import secagg
@@ -150,27 +150,32 @@ class Coordinator(NodeFailover, Autoscaling):
         await self.load_deletions()
         log.info("coordinator up: %d nodes, %d jobs loaded", len(self.nodes), len(self.jobs))
 
-    async def update_nodes(self, found: Mapping[str, str]) -> None:
+    async def update_nodes(
+        self, found: Mapping[str, str], *, by_name: Collection[str] = ()
+    ) -> None:
         """Take in node gateways found at run time (``{node: url}``, e.g. by discovery).
 
         A new node joins placement (healthy: it just answered); a known node at another URL
         is reached there from now on (its old connection pool is closed a call later). Nodes
-        missing from ``found`` stay: the health probes decide about them.
+        missing from ``found`` stay: the health probes decide about them. The nodes in
+        ``by_name`` (those discovery found) have their certificate verified against their
+        own name, not their URL's host (:mod:`core.server_names`).
         """
         retired, self._retired = self._retired, []
         for node, url in sorted(found.items()):
             url = url.rstrip("/")
+            tls_name = node if node in by_name else None
             h = self.nodes.get(node)
-            if h is not None and h.url == url:
+            if h is not None and h.url == url and h.tls_name == tls_name:
                 continue
             if h is None:
                 log.info("node %s found at %s: in placement", node, url)
-                self.nodes[node] = NodeHealth(node, url, self._mc_of(node))
+                self.nodes[node] = NodeHealth(node, url, self._mc_of(node), tls_name=tls_name)
             else:
                 log.info("node %s moved from %s to %s", node, h.url, url)
-                h.url = url
+                h.url, h.tls_name = url, tls_name
                 self._retired.append(self.clients[node])
-            self.clients[node] = self._gateway_client(node, url)
+            self.clients[node] = self._gateway_client(node, url, tls_name)
         self.nodes = dict(sorted(self.nodes.items()))
         for c in retired:  # after the tables changed: nothing waits on these closes
             await c.aclose()

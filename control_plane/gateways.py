@@ -29,6 +29,7 @@ import httpx
 
 from control_plane.errors import GatewayBusy, GatewayError
 from control_plane.planning import Plan, leaf_id, middle_id
+from core import server_names
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,16 @@ class GatewayClient:
         create_timeout: float = 180.0,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: ssl.SSLContext | bool = True,
+        tls_name: str | None = None,
     ) -> None:
         self.node = node
         self.url = url.rstrip("/")
         self.health_timeout = health_timeout
         self.create_timeout = create_timeout
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        if tls_name is not None:  # its certificate verified against tls_name, not the host
+            inner = transport or httpx.AsyncHTTPTransport(verify=verify)
+            transport = server_names.ServerNames(inner, {server_names.origin(self.url): tls_name})
         self._client = httpx.AsyncClient(
             base_url=self.url, timeout=timeout, transport=transport, headers=headers, verify=verify
         )

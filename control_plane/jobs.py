@@ -287,6 +287,9 @@ class NodeHealth:
     failures: int = 0
     #: when the current run of failed probes began (None while it answers)
     failing_since: float | None = None
+    #: the name its certificate is verified against when not ``url``'s host: the node's own
+    #: name for a gateway found through discovery (:mod:`core.server_names`)
+    tls_name: str | None = None
 
 
 def round_view(rnd: RoundInfo) -> dict[str, Any]:

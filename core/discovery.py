@@ -11,12 +11,14 @@ lowest URL (as text) is kept and a WARNING names both.
 The node gateways (``peers_service``) and the control plane (``gateways_service``) both call
 :meth:`Discovery.watch`, which refreshes the map every ``discovery_interval`` seconds.
 
-With TLS (``tls``: the caller's :class:`core.tls.TlsFiles`) every address is asked over ``https://IP:PORT``: its certificate must chain to the platform's CA (the
-handshake fails otherwise) and must name the node the gateway claims in ``/healthz`` (a DNS
+With TLS (``tls``: the caller's :class:`core.tls.TlsFiles`) every address is asked over
+``https://IP:PORT``: its certificate must chain to the platform's CA (the handshake fails
+otherwise) and must name the node the gateway claims in ``/healthz`` (a DNS
 name of its subjectAltName equal to the node, case aside): a gateway answering for a node its
 certificate does not name is skipped (logged at WARNING), so a part of the platform cannot pass
 for another node. The handshake does not check the address itself (a pod's IP is rarely in a
-certificate); the calls made later to the URL found do, as every client does.
+certificate), and neither do the calls made later to the URL found: they verify the certificate
+against the node's name (:mod:`core.server_names`, fed :func:`core.server_names.discovered`).
 """
 
 from __future__ import annotations

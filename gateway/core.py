@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 import bpf
+from core import server_names
 from core.auth import bearer, read_token_file
 from core.discovery import Discovery
 from core.objstore import check_root
@@ -96,7 +97,9 @@ class Gateway:
         self._app: Any = None
         #: the other node gateways (partials to a job's root, its model from there)
         #: (with TLS: verified against the platform's CA, this gateway's certificate presented)
-        self.peers = httpx.AsyncClient(timeout=120, verify=tls.client_context() if tls else True)
+        #: the peers discovered are verified against their node's name (core.server_names)
+        self.peer_names = server_names.transport(tls.client_context() if tls else True)
+        self.peers = httpx.AsyncClient(timeout=120, transport=self.peer_names)
         #: peers found behind ``peers_service`` (this node left out), refreshed by a task
         self.discovered: dict[str, str] = {}
         self.discovery = (
@@ -226,6 +229,11 @@ class Gateway:
         found.pop(self.settings.node, None)
         if found != self.discovered:
             log.info("peers discovered behind %s: %s", self.settings.peers_service, found)
+        # a static peer's URL keeps its host as the name checked
+        static = self.settings.peers
+        self.peer_names.set(
+            server_names.discovered({n: u for n, u in found.items() if n not in static})
+        )
         self.discovered = found
 
     def route(self, req: Request) -> Exchange:

@@ -97,7 +97,9 @@ class NodeJob:
 
         def send() -> None:
             token = self.job.token_of(client)
-            with FLClient(a.gateway_url, self.name, client, token, timeout=120) as fl:
+            with FLClient(
+                a.gateway_url, self.name, client, token, timeout=120, tls_name=a.tls_name
+            ) as fl:
                 fl.upload(rnd, data, weight)
 
         self.ns.call(send)

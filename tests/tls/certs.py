@@ -1,14 +1,17 @@
 """A platform CA with a part's certificates, and a second CA with a client of its own, minted
 by :mod:`core.tls` into a test's folder; the settings that serve them; a service run for a
-block."""
+block; an HTTPS server in this process for a block."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,38 @@ def settings_of(part: TlsFiles, **more: Any) -> dict[str, Any]:
         "tls_ca_file": part.ca,
         **more,
     }
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """An ``http.server`` handler with :meth:`reply`, logging nothing."""
+
+    def reply(self, status: int, doc: Any) -> None:
+        """Answer ``status`` with ``doc`` as JSON."""
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def https_server(files: TlsFiles, handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` serving HTTPS on 127.0.0.1 from ``files`` (:meth:`TlsFiles.server_context`)
+    in a thread of this process, for the block; its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = files.server_context().wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 @contextmanager

@@ -7,53 +7,29 @@ whole path runs on ``fedfaas up --tls`` in ``test_platform_tls.py``)."""
 
 from __future__ import annotations
 
-import json
 import ssl
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cache_engine.evaluators import GATEWAY_ENV, EvaluatorUnavailable, build_evaluator
-from core.tls import CA_FILE_ENV, TlsError, TlsFiles, platform_verify
+from core.tls import CA_FILE_ENV, TlsError, platform_verify
 from runtime.function_auth import SECRETS_DIR_ENV, TOKEN_SECRET
-from tests.tls.certs import Certs, mint
+from tests.tls.certs import Certs, JsonHandler, https_server, mint
 
 TOKEN = "function-token-for-the-test"
 LAYOUT = (("bias", (2,)),)
 
 
-class _Evaluator(BaseHTTPRequestHandler):
+class _Evaluator(JsonHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers["Content-Length"]))
         ok = self.headers.get("Authorization") == f"Bearer {TOKEN}"
-        body = json.dumps({"utility": 0.25, "metrics": {"accuracy": 0.25}} if ok else {}).encode()
-        self.send_response(200 if ok else 401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def _serve(files: TlsFiles) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Evaluator)
-    server.socket = files.server_context().wrap_socket(server.socket, server_side=True)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(10)
+        self.reply(
+            200 if ok else 401, {"utility": 0.25, "metrics": {"accuracy": 0.25}} if ok else {}
+        )
 
 
 @pytest.fixture()
@@ -64,7 +40,7 @@ def certs(tmp_path: Path) -> Certs:
 @pytest.fixture()
 def gateway(certs: Certs) -> Iterator[str]:
     """A runtime's https address (a certificate the platform's CA signed)."""
-    with _serve(certs.server) as url:
+    with https_server(certs.server, _Evaluator) as url:
         yield url
 
 
@@ -123,7 +99,7 @@ def test_a_server_another_ca_signed_is_refused(certs: Certs) -> None:
     """The platform's CA alone is trusted: a server with another CA's certificate is not."""
     import httpx
 
-    with _serve(certs.stranger) as url:
+    with https_server(certs.stranger, _Evaluator) as url:
         verify = platform_verify({CA_FILE_ENV: str(certs.ca.cert)})
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             httpx.post(url, content=b"x", verify=verify)
