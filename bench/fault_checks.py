@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -174,18 +175,23 @@ COUNTERS = (
 )
 
 
-def gateway_counters(url: str, admin: Mapping[str, str]) -> dict[str, float]:
+def gateway_counters(
+    url: str, admin: Mapping[str, str], verify: ssl.SSLContext | bool
+) -> dict[str, float]:
     """``name{label=value}`` -> value of :data:`COUNTERS` on the gateway at ``url`` (empty
-    when it does not answer)."""
+    when it does not answer; ``verify``: httpx's, the platform's CA over TLS). A gateway whose
+    certificate does not verify raises: that is the harness's mistake, not a gateway down."""
     # imported here: the soak's locustfile (``loadtests/platform.py``, whose folder locust
     # puts first on the path) imports this module, and the client's import of the stdlib's
     # ``platform`` would find that file instead
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        r = httpx.get(f"{url}/metrics", headers=dict(admin), timeout=10)
+        r = httpx.get(f"{url}/metrics", headers=dict(admin), timeout=10, verify=verify)
         r.raise_for_status()
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        if _cert_refused(exc):
+            raise
         return {}
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(r.text):
@@ -197,6 +203,16 @@ def gateway_counters(url: str, admin: Mapping[str, str]) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[f"{fam.name}{{{labels}}}" if labels else fam.name] = float(s.value)
     return out
+
+
+def _cert_refused(exc: BaseException) -> bool:
+    """``exc`` comes of a server certificate this side did not verify."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:

@@ -12,11 +12,9 @@ the store was full, queries answering across the kill of the part they ran on.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from safetensors.numpy import save
 
-from bench.fault_platform import Campaign, JobRun, assigned
+from bench.fault_disconnect import disconnects, disconnects_evidence
+from bench.fault_platform import Campaign, JobRun
 from bench.fault_shm import fill_store, shm_evidence
 
 #: the job every fault acts on: clients (goal and selection), rounds
@@ -59,7 +57,7 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
                 if running and (work or not need_work) and s.get("node") == node:
                     found.append((-int(s["role"]), node, url, int(sid), s))
         for _, node, url, sid, s in sorted(found, key=lambda x: x[:2]):
-            r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10)
+            r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10, verify=c.verify)
             pids = {int(e["id"]): int(e["pid"]) for e in r.json()["endpoints"] if not e["local"]}
             pid = pids.get(int(s["endpoint"]))
             if pid is not None:
@@ -237,9 +235,14 @@ def _cache_function(c: Campaign, run: JobRun) -> dict[str, Any]:
             json={"workload": kind, "job": run.job, "params": params},
             headers=auth,
             timeout=10,
+            verify=c.verify,  # the engine requires a platform certificate over TLS
         ).json()
         where = httpx.get(
-            f"{engine}/v1/locations", params={"ids": plan["objects"]}, headers=auth, timeout=10
+            f"{engine}/v1/locations",
+            params={"ids": plan["objects"]},
+            headers=auth,
+            timeout=10,
+            verify=c.verify,
         ).json()
         primary = where.get(plan["objects"][0]) or []
         if primary or time.monotonic() > deadline:
@@ -258,60 +261,6 @@ def fill_shm(c: Campaign, run: JobRun, phase: str) -> dict[str, Any]:
 
 def _shm_full(c: Campaign, run: JobRun) -> dict[str, Any]:
     return fill_shm(c, run, "mid_round")
-
-
-def _disconnects(c: Campaign, run: JobRun, n: int = 100) -> dict[str, Any]:
-    """``n`` uploads that break off half way (headers and half the body, then the socket
-    closes), by a client whose real upload of the round waits until they are done."""
-    assert run.model is not None
-    client = run.held
-    token = c.tokens[run.job][client]
-    _, url = assigned(c, run.job, client)
-    body = save(run.model.update(0))
-    host, port = url.removeprefix("http://").split(":")
-    rnd = int(c.cp_get(f"/v1/jobs/{run.job}")["round"]["number"])
-    answers: dict[str, int] = {}
-    for _ in range(n):
-        head = (
-            f"POST /v1/jobs/{run.job}/rounds/{rnd}/updates HTTP/1.1\r\nHost: {host}\r\n"
-            f"Authorization: Bearer {token}\r\nX-Client-Id: {client}\r\n"
-            f"X-Sample-Count: 3\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        with socket.create_connection((host, int(port)), timeout=30) as s:
-            s.sendall(head + body[: len(body) // 2])
-            s.shutdown(socket.SHUT_WR)  # the client goes: the gateway sees the body end early
-            code = _answer_code(s)
-        answers[code] = answers.get(code, 0) + 1
-    return {
-        "disconnects": n,
-        "client": client,
-        "bytes_each": len(body) // 2,
-        "answers": answers,
-        "ended_at": time.monotonic(),
-    }
-
-
-def _answer_code(s: socket.socket) -> str:
-    """The error code of the gateway's answer on ``s`` (read to its close), or ``none``."""
-    data = b""
-    with contextlib.suppress(OSError):
-        while chunk := s.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not head:
-        return "none"
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        return str(json.loads(body)["error"])
-    return head.split(b"\r\n", 1)[0].decode("latin-1")
-
-
-def _disconnects_evidence(run: JobRun) -> tuple[bool, str]:
-    i = run.injected
-    n, cut = i.get("disconnects", 0), (i.get("answers") or {}).get("truncated_body", 0)
-    return cut >= n > 0, (
-        f"{n} uploads of {i.get('client')} broken off after {i.get('bytes_each', 0) / 2**20:.1f}"
-        f" MiB, each while the gateway received it into the store: answered {i.get('answers')}"
-    )
 
 
 @contextlib.contextmanager
@@ -347,11 +296,11 @@ def _redis_publish(c: Campaign, run: JobRun) -> dict[str, Any]:
     from bench.fault_checks import gateway_counters
 
     name = "fedfaas_gateway_journal_retries{op=publish}"
-    before = gateway_counters(url, c.admin).get(name, 0.0)
+    before = gateway_counters(url, c.admin, c.verify).get(name, 0.0)
     with _gateway_writes_refused(c, writable):
         run.injected_done.set()  # the held client uploads the round's last update now
         deadline = time.monotonic() + 60
-        while gateway_counters(url, c.admin).get(name, 0.0) <= before:
+        while gateway_counters(url, c.admin, c.verify).get(name, 0.0) <= before:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -514,8 +463,8 @@ FAULTS: dict[str, Fault] = {
             "l",
             "disconnects",
             "a client disconnecting mid-upload, 100 times",
-            _disconnects,
-            _disconnects_evidence,
+            disconnects,
+            disconnects_evidence,
             holds="any",
         ),
         Fault(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -31,10 +32,27 @@ class Campaign:
     minio_outage_s: float = 30.0
     #: job -> client -> token (the control plane's answer to the job's creation)
     tokens: dict[str, dict[str, str]] = field(default_factory=dict)
+    _client_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
     @property
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.p.admin_secret()}"}
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's ``verify`` for the harness's own calls to the parts: on ``fedfaas up``'s
+        default TLS, the platform's CA, presenting ``fedfaas``'s certificate (the cache engine
+        requires one), as the control plane presents its own (True without TLS)."""
+        return self.p.verify
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """TLS as a client of the platform has it: the platform's CA, no certificate of its
+        own (None without TLS; made once)."""
+        from core.tls import client_context
+
+        if self._client_tls is None and self.p.ca_file:
+            self._client_tls = client_context(Path(self.p.ca_file))
+        return self._client_tls
 
     def pid_of(self, part: str) -> int:
         from fedfaas.platform import state
@@ -57,6 +75,7 @@ class Campaign:
             f"{self.p.urls['runtime']}/system/replicas/{function}",
             auth=credentials.basic_auth(self.p.secrets),
             timeout=10,
+            verify=self.verify,
         )
         r.raise_for_status()
         return [x for x in r.json() if x.get("state") == "ready"]
@@ -80,17 +99,33 @@ class Campaign:
     def job_status(self, url: str, job: str) -> dict[str, Any]:
         """A gateway's ``GET /v1/jobs/{job}`` as the admin ({} when it does not answer)."""
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = httpx.get(f"{url}/v1/jobs/{job}", headers=self.admin, timeout=10)
+            r = httpx.get(
+                f"{url}/v1/jobs/{job}", headers=self.admin, timeout=10, verify=self.verify
+            )
             if r.status_code == 200:
                 body: dict[str, Any] = r.json()
                 return body
         return {}
 
+    def post_job(self, body: dict[str, Any], timeout: float = 60.0) -> httpx.Response:
+        """``POST /v1/jobs`` on the control plane as the admin: its answer, as it came."""
+        return httpx.post(
+            f"{self.p.urls['control_plane']}/v1/jobs",
+            json=body,
+            headers=self.admin,
+            timeout=timeout,
+            verify=self.verify,
+        )
+
     def cp_get(self, path: str, timeout: float = 60.0, **kw: Any) -> dict[str, Any]:
         """GET on the control plane as the admin, riding out its restarts."""
         return retrying(
             lambda: httpx.get(
-                f"{self.p.urls['control_plane']}{path}", headers=self.admin, timeout=10, **kw
+                f"{self.p.urls['control_plane']}{path}",
+                headers=self.admin,
+                timeout=10,
+                verify=self.verify,
+                **kw,
             ),
             timeout,
         )
@@ -125,6 +160,7 @@ def assigned(c: Campaign, job: str, client: str) -> tuple[str, str]:
             params={"client": client},
             headers={"Authorization": f"Bearer {token}"},
             timeout=10,
+            verify=c.client_tls() or True,
         )
 
     a = retrying(assignment, 60)
@@ -171,7 +207,7 @@ class JobRun:
 
 def snapshot_counters(c: Campaign) -> dict[str, dict[str, float]]:
     """Each node gateway's fault counters now (:func:`bench.fault_checks.gateway_counters`)."""
-    return {n: gateway_counters(url, c.admin) for n, url in c.nodes().items()}
+    return {n: gateway_counters(url, c.admin, c.verify) for n, url in c.nodes().items()}
 
 
 def counters_grown(

@@ -107,6 +107,8 @@ def _run_cell(row: dict[str, Any], top: dict[str, Any]) -> str:
     run = row.get("run") or top.get("run") or {}
     c = run.get("commit") or {}
     cell = f"{(c.get('sha') or 'unknown')[:7]}{' dirty' if c.get('dirty') else ''}"
+    if not row.get("tls"):  # runs before 2026-11-28 used plain HTTP (--no-tls)
+        cell += " plain HTTP"
     started = run.get("started") or run.get("time")
     if started:
         cell += f" {str(started)[:16].replace('T', ' ')}"
@@ -149,7 +151,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         run_header(r["run"]),
         "",
-        f"Each fault on a fresh `fedfaas up --with all`; {r['clients']} clients, {r['rounds']} "
+        f"Each fault on a fresh `fedfaas up --with all`, TLS (its default; the run column "
+        f"says `plain HTTP` for a row made on `--no-tls`); {r['clients']} clients, {r['rounds']} "
         f"rounds per job, the fault at a random point of a random round (FLStore's faults: "
         f"during a query). `503 waits`: uploads the SDK sent again after a 503 with "
         f"Retry-After (a node out of room). `lost`/`double`: acknowledged updates missing "

@@ -9,11 +9,13 @@ A run of some faults (``--faults``) merges its rows into the stored results: the
 are replaced, every other row is kept with the record of the run that made it, and the table
 names each row's commit (:func:`bench.fault_table.merge_results`).
 
-Each fault gets a fresh ``fedfaas up --with all --no-tls`` (:func:`fedfaas.demo.stack.platform`,
-the demo's own platform, supervisor included) and ``--runs`` jobs on it. Plain HTTP, not ``up``'s
-default TLS: the campaign's harness (:mod:`bench.fault_platform`, :mod:`bench.fault_kinds`,
-:mod:`bench.fault_checks`) calls the parts over ``http://`` without the platform's CA; the
-faults it injects are the same either way. A job: ``CLIENTS``
+Each fault gets a fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`, the
+demo's own platform, supervisor included) and ``--runs`` jobs on it, on ``up``'s default, TLS:
+the platform users get. The clients (the SDK) verify the parts against the platform's CA
+(``ca_file``), as a user's do; the harness's own calls (:mod:`bench.fault_platform`,
+:mod:`bench.fault_kinds`, :mod:`bench.fault_checks`) verify it too and present ``fedfaas``'s
+certificate, which the cache engine requires; fault (l)'s broken-off uploads end with TLS's
+``close_notify`` (:mod:`bench.fault_disconnect`). A job: ``CLIENTS``
 clients on both node gateways, ``ROUNDS`` rounds, every client uploading each round through
 the SDK (:class:`client.sdk.FLClient`, ``UPLOADERS`` at a time) an update of ResNet-18's
 layout (44.8 MB; FLStore's faults, whose queries load every update, use 257 KiB). The fault
@@ -56,7 +58,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from safetensors.numpy import load, save
 
@@ -97,9 +98,7 @@ def _create_job(c: Campaign, job: str, model: Model) -> None:
     }
     deadline = time.monotonic() + 180
     while True:  # 503 + Retry-After (a node's store full): nothing was kept, ask again
-        r = httpx.post(
-            f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=300
-        )
+        r = c.post_job(body, timeout=300)
         after = r.headers.get("retry-after", "")
         if r.status_code != 503 or not after.isdigit() or time.monotonic() > deadline:
             break
@@ -121,7 +120,7 @@ def _upload(c: Campaign, run: JobRun, rnd: int, client: str, seed: int, weight: 
     while True:
         _, url = assigned(c, run.job, client)
         try:
-            with FLClient(url, run.job, client, token, timeout=60) as fl:
+            with FLClient(url, run.job, client, token, timeout=60, ca_file=c.p.ca_file) as fl:
                 while True:  # the node's model of the previous round, as a client trains on it
                     with contextlib.suppress(Exception):
                         if int(fl.status()["version"]) >= rnd - 1:
@@ -315,7 +314,15 @@ def _finish(c: Campaign, fault: Fault, run: JobRun, injector: threading.Thread |
         failure (and its error) goes into ``run.checks[check]``; returns the query's span."""
         t0 = time.monotonic()
         try:
-            flstore_query(c.p.urls["request_tracker"], kind, run.job, token=analyst, wait=120, **kw)
+            flstore_query(
+                c.p.urls["request_tracker"],
+                kind,
+                run.job,
+                token=analyst,
+                wait=120,
+                ca_file=c.p.ca_file,
+                **kw,
+            )
             run.checks.setdefault(check, True)
         except Exception as exc:
             run.checks[check] = False
@@ -426,7 +433,7 @@ def run_fault(
             except NotRunnable as exc:
                 return {**out, "not_run": str(exc), "jobs": [], "leftovers": {}}
         es.enter_context(_environment(fault.env))
-        with platform(state_dir, ports=_any_ports(), shm_dir=shm, tls=False) as p:
+        with platform(state_dir, ports=_any_ports(), shm_dir=shm) as p:  # TLS: up's default
             c = Campaign(p, np.random.default_rng(seed), minio_outage_s)
             for i in range(runs):
                 run = run_job(c, fault, f"{fault.name}-{i}")
@@ -440,6 +447,7 @@ def run_fault(
                 hit = "hit in flight" if run.checks.get("hit") else "NOT shown to hit"
                 print(f"  {run.job}: {verdict}, {hit}: {run.checks.get('evidence')}")
             pid = p.platform_id
+            out["tls"] = p.tls  # the platform users get: TLS, up's default
         out["leftovers"] = leftovers(pid, shm)
         out["model"] = jobs[0].model.name if jobs and jobs[0].model else ""
         if keep_logs is not None and not all(survived(j) and j.checks.get("hit") for j in jobs):

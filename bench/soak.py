@@ -3,9 +3,9 @@
     make soak                                    # 10 minutes, a non-root gateway killed at 5
     python -m bench.soak --duration 120 --fault replica
 
-A fresh ``fedfaas up --with all --no-tls`` (:func:`fedfaas.demo.stack.platform`; plain HTTP, not
-``up``'s default TLS: locust's clients, ``loadtests/platform.py``, call the parts over
-``http://`` without the platform's CA), one job with a round
+A fresh ``fedfaas up --with all`` (:func:`fedfaas.demo.stack.platform`), on ``up``'s default, TLS:
+locust's users (``loadtests/platform.py``) verify the parts against the platform's CA
+(``SOAK_CA_FILE``), as the SDK's clients do; one job with a round
 per ``TRAINERS`` updates and as many rounds as the time allows (``--max-rounds`` bounds the
 count), and locust (``loadtests/platform.py``, headless, one process, loopback only) for
 ``--duration`` seconds: ``TRAINERS`` FL clients uploading every round through the control
@@ -96,6 +96,7 @@ def component_pids(c: Campaign) -> dict[str, list[int]]:
             f"{c.p.urls['runtime']}/system/functions",
             auth=credentials.basic_auth(c.p.secrets),
             timeout=10,
+            verify=c.verify,
         ).json()
         names = [str(f["name"]) for f in listed]
         for label, prefix in FUNCTIONS.items():
@@ -105,6 +106,7 @@ def component_pids(c: Campaign) -> dict[str, list[int]]:
                     f"{c.p.urls['runtime']}/system/replicas/{name}",
                     auth=credentials.basic_auth(c.p.secrets),
                     timeout=10,
+                    verify=c.verify,
                 ).json()
                 pids += [int(r["pid"]) for r in reps if r.get("pid")]
             out[label] = pids
@@ -148,6 +150,7 @@ def cache_state(c: Campaign) -> dict[str, int]:
             f"{c.p.urls['cache_engine']}/v1/state",
             headers={"Authorization": f"Bearer {token}"},
             timeout=10,
+            verify=c.verify,  # the engine requires a platform certificate over TLS
         ).json()
     except (httpx.HTTPError, ValueError):
         return {}
@@ -201,7 +204,7 @@ def create_job(c: Campaign, rounds: int, deadline_s: float) -> dict[str, str]:
         "policy": "leastconn",
         "weights_b64": base64.b64encode(save(w0)).decode(),
     }
-    r = httpx.post(f"{c.p.urls['control_plane']}/v1/jobs", json=body, headers=c.admin, timeout=60)
+    r = c.post_job(body)
     r.raise_for_status()
     tokens: dict[str, str] = r.json()["tokens"]
     return tokens
@@ -224,6 +227,8 @@ def run_locust(
         "SOAK_TOKENS": str(_secret_file(work / "tokens.json", json.dumps(tokens))),
         "SOAK_SECRETS": str(c.p.secrets),
         "SOAK_TRACKER": c.p.urls["request_tracker"],
+        # the platform's CA, which the users verify the parts against (plain: none)
+        **({"SOAK_CA_FILE": c.p.ca_file} if c.p.ca_file else {}),
         "SOAK_EVENTS": str(work / "failures.jsonl"),
         "SOAK_ACKS": str(work / "acks.jsonl"),
         "OMP_NUM_THREADS": "1",
@@ -331,7 +336,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         ports = dict.fromkeys(
             ("gateway", "gateway_node1", "cache_engine", "request_tracker", "control_plane"), 0
         )
-        with platform(work / "state", ports=ports, tls=False) as p:
+        with platform(work / "state", ports=ports) as p:  # TLS: up's default
             c = Campaign(p, np.random.default_rng(args.seed))
             tokens = create_job(c, args.max_rounds, args.deadline_s)
             t0 = time.time()
@@ -371,6 +376,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 f["t"] = round(f["t"] - t0, 2)
             result = {
                 "duration_s": args.duration,
+                "tls": p.tls,  # the platform users get: TLS, up's default
                 "users": {"trainers": TRAINERS, "analysts": ANALYSTS, "operators": OPERATORS},
                 "update_bytes": len(save(update_of("c0", 1))),
                 "fault": None
@@ -408,7 +414,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         run_header(r["run"]),
         "",
         f"{r['duration_s']:.0f} s of locust (`loadtests/platform.py`) against a fresh `fedfaas up "
-        f"--with all` on loopback: {r['users']['trainers']} FL clients uploading "
+        f"--with all{'' if r.get('tls') else ' --no-tls'}` on loopback "
+        f"({'TLS, its default' if r.get('tls') else 'plain HTTP'}): {r['users']['trainers']} "
+        f"FL clients uploading "
         f"{r['update_bytes'] / 1024:.0f} KiB updates every round, {r['users']['analysts']} "
         f"analysts querying FLStore, {r['users']['operators']} operator reading the control "
         f"plane. Rounds completed: {r['rounds_completed']} (job failed: "

@@ -22,12 +22,17 @@ def read_stats(prefix: Path) -> list[dict[str, Any]]:
                     "requests": int(row["Request Count"]),
                     "failures": int(row["Failure Count"]),
                     "rps": float(row["Requests/s"]),
-                    "p50_ms": float(row["50%"] or 0),
-                    "p99_ms": float(row["99%"] or 0),
-                    "mean_ms": float(row["Average Response Time"] or 0),
+                    "p50_ms": _ms(row["50%"]),
+                    "p99_ms": _ms(row["99%"]),
+                    "mean_ms": _ms(row["Average Response Time"]),
                 }
             )
     return rows
+
+
+def _ms(cell: str) -> float:
+    """A latency cell of locust's CSV: ``N/A`` (a route with no request answered yet) is 0."""
+    return 0.0 if cell in ("", "N/A") else float(cell)
 
 
 def read_history(prefix: Path, t0: float) -> list[dict[str, float]]:

@@ -1,16 +1,20 @@
 """Analysts sending a mix of FLStore queries to the request tracker.
 
-Headless, against ``fedfaas up --no-tls`` (or any plain-HTTP tracker: these users give no CA
-nor client certificate, and the engine of a TLS platform requires one)::
+Headless, against the request tracker of ``fedfaas up`` (TLS, its default)::
 
-    locust -f loadtests/locustfile.py --headless -u 8 -r 4 -t 30s --host http://127.0.0.1:PORT
+    locust -f loadtests/locustfile.py --headless -u 8 -r 4 -t 30s --host https://127.0.0.1:PORT
 
 Environment: ``FLSTORE_JOB`` (default: the first job the engine knows, read from
 ``FLSTORE_ENGINE`` = the engine URL, else ``demo``), ``FLSTORE_ROUNDS`` (e.g. ``1-10``; default:
-the job's written rounds from the engine, else ``1-3``), ``FLSTORE_SECRETS`` (the folder of the
-token files, default ``.state/secrets``: queries carry ``analyst-token``, the engine is read
-with ``admin-token``; paths only, never token values in the environment). Every query is
-synchronous (``?wait=true``); a 4xx or 5xx counts as a failure in locust's statistics.
+the job's written rounds from the engine, else ``1-3``), ``FLSTORE_SECRETS`` (the platform's
+secrets folder, default ``.state/secrets``: queries carry ``analyst-token``, the engine is read
+with ``admin-token``; paths only, never token values in the environment), ``FLSTORE_CA_FILE``
+(the platform's CA certificate, which the users verify ``https://`` addresses against; by
+default ``FLSTORE_SECRETS/tls/ca.crt``, where ``fedfaas up`` writes it; on ``fedfaas up
+--no-tls`` the addresses are ``http://`` and no CA is used). Over TLS the engine requires a
+client certificate the platform's CA signed: its read presents ``fedfaas``'s own
+(``FLSTORE_SECRETS/tls/fedfaas.crt``). Every query is synchronous (``?wait=true``); a 4xx or
+5xx counts as a failure in locust's statistics.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Any
 import httpx
 from locust import HttpUser, between, task
 
+from loadtests.platform_ca import ca_file, platform_client, trust
+
 SECRETS = Path(os.environ.get("FLSTORE_SECRETS", ".state/secrets"))
+CA_FILE = ca_file(os.environ.get("FLSTORE_CA_FILE", ""), SECRETS)
 
 
 def _bearer(name: str) -> dict[str, str]:
@@ -37,7 +44,10 @@ def _job_and_rounds() -> tuple[str, list[int]]:
     if engine:
         try:
             jobs = httpx.get(
-                f"{engine}/v1/state", headers=_bearer("admin-token"), timeout=5
+                f"{engine}/v1/state",
+                headers=_bearer("admin-token"),
+                timeout=5,
+                verify=platform_client(CA_FILE, SECRETS),
             ).json()["jobs"]
             job = job or next(iter(jobs), "")
             rounds = [r for r in jobs.get(job, []) if r >= 1]
@@ -59,6 +69,7 @@ class Analyst(HttpUser):
     wait_time = between(0.2, 1.0)
 
     def on_start(self) -> None:
+        trust(self.client, CA_FILE)
         self.round_i = random.randrange(len(ROUNDS))
         self.client.headers.update(_bearer("analyst-token"))
 

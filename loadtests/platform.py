@@ -1,14 +1,17 @@
 """The whole platform under load: FL clients training, analysts querying, an operator watching
 the control plane plan. ``bench/soak.py`` (``make soak``) runs it against ``fedfaas up --with
-all --no-tls`` (its users speak plain HTTP: give no CA) and injects a fault in the middle; by
-hand, against such a platform::
+all`` (TLS, its default) and injects a fault in the middle; by hand, against such a platform::
 
-    python -m locust -f loadtests/platform.py --headless -u 22 -r 22 -t 600s --host URL
+    SOAK_SECRETS=.state/secrets SOAK_TOKENS=tokens.json SOAK_TRACKER=https://127.0.0.1:PORT \
+    python -m locust -f loadtests/platform.py --headless -u 21 -r 21 -t 600s --host CONTROL_PLANE
 
 Environment (paths only, never a token value): ``SOAK_JOB`` (a job created with one client
 per :class:`Trainer`, ``c0``.. ``c{n-1}``), ``SOAK_TOKENS`` (a 0600 JSON file: client id -> its
 bearer token, the job creation's ``tokens``), ``SOAK_SECRETS`` (the platform's secrets folder:
-``analyst-token``), ``SOAK_TRACKER`` (the request tracker's URL), ``SOAK_EVENTS`` (a JSON-lines
+``analyst-token``), ``SOAK_CA_FILE`` (the platform's CA certificate, which every user verifies
+the parts' ``https://`` addresses against; by default ``SOAK_SECRETS/tls/ca.crt``, where
+``fedfaas up`` writes it; on ``fedfaas up --no-tls`` the addresses are ``http://`` and no CA is
+used), ``SOAK_TRACKER`` (the request tracker's URL), ``SOAK_EVENTS`` (a JSON-lines
 file where every failed request is appended with its wall-clock time, for the fault window),
 ``SOAK_ACKS`` (a JSON-lines file where every update a gateway acknowledged is appended:
 :func:`loadtests.updates.ack_line`).
@@ -38,10 +41,11 @@ from typing import Any
 from locust import HttpUser, between, events, task
 from safetensors.numpy import save
 
+from loadtests.platform_ca import ca_file, trust
 from loadtests.updates import ack_line, update_of, weight_of
 
 JOB = os.environ.get("SOAK_JOB", "soak")
-TRACKER = os.environ.get("SOAK_TRACKER", "http://127.0.0.1:8092").rstrip("/")
+TRACKER = os.environ.get("SOAK_TRACKER", "https://127.0.0.1:8092").rstrip("/")
 _events_path = os.environ.get("SOAK_EVENTS", "")
 _acks_path = os.environ.get("SOAK_ACKS", "")
 _events_lock = threading.Lock()
@@ -58,7 +62,9 @@ def _tokens() -> dict[str, str]:
 
 
 TOKENS = _tokens()
-ANALYST = _read(str(Path(os.environ.get("SOAK_SECRETS", ".state/secrets")) / "analyst-token"))
+SECRETS = Path(os.environ.get("SOAK_SECRETS", ".state/secrets"))
+ANALYST = _read(str(SECRETS / "analyst-token"))
+CA_FILE = ca_file(os.environ.get("SOAK_CA_FILE", ""), SECRETS)
 
 
 @events.request.add_listener
@@ -94,6 +100,7 @@ class Trainer(HttpUser):
     wait_time = between(0.05, 0.2)
 
     def on_start(self) -> None:
+        trust(self.client, CA_FILE)
         self.cid = f"c{next(_ids)}"
         self.auth = {"Authorization": f"Bearer {TOKENS[self.cid]}"}
         self.sent = 0  # the last round this client's update landed in
@@ -175,6 +182,7 @@ class Analyst(HttpUser):
     wait_time = between(0.2, 1.0)
 
     def on_start(self) -> None:
+        trust(self.client, CA_FILE)
         self.auth = {"Authorization": f"Bearer {ANALYST}"}
         self.round, self.seen = 0, 0.0
 
@@ -221,6 +229,7 @@ class Operator(HttpUser):
     wait_time = between(0.5, 1.5)
 
     def on_start(self) -> None:
+        trust(self.client, CA_FILE)
         self.auth = {"Authorization": f"Bearer {ANALYST}"}
 
     @task

@@ -1,12 +1,14 @@
 """Which benches start ``fedfaas up`` without its default TLS (docs/benchmarks.md, "TLS"): the
 ones whose peers speak plain HTTP (bench-flstore's big rounds, bench-secagg against Flower's
-``--insecure``) and the fault campaign and the soak, whose harness and locust clients call
-the parts over ``http://``. Each bench's start is caught where it hands the platform its
-settings, and stopped there: nothing is started."""
+``--insecure``). The fault campaign, the soak and bench-fedbuff run on the default, TLS, and
+every raw HTTP call of the campaign's and the soak's harnesses says how it verifies the parts.
+Each bench's start is caught where it hands the platform its settings, and stopped there:
+nothing is started."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,18 +65,23 @@ def _platform_recorder(seen: list[dict[str, Any]]) -> Any:
     return platform
 
 
-def test_the_fault_campaign_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fault_campaign_runs_on_the_default_tls_platform(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from bench.fault_kinds import FAULTS
     from bench.faults import run_fault
+    from fedfaas.settings import load_settings
 
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr("fedfaas.demo.stack.platform", _platform_recorder(seen))
+    monkeypatch.delenv("FEDFAAS_TLS", raising=False)
     with pytest.raises(Stop):
         run_fault(FAULTS["replica"], 1, 0, 1.0)
-    assert seen[0]["tls"] is False
+    assert "tls" not in seen[0], seen[0]  # up's default, which is TLS
+    assert load_settings(state_dir=tmp_path).tls
 
 
-def test_the_soak_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_soak_runs_on_the_default_tls_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.soak import soak
 
     seen: list[dict[str, Any]] = []
@@ -82,7 +89,36 @@ def test_the_soak_s_platform_has_no_tls(monkeypatch: pytest.MonkeyPatch) -> None
     args = argparse.Namespace(fault="none", seed=13, max_rounds=1, deadline_s=10.0)
     with pytest.raises(Stop):
         soak(args)
-    assert seen[0]["tls"] is False
+    assert "tls" not in seen[0], seen[0]
+
+
+#: the harnesses that call the platform's parts over raw HTTP (httpx), on its default TLS
+#: (fault (l)'s raw sockets, bench/fault_disconnect.py, are tests/bench/test_fault_disconnect's)
+HARNESSES = ["fault_platform.py", "fault_kinds.py", "fault_checks.py", "soak.py"]
+
+
+@pytest.mark.parametrize("name", HARNESSES)
+def test_every_raw_http_call_of_the_campaign_and_the_soak_says_how_it_verifies(
+    name: str,
+) -> None:
+    """An httpx call without ``verify=`` trusts the system's CAs, not the platform's: on the
+    default platform it fails the handshake (and a counter read that swallows errors would
+    read nothing). Each such call of the harnesses names its ``verify``."""
+    from bench.runinfo import ROOT
+
+    tree = ast.parse((ROOT / "bench" / name).read_text())
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "httpx"
+        and node.func.attr in {"get", "post", "put", "delete", "request", "stream", "Client"}
+    ]
+    assert calls, f"bench/{name} makes no httpx call: take it off HARNESSES"
+    missing = [c.lineno for c in calls if not any(k.arg == "verify" for k in c.keywords)]
+    assert not missing, f"bench/{name}: httpx calls without verify= at lines {missing}"
 
 
 def test_bench_fedbuff_runs_on_the_default_tls_platform(

@@ -33,7 +33,7 @@ def _run(sha: str, started: str) -> dict[str, Any]:
     }
 
 
-def _row(letter: str, acked: int = 60) -> dict[str, Any]:
+def _row(letter: str, acked: int = 60, tls: bool = True) -> dict[str, Any]:
     job = {
         "job": f"{letter}-0",
         "survived": True,
@@ -51,6 +51,7 @@ def _row(letter: str, acked: int = 60) -> dict[str, Any]:
         "model": "resnet18",
         "leftovers": {"shm": [], "processes": []},
         "jobs": [job],
+        "tls": tls,
     }
 
 
@@ -107,12 +108,16 @@ def test_rows_come_in_the_campaigns_order_and_a_first_run_merges_into_nothing() 
 
 
 def test_the_table_names_each_rows_commit_and_the_earlier_runs() -> None:
-    old = _result(OLD_RUN, [_row("a"), _row("b")])
+    old = _result(OLD_RUN, [_row("a"), _row("b", tls=False)])
+    del old["faults"][0]["tls"]  # a row of a run before the campaign recorded it: plain HTTP
     new = _result(NEW_RUN, [_row("b")], clients=24)
     md = to_markdown(json.loads(json.dumps(merge_results(old, new, ORDER))))
     lines = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| (")}
-    assert lines["| (a) fault a"].endswith("| 5341d81 2026-11-26 15:01 (20 clients, 3 rounds) |")
-    assert lines["| (b) fault b"].endswith("| 299b68c 2026-11-26 21:00 |")
+    assert lines["| (a) fault a"].endswith(
+        "| 5341d81 plain HTTP 2026-11-26 15:01 (20 clients, 3 rounds) |"
+    )
+    assert lines["| (b) fault b"].endswith("| 299b68c 2026-11-26 21:00 |")  # TLS, the default
+    assert "TLS (its default; the run column says `plain HTTP`" in md
     header = next(ln for ln in md.splitlines() if ln.startswith("| fault |"))
     assert header.endswith("| why not | run |")
     assert "Rows made by earlier runs:" in md and "commit 5341d81c9d89" in md

@@ -12,7 +12,7 @@ import pytest
 
 from bench.faults import FAULTS
 from bench.soak import KILLS, check_models, main, memory_summary, pss
-from bench.soak_stats import classify
+from bench.soak_stats import classify, read_stats
 from loadtests.updates import MODEL, ack_line, read_acks, update_of, weight_of
 
 
@@ -132,11 +132,13 @@ def test_the_clients_check_catches_a_wrong_model_a_lost_update_and_an_unacknowle
 
 @pytest.mark.slow
 def test_a_short_soak_on_the_platform_has_no_error_outside_the_fault(tmp_path: Path) -> None:
-    """40 s of the whole load on ``fedfaas up --with all``, an aggregator replica killed at
-    20 s: rounds complete, every route answered, no error outside the fault window."""
+    """40 s of the whole load on ``fedfaas up --with all`` (TLS, its default: locust's users
+    verify the parts against its CA), an aggregator replica killed at 20 s: rounds complete,
+    every route answered, no error outside the fault window."""
     rc = main(["--duration", "40", "--fault", "replica", "--warmup", "10", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "soak.json").read_text())
     assert rc == 0, r["failures"]
+    assert r["tls"] is True  # the platform users get
     assert r["rounds_completed"] >= 2 and not r["job_failed"]
     ch = r["clients_check"]  # every round's model checked from the clients' side
     assert ch["exact"] and ch["rounds_checked"] == r["rounds_completed"]
@@ -149,5 +151,19 @@ def test_a_short_soak_on_the_platform_has_no_error_outside_the_fault(tmp_path: P
     assert r["memory"]["total"]["start"] > 0 and r["memory"]["components"]["gateway"]["end"] > 0
     red = r["memory"]["redis"]["end"]  # Redis by key family: who holds its memory
     assert red["used_memory"] > 0 and red["fedfaas:control:"] > 0 and red["flstore:query:"] > 0
-    assert (tmp_path / "soak.md").read_text().startswith("# Soak")
+    md = (tmp_path / "soak.md").read_text()
+    assert (
+        md.startswith("# Soak") and "`fedfaas up --with all` on loopback (TLS, its default)" in md
+    )
     assert (tmp_path / "soak.png").stat().st_size > 0
+
+
+def test_a_route_with_no_answer_yet_reads_as_zero_latency(tmp_path: Path) -> None:
+    """locust writes ``N/A`` for the percentiles of a route that has no answered request."""
+    head = "Type,Name,Request Count,Failure Count,Average Response Time,Requests/s,50%,99%"
+    (tmp_path / "s_stats.csv").write_text(
+        f"{head}\nPOST,tracker: track,0,0,0.0,0.0,N/A,N/A\n,Aggregated,3,1,12.5,0.3,11,40\n"
+    )
+    rows = {r["route"]: r for r in read_stats(tmp_path / "s")}
+    assert rows["tracker: track"]["p50_ms"] == rows["tracker: track"]["p99_ms"] == 0.0
+    assert rows["Aggregated"]["p99_ms"] == 40.0 and rows["Aggregated"]["failures"] == 1
