@@ -5,6 +5,11 @@ Run inside faasd's namespace (tests/containers/faasd_harness.py: ``Faasd.run``),
 compose services' names resolve::
 
     python tests/containers/faasd_job.py --secrets DIR [--job NAME --clients N --rounds R]
+        [--control-plane URL --tracker URL --ca-file CA]
+
+The control plane and the request tracker are faasd's plain ``http://control-plane:8070`` and
+``http://request-tracker:8092`` unless given (the chart's, over https: tests/k8s/test_job_on_node.py);
+``--ca-file`` is the platform's CA for https URLs (the SDK's ``ca_file``), the gateways' too.
 
 The job: ``submit_job`` on the control plane (digits softmax model, ``digits-evaluator`` as its
 evaluator), every client enrolls, asks ``control_plane_assignment`` for its node gateway,
@@ -26,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+#: faasd's plain URLs (the defaults of --control-plane and --tracker)
 CONTROL_PLANE = "http://control-plane:8070"
 TRACKER = "http://request-tracker:8092"
 MINIO = "minio:9000"
@@ -41,7 +47,14 @@ def queries(clients: list[str], rounds: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def run_job(secrets: Path, job: str, n_clients: int, rounds: int) -> dict[str, Any]:
+def run_job(
+    secrets: Path,
+    job: str,
+    n_clients: int,
+    rounds: int,
+    control_plane: str = CONTROL_PLANE,
+    ca_file: str | None = None,
+) -> dict[str, Any]:
     """docs/jobs.md's job; returns per-round FedAvg errors and where each client uploaded."""
     from safetensors.numpy import load
 
@@ -55,28 +68,37 @@ def run_job(secrets: Path, job: str, n_clients: int, rounds: int) -> dict[str, A
     secret = (secrets / "gateway-admin-secret").read_text().strip()
     data = federated_digits(n_clients, seed=1)
     created = submit_job(
-        CONTROL_PLANE,
+        control_plane,
         job,
         model_to_bytes(make_model(0, "softmax")),
         rounds=rounds,
         goal=n_clients,
         admin_token=secret,
         evaluator={"kind": "function", "function": "digits-evaluator"},
+        ca_file=ca_file,
     )
-    tokens = enroll(
-        CONTROL_PLANE, job, [c.client_id for c in data.clients], created["enrollment_token"]
-    )
-    gateway_of = control_plane_assignment(CONTROL_PLANE, job, secret)
+    clients = [c.client_id for c in data.clients]
+    tokens = enroll(control_plane, job, clients, created["enrollment_token"], ca_file=ca_file)
+    gateway_of = control_plane_assignment(control_plane, job, secret, ca_file=ca_file)
     report: list[dict[str, Any]] = []
     for rnd in range(1, rounds + 1):
         gateway_of.wait_round(rnd)
         uploads: list[dict[str, np.ndarray]] = []
         weights: list[int] = []
         placed: dict[str, str] = {}
+        names: dict[str, str | None] = {}  # the name each gateway's certificate is checked by
         for c in data.clients:
-            url = gateway_of(c.client_id)
-            placed[c.client_id] = url
-            with FLClient(url, job, c.client_id, tokens[c.client_id]) as fl:
+            a = gateway_of.answer(c.client_id)
+            url = placed[c.client_id] = str(a["gateway_url"])
+            names[c.client_id] = a.get("tls_name")
+            with FLClient(
+                url,
+                job,
+                c.client_id,
+                tokens[c.client_id],
+                ca_file=ca_file,
+                tls_name=a.get("tls_name"),
+            ) as fl:
                 t0 = time.perf_counter()
                 model = load_bytes_into(make_model(0, "softmax"), fl.wait_for_version(rnd - 1).data)
                 res = train_local(model, c.x, c.y, TrainConfig())
@@ -86,7 +108,9 @@ def run_job(secrets: Path, job: str, n_clients: int, rounds: int) -> dict[str, A
                 uploads.append({k: v.detach().numpy().copy() for k, v in state.items()})
                 weights.append(res.num_samples)
         first = data.clients[0].client_id
-        with FLClient(placed[first], job, first, tokens[first]) as fl:
+        with FLClient(
+            placed[first], job, first, tokens[first], ca_file=ca_file, tls_name=names[first]
+        ) as fl:
             published = fl.wait_for_version(rnd, timeout=180)
         got = load(published.data)
         errors = {
@@ -111,14 +135,22 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def ask_tracker(secrets: Path, job: str, asked: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def ask_tracker(
+    secrets: Path,
+    job: str,
+    asked: dict[str, dict[str, Any]],
+    tracker: str = TRACKER,
+    ca_file: str | None = None,
+) -> dict[str, Any]:
     """Each question through the request tracker (as an analyst)."""
     from client.sdk import flstore_query
 
     analyst = (secrets / "analyst-token").read_text().strip()
     out = {}
     for workload, params in asked.items():
-        answer = flstore_query(TRACKER, workload, job, params=params, token=analyst, wait=300)
+        answer = flstore_query(
+            tracker, workload, job, params=params, token=analyst, wait=300, ca_file=ca_file
+        )
         out[workload] = {"result": answer["result"], "function": answer.get("function")}
     return out
 
@@ -172,10 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job", default="faasd-digits")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--control-plane", default=CONTROL_PLANE, help="the control plane's URL")
+    p.add_argument("--tracker", default=TRACKER, help="the request tracker's URL")
+    p.add_argument("--ca-file", default=None, help="the platform's CA, for https URLs")
     ns = p.parse_args(argv)
-    job = run_job(ns.secrets, ns.job, ns.clients, ns.rounds)
+    job = run_job(ns.secrets, ns.job, ns.clients, ns.rounds, ns.control_plane, ns.ca_file)
     asked = queries(job["clients"], ns.rounds)
-    tracker = ask_tracker(ns.secrets, ns.job, asked)
+    tracker = ask_tracker(ns.secrets, ns.job, asked, ns.tracker, ns.ca_file)
     here = computed_here(ns.secrets, ns.job, ns.rounds, asked)
     print(json.dumps({"job": job, "asked": asked, "tracker": tracker, "here": here}))
     return 0

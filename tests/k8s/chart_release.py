@@ -81,19 +81,37 @@ def secret(node: Node, name: str, key: str, namespace: str = NAMESPACE) -> str:
     return base64.b64decode(obj["data"][key]).decode()
 
 
-def get(node: Node, url: str, token: str, verify: ssl.SSLContext | bool = True) -> httpx.Response:
+def get(
+    node: Node,
+    url: str,
+    token: str,
+    verify: ssl.SSLContext | bool = True,
+    tls_name: str | None = None,
+) -> httpx.Response:
     """``GET url`` with a bearer token, from inside the node's namespace (an https server
-    verified with ``verify``)."""
+    verified with ``verify``, its certificate against ``tls_name`` where given, as the
+    platform's parts verify a gateway found at its pod's address: core/server_names.py)."""
     headers = {"Authorization": f"Bearer {token}"}
-    return node.cluster.ns.call(httpx.get, url, headers=headers, timeout=10, verify=verify)
+    extensions = {"sni_hostname": tls_name} if tls_name else {}
+
+    def call() -> httpx.Response:
+        with httpx.Client(verify=verify, timeout=10) as client:
+            return client.get(url, headers=headers, extensions=extensions)
+
+    return node.cluster.ns.call(call)
 
 
 def router_endpoints(
-    node: Node, gateway_ip: str, token: str, tls: ssl.SSLContext | None = None
+    node: Node,
+    gateway_ip: str,
+    token: str,
+    tls: ssl.SSLContext | None = None,
+    tls_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """The aggregator endpoints registered with the gateway pod at ``gateway_ip`` (its
-    ``/v1/router``, the gateway's own left out); over https verified with ``tls`` where given."""
+    ``/v1/router``, the gateway's own left out); over https verified with ``tls`` where given
+    (against ``tls_name``, the node the gateway serves, where given)."""
     scheme = "https" if tls is not None else "http"
-    r = get(node, f"{scheme}://{gateway_ip}:8081/v1/router", token, tls or True)
+    r = get(node, f"{scheme}://{gateway_ip}:8081/v1/router", token, tls or True, tls_name)
     assert r.status_code == 200, r.text
     return [e for e in r.json()["endpoints"] if not e["local"]]

@@ -13,7 +13,10 @@ v1.34 built from the Go module proxy, Debian's etcd), in a private namespace
 - The controller manager makes every workload's pods: each Deployment's ReplicaSet and its
   Pods, the StatefulSets' Pods, the DaemonSet's Pod on the Node registered by hand, the hook
   Job's Pod. All stay Pending (no scheduler binds them, no kubelet runs them).
-- With TLS from Secrets (``tls.enabled``) the same; with cert-manager
+- The defaults serve TLS from certificates the chart makes (a CA in the Secret
+  ``fedfaas-tls-ca``, kept like the other generated Secrets, and each part's certificate,
+  the gateways' naming the Node registered here); with TLS off (``tls.enabled=false``) and
+  with TLS from an operator's Secrets (``tls.secretName``) the same; with cert-manager
   (``tls.certManager.issuerRef``) the install is refused, saying why, while the API server
   serves no ``cert-manager.io/v1``; once cert-manager's own CRDs are created
   (scripts/cert-manager-crds.sh, from the Go module proxy) the chart makes a ``Certificate``
@@ -32,6 +35,7 @@ v1.34 built from the Go module proxy, Debian's etcd), in a private namespace
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import subprocess
@@ -40,10 +44,12 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from control_plane.api import _build
 from control_plane.settings import ControlPlaneSettings
 from tests.k8s.api import ApiError
+from tests.k8s.chart_tls import PARTS as TLS_PARTS
 from tests.k8s.cluster import Cluster
 from tests.k8s.conftest import NODE, Helm
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE, OpenFaaSOnCluster
@@ -58,7 +64,8 @@ VALUE_SETS = {
     "ebpf": ["--set", "nodeGateway.ebpf.enabled=true"],
     "no-basic-auth": ["--set", "basicAuth=false"],
     # TLS from Secrets the operator makes (none here: the pods are never started)
-    "tls": ["--set", "tls.enabled=true"],
+    "tls": ["--set", "tls.secretName=ops-tls"],
+    "no-tls": ["--set", "tls.enabled=false"],
 }
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 #: the kinds every value set renders (a kind missing from the release is a chart change)
@@ -199,7 +206,25 @@ def test_every_object_of_the_chart_is_accepted_and_its_controllers_make_the_pods
         env = {e["name"] for e in control["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert ("FEDFAAS_CONTROL_PROVIDER_AUTH_DIR" in env) is (values != "no-basic-auth")
         args = control["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert ("--tls-cert-file" in args) is (values == "tls")
+        assert ("--tls-cert-file" in args) is (values != "no-tls")
+        made = {
+            o["metadata"]["name"]
+            for o in objs
+            if o["kind"] == "Secret" and "-tls-" in o["metadata"]["name"]
+        }
+        if values in ("tls", "no-tls"):  # the operator's Secrets, or none
+            assert made == set(), made
+        else:  # the chart's own: the CA and each part's, the gateways' naming the Node
+            assert made == {f"{RELEASE}-tls-{p}" for p in ("ca", *TLS_PARTS)}, made
+            cert = base64.b64decode(
+                stored[("Secret", NAMESPACE, f"{RELEASE}-tls-node-gateway")]["data"]["tls.crt"]
+            )
+            names = (
+                x509.load_pem_x509_certificate(cert)
+                .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+                .value.get_values_for_type(x509.DNSName)
+            )
+            assert NODE in names, names
 
         workloads = [stored[k] for k in stored if k[0] in WORKLOADS]
         assert {w["kind"] for w in workloads} == set(WORKLOADS)

@@ -1,15 +1,21 @@
 """The chart's TLS values as ``helm template`` renders them (values ``tls``, templates/_helpers.tpl,
-templates/tls-certificates.yaml): what each TLS part's pod gets, that TLS is off by default,
+templates/tls-certificates.yaml, templates/tls-generated.yaml): what each TLS part's pod gets,
+that TLS is on by default from certificates the chart makes (a real handshake checks them),
 cert-manager's Certificates, and the schema's refusals. On a real node and API server:
-test_chart_on_node.py (TLS from Secrets) and test_chart_on_apiserver.py (cert-manager's CRDs).
+test_chart_on_node.py (TLS from Secrets), test_job_on_node.py (the default: the chart's own
+certificates) and test_chart_on_apiserver.py (cert-manager's CRDs).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import shutil
+import socket
+import ssl
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +73,126 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
-def test_tls_is_off_by_default_and_nothing_of_it_is_rendered() -> None:
-    docs = _render()
+def test_with_tls_off_nothing_of_it_is_rendered() -> None:
+    docs = _render("--set", "tls.enabled=false")
     assert not [d for d in docs if d["kind"] == "Certificate"]
+    assert not [d for d in docs if d["kind"] == "Secret" and "-tls-" in d["metadata"]["name"]]
     for name, _, _ in PARTS.values():
         spec = _workload(docs, name)["spec"]["template"]["spec"]
         assert "tls-files" not in [c["name"] for c in spec.get("initContainers", [])]
         assert not [a for a in spec["containers"][0]["args"] if a.startswith("--tls")]
         assert not [k for k in _env(spec["containers"][0]) if "TLS" in k]
         assert "scheme" not in spec["containers"][0]["readinessProbe"]["httpGet"]
+
+
+def _secrets(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+
+
+def _pem(secret: dict[str, Any], key: str, folder: Path, name: str) -> Path:
+    path = folder / name
+    path.write_bytes(base64.b64decode(secret["data"][key]))
+    path.chmod(0o600)
+    return path
+
+
+def _handshake(server: TlsFiles, ca: Path, name: str, client: TlsFiles | None = None) -> str:
+    """A TLS handshake on loopback with ``server``'s files, the client verifying against
+    ``ca`` and ``name`` (hostname checking on) and presenting ``client``: the server's view
+    of the client's common name ("" without one); an ``ssl.SSLError`` when refused."""
+    srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    srv.load_cert_chain(server.cert, server.key)
+    srv.load_verify_locations(cafile=str(ca))
+    srv.verify_mode = ssl.CERT_OPTIONAL
+    cli = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        cli.load_cert_chain(client.cert, client.key)
+    seen: list[str] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            try:
+                with srv.wrap_socket(conn, server_side=True) as tls:
+                    peer = tls.getpeercert() or {}
+                    seen.extend(
+                        v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"
+                    )
+                    tls.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
+
+        thread = threading.Thread(target=accept)
+        thread.start()
+        try:
+            raw = socket.create_connection(listener.getsockname(), timeout=10)
+            with raw, cli.wrap_socket(raw, server_hostname=name) as tls:
+                tls.sendall(b"x")
+        finally:
+            thread.join(10)
+    return "".join(seen)
+
+
+def test_tls_is_on_by_default_from_a_ca_and_certificates_the_chart_makes(tmp_path: Path) -> None:
+    docs = _render(
+        "--set", "nodeGateway.perNode=2", "--set", "tls.nodeGateway.nodeNames={n1,n2}"
+    )  # fmt: skip
+    secrets = _secrets(docs)
+    ca_secret = secrets["fedfaas-tls-ca"]
+    # made once, kept across upgrades and uninstalls like the other generated secrets
+    assert ca_secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert set(ca_secret["data"]) == {"tls.crt", "tls.key"}
+    ca = _pem(ca_secret, "tls.crt", tmp_path, "ca.crt")
+    files: dict[str, TlsFiles] = {}
+    for part, (name, settings, client_certs) in PARTS.items():
+        secret = secrets[f"fedfaas-tls-{part}"]
+        assert "annotations" not in secret["metadata"]  # signed again at every upgrade
+        assert secret["data"]["ca.crt"] == ca_secret["data"]["tls.crt"]
+        files[part] = TlsFiles(
+            _pem(secret, "tls.crt", tmp_path, f"{part}.crt"),
+            _pem(secret, "tls.key", tmp_path, f"{part}.key"),
+            ca,
+        )
+        # the part's pods mount that Secret and serve HTTPS from it
+        spec = _workload(docs, name)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["tls-secret"]["secret"]["secretName"] == f"fedfaas-tls-{part}"
+        parsed, _ = settings.from_argv(spec["containers"][0]["args"])
+        assert parsed.model_dump()["tls_client_certs"] == client_certs
+    # no pod mounts the CA's key
+    for d in docs:
+        pod = d.get("spec", {}).get("template", {}).get("spec", {})
+        for v in pod.get("volumes", []):
+            assert v.get("secret", {}).get("secretName") != "fedfaas-tls-ca"
+    # each part is verified by the name it is reached by; a gateway by the node it serves
+    # (each of a node's perNode gateways), and not by an address
+    engine, gateway = files["cache-engine"], files["node-gateway"]
+    assert _handshake(engine, ca, "fedfaas-cache-engine.openfaas.svc", gateway) == "node-gateway"
+    for name in ("n1", "n1-1", "n2", "n2-1", "fedfaas-node-gateway-peers.openfaas.svc"):
+        assert _handshake(gateway, ca, name, files["control-plane"]) == "control-plane"
+    for wrong in ("n3", "127.0.0.1", "fedfaas-control-plane"):
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _handshake(gateway, ca, wrong)
+
+
+def test_the_chart_makes_no_certificate_where_the_operator_or_cert_manager_does() -> None:
+    for values in (
+        ["--set", "tls.secretName=ops-tls"],
+        ["--set", "tls.certManager.issuerRef.name=ca", "--api-versions", "cert-manager.io/v1"],
+    ):
+        docs = _render(*values)
+        assert not [name for name in _secrets(docs) if "-tls-" in name], values
+
+
+def test_the_gateways_internal_routes_take_the_control_planes_and_gateways_certificates() -> None:
+    spec = _workload(_render(), "fedfaas-node-gateway")["spec"]["template"]["spec"]
+    parsed, _ = GatewaySettings.from_argv(spec["containers"][0]["args"])
+    assert parsed.tls_internal_names == "control-plane,node-gateway"
+    spec = _workload(_render("--set", "tls.internalNames=null"), "fedfaas-node-gateway")
+    args = spec["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tls-internal-names" not in args  # any certificate of the CA
 
 
 def test_each_tls_part_serves_https_from_its_secret_copied_to_a_0600_key() -> None:
@@ -214,9 +331,15 @@ def _notes(tmp_path: Path, *args: str) -> str:
 
 
 def test_the_notes_say_whether_tls_is_on_and_where_its_files_come_from(tmp_path: Path) -> None:
-    off = " ".join(_notes(tmp_path / "off").split())
-    assert "TLS: off. Every FedFaaS part speaks plain HTTP" in off
-    assert "--set tls.enabled=true and the Secrets fedfaas-tls-<part>" in off
+    off = " ".join(_notes(tmp_path / "off", "--set", "tls.enabled=false").split())
+    assert "TLS: off (tls.enabled=false). Every FedFaaS part speaks plain HTTP" in off
+    made = " ".join(_notes(tmp_path / "default").split())
+    assert "TLS: on." in made and "which this chart made, signed by its own CA" in made
+    assert "in the Secret fedfaas-tls-ca (made once, kept on upgrade and uninstall)" in made
+    assert "Whoever can read Secrets in namespace openfaas can read that CA's key" in made
+    assert "restart the pods to take them" in made
     on = " ".join(_notes(tmp_path / "on", *TLS, "--set", "tls.secretName=ops").split())
     assert "TLS: on." in on and "from the Secrets ops-<part> (tls.crt, tls.key, ca.crt)" in on
+    assert "which you make" in on and "signed by its own CA" not in on
+    assert "get secret ops-control-plane -o jsonpath='{.data.ca\\.crt}'" in on
     assert "https://fedfaas-control-plane.openfaas.svc:8070" in on

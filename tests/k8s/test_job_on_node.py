@@ -6,14 +6,28 @@ node of its own to the control plane with its own host folders and aggregator fu
 beside the cluster, published to the pods as the Service ``gateway.openfaas``, the chart's
 ``gatewayURL``), and ``digits-evaluator`` deployed with faas-cli through them.
 
+The chart runs with its DEFAULT TLS: every FedFaaS part serves HTTPS from certificates the chart
+made (a CA generated at the install, the Secret ``fedfaas-tls-ca``; each part's certificate
+signed with it, the gateways' naming the node's name and ``<node>-1``, none a pod address).
+The SDK takes the CA from the chart's Secret (``ca_file``).
+
 "Outside the cluster" is the test's side of the node: the job script runs in the node's network
 namespace (where a user's machine on the node's network would be), not in a pod. It reaches
 the control plane, the request tracker and MinIO at their Services' ClusterIPs through
-kube-proxy's rules (a hosts file names them, as faasd's names its services: the script is
-tests/containers/faasd_job.py, unchanged), and uploads to the gateway pods' addresses the control
-plane found through the headless Service ``fedfaas-node-gateway-peers`` (the pod network is
-routed to the node, as on a flat pod network). No NodePort: the gateways are addressed one by
-one (a client belongs to its node's gateway), which a Service's load balancing would not do.
+kube-proxy's rules (a hosts file names them by the Services' DNS names, which the parts'
+certificates carry: the script is tests/containers/faasd_job.py with ``--control-plane``,
+``--tracker`` and ``--ca-file``), and uploads to the gateway pods' addresses the control plane
+found through the headless Service ``fedfaas-node-gateway-peers`` (the pod network is routed to
+the node, as on a flat pod network), verifying each gateway against the node name the control
+plane gives with it (``tls_name``: core/server_names.py). No NodePort: the gateways are
+addressed one by one (a client belongs to its node's gateway), which a Service's load
+balancing would not do.
+
+- TLS: plain HTTP to a gateway pod and to the control plane is answered 400 tls_required; a
+  client certificate of another CA is refused; the request tracker's and the cache engine's
+  certificates (the chart's own) get 403 client_certificate_required on a gateway's peer-partial
+  route, where the control plane's certificate passes that check (``tls.internalNames``), and
+  the control plane's rounds below go through those internal routes.
 
 - 8 clients, 3 rounds, placed on both gateways; every round's model is float64 FedAvg of the
   uploads within 1e-6; the checkpoints in the chart's MinIO are the published models; Shapley
@@ -44,6 +58,7 @@ import json
 import logging
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,11 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from core.services import find_binary
+from core.tls import mint_ca, mint_cert
 from tests.containers.faasd_harness import job_result
 from tests.containers.test_faasd_platform import _same
+from tests.k8s import chart_tls
 from tests.k8s.chart_release import (
     IMAGES,
     NAMESPACE,
@@ -98,7 +116,8 @@ VALUES = [
     # down after 30 idle seconds)
     "--set", "controlPlane.env.FEDFAAS_CONTROL_SCALE_DOWN_S=600",
 ]  # fmt: skip
-#: the Services the job script reaches by these names (tests/containers/faasd_job.py)
+#: the Services the job script reaches by these names (tests/containers/faasd_job.py; MinIO
+#: stays plain HTTP: the chart's TLS covers FedFaaS's own parts)
 SERVICES = {
     "control-plane": f"{RELEASE}-control-plane",
     "request-tracker": f"{RELEASE}-request-tracker",
@@ -107,29 +126,56 @@ SERVICES = {
 GATEWAYS = (f"{RELEASE}-node-gateway", f"{RELEASE}-node-gateway-1")
 
 
+def service_url(part: str, port: int) -> str:
+    """A TLS part's URL by its Service's DNS name (the name its certificate carries)."""
+    return f"https://{RELEASE}-{part}.{NAMESPACE}.svc:{port}"
+
+
 @dataclass
 class Platform:
     node: Node
     openfaas: OpenFaaSOnCluster
     secrets: Path
+    #: the CA the chart generated (its parts' Secrets' ca.crt), the SDK's ca_file
+    ca: Path
 
     def token(self, name: str) -> str:
         return (self.secrets / name).read_text().strip()
 
+    def verify(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+        """A client context trusting the chart's CA (presenting ``cert`` where given)."""
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        if cert is not None:
+            ctx.load_cert_chain(str(cert), str(key) if key else None)
+        return ctx
+
     @property
     def control_plane(self) -> str:
-        return f"http://{self.service_ip(SERVICES['control-plane'])}:8070"
+        return service_url("control-plane", 8070)
 
     def job(self, name: str, clients: list[str], **options: Any) -> NodeJob:
-        """A job through the SDK, from the node's network namespace."""
+        """A job through the SDK, from the node's network namespace, trusting the chart's CA."""
         admin = self.token("gateway-admin-secret")
+        options.setdefault("ca_file", str(self.ca))
         return NodeJob(self.node.cluster.ns, self.control_plane, admin, name, clients, **options)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """The control plane's nodes (``GET /v1/nodes``), by name."""
-        r = get(self.node, f"{self.control_plane}/v1/nodes", self.token("analyst-token"))
+        url = f"{self.control_plane}/v1/nodes"
+        r = get(self.node, url, self.token("analyst-token"), self.verify())
         assert r.status_code == 200, r.text
         return {n["name"]: n for n in r.json()["nodes"]}
+
+    def gateway_node(self, daemonset: str) -> str:
+        """The node name a gateway DaemonSet's pod serves (its certificate's name for it)."""
+        return self.node.name if daemonset == GATEWAYS[0] else f"{self.node.name}-1"
+
+    def endpoints(self, daemonset: str) -> list[dict[str, Any]]:
+        """The aggregator endpoints registered with a gateway DaemonSet's pod, over https
+        verified against the node it serves."""
+        ip = self.gateway_pod(daemonset)["status"]["podIP"]
+        admin = self.token("gateway-admin-secret")
+        return router_endpoints(self.node, ip, admin, self.verify(), self.gateway_node(daemonset))
 
     def service_ip(self, name: str) -> str:
         svc = self.node.cluster.api.get("v1", "Service", name, NAMESPACE)
@@ -214,9 +260,23 @@ def platform(
         of = OpenFaaSOnCluster(node.cluster, auth, auth_dir, folder / "openfaas")
         of.start(faas_netes_binary, require_binary("gateway"))
         publish_gateway(node.cluster)
-        install(node, tmp_path_factory.mktemp("helm-home"), *VALUES)
+        install(node, tmp_path_factory.mktemp("helm-home"), *VALUES)  # TLS: the default
         _deploy_evaluator(node, of, tmp_path_factory.mktemp("faas-cli-home"))
-        yield Platform(node, of, _write_secrets(node, folder / "secrets"))
+        secrets = _write_secrets(node, folder / "secrets")
+        ca = secrets / "ca.crt"
+        ca.write_text(secret(node, f"{RELEASE}-tls-control-plane", "ca.crt"))
+        platform = Platform(node, of, secrets, ca)
+        # the SDK's calls from this process reach the TLS parts by their Services' names
+        with chart_tls.resolving(_service_names(platform)):
+            yield platform
+
+
+def _service_names(p: Platform) -> dict[str, str]:
+    """The TLS parts' Service DNS names -> their ClusterIPs."""
+    return {
+        f"{svc}.{NAMESPACE}.svc": p.service_ip(svc)
+        for svc in (f"{RELEASE}-{part}" for part in chart_tls.PARTS)
+    }
 
 
 def _run_job_script(p: Platform, tmp: Path, job: str) -> dict[str, Any]:
@@ -227,6 +287,7 @@ def _run_job_script(p: Platform, tmp: Path, job: str) -> dict[str, Any]:
     hosts.write_text(
         "127.0.0.1 localhost\n"
         + "".join(f"{p.service_ip(svc)} {name}\n" for name, svc in SERVICES.items())
+        + "".join(f"{ip} {name}\n" for name, ip in _service_names(p).items())
     )
     unshare = shutil.which("unshare")
     assert unshare is not None
@@ -234,7 +295,8 @@ def _run_job_script(p: Platform, tmp: Path, job: str) -> dict[str, Any]:
     script = (
         f"mount --bind {hosts} /etc/hosts && exec {sys.executable} "
         f"tests/containers/faasd_job.py --secrets {p.secrets} --job {job} "
-        "--clients 8 --rounds 3"
+        f"--clients 8 --rounds 3 --control-plane {p.control_plane} "
+        f"--tracker {service_url('request-tracker', 8092)} --ca-file {p.ca}"
     )
     out, err = tmp / "job.out", tmp / "job.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
@@ -274,7 +336,7 @@ def test_a_readme_job_runs_on_two_gateway_pods_and_flstore_answers_as_computed_h
     p = platform
     res = _run_job_script(p, tmp_path, "k8s-digits")
     (p.node.cluster.folder / "job.json").write_text(json.dumps(res, indent=1))  # for a reader
-    gateway_urls = sorted(f"http://{p.gateway_pod(d)['status']['podIP']}:8081" for d in GATEWAYS)
+    gateway_urls = sorted(f"https://{p.gateway_pod(d)['status']['podIP']}:8081" for d in GATEWAYS)
     rounds = res["job"]["rounds"]
     assert [r["version"] for r in rounds] == [1, 2, 3]
     for r in rounds:
@@ -297,14 +359,60 @@ def test_a_readme_job_runs_on_two_gateway_pods_and_flstore_answers_as_computed_h
         FUNCTION_IMAGES[0]
     }
     # each gateway's aggregator function ran slots, in endpoints registered with that gateway
-    admin = p.token("gateway-admin-secret")
     for daemonset, function in zip(GATEWAYS, ("aggregator", "aggregator-1"), strict=True):
-        ip = p.gateway_pod(daemonset)["status"]["podIP"]
-        registered = {e["id"] for e in router_endpoints(p.node, ip, admin)}
+        registered = {e["id"] for e in p.endpoints(daemonset)}
         statuses = [p.replica_status(pod) for pod in p.function_pods(function)]
         assert sum(e["tasks_done"] for s in statuses for e in s["endpoints"]) > 0, statuses
         for s in statuses:
             assert {e["endpoint"] for e in s["endpoints"]} <= registered, (s, registered)
+
+
+def _post_partial(p: Platform, gateway_ip: str, ctx: ssl.SSLContext) -> httpx.Response:
+    """A peer partial (an internal route: gateway/callers.py) of a job no gateway has, with
+    the admin secret, to the first gateway pod over TLS (``ctx``'s client certificate)."""
+    url = f"https://{gateway_ip}:8081/v1/internal/jobs/no-such-job/rounds/1/partials?slot=1"
+    headers = {"Authorization": f"Bearer {p.token('gateway-admin-secret')}"}
+
+    def call() -> httpx.Response:
+        with httpx.Client(verify=ctx, timeout=10) as client:
+            return client.post(
+                url, headers=headers, content=b"", extensions={"sni_hostname": p.node.name}
+            )
+
+    return p.node.cluster.ns.call(call)
+
+
+def test_the_default_tls_refuses_plain_http_another_ca_and_the_engines_certificate_inside(
+    platform: Platform, tmp_path: Path
+) -> None:
+    p = platform
+    gateway_ip = p.gateway_pod(GATEWAYS[0])["status"]["podIP"]
+    control_plane_ip = p.service_ip(SERVICES["control-plane"])
+    for url in (f"http://{gateway_ip}:8081/healthz", f"http://{control_plane_ip}:8070/healthz"):
+        r = p.node.cluster.ns.call(httpx.get, url, timeout=10)
+        assert r.status_code == 400 and r.json()["error"] == "tls_required", (url, r.text)
+    healthz = f"https://{gateway_ip}:8081/healthz"
+    # the SDK's kind, no client certificate, verified by the node's name: let in
+    assert get(p.node, healthz, "", p.verify(), p.node.name).json()["node"] == p.node.name
+    # a client certificate of another CA: refused (TLS 1.3: at the first read)
+    other = mint_ca(tmp_path / "other-ca", name="another CA")
+    stranger = mint_cert(other, tmp_path / "other-ca", "stranger", ["stranger"])
+    with pytest.raises(httpx.TransportError):
+        get(p.node, healthz, "", p.verify(stranger.cert, stranger.key), p.node.name)
+    # the chart's own certificates on a gateway's internal route (tls.internalNames)
+    answers = {}
+    for part in ("request-tracker", "cache-engine", "control-plane"):
+        cert, key = tmp_path / f"{part}.crt", tmp_path / f"{part}.key"
+        cert.write_text(secret(p.node, f"{RELEASE}-tls-{part}", "tls.crt"))
+        key.touch(mode=0o600)
+        key.write_text(secret(p.node, f"{RELEASE}-tls-{part}", "tls.key"))
+        r = _post_partial(p, gateway_ip, p.verify(cert, key))
+        answers[part] = (r.status_code, r.json()["error"])
+    assert answers == {
+        "request-tracker": (403, "client_certificate_required"),
+        "cache-engine": (403, "client_certificate_required"),
+        "control-plane": (404, "unknown_job"),  # past the certificate's check
+    }, answers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,9 +434,7 @@ def test_the_control_plane_scales_the_aggregator_for_waiting_leaves_and_the_new_
 ) -> None:
     p = platform
     api = p.node.cluster.api
-    admin = p.token("gateway-admin-secret")
-    first = p.gateway_pod(GATEWAYS[0])
-    endpoints = router_endpoints(p.node, first["status"]["podIP"], admin)
+    endpoints = p.endpoints(GATEWAYS[0])
     before = {pod["metadata"]["name"] for pod in _live(p.function_pods("aggregator"))}
     dep = api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
     assert dep is not None
@@ -370,7 +476,7 @@ def test_the_control_plane_scales_the_aggregator_for_waiting_leaves_and_the_new_
     keep = {e["id"] for e in endpoints}
 
     def registered() -> set[str]:
-        ids = {e["id"] for e in router_endpoints(p.node, first["status"]["podIP"], admin)}
+        ids = {e["id"] for e in p.endpoints(GATEWAYS[0])}
         mine = {e["endpoint"] for pod in new_pods() for e in p.replica_status(pod)["endpoints"]}
         return mine if mine and mine <= ids and not mine & keep else set()
 

@@ -118,3 +118,30 @@ def test_the_tls_docs_name_values_secrets_versions_and_tests_that_exist() -> Non
         ),
     ):
         assert claim in " ".join(_what_ran().split()) and test in source, claim
+
+
+def test_the_default_tls_docs_say_what_values_yaml_and_the_templates_do() -> None:
+    """The chart's README says TLS is on by default from a CA the chart generates, with the
+    values' defaults (validity days, internal names) and the CA Secret's name the templates
+    use; docs/openfaas-kubernetes.md says the same; the NOTES say where the CA is."""
+    import yaml
+
+    values = yaml.safe_load((REPO / "charts/fedfaas/values.yaml").read_text())["tls"]
+    readme = (REPO / "charts/fedfaas/README.md").read_text()
+    section = " ".join(readme[readme.index("## TLS") : readme.index("## Values worth")].split())
+    assert values["enabled"] is True and "TLS is on by default (`tls.enabled: true`" in section
+    generated = values["generated"]
+    assert f"`tls.generated.caDays`, {generated['caDays']} days" in section
+    assert f"`tls.generated.certDays`, {generated['certDays']} days" in section
+    assert values["internalNames"] == ["control-plane", "node-gateway"]
+    assert "default `control-plane` and `node-gateway`" in section
+    helpers = (REPO / "charts/fedfaas/templates/_helpers.tpl").read_text()
+    assert 'printf "%s-tls-ca" (include "fedfaas.fullname" .)' in helpers
+    assert "Secret `<release>-tls-ca` (`tls.crt`, `tls.key`), kept on upgrade and uninstall" in (
+        section
+    )
+    template = (REPO / "charts/fedfaas/templates/tls-generated.yaml").read_text()
+    assert "genCA" in template and "genSignedCert" in template and "lookup" in template
+    doc = DOC.read_text()
+    tls = " ".join(doc[doc.index("**TLS**") : doc.index("**What ran here**")].split())
+    assert "(`tls.enabled`, on by default;" in tls and "`<release>-tls-ca`" in tls

@@ -326,6 +326,7 @@ def test_every_token_has_one_value_and_functions_get_theirs_as_an_openfaas_secre
         f"openfaas-fn/{TOKEN_SECRET}",
         "openfaas/rel-fedfaas-minio-users",
         "openfaas/rel-fedfaas-redis-users",
+        "openfaas/rel-fedfaas-tls-ca",  # the CA the chart makes (TLS by default)
     }
 
 
@@ -565,7 +566,7 @@ def test_the_control_plane_asks_the_releases_request_tracker_for_oort_rounds() -
     env = control_env(docs)
     port = svc["spec"]["ports"][0]["port"]
     assert (
-        env["FEDFAAS_CONTROL_TRACKER_URL"] == f"http://rel-fedfaas-request-tracker.openfaas:{port}"
+        env["FEDFAAS_CONTROL_TRACKER_URL"] == f"https://rel-fedfaas-request-tracker.openfaas:{port}"
     )
     token = env["FEDFAAS_CONTROL_TRACKER_TOKEN_FILE"]
     assert _mounted_files(docs, "Deployment/rel-fedfaas-control-plane")[token][1] == "analyst-token"

@@ -244,6 +244,11 @@ capabilities:
 {{- default (printf "%s-tls" (include "fedfaas.fullname" .)) .Values.tls.secretName -}}
 {{- end -}}
 
+{{/* The Secret of the CA the chart generates (tls-generated.yaml): its certificate and key. */}}
+{{- define "fedfaas.tlsCaSecret" -}}
+{{- printf "%s-tls-ca" (include "fedfaas.fullname" .) -}}
+{{- end -}}
+
 {{/* The Secret of one part. Call with (dict "ctx" $ "part" "node-gateway"). */}}
 {{- define "fedfaas.tlsSecret" -}}
 {{- printf "%s-%s" (include "fedfaas.tlsPrefix" .ctx) .part -}}
@@ -342,4 +347,26 @@ livenessProbe:
 - {{ .service }}.{{ $ns }}
 - {{ .service }}.{{ $ns }}.svc
 - {{ .service }}.{{ $ns }}.svc.cluster.local
+{{- end -}}
+
+
+{{/* The names the node gateways' certificate carries besides its Services' (a JSON list): every
+     node the API server lists now (lookup; none under `helm template`) and
+     tls.nodeGateway.nodeNames, each with "-<i>" for the i-th gateway of a node (perNode > 1),
+     as each gateway names its node (FEDFAAS_GATEWAY_NODE). Discovery keeps a gateway only when
+     its certificate names the node it claims, and every later call verifies that name
+     (core/server_names.py). */}}
+{{- define "fedfaas.gatewayNodeNames" -}}
+{{- $nodes := list -}}
+{{- range (lookup "v1" "Node" "" "").items -}}
+{{- $nodes = append $nodes .metadata.name -}}
+{{- end -}}
+{{- $nodes = concat $nodes .Values.tls.nodeGateway.nodeNames | uniq -}}
+{{- $names := list -}}
+{{- range $node := $nodes -}}
+{{- range $i := until (int $.Values.nodeGateway.perNode) -}}
+{{- $names = append $names (ternary $node (printf "%s-%d" $node $i) (eq $i 0)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
 {{- end -}}
