@@ -150,6 +150,7 @@ K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager kube-scheduler kubel
 k8s-binaries:
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/k8s-binaries.sh $(K8S_BINARIES)
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/cert-manager-crds.sh >/dev/null
+	FEDFAAS_CACHE="$(CACHE)" bash scripts/cert-manager-controller.sh >/dev/null
 
 # The images tests/k8s runs on its node: the chart's and the echo function's, MinIO and Redis as
 # deploy/faasd builds them, the pod sandbox (pause) image built from Kubernetes' source and

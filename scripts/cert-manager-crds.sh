@@ -2,17 +2,20 @@
 # cert-manager's CustomResourceDefinitions (Certificate, Issuer, ClusterIssuer, ...), from the
 # Go module proxy, cached as the Kubernetes binaries are (scripts/k8s-binaries.sh): the module
 # zip of github.com/cert-manager/cert-manager holds them, plain YAML, in deploy/crds/. The
-# tests of the chart's cert-manager Certificates (tests/k8s/test_chart_on_apiserver.py) create
-# them in their API server. Nothing is built and nothing is installed on the host.
+# go command downloads the zip and checks it against the checksum database (sum.golang.org,
+# through the proxy) before anything is read from it. The tests of the chart's cert-manager
+# Certificates (tests/k8s/test_chart_on_apiserver.py, test_chart_cert_manager.py) create them in
+# their API server. Nothing is built and nothing is installed on the host.
 #
 #   scripts/cert-manager-crds.sh          the last line printed is the folder of the CRDs
 #
 # Environment: FEDFAAS_CACHE (default ~/.cache/fedfaas), FEDFAAS_CERT_MANAGER_VERSION (default
-# v1.19.2), GOPROXY (default: `go env GOPROXY`, else https://proxy.golang.org; its first entry).
+# v1.19.2), GOPROXY/GOSUMDB as the go command reads them.
 set -euo pipefail
 CACHE=${FEDFAAS_CACHE:-$HOME/.cache/fedfaas}
 VERSION=${FEDFAAS_CERT_MANAGER_VERSION:-v1.19.2}
 OUT=$CACHE/cert-manager/$VERSION/crds
+MODULE=github.com/cert-manager/cert-manager
 log() { printf '[cert-manager-crds] %s\n' "$*" >&2; }
 die() { printf '[cert-manager-crds] error: %s\n' "$*" >&2; exit 1; }
 
@@ -22,31 +25,26 @@ if [ -s "$OUT/cert-manager.io_certificates.yaml" ]; then
   echo "$OUT"
   exit 0
 fi
-PROXY=${GOPROXY:-}
-if [ -z "$PROXY" ] && command -v go >/dev/null; then PROXY=$(go env GOPROXY); fi
-PROXY=$(cut -d, -f1 <<<"${PROXY:-https://proxy.golang.org}")
-[[ $PROXY == http* ]] || die "GOPROXY's first entry ($PROXY) is not a proxy URL"
-MODULE=github.com/cert-manager/cert-manager
+if ! command -v go >/dev/null; then
+  [ -x /usr/local/go/bin/go ] || die "the checked download needs Go: install Go from
+  https://go.dev/dl into /usr/local/go"
+  export PATH=$PATH:/usr/local/go/bin
+fi
+[ "$(go env GOSUMDB)" != off ] || die "GOSUMDB=off: the download would not be checked"
+log "downloading $MODULE@$VERSION from $(go env GOPROXY) (checked against $(go env GOSUMDB))"
+# run outside any module, so that no go.mod nearby changes what is downloaded
+found=$(cd / && GOFLAGS=-mod=mod go mod download -json "$MODULE@$VERSION") \
+  || die "cannot download $MODULE@$VERSION: $found"
+dir=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$found")
+[ -s "$dir/deploy/crds/cert-manager.io_certificates.yaml" ] \
+  || die "the module $MODULE@$VERSION has no Certificate CRD in deploy/crds/"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-log "downloading $MODULE@$VERSION from $PROXY"
-curl -fsSL --retry 3 -o "$tmp/module.zip" "$PROXY/$MODULE/@v/$VERSION.zip" \
-  || die "cannot download $MODULE@$VERSION from $PROXY"
-mkdir -p "$tmp/crds"
-python3 - "$tmp/module.zip" "$MODULE@$VERSION/deploy/crds/" "$tmp/crds" <<'PY'
-import sys, zipfile
-from pathlib import Path
-archive, prefix, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-with zipfile.ZipFile(archive) as z:
-    names = [n for n in z.namelist() if n.startswith(prefix) and n.endswith(".yaml")]
-    for n in names:
-        (out / Path(n).name).write_bytes(z.read(n))
-if not names:
-    sys.exit(f"no CRDs under {prefix} in the module zip")
-PY
-[ -s "$tmp/crds/cert-manager.io_certificates.yaml" ] || die "the zip has no Certificate CRD"
+mkdir "$tmp/crds"
+cp "$dir"/deploy/crds/*.yaml "$tmp/crds/"
+chmod u+w "$tmp"/crds/*.yaml  # the module cache's files are read-only
 mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT"
 mv "$tmp/crds" "$OUT"
-log "$(ls "$OUT" | wc -l) CRDs in $OUT"
+log "$(find "$OUT" -name '*.yaml' | wc -l) CRDs in $OUT"
 echo "$OUT"
