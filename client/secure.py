@@ -206,11 +206,14 @@ class SecureRound:
     def unmask(self) -> None:
         """Stage 4: once the round's masked sum is on the root, the shares that remove its
         masks (of the dropped clients' key seeds and the survivors' self seeds)."""
-        req = self._call("GET", "unmask")
-        s, b = self.participant.unmask(set(req["dropped"]), set(req["survivors"]))
         try:
+            req = self._call("GET", "unmask")
+            s, b = self.participant.unmask(set(req["dropped"]), set(req["survivors"]))
             self._call("POST", "unmask", unmask_to_json(s, b))
-        except StageClosed as exc:  # enough shares came without this client's
+        except StageClosed as exc:  # enough shares came without this client's, or the round
+            # ended before this client got to it: nothing of its own is missing
+            if exc.error != "stage_closed":  # unmask_failed, not_masked: the round's own fault
+                raise
             log.info("%s: round %d unmasked without its shares: %s", self.client, self.round, exc)
 
     def run(self, update: Mapping[str, Any] | np.ndarray, num_samples: int) -> UploadReceipt:

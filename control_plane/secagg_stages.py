@@ -117,9 +117,13 @@ class Stages:
         self.rounds: dict[tuple[str, int], StageRound] = {}
         self.loading = asyncio.Lock()
 
-    async def round_of(self, name: str, number: int, client: str) -> tuple[JobState, StageRound]:
+    async def round_of(
+        self, name: str, number: int, client: str, *, unmasking: bool = False
+    ) -> tuple[JobState, StageRound]:
         """The job and its round ``number``'s stages for ``client`` (read from the store, or
-        made, on first use)."""
+        made, on first use). ``unmasking``: the client asks for or sends its shares, and a
+        round that ended already (published with the shares of others, while this client was
+        slow) answers :class:`StageClosed`, as a stage that closed without it does."""
         job = self.coord.job(name)
         if not job.secagg:
             raise NotMasked(f"job {name!r} has no secure aggregation")
@@ -130,6 +134,11 @@ class Stages:
         rnd = job.current
         if rnd is None or rnd.number != number:
             now = "none" if rnd is None else str(rnd.number)
+            if unmasking and 0 < number <= job.completed:
+                raise StageClosed(
+                    f"round {number} of {name!r} ended without this client's shares "
+                    f"(its round: {now}); the unmask stage closed"
+                )
             raise RoundStateError(f"round {number} of {name!r} is not open; its round: {now}")
         if client not in rnd.selected:
             raise ClientNotSelected(name, client, number)
@@ -426,7 +435,7 @@ def _route(step: Step, reads_body: bool) -> Callable[..., Awaitable[Any]]:
     async def route(scope: ClientScope, job: str, number: int, request: Request) -> Any:
         client = _client_of(request, scope)
         stages = _stages(request)
-        j, st = await stages.round_of(job, number, client)
+        j, st = await stages.round_of(job, number, client, unmasking=step in UNMASKING)
         body = await read_json(request, MAX_BODY) if reads_body else None
         try:
             return await step(stages, j, st, client, body)
@@ -479,6 +488,10 @@ ROUTES: tuple[tuple[str, str, Step, bool], ...] = (
     ("/unmask", "GET", _unmask_request, False),
     ("/unmask", "POST", _unmask, True),
 )
+
+
+#: the steps of stage 4: a client late for them finds the stage closed, not a wrong round
+UNMASKING = frozenset({_unmask_request, _unmask})
 
 
 def add_routes(app: FastAPI) -> None:

@@ -1,7 +1,8 @@
 """The control plane's secure-aggregation stages (control_plane.secagg_stages) over two real
 node gateways: a round of 3 clients (core.secagg's participants, every message through the
 HTTP routes) whose root gateway unmasks and publishes exactly the dequantized sum; every stage
-route and the root's unmask route refuse bad input with a 4xx JSON saying what is wrong; a
+route and the root's unmask route refuse bad input with a 4xx JSON saying what is wrong (a
+client late for the unmask stage of a round that ended is told the stage closed); a
 round whose survivors send too few shares fails the job saying so; a job that asks for
 secure aggregation with drop_flagged, or with parameters that cannot work, is refused."""
 
@@ -122,7 +123,7 @@ def test_a_round_through_the_stage_routes_and_every_refusal_says_why(
 ) -> None:
     api, urls, secret = stack
     spec = {"stage_timeout_s": 60.0}
-    r = _create(api, "sa", spec)
+    r = _create(api, "sa", spec, rounds=2)
     assert r.status_code == 201, r.text
     tokens = r.json()["tokens"]
     rnd = Round(api, "sa", tokens, SecAggConfig.from_spec(spec), secret)
@@ -194,6 +195,13 @@ def test_a_round_through_the_stage_routes_and_every_refusal_says_why(
         lambda: (v := api.get("/v1/jobs/sa").json())["completed"] == 1 and v, 60, "round 1"
     )
     assert not view["failed"], view
+    # a client slow to unmask finds the stage closed once round 2 opened (what the SDK takes
+    # as "unmasked without its shares"), not a wrong round; the other stages say round_state
+    wait_until(lambda: (api.get("/v1/jobs/sa").json()["round"] or {}).get("number") == 2, 60,
+               "round 2 opens")  # fmt: skip
+    _refused(rnd.call("POST", "unmask", "c0", messages["c0"]), 409, "stage_closed", "ended")
+    _refused(rnd.call("GET", "unmask", "c1"), 409, "stage_closed", "ended")
+    _refused(rnd.call("POST", "advert", "c0", advert), 409, "round_state", "not open")
     model = httpx.get(f"{root}/v1/jobs/sa/model", headers=bearer(tokens["c0"]))
     got = load(model.content)["fedavg"]
     total = np.zeros(W0["w"].size + 1, np.uint32)
