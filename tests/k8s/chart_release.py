@@ -20,6 +20,7 @@ from core.services import find_binary
 from tests.k8s.conftest import Helm
 from tests.k8s.faas_netes import FUNCTION_NAMESPACE
 from tests.k8s.node import Node, pod_ready
+from tests.polling import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fedfaas"
 RELEASE, NAMESPACE = "fedfaas", "openfaas"
@@ -59,6 +60,30 @@ def install(node: Node, home: Path, *extra: str) -> None:
     )  # fmt: skip
     if res.returncode != 0:
         raise AssertionError(f"helm install: {res.stderr}\n{pods_report(node)}")
+    wait_ready(node)
+
+
+def wait_ready(node: Node, timeout: float = 180.0) -> None:
+    """Wait until every pod of the release's namespaces is Ready (a Job's, the post-install
+    hook's, and terminating pods aside: helm checked the hook). ``helm --wait`` does not: it
+    counts a DaemonSet rolled out with ``maxUnavailable`` (1) pods not ready, so on one node
+    it returns while the node gateway is still starting, or restarting after a first start
+    that found Redis not listening yet (seen in CI: exit 1, "Connection refused", then
+    CrashLoopBackOff's 10 s back-off)."""
+
+    def ready() -> bool:
+        for ns in (NAMESPACE, FUNCTION_NAMESPACE):
+            for pod in node.cluster.api.list("v1", "Pod", ns):
+                meta = pod["metadata"]
+                a_job = any(o.get("kind") == "Job" for o in meta.get("ownerReferences", []))
+                if not a_job and not meta.get("deletionTimestamp") and not pod_ready(pod):
+                    return False
+        return True
+
+    try:
+        wait_until(ready, timeout, "every pod of the release Ready", interval=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{pods_report(node)}") from None
 
 
 def pods_report(node: Node) -> str:
