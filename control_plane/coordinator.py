@@ -138,6 +138,7 @@ class Coordinator(NodeFailover, Autoscaling):
     async def start(self) -> None:
         """Load persisted jobs (their plans are re-planned from the stored assignment) and
         the deletions still owed to gateways."""
+        await self.store.wait_up()
         for name, raw in (await self.store.load_all()).items():
             try:
                 job = job_from_json(raw)

@@ -15,6 +15,9 @@ from typing import Any
 class StateStore(ABC):
     """Job state persistence: save, load all, delete; and records that are not a job's."""
 
+    async def wait_up(self) -> None:  # noqa: B027 (a hook: only a remote store waits)
+        """Return once the store answers (at once in memory)."""
+
     @abstractmethod
     async def save(self, name: str, state: dict[str, Any]) -> None: ...
 
@@ -77,6 +80,12 @@ class RedisStore(StateStore):
 
         self._r = async_redis_client(url, credentials_file, decode_responses=True)
         self._prefix = prefix
+
+    async def wait_up(self) -> None:
+        """Wait for Redis to listen (:func:`core.redis_wait.wait_for_redis`)."""
+        from core.redis_wait import wait_for_redis
+
+        await wait_for_redis(self._r, "control plane")
 
     async def save(self, name: str, state: dict[str, Any]) -> None:
         await self._r.set(f"{self._prefix}job:{name}", json.dumps(state))

@@ -28,6 +28,7 @@ from core.discovery import Discovery
 from core.objstore import check_root
 from core.objstore.handoff import HandoffServer
 from core.objstore.root import private_dir
+from core.redis_wait import wait_for_redis
 from gateway import auth, callers, control, creation, flstore, membership, recovery, round_io
 from gateway.api import build_app
 from gateway.asgi import AsgiExchange
@@ -124,7 +125,7 @@ class Gateway:
         tf = s.engine_token_file if s.engine_url else None
         self.engine_headers = bearer(read_token_file(tf, "engine token")) if tf else {}
         self.journal = Journal(s.redis_url, s.redis_credentials_file)
-        await self.journal.ping()
+        await wait_for_redis(self.journal.r, f"gateway {s.node}")
         self.router = bpf.RouterServer(
             str(s.socket_path()),
             prefer_ebpf=s.prefer_ebpf,

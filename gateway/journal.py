@@ -88,9 +88,6 @@ class Journal:
     async def close(self) -> None:
         await self.r.aclose()
 
-    async def ping(self) -> bool:
-        return bool(await self.r.ping())
-
     async def new_job_id(self) -> int:
         return int(await self.r.incr(PREFIX + "job-id"))
 
