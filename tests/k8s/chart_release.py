@@ -113,10 +113,10 @@ def get(
     verify: ssl.SSLContext | bool = True,
     tls_name: str | None = None,
 ) -> httpx.Response:
-    """``GET url`` with a bearer token, from inside the node's namespace (an https server
-    verified with ``verify``, its certificate against ``tls_name`` where given, as the
-    platform's parts verify a gateway found at its pod's address: core/server_names.py)."""
-    headers = {"Authorization": f"Bearer {token}"}
+    """``GET url`` with a bearer token (none for ``""``), from inside the node's namespace (an
+    https server verified with ``verify``, its certificate against ``tls_name`` where given, as
+    the platform's parts verify a gateway found at its pod's address: core/server_names.py)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     extensions = {"sni_hostname": tls_name} if tls_name else {}
 
     def call() -> httpx.Response:

@@ -4,16 +4,15 @@ Secrets ``<prefix>-<part>`` (``tls.crt``, ``tls.key``, ``ca.crt``) the chart's p
 before ``helm install`` as an operator makes them, and the values that turn TLS on.
 
 Each part's certificate names the DNS names of the Service it is reached by. The node gateways'
-also names every node they serve (discovery keeps a gateway only when its certificate names the
-node it claims) and every address of the node's pod network (:data:`POD_CIDR`): the control
-plane and the gateways reach a gateway at ``https://POD_IP:PORT``, found through the headless
-Service, and verify that address against the certificate (charts/fedfaas/values.yaml ``tls``).
+also names every node they serve and no address: the control plane and the gateways reach a
+gateway at ``https://POD_IP:PORT``, found through the headless Service, keep it only when its
+certificate names the node it claims and verify every later call against that node's name
+(core/server_names.py), as the SDK does with the ``tls_name`` the control plane gives.
 """
 
 from __future__ import annotations
 
 import base64
-import ipaddress
 import socket
 import ssl
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s.api import KubeApi
-from tests.k8s.node_files import POD_CIDR
 from tests.k8s.pki import KeyPair, Pki
 
 #: the prefix of the parts' Secrets (values ``tls.secretName``)
@@ -63,15 +61,12 @@ class ChartPki:
 def mint(folder: Path, release: str, namespace: str, nodes: list[str]) -> ChartPki:
     """The certificates of a release in ``namespace`` whose gateways serve ``nodes``."""
     pki = Pki(folder / "ca")
-    pod_ips = tuple(str(ip) for ip in ipaddress.ip_network(POD_CIDR).hosts())
     parts = {}
     for part in PARTS:
         dns = service_names(f"{release}-{part}", namespace)
-        ips: tuple[str, ...] = ()
         if part == "node-gateway":
             dns += service_names(f"{release}-node-gateway-peers", namespace) + tuple(nodes)
-            ips = pod_ips
-        parts[part] = pki.issue(part, part, server=True, client=True, dns=dns, ips=ips)
+        parts[part] = pki.issue(part, part, server=True, client=True, dns=dns)
     operator = pki.issue("operator", "operator", client=True)
     stranger = Pki(folder / "other-ca").issue("stranger", "stranger", client=True)
     return ChartPki(pki.ca.cert, parts, operator, stranger)

@@ -98,7 +98,13 @@ class NodeJob:
         def send() -> None:
             token = self.job.token_of(client)
             with FLClient(
-                a.gateway_url, self.name, client, token, timeout=120, tls_name=a.tls_name
+                a.gateway_url,
+                self.name,
+                client,
+                token,
+                timeout=120,
+                ca_file=self.job.ca_file,  # the job's CA, as the SDK's own clients take it
+                tls_name=a.tls_name,
             ) as fl:
                 fl.upload(rnd, data, weight)
 

@@ -37,7 +37,8 @@ ready and its post-install hook, the MinIO provisioning Job, has completed; then
   the aggregator (now root, as the store's owner) registers with it;
 - last, on that gateway: a job through the SDK over HTTPS (``ca_file``, the Secrets' CA): the
   control plane at its Service's name, clients placed on the gateway at its ``https://POD_IP``
-  address; the round's model is the float64 FedAvg of the updates.
+  address, verified against the node's name (the gateway's certificate names no address); the
+  round's model is the float64 FedAvg of the updates.
 """
 
 from __future__ import annotations
@@ -176,19 +177,19 @@ def test_the_aggregator_registers_with_the_node_gateway_through_the_shared_socke
     verify = pki.verify()
 
     def registered() -> list[dict[str, Any]]:
-        r = get(release, f"{gateway}/v1/router", token, verify)
+        r = get(release, f"{gateway}/v1/router", token, verify, release.name)
         assert r.status_code == 200, r.text
         return [e for e in r.json()["endpoints"] if not e["local"]]
 
     wait_for(lambda: bool(registered()), "the aggregator's endpoint registered", 120)
-    status = get(release, f"{gateway}/v1/router", token, verify).json()
+    status = get(release, f"{gateway}/v1/router", token, verify, release.name).json()
     # eBPF off (the chart's default): the userspace router, and why
     assert (status["mode"], status["reason"]) == (
         "userspace",
         "eBPF not requested (prefer_ebpf=False)",
     )
     assert {e["uid"] for e in registered()} == {12000}  # the hostPaths' owner
-    assert get(release, f"{gateway}/v1/router", "wrong", verify).status_code == 401
+    assert get(release, f"{gateway}/v1/router", "wrong", verify, release.name).status_code == 401
 
 
 def test_the_control_plane_finds_the_node_gateway_through_the_headless_service(
@@ -304,9 +305,13 @@ def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
     gateway_ip = _release_pods(release)["node-gateway"]["status"]["podIP"]
     token = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
     wait_for(
-        lambda: bool(router_endpoints(release, gateway_ip, token, pki.verify())), "endpoints", 120
+        lambda: bool(router_endpoints(release, gateway_ip, token, pki.verify(), release.name)),
+        "endpoints",
+        120,
     )
-    before = {e["id"] for e in router_endpoints(release, gateway_ip, token, pki.verify())}
+    before = {
+        e["id"] for e in router_endpoints(release, gateway_ip, token, pki.verify(), release.name)
+    }
     r = of.http(
         "POST",
         "/system/scale-function/aggregator",
@@ -325,11 +330,14 @@ def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
     wait_for(two_ready, "two aggregator pods Ready", 180)
 
     def registered() -> bool:  # the new pod's endpoints, as many as the first pod's
-        ids = {e["id"] for e in router_endpoints(release, gateway_ip, token, pki.verify())}
+        ids = {
+            e["id"]
+            for e in router_endpoints(release, gateway_ip, token, pki.verify(), release.name)
+        }
         return before < ids and len(ids) == 2 * len(before)
 
     wait_for(registered, "the new aggregator pod's endpoints registered with the gateway", 120)
-    endpoints = router_endpoints(release, gateway_ip, token, pki.verify())
+    endpoints = router_endpoints(release, gateway_ip, token, pki.verify(), release.name)
     assert {e["uid"] for e in endpoints} == {12000}  # the uid the hostPaths were handed to
 
 
@@ -355,7 +363,9 @@ def test_with_ebpf_on_the_privileged_gateway_loads_its_program(
         ):
             return False
         ip = gateway["status"]["podIP"]
-        status = get(release, f"https://{ip}:8081/v1/router", token, pki.verify()).json()
+        status = get(
+            release, f"https://{ip}:8081/v1/router", token, pki.verify(), release.name
+        ).json()
         assert (status["mode"], status["reason"]) == ("ebpf", "eBPF SK_MSG sidecar loaded"), status
         seen["endpoints"] = status["endpoints"]
         return {e["uid"] for e in status["endpoints"] if not e["local"]} == {0}

@@ -145,3 +145,19 @@ def test_the_default_tls_docs_say_what_values_yaml_and_the_templates_do() -> Non
     doc = DOC.read_text()
     tls = " ".join(doc[doc.index("**TLS**") : doc.index("**What ran here**")].split())
     assert "(`tls.enabled`, on by default;" in tls and "`<release>-tls-ca`" in tls
+
+
+def test_the_install_snippet_fetches_the_ca_from_the_secret_the_chart_makes() -> None:
+    """The install commands end with the CA the SDK takes, from the control plane's Secret of
+    the release ``fedfaas`` (templates/_helpers.tpl's prefix, tls-generated.yaml's Secrets)."""
+    from tests.docs.snippets import command_lines, snippet
+
+    lines = command_lines(snippet("openfaas-kubernetes").text)
+    kubectl = next(line for line in lines if line.startswith("kubectl "))
+    assert "get secret fedfaas-tls-control-plane" in kubectl and "{.data.ca\\.crt}" in kubectl
+    helpers = (REPO / "charts/fedfaas/templates/_helpers.tpl").read_text()
+    assert '(printf "%s-tls" (include "fedfaas.fullname" .))' in helpers
+    assert (
+        'include "fedfaas.tlsSecret" (dict "ctx" $ "part" $part)'
+        in (REPO / "charts/fedfaas/templates/tls-generated.yaml").read_text()
+    )
