@@ -144,7 +144,9 @@ base-images:
 	FEDFAAS_CACHE="$(CACHE)" bash scripts/base-images.sh
 
 # Kubernetes server binaries built from the Go module proxy into $(CACHE)/k8s/<version>/
-# (about 5 minutes each on 2 cores, skipped once cached) and Debian's etcd, for tests/k8s.
+# (about 5 minutes each on 2 cores, skipped once cached) and Debian's etcd, for tests/k8s; then
+# cert-manager's CRDs and its controller loops (about 2 minutes), from the same proxy, checked
+# against sum.golang.org, into $(CACHE)/cert-manager/<version>/.
 K8S_BINARIES ?= etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy \
 	coredns
 k8s-binaries:
