@@ -161,3 +161,22 @@ def test_the_install_snippet_fetches_the_ca_from_the_secret_the_chart_makes() ->
         'include "fedfaas.tlsSecret" (dict "ctx" $ "part" $part)'
         in (REPO / "charts/fedfaas/templates/tls-generated.yaml").read_text()
     )
+
+
+def test_the_default_tls_claims_of_what_ran_are_in_the_job_module() -> None:
+    section = " ".join(_what_ran().split())
+    tests = (REPO / "tests/k8s/test_job_on_node.py").read_text()
+    for claim, test in (
+        (
+            "the chart with its default TLS",
+            'install(node, tmp_path_factory.mktemp("helm-home"), *VALUES)',
+        ),
+        (
+            "`403 client_certificate_required` on a gateway's peer-partial route",
+            "def test_the_default_tls_refuses_plain_http_another_ca_and_the_engines",
+        ),
+        ("each verified against the node name the control plane gives", "tls_name=a.get("),
+    ):
+        assert claim in section, claim
+        assert test in tests or test in (REPO / "tests/containers/faasd_job.py").read_text(), test
+    assert "tls.enabled" not in tests  # the default, not a value the test sets
