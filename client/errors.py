@@ -302,11 +302,13 @@ class StageOpen(Conflict):
 
 class StageClosed(Conflict):
     """409: the secure-aggregation stage closed without this client (it counts as dropped),
-    the round is not being unmasked, the job has no secure aggregation, or its round could
-    not be unmasked (the detail says why)."""
+    the round's masked sum holds no vector of this client (``not_in_sum``: its update is in
+    no model of the round), the round is not being unmasked, the job has no secure
+    aggregation, or its round could not be unmasked (the detail says why)."""
 
     codes: ClassVar[tuple[str, ...]] = (
         "stage_closed",
+        "not_in_sum",
         "round_not_unmasking",
         "not_masked",
         "unmask_failed",

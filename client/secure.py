@@ -212,7 +212,8 @@ class SecureRound:
             self._call("POST", "unmask", unmask_to_json(s, b))
         except StageClosed as exc:  # enough shares came without this client's, or the round
             # ended before this client got to it: nothing of its own is missing
-            if exc.error != "stage_closed":  # unmask_failed, not_masked: the round's own fault
+            if exc.error != "stage_closed":  # not_in_sum (this client's update is in no
+                # model of the round), unmask_failed, not_masked: the client must hear of it
                 raise
             log.info("%s: round %d unmasked without its shares: %s", self.client, self.round, exc)
 

@@ -95,6 +95,13 @@ class StageClosed(ControlPlaneError):
     status = 409
 
 
+class NotInSum(StageClosed):
+    """The round's masked sum holds no vector of the client asking to unmask: its update is in
+    no model of this round (not "closed without it": the client must hear of it)."""
+
+    code = "not_in_sum"
+
+
 class BadStageMessage(ControlPlaneError):
     """A stage message that is malformed or does not fit the round; the detail says why."""
 
@@ -309,7 +316,7 @@ class Stages:
             await self._ask_root(job, st)
         dropped, survivors = st.server.unmask_request()
         if client not in survivors:
-            raise StageClosed(f"the round's masked sum holds no vector of {client}")
+            raise NotInSum(f"the round's masked sum holds no vector of {client}")
         return {"dropped": sorted(dropped), "survivors": sorted(survivors)}
 
     async def _ask_root(self, job: JobState, st: StageRound) -> None:
