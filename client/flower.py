@@ -256,7 +256,7 @@ def _follow_resends(cp: _ControlPlane, r: FlowerRound, resend: int, token: str) 
         a = cp.assignment()
         if a is not None and int(a["round"]) == r.round and int(a.get("resend") or 0) > resend:
             resend = int(a["resend"])
-            with cp.gateway(str(a["gateway_url"]), token) as fl:
+            with cp.gateway(str(a["gateway_url"]), token, a.get("tls_name") or None) as fl:
                 fl.upload(r.round, r.weights, r.fit_examples, meta=r.meta)
             sent += 1
         time.sleep(0.1)

@@ -79,6 +79,9 @@ class ControlPlaneAssignment:
         self._verify = verify_for(ca_file)
         self._credential = credential
         self._client: str | None = None
+        #: gateway URL -> the name its certificate is verified against (the answers'
+        #: ``tls_name``: a gateway found by discovery at its pod's address names its node)
+        self.tls_names: dict[str, str] = {}
 
     def _auth(self, client_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
         """``(params, headers)``: the admin token, or the client's own token when given."""
@@ -110,7 +113,11 @@ class ControlPlaneAssignment:
         """The gateway URL of ``client_id`` for the open round (once the job is done: of the
         node holding the final model); :class:`~client.errors.JobFailed` when the job failed,
         :class:`~client.errors.ClientNotSelected` when the client is not in the round."""
-        return str(self.answer(client_id)["gateway_url"])
+        a = self.answer(client_id)
+        url = str(a["gateway_url"])
+        if a.get("tls_name"):
+            self.tls_names[url] = str(a["tls_name"])
+        return url
 
     def answer(self, client_id: str) -> dict[str, Any]:
         """The control plane's whole assignment of ``client_id`` (as :meth:`__call__`), with
@@ -285,10 +292,20 @@ class Simulator:
             if cid in self.clients:
                 self.clients[cid].close()
             self.clients[cid] = FLClient(
-                url, self.job, cid, self._tokens[cid], ca_file=self.config.ca_file
+                url,
+                self.job,
+                cid,
+                self._tokens[cid],
+                ca_file=self.config.ca_file,
+                tls_name=self._tls_name(url),
             )
             self.gateway_of[cid] = url
         return self.clients[cid]
+
+    def _tls_name(self, url: str) -> str | None:
+        """The name ``url``'s certificate is verified against, where the assignment gave one
+        (:attr:`ControlPlaneAssignment.tls_names`); None: the URL's host."""
+        return getattr(self._assignment, "tls_names", {}).get(url)
 
     def close(self) -> None:
         for c in self.clients.values():
@@ -447,7 +464,12 @@ class Simulator:
             torch.set_num_threads(self.config.torch_threads)
         cid, url = next(iter(self.gateway_of.items()))
         monitor = FLClient(
-            url, self.job, cid, self._tokens[cid], ca_file=self.config.ca_file
+            url,
+            self.job,
+            cid,
+            self._tokens[cid],
+            ca_file=self.config.ca_file,
+            tls_name=self._tls_name(url),
         )  # clients may move: its own
         first = monitor.status()
         start = int(first["version"])

@@ -21,7 +21,7 @@ Routes:
   root node: it sends the update again, to ``gateway_url``); once the job is done, the job's
   root node, which holds the final model (``done``: true). ``tls_name``: the name the
   gateway's certificate is verified against, where not the URL's host (a node found through
-  discovery: its own name, :mod:`core.server_names`), else null; ``GET /v1/nodes`` gives it too
+  discovery over TLS: its own name, :mod:`core.server_names`), else null; ``GET /v1/nodes`` gives it too
 * ``POST /v1/jobs/{job}/rounds/{r}/failures?client=ID``: the client leaves the open round
   without an update, its training having failed (:mod:`control_plane.client_rounds`)
 * ``GET  /v1/jobs/{job}/plan``: the hierarchy of the open round and its clients' nodes
@@ -195,7 +195,8 @@ def create_app(
 
             async def found(nodes: dict[str, str]) -> None:
                 # --gateways entries win; the others are verified by their node's name
-                await coord.update_nodes({**nodes, **static}, by_name=set(nodes) - set(static))
+                named = set(nodes) - set(static) if discovery.scheme == "https" else set()
+                await coord.update_nodes({**nodes, **static}, by_name=named)
 
             tasks.append(asyncio.create_task(discovery.watch(settings.discovery_interval, found)))
         try:

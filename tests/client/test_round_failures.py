@@ -202,6 +202,7 @@ def test_once_the_job_is_done_the_assignment_sends_a_client_to_the_final_model(
         "client": "c1",
         "node": view["root"],
         "gateway_url": urls[view["root"]],
+        "tls_name": None,  # a static URL: verified by its host
         "resend": 0,
         "done": True,
     }

@@ -172,3 +172,31 @@ def test_only_https_urls_of_the_listed_origins_get_a_name() -> None:
 
     asyncio.run(run())
     assert [e.get("sni_hostname") for e in seen] == ["n1", None, None]
+
+
+def test_the_simulators_assignment_verifies_each_gateway_by_the_name_it_was_given(
+    tmp_path: Path,
+) -> None:
+    """``ControlPlaneAssignment`` keeps each answer's ``tls_name`` by gateway URL and the
+    Simulator's clients verify by it (a discovered gateway at its pod's address)."""
+    from client.simulator import ControlPlaneAssignment, Simulator
+
+    ca = mint_ca(tmp_path / "ca")
+    gateway = mint_cert(ca, tmp_path / "certs", "n1", ["n1"])
+    plane = mint_cert(ca, tmp_path / "certs", "control-plane", ["127.0.0.1"])
+    with https_server(gateway, _answering("n1")) as gw:
+
+        class Assignment(JsonHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.reply(200, {"job": "job", "round": 1, "client": "c1", "node": "n1",
+                                 "gateway_url": gw, "tls_name": "n1"})  # fmt: skip
+
+        with https_server(plane, Assignment) as cp:
+            assign = ControlPlaneAssignment(cp, "job", {"c1": "token"}, ca_file=ca.cert)
+            assert assign("c1") == gw and assign.tls_names == {gw: "n1"}
+        sim: Simulator = object.__new__(Simulator)  # only its naming of gateways runs here
+        sim._assignment = assign
+        assert sim._tls_name(gw) == "n1" and sim._tls_name("https://127.0.0.1:1") is None
+        name = sim._tls_name(gw)
+        with FLClient(gw, "job", "c1", "token", ca_file=ca.cert, tls_name=name) as fl:
+            assert fl.status()["node"] == "n1"
