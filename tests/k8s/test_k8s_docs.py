@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from tests.k8s.cluster import K8S_VERSION
 from tests.k8s.node import COREDNS_IMAGE
 
@@ -67,6 +69,14 @@ def test_the_readme_names_the_versions_and_what_ran_with_the_tests_that_ran_it()
         ("a gateway pod deleted mid-round", "def test_a_root_gateway_pod_deleted_mid_round"),
     ):
         assert claim in section and test in tests, claim
+    # "over HTTPS, the chart's default": the release of those tests sets nothing of tls
+    assert "over HTTPS, the chart's default" in section
+    values = yaml.safe_load((REPO / "charts/fedfaas/values.yaml").read_text())
+    assert values["tls"]["enabled"] is True and "tls.enabled" not in tests
+    assert "# TLS: the default" in tests
+    issued = (REPO / "tests" / "k8s" / "test_chart_cert_manager.py").read_text()
+    assert "cert-manager v1.19.2's controller loops" in section
+    assert "def test_a_job_through_the_sdk_over_https_with_the_issuers_ca_is_exact_fedavg" in issued
 
 
 def _values_paths(doc: dict[str, object], prefix: str = "") -> set[str]:
