@@ -291,16 +291,20 @@ class Simulator:
         if self.gateway_of.get(cid) != url:
             if cid in self.clients:
                 self.clients[cid].close()
-            self.clients[cid] = FLClient(
-                url,
-                self.job,
-                cid,
-                self._tokens[cid],
-                ca_file=self.config.ca_file,
-                tls_name=self._tls_name(url),
-            )
+            self.clients[cid] = self._client_at(cid, url)
             self.gateway_of[cid] = url
         return self.clients[cid]
+
+    def _client_at(self, cid: str, url: str) -> FLClient:
+        """A new connection of client ``cid`` to the gateway at ``url``."""
+        return FLClient(
+            url,
+            self.job,
+            cid,
+            self._tokens[cid],
+            ca_file=self.config.ca_file,
+            tls_name=self._tls_name(url),
+        )
 
     def _tls_name(self, url: str) -> str | None:
         """The name ``url``'s certificate is verified against, where the assignment gave one
@@ -463,14 +467,7 @@ class Simulator:
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
         cid, url = next(iter(self.gateway_of.items()))
-        monitor = FLClient(
-            url,
-            self.job,
-            cid,
-            self._tokens[cid],
-            ca_file=self.config.ca_file,
-            tls_name=self._tls_name(url),
-        )  # clients may move: its own
+        monitor = self._client_at(cid, url)  # clients may move: its own
         first = monitor.status()
         start = int(first["version"])
         last = min(int(first.get("rounds", start + self.config.rounds)), start + self.config.rounds)
