@@ -20,7 +20,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -32,6 +32,7 @@ from core.openfaas import AsyncOpenFaaS
 from core.services import free_port
 from tests.control.conftest import GatewayProc
 from tests.polling import wait_until
+from tests.tls.certs import JsonHandler
 from tests.tokens import control_client
 
 pytestmark = pytest.mark.integration
@@ -49,23 +50,12 @@ class Provider:
         self.replicas = 1
         provider = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
-            def _answer(self, status: int, doc: Any) -> None:
-                body = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 if self.path.split("?")[0] != f"/system/function/{FUNCTION}":
-                    return self._answer(404, {"error": "no such function"})
+                    return self.reply(404, {"error": "no such function"})
                 n = provider.replicas
-                self._answer(
+                self.reply(
                     200,
                     {
                         "name": FUNCTION,
@@ -81,8 +71,8 @@ class Provider:
                 status = provider.script.pop(0) if provider.script else 200
                 if status == 200:
                     provider.replicas = int(body["replicas"])
-                    return self._answer(200, {})
-                self._answer(status, {"error": "unable to update function deployment"})
+                    return self.reply(200, {})
+                self.reply(status, {"error": "unable to update function deployment"})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
