@@ -45,10 +45,11 @@ def platform_client(ca: str, secrets: Path) -> ssl.SSLContext | bool:
     """httpx's ``verify`` for a call to a part that requires a platform certificate (the cache
     engine, over TLS): ``ca`` trusted, and ``fedfaas``'s own certificate presented where the
     secrets folder holds it (:data:`OWN_CERT`); ``True`` without a CA."""
+    from core.tls import TlsFiles, client_context
+
     if not ca:
         return True
-    ctx = ssl.create_default_context(cafile=ca)
     cert, key = (secrets / p for p in OWN_CERT)
     if cert.is_file() and key.is_file():
-        ctx.load_cert_chain(cert, key)
-    return ctx
+        return TlsFiles(cert, key, Path(ca)).client_context()
+    return client_context(Path(ca))
