@@ -156,6 +156,20 @@ def _app(
     return app, home
 
 
+def process_env(python: Path, home: Path) -> dict[str, str]:
+    """The environment of Flower's processes: its environment's commands first on ``PATH``,
+    this repository importable, the Flower home ``home``, BLAS pools pinned, no telemetry."""
+    return {
+        **os.environ,
+        **PINNED_THREADS,
+        "PATH": f"{python.parent}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+    }
+
+
 # --------------------------------------------------------------------------- orchestration
 def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Kill every process started (each leads its own session) and what it started."""
@@ -265,15 +279,7 @@ def run_flower_round(
         work = root / "work"
         work.mkdir()
         app, home = _app(root, port, app, app_config)
-        env = {
-            **os.environ,
-            **PINNED_THREADS,
-            "PATH": f"{python.parent}:{os.environ.get('PATH', '')}",
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "FLWR_HOME": str(home),
-            "FLWR_TELEMETRY_ENABLED": "0",
-        }
+        env = process_env(python, home)
         try:
             rc.share_weights(work, layout, seed=seed, shared=shared, weights=weights)
 

@@ -11,7 +11,11 @@ sending their masked vectors and before unmasking (10% of 20: 2):
   the masked vectors in Z_2^32 as they arrive, the root unmasks;
 - Flower 1.42: the SuperLink, one SuperNode per client, ``flwr run`` of the App of its own
   example (``SecAggPlusWorkflow`` + ``secaggplus_mod``, :mod:`bench.secagg_flower_app`), run
-  by :func:`bench.flower_baseline.run_flower_round`.
+  by :func:`bench.flower_baseline.run_flower_round` (its Deployment Runtime);
+- and the same App on Flower's Simulation Runtime at ``--clients``
+  (:func:`bench.flower_simulation.run_flower_simulation_round`: Ray actors, messages in
+  memory; ``--no-flower-simulation`` leaves it out), the runtime Flower's own example uses,
+  which fits the machine where the Deployment Runtime's 20 clients do not.
 
 The same SecAgg+ parameters on both where Flower exposes them: each client's neighbours
 (FedFaaS ``neighbours`` = Flower ``num_shares`` - 1), the shares that rebuild a seed
@@ -38,12 +42,13 @@ the clients' weights on both sides (its largest error).
 run now replace theirs in the stored result, the others kept when they had the same clients
 and update size, each setting with its own run's header); ``--from-json`` re-renders.
 
-``--flower-clients N``: where Flower's side does not fit the machine at ``--clients`` (each of
-its clients is a SuperNode, a SuperExec and a ClientApp process per message, and under SecAgg+
-a ClientApp makes its update int64 and adds a 64-bit mask of that size per neighbour, one
-after another), FedFaaS and Flower
-both run ``N`` clients (the ratios are between them) and FedFaaS's round at ``--clients`` is a
-third column; the dropped share is the same at both sizes (2 of 20 is 1 of 10).
+``--flower-clients N``: where Flower's Deployment Runtime does not fit the machine at
+``--clients`` (each of its clients is a SuperNode, a SuperExec and a ClientApp process per
+message, and under SecAgg+ a ClientApp makes its update int64 and adds a 64-bit mask of that
+size per neighbour, one after another), FedFaaS and that runtime both run ``N`` clients (the
+first ratio column is between them) and FedFaaS's round at ``--clients`` is a third column,
+beside Flower's Simulation Runtime at ``--clients`` (the second ratio column); the dropped
+share is the same at both sizes (2 of 20 is 1 of 10).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from bench.runinfo import (
 NAME = "secagg"
 RESULTS = Path(__file__).resolve().parent / "results"
 FEDFAAS, FLOWER = "FedFaaS", "Flower 1.42 SecAgg+"
+FLOWER_SIM = "Flower 1.42 SecAgg+, Simulation Runtime"
 FLOWER_APP = Path(__file__).resolve().parent / "secagg_flower_app.py"
 log = logging.getLogger(__name__)
 
@@ -141,6 +147,7 @@ def runners(
     Flower at ``args.flower_clients`` clients, and FedFaaS at ``args.clients`` beside them
     when that is more; ``drops``: the clients dropped at each size."""
     from bench.flower_baseline import run_flower_round
+    from bench.flower_simulation import run_flower_simulation_round
     from bench.secagg_fedfaas import fedfaas_secagg_round
 
     small = flower_clients(args)
@@ -172,9 +179,23 @@ def runners(
             collect=_flower_extra(drops[small]), timeout=args.timeout,
         )  # fmt: skip
 
+    sim_cfg = {
+        **parameters(args.clients, args.neighbours, args.stage_timeout)["flower"],
+        "drop": ",".join(str(c) for c in drops[args.clients]),
+    }
+
+    def flower_simulation(groups: Any, tag: str) -> dict[str, Any]:
+        return run_flower_simulation_round(
+            args.clients, layout, groups=groups, app=FLOWER_APP, app_config=sim_cfg,
+            collect=_flower_extra(drops[args.clients]), timeout=args.timeout,
+            failures=len(drops[args.clients]),
+        )  # fmt: skip
+
     out = {FEDFAAS: fedfaas_at(small), FLOWER: flower}
     if small != args.clients:
         out[all_clients_system(args.clients)] = fedfaas_at(args.clients)
+    if args.flower_simulation:
+        out[FLOWER_SIM] = flower_simulation
     return out
 
 
@@ -219,8 +240,16 @@ def summary(compare: dict[str, Any]) -> dict[str, Any]:
             "failures": [str(r.get("detail") or r.get("reason") or r.get("failure"))[:300]
                          for r in recs if not r.get("ok", True)],
         }  # fmt: skip
-    me, them = out.get(FEDFAAS) or {}, out.get(FLOWER) or {}
-    out["ratios"] = {
+    out["ratios"] = _ratios(out.get(FLOWER) or {}, out.get(FEDFAAS) or {})
+    if FLOWER_SIM in out:  # against FedFaaS at the same (full) client count
+        full = next((k for k in out["systems"] if k.startswith(f"{FEDFAAS}, ")), FEDFAAS)
+        out["ratios_simulation"] = _ratios(out[FLOWER_SIM], out.get(full) or {})
+    return out
+
+
+def _ratios(them: dict[str, Any], me: dict[str, Any]) -> dict[str, float | None]:
+    """Each figure's median, ``them`` over ``me`` (None where either has none)."""
+    return {
         k: them[k]["median"] / me[k]["median"]
         if (me.get(k) and them.get(k) and me[k]["median"])
         else None
@@ -229,7 +258,6 @@ def summary(compare: dict[str, Any]) -> dict[str, Any]:
             "clients_peak_bytes",
         )
     }  # fmt: skip
-    return out
 
 
 ROWS = (
@@ -256,7 +284,8 @@ def _systems(s: dict[str, Any]) -> list[str]:
 
 def _named(system: str, clients: int | None) -> str:
     """A system's column name: FedFaaS's and Flower's with their clients."""
-    return f"{system} ({clients} clients)" if clients and system in (FEDFAAS, FLOWER) else system
+    named = (FEDFAAS, FLOWER, FLOWER_SIM)
+    return f"{system} ({clients} clients)" if clients and system in named else system
 
 
 def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
@@ -278,14 +307,54 @@ def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
         if per
         else ""
     )
+    simulated = any(FLOWER_SIM in b["summary"] for b in result["dropouts"].values())
+    at_full = (
+        f", and at {cfg['clients']} clients against Flower on its Simulation Runtime (the "
+        "last ratio column; see above)"
+        if simulated
+        else f", and FedFaaS's round at {cfg['clients']} clients is beside them"
+    )
     return [
-        f"Flower's side runs {small} clients, not {cfg['clients']}, for this machine's memory: "
-        "each of its clients is a SuperNode, its SuperExec and a ClientApp process per "
-        "message, and under SecAgg+ the ClientApp makes its update int64 and adds to it a "
-        f"64-bit mask of the same size per neighbour, one after another{seen}. So FedFaaS and Flower are compared at {small} clients "
-        f"(the ratio column), and FedFaaS's round at {cfg['clients']} clients is beside them.",
+        f"Flower's Deployment Runtime runs {small} clients, not {cfg['clients']}, for this "
+        "machine's memory: each of its clients is a SuperNode, its SuperExec and a ClientApp "
+        "process per message, and under SecAgg+ the ClientApp makes its update int64 and "
+        "adds to it a 64-bit mask of the same size per neighbour, one after another"
+        f"{seen}. So FedFaaS and Flower's Deployment Runtime are compared at {small} clients "
+        f"(the first ratio column){at_full}.",
         "",
     ]
+
+
+def _simulation_note(result: dict[str, Any]) -> list[str]:
+    """What the header says of the Simulation Runtime's column, when it ran."""
+    if not any(FLOWER_SIM in b["summary"] for b in result["dropouts"].values()):
+        return []
+    return [
+        "Flower's Simulation Runtime (its `flower-secure-aggregation` example's runtime; "
+        f"{result['config']['clients']} virtual SuperNodes, `flower-superlink --simulation` "
+        "and a Ray head of its own, in a network namespace with loopback alone): the "
+        "ClientApps run in Ray actors of 1 CPU, as many at once as the clients' CPUs, and the "
+        "messages never leave the machine's memory, so Flower does less work there than over "
+        "its Deployment Runtime. Server side: the SuperLink and `flwr-simulation` (the "
+        "ServerApp and the runtime); clients' side: the Ray head and its actors. A dropped "
+        "client answers its unmask message with an error at once (an actor held would hold "
+        "the clients queued behind it), which Flower counts as a dropout without waiting out "
+        "the timeout.",
+        "",
+    ]
+
+
+def _ratio_columns(
+    s: dict[str, Any], cfg: dict[str, Any]
+) -> list[tuple[str, dict[str, float | None]]]:
+    """The ratio columns of a setting's table: (title, ratios), Flower's Deployment Runtime
+    over FedFaaS at the same clients, and its Simulation Runtime's where it ran."""
+    small = cfg.get("flower_clients") or cfg["clients"]
+    out = [(f"Flower / FedFaaS ({small} clients)", s["ratios"])]
+    if s.get("ratios_simulation") is not None:
+        title = f"Flower's Simulation Runtime / FedFaaS ({cfg['clients']} clients)"
+        out.append((title, s["ratios_simulation"]))
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
@@ -309,6 +378,7 @@ def render(result: dict[str, Any]) -> str:
         "clients start from is not in them (Flower's clients get an empty one, FedFaaS's fetch "
         "theirs before the round).",
         "",
+        *_simulation_note(result),
         *_fewer_clients_note(result),
     ]
     for label, block in result["dropouts"].items():
@@ -322,20 +392,25 @@ def render(result: dict[str, Any]) -> str:
         own = block.get("run")  # a setting kept by --merge from an earlier invocation
         if own and own.get("started") != result["run"].get("started"):
             lines += [run_header(own), ""]
+        pairs = _ratio_columns(s, cfg)
         lines += [f"Runs finished: {ok}.", "",
-                  f"| figure | {' | '.join(names)} | Flower / FedFaaS |",
-                  "|---|" + "---|" * (len(systems) + 1)]  # fmt: skip
+                  f"| figure | {' | '.join(names)} | {' | '.join(t for t, _ in pairs)} |",
+                  "|---|" + "---|" * (len(systems) + len(pairs))]  # fmt: skip
         for name, key, scale, word in ROWS:
-            ratio = s["ratios"].get(key)
-            cell = f"{ratio:.2f}x {word}" if ratio and word else ""
             cells = " | ".join(_cell(s[k].get(key), scale) for k in systems)
-            lines.append(f"| {name} | {cells} | {cell} |")
+            ratios = " | ".join(
+                f"{r[key]:.2f}x {word}" if r.get(key) and word else "" for _, r in pairs
+            )
+            lines.append(f"| {name} | {cells} | {ratios} |")
         for system in systems:
             for f in (s.get(system) or {}).get("failures") or []:
                 lines.append(f"\n{system} failed: {f}")
-        met = (s["ratios"].get("round_s") or 0) >= 3.0
-        lines += ["", f"3x target: {'met' if met else 'MISSED'} "
-                  f"({(s['ratios'].get('round_s') or 0):.2f}x).", ""]  # fmt: skip
+        lines.append("")
+        for title, r in pairs:
+            met = (r.get("round_s") or 0) >= 3.0
+            lines.append(f"3x target, {title}: {'met' if met else 'MISSED'} "
+                         f"({(r.get('round_s') or 0):.2f}x).")  # fmt: skip
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -390,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cpus", default="0-1", help="the server sides' CPUs (cpuset syntax)")
     ap.add_argument("--timeout", type=float, default=900.0, help="s one round may take")
+    ap.add_argument("--no-flower-simulation", dest="flower_simulation", action="store_false",
+                    help="leave out Flower's Simulation Runtime at --clients")  # fmt: skip
     ap.add_argument("--merge", action="store_true", help="keep the stored other settings")
     ap.add_argument("--from-json", action="store_true", help="re-render the stored result")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -431,6 +508,7 @@ def _run(args: argparse.Namespace, run: dict[str, Any]) -> int:
         "cpus": args.cpus,
         "repeats": args.repeats,
         "parameters": parameters(small, args.neighbours, args.stage_timeout),
+        "flower_simulation": args.flower_simulation,
     }
     for setting in args.dropouts.split(","):
         n_drop = 0 if setting == "0" else args.drop

@@ -23,6 +23,14 @@ What the bench adds, outside Flower's code:
 - the marks :func:`~bench.flower_baseline.run_flower_round` reads: the strategy's
   ``aggregate_fit`` entry and return (the published model), the ServerApp's pulls.
 
+On Flower's Simulation Runtime (run config ``runtime = "simulation"``,
+:func:`bench.flower_simulation.run_flower_simulation_round`; a client is its virtual
+SuperNode's ``partition-id``) the ClientApps share a few Ray actors, so the barrier moves to
+the ServerApp (it waits for the go before the setup stage; the clients mark their start as
+they get it), and a dropped client answers its unmask message with an error at once instead
+of holding its actor: Flower counts an error reply as a dropout, as it counts silence past the
+timeout, so it does not wait out the timeout there.
+
 Imported only by Flower's processes (Flower's environment, this repository on ``PYTHONPATH``).
 """
 
@@ -76,15 +84,19 @@ def _stage(msg: Message) -> str:
 def bench_mod(msg: Message, ctxt: Context, call_next: Any) -> Message:
     """The bench's barrier, dropout and byte counts around Flower's own mods (see module)."""
     work = Path(str(ctxt.run_config["work"]))
-    cid = int(ctxt.node_config["cid"])
+    cid = _cid(ctxt)
+    simulated = _simulated(ctxt)
     stage = _stage(msg)
     if stage == Stage.SETUP:
-        rc.wait_go(work, cid)
+        if not simulated:  # on the Simulation Runtime the ServerApp waits for the go
+            rc.wait_go(work, cid)
         marks = {"cid": cid, "pid": os.getpid(), "t_start_ns": time.monotonic_ns()}
         marks |= {"t_serialised_ns": marks["t_start_ns"], "thread_pools": thread_counts()}
         (work / f"client-{cid}.json").write_text(json.dumps(marks))
     drops = {int(c) for c in str(ctxt.run_config["drop"]).split(",") if c}
     if stage == Stage.UNMASK and cid in drops:
+        if simulated:  # an actor held here would hold the clients queued behind it
+            raise RuntimeError(f"client {cid} dropped before unmasking")
         while not (work / "aggregated").exists():  # gone: the server hears nothing
             time.sleep(0.05)
     received = payload_bytes(msg.content)
@@ -106,8 +118,18 @@ class BenchClient(NumPyClient):
         return [weights[n].view(np.ndarray) for n, _ in layout], 100 + self.cid, {}
 
 
+def _cid(ctxt: Context) -> int:
+    """The client's number: its SuperNode's ``cid``, or on the Simulation Runtime its
+    virtual SuperNode's ``partition-id``."""
+    return int(ctxt.node_config.get("cid", ctxt.node_config.get("partition-id", -1)))
+
+
+def _simulated(ctxt: Context) -> bool:
+    return str(ctxt.run_config.get("runtime", "deployment")) == "simulation"
+
+
 def client_fn(context: Context) -> Any:
-    return BenchClient(Path(str(context.run_config["work"])), int(context.node_config["cid"]))
+    return BenchClient(Path(str(context.run_config["work"])), _cid(context))
 
 
 client = ClientApp(client_fn=client_fn, mods=[bench_mod, secaggplus_mod])
@@ -140,6 +162,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     work = Path(str(cfg["work"]))
     n = int(cfg["num-clients"])
+    if _simulated(context):  # the harness opens the window once the actors are up
+        rc.wait_go(work, "server")
     marks = timed_pulls(grid)
 
     class Timed(FedAvg):  # type: ignore[misc]

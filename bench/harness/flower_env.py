@@ -7,7 +7,10 @@ under ``~/.cache/fedfaas/flower-<version>``: :func:`flower_python` makes it on f
 interpreter running this code, ``pip install flwr==<version>`` with numpy, psutil and
 threadpoolctl for the benchmark's marks, httpx and safetensors for the light client package),
 under a file lock, and returns its interpreter; later calls return it at once. This
-repository is put on ``PYTHONPATH`` of the processes that run in it.
+repository is put on ``PYTHONPATH`` of the processes that run in it. ``simulation=True`` is
+another environment beside it, ``~/.cache/fedfaas/flower-<version>-simulation``, with
+``flwr[simulation]`` (Flower's Simulation Runtime and the Ray it pins), kept apart so that the
+Deployment Runtime's benchmarks run without Ray installed.
 """
 
 from __future__ import annotations
@@ -33,16 +36,20 @@ class FlowerEnvError(RuntimeError):
     """Flower's environment could not be made (the pip output says why)."""
 
 
-def flower_home(version: str = FLOWER_VERSION) -> Path:
-    """The folder of Flower ``version``'s environment (``venv/`` in it once made)."""
-    return CACHE / f"flower-{version}"
+def flower_home(version: str = FLOWER_VERSION, *, simulation: bool = False) -> Path:
+    """The folder of Flower ``version``'s environment (``venv/`` in it once made); with
+    ``simulation``, the one with its Simulation Runtime."""
+    return CACHE / (f"flower-{version}-simulation" if simulation else f"flower-{version}")
 
 
-def flower_python(version: str = FLOWER_VERSION, timeout: float = 900.0) -> Path:
-    """The interpreter of Flower ``version``'s environment, made first if it is not there
-    (idempotent; concurrent callers wait for the one making it). Raises
-    :class:`FlowerEnvError` with pip's output when the install fails."""
-    home = flower_home(version)
+def flower_python(
+    version: str = FLOWER_VERSION, timeout: float = 900.0, *, simulation: bool = False
+) -> Path:
+    """The interpreter of Flower ``version``'s environment (``simulation``: the one with
+    ``flwr[simulation]``), made first if it is not there (idempotent; concurrent callers wait
+    for the one making it). Raises :class:`FlowerEnvError` with pip's output when the install
+    fails."""
+    home = flower_home(version, simulation=simulation)
     python = home / "venv" / "bin" / "python"
     done = home / "venv.done"
     if done.exists():
@@ -57,7 +64,7 @@ def flower_python(version: str = FLOWER_VERSION, timeout: float = 900.0) -> Path
         steps = [
             [sys.executable, "-m", "venv", str(home / "venv")],
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-             f"flwr=={version}", *EXTRAS],
+             f"flwr[simulation]=={version}" if simulation else f"flwr=={version}", *EXTRAS],
         ]  # fmt: skip
         for argv in steps:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)

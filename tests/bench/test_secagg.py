@@ -1,7 +1,7 @@
 """bench-secagg (issue 41) run tiny: 4 clients of a 1 MB model, FedFaaS's secure round on
 ``fedfaas up --with control-plane`` and Flower 1.42's SecAgg+ (its ``SecAggPlusWorkflow`` and
-``secaggplus_mod`` on a SuperLink and SuperNodes), with no dropout and with one client dropped
-after its masked upload, before unmasking.
+``secaggplus_mod`` on a SuperLink and SuperNodes, and on its Simulation Runtime), with no
+dropout and with one client dropped after its masked upload, before unmasking.
 
 Both systems finish every round and publish the clients' weights (all clients share them, so
 the FedAvg is the weights) within the quantization's error, not a masked vector; each
@@ -44,7 +44,7 @@ def test_a_tiny_run_publishes_the_fedavg_on_both_and_writes_its_report(tmp_path:
     assert list(res["dropouts"]) == ["0% dropout (0 of 4)", "25% dropout (1 of 4)"]
     for label, block in res["dropouts"].items():
         runs = block["compare"]["by_cpus"]["0-1"]["runs"]
-        for system in (secagg.FEDFAAS, secagg.FLOWER):
+        for system in (secagg.FEDFAAS, secagg.FLOWER, secagg.FLOWER_SIM):
             [rec] = runs[system]
             assert rec.get("ok"), (label, system, rec.get("detail"))
             # the weights are ~0.05 x N(0, 1): a masked or wrong model is off by far more
@@ -53,8 +53,14 @@ def test_a_tiny_run_publishes_the_fedavg_on_both_and_writes_its_report(tmp_path:
             assert rec["cgroup"]["server"]["cpu_s"] > 0 and rec["e2e_s"] > 0
         fedfaas = runs[secagg.FEDFAAS][0]
         assert [m["cid"] for m in fedfaas["clients"] if m["dropped"]] == block["dropped"]
+        simulated = runs[secagg.FLOWER_SIM][0]
+        assert simulated["runtime"] == "simulation" and simulated["num_clients"] == 4
+        # the Ray head and its actors are the clients' side, the ServerApp the server's
+        assert simulated["cgroup"]["clients"]["cpu_s"] > 0
+        assert block["summary"]["ratios_simulation"]["round_s"] is not None
     md = (tmp_path / "secagg.md").read_text()
-    assert "Flower 1.42 SecAgg+" in md and "3x target" in md
+    assert "Flower 1.42 SecAgg+" in md and "3x target, Flower / FedFaaS (4 clients)" in md
+    assert "3x target, Flower's Simulation Runtime / FedFaaS (4 clients)" in md
     assert (tmp_path / "secagg.png").stat().st_size > 0
 
 
@@ -93,10 +99,11 @@ def test_merge_keeps_the_other_setting_of_the_same_size_only(
 def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--flower-clients 10`` of ``--clients 20``: FedFaaS and Flower run 10 clients (the
-    ratio is between them), FedFaaS's 20-client round is a third column; 2 of 20 dropped is
-    1 of 10; the report says why Flower ran fewer, with its clients' measured peak (the
-    rounds faked, the logic alone)."""
+    """``--flower-clients 10`` of ``--clients 20``: FedFaaS and Flower's Deployment Runtime
+    run 10 clients (the first ratio is between them), FedFaaS's 20-client round is a third
+    column and Flower's Simulation Runtime at 20 a fourth (the second ratio: it over FedFaaS
+    at 20); 2 of 20 dropped is 1 of 10; the report says why Flower's Deployment Runtime ran
+    fewer, with its clients' measured peak (the rounds faked, the logic alone)."""
     from bench.harness import compare
 
     full = secagg.all_clients_system(20)
@@ -113,6 +120,7 @@ def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
             secagg.FEDFAAS: [rec],
             secagg.FLOWER: [dict(rec, e2e_s=4.0, cgroup={"clients": {"peak_bytes": 11e9}})],
             full: [dict(rec, e2e_s=2.0, num_clients=20)],
+            secagg.FLOWER_SIM: [dict(rec, e2e_s=7.0, num_clients=20)],
         }
         return {"systems": list(runs), "order": "", "by_cpus": {"0-1": {"runs": runs}}}
 
@@ -129,9 +137,14 @@ def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
     [(label, block)] = res["dropouts"].items()
     assert label == "10% dropout (2 of 20; 1 of 10)" and block["dropped"] == [9]
     assert block["summary"]["ratios"]["round_s"] == 4.0  # Flower / FedFaaS, both at 10
+    assert block["summary"]["ratios_simulation"]["round_s"] == 3.5  # both at 20
     md = (tmp_path / "secagg.md").read_text()
-    assert "| FedFaaS (10 clients) | Flower 1.42 SecAgg+ (10 clients) | FedFaaS, 20 clients |" in md
-    assert "Flower's side runs 10 clients, not 20" in md
+    assert ("| FedFaaS (10 clients) | Flower 1.42 SecAgg+ (10 clients) | FedFaaS, 20 clients | "
+            "Flower 1.42 SecAgg+, Simulation Runtime (20 clients) | Flower / FedFaaS (10 "
+            "clients) | Flower's Simulation Runtime / FedFaaS (20 clients) |") in md  # fmt: skip
+    assert "Flower's Deployment Runtime runs 10 clients, not 20" in md
     assert "1.10 GB per client at its peak, about 22 GB at 20 clients" in md
-    assert "3x target: met (4.00x)" in md
+    assert "3x target, Flower / FedFaaS (10 clients): met (4.00x)" in md
+    assert "3x target, Flower's Simulation Runtime / FedFaaS (20 clients): met (3.50x)" in md
+    assert "| round time (s) | 1.00 [1.00-1.00] | 4.00 [4.00-4.00] | 2.00 [2.00-2.00] | " in md
     assert (tmp_path / "secagg.png").stat().st_size > 0
