@@ -402,6 +402,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _ms(v: float | None) -> str:
+    """A latency cell: whole ms, or n/a where locust had none."""
+    return "n/a" if v is None else f"{v:.0f}"
+
+
 def _mib(b: int) -> str:
     return f"{b / 2**20:.1f}"
 
@@ -466,8 +471,8 @@ def to_markdown(r: dict[str, Any]) -> str:
     ]
     for row in r["routes"]:
         lines.append(
-            f"| {row['route']} | {row['requests']} | {row['rps']:.1f} | {row['p50_ms']:.0f} "
-            f"| {row['p99_ms']:.0f} | {row['failures']} |"
+            f"| {row['route']} | {row['requests']} | {row['rps']:.1f} | {_ms(row['p50_ms'])} "
+            f"| {_ms(row['p99_ms'])} | {row['failures']} |"
         )
     m = r["memory"]
     if m:

@@ -11,7 +11,8 @@ from typing import Any
 
 
 def read_stats(prefix: Path) -> list[dict[str, Any]]:
-    """Per route: requests, failures, requests/s, p50/p99 (ms), from locust's stats CSV."""
+    """Per route: requests, failures, requests/s, p50/p99/mean (ms; None where locust has
+    none), from locust's stats CSV."""
     rows = []
     with open(f"{prefix}_stats.csv") as f:
         for row in csv.DictReader(f):
@@ -30,9 +31,10 @@ def read_stats(prefix: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _ms(cell: str) -> float:
-    """A latency cell of locust's CSV: ``N/A`` (a route with no request answered yet) is 0."""
-    return 0.0 if cell in ("", "N/A") else float(cell)
+def _ms(cell: str) -> float | None:
+    """A latency cell of locust's CSV; None for ``N/A`` (a route with no request answered
+    yet: no latency, not a latency of 0)."""
+    return None if cell in ("", "N/A") else float(cell)
 
 
 def read_history(prefix: Path, t0: float) -> list[dict[str, float]]:
