@@ -270,6 +270,18 @@ ROWS = (
 )
 
 
+#: a ratio's word when FedFaaS's figure is the larger (Flower / FedFaaS under 1)
+OPPOSITE = {"faster": "slower", "fewer": "more", "less": "more"}
+
+
+def _ratio_cell(ratio: float | None, word: str) -> str:
+    """Flower's figure over FedFaaS's, said from FedFaaS's side: ``2.00x fewer``, or for a
+    ratio under 1 its inverse with the opposite word (``1.12x more``)."""
+    if not ratio or not word:
+        return ""
+    return f"{ratio:.2f}x {word}" if ratio >= 1 else f"{1 / ratio:.2f}x {OPPOSITE[word]}"
+
+
 def _cell(s: dict[str, float] | None, scale: float) -> str:
     if not s:
         return "n/a"
@@ -398,9 +410,7 @@ def render(result: dict[str, Any]) -> str:
                   "|---|" + "---|" * (len(systems) + len(pairs))]  # fmt: skip
         for name, key, scale, word in ROWS:
             cells = " | ".join(_cell(s[k].get(key), scale) for k in systems)
-            ratios = " | ".join(
-                f"{r[key]:.2f}x {word}" if r.get(key) and word else "" for _, r in pairs
-            )
+            ratios = " | ".join(_ratio_cell(r.get(key), word) for _, r in pairs)
             lines.append(f"| {name} | {cells} | {ratios} |")
         for system in systems:
             for f in (s.get(system) or {}).get("failures") or []:

@@ -120,7 +120,9 @@ def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
             secagg.FEDFAAS: [rec],
             secagg.FLOWER: [dict(rec, e2e_s=4.0, cgroup={"clients": {"peak_bytes": 11e9}})],
             full: [dict(rec, e2e_s=2.0, num_clients=20)],
-            secagg.FLOWER_SIM: [dict(rec, e2e_s=7.0, num_clients=20)],
+            secagg.FLOWER_SIM: [
+                dict(rec, e2e_s=7.0, num_clients=20, cgroup={"clients": {"peak_bytes": 2e9}})
+            ],
         }
         return {"systems": list(runs), "order": "", "by_cpus": {"0-1": {"runs": runs}}}
 
@@ -147,4 +149,9 @@ def test_fewer_flower_clients_compare_like_for_like_beside_the_full_row(
     assert "3x target, Flower / FedFaaS (10 clients): met (4.00x)" in md
     assert "3x target, Flower's Simulation Runtime / FedFaaS (20 clients): met (3.50x)" in md
     assert "| round time (s) | 1.00 [1.00-1.00] | 4.00 [4.00-4.00] | 2.00 [2.00-2.00] | " in md
+    # Flower's Simulation Runtime's clients' peak is under FedFaaS's: said as FedFaaS's "more"
+    assert (
+        "| 5.00 [5.00-5.00] | 11.00 [11.00-11.00] | 5.00 [5.00-5.00] | 2.00 [2.00-2.00] | "
+        "2.20x less | 2.50x more |" in md
+    )
     assert (tmp_path / "secagg.png").stat().st_size > 0
