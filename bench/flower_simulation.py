@@ -5,9 +5,9 @@ and one SuperNode, SuperExec and ClientApp process per client) does not fit this
 memory, Flower's own answer is its Simulation Runtime, which is also how its
 ``flower-secure-aggregation`` example runs: the ClientApps of N virtual SuperNodes run in a
 pool of Ray actors, as many at once as the CPUs allow, and the messages never leave the
-machine's memory. It is run here as Flower 1.42 runs a simulation on a Ray cluster of one's
-own (its docs: start the cluster with ``ray start --head``, and the runtime's ``ray.init``
-joins it through ``RAY_ADDRESS``):
+machine's memory. It is run here on a Ray cluster of the round's own, which the runtime's
+``ray.init`` joins through ``RAY_ADDRESS`` (as it joins any running cluster), so that the
+clients' side has a cgroup of its own:
 
 - every process below in a network namespace of the round's own with loopback alone
   (:class:`PrivateNet`): Ray's servers listen on every interface and would otherwise be

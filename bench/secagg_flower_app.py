@@ -121,7 +121,8 @@ class BenchClient(NumPyClient):
 def _cid(ctxt: Context) -> int:
     """The client's number: its SuperNode's ``cid``, or on the Simulation Runtime its
     virtual SuperNode's ``partition-id``."""
-    return int(ctxt.node_config.get("cid", ctxt.node_config.get("partition-id", -1)))
+    config = ctxt.node_config
+    return int(config["cid"] if "cid" in config else config["partition-id"])
 
 
 def _simulated(ctxt: Context) -> bool:
