@@ -44,7 +44,12 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
     """A slot of ``job`` that an aggregator endpoint is running now (granted, not done),
     preferring one holding folded work (a top or middle with a partial in it before a leaf
     with an update; after ``timeout / 6`` s any running slot), its node and the pid of the
-    replica that holds the endpoint (the router's record). None when none was seen."""
+    replica that holds the endpoint (the router's record). None when none was seen.
+
+    A leaf must still wait for updates (fewer assigned than its goal; while work is wanted,
+    at least two fewer): one whose last update is on its way can finish between this look and
+    the kill, and the kill then hits a replica with nothing left to re-run (seen in 1 of 3
+    runs of fault (a) at 8004275: a leaf holding 2 updates, no slot re-run after the kill)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         need_work = time.monotonic() - t0 < timeout / 6
@@ -54,7 +59,8 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
             for sid, s in ((st.get("progress") or {}).get("slots") or {}).items():
                 work = int(s.get("partials", 0)) + int(s.get("updates", 0))
                 running = s.get("endpoint") is not None and not s.get("done")
-                if running and (work or not need_work) and s.get("node") == node:
+                waits = _leaf_waits(s, 2 if need_work else 1)
+                if running and waits and (work or not need_work) and s.get("node") == node:
                     found.append((-int(s["role"]), node, url, int(sid), s))
         for _, node, url, sid, s in sorted(found, key=lambda x: x[:2]):
             r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10, verify=c.verify)
@@ -72,6 +78,14 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
                 }
         time.sleep(0.005)
     return None
+
+
+def _leaf_waits(slot: dict[str, Any], updates: int) -> bool:
+    """Whether a slot (a job's progress entry) is no leaf, or a leaf still ``updates`` or more
+    updates short of its goal."""
+    if int(slot["role"]) != 1:
+        return True
+    return int(slot.get("goal", 0)) - int(slot.get("updates", 0)) >= updates
 
 
 def _replica(c: Campaign, run: JobRun) -> dict[str, Any]:

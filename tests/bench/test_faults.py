@@ -148,6 +148,19 @@ def test_a_replica_kill_is_evidence_only_when_its_slot_was_run_again() -> None:
     assert hit and "pid 42 ran middle slot 7 on node1 (0 update(s), 2 partial(s) in it)" in what
 
 
+def test_a_replica_is_killed_only_on_a_leaf_that_still_waits_for_updates() -> None:
+    """A leaf whose last update is on its way can finish between the look and the kill (the
+    kill then hits nothing to re-run): while work is wanted, a leaf two or more updates short
+    of its goal; after that, one or more; a middle or top slot always."""
+    from bench.fault_kinds import _leaf_waits
+
+    leaf = {"role": 1, "goal": 5, "updates": 3}
+    assert _leaf_waits(leaf, 2) and _leaf_waits(leaf, 1)
+    assert not _leaf_waits({**leaf, "updates": 4}, 2) and _leaf_waits({**leaf, "updates": 4}, 1)
+    assert not _leaf_waits({**leaf, "updates": 5}, 1)
+    assert _leaf_waits({"role": 2, "goal": 10, "updates": 0, "partials": 1}, 2)
+
+
 def test_a_gateway_kill_is_evidence_only_when_it_held_updates_of_an_open_round() -> None:
     run = JobRun(
         "j", "gateway", injected={"node": "node1", "round": 2, "version": 1, "received": 4}
