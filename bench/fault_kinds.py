@@ -41,27 +41,24 @@ REDIS_REFUSAL_S = 3.0
 
 
 def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] | None:
-    """A slot of ``job`` that an aggregator endpoint is running now (granted, not done),
-    preferring one holding folded work (a top or middle with a partial in it before a leaf
-    with an update; after ``timeout / 6`` s any running slot), its node and the pid of the
-    replica that holds the endpoint (the router's record). None when none was seen.
+    """A leaf slot of ``job`` that an aggregator endpoint is running now (granted, not done)
+    and that still waits for an update (:func:`waiting_leaves`; while work is wanted, the
+    first ``timeout / 6`` s, one holding an update), its node and the pid of the replica that
+    holds the endpoint (the router's record). None when none was seen.
 
-    A leaf must still wait for updates (fewer assigned than its goal; while work is wanted,
-    at least two fewer): one whose last update is on its way can finish between this look and
-    the kill, and the kill then hits a replica with nothing left to re-run (seen in 1 of 3
-    runs of fault (a) at 8004275: a leaf holding 2 updates, no slot re-run after the kill)."""
+    A slot with all its inputs in can finish between this look and the kill, which then hits
+    a replica with nothing left to re-run: seen at 8004275 with a leaf holding all its
+    updates, and once leaves were made to wait, with a top slot holding both of its partials.
+    A middle or top slot's children are not in the job's progress, so only leaves, whose goal
+    counts their updates, are chosen."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         need_work = time.monotonic() - t0 < timeout / 6
         found = []
         for node, url in c.nodes().items():
-            st = c.job_status(url, job)
-            for sid, s in ((st.get("progress") or {}).get("slots") or {}).items():
-                work = int(s.get("partials", 0)) + int(s.get("updates", 0))
-                running = s.get("endpoint") is not None and not s.get("done")
-                waits = _leaf_waits(s, 2 if need_work else 1)
-                if running and waits and (work or not need_work) and s.get("node") == node:
-                    found.append((-int(s["role"]), node, url, int(sid), s))
+            progress = c.job_status(url, job).get("progress") or {}
+            found += [(-s["updates"], node, url, sid, s) for sid, s in
+                      waiting_leaves(node, progress.get("slots") or {}, need_work)]  # fmt: skip
         for _, node, url, sid, s in sorted(found, key=lambda x: x[:2]):
             r = httpx.get(f"{url}/v1/router", headers=c.admin, timeout=10, verify=c.verify)
             pids = {int(e["id"]): int(e["pid"]) for e in r.json()["endpoints"] if not e["local"]}
@@ -70,7 +67,7 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
                 return {
                     "node": node,
                     "slot": sid,
-                    "role": {1: "leaf", 2: "middle", 3: "top"}.get(int(s["role"]), str(s["role"])),
+                    "role": "leaf",
                     "updates": int(s.get("updates", 0)),
                     "partials": int(s.get("partials", 0)),
                     "endpoint": int(s["endpoint"]),
@@ -80,12 +77,21 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
     return None
 
 
-def _leaf_waits(slot: dict[str, Any], updates: int) -> bool:
-    """Whether a slot (a job's progress entry) is no leaf, or a leaf still ``updates`` or more
-    updates short of its goal."""
-    if int(slot["role"]) != 1:
-        return True
-    return int(slot.get("goal", 0)) - int(slot.get("updates", 0)) >= updates
+def waiting_leaves(
+    node: str, slots: dict[str, Any], need_work: bool
+) -> list[tuple[int, dict[str, Any]]]:
+    """``(slot id, slot)`` of the leaves of a node's job progress ``slots`` that run on
+    ``node``, have an endpoint, are not done and are short of their goal (with
+    ``need_work``, that hold an update too)."""
+    out = []
+    for sid, s in slots.items():
+        updates = int(s.get("updates", 0))
+        running = s.get("endpoint") is not None and not s.get("done")
+        short = int(s.get("goal", 0)) > updates
+        leaf = int(s["role"]) == 1 and s.get("node") == node
+        if leaf and running and short and (updates or not need_work):
+            out.append((int(sid), {**s, "updates": updates}))
+    return out
 
 
 def _replica(c: Campaign, run: JobRun) -> dict[str, Any]:

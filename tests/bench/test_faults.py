@@ -148,17 +148,25 @@ def test_a_replica_kill_is_evidence_only_when_its_slot_was_run_again() -> None:
     assert hit and "pid 42 ran middle slot 7 on node1 (0 update(s), 2 partial(s) in it)" in what
 
 
-def test_a_replica_is_killed_only_on_a_leaf_that_still_waits_for_updates() -> None:
-    """A leaf whose last update is on its way can finish between the look and the kill (the
-    kill then hits nothing to re-run): while work is wanted, a leaf two or more updates short
-    of its goal; after that, one or more; a middle or top slot always."""
-    from bench.fault_kinds import _leaf_waits
+def test_the_replica_killed_runs_a_leaf_that_still_waits_for_updates() -> None:
+    """A slot whose last input is on its way can finish between the look and the kill, which
+    then has nothing to re-run: only leaves short of their goal are chosen (holding an update
+    too while work is wanted), on their own node, running, not done."""
+    from bench.fault_kinds import waiting_leaves
 
-    leaf = {"role": 1, "goal": 5, "updates": 3}
-    assert _leaf_waits(leaf, 2) and _leaf_waits(leaf, 1)
-    assert not _leaf_waits({**leaf, "updates": 4}, 2) and _leaf_waits({**leaf, "updates": 4}, 1)
-    assert not _leaf_waits({**leaf, "updates": 5}, 1)
-    assert _leaf_waits({"role": 2, "goal": 10, "updates": 0, "partials": 1}, 2)
+    leaf = {"role": 1, "goal": 5, "updates": 3, "endpoint": 9, "done": False, "node": "n0"}
+    slots = {
+        "1": {**leaf, "role": 3, "updates": 0, "partials": 2},  # a top with partials in
+        "7": leaf,
+        "8": {**leaf, "updates": 4},  # one short
+        "9": {**leaf, "updates": 5},  # all in: finishing
+        "10": {**leaf, "done": True},
+        "11": {**leaf, "endpoint": None},
+        "12": {**leaf, "node": "n1"},
+        "13": {**leaf, "updates": 0},  # nothing folded yet
+    }
+    assert [sid for sid, _ in waiting_leaves("n0", slots, need_work=True)] == [7, 8]
+    assert [sid for sid, _ in waiting_leaves("n0", slots, need_work=False)] == [7, 8, 13]
 
 
 def test_a_gateway_kill_is_evidence_only_when_it_held_updates_of_an_open_round() -> None:
