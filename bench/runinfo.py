@@ -108,11 +108,22 @@ def stop_on_sigterm() -> None:
     ``finally`` blocks run: the benchmark's servers, clients, cgroups and shared-memory files
     are taken down, not left behind (Python's default SIGTERM ends the process without them).
 
+    Once it has fired, further SIGTERMs are ignored: a second one (``pkill -f`` matches both
+    ``timeout`` and the benchmark under it, and ``timeout`` forwards its own) would raise again
+    inside the teardown the first one started and leave the platform running (seen: a
+    ``bench.faults`` run left its whole platform on the default ports). SIGKILL still ends a
+    teardown that hangs.
+
     A process that handles SIGTERM already keeps its own handler: the test suite, which runs
     benchmarks' ``main`` in its process, stops the whole run on SIGTERM (a ``SystemExit`` in
     a test would fail that test and let the run go on)."""
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        signal.signal(signal.SIGTERM, _exit_once)
+
+
+def _exit_once(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown runs to its end
+    sys.exit(143)
 
 
 def _git(*args: str) -> str | None:

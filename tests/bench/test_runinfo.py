@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,40 @@ def test_a_sigterm_runs_the_finally_blocks_that_take_a_benchmark_down(tmp_path: 
     )
     assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     child.terminate()
+    assert child.wait(30) == 143
+    assert marker.read_text() == "yes"
+
+
+def test_a_second_sigterm_does_not_cut_the_teardown_short(tmp_path: Path) -> None:
+    """``pkill -f`` matches ``timeout`` and the benchmark under it, which then gets SIGTERM
+    twice: the second, during the teardown the first started, must not end it (a cut-short
+    teardown left a fault campaign's platform running)."""
+    import subprocess
+    import sys
+
+    tearing, marker = tmp_path / "tearing", tmp_path / "cleaned"
+    code = (
+        "import time\n"
+        "from bench.runinfo import stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        "try:\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "finally:\n"
+        f"    open({str(tearing)!r}, 'w').close()\n"
+        "    time.sleep(1.0)\n"
+        f"    open({str(marker)!r}, 'w').write('yes')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    child.terminate()
+    deadline = time.monotonic() + 30
+    while not tearing.exists():
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.01)
+    child.terminate()  # the second, mid-teardown
     assert child.wait(30) == 143
     assert marker.read_text() == "yes"
 
