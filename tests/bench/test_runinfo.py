@@ -140,27 +140,30 @@ def test_rerender_rewrites_the_md_and_plot_from_the_stored_json(tmp_path: Path) 
     assert plotted == [tmp_path / "x.png"]
 
 
-def test_a_sigterm_runs_the_finally_blocks_that_take_a_benchmark_down(tmp_path: Path) -> None:
-    """Python's default SIGTERM ends a process without its ``finally`` blocks: a benchmark cut
-    short by ``timeout`` left its servers, cgroups and /dev/shm files behind."""
-    import subprocess
-    import sys
-
-    marker = tmp_path / "cleaned"
+def _benchmark_child(teardown: str) -> subprocess.Popen[bytes]:
+    """A process that calls ``stop_on_sigterm`` and sleeps in a ``try`` whose ``finally`` is
+    ``teardown`` (Python lines, indented 4), started and ready for its SIGTERM."""
     code = (
-        "import sys, time\n"
+        "import time\n"
         "from bench.runinfo import stop_on_sigterm\n"
         "stop_on_sigterm()\n"
         "try:\n"
         "    print('ready', flush=True)\n"
         "    time.sleep(60)\n"
-        "finally:\n"
-        f"    open({str(marker)!r}, 'w').write('yes')\n"
+        f"finally:\n{teardown}"
     )
     child = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
     )
     assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+def test_a_sigterm_runs_the_finally_blocks_that_take_a_benchmark_down(tmp_path: Path) -> None:
+    """Python's default SIGTERM ends a process without its ``finally`` blocks: a benchmark cut
+    short by ``timeout`` left its servers, cgroups and /dev/shm files behind."""
+    marker = tmp_path / "cleaned"
+    child = _benchmark_child(f"    open({str(marker)!r}, 'w').write('yes')\n")
     child.terminate()
     assert child.wait(30) == 143
     assert marker.read_text() == "yes"
@@ -170,26 +173,12 @@ def test_a_second_sigterm_does_not_cut_the_teardown_short(tmp_path: Path) -> Non
     """``pkill -f`` matches ``timeout`` and the benchmark under it, which then gets SIGTERM
     twice: the second, during the teardown the first started, must not end it (a cut-short
     teardown left a fault campaign's platform running)."""
-    import subprocess
-    import sys
-
     tearing, marker = tmp_path / "tearing", tmp_path / "cleaned"
-    code = (
-        "import time\n"
-        "from bench.runinfo import stop_on_sigterm\n"
-        "stop_on_sigterm()\n"
-        "try:\n"
-        "    print('ready', flush=True)\n"
-        "    time.sleep(60)\n"
-        "finally:\n"
+    child = _benchmark_child(
         f"    open({str(tearing)!r}, 'w').close()\n"
         "    time.sleep(1.0)\n"
         f"    open({str(marker)!r}, 'w').write('yes')\n"
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
-    )
-    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     child.terminate()
     deadline = time.monotonic() + 30
     while not tearing.exists():
