@@ -170,6 +170,32 @@ def process_env(python: Path, home: Path) -> dict[str, str]:
     }
 
 
+def wait_for(
+    done: Callable[[], bool], check: Callable[[], dict[str, Any] | None], period: float = 0.02
+) -> dict[str, Any] | None:
+    """Poll ``done`` every ``period`` s until it holds (None), or return the failure record
+    ``check`` gives first (a process died, the guard tripped, the deadline passed)."""
+    while not done():
+        if (bad := check()) is not None:
+            return bad
+        time.sleep(period)
+    return None
+
+
+def round_incomplete(
+    marks: Mapping[str, Any], num_clients: int, base: Mapping[str, Any], failures: int = 0
+) -> dict[str, Any] | None:
+    """The failure record of a round whose ServerApp (its ``server.json`` marks) did not get
+    a result from each of ``num_clients`` or got other than ``failures`` error replies."""
+    if marks.get("results") == num_clients and len(marks.get("failures") or ()) == failures:
+        return None
+    return rw.failure(
+        "error",
+        f"round incomplete: {marks.get('results')} results, failures {marks.get('failures')}",
+        **base,
+    )
+
+
 # --------------------------------------------------------------------------- orchestration
 def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Kill every process started (each leads its own session) and what it started."""
@@ -379,10 +405,9 @@ def run_flower_round(
                     f"{submit.stderr[-1500:]}", **base,
                 )  # fmt: skip
             # every ClientApp has its weights in memory and waits: release them at once
-            while len(list(work.glob("ready-*"))) < num_clients:
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.01)
+            if (bad := wait_for(lambda: len(list(work.glob("ready-*"))) >= num_clients,
+                                check, 0.01)) is not None:  # fmt: skip
+                return bad
             idle_rss = rw.summed_rss([superlink.pid])
             rw.reset_hwm([superlink.pid])  # the peak of the window, not of the set-up
             if groups is not None:
@@ -399,26 +424,18 @@ def run_flower_round(
             last = rw.FirstBytes(port, threshold=int(0.99 * num_clients * size), period=0.02)
             last.start()
             (work / "go").touch()
-            while not (work / "aggregated").exists():
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.02)
+            if (bad := wait_for((work / "aggregated").exists, check)) is not None:
+                return bad
             # the window ends as the global model is sealed, as on the other sides
             acct = groups.close_window() if groups is not None else None
             hwm = rw.summed_hwm([superlink.pid])
             peak.stop()
-            while not (work / "server.json").exists():  # the ServerApp ends its run
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.02)
+            # the ServerApp ends its run
+            if (bad := wait_for((work / "server.json").exists, check)) is not None:
+                return bad
             marks = json.loads((work / "server.json").read_text())
-            if marks.get("results") != num_clients or marks.get("failures"):
-                return rw.failure(
-                    "error",
-                    f"round incomplete: {marks.get('results')} results, failures "
-                    f"{marks.get('failures')}",
-                    **base,
-                )
+            if (bad := round_incomplete(marks, num_clients, base)) is not None:
+                return bad
             clients = [json.loads(p.read_text()) for p in work.glob("client-*.json")]
             model = np.load(work / "global.npy") if keep_model else None
             extra = collect(work) if collect is not None else {}

@@ -47,7 +47,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.flower_baseline import APP, _app, _stop, _toml, process_env
+from bench.flower_baseline import (
+    APP,
+    _app,
+    _stop,
+    _toml,
+    process_env,
+    round_incomplete,
+    wait_for,
+)
 from bench.harness import round_clients as rc
 from bench.harness import round_window as rw
 from bench.harness.flower_env import FLOWER_VERSION, flower_python
@@ -205,10 +213,8 @@ def run_flower_simulation_round(
                 )  # fmt: skip
 
             for port in (RAY_PORT, SUPERLINK_PORT):
-                while not net.listening(port):
-                    if (bad := check()) is not None:
-                        return bad
-                    time.sleep(0.2)
+                if (bad := wait_for(lambda p=port: net.listening(p), check, 0.2)) is not None:
+                    return bad
             config = f"work='{work}' num-clients={num_clients}"
             config += "".join(f" {k}={_toml(v)}" for k, v in (app_config or {}).items())
             submit = subprocess.run(
@@ -225,33 +231,29 @@ def run_flower_simulation_round(
                 )  # fmt: skip
             # the ServerApp waits for go; the round starts once every actor is up
             want = max(1, min(num_clients, cpus // client_cpus))
-            while not (work / "ready-server").exists() or len(actors(groups.clients.pids())) < want:
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.05)
+
+            def actors_up() -> bool:
+                ready = (work / "ready-server").exists()
+                return ready and len(actors(groups.clients.pids())) >= want
+
+            if (bad := wait_for(actors_up, check, 0.05)) is not None:
+                return bad
             idle_rss = rw.summed_rss([superlink.pid])
             rw.reset_hwm([superlink.pid])
             groups.open_window()
             peak = rw.PeakMemory(lambda: [superlink.pid])
             peak.start()
             (work / "go").touch()
-            while not (work / "aggregated").exists():
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.02)
+            if (bad := wait_for((work / "aggregated").exists, check)) is not None:
+                return bad
             acct = groups.close_window()
             hwm = rw.summed_hwm([superlink.pid])
             peak.stop()
-            while not (work / "server.json").exists():
-                if (bad := check()) is not None:
-                    return bad
-                time.sleep(0.02)
+            if (bad := wait_for((work / "server.json").exists, check)) is not None:
+                return bad
             marks = json.loads((work / "server.json").read_text())
-            if marks.get("results") != num_clients or len(marks.get("failures", ())) != failures:
-                return rw.failure(
-                    "error", f"round incomplete: {marks.get('results')} results, failures "
-                    f"{marks.get('failures')}", **base,
-                )  # fmt: skip
+            if (bad := round_incomplete(marks, num_clients, base, failures)) is not None:
+                return bad
             clients = [json.loads(p.read_text()) for p in work.glob("client-*.json")]
             model = np.load(work / "global.npy") if keep_model else None
             extra = collect(work) if collect is not None else {}
