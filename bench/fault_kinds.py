@@ -68,7 +68,7 @@ def _busy_slot(c: Campaign, job: str, timeout: float = 60.0) -> dict[str, Any] |
                     "node": node,
                     "slot": sid,
                     "role": "leaf",
-                    "updates": int(s.get("updates", 0)),
+                    "updates": s["updates"],  # waiting_leaves made it an int
                     "partials": int(s.get("partials", 0)),
                     "endpoint": int(s["endpoint"]),
                     "pid": pid,

@@ -242,8 +242,8 @@ def summary(compare: dict[str, Any]) -> dict[str, Any]:
         }  # fmt: skip
     out["ratios"] = _ratios(out.get(FLOWER) or {}, out.get(FEDFAAS) or {})
     if FLOWER_SIM in out:  # against FedFaaS at the same (full) client count
-        full = next((k for k in out["systems"] if k.startswith(f"{FEDFAAS}, ")), FEDFAAS)
-        out["ratios_simulation"] = _ratios(out[FLOWER_SIM], out.get(full) or {})
+        full = all_clients_system(out[FLOWER_SIM]["clients"])
+        out["ratios_simulation"] = _ratios(out[FLOWER_SIM], out.get(full) or out.get(FEDFAAS) or {})
     return out
 
 
@@ -319,11 +319,10 @@ def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
         if per
         else ""
     )
-    simulated = any(FLOWER_SIM in b["summary"] for b in result["dropouts"].values())
     at_full = (
         f", and at {cfg['clients']} clients against Flower on its Simulation Runtime (the "
         "last ratio column; see above)"
-        if simulated
+        if _simulated(result)
         else f", and FedFaaS's round at {cfg['clients']} clients is beside them"
     )
     return [
@@ -337,9 +336,14 @@ def _fewer_clients_note(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _simulated(result: dict[str, Any]) -> bool:
+    """Whether Flower's Simulation Runtime ran in any of the result's settings."""
+    return any(FLOWER_SIM in b["summary"] for b in result["dropouts"].values())
+
+
 def _simulation_note(result: dict[str, Any]) -> list[str]:
     """What the header says of the Simulation Runtime's column, when it ran."""
-    if not any(FLOWER_SIM in b["summary"] for b in result["dropouts"].values()):
+    if not _simulated(result):
         return []
     return [
         "Flower's Simulation Runtime (its `flower-secure-aggregation` example's runtime; "

@@ -402,7 +402,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _ms(v: float | None) -> str:
+def _ms_cell(v: float | None) -> str:
     """A latency cell: whole ms, or n/a where locust had none."""
     return "n/a" if v is None else f"{v:.0f}"
 
@@ -471,8 +471,8 @@ def to_markdown(r: dict[str, Any]) -> str:
     ]
     for row in r["routes"]:
         lines.append(
-            f"| {row['route']} | {row['requests']} | {row['rps']:.1f} | {_ms(row['p50_ms'])} "
-            f"| {_ms(row['p99_ms'])} | {row['failures']} |"
+            f"| {row['route']} | {row['requests']} | {row['rps']:.1f} | {_ms_cell(row['p50_ms'])} "
+            f"| {_ms_cell(row['p99_ms'])} | {row['failures']} |"
         )
     m = r["memory"]
     if m:
