@@ -142,7 +142,8 @@ class Platform:
 
         Idempotent: when every recorded part is still alive, nothing is started. A partly
         running platform is an error (:class:`AlreadyRunning`). On any failure everything
-        started so far is stopped again and the logs are kept.
+        started so far is stopped again and the logs are kept; a rollback that does not finish
+        keeps the state record, so ``down`` can stop what is left.
         """
         state.prepare_dir(self.state_dir)
         with state.locked(self.state_dir):
@@ -197,10 +198,10 @@ class Platform:
                 state.save(st)
             except BaseException:
                 log.error("start failed; stopping what was started")
-                try:
-                    self._teardown(st)
-                finally:
-                    state.clean(self.state_dir, keep_logs=True)
+                # the record goes only once nothing it names runs: a rollback cut short (a
+                # second Ctrl-C, a process that survived SIGKILL) keeps it, for `down` to finish
+                self._teardown(st)
+                state.clean(self.state_dir, keep_logs=True)
                 raise
             return UpResult(st, already_running=False)
 

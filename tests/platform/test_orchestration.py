@@ -23,6 +23,7 @@ from fedfaas.platform import (
     PortSpec,
     ServiceFailed,
     ServiceSpec,
+    procs,
     state,
 )
 from fedfaas.platform.context import PLATFORM_ID_VAR
@@ -155,16 +156,19 @@ def test_dead_part_makes_status_degraded_and_up_refuse_until_down(
     assert state.leftovers(settings.state_dir) == []
 
 
+# a part that exits at once, saying why, after Redis started
+BROKEN = ServiceSpec(
+    name="broken",
+    ports=(PortSpec("broken", 0),),
+    argv=lambda ctx: [sys.executable, "-c", "import sys; print('no config here'); sys.exit(3)"],
+    ready=lambda ctx: False,
+    address=lambda ctx: "-",
+    depends=("redis",),
+)
+
+
 def test_part_that_exits_at_start_rolls_back_and_shows_its_log(settings: PlatformSettings) -> None:
-    broken = ServiceSpec(
-        name="broken",
-        ports=(PortSpec("broken", 0),),
-        argv=lambda ctx: [sys.executable, "-c", "import sys; print('no config here'); sys.exit(3)"],
-        ready=lambda ctx: False,
-        address=lambda ctx: "-",
-        depends=("redis",),
-    )
-    platform = Platform(settings, parts=[REDIS, broken])
+    platform = Platform(settings, parts=[REDIS, BROKEN])
     with pytest.raises(ServiceFailed) as err:
         platform.up()
     assert err.value.service == "broken"
@@ -173,4 +177,30 @@ def test_part_that_exits_at_start_rolls_back_and_shows_its_log(settings: Platfor
     assert state.leftovers(settings.state_dir) == []
     assert "no config here" in (settings.state_dir / "logs" / "broken.log").read_text()
     platform.down(purge=True)
+    assert not settings.state_dir.exists()
+
+
+def test_a_rollback_cut_short_keeps_the_record_so_down_stops_what_it_left(
+    settings: PlatformSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ``up``'s rollback removed the state record in a ``finally``, so a rollback
+    cut short (a second Ctrl-C as it began) left Redis running with no record of it: ``down``
+    then said nothing was running and stopped nothing."""
+    platform = Platform(settings, parts=[REDIS, BROKEN])
+
+    def interrupted(*_: object, **__: object) -> list[int]:
+        raise KeyboardInterrupt  # the second Ctrl-C, as the rollback stops its first part
+
+    monkeypatch.setattr(procs, "stop_tree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        platform.up()
+    monkeypatch.undo()
+    st = state.load(settings.state_dir)
+    assert st is not None  # the record outlives the rollback that did not finish
+    redis = st.record("redis")
+    assert redis is not None and redis.alive()
+    assert platform.down(purge=True) == ["redis"]
+    assert not redis.alive()
+    folders = [settings.state_dir / "data", settings.state_dir / "run"]
+    assert marked(PLATFORM_ID_VAR, st.platform_id, folders) == []
     assert not settings.state_dir.exists()
