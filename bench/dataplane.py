@@ -239,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             redis.stop()
         res["aggregation"] = bench_aggregation(3 if a.quick else 8)
 
-        # the round's variants, FedFaaS only, repeated and alternating as the systems are
+        # the round's variants, FedFaaS only, repeated and alternating as the systems are; in
+        # a folder of their own: the default's runs on the comparison's CPUs have its tags
         res["variants"] = run_compare(
-            variants(work, layout, clients, ebpf=ebpf, rnd=rnd),
+            variants(work / "v", layout, clients, ebpf=ebpf, rnd=rnd),
             cpus_sets=[_cpu_list(sorted(os.sched_getaffinity(0)))],
             repeats=a.repeats,
             after_run=lambda cmp: _write({**res, "variants": cmp}, out_dir, quiet=True),
