@@ -28,17 +28,19 @@ ready and its post-install hook, the MinIO provisioning Job, has completed; then
   and admits one of the CA;
 - the provisioning Job made the bucket and the gateways' MinIO user: that user's credentials
   (the chart's Secret) reach the bucket, through MinIO's Service;
+- a job of 2 rounds through the SDK over HTTPS (``ca_file``, the Secrets' CA): the control
+  plane at its Service's name, clients placed on the gateway at its ``https://POD_IP`` address,
+  verified against the node's name (the gateway's certificate names no address); round 1's
+  model is the float64 FedAvg of the updates;
 - faas-netes and OpenFaaS's gateway (processes in the namespace, as in
   test_chart_on_apiserver) scale the chart's aggregator to 2 (``POST
   /system/scale-function/aggregator``): kubelet starts the second pod, it becomes Ready and its
   endpoint registers with the node gateway beside the first;
-- ``helm upgrade --set nodeGateway.ebpf.enabled=true`` (TLS still on): the node gateway, now a privileged pod
-  (the kernel headers, /sys/fs/bpf and debugfs by hostPath), loads its eBPF SK_MSG program, and
-  the aggregator (now root, as the store's owner) registers with it;
-- last, on that gateway: a job through the SDK over HTTPS (``ca_file``, the Secrets' CA): the
-  control plane at its Service's name, clients placed on the gateway at its ``https://POD_IP``
-  address, verified against the node's name (the gateway's certificate names no address); the
-  round's model is the float64 FedAvg of the updates.
+- ``helm upgrade --set nodeGateway.ebpf.enabled=true`` (TLS still on): the node gateway, now a
+  privileged pod (the kernel headers, /sys/fs/bpf and debugfs by hostPath), loads its eBPF
+  SK_MSG program, and the aggregator (now root, as the store's owner) registers with it;
+- last, on that gateway (root), the job's round 2, in the store uid 12000 made (handed to root
+  by the ``node-folders`` init container), is the float64 FedAvg of its updates.
 """
 
 from __future__ import annotations
@@ -291,6 +293,46 @@ def test_the_provisioning_hook_made_the_bucket_and_the_gateways_user(release: No
     assert release.cluster.ns.call(bucket_exists)
 
 
+@pytest.fixture(scope="module")
+def job(release: Node, pki: chart_tls.ChartPki) -> NodeJob:
+    """A job of 2 rounds over HTTPS (``ca_file``, the Secrets' CA), made before the eBPF
+    upgrade: its store on the node is made by the gateway's uid 12000."""
+    admin = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
+    with chart_tls.resolving(_service_addresses(release)):
+        return NodeJob(
+            release.cluster.ns,
+            _service_url("control-plane", 8070),
+            admin,
+            "k8s-tls",
+            [f"tls-{i}" for i in range(4)],
+            ca_file=str(pki.ca),
+            rounds=2,
+        )
+
+
+def _round_is_exact_fedavg(release: Node, pki: chart_tls.ChartPki, job: NodeJob, rnd: int) -> None:
+    """Each client's update of round ``rnd`` through the SDK, to the gateway at its
+    ``https://POD_IP`` address, verified against the node's name (its certificate names no
+    address); the round's model is the float64 FedAvg of the updates."""
+    _gateway_seen_healthy(release, pki)  # the gateway pod of now, found again
+    with chart_tls.resolving(_service_addresses(release)):
+        gateway_ip = _release_pods(release)["node-gateway"]["status"]["podIP"]
+        for i, c in enumerate(job.clients):
+            a = job.upload(c, seed=500 + 10 * rnd + i, rnd=rnd)
+            assert a.gateway_url == f"https://{gateway_ip}:8081", a
+        h = job.wait(rnd)
+        assert h["aggregated"] == 4 and h["lost"] == 0, h
+        job.assert_fedavg(rnd)
+
+
+def test_a_job_through_the_sdk_over_https_is_exact_fedavg(
+    release: Node, pki: chart_tls.ChartPki, job: NodeJob
+) -> None:
+    """Round 1 of the job, before the upgrade below: the gateway (uid 12000) keeps the job's
+    store on the node, the published model and the open round 2, for the gateway after it."""
+    _round_is_exact_fedavg(release, pki, job, 1)
+
+
 def test_faas_netes_scales_the_aggregator_and_the_new_pod_registers(
     release: Node, pki: chart_tls.ChartPki, faas_netes_binary: Path, tmp_path: Path
 ) -> None:
@@ -377,28 +419,10 @@ def test_with_ebpf_on_the_privileged_gateway_loads_its_program(
         raise AssertionError(f"{exc}; last seen {seen}\n{log}\n{pods_report(release)}") from None
 
 
-def test_a_job_through_the_sdk_over_https_is_exact_fedavg(
-    release: Node, pki: chart_tls.ChartPki
+def test_the_job_from_before_the_upgrade_ends_on_the_ebpf_gateway(
+    release: Node, pki: chart_tls.ChartPki, job: NodeJob
 ) -> None:
-    """Last: the job's store stays on the node (a stopped gateway keeps its jobs' stores for
-    its next start), owned by the gateway's uid, and a gateway of another uid (the eBPF
-    upgrade's root) refuses a store folder it does not own."""
-    admin = secret(release, f"{RELEASE}-tokens", "gateway-admin-secret")
-    _gateway_seen_healthy(release, pki)  # the upgrade's new gateway pod, found again
-    clients = [f"tls-{i}" for i in range(4)]
-    with chart_tls.resolving(_service_addresses(release)):
-        job = NodeJob(
-            release.cluster.ns,
-            _service_url("control-plane", 8070),
-            admin,
-            "k8s-tls",
-            clients,
-            ca_file=str(pki.ca),
-        )
-        gateway_ip = _release_pods(release)["node-gateway"]["status"]["podIP"]
-        for i, c in enumerate(clients):
-            a = job.upload(c, seed=500 + i)
-            assert a.gateway_url == f"https://{gateway_ip}:8081", a
-        h = job.wait()
-        assert h["aggregated"] == 4 and h["lost"] == 0, h
-        job.assert_fedavg()
+    """Last: the eBPF gateway (root) resumed the job from the store uid 12000 made (the
+    ``node-folders`` init container handed it over; before, the root gateway refused a store
+    folder another uid owned and stayed in CrashLoopBackOff), and its round 2 is exact."""
+    _round_is_exact_fedavg(release, pki, job, 2)

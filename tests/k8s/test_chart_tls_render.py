@@ -242,8 +242,15 @@ def test_each_tls_part_serves_https_from_its_secret_copied_to_a_0600_key() -> No
 def test_the_ebpf_gateway_copies_its_files_as_root() -> None:
     docs = _render(*TLS, "--set", "nodeGateway.ebpf.enabled=true")
     spec = _workload(docs, "fedfaas-node-gateway")["spec"]["template"]["spec"]
-    (init,) = spec["initContainers"]  # root owns the hostPath folders: no node-folders step
-    assert init["name"] == "tls-files" and init["securityContext"]["runAsUser"] == 0
+    tls, folders = spec["initContainers"]
+    assert tls["name"] == "tls-files" and tls["securityContext"]["runAsUser"] == 0
+    # the folders an earlier gateway (uid 12000) left go to root (tests/platform/test_chart.py)
+    assert folders["name"] == "node-folders" and folders["command"][:4] == [
+        "chown",
+        "-R",
+        "-h",
+        "0:0",
+    ]
 
 
 def test_the_init_containers_copy_passes_the_parts_key_check_where_the_secret_does_not(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -373,6 +374,51 @@ def test_node_gateway_is_privileged_only_when_ebpf_is_enabled() -> None:
     host_paths = {v["hostPath"]["path"] for v in on["volumes"] if "hostPath" in v}
     assert {"/dev/shm/fedfaas", "/run/fedfaas", "/lib/modules", "/sys/fs/bpf"} <= host_paths
     assert "/lib/modules" not in {v["hostPath"]["path"] for v in off["volumes"] if "hostPath" in v}
+
+
+NODE_FOLDERS = ("/dev/shm/fedfaas", "/run/fedfaas", "/var/lib/fedfaas/gateway")
+
+
+@needs_helm
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.parametrize(("ebpf", "before", "after"), [(True, 12000, 0), (False, 0, 12000)])
+def test_turning_ebpf_on_or_off_hands_what_the_last_gateway_left_to_the_new_uid(
+    tmp_path: Path, ebpf: bool, before: int, after: int
+) -> None:
+    """Regression: with eBPF turned on for a node whose gateway had run jobs, the gateway (now
+    root) refused the store folder uid 12000 had made, and stayed in CrashLoopBackOff. The
+    rendered ``node-folders`` command is run here, with the container's capabilities alone
+    (``setpriv``), on folders the other uid left: a private store with a job's object in it,
+    and a link out of the tree, which must not be followed."""
+    spec = _pod_specs(_render(f"nodeGateway.ebpf.enabled={str(ebpf).lower()}"))[
+        "DaemonSet/rel-fedfaas-node-gateway"
+    ]
+    (init,) = (c for c in spec["initContainers"] if c["name"] == "node-folders")
+    ctx = init["securityContext"]
+    assert ctx["runAsUser"] == 0 and ctx["capabilities"]["drop"] == ["ALL"]
+    assert spec["containers"][0]["securityContext"]["runAsUser"] == after
+    outside = tmp_path / "outside"
+    outside.write_text("not the platform's")
+    host = {f: tmp_path / "host" / f.strip("/").replace("/", "_") for f in NODE_FOLDERS}
+    store = host["/dev/shm/fedfaas"] / "store" / "job-a"
+    store.mkdir(parents=True)
+    (store / "object").write_bytes(b"update")
+    (store / "link").symlink_to(outside)
+    host["/run/fedfaas"].mkdir()
+    host["/var/lib/fedfaas/gateway"].mkdir()
+    made = [p for d in host.values() for p in (d, *d.rglob("*"))]
+    for path in made:
+        os.lchown(path, before, before)
+    for folder in (store.parent, store):
+        folder.chmod(0o700)
+    command = [host.get(a, a) for a in init["command"]]
+    caps = ",".join(f"+{c.lower()}" for c in ctx["capabilities"]["add"])
+    setpriv = ["setpriv", f"--bounding-set=-all,{caps}", f"--inh-caps=-all,{caps}"]
+    subprocess.run([*setpriv, *map(str, command)], check=True, timeout=30)
+    assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {(after, after)}
+    assert (outside.stat().st_uid, outside.read_text()) == (0, "not the platform's")
+    # what the gateway checks of its store at start (core.objstore.root): its own, private
+    assert {oct(f.stat().st_mode & 0o777) for f in (store.parent, store)} == {"0o700"}
 
 
 @needs_helm

@@ -76,17 +76,17 @@ def test_gateway_and_aggregator_run_as_one_uid_and_the_node_folders_are_theirs(
     assert len(host_folders) == 3
     # (the TLS files' copy, on by default, is tests/k8s/test_chart_tls_render's)
     inits = [c for c in gw_pod.get("initContainers", []) if c["name"] != "tls-files"]
-    if uid == 0:
-        assert not inits  # root owns what kubelet made
-        return
-    # kubelet makes hostPath folders root-owned 0755: an init container hands them over
+    # kubelet makes hostPath folders root-owned 0755, and an earlier gateway of the other uid
+    # (eBPF turned on or off) leaves its store: an init container hands them over, recursively
+    # (its command run: tests/platform/test_chart.py)
     (init,) = inits
-    assert init["command"][:2] == ["chown", f"{uid}:{uid}"]
-    assert set(init["command"][2:]) == host_folders
+    assert init["command"][:4] == ["chown", "-R", "-h", f"{uid}:{uid}"]
+    assert set(init["command"][4:]) == host_folders
     for path in host_folders:
         assert _mount_of(gw_pod, init, path) == _mount_of(gw_pod, gw, path)
     ctx = init["securityContext"]
-    assert ctx["runAsUser"] == 0 and ctx["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert ctx["runAsUser"] == 0
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_READ_SEARCH"]}
     assert ctx["allowPrivilegeEscalation"] is False
 
 
