@@ -28,7 +28,9 @@ SUBJECT = "FedFaaS"
 #: default of each benchmark's ``--repeats``
 REPEATS = 5
 
-#: a system's round: (its cgroups, a tag unique to the run) -> its round record
+#: a system's round: (its cgroups, a tag unique to the run within its comparison) -> its round
+#: record; two comparisons in one process repeat each other's tags (:func:`run_tag`), so
+#: runners that name folders after the tag give each comparison a folder of its own
 Runner = Callable[[RoundGroups, str], dict[str, Any]]
 
 #: figures compared as ratios of medians: key, the word a ratio says
