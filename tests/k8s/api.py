@@ -32,6 +32,15 @@ class Resource:
         return f"{self.prefix}{ns}/{self.plural}" + (f"/{name}" if name else "")
 
 
+def conditions(obj: dict[str, Any] | None) -> dict[str, str]:
+    """The conditions of ``obj``'s status, type -> status ("True", "False", "Unknown"); empty
+    for None, or an object with no status or no conditions yet. The API server sends a fresh
+    CustomResourceDefinition with ``"conditions": null`` until its controllers have looked at
+    it (a missing key and a null one are both "none yet")."""
+    status = (obj or {}).get("status") or {}
+    return {c["type"]: c["status"] for c in status.get("conditions") or []}
+
+
 def _prefix(api_version: str) -> str:
     return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from core.services import CACHE_DIR
-from tests.k8s.api import KubeApi
+from tests.k8s.api import KubeApi, conditions
 from tests.k8s.cluster import SERVER, Cluster
 from tests.k8s.pki import KeyPair
 from tests.openfaas.conftest import wait_for
@@ -69,8 +69,7 @@ def install_crds(api: KubeApi) -> None:
 
 def condition(obj: dict[str, Any], kind: str) -> bool:
     """Whether ``obj``'s status has the condition ``kind`` True."""
-    conditions = obj.get("status", {}).get("conditions", [])
-    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
+    return conditions(obj).get(kind) == "True"
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
+from tests.k8s.api import conditions
 from tests.k8s.cluster import Cluster
 from tests.k8s.containerd import CONTAINERD_ROOT, Containerd
 from tests.k8s.netns import NODE_IP
@@ -265,8 +266,7 @@ class Node:
         node = self.node()
         if node is None:
             return False
-        conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-        return conditions.get("Ready") == "True" and not node["spec"].get("taints")
+        return conditions(node).get("Ready") == "True" and not node["spec"].get("taints")
 
     def pod_log(self, namespace: str, pod: str, tail: int = 2000) -> str:
         """The last ``tail`` characters of every container log of the pod (kubelet's
@@ -325,8 +325,7 @@ class Node:
 
 def pod_ready(pod: dict[str, Any] | None) -> bool:
     """Whether the pod (an object of the API, or None) reports Ready."""
-    conditions = (pod or {}).get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return conditions(pod).get("Ready") == "True"
 
 
 def missing_tools() -> list[str]:

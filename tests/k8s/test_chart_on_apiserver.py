@@ -48,7 +48,7 @@ from cryptography import x509
 
 from control_plane.api import _build
 from control_plane.settings import ControlPlaneSettings
-from tests.k8s.api import ApiError
+from tests.k8s.api import ApiError, conditions
 from tests.k8s.chart_tls import PARTS as TLS_PARTS
 from tests.k8s.cluster import Cluster
 from tests.k8s.conftest import NODE, Helm
@@ -406,8 +406,7 @@ def _cert_manager_crds() -> list[dict[str, Any]]:
 
 def _established(cluster: Cluster, name: str) -> bool:
     crd = cluster.api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
-    conditions = (crd or {}).get("status", {}).get("conditions", [])
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+    return conditions(crd).get("Established") == "True"
 
 
 def test_with_cert_manager_the_chart_makes_a_certificate_for_each_tls_part(

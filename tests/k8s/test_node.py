@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from tests.containers.conftest import stack_images
+from tests.k8s.api import conditions
 from tests.k8s.cluster import K8S_VERSION
 from tests.k8s.faas_netes import (
     FUNCTION_NAMESPACE,
@@ -71,8 +72,7 @@ def test_the_node_registers_and_becomes_ready(node: Node) -> None:
     assert info["kubeProxyVersion"] in ("", K8S_VERSION)  # deprecated field, may be empty
     assert info["containerRuntimeVersion"].startswith("containerd://1.")
     assert node.ready()
-    conditions = {c["type"]: c["status"] for c in obj["status"]["conditions"]}
-    assert conditions == {
+    assert conditions(obj) == {
         "Ready": "True",
         "MemoryPressure": "False",
         "DiskPressure": "False",
