@@ -257,8 +257,15 @@ def _wait_ready(fd: Faasd, timeout: float) -> None:
     # the bucket and the components' MinIO users: a one-shot service; the gateways' user
     # reaching the bucket shows it has done its work
     check = [sys.executable, "-c", _BUCKET, str(fd.secrets / "minio-gateway.json")]
-    while (res := fd.run(check, timeout=60)).returncode != 0:
-        if fd.tasks("openfaas").get("minio-provision") != "RUNNING":
+    while True:
+        # its state read before the check: a task that had ended before the check ran had
+        # done all it would, so a check failing then is final (read after, a task that
+        # finished just after a failed check would look failed)
+        state = fd.tasks("openfaas").get("minio-provision")
+        res = fd.run(check, timeout=60)
+        if res.returncode == 0:
+            break
+        if state == "STOPPED":  # not made yet (None), CREATED or RUNNING: wait
             raise FaasdError(
                 f"minio-provision ended, and the gateways' MinIO user cannot reach the bucket "
                 f"({res.stderr.strip()[-300:]}); its output ends:\n"

@@ -187,12 +187,15 @@ def keep_imported_images(api: KubeApi) -> list[str]:
                 }
             }
         }
-        api.request(
+        res = api.request(
             "PATCH",
             api.resource("apps/v1", "Deployment").path(FUNCTION_NAMESPACE, name),
             json=patch,
             headers={"Content-Type": "application/strategic-merge-patch+json"},
-        ).raise_for_status()
+        )
+        if res.status_code == 404:
+            continue  # removed (faas-cli remove) since the list above
+        res.raise_for_status()
         patched.append(name)
     return patched
 

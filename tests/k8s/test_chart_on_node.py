@@ -397,8 +397,18 @@ def test_with_ebpf_on_the_privileged_gateway_loads_its_program(
     seen: dict[str, Any] = {}
 
     def loaded() -> bool:
-        pods = _release_pods(release)
-        gateway = pods["node-gateway"]
+        # the gateway's pod alone: while the upgrade rolls the aggregator (its uid changes),
+        # its old pod can be there, not yet terminating, beside the new one for a moment,
+        # which _release_pods rightly refuses in a settled release
+        gateways = [
+            p
+            for p in release.cluster.api.list("v1", "Pod", NAMESPACE)
+            if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "node-gateway"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        if len(gateways) != 1:
+            return False
+        [gateway] = gateways
         seen.update(gateway=gateway["metadata"]["name"], ready=pod_ready(gateway))
         if not pod_ready(gateway) or not gateway["spec"]["containers"][0]["securityContext"].get(
             "privileged"

@@ -374,7 +374,8 @@ def test_a_replica_killed_mid_round_loses_nothing_and_counts_nothing_twice(
 
     def running_leaf() -> tuple[str, str, int] | None:
         for node in p.gateways:
-            slots = p.progress("kill", node)["progress"]["slots"]
+            # null until the node's engine exists: a node no client of the job was placed on
+            slots = (p.progress("kill", node).get("progress") or {}).get("slots", {})
             for sid, s in slots.items():
                 if s["node"] == node and s["endpoint"] is not None and not s["done"]:
                     return node, sid, s["endpoint"]
