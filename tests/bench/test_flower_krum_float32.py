@@ -5,7 +5,8 @@ Flower 1.42's Krum (``flwr.serverapp.strategy.multikrum``) computes its squared 
 the updates' own dtype, float32, as ``|x|^2 + |y|^2 - 2 x.y``: for ResNet-18-sized vectors whose
 squared norms are far larger than their squared distances, the rounding error of that
 difference is larger than the gap between the best Krum scores of bench-robust's updates, so
-Flower 1.42 can choose another honest client than the exact computation does. FedFaaS's Krum
+Flower 1.42 can choose another honest client than the exact computation does (which one depends
+on the BLAS kernel's rounding; bench-robust's stored run shows one). FedFaaS's Krum
 (``core.robust``: the Gram matrix of the deltas in float64) chooses the exact one.
 
 This test builds bench-robust's own 20 updates (``bench.robust.updates``, 4 poisoned), runs
@@ -65,7 +66,7 @@ def _exact_d2(x: np.ndarray) -> np.ndarray:
     return d2
 
 
-def test_flower_142_float32_distances_choose_another_client_than_the_exact_krum(
+def test_flower_142_float32_distances_err_by_more_than_the_gap_between_krum_scores(
     tmp_path: Path,
 ) -> None:
     g = resnet18()
@@ -101,19 +102,18 @@ def test_flower_142_float32_distances_choose_another_client_than_the_exact_krum(
     fedfaas_error = np.abs(np.asarray(choice.detail["scores"]) - exact_scores).max()
     assert fedfaas_error < gap / 100, (fedfaas_error, gap)
 
-    # the exact pick is honest; Flower 1.42 picks another honest client
-    poisoned = {names.index(c) for c in ("c00", "c01", "c02", "c03")}
-    assert exact_pick not in poisoned
-    assert flower["chosen"] not in poisoned
-    assert flower["chosen"] != exact_pick, (names[flower["chosen"]], names[exact_pick])
-
-    # why: float32's |x|^2 + |y|^2 - 2 x.y errs by more than that gap, and Flower's own scores
-    # order the two the other way
+    # why Flower 1.42's pick is not the exact one: float32's |x|^2 + |y|^2 - 2 x.y errs by
+    # far more than that gap (which client it then picks among the near-equals depends on the
+    # BLAS kernel's rounding: bench-robust's stored run shows another one)
     flower_d2 = np.asarray(flower["d2"])
     off = ~np.eye(N, dtype=bool)
     flower_error = np.abs(flower_d2 - exact)[off].max()
-    assert flower_error > gap, (flower_error, gap)
-    flower_scores = krum_scores(flower_d2, F)
-    assert flower_scores[flower["chosen"]] < flower_scores[exact_pick]
-    # and the two picks are near-equals: their exact scores within 0.1% of each other
+    assert flower_error > 10 * gap, (flower_error, gap)
+    # both picks honest, and near-equals: their exact scores within 0.1% of each other
+    poisoned = {names.index(c) for c in ("c00", "c01", "c02", "c03")}
+    assert exact_pick not in poisoned
+    assert flower["chosen"] not in poisoned
     assert exact_scores[flower["chosen"]] <= exact_scores[exact_pick] * 1.001
+    if flower["chosen"] != exact_pick:  # Flower's own scores order the two the other way
+        flower_scores = krum_scores(flower_d2, F)
+        assert flower_scores[flower["chosen"]] < flower_scores[exact_pick]
