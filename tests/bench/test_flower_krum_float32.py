@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from bench.harness.flower_env import flower_python
-from bench.robust import N, flat, resnet18, updates
+from bench.robust import BAD_FLIP, BAD_SCALE, N, flat, resnet18, updates
 from core.robust import RobustRule, coefficients, gram_shard, krum_scores
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
@@ -110,7 +110,7 @@ def test_flower_142_float32_distances_err_by_more_than_the_gap_between_krum_scor
     flower_error = np.abs(flower_d2 - exact)[off].max()
     assert flower_error > 10 * gap, (flower_error, gap)
     # both picks honest, and near-equals: their exact scores within 0.1% of each other
-    poisoned = {names.index(c) for c in ("c00", "c01", "c02", "c03")}
+    poisoned = {names.index(c) for c in BAD_FLIP + BAD_SCALE}
     assert exact_pick not in poisoned
     assert flower["chosen"] not in poisoned
     assert exact_scores[flower["chosen"]] <= exact_scores[exact_pick] * 1.001
