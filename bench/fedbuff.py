@@ -180,11 +180,26 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"Time to the target, sync / async (ratio of medians): **{sp:.2f}x**"
         if sp
-        else "Async or sync never reached the target.",
+        else _no_ratio(res),
         "",
         f"Command: `{res['run']['command']}`; commit {res['run']['commit']['sha']}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _no_ratio(res: dict[str, Any]) -> str:
+    """The sentence in place of the ratio when a mode reached the target in no repeat: which
+    mode, and how near its best model came (median [min-max] over the repeats)."""
+    n = len(res["runs"])
+    missed = [m for m in ("sync", "async") if not res["summary"][m]["reached"]]
+    best = {}
+    for m in missed:
+        peaks = [max(p["accuracy"] for p in r[m]["curve"]) for r in res["runs"] if r[m]["curve"]]
+        best[m] = _cell(spread(peaks), 3)
+    said = "; ".join(
+        f"{m} reached the target in 0 of {n} repeats (its best accuracy {best[m]})" for m in missed
+    )
+    return f"No ratio: {said}."
 
 
 def _plot(res: dict[str, Any], path: Path) -> None:
