@@ -160,16 +160,69 @@ def test_test_all_runs_every_tier_even_after_one_fails_and_names_the_failed(
     fake = tmp_path / "make"  # a `make` that records its tier and fails test-slow
     fake.write_text(f'#!/bin/sh\necho "$2" >> {tmp_path}/ran\n[ "$2" != test-slow ]\n')
     fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in PARENT_MAKE_VARS and k != "TIERS"}
-    env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "test-all.sh")],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+    out = _test_all(tmp_path)
     assert out.returncode == 1
     ran = (tmp_path / "ran").read_text().split()
-    assert ran == ["test", "test-slow", "test-containers", "test-k8s"]
+    tiers = [t for t in ran if t.startswith("test")]
+    assert tiers == ["test", "test-slow", "test-containers", "test-k8s"]
     assert "test-all: failed: test-slow" in out.stderr
+
+
+def _test_all(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """scripts/test-all.sh with the `make` of ``tmp_path`` first on the PATH."""
+    env = {k: v for k, v in os.environ.items() if k not in PARENT_MAKE_VARS and k != "TIERS"}
+    env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test-all.sh")],
+        capture_output=True, text=True, env={**env, **extra}, timeout=60,
+    )  # fmt: skip
+
+
+# a `make` that logs each target's start and end; k8s-binaries logs its CPU niceness, takes a
+# second and exits $BUILD_RC; test-slow waits (up to 10 s) for the build to have started, so
+# the run passes only if the build runs beside it
+_LOGGING_MAKE = """#!/bin/sh
+log={tmp}/ran
+echo "start $2" >> $log
+case "$2" in
+  k8s-binaries) echo "nice $(nice)" >> $log; sleep 1; echo "end $2" >> $log; exit $BUILD_RC ;;
+  test-slow) i=0; until grep -q "start k8s-binaries" $log || [ $i -ge 100 ]; do
+      sleep 0.1; i=$((i + 1)); done
+    grep -q "start k8s-binaries" $log || exit 1 ;;
+esac
+echo "end $2" >> $log
+"""
+
+
+@pytest.mark.parametrize("build_rc", [0, 1])
+def test_test_all_builds_the_k8s_binaries_beside_the_slow_tier_and_k8s_waits_for_them(
+    tmp_path: Path, build_rc: int
+) -> None:
+    fake = tmp_path / "make"
+    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path))
+    fake.chmod(0o755)
+    out = _test_all(tmp_path, BUILD_RC=str(build_rc))
+    log = (tmp_path / "ran").read_text().splitlines()
+    # Chromium's apt-get (test-slow's prerequisite) is done before the build's apt-gets start
+    assert log.index("end browser") < log.index("start k8s-binaries") < log.index("end test-slow")
+    assert "nice 19" in log  # the tests come first
+    assert log.count("start k8s-binaries") == 1  # once, not again for test-containers
+    assert out.returncode == 0, out.stdout + out.stderr
+    # test-k8s starts once the build has ended; one that failed is reported, and `make
+    # test-k8s` (whose prerequisite k8s-binaries builds what is missing) decides the tier
+    assert log.index("end k8s-binaries") < log.index("start test-k8s")
+    assert f"make k8s-binaries (background): exit {build_rc}" in out.stdout
+
+
+def test_test_all_builds_nothing_in_the_background_when_no_k8s_tier_follows(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "make"
+    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path).replace("|| exit 1", "|| true"))
+    fake.chmod(0o755)
+    out = _test_all(tmp_path, BUILD_RC="0", TIERS="test-k8s test-slow test-containers")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "start k8s-binaries" not in (tmp_path / "ran").read_text()
 
 
 def test_make_bench_ends_by_checking_that_every_result_names_one_commit() -> None:
