@@ -226,21 +226,26 @@ def run_sf_round(
     Every client sends the same weights (one file on /dev/shm, as in the FedFaaS round);
     ``distinct_weights`` gives client ``k`` its own (``write_weights`` with seed ``k``) so that
     a test can check the weighting. The served global model is left in
-    ``<work>/sf-<tag><clients>c/global.safetensors``. A point the memory guard stops, that errors or
+    ``<work>/sf-<tag><clients>c<MB>m/global.safetensors`` (``MB``: the update's size in whole
+    MB). A point the memory guard stops, that errors or
     times out is a failure record (``ok`` False), not an exception. ``groups``: the round's
     cgroups; the leaf servers and the top are born in ``groups.server``, the clients in
     ``groups.clients``, and the record has ``cgroup`` (each group's peak memory, CPU-seconds
     and threads over the window, :meth:`~bench.harness.cgroups.RoundGroups.close_window`).
-    ``tag`` tells runs in the same ``work`` apart (its folder is ``sf-<tag><clients>c``).
+    ``tag`` tells runs of one size in the same ``work`` apart.
     """
     floor = rw.DEFAULT_FLOOR_BYTES if floor_bytes is None else floor_bytes
     size = rc.layout_bytes(layout)
     base = {"clients": clients, "update_bytes": size, "num_tensors": len(layout)}
-    rdir = work / f"sf-{tag}{clients}c"
+    # the size too, as the FedFaaS round's node name: bench.scale's size axis runs SF at one
+    # client count and one tag per repeat in one ``work`` (at 1d83e63, without it, the second
+    # size's SF runs all failed on the first size's folder: FileExistsError)
+    name = f"{tag}{clients}c{size // 1_000_000}m"
+    rdir = work / f"sf-{name}"
     rdir.mkdir(parents=True)
     (rdir / "layout.json").write_text(json.dumps(layout))
     weights = [
-        Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-sf{tag}{clients}c-{k}")
+        Path(f"/dev/shm/fedfaas-bench-weights-{os.getpid()}-sf{name}-{k}")
         for k in range(clients if distinct_weights else 1)
     ]
     leaves = plan_leaves(clients, fanout, leaf_servers)

@@ -69,7 +69,7 @@ def test_the_served_global_is_the_weighted_fedavg_of_what_the_clients_sent(work:
     # measured (not None); 0 when the round ends within the poll's lag (round_window.server_window_s)
     assert r["server_s"] is not None and 0 <= r["server_s"] <= r["e2e_s"]
     assert r["encode_s_max"] > 0 and r["server_hwm_bytes"] > 0
-    got = wire.decode_tensors((work / "sf-3c" / "global.safetensors").read_bytes())
+    got = wire.decode_tensors((work / "sf-3c1m" / "global.safetensors").read_bytes())
     # what client k sent: write_weights with seed k, sample count 100 + k
     sent = []
     for k in range(3):
@@ -84,6 +84,19 @@ def test_the_served_global_is_the_weighted_fedavg_of_what_the_clients_sent(work:
     name = LAYOUT[0][0]
     mean = np.mean([s[name] for s in sent], axis=0)
     assert fedavg.rel_error(got[name], mean) > 1e-4
+    assert not _leftovers()
+
+
+@pytest.mark.integration
+def test_rounds_of_two_sizes_with_one_tag_share_a_work_folder(work: Path) -> None:
+    # bench.scale's size axis: the same client count and repeat's tag at each size, one work
+    # folder (at 1d83e63 the second size's rounds failed on the first one's folder)
+    small = rc.scaled_layout(rc.resnet18_layout(), 2_000_000)
+    for layout in (LAYOUT, small):
+        r = sf_round.run_sf_round(work, layout, 1, timeout=120, tag="x3c0r0")
+        assert r["ok"], r
+    assert (work / "sf-x3c0r01c1m" / "global.safetensors").is_file()
+    assert (work / "sf-x3c0r01c2m" / "global.safetensors").is_file()
     assert not _leftovers()
 
 
