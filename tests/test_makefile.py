@@ -179,16 +179,16 @@ def _test_all(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
 
 
 # a `make` that logs each target's start and end; k8s-binaries logs its CPU niceness, takes a
-# second and exits $BUILD_RC; test-slow waits (up to 10 s) for the build to have started, so
-# the run passes only if the build runs beside it
+# second and exits $BUILD_RC; test-slow waits (up to {wait} tenths of a second) for the build to
+# have started and fails without it, so the run passes only if the build runs beside it
 _LOGGING_MAKE = """#!/bin/sh
 log={tmp}/ran
 echo "start $2" >> $log
 case "$2" in
   k8s-binaries) echo "nice $(nice)" >> $log; sleep 1; echo "end $2" >> $log; exit $BUILD_RC ;;
-  test-slow) i=0; until grep -q "start k8s-binaries" $log || [ $i -ge 100 ]; do
+  test-slow) i=0; until grep -q "start k8s-binaries" $log || [ $i -ge {wait} ]; do
       sleep 0.1; i=$((i + 1)); done
-    grep -q "start k8s-binaries" $log || exit 1 ;;
+    grep -q "start k8s-binaries" $log || [ {wait} -eq 0 ] || exit 1 ;;
 esac
 echo "end $2" >> $log
 """
@@ -199,7 +199,7 @@ def test_test_all_builds_the_k8s_binaries_beside_the_slow_tier_and_k8s_waits_for
     tmp_path: Path, build_rc: int
 ) -> None:
     fake = tmp_path / "make"
-    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path))
+    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path, wait=100))
     fake.chmod(0o755)
     out = _test_all(tmp_path, BUILD_RC=str(build_rc))
     log = (tmp_path / "ran").read_text().splitlines()
@@ -218,7 +218,7 @@ def test_test_all_builds_nothing_in_the_background_when_no_k8s_tier_follows(
     tmp_path: Path,
 ) -> None:
     fake = tmp_path / "make"
-    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path).replace("|| exit 1", "|| true"))
+    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path, wait=0))  # nothing to wait for
     fake.chmod(0o755)
     out = _test_all(tmp_path, BUILD_RC="0", TIERS="test-k8s test-slow test-containers")
     assert out.returncode == 0, out.stdout + out.stderr
