@@ -29,6 +29,18 @@ def _repeat(rep: int, sync_s: float, async_s: float | None) -> dict[str, Any]:
     }
 
 
+def _result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stored result of ``runs`` as bench.fedbuff writes it (its summary computed)."""
+    return {
+        "run": {"command": "python -m bench.fedbuff", "commit": {"sha": "abc"}},
+        "setup": {"clients": 20, "slow_clients": 6, "slowdown": 5.0, "model": "softmax",
+                  "async_buffer": 5, "staleness": "poly", "sync_rounds": 5},
+        "order": "interleaved: sync, async, then again",
+        "runs": runs,
+        "summary": fedbuff.summary(runs),
+    }  # fmt: skip
+
+
 def test_the_summary_gives_medians_and_the_ratio_of_medians() -> None:
     runs = [_repeat(0, 20.0, 10.0), _repeat(1, 30.0, 12.0), _repeat(2, 25.0, None)]
     s = fedbuff.summary(runs)
@@ -36,15 +48,7 @@ def test_the_summary_gives_medians_and_the_ratio_of_medians() -> None:
     # the repeat that missed the target is counted and not timed
     assert s["async"]["reached"] == 2 and s["async"]["seconds"]["median"] == 11.0
     assert s["speedup_of_medians"] == pytest.approx(25.0 / 11.0)
-    res = {
-        "run": {"command": "python -m bench.fedbuff", "commit": {"sha": "abc"}},
-        "setup": {"clients": 20, "slow_clients": 6, "slowdown": 5.0, "model": "softmax",
-                  "async_buffer": 5, "staleness": "poly", "sync_rounds": 5},
-        "order": "interleaved: sync, async, then again",
-        "runs": runs,
-        "summary": s,
-    }  # fmt: skip
-    md = fedbuff.render(res)
+    md = fedbuff.render(_result(runs))
     assert "| async | 2/3 | 11.00 [10.00-12.00] |" in md
     assert "| sync | 3/3 | 25.00 [20.00-30.00] |" in md
     assert "(ratio of medians): **2.27x**" in md
@@ -55,15 +59,7 @@ def test_a_mode_that_never_reached_the_target_is_named_with_its_best_accuracy() 
     # reached it in every repeat and async in none
     runs = [_repeat(0, 20.0, None), _repeat(1, 30.0, None), _repeat(2, 25.0, None)]
     runs[1]["async"]["curve"][-1]["accuracy"] = 0.87
-    res = {
-        "run": {"command": "python -m bench.fedbuff", "commit": {"sha": "abc"}},
-        "setup": {"clients": 20, "slow_clients": 6, "slowdown": 5.0, "model": "softmax",
-                  "async_buffer": 5, "staleness": "poly", "sync_rounds": 5},
-        "order": "interleaved: sync, async, then again",
-        "runs": runs,
-        "summary": fedbuff.summary(runs),
-    }  # fmt: skip
-    md = fedbuff.render(res)
+    md = fedbuff.render(_result(runs))
     assert "| sync | 3/3 |" in md and "| async | 0/3 | - |" in md
     # the best of each async curve: 0.88, 0.87, 0.88
     assert (
