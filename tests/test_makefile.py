@@ -157,10 +157,8 @@ def test_every_bench_the_makefile_lists_is_a_module_with_a_recipe() -> None:
 def test_test_all_runs_every_tier_even_after_one_fails_and_names_the_failed(
     tmp_path: Path,
 ) -> None:
-    fake = tmp_path / "make"  # a `make` that records its tier and fails test-slow
-    fake.write_text(f'#!/bin/sh\necho "$2" >> {tmp_path}/ran\n[ "$2" != test-slow ]\n')
-    fake.chmod(0o755)
-    out = _test_all(tmp_path)
+    # a `make` that records its tier and fails test-slow
+    out = _test_all(tmp_path, f'#!/bin/sh\necho "$2" >> {tmp_path}/ran\n[ "$2" != test-slow ]\n')
     assert out.returncode == 1
     ran = (tmp_path / "ran").read_text().split()
     tiers = [t for t in ran if t.startswith("test")]
@@ -168,8 +166,12 @@ def test_test_all_runs_every_tier_even_after_one_fails_and_names_the_failed(
     assert "test-all: failed: test-slow" in out.stderr
 
 
-def _test_all(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    """scripts/test-all.sh with the `make` of ``tmp_path`` first on the PATH."""
+def _test_all(tmp_path: Path, make: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """scripts/test-all.sh with ``make`` (a script's text) as the `make` first on the PATH, in
+    ``tmp_path``; ``extra``: more environment."""
+    fake = tmp_path / "make"
+    fake.write_text(make)
+    fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in PARENT_MAKE_VARS and k != "TIERS"}
     env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
     return subprocess.run(
@@ -198,10 +200,7 @@ echo "end $2" >> $log
 def test_test_all_builds_the_k8s_binaries_beside_the_slow_tier_and_k8s_waits_for_them(
     tmp_path: Path, build_rc: int
 ) -> None:
-    fake = tmp_path / "make"
-    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path, wait=100))
-    fake.chmod(0o755)
-    out = _test_all(tmp_path, BUILD_RC=str(build_rc))
+    out = _test_all(tmp_path, _LOGGING_MAKE.format(tmp=tmp_path, wait=100), BUILD_RC=str(build_rc))
     log = (tmp_path / "ran").read_text().splitlines()
     # Chromium's apt-get (test-slow's prerequisite) is done before the build's apt-gets start
     assert log.index("end browser") < log.index("start k8s-binaries") < log.index("end test-slow")
@@ -217,10 +216,8 @@ def test_test_all_builds_the_k8s_binaries_beside_the_slow_tier_and_k8s_waits_for
 def test_test_all_builds_nothing_in_the_background_when_no_k8s_tier_follows(
     tmp_path: Path,
 ) -> None:
-    fake = tmp_path / "make"
-    fake.write_text(_LOGGING_MAKE.format(tmp=tmp_path, wait=0))  # nothing to wait for
-    fake.chmod(0o755)
-    out = _test_all(tmp_path, BUILD_RC="0", TIERS="test-k8s test-slow test-containers")
+    make = _LOGGING_MAKE.format(tmp=tmp_path, wait=0)  # nothing to wait for
+    out = _test_all(tmp_path, make, BUILD_RC="0", TIERS="test-k8s test-slow test-containers")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "start k8s-binaries" not in (tmp_path / "ran").read_text()
 
