@@ -6,6 +6,8 @@ certificate, every request made from inside the cluster's namespace
 from __future__ import annotations
 
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,39 @@ def conditions(obj: dict[str, Any] | None) -> dict[str, str]:
     return {c["type"]: c["status"] for c in status.get("conditions") or []}
 
 
+#: answers after which a request is sent again: 429 for any method (the server's priority and
+#: fairness turned it away before doing anything), and for reads the 5xx a busy server gives
+#: while its etcd is slow (500 "etcdserver: request timed out", 503, 504); a write that got a
+#: 5xx may have been done, so it is not sent twice
+AGAIN_ANY = frozenset({429})
+AGAIN_READ = frozenset({500, 502, 503, 504})
+#: sends of one request at most; the waits between them double from 0.25 s (7.75 s in all)
+TRIES = 6
+
+
+def send_again_while_busy(
+    method: str,
+    send: Callable[[], httpx.Response],
+    sleep: Callable[[float], None] = time.sleep,
+) -> httpx.Response:
+    """``send()``'s answer, sent again (up to :data:`TRIES` times, waiting as the server's
+    ``Retry-After`` asks, at most 5 s) while the answer is one a busy API server gives for a
+    moment (:data:`AGAIN_ANY`, :data:`AGAIN_READ` for ``GET``): a test's wait reads the
+    cluster for minutes on a loaded 2-core machine, and one such answer is not what it waits
+    for. The last answer is returned as it is, whatever its status."""
+    again = AGAIN_ANY | (AGAIN_READ if method == "GET" else frozenset())
+    for attempt in range(TRIES):
+        r = send()
+        if r.status_code not in again or attempt == TRIES - 1:
+            return r
+        try:
+            asked = float(r.headers.get("Retry-After", ""))
+        except ValueError:
+            asked = 0.0
+        sleep(min(max(asked, 0.25 * 2**attempt), 5.0))
+    raise AssertionError("unreachable")
+
+
 def _prefix(api_version: str) -> str:
     return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
 
@@ -64,6 +99,11 @@ class KubeApi:
         """One request, made inside the namespace; the answer, whatever its status."""
         return self.ns.call(self._http.request, method, path, **kw)
 
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The request, sent again while the server is busy (:func:`send_again_while_busy`):
+        the way every method below talks to the server."""
+        return send_again_while_busy(method, lambda: self.request(method, path, **kw))
+
     def _ok(self, r: httpx.Response, what: str) -> Any:
         if r.status_code >= 300:
             raise ApiError(f"{what}: {r.status_code} {r.text}")
@@ -73,7 +113,7 @@ class KubeApi:
         """The resource of ``kind`` in ``api_version``, from the server's discovery."""
         key = (api_version, kind)
         if key not in self._kinds:
-            doc = self._ok(self.request("GET", _prefix(api_version)), f"discovery {api_version}")
+            doc = self._ok(self._send("GET", _prefix(api_version)), f"discovery {api_version}")
             for res in doc["resources"]:
                 if "/" not in res["name"]:  # not a subresource
                     self._kinds[(api_version, res["kind"])] = Resource(
@@ -87,7 +127,7 @@ class KubeApi:
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:
         """The object, or None where the server has none of that name."""
-        r = self.request("GET", self.resource(api_version, kind).path(namespace, name))
+        r = self._send("GET", self.resource(api_version, kind).path(namespace, name))
         if r.status_code == 404:
             return None
         return self._ok(r, f"get {kind} {namespace}/{name}")  # type: ignore[no-any-return]
@@ -102,14 +142,14 @@ class KubeApi:
         """The objects of ``kind`` (in ``namespace``; matching the label ``selector``)."""
         params = {"labelSelector": selector} if selector else None
         path = self.resource(api_version, kind).path(namespace)
-        doc = self._ok(self.request("GET", path, params=params), f"list {kind}")
+        doc = self._ok(self._send("GET", path, params=params), f"list {kind}")
         return list(doc["items"])
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj`` (server-side validation and admission apply); the stored object."""
         meta = obj["metadata"]
         res = self.resource(obj["apiVersion"], obj["kind"])
-        r = self.request("POST", res.path(meta.get("namespace")), json=obj)
+        r = self._send("POST", res.path(meta.get("namespace")), json=obj)
         what = f"create {obj['kind']} {meta.get('namespace')}/{meta['name']}"
         return self._ok(r, what)  # type: ignore[no-any-return]
 
@@ -119,7 +159,7 @@ class KubeApi:
         where a plain create only warns and drops it; admission runs too)."""
         meta = obj["metadata"]
         res = self.resource(obj["apiVersion"], obj["kind"])
-        r = self.request(
+        r = self._send(
             "PATCH",
             res.path(meta.get("namespace"), meta["name"]),
             params={
@@ -137,7 +177,7 @@ class KubeApi:
         self, api_version: str, kind: str, name: str, namespace: str | None, body: dict[str, Any]
     ) -> dict[str, Any]:
         """A JSON merge patch of the object; the stored object."""
-        r = self.request(
+        r = self._send(
             "PATCH",
             self.resource(api_version, kind).path(namespace, name),
             json=body,
@@ -147,7 +187,7 @@ class KubeApi:
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete the object (foreground: its dependents go first); False if it was not there."""
-        r = self.request(
+        r = self._send(
             "DELETE",
             self.resource(api_version, kind).path(namespace, name),
             json={"propagationPolicy": "Foreground"},
@@ -166,5 +206,5 @@ class KubeApi:
             "spec": {"expirationSeconds": seconds},
         }
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
-        doc = self._ok(self.request("POST", path, json=body), f"token of {namespace}/{name}")
+        doc = self._ok(self._send("POST", path, json=body), f"token of {namespace}/{name}")
         return str(doc["status"]["token"])
