@@ -385,6 +385,8 @@ class MinioColdStore(ColdStore):
     ) -> None:
         from minio import Minio
 
+        from core.checkpoints import retrying_http
+
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = secure
@@ -399,6 +401,7 @@ class MinioColdStore(ColdStore):
             session_token=session_token,
             secure=secure,
             region="us-east-1",
+            http_client=retrying_http(),  # never a minute asleep on MinIO's Retry-After
         )
         if create and not self.client.bucket_exists(bucket):
             try:

@@ -25,6 +25,7 @@ from core.checkpoints.keys import (
     global_key,
     make_minio,
     meta_key,
+    retrying_http,
     round_prefix,
     server_opt_key,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "global_key",
     "make_minio",
     "meta_key",
+    "retrying_http",
     "round_prefix",
     "server_opt_key",
 ]

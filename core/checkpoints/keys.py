@@ -1,11 +1,14 @@
-"""Object keys, names, errors and the MinIO client shared by the writer and the reader."""
+"""Object keys, names, errors and the MinIO clients: the writer's and the reader's, and the
+HTTP client every other MinIO client of the platform uses (:func:`retrying_http`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
+import certifi
 import urllib3
 from minio import Minio
 
@@ -67,6 +70,33 @@ def _http(connect: float = 2.0, read: float = 60.0) -> urllib3.PoolManager:
         timeout=urllib3.Timeout(connect=connect, read=read),
         retries=urllib3.Retry(total=0, connect=0, read=0, redirect=2),
         maxsize=4,
+    )
+
+
+#: sends again of a request MinIO answered 5xx, backing off from 0.5 s to at most 2 s (about
+#: 35 s in all)
+MINIO_RETRIES = 20
+
+
+def retrying_http() -> urllib3.PoolManager:
+    """minio's own default HTTP client (5-minute timeouts, 10 connections, the CA bundle of
+    ``SSL_CERT_FILE`` or certifi's, a 500/502/503/504 sent again) with one change: a request
+    is sent again after a backoff of 0.5 s doubling to 2 s, never after the ``Retry-After:
+    60`` MinIO puts on a 503 (while it initialises after its readiness answers 200, or when
+    busy). minio's default obeys it: provisioning right after a start slept a whole minute
+    (``tests/platform/test_provision_minio.py``, 62 s in the default tier)."""
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=300, read=300),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=urllib3.Retry(
+            total=MINIO_RETRIES,
+            backoff_factor=0.25,
+            backoff_max=2.0,
+            status_forcelist=(500, 502, 503, 504),
+            respect_retry_after_header=False,
+        ),
     )
 
 

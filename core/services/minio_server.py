@@ -129,6 +129,7 @@ def provision_minio(
     from minio.error import MinioAdminException
     from minio.minioadmin import MinioAdmin
 
+    from core.checkpoints import retrying_http
     from core.secretfiles import read_credentials
 
     policies = minio_policies(bucket)
@@ -136,13 +137,22 @@ def provision_minio(
     if missing:
         raise KeyError(f"no credentials file for the MinIO users {missing}")
     users = {u: read_credentials(credentials_files[u], "MinIO") for u in policies}
-    mc = Minio(endpoint, access_key=root.username, secret_key=root.password, secure=secure)
+    # right after a start MinIO may answer 503 with Retry-After: 60 for a moment; the retrying
+    # client asks again within seconds instead of sleeping a minute
+    mc = Minio(
+        endpoint,
+        access_key=root.username,
+        secret_key=root.password,
+        secure=secure,
+        http_client=retrying_http(),
+    )
     if not mc.bucket_exists(bucket):
         mc.make_bucket(bucket)
     admin = MinioAdmin(
         endpoint=endpoint,
         credentials=StaticProvider(root.username, root.password),
         secure=secure,
+        http_client=retrying_http(),
     )
     for user, policy in policies.items():
         c = users[user]

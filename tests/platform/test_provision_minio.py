@@ -7,11 +7,15 @@ import io
 import json
 import os
 import secrets
+import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import urllib3.util.retry
 from minio import Minio
 from minio.credentials.providers import StaticProvider
 from minio.error import S3Error
@@ -30,6 +34,7 @@ from core.services import (
 )
 from fedfaas.provision_minio import main, parser
 from tests.commands import run_module
+from tests.dataplane.loopback import LoopbackListener
 
 
 def _users_dir(folder: Path, tag: str) -> Path:
@@ -214,6 +219,84 @@ def test_a_policy_minio_lost_before_it_was_attached_is_added_again(
             assert json.loads(admin.user_info(c.username))["policyName"] == f"fedfaas-{user}"
     finally:
         server.stop()
+
+
+class _InitialisingMinio(LoopbackListener):
+    """A TCP front of a real MinIO that answers its first ``refusals`` requests as MinIO does
+    while it initialises after its readiness answers 200 (503, ``Retry-After: 60``, then the
+    connection closed), and relays every later connection to MinIO unchanged (SigV4 signs
+    the Host header the client sent, which the relay keeps)."""
+
+    def __init__(self, target: str, refusals: int) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.left = refusals
+        self.refused = 0
+        self.listen("initialising-minio")
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def on_connection(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            if self.left > 0:
+                self.left -= 1
+                with conn.makefile("rb") as request:  # its head, to the blank line
+                    while request.readline() not in (b"\r\n", b""):
+                        pass
+                conn.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 60\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                self.refused += 1
+                return
+            with socket.create_connection(self.target) as up:
+                back = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+                back.start()
+                _pipe(conn, up)
+                back.join(timeout=30)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+@pytest.mark.integration
+def test_provisioning_asks_an_initialising_minio_again_within_seconds(
+    own_minio: MinioServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after its readiness answers 200, MinIO may answer 503 with ``Retry-After: 60``;
+    minio's default client slept that minute (this module's test of a lost policy took 62 s in
+    the default tier, 2 s alone). Provisioning asks again after a short backoff instead."""
+    waits: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        real_sleep(min(seconds, 2.0))  # the old client's minute is seen, never waited
+
+    monkeypatch.setattr(urllib3.util.retry.time, "sleep", sleep)
+    front = _InitialisingMinio(own_minio.endpoint, refusals=3)
+    bucket = f"init-{secrets.token_hex(3)}"
+    users = _users_dir(tmp_path / "users", f"init{secrets.token_hex(2)}")
+    try:
+        provision_minio(
+            front.endpoint,
+            Credentials(own_minio.access_key, own_minio.secret_key),
+            {u: minio_user_file(users, u) for u in minio_policies(bucket)},
+            bucket,
+        )
+    finally:
+        front.close()
+    assert front.refused == 3
+    assert waits and max(waits) <= 2.0, waits
+    assert own_minio.client().bucket_exists(bucket)
 
 
 @pytest.mark.integration
