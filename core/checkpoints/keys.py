@@ -1,5 +1,6 @@
-"""Object keys, names, errors and the MinIO clients: the writer's and the reader's, and the
-HTTP client every other MinIO client of the platform uses (:func:`retrying_http`)."""
+"""Object keys, names, errors and the MinIO clients: the writer's and the reader's
+(:func:`make_minio`), and the HTTP client of the others (:func:`retrying_http`: provisioning,
+the cache engine's cold store, :meth:`core.services.MinioServer.client`)."""
 
 from __future__ import annotations
 

@@ -259,11 +259,18 @@ class MinioServer(Server):
         }
 
     def client(self) -> Minio:
-        """A MinIO client logged in as root."""
+        """A MinIO client logged in as root (never a minute asleep on MinIO's Retry-After:
+        :func:`core.checkpoints.retrying_http`)."""
         from minio import Minio
 
+        from core.checkpoints import retrying_http
+
         return Minio(
-            self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False
+            self.endpoint,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            secure=False,
+            http_client=retrying_http(),
         )
 
     def provision(self) -> None:
