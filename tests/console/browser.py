@@ -78,12 +78,23 @@ def chromium(downloads: Path) -> Iterator[Any]:
 
 
 def wait_until(d: Any, what: str, probe: Callable[[Any], T], timeout: float = 120.0) -> T:
-    """Poll ``probe(driver)`` until it is truthy (Selenium's wait); fail saying ``what``."""
-    from selenium.common.exceptions import TimeoutException
+    """Poll ``probe(driver)`` until it is truthy (Selenium's wait); fail saying ``what``.
+
+    An element the probe found that the page replaced before the probe read it (the console
+    redraws its sections every few seconds: a stale element reference) counts as not yet, as
+    an element not found does: the next poll finds the new one."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
+    passing = (NoSuchElementException, StaleElementReferenceException)
     try:
-        out: T = WebDriverWait(d, timeout, poll_frequency=0.2).until(probe)
+        out: T = WebDriverWait(d, timeout, poll_frequency=0.2, ignored_exceptions=passing).until(
+            probe
+        )
     except TimeoutException:
         status = d.find_elements("id", "status")
         said = status[0].text if status else "(no status line)"
