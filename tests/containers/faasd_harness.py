@@ -94,6 +94,27 @@ class Faasd:
             return f"(no output of {namespace}/{name})"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def settled_log(self, namespace: str, name: str, lines: int = 30, timeout: float = 10.0) -> str:
+        """:meth:`container_log` once the output has stopped growing for a second (at most
+        ``timeout`` seconds): a stopped container's last lines may reach its log after its task
+        reads STOPPED (the log driver copies them), and of-watchdog relays its function's output
+        on a goroutine of its own, so the reason a function gave may come after the watchdog's
+        "Forked function has terminated"."""
+        path = self.run_dir / "logs" / "containers" / namespace / f"{name}.log"
+
+        def size() -> int:
+            return path.stat().st_size if path.exists() else -1
+
+        deadline = time.monotonic() + timeout
+        before = size()
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            now = size()
+            if now == before:
+                break
+            before = now
+        return self.container_log(namespace, name, lines)
+
     # -- running things inside ---------------------------------------------------------------------
     def run(
         self,
@@ -156,10 +177,27 @@ class Faasd:
     def ctr(self, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run(["ctr", "-n", namespace, *args], timeout=600)
 
-    def tasks(self, namespace: str) -> dict[str, str]:
-        """Container name -> its task's status (RUNNING, STOPPED, ...) in a containerd namespace."""
+    def tasks(self, namespace: str, tries: int = 5) -> dict[str, str]:
+        """Container name -> its task's status (RUNNING, STOPPED, ...) in a containerd namespace.
+
+        containerd says UNKNOWN for a task whose shim did not answer within 2 s (a loaded
+        machine): a passing state, as CREATED. A ``ctr`` that fails is asked again, up to
+        ``tries`` times a second apart (an empty answer would read as "no task").
+
+        Raises
+        ------
+        FaasdError
+            ``ctr tasks ls`` failed every time (its last message)."""
+        res = self.ctr(namespace, "tasks", "ls")
+        for _ in range(tries - 1):
+            if res.returncode == 0:
+                break
+            time.sleep(1)
+            res = self.ctr(namespace, "tasks", "ls")
+        if res.returncode != 0:
+            raise FaasdError(f"ctr -n {namespace} tasks ls failed: {res.stderr.strip()}")
         out = {}
-        for line in self.ctr(namespace, "tasks", "ls").stdout.splitlines()[1:]:
+        for line in res.stdout.splitlines()[1:]:
             parts = line.split()
             if len(parts) >= 3:
                 out[parts[0]] = parts[2]
@@ -255,15 +293,16 @@ class Faasd:
                 return
             state = self.tasks("openfaas-fn").get(function, "no task")
             output = self.container_log("openfaas-fn", function)
-            if state != "RUNNING":
+            if state in ("STOPPED", "no task"):
                 why = f"its container is {state}"
             elif "Forked function has terminated" in output:
                 why = "its process exited"
             elif time.monotonic() > deadline:
-                why = f"it gave no other answer in {timeout:.0f}s"
+                why = f"it gave no other answer in {timeout:.0f}s (its container is {state})"
             else:
                 time.sleep(0.5)
                 continue
+            output = self.settled_log("openfaas-fn", function)
             said = f"{status}: {body.strip()[:200]}" if status else "nothing"
             raise FaasdError(
                 f"function {function} failed its health check (GET /function/{function} with "
@@ -284,7 +323,7 @@ class Faasd:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self.pid, signal.SIGKILL)  # the kernel ends the namespace
                     self.proc.wait(30)
-            remove_cgroups()
+            remove_cgroups(wait=60)
         finally:
             if self.lock is not None:
                 self.lock.close()
@@ -303,11 +342,18 @@ def leftover_cgroups() -> list[Path]:
     return found
 
 
-def remove_cgroups() -> None:
-    """rmdir the empty cgroup folders faasd's containers left (children first)."""
-    for path in leftover_cgroups():
-        with contextlib.suppress(OSError):  # not empty: still in use (reported by the caller)
-            path.rmdir()
+def remove_cgroups(wait: float = 0) -> None:
+    """rmdir the empty cgroup folders faasd's containers left (children first); for up to
+    ``wait`` seconds, again while some are left (a cgroup whose last process is still exiting
+    is busy for a moment after its namespace has ended)."""
+    deadline = time.monotonic() + wait
+    while True:
+        for path in leftover_cgroups():
+            with contextlib.suppress(OSError):  # not empty: still in use (reported by the caller)
+                path.rmdir()
+        if time.monotonic() >= deadline or not leftover_cgroups():
+            return
+        time.sleep(0.2)
 
 
 def job_result(stdout: str) -> dict[str, Any]:

@@ -234,7 +234,7 @@ def _wait_ready(fd: Faasd, timeout: float) -> None:
     for name, port in SERVICES.items():
         while fd.http(f"http://{name}:{port}/healthz")[0] != 200:
             state = fd.tasks("openfaas").get(name, "not started")
-            if state not in ("RUNNING", "not started", "CREATED"):
+            if state not in ("RUNNING", "not started", "CREATED", "UNKNOWN"):
                 raise FaasdError(
                     f"compose service {name} is {state}; its output ends:\n"
                     f"{fd.container_log('openfaas', name)}"
@@ -262,7 +262,11 @@ def _wait_ready(fd: Faasd, timeout: float) -> None:
         # done all it would, so a check failing then is final (read after, a task that
         # finished just after a failed check would look failed)
         state = fd.tasks("openfaas").get("minio-provision")
-        res = fd.run(check, timeout=60)
+        try:
+            res = fd.run(check, timeout=60)
+        except subprocess.TimeoutExpired:  # a MinIO too busy to answer: ask again
+            check_alive("waiting for minio-provision (a check timed out)")
+            continue
         if res.returncode == 0:
             break
         if state == "STOPPED":  # not made yet (None), CREATED or RUNNING: wait
@@ -278,8 +282,10 @@ def _wait_ready(fd: Faasd, timeout: float) -> None:
 _BUCKET = """
 import sys
 from minio import Minio
+from core.checkpoints import retrying_http
 from core.secretfiles import read_credentials
 c = read_credentials(__import__("pathlib").Path(sys.argv[1]), "MinIO")
-mc = Minio("minio:9000", c.username, c.password, secure=False)
+# a busy MinIO's 503 asked again within seconds, never after its Retry-After's minute
+mc = Minio("minio:9000", c.username, c.password, secure=False, http_client=retrying_http())
 sys.exit(0 if mc.bucket_exists("fedfaas") else 1)
 """

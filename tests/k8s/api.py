@@ -99,7 +99,7 @@ class KubeApi:
         """One request, made inside the namespace; the answer, whatever its status."""
         return self.ns.call(self._http.request, method, path, **kw)
 
-    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """The request, sent again while the server is busy (:func:`send_again_while_busy`):
         the way every method below talks to the server."""
         return send_again_while_busy(method, lambda: self.request(method, path, **kw))
@@ -113,7 +113,7 @@ class KubeApi:
         """The resource of ``kind`` in ``api_version``, from the server's discovery."""
         key = (api_version, kind)
         if key not in self._kinds:
-            doc = self._ok(self._send("GET", _prefix(api_version)), f"discovery {api_version}")
+            doc = self._ok(self.send("GET", _prefix(api_version)), f"discovery {api_version}")
             for res in doc["resources"]:
                 if "/" not in res["name"]:  # not a subresource
                     self._kinds[(api_version, res["kind"])] = Resource(
@@ -127,7 +127,7 @@ class KubeApi:
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:
         """The object, or None where the server has none of that name."""
-        r = self._send("GET", self.resource(api_version, kind).path(namespace, name))
+        r = self.send("GET", self.resource(api_version, kind).path(namespace, name))
         if r.status_code == 404:
             return None
         return self._ok(r, f"get {kind} {namespace}/{name}")  # type: ignore[no-any-return]
@@ -142,14 +142,14 @@ class KubeApi:
         """The objects of ``kind`` (in ``namespace``; matching the label ``selector``)."""
         params = {"labelSelector": selector} if selector else None
         path = self.resource(api_version, kind).path(namespace)
-        doc = self._ok(self._send("GET", path, params=params), f"list {kind}")
+        doc = self._ok(self.send("GET", path, params=params), f"list {kind}")
         return list(doc["items"])
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj`` (server-side validation and admission apply); the stored object."""
         meta = obj["metadata"]
         res = self.resource(obj["apiVersion"], obj["kind"])
-        r = self._send("POST", res.path(meta.get("namespace")), json=obj)
+        r = self.send("POST", res.path(meta.get("namespace")), json=obj)
         what = f"create {obj['kind']} {meta.get('namespace')}/{meta['name']}"
         return self._ok(r, what)  # type: ignore[no-any-return]
 
@@ -159,7 +159,7 @@ class KubeApi:
         where a plain create only warns and drops it; admission runs too)."""
         meta = obj["metadata"]
         res = self.resource(obj["apiVersion"], obj["kind"])
-        r = self._send(
+        r = self.send(
             "PATCH",
             res.path(meta.get("namespace"), meta["name"]),
             params={
@@ -177,7 +177,7 @@ class KubeApi:
         self, api_version: str, kind: str, name: str, namespace: str | None, body: dict[str, Any]
     ) -> dict[str, Any]:
         """A JSON merge patch of the object; the stored object."""
-        r = self._send(
+        r = self.send(
             "PATCH",
             self.resource(api_version, kind).path(namespace, name),
             json=body,
@@ -187,7 +187,7 @@ class KubeApi:
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete the object (foreground: its dependents go first); False if it was not there."""
-        r = self._send(
+        r = self.send(
             "DELETE",
             self.resource(api_version, kind).path(namespace, name),
             json={"propagationPolicy": "Foreground"},
@@ -206,5 +206,5 @@ class KubeApi:
             "spec": {"expirationSeconds": seconds},
         }
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
-        doc = self._ok(self._send("POST", path, json=body), f"token of {namespace}/{name}")
+        doc = self._ok(self.send("POST", path, json=body), f"token of {namespace}/{name}")
         return str(doc["status"]["token"])

@@ -187,7 +187,7 @@ def keep_imported_images(api: KubeApi) -> list[str]:
                 }
             }
         }
-        res = api.request(
+        res = api.send(  # a 429 sent again (a 5xx of a write never is)
             "PATCH",
             api.resource("apps/v1", "Deployment").path(FUNCTION_NAMESPACE, name),
             json=patch,

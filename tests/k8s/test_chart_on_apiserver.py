@@ -281,11 +281,11 @@ def _settled(cluster: Cluster) -> bool:
     return observed and status.get("replicas") == int(d["spec"]["replicas"])
 
 
-def _provider_replicas(openfaas: OpenFaaSOnCluster) -> int:
-    """The aggregator's replicas as the gateway reports them (faas-netes' informer cache)."""
+def _provider_replicas(openfaas: OpenFaaSOnCluster) -> int | None:
+    """The aggregator's replicas as the gateway reports them (faas-netes' informer cache);
+    None while the gateway answers otherwise than 200 (a wait polls on through a passing 5xx)."""
     r = openfaas.http("GET", "/system/function/aggregator")
-    assert r.status_code == 200, r.text
-    return int(r.json()["replicas"])
+    return int(r.json()["replicas"]) if r.status_code == 200 else None
 
 
 def _describe(faas_cli: FaasCli) -> dict[str, str]:
@@ -336,6 +336,11 @@ def test_faas_netes_and_the_gateway_scale_the_charts_aggregator(
             "POST", "/system/scale-function/aggregator", auth=None, json={"replicas": 3}
         )
         assert no_auth.status_code == 401 and _replicas(cluster) == 1
+        # faas-netes reads, then updates the Deployment with no retry on a conflict: a scale
+        # waits until the controller has written the status of the Deployment's last change
+        # (a 500 "unable to update function deployment" once under CI when it did not; here
+        # the change is the install itself)
+        wait_for(lambda: _settled(cluster), "the Deployment's status is written", 60)
         r = openfaas.http(
             "POST",
             "/system/scale-function/aggregator",
@@ -347,10 +352,8 @@ def test_faas_netes_and_the_gateway_scale_the_charts_aggregator(
         deployment = cluster.api.get("apps/v1", "Deployment", "aggregator", FUNCTION_NAMESPACE)
         assert deployment is not None
         wait_for(lambda: len(_pods_of(cluster, deployment)) == 3, "the controllers made 3 pods", 60)
-        # faas-netes reads, then updates the Deployment with no retry on a conflict: the next
-        # scale waits until the controller has written the status of this one (a 500 "unable
-        # to update function deployment" once under CI when it did not)
-        wait_for(lambda: _settled(cluster), "the Deployment's status is written", 30)
+        # the next scale waits for this one's status, as the first waited for the install's
+        wait_for(lambda: _settled(cluster), "the Deployment's status is written", 60)
 
         # OpenFaaS CE's faas-netes caps a function at 5 replicas (MaxReplicas): asked for 8
         # through the gateway, the Deployment gets 5
@@ -409,6 +412,16 @@ def _established(cluster: Cluster, name: str) -> bool:
     return conditions(crd).get("Established") == "True"
 
 
+def _discovered(cluster: Cluster, group_version: str) -> bool:
+    """The API server's discovery (``GET /apis``, what helm reads) lists ``group_version``."""
+    r = cluster.api.request("GET", "/apis")
+    if r.status_code != 200:
+        return False
+    return any(
+        v["groupVersion"] == group_version for g in r.json()["groups"] for v in g["versions"]
+    )
+
+
 def test_with_cert_manager_the_chart_makes_a_certificate_for_each_tls_part(
     cluster: Cluster, helm: Helm
 ) -> None:
@@ -422,6 +435,9 @@ def test_with_cert_manager_the_chart_makes_a_certificate_for_each_tls_part(
     names = [crd["metadata"]["name"] for crd in crds]
     try:
         wait_for(lambda: all(_established(cluster, n) for n in names), "the CRDs established", 60)
+        # helm asks the server's discovery, which lists a CRD's group a moment after the CRD is
+        # Established (the discovery controller adds it on its own)
+        wait_for(lambda: _discovered(cluster, "cert-manager.io/v1"), "cert-manager.io/v1", 60)
         objs = _install(helm, *values)
         try:
             certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}

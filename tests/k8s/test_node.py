@@ -151,16 +151,25 @@ def _http(node: Node, method: str, url: str, **kw: Any) -> httpx.Response:
 
 def _answers_like_echo(node: Node, base: str) -> None:
     # of-watchdog's /_/health (the readiness probe) passes once the watchdog runs; until the
-    # function's own server listens behind it, the watchdog answers 500
+    # function's own server listens behind it, the watchdog answers 500. Through the gateway,
+    # faas-netes answers 502/503 until its Endpoints watch has seen the Ready pod, which may
+    # lag the Deployment's readyReplicas. So the wait is for the function's own answer to a
+    # request without a credential (401); the last other answer is in the failure.
+    last: list[httpx.Response] = []
+
     def answers() -> bool:
         try:
-            return _http(node, "GET", base).status_code != 500
+            last[:] = [_http(node, "GET", base)]
         except httpx.HTTPError:
             return False
+        return last[0].status_code == 401
 
-    wait_for(answers, f"the echo function answers at {base}", 60)
-    denied = _http(node, "GET", base)
-    assert denied.status_code == 401, denied.text
+    try:
+        wait_for(answers, f"the echo function answers at {base}", 60)
+    except AssertionError as exc:
+        said = f"{last[0].status_code} {last[0].text[:300]}" if last else "no HTTP answer"
+        raise AssertionError(f"{exc}: its last answer: {said}") from None
+    denied = last[0]
     assert denied.json()["error"] == "unauthorized"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     body = b"a body from the test\x00\xff"
