@@ -85,6 +85,19 @@ def _round(p: Any, job: str, tokens: dict[str, str], rnd: int, verify: Any) -> N
     from client.sdk import FLClient
 
     model = small_model()
+    # the control plane opens round ``rnd`` a moment after it counts the last one closed (its
+    # plan pushed to the gateways first): an assignment asked in between is refused
+    admin = {"Authorization": f"Bearer {(p.secrets / 'gateway-admin-secret').read_text().strip()}"}
+    deadline = time.monotonic() + 120
+    while True:
+        view = httpx.get(
+            f"{p.urls['control_plane']}/v1/jobs/{job}", headers=admin, timeout=10, verify=verify
+        )
+        cur = (view.json().get("round") or {}) if view.status_code == 200 else {}
+        if cur.get("number") == rnd and cur.get("state") == "open":
+            break
+        assert time.monotonic() < deadline, f"round {rnd} of {job} not open: {view.text[:300]}"
+        time.sleep(0.1)
     for i, (client, token) in enumerate(sorted(tokens.items())):
         a = httpx.get(
             f"{p.urls['control_plane']}/v1/jobs/{job}/assignment",

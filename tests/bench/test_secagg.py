@@ -38,7 +38,7 @@ def test_both_systems_get_the_same_secagg_parameters() -> None:
 @pytest.mark.integration
 def test_a_tiny_run_publishes_the_fedavg_on_both_and_writes_its_report(tmp_path: Path) -> None:
     argv = ["--clients", "4", "--drop", "1", "--mb", "1", "--repeats", "1",
-            "--stage-timeout", "15", "--timeout", "300", "--out", str(tmp_path)]  # fmt: skip
+            "--stage-timeout", "30", "--timeout", "300", "--out", str(tmp_path)]  # fmt: skip
     assert secagg.main(argv) == 0
     res = json.loads((tmp_path / "secagg.json").read_text())
     assert list(res["dropouts"]) == ["0% dropout (0 of 4)", "25% dropout (1 of 4)"]

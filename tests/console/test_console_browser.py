@@ -205,20 +205,22 @@ def test_logs_in_and_sees_the_rounds_appear_live(
     )
     screenshot(d, shots / "jobs.png")
     d.get(platform.urls["console"] + "/")
-    routers = wait_until(
-        d,
-        "the router modes",
-        lambda d: d.find_elements("css selector", "#gateways-table tr[data-router]"),
+
+    def gateway_rows(d: Any) -> list[list[str]] | None:
+        """node0's and node1's rows once both show a router mode and the admin's endpoint
+        count (a redraw while one gateway was slow to answer shows neither for it)."""
+        rows: list[list[str]] = d.execute_script(
+            "return Array.from(document.querySelectorAll('#gateways-table tbody tr'))"
+            ".map((r) => [r.dataset.router, r.lastChild.textContent]);"
+        )
+        whole = all(mode in ("ebpf", "userspace") and count.isdigit() for mode, count in rows)
+        return rows if len(rows) == 2 and whole else None
+
+    wait_until(d, "both gateways' router modes and endpoint counts", gateway_rows)
+    # redrawn every few seconds: read inside the wait (a stale element is read again)
+    wait_until(
+        d, "the version line", lambda d: d.find_element("id", "version").text.startswith("version ")
     )
-    assert len(routers) == 2  # node0 and node1
-    gateways = d.execute_script(
-        "return Array.from(document.querySelectorAll('#gateways-table tbody tr'))"
-        ".map((r) => [r.dataset.router, r.lastChild.textContent]);"
-    )
-    for mode, endpoints in gateways:
-        assert mode in ("ebpf", "userspace"), gateways
-        assert endpoints.isdigit(), gateways  # the admin sees each router's endpoints
-    assert d.find_element("id", "version").text.startswith("version ")
     screenshot(d, shots / "overview.png")
 
 
