@@ -23,6 +23,7 @@ from bench.fault_platform import Campaign
 from bench.runinfo import ROOT
 from bench.soak_stats import read_stats
 from loadtests.platform_ca import ca_file, platform_client, trust
+from tests.polling import wait_until
 
 
 def _secrets_with_ca(tmp_path: Path) -> Path:
@@ -88,16 +89,15 @@ def _round(p: Any, job: str, tokens: dict[str, str], rnd: int, verify: Any) -> N
     # the control plane opens round ``rnd`` a moment after it counts the last one closed (its
     # plan pushed to the gateways first): an assignment asked in between is refused
     admin = {"Authorization": f"Bearer {(p.secrets / 'gateway-admin-secret').read_text().strip()}"}
-    deadline = time.monotonic() + 120
-    while True:
+
+    def is_open() -> bool:
         view = httpx.get(
             f"{p.urls['control_plane']}/v1/jobs/{job}", headers=admin, timeout=10, verify=verify
         )
         cur = (view.json().get("round") or {}) if view.status_code == 200 else {}
-        if cur.get("number") == rnd and cur.get("state") == "open":
-            break
-        assert time.monotonic() < deadline, f"round {rnd} of {job} not open: {view.text[:300]}"
-        time.sleep(0.1)
+        return bool(cur.get("number") == rnd and cur.get("state") == "open")
+
+    wait_until(is_open, 120, f"round {rnd} of {job} open on the control plane", interval=0.1)
     for i, (client, token) in enumerate(sorted(tokens.items())):
         a = httpx.get(
             f"{p.urls['control_plane']}/v1/jobs/{job}/assignment",

@@ -87,9 +87,13 @@ class Faasd:
             s / "basic-auth-password"
         ).read_text().strip()
 
+    def _log_path(self, namespace: str, name: str) -> Path:
+        """Where scripts/faasd-up.sh's log driver writes a container's output."""
+        return self.run_dir / "logs" / "containers" / namespace / f"{name}.log"
+
     def container_log(self, namespace: str, name: str, lines: int = 30) -> str:
         """The last ``lines`` of a container's output (scripts/faasd-up.sh's log driver)."""
-        path = self.run_dir / "logs" / "containers" / namespace / f"{name}.log"
+        path = self._log_path(namespace, name)
         if not path.exists():
             return f"(no output of {namespace}/{name})"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -100,7 +104,7 @@ class Faasd:
         reads STOPPED (the log driver copies them), and of-watchdog relays its function's output
         on a goroutine of its own, so the reason a function gave may come after the watchdog's
         "Forked function has terminated"."""
-        path = self.run_dir / "logs" / "containers" / namespace / f"{name}.log"
+        path = self._log_path(namespace, name)
 
         def size() -> int:
             return path.stat().st_size if path.exists() else -1
